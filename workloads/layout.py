@@ -1,0 +1,199 @@
+"""Parallel layout: how ranks are split over data, tensor, pipeline, context and
+expert parallelism, and which ranks form each communication group.
+
+Ranks are numbered ``0 .. world-1`` and rank ``r`` runs on device ``r`` of the
+cluster (devices are numbered so that devices sharing a scale-up domain are
+consecutive). ``order`` lists the mesh axes innermost first: with the default
+``tp-cp-ep-dp-pp`` the TP ranks of one group are consecutive, so they land in the
+same NVLink domain, and pipeline stages are the outermost (farthest apart) axis.
+
+Expert parallelism is carved out of the ``dp * cp`` ranks of a stage (as in
+Megatron-Core): the ``dp*cp`` ranks with equal (tp, pp) coordinates, taken in
+mesh order, are cut into consecutive blocks of ``ep`` ranks, one EP group each;
+ranks at the same position of different blocks form the expert-data-parallel
+group that reduces expert gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import product
+from typing import Optional, Sequence
+
+MESH_AXES = ("tp", "cp", "dp", "pp")
+ORDER_AXES = ("tp", "cp", "ep", "dp", "pp")
+GROUP_AXES = ("tp", "cp", "dp", "pp", "ep", "edp", "dp_cp")
+
+
+class LayoutError(ValueError):
+    """A parallel layout that cannot be realised. ``field`` names the offending key."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    etp: int = 1
+    zero: int = 1
+    sequence_parallel: bool = True
+    order: tuple[str, ...] = ORDER_AXES
+    pipeline_layers: Optional[tuple[int, ...]] = None
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "cp", "pp", "dp", "ep", "vpp", "etp"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise LayoutError(f"parallel.{name}", f"must be a positive integer, got {v!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise LayoutError("parallel.zero", f"must be one of 0, 1, 2, 3, got {self.zero!r}")
+        if (self.dp * self.cp) % self.ep:
+            raise LayoutError(
+                "parallel.ep",
+                f"must divide dp*cp = {self.dp * self.cp} (expert parallelism is carved out of "
+                f"data and context parallelism), got {self.ep}",
+            )
+        if self.etp != 1 and self.etp != self.tp:
+            raise LayoutError("parallel.etp", f"must be 1 or equal to tp ({self.tp}), got {self.etp}")
+        if sorted(self.order) != sorted(ORDER_AXES):
+            raise LayoutError(
+                "parallel.order",
+                f"must name each of {', '.join(ORDER_AXES)} once (innermost first), got {'-'.join(self.order)}",
+            )
+        if self.vpp > 1 and self.pp == 1:
+            raise LayoutError("parallel.vpp", "virtual stages need pp > 1")
+
+    # ---- sizes ---------------------------------------------------------------
+    @property
+    def world(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel degree: replicas of each expert."""
+        return self.dp * self.cp // self.ep
+
+    @property
+    def stages(self) -> int:
+        """Model chunks in the pipeline: pp * vpp."""
+        return self.pp * self.vpp
+
+    # ---- rank <-> coordinates -----------------------------------------------
+    @cached_property
+    def _mesh_order(self) -> tuple[str, ...]:
+        return tuple(a for a in self.order if a != "ep")
+
+    @cached_property
+    def _strides(self) -> dict[str, int]:
+        strides, s = {}, 1
+        for a in self._mesh_order:
+            strides[a] = s
+            s *= getattr(self, a)
+        return strides
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Mesh coordinates of ``rank``: keys tp, cp, dp, pp (and ep, edp)."""
+        if not 0 <= rank < self.world:
+            raise IndexError(f"rank {rank} outside 0..{self.world - 1}")
+        c = {a: (rank // self._strides[a]) % getattr(self, a) for a in self._mesh_order}
+        flat = self._dpcp_index(c)
+        c["ep"] = flat % self.ep
+        c["edp"] = flat // self.ep
+        return c
+
+    def rank_of(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
+        c = dict(tp=tp, cp=cp, dp=dp, pp=pp)
+        return sum(c[a] * self._strides[a] for a in self._mesh_order)
+
+    def _dpcp_index(self, c: dict[str, int]) -> int:
+        """Position of a rank among the dp*cp ranks of its (tp, pp) slice, in mesh order."""
+        inner, outer = ("cp", "dp") if self._mesh_order.index("cp") < self._mesh_order.index("dp") else ("dp", "cp")
+        return c[inner] + getattr(self, inner) * c[outer]
+
+    def stage_of(self, rank: int) -> int:
+        return (rank // self._strides["pp"]) % self.pp
+
+    # ---- groups --------------------------------------------------------------
+    def group(self, rank: int, axis: str) -> tuple[int, ...]:
+        """The ranks of ``rank``'s communication group along ``axis``, sorted by
+        their index along that axis (ring order)."""
+        c = self.coords(rank)
+        if axis in MESH_AXES:
+            size = getattr(self, axis)
+            return tuple(self.rank_of(**{**_mesh(c), axis: i}) for i in range(size))
+        members = self._dpcp_members(c)
+        if axis == "dp_cp":
+            return members
+        if axis == "ep":
+            blk = c["edp"]
+            return members[blk * self.ep : (blk + 1) * self.ep]
+        if axis == "edp":
+            return members[c["ep"] :: self.ep]
+        raise ValueError(f"unknown group axis {axis!r}; expected one of {GROUP_AXES}")
+
+    def _dpcp_members(self, c: dict[str, int]) -> tuple[int, ...]:
+        inner, outer = ("cp", "dp") if self._mesh_order.index("cp") < self._mesh_order.index("dp") else ("dp", "cp")
+        out = []
+        for o in range(getattr(self, outer)):
+            for i in range(getattr(self, inner)):
+                out.append(self.rank_of(**{**_mesh(c), inner: i, outer: o}))
+        return tuple(out)
+
+    def groups(self, axis: str, stage: Optional[int] = None) -> list[tuple[int, ...]]:
+        """Every distinct group along ``axis`` (optionally only those in pipeline
+        ``stage``), in ascending order of their first rank."""
+        seen: dict[tuple[int, ...], None] = {}
+        ranks = range(self.world) if stage is None else self.stage_ranks(stage)
+        for r in ranks:
+            seen.setdefault(self.group(r, axis), None)
+        return sorted(seen, key=lambda g: min(g))
+
+    def stage_ranks(self, stage: int) -> list[int]:
+        return [r for r in range(self.world) if self.stage_of(r) == stage]
+
+    # ---- layers onto stages -------------------------------------------------
+    def layers_per_chunk(self, layers: int) -> list[int]:
+        """Transformer layers held by each model chunk, in pipeline order: chunk
+        ``k`` lives on pipeline rank ``k % pp`` as its virtual chunk ``k // pp``."""
+        n = self.stages
+        if self.pipeline_layers is not None:
+            pl = list(self.pipeline_layers)
+            if len(pl) != n:
+                raise LayoutError(
+                    "parallel.pipeline_layers",
+                    f"needs {n} entries (pp*vpp = {self.pp}*{self.vpp}), got {len(pl)}",
+                )
+            if any((not isinstance(x, int)) or x < 0 for x in pl):
+                raise LayoutError("parallel.pipeline_layers", f"entries must be non-negative integers, got {pl}")
+            if sum(pl) != layers:
+                raise LayoutError(
+                    "parallel.pipeline_layers", f"must sum to the model's {layers} layers, got {sum(pl)}"
+                )
+            return pl
+        if layers % n:
+            raise LayoutError(
+                "parallel.pp",
+                f"{layers} layers do not split evenly over pp*vpp = {n} model chunks; "
+                "choose pp/vpp dividing the layer count or give parallel.pipeline_layers",
+            )
+        return [layers // n] * n
+
+    def chunk_layer_ranges(self, layers: int) -> list[range]:
+        """Global layer indices of each model chunk, in pipeline order."""
+        out, start = [], 0
+        for n in self.layers_per_chunk(layers):
+            out.append(range(start, start + n))
+            start += n
+        return out
+
+
+def _mesh(c: dict[str, int]) -> dict[str, int]:
+    return {a: c[a] for a in MESH_AXES}

@@ -1,0 +1,107 @@
+"""Model specifications: plain, frozen data describing a decoder-only transformer.
+
+A :class:`ModelSpec` says *what* the network is (sizes, attention kind, MoE
+layout). Counting parameters, FLOPs and activation bytes lives in pure functions
+elsewhere (:mod:`workloads.counts`, :mod:`workloads.memory`); the spec holds no
+behaviour beyond derived sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal, Optional
+
+FfnKind = Literal["swiglu", "gelu"]
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3, arXiv 2405.04434 §2.1).
+
+    Queries are compressed to ``q_lora_rank`` (0 = no query compression), keys and
+    values jointly to ``kv_lora_rank``; each head has a ``qk_nope_head_dim`` part
+    and a decoupled RoPE part of ``qk_rope_head_dim`` (shared across heads for K).
+    """
+
+    q_lora_rank: int = 1536
+    kv_lora_rank: int = 512
+    qk_rope_head_dim: int = 64
+    qk_nope_head_dim: int = 128
+    v_head_dim: int = 128
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-experts feed-forward layers.
+
+    The first ``dense_layers`` layers use the dense FFN (``ModelSpec.ffn_hidden``);
+    the rest route each token to ``top_k`` of ``experts`` routed experts of width
+    ``expert_ffn_hidden``, plus ``shared_experts`` always-active experts of the
+    same width. ``layer_freq`` = k makes every k-th layer (after the dense ones)
+    an MoE layer, the others dense (1 = every layer).
+    """
+
+    experts: int
+    top_k: int
+    expert_ffn_hidden: int
+    shared_experts: int = 0
+    dense_layers: int = 0
+    layer_freq: int = 1
+    max_nodes_per_token: Optional[int] = None  # DeepSeek-V3 node-limited routing (M = 4)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer.
+
+    ``head_dim`` defaults to ``hidden // heads``. ``kv_heads`` = ``heads`` for MHA,
+    1 for MQA, anything dividing ``heads`` for GQA. ``attention`` is ``None`` for
+    standard (MHA/GQA/MQA) attention or an :class:`MLASpec`.
+    """
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    ffn_hidden: int
+    vocab: int
+    kv_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    ffn: FfnKind = "swiglu"
+    tied_embeddings: bool = False
+    parallel_block: bool = False
+    attention: Optional[MLASpec] = None
+    moe: Optional[MoESpec] = None
+    mtp_depth: int = 0  # multi-token-prediction modules (DeepSeek-V3: 1)
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    bias: bool = False  # linear-layer biases (GPT-2/3 style)
+    source: str = ""  # citation for the numbers
+
+    def __post_init__(self) -> None:
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+
+    # ---- derived structure -------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether transformer layer ``layer`` (0-based) has an MoE feed-forward."""
+        m = self.moe
+        if m is None or layer < m.dense_layers:
+            return False
+        return (layer - m.dense_layers) % m.layer_freq == 0
+
+    @property
+    def moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.layers))
+
+    def with_(self, **changes) -> "ModelSpec":
+        return replace(self, **changes)

@@ -1,0 +1,45 @@
+"""Training settings of one step: plain data, validated where they are built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Recompute = Literal["none", "selective", "full"]
+Balance = Literal["aux-free", "aux-loss-local", "aux-loss-global"]
+Dtype = Literal["bf16", "fp8"]
+Optimizer = Literal["adam", "muon", "sgd"]
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    seq_len: int = 4096
+    micro_batch_size: int = 1  # sequences per micro-batch
+    global_batch_size: int = 1  # sequences per optimizer step
+    dtype: Dtype = "bf16"
+    recompute: Recompute = "none"
+    balance: Balance = "aux-free"
+    optimizer: Optimizer = "adam"
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch_size
+
+    def micro_batches(self, dp: int) -> int:
+        """Micro-batches each data-parallel replica runs per step.
+
+        Raises ``ValueError`` naming the field when the batch does not split."""
+        per_replica, rem = divmod(self.global_batch_size, dp)
+        if rem:
+            raise ValueError(
+                f"training.global_batch_size: {self.global_batch_size} sequences do not split over "
+                f"dp = {dp} data-parallel replicas; use a multiple of {dp}"
+            )
+        m, rem = divmod(per_replica, self.micro_batch_size)
+        if rem or m == 0:
+            raise ValueError(
+                f"training.micro_batch_size: {self.micro_batch_size} does not divide the "
+                f"{per_replica} sequences of each data-parallel replica "
+                f"(global_batch_size {self.global_batch_size} / dp {dp})"
+            )
+        return m
