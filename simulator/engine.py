@@ -1,0 +1,247 @@
+"""The event engine: executes a :class:`~workloads.ops.Trace` on a topology.
+
+Every simulated rank has one in-order simpy process per stream (``compute``,
+``tp``, ``cp``, ``ep``, ``dp``, ``fsdp``, ``pp``). An op starts when the previous op
+of its stream has finished and every op in its ``deps`` has finished; then
+
+* a compute op takes the roofline time of its kernels (:mod:`simulator.compute`);
+* a collective waits until every *simulated* member of its group has reached it
+  (rendezvous), then runs its algorithm's phases on the shared flow network;
+* a send moves its message to the peer over the network.
+
+Representative ranks. When the trace holds one rank per pipeline stage (the
+default), each collective or send issued by a representative is also issued, on
+the network, for every *twin* group of the same stage: the groups of the ranks not
+simulated, which run the same program at the same instant. Their transfers load
+the links exactly as in a per-device simulation. Twins of a group that lies
+inside one scale-up domain of a switched network are left out: they use only
+their own devices' links into their own domain's (non-blocking) switch, which
+nothing the representatives do touches, so leaving them out cannot change any
+simulated rate.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Optional
+
+import simpy
+
+from simulator import collectives as coll_mod
+from simulator.compute import ComputeCalibration, kernels_time_s
+from simulator.network import FlowNetwork, Transfer
+from topologies.chips import ChipSpec
+from topologies.topology import Topology
+from workloads.layout import ParallelLayout
+from workloads.ops import Op, Trace, TraceError
+
+
+@dataclass
+class OpRecord:
+    op: Op
+    start_s: float
+    end_s: float
+
+
+@dataclass
+class RawRun:
+    records: list[OpRecord]
+    step_time_s: float
+    idle: dict[int, dict[str, float]]  # rank -> {'bubble': s, 'exposed_comm': s}
+    mem_events: list[tuple[float, int, str, float]]  # (time, rank, category, delta)
+    executed_flops: dict[int, float]  # rank -> FLOPs of its compute ops
+    recompute_flops: dict[int, float]
+    network_stats: dict
+    events_processed: int
+
+
+class Engine:
+    def __init__(
+        self,
+        trace: Trace,
+        topo: Topology,
+        layout: ParallelLayout,
+        chip: ChipSpec,
+        compute_cal: ComputeCalibration,
+        network_cal=None,
+        dtype: str = "bf16",
+        compute_scale: Optional[dict[int, float]] = None,
+        algorithms: Optional[dict[str, str]] = None,
+    ):
+        if layout.world > topo.n_devices:
+            raise TraceError(f"parallel: the layout needs {layout.world} devices, the cluster has {topo.n_devices}")
+        self.trace, self.topo, self.layout, self.chip = trace, topo, layout, chip
+        self.cal, self.dtype = compute_cal, dtype
+        self.compute_scale = compute_scale or {}
+        self.algorithms = algorithms or {}
+        self.env = simpy.Environment()
+        self.net = FlowNetwork(self.env, topo, network_cal)
+        self.sim_ranks = set(trace.ranks)
+        self.done: dict[int, simpy.Event] = {}
+        self.end_time: dict[int, float] = {}
+        self.ops_by_id = {op.id: op for op in trace.ops}
+        self.records: list[OpRecord] = []
+        self.mem_events: list[tuple[float, int, str, float]] = []
+        self._rdv: dict[str, list] = {}
+        self._dur_cache: dict = {}
+        self._twin_cache: dict = {}
+        self._plan_cache: dict = {}
+        self.idle = {r: {"bubble": 0.0, "exposed_comm": 0.0} for r in trace.ranks}
+        self._last_compute_end = {r: 0.0 for r in trace.ranks}
+
+    # ---- public -----------------------------------------------------------------
+    def run(self) -> RawRun:
+        self.trace.check()
+        for op in self.trace.ops:
+            self.done[op.id] = self.env.event()
+        streams: dict[tuple[int, str], list[Op]] = defaultdict(list)
+        for op in self.trace.ops:
+            streams[(op.rank, op.stream)].append(op)
+        for (rank, stream), ops in sorted(streams.items()):
+            self.env.process(self._stream(rank, stream, ops))
+        self.env.run()
+        unfinished = [op for op in self.trace.ops if op.id not in self.end_time]
+        if unfinished:
+            waiting = ", ".join(f"{o.name} (rank {o.rank}, {o.stream})" for o in unfinished[:4])
+            raise TraceError(
+                f"deps: the trace deadlocks: {len(unfinished)} ops never start, e.g. {waiting}; "
+                "collectives must be reached in the same order by every member of their group"
+            )
+        step = max(self.end_time.values()) if self.end_time else 0.0
+        for r in self.trace.ranks:  # trailing idle: waiting for other stages to finish
+            self.idle[r]["bubble"] += max(0.0, step - self._last_compute_end[r])
+        flops = defaultdict(float)
+        rflops = defaultdict(float)
+        for rec in self.records:
+            if rec.op.kind == "compute":
+                f = rec.op.flops
+                flops[rec.op.rank] += f
+                if rec.op.recompute:
+                    rflops[rec.op.rank] += f
+        return RawRun(
+            records=self.records, step_time_s=step, idle=self.idle, mem_events=self.mem_events,
+            executed_flops=dict(flops), recompute_flops=dict(rflops), network_stats=self.net.stats_dict(),
+            events_processed=len(self.records),
+        )
+
+    # ---- processes ----------------------------------------------------------------
+    def _stream(self, rank: int, stream: str, ops: list[Op]):
+        env = self.env
+        for op in ops:
+            if op.deps:
+                pending = [self.done[d] for d in op.deps if d not in self.end_time]
+                if pending:
+                    yield env.all_of(pending)
+            start = env.now
+            if op.kind == "compute":
+                self._account_idle(op, start)
+            self._mem(op, "start")
+            if op.kind == "compute":
+                dur = self._duration(op)
+                if dur > 0:
+                    yield env.timeout(dur)
+            elif op.kind == "collective":
+                yield from self._collective(op)
+            elif op.kind == "send":
+                yield from self._send(op)
+            else:
+                raise TraceError(f"op {op.id}: unknown kind {op.kind!r}; expected compute, collective or send")
+            end = env.now
+            self._mem(op, "end")
+            self.end_time[op.id] = end
+            if op.kind == "compute":
+                self._last_compute_end[rank] = end
+            if op.kernels or op.kind != "compute":
+                self.records.append(OpRecord(op, start, end))
+            self.done[op.id].succeed()
+
+    def _account_idle(self, op: Op, start: float) -> None:
+        gap = start - self._last_compute_end[op.rank]
+        if gap <= 0:
+            return
+        # Blame the dependency that finished last.
+        cause = None
+        t_cause = -1.0
+        for d in op.deps:
+            t = self.end_time.get(d, 0.0)
+            if t > t_cause:
+                t_cause, cause = t, self.ops_by_id[d]
+        if cause is not None and cause.kind == "collective":
+            self.idle[op.rank]["exposed_comm"] += gap
+        else:
+            self.idle[op.rank]["bubble"] += gap
+
+    def _mem(self, op: Op, at: str) -> None:
+        for cat, delta, when in op.mem:
+            if when == at and delta:
+                self.mem_events.append((self.env.now, op.rank, cat, delta))
+
+    def _duration(self, op: Op) -> float:
+        key = op.kernels
+        d = self._dur_cache.get(key)
+        if d is None:
+            d = kernels_time_s(op.kernels, self.chip, self.cal, self.dtype)
+            self._dur_cache[key] = d
+        scale = self.compute_scale.get(op.rank)
+        return d / scale if scale else d
+
+    # ---- communication -----------------------------------------------------------------
+    def _collective(self, op: Op):
+        members = [r for r in op.group if r in self.sim_ranks]
+        entry = self._rdv.get(op.key)
+        if entry is None:
+            entry = self._rdv[op.key] = [0, self.env.event()]
+        entry[0] += 1
+        if entry[0] == len(members):
+            del self._rdv[op.key]
+            self.env.process(self._run_collective(op, entry[1]))
+        yield entry[1]
+
+    def _run_collective(self, op: Op, done: simpy.Event):
+        groups = self._groups_on_network(op)
+        plans = [self._plan(op.coll, g, op.size_bytes) for g in groups]
+        yield from coll_mod.run_collective(self.net, plans)
+        done.succeed()
+
+    def _plan(self, coll: str, group: tuple[int, ...], size: float):
+        key = (coll, group, size)
+        p = self._plan_cache.get(key)
+        if p is None:
+            p = coll_mod.plan_collective(coll, group, size, self.topo, algorithm=self.algorithms.get(coll))
+            self._plan_cache[key] = p
+        return p
+
+    def _send(self, op: Op):
+        pairs = self._groups_on_network(op, pair=(op.rank, op.peer))
+        transfers = [Transfer(a, b, op.size_bytes) for a, b in pairs]
+        yield self.net.transfer(transfers, tag=op.name)
+
+    def _groups_on_network(self, op: Op, pair: Optional[tuple[int, int]] = None) -> list[tuple[int, ...]]:
+        """The group itself plus, in representative mode, its twins (see module doc)."""
+        group = pair if pair is not None else op.group
+        if not self.trace.representative:
+            return [group]
+        topo = self.topo
+        if topo.kind == "switched" and len({topo.domain_of(r) for r in group}) == 1:
+            return [group]
+        stage = self.layout.stage_of(op.rank)
+        key = (op.axis, stage, group)
+        twins = self._twin_cache.get(key)
+        if twins is None:
+            twins = self._twins(op.axis, stage, group)
+            self._twin_cache[key] = twins
+        return twins
+
+    def _twins(self, axis: str, stage: int, group: tuple[int, ...]) -> list[tuple[int, ...]]:
+        L = self.layout
+        if axis in ("tp", "cp", "dp", "ep", "edp", "dp_cp"):
+            return L.groups(axis, stage)
+        # Groups whose members differ only in pipeline coordinate (sends, DualPipe mirrors):
+        # translate to every (tp, cp, dp) position of the stage, preserving member order.
+        pps = [L.coords(r)["pp"] for r in group]
+        out = []
+        for x in L.stage_ranks(stage):
+            c = L.coords(x)
+            out.append(tuple(L.rank_of(tp=c["tp"], cp=c["cp"], dp=c["dp"], pp=p) for p in pps))
+        return out

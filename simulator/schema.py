@@ -1,0 +1,515 @@
+"""The scenario file: schema, loading, preset resolution (shared/scenario.md).
+
+``load_scenario(path_or_mapping) -> Scenario`` reads YAML or JSON, validates it
+with pydantic (unknown keys and wrong types refused), resolves model and cluster
+presets (a mapping beside ``preset`` overrides it field by field) and returns
+frozen specs. Every failure is a :class:`ScenarioError` whose message starts
+with the dotted key at fault and says what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from topologies.chips import CHIPS, ChipSpec, get_chip
+from topologies.errors import TopologyError
+from topologies.networks import ClusterSpec, PodsSpec, SwitchedNetwork, TorusNetwork
+from topologies.presets import CLUSTER_PRESETS, cluster_preset
+from workloads.layout import ORDER_AXES, LayoutError, ParallelLayout
+from workloads.model import MLASpec, ModelSpec, MoESpec
+from workloads.presets import MODEL_PRESETS, get_model
+from workloads.schedules import SCHEDULES
+from workloads.training import TrainingSpec
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be simulated; ``field`` is the dotted key at fault."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}" if field else message)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+
+PositiveInt = Field(ge=1)
+
+
+class MLAIn(_Strict):
+    kind: Literal["mla"] = "mla"
+    q_lora_rank: int = Field(1536, ge=0)
+    kv_lora_rank: int = Field(512, ge=1)
+    qk_rope_head_dim: int = Field(64, ge=0)
+    qk_nope_head_dim: int = Field(128, ge=1)
+    v_head_dim: int = Field(128, ge=1)
+
+
+class MoEIn(_Strict):
+    experts: int = Field(ge=1)
+    top_k: int = Field(ge=1)
+    expert_ffn_hidden: int = Field(ge=1)
+    shared_experts: int = Field(0, ge=0)
+    dense_layers: int = Field(0, ge=0)
+    layer_freq: int = Field(1, ge=1)
+    max_nodes_per_token: Optional[int] = Field(None, ge=1)
+
+
+class ModelIn(_Strict):
+    name: Optional[str] = None
+    preset: Optional[str] = None
+    hf_config: Optional[str] = None
+    layers: int = Field(ge=1)
+    hidden: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    kv_heads: Optional[int] = Field(None, ge=1)
+    head_dim: Optional[int] = Field(None, ge=1)
+    ffn_hidden: int = Field(ge=1)
+    ffn: Literal["swiglu", "gelu"] = "swiglu"
+    vocab: int = Field(ge=1)
+    tied_embeddings: bool = False
+    parallel_block: bool = False
+    attention: Optional[MLAIn] = None
+    moe: Optional[MoEIn] = None
+    mtp_depth: int = Field(0, ge=0)
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    bias: bool = False
+    source: str = ""
+
+
+class ChipIn(_Strict):
+    name: str = "custom"
+    peak_flops_per_s: dict[Literal["bf16", "fp8"], float]
+    hbm_bytes: float = Field(gt=0)
+    hbm_bw_bytes_per_s: float = Field(gt=0)
+    family: Literal["ampere", "hopper", "blackwell", "tpu"] = "hopper"
+    source: str = ""
+
+    @field_validator("peak_flops_per_s")
+    @classmethod
+    def _peaks(cls, v):
+        if "bf16" not in v:
+            raise ValueError("needs a 'bf16' entry (dense peak FLOP/s)")
+        for k, x in v.items():
+            if not (x > 0 and math.isfinite(x)):
+                raise ValueError(f"{k} must be a finite number > 0")
+        return v
+
+
+class ParallelIn(_Strict):
+    tp: int = Field(1, ge=1)
+    cp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dp: Optional[int] = Field(None, ge=1)
+    ep: int = Field(1, ge=1)
+    vpp: int = Field(1, ge=1)
+    pipeline_layers: Optional[list[int]] = None
+    etp: int = Field(1, ge=1)
+    zero: Literal[0, 1, 2, 3] = 1
+    sequence_parallel: bool = True
+    order: str = "-".join(ORDER_AXES)
+
+
+class TrainingIn(_Strict):
+    seq_len: int = Field(4096, ge=1)
+    micro_batch_size: int = Field(1, ge=1)
+    global_batch_size: int = Field(ge=1)
+    dtype: Literal["bf16", "fp8"] = "bf16"
+    recompute: Literal["none", "selective", "full"] = "none"
+    balance: Literal["aux-free", "aux-loss-local", "aux-loss-global"] = "aux-free"
+    optimizer: Literal["adam", "muon", "sgd"] = "adam"
+
+
+class PerturbationIn(_Strict):
+    devices: Optional[list[int]] = None
+    compute_scale: Optional[float] = Field(None, gt=0)
+    link: Optional[list[str]] = Field(None, min_length=2, max_length=2)
+    bw_scale: Optional[float] = Field(None, gt=0)
+    failed: bool = False
+
+
+class ComputeCalIn(_Strict):
+    gemm_efficiency: Optional[float] = Field(None, gt=0, le=1)
+    fp8_gemm_efficiency: Optional[float] = Field(None, gt=0, le=1)
+    gemm_dim_half: Optional[float] = Field(None, ge=0)
+    attention_efficiency: Optional[float] = Field(None, gt=0, le=1)
+    memory_efficiency: Optional[float] = Field(None, gt=0, le=1)
+    launch_overhead_s: Optional[float] = Field(None, ge=0)
+
+
+class ScenarioIn(_Strict):
+    name: Optional[str] = None
+    model: Union[str, dict]
+    cluster: Union[str, dict]
+    parallel: ParallelIn = ParallelIn()
+    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe"] = "1f1b"
+    training: TrainingIn
+    perturbations: list[PerturbationIn] = []
+    compute: ComputeCalIn = ComputeCalIn()
+    algorithms: dict[Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast"], str] = {}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated scenario: frozen specs, ready for :func:`simulator.simulate`."""
+
+    name: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    layout: ParallelLayout
+    schedule: str
+    training: TrainingSpec
+    perturbations: tuple[PerturbationIn, ...] = ()
+    compute_overrides: tuple[tuple[str, float], ...] = ()
+    algorithms: tuple[tuple[str, str], ...] = ()
+    source: Any = None  # the raw mapping it was loaded from
+
+    @property
+    def devices(self) -> int:
+        return self.cluster.devices
+
+
+# ---- loading ---------------------------------------------------------------------------
+
+
+def read_mapping(path: Union[str, Path]) -> dict:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise ScenarioError("", f"cannot read scenario file {str(p)!r}: {err.strerror or err}") from None
+    try:
+        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as err:
+        raise ScenarioError("", f"{p.name} is not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'}: "
+                                f"{str(err).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError("", f"{p.name}: a scenario is a mapping with keys model, cluster, parallel, "
+                                f"schedule, training; got {type(data).__name__}")
+    data.setdefault("name", p.stem)
+    return data
+
+
+def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
+    """Validate a scenario given as a path (YAML/JSON) or a mapping."""
+    base_dir = None
+    if isinstance(source, (str, Path)):
+        base_dir = Path(source).parent
+        data = read_mapping(source)
+    elif isinstance(source, Mapping):
+        data = dict(source)
+    else:
+        raise ScenarioError("", f"expected a path or a mapping, got {type(source).__name__}")
+    try:
+        sc = ScenarioIn.model_validate(data)
+    except ValidationError as err:
+        raise _from_pydantic(err, "") from None
+    model = _resolve_model(sc.model, base_dir)
+    cluster = _resolve_cluster(sc.cluster)
+    layout = _resolve_layout(sc.parallel, cluster.devices)
+    try:
+        training = TrainingSpec(**sc.training.model_dump())
+        training.micro_batches(layout.dp)
+    except ValueError as err:
+        raise ScenarioError(*_split(str(err), "training")) from None
+    for i, p in enumerate(sc.perturbations):
+        if p.devices is None and p.link is None:
+            raise ScenarioError(f"perturbations[{i}]", "needs 'devices' (with compute_scale) or 'link' "
+                                                        "(with bw_scale or failed: true)")
+        for d in p.devices or []:
+            if not 0 <= d < cluster.devices:
+                raise ScenarioError(f"perturbations[{i}].devices", f"device {d} outside 0..{cluster.devices - 1}")
+        if p.devices is not None and p.compute_scale is None:
+            raise ScenarioError(f"perturbations[{i}].compute_scale", "needed with 'devices' (e.g. 0.8 = 80% speed)")
+        if p.link is not None and p.bw_scale is None and not p.failed:
+            raise ScenarioError(f"perturbations[{i}]", "a link perturbation needs bw_scale or failed: true")
+    overrides = tuple((k, v) for k, v in sc.compute.model_dump().items() if v is not None)
+    name = sc.name or model.name
+    return Scenario(
+        name=str(name), model=model, cluster=cluster, layout=layout, schedule=sc.schedule, training=training,
+        perturbations=tuple(sc.perturbations), compute_overrides=overrides,
+        algorithms=tuple(sorted(sc.algorithms.items())), source=data,
+    )
+
+
+def _split(msg: str, default_field: str) -> tuple[str, str]:
+    head, sep, rest = msg.partition(": ")
+    if sep and (head.startswith(default_field) or "." in head):
+        return head, rest
+    return default_field, msg
+
+
+def _from_pydantic(err: ValidationError, prefix: str) -> ScenarioError:
+    e = err.errors()[0]
+    loc = [str(x) for x in e["loc"] if not str(x).startswith(("function-", "literal["))]
+    # Union members show up in loc (e.g. 'str', 'dict[any,any]'): drop them.
+    loc = [x for x in loc if x not in ("str", "dict[any,any]", "int", "float")]
+    field = ".".join(([prefix] if prefix else []) + loc)
+    msg = e["msg"]
+    if e["type"] == "extra_forbidden":
+        parent = field.rsplit(".", 1)[0] if "." in field else "the scenario"
+        msg = f"unknown key in {parent}"
+        allowed = _allowed_keys(err, e)
+        if allowed:
+            msg += f"; allowed: {', '.join(allowed)}"
+    elif e["type"] == "missing":
+        msg = "required key is missing"
+    got = e.get("input")
+    if e["type"] not in ("missing", "extra_forbidden") and not isinstance(got, (dict, list)):
+        msg += f" (got {got!r})"
+    return ScenarioError(field, msg)
+
+
+def _allowed_keys(err: ValidationError, e) -> list[str]:
+    title = err.title
+    models = {m.__name__: m for m in (ScenarioIn, ParallelIn, TrainingIn, ModelIn, MoEIn, MLAIn, ChipIn,
+                                      PerturbationIn, ComputeCalIn)}
+    # Walk the location to find the model whose keys were exceeded.
+    m = models.get(title)
+    for part in e["loc"][:-1]:
+        if m is None:
+            break
+        f = m.model_fields.get(str(part))
+        if f is None:
+            break
+        ann = f.annotation
+        m = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return sorted(m.model_fields) if m is not None else []
+
+
+# ---- model -------------------------------------------------------------------------------
+
+
+def _resolve_model(spec: Union[str, dict], base_dir: Optional[Path]) -> ModelSpec:
+    if isinstance(spec, str):
+        return _preset_model(spec)
+    spec = dict(spec)
+    base: dict = {}
+    if "hf_config" in spec and spec["hf_config"] is not None:
+        from workloads.hf_config import model_from_hf_config
+
+        path = Path(spec["hf_config"])
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        try:
+            base = _model_dict(model_from_hf_config(path, name=spec.get("name")))
+        except (OSError, ValueError, KeyError) as err:
+            raise ScenarioError("model.hf_config", str(err)) from None
+    if spec.get("preset") is not None:
+        base = _model_dict(_preset_model(spec["preset"], field="model.preset"))
+    merged = {**base, **{k: v for k, v in spec.items() if k not in ("preset", "hf_config")}}
+    for sub in ("attention", "moe"):
+        if isinstance(base.get(sub), dict) and isinstance(spec.get(sub), dict):
+            merged[sub] = {**base[sub], **spec[sub]}
+    try:
+        m = ModelIn.model_validate(merged)
+    except ValidationError as err:
+        raise _from_pydantic(err, "model") from None
+    d = m.model_dump(exclude={"preset", "hf_config"})
+    att = d.pop("attention")
+    moe = d.pop("moe")
+    d["name"] = d.get("name") or spec.get("preset") or "custom"
+    try:
+        model = ModelSpec(
+            **d,
+            attention=MLASpec(**{k: v for k, v in att.items() if k != "kind"}) if att else None,
+            moe=MoESpec(**moe) if moe else None,
+        )
+    except (TypeError, ValueError) as err:
+        raise ScenarioError("model", str(err)) from None
+    if model.heads % model.kv_heads:
+        raise ScenarioError("model.kv_heads", f"must divide heads ({model.heads}), got {model.kv_heads}")
+    if model.moe and model.moe.top_k > model.moe.experts:
+        raise ScenarioError("model.moe.top_k", f"must be at most experts ({model.moe.experts}), got {model.moe.top_k}")
+    if model.moe and model.moe.dense_layers > model.layers:
+        raise ScenarioError("model.moe.dense_layers", f"must be at most layers ({model.layers})")
+    return model
+
+
+def _preset_model(name: str, field: str = "model") -> ModelSpec:
+    try:
+        return get_model(name)
+    except (KeyError, ValueError):
+        raise ScenarioError(field, f"unknown preset {name!r}; allowed: {', '.join(sorted(MODEL_PRESETS))}") from None
+
+
+def _model_dict(m: ModelSpec) -> dict:
+    d = dataclasses.asdict(m)
+    if d.get("attention"):
+        d["attention"] = {"kind": "mla", **d["attention"]}
+    return d
+
+
+# ---- cluster -------------------------------------------------------------------------------
+
+
+def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
+    if isinstance(spec, str):
+        spec = {"preset": spec}
+    spec = dict(spec)
+    allowed = ("preset", "devices", "chip", "network", "pods", "name", "host_bw_bytes_per_s")
+    for k in spec:
+        if k not in allowed:
+            raise ScenarioError(f"cluster.{k}", f"unknown key; allowed: {', '.join(allowed)}")
+    devices = spec.get("devices")
+    if devices is not None and (not isinstance(devices, int) or isinstance(devices, bool) or devices < 1):
+        raise ScenarioError("cluster.devices", f"must be an integer >= 1, got {devices!r}")
+    try:
+        chip = _resolve_chip(spec.get("chip"))
+        if spec.get("preset") is not None:
+            if not isinstance(spec["preset"], str):
+                raise ScenarioError("cluster.preset", f"must be a preset name, got {spec['preset']!r}; "
+                                                      f"allowed: {', '.join(sorted(CLUSTER_PRESETS))}")
+            over = {k: spec[k] for k in ("network", "pods", "name", "host_bw_bytes_per_s") if k in spec}
+            if chip is not None:
+                over["chip"] = chip
+            return cluster_preset(spec["preset"], devices, **over)
+        if chip is None:
+            raise ScenarioError("cluster.chip", f"required without a preset; a chip preset "
+                                                f"({', '.join(sorted(CHIPS))}) or a mapping")
+        if "network" not in spec:
+            raise ScenarioError("cluster.network", "required without a preset (kind: torus | switched)")
+        if devices is None:
+            raise ScenarioError("cluster.devices", "required without a preset")
+        network = _network(spec["network"])
+        pods = _pods(spec.get("pods"))
+        return ClusterSpec(
+            name=str(spec.get("name", "custom")), devices=devices, chip=chip, network=network, pods=pods,
+            host_bw_bytes_per_s=spec.get("host_bw_bytes_per_s", 32e9),
+        )
+    except TopologyError as err:
+        f = getattr(err, "field", "") or "cluster"
+        msg = str(err)
+        if msg.startswith(f + ": "):
+            msg = msg[len(f) + 2:]
+        raise ScenarioError(f, msg) from None
+    except TypeError as err:
+        raise ScenarioError("cluster", str(err)) from None
+
+
+def _resolve_chip(chip) -> Optional[ChipSpec]:
+    if chip is None:
+        return None
+    if isinstance(chip, str):
+        try:
+            return get_chip(chip)
+        except (KeyError, ValueError):
+            raise ScenarioError("cluster.chip", f"unknown chip {chip!r}; allowed: {', '.join(sorted(CHIPS))}") from None
+    if isinstance(chip, dict):
+        base = {}
+        if "preset" in chip:
+            c = _resolve_chip(chip["preset"])
+            base = {"name": c.name, "peak_flops_per_s": dict(c.peak_flops_per_s), "hbm_bytes": c.hbm_bytes,
+                    "hbm_bw_bytes_per_s": c.hbm_bw_bytes_per_s, "family": c.family, "source": c.source}
+        merged = {**base, **{k: v for k, v in chip.items() if k != "preset"}}
+        try:
+            c = ChipIn.model_validate(merged)
+        except ValidationError as err:
+            raise _from_pydantic(err, "cluster.chip") from None
+        return ChipSpec(name=c.name, peak_flops_per_s=dict(c.peak_flops_per_s), hbm_bytes=c.hbm_bytes,
+                        hbm_bw_bytes_per_s=c.hbm_bw_bytes_per_s, family=c.family, source=c.source)
+    raise ScenarioError("cluster.chip", f"a chip preset name or a mapping, got {chip!r}")
+
+
+def _network(net) -> Union[TorusNetwork, SwitchedNetwork]:
+    if not isinstance(net, dict):
+        raise ScenarioError("cluster.network", f"must be a mapping with a kind (torus | switched), got {net!r}")
+    net = dict(net)
+    kind = net.pop("kind", None)
+    classes = {"torus": TorusNetwork, "switched": SwitchedNetwork}
+    if kind not in classes:
+        raise ScenarioError("cluster.network.kind", f"must be one of torus, switched; got {kind!r}")
+    cls = classes[kind]
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    for k in net:
+        if k not in allowed:
+            raise ScenarioError(f"cluster.network.{k}", f"unknown key for a {kind} network; allowed: kind, "
+                                                        f"{', '.join(allowed)}")
+    for k in ("shape", "wraparound"):
+        if k in net and isinstance(net[k], list):
+            net[k] = tuple(net[k])
+    missing = [f.name for f in dataclasses.fields(cls)
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in net]
+    if missing:
+        raise ScenarioError(f"cluster.network.{missing[0]}", f"required for a {kind} network")
+    return cls(**net)
+
+
+def _pods(p) -> Optional[PodsSpec]:
+    if p is None:
+        return None
+    if not isinstance(p, dict):
+        raise ScenarioError("cluster.pods", f"must be a mapping {{count, dcn_bw_bytes_per_s}}, got {p!r}")
+    allowed = [f.name for f in dataclasses.fields(PodsSpec)]
+    for k in p:
+        if k not in allowed:
+            raise ScenarioError(f"cluster.pods.{k}", f"unknown key; allowed: {', '.join(allowed)}")
+    if "count" not in p or "dcn_bw_bytes_per_s" not in p:
+        raise ScenarioError("cluster.pods", "needs count and dcn_bw_bytes_per_s")
+    return PodsSpec(**p)
+
+
+# ---- layout -------------------------------------------------------------------------------
+
+
+def _resolve_layout(p: ParallelIn, devices: int) -> ParallelLayout:
+    model_par = p.tp * p.cp * p.pp
+    dp = p.dp
+    if dp is None:
+        if devices % model_par:
+            raise ScenarioError(
+                "parallel", f"tp*cp*pp = {p.tp}*{p.cp}*{p.pp} = {model_par} does not divide the {devices} devices"
+            )
+        dp = devices // model_par
+    if model_par * dp != devices:
+        raise ScenarioError(
+            "parallel",
+            f"tp*cp*pp*dp = {p.tp}*{p.cp}*{p.pp}*{dp} = {model_par * dp} must equal cluster.devices = {devices}",
+        )
+    order = tuple(x.strip() for x in p.order.split("-"))
+    try:
+        return ParallelLayout(
+            tp=p.tp, cp=p.cp, pp=p.pp, dp=dp, ep=p.ep, vpp=p.vpp, etp=p.etp, zero=p.zero,
+            sequence_parallel=p.sequence_parallel, order=order,
+            pipeline_layers=tuple(p.pipeline_layers) if p.pipeline_layers is not None else None,
+        )
+    except LayoutError as err:
+        raise ScenarioError(err.field, str(err)[len(err.field) + 2:]) from None
+
+
+def scenario_to_dict(s: Scenario) -> dict:
+    """A resolved scenario as a plain mapping (presets expanded) — what sweeps hash and store."""
+    model = _model_dict(s.model)
+    c = s.cluster
+    net = dataclasses.asdict(c.network)
+    net = {"kind": c.network.kind, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in net.items()}}
+    cluster = {
+        "name": c.name, "devices": c.devices,
+        "chip": {"name": c.chip.name, "peak_flops_per_s": dict(c.chip.peak_flops_per_s), "hbm_bytes": c.chip.hbm_bytes,
+                 "hbm_bw_bytes_per_s": c.chip.hbm_bw_bytes_per_s, "family": c.chip.family},
+        "network": net, "host_bw_bytes_per_s": c.host_bw_bytes_per_s,
+    }
+    if c.pods is not None:
+        cluster["pods"] = dataclasses.asdict(c.pods)
+    L = s.layout
+    parallel = {"tp": L.tp, "cp": L.cp, "pp": L.pp, "dp": L.dp, "ep": L.ep, "vpp": L.vpp, "etp": L.etp,
+                "zero": L.zero, "sequence_parallel": L.sequence_parallel, "order": "-".join(L.order),
+                "pipeline_layers": list(L.pipeline_layers) if L.pipeline_layers else None}
+    out = {"name": s.name, "model": model, "cluster": cluster, "parallel": parallel, "schedule": s.schedule,
+           "training": dataclasses.asdict(s.training)}
+    if s.perturbations:
+        out["perturbations"] = [p.model_dump(exclude_none=True) for p in s.perturbations]
+    if s.compute_overrides:
+        out["compute"] = dict(s.compute_overrides)
+    if s.algorithms:
+        out["algorithms"] = dict(s.algorithms)
+    return out

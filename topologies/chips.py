@@ -1,0 +1,117 @@
+"""Accelerator catalogue: dense peak FLOP/s per dtype, HBM capacity and bandwidth.
+
+All values are dense (no structured sparsity), in SI units: FLOP/s, bytes and
+bytes/s. Sources are the tables of Part B1 of the project's reference data; the
+primary source is named beside each entry. ``HSYM`` is "How to Scale Your
+Model" (Google DeepMind, jax-ml/scaling-book), GPU and TPU chapters.
+
+Chips without a faster FP8 path (A100, TPU v4, v5e, v5p, v6e: their 2x rate is
+INT8 only) list ``fp8`` equal to ``bf16``, so an FP8 scenario on them runs at the
+BF16 rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .errors import TopologyError, UnknownPresetError
+
+#: Calibration families: compute efficiency tables are kept per family.
+FAMILIES = ("ampere", "hopper", "blackwell", "tpu")
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    """One accelerator.
+
+    ``peak_flops_per_s`` maps a dtype name (``'bf16'``, ``'fp8'``) to the dense
+    peak in FLOP/s; ``'bf16'`` is required. ``family`` selects the compute
+    calibration (one of :data:`FAMILIES`).
+    """
+
+    name: str
+    peak_flops_per_s: Mapping[str, float] = field(hash=False)
+    hbm_bytes: float
+    hbm_bw_bytes_per_s: float
+    family: str
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        peaks = dict(self.peak_flops_per_s)
+        if "bf16" not in peaks:
+            raise TopologyError(
+                f"cluster.chip.peak_flops_per_s: chip {self.name!r} needs a 'bf16' peak; got keys "
+                f"{sorted(peaks)}", "cluster.chip.peak_flops_per_s")
+        for dtype, value in peaks.items():
+            if not value > 0:
+                raise TopologyError(
+                    f"cluster.chip.peak_flops_per_s.{dtype}: must be > 0 FLOP/s, got {value!r}",
+                    f"cluster.chip.peak_flops_per_s.{dtype}")
+        peaks = {k: float(v) for k, v in sorted(peaks.items())}
+        object.__setattr__(self, "peak_flops_per_s", peaks)
+        for name in ("hbm_bytes", "hbm_bw_bytes_per_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise TopologyError(f"cluster.chip.{name}: must be > 0, got {value!r}",
+                                    f"cluster.chip.{name}")
+        if self.family not in FAMILIES:
+            raise TopologyError(
+                f"cluster.chip.family: {self.family!r} is not a calibration family; allowed: "
+                f"{', '.join(FAMILIES)}", "cluster.chip.family")
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype``; the BF16 peak for a dtype not listed."""
+        return self.peak_flops_per_s.get(dtype, self.peak_flops_per_s["bf16"])
+
+
+def _chip(name, bf16_tflops, fp8_tflops, hbm_bytes, hbm_bw, family, source) -> ChipSpec:
+    return ChipSpec(name, {"bf16": bf16_tflops * 1e12, "fp8": fp8_tflops * 1e12},
+                    hbm_bytes, hbm_bw, family, source)
+
+
+CHIPS: dict[str, ChipSpec] = {c.name: c for c in (
+    # A100 SXM 80GB: 312 TF BF16; no FP8 (624 is INT8); 80 GB HBM2e at 2039 GB/s.
+    _chip("a100", 312, 312, 80e9, 2.039e12, "ampere",
+          "NVIDIA A100 datasheet via HSYM GPU tables; Megatron-LM SC'21 section 5"),
+    # H100 SXM: 989 TF BF16, 1979 TF FP8 dense; 80 GB HBM3 at 3.35 TB/s.
+    _chip("h100", 989, 1979, 80e9, 3.35e12, "hopper", "NVIDIA H100 SXM datasheet; HSYM GPU tables"),
+    # H800 SXM: same Tensor Cores and HBM as H100 (only NVLink is cut to 400 GB/s bidir).
+    _chip("h800", 989, 1979, 80e9, 3.35e12, "hopper", "DeepSeek-V3 report (arXiv 2412.19437) section 3.1"),
+    # H200 SXM: H100 compute with 141 GB HBM3e at 4.8 TB/s.
+    _chip("h200", 989, 1979, 141e9, 4.8e12, "hopper", "NVIDIA H200 datasheet; HSYM GPU tables"),
+    # B200: 2250 TF BF16, 4500 TF FP8 dense; 192 GB HBM3e at 8 TB/s (HSYM; some pages say 180 GB).
+    _chip("b200", 2250, 4500, 192e9, 8.0e12, "blackwell", "HSYM GPU tables; NVIDIA DGX B200 datasheet"),
+    # GB200 (one Blackwell GPU of an NVL72): 2450 / 4900 TF dense (dgxc), ~186 GB (13.4 TB / 72),
+    # 8 TB/s (576 TB/s / 72).
+    _chip("gb200", 2450, 4900, 186e9, 8.0e12, "blackwell",
+          "NVIDIA DGX Cloud benchmarking README (dgxc); GB200 NVL72 rack datasheet / 72"),
+    # TPU v4: 275 TF BF16 (INT8 the same), 32 GiB HBM2 at 1200 GB/s.
+    _chip("tpu-v4", 275, 275, 32 * GiB, 1.2e12, "tpu", "Cloud TPU v4 documentation; HSYM TPU table"),
+    # TPU v5e: 197 TF BF16 (394 is INT8), 16 GB HBM at 819 GB/s.
+    _chip("tpu-v5e", 197, 197, 16e9, 819e9, "tpu", "Cloud TPU v5e documentation; HSYM TPU table"),
+    # TPU v5p: 459 TF BF16, no FP8 speed-up (918 is INT8), 95 GB HBM2e at 2765 GB/s.
+    _chip("tpu-v5p", 459, 459, 95e9, 2.765e12, "tpu", "Cloud TPU v5p documentation; HSYM TPU table"),
+    # TPU v6e (Trillium): 918 TF BF16 (1836 is INT8), 32 GB HBM at 1638 GB/s.
+    _chip("tpu-v6e", 918, 918, 32e9, 1.638e12, "tpu", "Cloud TPU v6e documentation; HSYM TPU table"),
+    # TPU7x (Ironwood): 2307 TF BF16, 4614 TF FP8, 192 GiB HBM3e at 7.37 TB/s.
+    _chip("tpu-v7", 2307, 4614, 192 * GiB, 7.37e12, "tpu",
+          "Cloud TPU7x documentation; HSYM TPU table; Hot Chips 2025"),
+)}
+
+
+def get_chip(name: str) -> ChipSpec:
+    """The catalogue chip called ``name`` (case-insensitive).
+
+    Raises
+    ------
+    UnknownPresetError
+        If ``name`` is not in :data:`CHIPS`; the message lists the allowed names.
+    """
+    key = str(name).strip().lower()
+    try:
+        return CHIPS[key]
+    except KeyError:
+        raise UnknownPresetError("chip", name, CHIPS, "cluster.chip") from None

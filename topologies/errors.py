@@ -1,0 +1,40 @@
+"""Exceptions raised by :mod:`topologies`.
+
+Every error says which scenario key (or graph element) it concerns and what is
+allowed, so a user can fix the input without reading the code.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+
+class TopologyError(ValueError):
+    """Bad cluster, network or graph description.
+
+    ``field`` is the scenario key the error concerns (``cluster.devices``,
+    ``cluster.network.shape``...) or, for graphs and files, ``topology``.
+    """
+
+    def __init__(self, message: str, field: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class UnknownPresetError(TopologyError, KeyError):
+    """A chip or cluster preset name that is not in the catalogue.
+
+    It is both a :class:`ValueError` (via :class:`TopologyError`) and a
+    :class:`KeyError`, so ``except KeyError`` around a dictionary-style lookup
+    keeps working.
+    """
+
+    def __init__(self, what: str, name: object, allowed: Iterable[str], field: str) -> None:
+        self.allowed = tuple(sorted(allowed))
+        message = (
+            f"{field}: unknown {what} {name!r}; allowed: {', '.join(self.allowed)}"
+        )
+        super().__init__(message, field)
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])

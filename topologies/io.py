@@ -1,0 +1,160 @@
+"""Save and load topologies as JSON or GraphML (chosen by the file extension).
+
+JSON layout (``.json``)::
+
+    {"format": "stepsim-topology", "version": 1, "name": "...",
+     "graph": {"kind": "torus" | "switched" | "custom", "domain_size": 8, "nvls": false,
+               "sharp": false, "shape": [4, 4], "wrap": [true, true],
+               "pods": 2, "devices_per_pod": 16},           # optional keys as they apply
+     "nodes": [{"id": "d0", "kind": "device", "index": 0, "domain": 0, "pod": 0,
+                "coords": [0, 0]},                         # coords on tori only
+               {"id": "p0.spine", "kind": "switch"}, ...],
+     "edges": [{"source": "d0", "target": "p0.nvsw0", "bw_bytes_per_s": 4.5e11,
+                "latency_s": 1.665e-06, "kind": "nvlink"}, ...]}
+
+Node attributes: ``kind`` (``'device'`` or ``'switch'``, required), devices also
+``index`` (required, 0..n-1), ``domain`` and ``pod`` (default 0) and, on tori,
+``coords``. Edge attributes (all required): ``bw_bytes_per_s`` per direction,
+``latency_s`` per hop, ``kind`` (``ici``, ``nvlink``, ``nic``, ``fabric``, ``dcn``).
+
+GraphML (``.graphml``) carries the same attributes; tuples (``coords``, ``shape``,
+``wrap``) are stored as JSON strings, since GraphML has no list type.
+
+Loading validates through :class:`~topologies.topology.Topology`; every problem
+is a :class:`~topologies.errors.TopologyError` naming the file and the element.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Union
+
+import networkx as nx
+
+from .errors import TopologyError
+from .topology import Topology
+
+FORMAT = "stepsim-topology"
+VERSION = 1
+_TUPLE_KEYS = ("coords", "shape", "wrap")
+
+
+def _format_of(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in (".json", ".graphml"):
+        return suffix[1:]
+    raise TopologyError(f"topology: {path}: unknown extension {path.suffix!r}; allowed: .json, "
+                        ".graphml", "topology")
+
+
+def _plain(value):
+    """JSON-friendly copy of an attribute value."""
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item"):          # numpy scalar
+        return value.item()
+    return value
+
+
+def save_topology(topo: Topology, path: Union[str, Path]) -> None:
+    """Write ``topo`` to ``path`` as JSON (``.json``) or GraphML (``.graphml``)."""
+    path = Path(path)
+    fmt = _format_of(path)
+    G = topo.graph
+    if fmt == "json":
+        doc = {
+            "format": FORMAT, "version": VERSION, "name": topo.name,
+            "graph": {k: _plain(v) for k, v in G.graph.items()},
+            "nodes": [{"id": n, **{k: _plain(v) for k, v in d.items()}}
+                      for n, d in G.nodes(data=True)],
+            "edges": [{"source": u, "target": v, **{k: _plain(x) for k, x in d.items()}}
+                      for u, v, d in G.edges(data=True)],
+        }
+        path.write_text(json.dumps(doc, indent=1))
+        return
+    H = nx.Graph()
+
+    def encode(attrs):
+        return {k: json.dumps(_plain(v)) if k in _TUPLE_KEYS else _plain(v)
+                for k, v in attrs.items() if v is not None}
+
+    H.graph.update(encode(G.graph), name=topo.name)
+    H.add_nodes_from((str(n), encode(d)) for n, d in G.nodes(data=True))
+    H.add_edges_from((str(u), str(v), encode(d)) for u, v, d in G.edges(data=True))
+    nx.write_graphml(H, path)
+
+
+def _decode_tuples(attrs: dict, where: str) -> None:
+    for key in _TUPLE_KEYS:
+        value = attrs.get(key)
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                raise TopologyError(f"topology: {where}: attribute {key!r} is not a list: "
+                                    f"{value!r}", "topology") from None
+        if isinstance(value, list):
+            attrs[key] = tuple(value)
+
+
+def load_topology(path: Union[str, Path]) -> Topology:
+    """Read a topology written by :func:`save_topology` (or by hand in the same layout).
+
+    Raises
+    ------
+    TopologyError
+        For an unreadable or malformed file, a missing attribute, a non-positive
+        bandwidth or a disconnected graph; the message names the file and element.
+    """
+    path = Path(path)
+    fmt = _format_of(path)
+    try:
+        if fmt == "json":
+            G, name = _read_json(path)
+        else:
+            G = nx.read_graphml(path)
+            name = str(G.graph.pop("name", ""))
+    except TopologyError as err:
+        raise TopologyError(f"{path}: {err}", err.field) from err
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise TopologyError(f"topology: cannot read {path}: {err}", "topology") from err
+    _decode_tuples(G.graph, "graph")
+    for node, data in G.nodes(data=True):
+        _decode_tuples(data, f"node {node!r}")
+    try:
+        return Topology(G, name)
+    except TopologyError as err:
+        raise TopologyError(f"{path}: {err}", err.field) from err
+
+
+def _read_json(path: Path):
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise TopologyError(f"topology: not valid JSON ({err})", "topology") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise TopologyError(f"topology: expected an object with \"format\": \"{FORMAT}\"",
+                            "topology")
+    if doc.get("version") != VERSION:
+        raise TopologyError(f"topology: unsupported version {doc.get('version')!r}; allowed: "
+                            f"{VERSION}", "topology")
+    for key in ("nodes", "edges"):
+        if not isinstance(doc.get(key), list):
+            raise TopologyError(f"topology: missing list {key!r}", "topology")
+    G = nx.Graph(**dict(doc.get("graph") or {}))
+    for k, node in enumerate(doc["nodes"]):
+        if not isinstance(node, dict) or "id" not in node:
+            raise TopologyError(f"topology: nodes[{k}] lacks 'id'", "topology")
+        attrs = {a: v for a, v in node.items() if a != "id"}
+        G.add_node(node["id"], **attrs)
+    for k, edge in enumerate(doc["edges"]):
+        if not isinstance(edge, dict) or "source" not in edge or "target" not in edge:
+            raise TopologyError(f"topology: edges[{k}] lacks 'source' or 'target'", "topology")
+        for end in (edge["source"], edge["target"]):
+            if end not in G:
+                raise TopologyError(f"topology: edges[{k}] names unknown node {end!r}",
+                                    "topology")
+        G.add_edge(edge["source"], edge["target"],
+                   **{a: v for a, v in edge.items() if a not in ("source", "target")})
+    return G, str(doc.get("name", ""))

@@ -1,0 +1,220 @@
+"""Network descriptions: frozen plain data that the builders turn into graphs.
+
+Bandwidths are **per direction**: per link for a torus, per device for a
+switched network. Latencies are per link (one hop); a path's latency is the sum
+over its links.
+
+Default latencies of :class:`SwitchedNetwork` split the small-message (64 B)
+end-to-end latencies measured by DeepSeek (Zhao et al., "Insights into
+DeepSeek-V3", ISCA'25) over the links a message crosses:
+
+* NVLink 3.33 us device -> NVSwitch -> device: two links of 1.665 us;
+* InfiniBand 2.8 us within one leaf: device -> leaf -> device, two NIC links of 1.4 us;
+* InfiniBand 3.7 us across leaves adds leaf -> spine -> leaf: two more links of 0.45 us.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Optional, Union
+
+from .chips import ChipSpec
+from .errors import TopologyError
+
+NVLINK_LATENCY_S = 3.33e-6 / 2      # ISCA'25 NVLink 3.33 us over two links
+IB_NIC_LATENCY_S = 2.8e-6 / 2       # ISCA'25 IB same-leaf 2.8 us over two NIC links
+IB_SWITCH_LATENCY_S = (3.7e-6 - 2.8e-6) / 2   # ISCA'25 IB cross-leaf 3.7 us: two more links
+
+
+def _positive(value, field_name: str) -> None:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+            and math.isfinite(value)):
+        raise TopologyError(f"{field_name}: must be a finite number > 0, got {value!r}", field_name)
+
+
+def _non_negative(value, field_name: str) -> None:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+            and math.isfinite(value)):
+        raise TopologyError(f"{field_name}: must be a finite number >= 0, got {value!r}", field_name)
+
+
+def _positive_int(value, field_name: str) -> None:
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        raise TopologyError(f"{field_name}: must be an integer >= 1, got {value!r}", field_name)
+
+
+def default_wrap(shape: tuple[int, ...]) -> tuple[bool, ...]:
+    """Wrap-around rule of TPU v4/v5p slices: an axis wraps iff its length is a multiple of 4.
+
+    (Cloud TPU v4/v5p docs: full 4x4x4 cubes and their multiples get wrap-around
+    links through the optical switches.) TPU v5e/v6e 2D slices wrap only on axes of
+    length 16; pass their ``wraparound`` explicitly.
+    """
+    return tuple(n % 4 == 0 for n in shape)
+
+
+@dataclass(frozen=True)
+class TorusNetwork:
+    """An n-D torus of point-to-point links (TPU ICI), one device per lattice point.
+
+    ``wraparound`` gives per axis whether the ends are joined; ``None`` applies
+    :func:`default_wrap`. ``wrap`` is the resolved tuple.
+    """
+
+    kind: ClassVar[str] = "torus"
+    shape: tuple[int, ...]
+    link_bw_bytes_per_s: float
+    link_latency_s: float = 1e-6
+    wraparound: Optional[tuple[bool, ...]] = None
+
+    def __post_init__(self) -> None:
+        try:
+            shape = tuple(self.shape)
+        except TypeError:
+            raise TopologyError(f"cluster.network.shape: must be a list of axis lengths, got "
+                                f"{self.shape!r}", "cluster.network.shape") from None
+        if not shape:
+            raise TopologyError("cluster.network.shape: needs at least one axis",
+                                "cluster.network.shape")
+        for n in shape:
+            _positive_int(n, "cluster.network.shape")
+        object.__setattr__(self, "shape", shape)
+        _positive(self.link_bw_bytes_per_s, "cluster.network.link_bw_bytes_per_s")
+        _non_negative(self.link_latency_s, "cluster.network.link_latency_s")
+        if self.wraparound is not None:
+            wrap = tuple(bool(w) for w in self.wraparound)
+            if len(wrap) != len(shape):
+                raise TopologyError(
+                    f"cluster.network.wraparound: needs one flag per axis of shape {shape}, got "
+                    f"{self.wraparound!r}", "cluster.network.wraparound")
+            object.__setattr__(self, "wraparound", wrap)
+
+    @property
+    def wrap(self) -> tuple[bool, ...]:
+        return self.wraparound if self.wraparound is not None else default_wrap(self.shape)
+
+    @property
+    def devices(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class SwitchedNetwork:
+    """Scale-up domains (NVLink behind NVSwitches) joined by a scale-out fat-tree.
+
+    ``domain_size`` consecutive devices form one domain, each with
+    ``domain_bw_bytes_per_s`` to its domain's switch. Each device also has a NIC of
+    ``nic_bw_bytes_per_s`` to a leaf switch; ``domains_per_leaf`` domains form one
+    leaf group. ``rails=True`` gives every local index ``j`` of the group its own
+    leaf (rail-optimised); ``rails=False`` puts the whole group under one leaf.
+    Leaves reach each other through a spine with leaf uplinks of (downlink
+    bandwidth) / ``oversubscription``. ``nvls`` (NVLink SHARP in the NVSwitch) and
+    ``sharp`` (in-network reduction on the scale-out fabric) are capability flags
+    for the collective algorithms.
+    """
+
+    kind: ClassVar[str] = "switched"
+    domain_size: int
+    domain_bw_bytes_per_s: float
+    nic_bw_bytes_per_s: float
+    oversubscription: float = 1.0
+    domain_latency_s: float = NVLINK_LATENCY_S
+    nic_latency_s: float = IB_NIC_LATENCY_S
+    switch_latency_s: float = IB_SWITCH_LATENCY_S
+    domains_per_leaf: int = 32
+    rails: bool = True
+    nvls: bool = False
+    sharp: bool = False
+
+    def __post_init__(self) -> None:
+        _positive_int(self.domain_size, "cluster.network.domain_size")
+        _positive(self.domain_bw_bytes_per_s, "cluster.network.domain_bw_bytes_per_s")
+        _positive(self.nic_bw_bytes_per_s, "cluster.network.nic_bw_bytes_per_s")
+        if not (isinstance(self.oversubscription, (int, float)) and self.oversubscription >= 1
+                and math.isfinite(self.oversubscription)):
+            raise TopologyError(
+                f"cluster.network.oversubscription: must be a number >= 1 (1 = full bisection), "
+                f"got {self.oversubscription!r}", "cluster.network.oversubscription")
+        for name in ("domain_latency_s", "nic_latency_s", "switch_latency_s"):
+            _non_negative(getattr(self, name), f"cluster.network.{name}")
+        _positive_int(self.domains_per_leaf, "cluster.network.domains_per_leaf")
+
+
+@dataclass(frozen=True)
+class PodsSpec:
+    """``count`` identical pods (slices) joined by a data-centre network.
+
+    ``dcn_bw_bytes_per_s`` is per device, per direction. ``dcn_latency_s`` is the
+    one-way device-to-device latency across the DCN; the builder splits it evenly
+    over the four links of a cross-pod path.
+    """
+
+    count: int
+    dcn_bw_bytes_per_s: float
+    dcn_latency_s: float = 10e-6
+
+    def __post_init__(self) -> None:
+        _positive_int(self.count, "cluster.pods.count")
+        _positive(self.dcn_bw_bytes_per_s, "cluster.pods.dcn_bw_bytes_per_s")
+        _non_negative(self.dcn_latency_s, "cluster.pods.dcn_latency_s")
+
+
+Network = Union[TorusNetwork, SwitchedNetwork]
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A whole cluster: ``devices`` chips on ``network``, optionally in several pods.
+
+    With ``pods``, ``network`` describes one pod and ``devices`` counts all pods.
+    Construction checks that the devices fit: a torus needs ``devices ==
+    prod(shape) * pods``; a switched network needs per-pod devices either at most
+    one domain or a multiple of ``domain_size``.
+    """
+
+    name: str
+    devices: int
+    chip: ChipSpec
+    network: Network
+    pods: Optional[PodsSpec] = None
+    host_bw_bytes_per_s: float = 32e9
+
+    def __post_init__(self) -> None:
+        _positive_int(self.devices, "cluster.devices")
+        if not isinstance(self.chip, ChipSpec):
+            raise TopologyError(f"cluster.chip: expected a ChipSpec, got {self.chip!r}",
+                                "cluster.chip")
+        if not isinstance(self.network, (TorusNetwork, SwitchedNetwork)):
+            raise TopologyError(
+                f"cluster.network: expected a TorusNetwork or SwitchedNetwork, got "
+                f"{type(self.network).__name__}", "cluster.network")
+        if self.pods is not None and not isinstance(self.pods, PodsSpec):
+            raise TopologyError(f"cluster.pods: expected a PodsSpec or None, got {self.pods!r}",
+                                "cluster.pods")
+        _positive(self.host_bw_bytes_per_s, "cluster.host_bw_bytes_per_s")
+        n_pods = self.n_pods
+        if self.devices % n_pods:
+            raise TopologyError(
+                f"cluster.devices: {self.devices} devices do not split evenly into "
+                f"{n_pods} pods", "cluster.devices")
+        per_pod = self.devices // n_pods
+        net = self.network
+        if isinstance(net, TorusNetwork):
+            if per_pod != net.devices:
+                raise TopologyError(
+                    f"cluster.devices: {self.devices} devices do not fit torus shape "
+                    f"{list(net.shape)} x {n_pods} pod(s) = {net.devices * n_pods} devices",
+                    "cluster.devices")
+        elif per_pod > net.domain_size and per_pod % net.domain_size:
+            raise TopologyError(
+                f"cluster.devices: {per_pod} devices per pod is neither at most one domain nor a "
+                f"multiple of domain_size {net.domain_size}", "cluster.devices")
+
+    @property
+    def n_pods(self) -> int:
+        return self.pods.count if self.pods is not None else 1
+
+    @property
+    def devices_per_pod(self) -> int:
+        return self.devices // self.n_pods

@@ -1,0 +1,460 @@
+"""The :class:`Topology`: a validated network graph with stable link ids and routes.
+
+Links are directed: undirected edge ``k`` of the sorted edge list gives link
+``2k`` (lower endpoint to higher) and ``2k + 1`` (back). Nodes sort devices
+first by index, then other nodes by their id as a string, so link ids depend
+only on the graph's content, never on insertion order.
+
+Routing
+-------
+* Tori: dimension-order routing, axis 0 first, along the shorter way round a
+  wrapped axis (ties go the + way).
+* Switched networks: inside a domain device -> NVSwitch -> device; across
+  domains device -> leaf -> device when both sit on the same leaf (same rail of
+  the same leaf group), otherwise device -> leaf -> spine -> leaf -> device. No
+  PXN-style forwarding over NVLink to another rail.
+* Pods: device -> pod DCN switch -> core -> pod DCN switch -> device.
+* Anything else, and any pair whose structured route crosses a link removed by
+  :meth:`Topology.without_link`: the lowest-latency path (Dijkstra on integer
+  picoseconds), ties broken by fewer hops, then by node order; deterministic.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Optional
+
+import networkx as nx
+import numpy as np
+
+from .errors import TopologyError
+
+EDGE_KINDS = ("ici", "nvlink", "nic", "fabric", "dcn")
+_ROUTE_CACHE_MAX = 1 << 20      # routes kept before the cache is cleared
+_TREE_CACHE_MAX = 64            # shortest-path trees kept for the generic router
+
+
+def _node_key(node, data) -> tuple:
+    if data.get("kind") == "device":
+        return (0, data["index"], "")
+    return (1, 0, str(node))
+
+
+def _validate(G) -> list:
+    """Check ``G`` and return its device node ids ordered by index."""
+    if not isinstance(G, nx.Graph) or G.is_directed() or G.is_multigraph():
+        raise TopologyError(f"topology: expected an undirected networkx.Graph, got "
+                            f"{type(G).__name__}", "topology")
+    devices = {}
+    for node, data in G.nodes(data=True):
+        if "kind" not in data:
+            raise TopologyError(f"topology: node {node!r} lacks the 'kind' attribute "
+                                "('device' or 'switch')", "topology")
+        if data["kind"] == "device":
+            index = data.get("index")
+            if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or index < 0:
+                raise TopologyError(f"topology: device {node!r} needs an integer 'index' >= 0, "
+                                    f"got {index!r}", "topology")
+            if index in devices:
+                raise TopologyError(f"topology: devices {devices[index]!r} and {node!r} share "
+                                    f"index {index}", "topology")
+            devices[int(index)] = node
+    if not devices:
+        raise TopologyError("topology: the graph has no node with kind='device'", "topology")
+    missing = [i for i in range(len(devices)) if i not in devices]
+    if missing:
+        raise TopologyError(f"topology: device indices must be 0..{len(devices) - 1}; "
+                            f"index {missing[0]} is missing", "topology")
+    for u, v, data in G.edges(data=True):
+        if u == v:
+            raise TopologyError(f"topology: self-loop on {u!r}", "topology")
+        for attr in ("bw_bytes_per_s", "latency_s", "kind"):
+            if attr not in data:
+                raise TopologyError(f"topology: edge ({u!r}, {v!r}) lacks the {attr!r} attribute",
+                                    "topology")
+        bw, lat = data["bw_bytes_per_s"], data["latency_s"]
+        if not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
+            raise TopologyError(f"topology: edge ({u!r}, {v!r}) has bw_bytes_per_s={bw!r}; "
+                                "must be a finite number > 0", "topology")
+        if not (isinstance(lat, (int, float)) and math.isfinite(lat) and lat >= 0):
+            raise TopologyError(f"topology: edge ({u!r}, {v!r}) has latency_s={lat!r}; "
+                                "must be a finite number >= 0", "topology")
+    ordered = [devices[i] for i in range(len(devices))]
+    if not nx.is_connected(G):
+        reached = nx.node_connected_component(G, ordered[0])
+        lost = next((d for d in ordered if d not in reached), None)
+        if lost is None:
+            lost = next(n for n in G if n not in reached)
+            raise TopologyError(f"topology: node {lost!r} is not connected to the devices",
+                                "topology")
+        raise TopologyError(f"topology: device {lost!r} is unreachable from device "
+                            f"{ordered[0]!r}", "topology")
+    return ordered
+
+
+class Topology:
+    """A validated network graph with directed link ids, capacities and routes.
+
+    Parameters
+    ----------
+    graph
+        An annotated graph as made by :mod:`topologies.builders` or loaded by
+        :mod:`topologies.io`. It is frozen (``networkx.freeze``): perturbations
+        return new topologies instead of editing it.
+    name
+        A label.
+
+    Raises
+    ------
+    TopologyError
+        If the graph is disconnected, lacks an attribute, has a non-positive
+        bandwidth or a device index gap; the message names the element.
+    """
+
+    def __init__(self, graph: nx.Graph, name: str = "", *, _base: Optional["Topology"] = None):
+        self.devices: tuple = tuple(_validate(graph))
+        self.graph = nx.freeze(graph)
+        self.name = name
+        kind = graph.graph.get("kind", "custom")
+        self.kind: str = kind if kind in ("torus", "switched") else "custom"
+        self.n_devices = len(self.devices)
+        self._dev_index = {node: i for i, node in enumerate(self.devices)}
+
+        nodes = sorted(graph.nodes(data=True), key=lambda nd: _node_key(*nd))
+        self._nodes = [n for n, _ in nodes]
+        self._node_index = {n: k for k, n in enumerate(self._nodes)}
+        idx = self._node_index
+        edges = sorted((idx[u], idx[v]) if idx[u] < idx[v] else (idx[v], idx[u])
+                       for u, v in graph.edges())
+        self.n_links = 2 * len(edges)
+        self._ends = np.empty((self.n_links, 2), dtype=np.int64)
+        capacity, latency, kinds = [], [], []
+        self._link_of: dict = {}
+        for k, (a, b) in enumerate(edges):
+            data = graph.edges[self._nodes[a], self._nodes[b]]
+            self._ends[2 * k] = (a, b)
+            self._ends[2 * k + 1] = (b, a)
+            self._link_of[(a, b)] = 2 * k
+            self._link_of[(b, a)] = 2 * k + 1
+            capacity += [data["bw_bytes_per_s"]] * 2
+            latency += [data["latency_s"]] * 2
+            kinds += [str(data["kind"])] * 2
+        self.link_capacity = np.asarray(capacity, dtype=np.float64)
+        self.link_latency = np.asarray(latency, dtype=np.float64)
+        self.link_capacity.setflags(write=False)
+        self.link_latency.setflags(write=False)
+        self.link_kind: tuple[str, ...] = tuple(kinds)
+
+        data = [graph.nodes[d] for d in self.devices]
+        self._domain = [int(d.get("domain", 0)) for d in data]
+        self._pod = [int(d.get("pod", 0)) for d in data]
+        self.domain_size: int = int(graph.graph.get("domain_size") or
+                                    max(np.bincount(self._domain)))
+        self.nvls: bool = bool(graph.graph.get("nvls", False))
+        self.sharp: bool = bool(graph.graph.get("sharp", False))
+        self.n_pods: int = max(self._pod) + 1
+        if self.kind == "torus":
+            missing = [k for k in ("shape", "wrap") if k not in graph.graph]
+            missing += ["coords"] if any("coords" not in d for d in data) else []
+            if missing:
+                raise TopologyError(f"topology: a torus graph needs the {missing[0]!r} attribute "
+                                    "(graph: shape, wrap; devices: coords)", "topology")
+            self.torus_shape: Optional[tuple] = tuple(int(n) for n in graph.graph["shape"])
+            self.torus_wrap: Optional[tuple] = tuple(bool(w) for w in graph.graph["wrap"])
+            self._coords = [tuple(int(c) for c in d["coords"]) for d in data]
+        else:
+            self.torus_shape = self.torus_wrap = None
+            self._coords = None
+
+        self._route_cache: dict = {}
+        self._trees: dict = {}
+        self._adjacency = None
+        # Structured routing: a perturbed topology routes like its unperturbed base and maps
+        # the base's links onto its own; a pair crossing a removed link goes generic.
+        self._base = _base if _base is not None else self
+        self._base_map = None
+        if _base is None:
+            self._build_structure()
+        else:
+            base_nodes = _base._nodes
+            mapped = np.array(
+                [self._link_of.get((idx.get(base_nodes[a], -1), idx.get(base_nodes[b], -1)), -1)
+                 for a, b in _base._ends.tolist()], dtype=np.int64)
+            if len(mapped) != self.n_links or (mapped != np.arange(len(mapped))).any():
+                self._base_map = mapped
+
+    # ---- links -------------------------------------------------------------------------
+    def link_id(self, u, v) -> int:
+        """Directed link id from node ``u`` to node ``v``."""
+        try:
+            return self._link_of[(self._node_index[u], self._node_index[v])]
+        except KeyError:
+            raise TopologyError(f"topology: no link from {u!r} to {v!r}", "topology") from None
+
+    def link_endpoints(self, link: int) -> tuple:
+        """``(u, v)`` node ids of directed link ``link``."""
+        a, b = self._ends[link]
+        return self._nodes[a], self._nodes[b]
+
+    # ---- devices -----------------------------------------------------------------------
+    def _check_device(self, dev: int) -> int:
+        if not (isinstance(dev, (int, np.integer)) and 0 <= dev < self.n_devices):
+            raise TopologyError(f"topology: device index must be in 0..{self.n_devices - 1}, "
+                                f"got {dev!r}", "topology")
+        return int(dev)
+
+    def domain_of(self, dev: int) -> int:
+        return self._domain[self._check_device(dev)]
+
+    def pod_of(self, dev: int) -> int:
+        return self._pod[self._check_device(dev)]
+
+    def torus_coords(self, dev: int) -> tuple:
+        """Coordinates of device ``dev`` inside its pod's torus."""
+        if self._coords is None:
+            raise TopologyError(f"topology: {self.kind} topology has no torus coordinates",
+                                "topology")
+        return self._coords[self._check_device(dev)]
+
+    def device_at(self, coords, pod: int = 0) -> int:
+        """Index of the device at torus ``coords`` in ``pod``."""
+        if self.torus_shape is None:
+            raise TopologyError(f"topology: {self.kind} topology has no torus coordinates",
+                                "topology")
+        coords = tuple(int(c) for c in coords)
+        if len(coords) != len(self.torus_shape) or not all(
+                0 <= c < n for c, n in zip(coords, self.torus_shape)):
+            raise TopologyError(f"topology: coordinates {coords} are outside shape "
+                                f"{self.torus_shape}", "topology")
+        local = sum(c * math.prod(self.torus_shape[:a]) for a, c in enumerate(coords))
+        return pod * math.prod(self.torus_shape) + local
+
+    # ---- routing -----------------------------------------------------------------------
+    def route(self, src: int, dst: int) -> tuple[int, ...]:
+        """Directed link ids from device ``src`` to device ``dst`` (``()`` if equal)."""
+        key = (src, dst)
+        links = self._route_cache.get(key)
+        if links is None:
+            self._check_device(src)
+            self._check_device(dst)
+            if src == dst:
+                links = ()
+            else:
+                links = self._mapped_structured(src, dst)
+                if links is None:
+                    links = self._generic_route(src, dst)
+            if len(self._route_cache) >= _ROUTE_CACHE_MAX:
+                self._route_cache.clear()
+            self._route_cache[key] = links
+        return links
+
+    def path_latency_s(self, src: int, dst: int) -> float:
+        """Sum of the link latencies along ``route(src, dst)``."""
+        return float(sum(self.link_latency[link] for link in self.route(src, dst)))
+
+    def _mapped_structured(self, src: int, dst: int):
+        links = self._base._structured_route(src, dst)
+        if links is None or self._base_map is None:
+            return links
+        mapped = tuple(int(self._base_map[link]) for link in links)
+        return None if min(mapped) < 0 else mapped
+
+    def _build_structure(self) -> None:
+        """Per-device link tables for structure-aware routing (each -1 where absent)."""
+        G, idx, link = self.graph, self._node_index, self._link_of
+        self._struct = None
+        n = self.n_devices
+
+        def first_neighbour(node, kind):
+            found = [v for v, d in G.adj[node].items() if d["kind"] == kind]
+            return found[0] if len(found) == 1 else None
+
+        def up_down(u, v):
+            if u is None or v is None:
+                return -1, -1
+            return link[(idx[u], idx[v])], link[(idx[v], idx[u])]
+
+        # pods: device <-> pod switch <-> core
+        self._dcn = None
+        if self.n_pods > 1:
+            dev_sw = [first_neighbour(d, "dcn") for d in self.devices]
+            pod_up = {}
+            for sw in set(dev_sw) - {None}:
+                core = [v for v, d in G.adj[sw].items() if d["kind"] == "dcn"
+                        and G.nodes[v].get("kind") != "device"]
+                pod_up[sw] = up_down(sw, core[0] if len(core) == 1 else None) + (
+                    core[0] if len(core) == 1 else None,)
+            self._dcn = [(up_down(d, sw), pod_up.get(sw, (-1, -1, None)))
+                         for d, sw in zip(self.devices, dev_sw)]
+        if self.kind == "torus":
+            shape, wrap = self.torus_shape, self.torus_wrap
+            per_pod = math.prod(shape)
+            strides = [math.prod(shape[:a]) for a in range(len(shape))]
+            plus = [[(-1, -1)] * n for _ in shape]
+            minus = [[(-1, -1)] * n for _ in shape]
+            for i, coords in enumerate(self._coords):
+                base = self._pod[i] * per_pod
+                if len(coords) != len(shape) or i - base >= per_pod:
+                    return
+                for a, (c, length) in enumerate(zip(coords, shape)):
+                    for table, step in ((plus, 1), (minus, -1)):
+                        c2 = c + step
+                        if not 0 <= c2 < length:
+                            if not wrap[a]:
+                                continue
+                            c2 %= length
+                        j = i + (c2 - c) * strides[a]
+                        lk = link.get((idx[self.devices[i]], idx[self.devices[j]]), -1)
+                        table[a][i] = (lk, j) if lk >= 0 else (-1, -1)
+            self._struct = ("torus", plus, minus)
+        elif self.kind == "switched":
+            nv, nic, leaf_of = [], [], []
+            for d in self.devices:
+                sw = first_neighbour(d, "nvlink")
+                lf = first_neighbour(d, "nic")
+                nv.append(up_down(d, sw) + (sw,))
+                nic.append(up_down(d, lf))
+                leaf_of.append(lf)
+            fabric = {}
+            for lf in set(leaf_of) - {None}:
+                sp = first_neighbour(lf, "fabric")
+                fabric[lf] = up_down(lf, sp) + (sp,)
+            self._struct = ("switched", nv, nic, leaf_of, fabric)
+
+    def _structured_route(self, s: int, t: int):
+        """Structure-aware route in this (unperturbed) topology, or None if not applicable."""
+        if self._pod[s] != self._pod[t]:
+            if self._dcn is None:
+                return None
+            (s_up, _), (sw_up, _, core_s) = self._dcn[s]
+            (_, t_down), (_, sw_down, core_t) = self._dcn[t]
+            route = (s_up, sw_up, sw_down, t_down)
+            return route if min(route) >= 0 and core_s == core_t else None
+        st = self._struct
+        if st is None:
+            return None
+        if st[0] == "torus":
+            _, plus, minus = st
+            cs, ct = self._coords[s], self._coords[t]
+            route, cur = [], s
+            for a, length in enumerate(self.torus_shape):
+                delta = ct[a] - cs[a]
+                if delta == 0:
+                    continue
+                if self.torus_wrap[a] and length > 2:
+                    fwd = delta % length
+                    table, steps = (plus[a], fwd) if fwd <= length - fwd else (minus[a], length - fwd)
+                else:
+                    table, steps = (plus[a], delta) if delta > 0 else (minus[a], -delta)
+                for _ in range(steps):
+                    lk, cur = table[cur]
+                    if lk < 0:
+                        return None
+                    route.append(lk)
+            return tuple(route)
+        _, nv, nic, leaf_of, fabric = st
+        if nv[s][2] is not None and nv[s][2] == nv[t][2]:
+            route = (nv[s][0], nv[t][1])
+        elif leaf_of[s] is None or leaf_of[t] is None:
+            return None
+        elif leaf_of[s] == leaf_of[t]:
+            route = (nic[s][0], nic[t][1])
+        else:
+            fs, ft = fabric[leaf_of[s]], fabric[leaf_of[t]]
+            if fs[2] is None or fs[2] != ft[2]:
+                return None
+            route = (nic[s][0], fs[0], ft[1], nic[t][1])
+        return route if min(route) >= 0 else None
+
+    def _generic_route(self, s: int, t: int) -> tuple[int, ...]:
+        src, dst = self._node_index[self.devices[s]], self._node_index[self.devices[t]]
+        pred_link = self._trees.get(src)
+        if pred_link is None:
+            pred_link = self._shortest_path_tree(src)
+            if len(self._trees) >= _TREE_CACHE_MAX:
+                self._trees.pop(next(iter(self._trees)))
+            self._trees[src] = pred_link
+        route, node = [], dst
+        while node != src:
+            lk = pred_link[node]
+            route.append(lk)
+            node = int(self._ends[lk, 0])
+        return tuple(reversed(route))
+
+    def _shortest_path_tree(self, src: int) -> list:
+        """Predecessor link per node of the lowest-latency tree from node ``src``.
+
+        Distances are integer picoseconds so equal-latency paths tie exactly; ties
+        go to fewer hops, then to the predecessor settled first in (distance, hops,
+        node index) order.
+        """
+        if self._adjacency is None:
+            adj = [[] for _ in self._nodes]
+            ps = np.rint(self.link_latency * 1e12).astype(np.int64).tolist()
+            for lk, (a, b) in enumerate(self._ends.tolist()):
+                adj[a].append((b, ps[lk], lk))
+            self._adjacency = [sorted(row) for row in adj]
+        adj = self._adjacency
+        best = {src: (0, 0)}
+        pred = [-1] * len(self._nodes)
+        done = [False] * len(self._nodes)
+        heap = [(0, 0, src)]
+        while heap:
+            dist, hops, u = heapq.heappop(heap)
+            if done[u]:
+                continue
+            done[u] = True
+            for v, w, lk in adj[u]:
+                cand = (dist + w, hops + 1)
+                if not done[v] and (v not in best or cand < best[v]):
+                    best[v] = cand
+                    pred[v] = lk
+                    heapq.heappush(heap, (cand[0], cand[1], v))
+        return pred
+
+    # ---- perturbations -----------------------------------------------------------------
+    def _edge(self, u, v) -> tuple:
+        u = self.devices[u] if isinstance(u, (int, np.integer)) else u
+        v = self.devices[v] if isinstance(v, (int, np.integer)) else v
+        if not self.graph.has_edge(u, v):
+            raise TopologyError(f"perturbations.link: no link between {u!r} and {v!r} in "
+                                f"topology {self.name!r}", "perturbations.link")
+        return u, v
+
+    def with_link_scaled(self, u, v, bw_scale: float) -> "Topology":
+        """A copy in which the link ``u``-``v`` (both directions) has ``bw_scale`` x bandwidth."""
+        u, v = self._edge(u, v)
+        if not (isinstance(bw_scale, (int, float)) and math.isfinite(bw_scale) and bw_scale > 0):
+            raise TopologyError(f"perturbations.bw_scale: must be a finite number > 0 (use "
+                                f"failed: true to remove a link), got {bw_scale!r}",
+                                "perturbations.bw_scale")
+        G = self.graph.copy()
+        G.edges[u, v]["bw_bytes_per_s"] *= bw_scale
+        return Topology(G, self.name, _base=self._base)
+
+    def without_link(self, u, v) -> "Topology":
+        """A copy with the link ``u``-``v`` failed; routes that used it go around it.
+
+        Switches left with no path to the devices are dropped. Link ids are
+        renumbered (they follow the sorted edge list of the new graph).
+
+        Raises
+        ------
+        TopologyError
+            Naming the link and a device it would cut off.
+        """
+        u, v = self._edge(u, v)
+        G = self.graph.copy()
+        G.remove_edge(u, v)
+        reached = nx.node_connected_component(G, self.devices[0])
+        lost = next((d for d in self.devices if d not in reached), None)
+        if lost is not None:
+            raise TopologyError(f"perturbations.link: failing link ({u!r}, {v!r}) disconnects "
+                                f"device {lost!r}", "perturbations.link")
+        G.remove_nodes_from([n for n in list(G) if n not in reached])
+        return Topology(G, self.name, _base=self._base)
+
+    def __repr__(self) -> str:
+        return (f"Topology(name={self.name!r}, kind={self.kind!r}, devices={self.n_devices}, "
+                f"links={self.n_links})")

@@ -1,0 +1,630 @@
+"""Parameter and FLOP counts of a :class:`~workloads.model.ModelSpec`.
+
+Everything here is a pure function of the model spec and the parallel degrees.
+Two families of numbers come out:
+
+* **Parameter counts** (:func:`parameter_count`, :func:`active_parameter_count`,
+  :func:`layer_parameter_count`, ...). Every weight matrix, bias and norm scale is
+  counted; the per-layer breakdown is written out in :func:`_block_params`.
+* **Kernels** (:func:`layer_kernels`, :func:`embedding_kernels`,
+  :func:`head_kernels`, :func:`mtp_kernels`): the GPU kernels of one forward pass
+  on one rank, each with its FLOPs, its HBM traffic and (for GEMMs) its shape, for
+  the roofline compute model.
+
+Conventions (chosen once, used everywhere)
+------------------------------------------
+* A multiply-add is 2 FLOPs. A GEMM of an ``m x k`` by a ``k x n`` matrix costs
+  ``2*m*n*k``.
+* **Attention core.** The score product ``Q K^T`` and the value product ``P V``
+  are counted over the *full* (non-causal) ``s x s`` square:
+  ``2*t*s*heads*d_qk + 2*t*s*heads*d_v`` forward FLOPs for ``t`` query tokens
+  and ``s`` keys, which is ``4*t*s*heads*head_dim`` when ``d_qk = d_v``. This is
+  the convention of Narayanan et al. 2021 (arXiv 2104.04473, Eq. 3: the
+  ``4*B*s^2*h`` attention term per layer) and of PaLM (Chowdhery et al. 2022,
+  arXiv 2204.02311, App. B, ``6*N + 12*L*H*Q*T``), so MFU figures compare with
+  published ones. A causal kernel does about half of that work; the simulator's
+  efficiency table, not the FLOP count, is where that shows up.
+* **Backward.** Every matmul (GEMMs *and* the two attention products) costs 2x
+  its forward in the backward pass: one product for the input gradient and one
+  for the weight gradient (for attention: dQ/dK from dS and dV/dP from dO).
+  FlashAttention-2 (Dao 2023, arXiv 2307.08691) counts attention backward as
+  2.5x forward because it *recomputes* ``Q K^T``; that extra product is
+  recomputation, so it belongs to hardware FLOPs (HFU), not model FLOPs.
+  :func:`backward_flops_factor` returns this 2.0.
+* **Model FLOPs** (:func:`model_flops_per_token`) are ``(1 + 2) x`` the forward
+  matmul FLOPs of all layers, the LM head, and the MTP modules (DeepSeek-V3 trains
+  them, so they are part of the step's useful work; pass ``include_mtp=False`` to
+  leave them out). Norms, activations, softmax and the loss are not counted, as in
+  Narayanan Eq. 3. For a GPT model this reproduces Narayanan Eq. 3 without the
+  recompute pass exactly: ``72*B*s*l*h^2*(1 + s/(6h) + V/(12*l*h))``.
+* **MTP and parameter totals.** DeepSeek-V3's "671B total / 37B activated"
+  (arXiv 2412.19437 §4.2) counts the main model only; its Hugging Face release
+  is "685B: 671B main model + 14B MTP module", where the 14B includes a stored
+  copy of the (shared) embedding and output head. Here the MTP modules are part
+  of the model: :func:`parameter_count` and :func:`active_parameter_count` count
+  their *unique* weights (embedding and head shared, DeepSeek-V3 §2.2) unless
+  ``include_mtp=False``, which is what to compare with the published 671B / 37B.
+* **Active parameters** count every weight a token's forward touches: the
+  embedding table and output head, attention, shared experts, the router, and
+  ``top_k`` of the routed experts. (Mixtral's published 12.9B active needs the
+  embeddings counted; without them it would be 12.75B.)
+
+Not modelled (each well under 0.01% of the totals): learned absolute position
+embeddings (GPT-2/3: ``s*h``), Qwen3's per-head QK-norm scales, DeepSeek-V3's
+routing-bias vector, Grok-1's extra post-norms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from workloads.model import ModelSpec
+from workloads.training import TrainingSpec
+
+KERNEL_KINDS = ("gemm", "attention", "elementwise", "norm", "embedding")
+MATMUL_KINDS = ("gemm", "attention")  # the kinds counted in model FLOPs
+
+# FLOPs per element of the memory-bound kernels. These only matter for the
+# roofline's compute side, which they never dominate; they are rough operation
+# counts, not part of model FLOPs.
+_NORM_FLOPS_PER_ELEMENT = {"rmsnorm": 4.0, "layernorm": 7.0}  # square/sum/scale/mul (+mean/shift)
+_SWIGLU_FLOPS_PER_ELEMENT = 5.0  # silu(g) * u: exp, add, divide, two multiplies
+_GELU_FLOPS_PER_ELEMENT = 8.0  # tanh approximation
+_RESIDUAL_FLOPS_PER_ELEMENT = 1.0
+_CROSS_ENTROPY_FLOPS_PER_ELEMENT = 4.0  # max, subtract, exp, sum over the vocab
+_TOKEN_ID_BYTES = 8  # int64 token ids, as PyTorch embeddings take them
+_FP32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One GPU kernel (or fused group) of a forward pass on one rank.
+
+    ``flops`` are forward FLOPs (multiply-add = 2) and exact even when ``m`` is
+    rounded. ``bytes`` is HBM traffic (reads + writes) for the roofline. For a
+    GEMM, ``m x n x k`` is the shape of one product and ``groups`` how many such
+    products a grouped GEMM runs (the local experts of an MoE layer; ``m`` is then
+    the mean rows per expert, rounded up). Non-GEMMs have ``m = n = k = 0``.
+    """
+
+    name: str
+    kind: str
+    flops: float
+    bytes: float
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    groups: int = 1
+
+
+def backward_flops_factor() -> float:
+    """Backward FLOPs / forward FLOPs for every matmul: 2.0.
+
+    One product for the input gradient and one for the weight gradient (for the
+    attention core: ``dP = dO V^T`` and ``dV = P^T dO``, then ``dQ = dS K`` and
+    ``dK = dS^T Q``: four products against two forward). See the module notes for
+    why FlashAttention-2's 2.5 (which includes recomputing ``Q K^T``) is not used.
+    """
+    return 2.0
+
+
+def backward_kernels(kernel: Kernel) -> tuple[Kernel, ...]:
+    """The backward kernels of one forward kernel.
+
+    A GEMM ``Y[m,n] = X[m,k] W[k,n]`` becomes an input-gradient GEMM
+    ``dX = dY W^T`` (shape ``m x k x n``, name ``<name>.dgrad``) and a
+    weight-gradient GEMM ``dW = X^T dY`` (shape ``k x n x m``, ``<name>.wgrad``),
+    each with the forward's FLOPs; zero-bubble schedules and DualPipe place the
+    two separately. Attention backward is one kernel with 2x the forward FLOPs and
+    about 2x its bytes (reads Q, K, V, O, dO; writes dQ, dK, dV). Memory-bound
+    kernels (norms, activations, residuals, loss, embedding) read their saved
+    input and the output gradient and write the input gradient: 2x bytes, 2x FLOPs.
+    """
+    f = backward_flops_factor()
+    if kernel.kind == "gemm":
+        # Each gradient GEMM moves the same three operands' worth of bytes as the
+        # forward: dgrad reads dY and W and writes dX; wgrad reads X and dY and
+        # writes dW.
+        half = kernel.flops * f / 2.0
+        return (
+            Kernel(f"{kernel.name}.dgrad", "gemm", half, kernel.bytes, kernel.m, kernel.k, kernel.n, kernel.groups),
+            Kernel(f"{kernel.name}.wgrad", "gemm", half, kernel.bytes, kernel.k, kernel.n, kernel.m, kernel.groups),
+        )
+    return (Kernel(f"{kernel.name}.bwd", kernel.kind, kernel.flops * f, kernel.bytes * 2.0),)
+
+
+# ---------------------------------------------------------------------------
+# Shapes under tensor parallelism
+# ---------------------------------------------------------------------------
+
+
+def _check_positive(**degrees: int) -> None:
+    for name, v in degrees.items():
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"parallel.{name}: must be a positive integer, got {v!r}")
+
+
+def _local_heads(model: ModelSpec, tp: int) -> int:
+    if model.heads % tp:
+        raise ValueError(f"parallel.tp: {tp} does not divide the {model.heads} attention heads of {model.name!r}")
+    return model.heads // tp
+
+
+def _local_kv_heads(model: ModelSpec, tp: int) -> int:
+    """KV heads on one TP rank. When ``tp`` exceeds the KV heads, each KV head is
+    replicated on ``tp / kv_heads`` ranks (Megatron-LM's GQA handling), so every
+    rank holds one."""
+    kv = model.kv_heads
+    if kv % tp == 0:
+        return kv // tp
+    if tp % kv == 0:
+        return 1
+    raise ValueError(
+        f"parallel.tp: {tp} neither divides nor is a multiple of the {kv} KV heads of {model.name!r}"
+    )
+
+
+def _split(size: int, degree: int, what: str, field: str = "parallel.tp") -> int:
+    if size % degree:
+        raise ValueError(f"{field}: {degree} does not divide {what} ({size})")
+    return size // degree
+
+
+def _ffn_up_width(model: ModelSpec, width: int) -> int:
+    """Output width of the up projection: gated FFNs (SwiGLU, GeGLU) fuse gate
+    and up into one ``2*width`` GEMM; plain ones (GELU, squared ReLU) have one."""
+    return 2 * width if model.ffn == "swiglu" else width
+
+
+def _mtp_block_is_moe(model: ModelSpec) -> bool:
+    """The MTP module's transformer block has the FFN of the last main layer
+    (DeepSeek-V3: an MoE block, arXiv 2412.19437 §2.2)."""
+    return model.is_moe_layer(model.layers - 1)
+
+
+# ---------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------
+
+
+def _gemm(name: str, rows: float, n: int, k: int, act_bytes: int, groups: int = 1) -> Kernel:
+    """``rows`` token rows (over all ``groups``) times a ``k x n`` weight per group."""
+    flops = 2.0 * rows * n * k
+    traffic = act_bytes * (rows * k + rows * n + groups * n * k)
+    m = max(1, math.ceil(rows / groups)) if rows > 0 else 0
+    return Kernel(name, "gemm", flops, traffic, m, n, k, groups)
+
+
+def _norm(model: ModelSpec, name: str, rows: float, width: int, act_bytes: int) -> Kernel:
+    elems = rows * width
+    return Kernel(
+        name, "norm", _NORM_FLOPS_PER_ELEMENT[model.norm] * elems, act_bytes * (2 * elems + width)
+    )
+
+
+def _residual(name: str, rows: float, width: int, act_bytes: int) -> Kernel:
+    elems = rows * width
+    return Kernel(name, "elementwise", _RESIDUAL_FLOPS_PER_ELEMENT * elems, act_bytes * 3 * elems)
+
+
+def _activation(model: ModelSpec, name: str, rows: float, width: int, act_bytes: int) -> Kernel:
+    elems = rows * width
+    if model.ffn == "swiglu":  # reads gate and up, writes the product
+        return Kernel(name, "elementwise", _SWIGLU_FLOPS_PER_ELEMENT * elems, act_bytes * 3 * elems)
+    return Kernel(name, "elementwise", _GELU_FLOPS_PER_ELEMENT * elems, act_bytes * 2 * elems)
+
+
+def _ffn(model: ModelSpec, prefix: str, rows: float, width: int, act_bytes: int, groups: int = 1) -> list[Kernel]:
+    """Up GEMM, activation, down GEMM of an FFN of (local) width ``width``."""
+    h = model.hidden
+    return [
+        _gemm(f"{prefix}_up", rows, _ffn_up_width(model, width), h, act_bytes, groups),
+        _activation(model, f"{prefix}_act", rows, width, act_bytes),
+        _gemm(f"{prefix}_down", rows, h, width, act_bytes, groups),
+    ]
+
+
+def _attention_core(
+    name: str, q_rows: float, seq_len: int, heads: int, kv_heads: int, d_qk: int, d_v: int, act_bytes: int, batch: float
+) -> Kernel:
+    """Fused (flash) attention over ``q_rows`` local queries and, per sequence,
+    ``seq_len`` keys. ``batch`` = sequences in the micro-batch, so the kernel reads
+    ``batch*seq_len`` keys (with context parallelism: the whole sequence arrives
+    over the ring). FLOPs per the module's non-causal convention. Bytes: read Q,
+    K, V, write O and the fp32 log-sum-exp per query and head."""
+    flops = 2.0 * q_rows * seq_len * heads * (d_qk + d_v)
+    keys = batch * seq_len
+    traffic = act_bytes * (q_rows * heads * d_qk + keys * kv_heads * (d_qk + d_v) + q_rows * heads * d_v)
+    traffic += _FP32_BYTES * q_rows * heads
+    return Kernel(name, "attention", flops, traffic)
+
+
+def _attention_kernels(
+    model: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, norm_rows: float, act_bytes: int
+) -> list[Kernel]:
+    h = model.hidden
+    heads = _local_heads(model, tp)
+    batch = tokens * cp / seq_len  # sequences in the micro-batch
+    out: list[Kernel] = [_norm(model, "attn_norm", norm_rows, h, act_bytes)]
+    mla = model.attention
+    if mla is None:
+        kv = _local_kv_heads(model, tp)
+        d = model.head_dim
+        out.append(_gemm("qkv_proj", tokens, (heads + 2 * kv) * d, h, act_bytes))
+        out.append(_attention_core("attn_core", tokens, seq_len, heads, kv, d, d, act_bytes, batch))
+        out.append(_gemm("out_proj", tokens, h, heads * d, act_bytes))
+    else:
+        # DeepSeek-V2 §2.1 (arXiv 2405.04434): the down projections (to the query
+        # and KV latents, plus the shared RoPE key) are small and replicated on
+        # every TP rank; the up projections and the output projection are split
+        # by heads.
+        d_qk = mla.qk_head_dim
+        if mla.q_lora_rank:
+            out.append(_gemm("q_down", tokens, mla.q_lora_rank, h, act_bytes))
+            out.append(_norm(model, "q_down_norm", tokens, mla.q_lora_rank, act_bytes))
+            out.append(_gemm("q_up", tokens, heads * d_qk, mla.q_lora_rank, act_bytes))
+        else:
+            out.append(_gemm("q_proj", tokens, heads * d_qk, h, act_bytes))
+        out.append(_gemm("kv_down", tokens, mla.kv_lora_rank + mla.qk_rope_head_dim, h, act_bytes))
+        out.append(_norm(model, "kv_down_norm", tokens, mla.kv_lora_rank, act_bytes))
+        out.append(
+            _gemm("kv_up", tokens, heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank, act_bytes)
+        )
+        # After the up projection every head has its own K (d_qk) and V (d_v).
+        out.append(_attention_core("attn_core", tokens, seq_len, heads, heads, d_qk, mla.v_head_dim, act_bytes, batch))
+        out.append(_gemm("out_proj", tokens, h, heads * mla.v_head_dim, act_bytes))
+    out.append(_residual("attn_residual", norm_rows, h, act_bytes))
+    return out
+
+
+def _block_kernels(
+    model: ModelSpec,
+    moe: bool,
+    tokens: float,
+    seq_len: int,
+    tp: int,
+    cp: int,
+    ep: int,
+    etp: int,
+    act_bytes: int,
+    expert_tokens: Optional[float],
+    sequence_parallel: bool,
+) -> list[Kernel]:
+    _check_positive(tp=tp, cp=cp, ep=ep, etp=etp)
+    if tokens < 0:
+        raise ValueError(f"tokens: must be non-negative, got {tokens!r}")
+    h = model.hidden
+    sp = sequence_parallel and tp > 1
+    norm_rows = tokens / tp if sp else tokens  # norms, residuals and dropout see tokens/tp under SP
+    out = _attention_kernels(model, tokens, seq_len, tp, cp, norm_rows, act_bytes)
+    out.append(_norm(model, "mlp_norm", norm_rows, h, act_bytes))
+    if not moe:
+        out += _ffn(model, "mlp", tokens, _split(model.ffn_hidden, tp, "ffn_hidden"), act_bytes)
+    else:
+        m = model.moe
+        if tp > 1 and not sequence_parallel:
+            raise ValueError(
+                "parallel.sequence_parallel: MoE layers with tp > 1 need sequence parallelism "
+                "(Megatron-Core routes the sequence-parallel shard of tokens)"
+            )
+        local_experts = _split(m.experts, ep, f"the {m.experts} routed experts", "parallel.ep")
+        width = _split(m.expert_ffn_hidden, etp, "expert_ffn_hidden", "parallel.etp")
+        routed_rows = norm_rows  # each TP rank routes its sequence-parallel shard
+        # Balanced routing: the EP all-to-all brings back as many token-expert
+        # assignments as this rank sent (routed_rows * top_k); expert tensor
+        # parallelism gathers the assignments of the etp ranks, each computing
+        # 1/etp of every expert's width.
+        assignments = routed_rows * m.top_k * etp if expert_tokens is None else float(expert_tokens)
+        if assignments < 0:
+            raise ValueError(f"expert_tokens: must be non-negative, got {expert_tokens!r}")
+        out.append(_gemm("router", routed_rows, m.experts, h, act_bytes))
+        out.append(Kernel("moe_permute", "elementwise", 0.0, act_bytes * 2 * assignments * h))
+        out += _ffn(model, "expert", assignments, width, act_bytes, groups=local_experts)
+        # Combine: weighted sum of each token's top_k expert outputs.
+        out.append(
+            Kernel(
+                "moe_unpermute",
+                "elementwise",
+                2.0 * assignments * h,
+                act_bytes * (assignments * h + assignments / m.top_k * h),
+            )
+        )
+        if m.shared_experts:
+            shared_width = _split(m.shared_experts * m.expert_ffn_hidden, tp, "the shared-expert width")
+            out += _ffn(model, "shared", tokens, shared_width, act_bytes)
+    out.append(_residual("mlp_residual", norm_rows, h, act_bytes))
+    return out
+
+
+def layer_kernels(
+    model: ModelSpec,
+    layer: int,
+    tokens: int,
+    seq_len: int,
+    tp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    etp: int = 1,
+    act_bytes: int = 2,
+    expert_tokens: Optional[float] = None,
+    sequence_parallel: bool = True,
+) -> list[Kernel]:
+    """Forward kernels of transformer layer ``layer`` (0-based) on one rank.
+
+    ``tokens`` = micro_batch_size * seq_len / cp: the rank's token rows. GEMMs
+    see all ``tokens`` rows (sequence-parallel shards are all-gathered before
+    them) with heads and FFN width split by ``tp``; norms and residual adds see
+    ``tokens / tp`` under sequence parallelism. The attention core has
+    ``tokens`` local queries against ``seq_len`` keys per sequence (context
+    parallelism splits queries, every key is visited). MoE layers: the router
+    GEMM over the rank's sequence-parallel shard, the routed experts as grouped
+    GEMMs over ``experts / ep`` local experts of width ``expert_ffn_hidden / etp``
+    processing ``expert_tokens`` token-expert assignments (default: the balanced
+    ``tokens/tp * top_k * etp``), and the shared experts split by ``tp``.
+    ``parallel_block`` changes ordering, not kernels or FLOPs.
+
+    Raises ``ValueError`` naming the parallel degree that does not divide the
+    model, or ``IndexError`` for a layer outside the model.
+    """
+    if not 0 <= layer < model.layers:
+        raise IndexError(f"layer {layer} outside 0..{model.layers - 1} of {model.name!r}")
+    return _block_kernels(
+        model, model.is_moe_layer(layer), tokens, seq_len, tp, cp, ep, etp, act_bytes, expert_tokens, sequence_parallel
+    )
+
+
+def embedding_kernels(
+    model: ModelSpec, tokens: int, tp: int = 1, act_bytes: int = 2
+) -> list[Kernel]:
+    """Token-embedding lookup on one rank: no FLOPs. The table is split by vocab
+    over ``tp`` (Megatron's vocab-parallel embedding): the rank reads the token
+    ids, its expected share ``tokens/tp`` of the looked-up rows, and writes the
+    full ``tokens x hidden`` output that the TP reduction then sums."""
+    _check_positive(tp=tp)
+    h = model.hidden
+    traffic = _TOKEN_ID_BYTES * tokens + act_bytes * (tokens / tp * h + tokens * h)
+    return [Kernel("embed", "embedding", 0.0, traffic)]
+
+
+def head_kernels(
+    model: ModelSpec, tokens: int, tp: int = 1, act_bytes: int = 2, sequence_parallel: bool = True
+) -> list[Kernel]:
+    """Final norm, LM-head GEMM (vocab split by ``tp``) and cross-entropy loss.
+
+    The loss kernel is Megatron's vocab-parallel cross-entropy: it reads the
+    rank's logits and keeps fp32 softmax values for the backward, so its traffic
+    is ``tokens * vocab/tp * (act_bytes + 4)``. A vocabulary that ``tp`` does not
+    divide is padded (the GEMM's ``n`` rounds up; FLOPs stay exact)."""
+    _check_positive(tp=tp)
+    h, v = model.hidden, model.vocab
+    norm_rows = tokens / tp if sequence_parallel and tp > 1 else tokens
+    local_vocab = v / tp
+    head = _gemm("lm_head", tokens, math.ceil(local_vocab), h, act_bytes)
+    head = Kernel(
+        head.name,
+        head.kind,
+        2.0 * tokens * local_vocab * h,
+        act_bytes * (tokens * h + tokens * local_vocab + local_vocab * h),
+        head.m,
+        head.n,
+        head.k,
+    )
+    logits = tokens * local_vocab
+    loss = Kernel("loss", "elementwise", _CROSS_ENTROPY_FLOPS_PER_ELEMENT * logits, logits * (act_bytes + _FP32_BYTES))
+    return [_norm(model, "final_norm", norm_rows, h, act_bytes), head, loss]
+
+
+def mtp_kernels(
+    model: ModelSpec,
+    tokens: int,
+    seq_len: int,
+    tp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    etp: int = 1,
+    act_bytes: int = 2,
+    expert_tokens: Optional[float] = None,
+    sequence_parallel: bool = True,
+) -> list[Kernel]:
+    """Forward kernels of the multi-token-prediction modules (DeepSeek-V3,
+    arXiv 2412.19437 §2.2), in order; empty when ``mtp_depth == 0``.
+
+    Module ``d`` embeds the tokens shifted by ``d+1`` with the shared embedding,
+    RMS-normalises that and the previous depth's hidden state, projects their
+    concatenation ``2h -> h`` (split by ``tp``), runs one transformer block (with
+    the FFN of the last main layer) and the shared output head and loss. Kernel
+    names carry the prefix ``mtp<d>.``.
+    """
+    _check_positive(tp=tp)
+    out: list[Kernel] = []
+    h = model.hidden
+    norm_rows = tokens / tp if sequence_parallel and tp > 1 else tokens
+    for d in range(model.mtp_depth):
+        block: list[Kernel] = embedding_kernels(model, tokens, tp, act_bytes)
+        block.append(_norm(model, "hidden_norm", norm_rows, h, act_bytes))
+        block.append(_norm(model, "embed_norm", norm_rows, h, act_bytes))
+        block.append(_gemm("proj", tokens, _split(h, tp, "hidden"), 2 * h, act_bytes))
+        block += _block_kernels(
+            model, _mtp_block_is_moe(model), tokens, seq_len, tp, cp, ep, etp, act_bytes, expert_tokens,
+            sequence_parallel,
+        )
+        block += head_kernels(model, tokens, tp, act_bytes, sequence_parallel)
+        out += [Kernel(f"mtp{d}.{k.name}", k.kind, k.flops, k.bytes, k.m, k.n, k.k, k.groups) for k in block]
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Parameters
+# ---------------------------------------------------------------------------
+
+
+def _norm_params(model: ModelSpec, width: int) -> int:
+    """RMSNorm has a scale; LayerNorm a scale and a shift."""
+    return width if model.norm == "rmsnorm" else 2 * width
+
+
+def _linear(model: ModelSpec, fan_in: int, fan_out: int) -> int:
+    return fan_in * fan_out + (fan_out if model.bias else 0)
+
+
+def _ffn_params(model: ModelSpec, width: int) -> int:
+    """One FFN (or its TP shard) of width ``width``: gated = gate, up and down
+    matrices (SwiGLU, Shazeer 2020 arXiv 2002.05202); plain = up and down (GELU,
+    squared ReLU). Up biases follow the (split) width; the down bias is ``h``
+    (replicated on every TP rank)."""
+    h = model.hidden
+    mats = 3 if model.ffn == "swiglu" else 2
+    params = mats * h * width
+    if model.bias:
+        params += _ffn_up_width(model, width) + h
+    return params
+
+
+def _block_params(
+    model: ModelSpec, moe: bool, tp: int = 1, ep: int = 1, etp: int = 1, active: bool = False
+) -> tuple[int, int]:
+    """(dense, routed-expert) parameters of one transformer block held by one
+    rank of a ``tp``/``ep``/``etp`` layout (all 1: the whole block).
+
+    Column-parallel matrices and their biases are split by ``tp``; row-parallel
+    output biases, norms, MLA down projections and the router are replicated.
+    ``active``: count ``top_k`` routed experts instead of all (per-token view).
+    """
+    h = model.hidden
+    heads = _local_heads(model, tp)
+    dense = 2 * _norm_params(model, h)  # pre-attention and pre-FFN norms
+    mla = model.attention
+    if mla is None:
+        d = model.head_dim
+        kv = _local_kv_heads(model, tp)
+        dense += h * (heads + 2 * kv) * d + heads * d * h
+        if model.bias:
+            dense += (heads + 2 * kv) * d + h
+    else:
+        # DeepSeek-V2 §2.1.2-2.1.3: W^DQ, W^UQ (+W^QR folded into W^UQ's RoPE
+        # columns), W^DKV (+W^KR), W^UK, W^UV, W^O; RMSNorms on both latents.
+        d_qk = mla.qk_head_dim
+        if mla.q_lora_rank:
+            dense += _linear(model, h, mla.q_lora_rank) + _norm_params(model, mla.q_lora_rank)
+            q_in = mla.q_lora_rank
+        else:
+            q_in = h
+        dense += q_in * heads * d_qk + (heads * d_qk if model.bias else 0)
+        dense += _linear(model, h, mla.kv_lora_rank + mla.qk_rope_head_dim) + _norm_params(model, mla.kv_lora_rank)
+        kv_up = heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+        dense += mla.kv_lora_rank * kv_up + (kv_up if model.bias else 0)
+        dense += heads * mla.v_head_dim * h + (h if model.bias else 0)
+    expert = 0
+    if not moe:
+        width = _split(model.ffn_hidden, tp, "ffn_hidden")
+        dense += _ffn_params(model, width)
+    else:
+        m = model.moe
+        dense += _linear(model, h, m.experts)  # router (replicated)
+        if m.shared_experts:
+            width = _split(m.shared_experts * m.expert_ffn_hidden, tp, "the shared-expert width")
+            dense += _ffn_params(model, width)
+        local = _split(m.experts, ep, f"the {m.experts} routed experts", "parallel.ep")
+        width = _split(m.expert_ffn_hidden, etp, "expert_ffn_hidden", "parallel.etp")
+        n_experts = m.top_k if active else local
+        expert = n_experts * _ffn_params(model, width)
+    return dense, expert
+
+
+def layer_parameter_count(model: ModelSpec, layer: int) -> int:
+    """Parameters of transformer layer ``layer`` (0-based): attention, norms,
+    biases, dense FFN or router + shared + all routed experts."""
+    if not 0 <= layer < model.layers:
+        raise IndexError(f"layer {layer} outside 0..{model.layers - 1} of {model.name!r}")
+    return sum(_block_params(model, model.is_moe_layer(layer)))
+
+
+def embedding_parameter_count(model: ModelSpec) -> int:
+    """The input token-embedding table: ``vocab * hidden``."""
+    return model.vocab * model.hidden
+
+
+def head_parameter_count(model: ModelSpec) -> int:
+    """Final norm plus the output projection (0 extra when tied to the embedding)."""
+    return _norm_params(model, model.hidden) + (0 if model.tied_embeddings else model.vocab * model.hidden)
+
+
+def mtp_parameter_count(model: ModelSpec) -> int:
+    """Unique weights of the MTP modules (DeepSeek-V3 §2.2): per depth, two
+    RMSNorms, the ``2h -> h`` projection, one transformer block, and the output
+    head's norm. The embedding and output head are shared with the main model."""
+    h = model.hidden
+    per = 2 * _norm_params(model, h) + _linear(model, 2 * h, h) + sum(_block_params(model, _mtp_block_is_moe(model)))
+    per += _norm_params(model, h)
+    return model.mtp_depth * per
+
+
+def _mtp_active(model: ModelSpec) -> int:
+    h = model.hidden
+    per = 2 * _norm_params(model, h) + _linear(model, 2 * h, h) + _norm_params(model, h)
+    per += sum(_block_params(model, _mtp_block_is_moe(model), active=True))
+    return model.mtp_depth * per
+
+
+def parameter_count(model: ModelSpec, include_mtp: bool = True) -> int:
+    """Total parameters: embedding, every layer, final norm, untied output head,
+    and (unless ``include_mtp=False``) the MTP modules' unique weights."""
+    total = embedding_parameter_count(model) + head_parameter_count(model)
+    total += sum(layer_parameter_count(model, i) for i in range(model.layers))
+    return total + (mtp_parameter_count(model) if include_mtp else 0)
+
+
+def expert_parameter_count(model: ModelSpec, include_mtp: bool = True) -> int:
+    """Routed-expert parameters (the ones expert parallelism shards); shared
+    experts are dense parameters."""
+    if model.moe is None:
+        return 0
+    per_layer = _block_params(model, True)[1]
+    n = model.moe_layers + (model.mtp_depth if include_mtp and _mtp_block_is_moe(model) else 0)
+    return n * per_layer
+
+
+def active_parameter_count(model: ModelSpec, include_mtp: bool = True) -> int:
+    """Parameters a token's forward pass uses: everything but the routed experts
+    it is not sent to (``top_k`` of ``experts`` counted per MoE layer)."""
+    total = embedding_parameter_count(model) + head_parameter_count(model)
+    total += sum(sum(_block_params(model, model.is_moe_layer(i), active=True)) for i in range(model.layers))
+    return total + (_mtp_active(model) if include_mtp else 0)
+
+
+# ---------------------------------------------------------------------------
+# Model FLOPs
+# ---------------------------------------------------------------------------
+
+
+def _matmul_flops(kernels: list[Kernel]) -> float:
+    return sum(k.flops for k in kernels if k.kind in MATMUL_KINDS)
+
+
+def forward_flops_per_token(model: ModelSpec, seq_len: int, include_mtp: bool = True) -> float:
+    """Forward matmul FLOPs per token over all layers, the LM head and (by
+    default) the MTP modules, with the attention convention of the module notes.
+    Computed from the same kernels the simulator runs, at one token, ``tp=1``."""
+    if seq_len < 1:
+        raise ValueError(f"training.seq_len: must be a positive integer, got {seq_len!r}")
+    total = sum(_matmul_flops(layer_kernels(model, i, 1, seq_len)) for i in range(model.layers))
+    total += _matmul_flops(head_kernels(model, 1))
+    if include_mtp:
+        total += _matmul_flops(mtp_kernels(model, 1, seq_len))
+    return total
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int, include_mtp: bool = True) -> float:
+    """Model FLOPs (forward + backward, no recomputation) per token:
+    ``(1 + backward_flops_factor()) * forward_flops_per_token``. For a GPT model
+    (no MTP) this is Narayanan et al. Eq. 3 without its recompute pass, per
+    token: ``72*l*h^2*(1 + s/(6h) + V/(12*l*h))``."""
+    return (1.0 + backward_flops_factor()) * forward_flops_per_token(model, seq_len, include_mtp)
+
+
+def model_flops_per_step(model: ModelSpec, training: TrainingSpec, include_mtp: bool = True) -> float:
+    """Model FLOPs of one optimizer step: per-token model FLOPs times the
+    step's ``global_batch_size * seq_len`` tokens."""
+    return model_flops_per_token(model, training.seq_len, include_mtp) * training.tokens_per_step

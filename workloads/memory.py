@@ -1,0 +1,424 @@
+"""Memory formulas, in bytes: activations stashed for the backward pass, and the
+per-rank weights, gradients and optimizer states.
+
+Activations
+-----------
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models", arXiv 2205.05198, §4 and Table 2) count, for a GPT layer with 16-bit
+activations and 1-byte dropout masks, the tensors each operation keeps for its
+backward (``a`` heads, ``s`` sequence, ``b`` micro-batch, ``h`` hidden, ``t`` TP):
+
+==============================  ==========  ================================
+tensor kept                     bytes       split by ``t``
+==============================  ==========  ================================
+pre-attention norm input        2sbh        only with sequence parallelism
+QKV GEMM input (norm output)    2sbh        only with sequence parallelism
+Q and K (for ``Q K^T``)         4sbh        always (heads)
+softmax output                  2as^2b      always
+softmax dropout mask            as^2b       always
+softmax dropout output (P V)    2as^2b      always
+V                               2sbh        always
+out-projection input            2sbh        always
+attention dropout mask          sbh         only with sequence parallelism
+pre-MLP norm input              2sbh        only with sequence parallelism
+MLP up GEMM input               2sbh        only with sequence parallelism
+GELU input (4h wide)            8sbh        always
+down GEMM input (4h wide)       8sbh        always
+MLP dropout mask                sbh         only with sequence parallelism
+==============================  ==========  ================================
+
+which sums to ``sbh(34 + 5as/h)``; ``sbh(10 + 24/t + 5as/(ht))`` under TP without
+sequence parallelism, ``(sbh/t)(34 + 5as/h)`` with it, ``34sbh/t`` with selective
+recompute (the ``s^2`` terms recomputed), and ``2sbh`` with full recompute (only
+the layer input kept). :func:`activation_bytes_per_layer` builds the same table
+tensor by tensor, so with ``dropout=True`` and a GELU MHA model it reproduces
+those closed forms exactly, and it generalises them:
+
+* **No dropout** (``dropout=False``, the default: modern LLMs train without it):
+  no masks, and ``P V`` reads the softmax output itself, so the ``s^2`` part is
+  ``2as^2b`` and the linear part loses ``2sbh``.
+* **SwiGLU**: the gate/up GEMM output is ``2f`` wide and the down-GEMM input ``f``.
+* **GQA/MQA**: K and V have ``kv_heads*head_dim`` columns (per TP rank: the local
+  KV heads, replicated when ``t`` exceeds them).
+* **MLA** (DeepSeek-V2 §2.1): the replicated down projections keep their input
+  (the norm output) and the latents (query latent, KV latent + RoPE key, and their
+  normed copies, not split by ``t``); the per-head Q, K (``qk_head_dim``) and V
+  (``v_head_dim``) and the out-projection input are split by ``t``.
+* **MoE**: the router keeps its input and fp32 routing probabilities; every
+  token-expert assignment keeps its permuted input ``h``, the up GEMM output
+  (``2f_e/etp`` or ``f_e/etp``), the down GEMM input (``f_e/etp``) and the expert
+  output ``h`` (needed for the gate-weight gradient), so routed memory scales with
+  ``top_k * expert_ffn_hidden``. Shared experts behave like a dense FFN.
+* **Flash attention** (``flash_attention=True``): the ``s x s`` scores are never
+  materialised, exactly as selective recompute (they are recomputed in the
+  backward); the kernel keeps an fp32 log-sum-exp per query and head instead.
+* **Context parallelism**: each rank keeps tensors for its ``s/cp`` tokens; a
+  materialised score block is ``(s/cp) x s`` per head.
+
+Weights, gradients, optimizer states
+------------------------------------
+ZeRO (Rajbhandari et al. 2019, arXiv 1910.02054, §5 and Fig. 1): with ``Ψ``
+parameters in mixed-precision Adam a rank keeps ``2Ψ`` 16-bit weights, ``2Ψ``
+16-bit gradients and ``KΨ`` optimizer bytes with ``K = 12`` (fp32 master copy,
+momentum, variance). Stage 1 shards the optimizer states over the ``N_d``
+data-parallel ranks, stage 2 also the gradients, stage 3 also the weights. See
+:func:`state_bytes` for the dtypes actually used by Megatron-LM and DeepSeek-V3.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from workloads import counts
+from workloads.layout import ParallelLayout
+from workloads.model import ModelSpec
+
+_MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti §4.1)
+_FP32_BYTES = 4
+_TOKEN_ID_BYTES = 8
+RECOMPUTE_MODES = ("none", "selective", "full")
+OPTIMIZERS = ("adam", "muon", "sgd")
+DTYPES = ("bf16", "fp8")
+
+
+def _check_recompute(recompute: str) -> None:
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"training.recompute: must be one of {', '.join(RECOMPUTE_MODES)}, got {recompute!r}")
+
+
+def _sp_rows(tokens: float, tp: int, sequence_parallel: bool) -> float:
+    return tokens / tp if sequence_parallel and tp > 1 else tokens
+
+
+def activation_bytes_per_layer(
+    model: ModelSpec,
+    layer: int,
+    micro_batch_size: int,
+    seq_len: int,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = True,
+    recompute: str = "none",
+    ep: int = 1,
+    dropout: bool = False,
+    act_bytes: int = 2,
+    flash_attention: bool = False,
+    etp: int = 1,
+    expert_tokens: Optional[float] = None,
+) -> float:
+    """Bytes one transformer layer keeps on one rank from its forward until its
+    backward, for one micro-batch (see the module notes for the per-tensor table
+    and its sources).
+
+    ``recompute``: ``'none'``; ``'selective'`` (Korthikanti: the attention
+    ``s^2`` tensors are recomputed); ``'full'`` (only the layer input is kept:
+    ``2sbh``, split by ``tp`` under sequence parallelism). ``flash_attention``
+    drops the ``s^2`` tensors whatever ``recompute`` says; it defaults to False so
+    that the defaults reproduce Korthikanti's formulas. ``expert_tokens``
+    overrides the token-expert assignments this rank processes (load imbalance);
+    ``ep`` must divide the routed experts.
+    """
+    _check_recompute(recompute)
+    if not 0 <= layer < model.layers:
+        raise IndexError(f"layer {layer} outside 0..{model.layers - 1} of {model.name!r}")
+    return _block_activation_bytes(
+        model, model.is_moe_layer(layer), micro_batch_size, seq_len, tp, cp, sequence_parallel, recompute, ep,
+        dropout, act_bytes, flash_attention, etp, expert_tokens,
+    )
+
+
+def _block_activation_bytes(
+    model: ModelSpec,
+    moe: bool,
+    micro_batch_size: int,
+    seq_len: int,
+    tp: int,
+    cp: int,
+    sequence_parallel: bool,
+    recompute: str,
+    ep: int,
+    dropout: bool,
+    act_bytes: int,
+    flash_attention: bool,
+    etp: int,
+    expert_tokens: Optional[float],
+) -> float:
+    counts._check_positive(tp=tp, cp=cp, ep=ep, etp=etp)
+    if micro_batch_size < 1 or seq_len < 1:
+        raise ValueError(
+            f"training: micro_batch_size and seq_len must be positive, got {micro_batch_size!r}, {seq_len!r}"
+        )
+    h = model.hidden
+    tokens = micro_batch_size * seq_len / cp  # the rank's token rows
+    rows_sp = _sp_rows(tokens, tp, sequence_parallel)  # replicated across TP unless sequence-parallel
+    rows_tp = tokens / tp  # tensors split by heads / FFN columns: always 1/tp of the full width
+
+    if recompute == "full":
+        return act_bytes * rows_sp * h  # the layer input (Korthikanti §5: 2sbh)
+
+    total = 0.0
+    # ---- attention ---------------------------------------------------------
+    total += act_bytes * rows_sp * h  # pre-attention norm input
+    heads = counts._local_heads(model, tp)
+    mla = model.attention
+    if mla is None:
+        d = model.head_dim
+        kv = counts._local_kv_heads(model, tp)
+        total += act_bytes * rows_sp * h  # QKV GEMM input
+        total += act_bytes * tokens * (heads * d + 2 * kv * d)  # Q, K, V (local heads)
+        v_width = heads * d
+    else:
+        d_qk, d_v = mla.qk_head_dim, mla.v_head_dim
+        total += act_bytes * rows_sp * h  # input of the down projections
+        if mla.q_lora_rank:
+            # query latent (norm input) and its normed copy (q_up input): replicated
+            total += act_bytes * tokens * 2 * mla.q_lora_rank
+        # KV latent + RoPE key (norm / rope input) and the normed latent (kv_up input)
+        total += act_bytes * tokens * (mla.kv_lora_rank + mla.qk_rope_head_dim + mla.kv_lora_rank)
+        total += act_bytes * tokens * heads * (2 * d_qk + d_v)  # per-head Q, K, V
+        v_width = heads * d_v
+    total += act_bytes * tokens * v_width  # out-projection input (attention output)
+    if dropout:
+        total += _MASK_BYTES * rows_sp * h  # dropout after the out projection
+
+    scores_stored = recompute == "none" and not flash_attention
+    if scores_stored:
+        # One (s/cp) x s score block per local head and sequence.
+        score_elems = micro_batch_size * (seq_len / cp) * seq_len * heads
+        total += act_bytes * score_elems  # softmax output
+        if dropout:
+            total += (_MASK_BYTES + act_bytes) * score_elems  # dropout mask and output
+    elif flash_attention:
+        total += _FP32_BYTES * tokens * heads  # log-sum-exp per query and head
+
+    # ---- feed-forward ------------------------------------------------------
+    total += act_bytes * rows_sp * h  # pre-FFN norm input
+    up = 2 if model.ffn == "swiglu" else 1
+    if not moe:
+        f = counts._split(model.ffn_hidden, tp, "ffn_hidden")
+        total += act_bytes * rows_sp * h  # up GEMM input
+        total += act_bytes * tokens * (up * f + f)  # activation input, down GEMM input
+    else:
+        m = model.moe
+        counts._split(m.experts, ep, f"the {m.experts} routed experts", "parallel.ep")
+        f = counts._split(m.expert_ffn_hidden, etp, "expert_ffn_hidden", "parallel.etp")
+        total += act_bytes * rows_sp * h  # router / shared-expert input
+        total += _FP32_BYTES * rows_sp * m.experts  # routing probabilities
+        assignments = rows_sp * m.top_k * etp if expert_tokens is None else float(expert_tokens)
+        total += act_bytes * assignments * (h + up * f + f + h)  # per assignment: in, up out, down in, out
+        if m.shared_experts:
+            fs = counts._split(m.shared_experts * m.expert_ffn_hidden, tp, "the shared-expert width")
+            total += act_bytes * tokens * (up * fs + fs)
+    if dropout:
+        total += _MASK_BYTES * rows_sp * h  # dropout after the FFN
+    return total
+
+
+def embedding_activation_bytes(
+    model: ModelSpec,
+    micro_batch_size: int,
+    seq_len: int,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = True,
+    dropout: bool = False,
+) -> float:
+    """Bytes the embedding keeps for its backward: the token ids (int64), plus
+    the embedding-dropout mask when ``dropout`` (Korthikanti §4.3: ``sbh/t`` on
+    the first pipeline stage, with sequence parallelism)."""
+    tokens = micro_batch_size * seq_len / cp
+    total = _TOKEN_ID_BYTES * tokens
+    if dropout:
+        total += _MASK_BYTES * _sp_rows(tokens, tp, sequence_parallel) * model.hidden
+    return total
+
+
+def head_activation_bytes(
+    model: ModelSpec,
+    micro_batch_size: int,
+    seq_len: int,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = True,
+    act_bytes: int = 2,
+) -> float:
+    """Bytes the output layer keeps: final-norm input and LM-head input (16-bit,
+    ``h`` wide) and the fp32 logits the cross entropy needs, split by vocab over
+    ``tp``: ``(4sbh/t)(1 + V/h)`` with sequence parallelism, as Korthikanti §4.3
+    counts the output layer (``2sbh/t + 2sbh/t + 4sbV/t``)."""
+    counts._check_positive(tp=tp, cp=cp)
+    tokens = micro_batch_size * seq_len / cp
+    rows = _sp_rows(tokens, tp, sequence_parallel)
+    return 2 * act_bytes * rows * model.hidden + _FP32_BYTES * tokens * model.vocab / tp
+
+
+def mtp_activation_bytes(
+    model: ModelSpec,
+    micro_batch_size: int,
+    seq_len: int,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = True,
+    recompute: str = "none",
+    ep: int = 1,
+    dropout: bool = False,
+    act_bytes: int = 2,
+    flash_attention: bool = False,
+    etp: int = 1,
+    expert_tokens: Optional[float] = None,
+) -> float:
+    """Bytes the MTP modules (DeepSeek-V3 §2.2) keep: per depth, the two norm
+    inputs and the ``2h`` projection input, one transformer block and an output
+    head; 0 when ``mtp_depth == 0``."""
+    _check_recompute(recompute)
+    if model.mtp_depth == 0:
+        return 0.0
+    tokens = micro_batch_size * seq_len / cp
+    rows = _sp_rows(tokens, tp, sequence_parallel)
+    per = _TOKEN_ID_BYTES * tokens
+    per += act_bytes * (2 * rows * model.hidden + tokens * 2 * model.hidden)
+    per += _block_activation_bytes(
+        model, counts._mtp_block_is_moe(model), micro_batch_size, seq_len, tp, cp, sequence_parallel, recompute,
+        ep, dropout, act_bytes, flash_attention, etp, expert_tokens,
+    )
+    per += head_activation_bytes(model, micro_batch_size, seq_len, tp, cp, sequence_parallel, act_bytes)
+    return model.mtp_depth * per
+
+
+# ---------------------------------------------------------------------------
+# Parameters on one rank
+# ---------------------------------------------------------------------------
+
+
+def rank_parameter_counts(
+    model: ModelSpec,
+    layout: ParallelLayout,
+    stage_layers: range,
+    has_embedding: bool,
+    has_head: bool,
+    has_mtp: Optional[bool] = None,
+) -> tuple[int, int]:
+    """``(dense, expert)`` parameters one rank holds for the transformer layers
+    ``stage_layers`` (plus embedding / head / MTP when it holds them).
+
+    ``tp`` splits attention heads, FFN and shared-expert widths and the
+    vocabulary (padded up to a multiple of ``tp``); norms, MLA down projections,
+    routers and row-parallel output biases are replicated. ``ep`` splits the
+    routed experts, ``etp`` each expert's width; expert parameters are the
+    routed experts only (they are replicated over ``edp`` ranks, the rest over
+    ``dp*cp``). A rank with the head but not the embedding of a model with tied
+    embeddings or MTP keeps a copy of the embedding table (Megatron-LM keeps the
+    tied word embeddings on the last stage and syncs their gradients; DeepSeek-V3's
+    MTP modules share the embedding). ``has_mtp`` defaults to ``has_head`` (MTP
+    runs after the output head, on the last stage).
+    """
+    tp, ep, etp = layout.tp, layout.ep, layout.etp
+    h = model.hidden
+    dense = expert = 0
+    for i in stage_layers:
+        if not 0 <= i < model.layers:
+            raise IndexError(f"layer {i} outside 0..{model.layers - 1} of {model.name!r}")
+        d, e = counts._block_params(model, model.is_moe_layer(i), tp, ep, etp)
+        dense += d
+        expert += e
+    if has_mtp is None:
+        has_mtp = has_head
+    table = math.ceil(model.vocab / tp) * h  # one vocab-parallel shard
+    if has_embedding:
+        dense += table
+    if has_head:
+        dense += counts._norm_params(model, h)
+        if not model.tied_embeddings or not has_embedding:
+            dense += table
+    if has_mtp and model.mtp_depth:
+        if not (has_embedding or (has_head and model.tied_embeddings)):
+            dense += table  # the shared embedding the MTP modules look tokens up in
+        d, e = counts._block_params(model, counts._mtp_block_is_moe(model), tp, ep, etp)
+        proj = counts._split(h, tp, "hidden") * 2 * h + (counts._split(h, tp, "hidden") if model.bias else 0)
+        dense += model.mtp_depth * (d + proj + 3 * counts._norm_params(model, h))
+        expert += model.mtp_depth * e
+    return dense, expert
+
+
+# ---------------------------------------------------------------------------
+# Weights, gradients, optimizer states
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Per-rank bytes of model state."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+
+# Optimizer buffers per parameter besides the master copy (Adam: momentum and
+# variance, Kingma & Ba 2014; Muon: one momentum buffer, Jordan et al. 2024 /
+# Liu et al. 2025 arXiv 2502.16982; SGD: heavy-ball momentum).
+_OPTIMIZER_BUFFERS = {"adam": 2, "muon": 1, "sgd": 1}
+
+
+def state_bytes(
+    params_dense: float,
+    params_expert: float,
+    layout: ParallelLayout,
+    dtype: str = "bf16",
+    optimizer: str = "adam",
+    master_weights: bool = True,
+    grad_dtype_bytes: int = 4,
+    moment_dtype_bytes: int = 4,
+    weight_dtype_bytes: int = 2,
+) -> StateBytes:
+    """Per-rank bytes of weights, gradients and optimizer states for a rank that
+    holds ``params_dense`` dense and ``params_expert`` routed-expert parameters
+    (see :func:`rank_parameter_counts`), under ``layout.zero``.
+
+    * ``weights``: ``weight_dtype_bytes`` (2: BF16) per parameter. FP8 training
+      (``dtype='fp8'``) keeps the same BF16 weights and casts them per GEMM
+      (DeepSeek-V3 §3.3: FP8 GEMMs, higher-precision weights); transient FP8
+      copies are not counted.
+    * ``gradients``: ``grad_dtype_bytes`` per parameter, 4 by default: Megatron-LM
+      accumulates gradients in an FP32 buffer, and DeepSeek-V3 keeps FP32
+      gradients (§3.3.3); Kimi K2 reports "BF16 parameters plus FP32 gradient
+      buffers". Pass 2 for the 16-bit gradients of the ZeRO paper.
+    * ``optimizer``: the FP32 master copy (4 bytes, when ``master_weights``) plus
+      one (Muon, SGD with momentum) or two (Adam) buffers of
+      ``moment_dtype_bytes``. Adam with FP32 moments gives ZeRO's ``K = 12``;
+      Muon ``K = 8``; DeepSeek-V3 stores Adam moments in BF16
+      (``moment_dtype_bytes=2``: ``K = 8``).
+
+    ZeRO stage 1 shards the optimizer states, stage 2 also the gradients, stage 3
+    also the weights (Rajbhandari et al., arXiv 1910.02054 §5): dense parameters
+    over the ``dp*cp`` ranks that hold the same dense shard, expert parameters
+    over the ``edp`` ranks that hold the same experts. Stage 2/3 figures are the
+    persistent shards; the transient full-size gradient bucket is a buffer.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"training.dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"training.optimizer: must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    if params_dense < 0 or params_expert < 0:
+        raise ValueError(f"parameter counts must be non-negative, got {params_dense!r}, {params_expert!r}")
+    zero = layout.zero
+    dense_shards = layout.dp * layout.cp
+    expert_shards = layout.edp
+
+    def sharded(bytes_per_param: float, stage: int) -> float:
+        if zero >= stage:
+            return bytes_per_param * (params_dense / dense_shards + params_expert / expert_shards)
+        return bytes_per_param * (params_dense + params_expert)
+
+    k_opt = (_FP32_BYTES if master_weights else 0) + _OPTIMIZER_BUFFERS[optimizer] * moment_dtype_bytes
+    return StateBytes(
+        weights=sharded(weight_dtype_bytes, 3),
+        gradients=sharded(grad_dtype_bytes, 2),
+        optimizer=sharded(k_opt, 1),
+    )

@@ -1,0 +1,119 @@
+"""The operation trace: what each rank executes in one training step.
+
+An :class:`Op` is one unit of work on one stream of one rank: a compute op (a
+fused group of kernels), a collective (one rank's part of it), or a
+point-to-point send. Ops on the same ``(rank, stream)`` run in list order; an op
+also waits for every op named in ``deps`` (op ids, possibly on other ranks).
+
+Memory effects ride on ops: ``mem`` lists ``(category, delta_bytes, at)`` with
+``at`` in {"start", "end"}; categories are those of the summary's
+``memory_breakdown_bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from workloads.counts import Kernel
+
+STREAMS = ("compute", "tp", "cp", "ep", "dp", "fsdp", "pp", "offload")
+MEMORY_CATEGORIES = ("weights", "gradients", "optimizer", "activations", "buffers")
+PHASES = ("F", "B", "I", "W", "R", "opt", "sync")  # R = recomputation
+
+
+class TraceError(ValueError):
+    """A trace that cannot be executed (cycle, dangling dependency, bad field)."""
+
+
+@dataclass(eq=False)
+class Op:
+    id: int
+    rank: int
+    stream: str
+    kind: str  # "compute" | "collective" | "send"
+    name: str
+    phase: str = ""
+    mb: int = -1
+    chunk: int = -1  # model chunk (pipeline order)
+    layer: int = -1
+    deps: tuple[int, ...] = ()
+    kernels: tuple[Kernel, ...] = ()  # compute ops
+    recompute: bool = False  # compute repeated for recomputation (HFU, not MFU)
+    coll: str = ""  # collective op: all-reduce | all-gather | reduce-scatter | all-to-all | broadcast
+    axis: str = ""  # group axis: tp | cp | dp | pp | ep | edp | dp_cp | custom
+    group: tuple[int, ...] = ()  # ranks taking part, ring order
+    key: str = ""  # rendezvous key shared by every member's op of one collective instance
+    size_bytes: float = 0.0  # collective size (nccl-tests convention) or message size
+    peer: int = -1  # send: destination rank
+    mem: tuple[tuple[str, float, str], ...] = ()
+    algorithm: Optional[str] = None
+
+    @property
+    def flops(self) -> float:
+        return sum(k.flops for k in self.kernels)
+
+    @property
+    def bytes(self) -> float:
+        return sum(k.bytes for k in self.kernels)
+
+
+@dataclass
+class Trace:
+    """Ops of the simulated ranks plus the static memory of each rank.
+
+    ``ranks`` are the ranks simulated. In the fast (representative) mode these are
+    one rank per pipeline stage; every other rank of the same stage runs the same
+    program, so ``weight[r]`` says how many devices rank ``r`` stands for.
+    """
+
+    ops: list[Op]
+    ranks: tuple[int, ...]
+    weight: dict[int, int]
+    static_memory: dict[int, dict[str, float]]  # rank -> category -> bytes at t=0
+    world: int
+    notes: list[str] = field(default_factory=list)
+    model_flops: float = 0.0
+    representative: bool = True
+
+    def by_rank(self) -> dict[int, list[Op]]:
+        out: dict[int, list[Op]] = {r: [] for r in self.ranks}
+        for op in self.ops:
+            out[op.rank].append(op)
+        return out
+
+    def check(self) -> None:
+        """Raise :class:`TraceError` for dangling or cyclic dependencies, naming them."""
+        ids = {op.id: op for op in self.ops}
+        if len(ids) != len(self.ops):
+            raise TraceError("ops: duplicate op ids")
+        for op in self.ops:
+            for d in op.deps:
+                if d not in ids:
+                    raise TraceError(f"op {op.id} ({op.name} on rank {op.rank}) depends on unknown op {d}")
+        # Stream order adds implicit edges: previous op on the same (rank, stream).
+        succ: dict[int, list[int]] = {i: [] for i in ids}
+        indeg = {i: 0 for i in ids}
+        last: dict[tuple[int, str], int] = {}
+        for op in self.ops:
+            preds = set(op.deps)
+            prev = last.get((op.rank, op.stream))
+            if prev is not None:
+                preds.add(prev)
+            last[(op.rank, op.stream)] = op.id
+            for p in preds:
+                succ[p].append(op.id)
+                indeg[op.id] += 1
+        ready = [i for i, d in indeg.items() if d == 0]
+        seen = 0
+        while ready:
+            i = ready.pop()
+            seen += 1
+            for s in succ[i]:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    ready.append(s)
+        if seen != len(ids):
+            stuck = sorted(i for i, d in indeg.items() if d > 0)[:5]
+            names = ", ".join(f"{i} ({ids[i].name} on rank {ids[i].rank})" for i in stuck)
+            raise TraceError(f"deps: the trace has a dependency cycle through ops {names}")

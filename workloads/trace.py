@@ -1,0 +1,657 @@
+"""Build the operation trace of one training step.
+
+:func:`build_trace` turns (model, parallel layout, training settings, pipeline
+schedule) into the ops each simulated rank executes:
+
+* per micro-batch and model chunk, forward ops per transformer layer (attention
+  block, MLP / MoE block) with their tensor-parallel collectives (all-gather and
+  reduce-scatter under sequence parallelism, all-reduce without), context-parallel
+  K/V all-gathers, expert-parallel dispatch/combine all-to-alls;
+* the matching backward ops in reverse (input-gradient and weight-gradient work
+  fused as ``B``, or split as ``I`` then ``W`` for zero-bubble schedules), with
+  recomputation ahead of them when asked;
+* pipeline sends of activations and gradients between stages;
+* data-parallel gradient reduction per layer bucket, issued as soon as the last
+  micro-batch's backward of that layer is done so that it overlaps the rest of
+  the backward pass; ZeRO parameter all-gathers; the optimizer step.
+
+Ranks running the same program on symmetric hardware need not all be built: with
+``representatives=True`` (the default) one rank per pipeline stage is built and
+stands for its ``world / pp`` twins (see :mod:`simulator.engine` for how their
+network traffic is still accounted).
+
+Modelling choices (each documented where it is made):
+
+* Gradients are reduced in fp32 (Megatron-LM's default ``main_grad``), parameters
+  gathered in the compute dtype's storage (bf16).
+* ZeRO-1/2 parameter all-gathers happen at the start of the step, overlapped with
+  the forward pass (Megatron's ``--overlap-param-gather``): the first forward of a
+  layer waits for its bucket. ZeRO-3 gathers each layer's parameters before its
+  forward and before its backward, for every micro-batch, one layer ahead
+  (prefetch), and reduce-scatters gradients once after the last micro-batch.
+* Tensor-parallel collectives block the compute stream (no TP comm overlap).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from workloads import counts, memory
+from workloads import schedules as sched
+from workloads.layout import LayoutError, ParallelLayout
+from workloads.model import ModelSpec
+from workloads.ops import Op, Trace, TraceError
+from workloads.training import TrainingSpec
+
+GRAD_REDUCE_BYTES = 4  # fp32 main gradients (Megatron-LM default, no --grad-reduce-in-bf16)
+PARAM_BYTES = 2  # bf16 parameter storage (also under FP8 training: FP8 casts are transient)
+
+_ATTN_KINDS = ("attention",)
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: ModelSpec
+    layout: ParallelLayout
+    training: TrainingSpec
+    schedule: str = "1f1b"
+    expert_load: Optional[tuple[float, ...]] = None  # per-EP-rank share of routed tokens (1.0 = balanced)
+
+
+def split_layer_kernels(kernels: Sequence[counts.Kernel]) -> tuple[list, list, list, list]:
+    """Split one layer's kernels into (attention block, pre-dispatch MoE work,
+    routed-expert work, post-combine work). Dense layers return the MLP in the
+    second list and empty expert/post lists."""
+    attn, pre, expert, post = [], [], [], []
+    seen_mlp = False
+    for k in kernels:
+        if k.name.startswith("expert"):
+            expert.append(k)
+            seen_mlp = True
+        elif _is_attention_kernel(k.name) and not seen_mlp:
+            attn.append(k)
+        elif expert:
+            post.append(k)
+        else:
+            seen_mlp = True
+            pre.append(k)
+    return attn, pre, expert, post
+
+
+_ATTN_PREFIXES = ("attn", "qkv", "q_", "kv_", "q", "k_", "out_proj", "norm1", "input_norm", "rope", "mla")
+
+
+def _is_attention_kernel(name: str) -> bool:
+    return name.startswith(_ATTN_PREFIXES) and not name.startswith(("mlp", "moe", "router", "shared"))
+
+
+def backward_kernels(fwd: Sequence[counts.Kernel], part: str) -> tuple[counts.Kernel, ...]:
+    """Backward kernels of a forward group. ``part``: 'B' (both), 'I' (input
+    gradient) or 'W' (weight gradient).
+
+    GEMM Y = XW: input gradient dX = dY Wᵀ and weight gradient dW = Xᵀ dY each cost
+    the forward's FLOPs (so backward = 2× forward). Attention core backward costs
+    ``counts.ATTENTION_BACKWARD_FACTOR`` × its forward, all input-gradient work.
+    Element-wise and norm kernels move about twice their forward bytes in
+    backward (read saved input and output gradient, write input gradient).
+    """
+    out = []
+    for k in fwd:
+        if k.kind == "gemm":
+            if part in ("B", "I"):
+                out.append(counts.Kernel(k.name + ".dgrad", "gemm", k.flops, k.bytes, k.m, k.k, k.n))
+            if part in ("B", "W"):
+                out.append(counts.Kernel(k.name + ".wgrad", "gemm", k.flops, k.bytes, k.k, k.n, k.m))
+        elif k.kind == "attention":
+            if part in ("B", "I"):
+                f = counts.ATTENTION_BACKWARD_FACTOR
+                out.append(counts.Kernel(k.name + ".bwd", "attention", k.flops * f, k.bytes * f, k.m, k.n, k.k))
+        elif k.kind == "embedding":
+            if part in ("B", "W"):
+                out.append(counts.Kernel(k.name + ".bwd", k.kind, k.flops, k.bytes, k.m, k.n, k.k))
+        else:
+            if part in ("B", "I"):
+                out.append(counts.Kernel(k.name + ".bwd", k.kind, 2 * k.flops, 2 * k.bytes, k.m, k.n, k.k))
+    return tuple(out)
+
+
+def representative_ranks(layout: ParallelLayout) -> list[int]:
+    """One rank per pipeline stage: the one at tp = cp = dp = 0."""
+    return [layout.rank_of(pp=s) for s in range(layout.pp)]
+
+
+def chunk_layer_ranges(model: ModelSpec, layout: ParallelLayout, schedule: str) -> list[range]:
+    n = sched.model_chunks(schedule, layout.pp, layout.vpp)
+    if layout.pipeline_layers is not None:
+        pl = list(layout.pipeline_layers)
+        if len(pl) != n:
+            raise LayoutError(
+                "parallel.pipeline_layers",
+                f"needs {n} entries (one per model chunk of schedule {schedule}), got {len(pl)}",
+            )
+        if any((not isinstance(x, int)) or x < 0 for x in pl) or sum(pl) != model.layers:
+            raise LayoutError(
+                "parallel.pipeline_layers",
+                f"must be non-negative integers summing to the model's {model.layers} layers, got {pl}",
+            )
+    else:
+        if model.layers % n:
+            raise LayoutError(
+                "parallel.pp",
+                f"{model.layers} layers do not split evenly over {n} model chunks "
+                f"(pp={layout.pp}, vpp={layout.vpp}, schedule {schedule}); choose sizes dividing the "
+                "layer count or give parallel.pipeline_layers",
+            )
+        pl = [model.layers // n] * n
+    out, start = [], 0
+    for x in pl:
+        out.append(range(start, start + x))
+        start += x
+    return out
+
+
+class _Builder:
+    def __init__(self, w: Workload):
+        self.w = w
+        self.model, self.L, self.t = w.model, w.layout, w.training
+        L, t = self.L, self.t
+        sched.validate_schedule_args(w.schedule, L.pp, t.micro_batches(L.dp), L.vpp)
+        self.m = t.micro_batches(L.dp)
+        self.chunks = chunk_layer_ranges(self.model, L, w.schedule)
+        self.n_chunks = len(self.chunks)
+        self.tokens = t.micro_batch_size * t.seq_len // L.cp  # tokens of one micro-batch on one CP rank
+        self.act_bytes = 2
+        self.ops: list[Op] = []
+        self.notes: list[str] = []
+        self._kern_cache: dict = {}
+        # Tags of ops other ranks depend on: ("send", kind, chunk, mb, rank) -> op id.
+        self.tags: dict[tuple, int] = {}
+        self.pending: list[tuple[Op, tuple]] = []  # ops waiting for tags defined later
+        self.global_aux = self.model.is_moe and t.balance == "aux-loss-global"
+        if self.global_aux and w.schedule != "gpipe":
+            self.notes.append(
+                f"balance aux-loss-global: every forward must finish before the first backward "
+                f"(batch-level routing statistics); schedule {w.schedule} was run all-forward-first"
+            )
+
+    # ---- kernels -------------------------------------------------------------
+    def layer_parts(self, layer: int):
+        moe = self.model.is_moe_layer(layer)
+        key = ("layer", moe, layer if self.w.expert_load else 0)
+        if key not in self._kern_cache:
+            L = self.L
+            ks = counts.layer_kernels(
+                self.model, layer, tokens=self.tokens, seq_len=self.t.seq_len, tp=L.tp, cp=L.cp,
+                ep=L.ep, etp=L.etp, act_bytes=self.act_bytes,
+            )
+            self._kern_cache[key] = tuple(tuple(x) for x in split_layer_kernels(ks))
+        return self._kern_cache[key]
+
+    def embed_kernels(self):
+        key = ("embed",)
+        if key not in self._kern_cache:
+            self._kern_cache[key] = tuple(counts.embedding_kernels(self.model, self.tokens, tp=self.L.tp))
+        return self._kern_cache[key]
+
+    def head_kernels(self):
+        key = ("head",)
+        if key not in self._kern_cache:
+            ks = list(counts.head_kernels(self.model, self.tokens, tp=self.L.tp))
+            if self.model.mtp_depth:
+                ks += counts.mtp_kernels(self.model, self.tokens, self.t.seq_len, tp=self.L.tp)
+            self._kern_cache[key] = tuple(ks)
+        return self._kern_cache[key]
+
+    # ---- sizes ---------------------------------------------------------------
+    @property
+    def hidden_bytes(self) -> float:
+        """Activation tensor of one micro-batch at a layer boundary on one CP rank (all TP ranks)."""
+        return self.tokens * self.model.hidden * self.act_bytes
+
+    def kv_bytes(self) -> float:
+        """K and V of the local sequence chunk held by one TP rank (what CP exchanges)."""
+        m = self.model
+        if m.attention is not None:
+            per_tok = m.heads * (m.attention.qk_head_dim + m.attention.v_head_dim)
+        else:
+            per_tok = 2 * m.kv_heads * m.head_dim
+        return self.tokens * per_tok * self.act_bytes / self.L.tp
+
+    def dispatch_bytes(self, combine: bool) -> float:
+        """Per-rank all-to-all send buffer of an MoE dispatch (FP8 under FP8 training,
+        as DeepSeek-V3 §3.3 does) or combine (BF16)."""
+        moe = self.model.moe
+        per = 1 if (self.t.dtype == "fp8" and not combine) else 2
+        tokens = self.tokens / (self.L.tp if self.L.sequence_parallel else 1)
+        return tokens * moe.top_k * self.model.hidden * per
+
+    def layer_param_split(self, layer: int) -> tuple[float, float]:
+        """(dense, expert) parameters of one layer held by one rank."""
+        total = counts.layer_parameter_count(self.model, layer)
+        expert = 0.0
+        if self.model.is_moe_layer(layer):
+            moe = self.model.moe
+            mats = 3 if self.model.ffn == "swiglu" else 2
+            expert = moe.experts * mats * self.model.hidden * moe.expert_ffn_hidden
+        dense = total - expert
+        L = self.L
+        return dense / L.tp, expert / L.ep / L.etp
+
+    # ---- op helpers ------------------------------------------------------------
+    def add(self, **kw) -> Op:
+        op = Op(id=len(self.ops), **kw)
+        self.ops.append(op)
+        return op
+
+
+def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
+    """Build the step's trace for ``ranks`` (default: one representative per stage).
+
+    Raises :class:`LayoutError` / :class:`ScheduleError` / ``ValueError`` naming the
+    scenario field when the workload cannot be laid out."""
+    b = _Builder(w)
+    L = b.L
+    rep = ranks is None
+    sim_ranks = representative_ranks(L) if rep else sorted(set(ranks))
+    for r in sim_ranks:
+        if not 0 <= r < L.world:
+            raise TraceError(f"ranks: {r} is outside 0..{L.world - 1}")
+    programs = {r: _RankProgram(b, r) for r in sim_ranks}
+    for p in programs.values():
+        p.build()
+    # Cross-rank dependencies were recorded as tags; resolve them to op ids now.
+    for op in b.ops:
+        if any(isinstance(d, tuple) for d in op.deps):
+            resolved = []
+            for d in op.deps:
+                if isinstance(d, tuple):
+                    if d not in b.tags:
+                        raise TraceError(
+                            f"op {op.id} ({op.name} on rank {op.rank}) waits for {d}, which no simulated rank produces"
+                        )
+                    resolved.append(b.tags[d])
+                else:
+                    resolved.append(d)
+            op.deps = tuple(resolved)
+    weight = {r: (L.world // L.pp if rep else 1) for r in sim_ranks}
+    static = {r: programs[r].static_memory() for r in sim_ranks}
+    return Trace(
+        ops=b.ops, ranks=tuple(sim_ranks), weight=weight, static_memory=static, world=L.world,
+        notes=b.notes, model_flops=counts.model_flops_per_step(w.model, w.training), representative=rep,
+    )
+
+
+class _RankProgram:
+    """The ops of one rank, generated from its schedule's action list."""
+
+    def __init__(self, b: _Builder, rank: int):
+        self.b, self.rank = b, rank
+        L = b.L
+        self.c = L.coords(rank)
+        self.stage = L.stage_of(rank)
+        self.n_local = sched.local_chunks(b.w.schedule, L.vpp)
+        self.last_compute: Optional[Op] = None
+        self.grad_ops: list[int] = []
+        self.param_gather: dict[int, int] = {}  # layer -> op id of its ZeRO-1/2 parameter all-gather
+        self.compute_history: list[int] = []  # compute op ids in stream order (ZeRO-3 prefetch window)
+
+    # ---- helpers ---------------------------------------------------------------
+    def rank_at_stage(self, pp_rank: int) -> int:
+        c = self.c
+        return self.b.L.rank_of(tp=c["tp"], cp=c["cp"], dp=c["dp"], pp=pp_rank)
+
+    def path(self, mb: int) -> tuple[tuple[int, int], ...]:
+        b = self.b
+        return sched.micro_batch_path(b.w.schedule, mb, b.m, b.L.pp, b.L.vpp)
+
+    def chunk_index(self, local_chunk: int) -> int:
+        """Model chunk (layer group) this rank holds as ``local_chunk``."""
+        b = self.b
+        return sched.model_chunk(b.w.schedule, self.stage, local_chunk, b.L.pp, b.L.vpp)
+
+    def compute(self, name, kernels, phase, mb, chunk, layer, deps=(), mem=(), recompute=False) -> Op:
+        op = self.b.add(
+            rank=self.rank, stream="compute", kind="compute", name=name, phase=phase, mb=mb, chunk=chunk,
+            layer=layer, deps=tuple(deps), kernels=tuple(kernels), mem=tuple(mem), recompute=recompute,
+        )
+        self.last_compute = op
+        self.compute_history.append(op.id)
+        return op
+
+    def after_compute(self) -> list[int]:
+        return [self.last_compute.id] if self.last_compute is not None else []
+
+    def collective(self, coll, axis, size, name, phase, mb, chunk, layer, deps, stream=None,
+                   group=None) -> Optional[Op]:
+        L = self.b.L
+        group = tuple(group) if group is not None else L.group(self.rank, axis)
+        if len(group) <= 1 or size <= 0:
+            return None
+        key = f"{axis}:{group[0]}:{name}:{mb}:{chunk}:{phase}"
+        if stream is None:
+            stream = axis if axis in ("tp", "cp", "ep") else "dp"
+        return self.b.add(
+            rank=self.rank, stream=stream, kind="collective", name=name, phase=phase, mb=mb, chunk=chunk,
+            layer=layer, deps=tuple(deps), coll=coll, axis=axis, group=group, key=key, size_bytes=size,
+        )
+
+    # ---- program ---------------------------------------------------------------
+    def build(self) -> None:
+        b, L = self.b, self.b.L
+        steps = sched.schedule(b.w.schedule, self.stage, L.pp, b.m, L.vpp)
+        if b.global_aux:
+            steps = sched.all_forward_first(steps)
+        flat = [a for st in steps for a in st]
+        # The last action touching each local chunk's weight gradients triggers its DP reduction.
+        self.last_grad: dict[int, int] = {}
+        for i, a in enumerate(flat):
+            if a.op in ("B", "W"):
+                self.last_grad[a.chunk] = i
+        self.action_index = {id(a): i for i, a in enumerate(flat)}
+        if L.zero in (1, 2):
+            self.param_gathers()
+        for st in steps:
+            gens = [self.action_ops(a) for a in st]
+            # Overlapped pairs (DualPipe) interleave layer by layer, so that one
+            # action's communication hides behind the other's compute.
+            while gens:
+                for g in list(gens):
+                    try:
+                        next(g)
+                    except StopIteration:
+                        gens.remove(g)
+        if sched.weight_copies(b.w.schedule) > 1:
+            self.mirror_grad_sync()
+        self.optimizer()
+
+    def action_ops(self, a):
+        path = self.path(a.mb)
+        pos = path.index((self.stage, a.chunk))
+        layers = self.b.chunks[self.chunk_index(a.chunk)]
+        is_last_grad = self.last_grad.get(a.chunk) == self.action_index[id(a)]
+        if a.op == "F":
+            yield from self.forward(a, path, pos, layers)
+        elif a.op in ("B", "I"):
+            yield from self.backward(a, path, pos, layers, is_last_grad)
+        else:
+            yield from self.weight_grad(a, pos, layers, is_last_grad)
+
+    def _recv(self, kind: str, path, pos: int, mb: int, deps: list) -> None:
+        """Depend on the neighbouring chunk's send (forward: previous chunk; backward: next)."""
+        src_pos = pos - 1 if kind == "F" else pos + 1
+        src_rank = self.rank_at_stage(path[src_pos][0])
+        deps.append((kind, src_pos, mb, src_rank))
+
+    def _send(self, kind: str, path, pos: int, mb: int) -> None:
+        b, L = self.b, self.b.L
+        nxt = pos + 1 if kind == "F" else pos - 1
+        tag = (kind, pos, mb, self.rank)
+        if not 0 <= nxt < len(path):
+            return
+        dst = self.rank_at_stage(path[nxt][0])
+        if dst == self.rank:  # the neighbouring chunk lives here too (DualPipe's middle)
+            b.tags[tag] = self.last_compute.id
+            return
+        size = b.hidden_bytes / (L.tp if L.sequence_parallel else 1)
+        op = b.add(rank=self.rank, stream="pp", kind="send", name=f"send.{kind}", phase=kind, mb=mb, chunk=pos,
+                   deps=(self.last_compute.id,), peer=dst, size_bytes=size, axis="pp",
+                   key=f"pp:{self.rank}->{dst}:{kind}:{mb}:{pos}")
+        b.tags[tag] = op.id
+
+    # ---- forward ---------------------------------------------------------------
+    def forward(self, a, path, pos, layers):
+        b, L, t = self.b, self.b.L, self.b.t
+        deps: list = []
+        if pos > 0:
+            self._recv("F", path, pos, a.mb, deps)
+        else:
+            self.compute("embed.F", b.embed_kernels(), "F", a.mb, pos, -1)
+        for l in layers:
+            deps += self._zero3_gather(l, a.mb, pos, "F")
+            if l in self.param_gather:
+                deps.append(self.param_gather[l])
+            self.layer_forward(l, a.mb, pos, deps, recompute=False)
+            deps = []
+            yield
+        if pos == len(path) - 1:
+            head = self.compute("head.F", b.head_kernels(), "F", a.mb, pos, -1, mem=(("activations", self._head_bytes(), "start"),))
+            b.tags[("HEAD", a.mb, self.rank)] = head.id
+        self._send("F", path, pos, a.mb)
+
+    def _head_bytes(self) -> float:
+        b, L, t = self.b, self.b.L, self.b.t
+        return memory.head_activation_bytes(b.model, t.micro_batch_size, t.seq_len // L.cp, L.tp)
+
+    def layer_forward(self, l: int, mb: int, k: int, deps: list, recompute: bool) -> None:
+        b, L = self.b, self.b.L
+        attn, pre, expert, post = b.layer_parts(l)
+        phase = "R" if recompute else "F"
+        sp = L.sequence_parallel
+        h = b.hidden_bytes
+        deps = list(deps)
+        # Attention block: [TP all-gather] [CP K/V all-gather] compute, TP reduce-scatter/all-reduce.
+        if sp:
+            ag = self.collective("all-gather", "tp", h, f"L{l}.attn.ag", phase, mb, k, l, deps + self.after_compute())
+            deps = [ag.id] if ag else deps
+        if L.cp > 1:
+            kv = self.collective("all-gather", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.kv_ag", phase, mb, k, l,
+                                 deps + self.after_compute())
+            deps = deps + ([kv.id] if kv else [])
+        if recompute:
+            mem = (("activations", self._recompute_transient(l), "start"),)
+        else:
+            mem = (("activations", self._stash(l), "end"),)
+        op = self.compute(f"L{l}.attn.{phase}", attn, phase, mb, k, l, deps=deps, mem=mem, recompute=recompute)
+        out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.attn.out", phase, mb, k, l, [op.id])
+        deps = [out.id] if out else []
+        if sp and out:
+            ag = self.collective("all-gather", "tp", h, f"L{l}.mlp.ag", phase, mb, k, l, deps)
+            deps = [ag.id] if ag else deps
+        op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
+        if expert:
+            d = self.collective("all-to-all", "ep", b.dispatch_bytes(False), f"L{l}.dispatch", phase, mb, k, l, [op.id])
+            op = self.compute(f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[d.id] if d else [], recompute=recompute)
+            c = self.collective("all-to-all", "ep", b.dispatch_bytes(True), f"L{l}.combine", phase, mb, k, l, [op.id])
+            op = self.compute(f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute)
+        out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.out", phase, mb, k, l, [op.id])
+        if out:
+            # The next layer's compute waits for this collective: a zero-cost join on
+            # the compute stream carries the dependency in stream order.
+            self.compute(f"L{l}.join", (), phase, mb, k, l, deps=[out.id])
+
+    def _stash(self, l: int) -> float:
+        b, L, t = self.b, self.b.L, self.b.t
+        return memory.activation_bytes_per_layer(
+            b.model, l, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
+            sequence_parallel=L.sequence_parallel, recompute=t.recompute, ep=L.ep,
+        )
+
+    def _recompute_transient(self, l: int) -> float:
+        """Activations rebuilt by full recomputation of one layer, alive until its backward ends."""
+        b, L, t = self.b, self.b.L, self.b.t
+        return memory.activation_bytes_per_layer(
+            b.model, l, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
+            sequence_parallel=L.sequence_parallel, recompute="none", ep=L.ep,
+        )
+
+    # ---- backward --------------------------------------------------------------
+    def backward(self, a, path, pos, layers, is_last_grad):
+        b, L, t = self.b, self.b.L, self.b.t
+        part = a.op
+        deps: list = []
+        if b.global_aux:
+            last = self.rank_at_stage(path[-1][0])
+            deps += [("HEAD", j, last) for j in range(b.m)]
+        if pos < len(path) - 1:
+            self._recv("B", path, pos, a.mb, deps)
+        else:
+            self.compute("head." + part, backward_kernels(b.head_kernels(), part), part, a.mb, pos, -1, deps=deps,
+                         mem=(("activations", -self._head_bytes(), "end"),))
+            deps = []
+        for l in reversed(layers):
+            deps += self._zero3_gather(l, a.mb, pos, part)
+            if t.recompute == "full":
+                self.layer_forward(l, a.mb, pos, deps, recompute=True)
+                deps = []
+            self.layer_backward(l, a.mb, pos, deps, part, is_last_grad)
+            deps = []
+            yield
+        if pos == 0:
+            self.compute("embed." + part, backward_kernels(b.embed_kernels(), part), part, a.mb, pos, -1)
+            if is_last_grad and part == "B":
+                self._grad_sync_embedding(pos)
+        self._send("B", path, pos, a.mb)
+
+    def layer_backward(self, l, mb, k, deps, part, is_last_grad) -> None:
+        b, L, t = self.b, self.b.L, self.b.t
+        attn, pre, expert, post = b.layer_parts(l)
+        sp = L.sequence_parallel
+        h = b.hidden_bytes
+        deps = list(deps)
+        # Reverse of the forward: the gradient of a reduce-scatter is an all-gather and vice versa.
+        if sp:
+            ag = self.collective("all-gather", "tp", h, f"L{l}.mlp.out.bwd", part, mb, k, l, deps + self.after_compute())
+            deps = [ag.id] if ag else deps
+        if expert:
+            op = self.compute(f"L{l}.moe_out.{part}", backward_kernels(post, part), part, mb, k, l, deps=deps)
+            c = self.collective("all-to-all", "ep", b.dispatch_bytes(True), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
+            op = self.compute(f"L{l}.experts.{part}", backward_kernels(expert, part), part, mb, k, l,
+                              deps=[c.id] if c else [])
+            d = self.collective("all-to-all", "ep", b.dispatch_bytes(True), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id])
+            deps = [d.id] if d else []
+        op = self.compute(f"L{l}.mlp.{part}", backward_kernels(pre, part), part, mb, k, l, deps=deps)
+        out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.ag.bwd", part, mb, k, l, [op.id])
+        deps = [out.id] if out else []
+        if sp and out:
+            ag = self.collective("all-gather", "tp", h, f"L{l}.attn.out.bwd", part, mb, k, l, deps)
+            deps = [ag.id] if ag else deps
+        free = -self._stash(l)
+        if part == "I":
+            free *= memory.INPUT_GRAD_FREED_FRACTION
+        mem = [("activations", free, "end")]
+        if t.recompute == "full":
+            mem.append(("activations", -self._recompute_transient(l), "end"))
+        op = self.compute(f"L{l}.attn.{part}", backward_kernels(attn, part), part, mb, k, l, deps=deps, mem=tuple(mem))
+        if L.cp > 1:
+            self.collective("reduce-scatter", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.dkv_rs", part, mb, k, l, [op.id])
+        out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.attn.ag.bwd", part, mb, k, l, [op.id])
+        if out:
+            self.compute(f"L{l}.join", (), part, mb, k, l, deps=[out.id])
+        if part == "B" and is_last_grad:
+            self._grad_sync_layer(l, k)
+
+    def weight_grad(self, a, pos, layers, is_last_grad):
+        b = self.b
+        for l in reversed(layers):
+            attn, pre, expert, post = b.layer_parts(l)
+            kern = backward_kernels(attn + pre + expert + post, "W")
+            free = -self._stash(l) * (1 - memory.INPUT_GRAD_FREED_FRACTION)
+            self.compute(f"L{l}.W", kern, "W", a.mb, pos, l, mem=(("activations", free, "end"),))
+            if is_last_grad:
+                self._grad_sync_layer(l, pos)
+            yield
+        if pos == 0:
+            self.compute("embed.W", backward_kernels(b.embed_kernels(), "W"), "W", a.mb, pos, -1)
+            if is_last_grad:
+                self._grad_sync_embedding(pos)
+
+    # ---- data-parallel gradient and parameter traffic --------------------------------
+    def _grad_coll(self) -> str:
+        return "all-reduce" if self.b.L.zero == 0 else "reduce-scatter"
+
+    def _grad_sync_layer(self, l: int, k: int) -> None:
+        dense, expert = self.b.layer_param_split(l)
+        dep = self.after_compute()
+        for axis, p, nm in (("dp_cp", dense, "grad"), ("edp", expert, "egrad")):
+            op = self.collective(self._grad_coll(), axis, p * GRAD_REDUCE_BYTES, f"L{l}.{nm}", "sync", -1, k, l, dep,
+                                 stream="dp")
+            if op:
+                self.grad_ops.append(op.id)
+
+    def _grad_sync_embedding(self, k: int) -> None:
+        m, L = self.b.model, self.b.L
+        p = m.vocab * m.hidden / L.tp
+        op = self.collective(self._grad_coll(), "dp_cp", p * GRAD_REDUCE_BYTES, "embed.grad", "sync", -1, k, -1,
+                             self.after_compute(), stream="dp")
+        if op:
+            self.grad_ops.append(op.id)
+
+    def mirror_grad_sync(self) -> None:
+        """DualPipe keeps each stage's parameters on two ranks (r and pp-1-r); their
+        gradients are summed between the pair before the optimizer step."""
+        L = self.b.L
+        mirror = self.rank_at_stage(L.pp - 1 - self.stage)
+        if mirror == self.rank:
+            return
+        dense, expert = self.local_params()
+        group = tuple(sorted((self.rank, mirror)))
+        op = self.collective("all-reduce", "pp_mirror", (dense + expert) / 2 * GRAD_REDUCE_BYTES, "mirror.grad", "sync",
+                             -1, -1, -1, self.after_compute() + self.grad_ops, stream="dp", group=group)
+        if op:
+            self.grad_ops.append(op.id)
+
+    def my_layers(self) -> list[int]:
+        out = []
+        for c in range(self.n_local):
+            out.extend(self.b.chunks[self.chunk_index(c)])
+        return out
+
+    def param_gathers(self) -> None:
+        """ZeRO-1/2: all-gather the updated parameter shards, one bucket per layer,
+        at the start of the step (overlapped with the forward pass)."""
+        for l in self.my_layers():
+            dense, expert = self.b.layer_param_split(l)
+            ids = []
+            for axis, p in (("dp_cp", dense), ("edp", expert)):
+                op = self.collective("all-gather", axis, p * PARAM_BYTES, f"L{l}.param_ag", "sync", -1, -1, l, [],
+                                     stream="dp")
+                if op:
+                    ids.append(op.id)
+            if ids:
+                self.param_gather[l] = ids[-1]
+
+    def _zero3_gather(self, l: int, mb: int, k: int, phase: str) -> list[int]:
+        """ZeRO-3 / FSDP: gather layer ``l``'s parameters before each use, at most one
+        layer ahead of the compute stream (prefetch depth 1)."""
+        if self.b.L.zero != 3:
+            return []
+        dense, expert = self.b.layer_param_split(l)
+        window = self.compute_history[-2:-1]  # may start once the op before last is done
+        ids = []
+        for axis, p in (("dp_cp", dense), ("edp", expert)):
+            op = self.collective("all-gather", axis, p * PARAM_BYTES, f"L{l}.fsdp_ag", phase, mb, k, l, window,
+                                 stream="fsdp")
+            if op:
+                ids.append(op.id)
+        return ids
+
+    def optimizer(self) -> None:
+        b, L, t = self.b, self.b.L, self.b.t
+        dense, expert = self.local_params()
+        kern = memory.optimizer_kernels(dense, expert, L, t.optimizer)
+        self.compute("optimizer", kern, "opt", -1, -1, -1, deps=self.grad_ops)
+
+    def local_params(self) -> tuple[float, float]:
+        """(dense, expert) parameters this rank holds, counting every local chunk."""
+        b, L, m = self.b, self.b.L, self.b.model
+        dense = expert = 0.0
+        for l in self.my_layers():
+            d, e = b.layer_param_split(l)
+            dense += d
+            expert += e
+        emb = counts.embedding_parameter_count(m) / L.tp
+        for c in range(self.n_local):
+            k = self.chunk_index(c)
+            if k == 0:
+                dense += emb
+            if k == b.n_chunks - 1:
+                dense += (0 if m.tied_embeddings else emb) + counts.head_extra_parameter_count(m) / L.tp
+        return dense, expert
+
+    def static_memory(self) -> dict[str, float]:
+        b, L, t = self.b, self.b.L, self.b.t
+        dense, expert = self.local_params()
+        s = memory.state_bytes(dense, expert, L, dtype=t.dtype, optimizer=t.optimizer)
+        return {"weights": s.weights, "gradients": s.gradients, "optimizer": s.optimizer,
+                "activations": 0.0, "buffers": 0.0}
