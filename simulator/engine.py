@@ -54,6 +54,8 @@ class RawRun:
     recompute_flops: dict[int, float]
     network_stats: dict
     events_processed: int
+    idle_spans: list[tuple[int, float, float, str, str]] = field(default_factory=list)
+    # (rank, start_s, end_s, cause 'bubble' | 'exposed_comm', axis of the collective waited for)
 
 
 class Engine:
@@ -89,6 +91,7 @@ class Engine:
         self._plan_cache: dict = {}
         self.idle = {r: {"bubble": 0.0, "exposed_comm": 0.0} for r in trace.ranks}
         self._last_compute_end = {r: 0.0 for r in trace.ranks}
+        self.idle_spans: list[tuple[int, float, float, str, str]] = []
 
     # ---- public -----------------------------------------------------------------
     def run(self) -> RawRun:
@@ -110,7 +113,10 @@ class Engine:
             )
         step = max(self.end_time.values()) if self.end_time else 0.0
         for r in self.trace.ranks:  # trailing idle: waiting for other stages to finish
-            self.idle[r]["bubble"] += max(0.0, step - self._last_compute_end[r])
+            tail = step - self._last_compute_end[r]
+            if tail > 0:
+                self.idle[r]["bubble"] += tail
+                self.idle_spans.append((r, self._last_compute_end[r], step, "bubble", ""))
         flops = defaultdict(float)
         rflops = defaultdict(float)
         for rec in self.records:
@@ -169,8 +175,12 @@ class Engine:
                 t_cause, cause = t, self.ops_by_id[d]
         if cause is not None and cause.kind == "collective":
             self.idle[op.rank]["exposed_comm"] += gap
+            axis = cause.axis
+            self.idle[op.rank]["exposed_" + axis] = self.idle[op.rank].get("exposed_" + axis, 0.0) + gap
+            self.idle_spans.append((op.rank, start - gap, start, "exposed_comm", axis))
         else:
             self.idle[op.rank]["bubble"] += gap
+            self.idle_spans.append((op.rank, start - gap, start, "bubble", ""))
 
     def _mem(self, op: Op, at: str) -> None:
         for cat, delta, when in op.mem:

@@ -191,7 +191,8 @@ def test_torus_pods_route_inside_and_across():
     pod = torus((4, 4), 45e9, 1e-6, (True, True))
     topo = Topology(join_pods([pod, pod], PodsSpec(2, 3.125e9)))
     assert topo.torus_coords(21) == (1, 1) and topo.device_at((1, 1), pod=1) == 21
-    assert len(topo.route(16, 26)) == 2 and set(kinds(topo, topo.route(16, 26))) == {"ici"}
+    assert len(topo.route(16, 26)) == 4 and set(kinds(topo, topo.route(16, 26))) == {"ici"}
+    assert topo.route(16, 21) == (topo.link_id("d16", "d17"), topo.link_id("d17", "d21"))
     assert kinds(topo, topo.route(0, 31)) == ["dcn"] * 4
 
 

@@ -7,30 +7,31 @@ layers: scale-up domains at the bottom (a device and its NVSwitch count as its
 domain), then switches by their hop distance from the devices. Any layer with
 more than ``max_per_layer`` items is summarised into consecutive groups, and
 edges carry the total bandwidth between the items they join.
+
+New figures are drawn on the Agg canvas directly (no pyplot, no global backend
+change), so this works headless and leaves a notebook's backend alone.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict
-from typing import Optional
 
-import matplotlib
+import networkx as nx
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import networkx as nx  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.patches import FancyArrowPatch  # noqa: E402
-
-from .topology import Topology  # noqa: E402
+from .topology import Topology
 
 
 def _gbps(bw: float) -> str:
-    return f"{bw / 1e9:,.0f} GB/s" if bw >= 1e9 else f"{bw / 1e6:,.0f} MB/s"
+    if bw >= 10e9:
+        return f"{bw / 1e9:,.0f} GB/s"
+    return f"{bw / 1e9:.3g} GB/s" if bw >= 1e9 else f"{bw / 1e6:.3g} MB/s"
 
 
-def plot_topology(topo: Topology, path=None, ax=None, max_per_layer: int = 16):
+def plot_topology(topo: Topology, path=None, ax=None, max_per_layer: int = 8):
     """Draw ``topo`` and return the matplotlib Figure (saved to ``path`` if given).
 
     ``ax``: draw into this Axes instead of a new figure.
@@ -62,13 +63,17 @@ def _draw_torus(topo: Topology, ax) -> None:
                 ax.plot([x, x + 1], [y, y], color="tab:blue", lw=1, zorder=1)
             if y + 1 < sy:
                 ax.plot([x, x], [y, y + 1], color="tab:blue", lw=1, zorder=1)
+    stub = 0.35
     for axis, (n, w) in enumerate(zip(shape[:2], wrap[:2])):
         if not w or n <= 2:
             continue
         for k in range(sy if axis == 0 else sx):
-            a, b = ((0, k), (sx - 1, k)) if axis == 0 else ((k, 0), (k, sy - 1))
-            ax.add_patch(FancyArrowPatch(a, b, connectionstyle="arc3,rad=0.25", arrowstyle="-",
-                                         linestyle="--", color="tab:gray", lw=0.7))
+            if axis == 0:
+                ends = [((0, k), (-stub, k)), ((sx - 1, k), (sx - 1 + stub, k))]
+            else:
+                ends = [((k, 0), (k, -stub)), ((k, sy - 1), (k, sy - 1 + stub))]
+            for (x0, y0), (x1, y1) in ends:
+                ax.plot([x0, x1], [y0, y1], color="tab:gray", lw=0.8, linestyle="--", zorder=1)
     xs = [x for x in range(sx) for _ in range(sy)]
     ys = [y for _ in range(sx) for y in range(sy)]
     size = max(8, 300 / max(sx, sy))
@@ -84,7 +89,7 @@ def _draw_torus(topo: Topology, ax) -> None:
         pods = f"\n{topo.n_pods} pods joined by DCN, {_gbps(min(dcn))} per device"
     ax.set_title(f"{topo.name or 'torus'}: {topo.n_devices} devices, torus "
                  f"{' x '.join(map(str, shape))}, wrap {list(wrap)}{rest}\n"
-                 f"ICI {_gbps(bw)} per link per direction (dashed: wrap-around){pods}",
+                 f"ICI {_gbps(bw)} per link per direction (dashed stubs: wrap-around){pods}",
                  fontsize=9)
     ax.set_aspect("equal")
     ax.margins(0.1)
@@ -123,7 +128,9 @@ def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
                         else f"domains {chunk[0][1]}-{chunk[-1][1]}")
                 label[gid] = f"{name}\n{devs} dev"
             else:
-                label[gid] = chunk[0][1] if len(chunk) == 1 else f"{len(chunk)} switches\n{chunk[0][1]}.."
+                names = [it[1] for it in chunk]
+                label[gid] = names[0] if len(chunk) == 1 else (
+                    f"{os.path.commonprefix(names)}*\n{len(chunk)} switches")
             pos[gid] = ((c + 0.5) / len(chunks), lv)
     bw = defaultdict(float)
     for u, v, d in G.edges(data=True):
@@ -137,11 +144,17 @@ def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
     colours = ["tab:orange" if gid[0] == 0 else "tab:blue" for gid in S]
     nx.draw_networkx_nodes(S, pos, ax=ax, node_color=colours, node_size=500, alpha=0.85)
     nx.draw_networkx_labels(S, pos, labels={g: label[g] for g in S}, ax=ax, font_size=6)
-    if len(bw) <= 40:
+    if len(bw) <= 16:
         nx.draw_networkx_edge_labels(S, pos, edge_labels={e: _gbps(b) for e, b in bw.items()},
                                      ax=ax, font_size=5)
     extra = f", {topo.n_pods} pods" if topo.n_pods > 1 else ""
+    per_kind = {}
+    for cap, kind in zip(topo.link_capacity, topo.link_kind):
+        per_kind.setdefault(kind, set()).add(float(cap))
+    links = ", ".join(f"{k} {_gbps(min(c))}" + (f"-{_gbps(max(c))}" if len(c) > 1 else "")
+                      for k, c in sorted(per_kind.items()))
     ax.set_title(f"{topo.name or topo.kind}: {topo.n_devices} devices, {topo.kind}, domain size "
-                 f"{topo.domain_size}{extra}\nedge labels: total bandwidth per direction",
+                 f"{topo.domain_size}{extra}\nlinks per direction: {links}"
+                 + ("\nedge labels: total bandwidth per direction" if len(bw) <= 16 else ""),
                  fontsize=9)
     ax.margins(0.08)

@@ -561,6 +561,15 @@ def mtp_parameter_count(model: ModelSpec) -> int:
     return model.mtp_depth * per
 
 
+def head_extra_parameter_count(model: ModelSpec, include_mtp: bool = True) -> int:
+    """Parameters the last pipeline stage holds besides its transformer layers
+    and the output projection table: the final norm and (unless
+    ``include_mtp=False``) the MTP modules' unique weights, routed experts
+    included. For an exact per-rank split (TP-replicated norms, EP-sharded
+    experts, embedding copies) use :func:`workloads.memory.rank_parameter_counts`."""
+    return _norm_params(model, model.hidden) + (mtp_parameter_count(model) if include_mtp else 0)
+
+
 def _mtp_active(model: ModelSpec) -> int:
     h = model.hidden
     per = 2 * _norm_params(model, h) + _linear(model, 2 * h, h) + _norm_params(model, h)

@@ -59,61 +59,64 @@ class Workload:
     expert_load: Optional[tuple[float, ...]] = None  # per-EP-rank share of routed tokens (1.0 = balanced)
 
 
-def split_layer_kernels(kernels: Sequence[counts.Kernel]) -> tuple[list, list, list, list]:
-    """Split one layer's kernels into (attention block, pre-dispatch MoE work,
-    routed-expert work, post-combine work). Dense layers return the MLP in the
-    second list and empty expert/post lists."""
-    attn, pre, expert, post = [], [], [], []
-    seen_mlp = False
-    for k in kernels:
+# Fraction of a layer's stashed activations an input-gradient pass (``I``) can free;
+# the rest (the inputs of the linear layers) stays until the weight-gradient pass
+# (``W``) has used it. Korthikanti's GPT table keeps 2+2+2+2+8 = 16 of 34 sbh as
+# GEMM inputs (QKV, out-proj, MLP up and down inputs), so about half; the
+# zero-bubble paper (Qi et al. 2024, §3) likewise keeps only GEMM inputs for W.
+INPUT_GRAD_FREED_FRACTION = 0.5
+
+# Optimizer update traffic per parameter held (bytes read + written), for the
+# memory-bound optimizer kernel: Adam reads and writes the fp32 master weight and
+# both fp32 moments (24 B), reads the fp32 gradient (4 B) and writes the bf16 weight
+# (2 B); Muon and SGD keep one fp32 momentum (16 + 4 + 2 B).
+OPTIMIZER_BYTES_PER_PARAM = {"adam": 30.0, "muon": 22.0, "sgd": 22.0}
+
+
+def split_layer_kernels(kernels: Sequence[counts.Kernel]) -> tuple[tuple, tuple, tuple, tuple, tuple]:
+    """Split one layer's forward kernels into the groups the trace schedules apart:
+    (attention block, pre-dispatch MLP/router work, shared experts, routed experts,
+    post-combine work). The attention block is everything before ``mlp_norm``.
+    Dense layers put the whole MLP in the second group."""
+    names = [k.name for k in kernels]
+    cut = names.index("mlp_norm") if "mlp_norm" in names else len(kernels)
+    attn = tuple(kernels[:cut])
+    rest = list(kernels[cut:])
+    if not any(k.name.startswith("expert") for k in rest):
+        return attn, tuple(rest), (), (), ()
+    pre, shared, expert, post = [], [], [], []
+    for k in rest:
         if k.name.startswith("expert"):
             expert.append(k)
-            seen_mlp = True
-        elif _is_attention_kernel(k.name) and not seen_mlp:
-            attn.append(k)
-        elif expert:
+        elif k.name.startswith("shared"):
+            shared.append(k)
+        elif expert or k.name.startswith(("moe_unpermute", "mlp_residual")):
             post.append(k)
         else:
-            seen_mlp = True
             pre.append(k)
-    return attn, pre, expert, post
-
-
-_ATTN_PREFIXES = ("attn", "qkv", "q_", "kv_", "q", "k_", "out_proj", "norm1", "input_norm", "rope", "mla")
-
-
-def _is_attention_kernel(name: str) -> bool:
-    return name.startswith(_ATTN_PREFIXES) and not name.startswith(("mlp", "moe", "router", "shared"))
+    return attn, tuple(pre), tuple(shared), tuple(expert), tuple(post)
 
 
 def backward_kernels(fwd: Sequence[counts.Kernel], part: str) -> tuple[counts.Kernel, ...]:
-    """Backward kernels of a forward group. ``part``: 'B' (both), 'I' (input
-    gradient) or 'W' (weight gradient).
+    """Backward kernels of a group of forward kernels (:func:`counts.backward_kernels`).
 
-    GEMM Y = XW: input gradient dX = dY Wᵀ and weight gradient dW = Xᵀ dY each cost
-    the forward's FLOPs (so backward = 2× forward). Attention core backward costs
-    ``counts.ATTENTION_BACKWARD_FACTOR`` × its forward, all input-gradient work.
-    Element-wise and norm kernels move about twice their forward bytes in
-    backward (read saved input and output gradient, write input gradient).
-    """
+    ``part``: ``"B"`` both gradients, ``"I"`` the input-gradient kernels (GEMM
+    ``.dgrad``, attention, element-wise), ``"W"`` the weight-gradient kernels (GEMM
+    ``.wgrad`` and the embedding-table gradient)."""
     out = []
     for k in fwd:
-        if k.kind == "gemm":
-            if part in ("B", "I"):
-                out.append(counts.Kernel(k.name + ".dgrad", "gemm", k.flops, k.bytes, k.m, k.k, k.n))
-            if part in ("B", "W"):
-                out.append(counts.Kernel(k.name + ".wgrad", "gemm", k.flops, k.bytes, k.k, k.n, k.m))
-        elif k.kind == "attention":
-            if part in ("B", "I"):
-                f = counts.ATTENTION_BACKWARD_FACTOR
-                out.append(counts.Kernel(k.name + ".bwd", "attention", k.flops * f, k.bytes * f, k.m, k.n, k.k))
-        elif k.kind == "embedding":
-            if part in ("B", "W"):
-                out.append(counts.Kernel(k.name + ".bwd", k.kind, k.flops, k.bytes, k.m, k.n, k.k))
-        else:
-            if part in ("B", "I"):
-                out.append(counts.Kernel(k.name + ".bwd", k.kind, 2 * k.flops, 2 * k.bytes, k.m, k.n, k.k))
+        for bk in counts.backward_kernels(k):
+            is_w = bk.name.endswith(".wgrad") or bk.kind == "embedding"
+            if part == "B" or (part == "I" and not is_w) or (part == "W" and is_w):
+                out.append(bk)
     return tuple(out)
+
+
+def optimizer_kernels(params: float, zero: int, dp_shards: float, optimizer: str) -> tuple[counts.Kernel, ...]:
+    """The optimizer step over the parameters a rank updates (its ZeRO shard when
+    ``zero >= 1``): one memory-bound kernel."""
+    local = params / dp_shards if zero >= 1 else params
+    return (counts.Kernel("optimizer_step", "elementwise", 10.0 * local, OPTIMIZER_BYTES_PER_PARAM[optimizer] * local),)
 
 
 def representative_ranks(layout: ParallelLayout) -> list[int]:
@@ -183,9 +186,9 @@ class _Builder:
             L = self.L
             ks = counts.layer_kernels(
                 self.model, layer, tokens=self.tokens, seq_len=self.t.seq_len, tp=L.tp, cp=L.cp,
-                ep=L.ep, etp=L.etp, act_bytes=self.act_bytes,
+                ep=L.ep, etp=L.etp, act_bytes=self.act_bytes, sequence_parallel=L.sequence_parallel,
             )
-            self._kern_cache[key] = tuple(tuple(x) for x in split_layer_kernels(ks))
+            self._kern_cache[key] = split_layer_kernels(ks)
         return self._kern_cache[key]
 
     def embed_kernels(self):
@@ -197,9 +200,11 @@ class _Builder:
     def head_kernels(self):
         key = ("head",)
         if key not in self._kern_cache:
-            ks = list(counts.head_kernels(self.model, self.tokens, tp=self.L.tp))
+            L = self.L
+            ks = list(counts.head_kernels(self.model, self.tokens, tp=L.tp, sequence_parallel=L.sequence_parallel))
             if self.model.mtp_depth:
-                ks += counts.mtp_kernels(self.model, self.tokens, self.t.seq_len, tp=self.L.tp)
+                ks += counts.mtp_kernels(self.model, self.tokens, self.t.seq_len, tp=L.tp, cp=L.cp, ep=L.ep,
+                                         etp=L.etp, sequence_parallel=L.sequence_parallel)
             self._kern_cache[key] = tuple(ks)
         return self._kern_cache[key]
 
@@ -231,9 +236,8 @@ class _Builder:
         total = counts.layer_parameter_count(self.model, layer)
         expert = 0.0
         if self.model.is_moe_layer(layer):
-            moe = self.model.moe
-            mats = 3 if self.model.ffn == "swiglu" else 2
-            expert = moe.experts * mats * self.model.hidden * moe.expert_ffn_hidden
+            # Every MoE layer has the same routed experts.
+            expert = counts.expert_parameter_count(self.model, include_mtp=False) / self.model.moe_layers
         dense = total - expert
         L = self.L
         return dense / L.tp, expert / L.ep / L.etp
@@ -421,11 +425,12 @@ class _RankProgram:
 
     def _head_bytes(self) -> float:
         b, L, t = self.b, self.b.L, self.b.t
-        return memory.head_activation_bytes(b.model, t.micro_batch_size, t.seq_len // L.cp, L.tp)
+        return memory.head_activation_bytes(b.model, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
+                                            sequence_parallel=L.sequence_parallel)
 
     def layer_forward(self, l: int, mb: int, k: int, deps: list, recompute: bool) -> None:
         b, L = self.b, self.b.L
-        attn, pre, expert, post = b.layer_parts(l)
+        attn, pre, shared, expert, post = b.layer_parts(l)
         phase = "R" if recompute else "F"
         sp = L.sequence_parallel
         h = b.hidden_bytes
@@ -451,6 +456,8 @@ class _RankProgram:
         op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
         if expert:
             d = self.collective("all-to-all", "ep", b.dispatch_bytes(False), f"L{l}.dispatch", phase, mb, k, l, [op.id])
+            if shared:  # shared experts run while the dispatch is in flight
+                self.compute(f"L{l}.shared.{phase}", shared, phase, mb, k, l, recompute=recompute)
             op = self.compute(f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[d.id] if d else [], recompute=recompute)
             c = self.collective("all-to-all", "ep", b.dispatch_bytes(True), f"L{l}.combine", phase, mb, k, l, [op.id])
             op = self.compute(f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute)
@@ -505,7 +512,7 @@ class _RankProgram:
 
     def layer_backward(self, l, mb, k, deps, part, is_last_grad) -> None:
         b, L, t = self.b, self.b.L, self.b.t
-        attn, pre, expert, post = b.layer_parts(l)
+        attn, pre, shared, expert, post = b.layer_parts(l)
         sp = L.sequence_parallel
         h = b.hidden_bytes
         deps = list(deps)
@@ -516,6 +523,8 @@ class _RankProgram:
         if expert:
             op = self.compute(f"L{l}.moe_out.{part}", backward_kernels(post, part), part, mb, k, l, deps=deps)
             c = self.collective("all-to-all", "ep", b.dispatch_bytes(True), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
+            if shared:  # overlaps the combine's backward all-to-all
+                self.compute(f"L{l}.shared.{part}", backward_kernels(shared, part), part, mb, k, l)
             op = self.compute(f"L{l}.experts.{part}", backward_kernels(expert, part), part, mb, k, l,
                               deps=[c.id] if c else [])
             d = self.collective("all-to-all", "ep", b.dispatch_bytes(True), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id])
@@ -528,7 +537,7 @@ class _RankProgram:
             deps = [ag.id] if ag else deps
         free = -self._stash(l)
         if part == "I":
-            free *= memory.INPUT_GRAD_FREED_FRACTION
+            free *= INPUT_GRAD_FREED_FRACTION
         mem = [("activations", free, "end")]
         if t.recompute == "full":
             mem.append(("activations", -self._recompute_transient(l), "end"))
@@ -544,9 +553,8 @@ class _RankProgram:
     def weight_grad(self, a, pos, layers, is_last_grad):
         b = self.b
         for l in reversed(layers):
-            attn, pre, expert, post = b.layer_parts(l)
-            kern = backward_kernels(attn + pre + expert + post, "W")
-            free = -self._stash(l) * (1 - memory.INPUT_GRAD_FREED_FRACTION)
+            kern = backward_kernels(sum(b.layer_parts(l), ()), "W")
+            free = -self._stash(l) * (1 - INPUT_GRAD_FREED_FRACTION)
             self.compute(f"L{l}.W", kern, "W", a.mb, pos, l, mem=(("activations", free, "end"),))
             if is_last_grad:
                 self._grad_sync_layer(l, pos)
@@ -629,7 +637,9 @@ class _RankProgram:
     def optimizer(self) -> None:
         b, L, t = self.b, self.b.L, self.b.t
         dense, expert = self.local_params()
-        kern = memory.optimizer_kernels(dense, expert, L, t.optimizer)
+        kern = optimizer_kernels(dense, L.zero, L.dp * L.cp, t.optimizer)
+        if expert:
+            kern += optimizer_kernels(expert, L.zero, L.edp, t.optimizer)
         self.compute("optimizer", kern, "opt", -1, -1, -1, deps=self.grad_ops)
 
     def local_params(self) -> tuple[float, float]:

@@ -1,0 +1,266 @@
+"""The ``stepsim`` command line.
+
+Every command exits 0 on success, 2 on bad input (one line naming the field and
+what is allowed, no traceback), 1 on an internal error (traceback only with
+``STEPSIM_DEBUG=1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Optional, Sequence
+
+EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT = 0, 1, 2
+
+BUILTIN_DIR = Path(__file__).parent / "scenarios"
+
+
+class CliError(Exception):
+    """Bad input detected by the command line itself."""
+
+
+def builtin_scenarios() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.yaml"))}
+
+
+def resolve_scenario_path(arg: str) -> Path:
+    p = Path(arg)
+    if p.exists():
+        return p
+    built = builtin_scenarios()
+    if arg in built:
+        return built[arg]
+    raise CliError(
+        f"scenario: no file {arg!r} and no built-in scenario of that name; built-in: {', '.join(built)}"
+    )
+
+
+# ---- commands -------------------------------------------------------------------------
+
+
+def cmd_run(args) -> int:
+    from simulator import simulate
+
+    path = resolve_scenario_path(args.scenario)
+    topology = None
+    if args.topology:
+        from topologies.io import load_topology
+
+        topology = load_topology(args.topology)
+    result = simulate(path, exact=args.exact, topology=topology)
+    if args.out:
+        paths = result.write(args.out, plots=not args.no_plots)
+    if args.json:
+        sys.stdout.write(result.summary_json())
+    else:
+        print(result.text_summary())
+        if args.out:
+            print(f"  wrote {', '.join(p.name for p in paths.values())} to {args.out}")
+    return EXIT_OK
+
+
+def cmd_presets(args) -> int:
+    from simulator.compute import DEFAULT_COMPUTE_CALIBRATION
+    from topologies.chips import CHIPS
+    from topologies.presets import CLUSTER_PRESETS
+    from workloads import counts
+    from workloads.presets import MODEL_PRESETS
+    from workloads.schedules import SCHEDULES
+
+    data = {
+        "models": {k: {"parameters": counts.parameter_count(m), "active_parameters": counts.active_parameter_count(m),
+                       "layers": m.layers, "hidden": m.hidden, "moe": m.moe is not None, "mla": m.attention is not None}
+                   for k, m in sorted(MODEL_PRESETS.items())},
+        "clusters": {k: {"chip": p.chip, "default_devices": p.default_devices,
+                         "network": "torus" if p.tpu is not None else "switched"}
+                     for k, p in sorted(CLUSTER_PRESETS.items())},
+        "chips": {k: {"bf16_flops_per_s": c.peak("bf16"), "fp8_flops_per_s": c.peak("fp8"), "hbm_bytes": c.hbm_bytes,
+                      "hbm_bw_bytes_per_s": c.hbm_bw_bytes_per_s, "family": c.family}
+                  for k, c in sorted(CHIPS.items())},
+        "schedules": list(SCHEDULES),
+        "scenarios": sorted(builtin_scenarios()),
+        "recompute": ["none", "selective", "full"],
+        "balance": ["aux-free", "aux-loss-local", "aux-loss-global"],
+        "network_kinds": ["torus", "switched"],
+        "calibration_families": sorted(DEFAULT_COMPUTE_CALIBRATION),
+    }
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    print("models:")
+    for k, m in data["models"].items():
+        kind = ("MoE " if m["moe"] else "") + ("MLA" if m["mla"] else "")
+        print(f"  {k:<22} {m['parameters'] / 1e9:8.1f} B params  {m['active_parameters'] / 1e9:7.1f} B active  "
+              f"{m['layers']:>3} layers  {kind}")
+    print("clusters:")
+    for k, c in data["clusters"].items():
+        print(f"  {k:<22} chip {c['chip']:<8} {c['network']:<9} default {c['default_devices']} devices")
+    print("chips:")
+    for k, c in data["chips"].items():
+        print(f"  {k:<22} {c['bf16_flops_per_s'] / 1e12:6.0f} TFLOP/s bf16  {c['fp8_flops_per_s'] / 1e12:6.0f} fp8  "
+              f"{c['hbm_bytes'] / 1e9:5.0f} GB  {c['hbm_bw_bytes_per_s'] / 1e12:4.2f} TB/s  ({c['family']})")
+    print("schedules:  " + ", ".join(data["schedules"]))
+    print("scenarios:  " + ", ".join(data["scenarios"]))
+    print("recompute:  none, selective, full;  balance: aux-free, aux-loss-local, aux-loss-global")
+    return EXIT_OK
+
+
+def _cluster_from_arg(arg: str, devices: Optional[int]):
+    from simulator.schema import _resolve_cluster, read_mapping
+
+    p = Path(arg)
+    if p.exists():
+        data = read_mapping(p)
+        data.pop("name", None)
+        spec = data.get("cluster", data)
+    else:
+        spec = {"preset": arg}
+    if devices is not None:
+        spec = {**spec, "devices": devices}
+    return _resolve_cluster(spec)
+
+
+def cmd_collective(args) -> int:
+    from simulator import bench
+    from simulator.netcal import default_calibration
+    from topologies.presets import build_cluster
+
+    spec = _cluster_from_arg(args.cluster, args.devices)
+    topo = build_cluster(spec)
+    n = args.devices or spec.devices
+    if n > topo.n_devices:
+        raise CliError(f"--devices: {n} is more than the cluster's {topo.n_devices}")
+    try:
+        lo, hi = bench.parse_size(args.min_bytes), bench.parse_size(args.max_bytes)
+    except ValueError as err:
+        raise CliError(f"--min-bytes/--max-bytes: {err}") from None
+    if lo <= 0 or hi < lo:
+        raise CliError(f"--min-bytes/--max-bytes: need 0 < min <= max, got {lo} and {hi}")
+    sizes = bench.size_range(lo, hi)
+    rows = bench.collective_sweep(args.op, topo, list(range(n)), sizes, algorithm=args.algorithm,
+                                  calibration=default_calibration(spec.chip.family))
+    if args.format == "json":
+        print(json.dumps(rows, indent=2))
+    elif args.format == "csv":
+        import csv
+
+        w = csv.DictWriter(sys.stdout, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    else:
+        print(f"# stepsim collective {args.op} on {spec.name} ({n} devices)")
+        print(bench.format_table(rows))
+    if args.plot:
+        bench.plot_busbw(rows, args.plot)
+    return EXIT_OK
+
+
+def cmd_topology(args) -> int:
+    from topologies.io import load_topology, save_topology
+    from topologies.presets import build_cluster
+
+    if Path(args.cluster).suffix.lower() in (".graphml", ".json") and Path(args.cluster).exists() and \
+            _looks_like_topology(Path(args.cluster)):
+        topo = load_topology(args.cluster)
+    else:
+        topo = build_cluster(_cluster_from_arg(args.cluster, args.devices))
+    kinds = {}
+    for k in topo.link_kind:
+        kinds[k] = kinds.get(k, 0) + 1
+    print(f"{topo.name or args.cluster}: {topo.kind}, {topo.n_devices} devices, "
+          f"{topo.graph.number_of_nodes() - topo.n_devices} switches, {topo.n_links // 2} links "
+          f"({', '.join(f'{k} {v // 2}' for k, v in sorted(kinds.items()))})")
+    if args.save:
+        save_topology(topo, args.save)
+        print(f"wrote {args.save}")
+    if args.plot:
+        from topologies.plot import plot_topology
+
+        plot_topology(topo, args.plot)
+        print(f"wrote {args.plot}")
+    return EXIT_OK
+
+
+def _looks_like_topology(p: Path) -> bool:
+    if p.suffix.lower() == ".graphml":
+        return True
+    try:
+        return "nodes" in json.loads(p.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+# ---- parser -------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="stepsim", description="Simulate one LLM training step on a cluster.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="simulate a scenario and write its outputs")
+    p.add_argument("scenario", help="scenario file (YAML/JSON) or a built-in scenario name")
+    p.add_argument("--out", help="directory for summary.json, trace.json, timeline.png, memory.png, events")
+    p.add_argument("--exact", action="store_true", help="simulate every device (slow; checks the fast path)")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of the human summary")
+    p.add_argument("--no-plots", action="store_true", help="skip timeline.png and memory.png")
+    p.add_argument("--topology", help="a topology file (JSON/GraphML) replacing the cluster's network")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("presets", help="list every model, cluster, chip, schedule and built-in scenario")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser("collective", help="nccl-tests-style collective benchmark on a simulated cluster")
+    p.add_argument("op", choices=["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send-recv"])
+    p.add_argument("--cluster", required=True, help="cluster preset name or a file holding a `cluster` mapping")
+    p.add_argument("--devices", type=int, help="devices taking part (default: the whole cluster)")
+    p.add_argument("--algorithm", help="collective algorithm (default: chosen per topology)")
+    p.add_argument("--min-bytes", default="8")
+    p.add_argument("--max-bytes", default="8G")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--plot", help="write a busbw-vs-size plot to this PNG/SVG")
+    p.set_defaults(func=cmd_collective)
+
+    p = sub.add_parser("topology", help="describe, save or draw a cluster topology")
+    p.add_argument("cluster", help="cluster preset name, a scenario/cluster file, or a topology file")
+    p.add_argument("--devices", type=int)
+    p.add_argument("--plot", help="write a picture of the topology (PNG/SVG)")
+    p.add_argument("--save", help="save the topology as JSON or GraphML (by extension)")
+    p.set_defaults(func=cmd_topology)
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = build_parser()
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as e:  # argparse: usage errors exit 2 already
+        return int(e.code or 0)
+    try:
+        return args.func(args)
+    except (CliError, ValueError, KeyError, OSError) as err:
+        msg = str(err)
+        if isinstance(err, KeyError) and err.args:
+            msg = str(err.args[0])
+        print(f"stepsim: error: {msg}", file=sys.stderr)
+        if os.environ.get("STEPSIM_DEBUG"):
+            traceback.print_exc()
+        return EXIT_BAD_INPUT
+    except RecursionError as err:  # pragma: no cover
+        print(f"stepsim: internal error: {err}", file=sys.stderr)
+        return EXIT_INTERNAL
+    except Exception as err:  # noqa: BLE001 — an internal bug: say so, no traceback unless asked
+        print(f"stepsim: internal error: {type(err).__name__}: {err} (set STEPSIM_DEBUG=1 for a traceback)",
+              file=sys.stderr)
+        if os.environ.get("STEPSIM_DEBUG"):
+            traceback.print_exc()
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

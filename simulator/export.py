@@ -1,0 +1,64 @@
+"""Exporters: Chrome Trace Event JSON (opens in Perfetto UI and chrome://tracing).
+
+Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
+(the Trace Event Format). One process per simulated device (``pid`` = rank), one
+thread per stream; complete events (``ph: "X"``) with microsecond timestamps;
+idle spans on the compute thread are named ``bubble`` or ``exposed comm``; memory
+in use is a counter track per device.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from workloads.ops import MEMORY_CATEGORIES, STREAMS
+
+_US = 1e6
+
+
+def chrome_trace(result) -> dict:
+    ev = result.events
+    layout = result.scenario.layout if result.scenario is not None else None
+    out = []
+    tids = {s: i for i, s in enumerate(STREAMS)}
+    ranks = sorted(set(ev["rank"])) if len(ev) else []
+    for r in ranks:
+        stage = layout.stage_of(int(r)) if layout is not None else 0
+        out.append({"ph": "M", "pid": int(r), "name": "process_name", "args": {"name": f"device {r} (stage {stage})"}})
+        out.append({"ph": "M", "pid": int(r), "name": "process_sort_index", "args": {"sort_index": int(r)}})
+        for s, i in tids.items():
+            out.append({"ph": "M", "pid": int(r), "tid": i, "name": "thread_name", "args": {"name": s}})
+    for row in ev.itertuples(index=False):
+        args = {"phase": row.phase, "mb": int(row.mb), "chunk": int(row.chunk), "layer": int(row.layer)}
+        if row.kind == "compute":
+            args["flops"] = float(row.flops)
+            args["bytes"] = float(row.bytes)
+        else:
+            args["size_bytes"] = float(row.size_bytes)
+            if row.coll:
+                args["collective"] = row.coll
+            args["axis"] = row.axis
+        out.append({
+            "ph": "X", "pid": int(row.rank), "tid": tids.get(row.stream, len(tids)), "name": row.name,
+            "cat": row.kind, "ts": row.start_s * _US, "dur": row.duration_s * _US, "args": args,
+        })
+    raw = getattr(result, "raw", None)
+    if raw is not None:
+        for r, s, e, cause, axis in raw.idle_spans:
+            out.append({
+                "ph": "X", "pid": int(r), "tid": tids["compute"], "name": "bubble" if cause == "bubble" else "exposed comm",
+                "cat": "idle", "ts": s * _US, "dur": (e - s) * _US, "args": {"waiting_for": axis or "pipeline"},
+                "cname": "grey" if cause == "bubble" else "terrible",
+            })
+    mem = result.memory
+    for row in mem.itertuples(index=False):
+        out.append({
+            "ph": "C", "pid": int(row.rank), "name": "memory (GB)", "ts": row.time_s * _US,
+            "args": {c: getattr(row, c) / 1e9 for c in MEMORY_CATEGORIES},
+        })
+    return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": {"generator": "stepsim", "name": result.summary.get("name")}}
+
+
+def write_chrome_trace(result, path) -> None:
+    Path(path).write_text(json.dumps(chrome_trace(result)))

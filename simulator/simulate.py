@@ -1,0 +1,199 @@
+"""The one entry point: ``simulate(scenario) -> Result``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Mapping, Optional, Union
+
+import numpy as np
+import pandas as pd
+
+from simulator.compute import calibration_for
+from simulator.engine import Engine
+from simulator.netcal import default_calibration
+from simulator.result import SCHEMA_VERSION, Result, events_frame, memory_frame
+from simulator.schema import Scenario, ScenarioError, load_scenario
+from topologies.errors import TopologyError
+from topologies.presets import build_cluster
+from topologies.topology import Topology
+from workloads import counts
+from workloads.layout import LayoutError
+from workloads.ops import MEMORY_CATEGORIES, TraceError
+from workloads.schedules import ScheduleError
+from workloads.trace import Workload, build_trace
+
+
+def simulate(
+    scenario: Union[Scenario, str, Path, Mapping],
+    exact: bool = False,
+    topology: Optional[Topology] = None,
+) -> Result:
+    """Simulate one training step.
+
+    ``scenario`` is a :class:`Scenario`, a path to a YAML/JSON scenario file, or a
+    mapping in that format. ``exact=True`` simulates every device and every
+    transfer instead of one representative rank per pipeline stage (slow; used to
+    check the fast path). ``topology`` replaces the cluster's network graph (for
+    a topology loaded from a file).
+
+    Raises :class:`ScenarioError` (a ``ValueError``) naming the offending field.
+    """
+    t0 = time.perf_counter()
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    try:
+        topo = topology if topology is not None else build_cluster(sc.cluster)
+        topo = _perturb_links(topo, sc)
+        workload = Workload(sc.model, sc.layout, sc.training, sc.schedule)
+        ranks = list(range(sc.layout.world)) if exact or _needs_exact(sc) else None
+        trace = build_trace(workload, ranks=ranks)
+    except (LayoutError, ScheduleError, TopologyError) as err:
+        field = getattr(err, "field", "") or ""
+        msg = str(err)
+        if field and msg.startswith(field + ": "):
+            msg = msg[len(field) + 2:]
+        raise ScenarioError(field, msg) from None
+    except ValueError as err:
+        if isinstance(err, ScenarioError):
+            raise
+        head, sep, rest = str(err).partition(": ")
+        raise ScenarioError(head if sep and " " not in head else "", rest if sep and " " not in head else str(err)) from None
+    chip = sc.cluster.chip
+    cal = calibration_for(chip, dict(sc.compute_overrides))
+    scale = {}
+    for p in sc.perturbations:
+        if p.devices is not None:
+            for d in p.devices:
+                scale[d] = p.compute_scale
+    engine = Engine(
+        trace, topo, sc.layout, chip, cal, network_cal=default_calibration(chip.family), dtype=sc.training.dtype,
+        compute_scale=scale, algorithms=dict(sc.algorithms),
+    )
+    raw = engine.run()
+    events = events_frame(raw, sc.layout)
+    mem = memory_frame(raw, trace, sc.layout)
+    summary, per_stage = _summarise(sc, trace, raw, mem)
+    summary["sim_wall_s"] = time.perf_counter() - t0
+    notes = list(trace.notes)
+    res = Result(summary=summary, events=events, memory=mem, per_stage=per_stage, scenario=sc, notes=notes)
+    res.raw = raw
+    res.trace = trace
+    res.topology = topo
+    return res
+
+
+def _needs_exact(sc: Scenario) -> bool:
+    """Symmetry breaks under per-device perturbations: simulate every device."""
+    return any(p.devices is not None for p in sc.perturbations) or any(p.link is not None for p in sc.perturbations)
+
+
+def _perturb_links(topo: Topology, sc: Scenario) -> Topology:
+    for i, p in enumerate(sc.perturbations):
+        if p.link is None:
+            continue
+        u, v = p.link
+        try:
+            topo = topo.without_link(u, v) if p.failed else topo.with_link_scaled(u, v, p.bw_scale)
+        except (KeyError, TopologyError) as err:
+            raise ScenarioError(f"perturbations[{i}].link", str(err).strip("'\"")) from None
+    return topo
+
+
+def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.DataFrame]:
+    L, chip, t = sc.layout, sc.cluster.chip, sc.training
+    step = raw.step_time_s
+    devices = sc.cluster.devices
+    peak_bf16 = chip.peak("bf16")
+    model_flops = trace.model_flops
+    # Executed FLOPs over all devices: each simulated rank stands for weight[r] devices.
+    # Only matmul kinds count, matching the model-FLOPs convention (counts.MATMUL_KINDS).
+    hw_flops = 0.0
+    for rec in raw.records:
+        op = rec.op
+        if op.kind == "compute":
+            hw_flops += trace.weight[op.rank] * sum(k.flops for k in op.kernels if k.kind in counts.MATMUL_KINDS)
+    denom = devices * peak_bf16 * step if step > 0 else float("nan")
+    # Bubble and exposed communication, averaged over devices.
+    wsum = sum(trace.weight[r] for r in trace.ranks)
+    bubble = sum(raw.idle[r]["bubble"] * trace.weight[r] for r in trace.ranks) / wsum
+    exposed = sum(raw.idle[r]["exposed_comm"] * trace.weight[r] for r in trace.ranks) / wsum
+    # Peak memory over devices and time.
+    i = int(mem["total"].to_numpy().argmax())
+    row = mem.iloc[i]
+    peak = float(row["total"])
+    breakdown = {c: float(row[c]) for c in MEMORY_CATEGORIES}
+    ev = pd.DataFrame(
+        [(r, L.stage_of(r), raw.idle[r]["bubble"], raw.idle[r]["exposed_comm"]) for r in trace.ranks],
+        columns=["rank", "stage", "bubble_s", "exposed_comm_s"],
+    )
+    peaks = mem.groupby("rank")["total"].max()
+    ev["peak_memory_bytes"] = ev["rank"].map(peaks)
+    per_stage = ev.groupby("stage", as_index=False).agg(
+        bubble_s=("bubble_s", "mean"), exposed_comm_s=("exposed_comm_s", "mean"),
+        peak_memory_bytes=("peak_memory_bytes", "max"),
+    )
+    if step > 0:
+        per_stage["bubble_fraction"] = per_stage["bubble_s"] / step
+        per_stage["exposed_comm_fraction"] = per_stage["exposed_comm_s"] / step
+    comm = _comm_breakdown(raw, trace)
+    summary = {
+        "schema_version": SCHEMA_VERSION,
+        "name": sc.name,
+        "devices": devices,
+        "parameters": int(counts.parameter_count(sc.model)),
+        "active_parameters": int(counts.active_parameter_count(sc.model)),
+        "step_time_s": step,
+        "tokens_per_s": t.tokens_per_step / step if step > 0 else float("nan"),
+        "model_flops_per_step": model_flops,
+        "mfu": model_flops / denom,
+        "hfu": hw_flops / denom,
+        "model_tflops_per_device": model_flops / devices / step / 1e12 if step > 0 else float("nan"),
+        "bubble_fraction": bubble / step if step > 0 else 0.0,
+        "exposed_comm_fraction": exposed / step if step > 0 else 0.0,
+        "peak_memory_bytes": peak,
+        "memory_breakdown_bytes": breakdown,
+        "hbm_bytes": chip.hbm_bytes,
+        "oom": bool(peak > chip.hbm_bytes),
+        # --- extensions (format version 1 allows added keys) ---
+        "schedule": sc.schedule,
+        "schedule_enforced": "all-forward-first" if any("all-forward-first" in n for n in trace.notes) else None,
+        "micro_batches": t.micro_batches(L.dp),
+        "layout": {"tp": L.tp, "cp": L.cp, "pp": L.pp, "dp": L.dp, "ep": L.ep, "vpp": L.vpp, "etp": L.etp, "zero": L.zero},
+        "peak_memory_stage": int(L.stage_of(int(row["rank"]))),
+        "bubble_time_per_stage_s": [float(x) for x in per_stage["bubble_s"]],
+        "exposed_comm_time_per_stage_s": [float(x) for x in per_stage["exposed_comm_s"]],
+        "comm_time_by_axis_s": comm,
+        "simulated_ranks": len(trace.ranks),
+        "exact": not trace.representative,
+        "events_processed": raw.events_processed,
+        "notes": list(trace.notes),
+        "sim_wall_s": 0.0,
+    }
+    return summary, per_stage
+
+
+def _comm_breakdown(raw, trace) -> dict[str, float]:
+    """Busy time of each communication axis on the representative of stage 0 (or rank 0),
+    union of intervals, in seconds."""
+    r0 = min(trace.ranks)
+    spans: dict[str, list] = {}
+    for rec in raw.records:
+        op = rec.op
+        if op.rank != r0 or op.kind == "compute":
+            continue
+        spans.setdefault(op.axis or op.stream, []).append((rec.start_s, rec.end_s))
+    out = {}
+    for axis, iv in sorted(spans.items()):
+        iv.sort()
+        total, cur_s, cur_e = 0.0, None, None
+        for s, e in iv:
+            if cur_e is None or s > cur_e:
+                if cur_e is not None:
+                    total += cur_e - cur_s
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        if cur_e is not None:
+            total += cur_e - cur_s
+        out[axis] = total
+    return out
