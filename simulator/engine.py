@@ -92,6 +92,8 @@ class Engine:
         self.idle = {r: {"bubble": 0.0, "exposed_comm": 0.0} for r in trace.ranks}
         self._last_compute_end = {r: 0.0 for r in trace.ranks}
         self.idle_spans: list[tuple[int, float, float, str, str]] = []
+        self._start_time: dict[int, float] = {}
+        self._stream_prev: dict[int, int] = {}
 
     # ---- public -----------------------------------------------------------------
     def run(self) -> RawRun:
@@ -100,7 +102,10 @@ class Engine:
             self.done[op.id] = self.env.event()
         streams: dict[tuple[int, str], list[Op]] = defaultdict(list)
         for op in self.trace.ops:
-            streams[(op.rank, op.stream)].append(op)
+            lst = streams[(op.rank, op.stream)]
+            if lst:
+                self._stream_prev[op.id] = lst[-1].id
+            lst.append(op)
         for (rank, stream), ops in sorted(streams.items()):
             self.env.process(self._stream(rank, stream, ops))
         self.env.run()
@@ -127,9 +132,15 @@ class Engine:
                     rflops[rec.op.rank] += f
         return RawRun(
             records=self.records, step_time_s=step, idle=self.idle, mem_events=self.mem_events,
-            executed_flops=dict(flops), recompute_flops=dict(rflops), network_stats=self.net.stats_dict(),
+            executed_flops=dict(flops), recompute_flops=dict(rflops), network_stats=self._net_stats(),
             events_processed=len(self.records),
         )
+
+    def _net_stats(self) -> dict:
+        st = self.net.stats
+        return {"flows_started": st.flows_started, "unit_flows_started": st.unit_flows_started,
+                "phases_started": st.phases_started, "rate_recomputations": st.recomputations,
+                "max_concurrent_flows": st.max_concurrent_flows}
 
     # ---- processes ----------------------------------------------------------------
     def _stream(self, rank: int, stream: str, ops: list[Op]):
@@ -140,6 +151,7 @@ class Engine:
                 if pending:
                     yield env.all_of(pending)
             start = env.now
+            self._start_time[op.id] = start
             if op.kind == "compute":
                 self._account_idle(op, start)
             self._mem(op, "start")
@@ -163,24 +175,51 @@ class Engine:
             self.done[op.id].succeed()
 
     def _account_idle(self, op: Op, start: float) -> None:
-        gap = start - self._last_compute_end[op.rank]
-        if gap <= 0:
+        """Attribute the compute stream's idle gap before ``op`` to its root cause.
+
+        The gap ``[t0, start]`` is walked back along the chain of last-finishing
+        dependencies: the part of it during which a collective ran counts as exposed
+        communication (on that collective's axis); time spent waiting for a
+        pipeline send, for another rank's compute, or for nothing simulated counts
+        as pipeline bubble."""
+        t0 = self._last_compute_end[op.rank]
+        t1 = start
+        if t1 <= t0:
             return
-        # Blame the dependency that finished last.
-        cause = None
-        t_cause = -1.0
-        for d in op.deps:
-            t = self.end_time.get(d, 0.0)
-            if t > t_cause:
-                t_cause, cause = t, self.ops_by_id[d]
-        if cause is not None and cause.kind == "collective":
-            self.idle[op.rank]["exposed_comm"] += gap
-            axis = cause.axis
-            self.idle[op.rank]["exposed_" + axis] = self.idle[op.rank].get("exposed_" + axis, 0.0) + gap
-            self.idle_spans.append((op.rank, start - gap, start, "exposed_comm", axis))
-        else:
-            self.idle[op.rank]["bubble"] += gap
-            self.idle_spans.append((op.rank, start - gap, start, "bubble", ""))
+        idle = self.idle[op.rank]
+        dep = self._last_finisher(op)
+        while t1 > t0 and dep is not None:
+            s, e = self._start_time[dep.id], self.end_time[dep.id]
+            overlap = min(t1, e) - max(t0, s)
+            if overlap > 0:
+                if dep.kind == "collective":
+                    idle["exposed_comm"] += overlap
+                    key = "exposed_" + dep.axis
+                    idle[key] = idle.get(key, 0.0) + overlap
+                    self.idle_spans.append((op.rank, max(t0, s), min(t1, e), "exposed_comm", dep.axis))
+                else:
+                    idle["bubble"] += overlap
+                    self.idle_spans.append((op.rank, max(t0, s), min(t1, e), "bubble", ""))
+            t1 = min(t1, s)
+            if dep.kind == "compute" and dep.rank == op.rank:
+                break
+            dep = self._last_finisher(dep)
+        if t1 > t0:
+            idle["bubble"] += t1 - t0
+            self.idle_spans.append((op.rank, t0, t1, "bubble", ""))
+
+    def _last_finisher(self, op: Op) -> Optional[Op]:
+        """The dependency of ``op`` (explicit or its stream predecessor) that finished last."""
+        best, t_best = None, -1.0
+        cands = list(op.deps)
+        prev = self._stream_prev.get(op.id)
+        if prev is not None:
+            cands.append(prev)
+        for d in cands:
+            t = self.end_time.get(d, -1.0)
+            if t > t_best:
+                t_best, best = t, self.ops_by_id[d]
+        return best
 
     def _mem(self, op: Op, at: str) -> None:
         for cat, delta, when in op.mem:

@@ -99,22 +99,41 @@ def maxmin_rates(incidence: sp.spmatrix, capacity: np.ndarray,
     rates = np.full(n_flows, np.inf)
     if n_flows == 0:
         return rates
+    a.sum_duplicates()
     at = a.T.tocsr()                       # links x flows
     active = np.diff(a.indptr) > 0         # flows that cross at least one link
     remaining = cap.copy()
+    wa = np.where(active, w, 0.0)
+    demand = at @ wa                       # unfixed weight on each link
+    count = at @ active.astype(float)      # unfixed flows on each link (exact integers)
+    share = np.empty(n_links)
     while active.any():
-        demand = at @ (w * active)         # unfixed weight on each link
-        used = demand > 0
-        share = np.full(n_links, np.inf)
-        share[used] = remaining[used] / demand[used]
+        used = count > 0
+        share.fill(np.inf)
+        np.divide(remaining, demand, out=share, where=used)
         level = share.min()
-        saturated = used & (share <= level * (1.0 + BOTTLENECK_RTOL))
-        fixed = active & ((a @ saturated.astype(float)) > 0)
+        saturated = np.flatnonzero(used & (share <= level * (1.0 + BOTTLENECK_RTOL)))
+        flows, _, _ = _gather_rows(at, saturated)
+        fixed = np.unique(flows[active[flows]])
         rates[fixed] = level
-        remaining -= at @ np.where(fixed, w * level, 0.0)
+        active[fixed] = False
+        links, owner, mult = _gather_rows(a, fixed)
+        use = w[owner] * mult
+        demand -= np.bincount(links, use, minlength=n_links)
+        remaining -= np.bincount(links, use * level, minlength=n_links)
+        count -= np.bincount(links, minlength=n_links)
         np.maximum(remaining, 0.0, out=remaining)
-        active &= ~fixed
     return rates
+
+
+def _gather_rows(m: sp.csr_matrix, rows: np.ndarray):
+    """Column indices, owning row and value of every stored entry of ``m[rows]``."""
+    starts = m.indptr[rows]
+    lens = m.indptr[rows + 1] - starts
+    total = int(lens.sum())
+    ends = np.cumsum(lens)
+    pos = np.repeat(starts - (ends - lens), lens) + np.arange(total)
+    return m.indices[pos], np.repeat(rows, lens), m.data[pos]
 
 
 # ---------------------------------------------------------------------------

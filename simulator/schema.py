@@ -127,6 +127,7 @@ class TrainingIn(_Strict):
     recompute: Literal["none", "selective", "full"] = "none"
     balance: Literal["aux-free", "aux-loss-local", "aux-loss-global"] = "aux-free"
     optimizer: Literal["adam", "muon", "sgd"] = "adam"
+    flash_attention: bool = True
 
 
 class PerturbationIn(_Strict):

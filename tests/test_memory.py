@@ -99,6 +99,8 @@ def test_mla_and_moe_layers():
     assert hot > moe
     with pytest.raises(ValueError, match="parallel.ep"):
         activation_bytes_per_layer(m, 5, 1, 4096, ep=3)
+    with pytest.raises(ValueError, match="parallel.sequence_parallel"):
+        activation_bytes_per_layer(m, 5, 1, 4096, tp=2, sequence_parallel=False)
     # TP with SP splits the MLA per-head tensors but not the latents.
     tp4 = activation_bytes_per_layer(m, 0, 1, 4096, tp=4, recompute="selective")
     assert dense / 4 < tp4 < dense

@@ -400,16 +400,15 @@ def head_kernels(
     _check_positive(tp=tp)
     h, v = model.hidden, model.vocab
     norm_rows = tokens / tp if sequence_parallel and tp > 1 else tokens
-    local_vocab = v / tp
-    head = _gemm("lm_head", tokens, math.ceil(local_vocab), h, act_bytes)
+    local_vocab = v / tp  # exact share for FLOPs and bytes; the GEMM's n is the padded shard
     head = Kernel(
-        head.name,
-        head.kind,
+        "lm_head",
+        "gemm",
         2.0 * tokens * local_vocab * h,
         act_bytes * (tokens * h + tokens * local_vocab + local_vocab * h),
-        head.m,
-        head.n,
-        head.k,
+        tokens,
+        math.ceil(local_vocab),
+        h,
     )
     logits = tokens * local_vocab
     loss = Kernel("loss", "elementwise", _CROSS_ENTROPY_FLOPS_PER_ELEMENT * logits, logits * (act_bytes + _FP32_BYTES))

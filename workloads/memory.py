@@ -202,6 +202,11 @@ def _block_activation_bytes(
         total += act_bytes * tokens * (up * f + f)  # activation input, down GEMM input
     else:
         m = model.moe
+        if tp > 1 and not sequence_parallel:
+            raise ValueError(
+                "parallel.sequence_parallel: MoE layers with tp > 1 need sequence parallelism "
+                "(Megatron-Core routes the sequence-parallel shard of tokens)"
+            )
         counts._split(m.experts, ep, f"the {m.experts} routed experts", "parallel.ep")
         f = counts._split(m.expert_ffn_hidden, etp, "expert_ffn_hidden", "parallel.etp")
         total += act_bytes * rows_sp * h  # router / shared-expert input

@@ -471,7 +471,8 @@ class _RankProgram:
         b, L, t = self.b, self.b.L, self.b.t
         return memory.activation_bytes_per_layer(
             b.model, l, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
-            sequence_parallel=L.sequence_parallel, recompute=t.recompute, ep=L.ep,
+            sequence_parallel=L.sequence_parallel, recompute=t.recompute, ep=L.ep, etp=L.etp,
+            flash_attention=t.flash_attention,
         )
 
     def _recompute_transient(self, l: int) -> float:
@@ -479,7 +480,8 @@ class _RankProgram:
         b, L, t = self.b, self.b.L, self.b.t
         return memory.activation_bytes_per_layer(
             b.model, l, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
-            sequence_parallel=L.sequence_parallel, recompute="none", ep=L.ep,
+            sequence_parallel=L.sequence_parallel, recompute="none", ep=L.ep, etp=L.etp,
+            flash_attention=t.flash_attention,
         )
 
     # ---- backward --------------------------------------------------------------
