@@ -1,0 +1,129 @@
+"""End-to-end checks of simulate(): closed forms, determinism, monotonicity."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from helpers import ideal_scenario, scenario
+from simulator import simulate
+from workloads import counts, memory
+from workloads.model import ModelSpec
+
+SUMMARY_KEYS = [
+    "schema_version", "name", "devices", "parameters", "active_parameters", "step_time_s", "tokens_per_s",
+    "model_flops_per_step", "mfu", "hfu", "model_tflops_per_device", "bubble_fraction", "exposed_comm_fraction",
+    "peak_memory_bytes", "memory_breakdown_bytes", "hbm_bytes", "oom", "sim_wall_s",
+]
+
+
+def test_summary_has_every_documented_key():
+    res = simulate(scenario())
+    for k in SUMMARY_KEYS:
+        assert k in res.summary, k
+    assert res.summary["schema_version"] == 1
+    assert set(res.summary["memory_breakdown_bytes"]) == {"weights", "gradients", "optimizer", "activations", "buffers"}
+    assert res.summary["oom"] == (res.summary["peak_memory_bytes"] > res.summary["hbm_bytes"])
+    assert res.summary["tokens_per_s"] == pytest.approx(16 * 1024 / res.summary["step_time_s"])
+
+
+def test_one_device_mfu_equals_the_compute_efficiency():
+    """With free memory traffic and a constant GEMM/attention efficiency e, a
+    one-device step runs every model FLOP at e x peak: MFU = e."""
+    sc = ideal_scenario(1, parallel={"tp": 1, "pp": 1, "dp": 1}, training={"global_batch_size": 2})
+    res = simulate(sc)
+    assert res.summary["mfu"] == pytest.approx(0.5, rel=2e-3)
+    assert res.summary["bubble_fraction"] == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("pp,m", [(2, 4), (4, 8), (4, 4)])
+def test_1f1b_bubble_fraction_matches_closed_form(pp, m):
+    """Narayanan et al. 2021 §2.2.1: with balanced stages and free communication the
+    1F1B bubble is (p-1)/(m+p-1) of the step."""
+    sc = ideal_scenario(pp, parallel={"tp": 1, "pp": pp, "dp": 1}, training={"global_batch_size": m})
+    res = simulate(sc)
+    assert res.summary["bubble_fraction"] == pytest.approx((pp - 1) / (m + pp - 1), rel=0.02)
+
+
+def test_gpipe_and_1f1b_first_stage_activation_memory():
+    """GPipe keeps all m micro-batches' activations on the first stage, 1F1B at most p."""
+    pp, m = 4, 8
+    peaks = {}
+    for name in ("gpipe", "1f1b"):
+        sc = ideal_scenario(pp, parallel={"tp": 1, "pp": pp, "dp": 1}, schedule=name, training={"global_batch_size": m})
+        res = simulate(sc)
+        stage0 = res.memory[res.memory["stage"] == 0]
+        peaks[name] = stage0["activations"].max()
+    model = ModelSpec(**{k: v for k, v in sc["model"].items()})
+    per_mb = sum(memory.activation_bytes_per_layer(model, l, 1, 4096, flash_attention=True) for l in range(2))
+    assert peaks["gpipe"] == pytest.approx(m * per_mb, rel=1e-9)
+    assert peaks["1f1b"] == pytest.approx(pp * per_mb, rel=1e-9)
+
+
+def test_activation_stash_follows_korthikanti_with_tp_and_sp():
+    sc = ideal_scenario(8, parallel={"tp": 8, "pp": 1, "dp": 1}, schedule="gpipe",
+                        training={"global_batch_size": 1, "flash_attention": False})
+    res = simulate(sc)
+    model = ModelSpec(**sc["model"])
+    s, b, h, a, t = 4096, 1, 4096, 32, 8
+    # No dropout in modern training: Korthikanti's (sbh/t)(34 + 5as/h) less the masks.
+    expected = model.layers * memory.activation_bytes_per_layer(model, 0, b, s, tp=t, sequence_parallel=True)
+    got = res.memory["activations"].max()
+    head = memory.head_activation_bytes(model, b, s, tp=t)
+    assert got == pytest.approx(expected + head, rel=1e-9)
+    # with dropout the formula is the paper's
+    assert memory.activation_bytes_per_layer(model, 0, b, s, tp=t, dropout=True) == pytest.approx(s * b * h / t * (34 + 5 * a * s / h))
+
+
+def test_identical_runs_give_identical_summaries():
+    a = simulate(scenario(parallel={"tp": 2, "pp": 2, "dp": 2}))
+    b = simulate(scenario(parallel={"tp": 2, "pp": 2, "dp": 2}))
+    sa = {k: v for k, v in a.summary.items() if k != "sim_wall_s"}
+    sb = {k: v for k, v in b.summary.items() if k != "sim_wall_s"}
+    assert json.dumps(sa, sort_keys=True) == json.dumps(sb, sort_keys=True)
+    assert a.events.equals(b.events)
+
+
+def _scaled_network(sc, nvlink=1.0, nic=1.0):
+    sc = copy.deepcopy(sc)
+    net = sc["cluster"].setdefault("network", {})
+    net["domain_bw_bytes_per_s"] = 450e9 * nvlink
+    net["nic_bw_bytes_per_s"] = 50e9 * nic
+    return sc
+
+
+def test_halving_bandwidth_never_makes_a_step_faster():
+    for par in ({"tp": 2, "pp": 2, "dp": 4}, {"tp": 8, "pp": 1, "dp": 2}, {"tp": 1, "pp": 4, "dp": 4}):
+        base = scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel=par)
+        t_full = simulate(_scaled_network(base)).summary["step_time_s"]
+        t_half = simulate(_scaled_network(base, 0.5, 0.5)).summary["step_time_s"]
+        assert t_half >= t_full
+
+
+def test_tp_only_step_is_limited_by_nvlink():
+    base = scenario(cluster={"preset": "dgx-h100", "devices": 8}, parallel={"tp": 8, "pp": 1, "dp": 1},
+                    training={"global_batch_size": 4})
+    t = simulate(_scaled_network(base)).summary["step_time_s"]
+    t_nvl = simulate(_scaled_network(base, nvlink=0.25)).summary["step_time_s"]
+    t_nic = simulate(_scaled_network(base, nic=0.25)).summary["step_time_s"]
+    assert t_nvl > 1.05 * t
+    assert t_nic == pytest.approx(t, rel=1e-12)
+
+
+def test_two_node_dp_step_is_limited_by_the_nic():
+    """Two data-parallel replicas, one per node (pipeline stages inside the node via
+    parallel.order): the gradient all-reduce crosses InfiniBand only."""
+    base = scenario(cluster={"preset": "dgx-h100", "devices": 16},
+                    parallel={"tp": 1, "pp": 8, "dp": 2, "order": "tp-cp-ep-pp-dp"},
+                    training={"global_batch_size": 16},
+                    model={**scenario()["model"], "layers": 8, "hidden": 2048, "heads": 16, "kv_heads": 16,
+                           "ffn_hidden": 8192})
+    res = simulate(_scaled_network(base))
+    t = res.summary["step_time_s"]
+    t_nic = simulate(_scaled_network(base, nic=0.25)).summary["step_time_s"]
+    t_nvl = simulate(_scaled_network(base, nvlink=0.25)).summary["step_time_s"]
+    assert t_nic > 1.05 * t
+    assert (t_nic - t) > 5 * abs(t_nvl - t)
+    assert res.summary["exposed_comm_fraction"] > 0
