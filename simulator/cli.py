@@ -53,6 +53,10 @@ def cmd_run(args) -> int:
 
         topology = load_topology(args.topology)
     result = simulate(path, exact=args.exact, topology=topology)
+    if args.reproducible:
+        # Machine-dependent figures left out, so that the same scenario gives a
+        # byte-identical summary.json.
+        result.summary["sim_wall_s"] = None
     if args.out:
         paths = result.write(args.out, plots=not args.no_plots)
     if args.json:
@@ -208,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exact", action="store_true", help="simulate every device (slow; checks the fast path)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the human summary")
     p.add_argument("--no-plots", action="store_true", help="skip timeline.png and memory.png")
+    p.add_argument("--reproducible", action="store_true",
+                   help="write sim_wall_s as null so that summary.json is byte-identical across runs")
     p.add_argument("--topology", help="a topology file (JSON/GraphML) replacing the cluster's network")
     p.set_defaults(func=cmd_run)
 

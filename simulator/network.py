@@ -107,20 +107,25 @@ def maxmin_rates(incidence: sp.spmatrix, capacity: np.ndarray,
     demand = at @ wa                       # unfixed weight on each link
     count = at @ active.astype(float)      # unfixed flows on each link (exact integers)
     share = np.empty(n_links)
-    while active.any():
+    n_active = int(active.sum())
+    while n_active:
         used = count > 0
         share.fill(np.inf)
         np.divide(remaining, demand, out=share, where=used)
         level = share.min()
-        saturated = np.flatnonzero(used & (share <= level * (1.0 + BOTTLENECK_RTOL)))
+        saturated = np.flatnonzero(share <= level * (1.0 + BOTTLENECK_RTOL))
         flows, _, _ = _gather_rows(at, saturated)
-        fixed = np.unique(flows[active[flows]])
+        hit = np.zeros(n_flows, dtype=bool)
+        hit[flows] = True
+        hit &= active
+        fixed = np.flatnonzero(hit)
         rates[fixed] = level
         active[fixed] = False
+        n_active -= fixed.shape[0]
         links, owner, mult = _gather_rows(a, fixed)
-        use = w[owner] * mult
-        demand -= np.bincount(links, use, minlength=n_links)
-        remaining -= np.bincount(links, use * level, minlength=n_links)
+        delta = np.bincount(links, w[owner] * mult, minlength=n_links)
+        demand -= delta
+        remaining -= delta * level     # every newly fixed flow runs at ``level``
         count -= np.bincount(links, minlength=n_links)
         np.maximum(remaining, 0.0, out=remaining)
     return rates

@@ -28,5 +28,6 @@ def format_summary(result) -> str:
     ]
     for n in s.get("notes", []):
         lines.append(f"  note: {n}")
-    lines.append(f"  simulated in {s['sim_wall_s']:.2f} s ({s['simulated_ranks']} ranks, {s['events_processed']:,} ops)")
+    wall = f"{s['sim_wall_s']:.2f} s" if s.get("sim_wall_s") is not None else "(wall time not recorded)"
+    lines.append(f"  simulated in {wall} ({s['simulated_ranks']} ranks, {s['events_processed']:,} ops)")
     return "\n".join(lines)

@@ -30,6 +30,9 @@ from workloads.schedules import SCHEDULES
 from workloads.training import TrainingSpec
 
 
+MAX_DEVICES = 262_144
+
+
 class ScenarioError(ValueError):
     """A scenario that cannot be simulated; ``field`` is the dotted key at fault."""
 
@@ -364,6 +367,8 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
     devices = spec.get("devices")
     if devices is not None and (not isinstance(devices, int) or isinstance(devices, bool) or devices < 1):
         raise ScenarioError("cluster.devices", f"must be an integer >= 1, got {devices!r}")
+    if devices is not None and devices > MAX_DEVICES:
+        raise ScenarioError("cluster.devices", f"at most {MAX_DEVICES:,} devices are supported, got {devices:,}")
     try:
         chip = _resolve_chip(spec.get("chip"))
         if spec.get("preset") is not None:

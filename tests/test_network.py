@@ -209,12 +209,16 @@ def test_deterministic_bit_identical():
 
 
 def test_many_flows_complete_and_conserve_bytes():
-    topo = Topology(torus((8, 8), 45e9, 1e-6, wrap=(True, True)))
-    transfers = [Transfer(s, d, 1e6 * (1 + (s * 7 + d) % 5)) for s in range(64) for d in range(64)]
+    # heterogeneous sizes and path lengths: many distinct completion times
+    topo = Topology(torus((4, 4), 45e9, 1e-6, wrap=(True, True)))
+    transfers = [Transfer(s, d, 1e6 * (1 + (s * 7 + d) % 5)) for s in range(16) for d in range(16)]
     finish, net = run_phases(topo, [(0, transfers, 1)])
     expected = sum(t.size_bytes * len(topo.route(t.src, t.dst)) for t in transfers)
     assert net.stats.link_bytes.sum() == pytest.approx(expected, rel=1e-9)
     assert net.active_flows == 0
+    assert net.stats.recomputations > 5
+    # the last flow ends no earlier than the busiest link's bytes at full capacity
+    assert max(finish.values()) >= (net.stats.link_bytes / net.capacity).max() + 1e-6
 
 
 # ---------------------------------------------------------------- calibration

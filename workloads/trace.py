@@ -44,6 +44,9 @@ from workloads.model import ModelSpec
 from workloads.ops import Op, Trace, TraceError
 from workloads.training import TrainingSpec
 
+# A trace larger than this is refused rather than simulated for hours: it means a
+# scenario with (micro-batches x layers per rank x simulated ranks) in the billions.
+MAX_TRACE_OPS = 20_000_000
 GRAD_REDUCE_BYTES = 4  # fp32 main gradients (Megatron-LM default, no --grad-reduce-in-bf16)
 PARAM_BYTES = 2  # bf16 parameter storage (also under FP8 training: FP8 casts are transient)
 
@@ -249,6 +252,15 @@ class _Builder:
         return op
 
 
+def estimated_ops(w: Workload, n_ranks: int) -> float:
+    """An upper estimate of the trace's op count (about 12 ops per layer pass)."""
+    L = w.layout
+    m = w.training.micro_batches(L.dp)
+    passes = 3 if w.training.recompute == "full" else 2
+    layers_per_rank = w.model.layers * sched.local_chunks(w.schedule, L.vpp) / max(1, sched.model_chunks(w.schedule, L.pp, L.vpp))
+    return n_ranks * m * passes * (layers_per_rank + 2) * 12
+
+
 def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
     """Build the step's trace for ``ranks`` (default: one representative per stage).
 
@@ -258,6 +270,13 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
     L = b.L
     rep = ranks is None
     sim_ranks = representative_ranks(L) if rep else sorted(set(ranks))
+    n_est = estimated_ops(w, len(sim_ranks))
+    if n_est > MAX_TRACE_OPS:
+        raise ValueError(
+            f"training.global_batch_size: the step would need about {n_est:,.0f} operations "
+            f"({b.m} micro-batches x {w.model.layers} layers over {len(sim_ranks)} simulated ranks); "
+            f"the limit is {MAX_TRACE_OPS:,}: use fewer micro-batches (larger micro_batch_size) or fewer layers"
+        )
     for r in sim_ranks:
         if not 0 <= r < L.world:
             raise TraceError(f"ranks: {r} is outside 0..{L.world - 1}")

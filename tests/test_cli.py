@@ -1,0 +1,122 @@
+"""The command line: outputs, presets, bad input (exit 2, one message, no traceback)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from helpers import scenario
+from simulator.cli import main
+
+
+def _write(tmp_path, data, name="s.yaml"):
+    p = tmp_path / name
+    if name.endswith(".json"):
+        p.write_text(json.dumps(data))
+    else:
+        p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_run_writes_every_output(tmp_path, capsys):
+    sc = _write(tmp_path, scenario(parallel={"tp": 2, "pp": 2, "dp": 2}))
+    out = tmp_path / "out"
+    assert main(["run", str(sc), "--out", str(out)]) == 0
+    for f in ("summary.json", "trace.json", "timeline.png", "memory.png", "events.csv", "events.parquet", "memory.csv"):
+        assert (out / f).stat().st_size > 0, f
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["schema_version"] == 1 and summary["devices"] == 8
+    trace = json.loads((out / "trace.json").read_text())
+    phs = {e["ph"] for e in trace["traceEvents"]}
+    assert {"X", "M", "C"} <= phs
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert "compute" in names
+    text = capsys.readouterr().out
+    assert "MFU" in text and "step time" in text
+
+
+def test_reproducible_summary_json_is_byte_identical(tmp_path):
+    sc = _write(tmp_path, scenario(parallel={"tp": 2, "pp": 2, "dp": 2}))
+    for d in ("a", "b"):
+        assert main(["run", str(sc), "--out", str(tmp_path / d), "--no-plots", "--reproducible"]) == 0
+    assert (tmp_path / "a" / "summary.json").read_bytes() == (tmp_path / "b" / "summary.json").read_bytes()
+
+
+def test_json_scenarios_and_builtin_names(tmp_path, capsys):
+    sc = _write(tmp_path, scenario(), "s.json")
+    assert main(["run", str(sc), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "tiny"
+
+
+def test_presets_lists_everything(capsys):
+    assert main(["presets", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for c in ("dgx-a100", "dgx-h100", "h800", "dgx-b200", "gb200-nvl72", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7"):
+        assert c in data["clusters"]
+    for chip in ("a100", "h100", "h800", "h200", "b200", "gb200", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7"):
+        assert chip in data["chips"]
+    assert "quickstart" in data["scenarios"]
+    assert main(["presets"]) == 0
+
+
+def _bad(tmp_path, data, name="bad.yaml"):
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return p
+
+
+BAD_CASES = [
+    ("malformed", "model: [unclosed\n", ""),
+    ("unknown key", scenario(extra_key=1), "extra_key"),
+    ("unknown model preset", scenario(model="gpt-9000"), "model"),
+    ("unknown cluster preset", scenario(cluster={"preset": "dgx-z900"}), "cluster.preset"),
+    ("wrong type", scenario(parallel={"tp": "eight"}), "parallel.tp"),
+    ("layout does not fill devices", scenario(parallel={"tp": 2, "pp": 2, "dp": 3}), "parallel"),
+    ("layers do not split", scenario(parallel={"tp": 1, "pp": 3, "dp": 1}, cluster={"preset": "dgx-h100", "devices": 3}), "parallel.pp"),
+    ("micro-batches do not divide", scenario(training={"seq_len": 1024, "micro_batch_size": 3, "global_batch_size": 16}), "training.micro_batch_size"),
+    ("bad schedule", scenario(schedule="2f2b"), "schedule"),
+    ("bad zero", scenario(parallel={"tp": 1, "pp": 1, "dp": 8, "zero": 5}), "parallel.zero"),
+    ("negative bandwidth", scenario(cluster={"preset": "dgx-h100", "devices": 8, "network": {"nic_bw_bytes_per_s": -1}}), "cluster.network.nic_bw_bytes_per_s"),
+    ("devices don't fit domains", scenario(cluster={"preset": "dgx-h100", "devices": 12}, parallel={"tp": 1, "pp": 1, "dp": 12}), "cluster.devices"),
+    ("not a mapping", "- 1\n- 2\n", ""),
+]
+
+
+@pytest.mark.parametrize("label,data,field", BAD_CASES, ids=[c[0] for c in BAD_CASES])
+def test_bad_input_exits_2_with_one_message(tmp_path, capsys, label, data, field):
+    p = _bad(tmp_path, data)
+    assert main(["run", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("stepsim: error:"), err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert field in err
+
+
+def test_missing_file_and_unknown_builtin(capsys):
+    assert main(["run", "/nonexistent/scenario.yaml"]) == 2
+    assert "built-in" in capsys.readouterr().err
+
+
+def test_disconnected_network_is_refused(tmp_path, capsys):
+    sc = scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 1, "pp": 1, "dp": 16},
+                  perturbations=[{"link": ["d0", "p0.nvsw0"], "failed": True},
+                                 {"link": ["d0", "p0.leaf0.r0"], "failed": True}])
+    p = _write(tmp_path, sc)
+    code = main(["run", str(p)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "perturbations" in err and "Traceback" not in err
+
+
+def test_console_script_entry_point(tmp_path):
+    sc = _write(tmp_path, scenario())
+    r = subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(sc), "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    bad = _bad(tmp_path, scenario(parallel={"tp": 3}))
+    r = subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "parallel" in r.stderr

@@ -1,0 +1,89 @@
+"""Property-based test: mutated scenarios never crash the command line.
+
+Whatever hypothesis does to a valid scenario — drops keys, swaps in wrong types,
+out-of-range or non-dividing values — `stepsim run` ends with exit 0 and a
+summary, or exit 2 and one message naming a field; never a traceback (exit 1)
+and never a hang.
+"""
+
+from __future__ import annotations
+
+import copy
+import signal
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers import scenario
+from simulator.cli import main
+
+BASE = scenario(cluster={"preset": "dgx-h100", "devices": 8}, parallel={"tp": 2, "pp": 2, "dp": 2, "zero": 1},
+                training={"seq_len": 512, "micro_batch_size": 1, "global_batch_size": 8})
+
+
+def _paths(d, prefix=()):
+    for k, v in d.items():
+        yield prefix + (k,)
+        if isinstance(v, dict):
+            yield from _paths(v, prefix + (k,))
+
+
+PATHS = list(_paths(BASE))
+
+WEIRD = st.one_of(
+    st.none(), st.booleans(), st.text(max_size=6), st.integers(-3, 9), st.sampled_from([0, 3, 5, 7, 10**12]),
+    st.floats(allow_nan=True, allow_infinity=True), st.lists(st.integers(0, 3), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+MUTATION = st.tuples(st.sampled_from(PATHS), st.sampled_from(["drop", "replace"]), WEIRD)
+
+
+def _apply(sc, mutation):
+    path, kind, value = mutation
+    node = sc
+    for k in path[:-1]:
+        if not isinstance(node, dict) or k not in node:
+            return
+        node = node[k]
+    if not isinstance(node, dict):
+        return
+    if kind == "drop":
+        node.pop(path[-1], None)
+    else:
+        node[path[-1]] = value
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout()
+
+
+@settings(max_examples=int(__import__("os").environ.get("STEPSIM_FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mutations=st.lists(MUTATION, min_size=1, max_size=3))
+def test_mutated_scenarios_exit_0_or_2(tmp_path_factory, capsys, mutations):
+    sc = copy.deepcopy(BASE)
+    for m in mutations:
+        _apply(sc, m)
+    p = tmp_path_factory.mktemp("fuzz") / "s.yaml"
+    p.write_text(yaml.safe_dump(sc))
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(60)
+    try:
+        code = main(["run", str(p), "--json"])
+    except _Timeout:
+        raise AssertionError(f"hang (> 60 s) on {sc}")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    out, err = capsys.readouterr()
+    assert code in (0, 2), f"exit {code} for {sc}: {err}"
+    assert "Traceback" not in err
+    if code == 2:
+        assert err.startswith("stepsim: error:") and len(err.strip().splitlines()) == 1, err
+    else:
+        assert '"step_time_s"' in out
