@@ -74,7 +74,9 @@ def maxmin_rates(incidence: sp.spmatrix, capacity: np.ndarray,
     smallest such level fixes every unfixed flow on the links that reach it
     (within :data:`BOTTLENECK_RTOL`); their use is taken off the capacities and the
     loop repeats. Iterations = number of distinct bottleneck levels; each is a
-    couple of sparse matrix-vector products.
+    few vectorised gathers and bincounts over the entries of the flows it fixes
+    (symmetric collectives have one or two levels; heterogeneous mixes of a few
+    thousand flows can have ~100, about 0.1 ms each).
 
     Raises
     ------
@@ -82,6 +84,9 @@ def maxmin_rates(incidence: sp.spmatrix, capacity: np.ndarray,
         On mismatched shapes, negative capacity or non-positive weight.
     """
     a = sp.csr_matrix(incidence, dtype=float)
+    if a.nnz and not np.all(a.data):
+        a = a.copy()
+        a.eliminate_zeros()
     n_flows, n_links = a.shape
     cap = np.asarray(capacity, dtype=float).reshape(-1)
     if cap.shape[0] != n_links:
@@ -99,13 +104,14 @@ def maxmin_rates(incidence: sp.spmatrix, capacity: np.ndarray,
     rates = np.full(n_flows, np.inf)
     if n_flows == 0:
         return rates
-    a.sum_duplicates()
     at = a.T.tocsr()                       # links x flows
-    active = np.diff(a.indptr) > 0         # flows that cross at least one link
+    lens = np.diff(a.indptr)
+    active = lens > 0                      # flows that cross at least one link
     remaining = cap.copy()
     wa = np.where(active, w, 0.0)
     demand = at @ wa                       # unfixed weight on each link
-    count = at @ active.astype(float)      # unfixed flows on each link (exact integers)
+    # stored entries of unfixed flows on each link (an exact integer count)
+    count = np.bincount(a.indices, np.repeat(active, lens).astype(float), minlength=n_links)
     share = np.empty(n_links)
     n_active = int(active.sum())
     while n_active:

@@ -17,7 +17,7 @@ group that reduces expert gradients.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from itertools import product
 from typing import Optional, Sequence
 
@@ -125,6 +125,9 @@ class ParallelLayout:
     def group(self, rank: int, axis: str) -> tuple[int, ...]:
         """The ranks of ``rank``'s communication group along ``axis``, sorted by
         their index along that axis (ring order)."""
+        return _cached_group(self, rank, axis)
+
+    def _group(self, rank: int, axis: str) -> tuple[int, ...]:
         c = self.coords(rank)
         if axis in MESH_AXES:
             size = getattr(self, axis)
@@ -150,11 +153,14 @@ class ParallelLayout:
     def groups(self, axis: str, stage: Optional[int] = None) -> list[tuple[int, ...]]:
         """Every distinct group along ``axis`` (optionally only those in pipeline
         ``stage``), in ascending order of their first rank."""
+        return list(_cached_groups(self, axis, stage))
+
+    def _groups(self, axis: str, stage: Optional[int]) -> tuple[tuple[int, ...], ...]:
         seen: dict[tuple[int, ...], None] = {}
         ranks = range(self.world) if stage is None else self.stage_ranks(stage)
         for r in ranks:
             seen.setdefault(self.group(r, axis), None)
-        return sorted(seen, key=lambda g: min(g))
+        return tuple(sorted(seen, key=lambda g: min(g)))
 
     def stage_ranks(self, stage: int) -> list[int]:
         return [r for r in range(self.world) if self.stage_of(r) == stage]
@@ -193,6 +199,16 @@ class ParallelLayout:
             out.append(range(start, start + n))
             start += n
         return out
+
+
+@lru_cache(maxsize=1 << 16)
+def _cached_group(layout: ParallelLayout, rank: int, axis: str) -> tuple[int, ...]:
+    return layout._group(rank, axis)
+
+
+@lru_cache(maxsize=1024)
+def _cached_groups(layout: ParallelLayout, axis: str, stage: Optional[int]) -> tuple[tuple[int, ...], ...]:
+    return layout._groups(axis, stage)
 
 
 def _mesh(c: dict[str, int]) -> dict[str, int]:

@@ -171,6 +171,8 @@ class _Builder:
         self.ops: list[Op] = []
         self.notes: list[str] = []
         self._kern_cache: dict = {}
+        self._bwd_cache: dict = {}
+        self._stash_cache: dict = {}
         # Tags of ops other ranks depend on: ("send", kind, chunk, mb, rank) -> op id.
         self.tags: dict[tuple, int] = {}
         self.pending: list[tuple[Op, tuple]] = []  # ops waiting for tags defined later
@@ -193,6 +195,14 @@ class _Builder:
             )
             self._kern_cache[key] = split_layer_kernels(ks)
         return self._kern_cache[key]
+
+    def layer_all(self, layer: int) -> tuple:
+        """All forward kernels of a layer as one (cached) tuple."""
+        parts = self.layer_parts(layer)
+        key = ("all", id(parts))
+        if key not in self._kern_cache:
+            self._kern_cache[key] = (parts, sum(parts, ()))
+        return self._kern_cache[key][1]
 
     def embed_kernels(self):
         key = ("embed",)
@@ -244,6 +254,14 @@ class _Builder:
         dense = total - expert
         L = self.L
         return dense / L.tp, expert / L.ep / L.etp
+
+    def bwd(self, fwd: tuple, part: str) -> tuple:
+        """Memoised :func:`backward_kernels` (forward groups are long-lived cached tuples)."""
+        key = (id(fwd), part)
+        hit = self._bwd_cache.get(key)
+        if hit is None:
+            hit = self._bwd_cache[key] = (fwd, backward_kernels(fwd, part))
+        return hit[1]
 
     # ---- op helpers ------------------------------------------------------------
     def add(self, **kw) -> Op:
@@ -488,6 +506,13 @@ class _RankProgram:
 
     def _stash(self, l: int) -> float:
         b, L, t = self.b, self.b.L, self.b.t
+        key = (l, "stash")
+        if key not in b._stash_cache:
+            b._stash_cache[key] = self._stash_uncached(l)
+        return b._stash_cache[key]
+
+    def _stash_uncached(self, l: int) -> float:
+        b, L, t = self.b, self.b.L, self.b.t
         return memory.activation_bytes_per_layer(
             b.model, l, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
             sequence_parallel=L.sequence_parallel, recompute=t.recompute, ep=L.ep, etp=L.etp,
@@ -514,7 +539,7 @@ class _RankProgram:
         if pos < len(path) - 1:
             self._recv("B", path, pos, a.mb, deps)
         else:
-            self.compute("head." + part, backward_kernels(b.head_kernels(), part), part, a.mb, pos, -1, deps=deps,
+            self.compute("head." + part, self.b.bwd(b.head_kernels(), part), part, a.mb, pos, -1, deps=deps,
                          mem=(("activations", -self._head_bytes(), "end"),))
             deps = []
         for l in reversed(layers):
@@ -526,7 +551,7 @@ class _RankProgram:
             deps = []
             yield
         if pos == 0:
-            self.compute("embed." + part, backward_kernels(b.embed_kernels(), part), part, a.mb, pos, -1)
+            self.compute("embed." + part, self.b.bwd(b.embed_kernels(), part), part, a.mb, pos, -1)
             if is_last_grad and part == "B":
                 self._grad_sync_embedding(pos)
         self._send("B", path, pos, a.mb)
@@ -542,15 +567,15 @@ class _RankProgram:
             ag = self.collective("all-gather", "tp", h, f"L{l}.mlp.out.bwd", part, mb, k, l, deps + self.after_compute())
             deps = [ag.id] if ag else deps
         if expert:
-            op = self.compute(f"L{l}.moe_out.{part}", backward_kernels(post, part), part, mb, k, l, deps=deps)
+            op = self.compute(f"L{l}.moe_out.{part}", self.b.bwd(post, part), part, mb, k, l, deps=deps)
             c = self.collective("all-to-all", "ep", b.dispatch_bytes(True), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
             if shared:  # overlaps the combine's backward all-to-all
-                self.compute(f"L{l}.shared.{part}", backward_kernels(shared, part), part, mb, k, l)
-            op = self.compute(f"L{l}.experts.{part}", backward_kernels(expert, part), part, mb, k, l,
+                self.compute(f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l)
+            op = self.compute(f"L{l}.experts.{part}", self.b.bwd(expert, part), part, mb, k, l,
                               deps=[c.id] if c else [])
             d = self.collective("all-to-all", "ep", b.dispatch_bytes(True), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id])
             deps = [d.id] if d else []
-        op = self.compute(f"L{l}.mlp.{part}", backward_kernels(pre, part), part, mb, k, l, deps=deps)
+        op = self.compute(f"L{l}.mlp.{part}", self.b.bwd(pre, part), part, mb, k, l, deps=deps)
         out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.ag.bwd", part, mb, k, l, [op.id])
         deps = [out.id] if out else []
         if sp and out:
@@ -562,7 +587,7 @@ class _RankProgram:
         mem = [("activations", free, "end")]
         if t.recompute == "full":
             mem.append(("activations", -self._recompute_transient(l), "end"))
-        op = self.compute(f"L{l}.attn.{part}", backward_kernels(attn, part), part, mb, k, l, deps=deps, mem=tuple(mem))
+        op = self.compute(f"L{l}.attn.{part}", self.b.bwd(attn, part), part, mb, k, l, deps=deps, mem=tuple(mem))
         if L.cp > 1:
             self.collective("reduce-scatter", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.dkv_rs", part, mb, k, l, [op.id])
         out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.attn.ag.bwd", part, mb, k, l, [op.id])
@@ -574,14 +599,14 @@ class _RankProgram:
     def weight_grad(self, a, pos, layers, is_last_grad):
         b = self.b
         for l in reversed(layers):
-            kern = backward_kernels(sum(b.layer_parts(l), ()), "W")
+            kern = self.b.bwd(b.layer_all(l), "W")
             free = -self._stash(l) * (1 - INPUT_GRAD_FREED_FRACTION)
             self.compute(f"L{l}.W", kern, "W", a.mb, pos, l, mem=(("activations", free, "end"),))
             if is_last_grad:
                 self._grad_sync_layer(l, pos)
             yield
         if pos == 0:
-            self.compute("embed.W", backward_kernels(b.embed_kernels(), "W"), "W", a.mb, pos, -1)
+            self.compute("embed.W", self.b.bwd(b.embed_kernels(), "W"), "W", a.mb, pos, -1)
             if is_last_grad:
                 self._grad_sync_embedding(pos)
 
