@@ -163,6 +163,7 @@ def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.Da
         "bubble_time_per_stage_s": [float(x) for x in per_stage["bubble_s"]],
         "exposed_comm_time_per_stage_s": [float(x) for x in per_stage["exposed_comm_s"]],
         "comm_time_by_axis_s": comm,
+        "exposed_comm_by_axis_s": _exposed_by_axis(raw, trace),
         "simulated_ranks": len(trace.ranks),
         "exact": not trace.representative,
         "events_processed": raw.events_processed,
@@ -170,6 +171,16 @@ def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.Da
         "sim_wall_s": 0.0,
     }
     return summary, per_stage
+
+
+def _exposed_by_axis(raw, trace) -> dict[str, float]:
+    wsum = sum(trace.weight[r] for r in trace.ranks)
+    out: dict[str, float] = {}
+    for r in trace.ranks:
+        for k, v in raw.idle[r].items():
+            if k.startswith("exposed_") and k != "exposed_comm":
+                out[k[len("exposed_"):]] = out.get(k[len("exposed_"):], 0.0) + v * trace.weight[r] / wsum
+    return dict(sorted(out.items()))
 
 
 def _comm_breakdown(raw, trace) -> dict[str, float]:
