@@ -52,7 +52,12 @@ def cmd_run(args) -> int:
         from topologies.io import load_topology
 
         topology = load_topology(args.topology)
-    result = simulate(path, exact=args.exact, topology=topology)
+    trace = None
+    if args.trace:
+        from workloads.trace_io import read_trace
+
+        trace = read_trace(args.trace)
+    result = simulate(path, exact=args.exact, topology=topology, trace=trace)
     if args.reproducible:
         # Machine-dependent figures left out, so that the same scenario gives a
         # byte-identical summary.json.
@@ -65,6 +70,24 @@ def cmd_run(args) -> int:
         print(result.text_summary())
         if args.out:
             print(f"  wrote {', '.join(p.name for p in paths.values())} to {args.out}")
+    return EXIT_OK
+
+
+def cmd_trace(args) -> int:
+    from simulator.schema import ScenarioError, load_scenario
+    from workloads.layout import LayoutError
+    from workloads.schedules import ScheduleError
+    from workloads.trace import Workload, build_trace
+    from workloads.trace_io import write_trace
+
+    sc = load_scenario(resolve_scenario_path(args.scenario))
+    try:
+        tr = build_trace(Workload(sc.model, sc.layout, sc.training, sc.schedule),
+                         ranks=list(range(sc.layout.world)) if args.exact else None)
+    except (LayoutError, ScheduleError) as err:
+        raise ScenarioError(err.field, str(err)[len(err.field) + 2:]) from None
+    write_trace(tr, args.out)
+    print(f"wrote {len(tr.ops):,} ops of {len(tr.ranks)} ranks to {args.out}")
     return EXIT_OK
 
 
@@ -215,7 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reproducible", action="store_true",
                    help="write sim_wall_s as null so that summary.json is byte-identical across runs")
     p.add_argument("--topology", help="a topology file (JSON/GraphML) replacing the cluster's network")
+    p.add_argument("--trace", help="simulate this trace file (from `stepsim trace`) instead of generating one")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("trace", help="write a scenario's operation trace to a file (JSON, .gz to compress)")
+    p.add_argument("scenario", help="scenario file or built-in scenario name")
+    p.add_argument("--out", required=True, help="trace file to write (.json or .json.gz)")
+    p.add_argument("--exact", action="store_true", help="every rank instead of one per pipeline stage")
+    p.set_defaults(func=cmd_trace)
 
     p = sub.add_parser("presets", help="list every model, cluster, chip, schedule and built-in scenario")
     p.add_argument("--json", action="store_true")

@@ -28,6 +28,7 @@ def simulate(
     scenario: Union[Scenario, str, Path, Mapping],
     exact: bool = False,
     topology: Optional[Topology] = None,
+    trace=None,
 ) -> Result:
     """Simulate one training step.
 
@@ -35,7 +36,9 @@ def simulate(
     mapping in that format. ``exact=True`` simulates every device and every
     transfer instead of one representative rank per pipeline stage (slow; used to
     check the fast path). ``topology`` replaces the cluster's network graph (for
-    a topology loaded from a file).
+    a topology loaded from a file). ``trace`` (a :class:`~workloads.ops.Trace`,
+    e.g. from :func:`workloads.trace_io.read_trace`) replaces the trace the
+    scenario would generate: edit a written trace and simulate it again.
 
     Raises :class:`ScenarioError` (a ``ValueError``) naming the offending field.
     """
@@ -45,8 +48,12 @@ def simulate(
         topo = topology if topology is not None else build_cluster(sc.cluster)
         topo = _perturb_links(topo, sc)
         workload = Workload(sc.model, sc.layout, sc.training, sc.schedule)
-        ranks = list(range(sc.layout.world)) if exact or _needs_exact(sc) else None
-        trace = build_trace(workload, ranks=ranks)
+        if trace is None:
+            ranks = list(range(sc.layout.world)) if exact or _needs_exact(sc) else None
+            trace = build_trace(workload, ranks=ranks)
+        elif trace.world != sc.layout.world:
+            raise ScenarioError("trace", f"the trace is for {trace.world} ranks, the scenario's layout has "
+                                         f"{sc.layout.world}")
     except (LayoutError, ScheduleError, TopologyError) as err:
         field = getattr(err, "field", "") or ""
         msg = str(err)

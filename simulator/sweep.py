@@ -329,6 +329,11 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_jsonable, allow_nan=True)
 
 
+def plain_json(obj: Any) -> str:
+    """JSON keeping the key order (rows and summaries); NaN allowed."""
+    return json.dumps(obj, default=_jsonable, allow_nan=True)
+
+
 def _jsonable(x):
     if hasattr(x, "item"):  # numpy scalars
         return x.item()
@@ -458,7 +463,7 @@ def run_case(payload: tuple) -> dict:
     except Exception as err:  # noqa: BLE001 — one broken scenario must not stop the sweep
         row = {"case": index, "key": key, "status": "failed", "error": f"{type(err).__name__}: {err}",
                "summary": None}
-    return json.loads(canonical_json(row))
+    return json.loads(plain_json(row))
 
 
 def default_jobs() -> int:
@@ -554,7 +559,7 @@ class RowStore:
         return rows
 
     def append(self, row: dict) -> None:
-        line = canonical_json(row) + "\n"
+        line = plain_json(row) + "\n"
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()

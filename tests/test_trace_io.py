@@ -1,0 +1,86 @@
+"""Trace files round-trip, and edited traces are checked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from helpers import scenario
+from simulator import simulate
+from simulator.cli import main
+from simulator.schema import load_scenario
+from workloads.ops import TraceError
+from workloads.trace import Workload, build_trace
+from workloads.trace_io import read_trace, trace_from_dict, trace_to_dict, write_trace
+
+
+def _trace(sc):
+    s = load_scenario(sc)
+    return build_trace(Workload(s.model, s.layout, s.training, s.schedule))
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_written_trace_simulates_to_identical_summary(tmp_path, suffix):
+    sc = scenario(parallel={"tp": 2, "pp": 2, "dp": 2})
+    direct = simulate(sc)
+    path = tmp_path / f"t{suffix}"
+    write_trace(_trace(sc), path)
+    again = simulate(sc, trace=read_trace(path))
+    a = {k: v for k, v in direct.summary.items() if k != "sim_wall_s"}
+    b = {k: v for k, v in again.summary.items() if k != "sim_wall_s"}
+    assert a == b
+
+
+def test_cli_trace_then_run(tmp_path, capsys):
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(scenario(parallel={"tp": 2, "pp": 2, "dp": 2})))
+    assert main(["trace", str(p), "--out", str(tmp_path / "t.json")]) == 0
+    assert main(["run", str(p), "--trace", str(tmp_path / "t.json"), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert '"step_time_s"' in out
+
+
+def test_cycle_is_reported_by_name(tmp_path, capsys):
+    d = trace_to_dict(_trace(scenario(parallel={"tp": 2, "pp": 2, "dp": 2})))
+    ops = d["ops"]
+    # make the first compute op depend on the last op of its rank: a cycle through the stream order
+    first = next(o for o in ops if o["kind"] == "compute")
+    last = [o for o in ops if o["rank"] == first["rank"] and o["stream"] == first["stream"]][-1]
+    first["deps"].append(last["id"])
+    with pytest.raises(TraceError, match="cycle") as ei:
+        trace_from_dict(d)
+    assert first["name"] in str(ei.value) or "rank" in str(ei.value)
+    p = tmp_path / "cyc.json"
+    p.write_text(json.dumps(d))
+    s = tmp_path / "s.yaml"
+    s.write_text(yaml.safe_dump(scenario(parallel={"tp": 2, "pp": 2, "dp": 2})))
+    assert main(["run", str(s), "--trace", str(p)]) == 2
+    assert "cycle" in capsys.readouterr().err
+
+
+def test_dangling_dependency_is_reported():
+    d = trace_to_dict(_trace(scenario()))
+    d["ops"][3]["deps"].append(10**9)
+    with pytest.raises(TraceError, match="unknown op 1000000000"):
+        trace_from_dict(d)
+
+
+def test_bad_fields_are_named():
+    d = trace_to_dict(_trace(scenario()))
+    d["ops"][0]["stream"] = "warp"
+    with pytest.raises(TraceError, match=r"ops\[0\]\.stream"):
+        trace_from_dict(d)
+
+
+def test_mismatched_collective_order_is_a_deadlock_not_a_hang():
+    """Two members reaching collectives in different orders: a clear error."""
+    sc = scenario(parallel={"tp": 2, "pp": 1, "dp": 4})
+    s = load_scenario(sc)
+    tr = build_trace(Workload(s.model, s.layout, s.training, s.schedule), ranks=[0, 1])
+    d = trace_to_dict(tr)
+    tp1 = [o for o in d["ops"] if o["rank"] == 1 and o["stream"] == "tp"]
+    tp1[0]["key"], tp1[1]["key"] = tp1[1]["key"], tp1[0]["key"]
+    with pytest.raises(TraceError, match="deadlock"):
+        simulate(sc, trace=trace_from_dict(d))
