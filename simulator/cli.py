@@ -77,12 +77,12 @@ def cmd_trace(args) -> int:
     from simulator.schema import ScenarioError, load_scenario
     from workloads.layout import LayoutError
     from workloads.schedules import ScheduleError
-    from workloads.trace import Workload, build_trace
+    from workloads.trace import build_trace
     from workloads.trace_io import write_trace
 
     sc = load_scenario(resolve_scenario_path(args.scenario))
     try:
-        tr = build_trace(Workload(sc.model, sc.layout, sc.training, sc.schedule),
+        tr = build_trace(sc.workload(),
                          ranks=list(range(sc.layout.world)) if args.exact else None)
     except (LayoutError, ScheduleError) as err:
         raise ScenarioError(err.field, str(err)[len(err.field) + 2:]) from None

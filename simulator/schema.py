@@ -25,6 +25,7 @@ from topologies.networks import ClusterSpec, PodsSpec, SwitchedNetwork, TorusNet
 from topologies.presets import CLUSTER_PRESETS, cluster_preset
 from workloads.layout import ORDER_AXES, LayoutError, ParallelLayout
 from workloads.model import MLASpec, ModelSpec, MoESpec
+from workloads.moe_load import ExpertLoad
 from workloads.presets import MODEL_PRESETS, get_model
 from workloads.schedules import SCHEDULES
 from workloads.training import TrainingSpec
@@ -122,6 +123,13 @@ class ParallelIn(_Strict):
     order: str = "-".join(ORDER_AXES)
 
 
+class ExpertLoadIn(_Strict):
+    distribution: Literal["balanced", "zipf", "lognormal", "dirichlet"] = "balanced"
+    skew: float = Field(1.0, gt=0)
+    capacity_factor: Optional[float] = Field(None, ge=1)
+    seed: int = 0
+
+
 class TrainingIn(_Strict):
     seq_len: int = Field(4096, ge=1)
     micro_batch_size: int = Field(1, ge=1)
@@ -131,6 +139,7 @@ class TrainingIn(_Strict):
     balance: Literal["aux-free", "aux-loss-local", "aux-loss-global"] = "aux-free"
     optimizer: Literal["adam", "muon", "sgd"] = "adam"
     flash_attention: bool = True
+    expert_load: Optional[ExpertLoadIn] = None
 
 
 class PerturbationIn(_Strict):
@@ -175,11 +184,18 @@ class Scenario:
     perturbations: tuple[PerturbationIn, ...] = ()
     compute_overrides: tuple[tuple[str, float], ...] = ()
     algorithms: tuple[tuple[str, str], ...] = ()
+    expert_load: Optional[ExpertLoad] = None
     source: Any = None  # the raw mapping it was loaded from
 
     @property
     def devices(self) -> int:
         return self.cluster.devices
+
+    def workload(self):
+        """The :class:`workloads.trace.Workload` this scenario describes."""
+        from workloads.trace import Workload
+
+        return Workload(self.model, self.layout, self.training, self.schedule, expert_load=self.expert_load)
 
 
 # ---- loading ---------------------------------------------------------------------------
@@ -221,7 +237,7 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
     cluster = _resolve_cluster(sc.cluster)
     layout = _resolve_layout(sc.parallel, cluster.devices)
     try:
-        training = TrainingSpec(**sc.training.model_dump())
+        training = TrainingSpec(**sc.training.model_dump(exclude={"expert_load"}))
         training.micro_batches(layout.dp)
     except ValueError as err:
         raise ScenarioError(*_split(str(err), "training")) from None
@@ -242,6 +258,7 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
         name=str(name), model=model, cluster=cluster, layout=layout, schedule=sc.schedule, training=training,
         perturbations=tuple(sc.perturbations), compute_overrides=overrides,
         algorithms=tuple(sorted(sc.algorithms.items())), source=data,
+        expert_load=ExpertLoad(**sc.training.expert_load.model_dump()) if sc.training.expert_load else None,
     )
 
 
@@ -276,7 +293,7 @@ def _from_pydantic(err: ValidationError, prefix: str) -> ScenarioError:
 def _allowed_keys(err: ValidationError, e) -> list[str]:
     title = err.title
     models = {m.__name__: m for m in (ScenarioIn, ParallelIn, TrainingIn, ModelIn, MoEIn, MLAIn, ChipIn,
-                                      PerturbationIn, ComputeCalIn)}
+                                      PerturbationIn, ComputeCalIn, ExpertLoadIn)}
     # Walk the location to find the model whose keys were exceeded.
     m = models.get(title)
     for part in e["loc"][:-1]:
@@ -512,6 +529,8 @@ def scenario_to_dict(s: Scenario) -> dict:
                 "pipeline_layers": list(L.pipeline_layers) if L.pipeline_layers else None}
     out = {"name": s.name, "model": model, "cluster": cluster, "parallel": parallel, "schedule": s.schedule,
            "training": dataclasses.asdict(s.training)}
+    if s.expert_load is not None:
+        out["training"]["expert_load"] = dataclasses.asdict(s.expert_load)
     if s.perturbations:
         out["perturbations"] = [p.model_dump(exclude_none=True) for p in s.perturbations]
     if s.compute_overrides:

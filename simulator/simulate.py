@@ -21,7 +21,7 @@ from workloads import counts
 from workloads.layout import LayoutError
 from workloads.ops import MEMORY_CATEGORIES, TraceError
 from workloads.schedules import ScheduleError
-from workloads.trace import Workload, build_trace
+from workloads.trace import build_trace
 
 
 def simulate(
@@ -47,7 +47,7 @@ def simulate(
     try:
         topo = topology if topology is not None else build_cluster(sc.cluster)
         topo = _perturb_links(topo, sc)
-        workload = Workload(sc.model, sc.layout, sc.training, sc.schedule)
+        workload = sc.workload()
         if trace is None:
             ranks = list(range(sc.layout.world)) if exact or _needs_exact(sc) else None
             trace = build_trace(workload, ranks=ranks)

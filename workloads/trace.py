@@ -40,6 +40,7 @@ from typing import Optional, Sequence
 from workloads import counts, memory
 from workloads import schedules as sched
 from workloads.layout import LayoutError, ParallelLayout
+from workloads.moe_load import ExpertLoad, rank_load_factors
 from workloads.model import ModelSpec
 from workloads.ops import Op, Trace, TraceError
 from workloads.training import TrainingSpec
@@ -59,7 +60,7 @@ class Workload:
     layout: ParallelLayout
     training: TrainingSpec
     schedule: str = "1f1b"
-    expert_load: Optional[tuple[float, ...]] = None  # per-EP-rank share of routed tokens (1.0 = balanced)
+    expert_load: Optional[ExpertLoad] = None  # routing imbalance (None = perfectly balanced)
 
 
 # Fraction of a layer's stashed activations an input-gradient pass (``I``) can free;
@@ -177,6 +178,14 @@ class _Builder:
         self.tags: dict[tuple, int] = {}
         self.pending: list[tuple[Op, tuple]] = []  # ops waiting for tags defined later
         self.global_aux = self.model.is_moe and t.balance == "aux-loss-global"
+        # Slowest-expert-rank load factor of every MoE layer (1.0 when balanced).
+        self.load_factor: dict[int, float] = {}
+        if self.model.is_moe and w.expert_load is not None:
+            moe_layers = [l for l in range(self.model.layers) if self.model.is_moe_layer(l)]
+            routed = self.tokens / (L.tp if L.sequence_parallel else 1) * L.ep
+            f = rank_load_factors(w.expert_load, self.model.moe.experts, self.model.moe.top_k, L.ep,
+                                  int(round(routed)), len(moe_layers))
+            self.load_factor = {l: float(f[i].max()) for i, l in enumerate(moe_layers)}
         if self.global_aux and w.schedule != "gpipe":
             self.notes.append(
                 f"balance aux-loss-global: every forward must finish before the first backward "
@@ -186,12 +195,18 @@ class _Builder:
     # ---- kernels -------------------------------------------------------------
     def layer_parts(self, layer: int):
         moe = self.model.is_moe_layer(layer)
-        key = ("layer", moe, layer if self.w.expert_load else 0)
+        factor = self.load_factor.get(layer, 1.0)
+        key = ("layer", moe, factor)
         if key not in self._kern_cache:
             L = self.L
+            expert_tokens = None
+            if moe and factor != 1.0:
+                routed_rows = self.tokens / L.tp if (L.sequence_parallel and L.tp > 1) else self.tokens
+                expert_tokens = routed_rows * self.model.moe.top_k * L.etp * factor
             ks = counts.layer_kernels(
                 self.model, layer, tokens=self.tokens, seq_len=self.t.seq_len, tp=L.tp, cp=L.cp,
                 ep=L.ep, etp=L.etp, act_bytes=self.act_bytes, sequence_parallel=L.sequence_parallel,
+                expert_tokens=expert_tokens,
             )
             self._kern_cache[key] = split_layer_kernels(ks)
         return self._kern_cache[key]
@@ -236,13 +251,14 @@ class _Builder:
             per_tok = 2 * m.kv_heads * m.head_dim
         return self.tokens * per_tok * self.act_bytes / self.L.tp
 
-    def dispatch_bytes(self, combine: bool) -> float:
+    def dispatch_bytes(self, combine: bool, layer: int) -> float:
         """Per-rank all-to-all send buffer of an MoE dispatch (FP8 under FP8 training,
-        as DeepSeek-V3 §3.3 does) or combine (BF16)."""
+        as DeepSeek-V3 §3.3 does) or combine (BF16), scaled by the layer's slowest
+        expert rank's load factor (see :mod:`workloads.moe_load`)."""
         moe = self.model.moe
         per = 1 if (self.t.dtype == "fp8" and not combine) else 2
         tokens = self.tokens / (self.L.tp if self.L.sequence_parallel else 1)
-        return tokens * moe.top_k * self.model.hidden * per
+        return tokens * moe.top_k * self.model.hidden * per * self.load_factor.get(layer, 1.0)
 
     def layer_param_split(self, layer: int) -> tuple[float, float]:
         """(dense, expert) parameters of one layer held by one rank."""
@@ -492,11 +508,11 @@ class _RankProgram:
             deps = [ag.id] if ag else deps
         op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
         if expert:
-            d = self.collective("all-to-all", "ep", b.dispatch_bytes(False), f"L{l}.dispatch", phase, mb, k, l, [op.id])
+            d = self.collective("all-to-all", "ep", b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id])
             if shared:  # shared experts run while the dispatch is in flight
                 self.compute(f"L{l}.shared.{phase}", shared, phase, mb, k, l, recompute=recompute)
             op = self.compute(f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[d.id] if d else [], recompute=recompute)
-            c = self.collective("all-to-all", "ep", b.dispatch_bytes(True), f"L{l}.combine", phase, mb, k, l, [op.id])
+            c = self.collective("all-to-all", "ep", b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [op.id])
             op = self.compute(f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute)
         out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.out", phase, mb, k, l, [op.id])
         if out:
@@ -568,12 +584,12 @@ class _RankProgram:
             deps = [ag.id] if ag else deps
         if expert:
             op = self.compute(f"L{l}.moe_out.{part}", self.b.bwd(post, part), part, mb, k, l, deps=deps)
-            c = self.collective("all-to-all", "ep", b.dispatch_bytes(True), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
+            c = self.collective("all-to-all", "ep", b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
             if shared:  # overlaps the combine's backward all-to-all
                 self.compute(f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l)
             op = self.compute(f"L{l}.experts.{part}", self.b.bwd(expert, part), part, mb, k, l,
                               deps=[c.id] if c else [])
-            d = self.collective("all-to-all", "ep", b.dispatch_bytes(True), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id])
+            d = self.collective("all-to-all", "ep", b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id])
             deps = [d.id] if d else []
         op = self.compute(f"L{l}.mlp.{part}", self.b.bwd(pre, part), part, mb, k, l, deps=deps)
         out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.ag.bwd", part, mb, k, l, [op.id])
