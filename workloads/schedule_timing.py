@@ -28,7 +28,7 @@ each stuck rank, the step it is blocked on and the missing predecessor.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Mapping, NamedTuple, Sequence
+from typing import Union, Literal, Mapping, NamedTuple, Sequence
 
 from workloads.schedules import (
     Action,
@@ -89,7 +89,7 @@ def _durations(durations: Mapping[str, float]) -> dict[str, float]:
 
 def run_schedule(
     steps_per_rank: Sequence[Sequence[Step]],
-    durations: Mapping[str, float],
+    durations: Union[Mapping[str, float], Sequence[Mapping[str, float]]],
     m: int,
     name: str = "1f1b",
     vpp: int = 1,
@@ -108,12 +108,16 @@ def run_schedule(
     ``pair_cost``."""
     if pair_cost not in ("sum", "max"):
         raise ValueError(f"pair_cost must be 'sum' or 'max', got {pair_cost!r}")
-    dur = _durations(durations)
     pp = len(steps_per_rank)
+    # One mapping for every rank, or one per rank (e.g. a straggler's stage slower).
+    per_rank = [_durations(d) for d in durations] if not isinstance(durations, Mapping) else [_durations(durations)] * pp
+    if len(per_rank) != pp:
+        raise ValueError(f"durations: {len(per_rank)} mappings for {pp} ranks")
     paths = [micro_batch_path(name, j, m, pp, vpp) for j in range(m)]
     pos = [{rc: s for s, rc in enumerate(p)} for p in paths]  # (rank, chunk) -> position on path
 
-    def cost(op: str) -> float:
+    def cost(op: str, rank: int) -> float:
+        dur = per_rank[rank]
         if op not in dur:
             raise ValueError(f"durations: no duration given for op {op!r}")
         return dur[op]
@@ -166,7 +170,7 @@ def run_schedule(
                 if any(k not in done for k in deps):
                     break
                 start = max([free[r]] + [done[k] for k in deps])
-                costs = [cost(a.op) for a in step]
+                costs = [cost(a.op, r) for a in step]
                 length = max(costs) if (pair_cost == "max" and costs) else sum(costs)
                 end = start + length
                 for a in step:

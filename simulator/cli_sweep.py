@@ -1,0 +1,225 @@
+"""The ``sweep``, ``search`` and ``sweep-plot`` commands of ``stepsim``.
+
+``register(subparsers)`` adds them to the ``stepsim`` parser (``simulator.cli``);
+``python -m simulator.cli_sweep COMMAND ...`` runs them on their own, with the same
+exit codes (0 ok, 2 bad input, 1 internal error).
+
+    stepsim sweep SWEEP.yaml --out DIR [--jobs N | --dask ADDRESS] [--retry-failed] [--plot]
+    stepsim search SCENARIO [--out DIR] [--max-tp 8 --max-pp 16 --schedules 1f1b,interleaved-1f1b
+                            --zero 0,1,3 --micro-batch-sizes 1,2 --recompute none,selective,full
+                            --max-candidates N] [--jobs N | --dask ADDRESS] [--top 10]
+    stepsim sweep-plot DIR [--x KEY] [--y mfu] [--hue KEY] [--heatmap KEY]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from simulator.cli import EXIT_OK, CliError
+
+COMMANDS = ("sweep", "search", "sweep-plot")
+
+
+# ---- argument helpers ----------------------------------------------------------------------
+
+
+def _int_list(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise CliError(f"{flag}: a comma-separated list of integers, got {text!r}") from None
+    if not vals:
+        raise CliError(f"{flag}: give at least one value")
+    return vals
+
+
+def _str_list(flag: str, text: str, allowed: Sequence[str]) -> tuple[str, ...]:
+    vals = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [v for v in vals if v not in allowed]
+    if bad or not vals:
+        raise CliError(f"{flag}: {', '.join(bad) or 'nothing'} not allowed; choose from {', '.join(allowed)}")
+    return vals
+
+
+def _jobs(args) -> Optional[int]:
+    if args.jobs is not None and args.jobs < 1:
+        raise CliError(f"--jobs: must be >= 1, got {args.jobs}")
+    return args.jobs
+
+
+@contextlib.contextmanager
+def _dask_client(address: Optional[str]):
+    if not address:
+        yield None
+        return
+    try:
+        from distributed import Client
+    except ImportError:
+        raise CliError("--dask: needs dask[distributed] (pip install 'stepsim[dask]')") from None
+    try:
+        client = Client(address, timeout="20s")
+    except (OSError, TimeoutError) as err:
+        raise CliError(f"--dask: cannot reach a scheduler at {address!r}: {err}") from None
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+# ---- commands ------------------------------------------------------------------------------
+
+
+def cmd_sweep(args) -> int:
+    from simulator.sweep import CSV_FILE, PARQUET_FILE, sweep
+
+    if not Path(args.sweep).exists():
+        raise CliError(f"sweep: no file {args.sweep!r}")
+    with _dask_client(args.dask) as client:
+        frame = sweep(args.sweep, out=args.out, client=client, jobs=_jobs(args), progress=not args.no_progress,
+                      retry_failed=args.retry_failed)
+    counts = frame["status"].value_counts() if len(frame) else {}
+    extra = []
+    for k, what in (("skipped", "invalid skipped"), ("duplicates", "duplicate")):
+        if frame.attrs.get(k):
+            extra.append(f"{len(frame.attrs[k])} {what}")
+    if frame.attrs.get("filtered"):
+        extra.append(f"{frame.attrs['filtered']} left out by where")
+    print(f"sweep {frame.attrs.get('name', '')}: {len(frame)} cases, {counts.get('ok', 0)} ok, "
+          f"{counts.get('failed', 0)} failed" + (f" ({', '.join(extra)})" if extra else ""))
+    print(f"  wrote {PARQUET_FILE}, {CSV_FILE}, rows.jsonl to {args.out}")
+    if args.plot:
+        from simulator.sweep_plots import PlotError, plot_sweep
+
+        try:
+            paths = plot_sweep(args.out)
+        except PlotError as err:
+            raise CliError(f"--plot: {err}") from None
+        print(f"  plots: {', '.join(p.name for p in paths)} in {Path(args.out) / 'plots'}")
+    return EXIT_OK
+
+
+def cmd_search(args) -> int:
+    from simulator.cli import resolve_scenario_path
+    from simulator.search import SearchBounds, search
+    from workloads.memory import RECOMPUTE_MODES
+    from workloads.schedules import SCHEDULES
+
+    path = resolve_scenario_path(args.scenario)
+    bounds = SearchBounds(
+        max_tp=args.max_tp, max_pp=args.max_pp, max_cp=args.max_cp, max_ep=args.max_ep, max_vpp=args.max_vpp,
+        schedules=_str_list("--schedules", args.schedules, SCHEDULES),
+        zero=_int_list("--zero", args.zero) if args.zero else None,
+        micro_batch_sizes=_int_list("--micro-batch-sizes", args.micro_batch_sizes) if args.micro_batch_sizes else None,
+        recompute=_str_list("--recompute", args.recompute, RECOMPUTE_MODES),
+        max_candidates=args.max_candidates,
+    )
+    with _dask_client(args.dask) as client:
+        result = search(path, out=args.out, bounds=bounds, client=client, jobs=_jobs(args),
+                        progress=not args.no_progress)
+    if args.json:
+        sys.stdout.write(json.dumps(result.best_json(), indent=2, default=str) + "\n")
+    else:
+        print(result.to_text(top=args.top))
+        if args.out:
+            print(f"  wrote search.csv, best.json to {args.out}")
+    return EXIT_OK
+
+
+def cmd_sweep_plot(args) -> int:
+    from simulator.sweep_plots import PlotError, plot_sweep
+
+    try:
+        paths = plot_sweep(args.dir, x=args.x, y=args.y, hue=args.hue, heatmap=args.heatmap)
+    except PlotError as err:
+        raise CliError(f"sweep-plot: {err}") from None
+    for p in paths:
+        print(f"wrote {p}")
+    return EXIT_OK
+
+
+# ---- parser --------------------------------------------------------------------------------
+
+
+def _executor_flags(p) -> None:
+    p.add_argument("--jobs", type=int, help="local worker processes (default: every core; 1: in this process)")
+    p.add_argument("--dask", metavar="ADDRESS", help="run on the Dask scheduler at ADDRESS (e.g. tcp://host:8786)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (it is off anyway when not a TTY)")
+
+
+def register(subparsers) -> None:
+    """Add ``sweep``, ``search`` and ``sweep-plot`` to ``stepsim``'s sub-command parsers."""
+    p = subparsers.add_parser("sweep", help="run a parameter sweep (resumable) into a results table")
+    p.add_argument("sweep", help="sweep file (YAML/JSON): base scenario + grid/cases (see simulator/sweep.py)")
+    p.add_argument("--out", required=True, help="directory for rows.jsonl, results.parquet, results.csv")
+    p.add_argument("--retry-failed", action="store_true", help="re-run the cases recorded as failed")
+    p.add_argument("--plot", action="store_true", help="also draw the sweep plots into DIR/plots")
+    _executor_flags(p)
+    p.set_defaults(func=cmd_sweep)
+
+    p = subparsers.add_parser("search", help="search the parallel layouts of a scenario for the fastest step")
+    p.add_argument("scenario", help="scenario file (YAML/JSON) or a built-in scenario name")
+    p.add_argument("--out", help="directory for search.csv and best.json")
+    p.add_argument("--max-tp", type=int, help="largest tensor parallelism (default: the scale-up domain)")
+    p.add_argument("--max-pp", type=int, help="largest pipeline parallelism (default: the layer count)")
+    p.add_argument("--max-cp", type=int, default=1, help="largest context parallelism (default 1)")
+    p.add_argument("--max-ep", type=int, help="largest expert parallelism (MoE; default: no bound)")
+    p.add_argument("--max-vpp", type=int, default=4, help="largest virtual stages for interleaved-1f1b (default 4)")
+    p.add_argument("--schedules", default="1f1b,interleaved-1f1b", help="comma-separated pipeline schedules")
+    p.add_argument("--zero", help="comma-separated ZeRO stages (default: the scenario's)")
+    p.add_argument("--micro-batch-sizes", help="comma-separated micro-batch sizes (default: the scenario's)")
+    p.add_argument("--recompute", default="none,selective,full", help="comma-separated recompute modes")
+    p.add_argument("--max-candidates", type=int, help="simulate at most N layouts (ranked by an analytic proxy)")
+    p.add_argument("--top", type=int, default=10, help="rows of the runner-up table (default 10)")
+    p.add_argument("--json", action="store_true", help="print best.json instead of the table")
+    _executor_flags(p)
+    p.set_defaults(func=cmd_search)
+
+    p = subparsers.add_parser("sweep-plot", help="draw a sweep's results (PNG and SVG into DIR/plots)")
+    p.add_argument("dir", help="the sweep's --out directory")
+    p.add_argument("--x", help="axis on the x axis (default: the sweep's first axis)")
+    p.add_argument("--y", default="step_time_s", help="metric: step_time_s (default), mfu, tokens_per_s, ...")
+    p.add_argument("--hue", help="column giving one line each (default: every other axis)")
+    p.add_argument("--heatmap", help="second axis of the heatmap (default: the sweep's second axis)")
+    p.set_defaults(func=cmd_sweep_plot)
+
+
+def _with_commands(original):
+    """Wrap a ``build_parser`` so that its parser has these commands (once)."""
+
+    def build() -> argparse.ArgumentParser:
+        ap = original()
+        sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+        if not all(c in sub.choices for c in COMMANDS):
+            register(sub)
+        return ap
+
+    return build
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``stepsim``'s parser with these commands added (unless ``simulator.cli`` already has them)."""
+    from simulator import cli
+
+    return _with_commands(cli.build_parser)()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``simulator.cli.main`` with these commands available, so that exit codes and error
+    messages are the same (for ``python -m simulator.cli_sweep`` until ``stepsim`` wires them)."""
+    from simulator import cli
+
+    original = cli.build_parser
+    cli.build_parser = _with_commands(original)
+    try:
+        return cli.main(argv)
+    finally:
+        cli.build_parser = original
+
+
+if __name__ == "__main__":
+    sys.exit(main())
