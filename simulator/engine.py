@@ -70,12 +70,14 @@ class Engine:
         dtype: str = "bf16",
         compute_scale: Optional[dict[int, float]] = None,
         algorithms: Optional[dict[str, str]] = None,
+        host_bw_bytes_per_s: float = 32e9,
     ):
         if layout.world > topo.n_devices:
             raise TraceError(f"parallel: the layout needs {layout.world} devices, the cluster has {topo.n_devices}")
         self.trace, self.topo, self.layout, self.chip = trace, topo, layout, chip
         self.cal, self.dtype = compute_cal, dtype
         self.compute_scale = compute_scale or {}
+        self.host_bw = host_bw_bytes_per_s  # each device's own host link (PCIe); not shared
         self.algorithms = algorithms or {}
         self.env = simpy.Environment()
         self.net = FlowNetwork(self.env, topo, network_cal)
@@ -163,8 +165,12 @@ class Engine:
                 yield from self._collective(op)
             elif op.kind == "send":
                 yield from self._send(op)
+            elif op.kind == "host":
+                rate = op.rate_bytes_per_s or self.host_bw
+                if op.size_bytes > 0:
+                    yield env.timeout(op.size_bytes / rate)
             else:
-                raise TraceError(f"op {op.id}: unknown kind {op.kind!r}; expected compute, collective or send")
+                raise TraceError(f"op {op.id}: unknown kind {op.kind!r}; expected compute, collective, send or host")
             end = env.now
             self._mem(op, "end")
             self.end_time[op.id] = end

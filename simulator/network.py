@@ -2,25 +2,44 @@
 
 Two layers, in the style of Estee's ``netmodels``:
 
-* :func:`maxmin_rates` -- the bandwidth-sharing maths, a pure numpy function of an
-  incidence matrix (flows x links) and link capacities;
-* :class:`FlowNetwork` -- the simpy side, which only decides *when* to recompute:
-  whenever the set of in-flight flows changes (a phase arrives, flows complete).
+* the bandwidth-sharing maths -- :func:`maxmin_rates` (a pure function of an
+  incidence matrix and link capacities) and the two solvers behind it,
+  :func:`fill_arrays` (numpy, for big flow sets) and :func:`fill_small` (plain
+  Python, for the handful of flows of a typical phase); both run the same
+  progressive filling, in the same floating-point order, so they agree bit for bit;
+* :class:`FlowNetwork` -- the simpy side, which only decides *when* and *what* to
+  recompute.
 
-Between two changes every flow moves at a constant rate, so progress is advanced
-exactly (``remaining -= rate * dt``) and the next completion time is known in
-advance; a wake-up is scheduled for it and carries a generation number so that a
-wake-up made stale by a later change is ignored.
+Incremental recomputation
+-------------------------
+Under max-min fairness the rates of a set of flows depend only on the flows they
+share links with, transitively: the *link-sharing component*. Two flows in
+different components never influence each other, and max-min of the union is the
+union of the per-component max-mins. So when a phase arrives or flows complete,
+the network recomputes only the components that contain a changed link (found by
+a breadth-first search over a link -> active-flows index); every other flow keeps
+its rate, its progress reference and its completion time untouched. A phase on
+links disjoint from all others is solved alone; a completion on links nobody else
+uses costs no solve at all.
+
+Each flow stores ``(t0, remaining at t0, rate)``; its progress is only advanced when
+its rate is recomputed, so its completion time ``t0 + remaining / rate`` is exact and
+unaffected by unrelated events. Each solved component is pushed on a heap keyed by
+its earliest completion (ties broken by a counter); a single simpy wake-up is kept
+for the heap's top and is only rescheduled when the top moves earlier.
 
 Bundling: a :class:`Transfer` of ``weight`` w stands for w identical parallel
-transfers on the same path (the twins of a symmetric collective). It is one row of
-the incidence matrix, but loads its links w times.
+transfers on the same path (the twins of a symmetric collective); identical
+transfers (same ``src``, ``dst``, ``size_bytes``) of one phase are merged into one
+flow of summed weight. A flow loads its links w times.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
@@ -35,9 +54,17 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Links whose fair share is within this relative distance of the bottleneck level
 #: saturate together (progressive filling).
 BOTTLENECK_RTOL = 1e-9
-#: A flow is complete when its remaining bytes are below this fraction of its size
-#: (floating-point residue of ``remaining -= rate * dt``).
+#: A flow completes together with the earliest flow of its component when its own
+#: completion time is within this fraction of its current constant-rate segment
+#: (floating-point residue; symmetric flows then finish in one event).
 DONE_RTOL = 1e-9
+#: Components with at most this many flows are solved in plain Python (numpy's
+#: per-call overhead dominates below it).
+SMALL_COMPONENT = 48
+#: Completions of at most this many flows update link counters one by one.
+_SMALL_BATCH = 64
+
+_INF = float("inf")
 
 
 class NetworkError(ValueError):
@@ -73,10 +100,7 @@ def maxmin_rates(incidence: sp.spmatrix, capacity: np.ndarray,
     ``remaining_l / demand_l`` (``demand_l`` = weight of unfixed flows on l). The
     smallest such level fixes every unfixed flow on the links that reach it
     (within :data:`BOTTLENECK_RTOL`); their use is taken off the capacities and the
-    loop repeats. Iterations = number of distinct bottleneck levels; each is a
-    few vectorised gathers and bincounts over the entries of the flows it fixes
-    (symmetric collectives have one or two levels; heterogeneous mixes of a few
-    thousand flows can have ~100, about 0.1 ms each).
+    loop repeats (see :func:`fill_arrays`).
 
     Raises
     ------
@@ -101,50 +125,120 @@ def maxmin_rates(incidence: sp.spmatrix, capacity: np.ndarray,
             raise NetworkError(f"weights has {w.shape[0]} entries but incidence has {n_flows} flows")
         if np.any(~(w > 0)):
             raise NetworkError(f"weights must be > 0; got min {w.min()!r}")
+    owner = np.repeat(np.arange(n_flows), np.diff(a.indptr))
+    return fill_arrays(owner, a.indices.astype(np.int64), a.data, w, cap)
+
+
+def fill_arrays(owner: np.ndarray, link: np.ndarray, mult: np.ndarray, w: np.ndarray,
+                cap: np.ndarray) -> np.ndarray:
+    """Progressive filling on a flow set given as incidence entries (numpy).
+
+    Parameters
+    ----------
+    owner, link, mult : arrays, shape (entries,)
+        Entry e says flow ``owner[e]`` crosses link ``link[e]`` ``mult[e]`` times.
+        Entries must be grouped by flow in increasing flow order (CSR order).
+    w : array, shape (flows,)
+        Weight of each flow (> 0).
+    cap : array, shape (links,)
+        Capacity of each link indexed by ``link`` (>= 0).
+
+    Returns
+    -------
+    numpy.ndarray, shape (flows,)
+        Rate per unit flow; ``inf`` for a flow with no entry.
+
+    Notes
+    -----
+    One iteration per distinct bottleneck level (symmetric collectives have one or
+    two), each O(entries + links) of vectorised gathers and bincounts. Equal, bit
+    for bit, to :func:`fill_small` on the same flows in the same order.
+    """
+    n_flows, n_links = w.shape[0], cap.shape[0]
     rates = np.full(n_flows, np.inf)
-    if n_flows == 0:
+    if owner.shape[0] == 0:
         return rates
-    at = a.T.tocsr()                       # links x flows
-    lens = np.diff(a.indptr)
-    active = lens > 0                      # flows that cross at least one link
-    remaining = cap.copy()
-    wa = np.where(active, w, 0.0)
-    demand = at @ wa                       # unfixed weight on each link
-    # stored entries of unfixed flows on each link (an exact integer count)
-    count = np.bincount(a.indices, np.repeat(active, lens).astype(float), minlength=n_links)
+    use = w[owner] * mult                   # capacity use per unit rate, per entry
+    remaining = cap.astype(float, copy=True)
+    demand = np.bincount(link, use, minlength=n_links)
+    count = np.bincount(link, minlength=n_links)   # entries of unfixed flows per link
+    alive = np.ones(owner.shape[0], dtype=bool)
+    mark = np.zeros(n_flows, dtype=bool)
+    mark[owner] = True
+    n_active = int(mark.sum())
     share = np.empty(n_links)
-    n_active = int(active.sum())
     while n_active:
-        used = count > 0
         share.fill(np.inf)
-        np.divide(remaining, demand, out=share, where=used)
+        np.divide(remaining, demand, out=share, where=count > 0)
         level = share.min()
-        saturated = np.flatnonzero(share <= level * (1.0 + BOTTLENECK_RTOL))
-        flows, _, _ = _gather_rows(at, saturated)
-        hit = np.zeros(n_flows, dtype=bool)
-        hit[flows] = True
-        hit &= active
-        fixed = np.flatnonzero(hit)
+        saturated = share <= level * (1.0 + BOTTLENECK_RTOL)
+        mark.fill(False)
+        mark[owner[alive & saturated[link]]] = True
+        fixed = np.flatnonzero(mark)
         rates[fixed] = level
-        active[fixed] = False
         n_active -= fixed.shape[0]
-        links, owner, mult = _gather_rows(a, fixed)
-        delta = np.bincount(links, w[owner] * mult, minlength=n_links)
+        hit = alive & mark[owner]
+        alive &= ~hit
+        links = link[hit]
+        delta = np.bincount(links, use[hit], minlength=n_links)
         demand -= delta
-        remaining -= delta * level     # every newly fixed flow runs at ``level``
+        remaining -= delta * level         # every newly fixed flow runs at ``level``
         count -= np.bincount(links, minlength=n_links)
         np.maximum(remaining, 0.0, out=remaining)
     return rates
 
 
-def _gather_rows(m: sp.csr_matrix, rows: np.ndarray):
-    """Column indices, owning row and value of every stored entry of ``m[rows]``."""
-    starts = m.indptr[rows]
-    lens = m.indptr[rows + 1] - starts
-    total = int(lens.sum())
-    ends = np.cumsum(lens)
-    pos = np.repeat(starts - (ends - lens), lens) + np.arange(total)
-    return m.indices[pos], np.repeat(rows, lens), m.data[pos]
+def fill_small(flow_links: Sequence[Sequence[int]], w: Sequence[float],
+               cap: Sequence[float]) -> list[float]:
+    """Progressive filling in plain Python, for a few flows.
+
+    ``flow_links[f]`` lists the links of flow f (a link listed k times is crossed k
+    times), ``w[f]`` its weight, ``cap[l]`` the capacity of link l (any indexable).
+    Returns the rate per unit flow (``inf`` for a flow with no link). Same
+    operations in the same order as :func:`fill_arrays`, hence the same bits.
+    """
+    rem: dict[int, float] = {}
+    dem: dict[int, float] = {}
+    cnt: dict[int, int] = {}
+    on: dict[int, list[int]] = {}
+    n = len(flow_links)
+    rates = [_INF] * n
+    fixed = [True] * n
+    left = 0
+    for i, links in enumerate(flow_links):
+        wi = w[i]
+        if links:
+            fixed[i] = False
+            left += 1
+        for lk in links:
+            if lk in dem:
+                dem[lk] += wi
+                cnt[lk] += 1
+                on[lk].append(i)
+            else:
+                dem[lk] = wi
+                cnt[lk] = 1
+                rem[lk] = float(cap[lk])
+                on[lk] = [i]
+    while left:
+        shares = {lk: rem[lk] / d for lk, d in dem.items() if cnt[lk]}
+        level = min(shares.values())
+        thr = level * (1.0 + BOTTLENECK_RTOL)
+        newly = sorted({i for lk, s in shares.items() if s <= thr for i in on[lk] if not fixed[i]})
+        delta: dict[int, float] = {}
+        for i in newly:
+            rates[i] = level
+            fixed[i] = True
+            wi = w[i]
+            for lk in flow_links[i]:
+                delta[lk] = delta.get(lk, 0.0) + wi
+                cnt[lk] -= 1
+        left -= len(newly)
+        for lk, d in delta.items():
+            dem[lk] -= d
+            r = rem[lk] - d * level
+            rem[lk] = r if r > 0.0 else 0.0
+    return rates
 
 
 # ---------------------------------------------------------------------------
@@ -169,18 +263,30 @@ class Transfer:
 class NetworkStats:
     """Counters of a :class:`FlowNetwork`.
 
-    ``link_bytes[l]`` is the number of bytes carried by directed link ``l``;
-    divide by ``link_capacity * elapsed`` (see :meth:`utilisation`) for its
-    average utilisation.
+    ``link_bytes[l]`` is the number of bytes carried by directed link ``l`` by the
+    flows completed so far (a flow's bytes are counted when it completes); divide
+    by ``link_capacity * elapsed`` (see :meth:`utilisation`) for its average
+    utilisation.
+
+    ``flows_started`` counts network transfers handed to ``transfer`` (after
+    dropping local and empty ones), ``flow_rows_started`` the flows they became
+    after merging identical transfers, ``unit_flows_started`` the sum of weights.
+    ``recomputations`` counts instants at which some rates were recomputed,
+    ``components_solved`` the max-min problems solved then and
+    ``flows_recomputed`` the flows in them; ``wakeups`` counts completion events.
     """
 
     link_bytes: np.ndarray
     recomputations: int = 0
-    flows_started: int = 0          # rows (bundled transfers)
+    flows_started: int = 0          # network transfers (before merging identical ones)
     unit_flows_started: int = 0     # sum of weights
     phases_started: int = 0
-    max_concurrent_flows: int = 0
+    max_concurrent_flows: int = 0   # flows (merged rows) in flight at once
     link_capacity: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    flow_rows_started: int = 0
+    components_solved: int = 0
+    flows_recomputed: int = 0
+    wakeups: int = 0
 
     def utilisation(self, elapsed_s: float) -> np.ndarray:
         """Average fraction of (calibrated) capacity used on each link over ``elapsed_s``."""
@@ -218,18 +324,33 @@ class FlowNetwork:
         self.link_overhead = np.array([self.calibration.overhead_of(k) for k in kinds], dtype=float)
         self.n_links = self.capacity.shape[0]
         self.stats = NetworkStats(link_bytes=np.zeros(self.n_links), link_capacity=self.capacity)
-        # in-flight flows (rows of _a)
-        self._a = sp.csr_matrix((0, self.n_links))
-        self._remaining = np.zeros(0)
-        self._size = np.zeros(0)
-        self._weight = np.zeros(0)
-        self._phase = np.zeros(0, dtype=np.int64)
-        self._rates = np.zeros(0)
-        self._load = np.zeros(self.n_links)          # bytes/s on each link
-        self._due = np.zeros(0, dtype=bool)
-        self._last_t = env.now
-        self._gen = 0
+        self._cap = self.capacity.tolist()
+        self._lat = self.link_latency.tolist()
+        self._ovh = self.link_overhead.tolist()
+        self._routes: dict[tuple[int, int], tuple[tuple[int, ...], float, float]] = {}
+        # in-flight flows live in slots (plain lists, reused through a free list)
+        self._links: list[tuple[int, ...]] = []
+        self._w: list[float] = []
+        self._size: list[float] = []
+        self._rem: list[float] = []      # bytes left at time _t0
+        self._t0: list[float] = []
+        self._rate: list[float] = []     # per unit flow; 0 until first solved
+        self._end: list[float] = []      # completion time at the current rate
+        self._seq: list[int] = []        # arrival order: canonical order inside a component
+        self._batch: list[int] = []      # component (heap entry) the rate was set in; -1 free
+        self._pid: list[int] = []
+        self._free: list[int] = []
+        self._n_active = 0
+        self._flow_seq = itertools.count()
+        self._link_flows: dict[int, set[int]] = {}   # link -> active slots on it
+        self._new: list[int] = []        # slots arrived since the last update
+        self._dirty: list[int] = []      # links of flows completed since the last update
         self._update_pending = False
+        self._heap: list[tuple[float, int]] = []     # (earliest completion, batch id)
+        self._batches: dict[int, list[int]] = {}
+        self._batch_ids = itertools.count()
+        self._wake_at = _INF
+        self._gen = 0
         self._phase_ids = itertools.count()
         self._phase_left: dict[int, int] = {}
         self._phase_event: dict[int, simpy.Event] = {}
@@ -239,57 +360,52 @@ class FlowNetwork:
 
     @property
     def active_flows(self) -> int:
-        return int(self._remaining.shape[0])
+        return self._n_active
 
-    def _phase_arrays(self, transfers: Sequence[Transfer]):
-        """Validated (src, dst, size, weight) arrays of the network transfers of a phase."""
-        n = len(transfers)
-        src = np.fromiter((t.src for t in transfers), dtype=np.int64, count=n)
-        dst = np.fromiter((t.dst for t in transfers), dtype=np.int64, count=n)
-        size = np.fromiter((t.size_bytes for t in transfers), dtype=float, count=n)
-        weight = np.fromiter((t.weight for t in transfers), dtype=float, count=n)
-        bad = ~((size >= 0) & np.isfinite(size))
-        if bad.any():
-            raise NetworkError(f"transfer {transfers[int(np.argmax(bad))]}: size_bytes must be "
-                               "finite and >= 0")
-        bad = ~((weight >= 1) & (weight == np.floor(weight)))
-        if bad.any():
-            raise NetworkError(f"transfer {transfers[int(np.argmax(bad))]}: weight must be an "
-                               "integer >= 1")
+    def _route(self, s: int, d: int) -> tuple[tuple[int, ...], float, float]:
+        """(links, path latency, largest per-step overhead) of ``s -> d``, cached."""
+        key = (s, d)
+        info = self._routes.get(key)
+        if info is None:
+            links = tuple(int(lk) for lk in self.topo.route(s, d))
+            lat, ovh = self._lat, self._ovh
+            info = (links, sum(lat[lk] for lk in links), max((ovh[lk] for lk in links), default=0.0))
+            self._routes[key] = info
+        return info
+
+    def _merged(self, transfers: Sequence[Transfer]):
+        """Validated network transfers of a phase, identical ones merged.
+
+        Returns ``(n_transfers, {(src, dst, size): weight})`` (insertion order = first
+        appearance)."""
         n_dev = self.topo.n_devices
-        bad = (src < 0) | (src >= n_dev) | (dst < 0) | (dst >= n_dev)
-        if bad.any():
-            raise NetworkError(f"transfer {transfers[int(np.argmax(bad))]}: devices must be in "
-                               f"[0, {n_dev})")
-        keep = (src != dst) & (size > 0)
-        return src[keep], dst[keep], size[keep], weight[keep]
-
-    def _rows(self, src: np.ndarray, dst: np.ndarray):
-        """Incidence rows of routes ``src -> dst`` and each route's latency and overhead."""
-        route = self.topo.route
-        routes = [route(s, d) for s, d in zip(src.tolist(), dst.tolist())]
-        lens = np.fromiter(map(len, routes), dtype=np.int64, count=len(routes))
-        indptr = np.zeros(len(routes) + 1, dtype=np.int64)
-        np.cumsum(lens, out=indptr[1:])
-        indices = np.fromiter(itertools.chain.from_iterable(routes), dtype=np.int64,
-                              count=int(indptr[-1]))
-        rows = sp.csr_matrix((np.ones(indices.shape[0]), indices, indptr),
-                             shape=(len(routes), self.n_links))
-        starts = indptr[:-1]
-        latency = np.add.reduceat(self.link_latency[indices], starts)
-        overhead = np.maximum.reduceat(self.link_overhead[indices], starts)
-        return rows, latency, overhead
+        merged: dict[tuple[int, int, float], float] = {}
+        n = 0
+        for t in transfers:
+            size, weight, s, d = t.size_bytes, t.weight, t.src, t.dst
+            if not (0 <= size < _INF):
+                raise NetworkError(f"transfer {t}: size_bytes must be finite and >= 0")
+            if not (weight >= 1 and weight == int(weight)):
+                raise NetworkError(f"transfer {t}: weight must be an integer >= 1")
+            if not (0 <= s < n_dev and 0 <= d < n_dev):
+                raise NetworkError(f"transfer {t}: devices must be in [0, {n_dev})")
+            if s == d or size == 0:
+                continue
+            n += 1
+            key = (int(s), int(d), float(size))
+            merged[key] = merged.get(key, 0.0) + float(weight)
+        return n, merged
 
     def phase_latency_s(self, transfers: Sequence[Transfer], steps: int = 1) -> float:
         """``steps`` x (largest path latency + largest per-step overhead) of ``transfers``.
 
         Transfers with ``src == dst`` or zero bytes do not count.
         """
-        src, dst, _, _ = self._phase_arrays(transfers)
-        if src.size == 0:
+        _, merged = self._merged(transfers)
+        if not merged:
             return 0.0
-        _, latency, overhead = self._rows(src, dst)
-        return steps * (float(latency.max()) + float(overhead.max()))
+        infos = [self._route(s, d) for s, d, _ in merged]
+        return steps * (max(i[1] for i in infos) + max(i[2] for i in infos))
 
     def transfer(self, transfers: Sequence[Transfer], steps: int = 1, tag: str = "") -> simpy.Event:
         """Start a phase; the returned event fires when its last transfer completes.
@@ -306,93 +422,252 @@ class FlowNetwork:
         """
         if not (isinstance(steps, (int, np.integer)) and steps >= 1):
             raise NetworkError(f"steps must be an integer >= 1, got {steps!r}")
-        src, dst, sizes, weights = self._phase_arrays(transfers)
+        n, merged = self._merged(transfers)
         done = self.env.event()
-        self.stats.phases_started += 1
-        if src.size == 0:
+        stats = self.stats
+        stats.phases_started += 1
+        if not merged:
             done.succeed()
             return done
-        rows, latency, overhead = self._rows(src, dst)
-        delay = steps * (float(latency.max()) + float(overhead.max()))
+        flows = []
+        lat = ovh = 0.0
+        units = 0.0
+        for (s, d, size), w in merged.items():
+            links, la, ov = self._route(s, d)
+            if la > lat:
+                lat = la
+            if ov > ovh:
+                ovh = ov
+            units += w
+            flows.append((links, size, w))
         pid = next(self._phase_ids)
         self._phase_event[pid] = done
         self._phase_tag[pid] = tag
-        self.stats.flows_started += int(src.size)
-        self.stats.unit_flows_started += int(weights.sum())
-        timer = self.env.timeout(delay)
-        timer.callbacks.append(lambda _ev: self._arrive(pid, rows, sizes, weights))
+        self._phase_left[pid] = len(flows)
+        stats.flows_started += n
+        stats.flow_rows_started += len(flows)
+        stats.unit_flows_started += int(units)
+        timer = self.env.timeout(steps * (lat + ovh))
+        timer.callbacks.append(partial(self._arrive, pid, flows))
         return done
 
     # -- event handling ------------------------------------------------------
 
-    def _advance(self) -> None:
-        """Move every flow forward to ``env.now`` at its current rate."""
-        dt = self.env.now - self._last_t
-        if dt > 0 and self._remaining.shape[0]:
-            self._remaining -= self._rates * dt
-            self.stats.link_bytes += self._load * dt
-        self._last_t = self.env.now
+    def _arrive(self, pid: int, flows: list, _ev=None) -> None:
+        """The phase's latency has elapsed: its flows enter the network."""
+        lf = self._link_flows
+        now = self.env.now
+        new = self._new
+        for links, size, w in flows:
+            if self._free:
+                s = self._free.pop()
+                self._links[s] = links
+                self._w[s] = w
+                self._size[s] = size
+                self._rem[s] = size
+                self._t0[s] = now
+                self._rate[s] = 0.0
+                self._end[s] = _INF
+                self._seq[s] = next(self._flow_seq)
+                self._batch[s] = -2
+                self._pid[s] = pid
+            else:
+                s = len(self._links)
+                self._links.append(links)
+                self._w.append(w)
+                self._size.append(size)
+                self._rem.append(size)
+                self._t0.append(now)
+                self._rate.append(0.0)
+                self._end.append(_INF)
+                self._seq.append(next(self._flow_seq))
+                self._batch.append(-2)
+                self._pid.append(pid)
+            for lk in links:
+                fl = lf.get(lk)
+                if fl is None:
+                    lf[lk] = {s}
+                else:
+                    fl.add(s)
+            new.append(s)
+        self._n_active += len(flows)
+        if self._n_active > self.stats.max_concurrent_flows:
+            self.stats.max_concurrent_flows = self._n_active
+        self._request_update()
 
-    def _arrive(self, pid: int, rows: sp.csr_matrix, sizes: np.ndarray, weights: np.ndarray) -> None:
-        self._advance()
-        n = sizes.shape[0]
-        self._a = sp.vstack([self._a, rows], format="csr")
-        self._remaining = np.concatenate([self._remaining, sizes])
-        self._size = np.concatenate([self._size, sizes])
-        self._weight = np.concatenate([self._weight, weights])
-        self._phase = np.concatenate([self._phase, np.full(n, pid, dtype=np.int64)])
-        self._rates = np.concatenate([self._rates, np.zeros(n)])
-        self._due = np.zeros(self._remaining.shape[0], dtype=bool)
-        self._phase_left[pid] = n
-        self.stats.max_concurrent_flows = max(self.stats.max_concurrent_flows,
-                                              self._remaining.shape[0])
-        self._changed()
-
-    def _changed(self) -> None:
-        """The flow set changed: stale the pending wake-up, recompute once at this instant."""
-        self._gen += 1
+    def _request_update(self) -> None:
+        """Recompute once at this instant, after every change made at it."""
         if not self._update_pending:
             self._update_pending = True
             self.env.timeout(0).callbacks.append(self._update)
 
+    def _components(self, seeds: list[int]) -> list[list[int]]:
+        """Link-sharing components of the active flows on ``seeds`` (links), each in
+        arrival order, in order of their first flow's arrival."""
+        lf, links = self._link_flows, self._links
+        seen_links: set[int] = set()
+        seen: set[int] = set()
+        comps = []
+        for l0 in seeds:
+            if l0 in seen_links or l0 not in lf:
+                continue
+            seen_links.add(l0)
+            stack = [l0]
+            comp: list[int] = []
+            while stack:
+                for f in lf[stack.pop()]:
+                    if f not in seen:
+                        seen.add(f)
+                        comp.append(f)
+                        for lk in links[f]:
+                            if lk not in seen_links:
+                                seen_links.add(lk)
+                                stack.append(lk)
+            comp.sort(key=self._seq.__getitem__)
+            comps.append(comp)
+        comps.sort(key=lambda c: self._seq[c[0]])
+        return comps
+
+    def _solve(self, comp: list[int]) -> list[float]:
+        """Max-min rates of one component (slots in canonical order)."""
+        links, w = self._links, self._w
+        if len(comp) <= SMALL_COMPONENT:
+            return fill_small([links[s] for s in comp], [w[s] for s in comp], self._cap)
+        lens = np.fromiter((len(links[s]) for s in comp), dtype=np.int64, count=len(comp))
+        flat = np.fromiter(itertools.chain.from_iterable(links[s] for s in comp), dtype=np.int64,
+                           count=int(lens.sum()))
+        used, local = np.unique(flat, return_inverse=True)
+        owner = np.repeat(np.arange(len(comp)), lens)
+        wa = np.array([w[s] for s in comp], dtype=float)
+        rates = fill_arrays(owner, local.reshape(-1), np.ones(flat.shape[0]), wa,
+                            self.capacity[used])
+        return rates.tolist()
+
     def _update(self, _ev=None) -> None:
         self._update_pending = False
-        self._advance()
-        if self._remaining.shape[0] == 0:
-            self._load = np.zeros(self.n_links)
-            return
-        self._rates = maxmin_rates(self._a, self.capacity, self._weight)
-        self._load = self._a.T @ (self._weight * self._rates)
-        self.stats.recomputations += 1
-        left = np.maximum(self._remaining, 0.0)
-        finish = left / self._rates
-        dt = float(finish.min())
-        self._due = finish <= dt * (1.0 + DONE_RTOL)
-        self._gen += 1
-        gen = self._gen
-        self.env.timeout(dt).callbacks.append(lambda _ev: self._wake(gen))
+        seeds = self._dirty
+        self._dirty = []
+        links = self._links
+        for s in self._new:
+            seeds.extend(links[s])
+        self._new = []
+        comps = self._components(seeds)
+        if comps:
+            self._recompute(comps)
+        self._schedule_wake()
 
-    def _wake(self, gen: int) -> None:
+    def _recompute(self, comps: list[list[int]]) -> None:
+        now = self.env.now
+        rem, t0, rate, end, batch = self._rem, self._t0, self._rate, self._end, self._batch
+        heap = self._heap
+        stats = self.stats
+        stats.recomputations += 1
+        stats.components_solved += len(comps)
+        for comp in comps:
+            rates = self._solve(comp)
+            stats.flows_recomputed += len(comp)
+            bid = next(self._batch_ids)
+            first = _INF
+            for s, r in zip(comp, rates):
+                old = rate[s]
+                if r != old:
+                    if old > 0.0:              # advance at the old rate up to now
+                        left = rem[s] - old * (now - t0[s])
+                        rem[s] = left if left > 0.0 else 0.0
+                        t0[s] = now
+                    rate[s] = r
+                    end[s] = t0[s] + rem[s] / r
+                # else: same rate, same segment, same completion time
+                batch[s] = bid
+                if end[s] < first:
+                    first = end[s]
+            self._batches[bid] = comp
+            heapq.heappush(heap, (first, bid))
+
+    def _stale(self, bid: int) -> bool:
+        """A component whose flows were re-solved since (or completed)."""
+        return self._batch[self._batches[bid][0]] != bid
+
+    def _schedule_wake(self) -> None:
+        """Keep one simpy wake-up at the earliest completion; only reschedule when
+        that time moves earlier."""
+        heap = self._heap
+        while heap and self._stale(heap[0][1]):
+            del self._batches[heapq.heappop(heap)[1]]
+        if not heap:
+            return
+        t = heap[0][0]
+        if t < self._wake_at:
+            self._gen += 1
+            self._wake_at = t
+            delay = t - self.env.now
+            self.env.timeout(delay if delay > 0.0 else 0.0).callbacks.append(
+                partial(self._wake, self._gen, t))
+
+    def _wake(self, gen: int, t: float, _ev=None) -> None:
         if gen != self._gen:
             return
-        self._advance()
-        done = self._due | (self._remaining <= self._size * DONE_RTOL)
-        keep = ~done
-        finished = self._phase[done]
-        self._a = self._a[keep]
-        self._remaining = self._remaining[keep]
-        self._size = self._size[keep]
-        self._weight = self._weight[keep]
-        self._phase = self._phase[keep]
-        self._rates = self._rates[keep]
-        self._due = np.zeros(self._remaining.shape[0], dtype=bool)
-        pids, counts = np.unique(finished, return_counts=True)
-        for pid, count in zip(pids.tolist(), counts.tolist()):
-            left = self._phase_left[pid] - count
-            if left:
-                self._phase_left[pid] = left
+        self._wake_at = _INF
+        self.stats.wakeups += 1
+        heap, batches = self._heap, self._batches
+        end, t0 = self._end, self._t0
+        done: list[int] = []
+        while heap and heap[0][0] <= t:
+            key, bid = heapq.heappop(heap)
+            comp = batches.pop(bid)
+            if self._batch[comp[0]] != bid:
+                continue
+            # Every other flow of this component shares links with a completing flow
+            # (transitively), so the update below re-solves all of them.
+            for s in comp:
+                e = end[s]
+                if e <= key + DONE_RTOL * (e - t0[s]):
+                    done.append(s)
+        if done:
+            self._complete(done)
+            self._request_update()
+        else:
+            self._schedule_wake()
+
+    def _complete(self, done: list[int]) -> None:
+        """Remove finished flows, count their bytes, fire finished phases."""
+        lf, links, w, size, pid = self._link_flows, self._links, self._w, self._size, self._pid
+        batch = self._batch
+        link_bytes = self.stats.link_bytes
+        dirty = self._dirty
+        left = self._phase_left
+        finished = []
+        small = len(done) <= _SMALL_BATCH
+        for s in done:
+            moved = w[s] * size[s]
+            for lk in links[s]:
+                fl = lf[lk]
+                fl.discard(s)
+                if fl:
+                    dirty.append(lk)
+                else:
+                    del lf[lk]
+                if small:
+                    link_bytes[lk] += moved
+            batch[s] = -1
+            p = pid[s]
+            n = left[p] - 1
+            if n:
+                left[p] = n
             else:
-                del self._phase_left[pid]
-                del self._phase_tag[pid]
-                self._phase_event.pop(pid).succeed()
-        self._changed()
+                finished.append(p)
+        if not small:
+            lens = [len(links[s]) for s in done]
+            flat = np.fromiter(itertools.chain.from_iterable(links[s] for s in done),
+                               dtype=np.int64, count=sum(lens))
+            moved = np.repeat([w[s] * size[s] for s in done], lens)
+            np.add.at(link_bytes, flat, moved)
+        for s in done:
+            links[s] = ()
+        self._free.extend(reversed(done))
+        self._n_active -= len(done)
+        finished.sort()
+        for p in finished:
+            del left[p]
+            del self._phase_tag[p]
+            self._phase_event.pop(p).succeed()

@@ -13,9 +13,9 @@ PHASE_COLOURS = {
 }
 AXIS_COLOURS = {
     "tp": "#DD8452", "cp": "#937860", "ep": "#C44E52", "dp": "#DA8BC3", "dp_cp": "#DA8BC3", "edp": "#E6A9D4",
-    "pp": "#64B5CD", "pp_mirror": "#8FCBE0",
+    "pp": "#64B5CD", "pp_mirror": "#8FCBE0", "": "#B0B0B0",
 }
-COMM_STREAMS = ("tp", "cp", "ep", "dp", "fsdp", "pp")
+COMM_STREAMS = ("tp", "cp", "ep", "dp", "fsdp", "pp", "offload")
 
 
 def _time_unit(step: float) -> tuple[float, str]:

@@ -123,6 +123,11 @@ class ParallelIn(_Strict):
     order: str = "-".join(ORDER_AXES)
 
 
+class OffloadIn(_Strict):
+    optimizer: bool = False
+    activations: bool = False
+
+
 class ExpertLoadIn(_Strict):
     distribution: Literal["balanced", "zipf", "lognormal", "dirichlet"] = "balanced"
     skew: float = Field(1.0, gt=0)
@@ -140,6 +145,7 @@ class TrainingIn(_Strict):
     optimizer: Literal["adam", "muon", "sgd"] = "adam"
     flash_attention: bool = True
     expert_load: Optional[ExpertLoadIn] = None
+    offload: Optional["OffloadIn"] = None
 
 
 class PerturbationIn(_Strict):
@@ -237,7 +243,11 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
     cluster = _resolve_cluster(sc.cluster)
     layout = _resolve_layout(sc.parallel, cluster.devices)
     try:
-        training = TrainingSpec(**sc.training.model_dump(exclude={"expert_load"}))
+        tr = sc.training.model_dump(exclude={"expert_load", "offload"})
+        if sc.training.offload is not None:
+            tr["offload_optimizer"] = sc.training.offload.optimizer
+            tr["offload_activations"] = sc.training.offload.activations
+        training = TrainingSpec(**tr)
         training.micro_batches(layout.dp)
     except ValueError as err:
         raise ScenarioError(*_split(str(err), "training")) from None
@@ -293,7 +303,7 @@ def _from_pydantic(err: ValidationError, prefix: str) -> ScenarioError:
 def _allowed_keys(err: ValidationError, e) -> list[str]:
     title = err.title
     models = {m.__name__: m for m in (ScenarioIn, ParallelIn, TrainingIn, ModelIn, MoEIn, MLAIn, ChipIn,
-                                      PerturbationIn, ComputeCalIn, ExpertLoadIn)}
+                                      PerturbationIn, ComputeCalIn, ExpertLoadIn, OffloadIn)}
     # Walk the location to find the model whose keys were exceeded.
     m = models.get(title)
     for part in e["loc"][:-1]:

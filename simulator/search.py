@@ -37,12 +37,14 @@ ranked by a crude analytic proxy (recompute cost times pipeline bubble, see
 With ``out=DIR``: ``DIR/search.csv`` (every layout tried, with ``status``
 ``ok | oom | failed | pruned | invalid | skipped`` and ``reason``), ``DIR/best.json``
 (``{"best": {"scenario", "summary"} | null, "best_without_pp": ... , "gap": ...}``,
-scenarios as full mappings with presets expanded), and the sweep files
+each scenario the complete mapping that was simulated: the input scenario with the
+layout fields replaced, ready for ``stepsim run``), and the sweep files
 (``rows.jsonl``, ``results.parquet``/``.csv``) of the simulated layouts.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import dataclass, field
@@ -51,8 +53,8 @@ from typing import Mapping, Optional, Union
 
 import pandas as pd
 
-from simulator.schema import ScenarioError, load_scenario, scenario_to_dict
-from simulator.sweep import Case, _atomic_write, check_scenario, resolve, run_cases, set_dotted
+from simulator.schema import ScenarioError, load_scenario, read_mapping
+from simulator.sweep import Case, _absolutise, _atomic_write, check_scenario, resolve, run_cases, set_dotted
 from topologies.networks import SwitchedNetwork
 from workloads import memory
 from workloads import schedules as sched
@@ -280,9 +282,10 @@ def enumerate_layouts(sc, bounds: SearchBounds) -> list[dict]:
 
 
 def candidate_mapping(base: Mapping, p: Mapping, name: str) -> dict:
-    """The scenario mapping of one layout: ``base`` (a resolved scenario mapping) with its
-    parallel layout, schedule, micro-batch size and recompute mode replaced."""
-    par = dict(base["parallel"])
+    """The scenario mapping of one layout: ``base`` (the scenario as given) with its
+    parallel layout, schedule, micro-batch size and recompute mode replaced; every other
+    field (model, cluster, sequence length, batch, dtype, ...) kept as it was."""
+    par = dict(base.get("parallel") or {})
     etp = p["tp"] if par.get("etp", 1) > 1 and par.get("etp") == par.get("tp") else 1
     par.update(tp=p["tp"], pp=p["pp"], dp=p["dp"], cp=p["cp"], ep=p["ep"], vpp=p["vpp"], zero=p["zero"], etp=etp,
                pipeline_layers=None)
@@ -363,8 +366,13 @@ def search(
     """Search the layouts of ``scenario`` (path or mapping) within ``bounds`` (see the module
     notes). ``client`` / ``jobs`` / ``progress`` as for :func:`simulator.sweep.sweep`."""
     bounds = bounds or SearchBounds()
-    sc0 = load_scenario(scenario)
-    base = scenario_to_dict(sc0)
+    if isinstance(scenario, (str, Path)):
+        base = _absolutise(read_mapping(scenario), Path(scenario).resolve().parent)
+    elif isinstance(scenario, Mapping):
+        base = copy.deepcopy(dict(scenario))
+    else:
+        raise ScenarioError("", f"expected a scenario path or mapping, got {type(scenario).__name__}")
+    sc0 = load_scenario(base)
     hbm = sc0.cluster.chip.hbm_bytes
     records, cases, by_key = [], [], {}
     for i, p in enumerate(enumerate_layouts(sc0, bounds)):
@@ -394,7 +402,7 @@ def search(
                 rec.update(status="invalid", reason=f"same scenario as candidate {by_key[key]}")
             else:
                 by_key[key] = i
-                rec["_key"], rec["_resolved"] = key, resolved
+                rec["_key"], rec["_mapping"] = key, mapping
                 cases.append(Case(index=i, axes={k: p[k] for k in LAYOUT_KEYS}, scenario=mapping, key=key,
                                   resolved=resolved))
         records.append(rec)
@@ -435,7 +443,7 @@ def search(
         if ok.empty:
             return None
         i = int(ok.sort_values(["step_time_s", "candidate"], kind="stable").iloc[0]["candidate"])
-        return {"scenario": records[i]["_resolved"], "summary": summaries[i], "label": records[i]["label"]}
+        return {"scenario": records[i]["_mapping"], "summary": summaries[i], "label": records[i]["label"]}
 
     result = SearchResult(table=table, best=pick(table["pp"] > 0), best_without_pp=pick(table["pp"] == 1),
                           hbm_bytes=hbm, name=sc0.name)

@@ -74,7 +74,7 @@ def simulate(
                 scale[d] = p.compute_scale
     engine = Engine(
         trace, topo, sc.layout, chip, cal, network_cal=default_calibration(chip.family), dtype=sc.training.dtype,
-        compute_scale=scale, algorithms=dict(sc.algorithms),
+        compute_scale=scale, algorithms=dict(sc.algorithms), host_bw_bytes_per_s=sc.cluster.host_bw_bytes_per_s,
     )
     raw = engine.run()
     events = events_frame(raw, sc.layout)

@@ -31,7 +31,7 @@ class Op:
     id: int
     rank: int
     stream: str
-    kind: str  # "compute" | "collective" | "send"
+    kind: str  # "compute" | "collective" | "send" | "host"
     name: str
     phase: str = ""
     mb: int = -1
@@ -48,6 +48,7 @@ class Op:
     peer: int = -1  # send: destination rank
     mem: tuple[tuple[str, float, str], ...] = ()
     algorithm: Optional[str] = None
+    rate_bytes_per_s: float = 0.0  # host ops: 0 = the device's host link; else this rate (CPU work)
 
     @property
     def flops(self) -> float:

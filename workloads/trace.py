@@ -76,6 +76,11 @@ INPUT_GRAD_FREED_FRACTION = 0.5
 # (2 B); Muon and SGD keep one fp32 momentum (16 + 4 + 2 B).
 OPTIMIZER_BYTES_PER_PARAM = {"adam": 30.0, "muon": 22.0, "sgd": 22.0}
 
+# CPU optimizer update under offload: memory-bound on host DRAM. A two-socket DDR5
+# host streams ~400 GB/s (e.g. 2 x 8 channels x DDR5-4800 = 614 GB/s peak, ~65%
+# achieved), shared by its 8 GPUs' updates: ~50 GB/s per device.
+HOST_UPDATE_BYTES_PER_S = 50e9
+
 
 def split_layer_kernels(kernels: Sequence[counts.Kernel]) -> tuple[tuple, tuple, tuple, tuple, tuple]:
     """Split one layer's forward kernels into the groups the trace schedules apart:
@@ -519,6 +524,18 @@ class _RankProgram:
             # The next layer's compute waits for this collective: a zero-cost join on
             # the compute stream carries the dependency in stream order.
             self.compute(f"L{l}.join", (), phase, mb, k, l, deps=[out.id])
+        if b.t.offload_activations and not recompute:
+            stash = self._stash(l)
+            self.host(f"L{l}.act.d2h", stash, "F", deps=self.after_compute(), mb=mb, chunk=k, layer=l,
+                      mem=(("activations", -stash, "end"),))
+
+    def _prefetch(self, l: int, mb: int, k: int) -> list[int]:
+        """Activation offload: bring layer ``l``'s stash back to HBM before its backward."""
+        if not self.b.t.offload_activations:
+            return []
+        stash = self._stash(l)
+        op = self.host(f"L{l}.act.h2d", stash, "B", mb=mb, chunk=k, layer=l, mem=(("activations", stash, "start"),))
+        return [op.id]
 
     def _stash(self, l: int) -> float:
         b, L, t = self.b, self.b.L, self.b.t
@@ -558,8 +575,12 @@ class _RankProgram:
             self.compute("head." + part, self.b.bwd(b.head_kernels(), part), part, a.mb, pos, -1, deps=deps,
                          mem=(("activations", -self._head_bytes(), "end"),))
             deps = []
-        for l in reversed(layers):
-            deps += self._zero3_gather(l, a.mb, pos, part)
+        rev = list(reversed(layers))
+        fetched = {rev[0]: self._prefetch(rev[0], a.mb, pos)} if rev else {}
+        for i, l in enumerate(rev):
+            deps += self._zero3_gather(l, a.mb, pos, part) + fetched.pop(l, [])
+            if i + 1 < len(rev):  # prefetch one layer ahead
+                fetched[rev[i + 1]] = self._prefetch(rev[i + 1], a.mb, pos)
             if t.recompute == "full":
                 self.layer_forward(l, a.mb, pos, deps, recompute=True)
                 deps = []
@@ -702,7 +723,22 @@ class _RankProgram:
         kern = optimizer_kernels(dense, L.zero, L.dp * L.cp, t.optimizer)
         if expert:
             kern += optimizer_kernels(expert, L.zero, L.edp, t.optimizer)
-        self.compute("optimizer", kern, "opt", -1, -1, -1, deps=self.grad_ops)
+        if not t.offload_optimizer:
+            self.compute("optimizer", kern, "opt", -1, -1, -1, deps=self.grad_ops)
+            return
+        # ZeRO-Offload: fp32 gradients down to the host, the update on the CPU,
+        # bf16 parameters back up; the compute stream waits for the new weights.
+        shard = sum(k.bytes for k in kern) / OPTIMIZER_BYTES_PER_PARAM[t.optimizer]
+        d2h = self.host("grads.d2h", shard * GRAD_REDUCE_BYTES, "opt", deps=self.grad_ops)
+        cpu = self.host("optimizer.cpu", shard * OPTIMIZER_BYTES_PER_PARAM[t.optimizer], "opt", deps=[d2h.id],
+                        rate=HOST_UPDATE_BYTES_PER_S)
+        h2d = self.host("params.h2d", shard * PARAM_BYTES, "opt", deps=[cpu.id])
+        self.compute("optimizer.wait", (), "opt", -1, -1, -1, deps=[h2d.id])
+
+    def host(self, name: str, size: float, phase: str, deps=(), mb=-1, chunk=-1, layer=-1, rate=0.0, mem=()) -> Op:
+        """A transfer over the device's host link (or, with ``rate``, CPU work)."""
+        return self.b.add(rank=self.rank, stream="offload", kind="host", name=name, phase=phase, mb=mb, chunk=chunk,
+                          layer=layer, deps=tuple(deps), size_bytes=size, rate_bytes_per_s=rate, mem=tuple(mem))
 
     def local_params(self) -> tuple[float, float]:
         """(dense, expert) parameters this rank holds, counting every local chunk."""
@@ -725,5 +761,6 @@ class _RankProgram:
         b, L, t = self.b, self.b.L, self.b.t
         dense, expert = self.local_params()
         s = memory.state_bytes(dense, expert, L, dtype=t.dtype, optimizer=t.optimizer)
-        return {"weights": s.weights, "gradients": s.gradients, "optimizer": s.optimizer,
+        return {"weights": s.weights, "gradients": s.gradients,
+                "optimizer": 0.0 if t.offload_optimizer else s.optimizer,  # offloaded: in host memory
                 "activations": 0.0, "buffers": 0.0}

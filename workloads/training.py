@@ -23,6 +23,11 @@ class TrainingSpec:
     # Fused (flash) attention never materialises the s x s scores: the activation
     # estimate drops Korthikanti's 5as/h term (Dao et al. 2022, arXiv 2205.14135).
     flash_attention: bool = True
+    # Host-memory offload (ZeRO-Offload, Ren et al. 2021, arXiv 2101.06840): optimizer
+    # states live in host memory and the update runs on the CPU; stashed activations
+    # are copied to the host after each layer's forward and back before its backward.
+    offload_optimizer: bool = False
+    offload_activations: bool = False
 
     @property
     def tokens_per_step(self) -> int:

@@ -1,0 +1,133 @@
+"""Layout search: enumeration, memory pruning (estimate vs simulation), best / best without pp, outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from helpers import scenario
+from simulator import load_scenario, simulate
+from simulator.schema import ScenarioError
+from simulator.search import SearchBounds, enumerate_layouts, estimate_memory, label, search
+
+TINY_MOE = {"name": "tmoe", "layers": 4, "hidden": 512, "heads": 8, "kv_heads": 4, "ffn_hidden": 2048, "vocab": 64,
+            "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256, "shared_experts": 1, "dense_layers": 1}}
+
+
+def _tiny(hbm_bytes=None):
+    s = scenario()
+    s["parallel"] = {"tp": 1}
+    if hbm_bytes is not None:
+        s["cluster"] = {"preset": "dgx-h100", "devices": 8, "chip": {"preset": "h100", "hbm_bytes": hbm_bytes}}
+    return s
+
+
+def test_enumeration_covers_every_layout_that_divides():
+    sc = load_scenario(_tiny())
+    got = enumerate_layouts(sc, SearchBounds(recompute=("none",)))
+    pairs = {(p["tp"], p["pp"]) for p in got}
+    # tp up to the 8-GPU NVLink domain, pp up to the 4 layers, tp*pp dividing 8 devices.
+    assert pairs == {(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (8, 1)}
+    inter = [p for p in got if p["schedule"] == "interleaved-1f1b"]
+    assert {(p["pp"], p["vpp"]) for p in inter} == {(2, 2)}  # 4 layers over pp*vpp chunks
+    assert len(got) == 9 + 3
+    assert all(p["dp"] * p["tp"] * p["pp"] == 8 for p in got)
+    assert len({label(p) for p in got}) == len(got)
+    moe = load_scenario(scenario(model=TINY_MOE, parallel={"tp": 1}))
+    eps = {p["ep"] for p in enumerate_layouts(moe, SearchBounds(max_tp=1, max_pp=1, schedules=("1f1b",),
+                                                               recompute=("none",)))}
+    assert eps == {1, 2, 4, 8}
+
+
+@pytest.mark.parametrize("model, parallel, schedule, training", [
+    (TINY_MOE, {"tp": 1, "pp": 2, "ep": 4, "zero": 3}, "1f1b", {}),
+    (TINY_MOE, {"tp": 2, "pp": 2, "ep": 2, "cp": 2, "zero": 2}, "1f1b", {"recompute": "full"}),
+    (TINY_MOE, {"tp": 1, "pp": 2, "ep": 2}, "1f1b", {"balance": "aux-loss-global"}),
+    (None, {"tp": 1, "pp": 2, "vpp": 2}, "interleaved-1f1b", {"recompute": "selective"}),
+    (None, {"tp": 1, "pp": 2}, "zb-h1", {"recompute": "full"}),
+    (None, {"tp": 1, "pp": 2}, "dualpipe", {}),
+])
+def test_memory_estimate_matches_the_simulated_peak(model, parallel, schedule, training):
+    s = scenario(schedule=schedule, training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 16,
+                                              **training})
+    if model is not None:
+        s["model"] = model
+    s["parallel"] = dict(parallel)
+    sc = load_scenario(s)
+    est = estimate_memory(sc)
+    peak = simulate(sc).summary["peak_memory_bytes"]
+    assert est["total"] == pytest.approx(peak, rel=2e-3)
+    assert est["total"] == pytest.approx(est["weights"] + est["gradients"] + est["optimizer"] + est["activations"])
+
+
+def test_search_prunes_by_memory_and_finds_best_and_best_without_pp(tmp_path):
+    hbm = 0.4e9  # tp1-pp1 needs ~0.52 GB without recompute, ~0.42 GB with it: both pruned
+    bounds = SearchBounds(max_tp=2, schedules=("1f1b",), recompute=("none", "full"))
+    res = search(_tiny(hbm), out=tmp_path, bounds=bounds, jobs=2)
+    t = res.table
+    assert len(t) == 12  # tp in {1, 2} x pp in {1, 2, 4} x 2 recompute modes
+    pruned = t[t["status"] == "pruned"]
+    assert set(pruned["label"]) == {"tp1-pp1-dp8-1f1b-z1-mb1-none", "tp1-pp1-dp8-1f1b-z1-mb1-full"}
+    assert (pruned["est_memory_bytes"] > hbm).all() and pruned["reason"].str.contains("> HBM 0.40 GB").all()
+    assert pruned["step_time_s"].isna().all()  # never simulated
+    ok = t[t["status"] == "ok"]
+    assert len(ok) == 10 and (ok["peak_memory_bytes"] <= hbm).all()
+    assert ((ok["est_memory_bytes"] / ok["peak_memory_bytes"] - 1).abs() < 2e-3).all()
+    fastest = ok.sort_values("step_time_s").iloc[0]
+    assert res.best["label"] == fastest["label"]
+    assert res.best["summary"]["step_time_s"] == fastest["step_time_s"]
+    no_pp = ok[ok["pp"] == 1].sort_values("step_time_s").iloc[0]
+    assert res.best_without_pp["label"] == no_pp["label"] and no_pp["tp"] == 2
+    assert res.gap == pytest.approx(no_pp["step_time_s"] / fastest["step_time_s"] - 1)
+    assert list(res.ranked["label"])[0] == fastest["label"]
+    # Files.
+    csv = pd.read_csv(tmp_path / "search.csv")
+    assert len(csv) == 12 and set(csv["status"]) == {"ok", "pruned"}
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert set(best) == {"best", "best_without_pp", "gap"}
+    for k in ("best", "best_without_pp"):
+        sc = load_scenario(best[k]["scenario"])  # a full scenario that loads as it is
+        assert sc.cluster.chip.hbm_bytes == hbm
+        assert best[k]["summary"]["schema_version"] == 1
+    assert load_scenario(best["best_without_pp"]["scenario"]).layout.pp == 1
+    text = res.to_text()
+    assert "12 layouts — 10 ok, 2 pruned" in text and "best without pp" in text
+
+
+def test_max_candidates_simulates_only_the_best_ranked_and_nothing_fits_gives_null(tmp_path):
+    res = search(_tiny(), bounds=SearchBounds(max_tp=2, max_pp=2, schedules=("1f1b",), recompute=("none", "full"),
+                                              max_candidates=2), jobs=1)
+    counts = res.table["status"].value_counts()
+    assert counts["ok"] == 2 and counts["skipped"] == 6
+    assert set(res.table.loc[res.table["status"] == "ok", "recompute"]) == {"none"}  # full recompute ranks lower
+    res = search(_tiny(1e6), out=tmp_path, bounds=SearchBounds(max_tp=1, max_pp=1, schedules=("1f1b",),
+                                                               recompute=("none",)), jobs=1)
+    assert res.best is None and res.best_without_pp is None and res.gap is None
+    assert json.loads((tmp_path / "best.json").read_text()) == {"best": None, "best_without_pp": None, "gap": None}
+    assert "no layout fits" in res.to_text()
+
+
+def test_bad_bounds_name_the_field():
+    with pytest.raises(ScenarioError, match="bounds.schedules"):
+        SearchBounds(schedules=("1f2b",))
+    with pytest.raises(ScenarioError, match="bounds.zero"):
+        SearchBounds(zero=(4,))
+
+
+def test_cli_search(tmp_path, capsys):
+    from simulator.cli_sweep import main
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(_tiny()))
+    out = tmp_path / "o"
+    assert main(["search", str(path), "--out", str(out), "--max-tp", "2", "--max-pp", "2", "--schedules", "1f1b",
+                 "--recompute", "none", "--zero", "1,3", "--jobs", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "best without pp" in text and "8 layouts" in text
+    assert len(pd.read_csv(out / "search.csv")) == 8
+    assert main(["search", str(path), "--schedules", "1f2b"]) == 2
+    assert "--schedules" in capsys.readouterr().err
+    assert main(["search", str(path), "--zero", "x"]) == 2

@@ -1,0 +1,207 @@
+"""Sweeps: spec parsing, crash-safe resumption (a real kill), failed rows, local vs Dask, plots, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import yaml
+
+from helpers import scenario
+from simulator.schema import ScenarioError
+from simulator.sweep import (RowStore, eval_where, expand, load_sweep, set_dotted, sweep)
+
+
+def _base():
+    b = scenario()
+    b["parallel"] = {"tp": 1}  # dp: the devices left over
+    return b
+
+
+def _keys(path):
+    return [json.loads(line)["key"] for line in path.read_text().splitlines()]
+
+
+# ---- the spec ----------------------------------------------------------------------------
+
+
+def test_set_dotted_turns_presets_into_mappings_and_copies():
+    base = {"model": "llama3-8b", "parallel": {"tp": 2}}
+    out = set_dotted(base, "model.layers", 4)
+    assert out["model"] == {"preset": "llama3-8b", "layers": 4}
+    out = set_dotted(out, "cluster.network.nic_bw_bytes_per_s", 1e9)
+    assert out["cluster"] == {"network": {"nic_bw_bytes_per_s": 1e9}}
+    assert base == {"model": "llama3-8b", "parallel": {"tp": 2}}  # untouched
+    with pytest.raises(ScenarioError, match="parallel.tp.x"):
+        set_dotted(base, "parallel.tp.x", 1)
+
+
+def test_grid_product_order_and_cases_crossed_with_grid():
+    spec = load_sweep({"base": _base(), "grid": {"parallel.pp": [1, 2], "parallel.tp": [1, 2]}})
+    assert [tuple(a.values()) for a in spec.assignments] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    spec = load_sweep({"base": _base(), "cases": [{"schedule": "gpipe"}, {"schedule": "1f1b"}],
+                       "grid": {"parallel.pp": [1, 2]}})
+    assert spec.assignments == ({"schedule": "gpipe", "parallel.pp": 1}, {"schedule": "gpipe", "parallel.pp": 2},
+                                {"schedule": "1f1b", "parallel.pp": 1}, {"schedule": "1f1b", "parallel.pp": 2})
+    assert spec.axes == ("schedule", "parallel.pp")
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"grid": {"parallel.pp": []}}, "grid.parallel.pp"),
+    ({"grid": {"parallel.pp": [1]}, "colour": 1}, "colour"),
+    ({}, "grid"),
+    ({"cases": [3]}, "cases[0]"),
+    ({"grid": {"parallel.pp": [1]}, "where": "__import__('os')"}, "where[0]"),
+    ({"grid": {"parallel.pp": [1]}, "skip_invalid": "yes"}, "skip_invalid"),
+])
+def test_bad_sweep_files_name_the_key(bad, field):
+    with pytest.raises(ScenarioError) as err:
+        load_sweep({"base": _base(), **bad})
+    assert err.value.field == field
+
+
+def test_where_expressions():
+    env = {"parallel.tp": 2, "parallel.pp": 4, "schedule": "1f1b"}
+    assert eval_where("parallel.tp * parallel.pp <= 8 and schedule in ['1f1b', 'gpipe']", env.__getitem__)
+    assert not eval_where("1 < parallel.tp < 2 or not schedule == '1f1b'", env.__getitem__)
+    with pytest.raises(ScenarioError, match="unknown key 'parallel.cp'"):
+        eval_where("parallel.cp == 1", env.__getitem__)
+    with pytest.raises(ScenarioError, match="Call not allowed"):
+        eval_where("len(schedule) > 1", env.__getitem__)
+
+
+def test_where_sees_resolved_presets_and_skip_invalid(tmp_path):
+    base_file = tmp_path / "base.yaml"
+    base_file.write_text(yaml.safe_dump(_base()))
+    spec_file = tmp_path / "sub" / "s.yaml"
+    spec_file.parent.mkdir()
+    spec_file.write_text(yaml.safe_dump({
+        "base": "../base.yaml", "grid": {"parallel.pp": [1, 2, 3, 4, 8]}, "skip_invalid": True,
+        "where": ["parallel.pp <= model.layers", "cluster.devices == 8"]}))
+    exp = expand(load_sweep(spec_file))
+    # pp=8 > 4 layers: filtered by `where`; pp=3 does not divide the 8 devices: skipped.
+    assert [c.axes["parallel.pp"] for c in exp.cases] == [1, 2, 4]
+    assert exp.filtered == 1
+    assert len(exp.skipped) == 1 and "does not divide the 8 devices" in exp.skipped[0]["reason"]
+
+
+# ---- failures and resumption ---------------------------------------------------------------
+
+
+def test_invalid_scenarios_are_recorded_failed_and_the_sweep_goes_on(tmp_path):
+    spec = {"base": _base(), "cases": [{"parallel.tp": 3}, {"parallel.pp": 1}, {"parallel.pp": 8},
+                                       {"training.global_batch_size": 12}]}
+    df = sweep(spec, out=tmp_path, jobs=1)
+    assert list(df["case"]) == [0, 1, 2, 3]
+    assert list(df["status"]) == ["failed", "ok", "failed", "failed"]
+    assert "parallel" in df.loc[0, "error"] and "does not divide" in df.loc[0, "error"]
+    assert "parallel.pp" in df.loc[2, "error"]  # 8 stages for 4 layers: refused at simulation
+    assert "training.global_batch_size" in df.loc[3, "error"]
+    assert df.loc[1, "step_time_s"] > 0 and pd.isna(df.loc[0, "step_time_s"])
+    on_disk = pd.read_csv(tmp_path / "results.csv")
+    assert list(on_disk["status"]) == list(df["status"])
+    # skip_invalid leaves them out instead.
+    df = sweep({**spec, "skip_invalid": True}, jobs=1)
+    assert list(df["parallel.pp"].fillna(0)) == [1] and len(df.attrs["skipped"]) == 3
+
+
+def test_killed_sweep_resumes_with_every_row_exactly_once(tmp_path):
+    spec_file = tmp_path / "sweep.yaml"
+    spec_file.write_text(yaml.safe_dump({
+        "name": "killme", "base": _base(),
+        "grid": {"parallel.pp": [1, 2, 4], "training.global_batch_size": [32, 64, 96]}}))
+    out = tmp_path / "out"
+    rows = out / "rows.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simulator.cli_sweep", "sweep", str(spec_file), "--out", str(out), "--jobs", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            if rows.exists() and len(rows.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, f"the sweep ended before it could be killed: {proc.stderr.read()!r}"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    before = rows.read_text()
+    n_before = len(before.splitlines())
+    assert 2 <= n_before < 9
+    # A crash in the middle of a write leaves a torn line: resumption must drop it.
+    with open(rows, "a") as f:
+        f.write('{"case": 7, "key": "deadbeef", "stat')
+    df = sweep(spec_file, out=out, jobs=1)
+    assert list(df["case"]) == list(range(9))
+    keys = _keys(rows)
+    assert len(keys) == 9 and len(set(keys)) == 9
+    assert rows.read_text().startswith(before)  # the finished rows were not run again
+    assert (df["status"] == "ok").all()
+    for table in (pd.read_csv(out / "results.csv"), pd.read_parquet(out / "results.parquet")):
+        assert sorted(table["key"]) == sorted(keys) and list(table["case"]) == list(range(9))
+    assert sorted(df["parallel.pp"].unique()) == [1, 2, 4]
+    # Once more: nothing left to run, nothing appended.
+    size = rows.stat().st_size
+    again = sweep(spec_file, out=out, jobs=1)
+    assert rows.stat().st_size == size
+    pd.testing.assert_frame_equal(again, df)
+
+
+def test_retry_failed_reruns_only_failed_rows(tmp_path):
+    spec = {"base": _base(), "grid": {"parallel.pp": [1, 8]}}
+    sweep(spec, out=tmp_path, jobs=1)
+    assert len(_keys(tmp_path / "rows.jsonl")) == 2
+    df = sweep(spec, out=tmp_path, jobs=1, retry_failed=True)
+    keys = _keys(tmp_path / "rows.jsonl")
+    assert len(keys) == 3 and len(set(keys)) == 2  # the failed row appended again, once in the table
+    assert len(df) == 2 and list(df["status"]) == ["ok", "failed"]
+    assert RowStore(tmp_path).load().keys() == set(keys)
+
+
+# ---- executors, plots, command line ------------------------------------------------------------
+
+
+def test_local_processes_and_dask_give_identical_tables(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    spec = {"name": "exec", "base": _base(), "grid": {"parallel.pp": [1, 2], "schedule": ["1f1b", "gpipe"]}}
+    local = sweep(spec, out=tmp_path / "local", jobs=2)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as lc, \
+            distributed.Client(lc) as client:
+        remote = sweep(spec, out=tmp_path / "dask", client=client)
+    assert (local["status"] == "ok").all() and len(local) == 4
+    pd.testing.assert_frame_equal(local.drop(columns="sim_wall_s"), remote.drop(columns="sim_wall_s"))
+    a = pd.read_parquet(tmp_path / "local" / "results.parquet").drop(columns="sim_wall_s")
+    b = pd.read_parquet(tmp_path / "dask" / "results.parquet").drop(columns="sim_wall_s")
+    pd.testing.assert_frame_equal(a, b)
+
+    from simulator.sweep_plots import plot_sweep
+
+    paths = plot_sweep(tmp_path / "local", y="mfu")
+    names = {p.name for p in paths}
+    assert {"mfu_vs_parallel.pp.png", "mfu_vs_parallel.pp.svg", "memory_vs_parallel.pp.png",
+            "heatmap_mfu_parallel.pp_schedule.svg"} <= names
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_cli_sweep_and_sweep_plot(tmp_path, capsys):
+    from simulator.cli_sweep import main
+
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(yaml.safe_dump({"base": _base(), "grid": {"parallel.pp": [1, 2, 3]},
+                                         "skip_invalid": True}))
+    assert main(["sweep", str(spec_file), "--out", str(tmp_path / "o"), "--jobs", "1", "--plot"]) == 0
+    text = capsys.readouterr().out
+    assert "2 cases, 2 ok, 0 failed (1 invalid skipped)" in text
+    assert (tmp_path / "o" / "plots" / "step_time_s_vs_parallel.pp.svg").exists()
+    assert main(["sweep-plot", str(tmp_path / "o"), "--y", "nope"]) == 2
+    assert "no column 'nope'" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"base": _base(), "grid": {"parallel.pp": 2}}))
+    assert main(["sweep", str(bad), "--out", str(tmp_path / "b")]) == 2
+    assert "grid.parallel.pp" in capsys.readouterr().err
