@@ -91,6 +91,22 @@ def cmd_trace(args) -> int:
     return EXIT_OK
 
 
+def cmd_compare(args) -> int:
+    from simulator.compare import compare_schedules, format_table, plot_comparison
+
+    path = resolve_scenario_path(args.scenario)
+    schedules = [x.strip() for x in args.schedules.split(",") if x.strip()]
+    table, results = compare_schedules(path, schedules, vpp=args.vpp)
+    print(format_table(table))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "compare.csv", index=False)
+        plot_comparison(table, results, out / "compare.png")
+        print(f"wrote compare.csv and compare.png to {out}")
+    return EXIT_OK
+
+
 def cmd_presets(args) -> int:
     from simulator.compute import DEFAULT_COMPUTE_CALIBRATION
     from topologies.chips import CHIPS
@@ -246,6 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="trace file to write (.json or .json.gz)")
     p.add_argument("--exact", action="store_true", help="every rank instead of one per pipeline stage")
     p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser("compare", help="run a scenario under several pipeline schedules, side by side")
+    p.add_argument("scenario", help="scenario file or built-in scenario name")
+    p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b,zb-h1,dualpipe")
+    p.add_argument("--vpp", type=int, default=2, help="virtual stages for interleaved-1f1b (default 2)")
+    p.add_argument("--out", help="directory for compare.csv and compare.png")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("presets", help="list every model, cluster, chip, schedule and built-in scenario")
     p.add_argument("--json", action="store_true")

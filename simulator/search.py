@@ -32,7 +32,8 @@ the gap between them.
 
 ``max_candidates`` caps how many layouts are simulated: the candidates are then
 ranked by a crude analytic proxy (recompute cost times pipeline bubble, see
-:func:`proxy_cost`) and the rest get status ``skipped``.
+:func:`proxy_cost`), the best-ranked layout without pipeline parallelism is kept
+among them (when the cap is at least 2), and the rest get status ``skipped``.
 
 With ``out=DIR``: ``DIR/search.csv`` (every layout tried, with ``status``
 ``ok | oom | failed | pruned | invalid | skipped`` and ``reason``), ``DIR/best.json``
@@ -409,7 +410,13 @@ def search(
     if bounds.max_candidates is not None and len(cases) > bounds.max_candidates:
         order = sorted(cases, key=lambda c: (proxy_cost(records[c.index], records[c.index]["_micro_batches"]),
                                              c.index))
-        keep = {c.index for c in order[:bounds.max_candidates]}
+        chosen = order[:bounds.max_candidates]
+        if bounds.max_candidates > 1 and not any(records[c.index]["pp"] == 1 for c in chosen):
+            # Keep the comparison with the best layout without pipeline parallelism possible.
+            no_pp = [c for c in order if records[c.index]["pp"] == 1]
+            if no_pp:
+                chosen = chosen[:-1] + no_pp[:1]
+        keep = {c.index for c in chosen}
         for c in cases:
             if c.index not in keep:
                 records[c.index].update(status="skipped", reason=(

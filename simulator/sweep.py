@@ -91,7 +91,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
@@ -590,7 +590,8 @@ def _parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:
         if out[c].dtype != object:
             continue
         kinds = {type(v) for v in out[c] if v is not None and not (isinstance(v, float) and math.isnan(v))}
-        if len(kinds - {int, float}) and len(kinds) > 1 or kinds & {dict, list}:
+        mixed = len(kinds) > 1 and bool(kinds - {int, float})
+        if mixed or kinds & {dict, list}:
             out[c] = [None if v is None else (v if isinstance(v, str) else canonical_json(v)) for v in out[c]]
     return out
 
