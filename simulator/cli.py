@@ -57,7 +57,7 @@ def cmd_run(args) -> int:
         from workloads.trace_io import read_trace
 
         trace = read_trace(args.trace)
-    result = simulate(path, exact=args.exact, topology=topology, trace=trace)
+    result = simulate(path, exact=args.exact, topology=topology, trace=trace, progress=None)
     if args.reproducible:
         # Machine-dependent figures left out, so that the same scenario gives a
         # byte-identical summary.json.
@@ -291,6 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="write a picture of the topology (PNG/SVG)")
     p.add_argument("--save", help="save the topology as JSON or GraphML (by extension)")
     p.set_defaults(func=cmd_topology)
+
+    from simulator import cli_sweep
+
+    cli_sweep.register(sub)
     return ap
 
 

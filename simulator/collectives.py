@@ -578,24 +578,50 @@ def run_collective(network: FlowNetwork,
     plans = [plan] if isinstance(plan, CollectivePlan) else list(plan)
     if reduction_bytes_per_s is not None and not reduction_bytes_per_s > 0:
         raise CollectiveError(f"reduction_bytes_per_s must be > 0, got {reduction_bytes_per_s!r}")
-    cal = network.calibration
     n_phases = max((len(p.phases) for p in plans), default=0)
     for i in range(n_phases):
-        transfers: list[Transfer] = []
-        steps, compute = 1, 0.0
-        for p in plans:
-            if i >= len(p.phases):
-                continue
-            ph = p.phases[i]
-            steps = max(steps, ph.steps)
-            compute = max(compute, ph.compute_bytes)
-            scale = 1.0 / cal.algorithm_efficiency_of(p.algorithm) if ph.in_network else 1.0
-            if scale == 1.0:
-                transfers.extend(ph.transfers)
-            else:
-                transfers.extend(Transfer(t.src, t.dst, t.size_bytes * scale, t.weight)
-                                 for t in ph.transfers)
-        tag = "+".join(sorted({f"{p.op}/{p.algorithm}" for p in plans})) + f"#{i}"
+        transfers, steps, compute, tag = _merged_phase(network, plans, i)
         yield network.transfer(transfers, steps, tag)
         if reduction_bytes_per_s is not None and compute > 0:
             yield network.env.timeout(compute / reduction_bytes_per_s)
+
+
+#: Merged phases remembered per network (``FlowNetwork.memo``) before it is cleared.
+_MERGED_CACHE_MAX = 4096
+
+
+def _merged_phase(network: FlowNetwork, plans: Sequence[CollectivePlan], i: int):
+    """``(transfers, steps, compute_bytes, tag)`` of the i-th phases of ``plans`` run as
+    one network phase. ``transfers`` is one tuple per (plans, i) and network, so that
+    :meth:`FlowNetwork.transfer` reuses its routed form for every repetition.
+
+    Remembered in ``network.memo`` under the plans' ids: plans are immutable, so
+    identity fixes content, and the entry keeps the plans alive so that their ids
+    cannot be reused while it lives."""
+    cache = network.memo
+    key = ("collective-phase", tuple(map(id, plans)), i)
+    hit = cache.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], plans)):
+        return hit[1]
+    cal = network.calibration
+    parts: list = []
+    steps, compute = 1, 0.0
+    for p in plans:
+        if i >= len(p.phases):
+            continue
+        ph = p.phases[i]
+        steps = max(steps, ph.steps)
+        compute = max(compute, ph.compute_bytes)
+        scale = 1.0 / cal.algorithm_efficiency_of(p.algorithm) if ph.in_network else 1.0
+        if scale == 1.0:
+            parts.append(ph.transfers)
+        else:
+            parts.append(tuple(Transfer(t.src, t.dst, t.size_bytes * scale, t.weight)
+                               for t in ph.transfers))
+    transfers = parts[0] if len(parts) == 1 else tuple(t for part in parts for t in part)
+    tag = "+".join(sorted({f"{p.op}/{p.algorithm}" for p in plans})) + f"#{i}"
+    out = (transfers, steps, compute, tag)
+    if len(cache) >= _MERGED_CACHE_MAX:
+        cache.clear()
+    cache[key] = (tuple(plans), out)
+    return out

@@ -71,6 +71,7 @@ class Engine:
         compute_scale: Optional[dict[int, float]] = None,
         algorithms: Optional[dict[str, str]] = None,
         host_bw_bytes_per_s: float = 32e9,
+        progress: Optional[bool] = False,
     ):
         if layout.world > topo.n_devices:
             raise TraceError(f"parallel: the layout needs {layout.world} devices, the cluster has {topo.n_devices}")
@@ -78,6 +79,9 @@ class Engine:
         self.cal, self.dtype = compute_cal, dtype
         self.compute_scale = compute_scale or {}
         self.host_bw = host_bw_bytes_per_s  # each device's own host link (PCIe); not shared
+        # progress: True = always, None = only on a terminal (tqdm's rule), False = never.
+        self.progress = progress
+        self._bar = None
         self.algorithms = algorithms or {}
         self.env = simpy.Environment()
         self.net = FlowNetwork(self.env, topo, network_cal)
@@ -110,7 +114,16 @@ class Engine:
             lst.append(op)
         for (rank, stream), ops in sorted(streams.items()):
             self.env.process(self._stream(rank, stream, ops))
-        self.env.run()
+        if self.progress is not False:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=len(self.trace.ops), unit="op", desc="simulating", disable=None if self.progress is None else False,
+                             leave=False, mininterval=0.5)
+        try:
+            self.env.run()
+        finally:
+            if self._bar is not None:
+                self._bar.close()
         unfinished = [op for op in self.trace.ops if op.id not in self.end_time]
         if unfinished:
             waiting = ", ".join(f"{o.name} (rank {o.rank}, {o.stream})" for o in unfinished[:4])
@@ -179,6 +192,8 @@ class Engine:
             if op.kernels or op.kind != "compute":
                 self.records.append(OpRecord(op, start, end))
             self.done[op.id].succeed()
+            if self._bar is not None:
+                self._bar.update()
 
     def _account_idle(self, op: Op, start: float) -> None:
         """Attribute the compute stream's idle gap before ``op`` to its root cause.
@@ -233,11 +248,12 @@ class Engine:
                 self.mem_events.append((self.env.now, op.rank, cat, delta))
 
     def _duration(self, op: Op) -> float:
-        key = op.kernels
-        d = self._dur_cache.get(key)
-        if d is None:
-            d = kernels_time_s(op.kernels, self.chip, self.cal, self.dtype)
-            self._dur_cache[key] = d
+        key = id(op.kernels)
+        hit = self._dur_cache.get(key)
+        if hit is None or hit[0] is not op.kernels:
+            # Keep the tuple alive with its time so that its id cannot be reused.
+            hit = self._dur_cache[key] = (op.kernels, kernels_time_s(op.kernels, self.chip, self.cal, self.dtype))
+        d = hit[1]
         scale = self.compute_scale.get(op.rank)
         return d / scale if scale else d
 

@@ -359,6 +359,9 @@ class FlowNetwork:
         self._n_active = 0
         self._next_seq = 0
         self._prepared: dict[int, tuple] = {}        # id(transfers tuple) -> (it, _Prepared)
+        #: Scratch memo for callers that hand the same phases again and again
+        #: (:func:`simulator.collectives.run_collective` keeps its merged phases here).
+        self.memo: dict = {}
         self._link_flows: dict[int, set[int]] = {}   # link -> active slots on it
         self._new: list[int] = []        # slots arrived since the last update
         self._dirty: list[int] = []      # links of flows completed since the last update
@@ -414,6 +417,40 @@ class FlowNetwork:
             merged[key] = merged.get(key, 0.0) + float(weight)
         return n, merged
 
+    def _merged_arrays(self, transfers: Sequence[Transfer]):
+        """Vectorised :meth:`_merged` for big phases: ``(n_transfers, src, dst, size,
+        weight)`` lists of the merged flows, in order of first appearance."""
+        n = len(transfers)
+        src = np.fromiter((t.src for t in transfers), dtype=np.int64, count=n)
+        dst = np.fromiter((t.dst for t in transfers), dtype=np.int64, count=n)
+        size = np.fromiter((t.size_bytes for t in transfers), dtype=float, count=n)
+        weight = np.fromiter((t.weight for t in transfers), dtype=float, count=n)
+        n_dev = self.topo.n_devices
+        for bad, what in ((~((size >= 0) & (size < _INF)), "size_bytes must be finite and >= 0"),
+                          (~((weight >= 1) & (weight == np.floor(weight))),
+                           "weight must be an integer >= 1"),
+                          ((src < 0) | (src >= n_dev) | (dst < 0) | (dst >= n_dev),
+                           f"devices must be in [0, {n_dev})")):
+            if bad.any():
+                raise NetworkError(f"transfer {transfers[int(np.argmax(bad))]}: {what}")
+        keep = (src != dst) & (size > 0)
+        src, dst, size, weight = src[keep], dst[keep], size[keep], weight[keep]
+        n_net = int(src.shape[0])
+        order = np.lexsort((size, dst, src))
+        key_s, key_d, key_b = src[order], dst[order], size[order]
+        new = np.ones(n_net, dtype=bool)
+        new[1:] = (key_s[1:] != key_s[:-1]) | (key_d[1:] != key_d[:-1]) | (key_b[1:] != key_b[:-1])
+        if new.all():                      # nothing to merge
+            return n_net, src.tolist(), dst.tolist(), size.tolist(), weight.tolist()
+        group = np.cumsum(new) - 1
+        first = np.full(int(group[-1]) + 1, n_net, dtype=np.int64)
+        np.minimum.at(first, group, order)
+        wsum = np.bincount(group, weight[order])
+        by_first = np.argsort(first, kind="stable")
+        idx = first[by_first]
+        return (n_net, src[idx].tolist(), dst[idx].tolist(), size[idx].tolist(),
+                wsum[by_first].tolist())
+
     def _prepare(self, transfers: Sequence[Transfer]) -> Optional[_Prepared]:
         """Validated, merged and routed form of a phase (None: nothing to send).
 
@@ -424,32 +461,39 @@ class FlowNetwork:
             hit = self._prepared.get(id(transfers))
             if hit is not None and hit[0] is transfers:
                 return hit[1]
-        n, merged = self._merged(transfers)
         prep = None
-        if merged:
-            links, sizes, weights = [], [], []
-            lat = ovh = 0.0
-            for (s, d, size), w in merged.items():
-                lk, la, ov = self._route(s, d)
-                if la > lat:
-                    lat = la
-                if ov > ovh:
-                    ovh = ov
-                links.append(lk)
-                sizes.append(size)
-                weights.append(w)
-            by_link = None
-            if len(links) > _SMALL_BATCH:        # link -> local flow indices, for bulk updates
-                groups: dict[int, list[int]] = {}
-                for i, lk in enumerate(links):
-                    for x in lk:
-                        g = groups.get(x)
-                        if g is None:
-                            groups[x] = [i]
-                        else:
-                            g.append(i)
-                by_link = [(x, np.asarray(g, dtype=np.int64)) for x, g in groups.items()]
-            prep = _Prepared(n, int(sum(weights)), lat + ovh, links, sizes, weights, by_link)
+        if len(transfers) <= _SMALL_BATCH:
+            n, merged = self._merged(transfers)
+            if merged:
+                links, sizes, weights = [], [], []
+                lat = ovh = 0.0
+                for (s, d, size), w in merged.items():
+                    lk, la, ov = self._route(s, d)
+                    if la > lat:
+                        lat = la
+                    if ov > ovh:
+                        ovh = ov
+                    links.append(lk)
+                    sizes.append(size)
+                    weights.append(w)
+                prep = _Prepared(n, int(sum(weights)), lat + ovh, links, sizes, weights, None)
+        else:
+            n, src, dst, sizes, weights = self._merged_arrays(transfers)
+            if sizes:
+                route = self.topo.route
+                links = list(map(route, src, dst))
+                lens = np.fromiter(map(len, links), dtype=np.int64, count=len(links))
+                flat = np.fromiter(itertools.chain.from_iterable(links), dtype=np.int64,
+                                   count=int(lens.sum()))
+                starts = np.cumsum(lens) - lens
+                lat = float(np.add.reduceat(self.link_latency[flat], starts).max())
+                ovh = float(self.link_overhead[flat].max())
+                owner = np.repeat(np.arange(len(links)), lens)
+                order = np.argsort(flat, kind="stable")
+                flat, owner = flat[order], owner[order]
+                cuts = np.flatnonzero(np.diff(flat)) + 1
+                by_link = list(zip(flat[np.r_[0, cuts]].tolist(), np.split(owner, cuts)))
+                prep = _Prepared(n, int(sum(weights)), lat + ovh, links, sizes, weights, by_link)
         if cacheable:
             if len(self._prepared) >= _PREPARED_MAX:
                 self._prepared.clear()

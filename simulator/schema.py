@@ -519,6 +519,14 @@ def _resolve_layout(p: ParallelIn, devices: int) -> ParallelLayout:
         raise ScenarioError(err.field, str(err)[len(err.field) + 2:]) from None
 
 
+def _training_dict(t: TrainingSpec) -> dict:
+    d = dataclasses.asdict(t)
+    off = {"optimizer": d.pop("offload_optimizer"), "activations": d.pop("offload_activations")}
+    if off["optimizer"] or off["activations"]:
+        d["offload"] = off
+    return d
+
+
 def scenario_to_dict(s: Scenario) -> dict:
     """A resolved scenario as a plain mapping (presets expanded) — what sweeps hash and store."""
     model = _model_dict(s.model)
@@ -538,7 +546,7 @@ def scenario_to_dict(s: Scenario) -> dict:
                 "zero": L.zero, "sequence_parallel": L.sequence_parallel, "order": "-".join(L.order),
                 "pipeline_layers": list(L.pipeline_layers) if L.pipeline_layers else None}
     out = {"name": s.name, "model": model, "cluster": cluster, "parallel": parallel, "schedule": s.schedule,
-           "training": dataclasses.asdict(s.training)}
+           "training": _training_dict(s.training)}
     if s.expert_load is not None:
         out["training"]["expert_load"] = dataclasses.asdict(s.expert_load)
     if s.perturbations:

@@ -29,6 +29,7 @@ def simulate(
     exact: bool = False,
     topology: Optional[Topology] = None,
     trace=None,
+    progress: Optional[bool] = False,
 ) -> Result:
     """Simulate one training step.
 
@@ -39,6 +40,7 @@ def simulate(
     a topology loaded from a file). ``trace`` (a :class:`~workloads.ops.Trace`,
     e.g. from :func:`workloads.trace_io.read_trace`) replaces the trace the
     scenario would generate: edit a written trace and simulate it again.
+    ``progress``: a progress bar on stderr (``None``: only when it is a terminal).
 
     Raises :class:`ScenarioError` (a ``ValueError``) naming the offending field.
     """
@@ -75,6 +77,7 @@ def simulate(
     engine = Engine(
         trace, topo, sc.layout, chip, cal, network_cal=default_calibration(chip.family), dtype=sc.training.dtype,
         compute_scale=scale, algorithms=dict(sc.algorithms), host_bw_bytes_per_s=sc.cluster.host_bw_bytes_per_s,
+        progress=progress,
     )
     raw = engine.run()
     events = events_frame(raw, sc.layout)

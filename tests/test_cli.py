@@ -120,3 +120,15 @@ def test_console_script_entry_point(tmp_path):
     bad = _bad(tmp_path, scenario(parallel={"tp": 3}))
     r = subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(bad)], capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "parallel" in r.stderr
+
+
+def test_resolved_scenario_round_trips(tmp_path):
+    from simulator.schema import load_scenario, scenario_to_dict
+
+    sc = scenario(parallel={"tp": 2, "pp": 2, "dp": 2},
+                  training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 16,
+                            "offload": {"optimizer": True}, "expert_load": None})
+    a = load_scenario(sc)
+    b = load_scenario(scenario_to_dict(a))
+    assert scenario_to_dict(a) == scenario_to_dict(b)
+    assert b.training.offload_optimizer

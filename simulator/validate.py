@@ -1,0 +1,330 @@
+"""The validation suite: simulate published training runs and compare.
+
+Each case is a YAML file under ``validation/`` (one folder per source). It is a
+scenario file (:mod:`simulator.schema`) plus two keys this module removes before
+:func:`simulator.simulate` sees the mapping:
+
+``published``
+    ``metric`` (one of :data:`METRICS`), ``value`` (in the metric's unit),
+    ``unit`` (free text, what the source printed) and ``source`` (paper or page,
+    table or section).
+``assumptions``
+    A list of sentences: what the case had to assume where the source is silent
+    (micro-batch size, vocabulary, number of virtual stages...).
+
+The comparison is ``error = simulated / published - 1`` (a signed fraction; a
+positive error on a throughput metric means the simulator is too optimistic, on a
+time metric too pessimistic).
+
+Calibration is never per case: every case uses the chip family's
+:data:`simulator.compute.DEFAULT_COMPUTE_CALIBRATION` entry unless the caller
+passes ``compute`` overrides, which then apply to every case alike (that is how
+``tests/test_validate.py`` shows a parameter moves every affected case).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import fnmatch
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
+
+from simulator.schema import ScenarioError, read_mapping
+
+#: The repository's suite: ``validation/`` beside the ``simulator`` package.
+SUITE_DIR = Path(__file__).resolve().parent.parent / "validation"
+
+#: Keys of a case file that are not scenario keys.
+CASE_KEYS = ("published", "assumptions")
+
+
+def _hw_tflops(summary: Mapping, peak_bf16: float) -> float:
+    return summary["hfu"] * peak_bf16 / 1e12
+
+
+#: metric name -> (what it is, function of (summary, bf16 peak FLOP/s)).
+METRICS: dict[str, tuple[str, Callable[[Mapping, float], float]]] = {
+    "step_time_s": ("seconds per optimizer step", lambda s, p: s["step_time_s"]),
+    "tokens_per_s": ("global tokens per second", lambda s, p: s["tokens_per_s"]),
+    "mfu": ("model FLOPs / (devices x bf16 peak x step time)", lambda s, p: s["mfu"]),
+    "hfu": ("as mfu, recomputed FLOPs counted", lambda s, p: s["hfu"]),
+    "model_tflops_per_device": ("model TFLOP/s per device", lambda s, p: s["model_tflops_per_device"]),
+    # Narayanan et al. 2021 Eq. 3 counts the recompute pass: compare with executed FLOPs.
+    "hw_tflops_per_device": ("hardware TFLOP/s per device incl. recompute = hfu x bf16 peak", _hw_tflops),
+}
+
+
+class ValidationError(ValueError):
+    """A case file that is not a valid case (names the file and the key)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One published run: a scenario and the figure to compare with."""
+
+    name: str
+    path: Optional[Path]
+    scenario: Mapping
+    metric: str
+    published: float
+    unit: str
+    source: str
+    assumptions: tuple[str, ...] = ()
+
+    def scenario_with(self, compute: Optional[Mapping[str, float]] = None) -> dict:
+        """The scenario mapping, with ``compute`` overrides merged over the case's own."""
+        sc = copy.deepcopy(dict(self.scenario))
+        if compute:
+            sc["compute"] = {**sc.get("compute", {}), **dict(compute)}
+        return sc
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    simulated: float
+    sim_wall_s: float
+    summary: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def error(self) -> float:
+        return self.simulated / self.case.published - 1.0
+
+
+def load_case(source: Union[str, Path, Mapping], name: Optional[str] = None) -> Case:
+    """A case from a YAML/JSON file or a mapping.
+
+    Raises
+    ------
+    ValidationError
+        When ``published`` is missing or incomplete, or its metric is unknown.
+    """
+    path = None
+    if isinstance(source, Mapping):
+        data = copy.deepcopy(dict(source))
+    else:
+        path = Path(source)
+        data = read_mapping(path)
+    where = str(path) if path else (name or data.get("name") or "case")
+    pub = data.pop("published", None)
+    assumptions = data.pop("assumptions", None) or []
+    if not isinstance(pub, Mapping):
+        raise ValidationError(f"{where}: published: needs a mapping with metric, value, source")
+    metric = pub.get("metric")
+    if metric not in METRICS:
+        raise ValidationError(f"{where}: published.metric: {metric!r} not allowed; choose from {', '.join(METRICS)}")
+    try:
+        value = float(pub["value"])
+    except (KeyError, TypeError, ValueError):
+        raise ValidationError(f"{where}: published.value: needs a number, got {pub.get('value')!r}") from None
+    if not value > 0:
+        raise ValidationError(f"{where}: published.value: must be > 0, got {value!r}")
+    if not pub.get("source"):
+        raise ValidationError(f"{where}: published.source: say where the figure comes from (paper, table)")
+    if not isinstance(assumptions, list) or not all(isinstance(a, str) for a in assumptions):
+        raise ValidationError(f"{where}: assumptions: a list of sentences")
+    case_name = name or data.get("name") or (path.stem if path else "case")
+    data.setdefault("name", case_name)
+    return Case(case_name, path, data, metric, value, str(pub.get("unit", "")), str(pub["source"]), tuple(assumptions))
+
+
+def discover(patterns: Optional[Sequence[str]] = None, root: Union[str, Path, None] = None) -> list[Case]:
+    """The suite's cases (sorted by path), or those matching any of ``patterns``.
+
+    A pattern is a glob matched against the case name, the file's path relative to
+    ``root`` (``narayanan2021/*``) and the file name; or an existing file/folder.
+
+    Raises
+    ------
+    ValidationError
+        When nothing matches (the message lists the case names).
+    """
+    base = Path(root) if root is not None else SUITE_DIR
+    files = sorted(base.rglob("*.yaml")) + sorted(base.rglob("*.json")) if base.is_dir() else []
+    cases = [load_case(f) for f in files]
+    if not patterns:
+        if not cases:
+            raise ValidationError(f"--cases: no case files under {base}")
+        return cases
+    out: list[Case] = []
+    seen: set = set()
+    for pat in patterns:
+        p = Path(pat)
+        if p.is_file():
+            found = [load_case(p)]
+        elif p.is_dir():
+            found = [load_case(f) for f in sorted(p.rglob("*.yaml"))]
+        else:
+            found = [c for c in cases if _matches(c, pat, base)]
+        for c in found:
+            key = c.path.resolve() if c.path else c.name
+            if key not in seen:
+                seen.add(key)
+                out.append(c)
+    if not out:
+        raise ValidationError(f"--cases: {', '.join(patterns)} matches no case; cases: "
+                              f"{', '.join(c.name for c in cases)}")
+    return out
+
+
+def _matches(case: Case, pattern: str, base: Path) -> bool:
+    names = [case.name]
+    if case.path is not None:
+        names.append(case.path.name)
+        names.append(case.path.stem)
+        try:
+            names.append(case.path.resolve().relative_to(base.resolve()).as_posix())
+        except ValueError:
+            names.append(case.path.as_posix())
+    return any(fnmatch.fnmatch(n, pattern) for n in names)
+
+
+def run_case(case: Case, compute: Optional[Mapping[str, float]] = None) -> CaseResult:
+    """Simulate one case and read its metric off the summary."""
+    from simulator import simulate
+    from simulator.schema import load_scenario
+
+    sc = load_scenario(case.scenario_with(compute))
+    res = simulate(sc)
+    s = res.summary
+    value = METRICS[case.metric][1](s, sc.cluster.chip.peak("bf16"))
+    keep = {k: s[k] for k in ("step_time_s", "mfu", "hfu", "bubble_fraction", "exposed_comm_fraction",
+                              "peak_memory_bytes", "oom", "micro_batches", "sim_wall_s")}
+    return CaseResult(case, float(value), float(s["sim_wall_s"]), keep)
+
+
+def _run_one(args):
+    case, compute = args
+    return run_case(case, compute)
+
+
+def run_suite(cases: Iterable[Case], compute: Optional[Mapping[str, float]] = None, jobs: int = 1,
+              progress: Optional[Callable[[CaseResult], None]] = None) -> list[CaseResult]:
+    """Run ``cases`` (``jobs`` worker processes); results in the order of ``cases``.
+
+    Raises :class:`ScenarioError` naming the case when a case's scenario is invalid.
+    """
+    cases = list(cases)
+    results: list[Optional[CaseResult]] = [None] * len(cases)
+    if jobs <= 1 or len(cases) <= 1:
+        for i, c in enumerate(cases):
+            results[i] = _guarded(c, compute)
+            if progress:
+                progress(results[i])
+    else:
+        # Longest cases first so that the pool is not left waiting on one straggler.
+        order = sorted(range(len(cases)), key=lambda i: -_size_hint(cases[i]))
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futs = {i: pool.submit(_guarded, cases[i], compute) for i in order}
+            for i in order:
+                results[i] = futs[i].result()
+                if progress:
+                    progress(results[i])
+    return [r for r in results if r is not None]
+
+
+def _guarded(case: Case, compute) -> CaseResult:
+    try:
+        return run_case(case, compute)
+    except ScenarioError as err:
+        raise ValidationError(f"{case.path or case.name}: {err}") from None
+
+
+def _size_hint(case: Case) -> float:
+    """Rough relative cost: micro-batches x pipeline stages x layers."""
+    sc = case.scenario
+    tr, par = sc.get("training", {}), sc.get("parallel", {})
+    try:
+        per_replica = tr.get("global_batch_size", 1) / max(1, par.get("dp") or 1) / max(1, tr.get("micro_batch_size", 1))
+        return per_replica * par.get("pp", 1)
+    except TypeError:
+        return 0.0
+
+
+def error_stats(results: Sequence[CaseResult]) -> tuple[float, float, str]:
+    """(median |error|, worst |error|, name of the worst case)."""
+    if not results:
+        return float("nan"), float("nan"), ""
+    errs = [abs(r.error) for r in results]
+    worst = max(results, key=lambda r: abs(r.error))
+    return statistics.median(errs), abs(worst.error), worst.case.name
+
+
+def format_table(results: Sequence[CaseResult]) -> str:
+    """The human table: case, metric, published, simulated, error, wall time."""
+    w = max([len("case")] + [len(r.case.name) for r in results])
+    lines = [f"{'case':<{w}}  {'metric':<22} {'published':>10} {'simulated':>10} {'error':>8} {'sim s':>7}"]
+    for r in results:
+        lines.append(f"{r.case.name:<{w}}  {r.case.metric:<22} {_fmt(r.case.published):>10} {_fmt(r.simulated):>10} "
+                     f"{r.error:>+8.1%} {r.sim_wall_s:>7.1f}")
+    med, worst, name = error_stats(results)
+    lines.append(f"{len(results)} cases; median |error| {med:.1%}; worst |error| {worst:.1%} ({name})")
+    return "\n".join(lines)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}" if abs(x) < 1 else f"{x:.2f}" if abs(x) < 100 else f"{x:.1f}"
+
+
+CSV_COLUMNS = ("case", "metric", "published", "simulated", "error", "source")
+
+
+def write_csv(results: Sequence[CaseResult], path: Union[str, Path]) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with p.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_COLUMNS)
+        for r in results:
+            w.writerow([r.case.name, r.case.metric, repr(r.case.published), repr(r.simulated), repr(r.error),
+                        r.case.source])
+    return p
+
+
+def plot_parity(results: Sequence[CaseResult], path: Union[str, Path], band: float = 0.10) -> Path:
+    """Simulated vs published, one panel per metric, log axes, a ±``band`` band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    metrics = sorted({r.case.metric for r in results})
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 4.4), squeeze=False)
+    groups = sorted({_group(r) for r in results})
+    markers = dict(zip(groups, "osD^vP*X<>"))
+    for ax, m in zip(axes[0], metrics):
+        rs = [r for r in results if r.case.metric == m]
+        vals = [v for r in rs for v in (r.case.published, r.simulated)]
+        lo, hi = min(vals) / 1.3, max(vals) * 1.3
+        x = np.geomspace(lo, hi, 50)
+        ax.fill_between(x, x * (1 - band), x * (1 + band), color="0.88", label=f"±{band:.0%}")
+        ax.plot(x, x, color="0.4", lw=0.8)
+        for g in groups:
+            sel = [r for r in rs if _group(r) == g]
+            if sel:
+                ax.scatter([r.case.published for r in sel], [r.simulated for r in sel], marker=markers[g], label=g,
+                           s=28, zorder=3)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel(f"published {m}")
+        ax.set_ylabel(f"simulated {m}")
+        ax.set_title(METRICS[m][0], fontsize=9)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return p
+
+
+def _group(r: CaseResult) -> str:
+    return r.case.path.parent.name if r.case.path is not None else r.case.name.split("-")[0]
