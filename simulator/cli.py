@@ -17,15 +17,11 @@ from typing import Optional, Sequence
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT = 0, 1, 2
 
-BUILTIN_DIR = Path(__file__).parent / "scenarios"
+from simulator.schema import builtin_scenarios
 
 
 class CliError(Exception):
     """Bad input detected by the command line itself."""
-
-
-def builtin_scenarios() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.yaml"))}
 
 
 def resolve_scenario_path(arg: str) -> Path:

@@ -69,17 +69,13 @@ def plot_comparison(table: pd.DataFrame, results: dict, path: Optional[str] = No
         ax = fig.add_subplot(gs[i, :])
         ev = res.events[res.events["stream"] == "compute"]
         stages = sorted(set(ev["stage"]))
+        bars: dict[tuple, list] = {}
         for row in ev.itertuples(index=False):
             if row.duration_s > 0:
-                ax.broken_barh([(row.start_s * 1e3, row.duration_s * 1e3)], (row.stage - 0.4, 0.8),
-                               facecolors=PHASE_COLOURS.get(row.phase, "#999999"), linewidth=0)
-        raw = getattr(res, "raw", None)
-        if raw is not None:
-            for r, s, e, cause, _ in raw.idle_spans:
-                st = res.scenario.layout.stage_of(r)
-                if cause == "bubble":
-                    ax.broken_barh([(s * 1e3, (e - s) * 1e3)], (st - 0.4, 0.8), facecolors="none",
-                                   edgecolors="#888888", hatch="////", linewidth=0.2)
+                bars.setdefault((row.stage, PHASE_COLOURS.get(row.phase, "#999999")), []).append(
+                    (row.start_s * 1e3, row.duration_s * 1e3))
+        for (st, colour), spans in sorted(bars.items()):
+            ax.broken_barh(spans, (st - 0.4, 0.8), facecolors=colour, linewidth=0)
         ax.set_xlim(0, t_max * 1e3 * 1.01)
         ax.set_yticks(stages)
         ax.set_yticklabels([f"stage {s}" for s in stages], fontsize=7)

@@ -306,8 +306,9 @@ class _Prepared:
     units: int                           # sum of weights
     latency_s: float                     # largest path latency + largest overhead
     links: list                          # per flow: tuple of link ids
-    sizes: list                          # per flow: bytes
-    weights: list                        # per flow: weight
+    sizes: np.ndarray                    # per flow: bytes
+    weights: np.ndarray                  # per flow: weight
+    table: np.ndarray                    # per flow: link ids padded with -1 (flows x hops)
     by_link: Optional[list]              # big phases: (link, local flow indices)
 
 
@@ -344,17 +345,21 @@ class FlowNetwork:
         self._lat = self.link_latency.tolist()
         self._ovh = self.link_overhead.tolist()
         self._routes: dict[tuple[int, int], tuple[tuple[int, ...], float, float]] = {}
-        # in-flight flows live in slots (plain lists, reused through a free list)
-        self._links: list[tuple[int, ...]] = []
-        self._w: list[float] = []
-        self._size: list[float] = []
-        self._rem: list[float] = []      # bytes left at time _t0
-        self._t0: list[float] = []
-        self._rate: list[float] = []     # per unit flow; 0 until first solved
-        self._end: list[float] = []      # completion time at the current rate
-        self._seq: list[int] = []        # arrival order: canonical order inside a component
-        self._batch: list[int] = []      # component (heap entry) the rate was set in; -1 free
-        self._pid: list[int] = []
+        # In-flight flows live in slots of numpy arrays (grown by doubling, reused
+        # through a free list); their routes also as tuples, for the set index and
+        # the small solver.
+        self._links: list[tuple[int, ...]] = []      # per slot ever used
+        self._cap_slots = 0
+        self._w = np.zeros(0)
+        self._size = np.zeros(0)
+        self._rem = np.zeros(0)          # bytes left at time _t0
+        self._t0 = np.zeros(0)
+        self._rate = np.zeros(0)         # per unit flow; 0 until first solved
+        self._end = np.zeros(0)          # completion time at the current rate
+        self._seq = np.zeros(0, dtype=np.int64)     # arrival order: canonical order
+        self._batch = np.zeros(0, dtype=np.int64)   # component solved in; -1 free
+        self._pid = np.zeros(0, dtype=np.int64)
+        self._tab = np.full((0, 1), -1, dtype=np.int32)  # links, padded with -1
         self._free: list[int] = []
         self._n_active = 0
         self._next_seq = 0
@@ -367,8 +372,8 @@ class FlowNetwork:
         self._dirty: list[int] = []      # links of flows completed since the last update
         self._update_pending = False
         self._heap: list[tuple[float, int]] = []     # (earliest completion, batch id)
-        self._batches: dict[int, list[int]] = {}
-        self._batch_ids = itertools.count()
+        self._batches: dict[int, np.ndarray] = {}    # batch id -> its slots
+        self._next_bid = 0
         self._wake_at = _INF
         self._gen = 0
         self._phase_ids = itertools.count()
@@ -381,6 +386,21 @@ class FlowNetwork:
     @property
     def active_flows(self) -> int:
         return self._n_active
+
+    def flow_table(self) -> list[tuple[tuple[int, ...], float, float, float]]:
+        """``(links, weight, rate per unit flow, bytes left now)`` of every flow in the
+        network, in arrival order. Rates are those in force after the last update
+        (flows that arrived at this very instant may still show rate 0)."""
+        now = self.env.now
+        hw = len(self._links)
+        live = np.flatnonzero(self._batch[:hw] != -1)
+        live = live[np.argsort(self._seq[live], kind="stable")]
+        out = []
+        for s in live.tolist():
+            r = float(self._rate[s])
+            left = float(self._rem[s] - r * (now - self._t0[s])) if r > 0.0 else float(self._rem[s])
+            out.append((self._links[s], float(self._w[s]), r, max(left, 0.0)))
+        return out
 
     def _route(self, s: int, d: int) -> tuple[tuple[int, ...], float, float]:
         """(links, path latency, largest per-step overhead) of ``s -> d``, cached."""
@@ -476,7 +496,12 @@ class FlowNetwork:
                     links.append(lk)
                     sizes.append(size)
                     weights.append(w)
-                prep = _Prepared(n, int(sum(weights)), lat + ovh, links, sizes, weights, None)
+                width = max(map(len, links))
+                table = np.full((len(links), width), -1, dtype=np.int32)
+                for i, lk in enumerate(links):
+                    table[i, :len(lk)] = lk
+                prep = _Prepared(n, int(sum(weights)), lat + ovh, links, np.array(sizes),
+                                 np.array(weights), table, None)
         else:
             n, src, dst, sizes, weights = self._merged_arrays(transfers)
             if sizes:
@@ -489,11 +514,14 @@ class FlowNetwork:
                 lat = float(np.add.reduceat(self.link_latency[flat], starts).max())
                 ovh = float(self.link_overhead[flat].max())
                 owner = np.repeat(np.arange(len(links)), lens)
+                table = np.full((len(links), int(lens.max())), -1, dtype=np.int32)
+                table[owner, np.arange(flat.shape[0]) - np.repeat(starts, lens)] = flat
                 order = np.argsort(flat, kind="stable")
                 flat, owner = flat[order], owner[order]
                 cuts = np.flatnonzero(np.diff(flat)) + 1
                 by_link = list(zip(flat[np.r_[0, cuts]].tolist(), np.split(owner, cuts)))
-                prep = _Prepared(n, int(sum(weights)), lat + ovh, links, sizes, weights, by_link)
+                prep = _Prepared(n, int(sum(weights)), lat + ovh, links, np.array(sizes),
+                                 np.array(weights), table, by_link)
         if cacheable:
             if len(self._prepared) >= _PREPARED_MAX:
                 self._prepared.clear()
@@ -544,40 +572,60 @@ class FlowNetwork:
 
     # -- event handling ------------------------------------------------------
 
+    def _grow(self, need: int, width: int) -> None:
+        """Room for ``need`` slots and routes of ``width`` hops."""
+        cap = self._cap_slots
+        if need > cap:
+            cap = max(need, 2 * cap, 64)
+            for name in ("_w", "_size", "_rem", "_t0", "_rate", "_end", "_seq", "_batch",
+                         "_pid"):
+                old = getattr(self, name)
+                arr = np.zeros(cap, dtype=old.dtype)
+                arr[:old.shape[0]] = old
+                setattr(self, name, arr)
+            self._batch[self._cap_slots:] = -1
+            self._cap_slots = cap
+        tab = self._tab
+        if tab.shape[0] < cap or tab.shape[1] < width:
+            new = np.full((cap, max(width, tab.shape[1])), -1, dtype=np.int32)
+            new[:tab.shape[0], :tab.shape[1]] = tab
+            self._tab = new
+
     def _arrive(self, pid: int, prep: "_Prepared", _ev=None) -> None:
         """The phase's latency has elapsed: its flows enter the network."""
         now = self.env.now
-        links, sizes, weights = prep.links, prep.sizes, prep.weights
+        links = prep.links
         k = len(links)
         free = self._free
         reuse = min(k, len(free))
-        slots = [free.pop() for _ in range(reuse)]
-        seq = self._next_seq
-        for i, s in enumerate(slots):
-            self._links[s] = links[i]
-            self._w[s] = weights[i]
-            self._size[s] = self._rem[s] = sizes[i]
-            self._t0[s] = now
-            self._rate[s] = 0.0
-            self._end[s] = _INF
-            self._seq[s] = seq + i
-            self._batch[s] = -2
-            self._pid[s] = pid
+        if reuse:
+            slots = free[len(free) - reuse:]
+            del free[len(free) - reuse:]
+            slots.reverse()
+            for s, lk in zip(slots, links):
+                self._links[s] = lk
+        else:
+            slots = []
         if reuse < k:
-            base = len(self._links)
-            extra = k - reuse
-            slots.extend(range(base, base + extra))
+            hw = len(self._links)
+            slots.extend(range(hw, hw + k - reuse))
             self._links.extend(links[reuse:])
-            self._w.extend(weights[reuse:])
-            self._size.extend(sizes[reuse:])
-            self._rem.extend(sizes[reuse:])
-            self._t0.extend([now] * extra)
-            self._rate.extend([0.0] * extra)
-            self._end.extend([_INF] * extra)
-            self._seq.extend(range(seq + reuse, seq + k))
-            self._batch.extend([-2] * extra)
-            self._pid.extend([pid] * extra)
-        self._next_seq = seq + k
+        self._grow(len(self._links), prep.table.shape[1])
+        sl = np.array(slots, dtype=np.int64)
+        self._w[sl] = prep.weights
+        self._size[sl] = prep.sizes
+        self._rem[sl] = prep.sizes
+        self._t0[sl] = now
+        self._rate[sl] = 0.0
+        self._end[sl] = _INF
+        self._seq[sl] = np.arange(self._next_seq, self._next_seq + k)
+        self._next_seq += k
+        self._batch[sl] = -2
+        self._pid[sl] = pid
+        width = prep.table.shape[1]
+        self._tab[sl, :width] = prep.table
+        if width < self._tab.shape[1]:
+            self._tab[sl, width:] = -1
         lf = self._link_flows
         if prep.by_link is None:
             for s, lks in zip(slots, links):
@@ -588,13 +636,12 @@ class FlowNetwork:
                     else:
                         fl.add(s)
         else:
-            arr = np.asarray(slots, dtype=np.int64)
             for lk, idx in prep.by_link:
                 fl = lf.get(lk)
                 if fl is None:
-                    lf[lk] = set(arr[idx].tolist())
+                    lf[lk] = set(sl[idx].tolist())
                 else:
-                    fl.update(arr[idx].tolist())
+                    fl.update(sl[idx].tolist())
         self._new.extend(slots)
         self._n_active += k
         if self._n_active > self.stats.max_concurrent_flows:
@@ -610,7 +657,7 @@ class FlowNetwork:
     def _components(self, seeds: list[int]) -> list[list[int]]:
         """Link-sharing components of the active flows on ``seeds`` (links), each in
         arrival order, in order of their first flow's arrival."""
-        lf, links = self._link_flows, self._links
+        lf, links, seq = self._link_flows, self._links, self._seq
         seen_links: set[int] = set()
         seen: set[int] = set()
         comps = []
@@ -629,28 +676,14 @@ class FlowNetwork:
                             if lk not in seen_links:
                                 seen_links.add(lk)
                                 stack.append(lk)
-            comp.sort(key=self._seq.__getitem__)
+            if len(comp) > 1:
+                arr = np.array(comp, dtype=np.int64)
+                comp = arr[np.argsort(seq[arr], kind="stable")].tolist()
             comps.append(comp)
-        comps.sort(key=lambda c: self._seq[c[0]])
+        if len(comps) > 1:
+            firsts = seq[[c[0] for c in comps]]
+            comps = [comps[i] for i in np.argsort(firsts, kind="stable").tolist()]
         return comps
-
-    def _solve(self, comp: list[int]) -> list[float]:
-        """Max-min rates of one component (slots in canonical order)."""
-        links, w = self._links, self._w
-        if len(comp) == 1:                 # alone: the tightest link (routes are simple paths)
-            s = comp[0]
-            return [min(map(self._cap.__getitem__, links[s])) / w[s]]
-        if len(comp) <= SMALL_COMPONENT:
-            return fill_small([links[s] for s in comp], [w[s] for s in comp], self._cap)
-        lens = np.fromiter((len(links[s]) for s in comp), dtype=np.int64, count=len(comp))
-        flat = np.fromiter(itertools.chain.from_iterable(links[s] for s in comp), dtype=np.int64,
-                           count=int(lens.sum()))
-        used, local = np.unique(flat, return_inverse=True)
-        owner = np.repeat(np.arange(len(comp)), lens)
-        wa = np.array([w[s] for s in comp], dtype=float)
-        rates = fill_arrays(owner, local.reshape(-1), np.ones(flat.shape[0]), wa,
-                            self.capacity[used])
-        return rates.tolist()
 
     def _update(self, _ev=None) -> None:
         self._update_pending = False
@@ -665,33 +698,67 @@ class FlowNetwork:
             self._recompute(comps)
         self._schedule_wake()
 
+    def _fill_big(self, sl: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """Max-min rates of a big component (slots ``sl`` in canonical order)."""
+        sub = self._tab[sl]
+        mask = sub >= 0
+        flat = sub[mask]
+        owner = np.nonzero(mask)[0]
+        used, local = np.unique(flat, return_inverse=True)
+        return fill_arrays(owner, local.reshape(-1), np.ones(flat.shape[0]), w,
+                           self.capacity[used])
+
     def _recompute(self, comps: list[list[int]]) -> None:
+        """Solve each component alone; keep the segment of flows whose rate is unchanged."""
         now = self.env.now
-        rem, t0, rate, end, batch = self._rem, self._t0, self._rate, self._end, self._batch
-        heap = self._heap
         stats = self.stats
         stats.recomputations += 1
         stats.components_solved += len(comps)
-        for comp in comps:
-            rates = self._solve(comp)
-            stats.flows_recomputed += len(comp)
-            bid = next(self._batch_ids)
-            first = _INF
-            for s, r in zip(comp, rates):
-                old = rate[s]
-                if r != old:
-                    if old > 0.0:              # advance at the old rate up to now
-                        left = rem[s] - old * (now - t0[s])
-                        rem[s] = left if left > 0.0 else 0.0
-                        t0[s] = now
-                    rate[s] = r
-                    end[s] = t0[s] + rem[s] / r
-                # else: same rate, same segment, same completion time
-                batch[s] = bid
-                if end[s] < first:
-                    first = end[s]
-            self._batches[bid] = comp
-            heapq.heappush(heap, (first, bid))
+        lens = [len(c) for c in comps]
+        sl = np.fromiter(itertools.chain.from_iterable(comps), dtype=np.int64, count=sum(lens))
+        stats.flows_recomputed += sl.shape[0]
+        w = self._w[sl]
+        wl = w.tolist()
+        links, cap = self._links, self._cap
+        parts: list = []
+        pos = 0
+        for comp, n in zip(comps, lens):
+            if n == 1:                 # alone: its tightest link (routes are simple paths)
+                parts.append(min(map(cap.__getitem__, links[comp[0]])) / wl[pos])
+            elif n <= SMALL_COMPONENT:
+                parts.extend(fill_small([links[s] for s in comp], wl[pos:pos + n], cap))
+            else:
+                parts.extend(self._fill_big(sl[pos:pos + n], w[pos:pos + n]).tolist())
+            pos += n
+        r = np.array(parts)
+        old = self._rate[sl]
+        t0 = self._t0[sl]
+        rem = self._rem[sl]
+        changed = r != old
+        adv = changed & (old > 0.0)          # advance at the old rate up to now
+        if adv.any():
+            rem = np.where(adv, np.maximum(rem - old * (now - t0), 0.0), rem)
+            t0 = np.where(adv, now, t0)
+            self._rem[sl] = rem
+            self._t0[sl] = t0
+        # same rate: same segment, same completion time
+        end = np.where(changed, t0 + rem / r, self._end[sl])
+        self._rate[sl] = r
+        self._end[sl] = end
+        b0 = self._next_bid
+        self._next_bid += len(comps)
+        self._batch[sl] = np.repeat(np.arange(b0, b0 + len(comps)), lens)
+        if len(comps) == 1:
+            firsts = [float(end.min())]
+            starts = [0]
+        else:
+            starts = np.cumsum(lens) - lens
+            firsts = np.minimum.reduceat(end, starts).tolist()
+            starts = starts.tolist()
+        heap, batches = self._heap, self._batches
+        for i, (first, start, n) in enumerate(zip(firsts, starts, lens)):
+            batches[b0 + i] = sl[start:start + n]
+            heapq.heappush(heap, (first, b0 + i))
 
     def _stale(self, bid: int) -> bool:
         """A component whose flows were re-solved since (or completed)."""
@@ -719,36 +786,32 @@ class FlowNetwork:
         self._wake_at = _INF
         self.stats.wakeups += 1
         heap, batches = self._heap, self._batches
-        end, t0 = self._end, self._t0
-        done: list[int] = []
+        end, t0, batch = self._end, self._t0, self._batch
+        done = []
         while heap and heap[0][0] <= t:
             key, bid = heapq.heappop(heap)
             comp = batches.pop(bid)
-            if self._batch[comp[0]] != bid:
+            if batch[comp[0]] != bid:
                 continue
             # Every other flow of this component shares links with a completing flow
             # (transitively), so the update below re-solves all of them.
-            for s in comp:
-                e = end[s]
-                if e <= key + DONE_RTOL * (e - t0[s]):
-                    done.append(s)
+            e = end[comp]
+            done.append(comp[e <= key + DONE_RTOL * (e - t0[comp])])
         if done:
-            self._complete(done)
+            self._complete(done[0] if len(done) == 1 else np.concatenate(done))
             self._request_update()
         else:
             self._schedule_wake()
 
-    def _complete(self, done: list[int]) -> None:
+    def _complete(self, done: np.ndarray) -> None:
         """Remove finished flows, count their bytes, fire finished phases."""
-        lf, links, w, size, pid = self._link_flows, self._links, self._w, self._size, self._pid
-        batch = self._batch
+        lf, links = self._link_flows, self._links
         link_bytes = self.stats.link_bytes
         dirty = self._dirty
-        left = self._phase_left
-        finished = []
-        if len(done) <= _SMALL_BATCH:
-            for s in done:
-                moved = w[s] * size[s]
+        dl = done.tolist()
+        moved = self._w[done] * self._size[done]
+        if len(dl) <= _SMALL_BATCH:
+            for s, m in zip(dl, moved.tolist()):
                 for lk in links[s]:
                     fl = lf[lk]
                     fl.discard(s)
@@ -756,16 +819,15 @@ class FlowNetwork:
                         dirty.append(lk)
                     else:
                         del lf[lk]
-                    link_bytes[lk] += moved
+                    link_bytes[lk] += m
         else:
-            lens = np.fromiter(map(len, map(links.__getitem__, done)), dtype=np.int64,
-                               count=len(done))
-            flat = np.fromiter(itertools.chain.from_iterable(map(links.__getitem__, done)),
-                               dtype=np.int64, count=int(lens.sum()))
-            owner = np.repeat(np.asarray(done, dtype=np.int64), lens)
-            np.add.at(link_bytes, flat, np.repeat([w[s] * size[s] for s in done], lens))
+            sub = self._tab[done]
+            mask = sub >= 0
+            flat = sub[mask].astype(np.int64)
+            rows = np.nonzero(mask)[0]
+            np.add.at(link_bytes, flat, moved[rows])
             order = np.argsort(flat, kind="stable")
-            flat, owner = flat[order], owner[order]
+            flat, owner = flat[order], done[rows[order]]
             cuts = np.flatnonzero(np.diff(flat)) + 1
             for lk, grp in zip(flat[np.r_[0, cuts]].tolist(), np.split(owner, cuts)):
                 fl = lf[lk]
@@ -774,17 +836,26 @@ class FlowNetwork:
                     dirty.append(lk)
                 else:
                     del lf[lk]
-        for s in done:
-            batch[s] = -1
-            links[s] = ()
-            p = pid[s]
-            n = left[p] - 1
-            if n:
-                left[p] = n
-            else:
-                finished.append(p)
-        self._free.extend(reversed(done))
-        self._n_active -= len(done)
+        self._batch[done] = -1
+        left = self._phase_left
+        finished = []
+        if len(dl) <= _SMALL_BATCH:
+            for p in self._pid[done].tolist():
+                n = left[p] - 1
+                if n:
+                    left[p] = n
+                else:
+                    finished.append(p)
+        else:
+            pids, counts = np.unique(self._pid[done], return_counts=True)
+            for p, c in zip(pids.tolist(), counts.tolist()):
+                n = left[p] - c
+                if n:
+                    left[p] = n
+                else:
+                    finished.append(p)
+        self._free.extend(reversed(dl))
+        self._n_active -= len(dl)
         finished.sort()
         for p in finished:
             del left[p]

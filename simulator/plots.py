@@ -39,26 +39,26 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
     index = {row: i for i, row in enumerate(rows)}
     fig_h = max(2.5, 0.32 * len(rows) + 1.2)
     fig, ax = plt.subplots(figsize=(14, fig_h))
-    for stream_kind in ("compute", "comm"):
-        sub = ev[ev["stream"] == "compute"] if stream_kind == "compute" else ev[ev["stream"] != "compute"]
-        for row in sub.itertuples(index=False):
-            key = (row.rank, row.stream)
-            if key not in index or row.duration_s <= 0:
-                continue
-            y = index[key]
-            colour = PHASE_COLOURS.get(row.phase, "#999999") if row.stream == "compute" else AXIS_COLOURS.get(row.axis, "#999999")
-            ax.broken_barh([(row.start_s * k, row.duration_s * k)], (y - 0.4, 0.8), facecolors=colour, linewidth=0)
+    # One collection per (row, style): thousands of bars stay fast to draw.
+    bars: dict[tuple, list] = {}
+    for row in ev.itertuples(index=False):
+        key = (row.rank, row.stream)
+        if key not in index or row.duration_s <= 0:
+            continue
+        colour = PHASE_COLOURS.get(row.phase, "#999999") if row.stream == "compute" else AXIS_COLOURS.get(row.axis, "#999999")
+        bars.setdefault((index[key], colour, "solid"), []).append((row.start_s * k, row.duration_s * k))
     raw = getattr(result, "raw", None)
     if raw is not None:
         for r, s, e, cause, _axis in raw.idle_spans:
-            if (r, "compute") not in index:
-                continue
-            y = index[(r, "compute")]
-            if cause == "bubble":
-                ax.broken_barh([(s * k, (e - s) * k)], (y - 0.4, 0.8), facecolors="none", edgecolors="#777777",
-                               hatch="////", linewidth=0.3)
-            else:
-                ax.broken_barh([(s * k, (e - s) * k)], (y - 0.4, 0.8), facecolors="#F2B8B8", linewidth=0)
+            if (r, "compute") in index:
+                bars.setdefault((index[(r, "compute")], None, cause), []).append((s * k, (e - s) * k))
+    for (y, colour, style), spans in sorted(bars.items(), key=lambda kv: (kv[0][0], str(kv[0][1]), kv[0][2])):
+        if style == "solid":
+            ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=colour, linewidth=0)
+        elif style == "bubble":
+            ax.broken_barh(spans, (y - 0.4, 0.8), facecolors="none", edgecolors="#777777", hatch="////", linewidth=0.3)
+        else:
+            ax.broken_barh(spans, (y - 0.4, 0.8), facecolors="#F2B8B8", linewidth=0)
     layout = result.scenario.layout if result.scenario is not None else None
     labels = []
     for r, s in rows:

@@ -225,9 +225,19 @@ def read_mapping(path: Union[str, Path]) -> dict:
     return data
 
 
+BUILTIN_DIR = Path(__file__).parent / "scenarios"
+
+
+def builtin_scenarios() -> dict[str, Path]:
+    """Built-in scenario files by name (``stepsim presets`` lists them)."""
+    return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.yaml"))}
+
+
 def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
-    """Validate a scenario given as a path (YAML/JSON) or a mapping."""
+    """Validate a scenario given as a path (YAML/JSON), a built-in scenario name, or a mapping."""
     base_dir = None
+    if isinstance(source, str) and not Path(source).exists() and source in builtin_scenarios():
+        source = builtin_scenarios()[source]
     if isinstance(source, (str, Path)):
         base_dir = Path(source).parent
         data = read_mapping(source)

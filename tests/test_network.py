@@ -259,3 +259,183 @@ def test_switched_capacity_uses_kind_efficiency():
     assert np.allclose(net.capacity[kinds == "nvlink"], 370e9)
     assert np.allclose(net.capacity[kinds == "nic"], 48e9)
     assert isinstance(topo.graph, nx.Graph)
+
+
+# ---------------------------------------------------------------- incremental recomputation
+
+from simulator.network import fill_arrays, fill_small  # noqa: E402
+
+
+def random_problem(rng, n_links, n_flows, max_path=4):
+    links = [tuple(rng.choice(n_links, size=int(rng.integers(1, min(max_path, n_links) + 1)),
+                              replace=False)
+                   .tolist()) for _ in range(n_flows)]
+    w = rng.integers(1, 4, size=n_flows).astype(float).tolist()
+    cap = rng.choice([1.0, 2.0, 3.0, 5.5], size=n_links) * rng.uniform(0.5, 2.0, size=n_links)
+    return links, w, cap
+
+
+def test_python_and_numpy_filling_are_bit_identical():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        links, w, cap = random_problem(rng, int(rng.integers(1, 12)), int(rng.integers(1, 30)))
+        lens = [len(lk) for lk in links]
+        owner = np.repeat(np.arange(len(links)), lens)
+        flat = np.array([x for lk in links for x in lk], dtype=np.int64)
+        a = fill_arrays(owner, flat, np.ones(flat.shape[0]), np.array(w), cap)
+        b = fill_small(links, w, cap.tolist())
+        assert a.tolist() == b
+        assert np.array_equal(maxmin_rates(inc(links, cap.shape[0]), cap, np.array(w)), a)
+
+
+def components(links):
+    """Connected components (lists of flow indices) of flows sharing links."""
+    parent = list(range(len(links)))
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner = {}
+    for f, lk in enumerate(links):
+        for x in lk:
+            if x in owner:
+                parent[find(f)] = find(owner[x])
+            else:
+                owner[x] = f
+    out = {}
+    for f in range(len(links)):
+        out.setdefault(find(f), []).append(f)
+    return list(out.values())
+
+
+def test_component_local_maxmin_equals_global():
+    rng = np.random.default_rng(11)
+    for _ in range(100):
+        n_links = int(rng.integers(4, 40))
+        links, w, cap = random_problem(rng, n_links, int(rng.integers(2, 60)), max_path=3)
+        glob = maxmin_rates(inc(links, n_links), cap, np.array(w))
+        local = np.empty(len(links))
+        for comp in components(links):
+            local[comp] = fill_small([links[f] for f in comp], [w[f] for f in comp], cap)
+        assert local == pytest.approx(glob, rel=1e-12, abs=0)
+
+
+def random_phases(topo, rng, n_phases, t_max=2e-3, max_flows=6):
+    phases = []
+    for _ in range(n_phases):
+        k = int(rng.integers(1, max_flows + 1))
+        transfers = []
+        for _ in range(k):
+            s, d = rng.choice(topo.n_devices, size=2, replace=False).tolist()
+            transfers.append(Transfer(s, d, float(rng.choice([1e6, 4e6, 1.5e7])),
+                                      int(rng.integers(1, 3))))
+        phases.append((float(rng.uniform(0, t_max)), transfers, 1))
+    return phases
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_network_rates_equal_global_maxmin_at_all_times(seed):
+    """Incremental, component-local recomputation gives the global max-min rates."""
+    topo = Topology(switched(32, SwitchedNetwork(8, 450e9, 50e9, domains_per_leaf=2)))
+    rng = np.random.default_rng(seed)
+    env = simpy.Environment()
+    net = FlowNetwork(env, topo, default_calibration("hopper"))
+
+    def proc(start, transfers, steps):
+        yield env.timeout(start)
+        yield net.transfer(transfers, steps)
+
+    for ph in random_phases(topo, rng, 60):
+        env.process(proc(*ph))
+    checked = 0
+    for t in np.sort(rng.uniform(0, 3e-3, size=40)):
+        env.run(until=float(t))
+        table = net.flow_table()
+        if not table:
+            continue
+        links = [row[0] for row in table]
+        glob = maxmin_rates(inc(links, net.n_links), net.capacity, np.array([r[1] for r in table]))
+        assert np.array([r[2] for r in table]) == pytest.approx(glob, rel=1e-12, abs=0)
+        checked += len(table)
+    env.run()
+    assert checked > 50 and net.active_flows == 0
+    assert net.stats.flows_recomputed < net.stats.recomputations * net.stats.max_concurrent_flows
+
+
+def test_disjoint_phase_leaves_other_completion_times_unchanged():
+    topo = Topology(switched(16, SwitchedNetwork(8, 450e9, 50e9)))
+    ring = [Transfer(i, (i + 1) % 8, 3e6) for i in range(8)]
+    mixed = [Transfer(i, 7 - i, 2e6) for i in range(8)] + [Transfer(0, 3, 5e6)]
+    base = [(0.0, ring, 1), (2e-6, mixed, 2), (9e-6, ring[:3], 1), (1e-5, mixed[2:], 1)]
+    other = [Transfer(8 + i, 8 + (i + 3) % 8, 7e6) for i in range(8)]   # domain 1 only
+    alone, net_a = run_phases(topo, base)
+    for extra in ([(0.0, other, 1)], [(2e-6, other, 2)], [(4.1e-6, other, 1), (1e-5, other, 3)]):
+        both, net_b = run_phases(topo, base + extra)
+        assert [both[i] for i in range(len(base))] == [alone[i] for i in range(len(base))]
+        # and the extra phases cost the others no recomputation
+        net_c = run_phases(topo, extra)[1]
+        assert (net_b.stats.flows_recomputed
+                == net_a.stats.flows_recomputed + net_c.stats.flows_recomputed)
+
+
+def test_completion_recomputes_only_its_component():
+    topo = Topology(switched(16, SwitchedNetwork(8, 450e9, 50e9)))
+    # two flows share d0's uplink; a third phase in the other domain is independent
+    finish, net = run_phases(topo, [(0, [Transfer(0, 1, 1e6), Transfer(0, 2, 3e6)], 1),
+                                    (0, [Transfer(8, 9, 5e6)], 1)])
+    # solves: arrival (2 components: 2 flows + 1 flow), first completion (1 flow left)
+    assert net.stats.flows_recomputed == 4
+    assert net.stats.components_solved == 3
+    assert net.stats.wakeups == 3
+
+
+def test_wakeups_are_not_rescheduled_for_later_completions():
+    topo = line_topology(2, 1e9, 0.0)
+    # one long flow, then many short phases on the reverse link (disjoint) that end later
+    phases = [(0, [Transfer(0, 1, 1e8)], 1)] + [
+        (1e-3 * i, [Transfer(1, 0, 1e9)], 1) for i in range(1, 6)]
+    finish, net = run_phases(topo, phases)
+    assert finish[0] == pytest.approx(0.1, rel=1e-12)
+    # one wake per distinct completion instant: the long flow, then the 5 reverse
+    # flows (they share the reverse link and finish one after another)
+    assert net.stats.wakeups == 6
+
+
+def test_random_mix_is_deterministic_and_conserves_bytes():
+    topo = Topology(switched(32, SwitchedNetwork(8, 450e9, 50e9, domains_per_leaf=2)))
+    phases = random_phases(topo, np.random.default_rng(5), 80)
+    a, na = run_phases(topo, phases)
+    b, nb = run_phases(topo, phases)
+    assert a == b
+    assert np.array_equal(na.stats.link_bytes, nb.stats.link_bytes)
+    expected = sum(t.size_bytes * t.weight * len(topo.route(t.src, t.dst))
+                   for _, ts, _ in phases for t in ts)
+    assert na.stats.link_bytes.sum() == pytest.approx(expected, rel=1e-12)
+
+
+def test_identical_transfers_merge_into_one_flow():
+    topo = Topology(switched(16, SwitchedNetwork(8, 450e9, 50e9)))
+    ts = [Transfer(0, 9, 1e6), Transfer(0, 9, 1e6), Transfer(1, 9, 1e6), Transfer(0, 9, 1e6, 2)]
+    merged, net = run_phases(topo, [(0, ts, 1)])
+    assert net.stats.flows_started == 4 and net.stats.flow_rows_started == 2
+    assert net.stats.unit_flows_started == 5
+    sep, _ = run_phases(topo, [(0, [Transfer(0, 9, 1e6)] * 4 + [Transfer(1, 9, 1e6)], 1)])
+    assert merged[0] == pytest.approx(sep[0], rel=1e-12)
+
+
+def test_big_phase_paths_match_small_phase_paths():
+    """Vectorised preparation / completion (big phases) equals the per-flow path."""
+    topo = Topology(switched(64, SwitchedNetwork(8, 450e9, 50e9, domains_per_leaf=2)))
+    rng = np.random.default_rng(9)
+    ts = [Transfer(int(s), int(d), float(rng.choice([1e6, 2e6])), int(rng.integers(1, 3)))
+          for s, d in rng.integers(0, 64, size=(300, 2))]
+    big, nb = run_phases(topo, [(0, ts, 1)])
+    chunks = [(0, ts[i:i + 50], 1) for i in range(0, 300, 50)]
+    small, ns = run_phases(topo, chunks)
+    assert big[0] == pytest.approx(max(small.values()), rel=1e-9)
+    assert np.allclose(nb.stats.link_bytes, ns.stats.link_bytes, rtol=1e-12)
+    with pytest.raises(NetworkError, match="weight"):
+        FlowNetwork(simpy.Environment(), topo).transfer(ts + [Transfer(0, 1, 1.0, 0)])

@@ -1,0 +1,131 @@
+"""The ``validate`` and ``calibrate`` commands of ``stepsim``.
+
+``register(subparsers)`` adds them to the ``stepsim`` parser (``simulator.cli``);
+``python -m simulator.cli_validate COMMAND ...`` runs them on their own with the
+same exit codes (0 ok, 2 bad input, 1 internal error).
+
+    stepsim validate [--cases GLOB ...] [--out DIR] [--jobs N] [--max-error F]
+    stepsim calibrate KERNELS.csv [--family hopper] [--collectives COLL.csv --cluster dgx-h100]
+                      [--out calibration.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from simulator.cli import EXIT_OK, CliError
+
+COMMANDS = ("validate", "calibrate")
+EXIT_OFF_TARGET = 3
+
+
+def cmd_validate(args) -> int:
+    from simulator import validate as v
+
+    cases = v.discover(args.cases, root=args.suite)
+    jobs = args.jobs if args.jobs is not None else min(len(cases), os.cpu_count() or 1)
+    if jobs < 1:
+        raise CliError(f"--jobs: must be >= 1, got {jobs}")
+    t0 = time.perf_counter()
+
+    def progress(r):
+        if not args.quiet:
+            print(f"  {r.case.name}: {r.error:+.1%} ({r.sim_wall_s:.1f} s)", file=sys.stderr, flush=True)
+
+    results = v.run_suite(cases, jobs=jobs, progress=progress)
+    wall = time.perf_counter() - t0
+    print(v.format_table(results))
+    print(f"total wall time {wall:.1f} s with {jobs} job(s)")
+    if args.out:
+        out = Path(args.out)
+        csv_path = v.write_csv(results, out / "validation.csv")
+        png = v.plot_parity(results, out / "parity.png")
+        print(f"wrote {csv_path} and {png}")
+    if args.max_error is not None:
+        _, worst, name = v.error_stats(results)
+        if worst > args.max_error:
+            print(f"worst |error| {worst:.1%} ({name}) is above --max-error {args.max_error:.1%}", file=sys.stderr)
+            return EXIT_OFF_TARGET
+    return EXIT_OK
+
+
+def cmd_calibrate(args) -> int:
+    from simulator import calibrate as c
+
+    report = {}
+    if args.kernels:
+        fit = c.fit_compute(c.read_kernels(args.kernels), args.family, chip=args.chip)
+        report["compute"] = fit.as_dict()
+        print(fit.describe())
+    if args.collectives:
+        if not args.cluster:
+            raise CliError("--cluster: needed with --collectives (the cluster the timings were measured on)")
+        nfit = c.fit_network(c.read_collectives(args.collectives), args.cluster)
+        report["network"] = nfit.as_dict()
+        print(nfit.describe())
+    if not report:
+        raise CliError("calibrate: give KERNELS.csv and/or --collectives COLL.csv")
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return EXIT_OK
+
+
+def register(subparsers) -> None:
+    """Add ``validate`` and ``calibrate`` to an argparse subparsers action."""
+    p = subparsers.add_parser("validate", help="simulate the published runs of validation/ and compare")
+    p.add_argument("--cases", nargs="+", metavar="GLOB",
+                   help="case names, paths relative to validation/ (narayanan2021/*) or files; default: all")
+    p.add_argument("--suite", help="folder of case files (default: the repository's validation/)")
+    p.add_argument("--out", help="write DIR/validation.csv and DIR/parity.png")
+    p.add_argument("--jobs", type=int, help="worker processes (default: one per CPU)")
+    p.add_argument("--max-error", type=float, metavar="F",
+                   help=f"exit {EXIT_OFF_TARGET} when a case is off by more than this fraction (e.g. 0.2)")
+    p.add_argument("--quiet", action="store_true", help="no per-case progress on stderr")
+    p.set_defaults(func=cmd_validate)
+
+    p = subparsers.add_parser(
+        "calibrate", help="fit compute (and network) efficiencies to measured kernel/collective timings",
+        description="Least-squares fit of the roofline parameters of simulator/compute.py to measured kernel "
+                    "times, and of link efficiency + per-message latency to collective times. Prints the "
+                    "`compute:` mapping to paste into a scenario.")
+    p.add_argument("kernels", nargs="?", help="CSV: kind,m,n,k,flops,bytes,dtype,time_s (see simulator/calibrate.py)")
+    p.add_argument("--family", default="hopper", help="chip family whose defaults seed the fit and fill gaps")
+    p.add_argument("--chip", help="chip preset giving peak FLOP/s and HBM bandwidth (default: the family's usual chip)")
+    p.add_argument("--collectives", help="CSV: op,devices,size_bytes,time_s (nccl-tests style)")
+    p.add_argument("--cluster", help="cluster preset the collectives were measured on (with --collectives)")
+    p.add_argument("--out", help="write the fit as JSON")
+    p.set_defaults(func=cmd_calibrate)
+
+
+def _with_commands(original):
+    def build() -> argparse.ArgumentParser:
+        ap = original()
+        sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+        if not all(c in sub.choices for c in COMMANDS):
+            register(sub)
+        return ap
+
+    return build
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``simulator.cli.main`` with these commands available (until ``stepsim`` wires them)."""
+    from simulator import cli
+
+    original = cli.build_parser
+    cli.build_parser = _with_commands(original)
+    try:
+        return cli.main(argv)
+    finally:
+        cli.build_parser = original
+
+
+if __name__ == "__main__":
+    sys.exit(main())
