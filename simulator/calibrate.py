@@ -291,8 +291,8 @@ class NetworkFit:
 
     def describe(self) -> str:
         lines = [f"# network fit on {self.cluster}; propose for simulator/netcal.py (NetCalibration.with_overrides):"]
-        eff = {l.kind: round(l.efficiency, 4) for l in self.links}
-        ovh = {l.kind: float(f"{l.message_overhead_s:.3g}") for l in self.links}
+        eff = {k: round(l.efficiency, 4) for l in self.links for k in _LINK_GROUPS.get(l.kind, (l.kind,))}
+        ovh = {k: float(f"{l.message_overhead_s:.3g}") for l in self.links for k in _LINK_GROUPS.get(l.kind, (l.kind,))}
         lines.append(f"efficiency={eff}")
         lines.append(f"message_overhead_s={ovh}")
         for l in self.links:
@@ -300,57 +300,75 @@ class NetworkFit:
         return "\n".join(lines)
 
 
-def _bottleneck_kind(topo, devices: int) -> str:
-    dom = getattr(topo, "domain_size", None) or getattr(getattr(topo, "spec", None), "domain_size", None)
-    kinds = set(topo.link_kind)
-    if "ici" in kinds:
-        return "ici"
-    if dom and devices <= dom and "nvlink" in kinds:
-        return "nvlink"
-    return "nic" if "nic" in kinds else sorted(kinds)[0]
+def fit_network(timings: Sequence[CollectiveTiming], cluster: str, family: Optional[str] = None) -> NetworkFit:
+    """Fit link efficiency and per-step message overhead per link kind.
 
-
-def fit_network(timings: Sequence[CollectiveTiming], cluster: str) -> NetworkFit:
-    """Fit link efficiency and per-step overhead per bottleneck link kind.
+    Each row is simulated on the named cluster (``bench.collective_time_s``) under
+    a candidate :class:`~simulator.netcal.NetCalibration`; ``scipy``'s bounded
+    least squares adjusts, per link group the rows use (``nvlink``; ``nic`` with
+    the ``fabric`` links behind it; ``ici``), the efficiency in (0.05, 1] and the
+    overhead in [0, 1 ms] to minimise ``log(simulated / measured)``. Groups no
+    row crosses are left out.
 
     Raises
     ------
     CalibrationInputError
-        Unknown cluster, a row with more devices than the cluster, or too few rows
-        (two sizes at least per link kind).
+        Unknown cluster, or fewer than two rows.
     """
+    from scipy.optimize import least_squares
+
     from simulator.bench import collective_time_s
-    from simulator.collectives import plan_collective
-    from simulator.netcal import IDEAL
-    from topologies.presets import CLUSTER_PRESETS, build_cluster, cluster_spec
+    from simulator.netcal import default_calibration
+    from topologies.presets import CLUSTER_PRESETS, build_cluster, cluster_preset
 
     if cluster not in CLUSTER_PRESETS:
         raise CalibrationInputError(f"--cluster: {cluster!r} not allowed; choose from {', '.join(CLUSTER_PRESETS)}")
-    need = max(t.devices for t in timings)
-    topo = build_cluster(cluster_spec(cluster, devices=max(need, 2)))
-    domain = topo.domain_size if hasattr(topo, "domain_size") else None
-    groups: dict[str, list[tuple[float, float, float, int]]] = {}
+    if len(timings) < 2:
+        raise CalibrationInputError(f"collectives: need at least two rows, got {len(timings)}")
+    spec = cluster_preset(cluster, devices=max(max(t.devices for t in timings), 2))
+    topo = build_cluster(spec)
+    base = default_calibration(family or spec.chip.family)
+    domain = getattr(topo, "domain_size", None)
+    present = set(topo.link_kind)
+    groups: dict[str, tuple[str, ...]] = {}
     for t in timings:
-        devs = list(range(t.devices))
-        t_full, _ = collective_time_s(t.op, topo, devs, t.size_bytes, calibration=IDEAL)
-        t_lat, _ = collective_time_s(t.op, topo, devs, 1.0, calibration=IDEAL)
-        steps = len(plan_collective(t.op, devs, t.size_bytes, topo).phases)
         kind = _kind_for(topo, t.devices, domain)
-        groups.setdefault(kind, []).append((t_lat, max(t_full - t_lat, 0.0), t.time_s, steps))
+        groups[kind] = tuple(k for k in _LINK_GROUPS[kind] if k in present)
+        if kind == "nic" and "nvlink" in present:  # hierarchical collectives cross NVLink too
+            groups["nvlink"] = ("nvlink",)
+    kinds = sorted(groups)
+    measured = np.array([t.time_s for t in timings])
+
+    def calib(x):
+        eff, ovh = {}, {}
+        for i, kind in enumerate(kinds):
+            for k in groups[kind]:
+                eff[k], ovh[k] = float(x[2 * i]), float(x[2 * i + 1]) * 1e-6
+        return base.with_overrides(efficiency=eff, message_overhead_s=ovh)
+
+    def simulated(x):
+        cal = calib(x)
+        return np.array([collective_time_s(t.op, topo, list(range(t.devices)), t.size_bytes, calibration=cal)[0]
+                         for t in timings])
+
+    def resid(x):
+        return np.log(simulated(x) / measured)
+
+    x0 = np.array([v for kind in kinds for v in (base.efficiency_of(kind), base.overhead_of(kind) * 1e6)])
+    lo = np.array([v for _ in kinds for v in (0.05, 0.0)])
+    hi = np.array([v for _ in kinds for v in (1.0, 1000.0)])
+    sol = least_squares(resid, np.clip(x0, lo, hi), bounds=(lo, hi), diff_step=1e-3, max_nfev=200)
+    rel = np.exp(resid(sol.x)) - 1.0
     links = []
-    for kind, rows in sorted(groups.items()):
-        if len(rows) < 2:
-            raise CalibrationInputError(f"collectives: {kind} rows: need at least two sizes, got {len(rows)}")
-        a = np.array([[bw, steps] for _, bw, _, steps in rows])
-        b = np.array([meas - lat for lat, _, meas, _ in rows])
-        w = 1.0 / np.array([meas for *_, meas, _ in rows])  # relative errors
-        sol, *_ = np.linalg.lstsq(a * w[:, None], b * w, rcond=None)
-        inv_e, o = float(sol[0]), max(float(sol[1]), 0.0)
-        e = min(1.0, 1.0 / inv_e) if inv_e > 0 else 1.0
-        pred = np.array([lat + steps * o + bw / e for lat, bw, _, steps in rows])
-        meas = np.array([r[2] for r in rows])
-        links.append(LinkFit(kind, e, o, len(rows), float(np.sqrt(np.mean((pred / meas - 1) ** 2)))))
+    for i, kind in enumerate(kinds):
+        rows = [j for j, t in enumerate(timings) if _kind_for(topo, t.devices, domain) == kind]
+        err = float(np.sqrt(np.mean(rel[rows] ** 2))) if rows else float(np.sqrt(np.mean(rel ** 2)))
+        links.append(LinkFit(kind, float(sol.x[2 * i]), float(sol.x[2 * i + 1]) * 1e-6, len(rows), err))
     return NetworkFit(cluster, links)
+
+
+#: Link kinds that share one fitted efficiency and overhead.
+_LINK_GROUPS = {"nvlink": ("nvlink",), "nic": ("nic", "fabric"), "ici": ("ici",)}
 
 
 def _kind_for(topo, devices: int, domain: Optional[int]) -> str:
@@ -359,7 +377,7 @@ def _kind_for(topo, devices: int, domain: Optional[int]) -> str:
         return "ici"
     if domain and devices <= domain and "nvlink" in kinds:
         return "nvlink"
-    return "nic" if "nic" in kinds else sorted(kinds)[0]
+    return "nic"
 
 
 def calibration_fields() -> tuple[str, ...]:

@@ -37,22 +37,51 @@ class ComputeCalibration:
 
 
 # One calibration per chip family (reference-data.md "keep one calibration per chip
-# family, never a per-case knob"). Starting points, refined by `stepsim validate`:
-# * Hopper large bf16 GEMM: cuBLAS reaches ~700-750 TFLOP/s of 989 on H100 SXM
-#   (~0.72-0.76); FP8 ~1300-1400 of 1979 (~0.66-0.70).
-# * Ampere: cuBLAS ~250-270 TFLOP/s of 312 on A100 (~0.8-0.85).
-# * FlashAttention-2 forward ~50-70% of peak on A100/H100 (Dao, arXiv 2307.08691 §4.1).
-# * STREAM-style copies reach ~85-90% of HBM bandwidth.
+# family, never a per-case knob"). What the fields mean:
+# * gemm_efficiency: achieved fraction of the dense bf16 peak by a large GEMM *inside a
+#   training step* (sustained clocks under the power limit, cuBLAS kernel choice), before
+#   the shape factor; fp8_gemm_efficiency the same against the fp8 peak.
+# * gemm_dim_half: GEMM dimension at which the shape factor d/(d+half) is 1/2 (small-
+#   dimension under-fill of the tensor cores).
+# * attention_efficiency: fused attention FLOPs (non-causal count) / bf16 peak.
+# * memory_efficiency: achieved fraction of HBM bandwidth by streaming kernels.
+# * launch_overhead_s: per-kernel launch + tail.
+# Values below were set by `stepsim validate` (validation/, issue 8) against published
+# end-to-end runs, staying inside what microbenchmarks allow:
+# * Ampere gemm 0.68 (212 TF/s of 312): isolated cuBLAS bf16 GEMMs reach ~250-270 TF/s
+#   (0.80-0.85) at boost clock, but under sustained tensor load the A100 SXM runs below
+#   its 1410 MHz boost, and Megatron's best end-to-end rate *including* all non-GEMM work
+#   is ~178 TF/s (Narayanan et al. 2021 Fig. 11, p=1, batch 128), which bounds in-situ
+#   GEMMs to ~0.65-0.75. The large compute-bound cases (Narayanan 39B-1T, Korthikanti
+#   175B-1T, MegaScale) were 15-20% too fast at 0.80 and sit within ~7% at 0.68.
+# * Ampere attention 0.55: FlashAttention-2 reaches 50-73% of peak on A100 (Dao 2023,
+#   arXiv 2307.08691 Fig. 4, fwd ~70%, bwd lower), scaled by the same sustained-clock
+#   factor as the GEMMs.
+# * Hopper gemm 0.68 (672 TF/s of 989): H100 SXM cuBLAS bf16 reaches ~700-750 TF/s in
+#   short microbenchmarks, ~620-700 sustained at 700 W. The NeMo DGX Cloud runs
+#   (GPT-3 175B, Nemotron-4 340B, Llama 3.1 70B) were 2-15% too fast at 0.74.
+# * Hopper attention 0.50: FlashAttention-2 on H100 ~35-50% of peak; FlashAttention-3
+#   (Shah et al. 2024, arXiv 2407.08608) 50-75% forward, backward lower; NeMo 24.x uses
+#   cuDNN fused attention, between the two.
+# * fp8 GEMMs: ~1230-1300 TF/s of 1979 (0.62); no fp8 case in the suite refines it.
+# * memory_efficiency 0.85: STREAM-style copies reach ~85-90% of HBM bandwidth.
+# * launch_overhead_s 4 us: CUDA launch + tail effects of a kernel (2-5 us typical).
+# What the validation shows the model lacks (not compensated here, see the report of
+# issue 8): unfused attention (2021-22 Megatron materialised the s x s scores; its
+# softmax/dropout HBM traffic is not timed), which makes the small Narayanan rows and
+# the Korthikanti 22B case too fast.
 DEFAULT_COMPUTE_CALIBRATION: Mapping[str, ComputeCalibration] = {
     "ampere": ComputeCalibration(
-        gemm_efficiency=0.80, fp8_gemm_efficiency=0.80, attention_efficiency=0.60,
+        gemm_efficiency=0.68, fp8_gemm_efficiency=0.68, attention_efficiency=0.55,
         memory_efficiency=0.85, launch_overhead_s=4e-6,
-        source="A100: cuBLAS bf16 ~250 TF/s of 312; FlashAttention-2 paper Fig. 4",
+        source="A100: in-situ GEMMs ~212 TF/s of 312 (validation suite, Narayanan/Korthikanti/"
+               "MegaScale); FlashAttention-2 paper Fig. 4",
     ),
     "hopper": ComputeCalibration(
-        gemm_efficiency=0.74, fp8_gemm_efficiency=0.62, attention_efficiency=0.55,
+        gemm_efficiency=0.68, fp8_gemm_efficiency=0.62, attention_efficiency=0.50,
         memory_efficiency=0.85, launch_overhead_s=4e-6,
-        source="H100 SXM: cuBLAS bf16 ~730 TF/s of 989, fp8 ~1230 of 1979; FA-2/FA-3 papers",
+        source="H100 SXM: in-situ bf16 GEMMs ~672 TF/s of 989 (validation suite, NeMo DGX Cloud "
+               "recipes), fp8 ~1230 of 1979; FA-2/FA-3 papers",
     ),
     "blackwell": ComputeCalibration(
         gemm_efficiency=0.72, fp8_gemm_efficiency=0.62, attention_efficiency=0.55,

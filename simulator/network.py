@@ -63,6 +63,8 @@ DONE_RTOL = 1e-9
 SMALL_COMPONENT = 48
 #: Completions of at most this many flows update link counters one by one.
 _SMALL_BATCH = 64
+#: Updates touching at most this many flows use scalar (not vectorised) state access.
+_SCALAR_MAX = 4
 
 #: Prepared (validated, merged, routed) phases cached per network.
 _PREPARED_MAX = 4096
@@ -154,8 +156,9 @@ def fill_arrays(owner: np.ndarray, link: np.ndarray, mult: np.ndarray, w: np.nda
     Notes
     -----
     One iteration per distinct bottleneck level (symmetric collectives have one or
-    two), each O(entries + links) of vectorised gathers and bincounts. Equal, bit
-    for bit, to :func:`fill_small` on the same flows in the same order.
+    two; heterogeneous mixes a few dozen), each about fifteen vectorised passes over
+    the entries and links. Equal, bit for bit, to :func:`fill_small` on the same
+    flows in the same order.
     """
     n_flows, n_links = w.shape[0], cap.shape[0]
     rates = np.full(n_flows, np.inf)
@@ -180,12 +183,64 @@ def fill_arrays(owner: np.ndarray, link: np.ndarray, mult: np.ndarray, w: np.nda
         fixed = np.flatnonzero(mark)
         rates[fixed] = level
         n_active -= fixed.shape[0]
-        hit = alive & mark[owner]
+        hit = alive & mark[owner]              # entries of the fixed flows, flow-major
         alive &= ~hit
         links = link[hit]
         delta = np.bincount(links, use[hit], minlength=n_links)
         demand -= delta
         remaining -= delta * level         # every newly fixed flow runs at ``level``
+        count -= np.bincount(links, minlength=n_links)
+        np.maximum(remaining, 0.0, out=remaining)
+    return rates
+
+
+def fill_components(owner: np.ndarray, link: np.ndarray, w: np.ndarray, cap: np.ndarray,
+                    link_comp: np.ndarray, comp_start: np.ndarray) -> np.ndarray:
+    """:func:`fill_arrays` on several independent components at once (numpy).
+
+    Links must be numbered component by component: component c owns links
+    ``comp_start[c] <= l < comp_start[c + 1]`` and ``link_comp[l] = c``; every flow's
+    entries lie in its own component's links (each entry crosses its link once).
+    Each iteration fixes the lowest level *of every component* at once, so the
+    result is bit for bit that of solving each component alone, in
+    max-over-components-of-levels iterations instead of their sum.
+    """
+    n_flows, n_links = w.shape[0], cap.shape[0]
+    rates = np.full(n_flows, np.inf)
+    if owner.shape[0] == 0:
+        return rates
+    use = w[owner]
+    remaining = cap.astype(float, copy=True)
+    demand = np.bincount(link, use, minlength=n_links)
+    count = np.bincount(link, minlength=n_links)
+    alive = np.ones(owner.shape[0], dtype=bool)
+    mark = np.zeros(n_flows, dtype=bool)
+    mark[owner] = True
+    n_active = int(mark.sum())
+    flow_comp = np.empty(n_flows, dtype=np.int64)
+    flow_comp[owner] = link_comp[link]
+    share = np.empty(n_links)
+    starts = comp_start[:-1]
+    while n_active:
+        used = count > 0
+        share.fill(np.inf)
+        np.divide(remaining, demand, out=share, where=used)
+        level = np.minimum.reduceat(share, starts)      # per component
+        level_l = level[link_comp]
+        saturated = used & (share <= level_l * (1.0 + BOTTLENECK_RTOL))
+        mark.fill(False)
+        mark[owner[alive & saturated[link]]] = True
+        fixed = np.flatnonzero(mark)
+        rates[fixed] = level[flow_comp[fixed]]
+        n_active -= fixed.shape[0]
+        hit = alive & mark[owner]
+        alive &= ~hit
+        links = link[hit]
+        delta = np.bincount(links, use[hit], minlength=n_links)
+        touched = delta > 0
+        demand -= delta
+        np.subtract(remaining, delta * np.where(touched, level_l, 0.0), out=remaining,
+                    where=touched)
         count -= np.bincount(links, minlength=n_links)
         np.maximum(remaining, 0.0, out=remaining)
     return rates
@@ -309,7 +364,7 @@ class _Prepared:
     sizes: np.ndarray                    # per flow: bytes
     weights: np.ndarray                  # per flow: weight
     table: np.ndarray                    # per flow: link ids padded with -1 (flows x hops)
-    by_link: Optional[list]              # big phases: (link, local flow indices)
+    by_link: Optional[tuple]             # big phases: (flows sorted by link, [(link, a, b)])
 
 
 class FlowNetwork:
@@ -342,6 +397,7 @@ class FlowNetwork:
         self.n_links = self.capacity.shape[0]
         self.stats = NetworkStats(link_bytes=np.zeros(self.n_links), link_capacity=self.capacity)
         self._cap = self.capacity.tolist()
+        self._cap_pad = np.append(self.capacity, np.inf)   # index -1 (padding) -> inf
         self._lat = self.link_latency.tolist()
         self._ovh = self.link_overhead.tolist()
         self._routes: dict[tuple[int, int], tuple[tuple[int, ...], float, float]] = {}
@@ -516,10 +572,14 @@ class FlowNetwork:
                 owner = np.repeat(np.arange(len(links)), lens)
                 table = np.full((len(links), int(lens.max())), -1, dtype=np.int32)
                 table[owner, np.arange(flat.shape[0]) - np.repeat(starts, lens)] = flat
+                srt = np.sort(table, axis=1)
+                assert not ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any(), \
+                    "a route repeats a link"
                 order = np.argsort(flat, kind="stable")
                 flat, owner = flat[order], owner[order]
-                cuts = np.flatnonzero(np.diff(flat)) + 1
-                by_link = list(zip(flat[np.r_[0, cuts]].tolist(), np.split(owner, cuts)))
+                bounds = np.r_[0, np.flatnonzero(np.diff(flat)) + 1, flat.shape[0]].tolist()
+                keys = flat[bounds[:-1]].tolist()
+                by_link = (owner, list(zip(keys, bounds[:-1], bounds[1:])))
                 prep = _Prepared(n, int(sum(weights)), lat + ovh, links, np.array(sizes),
                                  np.array(weights), table, by_link)
         if cacheable:
@@ -610,19 +670,34 @@ class FlowNetwork:
             hw = len(self._links)
             slots.extend(range(hw, hw + k - reuse))
             self._links.extend(links[reuse:])
-        self._grow(len(self._links), prep.table.shape[1])
-        sl = np.array(slots, dtype=np.int64)
-        self._w[sl] = prep.weights
-        self._size[sl] = prep.sizes
-        self._rem[sl] = prep.sizes
-        self._t0[sl] = now
-        self._rate[sl] = 0.0
-        self._end[sl] = _INF
-        self._seq[sl] = np.arange(self._next_seq, self._next_seq + k)
-        self._next_seq += k
-        self._batch[sl] = -2
-        self._pid[sl] = pid
         width = prep.table.shape[1]
+        self._grow(len(self._links), width)
+        sl = np.array(slots, dtype=np.int64)
+        if k <= 2:
+            w, size, rem, t0, rate = self._w, self._size, self._rem, self._t0, self._rate
+            end, seq, batch, pids = self._end, self._seq, self._batch, self._pid
+            q = self._next_seq
+            for s, ws, bs in zip(slots, prep.weights.tolist(), prep.sizes.tolist()):
+                w[s] = ws
+                size[s] = rem[s] = bs
+                t0[s] = now
+                rate[s] = 0.0
+                end[s] = _INF
+                seq[s] = q
+                q += 1
+                batch[s] = -2
+                pids[s] = pid
+        else:
+            self._w[sl] = prep.weights
+            self._size[sl] = prep.sizes
+            self._rem[sl] = prep.sizes
+            self._t0[sl] = now
+            self._rate[sl] = 0.0
+            self._end[sl] = _INF
+            self._seq[sl] = np.arange(self._next_seq, self._next_seq + k)
+            self._batch[sl] = -2
+            self._pid[sl] = pid
+        self._next_seq += k
         self._tab[sl, :width] = prep.table
         if width < self._tab.shape[1]:
             self._tab[sl, width:] = -1
@@ -636,12 +711,14 @@ class FlowNetwork:
                     else:
                         fl.add(s)
         else:
-            for lk, idx in prep.by_link:
+            owner, groups = prep.by_link
+            members = sl[owner].tolist()
+            for lk, a, b in groups:
                 fl = lf.get(lk)
                 if fl is None:
-                    lf[lk] = set(sl[idx].tolist())
+                    lf[lk] = set(members[a:b])
                 else:
-                    fl.update(sl[idx].tolist())
+                    fl.update(members[a:b])
         self._new.extend(slots)
         self._n_active += k
         if self._n_active > self.stats.max_concurrent_flows:
@@ -654,36 +731,52 @@ class FlowNetwork:
             self._update_pending = True
             self.env.timeout(0).callbacks.append(self._update)
 
-    def _components(self, seeds: list[int]) -> list[list[int]]:
-        """Link-sharing components of the active flows on ``seeds`` (links), each in
-        arrival order, in order of their first flow's arrival."""
+    def _components(self, seeds: list[int]) -> tuple[list[list[int]], list[int]]:
+        """Link-sharing components of the active flows on ``seeds`` (links).
+
+        Returns ``(components, singles)``: components of two or more flows, each in
+        arrival order, in order of their first flow's arrival; and the flows that
+        share no link with any other (the common case: a ring on a crossbar or a
+        rail), in arrival order."""
         lf, links, seq = self._link_flows, self._links, self._seq
         seen_links: set[int] = set()
         seen: set[int] = set()
-        comps = []
+        comps, singles = [], []
         for l0 in seeds:
-            if l0 in seen_links or l0 not in lf:
+            if l0 in seen_links:
                 continue
+            fl = lf.get(l0)
+            if fl is None:
+                continue
+            if len(fl) == 1:
+                (f,) = fl
+                lks = links[f]
+                if all(len(lf[x]) == 1 for x in lks):
+                    seen.add(f)
+                    seen_links.update(lks)
+                    singles.append(f)
+                    continue
             seen_links.add(l0)
             stack = [l0]
             comp: list[int] = []
             while stack:
-                for f in lf[stack.pop()]:
-                    if f not in seen:
-                        seen.add(f)
-                        comp.append(f)
-                        for lk in links[f]:
-                            if lk not in seen_links:
-                                seen_links.add(lk)
-                                stack.append(lk)
-            if len(comp) > 1:
-                arr = np.array(comp, dtype=np.int64)
-                comp = arr[np.argsort(seq[arr], kind="stable")].tolist()
-            comps.append(comp)
+                new = lf[stack.pop()] - seen
+                if new:
+                    seen |= new
+                    comp.extend(new)
+                    cand = set(itertools.chain.from_iterable(map(links.__getitem__, new)))
+                    cand -= seen_links
+                    seen_links |= cand
+                    stack.extend(cand)
+            arr = np.array(comp, dtype=np.int64)
+            comps.append(arr[np.argsort(seq[arr], kind="stable")].tolist())
         if len(comps) > 1:
             firsts = seq[[c[0] for c in comps]]
             comps = [comps[i] for i in np.argsort(firsts, kind="stable").tolist()]
-        return comps
+        if len(singles) > 1:
+            arr = np.array(singles, dtype=np.int64)
+            singles = arr[np.argsort(seq[arr], kind="stable")].tolist()
+        return comps, singles
 
     def _update(self, _ev=None) -> None:
         self._update_pending = False
@@ -693,44 +786,66 @@ class FlowNetwork:
         for s in self._new:
             seeds.extend(links[s])
         self._new = []
-        comps = self._components(seeds)
-        if comps:
-            self._recompute(comps)
+        comps, singles = self._components(seeds)
+        if comps or singles:
+            self._recompute(comps, singles)
         self._schedule_wake()
 
-    def _fill_big(self, sl: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """Max-min rates of a big component (slots ``sl`` in canonical order)."""
+    def _fill_big(self, sl: np.ndarray, w: np.ndarray, lens: list[int]) -> np.ndarray:
+        """Max-min rates of components given back to back (slots ``sl``, sizes ``lens``)."""
         sub = self._tab[sl]
         mask = sub >= 0
-        flat = sub[mask]
+        flat = sub[mask].astype(np.int64)
         owner = np.nonzero(mask)[0]
-        used, local = np.unique(flat, return_inverse=True)
-        return fill_arrays(owner, local.reshape(-1), np.ones(flat.shape[0]), w,
-                           self.capacity[used])
+        if len(lens) == 1:
+            used, local = np.unique(flat, return_inverse=True)
+            return fill_arrays(owner, local.reshape(-1), np.ones(flat.shape[0]), w,
+                               self.capacity[used])
+        comp = np.repeat(np.arange(len(lens)), lens)[owner]
+        used, local = np.unique(comp * self.n_links + flat, return_inverse=True)
+        link_comp = used // self.n_links
+        comp_start = np.searchsorted(link_comp, np.arange(len(lens) + 1))
+        return fill_components(owner, local.reshape(-1), w, self.capacity[used % self.n_links],
+                               link_comp, comp_start)
 
-    def _recompute(self, comps: list[list[int]]) -> None:
-        """Solve each component alone; keep the segment of flows whose rate is unchanged."""
+    def _recompute(self, comps: list[list[int]], singles: list[int]) -> None:
+        """Solve each component alone; keep the segment of flows whose rate is unchanged.
+
+        Each component becomes one heap entry (a batch); all single-flow components
+        of this instant share one (a *group* batch, whose flows complete one by one)."""
         now = self.env.now
         stats = self.stats
         stats.recomputations += 1
-        stats.components_solved += len(comps)
+        stats.components_solved += len(comps) + len(singles)
         lens = [len(c) for c in comps]
-        sl = np.fromiter(itertools.chain.from_iterable(comps), dtype=np.int64, count=sum(lens))
-        stats.flows_recomputed += sl.shape[0]
+        if singles:
+            comps = comps + [singles]
+            lens.append(len(singles))
+        total = sum(lens)
+        stats.flows_recomputed += total
+        if total <= _SCALAR_MAX:
+            self._recompute_scalar(comps, bool(singles), now)
+            return
+        sl = np.fromiter(itertools.chain.from_iterable(comps), dtype=np.int64, count=total)
         w = self._w[sl]
         wl = w.tolist()
         links, cap = self._links, self._cap
-        parts: list = []
-        pos = 0
-        for comp, n in zip(comps, lens):
-            if n == 1:                 # alone: its tightest link (routes are simple paths)
-                parts.append(min(map(cap.__getitem__, links[comp[0]])) / wl[pos])
-            elif n <= SMALL_COMPONENT:
-                parts.extend(fill_small([links[s] for s in comp], wl[pos:pos + n], cap))
-            else:
-                parts.extend(self._fill_big(sl[pos:pos + n], w[pos:pos + n]).tolist())
-            pos += n
-        r = np.array(parts)
+        n_multi = len(comps) - bool(singles)
+        pos = sum(lens[:n_multi])
+        if n_multi == 0:
+            r = np.zeros(0)
+        elif pos <= SMALL_COMPONENT:
+            parts: list = []
+            at = 0
+            for comp, n in zip(comps[:n_multi], lens):
+                parts.extend(fill_small([links[s] for s in comp], wl[at:at + n], cap))
+                at += n
+            r = np.array(parts)
+        else:
+            r = self._fill_big(sl[:pos], w[:pos], lens[:n_multi])
+        if singles:       # alone on their links: the tightest one (routes are simple paths)
+            single = sl[pos:]
+            r = np.concatenate([r, self._cap_pad[self._tab[single]].min(axis=1) / w[pos:]])
         old = self._rate[sl]
         t0 = self._t0[sl]
         rem = self._rem[sl]
@@ -749,27 +864,79 @@ class FlowNetwork:
         self._next_bid += len(comps)
         self._batch[sl] = np.repeat(np.arange(b0, b0 + len(comps)), lens)
         if len(comps) == 1:
-            firsts = [float(end.min())]
-            starts = [0]
+            firsts, starts = [float(end.min())], [0]
         else:
             starts = np.cumsum(lens) - lens
             firsts = np.minimum.reduceat(end, starts).tolist()
             starts = starts.tolist()
         heap, batches = self._heap, self._batches
+        last = len(comps) - 1
         for i, (first, start, n) in enumerate(zip(firsts, starts, lens)):
-            batches[b0 + i] = sl[start:start + n]
+            batches[b0 + i] = (sl[start:start + n], bool(singles) and i == last)
             heapq.heappush(heap, (first, b0 + i))
 
-    def _stale(self, bid: int) -> bool:
-        """A component whose flows were re-solved since (or completed)."""
-        return self._batch[self._batches[bid][0]] != bid
+    def _recompute_scalar(self, comps: list[list[int]], grouped: bool, now: float) -> None:
+        """:meth:`_recompute` for a handful of flows: the same arithmetic on scalars.
+        With ``grouped`` the last of ``comps`` is the group of single flows."""
+        links, cap = self._links, self._cap
+        w, rem, t0, rate, end, batch = self._w, self._rem, self._t0, self._rate, self._end, self._batch
+        heap, batches = self._heap, self._batches
+        last = len(comps) - 1
+        for i, comp in enumerate(comps):
+            group = grouped and i == last
+            if group:
+                rates = [min(map(cap.__getitem__, links[s])) / w.item(s) for s in comp]
+            else:
+                rates = fill_small([links[s] for s in comp], [w.item(s) for s in comp], cap)
+            bid = self._next_bid
+            self._next_bid += 1
+            first = _INF
+            for s, r in zip(comp, rates):
+                old = rate.item(s)
+                if r != old:
+                    if old > 0.0:
+                        start = t0.item(s)
+                        left = rem.item(s) - old * (now - start)
+                        rem[s] = left = left if left > 0.0 else 0.0
+                        t0[s] = start = now
+                    else:
+                        left, start = rem.item(s), t0.item(s)
+                    rate[s] = r
+                    e = start + left / r
+                    end[s] = e
+                else:
+                    e = end.item(s)
+                batch[s] = bid
+                if e < first:
+                    first = e
+            batches[bid] = (comp, group)
+            heapq.heappush(heap, (first, bid))
+
+    def _live(self, bid: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._live_of(self._batches[bid][0], bid)
 
     def _schedule_wake(self) -> None:
         """Keep one simpy wake-up at the earliest completion; only reschedule when
         that time moves earlier."""
-        heap = self._heap
-        while heap and self._stale(heap[0][1]):
-            del self._batches[heapq.heappop(heap)[1]]
+        heap, batches = self._heap, self._batches
+        while heap:
+            key, bid = heap[0]
+            sl, group = batches[bid]
+            if not group:
+                if self._batch[sl[0]] == bid:        # a component is re-solved whole
+                    break
+                heapq.heappop(heap)
+                del batches[bid]
+                continue
+            live, ends = self._live(bid)              # a group loses flows one by one
+            if live.shape[0] and float(ends.min()) == key:
+                break
+            heapq.heappop(heap)
+            if live.shape[0]:
+                batches[bid] = (live, True)
+                heapq.heappush(heap, (float(ends.min()), bid))
+            else:
+                del batches[bid]
         if not heap:
             return
         t = heap[0][0]
@@ -787,27 +954,56 @@ class FlowNetwork:
         self.stats.wakeups += 1
         heap, batches = self._heap, self._batches
         end, t0, batch = self._end, self._t0, self._batch
-        done = []
+        comps, keys, done, regroup = [], [], [], []
         while heap and heap[0][0] <= t:
             key, bid = heapq.heappop(heap)
-            comp = batches.pop(bid)
-            if batch[comp[0]] != bid:
-                continue
-            # Every other flow of this component shares links with a completing flow
-            # (transitively), so the update below re-solves all of them.
-            e = end[comp]
-            done.append(comp[e <= key + DONE_RTOL * (e - t0[comp])])
+            sl, group = batches.pop(bid)
+            if group:
+                # single flows: exactly those due now; the others keep going untouched
+                live, ends = self._live_of(sl, bid)
+                due = ends <= t
+                done.append(live[due])
+                if not due.all():
+                    regroup.append((live[~due], ends[~due], bid))
+            elif batch[sl[0]] == bid:
+                comps.append(sl)
+                keys.append(key)
+        for rest, ends, bid in regroup:
+            batches[bid] = (rest, True)
+            heapq.heappush(heap, (float(ends.min()), bid))
+        if comps:
+            # A flow completes with the earliest of its own component (within DONE_RTOL
+            # of its segment). Every other flow of the component shares links with a
+            # completing one (transitively), so the update below re-solves all of them.
+            if len(comps) == 1:
+                sl, key = np.asarray(comps[0]), keys[0]
+            else:
+                sl = np.concatenate(comps)
+                key = np.repeat(keys, [len(c) for c in comps])
+            e = end[sl]
+            done.append(sl[e <= key + DONE_RTOL * (e - t0[sl])])
         if done:
-            self._complete(done[0] if len(done) == 1 else np.concatenate(done))
-            self._request_update()
-        else:
-            self._schedule_wake()
+            finished = done[0] if len(done) == 1 else np.concatenate(done)
+            if finished.shape[0]:
+                self._complete(finished)
+                self._request_update()
+                return
+        self._schedule_wake()
+
+    def _live_of(self, sl, bid: int) -> tuple[np.ndarray, np.ndarray]:
+        """Slots of group batch ``bid`` not re-solved since, and their completion times."""
+        sl = np.asarray(sl)
+        sl = sl[self._batch[sl] == bid]
+        return sl, self._end[sl]
 
     def _complete(self, done: np.ndarray) -> None:
         """Remove finished flows, count their bytes, fire finished phases."""
         lf, links = self._link_flows, self._links
         link_bytes = self.stats.link_bytes
         dirty = self._dirty
+        if len(done) <= _SCALAR_MAX:
+            self._complete_scalar(done if isinstance(done, list) else done.tolist())
+            return
         dl = done.tolist()
         moved = self._w[done] * self._size[done]
         if len(dl) <= _SMALL_BATCH:
@@ -827,11 +1023,11 @@ class FlowNetwork:
             rows = np.nonzero(mask)[0]
             np.add.at(link_bytes, flat, moved[rows])
             order = np.argsort(flat, kind="stable")
-            flat, owner = flat[order], done[rows[order]]
-            cuts = np.flatnonzero(np.diff(flat)) + 1
-            for lk, grp in zip(flat[np.r_[0, cuts]].tolist(), np.split(owner, cuts)):
+            flat, owner = flat[order], done[rows[order]].tolist()
+            bounds = np.r_[0, np.flatnonzero(np.diff(flat)) + 1, flat.shape[0]].tolist()
+            for lk, a, b in zip(flat[bounds[:-1]].tolist(), bounds[:-1], bounds[1:]):
                 fl = lf[lk]
-                fl.difference_update(grp.tolist())
+                fl.difference_update(owner[a:b])
                 if fl:
                     dirty.append(lk)
                 else:
@@ -856,6 +1052,39 @@ class FlowNetwork:
                     finished.append(p)
         self._free.extend(reversed(dl))
         self._n_active -= len(dl)
+        finished.sort()
+        for p in finished:
+            del left[p]
+            del self._phase_tag[p]
+            self._phase_event.pop(p).succeed()
+
+    def _complete_scalar(self, done: list[int]) -> None:
+        """:meth:`_complete` for a handful of flows."""
+        lf, links, w, size = self._link_flows, self._links, self._w, self._size
+        batch, pids = self._batch, self._pid
+        link_bytes = self.stats.link_bytes
+        dirty = self._dirty
+        left = self._phase_left
+        finished = []
+        for s in done:
+            moved = w.item(s) * size.item(s)
+            for lk in links[s]:
+                fl = lf[lk]
+                fl.discard(s)
+                if fl:
+                    dirty.append(lk)
+                else:
+                    del lf[lk]
+                link_bytes[lk] += moved
+            batch[s] = -1
+            p = pids.item(s)
+            n = left[p] - 1
+            if n:
+                left[p] = n
+            else:
+                finished.append(p)
+        self._free.extend(reversed(done))
+        self._n_active -= len(done)
         finished.sort()
         for p in finished:
             del left[p]

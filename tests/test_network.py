@@ -439,3 +439,25 @@ def test_big_phase_paths_match_small_phase_paths():
     assert np.allclose(nb.stats.link_bytes, ns.stats.link_bytes, rtol=1e-12)
     with pytest.raises(NetworkError, match="weight"):
         FlowNetwork(simpy.Environment(), topo).transfer(ts + [Transfer(0, 1, 1.0, 0)])
+
+
+def test_fill_components_equals_each_component_alone():
+    from simulator.network import fill_components
+    rng = np.random.default_rng(21)
+    for _ in range(50):
+        probs = [random_problem(rng, int(rng.integers(2, 10)), int(rng.integers(1, 25)), 3)
+                 for _ in range(int(rng.integers(1, 6)))]
+        owner, link, w, cap, link_comp, starts, expected = [], [], [], [], [], [0], []
+        for c, (links, ws, cp) in enumerate(probs):
+            base_f, base_l = len(w), len(cap)
+            for f, lk in enumerate(links):
+                owner += [base_f + f] * len(lk)
+                link += [base_l + x for x in lk]
+            w += ws
+            cap += cp.tolist()
+            link_comp += [c] * len(cp)
+            starts.append(len(cap))
+            expected += fill_small(links, ws, cp.tolist())
+        got = fill_components(np.array(owner), np.array(link), np.array(w), np.array(cap),
+                              np.array(link_comp), np.array(starts))
+        assert got.tolist() == expected

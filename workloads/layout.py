@@ -143,6 +143,10 @@ class ParallelLayout:
         raise ValueError(f"unknown group axis {axis!r}; expected one of {GROUP_AXES}")
 
     def _dpcp_members(self, c: dict[str, int]) -> tuple[int, ...]:
+        return _cached_dpcp(self, c["tp"], c["pp"])
+
+    def _dpcp_members_uncached(self, tp: int, pp: int) -> tuple[int, ...]:
+        c = {"tp": tp, "pp": pp, "cp": 0, "dp": 0}
         inner, outer = ("cp", "dp") if self._mesh_order.index("cp") < self._mesh_order.index("dp") else ("dp", "cp")
         out = []
         for o in range(getattr(self, outer)):
@@ -199,6 +203,11 @@ class ParallelLayout:
             out.append(range(start, start + n))
             start += n
         return out
+
+
+@lru_cache(maxsize=1 << 14)
+def _cached_dpcp(layout: ParallelLayout, tp: int, pp: int) -> tuple[int, ...]:
+    return layout._dpcp_members_uncached(tp, pp)
 
 
 @lru_cache(maxsize=1 << 16)

@@ -1,0 +1,127 @@
+"""The validation suite's loader, runner, outputs, and the one-calibration-per-family rule."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+
+import pytest
+import yaml
+
+from simulator import compute as compute_mod
+from simulator import validate as v
+from simulator.cli_validate import main as cli_main
+from simulator.schema import load_scenario
+
+# Three tiny validation-style cases: two on A100s (one pipelined), one on H100s.
+_GPT = {"preset": "megatron-gpt-1.7b", "layers": 4, "vocab": 1024}
+
+
+def _case(name, cluster, devices, parallel, schedule="1f1b", metric="step_time_s", value=0.1, gbs=8):
+    return {
+        "name": name,
+        "published": {"metric": metric, "value": value, "unit": "s", "source": "synthetic test case"},
+        "assumptions": ["a made-up figure for testing"],
+        "model": _GPT,
+        "cluster": {"preset": cluster, "devices": devices},
+        "parallel": parallel,
+        "schedule": schedule,
+        "training": {"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": gbs, "recompute": "full"},
+    }
+
+
+TINY = [
+    _case("tiny-a100-dp", "dgx-a100", 8, {"tp": 2, "pp": 1, "dp": 4}),
+    _case("tiny-a100-pp", "dgx-a100", 8, {"tp": 2, "pp": 2, "dp": 2, "vpp": 2}, "interleaved-1f1b",
+          metric="hw_tflops_per_device", value=150.0),
+    _case("tiny-h100", "dgx-h100", 8, {"tp": 4, "pp": 1, "dp": 2}, metric="mfu", value=0.5),
+]
+
+
+@pytest.fixture
+def suite(tmp_path):
+    for c in TINY:
+        (tmp_path / "synthetic").mkdir(exist_ok=True)
+        (tmp_path / "synthetic" / f"{c['name']}.yaml").write_text(yaml.safe_dump(c))
+    return tmp_path
+
+
+def test_case_keys_are_stripped_before_the_scenario_loader():
+    case = v.load_case(TINY[0])
+    assert "published" not in case.scenario and "assumptions" not in case.scenario
+    assert case.metric == "step_time_s" and case.published == 0.1
+    load_scenario(case.scenario)  # the loader forbids unknown keys: this must pass
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"published": None}, "published"),
+    ({"published": {"metric": "speed", "value": 1, "source": "x"}}, "published.metric"),
+    ({"published": {"metric": "mfu", "value": -1, "source": "x"}}, "published.value"),
+    ({"published": {"metric": "mfu", "value": 0.5}}, "published.source"),
+])
+def test_bad_cases_are_refused_with_the_key(bad, message):
+    with pytest.raises(v.ValidationError, match=message):
+        v.load_case({**TINY[0], **bad})
+
+
+def test_every_suite_case_is_valid_sourced_and_has_no_per_case_calibration():
+    cases = v.discover()
+    assert len(cases) >= 20
+    groups = {c.path.parent.name for c in cases}
+    assert {"narayanan2021", "korthikanti2022", "megascale2024", "dgxc"} <= groups
+    assert sum(c.path.parent.name == "narayanan2021" for c in cases) == 10
+    for c in cases:
+        sc = load_scenario(c.scenario)
+        assert c.source and c.metric in v.METRICS
+        # One calibration per chip family: a case may not carry its own knobs.
+        assert "compute" not in c.scenario, c.name
+        assert sc.cluster.chip.family in ("ampere", "hopper")
+
+
+def test_glob_selects_by_name_or_folder():
+    assert [c.name for c in v.discover(["narayanan21-1.7b"])] == ["narayanan21-1.7b"]
+    assert len(v.discover(["korthikanti2022/*"])) == 4
+    with pytest.raises(v.ValidationError, match="matches no case"):
+        v.discover(["no-such-case"])
+
+
+def test_a_family_parameter_moves_every_case_of_that_family(monkeypatch):
+    cases = [v.load_case(c) for c in TINY]
+    base = {r.case.name: r.simulated for r in v.run_suite(cases)}
+    ampere = compute_mod.DEFAULT_COMPUTE_CALIBRATION["ampere"]
+    table = dict(compute_mod.DEFAULT_COMPUTE_CALIBRATION)
+    table["ampere"] = dataclasses.replace(ampere, gemm_efficiency=ampere.gemm_efficiency * 0.8)
+    monkeypatch.setattr(compute_mod, "DEFAULT_COMPUTE_CALIBRATION", table)
+    slower = {r.case.name: r.simulated for r in v.run_suite(cases)}
+    # Slower GEMMs: longer steps, lower FLOP rates, on both A100 cases; H100 untouched.
+    assert slower["tiny-a100-dp"] > base["tiny-a100-dp"] * 1.05
+    assert slower["tiny-a100-pp"] < base["tiny-a100-pp"] / 1.05
+    assert slower["tiny-h100"] == base["tiny-h100"]
+
+
+def test_compute_overrides_apply_to_every_case_alike():
+    cases = [v.load_case(c) for c in TINY]
+    hi = v.run_suite(cases, compute={"gemm_efficiency": 0.9})
+    lo = v.run_suite(cases, compute={"gemm_efficiency": 0.6})
+    for a, b in zip(hi, lo):
+        assert a.error != b.error, a.case.name
+
+
+def test_validate_command_writes_table_csv_and_plot(suite, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = cli_main(["validate", "--suite", str(suite), "--out", str(out), "--jobs", "1", "--quiet"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "median |error|" in text and "worst |error|" in text and "tiny-h100" in text
+    rows = list(csv.DictReader((out / "validation.csv").open()))
+    assert list(rows[0]) == ["case", "metric", "published", "simulated", "error", "source"]
+    assert len(rows) == 3
+    for r in rows:
+        assert float(r["error"]) == pytest.approx(float(r["simulated"]) / float(r["published"]) - 1)
+    assert (out / "parity.png").stat().st_size > 1000
+
+
+def test_validate_subset_and_max_error_exit_code(suite):
+    assert cli_main(["validate", "--suite", str(suite), "--cases", "tiny-h100", "--quiet",
+                     "--max-error", "1e-9"]) == 3
+    assert cli_main(["validate", "--suite", str(suite), "--cases", "nothing*", "--quiet"]) == 2
