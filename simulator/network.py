@@ -25,8 +25,16 @@ uses costs no solve at all.
 Each flow stores ``(t0, remaining at t0, rate)``; its progress is only advanced when
 its rate is recomputed, so its completion time ``t0 + remaining / rate`` is exact and
 unaffected by unrelated events. Each solved component is pushed on a heap keyed by
-its earliest completion (ties broken by a counter); a single simpy wake-up is kept
-for the heap's top and is only rescheduled when the top moves earlier.
+its earliest completion (ties broken by a counter); the flows that share no link
+with any other (a ring on a crossbar, a rail) are pushed as one group per instant
+and complete one by one. A single simpy wake-up is kept for the heap's top and is
+only rescheduled when the top moves earlier.
+
+Solvers: a flow alone gets its tightest link; a few small components go through
+:func:`fill_small` (plain Python); otherwise all components of the instant go
+through one :func:`fill_components` call (numpy), which fills every component's
+lowest level per iteration. All three give the same bits as solving each
+component alone with :func:`fill_arrays`.
 
 Bundling: a :class:`Transfer` of ``weight`` w stands for w identical parallel
 transfers on the same path (the twins of a symmetric collective); identical
@@ -44,6 +52,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.sparse.csgraph import connected_components
 import simpy
 
 from .netcal import NetCalibration
@@ -58,7 +67,8 @@ BOTTLENECK_RTOL = 1e-9
 #: completion time is within this fraction of its current constant-rate segment
 #: (floating-point residue; symmetric flows then finish in one event).
 DONE_RTOL = 1e-9
-#: Components with at most this many flows are solved in plain Python (numpy's
+#: Components (of two or more flows) solved at one instant are solved in plain Python
+#: when they hold at most this many flows in all, else together in numpy (whose
 #: per-call overhead dominates below it).
 SMALL_COMPONENT = 48
 #: Completions of at most this many flows update link counters one by one.
@@ -353,6 +363,25 @@ class NetworkStats:
         return self.link_bytes / (self.link_capacity * elapsed_s)
 
 
+def _own_components(owner: np.ndarray, link: np.ndarray, n_flows: int):
+    """Link-sharing components of one phase's flows: ``([index arrays of components
+    of two or more flows, by first flow], index array of flows alone)``, indices in
+    increasing order."""
+    used, local = np.unique(link, return_inverse=True)
+    n_nodes = n_flows + used.shape[0]
+    graph = sp.coo_matrix((np.ones(owner.shape[0]), (owner, n_flows + local.reshape(-1))),
+                          shape=(n_nodes, n_nodes))
+    _, labels = connected_components(graph, directed=False)
+    labels = labels[:n_flows]
+    order = np.argsort(labels, kind="stable")          # by label, then flow index
+    bounds = np.flatnonzero(np.diff(labels[order])) + 1
+    parts = np.split(order, bounds)
+    comps = sorted((p for p in parts if p.shape[0] > 1), key=lambda p: int(p[0]))
+    single = np.sort(np.concatenate([p for p in parts if p.shape[0] == 1] or
+                                    [np.zeros(0, dtype=np.int64)]))
+    return comps, single
+
+
 @dataclass(frozen=True)
 class _Prepared:
     """A phase validated, merged and routed: one entry per flow (merged transfer)."""
@@ -364,7 +393,8 @@ class _Prepared:
     sizes: np.ndarray                    # per flow: bytes
     weights: np.ndarray                  # per flow: weight
     table: np.ndarray                    # per flow: link ids padded with -1 (flows x hops)
-    by_link: Optional[tuple]             # big phases: (flows sorted by link, [(link, a, b)])
+    by_link: Optional[tuple]             # big phases: (flows sorted by link, [(link, a, b)],
+    #                                      (its own components, its flows alone))
 
 
 class FlowNetwork:
@@ -425,6 +455,7 @@ class FlowNetwork:
         self.memo: dict = {}
         self._link_flows: dict[int, set[int]] = {}   # link -> active slots on it
         self._new: list[int] = []        # slots arrived since the last update
+        self._new_phases: list = []      # (prepared phase, its slots) arrived since then
         self._dirty: list[int] = []      # links of flows completed since the last update
         self._update_pending = False
         self._heap: list[tuple[float, int]] = []     # (earliest completion, batch id)
@@ -579,7 +610,8 @@ class FlowNetwork:
                 flat, owner = flat[order], owner[order]
                 bounds = np.r_[0, np.flatnonzero(np.diff(flat)) + 1, flat.shape[0]].tolist()
                 keys = flat[bounds[:-1]].tolist()
-                by_link = (owner, list(zip(keys, bounds[:-1], bounds[1:])))
+                groups = list(zip(keys, bounds[:-1], bounds[1:]))
+                by_link = (owner, groups, _own_components(owner, flat, len(links)))
                 prep = _Prepared(n, int(sum(weights)), lat + ovh, links, np.array(sizes),
                                  np.array(weights), table, by_link)
         if cacheable:
@@ -711,7 +743,7 @@ class FlowNetwork:
                     else:
                         fl.add(s)
         else:
-            owner, groups = prep.by_link
+            owner, groups, _ = prep.by_link
             members = sl[owner].tolist()
             for lk, a, b in groups:
                 fl = lf.get(lk)
@@ -720,6 +752,7 @@ class FlowNetwork:
                 else:
                     fl.update(members[a:b])
         self._new.extend(slots)
+        self._new_phases.append((prep, sl))
         self._n_active += k
         if self._n_active > self.stats.max_concurrent_flows:
             self.stats.max_concurrent_flows = self._n_active
@@ -783,13 +816,30 @@ class FlowNetwork:
         seeds = self._dirty
         self._dirty = []
         links = self._links
-        for s in self._new:
-            seeds.extend(links[s])
-        self._new = []
-        comps, singles = self._components(seeds)
+        phases = self._new_phases
+        self._new_phases = []
+        if not seeds and len(phases) == 1 and self._isolated(phases[0][0]):
+            # a big phase on links nobody else uses: its own components, known in advance
+            prep, sl = phases[0]
+            own, single = prep.by_link[2]
+            comps = [sl[c].tolist() for c in own]
+            singles = sl[single].tolist()
+            self._new = []
+        else:
+            for s in self._new:
+                seeds.extend(links[s])
+            self._new = []
+            comps, singles = self._components(seeds)
         if comps or singles:
             self._recompute(comps, singles)
         self._schedule_wake()
+
+    def _isolated(self, prep: "_Prepared") -> bool:
+        """Whether the (big) phase just arrived is alone on every one of its links."""
+        if prep.by_link is None:
+            return False
+        lf = self._link_flows
+        return all(len(lf[lk]) == b - a for lk, a, b in prep.by_link[1])
 
     def _fill_big(self, sl: np.ndarray, w: np.ndarray, lens: list[int]) -> np.ndarray:
         """Max-min rates of components given back to back (slots ``sl``, sizes ``lens``)."""
@@ -879,8 +929,8 @@ class FlowNetwork:
         """:meth:`_recompute` for a handful of flows: the same arithmetic on scalars.
         With ``grouped`` the last of ``comps`` is the group of single flows."""
         links, cap = self._links, self._cap
-        w, rem, t0, rate, end, batch = self._w, self._rem, self._t0, self._rate, self._end, self._batch
-        heap, batches = self._heap, self._batches
+        w, rem, t0, rate, end = self._w, self._rem, self._t0, self._rate, self._end
+        batch, heap, batches = self._batch, self._heap, self._batches
         last = len(comps) - 1
         for i, comp in enumerate(comps):
             group = grouped and i == last

@@ -461,3 +461,15 @@ def test_fill_components_equals_each_component_alone():
         got = fill_components(np.array(owner), np.array(link), np.array(w), np.array(cap),
                               np.array(link_comp), np.array(starts))
         assert got.tolist() == expected
+
+
+def test_isolated_big_phase_shortcut_matches_search():
+    """A big phase alone on its links takes its precomputed components; the same
+    phase arriving with another (forcing the link search) finishes at the same bits."""
+    topo = Topology(switched(64, SwitchedNetwork(8, 450e9, 50e9, domains_per_leaf=2)))
+    big = tuple(Transfer(s, d, 1e6 * (1 + (s + d) % 3)) for s in range(32) for d in range(32)
+                if s != d)
+    alone, _ = run_phases(topo, [(0, big, 1)])
+    other = [Transfer(32, 48, 1e6)]             # cross-leaf too: arrives at the same instant
+    with_other, _ = run_phases(topo, [(0, big, 1), (0, other, 1)])
+    assert alone[0] == with_other[0]
