@@ -71,7 +71,8 @@ DONE_RTOL = 1e-9
 #: when they hold at most this many flows in all, else together in numpy (whose
 #: per-call overhead dominates below it).
 SMALL_COMPONENT = 48
-#: Completions of at most this many flows update link counters one by one.
+#: Phases (transfers) and completions (flows) up to this size are handled one flow
+#: at a time; bigger ones are validated, merged, indexed and removed vectorised.
 _SMALL_BATCH = 64
 #: Updates touching at most this many flows use scalar (not vectorised) state access.
 _SCALAR_MAX = 4
