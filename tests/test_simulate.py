@@ -127,3 +127,13 @@ def test_two_node_dp_step_is_limited_by_the_nic():
     assert t_nic > 1.05 * t
     assert (t_nic - t) > 5 * abs(t_nvl - t)
     assert res.summary["exposed_comm_fraction"] > 0
+
+
+def test_full_recompute_counts_an_extra_forward_in_hfu_only():
+    """Full recomputation re-runs each layer's forward before its backward: hardware
+    FLOPs grow by the layers' forward (4/3 of model FLOPs for the layers), MFU does not count it."""
+    sc = ideal_scenario(1, parallel={"tp": 1, "pp": 1, "dp": 1}, training={"global_batch_size": 2, "recompute": "full"})
+    res = simulate(sc)
+    assert res.summary["hfu"] == pytest.approx(res.summary["mfu"] * 4 / 3, rel=1e-3)
+    assert res.summary["hfu"] == pytest.approx(0.5, rel=2e-3)
+    assert (res.events["phase"] == "R").any()
