@@ -288,9 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", help="save the topology as JSON or GraphML (by extension)")
     p.set_defaults(func=cmd_topology)
 
-    from simulator import cli_sweep
+    from simulator import cli_sweep, cli_validate
 
     cli_sweep.register(sub)
+    cli_validate.register(sub)
     return ap
 
 

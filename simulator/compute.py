@@ -52,14 +52,16 @@ class ComputeCalibration:
 #   (0.80-0.85) at boost clock, but under sustained tensor load the A100 SXM runs below
 #   its 1410 MHz boost, and Megatron's best end-to-end rate *including* all non-GEMM work
 #   is ~178 TF/s (Narayanan et al. 2021 Fig. 11, p=1, batch 128), which bounds in-situ
-#   GEMMs to ~0.65-0.75. The large compute-bound cases (Narayanan 39B-1T, Korthikanti
-#   175B-1T, MegaScale) were 15-20% too fast at 0.80 and sit within ~7% at 0.68.
+#   GEMMs to ~0.65-0.75. The large compute-bound cases were 17-23% too fast at 0.80
+#   (Narayanan 39B/76B/146B, Korthikanti 175B); at 0.68 Narayanan 39B-1T are -0.2..+8.8%
+#   and Korthikanti 175B/530B +4.8/-2.7%.
 # * Ampere attention 0.55: FlashAttention-2 reaches 50-73% of peak on A100 (Dao 2023,
 #   arXiv 2307.08691 Fig. 4, fwd ~70%, bwd lower), scaled by the same sustained-clock
 #   factor as the GEMMs.
 # * Hopper gemm 0.68 (672 TF/s of 989): H100 SXM cuBLAS bf16 reaches ~700-750 TF/s in
 #   short microbenchmarks, ~620-700 sustained at 700 W. The NeMo DGX Cloud runs
-#   (GPT-3 175B, Nemotron-4 340B, Llama 3.1 70B) were 2-15% too fast at 0.74.
+#   (GPT-3 175B, Nemotron-4 340B, Llama 3.1 70B) were 2-15% too fast at 0.74 and are
+#   -8.9..+5.0% at 0.68.
 # * Hopper attention 0.50: FlashAttention-2 on H100 ~35-50% of peak; FlashAttention-3
 #   (Shah et al. 2024, arXiv 2407.08608) 50-75% forward, backward lower; NeMo 24.x uses
 #   cuDNN fused attention, between the two.

@@ -144,6 +144,7 @@ class TrainingIn(_Strict):
     balance: Literal["aux-free", "aux-loss-local", "aux-loss-global"] = "aux-free"
     optimizer: Literal["adam", "muon", "sgd"] = "adam"
     flash_attention: bool = True
+    overlap_grad_reduce: bool = True
     expert_load: Optional[ExpertLoadIn] = None
     offload: Optional["OffloadIn"] = None
 

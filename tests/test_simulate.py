@@ -137,3 +137,11 @@ def test_full_recompute_counts_an_extra_forward_in_hfu_only():
     assert res.summary["hfu"] == pytest.approx(res.summary["mfu"] * 4 / 3, rel=1e-3)
     assert res.summary["hfu"] == pytest.approx(0.5, rel=2e-3)
     assert (res.events["phase"] == "R").any()
+
+
+def test_grad_reduce_overlap_hides_data_parallel_traffic():
+    base = scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 1, "pp": 2, "dp": 8, "order": "tp-cp-ep-pp-dp"})
+    on = simulate(base)
+    off = simulate({**base, "training": {**base["training"], "overlap_grad_reduce": False}})
+    assert off.summary["step_time_s"] > on.summary["step_time_s"]
+    assert off.summary["exposed_comm_fraction"] > on.summary["exposed_comm_fraction"]

@@ -75,6 +75,13 @@ _GELU_FLOPS_PER_ELEMENT = 8.0  # tanh approximation
 _RESIDUAL_FLOPS_PER_ELEMENT = 1.0
 _CROSS_ENTROPY_FLOPS_PER_ELEMENT = 4.0  # max, subtract, exp, sum over the vocab
 _TOKEN_ID_BYTES = 8  # int64 token ids, as PyTorch embeddings take them
+# Unfused attention (Megatron-LM before FlashAttention, as in Narayanan et al. 2021
+# and Korthikanti et al. 2022) materialises the s x s scores per head: the QK^T
+# batched GEMM writes them (2 B), the fused scale-mask-softmax reads and writes them
+# (2 + 2 B), dropout reads them and writes its output and a 1-byte mask (2 + 2 + 1 B),
+# and the PV batched GEMM reads the dropped-out probabilities (2 B): 13 bytes of HBM
+# traffic per score element in the forward pass.
+_UNFUSED_SCORE_BYTES = 13
 _FP32_BYTES = 4
 
 
@@ -241,8 +248,16 @@ def _attention_core(
     return Kernel(name, "attention", flops, traffic)
 
 
+def _unfused_scores(q_rows: float, seq_len: int, heads: int) -> Kernel:
+    """Memory traffic of materialised attention scores (no FLOPs beyond the
+    products already in ``attn_core``): softmax and dropout over ``q_rows x seq_len``
+    per head."""
+    return Kernel("attn_scores", "elementwise", 0.0, _UNFUSED_SCORE_BYTES * q_rows * seq_len * heads)
+
+
 def _attention_kernels(
-    model: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, norm_rows: float, act_bytes: int
+    model: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, norm_rows: float, act_bytes: int,
+    flash_attention: bool = True,
 ) -> list[Kernel]:
     h = model.hidden
     heads = _local_heads(model, tp)
@@ -254,6 +269,8 @@ def _attention_kernels(
         d = model.head_dim
         out.append(_gemm("qkv_proj", tokens, (heads + 2 * kv) * d, h, act_bytes))
         out.append(_attention_core("attn_core", tokens, seq_len, heads, kv, d, d, act_bytes, batch))
+        if not flash_attention:
+            out.append(_unfused_scores(tokens, seq_len, heads))
         out.append(_gemm("out_proj", tokens, h, heads * d, act_bytes))
     else:
         # DeepSeek-V2 §2.1 (arXiv 2405.04434): the down projections (to the query
@@ -274,6 +291,8 @@ def _attention_kernels(
         )
         # After the up projection every head has its own K (d_qk) and V (d_v).
         out.append(_attention_core("attn_core", tokens, seq_len, heads, heads, d_qk, mla.v_head_dim, act_bytes, batch))
+        if not flash_attention:
+            out.append(_unfused_scores(tokens, seq_len, heads))
         out.append(_gemm("out_proj", tokens, h, heads * mla.v_head_dim, act_bytes))
     out.append(_residual("attn_residual", norm_rows, h, act_bytes))
     return out
@@ -291,6 +310,7 @@ def _block_kernels(
     act_bytes: int,
     expert_tokens: Optional[float],
     sequence_parallel: bool,
+    flash_attention: bool = True,
 ) -> list[Kernel]:
     _check_positive(tp=tp, cp=cp, ep=ep, etp=etp)
     if tokens < 0:
@@ -298,7 +318,7 @@ def _block_kernels(
     h = model.hidden
     sp = sequence_parallel and tp > 1
     norm_rows = tokens / tp if sp else tokens  # norms, residuals and dropout see tokens/tp under SP
-    out = _attention_kernels(model, tokens, seq_len, tp, cp, norm_rows, act_bytes)
+    out = _attention_kernels(model, tokens, seq_len, tp, cp, norm_rows, act_bytes, flash_attention)
     out.append(_norm(model, "mlp_norm", norm_rows, h, act_bytes))
     if not moe:
         out += _ffn(model, "mlp", tokens, _split(model.ffn_hidden, tp, "ffn_hidden"), act_bytes)
@@ -350,6 +370,7 @@ def layer_kernels(
     act_bytes: int = 2,
     expert_tokens: Optional[float] = None,
     sequence_parallel: bool = True,
+    flash_attention: bool = True,
 ) -> list[Kernel]:
     """Forward kernels of transformer layer ``layer`` (0-based) on one rank.
 
@@ -363,7 +384,9 @@ def layer_kernels(
     GEMMs over ``experts / ep`` local experts of width ``expert_ffn_hidden / etp``
     processing ``expert_tokens`` token-expert assignments (default: the balanced
     ``tokens/tp * top_k * etp``), and the shared experts split by ``tp``.
-    ``parallel_block`` changes ordering, not kernels or FLOPs.
+    ``parallel_block`` changes ordering, not kernels or FLOPs. Without
+    ``flash_attention`` the materialised scores add an ``attn_scores`` memory-bound
+    kernel (softmax, dropout, their reads and writes).
 
     Raises ``ValueError`` naming the parallel degree that does not divide the
     model, or ``IndexError`` for a layer outside the model.
@@ -371,7 +394,8 @@ def layer_kernels(
     if not 0 <= layer < model.layers:
         raise IndexError(f"layer {layer} outside 0..{model.layers - 1} of {model.name!r}")
     return _block_kernels(
-        model, model.is_moe_layer(layer), tokens, seq_len, tp, cp, ep, etp, act_bytes, expert_tokens, sequence_parallel
+        model, model.is_moe_layer(layer), tokens, seq_len, tp, cp, ep, etp, act_bytes, expert_tokens, sequence_parallel,
+        flash_attention,
     )
 
 

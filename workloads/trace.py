@@ -211,7 +211,7 @@ class _Builder:
             ks = counts.layer_kernels(
                 self.model, layer, tokens=self.tokens, seq_len=self.t.seq_len, tp=L.tp, cp=L.cp,
                 ep=L.ep, etp=L.etp, act_bytes=self.act_bytes, sequence_parallel=L.sequence_parallel,
-                expert_tokens=expert_tokens,
+                expert_tokens=expert_tokens, flash_attention=self.t.flash_attention,
             )
             self._kern_cache[key] = split_layer_kernels(ks)
         return self._kern_cache[key]
@@ -357,6 +357,7 @@ class _RankProgram:
         self.grad_ops: list[int] = []
         self.param_gather: dict[int, int] = {}  # layer -> op id of its ZeRO-1/2 parameter all-gather
         self.compute_history: list[int] = []  # compute op ids in stream order (ZeRO-3 prefetch window)
+        self.deferred_grads: list[tuple[str, int, int]] = []  # reductions held back (no grad overlap)
 
     # ---- helpers ---------------------------------------------------------------
     def rank_at_stage(self, pp_rank: int) -> int:
@@ -423,6 +424,12 @@ class _RankProgram:
                         next(g)
                     except StopIteration:
                         gens.remove(g)
+        # Without overlap, every gradient reduction starts after the last backward.
+        for kind, l, k in self.deferred_grads:
+            if kind == "layer":
+                self._grad_sync_layer(l, k, deferred=True)
+            else:
+                self._grad_sync_embedding(k, deferred=True)
         if sched.weight_copies(b.w.schedule) > 1:
             self.mirror_grad_sync()
         self.optimizer()
@@ -651,7 +658,10 @@ class _RankProgram:
     def _grad_coll(self) -> str:
         return "all-reduce" if self.b.L.zero == 0 else "reduce-scatter"
 
-    def _grad_sync_layer(self, l: int, k: int) -> None:
+    def _grad_sync_layer(self, l: int, k: int, deferred: bool = False) -> None:
+        if not self.b.t.overlap_grad_reduce and not deferred:
+            self.deferred_grads.append(("layer", l, k))
+            return
         dense, expert = self.b.layer_param_split(l)
         dep = self.after_compute()
         for axis, p, nm in (("dp_cp", dense, "grad"), ("edp", expert, "egrad")):
@@ -660,7 +670,10 @@ class _RankProgram:
             if op:
                 self.grad_ops.append(op.id)
 
-    def _grad_sync_embedding(self, k: int) -> None:
+    def _grad_sync_embedding(self, k: int, deferred: bool = False) -> None:
+        if not self.b.t.overlap_grad_reduce and not deferred:
+            self.deferred_grads.append(("embed", -1, k))
+            return
         m, L = self.b.model, self.b.L
         p = m.vocab * m.hidden / L.tp
         op = self.collective(self._grad_coll(), "dp_cp", p * GRAD_REDUCE_BYTES, "embed.grad", "sync", -1, k, -1,

@@ -26,6 +26,10 @@ class TrainingSpec:
     # Host-memory offload (ZeRO-Offload, Ren et al. 2021, arXiv 2101.06840): optimizer
     # states live in host memory and the update runs on the CPU; stashed activations
     # are copied to the host after each layer's forward and back before its backward.
+    # Data-parallel gradient reduction overlapped with the backward pass, one bucket per
+    # layer as soon as its last micro-batch is done (Megatron --overlap-grad-reduce);
+    # False: all reductions start after the last backward (older Megatron-LM).
+    overlap_grad_reduce: bool = True
     offload_optimizer: bool = False
     offload_activations: bool = False
 
