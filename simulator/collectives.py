@@ -99,7 +99,7 @@ Algorithm choice (:func:`choose_algorithm`), in order:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 
 from .network import FlowNetwork, Transfer
@@ -616,8 +616,7 @@ def _merged_phase(network: FlowNetwork, plans: Sequence[CollectivePlan], i: int)
         if scale == 1.0:
             parts.append(ph.transfers)
         else:
-            parts.append(tuple(Transfer(t.src, t.dst, t.size_bytes * scale, t.weight)
-                               for t in ph.transfers))
+            parts.append(tuple(replace(t, size_bytes=t.size_bytes * scale) for t in ph.transfers))
     transfers = parts[0] if len(parts) == 1 else tuple(t for part in parts for t in part)
     tag = "+".join(sorted({f"{p.op}/{p.algorithm}" for p in plans})) + f"#{i}"
     out = (transfers, steps, compute, tag)

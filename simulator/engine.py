@@ -18,12 +18,23 @@ inside one scale-up domain of a switched network are left out: they use only
 their own devices' links into their own domain's (non-blocking) switch, which
 nothing the representatives do touches, so leaving them out cannot change any
 simulated rate.
+
+Symmetry quotient. Under that assumption every twin image of a transfer runs at
+the transfer's own rate, so the network need only carry the representative
+group's transfers, each loading link l ``m(f, l)`` times its rate, where
+``m(f, l)`` counts the images of f (itself included) that cross l, over the links
+the representative's transfers cross (images' other links are images of these,
+carrying the same load). ``_quotient_phase`` builds them once per plan (per pair
+and size for sends); where the twins' plans do not line up with the
+representative's (other phase or transfer counts, sizes, weights or latency) every
+twin is injected as before. ``Engine.twin_quotient = False`` always injects every
+twin (tests compare the two).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import simpy
@@ -59,6 +70,10 @@ class RawRun:
 
 
 class Engine:
+    #: Representative mode: run each collective or send once, as the symmetry quotient
+    #: of its twins' traffic (see :meth:`_quotient_phase`); False injects every twin.
+    twin_quotient: bool = True
+
     def __init__(
         self,
         trace: Trace,
@@ -95,6 +110,9 @@ class Engine:
         self._dur_cache: dict = {}
         self._twin_cache: dict = {}
         self._plan_cache: dict = {}
+        self._net_plan_cache: dict = {}   # (coll, group, size, axis, stage) -> plans to run
+        self._send_cache: dict = {}       # (rank, peer, size, axis) -> transfers tuple
+        self.twin_stats = {"quotient": 0, "fallback": 0}   # phases quotiented / fallbacks
         self.idle = {r: {"bubble": 0.0, "exposed_comm": 0.0} for r in trace.ranks}
         self._last_compute_end = {r: 0.0 for r in trace.ranks}
         self.idle_spans: list[tuple[int, float, float, str, str]] = []
@@ -270,9 +288,7 @@ class Engine:
         yield entry[1]
 
     def _run_collective(self, op: Op, done: simpy.Event):
-        groups = self._groups_on_network(op)
-        plans = [self._plan(op.coll, g, op.size_bytes) for g in groups]
-        yield from coll_mod.run_collective(self.net, plans)
+        yield from coll_mod.run_collective(self.net, self._network_plans(op))
         done.succeed()
 
     def _plan(self, coll: str, group: tuple[int, ...], size: float):
@@ -283,10 +299,130 @@ class Engine:
             self._plan_cache[key] = p
         return p
 
+    def _network_plans(self, op: Op) -> list:
+        """What ``op`` runs on the network: its own plan, or in representative mode
+        its quotient plan (see :meth:`_quotient_phase`), or, where the twin plans do
+        not line up with it, every twin's plan."""
+        groups = self._groups_on_network(op)
+        if len(groups) == 1:
+            return [self._plan(op.coll, groups[0], op.size_bytes)]
+        key = (op.coll, op.group, op.size_bytes, op.axis, self.layout.stage_of(op.rank))
+        hit = self._net_plan_cache.get(key)
+        if hit is None:
+            rep = self._plan(op.coll, op.group, op.size_bytes)
+            twins = [self._plan(op.coll, g, op.size_bytes) for g in groups]
+            q = self._quotient_plan(rep, twins) if self.twin_quotient else None
+            hit = self._net_plan_cache[key] = twins if q is None else [q]
+        return hit
+
+    def _quotient_plan(self, rep, twins: list):
+        """``rep`` with each transfer carrying the multiplicities of its twin images
+        (a plan of the same phases), or None where the twins do not line up."""
+        if not any(p is rep for p in twins):
+            self.twin_stats["fallback"] += 1
+            return None
+        n = len(rep.phases)
+        if any(p.algorithm != rep.algorithm or len(p.phases) != n for p in twins):
+            self.twin_stats["fallback"] += 1
+            return None
+        phases = []
+        for i, ph in enumerate(rep.phases):
+            others = [p.phases[i] for p in twins]
+            if any(q.steps != ph.steps or q.compute_bytes != ph.compute_bytes
+                   or q.in_network != ph.in_network for q in others):
+                self.twin_stats["fallback"] += 1
+                return None
+            transfers = self._quotient_phase(ph.transfers, [q.transfers for q in others])
+            if transfers is None:
+                return None
+            phases.append(ph if transfers is ph.transfers else replace(ph, transfers=transfers))
+        return replace(rep, phases=tuple(phases))
+
+    def _quotient_phase(self, rep: tuple, twins: list) -> Optional[tuple]:
+        """The symmetry quotient of one phase issued by every twin group at once.
+
+        ``twins`` lists every twin's transfers of the phase (``rep`` among them), the
+        j-th transfer of each being the image of ``rep[j]``. Under the representative
+        assumption every image runs at its representative's rate, so the load of link
+        ``l`` is ``sum_j m(j, l) * rate_j``, with ``m(j, l)`` the number of images of
+        ``rep[j]`` (itself included) that cross ``l``. It is kept on the links the
+        representative transfers cross (``U``); an image's links outside ``U`` are the
+        images of links in ``U`` and carry the same load, so they are dropped. Each
+        transfer of the result has incidence ``((l, m(j, l)) for l in U if m > 0)``
+        (its route first), or none where that is its route once.
+
+        None (fall back to injecting every twin) where the twins do not line up:
+        other transfer counts, sizes or weights, or another phase latency."""
+        net = self.net
+        k = len(rep)
+        if any(len(t) != k for t in twins):
+            self.twin_stats["fallback"] += 1
+            return None
+        routes = [net.route(t.src, t.dst) if t.src != t.dst and t.size_bytes > 0 else ((), 0.0, 0.0)
+                  for t in rep]
+        used = {lk for r in routes for lk in r[0]}
+        lat = max((r[1] + r[2] for r in routes if r[0]), default=0.0)
+        counts: list[dict] = [{} for _ in range(k)]
+        for tt in twins:
+            if tt is rep:
+                for c, r in zip(counts, routes):
+                    for lk in r[0]:
+                        c[lk] = c.get(lk, 0) + 1
+                continue
+            twin_lat = 0.0
+            for c, t, rt in zip(counts, tt, rep):
+                if t.size_bytes != rt.size_bytes or t.weight != rt.weight or t.incidence is not None:
+                    self.twin_stats["fallback"] += 1
+                    return None
+                if t.src == t.dst or t.size_bytes <= 0:
+                    continue
+                links, la, ov = net.route(t.src, t.dst)
+                if la + ov > twin_lat:
+                    twin_lat = la + ov
+                for lk in links:
+                    if lk in used:
+                        c[lk] = c.get(lk, 0) + 1
+            if twin_lat != lat:
+                self.twin_stats["fallback"] += 1
+                return None
+        out = []
+        plain = True
+        for t, r, c in zip(rep, routes, counts):
+            own = r[0]
+            if len(c) == len(own) and all(c[lk] == 1 for lk in own):
+                out.append(t)
+                continue
+            plain = False
+            extra = sorted(lk for lk in c if lk not in own)
+            inc = tuple((lk, float(c[lk])) for lk in own) + tuple((lk, float(c[lk])) for lk in extra)
+            out.append(replace(t, incidence=inc))
+        self.twin_stats["quotient"] += 1
+        return rep if plain else tuple(out)
+
     def _send(self, op: Op):
-        pairs = self._groups_on_network(op, pair=(op.rank, op.peer))
-        transfers = [Transfer(a, b, op.size_bytes) for a, b in pairs]
-        yield self.net.transfer(transfers, tag=op.name)
+        yield self.net.transfer(self._send_transfers(op), tag=op.name)
+
+    def _send_transfers(self, op: Op) -> tuple:
+        """The network transfers of a send (one tuple per pair and size, so that the
+        network reuses its routed form): the pair's, or its quotient over its twins."""
+        key = (op.rank, op.peer, op.size_bytes, op.axis)
+        hit = self._send_cache.get(key)
+        if hit is None:
+            pairs = self._groups_on_network(op, pair=(op.rank, op.peer))
+            full = tuple(Transfer(a, b, op.size_bytes) for a, b in pairs)
+            hit = full
+            if len(pairs) > 1 and self.twin_quotient:
+                mine = (op.rank, op.peer)
+                at = [i for i, p in enumerate(pairs) if p == mine]
+                if at:
+                    own = (full[at[0]],)
+                    q = self._quotient_phase(own, [own if i == at[0] else (t,) for i, t in enumerate(full)])
+                    if q is not None:
+                        hit = q
+                else:
+                    self.twin_stats["fallback"] += 1
+            self._send_cache[key] = hit
+        return hit
 
     def _groups_on_network(self, op: Op, pair: Optional[tuple[int, int]] = None) -> list[tuple[int, ...]]:
         """The group itself plus, in representative mode, its twins (see module doc)."""

@@ -40,6 +40,12 @@ Bundling: a :class:`Transfer` of ``weight`` w stands for w identical parallel
 transfers on the same path (the twins of a symmetric collective); identical
 transfers (same ``src``, ``dst``, ``size_bytes``) of one phase are merged into one
 flow of summed weight. A flow loads its links w times.
+
+Multiplicities: a transfer may carry an ``incidence`` ``((link, m), ...)`` instead of
+its route: it then loads link l ``w * m`` times its rate (weighted progressive
+filling; all three solvers take per-entry multiplicities) and ``link_bytes`` counts
+``w * m * size`` there. The engine uses it for the symmetry quotient of twin
+traffic (one flow standing for itself and its twin images).
 """
 
 from __future__ import annotations
@@ -206,13 +212,14 @@ def fill_arrays(owner: np.ndarray, link: np.ndarray, mult: np.ndarray, w: np.nda
 
 
 def fill_components(owner: np.ndarray, link: np.ndarray, w: np.ndarray, cap: np.ndarray,
-                    link_comp: np.ndarray, comp_start: np.ndarray) -> np.ndarray:
+                    link_comp: np.ndarray, comp_start: np.ndarray,
+                    mult: Optional[np.ndarray] = None) -> np.ndarray:
     """:func:`fill_arrays` on several independent components at once (numpy).
 
     Links must be numbered component by component: component c owns links
     ``comp_start[c] <= l < comp_start[c + 1]`` and ``link_comp[l] = c``; every flow's
-    entries lie in its own component's links (each entry crosses its link once).
-    Each iteration fixes the lowest level *of every component* at once, so the
+    entries lie in its own component's links; ``mult[e]`` (default 1) is entry e's
+    multiplicity, as in :func:`fill_arrays`. Each iteration fixes the lowest level *of every component* at once, so the
     result is bit for bit that of solving each component alone, in
     max-over-components-of-levels iterations instead of their sum.
     """
@@ -220,7 +227,7 @@ def fill_components(owner: np.ndarray, link: np.ndarray, w: np.ndarray, cap: np.
     rates = np.full(n_flows, np.inf)
     if owner.shape[0] == 0:
         return rates
-    use = w[owner]
+    use = w[owner] if mult is None else w[owner] * mult
     remaining = cap.astype(float, copy=True)
     demand = np.bincount(link, use, minlength=n_links)
     count = np.bincount(link, minlength=n_links)
@@ -258,13 +265,17 @@ def fill_components(owner: np.ndarray, link: np.ndarray, w: np.ndarray, cap: np.
 
 
 def fill_small(flow_links: Sequence[Sequence[int]], w: Sequence[float],
-               cap: Sequence[float]) -> list[float]:
+               cap: Sequence[float],
+               mults: Optional[Sequence[Optional[Sequence[float]]]] = None) -> list[float]:
     """Progressive filling in plain Python, for a few flows.
 
     ``flow_links[f]`` lists the links of flow f (a link listed k times is crossed k
-    times), ``w[f]`` its weight, ``cap[l]`` the capacity of link l (any indexable).
-    Returns the rate per unit flow (``inf`` for a flow with no link). Same
-    operations in the same order as :func:`fill_arrays`, hence the same bits.
+    times), ``w[f]`` its weight, ``cap[l]`` the capacity of link l (any indexable);
+    ``mults[f]`` (optional, or None for a flow) the multiplicity of each of its
+    links, aligned with ``flow_links[f]`` (default 1: the flow uses ``w[f] * m``
+    times its rate on a link of multiplicity ``m``). Returns the rate per unit flow
+    (``inf`` for a flow with no link). Same operations in the same order as
+    :func:`fill_arrays`, hence the same bits.
     """
     rem: dict[int, float] = {}
     dem: dict[int, float] = {}
@@ -274,18 +285,21 @@ def fill_small(flow_links: Sequence[Sequence[int]], w: Sequence[float],
     rates = [_INF] * n
     fixed = [True] * n
     left = 0
+    # capacity use per unit rate on each link: w[i], or w[i] * m with multiplicities
+    uses: list = [None] * n if mults is None else [
+        None if m is None else [wi * x for x in m] for wi, m in zip(w, mults)]
     for i, links in enumerate(flow_links):
-        wi = w[i]
         if links:
             fixed[i] = False
             left += 1
-        for lk in links:
+        ui = uses[i]
+        for lk, u in (zip(links, ui) if ui is not None else zip(links, itertools.repeat(w[i]))):
             if lk in dem:
-                dem[lk] += wi
+                dem[lk] += u
                 cnt[lk] += 1
                 on[lk].append(i)
             else:
-                dem[lk] = wi
+                dem[lk] = u
                 cnt[lk] = 1
                 rem[lk] = float(cap[lk])
                 on[lk] = [i]
@@ -298,9 +312,10 @@ def fill_small(flow_links: Sequence[Sequence[int]], w: Sequence[float],
         for i in newly:
             rates[i] = level
             fixed[i] = True
-            wi = w[i]
-            for lk in flow_links[i]:
-                delta[lk] = delta.get(lk, 0.0) + wi
+            ui = uses[i]
+            for lk, u in (zip(flow_links[i], ui) if ui is not None
+                          else zip(flow_links[i], itertools.repeat(w[i]))):
+                delta[lk] = delta.get(lk, 0.0) + u
                 cnt[lk] -= 1
         left -= len(newly)
         for lk, d in delta.items():
@@ -320,12 +335,20 @@ class Transfer:
 
     ``weight`` = that many identical parallel transfers on the same path (bundled
     into one flow; each of them carries ``size_bytes``).
+
+    ``incidence`` (optional) replaces the route as the set of links the flow loads:
+    ``((link, multiplicity), ...)`` with distinct links and multiplicities > 0. The
+    flow then uses ``weight * multiplicity`` times its rate on each listed link and
+    nothing elsewhere (a *quotient* flow standing for itself and its twin images,
+    see :mod:`simulator.engine`); latency still comes from the ``src -> dst``
+    route. ``None`` (default): the route, each link once.
     """
 
     src: int
     dst: int
     size_bytes: float
     weight: int = 1
+    incidence: Optional[tuple[tuple[int, float], ...]] = None
 
 
 @dataclass
@@ -396,6 +419,9 @@ class _Prepared:
     table: np.ndarray                    # per flow: link ids padded with -1 (flows x hops)
     by_link: Optional[tuple]             # big phases: (flows sorted by link, [(link, a, b)],
     #                                      (its own components, its flows alone))
+    mults: Optional[list] = None         # per flow: multiplicities aligned with links, or
+    #                                      None (each link once); None: no flow has any
+    mtable: Optional[np.ndarray] = None  # the same padded with 1.0, like ``table``
 
 
 class FlowNetwork:
@@ -436,6 +462,8 @@ class FlowNetwork:
         # through a free list); their routes also as tuples, for the set index and
         # the small solver.
         self._links: list[tuple[int, ...]] = []      # per slot ever used
+        self._mults: list = []           # per slot: multiplicities aligned with _links, or None
+        self._any_mult = False           # whether any flow with multiplicities was seen
         self._cap_slots = 0
         self._w = np.zeros(0)
         self._size = np.zeros(0)
@@ -447,6 +475,7 @@ class FlowNetwork:
         self._batch = np.zeros(0, dtype=np.int64)   # component solved in; -1 free
         self._pid = np.zeros(0, dtype=np.int64)
         self._tab = np.full((0, 1), -1, dtype=np.int32)  # links, padded with -1
+        self._mtab = np.ones((0, 1))     # their multiplicities, padded with 1 (once _any_mult)
         self._free: list[int] = []
         self._n_active = 0
         self._next_seq = 0
@@ -490,6 +519,11 @@ class FlowNetwork:
             out.append((self._links[s], float(self._w[s]), r, max(left, 0.0)))
         return out
 
+    def route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, float]:
+        """``(links, path latency, largest per-link overhead)`` of ``src -> dst`` (cached;
+        a transfer's phase latency is path latency + overhead)."""
+        return self._route(src, dst)
+
     def _route(self, s: int, d: int) -> tuple[tuple[int, ...], float, float]:
         """(links, path latency, largest per-step overhead) of ``s -> d``, cached."""
         key = (s, d)
@@ -502,16 +536,34 @@ class FlowNetwork:
             info = self._routes[key] = (links, lat, ovh)
         return info
 
+    def _check_incidence(self, t: Transfer) -> None:
+        inc = t.incidence
+        try:
+            links = [int(lk) for lk, _ in inc]
+            ok = bool(links) and all(0 <= lk < self.n_links for lk in links) \
+                and len(set(links)) == len(links) \
+                and all(0 < m < _INF for _, m in inc)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise NetworkError(f"transfer {t}: incidence must be ((link, multiplicity), ...) with "
+                               f"distinct links in [0, {self.n_links}) and multiplicities > 0")
+
     def _merged(self, transfers: Sequence[Transfer]):
         """Validated network transfers of a phase, identical ones merged.
 
-        Returns ``(n_transfers, {(src, dst, size): weight})`` (insertion order = first
-        appearance)."""
+        Returns ``(n_transfers, {(src, dst, size, incidence): weight})`` (insertion
+        order = first appearance)."""
         n_dev = self.topo.n_devices
-        merged: dict[tuple[int, int, float], float] = {}
+        merged: dict[tuple, float] = {}
         n = 0
+        checked: set = set()
         for t in transfers:
             size, weight, s, d = t.size_bytes, t.weight, t.src, t.dst
+            inc = t.incidence
+            if inc is not None and id(inc) not in checked:
+                self._check_incidence(t)
+                checked.add(id(inc))
             if not (0 <= size < _INF):
                 raise NetworkError(f"transfer {t}: size_bytes must be finite and >= 0")
             if not (weight >= 1 and weight == int(weight)):
@@ -521,7 +573,7 @@ class FlowNetwork:
             if s == d or size == 0:
                 continue
             n += 1
-            key = (int(s), int(d), float(size))
+            key = (int(s), int(d), float(size), inc)
             merged[key] = merged.get(key, 0.0) + float(weight)
         return n, merged
 
@@ -570,26 +622,29 @@ class FlowNetwork:
             if hit is not None and hit[0] is transfers:
                 return hit[1]
         prep = None
-        if len(transfers) <= _SMALL_BATCH:
+        with_inc = any(t.incidence is not None for t in transfers)
+        if len(transfers) <= _SMALL_BATCH or with_inc:
             n, merged = self._merged(transfers)
             if merged:
                 links, sizes, weights = [], [], []
+                mults: Optional[list] = [] if with_inc else None
                 lat = ovh = 0.0
-                for (s, d, size), w in merged.items():
+                for (s, d, size, inc), w in merged.items():
                     lk, la, ov = self._route(s, d)
                     if la > lat:
                         lat = la
                     if ov > ovh:
                         ovh = ov
+                    if inc is not None:
+                        lk = tuple(int(x) for x, _ in inc)
+                        mults.append(tuple(float(m) for _, m in inc))
+                    elif mults is not None:
+                        mults.append(None)
                     links.append(lk)
                     sizes.append(size)
                     weights.append(w)
-                width = max(map(len, links))
-                table = np.full((len(links), width), -1, dtype=np.int32)
-                for i, lk in enumerate(links):
-                    table[i, :len(lk)] = lk
-                prep = _Prepared(n, int(sum(weights)), lat + ovh, links, np.array(sizes),
-                                 np.array(weights), table, None)
+                prep = self._prepared_from(n, links, sizes, weights, lat + ovh, mults,
+                                           len(transfers) > _SMALL_BATCH)
         else:
             n, src, dst, sizes, weights = self._merged_arrays(transfers)
             if sizes:
@@ -601,25 +656,49 @@ class FlowNetwork:
                 starts = np.cumsum(lens) - lens
                 lat = float(np.add.reduceat(self.link_latency[flat], starts).max())
                 ovh = float(self.link_overhead[flat].max())
-                owner = np.repeat(np.arange(len(links)), lens)
-                table = np.full((len(links), int(lens.max())), -1, dtype=np.int32)
-                table[owner, np.arange(flat.shape[0]) - np.repeat(starts, lens)] = flat
-                srt = np.sort(table, axis=1)
-                assert not ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any(), \
-                    "a route repeats a link"
-                order = np.argsort(flat, kind="stable")
-                flat, owner = flat[order], owner[order]
-                bounds = np.r_[0, np.flatnonzero(np.diff(flat)) + 1, flat.shape[0]].tolist()
-                keys = flat[bounds[:-1]].tolist()
-                groups = list(zip(keys, bounds[:-1], bounds[1:]))
-                by_link = (owner, groups, _own_components(owner, flat, len(links)))
-                prep = _Prepared(n, int(sum(weights)), lat + ovh, links, np.array(sizes),
-                                 np.array(weights), table, by_link)
+                prep = self._prepared_from(n, links, sizes, weights, lat + ovh, None, True)
         if cacheable:
             if len(self._prepared) >= _PREPARED_MAX:
                 self._prepared.clear()
             self._prepared[id(transfers)] = (transfers, prep)
         return prep
+
+    def _prepared_from(self, n: int, links: list, sizes: list, weights: list, latency: float,
+                       mults: Optional[list], big: bool) -> _Prepared:
+        """The :class:`_Prepared` of merged flows (``links`` per flow, distinct links);
+        ``big`` phases also get their per-link index and own components."""
+        k = len(links)
+        lens = np.fromiter(map(len, links), dtype=np.int64, count=k)
+        width = int(lens.max())
+        if not big:
+            table = np.full((k, width), -1, dtype=np.int32)
+            for i, lk in enumerate(links):
+                table[i, :len(lk)] = lk
+            by_link = None
+        else:
+            flat = np.fromiter(itertools.chain.from_iterable(links), dtype=np.int64,
+                               count=int(lens.sum()))
+            starts = np.cumsum(lens) - lens
+            owner = np.repeat(np.arange(k), lens)
+            table = np.full((k, width), -1, dtype=np.int32)
+            table[owner, np.arange(flat.shape[0]) - np.repeat(starts, lens)] = flat
+            srt = np.sort(table, axis=1)
+            assert not ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any(), \
+                "a route repeats a link"
+            order = np.argsort(flat, kind="stable")
+            flat, owner = flat[order], owner[order]
+            bounds = np.r_[0, np.flatnonzero(np.diff(flat)) + 1, flat.shape[0]].tolist()
+            keys = flat[bounds[:-1]].tolist()
+            groups = list(zip(keys, bounds[:-1], bounds[1:]))
+            by_link = (owner, groups, _own_components(owner, flat, k))
+        mtable = None
+        if mults is not None:
+            mtable = np.ones((k, width))
+            for i, m in enumerate(mults):
+                if m is not None:
+                    mtable[i, :len(m)] = m
+        return _Prepared(n, int(sum(weights)), latency, links, np.array(sizes, dtype=float),
+                         np.array(weights, dtype=float), table, by_link, mults, mtable)
 
     def phase_latency_s(self, transfers: Sequence[Transfer], steps: int = 1) -> float:
         """``steps`` x (largest path latency + largest per-step overhead) of ``transfers``.
@@ -683,6 +762,11 @@ class FlowNetwork:
             new = np.full((cap, max(width, tab.shape[1])), -1, dtype=np.int32)
             new[:tab.shape[0], :tab.shape[1]] = tab
             self._tab = new
+            if self._any_mult:
+                mt = self._mtab
+                newm = np.ones(new.shape)
+                newm[:mt.shape[0], :mt.shape[1]] = mt
+                self._mtab = newm
 
     def _arrive(self, pid: int, prep: "_Prepared", _ev=None) -> None:
         """The phase's latency has elapsed: its flows enter the network."""
@@ -691,18 +775,31 @@ class FlowNetwork:
         k = len(links)
         free = self._free
         reuse = min(k, len(free))
+        pm = prep.mults
+        if pm is not None and not self._any_mult:
+            self._any_mult = True
+            self._mtab = np.ones(self._tab.shape)
         if reuse:
             slots = free[len(free) - reuse:]
             del free[len(free) - reuse:]
             slots.reverse()
             for s, lk in zip(slots, links):
                 self._links[s] = lk
+            if self._any_mult:
+                mults = self._mults
+                if pm is None:
+                    for s in slots:
+                        mults[s] = None
+                else:
+                    for s, m in zip(slots, pm):
+                        mults[s] = m
         else:
             slots = []
         if reuse < k:
             hw = len(self._links)
             slots.extend(range(hw, hw + k - reuse))
             self._links.extend(links[reuse:])
+            self._mults.extend(itertools.repeat(None, k - reuse) if pm is None else pm[reuse:])
         width = prep.table.shape[1]
         self._grow(len(self._links), width)
         sl = np.array(slots, dtype=np.int64)
@@ -734,6 +831,13 @@ class FlowNetwork:
         self._tab[sl, :width] = prep.table
         if width < self._tab.shape[1]:
             self._tab[sl, width:] = -1
+        if self._any_mult:
+            if prep.mtable is None:
+                self._mtab[sl] = 1.0
+            else:
+                self._mtab[sl, :width] = prep.mtable
+                if width < self._mtab.shape[1]:
+                    self._mtab[sl, width:] = 1.0
         lf = self._link_flows
         if prep.by_link is None:
             for s, lks in zip(slots, links):
@@ -848,16 +952,18 @@ class FlowNetwork:
         mask = sub >= 0
         flat = sub[mask].astype(np.int64)
         owner = np.nonzero(mask)[0]
+        mult = self._mtab[sl][mask] if self._any_mult else None
         if len(lens) == 1:
             used, local = np.unique(flat, return_inverse=True)
-            return fill_arrays(owner, local.reshape(-1), np.ones(flat.shape[0]), w,
+            return fill_arrays(owner, local.reshape(-1),
+                               np.ones(flat.shape[0]) if mult is None else mult, w,
                                self.capacity[used])
         comp = np.repeat(np.arange(len(lens)), lens)[owner]
         used, local = np.unique(comp * self.n_links + flat, return_inverse=True)
         link_comp = used // self.n_links
         comp_start = np.searchsorted(link_comp, np.arange(len(lens) + 1))
         return fill_components(owner, local.reshape(-1), w, self.capacity[used % self.n_links],
-                               link_comp, comp_start)
+                               link_comp, comp_start, mult)
 
     def _recompute(self, comps: list[list[int]], singles: list[int]) -> None:
         """Solve each component alone; keep the segment of flows whose rate is unchanged.
@@ -888,15 +994,22 @@ class FlowNetwork:
         elif pos <= SMALL_COMPONENT:
             parts: list = []
             at = 0
+            mults = self._mults if self._any_mult else None
             for comp, n in zip(comps[:n_multi], lens):
-                parts.extend(fill_small([links[s] for s in comp], wl[at:at + n], cap))
+                parts.extend(fill_small([links[s] for s in comp], wl[at:at + n], cap,
+                                        None if mults is None else [mults[s] for s in comp]))
                 at += n
             r = np.array(parts)
         else:
             r = self._fill_big(sl[:pos], w[:pos], lens[:n_multi])
         if singles:       # alone on their links: the tightest one (routes are simple paths)
             single = sl[pos:]
-            r = np.concatenate([r, self._cap_pad[self._tab[single]].min(axis=1) / w[pos:]])
+            if self._any_mult:
+                alone = (self._cap_pad[self._tab[single]]
+                         / (w[pos:, None] * self._mtab[single])).min(axis=1)
+            else:
+                alone = self._cap_pad[self._tab[single]].min(axis=1) / w[pos:]
+            r = np.concatenate([r, alone])
         old = self._rate[sl]
         t0 = self._t0[sl]
         rem = self._rem[sl]
@@ -933,12 +1046,17 @@ class FlowNetwork:
         w, rem, t0, rate, end = self._w, self._rem, self._t0, self._rate, self._end
         batch, heap, batches = self._batch, self._heap, self._batches
         last = len(comps) - 1
+        mults = self._mults if self._any_mult else None
         for i, comp in enumerate(comps):
             group = grouped and i == last
             if group:
-                rates = [min(map(cap.__getitem__, links[s])) / w.item(s) for s in comp]
+                rates = [min(map(cap.__getitem__, links[s])) / w.item(s)
+                         if mults is None or mults[s] is None else
+                         min(cap[lk] / (w.item(s) * m) for lk, m in zip(links[s], mults[s]))
+                         for s in comp]
             else:
-                rates = fill_small([links[s] for s in comp], [w.item(s) for s in comp], cap)
+                rates = fill_small([links[s] for s in comp], [w.item(s) for s in comp], cap,
+                                   None if mults is None else [mults[s] for s in comp])
             bid = self._next_bid
             self._next_bid += 1
             first = _INF
@@ -1057,22 +1175,27 @@ class FlowNetwork:
             return
         dl = done.tolist()
         moved = self._w[done] * self._size[done]
+        mults = self._mults if self._any_mult else None
         if len(dl) <= _SMALL_BATCH:
             for s, m in zip(dl, moved.tolist()):
-                for lk in links[s]:
+                ms = None if mults is None else mults[s]
+                for j, lk in enumerate(links[s]):
                     fl = lf[lk]
                     fl.discard(s)
                     if fl:
                         dirty.append(lk)
                     else:
                         del lf[lk]
-                    link_bytes[lk] += m
+                    link_bytes[lk] += m if ms is None else m * ms[j]
         else:
             sub = self._tab[done]
             mask = sub >= 0
             flat = sub[mask].astype(np.int64)
             rows = np.nonzero(mask)[0]
-            np.add.at(link_bytes, flat, moved[rows])
+            if mults is None:
+                np.add.at(link_bytes, flat, moved[rows])
+            else:
+                np.add.at(link_bytes, flat, moved[rows] * self._mtab[done][mask])
             order = np.argsort(flat, kind="stable")
             flat, owner = flat[order], done[rows[order]].tolist()
             bounds = np.r_[0, np.flatnonzero(np.diff(flat)) + 1, flat.shape[0]].tolist()
@@ -1117,16 +1240,18 @@ class FlowNetwork:
         dirty = self._dirty
         left = self._phase_left
         finished = []
+        mults = self._mults if self._any_mult else None
         for s in done:
             moved = w.item(s) * size.item(s)
-            for lk in links[s]:
+            ms = None if mults is None else mults[s]
+            for j, lk in enumerate(links[s]):
                 fl = lf[lk]
                 fl.discard(s)
                 if fl:
                     dirty.append(lk)
                 else:
                     del lf[lk]
-                link_bytes[lk] += moved
+                link_bytes[lk] += moved if ms is None else moved * ms[j]
             batch[s] = -1
             p = pids.item(s)
             n = left[p] - 1
