@@ -444,6 +444,8 @@ class Engine:
         L = self.layout
         if axis in ("tp", "cp", "dp", "ep", "edp", "dp_cp"):
             return L.groups(axis, stage)
+        if axis in ("ep_inter", "ep_intra"):
+            return L.ep_subgroups(axis[3:], stage, self.topo.domain_size)
         # Groups whose members differ only in pipeline coordinate (sends, DualPipe mirrors):
         # translate to every (tp, cp, dp) position of the stage, preserving member order.
         pps = [L.coords(r)["pp"] for r in group]

@@ -202,7 +202,10 @@ class Scenario:
         """The :class:`workloads.trace.Workload` this scenario describes."""
         from workloads.trace import Workload
 
-        return Workload(self.model, self.layout, self.training, self.schedule, expert_load=self.expert_load)
+        net = self.cluster.network
+        domain = net.domain_size if getattr(net, "kind", "") == "switched" else 0
+        return Workload(self.model, self.layout, self.training, self.schedule, expert_load=self.expert_load,
+                        domain_size=domain)
 
 
 # ---- loading ---------------------------------------------------------------------------

@@ -65,3 +65,22 @@ def test_global_aux_loss_forces_all_forward_first():
     assert peaks[("aux-loss-global", 8)] == pytest.approx(2 * peaks[("aux-loss-global", 4)], rel=1e-9)
     assert peaks[("aux-free", 8)] == pytest.approx(peaks[("aux-free", 4)], rel=1e-9)
     assert peaks[("aux-loss-global", 8)] > 3 * peaks[("aux-free", 8)]
+
+
+def test_node_limited_dispatch_is_two_hops_and_cuts_scale_out_traffic():
+    """DeepSeek-V3's node-limited routing: tokens cross InfiniBand once per destination
+    node (at most M nodes), then fan out over NVLink."""
+    model = {**TINY_MOE, "moe": {**TINY_MOE["moe"], "top_k": 4, "max_nodes_per_token": 1}}
+    sc = moe_scenario(model=model, parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 16})
+    res = simulate(sc)
+    axes = set(res.events.loc[res.events["coll"] == "all-to-all", "axis"])
+    assert axes == {"ep_inter", "ep_intra"}
+    inter = res.events[res.events["axis"] == "ep_inter"]["size_bytes"]
+    intra = res.events[res.events["axis"] == "ep_intra"]["size_bytes"]
+    # M = 1 node per token: the inter-node hop carries 1/top_k of the fan-out volume
+    assert inter.max() == pytest.approx(intra.max() / 4)
+    unlimited = simulate(moe_scenario(parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 16},
+                                      model={**TINY_MOE, "moe": {**TINY_MOE["moe"], "top_k": 4}}))
+    assert res.summary["step_time_s"] < unlimited.summary["step_time_s"]
+    exact = simulate(sc, exact=True)
+    assert exact.summary["step_time_s"] == pytest.approx(res.summary["step_time_s"], rel=1e-9)

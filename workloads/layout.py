@@ -166,8 +166,29 @@ class ParallelLayout:
             seen.setdefault(self.group(r, axis), None)
         return tuple(sorted(seen, key=lambda g: min(g)))
 
+    def ep_subgroup(self, rank: int, kind: str, domain_size: int) -> tuple[int, ...]:
+        """Part of ``rank``'s expert-parallel group used by a two-hop (node-limited)
+        all-to-all on a network of ``domain_size``-device scale-up domains (rank ``r``
+        on device ``r``): ``kind="inter"`` the members at the same position in their
+        domain (one per domain, reached over one rail), ``"intra"`` the members in
+        ``rank``'s own domain (reached over NVLink)."""
+        group = self.group(rank, "ep")
+        if kind == "inter":
+            return tuple(r for r in group if r % domain_size == rank % domain_size)
+        if kind == "intra":
+            return tuple(r for r in group if r // domain_size == rank // domain_size)
+        raise ValueError(f"kind must be 'inter' or 'intra', got {kind!r}")
+
+    def ep_subgroups(self, kind: str, stage: int, domain_size: int) -> list[tuple[int, ...]]:
+        """Every distinct :meth:`ep_subgroup` among the ranks of ``stage``."""
+        seen: dict[tuple[int, ...], None] = {}
+        for r in self.stage_ranks(stage):
+            seen.setdefault(self.ep_subgroup(r, kind, domain_size), None)
+        return sorted(seen, key=min)
+
     def stage_ranks(self, stage: int) -> list[int]:
-        return [r for r in range(self.world) if self.stage_of(r) == stage]
+        """Ranks of pipeline stage ``stage``, ascending."""
+        return list(_cached_stage_ranks(self, stage))
 
     # ---- layers onto stages -------------------------------------------------
     def layers_per_chunk(self, layers: int) -> list[int]:
@@ -203,6 +224,15 @@ class ParallelLayout:
             out.append(range(start, start + n))
             start += n
         return out
+
+
+@lru_cache(maxsize=4096)
+def _cached_stage_ranks(layout: ParallelLayout, stage: int) -> tuple[int, ...]:
+    s = layout._strides["pp"]
+    block = s * layout.pp
+    # Ranks whose pp digit is `stage`: within every block of pp*stride ranks, the
+    # stride-long run starting at stage*stride.
+    return tuple(b + stage * s + i for b in range(0, layout.world, block) for i in range(s))
 
 
 @lru_cache(maxsize=1 << 14)

@@ -61,6 +61,7 @@ class Workload:
     training: TrainingSpec
     schedule: str = "1f1b"
     expert_load: Optional[ExpertLoad] = None  # routing imbalance (None = perfectly balanced)
+    domain_size: int = 0  # devices per scale-up domain (switched networks), 0 = unknown / not switched
 
 
 # Fraction of a layer's stashed activations an input-gradient pass (``I``) can free;
@@ -265,6 +266,23 @@ class _Builder:
         tokens = self.tokens / (self.L.tp if self.L.sequence_parallel else 1)
         return tokens * moe.top_k * self.model.hidden * per * self.load_factor.get(layer, 1.0)
 
+    def node_limited(self) -> Optional[tuple[float, int]]:
+        """DeepSeek-V3 node-limited routing (§2.1.2, M = 4 nodes per token) when the
+        EP group spans several scale-up domains: ``(expected distinct nodes per token,
+        nodes spanned)``, else ``None``. With k of the group's experts chosen
+        uniformly over N nodes a token reaches N(1 - (1 - 1/N)^k) distinct nodes on
+        average, at most M."""
+        moe, D = self.model.moe, self.w.domain_size
+        if moe is None or not moe.max_nodes_per_token or D <= 0 or self.L.ep <= 1:
+            return None
+        group = self.L.group(0, "ep")
+        nodes = len({r // D for r in group})
+        if nodes <= 1 or len(group) % nodes or any(len([r for r in group if r // D == n]) != len(group) // nodes
+                                                    for n in {r // D for r in group}):
+            return None
+        distinct = nodes * (1 - (1 - 1 / nodes) ** moe.top_k)
+        return min(float(moe.max_nodes_per_token), distinct), nodes
+
     def layer_param_split(self, layer: int) -> tuple[float, float]:
         """(dense, expert) parameters of one layer held by one rank."""
         total = counts.layer_parameter_count(self.model, layer)
@@ -399,6 +417,30 @@ class _RankProgram:
             layer=layer, deps=tuple(deps), coll=coll, axis=axis, group=group, key=key, size_bytes=size,
         )
 
+    def all_to_all(self, size: float, name: str, phase: str, mb: int, k: int, l: int, deps, dispatch: bool):
+        """An expert-parallel all-to-all. Under node-limited routing it is two hops, as
+        DeepSeek-V3 dispatches (§3.2.2): each token crosses the scale-out network once
+        per destination node (to the rank at the same position there, ``ep_inter``),
+        then fans out to its experts over NVLink (``ep_intra``); a combine (and the
+        gradient of a dispatch) runs the hops in reverse. ``size`` is the one-hop
+        per-rank buffer (tokens x top_k x hidden x bytes)."""
+        nl = self.b.node_limited()
+        if nl is None:
+            return self.collective("all-to-all", "ep", size, name, phase, mb, k, l, deps)
+        nodes_per_token, _ = nl
+        L, D = self.b.L, self.b.w.domain_size
+        inter_size = size * nodes_per_token / self.b.model.moe.top_k
+        hops = [("ep_inter", inter_size), ("ep_intra", size)]
+        if not dispatch:
+            hops.reverse()
+        last = None
+        for axis, sz in hops:
+            op = self.collective("all-to-all", axis, sz, f"{name}.{axis[3:]}", phase, mb, k, l,
+                                 [last.id] if last else deps, stream="ep",
+                                 group=L.ep_subgroup(self.rank, axis[3:], D))
+            last = op or last
+        return last
+
     # ---- program ---------------------------------------------------------------
     def build(self) -> None:
         b, L = self.b, self.b.L
@@ -520,11 +562,11 @@ class _RankProgram:
             deps = [ag.id] if ag else deps
         op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
         if expert:
-            d = self.collective("all-to-all", "ep", b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id])
+            d = self.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id], dispatch=True)
             if shared:  # shared experts run while the dispatch is in flight
                 self.compute(f"L{l}.shared.{phase}", shared, phase, mb, k, l, recompute=recompute)
             op = self.compute(f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[d.id] if d else [], recompute=recompute)
-            c = self.collective("all-to-all", "ep", b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [op.id])
+            c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [op.id], dispatch=False)
             op = self.compute(f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute)
         out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.out", phase, mb, k, l, [op.id])
         if out:
@@ -612,12 +654,12 @@ class _RankProgram:
             deps = [ag.id] if ag else deps
         if expert:
             op = self.compute(f"L{l}.moe_out.{part}", self.b.bwd(post, part), part, mb, k, l, deps=deps)
-            c = self.collective("all-to-all", "ep", b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
+            c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id], dispatch=True)
             if shared:  # overlaps the combine's backward all-to-all
                 self.compute(f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l)
             op = self.compute(f"L{l}.experts.{part}", self.b.bwd(expert, part), part, mb, k, l,
                               deps=[c.id] if c else [])
-            d = self.collective("all-to-all", "ep", b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id])
+            d = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id], dispatch=False)
             deps = [d.id] if d else []
         op = self.compute(f"L{l}.mlp.{part}", self.b.bwd(pre, part), part, mb, k, l, deps=deps)
         out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.ag.bwd", part, mb, k, l, [op.id])
