@@ -112,7 +112,8 @@ def cmd_presets(args) -> int:
     from workloads.schedules import SCHEDULES
 
     data = {
-        "models": {k: {"parameters": counts.parameter_count(m), "active_parameters": counts.active_parameter_count(m),
+        "models": {k: {"parameters": counts.parameter_count(m, include_mtp=False),
+                       "active_parameters": counts.active_parameter_count(m, include_mtp=False),
                        "layers": m.layers, "hidden": m.hidden, "moe": m.moe is not None, "mla": m.attention is not None}
                    for k, m in sorted(MODEL_PRESETS.items())},
         "clusters": {k: {"chip": p.chip, "default_devices": p.default_devices,

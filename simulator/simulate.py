@@ -150,8 +150,9 @@ def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.Da
         "schema_version": SCHEMA_VERSION,
         "name": sc.name,
         "devices": devices,
-        "parameters": int(counts.parameter_count(sc.model)),
-        "active_parameters": int(counts.active_parameter_count(sc.model)),
+        # Main-model totals, as published (DeepSeek-V3: 671B / 37B); MTP modules separately.
+        "parameters": int(counts.parameter_count(sc.model, include_mtp=False)),
+        "active_parameters": int(counts.active_parameter_count(sc.model, include_mtp=False)),
         "step_time_s": step,
         "tokens_per_s": t.tokens_per_step / step if step > 0 else float("nan"),
         "model_flops_per_step": model_flops,
@@ -165,6 +166,7 @@ def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.Da
         "hbm_bytes": chip.hbm_bytes,
         "oom": bool(peak > chip.hbm_bytes),
         # --- extensions (format version 1 allows added keys) ---
+        "mtp_parameters": int(counts.parameter_count(sc.model) - counts.parameter_count(sc.model, include_mtp=False)),
         "schedule": sc.schedule,
         "schedule_enforced": "all-forward-first" if any("all-forward-first" in n for n in trace.notes) else None,
         "micro_batches": t.micro_batches(L.dp),
