@@ -8,6 +8,7 @@ scenario, also stored in the CSV's ``scenario`` column, that ``stepsim run`` rep
 
     python docs/results/make_results.py            # the reduced run committed here (see below)
     python docs/results/make_results.py --full     # the same questions at 2,048-GPU scale (slow)
+    python docs/results/make_results.py --figures-only   # re-run the notebooks to refresh the PNGs
 
 What it simulates
 -----------------
@@ -33,6 +34,7 @@ more candidates; it takes hours on a laptop.
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import platform
 import shutil
@@ -46,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simulator.sweep import expand, load_sweep, sweep  # noqa: E402
+from simulator.sweep import RowStore, expand, flatten, load_sweep, sweep  # noqa: E402
 
 SEQ_LEN = 4096
 SEQS_PER_DEVICE = 8
@@ -93,6 +95,10 @@ def candidates(hw: str, full: bool) -> list[dict]:
     if hw == "gb200-nvl72":
         # 576 = 8 x 72: with 8 stages dp = 72, so ep must divide 72 and the experts
         out.append({"name": "PP8 ep8", **layout(pp=8, ep=8, zero=1)})
+        # 186 GB of HBM: plain ZeRO-1 data parallelism (weights replicated) may fit without PP
+        out.append({"name": "noPP zero1+ep64", **layout(pp=1, ep=64, zero=1)})
+        # ZeRO-2: gradients sharded too, weights still replicated (no per-layer all-gathers)
+        out.append({"name": "noPP zero2+ep64", **layout(pp=1, ep=64, zero=2)})
     if full:
         out += [
             {"name": "noPP tp8 fsdp+ep64", **layout(tp=8, pp=1, ep=64, zero=3, recompute="selective")},
@@ -153,7 +159,7 @@ def _tidy(frame: pd.DataFrame, extra: dict, scenarios: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def run_layouts(full: bool, jobs, work: Path) -> pd.DataFrame:
+def run_layouts(full: bool, jobs, work: Path, assemble: bool = False) -> pd.DataFrame:
     parts = []
     for model in MODELS:
         for hw in HARDWARE:
@@ -161,7 +167,8 @@ def run_layouts(full: bool, jobs, work: Path) -> pd.DataFrame:
             cases = candidates(hw, full)
             spec = {"name": f"layouts-{model}-{hw}", "base": base, "cases": cases, "skip_invalid": True}
             t0 = time.perf_counter()
-            frame = sweep(spec, out=work / f"layouts-{model}-{hw}", jobs=jobs)
+            frame = (_assembled(work / f"layouts-{model}-{hw}", spec) if assemble
+                     else sweep(spec, out=work / f"layouts-{model}-{hw}", jobs=jobs))
             print(f"{model} on {hw}: {len(frame)} cases in {time.perf_counter() - t0:.0f} s", flush=True)
             parts.append(_tidy(frame, {"model": model, "hardware": hw, "devices": base["cluster"]["devices"]},
                                _scenarios(spec)))
@@ -180,7 +187,7 @@ NIC_BW = (12.5e9, 50e9, 200e9)
 NIC_BW_FULL = (6.25e9, 12.5e9, 25e9, 50e9, 100e9, 200e9, 400e9)
 
 
-def run_bandwidth(layouts: pd.DataFrame, full: bool, jobs, work: Path) -> pd.DataFrame:
+def run_bandwidth(layouts: pd.DataFrame, full: bool, jobs, work: Path, assemble: bool = False) -> pd.DataFrame:
     model, hw = "deepseek-v3", "h800"
     base = base_scenario(model, hw, full)
     picks = []
@@ -201,11 +208,66 @@ def run_bandwidth(layouts: pd.DataFrame, full: bool, jobs, work: Path) -> pd.Dat
     if seed.exists() and not rows.exists():
         shutil.copy(seed, rows)
     t0 = time.perf_counter()
-    frame = sweep(spec, out=work / "nic-sweep", jobs=jobs)
+    frame = _assembled(work / "nic-sweep", spec) if assemble else sweep(spec, out=work / "nic-sweep", jobs=jobs)
     print(f"bandwidth sweep: {len(frame)} cases in {time.perf_counter() - t0:.0f} s", flush=True)
     tidy = _tidy(frame, {"model": model, "hardware": hw, "devices": base["cluster"]["devices"]}, _scenarios(spec))
     tidy.insert(3, "nic_bw_bytes_per_s", frame["cluster.network.nic_bw_bytes_per_s"].values)
     return tidy
+
+
+def _assembled(work: Path, spec: dict) -> pd.DataFrame:
+    """The sweep table of ``spec`` from the rows already in its folder, matched by case name
+    (the last row per name wins) instead of by scenario hash: used by ``--assemble`` when the
+    simulator's scenario schema changed while a long run was under way (the hash then changes
+    although the scenario does not)."""
+    rows = RowStore(work).load() if (work / "rows.jsonl").exists() else {}
+    by_name = {}
+    for row in rows.values():
+        if row.get("summary"):
+            by_name[row["summary"]["name"]] = row
+    records = []
+    for c in expand(load_sweep(spec)).cases:
+        name = c.scenario.get("name")
+        nic = c.axes.get("cluster.network.nic_bw_bytes_per_s")
+        match = [r for r in rows.values() if r.get("summary") and r["summary"]["name"] == name
+                 and (nic is None or r.get("axes", {}).get("cluster.network.nic_bw_bytes_per_s", 50e9) == nic)]
+        row = match[-1] if match else None
+        if row is None:
+            continue
+        rec = {"case": c.index, **{a: c.axes.get(a) for a in c.axes}, "status": row["status"], "error": row.get("error")}
+        for k, v in flatten(row["summary"]).items():
+            rec.setdefault(k, v)
+        records.append(rec)
+    return pd.DataFrame(records)
+
+
+def make_figures(out: Path) -> None:
+    """Execute every notebook (CI mode) with ``STEPSIM_FIGURES`` set, so that each saves its
+    README figure into ``out``; the executed copies are discarded (notebooks are stored
+    without outputs)."""
+    import os
+
+    import nbclient
+    import nbformat
+
+    env = {"STEPSIM_FIGURES": str(out.resolve()), "STEPSIM_OUT": str(ROOT / "out" / "notebooks"),
+           "MPLBACKEND": "Agg"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    os.environ.pop("STEPSIM_FULL", None)
+    try:
+        for nb_path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+            t0 = time.perf_counter()
+            nb = nbformat.read(nb_path, as_version=4)
+            nbclient.NotebookClient(nb, timeout=1800, kernel_name="python3",
+                                    resources={"metadata": {"path": str(nb_path.parent)}}).execute()
+            print(f"{nb_path.name}: {time.perf_counter() - t0:.0f} s", flush=True)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def main(argv=None) -> int:
@@ -214,19 +276,27 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=None, help="parallel simulations (default: every core)")
     ap.add_argument("--work", default=None, help="resumable sweep folders (default: out/make_results[-full])")
     ap.add_argument("--out", default=str(HERE), help="where the CSV/JSON files go (default: docs/results)")
+    ap.add_argument("--figures", action="store_true",
+                    help="then run every notebook (CI mode) to refresh the README figures in --out")
+    ap.add_argument("--figures-only", action="store_true", help="only refresh the figures")
+    ap.add_argument("--assemble", action="store_true",
+                    help="simulate nothing: build the tables from the rows already in --work, matched by case name")
     args = ap.parse_args(argv)
+    if args.figures_only:
+        make_figures(Path(args.out))
+        return 0
     suffix = "-full" if args.full else ""
     work = Path(args.work or ROOT / "out" / f"make_results{suffix}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    layouts = run_layouts(args.full, args.jobs, work)
+    layouts = run_layouts(args.full, args.jobs, work, args.assemble)
     layouts.to_csv(out / f"pp_layouts{suffix}.csv", index=False)
-    bw = run_bandwidth(layouts, args.full, args.jobs, work)
+    bw = run_bandwidth(layouts, args.full, args.jobs, work, args.assemble)
     bw.to_csv(out / f"pp_bandwidth_sweep{suffix}.csv", index=False)
     meta = {
         "mode": "full" if args.full else "reduced",
-        "command": "python docs/results/make_results.py" + (" --full" if args.full else ""),
+        "command": " ".join(["python docs/results/make_results.py", *(sys.argv[1:] if argv is None else argv)]),
         "devices": {hw: (v[2] if args.full else v[1]) for hw, v in HARDWARE.items()},
         "hardware": {hw: v[4] for hw, v in HARDWARE.items()},
         "dtype": {hw: v[3] for hw, v in HARDWARE.items()},
@@ -238,11 +308,19 @@ def main(argv=None) -> int:
         "nic_bw_bytes_per_s": list(NIC_BW_FULL if args.full else NIC_BW),
         "bandwidth_sweep": {"model": "deepseek-v3", "hardware": "h800",
                             "layouts": "best without PP and best with PP of pp_layouts for deepseek-v3 on h800"},
+        "assembled": bool(args.assemble) and (
+            "tables built from the rows of the resumable sweep folders, matched by case name: the run was "
+            "interrupted and resumed while the simulator's scenario schema changed, which changes the scenario "
+            "hashes but not the scenarios"),
+        "simulation_wall_s_total": round(float(pd.concat([layouts["sim_wall_s"], bw["sim_wall_s"]]).fillna(0).sum()), 1),
+        "host": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores",
         "wall_s": round(time.perf_counter() - t0, 1),
         "python": platform.python_version(),
     }
     (out / f"make_results{suffix}.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"wrote {out} in {meta['wall_s']} s")
+    if args.figures:
+        make_figures(out)
     return 0
 
 
