@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from simulator.plots import PHASE_COLOURS  # noqa: E402
-from simulator.schema import ScenarioError, read_mapping  # noqa: E402
+from simulator.schema import ScenarioError, builtin_scenarios, read_mapping  # noqa: E402
 from simulator.simulate import simulate  # noqa: E402
 from workloads.schedules import SCHEDULES  # noqa: E402
 
@@ -29,6 +29,8 @@ def compare_schedules(scenario, schedules: Sequence[str] = SCHEDULES, vpp: int =
 
     Returns ``(table, results)``: a DataFrame with one row per schedule and the
     :class:`~simulator.result.Result` of each."""
+    if isinstance(scenario, str) and scenario in builtin_scenarios():
+        scenario = builtin_scenarios()[scenario]
     base = read_mapping(scenario) if not isinstance(scenario, Mapping) else copy.deepcopy(dict(scenario))
     rows, results = [], {}
     for name in schedules:

@@ -116,7 +116,7 @@ class ParallelIn(_Strict):
     dp: Optional[int] = Field(None, ge=1)
     ep: int = Field(1, ge=1)
     vpp: int = Field(1, ge=1)
-    pipeline_layers: Optional[list[int]] = None
+    pipeline_layers: Optional[Union[list[int], Literal["auto"]]] = None
     etp: int = Field(1, ge=1)
     zero: Literal[0, 1, 2, 3] = 1
     sequence_parallel: bool = True
@@ -527,7 +527,7 @@ def _resolve_layout(p: ParallelIn, devices: int) -> ParallelLayout:
         return ParallelLayout(
             tp=p.tp, cp=p.cp, pp=p.pp, dp=dp, ep=p.ep, vpp=p.vpp, etp=p.etp, zero=p.zero,
             sequence_parallel=p.sequence_parallel, order=order,
-            pipeline_layers=tuple(p.pipeline_layers) if p.pipeline_layers is not None else None,
+            pipeline_layers=(p.pipeline_layers if p.pipeline_layers in (None, "auto") else tuple(p.pipeline_layers)),
         )
     except LayoutError as err:
         raise ScenarioError(err.field, str(err)[len(err.field) + 2:]) from None
@@ -558,7 +558,8 @@ def scenario_to_dict(s: Scenario) -> dict:
     L = s.layout
     parallel = {"tp": L.tp, "cp": L.cp, "pp": L.pp, "dp": L.dp, "ep": L.ep, "vpp": L.vpp, "etp": L.etp,
                 "zero": L.zero, "sequence_parallel": L.sequence_parallel, "order": "-".join(L.order),
-                "pipeline_layers": list(L.pipeline_layers) if L.pipeline_layers else None}
+                "pipeline_layers": (L.pipeline_layers if L.pipeline_layers in (None, "auto")
+                                    else list(L.pipeline_layers))}
     out = {"name": s.name, "model": model, "cluster": cluster, "parallel": parallel, "schedule": s.schedule,
            "training": _training_dict(s.training)}
     if s.expert_load is not None:

@@ -266,10 +266,11 @@ def enumerate_layouts(sc, bounds: SearchBounds) -> list[dict]:
                         if schedule == "interleaved-1f1b":
                             if pp < 2:
                                 continue
-                            vpps = [v for v in range(2, bounds.max_vpp + 1) if model.layers % (pp * v) == 0]
+                            # Uneven splits are fine (pipeline_layers: auto), but every
+                            # chunk needs a layer.
+                            vpps = [v for v in range(2, bounds.max_vpp + 1) if pp * v <= model.layers]
                         else:
-                            n_chunks = sched.model_chunks(schedule, pp, 1)
-                            if model.layers % n_chunks:
+                            if sched.model_chunks(schedule, pp, 1) > model.layers:
                                 continue
                             vpps = [1]
                         for vpp in vpps:
@@ -289,7 +290,7 @@ def candidate_mapping(base: Mapping, p: Mapping, name: str) -> dict:
     par = dict(base.get("parallel") or {})
     etp = p["tp"] if par.get("etp", 1) > 1 and par.get("etp") == par.get("tp") else 1
     par.update(tp=p["tp"], pp=p["pp"], dp=p["dp"], cp=p["cp"], ep=p["ep"], vpp=p["vpp"], zero=p["zero"], etp=etp,
-               pipeline_layers=None)
+               pipeline_layers="auto")
     out = set_dotted(base, "parallel", par)
     out = set_dotted(out, "schedule", p["schedule"])
     out = set_dotted(out, "training.micro_batch_size", p["micro_batch_size"])

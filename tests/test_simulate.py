@@ -145,3 +145,14 @@ def test_grad_reduce_overlap_hides_data_parallel_traffic():
     off = simulate({**base, "training": {**base["training"], "overlap_grad_reduce": False}})
     assert off.summary["step_time_s"] > on.summary["step_time_s"]
     assert off.summary["exposed_comm_fraction"] > on.summary["exposed_comm_fraction"]
+
+
+def test_auto_pipeline_layers_split_unevenly_with_lighter_ends():
+    from workloads.trace import auto_layer_split
+
+    split = auto_layer_split(61, 16)
+    assert sum(split) == 61 and max(split) - min(split) == 1
+    assert split[0] == split[-1] == min(split)
+    res = simulate(scenario(model={**scenario()["model"], "layers": 5}, cluster={"preset": "dgx-h100", "devices": 4},
+                            parallel={"tp": 1, "pp": 4, "dp": 1, "pipeline_layers": "auto"}))
+    assert res.summary["step_time_s"] > 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from itertools import product
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 MESH_AXES = ("tp", "cp", "dp", "pp")
 ORDER_AXES = ("tp", "cp", "ep", "dp", "pp")
@@ -46,7 +46,7 @@ class ParallelLayout:
     zero: int = 1
     sequence_parallel: bool = True
     order: tuple[str, ...] = ORDER_AXES
-    pipeline_layers: Optional[tuple[int, ...]] = None
+    pipeline_layers: Optional[Union[tuple[int, ...], str]] = None  # per chunk, or "auto"
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "pp", "dp", "ep", "vpp", "etp"):
@@ -195,6 +195,10 @@ class ParallelLayout:
         """Transformer layers held by each model chunk, in pipeline order: chunk
         ``k`` lives on pipeline rank ``k % pp`` as its virtual chunk ``k // pp``."""
         n = self.stages
+        if self.pipeline_layers == "auto":
+            from workloads.trace import auto_layer_split
+
+            return auto_layer_split(layers, n)
         if self.pipeline_layers is not None:
             pl = list(self.pipeline_layers)
             if len(pl) != n:

@@ -134,9 +134,26 @@ def representative_ranks(layout: ParallelLayout) -> list[int]:
     return [layout.rank_of(pp=s) for s in range(layout.pp)]
 
 
+def auto_layer_split(layers: int, chunks: int) -> list[int]:
+    """``layers`` over ``chunks`` model chunks as evenly as possible, the extra layers
+    going to the middle chunks first, so that the first chunk (which also holds the
+    embedding) and the last (the LM head and loss) get the fewer — as Llama 3 does."""
+    if chunks > layers:
+        raise LayoutError("parallel.pipeline_layers", f"{chunks} model chunks for {layers} layers: "
+                                                      "every chunk needs at least one layer")
+    base, rem = divmod(layers, chunks)
+    split = [base] * chunks
+    order = list(range(1, chunks - 1)) + [0, chunks - 1] if chunks > 2 else list(range(chunks))
+    for i in order[:rem]:
+        split[i] += 1
+    return split
+
+
 def chunk_layer_ranges(model: ModelSpec, layout: ParallelLayout, schedule: str) -> list[range]:
     n = sched.model_chunks(schedule, layout.pp, layout.vpp)
-    if layout.pipeline_layers is not None:
+    if layout.pipeline_layers == "auto":
+        pl = auto_layer_split(model.layers, n)
+    elif layout.pipeline_layers is not None:
         pl = list(layout.pipeline_layers)
         if len(pl) != n:
             raise LayoutError(
@@ -809,7 +826,15 @@ class _RankProgram:
             if k == 0:
                 dense += emb
             if k == b.n_chunks - 1:
-                dense += (0 if m.tied_embeddings else emb) + counts.head_extra_parameter_count(m) / L.tp
+                # Output head (a copy when tied and the first chunk lives elsewhere), final norm,
+                # and the MTP modules, whose routed experts are sharded like any MoE layer's.
+                tied_here = m.tied_embeddings and any(self.chunk_index(x) == 0 for x in range(self.n_local))
+                dense += (0 if tied_here else emb)
+                mtp_expert = 0.0
+                if m.mtp_depth and m.is_moe_layer(m.layers - 1):
+                    mtp_expert = m.mtp_depth * counts.expert_parameter_count(m, include_mtp=False) / m.moe_layers
+                dense += (counts.head_extra_parameter_count(m) - mtp_expert) / L.tp
+                expert += mtp_expert / L.ep / L.etp
         return dense, expert
 
     def static_memory(self) -> dict[str, float]:
