@@ -145,6 +145,7 @@ class TrainingIn(_Strict):
     optimizer: Literal["adam", "muon", "sgd"] = "adam"
     flash_attention: bool = True
     overlap_grad_reduce: bool = True
+    cp_algorithm: Literal["ring", "all-gather"] = "ring"
     expert_load: Optional[ExpertLoadIn] = None
     offload: Optional["OffloadIn"] = None
 

@@ -156,3 +156,15 @@ def test_auto_pipeline_layers_split_unevenly_with_lighter_ends():
     res = simulate(scenario(model={**scenario()["model"], "layers": 5}, cluster={"preset": "dgx-h100", "devices": 4},
                             parallel={"tp": 1, "pp": 4, "dp": 1, "pipeline_layers": "auto"}))
     assert res.summary["step_time_s"] > 0
+
+
+def test_ring_attention_overlaps_the_kv_exchange():
+    base = scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 1, "cp": 8, "pp": 1, "dp": 2},
+                    training={"seq_len": 8192, "micro_batch_size": 1, "global_batch_size": 4})
+    ring = simulate(base)
+    gather = simulate({**base, "training": {**base["training"], "cp_algorithm": "all-gather"}})
+    assert (ring.events["axis"] == "cp").any()
+    assert ring.summary["step_time_s"] < gather.summary["step_time_s"]
+    assert ring.summary["mfu"] > gather.summary["mfu"]
+    exact = simulate(base, exact=True)
+    assert exact.summary["step_time_s"] == pytest.approx(ring.summary["step_time_s"], rel=1e-9)

@@ -234,6 +234,14 @@ class _Builder:
             self._kern_cache[key] = split_layer_kernels(ks)
         return self._kern_cache[key]
 
+    def scaled(self, kernel: counts.Kernel, f: float) -> counts.Kernel:
+        """``kernel`` with ``f`` of its FLOPs and bytes (cached: one object per (kernel, f))."""
+        key = ("scaled", id(kernel), f)
+        if key not in self._kern_cache:
+            self._kern_cache[key] = (kernel, counts.Kernel(kernel.name, kernel.kind, kernel.flops * f, kernel.bytes * f,
+                                                           kernel.m, kernel.n, kernel.k, kernel.groups))
+        return self._kern_cache[key][1]
+
     def layer_all(self, layer: int) -> tuple:
         """All forward kernels of a layer as one (cached) tuple."""
         parts = self.layer_parts(layer)
@@ -563,15 +571,14 @@ class _RankProgram:
         if sp:
             ag = self.collective("all-gather", "tp", h, f"L{l}.attn.ag", phase, mb, k, l, deps + self.after_compute())
             deps = [ag.id] if ag else deps
-        if L.cp > 1:
-            kv = self.collective("all-gather", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.kv_ag", phase, mb, k, l,
-                                 deps + self.after_compute())
-            deps = deps + ([kv.id] if kv else [])
         if recompute:
             mem = (("activations", self._recompute_transient(l), "start"),)
         else:
             mem = (("activations", self._stash(l), "end"),)
-        op = self.compute(f"L{l}.attn.{phase}", attn, phase, mb, k, l, deps=deps, mem=mem, recompute=recompute)
+        if L.cp > 1:
+            op = self.cp_attention(l, attn, phase, mb, k, deps, mem, recompute)
+        else:
+            op = self.compute(f"L{l}.attn.{phase}", attn, phase, mb, k, l, deps=deps, mem=mem, recompute=recompute)
         out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.attn.out", phase, mb, k, l, [op.id])
         deps = [out.id] if out else []
         if sp and out:
@@ -602,6 +609,28 @@ class _RankProgram:
         stash = self._stash(l)
         op = self.host(f"L{l}.act.h2d", stash, "B", mb=mb, chunk=k, layer=l, mem=(("activations", stash, "start"),))
         return [op.id]
+
+    def cp_attention(self, l, attn, phase, mb, k, deps, mem, recompute) -> Op:
+        """Attention under context parallelism. The QKV projection runs first; its K
+        and V are then exchanged over the CP group. ``ring`` (ring attention, Liu et
+        al. 2023, arXiv 2310.01889, as Megatron-Core's CP runs it): attention over
+        the local K/V block (1/cp of the core) proceeds while the other blocks
+        circulate, and the remaining (cp-1)/cp of the core waits for them.
+        ``all-gather``: the whole core waits for the gathered K/V."""
+        b, L = self.b, self.b.L
+        names = [x.name for x in attn]
+        cut = names.index("attn_core")
+        proj, core, rest = attn[:cut], attn[cut], attn[cut + 1:]
+        op = self.compute(f"L{l}.attn_qkv.{phase}", proj, phase, mb, k, l, deps=deps, recompute=recompute)
+        kv = self.collective("all-gather", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.kv_ag", phase, mb, k, l, [op.id])
+        wait = [kv.id] if kv else []
+        if b.t.cp_algorithm == "ring":
+            local = b.scaled(core, 1.0 / L.cp)
+            self.compute(f"L{l}.attn_local.{phase}", (local,), phase, mb, k, l, recompute=recompute)
+            remote = (b.scaled(core, (L.cp - 1) / L.cp),) + tuple(rest)
+        else:
+            remote = (core,) + tuple(rest)
+        return self.compute(f"L{l}.attn.{phase}", remote, phase, mb, k, l, deps=wait, mem=mem, recompute=recompute)
 
     def _stash(self, l: int) -> float:
         b, L, t = self.b, self.b.L, self.b.t

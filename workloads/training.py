@@ -30,6 +30,9 @@ class TrainingSpec:
     # layer as soon as its last micro-batch is done (Megatron --overlap-grad-reduce);
     # False: all reductions start after the last backward (older Megatron-LM).
     overlap_grad_reduce: bool = True
+    # Context parallelism: "ring" (ring attention, K/V blocks circulate while attention
+    # over the blocks at hand runs) or "all-gather" (K/V gathered before attention).
+    cp_algorithm: Literal["ring", "all-gather"] = "ring"
     offload_optimizer: bool = False
     offload_activations: bool = False
 
