@@ -191,43 +191,57 @@ class ParallelLayout:
         return list(_cached_stage_ranks(self, stage))
 
     # ---- layers onto stages -------------------------------------------------
-    def layers_per_chunk(self, layers: int) -> list[int]:
-        """Transformer layers held by each model chunk, in pipeline order: chunk
-        ``k`` lives on pipeline rank ``k % pp`` as its virtual chunk ``k // pp``."""
-        n = self.stages
-        if self.pipeline_layers == "auto":
-            from workloads.trace import auto_layer_split
+    def layers_per_chunk(self, layers: int, chunks: Optional[int] = None, what: str = "") -> list[int]:
+        """Transformer layers held by each of ``chunks`` model chunks (default
+        ``pp * vpp``), in pipeline order: from ``pipeline_layers`` (explicit, or
+        ``"auto"``: as even as possible with lighter first and last chunks), else an
+        even split. ``what`` names the chunking in error messages.
 
+        Raises :class:`LayoutError` naming ``parallel.pipeline_layers`` or
+        ``parallel.pp`` when the layers cannot be split so."""
+        n = self.stages if chunks is None else chunks
+        what = what or f"pp*vpp = {self.pp}*{self.vpp}"
+        if self.pipeline_layers == "auto":
             return auto_layer_split(layers, n)
         if self.pipeline_layers is not None:
             pl = list(self.pipeline_layers)
             if len(pl) != n:
-                raise LayoutError(
-                    "parallel.pipeline_layers",
-                    f"needs {n} entries (pp*vpp = {self.pp}*{self.vpp}), got {len(pl)}",
-                )
-            if any((not isinstance(x, int)) or x < 0 for x in pl):
-                raise LayoutError("parallel.pipeline_layers", f"entries must be non-negative integers, got {pl}")
-            if sum(pl) != layers:
-                raise LayoutError(
-                    "parallel.pipeline_layers", f"must sum to the model's {layers} layers, got {sum(pl)}"
-                )
+                raise LayoutError("parallel.pipeline_layers", f"needs {n} entries (one per model chunk: {what}), "
+                                                              f"got {len(pl)}")
+            if any((not isinstance(x, int)) or x < 0 for x in pl) or sum(pl) != layers:
+                raise LayoutError("parallel.pipeline_layers",
+                                  f"must be non-negative integers summing to the model's {layers} layers, got {pl}")
             return pl
         if layers % n:
             raise LayoutError(
                 "parallel.pp",
-                f"{layers} layers do not split evenly over pp*vpp = {n} model chunks; "
-                "choose pp/vpp dividing the layer count or give parallel.pipeline_layers",
+                f"{layers} layers do not split evenly over {n} model chunks ({what}); choose sizes dividing "
+                "the layer count, or give parallel.pipeline_layers (a list, or auto)",
             )
         return [layers // n] * n
 
-    def chunk_layer_ranges(self, layers: int) -> list[range]:
+    def chunk_layer_ranges(self, layers: int, chunks: Optional[int] = None, what: str = "") -> list[range]:
         """Global layer indices of each model chunk, in pipeline order."""
         out, start = [], 0
-        for n in self.layers_per_chunk(layers):
+        for n in self.layers_per_chunk(layers, chunks, what):
             out.append(range(start, start + n))
             start += n
         return out
+
+
+def auto_layer_split(layers: int, chunks: int) -> list[int]:
+    """``layers`` over ``chunks`` model chunks as evenly as possible, the extra layers
+    going to the middle chunks first, so that the first chunk (which also holds the
+    embedding) and the last (the LM head and loss) get the fewer — as Llama 3 does."""
+    if chunks > layers:
+        raise LayoutError("parallel.pipeline_layers", f"{chunks} model chunks for {layers} layers: "
+                                                      "every chunk needs at least one layer")
+    base, rem = divmod(layers, chunks)
+    split = [base] * chunks
+    order = list(range(1, chunks - 1)) + [0, chunks - 1] if chunks > 2 else list(range(chunks))
+    for i in order[:rem]:
+        split[i] += 1
+    return split
 
 
 @lru_cache(maxsize=4096)

@@ -39,7 +39,7 @@ from typing import Optional, Sequence
 
 from workloads import counts, memory
 from workloads import schedules as sched
-from workloads.layout import LayoutError, ParallelLayout
+from workloads.layout import LayoutError, ParallelLayout, auto_layer_split  # noqa: F401 (re-export)
 from workloads.moe_load import ExpertLoad, rank_load_factors
 from workloads.model import ModelSpec
 from workloads.ops import Op, Trace, TraceError
@@ -134,51 +134,11 @@ def representative_ranks(layout: ParallelLayout) -> list[int]:
     return [layout.rank_of(pp=s) for s in range(layout.pp)]
 
 
-def auto_layer_split(layers: int, chunks: int) -> list[int]:
-    """``layers`` over ``chunks`` model chunks as evenly as possible, the extra layers
-    going to the middle chunks first, so that the first chunk (which also holds the
-    embedding) and the last (the LM head and loss) get the fewer — as Llama 3 does."""
-    if chunks > layers:
-        raise LayoutError("parallel.pipeline_layers", f"{chunks} model chunks for {layers} layers: "
-                                                      "every chunk needs at least one layer")
-    base, rem = divmod(layers, chunks)
-    split = [base] * chunks
-    order = list(range(1, chunks - 1)) + [0, chunks - 1] if chunks > 2 else list(range(chunks))
-    for i in order[:rem]:
-        split[i] += 1
-    return split
-
-
 def chunk_layer_ranges(model: ModelSpec, layout: ParallelLayout, schedule: str) -> list[range]:
+    """Layers of each model chunk of ``schedule`` (DualPipe cuts ``pp`` chunks, the
+    others ``pp * vpp``), per :meth:`ParallelLayout.layers_per_chunk`."""
     n = sched.model_chunks(schedule, layout.pp, layout.vpp)
-    if layout.pipeline_layers == "auto":
-        pl = auto_layer_split(model.layers, n)
-    elif layout.pipeline_layers is not None:
-        pl = list(layout.pipeline_layers)
-        if len(pl) != n:
-            raise LayoutError(
-                "parallel.pipeline_layers",
-                f"needs {n} entries (one per model chunk of schedule {schedule}), got {len(pl)}",
-            )
-        if any((not isinstance(x, int)) or x < 0 for x in pl) or sum(pl) != model.layers:
-            raise LayoutError(
-                "parallel.pipeline_layers",
-                f"must be non-negative integers summing to the model's {model.layers} layers, got {pl}",
-            )
-    else:
-        if model.layers % n:
-            raise LayoutError(
-                "parallel.pp",
-                f"{model.layers} layers do not split evenly over {n} model chunks "
-                f"(pp={layout.pp}, vpp={layout.vpp}, schedule {schedule}); choose sizes dividing the "
-                "layer count or give parallel.pipeline_layers",
-            )
-        pl = [model.layers // n] * n
-    out, start = [], 0
-    for x in pl:
-        out.append(range(start, start + x))
-        start += x
-    return out
+    return layout.chunk_layer_ranges(model.layers, n, f"pp={layout.pp}, vpp={layout.vpp}, schedule {schedule}")
 
 
 class _Builder:
