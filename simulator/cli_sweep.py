@@ -13,7 +13,6 @@ exit codes (0 ok, 2 bad input, 1 internal error).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import sys
@@ -188,37 +187,12 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_sweep_plot)
 
 
-def _with_commands(original):
-    """Wrap a ``build_parser`` so that its parser has these commands (once)."""
-
-    def build() -> argparse.ArgumentParser:
-        ap = original()
-        sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
-        if not all(c in sub.choices for c in COMMANDS):
-            register(sub)
-        return ap
-
-    return build
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """``stepsim``'s parser with these commands added (unless ``simulator.cli`` already has them)."""
-    from simulator import cli
-
-    return _with_commands(cli.build_parser)()
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``simulator.cli.main`` with these commands available, so that exit codes and error
-    messages are the same (for ``python -m simulator.cli_sweep`` until ``stepsim`` wires them)."""
+    """The ``stepsim`` command line (which registers these commands), so that
+    ``python -m simulator.cli_sweep`` behaves exactly as ``stepsim``."""
     from simulator import cli
 
-    original = cli.build_parser
-    cli.build_parser = _with_commands(original)
-    try:
-        return cli.main(argv)
-    finally:
-        cli.build_parser = original
+    return cli.main(argv)
 
 
 if __name__ == "__main__":

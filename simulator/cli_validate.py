@@ -11,7 +11,6 @@ same exit codes (0 ok, 2 bad input, 1 internal error).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -104,27 +103,12 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_calibrate)
 
 
-def _with_commands(original):
-    def build() -> argparse.ArgumentParser:
-        ap = original()
-        sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
-        if not all(c in sub.choices for c in COMMANDS):
-            register(sub)
-        return ap
-
-    return build
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``simulator.cli.main`` with these commands available (until ``stepsim`` wires them)."""
+    """The ``stepsim`` command line (which registers these commands), so that
+    ``python -m simulator.cli_validate`` behaves exactly as ``stepsim``."""
     from simulator import cli
 
-    original = cli.build_parser
-    cli.build_parser = _with_commands(original)
-    try:
-        return cli.main(argv)
-    finally:
-        cli.build_parser = original
+    return cli.main(argv)
 
 
 if __name__ == "__main__":

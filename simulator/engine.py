@@ -43,6 +43,7 @@ from simulator import collectives as coll_mod
 from simulator.compute import ComputeCalibration, kernels_time_s
 from simulator.network import FlowNetwork, Transfer
 from topologies.chips import ChipSpec
+from workloads.counts import MATMUL_KINDS
 from topologies.topology import Topology
 from workloads.layout import ParallelLayout
 from workloads.ops import Op, Trace, TraceError
@@ -61,8 +62,7 @@ class RawRun:
     step_time_s: float
     idle: dict[int, dict[str, float]]  # rank -> {'bubble': s, 'exposed_comm': s}
     mem_events: list[tuple[float, int, str, float]]  # (time, rank, category, delta)
-    executed_flops: dict[int, float]  # rank -> FLOPs of its compute ops
-    recompute_flops: dict[int, float]
+    matmul_flops: dict[int, float]  # rank -> GEMM + attention FLOPs of its compute ops (incl. recompute)
     network_stats: dict
     events_processed: int
     idle_spans: list[tuple[int, float, float, str, str]] = field(default_factory=list)
@@ -155,17 +155,13 @@ class Engine:
             if tail > 0:
                 self.idle[r]["bubble"] += tail
                 self.idle_spans.append((r, self._last_compute_end[r], step, "bubble", ""))
-        flops = defaultdict(float)
-        rflops = defaultdict(float)
+        flops: dict[int, float] = defaultdict(float)
         for rec in self.records:
             if rec.op.kind == "compute":
-                f = rec.op.flops
-                flops[rec.op.rank] += f
-                if rec.op.recompute:
-                    rflops[rec.op.rank] += f
+                flops[rec.op.rank] += self._kernel_stats(rec.op.kernels)[2]
         return RawRun(
             records=self.records, step_time_s=step, idle=self.idle, mem_events=self.mem_events,
-            executed_flops=dict(flops), recompute_flops=dict(rflops), network_stats=self._net_stats(),
+            matmul_flops=dict(flops), network_stats=self._net_stats(),
             events_processed=len(self.records),
         )
 
@@ -265,13 +261,20 @@ class Engine:
             if when == at and delta:
                 self.mem_events.append((self.env.now, op.rank, cat, delta))
 
+    def _kernel_stats(self, kernels: tuple) -> tuple:
+        """``(kernels, roofline time, matmul FLOPs)`` of a kernel group, computed once per
+        distinct group (the trace shares one tuple among all ops of the same shape)."""
+        hit = self._dur_cache.get(id(kernels))
+        if hit is None or hit[0] is not kernels:
+            # Keep the tuple alive with its figures so that its id cannot be reused.
+            hit = self._dur_cache[id(kernels)] = (
+                kernels, kernels_time_s(kernels, self.chip, self.cal, self.dtype),
+                sum(k.flops for k in kernels if k.kind in MATMUL_KINDS),
+            )
+        return hit
+
     def _duration(self, op: Op) -> float:
-        key = id(op.kernels)
-        hit = self._dur_cache.get(key)
-        if hit is None or hit[0] is not op.kernels:
-            # Keep the tuple alive with its time so that its id cannot be reused.
-            hit = self._dur_cache[key] = (op.kernels, kernels_time_s(op.kernels, self.chip, self.cal, self.dtype))
-        d = hit[1]
+        d = self._kernel_stats(op.kernels)[1]
         scale = self.compute_scale.get(op.rank)
         return d / scale if scale else d
 

@@ -1224,13 +1224,7 @@ class FlowNetwork:
                     left[p] = n
                 else:
                     finished.append(p)
-        self._free.extend(reversed(dl))
-        self._n_active -= len(dl)
-        finished.sort()
-        for p in finished:
-            del left[p]
-            del self._phase_tag[p]
-            self._phase_event.pop(p).succeed()
+        self._release(dl, finished)
 
     def _complete_scalar(self, done: list[int]) -> None:
         """:meth:`_complete` for a handful of flows."""
@@ -1259,10 +1253,15 @@ class FlowNetwork:
                 left[p] = n
             else:
                 finished.append(p)
-        self._free.extend(reversed(done))
-        self._n_active -= len(done)
-        finished.sort()
-        for p in finished:
+        self._release(done, finished)
+
+    def _release(self, slots, finished: list[int]) -> None:
+        """Return completed flows' slots to the free list and fire the events of the
+        phases that ``finished`` (in phase order, for determinism)."""
+        self._free.extend(reversed(slots))
+        self._n_active -= len(slots)
+        left = self._phase_left
+        for p in sorted(finished):
             del left[p]
             del self._phase_tag[p]
             self._phase_event.pop(p).succeed()

@@ -27,7 +27,6 @@ from workloads.layout import ORDER_AXES, LayoutError, ParallelLayout
 from workloads.model import MLASpec, ModelSpec, MoESpec
 from workloads.moe_load import ExpertLoad
 from workloads.presets import MODEL_PRESETS, get_model
-from workloads.schedules import SCHEDULES
 from workloads.training import TrainingSpec
 
 

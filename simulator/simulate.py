@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Union
 
-import numpy as np
 import pandas as pd
 
 from simulator.compute import calibration_for
@@ -19,7 +18,7 @@ from topologies.presets import build_cluster
 from topologies.topology import Topology
 from workloads import counts
 from workloads.layout import LayoutError
-from workloads.ops import MEMORY_CATEGORIES, TraceError
+from workloads.ops import MEMORY_CATEGORIES
 from workloads.schedules import ScheduleError
 from workloads.trace import build_trace
 
@@ -117,11 +116,7 @@ def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.Da
     model_flops = trace.model_flops
     # Executed FLOPs over all devices: each simulated rank stands for weight[r] devices.
     # Only matmul kinds count, matching the model-FLOPs convention (counts.MATMUL_KINDS).
-    hw_flops = 0.0
-    for rec in raw.records:
-        op = rec.op
-        if op.kind == "compute":
-            hw_flops += trace.weight[op.rank] * sum(k.flops for k in op.kernels if k.kind in counts.MATMUL_KINDS)
+    hw_flops = sum(trace.weight[r] * f for r, f in raw.matmul_flops.items())
     denom = devices * peak_bf16 * step if step > 0 else float("nan")
     # Bubble and exposed communication, averaged over devices.
     wsum = sum(trace.weight[r] for r in trace.ranks)

@@ -28,7 +28,6 @@ import copy
 import csv
 import fnmatch
 import statistics
-import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path

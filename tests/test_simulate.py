@@ -148,7 +148,7 @@ def test_grad_reduce_overlap_hides_data_parallel_traffic():
 
 
 def test_auto_pipeline_layers_split_unevenly_with_lighter_ends():
-    from workloads.trace import auto_layer_split
+    from workloads.layout import auto_layer_split
 
     split = auto_layer_split(61, 16)
     assert sum(split) == 61 and max(split) - min(split) == 1

@@ -16,10 +16,9 @@ group that reduces expert gradients.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from itertools import product
-from typing import Optional, Sequence, Union
+from typing import Optional, Union
 
 MESH_AXES = ("tp", "cp", "dp", "pp")
 ORDER_AXES = ("tp", "cp", "ep", "dp", "pp")

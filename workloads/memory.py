@@ -153,7 +153,6 @@ def _block_activation_bytes(
     h = model.hidden
     tokens = micro_batch_size * seq_len / cp  # the rank's token rows
     rows_sp = _sp_rows(tokens, tp, sequence_parallel)  # replicated across TP unless sequence-parallel
-    rows_tp = tokens / tp  # tensors split by heads / FFN columns: always 1/tp of the full width
 
     if recompute == "full":
         return act_bytes * rows_sp * h  # the layer input (Korthikanti §5: 2sbh)

@@ -8,7 +8,7 @@ behaviour beyond derived sizes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 FfnKind = Literal["swiglu", "gelu"]

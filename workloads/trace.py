@@ -34,12 +34,12 @@ Modelling choices (each documented where it is made):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from workloads import counts, memory
 from workloads import schedules as sched
-from workloads.layout import LayoutError, ParallelLayout, auto_layer_split  # noqa: F401 (re-export)
+from workloads.layout import ParallelLayout
 from workloads.moe_load import ExpertLoad, rank_load_factors
 from workloads.model import ModelSpec
 from workloads.ops import Op, Trace, TraceError
@@ -497,7 +497,7 @@ class _RankProgram:
 
     # ---- forward ---------------------------------------------------------------
     def forward(self, a, path, pos, layers):
-        b, L, t = self.b, self.b.L, self.b.t
+        b = self.b
         deps: list = []
         if pos > 0:
             self._recv("F", path, pos, a.mb, deps)
@@ -593,7 +593,7 @@ class _RankProgram:
         return self.compute(f"L{l}.attn.{phase}", remote, phase, mb, k, l, deps=wait, mem=mem, recompute=recompute)
 
     def _stash(self, l: int) -> float:
-        b, L, t = self.b, self.b.L, self.b.t
+        b = self.b
         key = (l, "stash")
         if key not in b._stash_cache:
             b._stash_cache[key] = self._stash_uncached(l)
@@ -618,7 +618,7 @@ class _RankProgram:
 
     # ---- backward --------------------------------------------------------------
     def backward(self, a, path, pos, layers, is_last_grad):
-        b, L, t = self.b, self.b.L, self.b.t
+        b, t = self.b, self.b.t
         part = a.op
         deps: list = []
         if b.global_aux:
@@ -779,7 +779,7 @@ class _RankProgram:
         return ids
 
     def optimizer(self) -> None:
-        b, L, t = self.b, self.b.L, self.b.t
+        L, t = self.b.L, self.b.t
         dense, expert = self.local_params()
         kern = optimizer_kernels(dense, L.zero, L.dp * L.cp, t.optimizer)
         if expert:
@@ -827,7 +827,7 @@ class _RankProgram:
         return dense, expert
 
     def static_memory(self) -> dict[str, float]:
-        b, L, t = self.b, self.b.L, self.b.t
+        L, t = self.b.L, self.b.t
         dense, expert = self.local_params()
         s = memory.state_bytes(dense, expert, L, dtype=t.dtype, optimizer=t.optimizer)
         return {"weights": s.weights, "gradients": s.gradients,
