@@ -516,9 +516,15 @@ class _RankProgram:
         self._send("F", path, pos, a.mb)
 
     def _head_bytes(self) -> float:
+        """Activations the last chunk's head op keeps: output layer and MTP modules."""
         b, L, t = self.b, self.b.L, self.b.t
-        return memory.head_activation_bytes(b.model, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
-                                            sequence_parallel=L.sequence_parallel)
+        key = ("head", "stash")
+        if key not in b._stash_cache:
+            kw = dict(tp=L.tp, cp=L.cp, sequence_parallel=L.sequence_parallel)
+            b._stash_cache[key] = memory.head_activation_bytes(b.model, t.micro_batch_size, t.seq_len, **kw) + \
+                memory.mtp_activation_bytes(b.model, t.micro_batch_size, t.seq_len, recompute=t.recompute, ep=L.ep,
+                                            flash_attention=t.flash_attention, etp=L.etp, **kw)
+        return b._stash_cache[key]
 
     def layer_forward(self, l: int, mb: int, k: int, deps: list, recompute: bool) -> None:
         b, L = self.b, self.b.L
