@@ -41,6 +41,19 @@ transfers on the same path (the twins of a symmetric collective); identical
 transfers (same ``src``, ``dst``, ``size_bytes``) of one phase are merged into one
 flow of summed weight. A flow loads its links w times.
 
+Isolated phases: most collective phases run on links nobody else is using for
+their whole life (a ring inside one NVLink domain, an all-to-all on a stage's own
+nodes). How such a phase evolves -- its rates, the instants its flows finish, the
+bytes it leaves on each link -- is a pure function of the phase, computed once per
+prepared phase (:class:`_Isolated`). A phase found alone on its links at arrival is
+therefore *reserved*: its links are marked, one timer fires its completion, and none
+of its flows enters the incremental machinery above. If another flow later arrives on
+a reserved link, the phase is *materialised* first: its unfinished flows enter the
+flow arrays with the state the cached evolution gives for that instant (remaining
+bytes, rate, segment start), and the normal recomputation takes over. The result is
+the one the flow-by-flow path computes (same arithmetic, offsets rounded once more);
+``FlowNetwork(..., reserve_isolated=False)`` turns the fast path off.
+
 Multiplicities: a transfer may carry an ``incidence`` ``((link, m), ...)`` instead of
 its route: it then loads link l ``w * m`` times its rate (weighted progressive
 filling; all three solvers take per-entry multiplicities) and ``link_bytes`` counts
@@ -50,6 +63,7 @@ traffic (one flow standing for itself and its twin images).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from dataclasses import dataclass, field
@@ -82,6 +96,11 @@ SMALL_COMPONENT = 48
 _SMALL_BATCH = 64
 #: Updates touching at most this many flows use scalar (not vectorised) state access.
 _SCALAR_MAX = 4
+
+#: A phase whose isolated evolution has more distinct completion instants than this
+#: is not reserved (its evolution costs more to precompute than the flow-by-flow
+#: path, which re-solves only the components that change).
+_ISOLATED_MAX_SEGMENTS = 8
 
 #: Prepared (validated, merged, routed) phases cached per network.
 _PREPARED_MAX = 4096
@@ -365,7 +384,9 @@ class NetworkStats:
     after merging identical transfers, ``unit_flows_started`` the sum of weights.
     ``recomputations`` counts instants at which some rates were recomputed,
     ``components_solved`` the max-min problems solved then and
-    ``flows_recomputed`` the flows in them; ``wakeups`` counts completion events.
+    ``flows_recomputed`` the flows in them; ``wakeups`` counts completion events;
+    ``reserved_phases`` the phases run alone on their links from their cached
+    evolution (some of them later materialised into flows).
     """
 
     link_bytes: np.ndarray
@@ -379,6 +400,7 @@ class NetworkStats:
     components_solved: int = 0
     flows_recomputed: int = 0
     wakeups: int = 0
+    reserved_phases: int = 0        # phases run alone on their links (cached evolution)
 
     def utilisation(self, elapsed_s: float) -> np.ndarray:
         """Average fraction of (calibrated) capacity used on each link over ``elapsed_s``."""
@@ -424,6 +446,71 @@ class _Prepared:
     mtable: Optional[np.ndarray] = None  # the same padded with 1.0, like ``table``
 
 
+@dataclass(frozen=True)
+class _Isolated:
+    """How a prepared phase evolves when it is alone on its links.
+
+    Offsets are seconds after the phase's flows enter the network. Segment ``i``
+    starts at ``seg_start[i]``; the flows (indices into the phase) still running
+    then are ``seg_flows[i]``, with ``seg_rem[i]`` bytes left per unit flow and rate
+    ``seg_rate[i]`` per unit flow until the next segment starts.
+    """
+
+    duration_s: float                    # until the last flow completes
+    links: np.ndarray                    # distinct links of the phase (int64)
+    link_list: list                      # the same, as Python ints
+    link_bytes: np.ndarray               # bytes the whole phase puts on each of them
+    seg_start: list
+    seg_flows: list
+    seg_rem: list
+    seg_rate: list
+
+
+def isolated_evolution(prep: _Prepared, capacity: np.ndarray,
+                       max_segments: int = _ISOLATED_MAX_SEGMENTS) -> Optional[_Isolated]:
+    """The :class:`_Isolated` evolution of ``prep`` on links of ``capacity`` (bytes/s,
+    calibrated), or None when it has more than ``max_segments`` completion instants.
+
+    Progressive filling of the flows still running (:func:`fill_arrays`), advanced to
+    the earliest completion; flows within :data:`DONE_RTOL` of it complete with it, as
+    in :class:`FlowNetwork`.
+    """
+    table = prep.table
+    mask = table >= 0
+    owner_all = np.nonzero(mask)[0]
+    flat_all = table[mask].astype(np.int64)
+    mult_all = prep.mtable[mask] if prep.mtable is not None else np.ones(flat_all.shape[0])
+    uniq, local_all = np.unique(flat_all, return_inverse=True)
+    local_all = local_all.reshape(-1)
+    cap = capacity[uniq]
+    w_all = prep.weights
+    moved = w_all * prep.sizes
+    link_bytes = np.bincount(local_all, moved[owner_all] * mult_all, minlength=uniq.shape[0])
+    alive = np.arange(table.shape[0])
+    rem = prep.sizes.copy()
+    t = 0.0
+    starts, flows, rems, rates_seg = [], [], [], []
+    while alive.shape[0]:
+        if len(starts) == max_segments:
+            return None
+        keep = np.isin(owner_all, alive) if alive.shape[0] < table.shape[0] else \
+            np.ones(owner_all.shape[0], dtype=bool)
+        # owners renumbered 0..len(alive)-1 in alive order (alive is increasing)
+        owner = np.searchsorted(alive, owner_all[keep])
+        rates = fill_arrays(owner, local_all[keep], mult_all[keep], w_all[alive], cap)
+        starts.append(t)
+        flows.append(alive)
+        rems.append(rem)
+        rates_seg.append(rates)
+        end = t + rem / rates
+        first = float(end.min())
+        done = end <= first + DONE_RTOL * (end - t)
+        rem = np.maximum(rem[~done] - rates[~done] * (first - t), 0.0)
+        alive = alive[~done]
+        t = first
+    return _Isolated(t, uniq, uniq.tolist(), link_bytes, starts, flows, rems, rates_seg)
+
+
 class FlowNetwork:
     """All in-flight transfers of one simulation, sharing links max-min fairly.
 
@@ -439,7 +526,8 @@ class FlowNetwork:
     """
 
     def __init__(self, env: simpy.Environment, topo: "Topology",
-                 calibration: Optional[NetCalibration] = None) -> None:
+                 calibration: Optional[NetCalibration] = None,
+                 reserve_isolated: bool = True) -> None:
         self.env = env
         self.topo = topo
         self.calibration = calibration if calibration is not None else NetCalibration()
@@ -497,6 +585,11 @@ class FlowNetwork:
         self._phase_left: dict[int, int] = {}
         self._phase_event: dict[int, simpy.Event] = {}
         self._phase_tag: dict[int, str] = {}
+        # Reserved (isolated) phases, see the module docstring.
+        self._reserve = bool(reserve_isolated)
+        self._reserved_on = np.full(self.n_links, -1, dtype=np.int64)   # link -> phase id
+        self._reserved: dict[int, tuple] = {}    # phase id -> (prepared, _Isolated, arrival)
+        self._isolation_of: dict[int, tuple] = {}   # id(prepared) -> (it, links, list, iso)
 
     # -- public ------------------------------------------------------------
 
@@ -508,6 +601,8 @@ class FlowNetwork:
         """``(links, weight, rate per unit flow, bytes left now)`` of every flow in the
         network, in arrival order. Rates are those in force after the last update
         (flows that arrived at this very instant may still show rate 0)."""
+        for pid in sorted(self._reserved):
+            self._materialise(pid)
         now = self.env.now
         hw = len(self._links)
         live = np.flatnonzero(self._batch[:hw] != -1)
@@ -769,7 +864,100 @@ class FlowNetwork:
                 self._mtab = newm
 
     def _arrive(self, pid: int, prep: "_Prepared", _ev=None) -> None:
-        """The phase's latency has elapsed: its flows enter the network."""
+        """The phase's latency has elapsed: reserve its links if it is alone on them,
+        else its flows enter the network (materialising reserved phases in the way)."""
+        if self._reserve:
+            links, link_list, iso = self._isolation(prep)
+            hit = self._reserved_on[links]
+            if hit.max() >= 0:
+                for other in sorted(set(hit[hit >= 0].tolist())):
+                    self._materialise(other)
+            if iso is not None and not any(map(self._link_flows.__contains__, link_list)):
+                self._reserve_phase(pid, prep, iso)
+                return
+        self._insert(pid, prep)
+
+    def _isolation(self, prep: "_Prepared") -> tuple:
+        """``(distinct links as array, as list, isolated evolution or None)`` of a
+        prepared phase, cached."""
+        hit = self._isolation_of.get(id(prep))
+        if hit is not None and hit[0] is prep:
+            return hit[1:]
+        iso = isolated_evolution(prep, self.capacity)
+        if iso is not None:
+            links, link_list = iso.links, iso.link_list
+        else:
+            links = np.unique(prep.table[prep.table >= 0]).astype(np.int64)
+            link_list = links.tolist()
+        if len(self._isolation_of) >= _PREPARED_MAX:
+            self._isolation_of.clear()
+        self._isolation_of[id(prep)] = (prep, links, link_list, iso)
+        return links, link_list, iso
+
+    def _reserve_phase(self, pid: int, prep: "_Prepared", iso: _Isolated) -> None:
+        """Run a phase alone on its links: one timer for its cached evolution."""
+        self._reserved_on[iso.links] = pid
+        self._reserved[pid] = (prep, iso, self.env.now)
+        self.stats.reserved_phases += 1
+        self._n_active += len(prep.links)
+        if self._n_active > self.stats.max_concurrent_flows:
+            self.stats.max_concurrent_flows = self._n_active
+        self.env.timeout(iso.duration_s).callbacks.append(partial(self._finish_reserved, pid))
+
+    def _finish_reserved(self, pid: int, _ev=None) -> None:
+        """A reserved phase's timer: it completes, unless it was materialised since."""
+        entry = self._reserved.pop(pid, None)
+        if entry is None:
+            return
+        prep, iso, _ = entry
+        self._reserved_on[iso.links] = -1
+        self.stats.link_bytes[iso.links] += iso.link_bytes
+        self._n_active -= len(prep.links)
+        self._release([], [pid])
+
+    def _materialise(self, pid: int) -> None:
+        """Hand a reserved phase to the flow-by-flow path: its unfinished flows enter
+        the network with the state its isolated evolution has reached now."""
+        prep, iso, t_arr = self._reserved.pop(pid)
+        self._reserved_on[iso.links] = -1
+        k = len(prep.links)
+        self._n_active -= k
+        tau = self.env.now - t_arr
+        if tau >= iso.duration_s:              # due at this very instant
+            self.stats.link_bytes[iso.links] += iso.link_bytes
+            self._release([], [pid])
+            return
+        i = bisect.bisect_right(iso.seg_start, tau) - 1
+        alive = iso.seg_flows[i]
+        if alive.shape[0] < k:                 # count the bytes of the flows done
+            done = np.ones(k, dtype=bool)
+            done[alive] = False
+            rows = np.flatnonzero(done)
+            sub = prep.table[rows]
+            mask = sub >= 0
+            moved = (prep.weights[rows] * prep.sizes[rows])[np.nonzero(mask)[0]]
+            if prep.mtable is not None:
+                moved = moved * prep.mtable[rows][mask]
+            np.add.at(self.stats.link_bytes, sub[mask].astype(np.int64), moved)
+            al = alive.tolist()
+            prep = _Prepared(
+                len(al), int(prep.weights[alive].sum()), prep.latency_s,
+                [prep.links[j] for j in al], prep.sizes[alive], prep.weights[alive],
+                prep.table[alive], None,
+                None if prep.mults is None else [prep.mults[j] for j in al],
+                None if prep.mtable is None else prep.mtable[alive])
+        self._phase_left[pid] = alive.shape[0]
+        sl = self._insert(pid, prep)
+        t0 = t_arr + iso.seg_start[i]
+        rem, rate = iso.seg_rem[i], iso.seg_rate[i]
+        self._rem[sl] = rem
+        self._t0[sl] = t0
+        self._rate[sl] = rate
+        self._end[sl] = t0 + rem / rate
+
+    def _insert(self, pid: int, prep: "_Prepared") -> np.ndarray:
+        """A phase's flows enter the flow arrays (rate to be solved); returns their
+        slots."""
         now = self.env.now
         links = prep.links
         k = len(links)
@@ -862,6 +1050,7 @@ class FlowNetwork:
         if self._n_active > self.stats.max_concurrent_flows:
             self.stats.max_concurrent_flows = self._n_active
         self._request_update()
+        return sl
 
     def _request_update(self) -> None:
         """Recompute once at this instant, after every change made at it."""

@@ -107,10 +107,12 @@ def line_topology(n=3, bw=1e9, lat=1e-6):
     return Topology(torus((n,), bw, lat, wrap=(False,)))
 
 
-def run_phases(topo, phases, calibration=None):
-    """phases: list of (start_time, transfers, steps); returns finish times and the network."""
+def run_phases(topo, phases, calibration=None, reserve=True):
+    """phases: list of (start_time, transfers, steps); returns finish times and the network.
+    ``reserve=False``: no isolated-phase fast path (every flow through the incremental
+    machinery, whose bookkeeping some tests count)."""
     env = simpy.Environment()
-    net = FlowNetwork(env, topo, calibration)
+    net = FlowNetwork(env, topo, calibration, reserve_isolated=reserve)
     finish = {}
 
     def proc(i, start, transfers, steps):
@@ -143,7 +145,7 @@ def test_staggered_sharing_is_exact():
     # A: 1 GB from t=0; B: 0.25 GB from t=0.5 on the same link of 1 GB/s, no latency
     topo = line_topology(2, 1e9, 0.0)
     finish, net = run_phases(topo, [(0, [Transfer(0, 1, 1e9)], 1),
-                                    (0.5, [Transfer(0, 1, 0.25e9)], 1)])
+                                    (0.5, [Transfer(0, 1, 0.25e9)], 1)], reserve=False)
     assert finish[1] == pytest.approx(1.0, rel=1e-12)
     assert finish[0] == pytest.approx(1.25, rel=1e-12)
     assert net.stats.recomputations == 3     # A arrives, B arrives, B leaves
@@ -371,12 +373,12 @@ def test_disjoint_phase_leaves_other_completion_times_unchanged():
     mixed = [Transfer(i, 7 - i, 2e6) for i in range(8)] + [Transfer(0, 3, 5e6)]
     base = [(0.0, ring, 1), (2e-6, mixed, 2), (9e-6, ring[:3], 1), (1e-5, mixed[2:], 1)]
     other = [Transfer(8 + i, 8 + (i + 3) % 8, 7e6) for i in range(8)]   # domain 1 only
-    alone, net_a = run_phases(topo, base)
+    alone, net_a = run_phases(topo, base, reserve=False)
     for extra in ([(0.0, other, 1)], [(2e-6, other, 2)], [(4.1e-6, other, 1), (1e-5, other, 3)]):
-        both, net_b = run_phases(topo, base + extra)
+        both, net_b = run_phases(topo, base + extra, reserve=False)
         assert [both[i] for i in range(len(base))] == [alone[i] for i in range(len(base))]
         # and the extra phases cost the others no recomputation
-        net_c = run_phases(topo, extra)[1]
+        net_c = run_phases(topo, extra, reserve=False)[1]
         assert (net_b.stats.flows_recomputed
                 == net_a.stats.flows_recomputed + net_c.stats.flows_recomputed)
 
@@ -385,7 +387,7 @@ def test_completion_recomputes_only_its_component():
     topo = Topology(switched(16, SwitchedNetwork(8, 450e9, 50e9)))
     # two flows share d0's uplink; a third phase in the other domain is independent
     finish, net = run_phases(topo, [(0, [Transfer(0, 1, 1e6), Transfer(0, 2, 3e6)], 1),
-                                    (0, [Transfer(8, 9, 5e6)], 1)])
+                                    (0, [Transfer(8, 9, 5e6)], 1)], reserve=False)
     # solves: arrival (2 components: 2 flows + 1 flow), first completion (1 flow left)
     assert net.stats.flows_recomputed == 4
     assert net.stats.components_solved == 3
@@ -397,7 +399,7 @@ def test_wakeups_are_not_rescheduled_for_later_completions():
     # one long flow, then many short phases on the reverse link (disjoint) that end later
     phases = [(0, [Transfer(0, 1, 1e8)], 1)] + [
         (1e-3 * i, [Transfer(1, 0, 1e9)], 1) for i in range(1, 6)]
-    finish, net = run_phases(topo, phases)
+    finish, net = run_phases(topo, phases, reserve=False)
     assert finish[0] == pytest.approx(0.1, rel=1e-12)
     # one wake per distinct completion instant: the long flow, then the 5 reverse
     # flows (they share the reverse link and finish one after another)
@@ -473,3 +475,69 @@ def test_isolated_big_phase_shortcut_matches_search():
     other = [Transfer(32, 48, 1e6)]             # cross-leaf too: arrives at the same instant
     with_other, _ = run_phases(topo, [(0, big, 1), (0, other, 1)])
     assert alone[0] == with_other[0]
+
+
+# ------------------------------------------------- isolated phases (reserved)
+
+def _finishes_close(a, b, rel=1e-12):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k] == pytest.approx(b[k], rel=rel, abs=0), k
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_reserved_phases_equal_flow_by_flow(seed):
+    """Random overlapping phases: reserving isolated phases (and materialising them
+    when traffic arrives on their links) gives the flow-by-flow finish times and bytes."""
+    topo = Topology(switched(32, SwitchedNetwork(8, 450e9, 50e9, domains_per_leaf=2)))
+    phases = random_phases(topo, np.random.default_rng(seed), 80)
+    fast, nf = run_phases(topo, phases)
+    slow, ns = run_phases(topo, phases, reserve=False)
+    _finishes_close(fast, slow)
+    assert nf.stats.link_bytes == pytest.approx(ns.stats.link_bytes, rel=1e-12)
+    assert nf.stats.reserved_phases > 0 and ns.stats.reserved_phases == 0
+    assert nf.active_flows == 0
+
+
+def test_reserved_phase_materialised_mid_segment():
+    """A phase of unequal flows (two completion instants) is interrupted in its second
+    segment by a flow on one of its links; the result is the hand-computed one."""
+    # d0 -> d1 on a 1 GB/s line: A = {1 GB, 0.5 GB} from t = 0 share the link (0.5 GB/s
+    # each); the 0.5 GB flow ends at 1.0 s, the 1 GB flow then runs alone at 1 GB/s.
+    # At 1.25 s B (0.25 GB) arrives: A's big flow has 0.25 GB left; both get 0.5 GB/s
+    # and finish together at 1.75 s.
+    topo = line_topology(2, 1e9, 0.0)
+    phases = [(0, [Transfer(0, 1, 1e9), Transfer(0, 1, 0.5e9)], 1),
+              (1.25, [Transfer(0, 1, 0.25e9)], 1)]
+    fast, nf = run_phases(topo, phases)
+    slow, _ = run_phases(topo, phases, reserve=False)
+    assert fast[0] == pytest.approx(1.75, rel=1e-12) and fast[1] == pytest.approx(1.75, rel=1e-12)
+    _finishes_close(fast, slow)
+    assert nf.stats.reserved_phases == 1     # A (materialised when B arrives); B shares A's link
+    assert nf.stats.link_bytes[topo.link_id("d0", "d1")] == pytest.approx(1.75e9, rel=1e-12)
+
+
+def test_reserved_phase_alone_costs_no_recomputation():
+    topo = Topology(switched(16, SwitchedNetwork(8, 450e9, 50e9)))
+    ring = [Transfer(i, (i + 1) % 8, 3e6) for i in range(8)]
+    fast, nf = run_phases(topo, [(0, ring, 1), (1e-3, ring, 1)])
+    slow, ns = run_phases(topo, [(0, ring, 1), (1e-3, ring, 1)], reserve=False)
+    _finishes_close(fast, slow)
+    assert nf.stats.recomputations == 0 and nf.stats.reserved_phases == 2
+    assert ns.stats.recomputations == 2
+
+
+def test_isolated_evolution_gives_up_on_many_segments():
+    from simulator.network import isolated_evolution
+    topo = line_topology(2, 1e9, 0.0)
+    net = FlowNetwork(simpy.Environment(), topo)
+    many = tuple(Transfer(0, 1, 1e6 * (i + 1)) for i in range(12))   # 12 completion instants
+    prep = net._prepare(many)
+    assert isolated_evolution(prep, net.capacity) is None
+    iso = isolated_evolution(prep, net.capacity, max_segments=12)
+    # closed form: flows of sizes 1..12 MB sharing 1 GB/s finish at sum_{j<=i} (13-j) MB/GB/s
+    sizes = np.arange(1, 13) * 1e6
+    expect = sum((12 - j) * (sizes[j] - (sizes[j - 1] if j else 0)) for j in range(12)) / 1e9
+    assert iso.duration_s == pytest.approx(expect, rel=1e-12)
+    fast, _ = run_phases(topo, [(0, list(many), 1)])
+    assert fast[0] == pytest.approx(expect, rel=1e-12)
