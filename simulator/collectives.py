@@ -578,9 +578,22 @@ def run_collective(network: FlowNetwork,
     plans = [plan] if isinstance(plan, CollectivePlan) else list(plan)
     if reduction_bytes_per_s is not None and not reduction_bytes_per_s > 0:
         raise CollectiveError(f"reduction_bytes_per_s must be > 0, got {reduction_bytes_per_s!r}")
+    yield from run_merged(network, merged_phases(network, plans), reduction_bytes_per_s)
+
+
+def merged_phases(network: FlowNetwork, plans: Sequence[CollectivePlan]) -> tuple:
+    """``((transfers, steps, compute_bytes, tag), ...)``: the phases of ``plans`` as
+    :func:`run_collective` hands them to ``network`` (see :func:`_merged_phase`);
+    callers that run the same plans again and again keep this and call
+    :func:`run_merged`."""
     n_phases = max((len(p.phases) for p in plans), default=0)
-    for i in range(n_phases):
-        transfers, steps, compute, tag = _merged_phase(network, plans, i)
+    return tuple(_merged_phase(network, plans, i) for i in range(n_phases))
+
+
+def run_merged(network: FlowNetwork, phases: Sequence[tuple],
+               reduction_bytes_per_s: Optional[float] = None):
+    """simpy process body: run :func:`merged_phases` one after another."""
+    for transfers, steps, compute, tag in phases:
         yield network.transfer(transfers, steps, tag)
         if reduction_bytes_per_s is not None and compute > 0:
             yield network.env.timeout(compute / reduction_bytes_per_s)

@@ -101,16 +101,19 @@ class Engine:
         self.env = simpy.Environment()
         self.net = FlowNetwork(self.env, topo, network_cal)
         self.sim_ranks = set(trace.ranks)
-        self.done: dict[int, simpy.Event] = {}
+        self.done: dict[int, simpy.Event] = {}    # op id -> its end, for ops waited on
         self.end_time: dict[int, float] = {}
         self.ops_by_id = {op.id: op for op in trace.ops}
         self.records: list[OpRecord] = []
         self.mem_events: list[tuple[float, int, str, float]] = []
         self._rdv: dict[str, list] = {}
+        self._sim_members: dict[tuple, int] = {}   # group -> how many of it are simulated
         self._dur_cache: dict = {}
         self._twin_cache: dict = {}
         self._plan_cache: dict = {}
-        self._net_plan_cache: dict = {}   # (coll, group, size, axis, stage) -> plans to run
+        # (coll, group, size, axis, stage) and (coll, group, size, axis, "rank", rank) -> plans to run
+        self._net_plan_cache: dict = {}
+        self._merged_cache: dict = {}     # id(plan list) -> (it, its merged network phases)
         self._send_cache: dict = {}       # (rank, peer, size, axis) -> transfers tuple
         self.twin_stats = {"quotient": 0, "fallback": 0}   # phases quotiented / fallbacks
         self.idle = {r: {"bubble": 0.0, "exposed_comm": 0.0} for r in trace.ranks}
@@ -122,8 +125,6 @@ class Engine:
     # ---- public -----------------------------------------------------------------
     def run(self) -> RawRun:
         self.trace.check()
-        for op in self.trace.ops:
-            self.done[op.id] = self.env.event()
         streams: dict[tuple[int, str], list[Op]] = defaultdict(list)
         for op in self.trace.ops:
             lst = streams[(op.rank, op.stream)]
@@ -176,8 +177,10 @@ class Engine:
         env = self.env
         for op in ops:
             if op.deps:
-                pending = [self.done[d] for d in op.deps if d not in self.end_time]
-                if pending:
+                pending = [self._done_event(d) for d in op.deps if d not in self.end_time]
+                if len(pending) == 1:
+                    yield pending[0]
+                elif pending:
                     yield env.all_of(pending)
             start = env.now
             self._start_time[op.id] = start
@@ -205,9 +208,18 @@ class Engine:
                 self._last_compute_end[rank] = end
             if op.kernels or op.kind != "compute":
                 self.records.append(OpRecord(op, start, end))
-            self.done[op.id].succeed()
+            waiter = self.done.pop(op.id, None)
+            if waiter is not None:
+                waiter.succeed()
             if self._bar is not None:
                 self._bar.update()
+
+    def _done_event(self, op_id: int) -> simpy.Event:
+        """The event fired when op ``op_id`` ends (made only for ops someone waits on)."""
+        ev = self.done.get(op_id)
+        if ev is None:
+            ev = self.done[op_id] = self.env.event()
+        return ev
 
     def _account_idle(self, op: Op, start: float) -> None:
         """Attribute the compute stream's idle gap before ``op`` to its root cause.
@@ -280,18 +292,23 @@ class Engine:
 
     # ---- communication -----------------------------------------------------------------
     def _collective(self, op: Op):
-        members = [r for r in op.group if r in self.sim_ranks]
+        n_members = self._sim_members.get(op.group)
+        if n_members is None:
+            n_members = self._sim_members[op.group] = sum(r in self.sim_ranks for r in op.group)
+        if n_members == 1:      # nobody to wait for: run it in this stream's process
+            yield from coll_mod.run_merged(self.net, self._network_phases(op))
+            return
         entry = self._rdv.get(op.key)
         if entry is None:
             entry = self._rdv[op.key] = [0, self.env.event()]
         entry[0] += 1
-        if entry[0] == len(members):
+        if entry[0] == n_members:
             del self._rdv[op.key]
             self.env.process(self._run_collective(op, entry[1]))
         yield entry[1]
 
     def _run_collective(self, op: Op, done: simpy.Event):
-        yield from coll_mod.run_collective(self.net, self._network_plans(op))
+        yield from coll_mod.run_merged(self.net, self._network_phases(op))
         done.succeed()
 
     def _plan(self, coll: str, group: tuple[int, ...], size: float):
@@ -302,20 +319,34 @@ class Engine:
             self._plan_cache[key] = p
         return p
 
+    def _network_phases(self, op: Op) -> tuple:
+        """The network phases of :meth:`_network_plans`, merged once per distinct plan list."""
+        plans = self._network_plans(op)
+        hit = self._merged_cache.get(id(plans))
+        if hit is None or hit[0] is not plans:
+            hit = self._merged_cache[id(plans)] = (plans, coll_mod.merged_phases(self.net, plans))
+        return hit[1]
+
     def _network_plans(self, op: Op) -> list:
         """What ``op`` runs on the network: its own plan, or in representative mode
         its quotient plan (see :meth:`_quotient_phase`), or, where the twin plans do
         not line up with it, every twin's plan."""
-        groups = self._groups_on_network(op)
-        if len(groups) == 1:
-            return [self._plan(op.coll, groups[0], op.size_bytes)]
-        key = (op.coll, op.group, op.size_bytes, op.axis, self.layout.stage_of(op.rank))
+        key = (op.coll, op.group, op.size_bytes, op.axis, "rank", op.rank)
         hit = self._net_plan_cache.get(key)
         if hit is None:
-            rep = self._plan(op.coll, op.group, op.size_bytes)
-            twins = [self._plan(op.coll, g, op.size_bytes) for g in groups]
-            q = self._quotient_plan(rep, twins) if self.twin_quotient else None
-            hit = self._net_plan_cache[key] = twins if q is None else [q]
+            skey = (op.coll, op.group, op.size_bytes, op.axis, self.layout.stage_of(op.rank))
+            hit = self._net_plan_cache.get(skey)
+            if hit is None:
+                groups = self._groups_on_network(op)
+                rep = self._plan(op.coll, op.group, op.size_bytes)
+                if len(groups) == 1:
+                    hit = [rep]
+                else:
+                    twins = [self._plan(op.coll, g, op.size_bytes) for g in groups]
+                    q = self._quotient_plan(rep, twins) if self.twin_quotient else None
+                    hit = twins if q is None else [q]
+                self._net_plan_cache[skey] = hit
+            self._net_plan_cache[key] = hit
         return hit
 
     def _quotient_plan(self, rep, twins: list):

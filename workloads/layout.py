@@ -171,6 +171,9 @@ class ParallelLayout:
         on device ``r``): ``kind="inter"`` the members at the same position in their
         domain (one per domain, reached over one rail), ``"intra"`` the members in
         ``rank``'s own domain (reached over NVLink)."""
+        return _cached_ep_subgroup(self, rank, kind, domain_size)
+
+    def _ep_subgroup(self, rank: int, kind: str, domain_size: int) -> tuple[int, ...]:
         group = self.group(rank, "ep")
         if kind == "inter":
             return tuple(r for r in group if r % domain_size == rank % domain_size)
@@ -260,6 +263,12 @@ def _cached_dpcp(layout: ParallelLayout, tp: int, pp: int) -> tuple[int, ...]:
 @lru_cache(maxsize=1 << 16)
 def _cached_group(layout: ParallelLayout, rank: int, axis: str) -> tuple[int, ...]:
     return layout._group(rank, axis)
+
+
+@lru_cache(maxsize=1 << 16)
+def _cached_ep_subgroup(layout: ParallelLayout, rank: int, kind: str,
+                        domain_size: int) -> tuple[int, ...]:
+    return layout._ep_subgroup(rank, kind, domain_size)
 
 
 @lru_cache(maxsize=1024)
