@@ -104,11 +104,19 @@ def _jsonable(x):
 
 def events_frame(raw: RawRun, layout) -> pd.DataFrame:
     rows = []
+    stage: dict[int, int] = {}
+    work: dict[int, tuple] = {}      # id(kernel group) -> (it, flops, bytes): groups are shared
     for rec in raw.records:
         op = rec.op
+        st = stage.get(op.rank)
+        if st is None:
+            st = stage[op.rank] = layout.stage_of(op.rank)
+        w = work.get(id(op.kernels))
+        if w is None or w[0] is not op.kernels:
+            w = work[id(op.kernels)] = (op.kernels, op.flops, op.bytes)
         rows.append((
-            op.rank, layout.stage_of(op.rank), op.stream, op.name, op.kind, op.phase, op.mb, op.chunk, op.layer,
-            rec.start_s, rec.end_s, rec.end_s - rec.start_s, op.flops, op.bytes, op.size_bytes, op.coll, op.axis,
+            op.rank, st, op.stream, op.name, op.kind, op.phase, op.mb, op.chunk, op.layer,
+            rec.start_s, rec.end_s, rec.end_s - rec.start_s, w[1], w[2], op.size_bytes, op.coll, op.axis,
         ))
     df = pd.DataFrame(rows, columns=EVENT_COLUMNS)
     return df.sort_values(["rank", "start_s", "stream", "name"], kind="stable").reset_index(drop=True)
