@@ -588,7 +588,9 @@ class FlowNetwork:
         # Reserved (isolated) phases, see the module docstring.
         self._reserve = bool(reserve_isolated)
         self._reserved_on = np.full(self.n_links, -1, dtype=np.int64)   # link -> phase id
-        self._reserved: dict[int, tuple] = {}    # phase id -> (prepared, _Isolated, arrival)
+        # phase id -> (prepared, _Isolated, arrival of its flows, reservation token)
+        self._reserved: dict[int, tuple] = {}
+        self._next_token = 0
         self._isolation_of: dict[int, tuple] = {}   # id(prepared) -> (it, links, list, iso)
 
     # -- public ------------------------------------------------------------
@@ -833,8 +835,15 @@ class FlowNetwork:
         stats.flows_started += prep.n_transfers
         stats.flow_rows_started += len(prep.links)
         stats.unit_flows_started += prep.units
-        timer = self.env.timeout(steps * prep.latency_s)
-        timer.callbacks.append(partial(self._arrive, pid, prep))
+        latency = steps * prep.latency_s
+        if self._reserve:
+            # Alone on its links already: reserve them from now, through the latency.
+            links, link_list, iso = self._isolation(prep)
+            if iso is not None and self._reserved_on[links].max() < 0 \
+                    and not any(map(self._link_flows.__contains__, link_list)):
+                self._reserve_phase(pid, prep, iso, latency)
+                return done
+        self.env.timeout(latency).callbacks.append(partial(self._arrive, pid, prep))
         return done
 
     # -- event handling ------------------------------------------------------
@@ -894,22 +903,29 @@ class FlowNetwork:
         self._isolation_of[id(prep)] = (prep, links, link_list, iso)
         return links, link_list, iso
 
-    def _reserve_phase(self, pid: int, prep: "_Prepared", iso: _Isolated) -> None:
-        """Run a phase alone on its links: one timer for its cached evolution."""
+    def _reserve_phase(self, pid: int, prep: "_Prepared", iso: _Isolated,
+                       latency_s: float = 0.0) -> None:
+        """Run a phase alone on its links: one timer for its cached evolution. With
+        ``latency_s`` the reservation starts now and the flows enter the links (in the
+        evolution's terms) that much later."""
         self._reserved_on[iso.links] = pid
-        self._reserved[pid] = (prep, iso, self.env.now)
+        token = self._next_token = self._next_token + 1
+        self._reserved[pid] = (prep, iso, self.env.now + latency_s, token)
         self.stats.reserved_phases += 1
         self._n_active += len(prep.links)
         if self._n_active > self.stats.max_concurrent_flows:
             self.stats.max_concurrent_flows = self._n_active
-        self.env.timeout(iso.duration_s).callbacks.append(partial(self._finish_reserved, pid))
+        self.env.timeout(latency_s + iso.duration_s).callbacks.append(
+            partial(self._finish_reserved, pid, token))
 
-    def _finish_reserved(self, pid: int, _ev=None) -> None:
-        """A reserved phase's timer: it completes, unless it was materialised since."""
-        entry = self._reserved.pop(pid, None)
-        if entry is None:
+    def _finish_reserved(self, pid: int, token: int, _ev=None) -> None:
+        """A reserved phase's timer: it completes, unless it was materialised since
+        (and perhaps reserved again, under another token)."""
+        entry = self._reserved.get(pid)
+        if entry is None or entry[3] != token:
             return
-        prep, iso, _ = entry
+        del self._reserved[pid]
+        prep, iso, _, _ = entry
         self._reserved_on[iso.links] = -1
         self.stats.link_bytes[iso.links] += iso.link_bytes
         self._n_active -= len(prep.links)
@@ -918,11 +934,14 @@ class FlowNetwork:
     def _materialise(self, pid: int) -> None:
         """Hand a reserved phase to the flow-by-flow path: its unfinished flows enter
         the network with the state its isolated evolution has reached now."""
-        prep, iso, t_arr = self._reserved.pop(pid)
+        prep, iso, t_arr, _ = self._reserved.pop(pid)
         self._reserved_on[iso.links] = -1
         k = len(prep.links)
         self._n_active -= k
         tau = self.env.now - t_arr
+        if tau < 0.0:                          # still in its latency: arrive as usual
+            self.env.timeout(-tau).callbacks.append(partial(self._arrive, pid, prep))
+            return
         if tau >= iso.duration_s:              # due at this very instant
             self.stats.link_bytes[iso.links] += iso.link_bytes
             self._release([], [pid])

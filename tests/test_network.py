@@ -541,3 +541,21 @@ def test_isolated_evolution_gives_up_on_many_segments():
     assert iso.duration_s == pytest.approx(expect, rel=1e-12)
     fast, _ = run_phases(topo, [(0, list(many), 1)])
     assert fast[0] == pytest.approx(expect, rel=1e-12)
+
+
+def test_reservation_during_latency_hands_over_to_an_earlier_arrival():
+    """A phase reserved while in its latency (d0 -> d2, 2 ms) is overtaken by one that
+    arrives first on a shared link (d1 -> d2 issued at 0.5 ms, 1 ms latency): the later
+    one runs alone until A's flows arrive, then they share, as computed by hand."""
+    topo = line_topology(3, 1e9, 1e-3)
+    phases = [(0.0, [Transfer(0, 2, 1e9)], 1), (0.5e-3, [Transfer(1, 2, 0.25e9)], 1)]
+    fast, nf = run_phases(topo, phases)
+    slow, _ = run_phases(topo, phases, reserve=False)
+    # B alone 1.5 -> 2 ms (0.5 MB), then 0.5 GB/s each: B ends at 2 ms + 0.2495 / 0.5 s;
+    # A has 0.7505 GB left then and runs alone
+    assert fast[1] == pytest.approx(2e-3 + 0.499, rel=1e-12)
+    assert fast[0] == pytest.approx(2e-3 + 0.499 + 0.7505, rel=1e-12)
+    _finishes_close(fast, slow)
+    # A from t = 0 (handed back at 1.5 ms), then B alone at its arrival (materialised
+    # mid-flow when A's flows arrive)
+    assert nf.stats.reserved_phases == 2

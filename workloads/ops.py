@@ -26,7 +26,7 @@ class TraceError(ValueError):
     """A trace that cannot be executed (cycle, dangling dependency, bad field)."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Op:
     id: int
     rank: int
