@@ -7,12 +7,12 @@ grows: run cases in increasing size, or one per process for exact figures;
 tracemalloc is not used because it slows Python several-fold). Then fits growth exponents ``t ~ x^k`` by least squares on
 log-log axes: against devices (dense and MoE), micro-batches and layers.
 
-    python benchmarks/bench_scale.py                 # the full table (minutes)
+    python benchmarks/bench_scale.py                 # the full table (a few minutes)
     python benchmarks/bench_scale.py --quick         # smaller sizes, same shape
     python benchmarks/bench_scale.py --json out.json
 
-Every case is an ordinary scenario mapping printed with ``--show``, so any row can
-be reproduced with ``stepsim run``.
+Every case is a built-in scenario name or an ordinary scenario mapping printed with
+``--show``, so any row can be reproduced with ``stepsim run``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def moe(devices: int, pp: int = 4, gbs_per_dp: int = 8) -> dict:
 
 def run_case(label: str, sc: dict) -> dict:
     t0 = time.perf_counter()
-    res = simulate(copy.deepcopy(sc))
+    res = simulate(copy.deepcopy(sc) if isinstance(sc, dict) else sc)
     wall = time.perf_counter() - t0
     s = res.summary
     net = res.raw.network_stats
@@ -86,10 +86,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     device_sizes = [64, 256, 1024] if args.quick else [64, 1024, 16384, 98304]
-    moe_sizes = [64, 256, 1024] if args.quick else [64, 1024, 16384]
+    moe_sizes = [64, 256, 1024] if args.quick else [64, 1024, 16384, 98304]
     mb_sizes = [4, 8, 16] if args.quick else [8, 16, 32, 64]
     layer_sizes = [8, 16, 32] if args.quick else [16, 32, 64]
     cases = []
+    if not args.quick:
+        # the built-in scenarios named by issue 6's targets (under 10 s each)
+        cases += [("target llama3-405b 16k", "llama3-405b-16384xh100"),
+                  ("target deepseek-v3 2k", "deepseek-v3-2048xh800"),
+                  ("target kimi-k2 4k", "kimi-k2-4096xh800")]
     cases += [(f"dense devices={n}", dense(n)) for n in device_sizes]
     cases += [(f"moe devices={n}", moe(n)) for n in moe_sizes]
     cases += [(f"dense micro-batches={m}", dense(256, gbs_per_dp=m)) for m in mb_sizes]
@@ -99,7 +104,7 @@ def main(argv=None) -> int:
     print(f"{'case':<28}{'devices':>9}{'mb':>5}{'wall s':>9}{'ops':>9}{'flows':>11}{'recomp':>8}{'rss MB':>8}")
     for label, sc in cases:
         if args.show:
-            print(json.dumps(sc))
+            print(json.dumps(sc) if isinstance(sc, dict) else sc)
         r = run_case(label, sc)
         rows.append(r)
         print(f"{label:<28}{r['devices']:>9,}{r['micro_batches']:>5}{r['wall_s']:>9.2f}{r['ops']:>9,}{r['flows']:>11,}"
