@@ -161,7 +161,8 @@ class Engine:
             if rec.op.kind == "compute":
                 flops[rec.op.rank] += self._kernel_stats(rec.op.kernels)[2]
         return RawRun(
-            records=self.records, step_time_s=step, idle=self.idle, mem_events=self.mem_events,
+            records=self.records, step_time_s=step, idle=self.idle, idle_spans=self.idle_spans,
+            mem_events=self.mem_events,
             matmul_flops=dict(flops), network_stats=self._net_stats(),
             events_processed=len(self.records),
         )

@@ -29,19 +29,23 @@ def chrome_trace(result) -> dict:
         out.append({"ph": "M", "pid": int(r), "name": "process_sort_index", "args": {"sort_index": int(r)}})
         for s, i in tids.items():
             out.append({"ph": "M", "pid": int(r), "tid": i, "name": "thread_name", "args": {"name": s}})
-    for row in ev.itertuples(index=False):
-        args = {"phase": row.phase, "mb": int(row.mb), "chunk": int(row.chunk), "layer": int(row.layer)}
-        if row.kind == "compute":
-            args["flops"] = float(row.flops)
-            args["bytes"] = float(row.bytes)
+    names = ("rank", "stream", "name", "kind", "phase", "mb", "chunk", "layer", "start_s", "duration_s",
+             "flops", "bytes", "size_bytes", "coll", "axis")
+    # plain Python columns: iterating a DataFrame row by row is many times slower
+    for (rank, stream, name, kind, phase, mb, chunk, layer, start, dur, flops, nbytes, size,
+         coll, axis) in zip(*(ev[c].tolist() for c in names)):
+        args = {"phase": phase, "mb": int(mb), "chunk": int(chunk), "layer": int(layer)}
+        if kind == "compute":
+            args["flops"] = float(flops)
+            args["bytes"] = float(nbytes)
         else:
-            args["size_bytes"] = float(row.size_bytes)
-            if row.coll:
-                args["collective"] = row.coll
-            args["axis"] = row.axis
+            args["size_bytes"] = float(size)
+            if coll:
+                args["collective"] = coll
+            args["axis"] = axis
         out.append({
-            "ph": "X", "pid": int(row.rank), "tid": tids.get(row.stream, len(tids)), "name": row.name,
-            "cat": row.kind, "ts": row.start_s * _US, "dur": row.duration_s * _US, "args": args,
+            "ph": "X", "pid": int(rank), "tid": tids.get(stream, len(tids)), "name": name,
+            "cat": kind, "ts": start * _US, "dur": dur * _US, "args": args,
         })
     raw = getattr(result, "raw", None)
     if raw is not None:
@@ -52,10 +56,10 @@ def chrome_trace(result) -> dict:
                 "cname": "grey" if cause == "bubble" else "terrible",
             })
     mem = result.memory
-    for row in mem.itertuples(index=False):
+    for rank, t, *vals in zip(*(mem[c].tolist() for c in ("rank", "time_s", *MEMORY_CATEGORIES))):
         out.append({
-            "ph": "C", "pid": int(row.rank), "name": "memory (GB)", "ts": row.time_s * _US,
-            "args": {c: getattr(row, c) / 1e9 for c in MEMORY_CATEGORIES},
+            "ph": "C", "pid": int(rank), "name": "memory (GB)", "ts": t * _US,
+            "args": {c: v / 1e9 for c, v in zip(MEMORY_CATEGORIES, vals)},
         })
     return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": {"generator": "stepsim", "name": result.summary.get("name")}}
 

@@ -1,0 +1,45 @@
+"""Exporters and plots: the idle spans the engine attributes reach the outputs."""
+
+import json
+
+import pytest
+
+from simulator import simulate
+from simulator.export import chrome_trace
+
+
+@pytest.fixture(scope="module")
+def pipelined():
+    # Llama-3-8B, TP2 PP4 DP2, GPipe: a quarter of the step is pipeline bubble
+    return simulate("schedules-llama3-8b-16xh100")
+
+
+def test_idle_spans_add_up_to_the_attributed_idle_time(pipelined):
+    raw = pipelined.raw
+    assert raw.idle_spans
+    for rank, idle in raw.idle.items():
+        for cause in ("bubble", "exposed_comm"):
+            spans = sum(e - s for r, s, e, c, _ in raw.idle_spans if r == rank and c == cause)
+            assert spans == pytest.approx(idle[cause], rel=1e-9, abs=1e-12)
+
+
+def test_chrome_trace_shows_bubbles_and_exposed_comm(pipelined):
+    events = chrome_trace(pipelined)["traceEvents"]
+    json.dumps(events)                       # serialisable
+    idle = [e for e in events if e.get("cat") == "idle"]
+    bubble_us = sum(e["dur"] for e in idle if e["name"] == "bubble")
+    expected_us = sum(d["bubble"] for d in pipelined.raw.idle.values()) * 1e6
+    assert bubble_us == pytest.approx(expected_us, rel=1e-9)
+    assert any(e["name"] == "exposed comm" for e in idle)
+    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") != "idle"]
+    assert len(ops) == len(pipelined.events)
+
+
+def test_timeline_draws_every_bar(pipelined, tmp_path):
+    from matplotlib.collections import PolyCollection
+
+    fig = pipelined.plot_timeline(max_ranks=64)
+    bars = sum(len(c.get_paths()) for c in fig.axes[0].collections if isinstance(c, PolyCollection))
+    ev = pipelined.events
+    assert bars == int((ev["duration_s"] > 0).sum()) + len(pipelined.raw.idle_spans)
+    fig.savefig(tmp_path / "t.png")
