@@ -176,40 +176,47 @@ class Engine:
     # ---- processes ----------------------------------------------------------------
     def _stream(self, rank: int, stream: str, ops: list[Op]):
         env = self.env
+        end_time, start_time, done = self.end_time, self._start_time, self.done
+        record = self.records.append
         for op in ops:
             if op.deps:
-                pending = [self._done_event(d) for d in op.deps if d not in self.end_time]
+                pending = [self._done_event(d) for d in op.deps if d not in end_time]
                 if len(pending) == 1:
                     yield pending[0]
                 elif pending:
                     yield env.all_of(pending)
             start = env.now
-            self._start_time[op.id] = start
-            if op.kind == "compute":
+            start_time[op.id] = start
+            kind = op.kind
+            if kind == "compute":
                 self._account_idle(op, start)
-            self._mem(op, "start")
-            if op.kind == "compute":
+            if op.mem:
+                self._mem(op, "start")
+            if kind == "compute":
                 dur = self._duration(op)
                 if dur > 0:
                     yield env.timeout(dur)
-            elif op.kind == "collective":
+            elif kind == "collective":
                 yield from self._collective(op)
-            elif op.kind == "send":
+            elif kind == "send":
                 yield from self._send(op)
-            elif op.kind == "host":
+            elif kind == "host":
                 rate = op.rate_bytes_per_s or self.host_bw
                 if op.size_bytes > 0:
                     yield env.timeout(op.size_bytes / rate)
             else:
-                raise TraceError(f"op {op.id}: unknown kind {op.kind!r}; expected compute, collective, send or host")
+                raise TraceError(f"op {op.id}: unknown kind {kind!r}; expected compute, collective, send or host")
             end = env.now
-            self._mem(op, "end")
-            self.end_time[op.id] = end
-            if op.kind == "compute":
+            if op.mem:
+                self._mem(op, "end")
+            end_time[op.id] = end
+            if kind == "compute":
                 self._last_compute_end[rank] = end
-            if op.kernels or op.kind != "compute":
-                self.records.append(OpRecord(op, start, end))
-            waiter = self.done.pop(op.id, None)
+                if op.kernels:
+                    record(OpRecord(op, start, end))
+            else:
+                record(OpRecord(op, start, end))
+            waiter = done.pop(op.id, None)
             if waiter is not None:
                 waiter.succeed()
             if self._bar is not None:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable, Literal, Sequence
 
 OpKind = Literal["F", "B", "I", "W"]
@@ -206,6 +207,7 @@ def model_chunk(name: str, rank: int, local_chunk: int, pp: int, vpp: int = 1) -
     return local_chunk * pp + rank
 
 
+@lru_cache(maxsize=1 << 14)
 def micro_batch_path(name: str, mb: int, m: int, pp: int, vpp: int = 1) -> tuple[tuple[int, int], ...]:
     """The ``(rank, local_chunk)`` pairs micro-batch ``mb``'s forward visits, in order
     (its backward visits them in reverse)."""
