@@ -171,7 +171,7 @@ class Engine:
         st = self.net.stats
         return {"flows_started": st.flows_started, "unit_flows_started": st.unit_flows_started,
                 "phases_started": st.phases_started, "rate_recomputations": st.recomputations,
-                "max_concurrent_flows": st.max_concurrent_flows}
+                "max_concurrent_flows": st.max_concurrent_flows, "reserved_phases": st.reserved_phases}
 
     # ---- processes ----------------------------------------------------------------
     def _stream(self, rank: int, stream: str, ops: list[Op]):

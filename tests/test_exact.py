@@ -67,3 +67,20 @@ def test_failed_fat_tree_uplink_reroutes_traffic():
     assert failed.summary["step_time_s"] >= base.summary["step_time_s"]
     degraded = simulate({**sc, "perturbations": [{"link": ["p0.leaf0.r0", "p0.spine"], "bw_scale": 0.1}]})
     assert degraded.summary["step_time_s"] > base.summary["step_time_s"]
+
+
+@pytest.mark.parametrize("name", ["1f1b", "dualpipe", "moe-ep", "torus"])
+def test_reserved_isolated_phases_equal_flow_by_flow(name, monkeypatch):
+    """The network's isolated-phase fast path changes no figure of a whole step."""
+    import functools
+
+    import simulator.engine as engine_mod
+    from simulator.network import FlowNetwork
+
+    fast = simulate(CASES[name])
+    monkeypatch.setattr(engine_mod, "FlowNetwork", functools.partial(FlowNetwork, reserve_isolated=False))
+    slow = simulate(CASES[name])
+    for key in ("step_time_s", "peak_memory_bytes", "exposed_comm_fraction"):
+        assert fast.summary[key] == pytest.approx(slow.summary[key], rel=1e-9), key
+    assert fast.raw.network_stats["phases_started"] == slow.raw.network_stats["phases_started"]
+    assert fast.raw.network_stats["reserved_phases"] > 0 == slow.raw.network_stats["reserved_phases"]
