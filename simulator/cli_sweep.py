@@ -172,7 +172,7 @@ def register(subparsers) -> None:
     p.add_argument("--zero", help="comma-separated ZeRO stages (default: the scenario's)")
     p.add_argument("--micro-batch-sizes", help="comma-separated micro-batch sizes (default: the scenario's)")
     p.add_argument("--recompute", default="none,selective,full", help="comma-separated recompute modes")
-    p.add_argument("--max-candidates", type=int, help="simulate at most N layouts (ranked by an analytic proxy)")
+    p.add_argument("--max-candidates", type=int, help="simulate at most N layouts (ranked by the analytic step-time estimate, column est_step_time_s)")
     p.add_argument("--top", type=int, default=10, help="rows of the runner-up table (default 10)")
     p.add_argument("--json", action="store_true", help="print best.json instead of the table")
     _executor_flags(p)

@@ -16,7 +16,7 @@ Every other scenario field (model, cluster, sequence length, global batch, dtype
 perturbations, ...) is kept. Each layout is checked structurally
 (:func:`simulator.sweep.check_scenario`: status ``invalid`` with the reason) and
 its memory estimated with the closed forms of :mod:`workloads.memory`
-(:func:`estimate_memory`: weights, gradients and optimizer states via
+(:func:`simulator.estimate.estimate_memory`: weights, gradients and optimizer states via
 ``state_bytes``, plus the activations each pipeline rank stashes at the peak of
 its schedule, ``activation_bytes_per_layer`` per layer and micro-batch in flight).
 Layouts whose estimate exceeds the chip's memory (by more than ``PRUNE_TOLERANCE``)
@@ -30,13 +30,17 @@ those that fit (status ``ok``; ``oom`` when the simulated peak exceeds the chip)
 ``best_without_pp`` is the fastest with ``pp == 1``, reported beside the best with
 the gap between them.
 
-``max_candidates`` caps how many layouts are simulated: the candidates are then
-ranked by a crude analytic proxy (recompute cost times pipeline bubble, see
-:func:`proxy_cost`), the best-ranked layout without pipeline parallelism is kept
-among them (when the cap is at least 2), and the rest get status ``skipped``.
+Every layout that is simulated or could be also gets an analytic step-time estimate
+(:func:`simulator.estimate.estimate_step_time`, column ``est_step_time_s``): compute on the roofline, the
+schedule's bubble in closed form, and the communication of each parallel axis at the
+bandwidth its group sees (scale-up links inside a domain, NICs across domains, the
+ICI links of a torus box). ``max_candidates`` caps how many layouts are simulated:
+the candidates are then ranked by that estimate (:func:`simulator.estimate.proxy_cost`), the best-ranked
+layout without pipeline parallelism is kept among them (when the cap is at least 2),
+and the rest get status ``skipped``.
 
 With ``out=DIR``: ``DIR/search.csv`` (every layout tried, with ``status``
-``ok | oom | failed | pruned | invalid | skipped`` and ``reason``), ``DIR/best.json``
+``ok | oom | failed | pruned | invalid | skipped``, ``reason`` and the estimates), ``DIR/best.json``
 (``{"best": {"scenario", "summary"} | null, "best_without_pp": ... , "gap": ...}``,
 each scenario the complete mapping that was simulated: the input scenario with the
 layout fields replaced, ready for ``stepsim run``), and the sweep files
@@ -47,20 +51,18 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Union
 
-import numpy as np
 import pandas as pd
 
+from simulator.estimate import NetModel, estimate_memory, proxy_cost
 from simulator.schema import ScenarioError, load_scenario, read_mapping
 from simulator.sweep import Case, _absolutise, _atomic_write, check_scenario, resolve, run_cases, set_dotted
 from topologies.networks import SwitchedNetwork
 from workloads import memory
 from workloads import schedules as sched
-from workloads.trace import INPUT_GRAD_FREED_FRACTION, chunk_layer_ranges
 
 LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "schedule", "zero", "micro_batch_size", "recompute")
 STATUSES = ("ok", "oom", "failed", "pruned", "invalid", "skipped")
@@ -112,530 +114,6 @@ class SearchBounds:
         if not self.recompute or any(r not in memory.RECOMPUTE_MODES for r in self.recompute):
             raise ScenarioError("bounds.recompute", f"must be a non-empty list of "
                                                     f"{', '.join(memory.RECOMPUTE_MODES)}; got {list(self.recompute)}")
-
-
-# ---- memory estimate -----------------------------------------------------------------------
-
-
-def estimate_memory(sc) -> dict:
-    """Closed-form peak memory of the most loaded pipeline rank of a loaded scenario:
-    ``{"weights", "gradients", "optimizer", "activations", "total", "stage"}`` in bytes.
-
-    Per pipeline rank: its model chunks' parameters (:func:`workloads.memory.rank_parameter_counts`,
-    embedding on the first chunk, head on the last) in ``state_bytes`` under the ZeRO stage;
-    activations by walking the rank's schedule (:func:`workloads.schedules.schedule`,
-    all-forward-first under a global MoE auxiliary loss): each forward stashes its chunk's
-    layers (``activation_bytes_per_layer``, plus the output layer on the last chunk), a
-    full backward frees them, an input-gradient pass frees ``INPUT_GRAD_FREED_FRACTION`` of
-    the layers and the weight-gradient pass the rest — as the trace does. Full recompute
-    adds one layer's rebuilt activations during a backward. Communication buffers are not
-    counted; the trace's own parameter split differs in small ways (replicated norms,
-    vocabulary padding), so the estimate agrees with the simulated peak to a fraction of a
-    per cent without being a strict bound: :data:`PRUNE_TOLERANCE` covers the difference."""
-    L, t, model, name = sc.layout, sc.training, sc.model, sc.schedule
-    m = t.micro_batches(L.dp)
-    chunks = chunk_layer_ranges(model, L, name)
-    n_local = sched.local_chunks(name, L.vpp)
-    global_aux = model.is_moe and t.balance == "aux-loss-global"
-
-    def stash(layer: int, recompute: str) -> float:
-        return memory.activation_bytes_per_layer(
-            model, layer, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp, sequence_parallel=L.sequence_parallel,
-            recompute=recompute, ep=L.ep, etp=L.etp, flash_attention=t.flash_attention)
-
-    head = memory.head_activation_bytes(model, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
-                                        sequence_parallel=L.sequence_parallel)
-    per_layer = {}
-    best = None
-    for stage in range(L.pp):
-        own = [sched.model_chunk(name, stage, c, L.pp, L.vpp) for c in range(n_local)]
-        layers = [l for k in own for l in chunks[k]]
-        dense, expert = memory.rank_parameter_counts(model, L, layers, has_embedding=0 in own,
-                                                     has_head=len(chunks) - 1 in own)
-        state = memory.state_bytes(dense, expert, L, dtype=t.dtype, optimizer=t.optimizer)
-        chunk_bytes = []
-        for k in own:
-            total = 0.0
-            for l in chunks[k]:
-                if l not in per_layer:
-                    per_layer[l] = stash(l, t.recompute)
-                total += per_layer[l]
-            chunk_bytes.append((total, head if k == len(chunks) - 1 else 0.0))
-        steps = sched.schedule(name, stage, L.pp, m, L.vpp)
-        if global_aux:
-            steps = sched.all_forward_first(steps)
-        # Full recompute rebuilds a layer's activations just before its backward, after
-        # the output layer's backward freed the head's: the first layer a chunk's
-        # backward meets (its last) is the worst moment.
-        rebuilt = [stash(chunks[k][-1], "none") if t.recompute == "full" and len(chunks[k]) else 0.0 for k in own]
-        level = peak = 0.0
-        for st in steps:
-            for a in st:
-                if a.op == "F":
-                    level += sum(chunk_bytes[a.chunk])
-            peak = max(peak, level)
-            for a in st:
-                if a.op in ("B", "I") and rebuilt[a.chunk]:
-                    peak = max(peak, level - chunk_bytes[a.chunk][1] + rebuilt[a.chunk])
-            for a in st:
-                body, hd = chunk_bytes[a.chunk]
-                if a.op == "B":
-                    level -= body + hd
-                elif a.op == "I":
-                    level -= body * INPUT_GRAD_FREED_FRACTION + hd
-                elif a.op == "W":
-                    level -= body * (1 - INPUT_GRAD_FREED_FRACTION)
-        rec = {"weights": state.weights, "gradients": state.gradients, "optimizer": state.optimizer,
-               "activations": peak, "stage": stage}
-        rec["total"] = state.total + peak
-        if best is None or rec["total"] > best["total"]:
-            best = rec
-    return best
-
-
-# ---- analytic step-time estimate -----------------------------------------------------------
-#
-# ``max_candidates`` simulates only the layouts this estimate ranks best, so it must see what
-# separates layouts at scale: communication as well as compute. It is a closed-form model of
-# the same step the trace describes, built from the trace's own sizes (``workloads.trace``:
-# kernels per layer and micro-batch, activation, K/V, dispatch and parameter bytes) and the
-# simulator's compute roofline (``simulator.compute``), with each collective costed alone on
-# the links its group uses (``_NetModel``). What it leaves out, and why ranking survives it:
-# contention between collectives of different axes on shared links (the simulator's max-min
-# sharing), per-flow routing on the fat-tree, activation offload, ``algorithms:`` overrides
-# and perturbations. It is a ranking device, not a prediction: tests/test_search.py checks
-# its rank correlation with simulated step times.
-
-# Share of the data-parallel gradient reduction that can hide behind compute. The trace issues
-# a layer's reduction when the *last* micro-batch's backward of that layer is done (one bucket
-# per layer, Megatron's --overlap-grad-reduce), so the only compute left to hide it behind is
-# the rest of that last backward pass on the rank, plus the time by which the rank finishes
-# before the slowest one. That window is what ``estimate_step_time`` subtracts; the last
-# layer's own bucket is always exposed. Without ``training.overlap_grad_reduce`` every
-# reduction starts after the last backward and is exposed whole. ZeRO-1/2 parameter gathers
-# (start of the step) hide behind the forward pass the same way. ZeRO-3 per-layer gathers may
-# start only when the compute op before last has finished (the trace's prefetch window), which
-# with a layer's several compute ops leaves almost nothing to hide them behind: each layer pass
-# pays its gathers on top of its compute.
-# TP collectives and EP all-to-alls block the compute stream (trace: no TP overlap; only the
-# shared experts run during a dispatch), so they count whole, less the shared-expert overlap.
-
-
-class _NetModel:
-    """Time of one collective on a cluster, closed form, alone on the network.
-
-    Ranks are devices (the trace places rank ``r`` on device ``r``). Bandwidths are per
-    device and direction, times the link efficiency of the chip family's network
-    calibration (``simulator.netcal``: NVLink 370/450, InfiniBand 48/50, ICI 1.0).
-
-    * Switched (NVLink domains + fat-tree): a group inside one domain runs on the domain
-      link (NVLS for all-reduce when the domain has it); across domains with ``k > 1``
-      members per domain the hierarchical algorithms of ``simulator.collectives`` (intra
-      reduce-scatter, inter on the ``S/k`` shard over the NIC rails, intra all-gather;
-      DeepSeek-style hierarchical all-to-all: ``(nd-1)/nd`` of the buffer over the NIC and
-      ``(k-1)/k`` over NVLink at once); with one member per domain a ring / direct exchange
-      over the NICs. Leaf uplinks divide the NIC bandwidth by the oversubscription when the
-      group spans more domains than one leaf group holds; crossing pods, the DCN bandwidth.
-    * Torus: a group that is a box of the torus runs dimension by dimension (per axis a
-      bidirectional ring when the group covers a wrapped axis, else a bidirectional line at
-      half that bandwidth: ``collectives._torus``); any other group a ring whose links carry
-      as many chunks as the mean hop count between ring neighbours (twin groups interleave
-      on the same links). An all-to-all is limited by its busiest link: along an axis of
-      ``e`` members each line carries an all-to-all of ``S/e`` per pair, whose busiest link
-      carries ``floor(e/2)*ceil(e/2)`` such messages on a line and
-      ``sum(d < e/2) + e/4`` on a wrapped ring (shortest paths, ties split). Across pods:
-      the pod part on ICI plus the ``S/k`` shard (all-to-all: the cross-pod share) over DCN.
-
-    Each step of a ring pays the per-hop latency. Results are cached per (op, group)."""
-
-    def __init__(self, cluster):
-        from simulator.netcal import default_calibration  # lazy: search imports stay light
-
-        self.cluster = cluster
-        ncal = default_calibration(cluster.chip.family)
-        net = cluster.network
-        self.kind = "switched" if isinstance(net, SwitchedNetwork) else "torus"
-        self.per_pod = cluster.devices_per_pod
-        pods = cluster.pods
-        self.dcn_bw = pods.dcn_bw_bytes_per_s * ncal.efficiency_of("dcn") if pods is not None else None
-        self.dcn_latency_s = pods.dcn_latency_s if pods is not None else 0.0
-        if self.kind == "switched":
-            self.domain = min(net.domain_size, self.per_pod)
-            self.up_bw = net.domain_bw_bytes_per_s * ncal.efficiency_of("nvlink")
-            self.out_bw = net.nic_bw_bytes_per_s * ncal.efficiency_of("nic")
-            self.oversubscription = net.oversubscription
-            self.domains_per_leaf = net.domains_per_leaf
-            self.nvls = net.nvls
-            self.nvls_efficiency = ncal.algorithm_efficiency_of("nvls")
-            self.up_latency_s = 2 * net.domain_latency_s  # device -> switch -> device
-            self.out_latency_s = 2 * (net.nic_latency_s + net.switch_latency_s)  # NIC, leaf, spine, leaf, NIC
-        else:
-            self.shape = tuple(net.shape)
-            self.wrap = tuple(net.wrap)
-            self.strides = [math.prod(self.shape[:a]) for a in range(len(self.shape))]
-            self.link_bw = net.link_bw_bytes_per_s * ncal.efficiency_of("ici")
-            self.link_latency_s = net.link_latency_s
-        self._cache: dict = {}
-
-    def time_s(self, op: str, group, size_bytes: float) -> float:
-        """Seconds for ``op`` (all-reduce | all-gather | reduce-scatter | all-to-all) of
-        ``size_bytes`` (nccl-tests convention, as ``simulator.collectives``) over ``group``."""
-        group = tuple(group)
-        if len(group) <= 1 or size_bytes <= 0:
-            return 0.0
-        key = (op, group)
-        hit = self._cache.get(key)
-        if hit is None:
-            arr = np.asarray(group, dtype=np.int64)
-            hit = self._cache[key] = (self._switched if self.kind == "switched" else self._torus_pods)(op, arr)
-        per_byte_s, latency_s = hit
-        return size_bytes * per_byte_s + latency_s
-
-    def p2p_s(self, src: int, dst: int, size_bytes: float) -> float:
-        """One point-to-point transfer (a pipeline send)."""
-        if src == dst or size_bytes <= 0:
-            return 0.0
-        if src // self.per_pod != dst // self.per_pod:
-            return size_bytes / self.dcn_bw + self.dcn_latency_s
-        if self.kind == "switched":
-            if src // self.domain == dst // self.domain:
-                return size_bytes / self.up_bw + self.up_latency_s
-            return size_bytes / self.out_bw + self.out_latency_s
-        hops = self._hops(np.array([src % self.per_pod]), np.array([dst % self.per_pod])).sum()
-        return size_bytes / self.link_bw + hops * self.link_latency_s
-
-    # -- switched ---------------------------------------------------------------------------
-    def _switched(self, op: str, arr) -> tuple[float, float]:
-        n = len(arr)
-        _, counts = np.unique(arr // self.domain, return_counts=True)
-        nd, k = len(counts), int(counts.max())
-        out_bw = self.out_bw
-        if nd > self.domains_per_leaf:
-            out_bw /= self.oversubscription
-        if self.dcn_bw is not None and len(np.unique(arr // self.per_pod)) > 1:
-            out_bw = min(out_bw, self.dcn_bw)
-        up, up_a, out_a = self.up_bw, self.up_latency_s, self.out_latency_s
-        if nd == 1:
-            if op == "all-to-all":
-                return (n - 1) / n / up, up_a
-            if op == "all-reduce":
-                if self.nvls:
-                    return (n + 1) / n / (up * self.nvls_efficiency), 2 * up_a
-                return 2 * (n - 1) / n / up, 2 * (n - 1) * up_a
-            return (n - 1) / n / up, (n - 1) * up_a
-        if k == 1 or int(counts.min()) != k:  # one member per domain (or uneven): over the NICs
-            if op == "all-to-all":
-                return (n - k) / n / out_bw + (k - 1) / n / up, out_a
-            f = 2 if op == "all-reduce" else 1
-            return f * (n - 1) / n / out_bw, f * (n - 1) * out_a
-        if op == "all-to-all":  # hierarchical: rail and NVLink legs in one phase
-            return max((nd - 1) / nd / out_bw, (k - 1) / k / up), out_a + up_a
-        f = 2 if op == "all-reduce" else 1
-        return (f * ((k - 1) / k / up + (nd - 1) / nd / k / out_bw),
-                f * ((k - 1) * up_a + (nd - 1) * out_a))
-
-    # -- torus ------------------------------------------------------------------------------
-    def _coords(self, local):
-        return [(local // s) % e for s, e in zip(self.strides, self.shape)]
-
-    def _hops(self, a, b):
-        """Dimension-order hop counts between local device indices ``a`` and ``b``."""
-        total = np.zeros(len(a), dtype=np.int64)
-        for ca, cb, e, w in zip(self._coords(a), self._coords(b), self.shape, self.wrap):
-            d = np.abs(ca - cb)
-            total += np.minimum(d, e - d) if (w and e > 2) else d
-        return total
-
-    def _torus_pods(self, op: str, arr) -> tuple[float, float]:
-        pods, counts = np.unique(arr // self.per_pod, return_counts=True)
-        if len(pods) == 1:
-            return self._torus(op, arr % self.per_pod)
-        npods, k = len(pods), int(counts.max())
-        intra = self._torus(op, (arr[arr // self.per_pod == pods[0]] % self.per_pod)) if k > 1 else (0.0, 0.0)
-        if op == "all-to-all":
-            return max(intra[0], (npods - 1) / npods / self.dcn_bw), intra[1] + self.dcn_latency_s
-        f = 2 if op == "all-reduce" else 1
-        # Hierarchical: the pod part on the full buffer, then the S/k shard across pods.
-        return intra[0] + f * (npods - 1) / npods / k / self.dcn_bw, intra[1] + f * (npods - 1) * self.dcn_latency_s
-
-    def _torus(self, op: str, local) -> tuple[float, float]:
-        n = len(local)
-        if n <= 1:
-            return 0.0, 0.0
-        coords = self._coords(local)
-        extents, box = [], True
-        for c, e in zip(coords, self.shape):
-            vals = np.unique(c)
-            extents.append(len(vals))
-            if vals[-1] - vals[0] + 1 != len(vals):
-                box = False
-        box = box and math.prod(extents) == n
-        B, a = self.link_bw, self.link_latency_s
-        if op == "all-to-all":
-            worst = 0.0
-            for c, e_full, w in zip(coords, self.shape, self.wrap):
-                e = int(c.max() - c.min() + 1)  # bounding extent: twin groups fill the gaps
-                if e <= 1:
-                    continue
-                if w and e == e_full and e_full > 2:
-                    load = sum(range(1, (e + 1) // 2)) + (e / 4 if e % 2 == 0 else 0.0)
-                else:
-                    load = (e // 2) * ((e + 1) // 2)
-                worst = max(worst, load / e)
-            span = math.prod(int(c.max() - c.min() + 1) for c in coords)
-            return worst * span / n / B, a * max(1, sum(extents) - len(extents))
-        f = 2 if op == "all-reduce" else 1
-        if box:
-            per_byte, steps, frac = 0.0, 0, 1.0
-            for e, e_full, w in zip(extents, self.shape, self.wrap):
-                if e <= 1:
-                    continue
-                ring = w and e == e_full and e_full > 2
-                per_byte += (e - 1) / e * frac / (B * (2 if ring else 1))
-                steps += e - 1
-                frac /= e
-            return f * per_byte, f * steps * a
-        # Not a box: a ring in group order; its neighbour transfers take several hops.
-        nxt = np.roll(local, -1)
-        worst = 0.0
-        for ca, cb, e, w in zip(coords, self._coords(nxt), self.shape, self.wrap):
-            d = np.abs(ca - cb)
-            d = np.minimum(d, e - d) if (w and e > 2) else d
-            worst = max(worst, float(d.sum()) / n)
-        return f * (n - 1) / n * max(worst, 1.0) / B, f * (n - 1) * a * max(worst, 1.0)
-
-
-def estimate_step_time(sc, net: Optional[_NetModel] = None) -> dict:
-    """Analytic step time of a loaded scenario, in seconds, and its parts.
-
-    Per pipeline rank and micro-batch, per layer: compute from the trace's own kernels
-    (``workloads.trace`` builder, i.e. ``workloads.counts`` kernels with the layout's TP/CP/
-    EP split and routing load) on the simulator's roofline (``simulator.compute``: calibrated
-    GEMM / attention / HBM efficiencies, FP8 GEMMs under FP8), the forward again under full
-    recomputation; blocking communication: TP all-gathers/reduce-scatters (all-reduces
-    without sequence parallelism) of the layer's activations, CP K/V exchange, EP dispatch
-    and combine all-to-alls of the routed tokens (``top_k`` copies, FP8 dispatch under FP8;
-    two hops under node-limited routing), less the shared experts that overlap them; under
-    ZeRO-3 a layer pass costs at least its parameter all-gathers (dense over ``dp*cp``,
-    experts over ``edp``). Collective times come from :class:`_NetModel`.
-
-    The pipeline: ``m`` micro-batches on the slowest rank plus the schedule's bubble in
-    closed form (the published forms ``tests/test_schedules.py`` checks the schedules
-    against): GPipe / 1F1B ``(pp-1) (F+B)``, interleaved ``(pp-1)(F+B)/vpp``, ZB-H1
-    ``(pp-1)(F+I-W)``, DualPipe ``(pp/2-1)(F&B + B - 3W)`` with an overlapped pair
-    costing ``F + B`` (the simulator runs both halves on one in-order compute stream, so
-    blocking communication is not hidden by the pair); all-forward-first (a
-    global MoE auxiliary loss) as GPipe. Pipeline sends on the fill and drain paths.
-    Then the exposed data-parallel traffic (see the note above ``_NetModel``), DualPipe's
-    gradient sum between mirror ranks, and the optimizer step (or its host offload).
-
-    Returns ``{"step_time_s", "compute_s", "tp_s", "cp_s", "ep_s", "fsdp_s", "bubble_s",
-    "pp_send_s", "dp_s", "optimizer_s"}`` (the parts are those of the slowest rank; their
-    sum is only roughly the step time, since DualPipe's pairs overlap some of them)."""
-    from simulator.compute import calibration_for, kernels_time_s
-    from workloads.trace import (GRAD_REDUCE_BYTES, HOST_UPDATE_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM,
-                                 PARAM_BYTES, _Builder, optimizer_kernels)
-
-    L, t, model, name = sc.layout, sc.training, sc.model, sc.schedule
-    chip = sc.cluster.chip
-    net = net if net is not None else _NetModel(sc.cluster)
-    cal = calibration_for(chip, dict(sc.compute_overrides))
-    # The trace builder's sizes, so that the estimate and the simulated trace agree on
-    # every byte and FLOP (no formula is repeated here).
-    b = _Builder(sc.workload())
-    m, pp, vpp = b.m, L.pp, L.vpp
-    n_local = sched.local_chunks(name, vpp)
-    sp = L.sequence_parallel and L.tp > 1
-    recompute = t.recompute == "full"
-    global_aux = model.is_moe and t.balance == "aux-loss-global"
-    grad_op = "all-reduce" if L.zero == 0 else "reduce-scatter"
-    kcache: dict = {}
-
-    def kt(kernels) -> float:
-        key = tuple(kernels)
-        if key not in kcache:
-            kcache[key] = kernels_time_s(key, chip, cal, t.dtype)
-        return kcache[key]
-
-    def a2a(rank: int, size: float) -> float:
-        nl = b.node_limited()
-        if nl is None:
-            return net.time_s("all-to-all", L.group(rank, "ep"), size)
-        nodes_per_token, _ = nl
-        D = b.w.domain_size
-        return (net.time_s("all-to-all", L.ep_subgroup(rank, "inter", D), size * nodes_per_token / model.moe.top_k)
-                + net.time_s("all-to-all", L.ep_subgroup(rank, "intra", D), size))
-
-    lcache: dict = {}
-
-    def layer(l: int, rank: int) -> dict:
-        """Per micro-batch: one layer's forward / backward parts on ``rank``."""
-        parts = b.layer_parts(l)
-        key = (id(parts), rank, model.is_moe_layer(l))
-        if key in lcache:
-            return lcache[key]
-        attn, pre, shared, expert, post = parts
-        full = b.layer_all(l)
-        c_f, c_bB, c_bI, c_bW = kt(full), kt(b.bwd(full, "B")), kt(b.bwd(full, "I")), kt(b.bwd(full, "W"))
-        tp_f = tp_b = cp_f = cp_b = ep_f = ep_b = 0.0
-        if L.tp > 1:
-            g, h = L.group(rank, "tp"), b.hidden_bytes
-            tp_f = tp_b = (2 * (net.time_s("all-gather", g, h) + net.time_s("reduce-scatter", g, h)) if sp
-                           else 2 * net.time_s("all-reduce", g, h))
-        if L.cp > 1:
-            g = L.group(rank, "cp")
-            cp_f = net.time_s("all-gather", g, b.kv_bytes() * L.cp)
-            cp_b = net.time_s("reduce-scatter", g, b.kv_bytes() * L.cp)
-        if expert and L.ep > 1:
-            disp, comb = a2a(rank, b.dispatch_bytes(False, l)), a2a(rank, b.dispatch_bytes(True, l))
-            ep_f = max(0.0, disp - kt(shared)) + comb
-            comb_b = a2a(rank, b.dispatch_bytes(True, l))
-            ep_b = max(0.0, comb_b - kt(b.bwd(shared, "B"))) + comb_b
-        dense, exp = b.layer_param_split(l)
-        gather = 0.0
-        if L.zero == 3:
-            gather = (net.time_s("all-gather", L.group(rank, "dp_cp"), dense * PARAM_BYTES)
-                      + net.time_s("all-gather", L.group(rank, "edp"), exp * PARAM_BYTES))
-        rc, re = (c_f, tp_f + cp_f + ep_f) if recompute else (0.0, 0.0)
-        e_f, e_b = tp_f + cp_f + ep_f, tp_b + cp_b + ep_b
-        # The trace lets a ZeRO-3 gather start once the compute op before last is done: with
-        # several compute ops per layer that is within the previous layer's last op, so the
-        # gather barely overlaps and is counted whole (see the note above _NetModel).
-        F = c_f + e_f + gather
-        B = rc + re + c_bB + e_b + gather
-        I = rc + re + c_bI + e_b + gather
-        out = lcache[key] = {
-            "F": F, "B": B, "I": I, "W": c_bW,
-            "compute": c_f + rc + c_bB, "tp": tp_f + tp_b + (tp_f if recompute else 0.0),
-            "cp": cp_f + cp_b + (cp_f if recompute else 0.0), "ep": ep_f + ep_b + (ep_f if recompute else 0.0),
-            "fsdp": (F - c_f - e_f) + (B - rc - re - c_bB - e_b),
-            "grad": (net.time_s(grad_op, L.group(rank, "dp_cp"), dense * GRAD_REDUCE_BYTES)
-                     + net.time_s(grad_op, L.group(rank, "edp"), exp * GRAD_REDUCE_BYTES)),
-            "param_ag": (net.time_s("all-gather", L.group(rank, "dp_cp"), dense * PARAM_BYTES)
-                         + net.time_s("all-gather", L.group(rank, "edp"), exp * PARAM_BYTES)) if L.zero in (1, 2)
-            else 0.0,
-        }
-        return out
-
-    n_chunks = len(b.chunks)
-    emb_f, emb_b = kt(b.embed_kernels()), kt(b.bwd(b.embed_kernels(), "B"))
-    head_f, head_b = kt(b.head_kernels()), kt(b.bwd(b.head_kernels(), "B"))
-    head_i, head_w = kt(b.bwd(b.head_kernels(), "I")), kt(b.bwd(b.head_kernels(), "W"))
-    emb_grad_bytes = model.vocab * model.hidden / L.tp * GRAD_REDUCE_BYTES
-    keys = ("F", "B", "I", "W", "compute", "tp", "cp", "ep", "fsdp", "grad", "param_ag")
-    ranks = []
-    for s in range(pp):
-        rank = L.rank_of(pp=s)
-        tot = dict.fromkeys(keys, 0.0)
-        own = [sched.model_chunk(name, s, c, pp, vpp) for c in range(n_local)]
-        layers = [l for k in own for l in b.chunks[k]]
-        for l in layers:
-            for k_, v in layer(l, rank).items():
-                tot[k_] += v
-        if 0 in own:
-            tot["F"] += emb_f; tot["B"] += emb_b; tot["I"] += emb_b; tot["compute"] += emb_f + emb_b
-            tot["grad"] += net.time_s(grad_op, L.group(rank, "dp_cp"), emb_grad_bytes)
-        if n_chunks - 1 in own:
-            tot["F"] += head_f; tot["B"] += head_b; tot["I"] += head_i; tot["W"] += head_w
-            tot["compute"] += head_f + head_b
-        # Per action (one micro-batch through one local chunk): DualPipe's micro-batches take
-        # one of the rank's two chunks each, the interleaved schedule's every chunk.
-        per = 1.0 / n_local
-        act = {k_: tot[k_] * per for k_ in ("F", "B", "I", "W")}
-        mb_work = (tot["F"] + tot["B"]) * (per if name == "dualpipe" else 1.0)
-        dense, expert = memory.rank_parameter_counts(model, L, layers, has_embedding=0 in own,
-                                                     has_head=n_chunks - 1 in own)
-        ranks.append({"rank": rank, "tot": tot, "act": act, "work": mb_work, "layers": max(1, len(layers)),
-                      "dense": dense, "expert": expert})
-
-    # -- the pipeline --------------------------------------------------------------------
-    work = [r["work"] for r in ranks]
-    slow = max(range(pp), key=lambda s: work[s])
-    mean = lambda k_: sum(r["act"][k_] for r in ranks) / pp  # noqa: E731
-    busy = [m * w for w in work]
-    if pp == 1:
-        bubble = 0.0
-    elif global_aux or name in ("gpipe", "1f1b", "interleaved-1f1b"):
-        # Per action = one micro-batch through one local chunk: (pp-1)(F+B) for GPipe / 1F1B,
-        # (pp-1)(F+B)/vpp of a rank's work per micro-batch when interleaved.
-        bubble = (pp - 1) * (mean("F") + mean("B"))
-    elif name == "zb-h1":
-        bubble = max(0.0, (pp - 1) * (mean("F") + mean("I") - mean("W")))
-    else:  # dualpipe
-        # An overlapped pair F&B costs F + B: the simulator interleaves the two halves layer
-        # by layer on one in-order compute stream, so a blocking all-to-all of one half still
-        # stalls the stream (measured: DeepSeek-V3 on H800, pp8/pp16 DualPipe, simulated step
-        # times within 2 % of F + B with no pair overlap).
-        bubble = max(0.0, (pp / 2 - 1) * (mean("F") + 2 * mean("B") - 3 * mean("W")))
-    makespan = max(busy) + bubble
-    send = 0.0
-    if pp > 1:
-        size = b.hidden_bytes / (L.tp if L.sequence_parallel else 1)
-        send = 2 * sum(net.p2p_s(ranks[s]["rank"], ranks[s + 1]["rank"], size) for s in range(pp - 1))
-
-    # -- data-parallel traffic, optimizer ------------------------------------------------------
-    dp_end = start = mirror = opt = 0.0
-    b_act = mean("B")
-    f_act = mean("F")
-    for s, r in enumerate(ranks):
-        tot = r["tot"]
-        R = tot["grad"]
-        if t.overlap_grad_reduce:
-            window = r["act"]["B"] * n_local / (2 if name == "dualpipe" else 1)  # the last micro-batch's backward
-            slack = (min(s, pp - 1 - s) if name == "dualpipe" else s) * b_act
-            exposed = max(R / r["layers"], R - window) - slack
-        else:
-            exposed = R
-        dp_end = max(dp_end, exposed)
-        G = tot["param_ag"]
-        if G:
-            start = max(start, max(G / r["layers"], G - r["act"]["F"] - s * f_act))
-        if name == "dualpipe" and pp > 1:
-            mirror_rank = L.rank_of(pp=pp - 1 - s)
-            mirror = max(mirror, net.time_s("all-reduce", tuple(sorted((r["rank"], mirror_rank))),
-                                            (r["dense"] + r["expert"]) / 2 * GRAD_REDUCE_BYTES))
-        kern = optimizer_kernels(r["dense"], L.zero, L.dp * L.cp, t.optimizer)
-        if r["expert"]:
-            kern += optimizer_kernels(r["expert"], L.zero, L.edp, t.optimizer)
-        if t.offload_optimizer:
-            shard = sum(k.bytes for k in kern) / OPTIMIZER_BYTES_PER_PARAM[t.optimizer]
-            host = sc.cluster.host_bw_bytes_per_s
-            o = (shard * (GRAD_REDUCE_BYTES + PARAM_BYTES) / host
-                 + shard * OPTIMIZER_BYTES_PER_PARAM[t.optimizer] / HOST_UPDATE_BYTES_PER_S)
-        else:
-            o = kt(kern)
-        opt = max(opt, o)
-    step = makespan + send + start + max(0.0, dp_end) + mirror + opt
-    tot = ranks[slow]["tot"]
-    return {"step_time_s": step, "compute_s": m * tot["compute"] * (0.5 if name == "dualpipe" else 1.0),
-            **{f"{k_}_s": m * tot[k_] * (0.5 if name == "dualpipe" else 1.0) for k_ in ("tp", "cp", "ep", "fsdp")},
-            "bubble_s": bubble, "pp_send_s": send, "dp_s": start + max(0.0, dp_end) + mirror, "optimizer_s": opt}
-
-
-def proxy_cost(p: Mapping, micro_batches: int, sc=None, net: Optional[_NetModel] = None) -> float:
-    """The ranking key of ``max_candidates``: lower is better.
-
-    With the loaded scenario ``sc`` of layout ``p``: :func:`estimate_step_time` in seconds
-    (``net`` reuses one :class:`_NetModel` across candidates). Without it (older callers),
-    the former dimensionless proxy: recompute cost (full recompute runs the forward again:
-    4/3 of the FLOPs of forward + backward; selective a few per cent) times one plus the
-    pipeline bubble of the schedule ((pp-1)/m for GPipe and 1F1B, divided by vpp when
-    interleaved, by 3 for zb-h1, (pp/2-1)/m for DualPipe), times a small penalty per
-    doubling of tp. It knows nothing of communication."""
-    if sc is not None:
-        return estimate_step_time(sc, net)["step_time_s"]
-    pp, m = p["pp"], max(micro_batches, 1)
-    recompute = {"none": 1.0, "selective": 1.03, "full": 4.0 / 3.0}[p["recompute"]]
-    s = p["schedule"]
-    if s == "interleaved-1f1b":
-        bubble = (pp - 1) / (m * p["vpp"])
-    elif s == "zb-h1":
-        bubble = (pp - 1) / (3 * m)
-    elif s == "dualpipe":
-        bubble = max(pp / 2 - 1, 0) / m
-    else:
-        bubble = (pp - 1) / m
-    return recompute * (1 + bubble) * (1 + 0.05 * math.log2(p["tp"]))
 
 
 # ---- enumeration ---------------------------------------------------------------------------
@@ -802,7 +280,7 @@ def search(
     sc0 = load_scenario(base)
     hbm = sc0.cluster.chip.hbm_bytes
     records, cases, by_key = [], [], {}
-    net = _NetModel(sc0.cluster)  # one cache of collective times for every candidate
+    net = NetModel(sc0.cluster)  # one cache of collective times for every candidate
     for i, p in enumerate(enumerate_layouts(sc0, bounds)):
         mapping = candidate_mapping(base, p, sc0.name)
         rec = {"candidate": i, "label": label(p), **p, "status": None, "reason": None, "est_memory_bytes": None,

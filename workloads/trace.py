@@ -141,7 +141,7 @@ def chunk_layer_ranges(model: ModelSpec, layout: ParallelLayout, schedule: str) 
     return layout.chunk_layer_ranges(model.layers, n, f"pp={layout.pp}, vpp={layout.vpp}, schedule {schedule}")
 
 
-class _Builder:
+class TraceBuilder:
     def __init__(self, w: Workload):
         self.w = w
         self.model, self.L, self.t = w.model, w.layout, w.training
@@ -313,7 +313,7 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
 
     Raises :class:`LayoutError` / :class:`ScheduleError` / ``ValueError`` naming the
     scenario field when the workload cannot be laid out."""
-    b = _Builder(w)
+    b = TraceBuilder(w)
     L = b.L
     rep = ranks is None
     sim_ranks = representative_ranks(L) if rep else sorted(set(ranks))
@@ -355,7 +355,7 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
 class _RankProgram:
     """The ops of one rank, generated from its schedule's action list."""
 
-    def __init__(self, b: _Builder, rank: int):
+    def __init__(self, b: TraceBuilder, rank: int):
         self.b, self.rank = b, rank
         L = b.L
         self.c = L.coords(rank)
