@@ -100,7 +100,7 @@ _SCALAR_MAX = 4
 #: A phase whose isolated evolution has more distinct completion instants than this
 #: is not reserved (its evolution costs more to precompute than the flow-by-flow
 #: path, which re-solves only the components that change).
-_ISOLATED_MAX_SEGMENTS = 8
+_ISOLATED_MAX_SEGMENTS = 64
 
 #: Prepared (validated, merged, routed) phases cached per network.
 _PREPARED_MAX = 4096

@@ -531,13 +531,14 @@ def test_isolated_evolution_gives_up_on_many_segments():
     from simulator.network import isolated_evolution
     topo = line_topology(2, 1e9, 0.0)
     net = FlowNetwork(simpy.Environment(), topo)
-    many = tuple(Transfer(0, 1, 1e6 * (i + 1)) for i in range(12))   # 12 completion instants
+    n = 80                                                            # 80 completion instants
+    many = tuple(Transfer(0, 1, 1e6 * (i + 1)) for i in range(n))
     prep = net._prepare(many)
     assert isolated_evolution(prep, net.capacity) is None
-    iso = isolated_evolution(prep, net.capacity, max_segments=12)
-    # closed form: flows of sizes 1..12 MB sharing 1 GB/s finish at sum_{j<=i} (13-j) MB/GB/s
-    sizes = np.arange(1, 13) * 1e6
-    expect = sum((12 - j) * (sizes[j] - (sizes[j - 1] if j else 0)) for j in range(12)) / 1e9
+    iso = isolated_evolution(prep, net.capacity, max_segments=n)
+    # closed form: flows of sizes 1..n MB sharing 1 GB/s finish at sum_{j<=i} (n+1-j) MB/GB/s
+    sizes = np.arange(1, n + 1) * 1e6
+    expect = sum((n - j) * (sizes[j] - (sizes[j - 1] if j else 0)) for j in range(n)) / 1e9
     assert iso.duration_s == pytest.approx(expect, rel=1e-12)
     fast, _ = run_phases(topo, [(0, list(many), 1)])
     assert fast[0] == pytest.approx(expect, rel=1e-12)
