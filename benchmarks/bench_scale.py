@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     ap.add_argument("--show", action="store_true", help="print each case's scenario mapping")
     args = ap.parse_args(argv)
 
-    device_sizes = [64, 256, 1024] if args.quick else [64, 1024, 16384, 98304]
+    device_sizes = [64, 256, 1024] if args.quick else [64, 1024, 16384, 100000]
+    # MoE: EP8 must divide dp = devices / 8, so the largest case is 98,304 (= 3 * 2**15)
     moe_sizes = [64, 256, 1024] if args.quick else [64, 1024, 16384, 98304]
     mb_sizes = [4, 8, 16] if args.quick else [8, 16, 32, 64]
     layer_sizes = [8, 16, 32] if args.quick else [16, 32, 64]
