@@ -51,7 +51,8 @@ def estimate_memory(sc) -> dict:
     def stash(layer: int, recompute: str) -> float:
         return memory.activation_bytes_per_layer(
             model, layer, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp, sequence_parallel=L.sequence_parallel,
-            recompute=recompute, ep=L.ep, etp=L.etp, flash_attention=t.flash_attention)
+            recompute=recompute, ep=L.ep, etp=L.etp, flash_attention=t.flash_attention,
+            activation_saving=t.activation_saving)
 
     head = memory.head_activation_bytes(model, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
                                         sequence_parallel=L.sequence_parallel)
@@ -410,6 +411,8 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
             gather = (net.time_s("all-gather", L.group(rank, "dp_cp"), dense * PARAM_BYTES)
                       + net.time_s("all-gather", L.group(rank, "edp"), exp * PARAM_BYTES))
         rc, re = (c_f, tp_f + cp_f + ep_f) if recompute else (0.0, 0.0)
+        if not recompute and t.activation_saving == "deepseek-v3":
+            rc = kt(b.saved_recompute_kernels(l))   # norms, MLA up-projections, SwiGLUs
         e_f, e_b = tp_f + cp_f + ep_f, tp_b + cp_b + ep_b
         # The trace lets a ZeRO-3 gather start once the compute op before last is done: with
         # several compute ops per layer that is within the previous layer's last op, so the

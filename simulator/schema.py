@@ -145,6 +145,7 @@ class TrainingIn(_Strict):
     flash_attention: bool = True
     overlap_grad_reduce: bool = True
     cp_algorithm: Literal["ring", "all-gather"] = "ring"
+    activation_saving: Literal["none", "deepseek-v3"] = "none"
     expert_load: Optional[ExpertLoadIn] = None
     offload: Optional["OffloadIn"] = None
 
@@ -538,6 +539,8 @@ def _training_dict(t: TrainingSpec) -> dict:
     off = {"optimizer": d.pop("offload_optimizer"), "activations": d.pop("offload_activations")}
     if off["optimizer"] or off["activations"]:
         d["offload"] = off
+    if d["activation_saving"] == "none":   # as before the key existed: sweep keys stay stable
+        del d["activation_saving"]
     return d
 
 

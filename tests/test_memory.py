@@ -207,3 +207,35 @@ def test_rank_parameters_bad_layer():
     m = ModelSpec("x", layers=2, hidden=64, heads=4, ffn_hidden=128, vocab=100)
     with pytest.raises(IndexError):
         rank_parameter_counts(m, ParallelLayout(), range(0, 3), True, True)
+
+
+def test_deepseek_v3_activation_savings_closed_form():
+    """DeepSeek-V3 §3.2.3/§3.3.2 on one MoE layer (s = 4096, no parallelism, flash
+    attention): norm outputs and MLA up-projections recomputed, the attention output
+    in E5M6, expert inputs and SwiGLU inputs in FP8, SwiGLU outputs recomputed."""
+    m = get_model("deepseek-v3")
+    T, h, H, f = 4096, 7168, 128, 2048
+    A = 8 * T                                          # token-expert assignments
+    lse = 4 * T * H
+    kept = (2 * T * h                                  # pre-attention norm input
+            + 2 * T * 1536                             # query latent (its normed copy recomputed)
+            + 2 * T * (512 + 64)                       # KV latent + RoPE key
+            + 1.5 * T * H * 128                        # attention output, E5M6
+            + lse
+            + 2 * T * h                                # pre-FFN norm input
+            + 4 * T * 256                              # fp32 routing probabilities
+            + A * (1 * h + 1 * 2 * f + 2 * h)          # FP8 input, FP8 SwiGLU input, BF16 output
+            + T * (1 * 2 * f))                         # shared expert's FP8 SwiGLU input
+    full = (2 * T * h + 2 * T * h + 2 * 2 * T * 1536 + 2 * T * (512 + 64 + 512)
+            + 2 * T * H * (2 * 192 + 128) + 2 * T * H * 128 + lse
+            + 2 * T * h + 2 * T * h + 4 * T * 256 + 2 * A * (h + 2 * f + f + h) + 2 * T * (2 * f + f))
+    kw = dict(flash_attention=True)
+    assert activation_bytes_per_layer(m, 5, 1, 4096, **kw) == pytest.approx(full, rel=1e-12)
+    saved = activation_bytes_per_layer(m, 5, 1, 4096, activation_saving="deepseek-v3", **kw)
+    assert saved == pytest.approx(kept, rel=1e-12)
+    assert saved < 0.6 * full
+    # full recompute keeps only the layer input either way
+    assert activation_bytes_per_layer(m, 5, 1, 4096, recompute="full", activation_saving="deepseek-v3") == \
+        activation_bytes_per_layer(m, 5, 1, 4096, recompute="full")
+    with pytest.raises(ValueError, match="training.activation_saving"):
+        activation_bytes_per_layer(m, 5, 1, 4096, activation_saving="fp4")

@@ -84,3 +84,36 @@ def test_node_limited_dispatch_is_two_hops_and_cuts_scale_out_traffic():
     assert res.summary["step_time_s"] < unlimited.summary["step_time_s"]
     exact = simulate(sc, exact=True)
     assert exact.summary["step_time_s"] == pytest.approx(res.summary["step_time_s"], rel=1e-9)
+
+
+def test_deepseek_v3_activation_savings_in_the_trace():
+    """``training.activation_saving: deepseek-v3`` lowers the activation peak, charges
+    the recomputed norms / up-projections / SwiGLUs to the backward (phase R, HFU only)
+    and needs FP8 training."""
+    import copy
+
+    from simulator import ScenarioError, load_scenario
+
+    base = moe_scenario()
+    base["training"]["dtype"] = "fp8"
+    saving = copy.deepcopy(base)
+    saving["training"]["activation_saving"] = "deepseek-v3"
+    a, b = simulate(base), simulate(saving)
+    act_a = a.summary["memory_breakdown_bytes"]["activations"]
+    act_b = b.summary["memory_breakdown_bytes"]["activations"]
+    assert act_b < 0.8 * act_a
+    redo = b.events[b.events["name"].str.endswith(".recompute.R")]
+    assert len(redo) > 0 and set(redo["phase"]) == {"R"}
+    assert not a.events["name"].str.endswith(".recompute.R").any()
+    assert b.summary["step_time_s"] > a.summary["step_time_s"]
+    # what is run again on an MLA + MoE layer: every norm, the up-projections, the SwiGLUs
+    from workloads.trace import TraceBuilder
+
+    ds = load_scenario("deepseek-v3-2048xh800")
+    names = [k.name for k in TraceBuilder(ds.workload()).saved_recompute_kernels(5)]
+    assert names == ["attn_norm", "q_down_norm", "q_up", "kv_down_norm", "kv_up", "mlp_norm",
+                     "shared_act", "expert_act"]
+    bad = copy.deepcopy(saving)
+    bad["training"]["dtype"] = "bf16"
+    with pytest.raises(ScenarioError, match="training.activation_saving"):
+        load_scenario(bad)

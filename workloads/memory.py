@@ -55,6 +55,17 @@ those closed forms exactly, and it generalises them:
 * **Context parallelism**: each rank keeps tensors for its ``s/cp`` tokens; a
   materialised score block is ``(s/cp) x s`` per head.
 
+DeepSeek-V3's activation savings
+--------------------------------
+``activation_saving="deepseek-v3"`` (FP8 training; DeepSeek-V3, arXiv 2412.19437,
+§3.2.3 and §3.3.2; Kimi K2 reports the same recipe): every RMSNorm output is
+recomputed from its input (so the inputs of the QKV / down projections, the router,
+the up GEMMs and the normed MLA latents are not kept); MLA's up-projections are
+recomputed from the latents (per-head Q, K, V not kept); the attention output is
+cached in E5M6 (1.5 bytes); the routed experts' permuted inputs and every SwiGLU
+input are cached in FP8 (1 byte) and the SwiGLU output is recomputed. The
+recomputed kernels are charged to the backward pass by the trace (phase ``R``).
+
 Weights, gradients, optimizer states
 ------------------------------------
 ZeRO (Rajbhandari et al. 2019, arXiv 1910.02054, §5 and Fig. 1): with ``Ψ``
@@ -79,6 +90,9 @@ _MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti §4.1)
 _FP32_BYTES = 4
 _TOKEN_ID_BYTES = 8
 RECOMPUTE_MODES = ("none", "selective", "full")
+ACTIVATION_SAVINGS = ("none", "deepseek-v3")
+_FP8_BYTES = 1       # FP8 activation cache (DeepSeek-V3 §3.3.2)
+_E5M6_BYTES = 1.5    # the attention output's 12-bit cache (E5M6, DeepSeek-V3 §3.3.2)
 OPTIMIZERS = ("adam", "muon", "sgd")
 DTYPES = ("bf16", "fp8")
 
@@ -107,6 +121,7 @@ def activation_bytes_per_layer(
     flash_attention: bool = False,
     etp: int = 1,
     expert_tokens: Optional[float] = None,
+    activation_saving: str = "none",
 ) -> float:
     """Bytes one transformer layer keeps on one rank from its forward until its
     backward, for one micro-batch (see the module notes for the per-tensor table
@@ -118,14 +133,15 @@ def activation_bytes_per_layer(
     drops the ``s^2`` tensors whatever ``recompute`` says; it defaults to False so
     that the defaults reproduce Korthikanti's formulas. ``expert_tokens``
     overrides the token-expert assignments this rank processes (load imbalance);
-    ``ep`` must divide the routed experts.
+    ``ep`` must divide the routed experts. ``activation_saving="deepseek-v3"``: see
+    the module notes (*DeepSeek-V3's activation savings*).
     """
     _check_recompute(recompute)
     if not 0 <= layer < model.layers:
         raise IndexError(f"layer {layer} outside 0..{model.layers - 1} of {model.name!r}")
     return _block_activation_bytes(
         model, model.is_moe_layer(layer), micro_batch_size, seq_len, tp, cp, sequence_parallel, recompute, ep,
-        dropout, act_bytes, flash_attention, etp, expert_tokens,
+        dropout, act_bytes, flash_attention, etp, expert_tokens, activation_saving,
     )
 
 
@@ -144,8 +160,12 @@ def _block_activation_bytes(
     flash_attention: bool,
     etp: int,
     expert_tokens: Optional[float],
+    activation_saving: str = "none",
 ) -> float:
     counts._check_positive(tp=tp, cp=cp, ep=ep, etp=etp)
+    if activation_saving not in ACTIVATION_SAVINGS:
+        raise ValueError(f"training.activation_saving: must be one of {', '.join(ACTIVATION_SAVINGS)}, "
+                         f"got {activation_saving!r}")
     if micro_batch_size < 1 or seq_len < 1:
         raise ValueError(
             f"training: micro_batch_size and seq_len must be positive, got {micro_batch_size!r}, {seq_len!r}"
@@ -157,6 +177,10 @@ def _block_activation_bytes(
     if recompute == "full":
         return act_bytes * rows_sp * h  # the layer input (Korthikanti §5: 2sbh)
 
+    ds = activation_saving == "deepseek-v3"
+    # Under DeepSeek-V3's savings a norm's output (a GEMM input) is recomputed from the
+    # norm's input, MLA's up-projections from their latents, SwiGLU from its FP8 input.
+    norm_out = 0 if ds else act_bytes
     total = 0.0
     # ---- attention ---------------------------------------------------------
     total += act_bytes * rows_sp * h  # pre-attention norm input
@@ -165,20 +189,21 @@ def _block_activation_bytes(
     if mla is None:
         d = model.head_dim
         kv = counts._local_kv_heads(model, tp)
-        total += act_bytes * rows_sp * h  # QKV GEMM input
+        total += norm_out * rows_sp * h  # QKV GEMM input
         total += act_bytes * tokens * (heads * d + 2 * kv * d)  # Q, K, V (local heads)
         v_width = heads * d
     else:
         d_qk, d_v = mla.qk_head_dim, mla.v_head_dim
-        total += act_bytes * rows_sp * h  # input of the down projections
+        total += norm_out * rows_sp * h  # input of the down projections
         if mla.q_lora_rank:
             # query latent (norm input) and its normed copy (q_up input): replicated
-            total += act_bytes * tokens * 2 * mla.q_lora_rank
+            total += (act_bytes + norm_out) * tokens * mla.q_lora_rank
         # KV latent + RoPE key (norm / rope input) and the normed latent (kv_up input)
-        total += act_bytes * tokens * (mla.kv_lora_rank + mla.qk_rope_head_dim + mla.kv_lora_rank)
-        total += act_bytes * tokens * heads * (2 * d_qk + d_v)  # per-head Q, K, V
+        total += act_bytes * tokens * (mla.kv_lora_rank + mla.qk_rope_head_dim) + norm_out * tokens * mla.kv_lora_rank
+        if not ds:  # per-head Q, K, V: the up-projections' outputs
+            total += act_bytes * tokens * heads * (2 * d_qk + d_v)
         v_width = heads * d_v
-    total += act_bytes * tokens * v_width  # out-projection input (attention output)
+    total += (_E5M6_BYTES if ds else act_bytes) * tokens * v_width  # out-projection input (attention output)
     if dropout:
         total += _MASK_BYTES * rows_sp * h  # dropout after the out projection
 
@@ -195,10 +220,13 @@ def _block_activation_bytes(
     # ---- feed-forward ------------------------------------------------------
     total += act_bytes * rows_sp * h  # pre-FFN norm input
     up = 2 if model.ffn == "swiglu" else 1
+    # activation (SwiGLU / GELU) input and output (the down GEMM's input): under the
+    # savings the input in FP8, the output recomputed from it
+    act_in, act_out = (_FP8_BYTES, 0) if ds else (act_bytes, act_bytes)
     if not moe:
         f = counts._split(model.ffn_hidden, tp, "ffn_hidden")
-        total += act_bytes * rows_sp * h  # up GEMM input
-        total += act_bytes * tokens * (up * f + f)  # activation input, down GEMM input
+        total += norm_out * rows_sp * h  # up GEMM input
+        total += tokens * (act_in * up * f + act_out * f)  # activation input, down GEMM input
     else:
         m = model.moe
         if tp > 1 and not sequence_parallel:
@@ -208,13 +236,15 @@ def _block_activation_bytes(
             )
         counts._split(m.experts, ep, f"the {m.experts} routed experts", "parallel.ep")
         f = counts._split(m.expert_ffn_hidden, etp, "expert_ffn_hidden", "parallel.etp")
-        total += act_bytes * rows_sp * h  # router / shared-expert input
+        total += norm_out * rows_sp * h  # router / shared-expert input
         total += _FP32_BYTES * rows_sp * m.experts  # routing probabilities
         assignments = rows_sp * m.top_k * etp if expert_tokens is None else float(expert_tokens)
-        total += act_bytes * assignments * (h + up * f + f + h)  # per assignment: in, up out, down in, out
+        # per assignment: permuted input (FP8 under the savings), up out, down in, output
+        expert_in = _FP8_BYTES if ds else act_bytes
+        total += assignments * (expert_in * h + act_in * up * f + act_out * f + act_bytes * h)
         if m.shared_experts:
             fs = counts._split(m.shared_experts * m.expert_ffn_hidden, tp, "the shared-expert width")
-            total += act_bytes * tokens * (up * fs + fs)
+            total += tokens * (act_in * up * fs + act_out * fs)
     if dropout:
         total += _MASK_BYTES * rows_sp * h  # dropout after the FFN
     return total
@@ -272,6 +302,7 @@ def mtp_activation_bytes(
     flash_attention: bool = False,
     etp: int = 1,
     expert_tokens: Optional[float] = None,
+    activation_saving: str = "none",
 ) -> float:
     """Bytes the MTP modules (DeepSeek-V3 §2.2) keep: per depth, the two norm
     inputs and the ``2h`` projection input, one transformer block and an output
@@ -285,7 +316,7 @@ def mtp_activation_bytes(
     per += act_bytes * (2 * rows * model.hidden + tokens * 2 * model.hidden)
     per += _block_activation_bytes(
         model, counts._mtp_block_is_moe(model), micro_batch_size, seq_len, tp, cp, sequence_parallel, recompute,
-        ep, dropout, act_bytes, flash_attention, etp, expert_tokens,
+        ep, dropout, act_bytes, flash_attention, etp, expert_tokens, activation_saving,
     )
     per += head_activation_bytes(model, micro_batch_size, seq_len, tp, cp, sequence_parallel, act_bytes)
     return model.mtp_depth * per

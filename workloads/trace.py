@@ -141,6 +141,12 @@ def chunk_layer_ranges(model: ModelSpec, layout: ParallelLayout, schedule: str) 
     return layout.chunk_layer_ranges(model.layers, n, f"pp={layout.pp}, vpp={layout.vpp}, schedule {schedule}")
 
 
+#: Forward kernels (besides every norm) recomputed in the backward pass under
+#: ``training.activation_saving: deepseek-v3``: MLA up-projections (DeepSeek-V3 §3.2.3)
+#: and the FFN activations whose outputs are not cached (§3.3.2).
+SAVED_RECOMPUTE_KERNELS = ("q_up", "kv_up", "mlp_act", "expert_act", "shared_act")
+
+
 class TraceBuilder:
     def __init__(self, w: Workload):
         self.w = w
@@ -176,6 +182,17 @@ class TraceBuilder:
             )
 
     # ---- kernels -------------------------------------------------------------
+    def saved_recompute_kernels(self, layer: int) -> tuple:
+        """The forward kernels DeepSeek-V3's activation savings run again before the
+        layer's backward (see :mod:`workloads.memory`): every norm, the MLA
+        up-projections and the FFN activations, in forward order."""
+        key = ("saved-recompute", layer, self.model.is_moe_layer(layer), self.load_factor.get(layer, 1.0))
+        if key not in self._kern_cache:
+            names = set(SAVED_RECOMPUTE_KERNELS)
+            self._kern_cache[key] = tuple(k for part in self.layer_parts(layer) for k in part
+                                          if k.name in names or k.kind == "norm")
+        return self._kern_cache[key]
+
     def layer_parts(self, layer: int):
         moe = self.model.is_moe_layer(layer)
         factor = self.load_factor.get(layer, 1.0)
@@ -528,7 +545,8 @@ class _RankProgram:
             kw = dict(tp=L.tp, cp=L.cp, sequence_parallel=L.sequence_parallel)
             b._stash_cache[key] = memory.head_activation_bytes(b.model, t.micro_batch_size, t.seq_len, **kw) + \
                 memory.mtp_activation_bytes(b.model, t.micro_batch_size, t.seq_len, recompute=t.recompute, ep=L.ep,
-                                            flash_attention=t.flash_attention, etp=L.etp, **kw)
+                                            flash_attention=t.flash_attention, etp=L.etp,
+                                            activation_saving=t.activation_saving, **kw)
         return b._stash_cache[key]
 
     def layer_forward(self, l: int, mb: int, k: int, deps: list, recompute: bool) -> None:
@@ -615,7 +633,7 @@ class _RankProgram:
         return memory.activation_bytes_per_layer(
             b.model, l, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
             sequence_parallel=L.sequence_parallel, recompute=t.recompute, ep=L.ep, etp=L.etp,
-            flash_attention=t.flash_attention,
+            flash_attention=t.flash_attention, activation_saving=t.activation_saving,
         )
 
     def _recompute_transient(self, l: int) -> float:
@@ -624,7 +642,7 @@ class _RankProgram:
         return memory.activation_bytes_per_layer(
             b.model, l, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
             sequence_parallel=L.sequence_parallel, recompute="none", ep=L.ep, etp=L.etp,
-            flash_attention=t.flash_attention,
+            flash_attention=t.flash_attention, activation_saving=t.activation_saving,
         )
 
     # ---- backward --------------------------------------------------------------
@@ -665,6 +683,12 @@ class _RankProgram:
         sp = L.sequence_parallel
         h = b.hidden_bytes
         deps = list(deps)
+        if t.activation_saving == "deepseek-v3" and t.recompute != "full" and part in ("B", "I"):
+            # the norms, MLA up-projections and SwiGLUs whose outputs were not kept
+            redo = b.saved_recompute_kernels(l)
+            if redo:
+                op = self.compute(f"L{l}.recompute.R", redo, "R", mb, k, l, deps=deps, recompute=True)
+                deps = [op.id]
         # Reverse of the forward: the gradient of a reduce-scatter is an all-gather and vice versa.
         if sp:
             ag = self.collective("all-gather", "tp", h, f"L{l}.mlp.out.bwd", part, mb, k, l, deps + self.after_compute())

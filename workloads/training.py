@@ -35,6 +35,22 @@ class TrainingSpec:
     cp_algorithm: Literal["ring", "all-gather"] = "ring"
     offload_optimizer: bool = False
     offload_activations: bool = False
+    # DeepSeek-V3's activation savings (arXiv 2412.19437): "deepseek-v3" recomputes every
+    # RMSNorm and the MLA up-projections in the backward pass instead of keeping their
+    # outputs (§3.2.3), caches GEMM inputs in FP8 (the attention output, which the
+    # attention backward also reads, in E5M6: 1.5 bytes) and keeps the SwiGLU inputs in
+    # FP8 while recomputing its output (§3.3.2). Kimi K2 reports the same recipe (norms,
+    # SwiGLU and MLA up-projections recomputed; MoE up-projection and SwiGLU inputs in
+    # FP8). Needs FP8 training. "none": every activation kept in 16 bits.
+    activation_saving: Literal["none", "deepseek-v3"] = "none"
+
+    def __post_init__(self) -> None:
+        if self.activation_saving not in ("none", "deepseek-v3"):
+            raise ValueError(f"training.activation_saving: must be none or deepseek-v3, "
+                             f"got {self.activation_saving!r}")
+        if self.activation_saving == "deepseek-v3" and self.dtype != "fp8":
+            raise ValueError("training.activation_saving: deepseek-v3 caches activations in FP8 and "
+                             f"needs training.dtype: fp8, got {self.dtype}")
 
     @property
     def tokens_per_step(self) -> int:
