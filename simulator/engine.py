@@ -111,9 +111,7 @@ class Engine:
         self._dur_cache: dict = {}
         self._twin_cache: dict = {}
         self._plan_cache: dict = {}
-        # (coll, group, size, axis, stage) and (coll, group, size, axis, "rank", rank) -> plans to run
-        self._net_plan_cache: dict = {}
-        self._merged_cache: dict = {}     # id(plan list) -> (it, its merged network phases)
+        self._net_phase_cache: dict = {}  # (coll, group, size, axis, rank) -> network phases
         self._send_cache: dict = {}       # (rank, peer, size, axis) -> transfers tuple
         self.twin_stats = {"quotient": 0, "fallback": 0}   # phases quotiented / fallbacks
         self.idle = {r: {"bubble": 0.0, "exposed_comm": 0.0} for r in trace.ranks}
@@ -328,34 +326,25 @@ class Engine:
         return p
 
     def _network_phases(self, op: Op) -> tuple:
-        """The network phases of :meth:`_network_plans`, merged once per distinct plan list."""
-        plans = self._network_plans(op)
-        hit = self._merged_cache.get(id(plans))
-        if hit is None or hit[0] is not plans:
-            hit = self._merged_cache[id(plans)] = (plans, coll_mod.merged_phases(self.net, plans))
-        return hit[1]
+        """The merged network phases (:func:`collectives.merged_phases`) of
+        :meth:`_network_plans`, once per collective shape and rank."""
+        key = (op.coll, op.group, op.size_bytes, op.axis, op.rank)
+        hit = self._net_phase_cache.get(key)
+        if hit is None:
+            hit = self._net_phase_cache[key] = coll_mod.merged_phases(self.net, self._network_plans(op))
+        return hit
 
     def _network_plans(self, op: Op) -> list:
         """What ``op`` runs on the network: its own plan, or in representative mode
         its quotient plan (see :meth:`_quotient_phase`), or, where the twin plans do
         not line up with it, every twin's plan."""
-        key = (op.coll, op.group, op.size_bytes, op.axis, "rank", op.rank)
-        hit = self._net_plan_cache.get(key)
-        if hit is None:
-            skey = (op.coll, op.group, op.size_bytes, op.axis, self.layout.stage_of(op.rank))
-            hit = self._net_plan_cache.get(skey)
-            if hit is None:
-                groups = self._groups_on_network(op)
-                rep = self._plan(op.coll, op.group, op.size_bytes)
-                if len(groups) == 1:
-                    hit = [rep]
-                else:
-                    twins = [self._plan(op.coll, g, op.size_bytes) for g in groups]
-                    q = self._quotient_plan(rep, twins) if self.twin_quotient else None
-                    hit = twins if q is None else [q]
-                self._net_plan_cache[skey] = hit
-            self._net_plan_cache[key] = hit
-        return hit
+        groups = self._groups_on_network(op)
+        rep = self._plan(op.coll, op.group, op.size_bytes)
+        if len(groups) == 1:
+            return [rep]
+        twins = [self._plan(op.coll, g, op.size_bytes) for g in groups]
+        q = self._quotient_plan(rep, twins) if self.twin_quotient else None
+        return twins if q is None else [q]
 
     def _quotient_plan(self, rep, twins: list):
         """``rep`` with each transfer carrying the multiplicities of its twin images

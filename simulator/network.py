@@ -839,8 +839,7 @@ class FlowNetwork:
         if self._reserve:
             # Alone on its links already: reserve them from now, through the latency.
             links, link_list, iso = self._isolation(prep)
-            if iso is not None and self._reserved_on[links].max() < 0 \
-                    and not any(map(self._link_flows.__contains__, link_list)):
+            if iso is not None and self._reserved_on[links].max() < 0 and self._free_of_flows(link_list):
                 self._reserve_phase(pid, prep, iso, latency)
                 return done
         self.env.timeout(latency).callbacks.append(partial(self._arrive, pid, prep))
@@ -881,10 +880,14 @@ class FlowNetwork:
             if hit.max() >= 0:
                 for other in sorted(set(hit[hit >= 0].tolist())):
                     self._materialise(other)
-            if iso is not None and not any(map(self._link_flows.__contains__, link_list)):
+            if iso is not None and self._free_of_flows(link_list):
                 self._reserve_phase(pid, prep, iso)
                 return
         self._insert(pid, prep)
+
+    def _free_of_flows(self, link_list: list) -> bool:
+        """Whether no flow of the flow-by-flow path is on any of these links."""
+        return not any(map(self._link_flows.__contains__, link_list))
 
     def _isolation(self, prep: "_Prepared") -> tuple:
         """``(distinct links as array, as list, isolated evolution or None)`` of a
@@ -924,27 +927,32 @@ class FlowNetwork:
         entry = self._reserved.get(pid)
         if entry is None or entry[3] != token:
             return
-        del self._reserved[pid]
-        prep, iso, _, _ = entry
+        _, iso, _ = self._unreserve(pid)
+        self._retire(pid, iso)
+
+    def _unreserve(self, pid: int) -> tuple:
+        """Drop phase ``pid``'s reservation: ``(prepared, _Isolated, arrival)``."""
+        prep, iso, t_arr, _ = self._reserved.pop(pid)
         self._reserved_on[iso.links] = -1
-        self.stats.link_bytes[iso.links] += iso.link_bytes
         self._n_active -= len(prep.links)
+        return prep, iso, t_arr
+
+    def _retire(self, pid: int, iso: _Isolated) -> None:
+        """A reserved phase has completed: count its bytes, fire its event."""
+        self.stats.link_bytes[iso.links] += iso.link_bytes
         self._release([], [pid])
 
     def _materialise(self, pid: int) -> None:
         """Hand a reserved phase to the flow-by-flow path: its unfinished flows enter
         the network with the state its isolated evolution has reached now."""
-        prep, iso, t_arr, _ = self._reserved.pop(pid)
-        self._reserved_on[iso.links] = -1
+        prep, iso, t_arr = self._unreserve(pid)
         k = len(prep.links)
-        self._n_active -= k
         tau = self.env.now - t_arr
         if tau < 0.0:                          # still in its latency: arrive as usual
             self.env.timeout(-tau).callbacks.append(partial(self._arrive, pid, prep))
             return
         if tau >= iso.duration_s:              # due at this very instant
-            self.stats.link_bytes[iso.links] += iso.link_bytes
-            self._release([], [pid])
+            self._retire(pid, iso)
             return
         i = bisect.bisect_right(iso.seg_start, tau) - 1
         alive = iso.seg_flows[i]
@@ -1375,32 +1383,21 @@ class FlowNetwork:
 
     def _complete(self, done: np.ndarray) -> None:
         """Remove finished flows, count their bytes, fire finished phases."""
-        lf, links = self._link_flows, self._links
-        link_bytes = self.stats.link_bytes
-        dirty = self._dirty
         if len(done) <= _SCALAR_MAX:
             self._complete_scalar(done if isinstance(done, list) else done.tolist())
             return
         dl = done.tolist()
         moved = self._w[done] * self._size[done]
-        mults = self._mults if self._any_mult else None
         if len(dl) <= _SMALL_BATCH:
             for s, m in zip(dl, moved.tolist()):
-                ms = None if mults is None else mults[s]
-                for j, lk in enumerate(links[s]):
-                    fl = lf[lk]
-                    fl.discard(s)
-                    if fl:
-                        dirty.append(lk)
-                    else:
-                        del lf[lk]
-                    link_bytes[lk] += m if ms is None else m * ms[j]
+                self._detach(s, m)
         else:
+            lf, dirty, link_bytes = self._link_flows, self._dirty, self.stats.link_bytes
             sub = self._tab[done]
             mask = sub >= 0
             flat = sub[mask].astype(np.int64)
             rows = np.nonzero(mask)[0]
-            if mults is None:
+            if not self._any_mult:
                 np.add.at(link_bytes, flat, moved[rows])
             else:
                 np.add.at(link_bytes, flat, moved[rows] * self._mtab[done][mask])
@@ -1434,26 +1431,28 @@ class FlowNetwork:
                     finished.append(p)
         self._release(dl, finished)
 
+    def _detach(self, s: int, moved: float) -> None:
+        """Take flow slot ``s`` off the link index (links it shared become dirty: their
+        other flows are re-solved) and count its ``moved`` bytes on each of its links
+        (times the link's multiplicity)."""
+        lf, dirty, link_bytes = self._link_flows, self._dirty, self.stats.link_bytes
+        ms = self._mults[s] if self._any_mult else None
+        for j, lk in enumerate(self._links[s]):
+            fl = lf[lk]
+            fl.discard(s)
+            if fl:
+                dirty.append(lk)
+            else:
+                del lf[lk]
+            link_bytes[lk] += moved if ms is None else moved * ms[j]
+
     def _complete_scalar(self, done: list[int]) -> None:
         """:meth:`_complete` for a handful of flows."""
-        lf, links, w, size = self._link_flows, self._links, self._w, self._size
-        batch, pids = self._batch, self._pid
-        link_bytes = self.stats.link_bytes
-        dirty = self._dirty
+        w, size, batch, pids = self._w, self._size, self._batch, self._pid
         left = self._phase_left
         finished = []
-        mults = self._mults if self._any_mult else None
         for s in done:
-            moved = w.item(s) * size.item(s)
-            ms = None if mults is None else mults[s]
-            for j, lk in enumerate(links[s]):
-                fl = lf[lk]
-                fl.discard(s)
-                if fl:
-                    dirty.append(lk)
-                else:
-                    del lf[lk]
-                link_bytes[lk] += moved if ms is None else moved * ms[j]
+            self._detach(s, w.item(s) * size.item(s))
             batch[s] = -1
             p = pids.item(s)
             n = left[p] - 1

@@ -35,6 +35,7 @@ Modelling choices (each documented where it is made):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional, Sequence
 
 from workloads import counts, memory
@@ -274,11 +275,10 @@ class TraceBuilder:
         nodes spanned)``, else ``None``. With k of the group's experts chosen
         uniformly over N nodes a token reaches N(1 - (1 - 1/N)^k) distinct nodes on
         average, at most M."""
-        if "_node_limited" not in self.__dict__:
-            self._node_limited = self._node_limited_uncached()
         return self._node_limited
 
-    def _node_limited_uncached(self) -> Optional[tuple[float, int]]:
+    @cached_property
+    def _node_limited(self) -> Optional[tuple[float, int]]:
         moe, D = self.model.moe, self.w.domain_size
         if moe is None or not moe.max_nodes_per_token or D <= 0 or self.L.ep <= 1:
             return None
