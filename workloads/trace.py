@@ -186,6 +186,7 @@ class TraceBuilder:
             )
         # DualPipe's overlapped pairs hide expert all-to-alls behind the other chunk's compute.
         self.ep_overlap = self.model.is_moe and L.ep > 1
+        self.dualpipe_ep = self.ep_overlap and w.schedule == "dualpipe"
 
     # ---- kernels -------------------------------------------------------------
     def saved_recompute_kernels(self, layer: int) -> tuple:
@@ -758,10 +759,17 @@ class _RankProgram:
             if c:
                 handed += 1
                 yield
-            op = self.compute(f"L{l}.experts.{part}", self.b.bwd(expert, part), part, mb, k, l,
+            # DualPipe splits a backward chunk's MLP into input- and weight-gradient parts
+            # (DeepSeek-V3 §3.2.1, Figure 4's "MLP(B)" then "MLP(W)"): the experts' input
+            # gradient is computed and sent back (the dispatch's gradient), and their
+            # weight gradient computes while it is in flight.
+            split = part == "B" and b.dualpipe_ep
+            op = self.compute(f"L{l}.experts.{part}", self.b.bwd(expert, "I" if split else part), part, mb, k, l,
                               deps=[c.id] if c else [])
             d = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id], dispatch=False)
             deps = [d.id] if d else []
+            if split:
+                self.compute(f"L{l}.experts_w.{part}", self.b.bwd(expert, "W"), part, mb, k, l)
             if d:
                 handed += 1
                 yield
