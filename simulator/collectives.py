@@ -42,22 +42,45 @@ ranks, ``S`` bytes, per-step latency ``a`` and link bandwidth ``B``:
   power of two the all-reduce first folds the ``r = n - 2^k`` extra ranks into
   partners (one exchange of ``S``) and unfolds the result at the end (MPICH's
   approach); all-gather / reduce-scatter fall back to ``ring`` (the plan says so).
-* ``torus`` -- dimension by dimension over the axes the group spans (it must be a
-  box of the torus, one pod): reduce-scatter along axis 0, then 1, ..., then
-  all-gather back in reverse order. An axis that the group covers whole and that
+* ``torus`` -- dimension by dimension over the ``D`` axes the group spans (it must
+  be a box of the torus, one pod), on all axes at once: the buffer is split into ``D``
+  shares and share ``i`` reduce-scatters along the axes in the order rotated by ``i``
+  (``i, i+1, ..., i-1``), then all-gathers back in reverse order, so that at every
+  stage each axis carries one share ("How to Scale Your Model", TPU chapter: a
+  collective over several axes gets the bandwidth of every axis; XLA splits the data
+  the same way). The ``j``-th stages of all shares form one phase of concurrent flows
+  on different axes' links; on a cube each stage's shares take equal time, otherwise
+  the phase lasts as long as its slowest share. An axis that the group covers whole and that
   wraps (length > 2) is a bidirectional ring: ``(m-1)(a + d/(2mB))`` for ``d`` bytes
   per rank on that axis. Any other axis (no wrap-around, or only part of it in the
   group) is a line, run as a bidirectional chain: the link from position ``i`` to
   ``i+1`` carries the ``m-1-i`` chunks owned further right, so the busiest link
   carries ``(m-1) d / m`` and the cost is ``(m-1)(a + d/(mB))`` -- twice the
   bandwidth term of the wrapped axis, as "How to Scale Your Model" notes for
-  tori without wrap-around.
+  tori without wrap-around. On a wrapped ``m^D`` cube an all-reduce costs
+  ``2 D (m-1) a + 2 (1 - 1/n) S / (2 D B)``: ``D`` times the bandwidth of one axis.
+* ``rail-ring`` -- NCCL's ring across ``m`` domains of ``k`` members: ``k``
+  channels (one per rail, i.e. per local index) of ``S/k`` each, every channel a
+  ring over all ``n`` ranks that enters and leaves each domain through its own rail
+  (the domain's last member hands the data to the rail's member over NVLink, NCCL's
+  PXN). As flows, in one phase of ``2(n-1)`` steps (``n-1`` for all-gather /
+  reduce-scatter): a ring inside each domain carrying the whole per-rank ring load
+  ``2(n-1)/n S`` and a ring over the domains on each rail carrying ``1/k`` of it.
+  Alone: ``2(n-1) a + 2(n-1)/n S max(1/B_dom, 1/(k B_nic))`` -- busbw is the smaller
+  of the NVLink ring bandwidth and the domain's total NIC bandwidth, as nccl-tests
+  measure across nodes (NVIDIA/nccl-tests #319, NVIDIA/nccl #812).
 * ``hierarchical`` -- intra-domain reduce-scatter, then an all-reduce of the
   ``S/k`` shard over the ``m`` members with the same local index (rail-aligned:
   one per domain), then intra-domain all-gather; intra-domain steps use ``torus``
   when the domain's members form a torus box, ``ring`` otherwise. All-gather runs
   rails first then intra-domain; reduce-scatter intra first then rails. Needs the
-  same number ``k`` of members in every domain.
+  same number ``k`` of members in every domain. On a switched cluster the stages are
+  *pipelined* (chunks stream through them, NCCL-style): all their transfers form
+  one phase, so the stages share the links they have in common (the intra-domain
+  reduce-scatter and all-gather share NVLink) and the latencies of all stages are
+  paid once each: ``(2(k-1) + 2(m-1)) a + max(2(k-1)/k S/B_dom, 2(m-1)/m S/(k B_nic))``.
+  Across the pods of a torus cluster they run one after another (the DCN stage
+  dominates; one phase would charge every ICI step the DCN latency).
 * ``nvls`` -- NVLink SHARP all-reduce inside one NVSwitch domain (``topo.nvls``):
   every GPU pushes its buffer through ``multimem.ld_reduce`` and the reduced
   slice back with a multicast ``multimem.st``, so its link to the switch carries
@@ -71,7 +94,7 @@ ranks, ``S`` bytes, per-step latency ``a`` and link bandwidth ``B``:
   into the switch tree once and receive the result once (modelled as above by a
   rail ring of transfers of ``S/k``: on a fat-tree it loads each NIC link and each
   leaf-spine link exactly once per direction, like the aggregation tree), then
-  intra-domain all-gather.
+  intra-domain all-gather; pipelined like ``hierarchical`` (NCCL's CollNet).
 * ``direct`` -- all-to-all: every ordered pair exchanges ``S/n`` in one phase.
 * ``hierarchical-a2a`` -- DeepSeek-style all-to-all across ``m`` domains of ``k``:
   rank ``(d, i)`` sends the ``k S/n`` bytes bound for domain ``d'`` to its rail peer
@@ -92,7 +115,7 @@ Algorithm choice (:func:`choose_algorithm`), in order:
    per pod, else ``ring``.
 4. Other topologies: group inside one domain -> ``nvls`` if ``topo.nvls`` and
    all-reduce, else ``ring``; across domains with equal members per domain ->
-   ``sharp`` if ``topo.sharp`` and all-reduce, else ``hierarchical`` when more than
+   ``sharp`` if ``topo.sharp`` and all-reduce, else ``rail-ring`` when more than
    one member per domain and ``ring`` when one; unequal -> ``ring``.
 """
 
