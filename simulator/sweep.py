@@ -73,7 +73,11 @@ Executors
 ---------
 Cases run in local processes (:class:`concurrent.futures.ProcessPoolExecutor`,
 ``jobs`` of them, default every core; ``jobs=1`` runs them in this process), or
-on a Dask cluster when a ``dask.distributed.Client`` is given.
+on a Dask cluster when a ``dask.distributed.Client`` is given. Local workers end
+when the process that started them dies, killed or not (:mod:`simulator.workers`).
+
+The file formats (sweep file, ``rows.jsonl``, the tables, ``sweep.json``) are
+also documented in ``docs/formats.md``; the scenario keys in ``docs/scenario.md``.
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ import math
 import operator
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +100,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 import pandas as pd
 
 from simulator.schema import ScenarioError, load_scenario, read_mapping, scenario_to_dict
+from simulator.workers import process_pool
 
 SWEEP_KEYS = ("name", "base", "grid", "cases", "skip_invalid", "where")
 ROW_FIELDS = ("case", "key", "status", "error")
@@ -502,7 +507,7 @@ def execute(payloads: Sequence[tuple], client=None, jobs: Optional[int] = None) 
         for p in payloads:
             yield run_case(p)
         return
-    ex = ProcessPoolExecutor(max_workers=min(jobs, len(payloads)))
+    ex = process_pool(min(jobs, len(payloads)))  # its workers end when this process dies
     try:
         futs = [ex.submit(run_case, p) for p in payloads]
         for f in as_completed(futs):
