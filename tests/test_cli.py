@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -31,6 +32,15 @@ def test_run_writes_every_output(tmp_path, capsys):
         assert (out / f).stat().st_size > 0, f
     summary = json.loads((out / "summary.json").read_text())
     assert summary["schema_version"] == 1 and summary["devices"] == 8
+    # The version that wrote the outputs: in summary.json and in events.parquet's key-value metadata.
+    import simulator
+    from simulator.parquet_io import read_metadata
+
+    assert summary["stepsim_version"] == simulator.__version__
+    assert read_metadata(out / "events.parquet") == {"stepsim_version": simulator.__version__}
+    events, events_csv = pd.read_parquet(out / "events.parquet"), pd.read_csv(out / "events.csv")
+    assert list(events.columns) == list(events_csv.columns) and len(events) == len(events_csv) > 0
+    assert list(events["end_s"]) == list(events_csv["end_s"])
     trace = json.loads((out / "trace.json").read_text())
     phs = {e["ph"] for e in trace["traceEvents"]}
     assert {"X", "M", "C"} <= phs
@@ -132,3 +142,14 @@ def test_resolved_scenario_round_trips(tmp_path):
     b = load_scenario(scenario_to_dict(a))
     assert scenario_to_dict(a) == scenario_to_dict(b)
     assert b.training.offload_optimizer
+
+
+def test_version_and_exit_codes_in_help(capsys):
+    import simulator
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"stepsim {simulator.__version__}"
+    assert main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "exit codes: 0 success, 1 internal error, 2 bad input, 3 validate --max-error exceeded, " \
+           "4 some cases of a sweep, search or validate failed" in text
