@@ -257,15 +257,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="simulate a scenario and write its outputs")
-    p.add_argument("scenario", help="scenario file (YAML/JSON) or a built-in scenario name")
-    p.add_argument("--out", help="directory for summary.json, trace.json, timeline.png, memory.png, events")
+    p.add_argument("scenario", help="scenario file (YAML/JSON; docs/scenario.md) or a built-in scenario name "
+                                    "(stepsim presets)")
+    p.add_argument("--out", help="directory for summary.json, trace.json, timeline.png, memory.png, events, memory "
+                                 "(formats: docs/scenario.md, docs/formats.md)")
     p.add_argument("--exact", action="store_true", help="simulate every device (slow; checks the fast path)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the human summary")
     p.add_argument("--no-plots", action="store_true", help="skip timeline.png and memory.png")
     p.add_argument("--reproducible", action="store_true",
                    help="write sim_wall_s as null so that summary.json is byte-identical across runs")
-    p.add_argument("--topology", help="a topology file (JSON/GraphML) replacing the cluster's network")
-    p.add_argument("--trace", help="simulate this trace file (from `stepsim trace`) instead of generating one")
+    p.add_argument("--topology", help="a topology file (JSON/GraphML; docs/formats.md) replacing the cluster's network")
+    p.add_argument("--trace", help="simulate this trace file (from `stepsim trace`; docs/formats.md) instead of "
+                                   "generating one")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("trace", help="write a scenario's operation trace to a file (JSON, .gz to compress)")

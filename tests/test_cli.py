@@ -153,3 +153,26 @@ def test_version_and_exit_codes_in_help(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "exit codes: 0 success, 1 internal error, 2 bad input, 3 validate --max-error exceeded, " \
            "4 some cases of a sweep, search or validate failed" in text
+
+
+def test_docs_name_every_builtin_scenario_and_table_column():
+    # README's list of built-in scenarios and docs/formats.md's column tables must not go stale.
+    from pathlib import Path
+
+    from simulator.result import EVENT_COLUMNS
+    from simulator.schema import builtin_scenarios
+    from workloads.ops import MEMORY_CATEGORIES, STREAMS
+
+    root = Path(__file__).resolve().parent.parent
+    readme = root.joinpath("README.md").read_text()
+    assert [name for name in builtin_scenarios() if f"`{name}`" not in readme] == []
+    formats = root.joinpath("docs", "formats.md").read_text()
+    events = formats[formats.index("## Events table"):formats.index("## Memory table")]
+    memory = formats[formats.index("## Memory table"):formats.index("## Chrome trace")]
+    for col in EVENT_COLUMNS:
+        assert f"`{col}`" in events, col
+    for s in STREAMS:
+        assert f"`{s}`" in events, s
+    for col in ("rank", "stage", "time_s", *MEMORY_CATEGORIES, "total"):
+        assert f"`{col}`" in memory, col
+    assert "`stepsim_version`" in root.joinpath("docs", "scenario.md").read_text()
