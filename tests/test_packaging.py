@@ -78,7 +78,7 @@ def test_the_installed_layout_runs_from_outside_the_repository(wheel, tmp_path):
 
     # One interpreter (each start costs seconds): where the suite is, what the glob finds,
     # `stepsim --version`, one packaged case simulated end to end (0.1 s of simulation; the
-    # 1T case alone takes a minute), and `stepsim run quickstart`.
+    # 1T case alone takes minutes), and `stepsim run quickstart`.
     script = """if True:
         import sys
         import simulator.cli as cli, simulator.validate as v
