@@ -36,7 +36,8 @@ Ops on one ``(rank, stream)`` run in file order; ``deps`` are op ids. ``kind`` i
 or ``send`` (``size_bytes`` to rank ``peer``). ``mem`` entries change memory in use
 by ``delta`` bytes at the op's ``start`` or ``end``. Reading checks every field and
 the dependency graph: a dangling or cyclic dependency is reported by op id and
-name (:class:`workloads.ops.TraceError`), never a hang.
+name (:class:`workloads.ops.TraceError`), never a hang. The user documentation of
+the format is ``docs/formats.md``.
 """
 
 from __future__ import annotations
