@@ -11,9 +11,11 @@ schedule) into the ops each simulated rank executes:
   fused as ``B``, or split as ``I`` then ``W`` for zero-bubble schedules), with
   recomputation ahead of them when asked;
 * pipeline sends of activations and gradients between stages;
-* data-parallel gradient reduction per layer bucket, issued as soon as the last
-  micro-batch's backward of that layer is done so that it overlaps the rest of
-  the backward pass; ZeRO parameter all-gathers; the optimizer step.
+* data-parallel gradient reduction per parameter unit (layer, embedding, head),
+  issued as soon as the last micro-batch's backward of that unit is done (every
+  micro-batch's under ZeRO-2/3) so that it overlaps the rest of the backward pass;
+  DualPipe's gradient sum between the two ranks holding a stage; the tied-embedding
+  sum between first and last stage; ZeRO parameter all-gathers; the optimizer step.
 
 Ranks running the same program on symmetric hardware need not all be built: with
 ``representatives=True`` (the default) one rank per pipeline stage is built and
@@ -26,9 +28,10 @@ Modelling choices (each documented where it is made):
   gathered in the compute dtype's storage (bf16).
 * ZeRO-1/2 parameter all-gathers happen at the start of the step, overlapped with
   the forward pass (Megatron's ``--overlap-param-gather``): the first forward of a
-  layer waits for its bucket. ZeRO-3 gathers each layer's parameters before its
-  forward and before its backward, for every micro-batch, one layer ahead
-  (prefetch), and reduce-scatters gradients once after the last micro-batch.
+  unit waits for its bucket. ZeRO-3 gathers each unit's parameters before its
+  forward and before its backward, for every micro-batch, one unit ahead
+  (prefetch). ZeRO-0/1 reduce gradients once after the last micro-batch; ZeRO-2/3
+  reduce-scatter them after every micro-batch (see :meth:`_RankProgram._grads_ready`).
 * Tensor-parallel collectives block the compute stream (no TP comm overlap).
 """
 
