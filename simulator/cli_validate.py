@@ -3,7 +3,8 @@
 ``register(subparsers)`` adds them to the ``stepsim`` parser (``simulator.cli``);
 ``python -m simulator.cli_validate COMMAND ...`` runs them on their own with the
 same exit codes (0 ok, 1 internal error, 2 bad input; ``validate``: 3 a case off by
-more than ``--max-error``, 4 some cases could not be simulated — the others are
+more than ``--max-error`` or failing on memory (a run the source made does not fit, or
+an ``oom`` case disagrees), 4 some cases could not be simulated — the others are
 reported as usual).
 
     stepsim validate [--cases GLOB ...] [--out DIR] [--jobs N] [--max-error F]
@@ -50,6 +51,11 @@ def cmd_validate(args) -> int:
         png = v.plot_parity(results, out / "parity.png")
         print(f"wrote {csv_path} and {png}")
     code = EXIT_OK
+    memory_failed = [r for r in results if r.failure]
+    if memory_failed:  # a run the source made must fit (and an oom case must agree)
+        print(f"stepsim: {len(memory_failed)} case(s) fail on memory: "
+              f"{', '.join(r.case.name for r in memory_failed)}", file=sys.stderr)
+        code = EXIT_OFF_TARGET
     if args.max_error is not None and results:
         _, worst, name = v.error_stats(results)
         if worst > args.max_error:
@@ -90,7 +96,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "validate", help="simulate the published runs of validation/ and compare",
         epilog=f"exit codes: {EXIT_OK} every case ran (and is within --max-error), 1 internal error, 2 bad input, "
-               f"{EXIT_OFF_TARGET} a case is off by more than --max-error, {EXIT_CASES_FAILED} some cases failed "
+               f"{EXIT_OFF_TARGET} a case is off by more than --max-error or fails on memory (does not fit although "
+               f"the source ran it, or an oom case disagrees), {EXIT_CASES_FAILED} some cases failed "
                "(the others are reported)")
     p.add_argument("--cases", nargs="+", metavar="GLOB",
                    help="case names, paths relative to validation/ (narayanan2021/*) or files; default: all")

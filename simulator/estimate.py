@@ -52,8 +52,7 @@ def estimate_memory(sc) -> dict:
     def stash(layer: int, recompute: str) -> float:
         return memory.activation_bytes_per_layer(
             model, layer, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp, sequence_parallel=L.sequence_parallel,
-            recompute=recompute, ep=L.ep, etp=L.etp, flash_attention=t.flash_attention,
-            activation_saving=t.activation_saving)
+            recompute=recompute, ep=L.ep, etp=L.etp, **memory.activation_options(t))
 
     head = memory.head_activation_bytes(model, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
                                         sequence_parallel=L.sequence_parallel)
@@ -64,8 +63,8 @@ def estimate_memory(sc) -> dict:
         layers = [l for k in own for l in chunks[k]]
         units = memory.rank_parameter_units(model, L, layers, has_embedding=0 in own, has_head=len(chunks) - 1 in own)
         dense, expert = sum(u[1] for u in units), sum(u[2] for u in units)
-        state = memory.state_bytes(dense, expert, L, dtype=t.dtype, optimizer=t.optimizer)
-        buffers = memory.sharding_buffer_bytes([d + e for _, d, e in units], L.zero)
+        state = memory.training_state_bytes(dense, expert, L, t)
+        buffers = memory.sharding_buffer_bytes([d + e for _, d, e in units], L.zero, grad_dtype_bytes=t.grad_bytes)
         chunk_bytes = []
         for k in own:
             total = 0.0
@@ -363,7 +362,7 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
     "pp_send_s", "dp_s", "optimizer_s"}`` (the parts are those of the slowest rank; their
     sum is only roughly the step time, since DualPipe's pairs overlap some of them)."""
     from simulator.compute import calibration_for, kernels_time_s
-    from workloads.trace import (GRAD_REDUCE_BYTES, HOST_UPDATE_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM,
+    from workloads.trace import (HOST_UPDATE_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM,
                                  PARAM_BYTES, TraceBuilder, optimizer_kernels)
 
     L, t, model, name = sc.layout, sc.training, sc.model, sc.schedule
@@ -441,8 +440,8 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
             "compute": c_f + rc + c_bB, "tp": tp_f + tp_b + (tp_f if recompute else 0.0),
             "cp": cp_f + cp_b + (cp_f if recompute else 0.0), "ep": ep_f + ep_b + (ep_f if recompute else 0.0),
             "fsdp": (F - c_f - e_f) + (B - rc - re - c_bB - e_b),
-            "grad": (net.time_s(grad_op, L.group(rank, "dp_cp"), dense * GRAD_REDUCE_BYTES)
-                     + net.time_s(grad_op, L.group(rank, "edp"), exp * GRAD_REDUCE_BYTES)),
+            "grad": (net.time_s(grad_op, L.group(rank, "dp_cp"), dense * t.grad_bytes)
+                     + net.time_s(grad_op, L.group(rank, "edp"), exp * t.grad_bytes)),
             "param_ag": (net.time_s("all-gather", L.group(rank, "dp_cp"), dense * PARAM_BYTES)
                          + net.time_s("all-gather", L.group(rank, "edp"), exp * PARAM_BYTES)) if L.zero in (1, 2)
             else 0.0,
@@ -456,8 +455,8 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
 
     def reduce_s(rank: int, dense: float, exp: float) -> float:
         """One data-parallel gradient reduction of a unit (fp32)."""
-        return (net.time_s(grad_op, L.group(rank, "dp_cp"), dense * GRAD_REDUCE_BYTES)
-                + net.time_s(grad_op, L.group(rank, "edp"), exp * GRAD_REDUCE_BYTES))
+        return (net.time_s(grad_op, L.group(rank, "dp_cp"), dense * t.grad_bytes)
+                + net.time_s(grad_op, L.group(rank, "edp"), exp * t.grad_bytes))
 
     def gather_s(rank: int, dense: float, exp: float) -> float:
         """One all-gather of a unit's bf16 parameters."""
@@ -519,7 +518,7 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         if name == "dualpipe" and pp > 1:
             pair = tuple(sorted((rank, ranks_of[pp - 1 - s])))
             shard = (lambda d, e: d / (L.dp * L.cp) + e / L.edp) if L.zero >= 1 else (lambda d, e: d + e)
-            mirror_s = sum(net.time_s("all-reduce", pair, shard(d, e) * GRAD_REDUCE_BYTES) for _, d, e in all_units)
+            mirror_s = sum(net.time_s("all-reduce", pair, shard(d, e) * t.grad_bytes) for _, d, e in all_units)
         # Megatron-LM sums the tied (or MTP-shared) embedding table between the first and the
         # last stage after the data-parallel reduction (the trace's ``tied_embedding_sync``).
         tied_s = 0.0
@@ -528,7 +527,7 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
             other = ranks_of[sched.chunk_owner(name, other_chunk, pp, vpp)[0]]
             if other != rank:
                 table = math.ceil(model.vocab / L.tp) * model.hidden
-                tied_s = net.time_s("all-reduce", tuple(sorted((rank, other))), table * GRAD_REDUCE_BYTES)
+                tied_s = net.time_s("all-reduce", tuple(sorted((rank, other))), table * t.grad_bytes)
         ranks.append({"rank": rank, "tot": tot, "act": act, "work": mb_work, "layers": max(1, len(layers)),
                       "dense": dense, "expert": expert, "mirror": mirror_s, "tied": tied_s})
 
@@ -585,7 +584,7 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         if t.offload_optimizer:
             shard = sum(k.bytes for k in kern) / OPTIMIZER_BYTES_PER_PARAM[t.optimizer]
             host = sc.cluster.host_bw_bytes_per_s
-            o = (shard * (GRAD_REDUCE_BYTES + PARAM_BYTES) / host
+            o = (shard * (t.grad_bytes + PARAM_BYTES) / host
                  + shard * OPTIMIZER_BYTES_PER_PARAM[t.optimizer] / HOST_UPDATE_BYTES_PER_S)
         else:
             o = kt(kern)

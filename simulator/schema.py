@@ -146,6 +146,9 @@ class TrainingIn(_Strict):
     overlap_grad_reduce: bool = True
     cp_algorithm: Literal["ring", "all-gather"] = "ring"
     activation_saving: Literal["none", "deepseek-v3"] = "none"
+    moe_gate_weighting: Literal["activation", "combine"] = "activation"
+    grad_dtype: Literal["fp32", "bf16"] = "fp32"
+    optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
     expert_load: Optional[ExpertLoadIn] = None
     offload: Optional["OffloadIn"] = None
 
@@ -542,6 +545,10 @@ def _training_dict(t: TrainingSpec) -> dict:
         d["offload"] = off
     if d["activation_saving"] == "none":   # as before the key existed: sweep keys stay stable
         del d["activation_saving"]
+    for key, default in (("moe_gate_weighting", "activation"), ("grad_dtype", "fp32"),
+                         ("optimizer_state_dtype", "fp32")):
+        if d[key] == default:  # likewise
+            del d[key]
     return d
 
 

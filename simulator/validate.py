@@ -17,6 +17,16 @@ The comparison is ``error = simulated / published - 1`` (a signed fraction; a
 positive error on a throughput metric means the simulator is too optimistic, on a
 time metric too pessimistic).
 
+Memory. Every result carries the simulated ``peak_memory_bytes`` and ``oom`` (the
+peak exceeds the device's memory). A published run ran, so a case whose simulated
+peak does not fit *fails* (:attr:`CaseResult.failure`), whatever its metric. Memory
+figures are cases too: metric ``peak_memory_bytes`` (bytes in use on the fullest
+device) or ``activation_bytes`` (the largest stash of activations on one device),
+compared as above; and configurations a source reports as not fitting are cases with
+metric ``oom`` and ``value: true`` (``false``: the source says it fits): the error is
+``published - simulated`` (1 = the simulator says it fits where the source says it
+does not: optimistic, like a positive throughput error), and a mismatch fails.
+
 Calibration is never per case: every case uses the chip family's
 :data:`simulator.compute.DEFAULT_COMPUTE_CALIBRATION` entry unless the caller
 passes ``compute`` overrides, which then apply to every case alike (that is how
@@ -69,7 +79,14 @@ METRICS: dict[str, tuple[str, Callable[[Mapping, float], float]]] = {
     "model_tflops_per_device": ("model TFLOP/s per device", lambda s, p: s["model_tflops_per_device"]),
     # Narayanan et al. 2021 Eq. 3 counts the recompute pass: compare with executed FLOPs.
     "hw_tflops_per_device": ("hardware TFLOP/s per device incl. recompute = hfu x bf16 peak", _hw_tflops),
+    "peak_memory_bytes": ("peak bytes in use on the fullest device", lambda s, p: s["peak_memory_bytes"]),
+    "activation_bytes": ("peak bytes of stashed activations on one device",
+                         lambda s, p: s["peak_activation_bytes"]),
+    "oom": ("1 when the peak exceeds the device memory, else 0", lambda s, p: float(bool(s["oom"]))),
 }
+
+#: Metrics whose published value is true/false rather than a positive number.
+BOOLEAN_METRICS = ("oom",)
 
 
 class ValidationError(ValueError):
@@ -106,7 +123,32 @@ class CaseResult:
 
     @property
     def error(self) -> float:
+        if self.case.metric in BOOLEAN_METRICS:
+            return self.case.published - self.simulated
         return self.simulated / self.case.published - 1.0
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return float(self.summary.get("peak_memory_bytes", float("nan")))
+
+    @property
+    def oom(self) -> bool:
+        return bool(self.summary.get("oom", False))
+
+    @property
+    def failure(self) -> Optional[str]:
+        """Why the case fails on memory, or None: a run the source made whose simulated
+        peak does not fit, or an ``oom`` case the simulator gets wrong."""
+        peak, hbm = self.peak_memory_bytes / 1e9, self.summary.get("hbm_bytes", float("nan")) / 1e9
+        if self.case.metric in BOOLEAN_METRICS:
+            if bool(self.simulated) == bool(self.case.published):
+                return None
+            if self.case.published:
+                return f"fits in the simulation (peak {peak:.1f} GB of {hbm:.1f} GB) but the source says it does not"
+            return f"out of memory in the simulation (peak {peak:.1f} GB > {hbm:.1f} GB) but the source says it fits"
+        if self.oom:
+            return f"out of memory in the simulation (peak {peak:.1f} GB > {hbm:.1f} GB), but the source ran it"
+        return None
 
 
 def load_case(source: Union[str, Path, Mapping], name: Optional[str] = None) -> Case:
@@ -131,12 +173,20 @@ def load_case(source: Union[str, Path, Mapping], name: Optional[str] = None) -> 
     metric = pub.get("metric")
     if metric not in METRICS:
         raise ValidationError(f"{where}: published.metric: {metric!r} not allowed; choose from {', '.join(METRICS)}")
-    try:
+    if metric in BOOLEAN_METRICS:
+        if not isinstance(pub.get("value"), bool):
+            raise ValidationError(f"{where}: published.value: metric {metric} needs true or false, "
+                                  f"got {pub.get('value')!r}")
         value = float(pub["value"])
-    except (KeyError, TypeError, ValueError):
-        raise ValidationError(f"{where}: published.value: needs a number, got {pub.get('value')!r}") from None
-    if not value > 0:
-        raise ValidationError(f"{where}: published.value: must be > 0, got {value!r}")
+    else:
+        try:
+            if isinstance(pub["value"], bool):
+                raise TypeError
+            value = float(pub["value"])
+        except (KeyError, TypeError, ValueError):
+            raise ValidationError(f"{where}: published.value: needs a number, got {pub.get('value')!r}") from None
+        if not value > 0:
+            raise ValidationError(f"{where}: published.value: must be > 0, got {value!r}")
     if not pub.get("source"):
         raise ValidationError(f"{where}: published.source: say where the figure comes from (paper, table)")
     if not isinstance(assumptions, list) or not all(isinstance(a, str) for a in assumptions):
@@ -204,10 +254,12 @@ def run_case(case: Case, compute: Optional[Mapping[str, float]] = None) -> CaseR
 
     sc = load_scenario(case.scenario_with(compute))
     res = simulate(sc)
-    s = res.summary
+    s = dict(res.summary)
+    s["peak_activation_bytes"] = float(res.memory["activations"].max())
     value = METRICS[case.metric][1](s, sc.cluster.chip.peak("bf16"))
     keep = {k: s[k] for k in ("step_time_s", "mfu", "hfu", "bubble_fraction", "exposed_comm_fraction",
-                              "peak_memory_bytes", "oom", "micro_batches", "sim_wall_s")}
+                              "peak_memory_bytes", "peak_activation_bytes", "memory_breakdown_bytes", "hbm_bytes",
+                              "oom", "micro_batches", "sim_wall_s")}
     return CaseResult(case, float(value), float(s["sim_wall_s"]), keep)
 
 
@@ -293,14 +345,20 @@ def error_stats(results: Sequence[CaseResult]) -> tuple[float, float, str]:
 
 
 def format_table(results: Sequence[CaseResult]) -> str:
-    """The human table: case, metric, published, simulated, error, wall time."""
+    """The human table: case, metric, published, simulated, error, simulated peak
+    memory (``OOM`` when it does not fit), wall time; the cases that fail on memory last."""
     w = max([len("case")] + [len(r.case.name) for r in results])
-    lines = [f"{'case':<{w}}  {'metric':<22} {'published':>10} {'simulated':>10} {'error':>8} {'sim s':>7}"]
+    lines = [f"{'case':<{w}}  {'metric':<22} {'published':>10} {'simulated':>10} {'error':>8} {'peak GB':>8} "
+             f"{'':>3} {'sim s':>7}"]
     for r in results:
         lines.append(f"{r.case.name:<{w}}  {r.case.metric:<22} {_fmt(r.case.published):>10} {_fmt(r.simulated):>10} "
-                     f"{r.error:>+8.1%} {r.sim_wall_s:>7.1f}")
+                     f"{r.error:>+8.1%} {r.peak_memory_bytes / 1e9:>8.1f} {'OOM' if r.oom else '':>3} "
+                     f"{r.sim_wall_s:>7.1f}")
     med, worst, name = error_stats(results)
     lines.append(f"{len(results)} cases; median |error| {med:.1%}; worst |error| {worst:.1%} ({name})")
+    failed = [r for r in results if r.failure]
+    for r in failed:
+        lines.append(f"FAILED {r.case.name}: {r.failure}")
     return "\n".join(lines)
 
 
@@ -308,7 +366,7 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}" if abs(x) < 1 else f"{x:.2f}" if abs(x) < 100 else f"{x:.1f}"
 
 
-CSV_COLUMNS = ("case", "metric", "published", "simulated", "error", "source")
+CSV_COLUMNS = ("case", "metric", "published", "simulated", "error", "source", "peak_memory_bytes", "oom")
 
 
 def write_csv(results: Sequence[CaseResult], path: Union[str, Path]) -> Path:
@@ -319,7 +377,7 @@ def write_csv(results: Sequence[CaseResult], path: Union[str, Path]) -> Path:
         w.writerow(CSV_COLUMNS)
         for r in results:
             w.writerow([r.case.name, r.case.metric, repr(r.case.published), repr(r.simulated), repr(r.error),
-                        r.case.source])
+                        r.case.source, repr(r.peak_memory_bytes), str(r.oom).lower()])
     return p
 
 
@@ -331,8 +389,11 @@ def plot_parity(results: Sequence[CaseResult], path: Union[str, Path], band: flo
     import matplotlib.pyplot as plt
     import numpy as np
 
+    results = [r for r in results if r.case.metric not in BOOLEAN_METRICS]  # log axes: numbers only
     metrics = sorted({r.case.metric for r in results})
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, max(1, len(metrics)), figsize=(4.6 * max(1, len(metrics)), 4.4), squeeze=False)
+    if not metrics:
+        axes[0][0].text(0.5, 0.5, "no numeric metric to plot", ha="center", va="center")
     groups = sorted({_group(r) for r in results})
     markers = dict(zip(groups, "osD^vP*X<>"))
     for ax, m in zip(axes[0], metrics):

@@ -91,10 +91,15 @@ def test_mla_and_moe_layers():
     moe = activation_bytes_per_layer(m, 5, 1, 4096, recompute="selective")
     assert moe > dense
     # Routed-expert memory scales with top_k * expert_ffn: doubling top_k adds
-    # one more copy of each assignment's (in + 2f + f + out) tensors.
+    # one more copy of each assignment's (in + 2f + f) 16-bit tensors and its fp32
+    # gate weight (gate applied to the SwiGLU output, Megatron-Core >= 0.13), or its
+    # 16-bit expert output instead when the gate scales the output at the combine.
     m16 = m.with_(moe=replace(m.moe, top_k=16))
     more = activation_bytes_per_layer(m16, 5, 1, 4096, recompute="selective")
-    assert more - moe == pytest.approx(2 * 4096 * 8 * (7168 + 3 * 2048 + 7168))
+    assert more - moe == pytest.approx(4096 * 8 * (2 * (7168 + 3 * 2048) + 4))
+    comb = dict(recompute="selective", moe_gate_weighting="combine")
+    assert activation_bytes_per_layer(m16, 5, 1, 4096, **comb) - activation_bytes_per_layer(m, 5, 1, 4096, **comb) \
+        == pytest.approx(2 * 4096 * 8 * (7168 + 3 * 2048 + 7168))
     # Balanced assignments do not depend on ep; an imbalance override does.
     assert activation_bytes_per_layer(m, 5, 1, 4096, ep=64, recompute="selective") == moe
     hot = activation_bytes_per_layer(m, 5, 1, 4096, ep=64, recompute="selective", expert_tokens=2 * 4096 * 8)
@@ -259,11 +264,11 @@ def test_deepseek_v3_activation_savings_closed_form():
             + lse
             + 2 * T * h                                # pre-FFN norm input
             + 4 * T * 256                              # fp32 routing probabilities
-            + A * (1 * h + 1 * 2 * f + 2 * h)          # FP8 input, FP8 SwiGLU input, BF16 output
+            + A * (1 * h + 1 * 2 * f + 4)              # FP8 input, FP8 SwiGLU input, fp32 gate weight
             + T * (1 * 2 * f))                         # shared expert's FP8 SwiGLU input
     full = (2 * T * h + 2 * T * h + 2 * 2 * T * 1536 + 2 * T * (512 + 64 + 512)
             + 2 * T * H * (2 * 192 + 128) + 2 * T * H * 128 + lse
-            + 2 * T * h + 2 * T * h + 4 * T * 256 + 2 * A * (h + 2 * f + f + h) + 2 * T * (2 * f + f))
+            + 2 * T * h + 2 * T * h + 4 * T * 256 + A * (2 * (h + 2 * f + f) + 4) + 2 * T * (2 * f + f))
     kw = dict(flash_attention=True)
     assert activation_bytes_per_layer(m, 5, 1, 4096, **kw) == pytest.approx(full, rel=1e-12)
     saved = activation_bytes_per_layer(m, 5, 1, 4096, activation_saving="deepseek-v3", **kw)

@@ -46,9 +46,22 @@ those closed forms exactly, and it generalises them:
   (``v_head_dim``) and the out-projection input are split by ``t``.
 * **MoE**: the router keeps its input and fp32 routing probabilities; every
   token-expert assignment keeps its permuted input ``h``, the up GEMM output
-  (``2f_e/etp`` or ``f_e/etp``), the down GEMM input (``f_e/etp``) and the expert
-  output ``h`` (needed for the gate-weight gradient), so routed memory scales with
-  ``top_k * expert_ffn_hidden``. Shared experts behave like a dense FFN.
+  (``2f_e/etp`` or ``f_e/etp``) and the down GEMM input (``f_e/etp``), so routed
+  memory scales with ``top_k * expert_ffn_hidden``. What the gate-weight gradient
+  needs depends on where the gate weight multiplies (``moe_gate_weighting``):
+
+  - ``"activation"`` (default): the weight scales the SwiGLU output, as Megatron-Core
+    has done since core_v0.13 (NVIDIA/Megatron-LM commit 2659630, "Memory efficient
+    token permutation", April 2025: the probabilities are permuted with the tokens and
+    ``experts.py`` applies ``activation_func_with_probs``). The down projection is
+    linear, so ``dL/dg = <dL/d(down input), act_out>`` comes from tensors the backward
+    has anyway; only the fp32 weight is kept per assignment (4 bytes).
+  - ``"combine"``: the weight scales the expert output when tokens are un-permuted
+    (Megatron-Core up to core_v0.12, NeMo 1.0 recipes: ``moe_utils.unpermute`` with
+    ``probs``), whose backward keeps that 16-bit expert output, ``h`` per assignment
+    (2h bytes: with DeepSeek-V3's ``h = 7168`` the largest per-assignment tensor).
+
+  Shared experts behave like a dense FFN.
 * **Flash attention** (``flash_attention=True``): the ``s x s`` scores are never
   materialised, exactly as selective recompute (they are recomputed in the
   backward); the kernel keeps an fp32 log-sum-exp per query and head instead.
@@ -65,6 +78,9 @@ recomputed from the latents (per-head Q, K, V not kept); the attention output is
 cached in E5M6 (1.5 bytes); the routed experts' permuted inputs and every SwiGLU
 input are cached in FP8 (1 byte) and the SwiGLU output is recomputed. The
 recomputed kernels are charged to the backward pass by the trace (phase ``R``).
+DeepSeek-V3's list of cached tensors (§3.3.2) holds no expert output, so its preset
+uses ``moe_gate_weighting="activation"``; it also keeps the AdamW moments in BF16
+(§3.3.3, "low-precision optimizer states": ``TrainingSpec.optimizer_state_dtype``).
 
 Weights, gradients, optimizer states
 ------------------------------------
@@ -91,6 +107,7 @@ _FP32_BYTES = 4
 _TOKEN_ID_BYTES = 8
 RECOMPUTE_MODES = ("none", "selective", "full")
 ACTIVATION_SAVINGS = ("none", "deepseek-v3")
+MOE_GATE_WEIGHTINGS = ("activation", "combine")
 _FP8_BYTES = 1       # FP8 activation cache (DeepSeek-V3 §3.3.2)
 _E5M6_BYTES = 1.5    # the attention output's 12-bit cache (E5M6, DeepSeek-V3 §3.3.2)
 OPTIMIZERS = ("adam", "muon", "sgd")
@@ -122,6 +139,7 @@ def activation_bytes_per_layer(
     etp: int = 1,
     expert_tokens: Optional[float] = None,
     activation_saving: str = "none",
+    moe_gate_weighting: str = "activation",
 ) -> float:
     """Bytes one transformer layer keeps on one rank from its forward until its
     backward, for one micro-batch (see the module notes for the per-tensor table
@@ -134,14 +152,16 @@ def activation_bytes_per_layer(
     that the defaults reproduce Korthikanti's formulas. ``expert_tokens``
     overrides the token-expert assignments this rank processes (load imbalance);
     ``ep`` must divide the routed experts. ``activation_saving="deepseek-v3"``: see
-    the module notes (*DeepSeek-V3's activation savings*).
+    the module notes (*DeepSeek-V3's activation savings*). ``moe_gate_weighting``:
+    where the gate weight scales a routed expert (``"activation"`` or ``"combine"``,
+    see the module notes, *MoE*).
     """
     _check_recompute(recompute)
     if not 0 <= layer < model.layers:
         raise IndexError(f"layer {layer} outside 0..{model.layers - 1} of {model.name!r}")
     return _block_activation_bytes(
         model, model.is_moe_layer(layer), micro_batch_size, seq_len, tp, cp, sequence_parallel, recompute, ep,
-        dropout, act_bytes, flash_attention, etp, expert_tokens, activation_saving,
+        dropout, act_bytes, flash_attention, etp, expert_tokens, activation_saving, moe_gate_weighting,
     )
 
 
@@ -161,8 +181,12 @@ def _block_activation_bytes(
     etp: int,
     expert_tokens: Optional[float],
     activation_saving: str = "none",
+    moe_gate_weighting: str = "activation",
 ) -> float:
     counts._check_positive(tp=tp, cp=cp, ep=ep, etp=etp)
+    if moe_gate_weighting not in MOE_GATE_WEIGHTINGS:
+        raise ValueError(f"training.moe_gate_weighting: must be one of {', '.join(MOE_GATE_WEIGHTINGS)}, "
+                         f"got {moe_gate_weighting!r}")
     if activation_saving not in ACTIVATION_SAVINGS:
         raise ValueError(f"training.activation_saving: must be one of {', '.join(ACTIVATION_SAVINGS)}, "
                          f"got {activation_saving!r}")
@@ -239,9 +263,12 @@ def _block_activation_bytes(
         total += norm_out * rows_sp * h  # router / shared-expert input
         total += _FP32_BYTES * rows_sp * m.experts  # routing probabilities
         assignments = rows_sp * m.top_k * etp if expert_tokens is None else float(expert_tokens)
-        # per assignment: permuted input (FP8 under the savings), up out, down in, output
+        # per assignment: permuted input (FP8 under the savings), up out, down in, and
+        # what the gate gradient needs: the fp32 gate weight ("activation") or the
+        # 16-bit expert output ("combine")
         expert_in = _FP8_BYTES if ds else act_bytes
-        total += assignments * (expert_in * h + act_in * up * f + act_out * f + act_bytes * h)
+        gate = _FP32_BYTES if moe_gate_weighting == "activation" else act_bytes * h
+        total += assignments * (expert_in * h + act_in * up * f + act_out * f + gate)
         if m.shared_experts:
             fs = counts._split(m.shared_experts * m.expert_ffn_hidden, tp, "the shared-expert width")
             total += tokens * (act_in * up * fs + act_out * fs)
@@ -303,6 +330,7 @@ def mtp_activation_bytes(
     etp: int = 1,
     expert_tokens: Optional[float] = None,
     activation_saving: str = "none",
+    moe_gate_weighting: str = "activation",
 ) -> float:
     """Bytes the MTP modules (DeepSeek-V3 §2.2) keep: per depth, the two norm
     inputs and the ``2h`` projection input, one transformer block and an output
@@ -316,7 +344,7 @@ def mtp_activation_bytes(
     per += act_bytes * (2 * rows * model.hidden + tokens * 2 * model.hidden)
     per += _block_activation_bytes(
         model, counts._mtp_block_is_moe(model), micro_batch_size, seq_len, tp, cp, sequence_parallel, recompute,
-        ep, dropout, act_bytes, flash_attention, etp, expert_tokens, activation_saving,
+        ep, dropout, act_bytes, flash_attention, etp, expert_tokens, activation_saving, moe_gate_weighting,
     )
     per += head_activation_bytes(model, micro_batch_size, seq_len, tp, cp, sequence_parallel, act_bytes)
     return model.mtp_depth * per
@@ -422,6 +450,19 @@ class StateBytes:
 _OPTIMIZER_BUFFERS = {"adam": 2, "muon": 1, "sgd": 1}
 
 
+def expert_replicas(layout: ParallelLayout) -> int:
+    """Ranks holding the same routed-expert shard in one pipeline stage, over which
+    the distributed optimizer shards expert states: ``tp*cp*dp / (ep*etp)``.
+
+    Megatron-Core builds the expert grid separately from the dense one: its expert
+    data-parallel size is ``world / (etp * ep * pp)`` (``megatron/core/parallel_state.py``,
+    ``expert_data_parallel_size``), so with ``etp < tp`` the tensor-parallel peers,
+    which all hold whole experts, are expert data-parallel replicas too. This is
+    ``layout.edp`` (``dp*cp/ep``) times ``tp/etp``. (The trace reduces expert
+    gradients over the ``edp`` group, which leaves those peers out when ``etp < tp``.)"""
+    return layout.tp * layout.cp * layout.dp // (layout.ep * layout.etp)
+
+
 def state_bytes(
     params_dense: float,
     params_expert: float,
@@ -454,7 +495,7 @@ def state_bytes(
     ZeRO stage 1 shards the optimizer states, stage 2 also the gradients, stage 3
     also the weights (Rajbhandari et al., arXiv 1910.02054 §5): dense parameters
     over the ``dp*cp`` ranks that hold the same dense shard, expert parameters
-    over the ``edp`` ranks that hold the same experts. Stage 2/3 figures are the
+    over the :func:`expert_replicas` ranks that hold the same experts. Stage 2/3 figures are the
     persistent shards; the transient full-size gradient bucket is a buffer.
     """
     if dtype not in DTYPES:
@@ -465,7 +506,7 @@ def state_bytes(
         raise ValueError(f"parameter counts must be non-negative, got {params_dense!r}, {params_expert!r}")
     zero = layout.zero
     dense_shards = layout.dp * layout.cp
-    expert_shards = layout.edp
+    expert_shards = expert_replicas(layout)
 
     def sharded(bytes_per_param: float, stage: int) -> float:
         if zero >= stage:
@@ -478,6 +519,21 @@ def state_bytes(
         gradients=sharded(grad_dtype_bytes, 2),
         optimizer=sharded(k_opt, 1),
     )
+
+
+def training_state_bytes(params_dense: float, params_expert: float, layout: ParallelLayout, training) -> StateBytes:
+    """:func:`state_bytes` with the dtypes a :class:`workloads.training.TrainingSpec`
+    names (gradient buffer ``grad_dtype``, optimizer moments ``optimizer_state_dtype``)."""
+    return state_bytes(params_dense, params_expert, layout, dtype=training.dtype, optimizer=training.optimizer,
+                       grad_dtype_bytes=training.grad_bytes, moment_dtype_bytes=training.moment_bytes)
+
+
+def activation_options(training) -> dict:
+    """The keyword arguments of the activation functions that a
+    :class:`workloads.training.TrainingSpec` sets (one place for the trace and the
+    search's estimate)."""
+    return dict(flash_attention=training.flash_attention, activation_saving=training.activation_saving,
+                moe_gate_weighting=training.moe_gate_weighting)
 
 
 # ---------------------------------------------------------------------------

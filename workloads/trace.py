@@ -53,7 +53,7 @@ from workloads.training import TrainingSpec
 # A trace larger than this is refused rather than simulated for hours: it means a
 # scenario with (micro-batches x layers per rank x simulated ranks) in the billions.
 MAX_TRACE_OPS = 20_000_000
-GRAD_REDUCE_BYTES = 4  # fp32 main gradients (Megatron-LM default, no --grad-reduce-in-bf16)
+GRAD_REDUCE_BYTES = 4  # fp32 main gradients (Megatron-LM default, no --grad-reduce-in-bf16); TrainingSpec.grad_bytes
 PARAM_BYTES = 2  # bf16 parameter storage (also under FP8 training: FP8 casts are transient)
 
 _ATTN_KINDS = ("attention",)
@@ -583,8 +583,7 @@ class _RankProgram:
             kw = dict(tp=L.tp, cp=L.cp, sequence_parallel=L.sequence_parallel)
             b._stash_cache[key] = memory.head_activation_bytes(b.model, t.micro_batch_size, t.seq_len, **kw) + \
                 memory.mtp_activation_bytes(b.model, t.micro_batch_size, t.seq_len, recompute=t.recompute, ep=L.ep,
-                                            flash_attention=t.flash_attention, etp=L.etp,
-                                            activation_saving=t.activation_saving, **kw)
+                                            etp=L.etp, **memory.activation_options(t), **kw)
         return b._stash_cache[key]
 
     def layer_forward(self, l: int, mb: int, k: int, deps: list, recompute: bool):
@@ -683,7 +682,7 @@ class _RankProgram:
         return memory.activation_bytes_per_layer(
             b.model, l, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
             sequence_parallel=L.sequence_parallel, recompute=t.recompute, ep=L.ep, etp=L.etp,
-            flash_attention=t.flash_attention, activation_saving=t.activation_saving,
+            **memory.activation_options(t),
         )
 
     def _recompute_transient(self, l: int) -> float:
@@ -692,7 +691,7 @@ class _RankProgram:
         return memory.activation_bytes_per_layer(
             b.model, l, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
             sequence_parallel=L.sequence_parallel, recompute="none", ep=L.ep, etp=L.etp,
-            flash_attention=t.flash_attention, activation_saving=t.activation_saving,
+            **memory.activation_options(t),
         )
 
     # ---- backward --------------------------------------------------------------
@@ -871,7 +870,7 @@ class _RankProgram:
         dep = self.after_compute()
         ids = []
         for axis, p, nm in (("dp_cp", dense, "grad"), ("edp", expert, "egrad")):
-            op = self.collective(self._grad_coll(), axis, p * GRAD_REDUCE_BYTES, f"{unit}.{nm}", "sync", mb, k,
+            op = self.collective(self._grad_coll(), axis, p * self.b.t.grad_bytes, f"{unit}.{nm}", "sync", mb, k,
                                  self._unit_layer(unit), dep, stream="dp")
             if op:
                 ids.append(op.id)
@@ -907,7 +906,7 @@ class _RankProgram:
             dense, expert = self.units[unit]
             if L.zero >= 1:
                 dense, expert = dense / (L.dp * L.cp), expert / L.edp
-            op = self.collective("all-reduce", "pp_mirror", (dense + expert) * GRAD_REDUCE_BYTES, f"{unit}.mirror",
+            op = self.collective("all-reduce", "pp_mirror", (dense + expert) * self.b.t.grad_bytes, f"{unit}.mirror",
                                  "sync", -1, -1, self._unit_layer(unit), deps, stream="mirror", group=group)
             if op:
                 self.grad_ops.append(op.id)
@@ -940,7 +939,7 @@ class _RankProgram:
         if other == self.rank:
             return
         table = math.ceil(m.vocab / L.tp) * m.hidden
-        op = self.collective("all-reduce", "pp_embed", table * GRAD_REDUCE_BYTES, "embed.tied_grad", "sync", -1, -1, -1,
+        op = self.collective("all-reduce", "pp_embed", table * self.b.t.grad_bytes, "embed.tied_grad", "sync", -1, -1, -1,
                              self.grad_ops + self.after_compute(), stream="mirror",
                              group=tuple(sorted((self.rank, other))))
         if op:
@@ -1002,7 +1001,7 @@ class _RankProgram:
         # ZeRO-Offload: fp32 gradients down to the host, the update on the CPU,
         # bf16 parameters back up; the compute stream waits for the new weights.
         shard = sum(k.bytes for k in kern) / OPTIMIZER_BYTES_PER_PARAM[t.optimizer]
-        d2h = self.host("grads.d2h", shard * GRAD_REDUCE_BYTES, "opt", deps=self.grad_ops)
+        d2h = self.host("grads.d2h", shard * t.grad_bytes, "opt", deps=self.grad_ops)
         cpu = self.host("optimizer.cpu", shard * OPTIMIZER_BYTES_PER_PARAM[t.optimizer], "opt", deps=[d2h.id],
                         rate=HOST_UPDATE_BYTES_PER_S)
         h2d = self.host("params.h2d", shard * PARAM_BYTES, "opt", deps=[cpu.id])
@@ -1021,9 +1020,9 @@ class _RankProgram:
     def static_memory(self) -> dict[str, float]:
         L, t = self.b.L, self.b.t
         dense, expert = self.local_params()
-        s = memory.state_bytes(dense, expert, L, dtype=t.dtype, optimizer=t.optimizer)
+        s = memory.training_state_bytes(dense, expert, L, t)
         buffers = memory.sharding_buffer_bytes([d + e for d, e in self.units.values()], L.zero,
-                                               weight_dtype_bytes=PARAM_BYTES, grad_dtype_bytes=GRAD_REDUCE_BYTES)
+                                               weight_dtype_bytes=PARAM_BYTES, grad_dtype_bytes=t.grad_bytes)
         return {"weights": s.weights, "gradients": s.gradients,
                 "optimizer": 0.0 if t.offload_optimizer else s.optimizer,  # offloaded: in host memory
                 "activations": 0.0, "buffers": buffers}

@@ -43,14 +43,39 @@ class TrainingSpec:
     # SwiGLU and MLA up-projections recomputed; MoE up-projection and SwiGLU inputs in
     # FP8). Needs FP8 training. "none": every activation kept in 16 bits.
     activation_saving: Literal["none", "deepseek-v3"] = "none"
+    # Where a routed expert's gate weight multiplies (workloads.memory, "MoE"): "activation"
+    # (Megatron-Core >= 0.13: the SwiGLU output is scaled, only an fp32 weight is kept per
+    # token-expert assignment) or "combine" (Megatron-Core <= 0.12 and NeMo 1.0 recipes: the
+    # expert output is scaled when tokens are un-permuted, so its BF16 copy is kept for the
+    # gate gradient).
+    moe_gate_weighting: Literal["activation", "combine"] = "activation"
+    # Bytes per element of the gradient buffer (Megatron-LM / NeMo keep FP32 main gradients;
+    # "bf16" = Megatron --grad-reduce-in-bf16 / NeMo optim.grad_sync_dtype: bf16) and of the
+    # Adam / Muon moments ("bf16": DeepSeek-V3 §3.3.3, low-precision optimizer states).
+    grad_dtype: Literal["fp32", "bf16"] = "fp32"
+    optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
 
     def __post_init__(self) -> None:
         if self.activation_saving not in ("none", "deepseek-v3"):
             raise ValueError(f"training.activation_saving: must be none or deepseek-v3, "
                              f"got {self.activation_saving!r}")
+        for name, allowed in (("moe_gate_weighting", ("activation", "combine")),
+                              ("grad_dtype", ("fp32", "bf16")), ("optimizer_state_dtype", ("fp32", "bf16"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"training.{name}: must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.activation_saving == "deepseek-v3" and self.dtype != "fp8":
             raise ValueError("training.activation_saving: deepseek-v3 caches activations in FP8 and "
                              f"needs training.dtype: fp8, got {self.dtype}")
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per gradient element (4 for fp32, 2 for bf16)."""
+        return 2 if self.grad_dtype == "bf16" else 4
+
+    @property
+    def moment_bytes(self) -> int:
+        """Bytes per optimizer-moment element (4 for fp32, 2 for bf16)."""
+        return 2 if self.optimizer_state_dtype == "bf16" else 4
 
     @property
     def tokens_per_step(self) -> int:

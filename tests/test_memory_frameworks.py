@@ -1,0 +1,152 @@
+"""Memory as the frameworks allocate it (issue 15): where the gate weight multiplies a
+routed expert, the dtypes of gradients and optimizer moments, the distributed
+optimizer's expert shards on Megatron-Core's expert grid, and the validation suite's
+memory columns, memory metrics and expected-OOM cases."""
+
+from __future__ import annotations
+
+import copy
+import csv
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from simulator import validate as v
+from simulator.cli_validate import main as cli_main
+from simulator.schema import ScenarioError, load_scenario
+from workloads import memory
+from workloads.layout import ParallelLayout
+from workloads.presets import get_model
+from workloads.training import TrainingSpec
+
+DSV3 = get_model("deepseek-v3")
+
+
+def test_gate_weighting_keeps_an_fp32_weight_instead_of_the_expert_output():
+    """Per token-expert assignment the gate gradient needs the 16-bit expert output
+    (``h`` = 7168 wide: 2h bytes) when the gate scales it at the combine (Megatron-Core
+    <= 0.12 ``unpermute(probs=...)``), one fp32 weight when it scales the SwiGLU output
+    (Megatron-Core >= 0.13 ``activation_func_with_probs``)."""
+    kw = dict(ep=64, recompute="selective", flash_attention=True, activation_saving="deepseek-v3")
+    act = memory.activation_bytes_per_layer(DSV3, 5, 1, 4096, moe_gate_weighting="activation", **kw)
+    comb = memory.activation_bytes_per_layer(DSV3, 5, 1, 4096, moe_gate_weighting="combine", **kw)
+    assignments = 4096 * 8
+    assert comb - act == pytest.approx(assignments * (2 * 7168 - 4), rel=1e-12)
+    # DeepSeek-V3's per-assignment cache (§3.3.2): FP8 expert input (h) and FP8 SwiGLU
+    # input (2f = 4096) plus the fp32 weight: 11,268 bytes, down from 25,600 (BF16 output kept).
+    top16 = DSV3.with_(moe=replace(DSV3.moe, top_k=16))
+    more = memory.activation_bytes_per_layer(top16, 5, 1, 4096, moe_gate_weighting="activation", **kw)
+    assert more - act == pytest.approx(assignments * (7168 + 4096 + 4), rel=1e-12)
+    with pytest.raises(ValueError, match="training.moe_gate_weighting"):
+        memory.activation_bytes_per_layer(DSV3, 5, 1, 4096, moe_gate_weighting="router")
+
+
+def test_megatron_bytes_per_parameter():
+    """Megatron-LM ``theoretical_memory_usage.py``: 18 bytes per parameter (BF16 weight,
+    FP32 main gradient, FP32 master + two Adam moments), ``6 + 12/dp`` with the
+    distributed optimizer; NeMo's ``grad_sync_dtype: bf16`` halves the gradient."""
+    t = TrainingSpec()
+    assert memory.training_state_bytes(1.0, 0, ParallelLayout(dp=8, zero=0), t).total == 18
+    assert memory.training_state_bytes(1.0, 0, ParallelLayout(dp=8, zero=1), t).total == pytest.approx(6 + 12 / 8)
+    bf16 = TrainingSpec(grad_dtype="bf16")
+    assert memory.training_state_bytes(1.0, 0, ParallelLayout(dp=8, zero=1), bf16).total == pytest.approx(4 + 12 / 8)
+    # DeepSeek-V3 §3.3.3: BF16 AdamW moments, FP32 master weights and gradients -> K = 8
+    ds = TrainingSpec(dtype="fp8", optimizer_state_dtype="bf16")
+    assert memory.training_state_bytes(1.0, 0, ParallelLayout(zero=0), ds) == memory.StateBytes(2, 4, 8)
+
+
+def test_expert_states_shard_over_megatron_cores_expert_grid():
+    """Megatron-Core's expert data-parallel size is world / (etp * ep * pp)
+    (parallel_state.py): the dgxc Grok-1 512-GPU layout (TP4 CP2 PP8 DP8 EP8, ETP1) has
+    8 replicas of each expert, not dp*cp/ep = 2; DeepSeek-V3's (PP16 DP128 EP64) 2."""
+    grok = ParallelLayout(tp=4, cp=2, pp=8, dp=8, ep=8, etp=1, zero=1)
+    assert memory.expert_replicas(grok) == 512 // (1 * 8 * 8) == 8
+    assert memory.expert_replicas(ParallelLayout(tp=4, cp=2, pp=8, dp=8, ep=8, etp=4)) == 2
+    assert memory.expert_replicas(ParallelLayout(pp=16, dp=128, ep=64)) == 2
+    s = memory.state_bytes(0.0, 8.0, grok)
+    assert s.optimizer == pytest.approx(12 * 8 / 8)
+
+
+def test_training_dtype_fields_are_checked_by_name():
+    assert TrainingSpec(grad_dtype="bf16").grad_bytes == 2 and TrainingSpec().grad_bytes == 4
+    assert TrainingSpec(optimizer_state_dtype="bf16").moment_bytes == 2
+    with pytest.raises(ValueError, match="training.grad_dtype"):
+        TrainingSpec(grad_dtype="fp16")
+    base = {"model": "llama3-8b", "cluster": {"preset": "dgx-h100", "devices": 8},
+            "training": {"global_batch_size": 8}}
+    for key in ("grad_dtype", "optimizer_state_dtype", "moe_gate_weighting"):
+        bad = copy.deepcopy(base)
+        bad["training"][key] = "fp64"
+        with pytest.raises(ScenarioError, match=f"training.{key}"):
+            load_scenario(bad)
+
+
+def test_bf16_moments_shrink_only_the_optimizer_states():
+    sc = {"model": {"preset": "llama3-8b", "layers": 2, "vocab": 1024}, "cluster": {"preset": "dgx-h100", "devices": 8},
+          "parallel": {"tp": 1, "dp": 8, "zero": 1}, "training": {"global_batch_size": 8, "seq_len": 512}}
+    from simulator import simulate
+
+    a = simulate(load_scenario(sc)).summary["memory_breakdown_bytes"]
+    sc["training"]["optimizer_state_dtype"] = "bf16"
+    sc["training"]["grad_dtype"] = "bf16"
+    b = simulate(load_scenario(sc)).summary["memory_breakdown_bytes"]
+    # moments 8 -> 4 of 12 optimizer bytes per parameter; gradients 4 -> 2 bytes
+    assert b["optimizer"] == pytest.approx(a["optimizer"] * 8 / 12, rel=1e-12)
+    assert b["gradients"] == pytest.approx(a["gradients"] / 2, rel=1e-12)
+    assert b["weights"] == a["weights"] and b["activations"] == a["activations"]
+
+
+# ---- validation: memory columns, memory metrics, expected-OOM cases ---------------------
+
+_TINY = {"preset": "megatron-gpt-1.7b", "layers": 4, "vocab": 1024}
+
+
+def _case(name, metric="step_time_s", value=0.1, hbm=None):
+    cluster = {"preset": "dgx-a100", "devices": 8}
+    if hbm is not None:  # a made-up chip small enough that the tiny model does not fit
+        cluster["chip"] = {"peak_flops_per_s": {"bf16": 312e12}, "hbm_bytes": hbm, "hbm_bw_bytes_per_s": 2.039e12,
+                           "family": "ampere"}
+    return {"name": name, "published": {"metric": metric, "value": value, "source": "synthetic test case"},
+            "model": _TINY, "cluster": cluster, "parallel": {"tp": 2, "pp": 1, "dp": 4},
+            "training": {"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 8, "recompute": "full"}}
+
+
+def test_oom_cases_load_as_booleans_and_reject_numbers():
+    c = v.load_case(_case("x", metric="oom", value=True))
+    assert c.metric == "oom" and c.published == 1.0
+    with pytest.raises(v.ValidationError, match="published.value: metric oom needs true or false"):
+        v.load_case(_case("x", metric="oom", value=1))
+    with pytest.raises(v.ValidationError, match="published.value: needs a number"):
+        v.load_case(_case("x", metric="peak_memory_bytes", value=True))
+
+
+def test_a_case_that_does_not_fit_fails_and_an_oom_case_must_agree(tmp_path, capsys):
+    ok = v.run_case(v.load_case(_case("fits")))
+    assert not ok.oom and ok.failure is None and ok.peak_memory_bytes > 0
+    small = v.run_case(v.load_case(_case("too-small", hbm=1e9)))
+    assert small.oom and "but the source ran it" in small.failure
+    expected = v.run_case(v.load_case(_case("expected-oom", metric="oom", value=True, hbm=1e9)))
+    assert expected.failure is None and expected.error == 0.0 and expected.simulated == 1.0
+    wrong = v.run_case(v.load_case(_case("wrongly-fits", metric="oom", value=True)))
+    assert wrong.error == 1.0 and "fits in the simulation" in wrong.failure  # optimistic: positive
+    # peak memory as the metric: simulated / published - 1, as for the other metrics
+    mem = v.run_case(v.load_case(_case("mem", metric="peak_memory_bytes", value=ok.peak_memory_bytes / 2)))
+    assert mem.error == pytest.approx(1.0)
+    act = v.run_case(v.load_case(_case("act", metric="activation_bytes", value=1.0)))
+    assert 0 < act.simulated < ok.peak_memory_bytes
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for c in (_case("fits"), _case("expected-oom", metric="oom", value=True, hbm=1e9)):
+        (suite / f"{c['name']}.yaml").write_text(yaml.safe_dump(c))
+    out = tmp_path / "out"
+    assert cli_main(["validate", "--suite", str(suite), "--out", str(out), "--jobs", "1", "--quiet"]) == 0
+    rows = {r["case"]: r for r in csv.DictReader((out / "validation.csv").open())}
+    assert rows["expected-oom"]["oom"] == "true" and rows["fits"]["oom"] == "false"
+    assert float(rows["fits"]["peak_memory_bytes"]) == pytest.approx(ok.peak_memory_bytes)
+    (suite / "too-small.yaml").write_text(yaml.safe_dump(_case("too-small", hbm=1e9)))
+    capsys.readouterr()
+    assert cli_main(["validate", "--suite", str(suite), "--jobs", "1", "--quiet"]) == 3
+    cap = capsys.readouterr()
+    assert "1 case(s) fail on memory: too-small" in cap.err and "FAILED too-small" in cap.out
