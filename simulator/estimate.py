@@ -426,7 +426,7 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
             gather = (net.time_s("all-gather", L.group(rank, "dp_cp"), dense * PARAM_BYTES)
                       + net.time_s("all-gather", L.group(rank, "edp"), exp * PARAM_BYTES))
         rc, re = (c_f, tp_f + cp_f + ep_f) if recompute else (0.0, 0.0)
-        if not recompute and t.activation_saving == "deepseek-v3":
+        if not recompute and memory.recomputed_kernel_names(t):
             rc = kt(b.saved_recompute_kernels(l))   # norms, MLA up-projections, SwiGLUs
         e_f, e_b = tp_f + cp_f + ep_f, tp_b + cp_b + ep_b
         # The trace lets a ZeRO-3 gather start once the compute op before last is done: with

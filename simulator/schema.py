@@ -149,6 +149,8 @@ class TrainingIn(_Strict):
     moe_gate_weighting: Literal["activation", "combine"] = "activation"
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
+    recompute_modules: Optional[list[str]] = None
+    dropout: bool = False
     expert_load: Optional[ExpertLoadIn] = None
     offload: Optional["OffloadIn"] = None
 
@@ -263,6 +265,7 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
     layout = _resolve_layout(sc.parallel, cluster.devices)
     try:
         tr = sc.training.model_dump(exclude={"expert_load", "offload"})
+        tr["recompute_modules"] = tuple(tr.get("recompute_modules") or ())
         if sc.training.offload is not None:
             tr["offload_optimizer"] = sc.training.offload.optimizer
             tr["offload_activations"] = sc.training.offload.activations
@@ -549,6 +552,12 @@ def _training_dict(t: TrainingSpec) -> dict:
                          ("optimizer_state_dtype", "fp32")):
         if d[key] == default:  # likewise
             del d[key]
+    if not d["dropout"]:
+        del d["dropout"]
+    if d["recompute_modules"]:
+        d["recompute_modules"] = list(d["recompute_modules"])
+    else:
+        del d["recompute_modules"]
     return d
 
 

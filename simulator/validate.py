@@ -21,7 +21,8 @@ Memory. Every result carries the simulated ``peak_memory_bytes`` and ``oom`` (th
 peak exceeds the device's memory). A published run ran, so a case whose simulated
 peak does not fit *fails* (:attr:`CaseResult.failure`), whatever its metric. Memory
 figures are cases too: metric ``peak_memory_bytes`` (bytes in use on the fullest
-device) or ``activation_bytes`` (the largest stash of activations on one device),
+device), ``activation_bytes`` (the largest stash of activations on one device) or
+``model_state_bytes`` (weights, gradients and optimizer states of the fullest device),
 compared as above; and configurations a source reports as not fitting are cases with
 metric ``oom`` and ``value: true`` (``false``: the source says it fits): the error is
 ``published - simulated`` (1 = the simulator says it fits where the source says it
@@ -82,6 +83,8 @@ METRICS: dict[str, tuple[str, Callable[[Mapping, float], float]]] = {
     "peak_memory_bytes": ("peak bytes in use on the fullest device", lambda s, p: s["peak_memory_bytes"]),
     "activation_bytes": ("peak bytes of stashed activations on one device",
                          lambda s, p: s["peak_activation_bytes"]),
+    "model_state_bytes": ("weights + gradients + optimizer states on the fullest device",
+                          lambda s, p: s["model_state_bytes"]),
     "oom": ("1 when the peak exceeds the device memory, else 0", lambda s, p: float(bool(s["oom"]))),
 }
 
@@ -255,10 +258,13 @@ def run_case(case: Case, compute: Optional[Mapping[str, float]] = None) -> CaseR
     sc = load_scenario(case.scenario_with(compute))
     res = simulate(sc)
     s = dict(res.summary)
-    s["peak_activation_bytes"] = float(res.memory["activations"].max())
+    mem = res.memory
+    s["peak_activation_bytes"] = float(mem["activations"].max())
+    s["model_state_bytes"] = float((mem["weights"] + mem["gradients"] + mem["optimizer"]).max())
     value = METRICS[case.metric][1](s, sc.cluster.chip.peak("bf16"))
     keep = {k: s[k] for k in ("step_time_s", "mfu", "hfu", "bubble_fraction", "exposed_comm_fraction",
-                              "peak_memory_bytes", "peak_activation_bytes", "memory_breakdown_bytes", "hbm_bytes",
+                              "peak_memory_bytes", "peak_activation_bytes", "model_state_bytes", "memory_breakdown_bytes",
+                              "hbm_bytes",
                               "oom", "micro_batches", "sim_wall_s")}
     return CaseResult(case, float(value), float(s["sim_wall_s"]), keep)
 

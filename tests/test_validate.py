@@ -114,7 +114,7 @@ def test_validate_command_writes_table_csv_and_plot(suite, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "median |error|" in text and "worst |error|" in text and "tiny-h100" in text
     rows = list(csv.DictReader((out / "validation.csv").open()))
-    assert list(rows[0]) == ["case", "metric", "published", "simulated", "error", "source"]
+    assert list(rows[0]) == ["case", "metric", "published", "simulated", "error", "source", "peak_memory_bytes", "oom"]
     assert len(rows) == 3
     for r in rows:
         assert float(r["error"]) == pytest.approx(float(r["simulated"]) / float(r["published"]) - 1)

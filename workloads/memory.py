@@ -101,6 +101,7 @@ from typing import Optional
 from workloads import counts
 from workloads.layout import ParallelLayout
 from workloads.model import ModelSpec
+from workloads.training import RECOMPUTE_MODULES
 
 _MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti §4.1)
 _FP32_BYTES = 4
@@ -140,6 +141,7 @@ def activation_bytes_per_layer(
     expert_tokens: Optional[float] = None,
     activation_saving: str = "none",
     moe_gate_weighting: str = "activation",
+    recompute_modules: tuple = (),
 ) -> float:
     """Bytes one transformer layer keeps on one rank from its forward until its
     backward, for one micro-batch (see the module notes for the per-tensor table
@@ -162,6 +164,7 @@ def activation_bytes_per_layer(
     return _block_activation_bytes(
         model, model.is_moe_layer(layer), micro_batch_size, seq_len, tp, cp, sequence_parallel, recompute, ep,
         dropout, act_bytes, flash_attention, etp, expert_tokens, activation_saving, moe_gate_weighting,
+        recompute_modules,
     )
 
 
@@ -182,6 +185,7 @@ def _block_activation_bytes(
     expert_tokens: Optional[float],
     activation_saving: str = "none",
     moe_gate_weighting: str = "activation",
+    recompute_modules: tuple = (),
 ) -> float:
     counts._check_positive(tp=tp, cp=cp, ep=ep, etp=etp)
     if moe_gate_weighting not in MOE_GATE_WEIGHTINGS:
@@ -202,9 +206,15 @@ def _block_activation_bytes(
         return act_bytes * rows_sp * h  # the layer input (Korthikanti §5: 2sbh)
 
     ds = activation_saving == "deepseek-v3"
+    for mod in recompute_modules:
+        if mod not in RECOMPUTE_MODULES:
+            raise ValueError(f"training.recompute_modules: {mod!r} not allowed; choose from {', '.join(RECOMPUTE_MODULES)}")
     # Under DeepSeek-V3's savings a norm's output (a GEMM input) is recomputed from the
-    # norm's input, MLA's up-projections from their latents, SwiGLU from its FP8 input.
-    norm_out = 0 if ds else act_bytes
+    # norm's input, MLA's up-projections from their latents, SwiGLU from its FP8 input;
+    # Megatron-Core's recompute modules drop the same tensors one group at a time.
+    norm_out = 0 if ds or "layernorm" in recompute_modules else act_bytes
+    up_proj_kept = not (ds or "mla_up_proj" in recompute_modules)
+    latent_norm_out = act_bytes if up_proj_kept else 0
     total = 0.0
     # ---- attention ---------------------------------------------------------
     total += act_bytes * rows_sp * h  # pre-attention norm input
@@ -221,17 +231,18 @@ def _block_activation_bytes(
         total += norm_out * rows_sp * h  # input of the down projections
         if mla.q_lora_rank:
             # query latent (norm input) and its normed copy (q_up input): replicated
-            total += (act_bytes + norm_out) * tokens * mla.q_lora_rank
+            total += (act_bytes + latent_norm_out) * tokens * mla.q_lora_rank
         # KV latent + RoPE key (norm / rope input) and the normed latent (kv_up input)
-        total += act_bytes * tokens * (mla.kv_lora_rank + mla.qk_rope_head_dim) + norm_out * tokens * mla.kv_lora_rank
-        if not ds:  # per-head Q, K, V: the up-projections' outputs
+        total += act_bytes * tokens * (mla.kv_lora_rank + mla.qk_rope_head_dim) + \
+            latent_norm_out * tokens * mla.kv_lora_rank
+        if up_proj_kept:  # per-head Q, K, V: the up-projections' outputs
             total += act_bytes * tokens * heads * (2 * d_qk + d_v)
         v_width = heads * d_v
     total += (_E5M6_BYTES if ds else act_bytes) * tokens * v_width  # out-projection input (attention output)
     if dropout:
         total += _MASK_BYTES * rows_sp * h  # dropout after the out projection
 
-    scores_stored = recompute == "none" and not flash_attention
+    scores_stored = recompute == "none" and not flash_attention and "core_attn" not in recompute_modules
     if scores_stored:
         # One (s/cp) x s score block per local head and sequence.
         score_elems = micro_batch_size * (seq_len / cp) * seq_len * heads
@@ -267,8 +278,9 @@ def _block_activation_bytes(
         # what the gate gradient needs: the fp32 gate weight ("activation") or the
         # 16-bit expert output ("combine")
         expert_in = _FP8_BYTES if ds else act_bytes
+        expert_act_out = 0 if "moe_act" in recompute_modules else act_out
         gate = _FP32_BYTES if moe_gate_weighting == "activation" else act_bytes * h
-        total += assignments * (expert_in * h + act_in * up * f + act_out * f + gate)
+        total += assignments * (expert_in * h + act_in * up * f + expert_act_out * f + gate)
         if m.shared_experts:
             fs = counts._split(m.shared_experts * m.expert_ffn_hidden, tp, "the shared-expert width")
             total += tokens * (act_in * up * fs + act_out * fs)
@@ -331,6 +343,7 @@ def mtp_activation_bytes(
     expert_tokens: Optional[float] = None,
     activation_saving: str = "none",
     moe_gate_weighting: str = "activation",
+    recompute_modules: tuple = (),
 ) -> float:
     """Bytes the MTP modules (DeepSeek-V3 §2.2) keep: per depth, the two norm
     inputs and the ``2h`` projection input, one transformer block and an output
@@ -345,6 +358,7 @@ def mtp_activation_bytes(
     per += _block_activation_bytes(
         model, counts._mtp_block_is_moe(model), micro_batch_size, seq_len, tp, cp, sequence_parallel, recompute,
         ep, dropout, act_bytes, flash_attention, etp, expert_tokens, activation_saving, moe_gate_weighting,
+        recompute_modules,
     )
     per += head_activation_bytes(model, micro_batch_size, seq_len, tp, cp, sequence_parallel, act_bytes)
     return model.mtp_depth * per
@@ -533,7 +547,34 @@ def activation_options(training) -> dict:
     :class:`workloads.training.TrainingSpec` sets (one place for the trace and the
     search's estimate)."""
     return dict(flash_attention=training.flash_attention, activation_saving=training.activation_saving,
-                moe_gate_weighting=training.moe_gate_weighting)
+                moe_gate_weighting=training.moe_gate_weighting, recompute_modules=training.recompute_modules,
+                dropout=training.dropout)
+
+
+#: Forward kernels (``workloads.counts`` names) each recompute module runs again before
+#: a layer's backward; DeepSeek-V3's savings run every norm, the MLA up-projections and
+#: every FFN activation (§3.2.3, §3.3.2). ``core_attn`` adds none: fused attention
+#: rebuilds its scores inside its own backward kernel.
+RECOMPUTED_KERNELS = {
+    "core_attn": (),
+    "layernorm": ("attn_norm", "mlp_norm"),
+    "mla_up_proj": ("q_down_norm", "kv_down_norm", "q_up", "kv_up"),
+    "moe_act": ("expert_act",),
+    "deepseek-v3": ("attn_norm", "mlp_norm", "q_down_norm", "kv_down_norm", "q_up", "kv_up", "mlp_act",
+                    "expert_act", "shared_act"),
+}
+
+
+def recomputed_kernel_names(training) -> frozenset:
+    """Names of the forward kernels recomputed before each layer's backward under the
+    training's activation savings and recompute modules (empty under full recompute,
+    which reruns the whole layer)."""
+    if training.recompute == "full":
+        return frozenset()
+    groups = list(training.recompute_modules)
+    if training.activation_saving == "deepseek-v3":
+        groups.append("deepseek-v3")
+    return frozenset(n for g in groups for n in RECOMPUTED_KERNELS[g])
 
 
 # ---------------------------------------------------------------------------

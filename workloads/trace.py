@@ -146,12 +146,6 @@ def chunk_layer_ranges(model: ModelSpec, layout: ParallelLayout, schedule: str) 
     return layout.chunk_layer_ranges(model.layers, n, f"pp={layout.pp}, vpp={layout.vpp}, schedule {schedule}")
 
 
-#: Forward kernels (besides every norm) recomputed in the backward pass under
-#: ``training.activation_saving: deepseek-v3``: MLA up-projections (DeepSeek-V3 §3.2.3)
-#: and the FFN activations whose outputs are not cached (§3.3.2).
-SAVED_RECOMPUTE_KERNELS = ("q_up", "kv_up", "mlp_act", "expert_act", "shared_act")
-
-
 class TraceBuilder:
     def __init__(self, w: Workload):
         self.w = w
@@ -194,14 +188,13 @@ class TraceBuilder:
 
     # ---- kernels -------------------------------------------------------------
     def saved_recompute_kernels(self, layer: int) -> tuple:
-        """The forward kernels DeepSeek-V3's activation savings run again before the
-        layer's backward (see :mod:`workloads.memory`): every norm, the MLA
-        up-projections and the FFN activations, in forward order."""
+        """The forward kernels DeepSeek-V3's activation savings and the recompute
+        modules run again before the layer's backward (:func:`memory.recomputed_kernel_names`),
+        in forward order."""
         key = ("saved-recompute", layer, self.model.is_moe_layer(layer), self.load_factor.get(layer, 1.0))
         if key not in self._kern_cache:
-            names = set(SAVED_RECOMPUTE_KERNELS)
-            self._kern_cache[key] = tuple(k for part in self.layer_parts(layer) for k in part
-                                          if k.name in names or k.kind == "norm")
+            names = memory.recomputed_kernel_names(self.t)
+            self._kern_cache[key] = tuple(k for part in self.layer_parts(layer) for k in part if k.name in names)
         return self._kern_cache[key]
 
     def layer_parts(self, layer: int):
@@ -743,7 +736,7 @@ class _RankProgram:
         sp = L.sequence_parallel
         h = b.hidden_bytes
         deps = list(deps)
-        if t.activation_saving == "deepseek-v3" and t.recompute != "full" and part in ("B", "I"):
+        if part in ("B", "I") and memory.recomputed_kernel_names(t):
             # the norms, MLA up-projections and SwiGLUs whose outputs were not kept
             redo = b.saved_recompute_kernels(l)
             if redo:

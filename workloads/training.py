@@ -9,6 +9,11 @@ Recompute = Literal["none", "selective", "full"]
 Balance = Literal["aux-free", "aux-loss-local", "aux-loss-global"]
 Dtype = Literal["bf16", "fp8"]
 Optimizer = Literal["adam", "muon", "sgd"]
+#: Megatron-Core ``--recompute-modules`` the memory model knows (TransformerConfig
+#: ``recompute_modules``): ``core_attn`` the attention core (scores), ``layernorm``
+#: the two pre-block norms, ``mla_up_proj`` MLA's up-projections with their latent
+#: norms and RoPE, ``moe_act`` the routed experts' activation function.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act")
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,16 @@ class TrainingSpec:
     # Adam / Muon moments ("bf16": DeepSeek-V3 §3.3.3, low-precision optimizer states).
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
+    # Megatron-Core's --recompute-modules under selective recompute (workloads.memory,
+    # RECOMPUTE_MODULES): parts of each layer whose outputs are recomputed in the
+    # backward pass instead of kept. Empty: the attention core only (Korthikanti's
+    # selective recompute, Megatron-Core's default ``core_attn``).
+    recompute_modules: tuple[str, ...] = ()
+    # Dropout after attention, MLP and on the attention probabilities (GPT-3-era models,
+    # Megatron-LM's default 0.1): its 1-byte masks and the dropped-out probabilities are
+    # kept for the backward (Korthikanti et al. 2022 §4.1). Memory only; the dropout
+    # kernels are not timed. Modern LLMs train without it.
+    dropout: bool = False
 
     def __post_init__(self) -> None:
         if self.activation_saving not in ("none", "deepseek-v3"):
@@ -63,6 +78,13 @@ class TrainingSpec:
                               ("grad_dtype", ("fp32", "bf16")), ("optimizer_state_dtype", ("fp32", "bf16"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"training.{name}: must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        for m in self.recompute_modules:
+            if m not in RECOMPUTE_MODULES:
+                raise ValueError(f"training.recompute_modules: {m!r} not allowed; choose from "
+                                 f"{', '.join(RECOMPUTE_MODULES)}")
+        if self.recompute_modules and self.recompute != "selective":
+            raise ValueError("training.recompute_modules: needs training.recompute: selective (Megatron-Core "
+                             f"recomputes modules only under selective granularity), got {self.recompute!r}")
         if self.activation_saving == "deepseek-v3" and self.dtype != "fp8":
             raise ValueError("training.activation_saving: deepseek-v3 caches activations in FP8 and "
                              f"needs training.dtype: fp8, got {self.dtype}")
