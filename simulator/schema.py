@@ -10,14 +10,12 @@ with the dotted key at fault and says what is allowed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 
 from topologies.chips import CHIPS, ChipSpec, get_chip
 from topologies.errors import TopologyError
@@ -46,44 +44,46 @@ class _Strict(BaseModel):
 
 
 PositiveInt = Field(ge=1)
+# Integer fields take integers only: `ep: true` or `tp: 8.5` is refused, not read as 1 or 8.
+SInt = Annotated[int, Strict()]
 
 
 class MLAIn(_Strict):
     kind: Literal["mla"] = "mla"
-    q_lora_rank: int = Field(1536, ge=0)
-    kv_lora_rank: int = Field(512, ge=1)
-    qk_rope_head_dim: int = Field(64, ge=0)
-    qk_nope_head_dim: int = Field(128, ge=1)
-    v_head_dim: int = Field(128, ge=1)
+    q_lora_rank: SInt = Field(1536, ge=0)
+    kv_lora_rank: SInt = Field(512, ge=1)
+    qk_rope_head_dim: SInt = Field(64, ge=0)
+    qk_nope_head_dim: SInt = Field(128, ge=1)
+    v_head_dim: SInt = Field(128, ge=1)
 
 
 class MoEIn(_Strict):
-    experts: int = Field(ge=1)
-    top_k: int = Field(ge=1)
-    expert_ffn_hidden: int = Field(ge=1)
-    shared_experts: int = Field(0, ge=0)
-    dense_layers: int = Field(0, ge=0)
-    layer_freq: int = Field(1, ge=1)
-    max_nodes_per_token: Optional[int] = Field(None, ge=1)
+    experts: SInt = Field(ge=1)
+    top_k: SInt = Field(ge=1)
+    expert_ffn_hidden: SInt = Field(ge=1)
+    shared_experts: SInt = Field(0, ge=0)
+    dense_layers: SInt = Field(0, ge=0)
+    layer_freq: SInt = Field(1, ge=1)
+    max_nodes_per_token: Optional[SInt] = Field(None, ge=1)
 
 
 class ModelIn(_Strict):
     name: Optional[str] = None
     preset: Optional[str] = None
     hf_config: Optional[str] = None
-    layers: int = Field(ge=1)
-    hidden: int = Field(ge=1)
-    heads: int = Field(ge=1)
-    kv_heads: Optional[int] = Field(None, ge=1)
-    head_dim: Optional[int] = Field(None, ge=1)
-    ffn_hidden: int = Field(ge=1)
+    layers: SInt = Field(ge=1)
+    hidden: SInt = Field(ge=1)
+    heads: SInt = Field(ge=1)
+    kv_heads: Optional[SInt] = Field(None, ge=1)
+    head_dim: Optional[SInt] = Field(None, ge=1)
+    ffn_hidden: SInt = Field(ge=1)
     ffn: Literal["swiglu", "gelu"] = "swiglu"
-    vocab: int = Field(ge=1)
+    vocab: SInt = Field(ge=1)
     tied_embeddings: bool = False
     parallel_block: bool = False
     attention: Optional[MLAIn] = None
     moe: Optional[MoEIn] = None
-    mtp_depth: int = Field(0, ge=0)
+    mtp_depth: SInt = Field(0, ge=0)
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     bias: bool = False
     source: str = ""
@@ -109,14 +109,14 @@ class ChipIn(_Strict):
 
 
 class ParallelIn(_Strict):
-    tp: int = Field(1, ge=1)
-    cp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    dp: Optional[int] = Field(None, ge=1)
-    ep: int = Field(1, ge=1)
-    vpp: int = Field(1, ge=1)
-    pipeline_layers: Optional[Union[list[int], Literal["auto"]]] = None
-    etp: int = Field(1, ge=1)
+    tp: SInt = Field(1, ge=1)
+    cp: SInt = Field(1, ge=1)
+    pp: SInt = Field(1, ge=1)
+    dp: Optional[SInt] = Field(None, ge=1)
+    ep: SInt = Field(1, ge=1)
+    vpp: SInt = Field(1, ge=1)
+    pipeline_layers: Optional[Union[list[SInt], Literal["auto"]]] = None
+    etp: SInt = Field(1, ge=1)
     zero: Literal[0, 1, 2, 3] = 1
     sequence_parallel: bool = True
     order: str = "-".join(ORDER_AXES)
@@ -131,13 +131,13 @@ class ExpertLoadIn(_Strict):
     distribution: Literal["balanced", "zipf", "lognormal", "dirichlet"] = "balanced"
     skew: float = Field(1.0, gt=0)
     capacity_factor: Optional[float] = Field(None, ge=1)
-    seed: int = 0
+    seed: SInt = 0
 
 
 class TrainingIn(_Strict):
-    seq_len: int = Field(4096, ge=1)
-    micro_batch_size: int = Field(1, ge=1)
-    global_batch_size: int = Field(ge=1)
+    seq_len: SInt = Field(4096, ge=1)
+    micro_batch_size: SInt = Field(1, ge=1)
+    global_batch_size: SInt = Field(ge=1)
     dtype: Literal["bf16", "fp8"] = "bf16"
     recompute: Literal["none", "selective", "full"] = "none"
     balance: Literal["aux-free", "aux-loss-local", "aux-loss-global"] = "aux-free"
@@ -151,7 +151,7 @@ class TrainingIn(_Strict):
 
 
 class PerturbationIn(_Strict):
-    devices: Optional[list[int]] = None
+    devices: Optional[list[SInt]] = None
     compute_scale: Optional[float] = Field(None, gt=0)
     link: Optional[list[str]] = Field(None, min_length=2, max_length=2)
     bw_scale: Optional[float] = Field(None, gt=0)
@@ -212,20 +212,21 @@ class Scenario:
 # ---- loading ---------------------------------------------------------------------------
 
 
-def read_mapping(path: Union[str, Path]) -> dict:
+def read_mapping(path: Union[str, Path], what: str = "scenario") -> dict:
+    """A scenario-like file (YAML, or JSON by extension) as a mapping, read through
+    :mod:`simulator.fileio` (YAML 1.2 floats, duplicate keys, size, depth and alias caps).
+    Every failure is a :class:`ScenarioError` naming the file."""
+    from simulator.fileio import InputFileError, load_file
+
     p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as err:
-        raise ScenarioError("", f"cannot read scenario file {str(p)!r}: {err.strerror or err}") from None
-    try:
-        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as err:
-        raise ScenarioError("", f"{p.name} is not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'}: "
-                                f"{str(err).splitlines()[0]}") from None
+        data = load_file(p, what=f"{what} file")
+    except InputFileError as err:
+        raise ScenarioError("", str(err)) from None
     if not isinstance(data, dict):
-        raise ScenarioError("", f"{p.name}: a scenario is a mapping with keys model, cluster, parallel, "
-                                f"schedule, training; got {type(data).__name__}")
+        raise ScenarioError("", f"{p}: a {what} is a mapping with keys "
+                                f"{'model, cluster, parallel, schedule, training' if what == 'scenario' else 'name, base, grid, cases'}"
+                                f"; got {type(data).__name__}")
     data.setdefault("name", p.stem)
     return data
 
@@ -266,6 +267,7 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
         training.micro_batches(layout.dp)
     except ValueError as err:
         raise ScenarioError(*_split(str(err), "training")) from None
+    _check_dense(model, sc)
     for i, p in enumerate(sc.perturbations):
         if p.devices is None and p.link is None:
             raise ScenarioError(f"perturbations[{i}]", "needs 'devices' (with compute_scale) or 'link' "
@@ -285,6 +287,21 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
         algorithms=tuple(sorted(sc.algorithms.items())), source=data,
         expert_load=ExpertLoad(**sc.training.expert_load.model_dump()) if sc.training.expert_load else None,
     )
+
+
+def _check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
+    """MoE-only settings on a dense model are refused rather than silently ignored."""
+    if model.moe is not None:
+        return
+    dense = f"the model {model.name!r} is dense (no model.moe)"
+    if sc.parallel.ep > 1:
+        raise ScenarioError("parallel.ep", f"expert parallelism needs a MoE model; {dense}: use ep: 1")
+    if sc.parallel.etp > 1:
+        raise ScenarioError("parallel.etp", f"expert tensor parallelism needs a MoE model; {dense}: use etp: 1")
+    if "balance" in sc.training.model_fields_set:
+        raise ScenarioError("training.balance", f"load balancing applies to MoE models only; {dense}: leave it out")
+    if sc.training.expert_load is not None:
+        raise ScenarioError("training.expert_load", f"applies to MoE models only; {dense}: leave it out")
 
 
 def _split(msg: str, default_field: str) -> tuple[str, str]:
@@ -402,7 +419,7 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
     if isinstance(spec, str):
         spec = {"preset": spec}
     spec = dict(spec)
-    allowed = ("preset", "devices", "chip", "network", "pods", "name", "host_bw_bytes_per_s")
+    allowed = ("preset", "devices", "chip", "network", "pods", "name", "host_bw_bytes_per_s", "devices_per_domain")
     for k in spec:
         if k not in allowed:
             raise ScenarioError(f"cluster.{k}", f"unknown key; allowed: {', '.join(allowed)}")
@@ -417,7 +434,8 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
             if not isinstance(spec["preset"], str):
                 raise ScenarioError("cluster.preset", f"must be a preset name, got {spec['preset']!r}; "
                                                       f"allowed: {', '.join(sorted(CLUSTER_PRESETS))}")
-            over = {k: spec[k] for k in ("network", "pods", "name", "host_bw_bytes_per_s") if k in spec}
+            over = {k: spec[k] for k in ("network", "pods", "name", "host_bw_bytes_per_s", "devices_per_domain")
+                    if k in spec}
             if chip is not None:
                 over["chip"] = chip
             return cluster_preset(spec["preset"], devices, **over)
@@ -433,6 +451,7 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
         return ClusterSpec(
             name=str(spec.get("name", "custom")), devices=devices, chip=chip, network=network, pods=pods,
             host_bw_bytes_per_s=spec.get("host_bw_bytes_per_s", 32e9),
+            devices_per_domain=spec.get("devices_per_domain"),
         )
     except TopologyError as err:
         f = getattr(err, "field", "") or "cluster"
@@ -558,6 +577,8 @@ def scenario_to_dict(s: Scenario) -> dict:
     }
     if c.pods is not None:
         cluster["pods"] = dataclasses.asdict(c.pods)
+    if c.devices_per_domain is not None:
+        cluster["devices_per_domain"] = c.devices_per_domain
     L = s.layout
     parallel = {"tp": L.tp, "cp": L.cp, "pp": L.pp, "dp": L.dp, "ep": L.ep, "vpp": L.vpp, "etp": L.etp,
                 "zero": L.zero, "sequence_parallel": L.sequence_parallel, "order": "-".join(L.order),

@@ -136,7 +136,7 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
     sweep_dir = None
     if isinstance(spec_or_path, (str, Path)):
         path = Path(spec_or_path)
-        data = read_mapping(path)
+        data = read_mapping(path, what="sweep")
         sweep_dir = path.resolve().parent
         default_name = path.stem
     elif isinstance(spec_or_path, Mapping):
