@@ -82,7 +82,7 @@ def cmd_trace(args) -> int:
                          ranks=list(range(sc.layout.world)) if args.exact else None)
     except (LayoutError, ScheduleError) as err:
         raise ScenarioError(err.field, str(err)[len(err.field) + 2:]) from None
-    write_trace(tr, args.out)
+    write_trace(tr, args.out, scenario=sc)
     print(f"wrote {len(tr.ops):,} ops of {len(tr.ranks)} ranks to {args.out}")
     return EXIT_OK
 

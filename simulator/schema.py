@@ -29,6 +29,13 @@ from workloads.training import TrainingSpec
 
 
 MAX_DEVICES = 262_144
+# The simulation's size, estimated before anything is built (workloads.trace.estimated_ops,
+# an upper estimate: ~12 ops per layer pass per simulated rank). Measured on 2026-12-01:
+# Llama-3-8B widened to 1,000 layers on 8 H100 (112,033 ops, 192,384 estimated) peaked
+# 163 MB above the interpreter, ~850 B per estimated op, so the limit is about 2 GB. The
+# largest built-in case (DeepSeek-V3 on 2,048 H800) estimates 443,520 ops.
+MAX_ESTIMATED_OPS = 2_000_000
+BYTES_PER_ESTIMATED_OP = 1_000
 
 
 class ScenarioError(ValueError):
@@ -268,6 +275,7 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
     except ValueError as err:
         raise ScenarioError(*_split(str(err), "training")) from None
     _check_dense(model, sc)
+    check_size(model, layout, training, sc.schedule)
     for i, p in enumerate(sc.perturbations):
         if p.devices is None and p.link is None:
             raise ScenarioError(f"perturbations[{i}]", "needs 'devices' (with compute_scale) or 'link' "
@@ -287,6 +295,29 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
         algorithms=tuple(sorted(sc.algorithms.items())), source=data,
         expert_load=ExpertLoad(**sc.training.expert_load.model_dump()) if sc.training.expert_load else None,
     )
+
+
+def check_size(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec, schedule: str,
+               ranks: Optional[int] = None) -> None:
+    """Refuse a step too large to simulate before building it: the estimated op count
+    (layers x micro-batches x passes over ``ranks`` simulated ranks, default one per
+    pipeline stage) above :data:`MAX_ESTIMATED_OPS`, quoting the estimate and the field."""
+    from workloads.trace import Workload, estimated_ops
+
+    n_ranks = layout.pp if ranks is None else ranks
+    try:
+        n = estimated_ops(Workload(model, layout, training, schedule), n_ranks)
+        m = training.micro_batches(layout.dp)
+    except ValueError:
+        return  # an invalid layout or schedule: building reports it, naming the field
+    if n <= MAX_ESTIMATED_OPS:
+        return
+    field = "model.layers" if model.layers >= m else "training.global_batch_size"
+    raise ScenarioError(field, f"the step would need about {n:,.0f} operations (~{n * BYTES_PER_ESTIMATED_OP / 1e9:.1f} GB): "
+                               f"{model.layers:,} layers x {m:,} micro-batches x {n_ranks:,} simulated ranks; the limit "
+                               f"is {MAX_ESTIMATED_OPS:,} (~{MAX_ESTIMATED_OPS * BYTES_PER_ESTIMATED_OP / 1e9:.0f} GB): "
+                               "use fewer layers, fewer micro-batches (a larger micro_batch_size) or, with --exact, "
+                               "fewer devices")
 
 
 def _check_dense(model: ModelSpec, sc: ScenarioIn) -> None:

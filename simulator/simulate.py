@@ -13,7 +13,7 @@ from simulator.compute import calibration_for
 from simulator.engine import Engine
 from simulator.netcal import default_calibration
 from simulator.result import SCHEMA_VERSION, Result, events_frame, memory_frame
-from simulator.schema import Scenario, ScenarioError, load_scenario
+from simulator.schema import Scenario, ScenarioError, check_size, load_scenario
 from topologies.errors import TopologyError
 from topologies.presets import build_cluster
 from topologies.topology import Topology
@@ -68,10 +68,13 @@ def _simulate(scenario, exact, topology, trace, progress) -> Result:
         workload = sc.workload()
         if trace is None:
             ranks = list(range(sc.layout.world)) if exact or _needs_exact(sc) else None
+            if ranks is not None:
+                check_size(sc.model, sc.layout, sc.training, sc.schedule, ranks=len(ranks))
             trace = build_trace(workload, ranks=ranks)
-        elif trace.world != sc.layout.world:
-            raise ScenarioError("trace", f"the trace is for {trace.world} ranks, the scenario's layout has "
-                                         f"{sc.layout.world}")
+        else:
+            from workloads.trace_io import check_trace_for
+
+            check_trace_for(trace, sc)   # built for this scenario (ranks, fingerprint, model FLOPs)
     except (LayoutError, ScheduleError, TopologyError) as err:
         field = getattr(err, "field", "") or ""
         msg = str(err)

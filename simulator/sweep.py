@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import difflib
 import hashlib
 import itertools
 import json
@@ -100,6 +101,7 @@ from simulator.schema import ScenarioError, load_scenario, read_mapping, scenari
 SWEEP_KEYS = ("name", "base", "grid", "cases", "skip_invalid", "where")
 ROW_FIELDS = ("case", "key", "status", "error")
 ROWS_FILE, PARQUET_FILE, CSV_FILE, META_FILE = "rows.jsonl", "results.parquet", "results.csv", "sweep.json"
+MAX_SWEEP_CASES = 100_000  # cases before `where`; a larger sweep is refused before it is expanded
 TABLE_REWRITE_INTERVAL_S = 10.0  # how often the tables are rewritten from rows.jsonl while running
 
 
@@ -170,6 +172,13 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
             if not isinstance(v, list) or not v:
                 raise ScenarioError(f"grid.{k}", f"must be a non-empty list of values, got {v!r}")
         keys = list(grid)
+        n_grid = math.prod(len(grid[k]) for k in keys) * (len(data["cases"]) if isinstance(data.get("cases"), list)
+                                                          and data["cases"] else 1)
+        if n_grid > MAX_SWEEP_CASES:
+            raise ScenarioError("grid", f"the sweep would have {n_grid:,} cases "
+                                        f"({' x '.join(str(len(grid[k])) for k in keys)}"
+                                        f"{' x cases' if data.get('cases') else ''}); the limit is "
+                                        f"{MAX_SWEEP_CASES:,}: split it or use `where`")
         grid_rows = [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
     cases = data.get("cases")
     case_rows: list[dict] = [{}]
@@ -207,6 +216,67 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
 def _check_axis_key(k, where: str) -> None:
     if not isinstance(k, str) or not k or any(not part for part in k.split(".")):
         raise ScenarioError(where, f"axis keys are dotted scenario keys such as parallel.pp, got {k!r}")
+    node = scenario_key_tree()
+    parts = k.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            prefix = ".".join(parts[:i])
+            if not isinstance(node, dict):
+                raise ScenarioError(f"{where}.{k}", f"{prefix} takes a value, not keys inside it")
+            sibling = difflib.get_close_matches(part, sorted(node), n=1, cutoff=0.5)
+            if sibling:
+                close = ".".join(parts[:i] + sibling)
+            else:
+                close = next(iter(difflib.get_close_matches(k, list(_all_paths(scenario_key_tree())), n=1,
+                                                            cutoff=0.6)), None)
+            hint = f" (did you mean {close}?)" if close else ""
+            raise ScenarioError(f"{where}.{k}", f"no scenario key {part!r} in {prefix or 'the scenario'}{hint}; "
+                                                f"allowed there: {', '.join(sorted(node))}")
+        node = node[part]
+
+
+def _all_paths(tree: dict, prefix: str = ""):
+    for k, v in tree.items():
+        yield prefix + k
+        if isinstance(v, dict):
+            yield from _all_paths(v, prefix + k + ".")
+
+
+_KEY_TREE: Optional[dict] = None
+
+
+def scenario_key_tree() -> dict:
+    """Every key a scenario mapping may hold, as nested dicts (``None`` = a value)."""
+    global _KEY_TREE
+    if _KEY_TREE is None:
+        import dataclasses as dc
+
+        from pydantic import BaseModel
+
+        from simulator import schema
+        from topologies.networks import PodsSpec, SwitchedNetwork, TorusNetwork
+
+        def of_model(m) -> dict:
+            out = {}
+            for name, f in m.model_fields.items():
+                ann = f.annotation
+                sub = next((a for a in (getattr(ann, "__args__", None) or (ann,))
+                            if isinstance(a, type) and issubclass(a, BaseModel)), None)
+                out[name] = of_model(sub) if sub is not None else None
+            return out
+
+        tree = of_model(schema.ScenarioIn)
+        tree["model"] = of_model(schema.ModelIn)
+        chip = {**of_model(schema.ChipIn), "preset": None, "peak_flops_per_s": {"bf16": None, "fp8": None}}
+        network = {"kind": None, **{f.name: None for cls in (TorusNetwork, SwitchedNetwork) for f in dc.fields(cls)}}
+        tree["cluster"] = {"preset": None, "devices": None, "name": None, "host_bw_bytes_per_s": None,
+                           "devices_per_domain": None, "chip": chip, "network": network,
+                           "pods": {f.name: None for f in dc.fields(PodsSpec)}}
+        tree["algorithms"] = {k: None for k in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                                                "broadcast")}
+        tree["perturbations"] = None
+        _KEY_TREE = tree
+    return _KEY_TREE
 
 
 def set_dotted(mapping: Mapping, key: str, value: Any) -> dict:
