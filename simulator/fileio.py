@@ -179,6 +179,8 @@ def load_yaml(text: str, name: str = "<string>") -> Any:
         return loader.construct_document(root)
     except yaml.MarkedYAMLError as err:
         problem = err.problem or err.context or "invalid YAML"
+        if err.problem and err.context:
+            problem += f" ({err.context})"
         raise InputFileError(f"{name}{_mark(err)}", f"not valid YAML: {problem}") from None
     except yaml.reader.ReaderError as err:  # a non-printable character
         raise InputFileError(name, f"not valid YAML: character {err.character!r} at offset {err.position:,} "

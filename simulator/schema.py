@@ -32,9 +32,10 @@ MAX_DEVICES = 262_144
 # The simulation's size, estimated before anything is built (workloads.trace.estimated_ops,
 # an upper estimate: ~12 ops per layer pass per simulated rank). Measured on 2026-12-01:
 # Llama-3-8B widened to 1,000 layers on 8 H100 (112,033 ops, 192,384 estimated) peaked
-# 163 MB above the interpreter, ~850 B per estimated op, so the limit is about 2 GB. The
-# largest built-in case (DeepSeek-V3 on 2,048 H800) estimates 443,520 ops.
-MAX_ESTIMATED_OPS = 2_000_000
+# 163 MB above the interpreter (~850 B per estimated op) and took 12.9 s, so the limit is
+# about 1 GB and a minute or two. The largest built-in case (DeepSeek-V3 on 2,048 H800)
+# estimates 443,520 ops.
+MAX_ESTIMATED_OPS = 1_000_000
 BYTES_PER_ESTIMATED_OP = 1_000
 
 
@@ -127,6 +128,13 @@ class ParallelIn(_Strict):
     zero: Literal[0, 1, 2, 3] = 1
     sequence_parallel: bool = True
     order: str = "-".join(ORDER_AXES)
+
+    @field_validator("zero", mode="before")
+    @classmethod
+    def _zero_not_bool(cls, v):
+        if isinstance(v, bool):
+            raise ValueError("must be 0, 1, 2 or 3 (ZeRO stage), not a boolean")
+        return v
 
 
 class OffloadIn(_Strict):
@@ -275,6 +283,7 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
     except ValueError as err:
         raise ScenarioError(*_split(str(err), "training")) from None
     _check_dense(model, sc)
+    _check_algorithms(sc.algorithms)
     check_size(model, layout, training, sc.schedule)
     for i, p in enumerate(sc.perturbations):
         if p.devices is None and p.link is None:
@@ -320,6 +329,15 @@ def check_size(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec,
                                "fewer devices")
 
 
+def _check_algorithms(algorithms: Mapping[str, str]) -> None:
+    from simulator.collectives import VALID_ALGORITHMS
+
+    for op, alg in algorithms.items():
+        if alg not in VALID_ALGORITHMS[op]:
+            raise ScenarioError(f"algorithms.{op}", f"unknown algorithm {alg!r} for {op}; allowed: "
+                                                    f"{', '.join(VALID_ALGORITHMS[op])}")
+
+
 def _check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
     """MoE-only settings on a dense model are refused rather than silently ignored."""
     if model.moe is not None:
@@ -329,8 +347,9 @@ def _check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
         raise ScenarioError("parallel.ep", f"expert parallelism needs a MoE model; {dense}: use ep: 1")
     if sc.parallel.etp > 1:
         raise ScenarioError("parallel.etp", f"expert tensor parallelism needs a MoE model; {dense}: use etp: 1")
-    if "balance" in sc.training.model_fields_set:
-        raise ScenarioError("training.balance", f"load balancing applies to MoE models only; {dense}: leave it out")
+    if sc.training.balance != "aux-free":  # the default, which resolved scenarios spell out
+        raise ScenarioError("training.balance", f"load balancing applies to MoE models only; {dense}: leave it out "
+                                                f"(got {sc.training.balance!r})")
     if sc.training.expert_load is not None:
         raise ScenarioError("training.expert_load", f"applies to MoE models only; {dense}: leave it out")
 
@@ -390,6 +409,9 @@ def _resolve_model(spec: Union[str, dict], base_dir: Optional[Path]) -> ModelSpe
     base: dict = {}
     if "hf_config" in spec and spec["hf_config"] is not None:
         from workloads.hf_config import model_from_hf_config
+
+        if not isinstance(spec["hf_config"], str):
+            raise ScenarioError("model.hf_config", f"must be a path to a config.json, got {spec['hf_config']!r}")
 
         path = Path(spec["hf_config"])
         if not path.is_absolute() and base_dir is not None:

@@ -124,8 +124,21 @@ def _perturb_links(topo: Topology, sc: Scenario) -> Topology:
         try:
             topo = topo.without_link(u, v) if p.failed else topo.with_link_scaled(u, v, p.bw_scale)
         except (KeyError, TopologyError) as err:
-            raise ScenarioError(f"perturbations[{i}].link", str(err).strip("'\"")) from None
+            msg = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+            msg = msg.removeprefix("perturbations.link: ")
+            raise ScenarioError(f"perturbations[{i}].link", msg + _link_hint(topo, u, v)) from None
     return topo
+
+
+def _link_hint(topo: Topology, u, v) -> str:
+    """Which link ids exist next to ``u`` (or ``v``), for a perturbation naming a missing link."""
+    G = topo.graph
+    for end in (u, v):
+        if end in G:
+            near = sorted(map(str, G.neighbors(end)))
+            return f"; {end!r} links to {', '.join(near[:8])}{' ...' if len(near) > 8 else ''}"
+    return (f"; link ends are node ids such as {topo.devices[0]!r} (device 0) and its neighbours "
+            f"{', '.join(sorted(map(str, G.neighbors(topo.devices[0])))[:4])} (`stepsim topology --save x.json` lists them)")
 
 
 def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.DataFrame]:

@@ -6,7 +6,7 @@ A sweep file (YAML or JSON) names a ``base`` scenario and the axes to vary::
     base: ../scenarios/llama.yaml     # a scenario path (relative to this file), or an inline mapping
     grid:                             # the product of every listed value
       parallel.pp: [1, 2, 4, 8]
-      cluster.network.nic_bw_bytes_per_s: [25.0e+9, 50.0e+9]
+      cluster.network.nic_bw_bytes_per_s: [25e9, 50e9]
     cases:                            # and/or an explicit list of cases
       - {parallel.tp: 8, schedule: 1f1b}
       - {parallel.tp: 4, schedule: interleaved-1f1b, parallel.vpp: 2}
