@@ -185,7 +185,8 @@ class ClusterSpec:
     A partly filled domain works as a domain of ``devices_per_domain`` devices (the
     NVSwitch is a non-blocking crossbar, so idle GPUs on it change nothing): after
     construction ``network.domain_size`` is the devices used per domain and
-    ``devices_per_domain`` records it (``None`` when whole domains are used).
+    ``devices_per_domain`` records it (``None`` when whole domains are used and it
+    was not given).
     """
 
     name: str
@@ -255,7 +256,7 @@ def partial_domain_fill(per_pod: int, domain_size: int, devices_per_domain: Opti
                 f"{field}: {per_pod} devices per pod do not fill domains of {devices_per_domain} equally; "
                 f"allowed: a divisor of {per_pod} up to {domain_size} "
                 f"({', '.join(map(str, _divisors_up_to(per_pod, domain_size)[-4:]))})", field)
-        return devices_per_domain if devices_per_domain < domain_size else None
+        return devices_per_domain
     if per_pod <= domain_size or per_pod % domain_size == 0:
         return None
     n_domains = -(-per_pod // domain_size)
