@@ -134,7 +134,8 @@ def main() -> None:
     case("etp_on_dense", sc(parallel__etp=2), ["parallel.etp", "dense"])
     case("balance_on_dense", sc(training__balance="aux-loss-global"), ["training.balance", "dense"])
     case("expert_load_on_dense", sc(training__expert_load={"distribution": "zipf"}), ["training.expert_load", "dense"])
-    case("layers_40000", sc(model__layers=40000), ["model.layers", "operations"], subprocess=True)
+    case("layers_40000", sc(model__layers=40000, training__global_batch_size=16), ["model.layers", "operations"],
+         subprocess=True)
     case("layers_1e9", BASE_TEXT.replace("layers: 2", "layers: 1e9"), ["model.layers", "integer"])
     case("layers_billion_int", sc(model__layers=10**9), ["model.layers", "operations"])
     case("layers_string", sc(model__layers="80"), "model.layers")
