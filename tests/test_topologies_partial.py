@@ -83,9 +83,9 @@ def test_intra_rack_traffic_on_nvlink_and_cross_rack_on_nics():
     t_x, alg_x = collective_time_s("all-reduce", topo, [0, 64], 1e9)
     assert alg_x == "ring"
     assert t_x == pytest.approx(1e9 / 50e9, rel=0.01)
-    # every member of both racks: hierarchical (NVLink inside, rails across)
+    # every member of both racks: a two-level algorithm (NVLink inside a rack, rails across)
     _, alg_all = collective_time_s("all-reduce", topo, range(128), 1e6)
-    assert alg_all == "hierarchical"
+    assert alg_all in ("hierarchical", "rail-ring")
 
 
 def test_partial_rack_scenario_round_trips():
