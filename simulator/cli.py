@@ -229,8 +229,11 @@ def cmd_topology(args) -> int:
 def _looks_like_topology(p: Path) -> bool:
     if p.suffix.lower() == ".graphml":
         return True
+    from simulator.fileio import load_json, read_text
+
     try:
-        return "nodes" in json.loads(p.read_text())
+        doc = load_json(read_text(p, 64 * 2**20), str(p))   # capped, like every input file
+        return isinstance(doc, dict) and "nodes" in doc
     except (OSError, ValueError):
         return False
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from topologies.chips import CHIPS, ChipSpec, get_chip
 from topologies.errors import TopologyError
@@ -53,8 +54,17 @@ class _Strict(BaseModel):
 
 
 PositiveInt = Field(ge=1)
-# Integer fields take integers only: `ep: true` or `tp: 8.5` is refused, not read as 1 or 8.
-SInt = Annotated[int, Strict()]
+
+
+def _integer(v):
+    """Integer fields take integers only (any ``numbers.Integral``, e.g. numpy's, but not a
+    bool, a float or a string): `ep: true` or `tp: 8.0` is refused, not read as 1 or 8."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ValueError("must be an integer" + (", not a boolean" if isinstance(v, bool) else ""))
+    return int(v)
+
+
+SInt = Annotated[int, BeforeValidator(_integer)]
 
 
 class MLAIn(_Strict):
@@ -369,7 +379,7 @@ def _from_pydantic(err: ValidationError, prefix: str) -> ScenarioError:
     # Union members show up in loc (e.g. 'str', 'dict[any,any]'): drop them.
     loc = [x for x in loc if x not in ("str", "dict[any,any]", "int", "float")]
     field = ".".join(([prefix] if prefix else []) + loc)
-    msg = e["msg"]
+    msg = e["msg"].removeprefix("Value error, ")
     if e["type"] == "extra_forbidden":
         parent = field.rsplit(".", 1)[0] if "." in field else "the scenario"
         msg = f"unknown key in {parent}"

@@ -18,6 +18,10 @@ A sweep file (YAML or JSON) names a ``base`` scenario and the axes to vary::
 Axes
 ----
 Every axis is a *dotted scenario key*: ``parallel.pp`` sets ``base["parallel"]["pp"]``.
+Axes are checked against the scenario's keys (:func:`scenario_key_tree`) when the sweep
+is loaded: a misspelled one (``parallel.ppp``) is refused, naming the closest valid key.
+A sweep of more than :data:`MAX_SWEEP_CASES` cases (before ``where``) is refused before
+it is expanded. Sweep files are read like scenario files (:mod:`simulator.fileio`).
 Missing intermediate mappings are created; an intermediate that is a preset name
 (``model: llama3-8b``) becomes ``{preset: llama3-8b}`` so that ``model.layers`` or
 ``cluster.devices`` override the preset field by field, as in a scenario file. A

@@ -326,6 +326,9 @@ def main() -> None:
     case("topology_command_not_xml", "hello", ["topology_command_not_xml.graphml", "GraphML"],
          args=["topology", "{file}"], ext=".graphml")
 
+    case("topology_command_json_number", "42", ["topology_command_json_number.json", "mapping"],
+         args=["topology", "{file}"], ext=".json")
+
     # ---- cluster files (`stepsim collective --cluster FILE`) ----------------------------------
     coll_args = ["collective", "all-reduce", "--cluster", "{file}", "--max-bytes", "1M"]
     case("cluster_file_dup_key", "cluster: {preset: dgx-h100}\ncluster: {preset: dgx-b200}\n",
