@@ -94,7 +94,7 @@ def _load(path_or_dict: Union[str, PathLike, Mapping[str, Any]]) -> Mapping[str,
     try:  # at most 16 MiB (a config.json is a few kB); binary or non-JSON input is refused naming the file
         data = load_json(read_text(path, what="Hugging Face config.json"), str(path))
     except InputFileError as err:
-        raise ValueError(f"hf_config: {err}") from None
+        raise ValueError(str(err)) from None   # names the file: model.hf_config: FILE: ...
     if not isinstance(data, dict):
         raise ValueError(f"hf_config: {path} must hold a JSON object, got {type(data).__name__}")
     return data
