@@ -23,6 +23,7 @@ GraphML (``.graphml``) carries the same attributes; tuples (``coords``, ``shape`
 Loading validates through :class:`~topologies.topology.Topology`; every problem
 is a :class:`~topologies.errors.TopologyError` naming the file and the element. Files
 over 64 MiB, binary files and GraphML with a DOCTYPE or entity declarations are refused.
+The user documentation of the format is ``docs/formats.md``.
 """
 
 from __future__ import annotations

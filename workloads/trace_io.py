@@ -42,6 +42,7 @@ name (:class:`workloads.ops.TraceError`), never a hang. A trace with no ops, or 
 :data:`MAX_TRACE_FILE_BYTES`, is refused. Simulating a trace under a scenario checks that
 it was built for it (:func:`check_trace_for`): the rank count, the recorded
 ``scenario.fingerprint`` (model, layout, schedule, training) and the model FLOPs per step.
+The user documentation of the format is ``docs/formats.md``.
 """
 
 from __future__ import annotations
