@@ -14,7 +14,7 @@ from simulator.compute import calibration_for
 from simulator.engine import Engine
 from simulator.netcal import default_calibration
 from simulator.result import SCHEMA_VERSION, Result, events_frame, memory_frame
-from simulator.schema import Scenario, ScenarioError, load_scenario
+from simulator.schema import Scenario, ScenarioError, check_size, load_scenario
 from topologies.errors import TopologyError
 from topologies.presets import build_cluster
 from topologies.topology import Topology
@@ -69,10 +69,13 @@ def _simulate(scenario, exact, topology, trace, progress) -> Result:
         workload = sc.workload()
         if trace is None:
             ranks = list(range(sc.layout.world)) if exact or _needs_exact(sc) else None
+            if ranks is not None:
+                check_size(sc.model, sc.layout, sc.training, sc.schedule, ranks=len(ranks))
             trace = build_trace(workload, ranks=ranks)
-        elif trace.world != sc.layout.world:
-            raise ScenarioError("trace", f"the trace is for {trace.world} ranks, the scenario's layout has "
-                                         f"{sc.layout.world}")
+        else:
+            from workloads.trace_io import check_trace_for
+
+            check_trace_for(trace, sc)   # built for this scenario (ranks, fingerprint, model FLOPs)
     except (LayoutError, ScheduleError, TopologyError) as err:
         field = getattr(err, "field", "") or ""
         msg = str(err)
@@ -122,8 +125,21 @@ def _perturb_links(topo: Topology, sc: Scenario) -> Topology:
         try:
             topo = topo.without_link(u, v) if p.failed else topo.with_link_scaled(u, v, p.bw_scale)
         except (KeyError, TopologyError) as err:
-            raise ScenarioError(f"perturbations[{i}].link", str(err).strip("'\"")) from None
+            msg = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+            msg = msg.removeprefix("perturbations.link: ")
+            raise ScenarioError(f"perturbations[{i}].link", msg + _link_hint(topo, u, v)) from None
     return topo
+
+
+def _link_hint(topo: Topology, u, v) -> str:
+    """Which link ids exist next to ``u`` (or ``v``), for a perturbation naming a missing link."""
+    G = topo.graph
+    for end in (u, v):
+        if end in G:
+            near = sorted(map(str, G.neighbors(end)))
+            return f"; {end!r} links to {', '.join(near[:8])}{' ...' if len(near) > 8 else ''}"
+    return (f"; link ends are node ids such as {topo.devices[0]!r} (device 0) and its neighbours "
+            f"{', '.join(sorted(map(str, G.neighbors(topo.devices[0])))[:4])} (`stepsim topology --save x.json` lists them)")
 
 
 def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.DataFrame]:
