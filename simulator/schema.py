@@ -370,6 +370,10 @@ def _check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
                                                 f"(got {sc.training.balance!r})")
     if sc.training.expert_load is not None:
         raise ScenarioError("training.expert_load", f"applies to MoE models only; {dense}: leave it out")
+    if sc.training.moe_gate_weighting != "activation":  # the default
+        raise ScenarioError("training.moe_gate_weighting", f"applies to MoE models only; {dense}: leave it out")
+    if "moe_act" in (sc.training.recompute_modules or ()):
+        raise ScenarioError("training.recompute_modules", f"moe_act applies to MoE models only; {dense}")
 
 
 def _split(msg: str, default_field: str) -> tuple[str, str]:
