@@ -175,6 +175,7 @@ class TrainingIn(_Strict):
     moe_gate_weighting: Literal["activation", "combine"] = "activation"
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
+    master_weights: Literal["fp32", "remainder"] = "fp32"
     recompute_modules: Optional[list[str]] = None
     dropout: bool = False
     expert_load: Optional[ExpertLoadIn] = None
@@ -636,7 +637,7 @@ def _training_dict(t: TrainingSpec) -> dict:
     if d["activation_saving"] == "none":   # as before the key existed: sweep keys stay stable
         del d["activation_saving"]
     for key, default in (("moe_gate_weighting", "activation"), ("grad_dtype", "fp32"),
-                         ("optimizer_state_dtype", "fp32")):
+                         ("optimizer_state_dtype", "fp32"), ("master_weights", "fp32")):
         if d[key] == default:  # likewise
             del d[key]
     if not d["dropout"]:

@@ -192,3 +192,13 @@ def test_recompute_modules_charge_their_kernels_to_the_backward():
     assert len(redo) > 0 and plain.events["name"].str.endswith(".recompute.R").sum() == 0
     assert mods.summary["hfu"] > plain.summary["hfu"] and mods.summary["mfu"] < plain.summary["mfu"] * 1.0001
     assert mods.summary["memory_breakdown_bytes"]["activations"] < plain.summary["memory_breakdown_bytes"]["activations"]
+
+
+def test_master_weight_remainders():
+    """Apex DistributedFusedAdam ``store_param_remainders`` (NeMo 1.0, BF16 models): the
+    optimizer keeps 2 bytes of master weight plus two FP32 moments, 10 bytes per
+    parameter instead of 12."""
+    t = TrainingSpec(master_weights="remainder")
+    assert memory.training_state_bytes(1.0, 0, ParallelLayout(zero=0), t).optimizer == 10
+    with pytest.raises(ValueError, match="training.master_weights"):
+        TrainingSpec(master_weights="fp16")

@@ -487,6 +487,7 @@ def state_bytes(
     grad_dtype_bytes: int = 4,
     moment_dtype_bytes: int = 4,
     weight_dtype_bytes: int = 2,
+    master_bytes: int = _FP32_BYTES,
 ) -> StateBytes:
     """Per-rank bytes of weights, gradients and optimizer states for a rank that
     holds ``params_dense`` dense and ``params_expert`` routed-expert parameters
@@ -500,7 +501,8 @@ def state_bytes(
       accumulates gradients in an FP32 buffer, and DeepSeek-V3 keeps FP32
       gradients (§3.3.3); Kimi K2 reports "BF16 parameters plus FP32 gradient
       buffers". Pass 2 for the 16-bit gradients of the ZeRO paper.
-    * ``optimizer``: the FP32 master copy (4 bytes, when ``master_weights``) plus
+    * ``optimizer``: the master copy (``master_bytes``: 4 for FP32, 2 when only the low
+      16 bits are kept beside the BF16 weight; when ``master_weights``) plus
       one (Muon, SGD with momentum) or two (Adam) buffers of
       ``moment_dtype_bytes``. Adam with FP32 moments gives ZeRO's ``K = 12``;
       Muon ``K = 8``; DeepSeek-V3 stores Adam moments in BF16
@@ -527,7 +529,7 @@ def state_bytes(
             return bytes_per_param * (params_dense / dense_shards + params_expert / expert_shards)
         return bytes_per_param * (params_dense + params_expert)
 
-    k_opt = (_FP32_BYTES if master_weights else 0) + _OPTIMIZER_BUFFERS[optimizer] * moment_dtype_bytes
+    k_opt = (master_bytes if master_weights else 0) + _OPTIMIZER_BUFFERS[optimizer] * moment_dtype_bytes
     return StateBytes(
         weights=sharded(weight_dtype_bytes, 3),
         gradients=sharded(grad_dtype_bytes, 2),
@@ -539,7 +541,8 @@ def training_state_bytes(params_dense: float, params_expert: float, layout: Para
     """:func:`state_bytes` with the dtypes a :class:`workloads.training.TrainingSpec`
     names (gradient buffer ``grad_dtype``, optimizer moments ``optimizer_state_dtype``)."""
     return state_bytes(params_dense, params_expert, layout, dtype=training.dtype, optimizer=training.optimizer,
-                       grad_dtype_bytes=training.grad_bytes, moment_dtype_bytes=training.moment_bytes)
+                       grad_dtype_bytes=training.grad_bytes, moment_dtype_bytes=training.moment_bytes,
+                       master_bytes=2 if training.master_weights == "remainder" else _FP32_BYTES)
 
 
 def activation_options(training) -> dict:

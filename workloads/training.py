@@ -59,6 +59,10 @@ class TrainingSpec:
     # Adam / Muon moments ("bf16": DeepSeek-V3 §3.3.3, low-precision optimizer states).
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
+    # The optimizer's master copy of the weights: "fp32" (4 bytes) or "remainder": only
+    # the 16 low bits of the FP32 master, the BF16 weight being its high bits (Apex
+    # DistributedFusedAdam store_param_remainders, which NeMo 1.0 turns on for BF16 models).
+    master_weights: Literal["fp32", "remainder"] = "fp32"
     # Megatron-Core's --recompute-modules under selective recompute (workloads.memory,
     # RECOMPUTE_MODULES): parts of each layer whose outputs are recomputed in the
     # backward pass instead of kept. Empty: the attention core only (Korthikanti's
@@ -75,7 +79,8 @@ class TrainingSpec:
             raise ValueError(f"training.activation_saving: must be none or deepseek-v3, "
                              f"got {self.activation_saving!r}")
         for name, allowed in (("moe_gate_weighting", ("activation", "combine")),
-                              ("grad_dtype", ("fp32", "bf16")), ("optimizer_state_dtype", ("fp32", "bf16"))):
+                              ("grad_dtype", ("fp32", "bf16")), ("optimizer_state_dtype", ("fp32", "bf16")),
+                              ("master_weights", ("fp32", "remainder"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"training.{name}: must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for m in self.recompute_modules:
