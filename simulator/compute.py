@@ -87,11 +87,19 @@ class ComputeCalibration:
 #   peak puts them at +2.0% (B200) / +7.0% (GB200). Blackwell's dense bf16/fp8 peaks are 2.3x
 #   Hopper's on the same HBM-to-SM ratio class, so a lower achieved fraction under the 1000 W
 #   power limit is plausible. GB200 cases stay 7-25% fast (GB200 peak 2450 vs B200 2250 in
-#   the chip table, while the published GB200/B200 ratio is ~1.03): not resolved here.
+#   the chip table, while the published GB200/B200 ratio is ~1.03): not resolved here. The
+#   peaks match NVIDIA's Blackwell datasheet (per GPU, sparse/2: GB200 NVL72 5 PF BF16 ->
+#   2500 dense at up to 1200 W; HGX B200 4.5 PF -> 2250 at 1000 W; the table's 2450 is the
+#   dgxc figure), so the gap is achieved clocks, not data. Mixtral 8x7B FP8 on 64 GB200 is
+#   compute-bound in the simulation (one NVLink domain, 0.06 s exposed comm of 0.68 s),
+#   while the B200 row fits only with 0.30 s of exposed expert-gradient reduction over IB.
 # * TPU gemm 0.92, attention 0.70: MaxText's published v5e rows run full remat at
 #   59.9-66.9% MFU, i.e. 80-89% of peak in executed (recompute-counted) FLOPs, which bounds
 #   in-situ XLA matmuls on the MXUs to >= 0.9; at 0.80 every v5e/v5p case was 7-18% slow.
-#   At 0.92 the five MaxText cases without a collective problem are -9.1..+6.1%.
+#   At 0.92 the v5e cases are +2.4/-4.1/+6.4%. The v5p cases, once their batch is
+#   translated as MaxText runs it (one micro-batch of per_device_batch x tp sequences per
+#   FSDP rank) and the 128B case placed as JAX's mesh does, are +6.3..+8.4% (v5p runs
+#   minimal remat): v5e (full remat, >= 0.89 needed) and v5p pull the family apart.
 # Unfused attention (2021-23 Megatron materialised the s x s scores) is timed as the
 # attention products at attention_efficiency plus the scores' HBM traffic, 12 B per score
 # forward and 17 B backward (workloads/counts.py): 1.24 ms for Korthikanti et al.'s 22B
