@@ -360,10 +360,15 @@ def fit_network(timings: Sequence[CollectiveTiming], cluster: str, family: Optio
     # Collective times are a max over link groups (a ring across nodes is bound by NVLink or
     # by the NICs), so a group that does not bind at the start has no gradient: start also
     # from half the default efficiencies and keep the better fit.
+    # The per-step overhead of a path is the largest along it, so a kind whose overhead
+    # starts below another's on the same paths has no gradient either: start also with
+    # every overhead at 10 us (above typical values; each kind then falls to its own).
     x1 = x0.copy()
     x1[0::2] *= 0.5
+    x2 = x0.copy()
+    x2[1::2] = 10.0
     sol = min((least_squares(resid, np.clip(x, lo, hi), bounds=(lo, hi), diff_step=1e-3, max_nfev=200)
-               for x in (x0, x1)), key=lambda r: r.cost)
+               for x in (x0, x1, x2)), key=lambda r: r.cost)
     rel = np.exp(resid(sol.x)) - 1.0
     links = []
     for i, kind in enumerate(kinds):

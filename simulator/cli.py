@@ -202,6 +202,10 @@ def cmd_collective(args) -> int:
         w = csv.DictWriter(sys.stdout, fieldnames=list(rows[0].keys()))
         w.writeheader()
         w.writerows(rows)
+    elif args.format == "nccl-tests":
+        from simulator.nccl_tests_io import format_nccl_tests
+
+        print(format_nccl_tests(rows, args.op, n, dtype=args.dtype, cluster=spec.name, device_name=spec.chip.name))
     else:
         print(f"# stepsim collective {args.op} on {spec.name} ({n} devices)")
         print(bench.format_table(rows))
@@ -298,7 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", help="collective algorithm (default: chosen per topology)")
     p.add_argument("--min-bytes", default="8")
     p.add_argument("--max-bytes", default="8G")
-    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--format", choices=["table", "csv", "json", "nccl-tests"], default="table",
+                   help="nccl-tests: the columns all_reduce_perf & co print (size, count, type, redop, root, time "
+                        "in us, algbw, busbw in GB/s), readable by `stepsim calibrate --nccl-tests`")
+    p.add_argument("--dtype", choices=["float", "bfloat16"], default="float",
+                   help="element type of the nccl-tests count/type columns (default float, as nccl-tests' -d)")
     p.add_argument("--plot", help="write a busbw-vs-size plot to this PNG/SVG")
     p.set_defaults(func=cmd_collective)
 
