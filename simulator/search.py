@@ -280,7 +280,7 @@ def search(
     sc0 = load_scenario(base)
     hbm = sc0.cluster.chip.hbm_bytes
     records, cases, by_key = [], [], {}
-    net = NetModel(sc0.cluster)  # one cache of collective times for every candidate
+    net = NetModel(sc0.cluster, sc0.network_calibration())  # one cache of collective times for every candidate
     for i, p in enumerate(enumerate_layouts(sc0, bounds)):
         mapping = candidate_mapping(base, p, sc0.name)
         rec = {"candidate": i, "label": label(p), **p, "status": None, "reason": None, "est_memory_bytes": None,
