@@ -113,11 +113,12 @@ def _op_from(text: str, name: str) -> Optional[str]:
     return None
 
 
-def read_nccl_tests(path: Union[str, Path], op: Optional[str] = None, devices: Optional[int] = None) -> NcclTestsLog:
+def read_nccl_tests(path: Union[str, Path], op: Optional[str] = None, devices: Optional[int] = None,
+                    default_devices: Optional[int] = None) -> NcclTestsLog:
     """Read an nccl-tests log (see the module notes).
 
     ``op`` (``all-reduce`` ..., or the binary name ``all_reduce_perf``) and ``devices``
-    override what the log says. Rows whose time is not a positive number are refused
+    override what the log says; ``default_devices`` is used when it lists no ranks. Rows whose time is not a positive number are refused
     naming the line; a log without a column header or rows is refused.
 
     Raises
@@ -170,9 +171,9 @@ def read_nccl_tests(path: Union[str, Path], op: Optional[str] = None, devices: O
                              "is this the output of an nccl-tests binary?")
     if not rows:
         raise NcclTestsError(f"{name}: a column header but no result rows")
-    n = devices if devices is not None else len(ranks)
+    n = devices if devices is not None else (len(ranks) or default_devices)
     if n is None or n < 2:
-        if devices is None and not ranks:
+        if n is None:
             raise NcclTestsError(f"{name}: no '#  Rank N ...' lines to count the devices from; give the device "
                                  "count (--devices)")
         raise NcclTestsError(f"{name}: devices must be >= 2 for a collective, got {n}")
