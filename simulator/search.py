@@ -267,9 +267,10 @@ def search(
     client=None,
     jobs: Optional[int] = None,
     progress: bool = False,
+    executor=None,
 ) -> SearchResult:
     """Search the layouts of ``scenario`` (path or mapping) within ``bounds`` (see the module
-    notes). ``client`` / ``jobs`` / ``progress`` as for :func:`simulator.sweep.sweep`."""
+    notes). ``client`` / ``jobs`` / ``progress`` / ``executor`` as for :func:`simulator.sweep.sweep`."""
     bounds = bounds or SearchBounds()
     if isinstance(scenario, (str, Path)):
         base = _absolutise(read_mapping(scenario), Path(scenario).resolve().parent)
@@ -329,7 +330,7 @@ def search(
                     f"over max_candidates = {bounds.max_candidates} (ranked by the analytic step-time estimate)"))
         cases = [c for c in cases if c.index in keep]
     _, rows = run_cases(cases, LAYOUT_KEYS, out=out, client=client, jobs=jobs, progress=progress,
-                        desc=f"search {sc0.name}")
+                        desc=f"search {sc0.name}", executor=executor)
     summaries: dict[int, dict] = {}
     for c in cases:
         row = rows.get(c.key)
