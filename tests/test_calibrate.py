@@ -300,3 +300,21 @@ def test_collective_nccl_tests_format_round_trips(capsys):
                                  calibration=default_calibration("hopper"))
         assert r.time_s == pytest.approx(t, rel=5e-3)  # printed to 3-4 significant digits
         assert r.busbw_bytes_per_s == pytest.approx(r.algbw_bytes_per_s * 7 / 8, rel=1e-2)
+
+
+def test_collective_on_a_calibrated_scenario_reproduces_the_log(tmp_path, capsys):
+    # The block fitted to the 8 x H100 all_reduce_perf log, applied by `stepsim collective
+    # --cluster SCENARIO`, gives back the log's out-of-place times (to its print precision).
+    block = tmp_path / "cal.yaml"
+    assert stepsim(["calibrate", "--nccl-tests", str(AR_LOG), "--out", str(block)]) == 0
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("cluster: {preset: dgx-h100, devices: 8}\n" + block.read_text())
+    capsys.readouterr()
+    assert stepsim(["collective", "all-reduce", "--cluster", str(cluster), "--min-bytes", "1K", "--max-bytes", "4G",
+                    "--format", "nccl-tests"]) == 0
+    sim = tmp_path / "sim_all_reduce_perf.txt"
+    sim.write_text(capsys.readouterr().out)
+    measured = nccl_tests_io.read_nccl_tests(AR_LOG).rows
+    simulated = {r.size_bytes: r.time_s for r in nccl_tests_io.read_nccl_tests(sim).rows}
+    for r in measured:
+        assert simulated[r.size_bytes] == pytest.approx(r.time_s, rel=5e-3), r.size_bytes
