@@ -3,7 +3,8 @@
 Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
 (the Trace Event Format). One process per simulated device (``pid`` = rank), one
 thread per stream; complete events (``ph: "X"``) with microsecond timestamps;
-idle spans on the compute thread are named ``bubble`` or ``exposed comm``; memory
+idle spans on the compute thread are named after their cause (``bubble``,
+``exposed comm``, ...); memory
 in use is a counter track per device.
 """
 
@@ -15,6 +16,9 @@ from pathlib import Path
 from workloads.ops import MEMORY_CATEGORIES, STREAMS
 
 _US = 1e6
+#: Trace Event reserved colour names for idle spans, by cause (Perfetto / chrome://tracing
+#: palette); a cause without an entry (one the engine adds later) is drawn "yellow".
+IDLE_CNAMES = {"bubble": "grey", "exposed_comm": "terrible"}
 
 
 def chrome_trace(result) -> dict:
@@ -51,9 +55,9 @@ def chrome_trace(result) -> dict:
     if raw is not None:
         for r, s, e, cause, axis in raw.idle_spans:
             out.append({
-                "ph": "X", "pid": int(r), "tid": tids["compute"], "name": "bubble" if cause == "bubble" else "exposed comm",
+                "ph": "X", "pid": int(r), "tid": tids["compute"], "name": cause.replace("_", " "),
                 "cat": "idle", "ts": s * _US, "dur": (e - s) * _US, "args": {"waiting_for": axis or "pipeline"},
-                "cname": "grey" if cause == "bubble" else "terrible",
+                "cname": IDLE_CNAMES.get(cause, "yellow"),
             })
     mem = result.memory
     for rank, t, *vals in zip(*(mem[c].tolist() for c in ("rank", "time_s", *MEMORY_CATEGORIES))):
