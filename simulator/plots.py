@@ -50,24 +50,19 @@ class SlideFigure(Figure):
     """A pyplot figure that a notebook shows once.
 
     The inline backend draws every open pyplot figure at the end of a cell, and IPython
-    also draws a figure that is a cell's value: ``res.plot_timeline()`` would appear twice.
-    While pyplot still holds the figure under the inline backend, being the cell's value
-    draws nothing (the backend will); otherwise (closed, saved to a path, another backend)
-    it draws a PNG."""
+    also draws a figure that is a cell's value: ``res.plot_timeline()`` would appear
+    twice. Shown either way, this figure draws itself as a PNG and, under the inline
+    backend, leaves pyplot's list of open figures, so it is not drawn again."""
 
     def _ipython_display_(self):
         import matplotlib
         from IPython.display import display
 
-        # pyplot's registry of open figures (what the inline backend draws at a cell's end)
-        from matplotlib._pylab_helpers import Gcf
-
-        held = any(m.canvas.figure is self for m in Gcf.get_all_fig_managers())
-        if held and "inline" in matplotlib.get_backend():
-            return
         buf = io.BytesIO()
-        self.savefig(buf, format="png", bbox_inches="tight")
+        self.savefig(buf, format="png", bbox_inches="tight")   # what the inline backend draws
         display({"image/png": buf.getvalue(), "text/plain": repr(self)}, raw=True)
+        if "inline" in matplotlib.get_backend():
+            plt.close(self)
 
 
 def new_figure(figsize, **subplots) -> tuple[Figure, object]:
