@@ -24,10 +24,10 @@ MIN_FONT_PT = 10
 SLIDE_WIDTH_IN = 13.333
 
 PHASE_COLOURS = {
-    # Tableau 10/20 hues (distinct under common colour-vision deficiencies as far as 10 hues go).
-    # Recompute is a forward pass run again (a light forward blue); weight-grad is part of the
-    # backward (a light backward green).
-    "F": "#4E79A7", "B": "#59A14F", "I": "#59A14F", "W": "#8CD17D", "R": "#A0CBE8", "opt": "#B07AA1",
+    # Tableau 10/20 hues. Recompute is a forward pass run again (a light forward blue);
+    # weight-grad is part of the backward (a light backward green); the optimizer is near-black,
+    # which no mix of thin red idle slivers with blue and green bars looks like.
+    "F": "#4E79A7", "B": "#59A14F", "I": "#59A14F", "W": "#8CD17D", "R": "#A0CBE8", "opt": "#3A3A3A",
 }
 PHASE_LABELS = {"F": "forward", "B": "backward", "I": "backward", "W": "weight grad", "R": "recompute",
                 "opt": "optimizer"}

@@ -10,9 +10,9 @@
 
 Only rows with ``status == "ok"`` are drawn. Axis values that are not numbers are
 placed in order of first appearance. Axes are labelled in words with their unit
-(:func:`axis_label`; byte and byte-per-second axes in GB and GB/s); an axis of whole
-numbers gets ticks at whole numbers (at each value when there are few, on a base-2 scale
-when they are powers of two spanning 8x or more).
+(:func:`axis_label`; byte and byte-per-second axes in GB and GB/s); ticks sit at the
+swept values when there are few (on a base-2 scale for powers of two spanning 8x or
+more), and at whole numbers for an axis of whole numbers.
 """
 
 from __future__ import annotations
@@ -203,19 +203,21 @@ def _in_unit(col: str, v):
     return v * scale if scale != 1.0 and isinstance(v, (int, float, np.number)) else v
 
 
-def _integer_ticks(ax, xs: np.ndarray) -> None:
-    """Whole-number ticks for an axis of whole numbers: at each value when there are at
-    most 12, on a base-2 scale when they are powers of two spanning 8x or more."""
+def _value_ticks(ax, xs: np.ndarray) -> None:
+    """Ticks at the swept values when there are at most 12 (whole numbers printed as such);
+    a base-2 scale for powers of two spanning 8x or more; otherwise whole-number ticks for
+    an axis of whole numbers."""
     vals = np.unique(xs[np.isfinite(xs)])
-    if not len(vals) or not np.all(vals == np.round(vals)):
+    if not len(vals):
         return
-    pow2 = np.all(vals > 0) and np.all(np.log2(vals) == np.round(np.log2(vals)))
+    whole = bool(np.all(vals == np.round(vals)))
+    pow2 = whole and np.all(vals > 0) and np.all(np.log2(vals) == np.round(np.log2(vals)))
     if pow2 and len(vals) >= 3 and vals.max() / vals.min() >= 8:
         ax.set_xscale("log", base=2)
         ax.xaxis.set_minor_locator(NullLocator())
     if len(vals) <= 12:
         ax.set_xticks(vals, [_fmt(float(v)) for v in vals])
-    else:
+    elif whole:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
@@ -223,7 +225,7 @@ def _finish(ax, x: str, ylabel: str, cats: Optional[list], legend: bool, xs=None
     if cats is not None:
         ax.set_xticks(range(len(cats)), cats, rotation=30, ha="right")
     elif xs is not None:
-        _integer_ticks(ax, xs)
+        _value_ticks(ax, xs)
     ax.set_xlabel(axis_label(x))
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)

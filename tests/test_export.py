@@ -43,3 +43,15 @@ def test_timeline_draws_every_bar(pipelined, tmp_path):
     ev = pipelined.events
     assert bars == int((ev["duration_s"] > 0).sum()) + len(pipelined.raw.idle_spans)
     fig.savefig(tmp_path / "t.png")
+
+
+def test_chrome_trace_names_idle_spans_by_their_cause(pipelined):
+    import copy
+
+    res = copy.copy(pipelined)
+    res.raw = copy.copy(pipelined.raw)
+    res.raw.idle_spans = list(pipelined.raw.idle_spans) + [(0, 0.0, 2e-6, "offload_wait", "")]
+    idle = [e for e in chrome_trace(res)["traceEvents"] if e.get("cat") == "idle"]
+    assert {e["name"] for e in idle} == {"bubble", "exposed comm", "offload wait"}
+    new = [e for e in idle if e["name"] == "offload wait"]
+    assert len(new) == 1 and new[0]["dur"] == pytest.approx(2.0) and new[0]["cname"] not in ("grey", "terrible")
