@@ -84,7 +84,7 @@ def _draw_torus(topo: Topology, ax) -> None:
         for x, y in zip(xs, ys):
             ax.annotate(str(topo.device_at((x, y) + (0,) * (len(shape) - 2))), (x, y),
                         fontsize=10, ha="center", va="center", zorder=3)
-    rest = f"; x {' x '.join(map(str, shape[2:]))} along axis 2 (plane 0 shown)" if len(shape) > 2 else ""
+    rest = f"\n{math.prod(shape[2:])} planes along axis 2 (plane 0 shown)" if len(shape) > 2 else ""
     pods = ""
     if topo.n_pods > 1:
         dcn = [c for c, k in zip(topo.link_capacity, topo.link_kind) if k == "dcn"]
