@@ -14,7 +14,7 @@ from typing import Mapping, Optional, Sequence
 
 import pandas as pd
 
-from simulator.plots import BUBBLE_EDGE, IDLE_COLOURS, PHASE_COLOURS, SlideFigure, colour_for, finish, legend_handles
+from simulator.plots import _bars, BUBBLE_EDGE, IDLE_COLOURS, PHASE_COLOURS, SlideFigure, colour_for, finish, legend_handles
 from simulator.schema import ScenarioError, builtin_scenarios, read_mapping
 from simulator.simulate import simulate
 from workloads.schedules import SCHEDULES
@@ -95,10 +95,9 @@ def plot_comparison(table: pd.DataFrame, results: dict, path: Optional[str] = No
                     (t0 * 1e3, (t1 - t0) * 1e3))
         for (st, colour, _), spans in sorted(bars.items(), key=lambda kv: (kv[0][0], str(kv[0][1]), kv[0][2])):
             if colour is None:
-                ax.broken_barh(spans, (st - 0.4, 0.8), facecolors="none", edgecolors=BUBBLE_EDGE,
-                               hatch="////", linewidth=0.3)
+                _bars(ax, spans, st, hatch="////", facecolor="none", edgecolor=BUBBLE_EDGE, linewidth=0)
             else:
-                ax.broken_barh(spans, (st - 0.4, 0.8), facecolors=colour, linewidth=0)
+                _bars(ax, spans, st, facecolors=colour, linewidth=0)
         ax.set_xlim(0, t_max * 1e3 * 1.01)
         ax.set_ylim(max(stages) + 0.6, min(stages) - 0.6)
         ax.set_yticks(stages, [str(s) for s in stages])
@@ -121,6 +120,7 @@ def plot_comparison(table: pd.DataFrame, results: dict, path: Optional[str] = No
         ax.barh(labels, table[col][::-1] * scale, color="#4E79A7", label="total")
         if col == "peak_memory_bytes":
             ax.barh(labels, table["peak_activation_bytes"][::-1] * scale, color="#F28E2B", label="activations")
-            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False, columnspacing=1.0,
+                      handlelength=1.5)
         ax.set_title(title, fontsize=10, pad=2)
     return finish(fig, path, dpi=120)

@@ -15,7 +15,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
+from matplotlib.patches import Patch, PathPatch
+from matplotlib.path import Path
 
 #: No text below this size (points, at the saved size).
 MIN_FONT_PT = 10
@@ -39,7 +40,7 @@ AXIS_COLOURS = {
 #: that no phase or stream colour is near; a cause the engine adds later gets a hue of
 #: :data:`SPARE_COLOURS` and its own legend entry (:func:`idle_style`).
 IDLE_COLOURS = {"exposed_comm": "#E15759"}
-BUBBLE_EDGE = "#666666"
+BUBBLE_EDGE = "#8A8A8A"   # hatch lines of pipeline bubbles: mid grey, apart from the near-black optimizer
 #: Hues used by nothing above, handed out in order to categories without a colour of their own.
 SPARE_COLOURS = ("#EDC948", "#FF9DA7", "#17BECF", "#8C564B", "#BCBD22", "#7F7F7F", "#1F77B4", "#9467BD")
 AXIS_LABELS = {"dp_cp": "dp×cp", "pp_mirror": "pp (mirror)", "": "other"}
@@ -59,7 +60,9 @@ class SlideFigure(Figure):
         from IPython.display import display
 
         buf = io.BytesIO()
-        self.savefig(buf, format="png", bbox_inches="tight")   # what the inline backend draws
+        # no bbox_inches="tight" (the inline default): the layout engine already fits the
+        # figure, and "tight" draws everything twice
+        self.savefig(buf, format="png")
         display({"image/png": buf.getvalue(), "text/plain": repr(self)}, raw=True)
         if "inline" in matplotlib.get_backend():
             plt.close(self)
@@ -118,15 +121,21 @@ def _time_unit(step: float) -> tuple[float, str]:
     return (1e3, "ms") if step < 10 else (1.0, "s")
 
 
-def _bars(ax, spans: list, y: float, **style) -> None:
-    """``(start, width)`` bars on row ``y`` as one collection, its rectangles built in
-    numpy (what ``broken_barh`` draws, without its per-bar Python loop)."""
+def _bars(ax, spans: list, y: float, hatch=None, **style) -> None:
+    """``(start, width)`` bars on row ``y``, their rectangles built in numpy (what
+    ``broken_barh`` draws, without its per-bar Python loop): one collection, or with
+    ``hatch`` one compound path (Agg hatches each path of a collection on its own,
+    which for thousands of bubbles costs seconds)."""
     sw = np.asarray(spans, dtype=float)
     x0, x1 = sw[:, 0], sw[:, 0] + sw[:, 1]
     y0, y1 = np.full_like(x0, y - 0.4), np.full_like(x0, y + 0.4)
     verts = np.stack([np.stack([x0, y0], 1), np.stack([x0, y1], 1),
                       np.stack([x1, y1], 1), np.stack([x1, y0], 1)], 1)
-    ax.add_collection(PolyCollection(verts, **style), autolim=True)
+    if hatch:
+        ax.add_patch(PathPatch(Path.make_compound_path_from_polys(verts), hatch=hatch, **style))
+        ax.update_datalim(verts.reshape(-1, 2))
+    else:
+        ax.add_collection(PolyCollection(verts, **style), autolim=True)
 
 
 def _ranges(ranks: list[int], max_parts: int = 3) -> str:
@@ -207,7 +216,7 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
     fig, ax = new_figure((12, max(3.0, 0.3 * n_rows + 2.2)), layout="constrained")
     for (y, colour, style), spans in sorted(bars.items(), key=lambda kv: (kv[0][0], str(kv[0][1]), kv[0][2])):
         if style == "bubble":
-            _bars(ax, spans, y, facecolors="none", edgecolors=BUBBLE_EDGE, hatch="////", linewidth=0.3)
+            _bars(ax, spans, y, hatch="////", facecolor="none", edgecolor=BUBBLE_EDGE, linewidth=0)
         else:
             _bars(ax, spans, y, facecolors=colour, linewidth=0)
     labels = [devices_label(result, r) if s == "compute" else f"{s} comm" for r, s in rows]

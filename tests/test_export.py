@@ -37,9 +37,14 @@ def test_chrome_trace_shows_bubbles_and_exposed_comm(pipelined):
 
 def test_timeline_draws_every_bar(pipelined, tmp_path):
     from matplotlib.collections import PolyCollection
+    from matplotlib.patches import PathPatch
+    from matplotlib.path import Path
 
     fig = pipelined.plot_timeline(max_ranks=64)
     bars = sum(len(c.get_paths()) for c in fig.axes[0].collections if isinstance(c, PolyCollection))
+    # hatched bubbles: one compound path per row, one closed rectangle per bubble
+    bars += sum(int((p.get_path().codes == Path.CLOSEPOLY).sum()) for p in fig.axes[0].patches
+                if isinstance(p, PathPatch))
     ev = pipelined.events
     assert bars == int((ev["duration_s"] > 0).sum()) + len(pipelined.raw.idle_spans)
     fig.savefig(tmp_path / "t.png")
