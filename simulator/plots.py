@@ -34,7 +34,7 @@ PHASE_LABELS = {"F": "forward", "B": "backward", "I": "backward", "W": "weight g
                 "opt": "optimizer"}
 AXIS_COLOURS = {
     "tp": "#F28E2B", "cp": "#9C755F", "ep": "#D37295", "dp": "#76B7B2", "dp_cp": "#76B7B2", "edp": "#86BCB6",
-    "pp": "#B6992D", "pp_mirror": "#F1CE63", "": "#BAB0AC",
+    "pp": "#9467BD", "pp_mirror": "#C5B0D5", "": "#BAB0AC",
 }
 #: Idle time on a compute row, by the engine's cause. Exposed communication is a saturated red
 #: that no phase or stream colour is near; a cause the engine adds later gets a hue of
@@ -42,7 +42,7 @@ AXIS_COLOURS = {
 IDLE_COLOURS = {"exposed_comm": "#E15759"}
 BUBBLE_EDGE = "#8A8A8A"   # hatch lines of pipeline bubbles: mid grey, apart from the near-black optimizer
 #: Hues used by nothing above, handed out in order to categories without a colour of their own.
-SPARE_COLOURS = ("#EDC948", "#FF9DA7", "#17BECF", "#8C564B", "#BCBD22", "#7F7F7F", "#1F77B4", "#9467BD")
+SPARE_COLOURS = ("#EDC948", "#FF9DA7", "#17BECF", "#8C564B", "#BCBD22", "#7F7F7F", "#1F77B4")
 AXIS_LABELS = {"dp_cp": "dp×cp", "pp_mirror": "pp (mirror)", "": "other"}
 COMM_STREAMS = ("tp", "cp", "ep", "dp", "fsdp", "pp", "offload")
 
@@ -234,7 +234,9 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
         f"bubble {100 * s['bubble_fraction']:.1f}%, exposed comm {100 * s['exposed_comm_fraction']:.1f}%",
         fontsize=11,
     )
-    handles = legend_handles(phases, causes, dict(sorted(axes_used.items(), key=lambda kv: str(kv[0]))))
+    order = list(AXIS_COLOURS)
+    handles = legend_handles(phases, causes, dict(sorted(
+        axes_used.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), str(kv[0])))))
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncol=min(6, len(handles)), frameon=False)
     return finish(fig, path)
