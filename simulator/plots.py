@@ -33,16 +33,17 @@ PHASE_COLOURS = {
 PHASE_LABELS = {"F": "forward", "B": "backward", "I": "backward", "W": "weight grad", "R": "recompute",
                 "opt": "optimizer"}
 AXIS_COLOURS = {
-    "tp": "#F28E2B", "cp": "#9C755F", "ep": "#D37295", "dp": "#76B7B2", "dp_cp": "#76B7B2", "edp": "#86BCB6",
-    "pp": "#9467BD", "pp_mirror": "#C5B0D5", "": "#BAB0AC",
+    "tp": "#EDC948", "cp": "#9C755F", "ep": "#D37295", "dp": "#76B7B2", "dp_cp": "#76B7B2", "edp": "#86BCB6",
+    "pp": "#9467BD", "pp_mirror": "#C5B0D5", "offload": "#BAB0AC", "": "#BAB0AC",
 }
-#: Idle time on a compute row, by the engine's cause. Exposed communication is a saturated red
-#: that no phase or stream colour is near; a cause the engine adds later gets a hue of
-#: :data:`SPARE_COLOURS` and its own legend entry (:func:`idle_style`).
-IDLE_COLOURS = {"exposed_comm": "#E15759"}
+#: Idle time on a compute row, by the engine's cause (:mod:`simulator.accounting`): exposed
+#: communication a saturated red, waiting for the host (offload) a saturated orange, both far
+#: from every phase colour; a cause the engine adds later gets a hue of :data:`SPARE_COLOURS`
+#: and its own legend entry (:func:`colour_for`, :func:`legend_handles`).
+IDLE_COLOURS = {"exposed_comm": "#E15759", "offload_wait": "#FF7F0E"}
 BUBBLE_EDGE = "#8A8A8A"   # hatch lines of pipeline bubbles: mid grey, apart from the near-black optimizer
 #: Hues used by nothing above, handed out in order to categories without a colour of their own.
-SPARE_COLOURS = ("#EDC948", "#FF9DA7", "#17BECF", "#8C564B", "#BCBD22", "#7F7F7F", "#1F77B4")
+SPARE_COLOURS = ("#FF9DA7", "#17BECF", "#8C564B", "#BCBD22", "#7F7F7F", "#1F77B4")
 AXIS_LABELS = {"dp_cp": "dp×cp", "pp_mirror": "pp (mirror)", "": "other"}
 COMM_STREAMS = ("tp", "cp", "ep", "dp", "fsdp", "pp", "offload")
 
@@ -173,8 +174,8 @@ def devices_label(result, rank: int) -> str:
 
 def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True):
     """Gantt chart: per simulated device a compute row (coloured by phase, idle spans
-    drawn as bubbles (hatched) or in the colour of their cause, e.g. exposed
-    communication) and, below it, one row per busy communication stream. Each compute
+    drawn as bubbles (hatched) or in the colour of their cause: exposed communication,
+    offload wait, ...) and, below it, one row per busy communication stream. Each compute
     row names the devices it stands for. Returns the figure (saved to ``path`` if given)."""
     ev = result.events
     step = result.summary["step_time_s"]
@@ -201,8 +202,9 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
             colour = colour_for(phase, PHASE_COLOURS, spare)
             phases.setdefault(phase, colour)
         else:
-            colour = colour_for(axis, AXIS_COLOURS, spare)
-            axes_used.setdefault(axis, colour)
+            key = axis or stream          # the offload stream's copies have no parallel axis
+            colour = colour_for(key, AXIS_COLOURS, spare)
+            axes_used.setdefault(key, colour)
         bars.setdefault((y, colour, "solid"), []).append((start * k, dur * k))
     raw = getattr(result, "raw", None)
     if raw is not None:
@@ -233,7 +235,8 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
     s = result.summary
     ax.set_title(
         f"{s['name']}: step {s['step_time_s'] * k:.1f} {unit}, MFU {100 * s['mfu']:.1f}%, "
-        f"bubble {100 * s['bubble_fraction']:.1f}%, exposed comm {100 * s['exposed_comm_fraction']:.1f}%",
+        f"bubble {100 * s['bubble_fraction']:.1f}%, exposed comm {100 * s['exposed_comm_fraction']:.1f}%"
+        + (f", offload wait {100 * s['offload_wait_fraction']:.1f}%" if s.get("offload_wait_fraction") else ""),
         fontsize=11,
     )
     order = list(AXIS_COLOURS)

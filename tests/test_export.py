@@ -55,8 +55,11 @@ def test_chrome_trace_names_idle_spans_by_their_cause(pipelined):
 
     res = copy.copy(pipelined)
     res.raw = copy.copy(pipelined.raw)
-    res.raw.idle_spans = list(pipelined.raw.idle_spans) + [(0, 0.0, 2e-6, "offload_wait", "")]
+    # offload_wait: the engine's; checkpoint_wait: a cause it does not have (yet)
+    res.raw.idle_spans = list(pipelined.raw.idle_spans) + [(0, 0.0, 2e-6, "offload_wait", "offload"),
+                                                           (0, 3e-6, 4e-6, "checkpoint_wait", "")]
     idle = [e for e in chrome_trace(res)["traceEvents"] if e.get("cat") == "idle"]
-    assert {e["name"] for e in idle} == {"bubble", "exposed comm", "offload wait"}
-    new = [e for e in idle if e["name"] == "offload wait"]
-    assert len(new) == 1 and new[0]["dur"] == pytest.approx(2.0) and new[0]["cname"] not in ("grey", "terrible")
+    assert {e["name"] for e in idle} == {"bubble", "exposed comm", "offload wait", "checkpoint wait"}
+    for name, dur in (("offload wait", 2.0), ("checkpoint wait", 1.0)):
+        new = [e for e in idle if e["name"] == name]
+        assert len(new) == 1 and new[0]["dur"] == pytest.approx(dur) and new[0]["cname"] not in ("grey", "terrible")

@@ -201,13 +201,16 @@ def test_a_new_idle_cause_gets_its_own_hue_and_legend_entry(piped):
     res = copy.copy(piped)
     res.raw = copy.copy(piped.raw)
     rank = min(r for r, *_ in piped.raw.idle_spans)
-    res.raw.idle_spans = list(piped.raw.idle_spans) + [(rank, 0.0, 1e-4, "offload_wait", "")]
+    # "offload_wait" has its own colour; "checkpoint_wait" stands for a cause the engine may add
+    res.raw.idle_spans = list(piped.raw.idle_spans) + [(rank, 0.0, 1e-4, "offload_wait", "offload"),
+                                                       (rank, 2e-4, 3e-4, "checkpoint_wait", "")]
     fig = plot_timeline(res)
     legend = _legend_entries(fig)
-    assert "offload wait (idle)" in legend
-    new = legend["offload wait (idle)"][0][:3]
+    assert {"offload wait (idle)", "checkpoint wait (idle)"} <= set(legend)
+    assert tuple(legend["offload wait (idle)"][0][:3]) == to_rgb(IDLE_COLOURS["offload_wait"])
+    new = legend["checkpoint wait (idle)"][0][:3]
     for name, (colour, hatch) in legend.items():
-        if name != "offload wait (idle)" and not hatch:
+        if name != "checkpoint wait (idle)" and not hatch:
             assert _delta_e(new, colour[:3]) >= 15, name
 
 
