@@ -114,7 +114,7 @@ def cmd_sweep(args) -> int:
     if not Path(args.sweep).exists():
         raise CliError(f"sweep: no file {args.sweep!r}")
     with _executor(args.executor, _jobs(args), args.dask) as ex, _dask_client(args.dask) as client:
-        frame = sweep(args.sweep, out=args.out, client=client, jobs=_jobs(args), progress=not args.no_progress,
+        frame = sweep(args.sweep, out=args.out, client=client, jobs=_jobs(args), progress=False if args.no_progress else None,
                       retry_failed=args.retry_failed, executor=ex)
     counts = frame["status"].value_counts() if len(frame) else {}
     extra = []
@@ -168,7 +168,7 @@ def cmd_search(args) -> int:
     )
     with _executor(args.executor, _jobs(args), args.dask) as ex, _dask_client(args.dask) as client:
         result = search(path, out=args.out, bounds=bounds, client=client, jobs=_jobs(args),
-                        progress=not args.no_progress, executor=ex)
+                        progress=False if args.no_progress else None, executor=ex)
     if args.json:
         sys.stdout.write(json.dumps(result.best_json(), indent=2, default=str) + "\n")
     else:
