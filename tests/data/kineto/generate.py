@@ -254,7 +254,13 @@ def _n(d):
 
 
 def render() -> str:
-    return json.dumps(build(), indent=1) + "\n"
+    """One trace event a line, as export_chrome_trace writes them."""
+    doc = build()
+    events = doc.pop("traceEvents")
+    head = json.dumps(doc, indent=1)[:-2]
+    body = ",\n".join("  " + json.dumps(e) for e in events)
+    return f'{head},\n "traceEvents": [\n{body}\n ]\n}}\n'
+
 
 
 def main(argv=None) -> int:
