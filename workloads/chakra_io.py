@@ -410,7 +410,7 @@ def _type_name(pb, t: int) -> str:
     try:
         return pb.NodeType.Name(t)
     except ValueError:
-        return f"node type {t}"
+        return str(t)
 
 
 def _build(pb, files, metas, nodes, groups, ours: bool) -> Trace:
