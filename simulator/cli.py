@@ -92,8 +92,14 @@ def cmd_trace(args) -> int:
                          ranks=list(range(sc.layout.world)) if args.exact else None)
     except (LayoutError, ScheduleError) as err:
         raise ScenarioError(err.field, str(err)[len(err.field) + 2:]) from None
-    write_trace(tr, args.out, scenario=sc)
+    write_trace(tr, args.out, scenario=sc, format=args.format)
     print(f"wrote {len(tr.ops):,} ops of {len(tr.ranks)} ranks to {args.out}")
+    if args.format == "chakra":
+        from workloads.chakra_io import PREFIX
+
+        print(f"  Chakra ET files {PREFIX}.<rank>.et and comm_group.json (ASTRA-sim: --workload-configuration="
+              f"{Path(args.out) / PREFIX}" + ("" if args.exact else "; one rank per pipeline stage: add --exact for "
+                                                                      "every rank") + ")")
     return EXIT_OK
 
 
@@ -296,13 +302,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reproducible", action="store_true",
                    help="write sim_wall_s as null so that summary.json is byte-identical across runs")
     p.add_argument("--topology", help="a topology file (JSON/GraphML; docs/formats.md) replacing the cluster's network")
-    p.add_argument("--trace", help="simulate this trace file (from `stepsim trace`; docs/formats.md) instead of "
-                                   "generating one")
+    p.add_argument("--trace", help="simulate this trace file (from `stepsim trace`; docs/formats.md) or Chakra trace "
+                                   "directory (ET files) instead of generating one")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("trace", help="write a scenario's operation trace to a file (JSON, .gz to compress)")
+    p = sub.add_parser("trace", help="write a scenario's operation trace to a file (JSON, .gz to compress) or a "
+                                     "directory of Chakra ET files")
     p.add_argument("scenario", help="scenario file or built-in scenario name")
-    p.add_argument("--out", required=True, help="trace file to write (.json or .json.gz)")
+    p.add_argument("--out", required=True, help="trace file to write (.json or .json.gz); with --format chakra, a "
+                                                "directory")
+    p.add_argument("--format", choices=["json", "chakra"], default="json",
+                   help="json (default) or chakra: MLCommons Chakra ET files, one per rank, and comm_group.json "
+                        "(docs/formats.md)")
     p.add_argument("--exact", action="store_true", help="every rank instead of one per pipeline stage")
     p.set_defaults(func=cmd_trace)
 
@@ -339,10 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", help="save the topology as JSON or GraphML (by extension)")
     p.set_defaults(func=cmd_topology)
 
-    from simulator import cli_sweep, cli_validate
+    from simulator import cli_sweep, cli_validate, megatron_import
 
     cli_sweep.register(sub)
     cli_validate.register(sub)
+    megatron_import.register(sub)
     return ap
 
 

@@ -143,10 +143,22 @@ def check_trace_for(trace: Trace, sc) -> None:
                              "or batch; rebuild it with `stepsim trace` from this scenario")
 
 
-def write_trace(trace: Trace, path: Union[str, Path], scenario=None) -> None:
+TRACE_FORMATS = ("json", "chakra")
+
+
+def write_trace(trace: Trace, path: Union[str, Path], scenario=None, format: str = "json") -> None:
     """Write ``trace`` to ``path``; with ``scenario`` (the :class:`Scenario` it was built
     from) the file records it (``"scenario"``: names, layout, fingerprint), so that
-    running it under another scenario is refused."""
+    running it under another scenario is refused. ``format``: ``json`` (this module's
+    format, one file) or ``chakra`` (a directory of Chakra ET files:
+    :mod:`workloads.chakra_io`)."""
+    if format == "chakra":
+        from workloads.chakra_io import write_chakra
+
+        write_chakra(trace, path, scenario_record=scenario_record(scenario) if scenario is not None else None)
+        return
+    if format != "json":
+        raise TraceError(f"trace: --format must be one of {', '.join(TRACE_FORMATS)}, got {format!r}")
     d = trace_to_dict(trace)
     if scenario is not None:
         d["scenario"] = scenario_record(scenario)
@@ -160,11 +172,18 @@ def write_trace(trace: Trace, path: Union[str, Path], scenario=None) -> None:
 
 
 def read_trace(path: Union[str, Path]) -> Trace:
-    """Read a trace file (at most :data:`MAX_TRACE_FILE_BYTES` uncompressed); every
-    problem is a :class:`TraceError` naming the file or the field."""
-    from simulator.fileio import InputFileError, load_json, read_text
+    """Read a trace file (at most :data:`MAX_TRACE_FILE_BYTES` uncompressed), or a
+    Chakra trace (a directory of ET files or their prefix: :mod:`workloads.chakra_io`);
+    every problem is a :class:`TraceError` naming the file or the field."""
+    from workloads.chakra_io import is_chakra_path, read_chakra
 
     p = Path(path)
+    if is_chakra_path(p):
+        return read_chakra(p)
+    if p.is_dir():
+        raise TraceError(f"trace: {p} is a directory without Chakra ET files (<prefix>.<rank>.et)")
+    from simulator.fileio import InputFileError, load_json, read_text
+
     try:
         data = load_json(read_text(p, MAX_TRACE_FILE_BYTES, what="trace file"), str(p))
     except InputFileError as err:
