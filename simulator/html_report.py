@@ -194,27 +194,116 @@ def _boxes(x0, x1, y, half=0.4):
     thousands of bars, where one element per bar would be slow to draw."""
     x0, x1, y = (np.asarray(v, dtype=float) for v in (x0, x1, y))
     nan = np.full_like(x0, np.nan)
-    xs = np.stack([x0, x0, x1, x1, x0, nan], 1).ravel()
-    ys = np.stack([y - half, y + half, y + half, y - half, y - half, nan], 1).ravel()
+    xs = np.stack([x0, x0, x1, x1, nan], 1).ravel()
+    ys = np.stack([y - half, y + half, y + half, y - half, nan], 1).ravel()
     return xs, ys
 
 
-def _bar_group(go, fig, name, colour, x0, x1, y, hover, pattern="", legend=True, row=None, rank=1000):
-    """One legend entry: the filled boxes (no hover) and an invisible point at the middle
-    of each box that carries its hover text."""
-    xs, ys = _boxes(x0, x1, y)
-    fill = dict(fillcolor=colour)
-    if pattern:
-        fill = dict(fillcolor="rgba(255,255,255,0)", fillpattern=dict(shape=pattern, fgcolor=colour, size=6,
-                                                                        solidity=0.35))
-    kw = {} if row is None else dict(row=row, col=1)
-    # an outline in the fill colour keeps bars narrower than a pixel visible when zoomed out
-    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", fill="toself", line=dict(width=0.5 if pattern else 1,
-                                                                                 color=colour), hoverinfo="skip",
-                             name=name, legendgroup=name, showlegend=legend, legendrank=rank, **fill), **kw)
-    fig.add_trace(go.Scatter(x=(np.asarray(x0) + np.asarray(x1)) / 2, y=np.asarray(y, dtype=float), mode="none",
-                             hovertext=hover, hoverinfo="text", name=name, legendgroup=name, showlegend=False,
-                             hoverlabel=dict(bgcolor=colour if not pattern else "#dddddd")), **kw)
+def merge_bars(x0, x1, y, gap):
+    """Bars of one row joined where they are at most ``gap`` apart: ``(x0, x1, y)`` of
+    the joined bars, by row then time. What a screen shows where bars lie closer than a
+    pixel; the page redoes it for the visible range at every zoom (:data:`_LOD_JS`)."""
+    x0, x1, y = (np.asarray(v, dtype=float) for v in (x0, x1, y))
+    if not len(x0):
+        return x0, x1, y
+    order = np.lexsort((x0, y))
+    x0, x1, y = x0[order], x1[order], y[order]
+    # running end within a row: rows are shifted apart so that one row's ends never reach the next
+    shift = y * (float(np.max(np.abs(x1))) * 2 + 1)
+    reach = np.maximum.accumulate(x1 + shift) - shift
+    new = np.ones(len(x0), dtype=bool)
+    new[1:] = (y[1:] != y[:-1]) | (x0[1:] - reach[:-1] > gap)
+    idx = np.flatnonzero(new)
+    return x0[idx], np.maximum.reduceat(x1, idx), y[idx]
+
+
+def _b64(a, dtype) -> str:
+    import base64
+
+    return base64.b64encode(np.ascontiguousarray(a, dtype=dtype).tobytes()).decode("ascii")
+
+
+class _Bars:
+    """The bars of one timeline: plotly traces plus, for each filled group, its bars,
+    which the page's script re-merges for the visible range at every zoom."""
+
+    #: Initial merging: bars closer than 1/_PIXELS of the time axis are drawn joined.
+    _PIXELS = 2000
+
+    def __init__(self, go, fig, x_max):
+        self.go, self.fig, self.x_max = go, fig, x_max
+        self.groups: list[dict] = []
+
+    def add(self, name, colour, x0, x1, y, hover, pattern="", rank=1000):
+        """One legend entry: the filled boxes (no hover) and an invisible point at the
+        middle of each box that carries its hover text."""
+        go = self.go
+        x0, x1, y = (np.asarray(v, dtype=float) for v in (x0, x1, y))
+        order = np.lexsort((x0, y))
+        x0, x1, y = x0[order], x1[order], y[order]
+        hover = [hover[i] for i in order]
+        xs, ys = _boxes(*merge_bars(x0, x1, y, self.x_max / self._PIXELS))
+        fill = dict(fillcolor=colour)
+        if pattern:
+            fill = dict(fillcolor="rgba(255,255,255,0)",
+                        fillpattern=dict(shape=pattern, fgcolor=colour, size=6, solidity=0.35))
+        self.groups.append({"trace": len(self.fig.data), "y": _b64(y, "<i4"), "x0": _b64(x0, "<f8"),
+                            "x1": _b64(x1, "<f8")})
+        # an outline in the fill colour keeps bars narrower than a pixel visible when zoomed out
+        self.fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", fill="toself",
+                                      line=dict(width=0.5 if pattern else 1, color=colour), hoverinfo="skip",
+                                      name=name, legendgroup=name, legendrank=rank, **fill))
+        self.fig.add_trace(go.Scatter(x=(x0 + x1) / 2, y=y, mode="none", hovertext=hover, hoverinfo="text",
+                                      name=name, legendgroup=name, showlegend=False,
+                                      hoverlabel=dict(bgcolor=colour if not pattern else "#dddddd")))
+
+    def script(self) -> str:
+        """The page script (``post_script`` of plotly's ``to_html``) that keeps the bars
+        merged at the resolution of the visible range."""
+        return _LOD_JS.replace("__GROUPS__", json.dumps(self.groups))
+
+
+# Level of detail: on load and after every zoom, each filled group is rebuilt from its bars
+# in the visible range, joining bars less than half a pixel apart; at most a few thousand
+# shapes are drawn, however many ops the run has. "{plot_id}" is filled in by plotly.
+_LOD_JS = """
+(function () {
+  var gd = document.getElementById('{plot_id}');
+  var groups = __GROUPS__;
+  function dec(b64, T) {
+    var s = atob(b64), n = s.length, u = new Uint8Array(n);
+    for (var i = 0; i < n; i++) u[i] = s.charCodeAt(i);
+    return new T(u.buffer);
+  }
+  groups.forEach(function (g) { g.y = dec(g.y, Int32Array); g.x0 = dec(g.x0, Float64Array);
+                                g.x1 = dec(g.x1, Float64Array); });
+  var busy = false;
+  function redraw() {
+    var xa = gd._fullLayout && gd._fullLayout.xaxis;
+    if (!xa || busy) return;
+    var lo = xa.range[0], hi = xa.range[1], gap = 0.5 * (hi - lo) / Math.max(100, xa._length || 1000);
+    var xs = [], ys = [], idx = [];
+    groups.forEach(function (g) {
+      var X = [], Y = [], n = g.x0.length, i = 0;
+      while (i < n) {
+        if (g.x1[i] < lo || g.x0[i] > hi) { i++; continue; }
+        var a = g.x0[i], b = g.x1[i], row = g.y[i];
+        i++;
+        while (i < n && g.y[i] === row && g.x0[i] - b <= gap && g.x0[i] <= hi) { if (g.x1[i] > b) b = g.x1[i]; i++; }
+        X.push(a, a, b, b, NaN); Y.push(row - 0.4, row + 0.4, row + 0.4, row - 0.4, NaN);
+      }
+      if (!X.length) { X.push(NaN); Y.push(NaN); }   // an empty trace would drop out of the legend
+      xs.push(X); ys.push(Y); idx.push(g.trace);
+    });
+    busy = true;
+    Promise.resolve(Plotly.restyle(gd, {x: xs, y: ys}, idx)).then(function () { busy = false; },
+                                                                 function () { busy = false; });
+  }
+  gd.on('plotly_relayout', function (ev) {
+    if (ev && Object.keys(ev).some(function (k) { return k.indexOf('xaxis') === 0; })) redraw();
+  });
+})();
+"""
 
 
 def timeline_rows(data: RunData, max_ranks: int = 32, show_comm: bool = True) -> list[tuple[int, str]]:
@@ -232,6 +321,12 @@ def timeline_rows(data: RunData, max_ranks: int = 32, show_comm: bool = True) ->
 
 def timeline_figure(data: RunData, max_ranks: int = 32, show_comm: bool = True, title: Optional[str] = None,
                     x_max_s: Optional[float] = None):
+    """The step's timeline (:func:`_timeline`) as a plotly figure."""
+    return _timeline(data, max_ranks, show_comm, title, x_max_s)[0]
+
+
+def _timeline(data: RunData, max_ranks: int = 32, show_comm: bool = True, title: Optional[str] = None,
+              x_max_s: Optional[float] = None):
     """The step's timeline: a row per device's compute stream (bars coloured by phase;
     idle spans marked as bubble, exposed communication or offload wait) and below it a
     row per communication stream (bars coloured by axis). Zoom by dragging a box or
@@ -250,6 +345,8 @@ def timeline_figure(data: RunData, max_ranks: int = 32, show_comm: bool = True, 
     compute = (ev["stream"] == "compute").to_numpy()
     key = np.where(compute, "phase:" + ev["phase"].astype(str), "axis:" + ev["axis"].astype(str))
     fig = go.Figure()
+    x_max = (x_max_s if x_max_s is not None else step) * k * 1.01
+    bars = _Bars(go, fig, x_max)
     start, end = ev["start_s"].to_numpy() * k, ev["end_s"].to_numpy() * k
     names = ev["name"].astype(str).to_numpy()
     mbs = ev["mb"].to_numpy()
@@ -270,7 +367,7 @@ def timeline_figure(data: RunData, max_ranks: int = 32, show_comm: bool = True, 
             a, b = sub["start_s"].to_numpy() * k, sub["end_s"].to_numpy() * k
             hover = [f"<b>{label}</b>{'' if not w else ': waiting for ' + w}<br>start {x0:.4g} {unit}, "
                      f"{x1 - x0:.4g} {unit}" for w, x0, x1 in zip(sub["waiting_for"].astype(str).tolist(), a, b)]
-            _bar_group(go, fig, label, colour, a, b, iy[m], hover, pattern=pattern, rank=2000)
+            bars.add(label, colour, a, b, iy[m], hover, pattern=pattern, rank=2000)
     for kk in keys:
         m = key == kk
         kind, val = kk.split(":", 1)
@@ -280,7 +377,7 @@ def timeline_figure(data: RunData, max_ranks: int = 32, show_comm: bool = True, 
             colour, label = axis_colour(val), f"{val or 'other'} comm"
         hover = [f"<b>{n}</b>{'' if mb < 0 else f' · mb {mb}'}<br>{label}<br>start {a:.4g} {unit}, "
                  f"{b - a:.4g} {unit}" for n, mb, a, b in zip(names[m], mbs[m], start[m], end[m])]
-        _bar_group(go, fig, label, colour, start[m], end[m], y[m], hover)
+        bars.add(label, colour, start[m], end[m], y[m], hover)
     ticks = []
     for r, st in rows:
         ticks.append(_row_label(data, r) if st == "compute" else f"{st}")
@@ -292,19 +389,21 @@ def timeline_figure(data: RunData, max_ranks: int = 32, show_comm: bool = True, 
         height=max(260, 22 * len(rows) + 170), margin=dict(l=10, r=10, t=50, b=40),
         hovermode="closest", hoverdistance=30, dragmode="zoom", plot_bgcolor="white",
         legend=dict(orientation="h", yanchor="top", y=-0.08 if len(rows) > 12 else -0.2, x=0),
-        xaxis=dict(title=f"time ({unit})", range=[0, (x_max_s if x_max_s is not None else step) * k * 1.01],
+        xaxis=dict(title=f"time ({unit})", range=[0, x_max],
                    showgrid=True, gridcolor="#eeeeee", zeroline=False),
         yaxis=dict(tickmode="array", tickvals=list(range(len(rows))), ticktext=ticks, range=[len(rows) - 0.4, -0.6],
                    showgrid=False, zeroline=False, automargin=True),
     )
-    return fig
+    return fig, bars
 
 
 def _row_label(data: RunData, rank: int) -> str:
     text = data.labels.get(rank, f"device {rank}")
-    # "stage 3: device 384, standing for 128 devices (ranks 384–511)" -> two short lines
+    # "stage 3: device 384, standing for 128 devices (ranks 384–511)" -> one row-high line
     head, _, rest = text.partition(", ")
-    return head if not rest else f"{head}<br><sub>{rest}</sub>"
+    if "(ranks " in rest:
+        return f"{head} (for {rest[rest.index('(ranks ') + 1:-1]})"
+    return head
 
 
 def memory_figure(data: RunData):
@@ -433,10 +532,11 @@ class _Page:
     def add(self, markup: str) -> None:
         self.parts.append(markup)
 
-    def figure(self, fig, div_id: str) -> None:
+    def figure(self, fig, div_id: str, post_script: Optional[str] = None) -> None:
         import plotly.io as pio
 
         self.parts.append(pio.to_html(fig, include_plotlyjs=not self._js, full_html=False, div_id=div_id,
+                                      post_script=post_script,
                                       config={"scrollZoom": True, "displaylogo": False, "responsive": True}))
         self._js = True
 
@@ -471,7 +571,8 @@ def render_report(data: RunData, max_ranks: int = 32) -> str:
                  "the Perfetto trace (trace.json) has them all.</p>")
     page.add("<p class=\"meta\">Drag to zoom (double-click to reset), scroll to zoom, hover a bar for its name "
              "and times; click a legend entry to hide it.</p>")
-    page.figure(timeline_figure(data, max_ranks=max_ranks), "timeline")
+    fig, bars = _timeline(data, max_ranks=max_ranks)
+    page.figure(fig, "timeline", bars.script())
     page.add("<h2>Memory</h2>")
     page.figure(memory_figure(data), "memory")
     page.add("<h2>Exposed communication by axis and stage</h2>")
@@ -539,10 +640,10 @@ def render_compare(table: pd.DataFrame, results: dict) -> str:
         s = res.summary
         k, unit = _time_unit(t_max)
         page.add(f"<h2>{html.escape(name)}</h2>")
-        page.figure(timeline_figure(data, show_comm=False, x_max_s=t_max,
-                                    title=f"{name}: step {s['step_time_s'] * k:.4g} {unit}, bubble "
-                                          f"{100 * s['bubble_fraction']:.1f}%, peak "
-                                          f"{s['peak_memory_bytes'] / 1e9:.1f} GB"), f"timeline-{name}")
+        fig, bars = _timeline(data, show_comm=False, x_max_s=t_max,
+                              title=f"{name}: step {s['step_time_s'] * k:.4g} {unit}, bubble "
+                                    f"{100 * s['bubble_fraction']:.1f}%, peak {s['peak_memory_bytes'] / 1e9:.1f} GB")
+        page.figure(fig, f"timeline-{name}", bars.script())
     return page.render()
 
 
