@@ -127,12 +127,14 @@ def load_run_dir(path) -> RunData:
         scenario = load_json(read_text(d / "scenario.json"), str(d / "scenario.json"))
     else:
         absent.append("scenario.json")
-    labels = _labels_from_scenario(scenario, summary, sorted(set(memory["rank"].tolist())))
+    stages = dict(zip(memory["rank"].tolist(), memory["stage"].tolist()))
+    labels = _labels_from_scenario(scenario, summary, stages)
     return RunData(summary=summary, events=events, memory=memory, idle=idle, scenario=scenario, labels=labels,
                    missing=tuple(absent))
 
 
-def _labels_from_scenario(scenario, summary, ranks) -> dict:
+def _labels_from_scenario(scenario, summary, stages: dict) -> dict:
+    """rank -> what it stands for; without a scenario, only its stage (``stages``) is known."""
     from simulator.report import stands_for
 
     layout = None
@@ -143,10 +145,12 @@ def _labels_from_scenario(scenario, summary, ranks) -> dict:
             layout = load_scenario(scenario).layout
         except (ValueError, KeyError, TypeError):
             layout = None
+    if layout is None:
+        return {r: f"stage {st}: device {r}" for r, st in sorted(stages.items())}
     out = {}
-    for r in ranks:
+    for r in sorted(stages):
         w = 1
-        if layout is not None and not summary.get("exact", True):
+        if not summary.get("exact", True):
             w = len(layout.stage_ranks(layout.stage_of(int(r))))
         out[r] = stands_for(layout, int(r), w)
     return out
