@@ -83,7 +83,7 @@ def cmd_sweep(args) -> int:
     if not Path(args.sweep).exists():
         raise CliError(f"sweep: no file {args.sweep!r}")
     with _dask_client(args.dask) as client:
-        frame = sweep(args.sweep, out=args.out, client=client, jobs=_jobs(args), progress=not args.no_progress,
+        frame = sweep(args.sweep, out=args.out, client=client, jobs=_jobs(args), progress=False if args.no_progress else None,
                       retry_failed=args.retry_failed)
     counts = frame["status"].value_counts() if len(frame) else {}
     extra = []
@@ -137,7 +137,7 @@ def cmd_search(args) -> int:
     )
     with _dask_client(args.dask) as client:
         result = search(path, out=args.out, bounds=bounds, client=client, jobs=_jobs(args),
-                        progress=not args.no_progress)
+                        progress=False if args.no_progress else None)
     if args.json:
         sys.stdout.write(json.dumps(result.best_json(), indent=2, default=str) + "\n")
     else:

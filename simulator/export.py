@@ -6,7 +6,8 @@ after the devices it stands for (``stage 3: device 384, standing for 128 devices
 (ranks 384–511)``), one thread per stream; complete events (``ph: "X"``) with
 microsecond timestamps; idle spans on the compute thread are named ``bubble``,
 ``exposed comm`` (``waiting_for``: the axes busy, e.g. ``ep_inter+ep_intra``) or
-``offload wait`` (see :mod:`simulator.accounting`); flow arrows (``ph: "s"`` /
+``offload wait`` (see :mod:`simulator.accounting`; a cause not listed in ``_IDLE_STYLE``
+is named after itself); flow arrows (``ph: "s"`` /
 ``"f"``) from each pipeline send, and from every op another device waits for, to the
 op that waited; memory in use is a counter per device, an argument per category
 (a track each in Perfetto).
@@ -25,7 +26,8 @@ from typing import Iterator
 from workloads.ops import MEMORY_CATEGORIES, STREAMS
 
 _US = 1e6
-# idle-span cause (simulator.accounting) -> event name, Chrome trace colour name
+# idle-span cause (simulator.accounting) -> event name, Chrome trace colour name (reserved
+# names of the Trace Event viewers); any other cause: its own name, "yellow"
 _IDLE_STYLE = {"bubble": ("bubble", "grey"), "exposed_comm": ("exposed comm", "terrible"),
                "offload_wait": ("offload wait", "bad")}
 #: Flow (arrow) names: a pipeline send to the op on the receiving device that waited
@@ -108,7 +110,7 @@ def _idle(raw, tids) -> Iterator[dict]:
     if raw is None:
         return
     for r, s, e, cause, axis in raw.idle_spans:
-        name, cname = _IDLE_STYLE.get(cause, _IDLE_STYLE["exposed_comm"])
+        name, cname = _IDLE_STYLE.get(cause, (cause.replace("_", " "), "yellow"))
         yield {"ph": "X", "pid": int(r), "tid": tids["compute"], "name": name, "cat": "idle",
                "ts": s * _US, "dur": (e - s) * _US, "args": {"waiting_for": axis or "pipeline"}, "cname": cname}
 

@@ -29,22 +29,12 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from simulator.plots import AXIS_COLOURS, PHASE_COLOURS
+from simulator.plots import (AXIS_COLOURS, AXIS_LABELS, BUBBLE_EDGE, IDLE_COLOURS, PHASE_COLOURS, PHASE_LABELS,
+                             colour_for, idle_label)
 from workloads.ops import MEMORY_CATEGORIES, STREAMS
 
-#: Idle time on a compute row, by cause: (label, fill colour, fill pattern). The fills of
-#: :func:`simulator.plots.plot_timeline`: hatched grey bubbles, pale red exposed
-#: communication, dotted amber offload wait.
-IDLE_STYLE = {
-    "bubble": ("bubble", "#777777", "/"),
-    "exposed_comm": ("exposed comm", "#F2B8B8", ""),
-    "offload_wait": ("offload wait", "#B07A2A", "."),
-}
-PHASE_LABELS = {"F": "forward", "B": "backward", "I": "backward (input grad)", "W": "weight grad",
-                "R": "recompute", "opt": "optimizer", "sync": "sync"}
 #: Files of a ``stepsim run --out`` directory that a report reads.
 RUN_FILES = ("summary.json", "events.parquet", "events.csv", "memory.csv", "idle.csv", "scenario.json")
-OTHER = "#999999"
 
 
 class ReportError(ValueError):
@@ -180,9 +170,11 @@ def exposed_by_axis_stage(data: RunData) -> pd.DataFrame:
 
 
 def axis_colour(axis: str) -> str:
+    """The PNG figures' colour of a communication axis; a sub-axis (``ep_inter``) takes its
+    axis's colour."""
     if axis in AXIS_COLOURS:
         return AXIS_COLOURS[axis]
-    return AXIS_COLOURS.get(axis.split("_")[0], OTHER)
+    return AXIS_COLOURS.get(axis.split("_")[0], AXIS_COLOURS[""])
 
 
 def _time_unit(step_s: float) -> tuple[float, str]:
@@ -237,6 +229,7 @@ class _Bars:
     def __init__(self, go, fig, x_max):
         self.go, self.fig, self.x_max = go, fig, x_max
         self.groups: list[dict] = []
+        self._named: set = set()
 
     def add(self, name, colour, x0, x1, y, hover, pattern="", rank=1000):
         """One legend entry: the filled boxes (no hover) and an invisible point at the
@@ -256,7 +249,9 @@ class _Bars:
         # an outline in the fill colour keeps bars narrower than a pixel visible when zoomed out
         self.fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", fill="toself",
                                       line=dict(width=0.5 if pattern else 1, color=colour), hoverinfo="skip",
-                                      name=name, legendgroup=name, legendrank=rank, **fill))
+                                      name=name, legendgroup=name, legendrank=rank,
+                                      showlegend=name not in self._named, **fill))
+        self._named.add(name)   # phases B and I are both "backward": one legend entry
         self.fig.add_trace(go.Scatter(x=(x0 + x1) / 2, y=y, mode="none", hovertext=hover, hoverinfo="text",
                                       name=name, legendgroup=name, showlegend=False,
                                       hoverlabel=dict(bgcolor=colour if not pattern else "#dddddd")))
@@ -361,24 +356,30 @@ def _timeline(data: RunData, max_ranks: int = 32, show_comm: bool = True, title:
     idle = data.idle
     if len(idle):
         iy = np.array([index.get((r, "compute"), -1) for r in idle["rank"].tolist()])
-        for cause in sorted(set(idle["cause"].tolist()), key=lambda c: (list(IDLE_STYLE).index(c)
-                                                                       if c in IDLE_STYLE else 9, c)):
+        spare: dict = {}
+        for cause in sorted(set(idle["cause"].tolist()), key=lambda c: (c != "bubble", c)):
             m = (idle["cause"] == cause).to_numpy() & (iy >= 0)
             if not m.any():
                 continue
-            label, colour, pattern = IDLE_STYLE.get(cause, (cause.replace("_", " "), "#E15759", ""))
+            # the PNG timeline's styles (simulator.plots): bubbles hatched grey, every other
+            # cause a solid fill of its own hue
+            if cause == "bubble":
+                label, colour, pattern = "bubble", BUBBLE_EDGE, "/"
+            else:
+                label, colour, pattern = f"{idle_label(cause)} (idle)", colour_for(cause, IDLE_COLOURS, spare), ""
             sub = idle[m]
             a, b = sub["start_s"].to_numpy() * k, sub["end_s"].to_numpy() * k
             hover = [f"<b>{label}</b>{'' if not w else ': waiting for ' + w}<br>start {x0:.4g} {unit}, "
                      f"{x1 - x0:.4g} {unit}" for w, x0, x1 in zip(sub["waiting_for"].astype(str).tolist(), a, b)]
             bars.add(label, colour, a, b, iy[m], hover, pattern=pattern, rank=2000)
+    spare_keys: dict = {}
     for kk in keys:
         m = key == kk
         kind, val = kk.split(":", 1)
         if kind == "phase":
-            colour, label = PHASE_COLOURS.get(val, OTHER), PHASE_LABELS.get(val, val or "other")
+            colour, label = colour_for(val, PHASE_COLOURS, spare_keys), PHASE_LABELS.get(val, val or "other")
         else:
-            colour, label = axis_colour(val), f"{val or 'other'} comm"
+            colour, label = axis_colour(val), f"{AXIS_LABELS.get(val, val)} comm"
         hover = [f"<b>{n}</b>{'' if mb < 0 else f' · mb {mb}'}<br>{label}<br>start {a:.4g} {unit}, "
                  f"{b - a:.4g} {unit}" for n, mb, a, b in zip(names[m], mbs[m], start[m], end[m])]
         bars.add(label, colour, start[m], end[m], y[m], hover)

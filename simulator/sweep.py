@@ -738,7 +738,7 @@ def run_cases(
     out: Optional[Union[str, Path]] = None,
     client=None,
     jobs: Optional[int] = None,
-    progress: bool = False,
+    progress: Optional[bool] = False,
     retry_failed: bool = False,
     desc: str = "sweep",
 ) -> tuple[pd.DataFrame, dict[str, dict]]:
@@ -754,8 +754,9 @@ def run_cases(
     todo = [c for c in cases if c.key not in rows]
     done_before = sum(1 for k in rows if k in wanted)
     by_key = {c.key: c for c in cases}
+    # progress=True: shown (in a notebook too, where stderr is no terminal); None: only on a terminal
     bar = tqdm(total=len(cases), initial=done_before, desc=desc, unit="case", dynamic_ncols=True,
-               disable=None if progress else True)
+               disable=True if progress is False else (None if progress is None else False))
     last_write = time.monotonic()
     failed = 0
     try:
@@ -784,13 +785,14 @@ def sweep(
     out: Optional[Union[str, Path]] = None,
     client=None,
     jobs: Optional[int] = None,
-    progress: bool = False,
+    progress: Optional[bool] = False,
     retry_failed: bool = False,
 ) -> pd.DataFrame:
     """Run a sweep (a path to a sweep file or a mapping in that format; see the module notes)
     and return its table. With ``out``, rows are saved as they finish and a second call
     resumes. ``client``: a ``dask.distributed.Client``; ``jobs``: local processes.
-    ``progress``: a tqdm bar (shown only on a terminal).
+    ``progress``: a progress bar (``tqdm.auto``: a widget in a notebook); ``None``: only
+    when stderr is a terminal.
 
     ``DataFrame.attrs`` holds ``skipped`` (invalid cases left out by ``skip_invalid``),
     ``filtered`` (cases removed by ``where``) and ``duplicates``."""
