@@ -461,7 +461,7 @@ def exposed_figure(data: RunData, table: pd.DataFrame):
     fig = go.Figure()
     stages = [f"stage {s}" for s in table.index]
     for a in table.columns:
-        fig.add_trace(go.Bar(y=stages, x=table[a].to_numpy() * 1e3, name=a, orientation="h",
+        fig.add_trace(go.Bar(y=stages, x=table[a].to_numpy() * 1e3, name=AXIS_LABELS.get(a, a), orientation="h",
                              marker_color=axis_colour(a), hovertemplate="%{y}: %{x:.3f} ms<extra>" + a + "</extra>"))
     fig.update_layout(barmode="stack", height=max(220, 28 * len(stages) + 120), plot_bgcolor="white",
                       margin=dict(l=10, r=10, t=30, b=40), xaxis=dict(title="exposed communication (ms)"),
