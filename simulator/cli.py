@@ -18,6 +18,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional, Sequence
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_OFF_TARGET, EXIT_CASES_FAILED = 0, 1, 2, 3, 4
@@ -63,6 +64,12 @@ def cmd_run(args) -> int:
         from workloads.trace_io import read_trace
 
         trace = read_trace(args.trace)
+    if args.html and not args.out:
+        raise CliError("--html: give --out DIR too (the report is written to DIR/report.html)")
+    if args.html:
+        from simulator.html_report import require_plotly
+
+        require_plotly()   # before the simulation, not after
     result = simulate(path, exact=args.exact, topology=topology, trace=trace, progress=None)
     if args.reproducible:
         # Machine-dependent figures left out, so that the same scenario gives a
@@ -70,12 +77,40 @@ def cmd_run(args) -> int:
         result.summary["sim_wall_s"] = None
     if args.out:
         paths = result.write(args.out, plots=not args.no_plots)
+        if args.html:
+            from simulator.html_report import write_report
+
+            paths["report"] = write_report(result, Path(args.out) / "report.html")
+    if args.perfetto:
+        result.to_chrome_trace(args.perfetto)
     if args.json:
         sys.stdout.write(result.summary_json())
     else:
         print(result.text_summary())
         if args.out:
             print(f"  wrote {', '.join(p.name for p in paths.values())} to {args.out}")
+        if args.perfetto:
+            print(f"  wrote {args.perfetto} (open in https://ui.perfetto.dev)")
+    return EXIT_OK
+
+
+def cmd_report(args) -> int:
+    from simulator.html_report import load_run_dir, write_report
+    from simulator.report import format_summary
+
+    if args.output and not args.html:
+        raise CliError("--output: only with --html")
+    if args.html:
+        from simulator.html_report import require_plotly
+
+        require_plotly()
+    data = load_run_dir(args.dir)
+    if not args.html:
+        print(format_summary(SimpleNamespace(summary=data.summary)))   # it reads .summary only
+        return EXIT_OK
+    out = Path(args.output) if args.output else Path(args.dir) / "report.html"
+    write_report(data, out)
+    print(f"wrote {out}")
     return EXIT_OK
 
 
@@ -108,6 +143,12 @@ def cmd_compare(args) -> int:
 
     path = resolve_scenario_path(args.scenario)
     schedules = [x.strip() for x in args.schedules.split(",") if x.strip()]
+    if args.html and not args.out:
+        raise CliError("--html: give --out DIR too (the report is written to DIR/compare.html)")
+    if args.html:
+        from simulator.html_report import require_plotly
+
+        require_plotly()   # before the simulations, not after
     table, results = compare_schedules(path, schedules, vpp=args.vpp)
     print(format_table(table))
     if args.out:
@@ -116,6 +157,10 @@ def cmd_compare(args) -> int:
         table.to_csv(out / "compare.csv", index=False)
         plot_comparison(table, results, out / "compare.png")
         print(f"wrote compare.csv and compare.png to {out}")
+        if args.html:
+            from simulator.html_report import write_compare_report
+
+            print(f"wrote {write_compare_report(table, results, out / 'compare.html')}")
     return EXIT_OK
 
 
@@ -304,7 +349,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", help="a topology file (JSON/GraphML; docs/formats.md) replacing the cluster's network")
     p.add_argument("--trace", help="simulate this trace file (from `stepsim trace`; docs/formats.md) or Chakra trace "
                                    "directory (ET files) instead of generating one")
+    p.add_argument("--html", action="store_true", help="also write --out DIR/report.html (needs plotly: "
+                                                       "pip install 'stepsim[report]')")
+    p.add_argument("--perfetto", metavar="FILE", help="write the Perfetto / Chrome trace to FILE "
+                                                      "(.json, or .json.gz to compress)")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("report", help="summarise a `run --out` directory; --html: one self-contained HTML page")
+    p.add_argument("dir", help="the --out directory of `stepsim run`")
+    p.add_argument("--html", action="store_true", help="write DIR/report.html (needs plotly: "
+                                                       "pip install 'stepsim[report]')")
+    p.add_argument("--output", metavar="FILE", help="with --html: write the page here instead")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("trace", help="write a scenario's operation trace to a file (JSON, .gz to compress) or a "
                                      "directory of Chakra ET files")
@@ -322,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b,zb-h1,dualpipe")
     p.add_argument("--vpp", type=int, default=2, help="virtual stages for interleaved-1f1b (default 2)")
     p.add_argument("--out", help="directory for compare.csv and compare.png")
+    p.add_argument("--html", action="store_true", help="also write --out DIR/compare.html (needs plotly)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("presets", help="list every model, cluster, chip, schedule and built-in scenario")
