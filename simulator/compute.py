@@ -1,7 +1,9 @@
 """Compute-time model: a roofline per kernel with calibrated efficiencies.
 
 A kernel takes ``max(flops / (peak * eff), bytes / (hbm_bw * mem_eff)) +
-launch_overhead_s``. ``eff`` depends on the kernel kind and, for GEMMs, on the
+launch_overhead_s``, with the kernel's ``executed_flops`` in place of ``flops``
+where it has them (a causal flash-attention kernel, counted in FlashAttention's
+convention: see :mod:`workloads.counts`). ``eff`` depends on the kernel kind and, for GEMMs, on the
 shape: small dimensions under-fill the tensor cores, modelled by a saturating
 factor ``d / (d + gemm_dim_half)`` per GEMM dimension (a documented smooth
 stand-in for tile quantisation; ``gemm_dim_half`` = 0 disables it).
@@ -27,7 +29,7 @@ class ComputeCalibration:
     gemm_efficiency: float = 0.75  # large bf16 GEMM, fraction of dense peak
     fp8_gemm_efficiency: float = 0.60  # large fp8 GEMM, fraction of the fp8 peak
     gemm_dim_half: float = 64.0  # GEMM dimension at which the shape factor is 1/2
-    attention_efficiency: float = 0.55  # fused (flash) attention, fraction of bf16 peak
+    attention_efficiency: float = 0.55  # fused (flash) attention, FlashAttention's FLOP convention, fraction of bf16 peak
     memory_efficiency: float = 0.85  # achieved fraction of HBM bandwidth for streaming kernels
     launch_overhead_s: float = 4e-6  # per kernel: launch + tail effects
     source: str = ""
@@ -43,7 +45,13 @@ class ComputeCalibration:
 #   the shape factor; fp8_gemm_efficiency the same against the fp8 peak.
 # * gemm_dim_half: GEMM dimension at which the shape factor d/(d+half) is 1/2 (small-
 #   dimension under-fill of the tensor cores).
-# * attention_efficiency: fused attention FLOPs (non-causal count) / bf16 peak.
+# * attention_efficiency: achieved attention TFLOP/s / bf16 peak, in the convention the
+#   FlashAttention papers report them (Dao 2023, arXiv 2307.08691 §4.1; Shah et al. 2024,
+#   arXiv 2407.08608 §4.1): a causal kernel is credited half the dense 4*s^2*heads*d
+#   FLOPs and a backward 2.5x its forward (the kernel's executed_flops). Applied to the
+#   dense non-causal count (model-FLOPs convention) instead, 0.50 on an H100 would run
+#   a causal kernel at 0.25 x 989 = 247 TF/s in the papers' units, below FlashAttention-2.
+#   Unfused attention (batched GEMMs over the whole square) executes what it counts.
 # * memory_efficiency: achieved fraction of HBM bandwidth by streaming kernels.
 # * launch_overhead_s: per-kernel launch + tail.
 # Values below were set by `stepsim validate` (validation/, issue 8) against published
@@ -127,7 +135,7 @@ def kernel_time_s(k: Kernel, chip: ChipSpec, cal: ComputeCalibration, dtype: str
             peak, eff = chip.peak("bf16"), cal.attention_efficiency
         else:
             peak, eff = chip.peak("bf16"), cal.gemm_efficiency
-        t_math = k.flops / (peak * eff)
+        t_math = (k.flops if k.executed_flops is None else k.executed_flops) / (peak * eff)
     t_mem = k.bytes / (chip.hbm_bw_bytes_per_s * cal.memory_efficiency) if k.bytes > 0 else 0.0
     return max(t_math, t_mem) + cal.launch_overhead_s
 
