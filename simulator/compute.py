@@ -63,16 +63,20 @@ class ComputeCalibration:
 #   GEMMs to ~0.65-0.75. The large compute-bound cases were 17-23% too fast at 0.80
 #   (Narayanan 39B/76B/146B, Korthikanti 175B); at 0.68 Narayanan 39B-1T are -0.2..+8.8%
 #   and Korthikanti 175B/530B +4.8/-2.7%.
-# * Ampere attention 0.55: FlashAttention-2 reaches 50-73% of peak on A100 (Dao 2023,
-#   arXiv 2307.08691 Fig. 4, fwd ~70%, bwd lower), scaled by the same sustained-clock
-#   factor as the GEMMs.
+# * Ampere attention 0.55 (172 TF/s in FlashAttention units): FlashAttention-2 reaches
+#   50-73% of peak on A100 (Dao 2023, arXiv 2307.08691 abstract and Fig. 4, fwd ~70%,
+#   bwd lower), scaled by the same sustained-clock factor as the GEMMs. (The validation
+#   suite's A100 runs are unfused Megatron attention, which this does not time.)
 # * Hopper gemm 0.68 (672 TF/s of 989): H100 SXM cuBLAS bf16 reaches ~700-750 TF/s in
 #   short microbenchmarks, ~620-700 sustained at 700 W. The NeMo DGX Cloud runs
 #   (GPT-3 175B, Nemotron-4 340B, Llama 3.1 70B) were 2-15% too fast at 0.74 and are
 #   -8.9..+5.0% at 0.68.
-# * Hopper attention 0.50: FlashAttention-2 on H100 ~35-50% of peak; FlashAttention-3
-#   (Shah et al. 2024, arXiv 2407.08608) 50-75% forward, backward lower; NeMo 24.x uses
-#   cuDNN fused attention, between the two.
+# * Hopper attention 0.50 (494 TF/s in FlashAttention units): Shah et al. 2024 (arXiv
+#   2407.08608) Fig. 5, causal forward, head dim 128, H100 SXM5 BF16, seqlen 4k-16k:
+#   FlashAttention-2 319-335, cuDNN 518-539, FlashAttention-3 579-616 TF/s; Fig. 6
+#   backward, head dim 128: 310-322 / 499-516 / 542-561. NeMo 24.x runs cuDNN fused
+#   attention (Transformer Engine); 0.50 is cuDNN's ~0.52 less the sustained-clock loss
+#   the GEMM figure above shows.
 # * fp8 GEMMs: ~1230-1300 TF/s of 1979 (0.62); no fp8 case in the suite refines it.
 # * memory_efficiency 0.85: STREAM-style copies reach ~85-90% of HBM bandwidth.
 # * launch_overhead_s 4 us: CUDA launch + tail effects of a kernel (2-5 us typical).
