@@ -42,22 +42,45 @@ ranks, ``S`` bytes, per-step latency ``a`` and link bandwidth ``B``:
   power of two the all-reduce first folds the ``r = n - 2^k`` extra ranks into
   partners (one exchange of ``S``) and unfolds the result at the end (MPICH's
   approach); all-gather / reduce-scatter fall back to ``ring`` (the plan says so).
-* ``torus`` -- dimension by dimension over the axes the group spans (it must be a
-  box of the torus, one pod): reduce-scatter along axis 0, then 1, ..., then
-  all-gather back in reverse order. An axis that the group covers whole and that
+* ``torus`` -- dimension by dimension over the ``D`` axes the group spans (it must
+  be a box of the torus, one pod), on all axes at once: the buffer is split into ``D``
+  shares and share ``i`` reduce-scatters along the axes in the order rotated by ``i``
+  (``i, i+1, ..., i-1``), then all-gathers back in reverse order, so that at every
+  stage each axis carries one share ("How to Scale Your Model", TPU chapter: a
+  collective over several axes gets the bandwidth of every axis; XLA splits the data
+  the same way). The ``j``-th stages of all shares form one phase of concurrent flows
+  on different axes' links; on a cube each stage's shares take equal time, otherwise
+  the phase lasts as long as its slowest share. An axis that the group covers whole and that
   wraps (length > 2) is a bidirectional ring: ``(m-1)(a + d/(2mB))`` for ``d`` bytes
   per rank on that axis. Any other axis (no wrap-around, or only part of it in the
   group) is a line, run as a bidirectional chain: the link from position ``i`` to
   ``i+1`` carries the ``m-1-i`` chunks owned further right, so the busiest link
   carries ``(m-1) d / m`` and the cost is ``(m-1)(a + d/(mB))`` -- twice the
   bandwidth term of the wrapped axis, as "How to Scale Your Model" notes for
-  tori without wrap-around.
+  tori without wrap-around. On a wrapped ``m^D`` cube an all-reduce costs
+  ``2 D (m-1) a + 2 (1 - 1/n) S / (2 D B)``: ``D`` times the bandwidth of one axis.
+* ``rail-ring`` -- NCCL's ring across ``m`` domains of ``k`` members: ``k``
+  channels (one per rail, i.e. per local index) of ``S/k`` each, every channel a
+  ring over all ``n`` ranks that enters and leaves each domain through its own rail
+  (the domain's last member hands the data to the rail's member over NVLink, NCCL's
+  PXN). As flows, in one phase of ``2(n-1)`` steps (``n-1`` for all-gather /
+  reduce-scatter): a ring inside each domain carrying the whole per-rank ring load
+  ``2(n-1)/n S`` and a ring over the domains on each rail carrying ``1/k`` of it.
+  Alone: ``2(n-1) a + 2(n-1)/n S max(1/B_dom, 1/(k B_nic))`` -- busbw is the smaller
+  of the NVLink ring bandwidth and the domain's total NIC bandwidth, as nccl-tests
+  measure across nodes (NVIDIA/nccl-tests #319, NVIDIA/nccl #812).
 * ``hierarchical`` -- intra-domain reduce-scatter, then an all-reduce of the
   ``S/k`` shard over the ``m`` members with the same local index (rail-aligned:
   one per domain), then intra-domain all-gather; intra-domain steps use ``torus``
   when the domain's members form a torus box, ``ring`` otherwise. All-gather runs
   rails first then intra-domain; reduce-scatter intra first then rails. Needs the
-  same number ``k`` of members in every domain.
+  same number ``k`` of members in every domain. On a switched cluster the stages are
+  *pipelined* (chunks stream through them, NCCL-style): all their transfers form
+  one phase, so the stages share the links they have in common (the intra-domain
+  reduce-scatter and all-gather share NVLink) and the latencies of all stages are
+  paid once each: ``(2(k-1) + 2(m-1)) a + max(2(k-1)/k S/B_dom, 2(m-1)/m S/(k B_nic))``.
+  Across the pods of a torus cluster they run one after another (the DCN stage
+  dominates; one phase would charge every ICI step the DCN latency).
 * ``nvls`` -- NVLink SHARP all-reduce inside one NVSwitch domain (``topo.nvls``):
   every GPU pushes its buffer through ``multimem.ld_reduce`` and the reduced
   slice back with a multicast ``multimem.st``, so its link to the switch carries
@@ -71,7 +94,7 @@ ranks, ``S`` bytes, per-step latency ``a`` and link bandwidth ``B``:
   into the switch tree once and receive the result once (modelled as above by a
   rail ring of transfers of ``S/k``: on a fat-tree it loads each NIC link and each
   leaf-spine link exactly once per direction, like the aggregation tree), then
-  intra-domain all-gather.
+  intra-domain all-gather; pipelined like ``hierarchical`` (NCCL's CollNet).
 * ``direct`` -- all-to-all: every ordered pair exchanges ``S/n`` in one phase.
 * ``hierarchical-a2a`` -- DeepSeek-style all-to-all across ``m`` domains of ``k``:
   rank ``(d, i)`` sends the ``k S/n`` bytes bound for domain ``d'`` to its rail peer
@@ -92,7 +115,7 @@ Algorithm choice (:func:`choose_algorithm`), in order:
    per pod, else ``ring``.
 4. Other topologies: group inside one domain -> ``nvls`` if ``topo.nvls`` and
    all-reduce, else ``ring``; across domains with equal members per domain ->
-   ``sharp`` if ``topo.sharp`` and all-reduce, else ``hierarchical`` when more than
+   ``sharp`` if ``topo.sharp`` and all-reduce, else ``rail-ring`` when more than
    one member per domain and ``ring`` when one; unequal -> ``ring``.
 """
 
@@ -109,14 +132,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send-recv")
 ALGORITHMS = ("ring", "ring-bidir", "tree", "halving-doubling", "torus", "hierarchical", "nvls",
-              "sharp", "direct", "hierarchical-a2a", "p2p")
+              "sharp", "direct", "hierarchical-a2a", "p2p", "rail-ring")
 
 _REDUCING = ("all-reduce", "all-gather", "reduce-scatter")
 VALID_ALGORITHMS = {
     "all-reduce": ("ring", "ring-bidir", "tree", "halving-doubling", "torus", "hierarchical",
-                   "nvls", "sharp"),
-    "all-gather": ("ring", "ring-bidir", "halving-doubling", "torus", "hierarchical"),
-    "reduce-scatter": ("ring", "ring-bidir", "halving-doubling", "torus", "hierarchical"),
+                   "nvls", "sharp", "rail-ring"),
+    "all-gather": ("ring", "ring-bidir", "halving-doubling", "torus", "hierarchical", "rail-ring"),
+    "reduce-scatter": ("ring", "ring-bidir", "halving-doubling", "torus", "hierarchical",
+                       "rail-ring"),
     "all-to-all": ("direct", "hierarchical-a2a"),
     "broadcast": ("ring", "tree"),
     "send-recv": ("p2p",),
@@ -234,7 +258,7 @@ def choose_algorithm(op: str, group: Sequence[int], topo: "Topology") -> str:
         return "ring"
     if topo.sharp and op == "all-reduce":
         return "sharp"
-    return "hierarchical" if len(domains[0]) > 1 else "ring"
+    return "rail-ring" if len(domains[0]) > 1 else "ring"
 
 
 # ---------------------------------------------------------------------------
@@ -264,18 +288,36 @@ def _merge_parallel(phase_lists: Sequence[Sequence[Phase]]) -> list[Phase]:
     return out
 
 
+def _pipelined(phases: Sequence[Phase]) -> list[Phase]:
+    """Phases run as one pipeline: all their transfers flow at once (chunks of the buffer
+    stream through every stage), so the pipeline lasts as long as its slowest stage under
+    max-min sharing; stages on the same links share them. The latencies of all stages
+    are paid once each (pipeline fill): ``steps`` is their sum."""
+    phases = list(phases)
+    if len(phases) <= 1:
+        return phases
+    return [Phase(_bundle(t for ph in phases for t in ph.transfers),
+                  sum(ph.steps for ph in phases),
+                  sum(ph.compute_bytes for ph in phases),
+                  any(ph.in_network for ph in phases))]
+
+
+def _ring_load(op: str, n: int, size: float) -> tuple[int, float, float]:
+    """(steps, bytes each rank sends, bytes each rank reduces) of a ring ``op`` on ``n``."""
+    if op == "all-reduce":
+        return 2 * (n - 1), 2 * (n - 1) * size / n, (n - 1) * size / n
+    if op in ("all-gather", "reduce-scatter"):
+        per_rank = (n - 1) * size / n
+        return n - 1, per_rank, (per_rank if op == "reduce-scatter" else 0.0)
+    raise CollectiveError(f"ring phases are not defined for {op!r}")  # pragma: no cover
+
+
 def _ring(op: str, members: Sequence[int], size: float, bidir: bool = False) -> list[Phase]:
     """Collapsed ring: one phase of neighbour transfers (see module docstring)."""
     n = len(members)
     if n < 2:
         return []
-    if op == "all-reduce":
-        steps, per_rank, compute = 2 * (n - 1), 2 * (n - 1) * size / n, (n - 1) * size / n
-    elif op in ("all-gather", "reduce-scatter"):
-        steps, per_rank = n - 1, (n - 1) * size / n
-        compute = per_rank if op == "reduce-scatter" else 0.0
-    else:  # pragma: no cover - callers pass reducing ops only
-        raise CollectiveError(f"ring phases are not defined for {op!r}")
+    steps, per_rank, compute = _ring_load(op, n, size)
     if bidir:
         half = per_rank / 2
         transfers = [Transfer(members[i], members[(i + 1) % n], half) for i in range(n)]
@@ -339,15 +381,24 @@ def _torus(op: str, members: Sequence[int], size: float, topo: "Topology") -> li
     def is_ring(a: int) -> bool:
         return bool(wrap[a]) and box[a][1] == shape[a] and shape[a] > 2
 
-    rs, ag = [], []
-    data = size
-    for a in axes:                       # reduce-scatter: data per rank shrinks
-        rs.append(_axis_phase("reduce-scatter", lines_along(a), is_ring(a), data))
-        data /= box[a][1]
-    data = size / n
-    for a in reversed(axes):             # all-gather: data per rank grows back
-        data *= box[a][1]
-        ag.append(_axis_phase("all-gather", lines_along(a), is_ring(a), data))
+    # One share of size/D per axis, share i running the axes in the order rotated by i, so
+    # that at every stage each axis carries one share ("How to Scale Your Model": a
+    # collective over several axes gets bandwidth from every axis). The i-th stages of all
+    # shares run as one phase (concurrent flows on different axes' links).
+    d = len(axes)
+    share = size / d
+    orders = [axes[i:] + axes[:i] for i in range(d)]
+
+    def rs_stage(order: list[int], j: int) -> Phase:
+        data = share / math.prod(box[a][1] for a in order[:j])
+        return _axis_phase("reduce-scatter", lines_along(order[j]), is_ring(order[j]), data)
+
+    def ag_stage(order: list[int], j: int) -> Phase:
+        data = share / math.prod(box[a][1] for a in order[:j])
+        return _axis_phase("all-gather", lines_along(order[j]), is_ring(order[j]), data)
+
+    rs = _merge_parallel([[rs_stage(o, j) for j in range(d)] for o in orders])
+    ag = _merge_parallel([[ag_stage(o, j) for j in reversed(range(d))] for o in orders])
     if op == "all-reduce":
         return rs + ag
     if op == "reduce-scatter":
@@ -369,8 +420,38 @@ def _intra(op: str, members: Sequence[int], size: float, topo: "Topology") -> li
     return _ring(op, members, size)
 
 
+def _rail_ring(op: str, parts: list[list[int]], size: float) -> list[Phase]:
+    """NCCL's ring across ``m`` domains of ``k`` members: ``k`` channels, one per rail.
+
+    Channel ``c`` carries ``size/k`` around all ``n = m k`` ranks: in each domain it enters
+    at member ``c`` (from rail ``c``), runs ``c, c+1, ..., c-1`` over NVLink, and the last
+    member hands its data over NVLink to member ``c`` (PXN), whose NIC sends it on rail
+    ``c`` to member ``c`` of the next domain. Every channel thus crosses each intra-domain
+    link ``i -> i+1`` once and each rail link once: as flows, one intra-domain ring per
+    domain carrying the full ring load (``2(n-1)/n S`` per rank for an all-reduce) and one
+    ring per rail over the domains carrying ``1/k`` of it, all in one phase of ``2(n-1)``
+    steps (``n-1`` for all-gather / reduce-scatter)."""
+    if not _equal_split(parts):
+        raise CollectiveError("rail-ring needs the same number of members in every domain; "
+                              f"got {[len(p) for p in parts]}")
+    m, k = len(parts), len(parts[0])
+    n = m * k
+    if n < 2:
+        return []
+    steps, per_rank, compute = _ring_load(op, n, size)
+    transfers = []
+    if k > 1:
+        for dom in parts:
+            transfers += [Transfer(dom[i], dom[(i + 1) % k], per_rank) for i in range(k)]
+    if m > 1:
+        for c in range(k):
+            transfers += [Transfer(parts[d][c], parts[(d + 1) % m][c], per_rank / k)
+                          for d in range(m)]
+    return [Phase(_bundle(transfers), steps, compute)]
+
+
 def _hierarchical(op: str, parts: list[list[int]], size: float, topo: "Topology",
-                  inter: str = "ring") -> list[Phase]:
+                  inter: str = "ring", pipelined: bool = False) -> list[Phase]:
     if not _equal_split(parts):
         raise CollectiveError("hierarchical algorithms need the same number of members in "
                               f"every domain; got {[len(p) for p in parts]}")
@@ -387,10 +468,12 @@ def _hierarchical(op: str, parts: list[list[int]], size: float, topo: "Topology"
         return _merge_parallel([_ring(kind, r, total) for r in rails])
 
     if op == "all-reduce":
-        return intra("reduce-scatter") + across("all-reduce", shard) + intra("all-gather")
-    if op == "all-gather":
-        return across("all-gather", shard) + intra("all-gather")
-    return intra("reduce-scatter") + across("reduce-scatter", shard)
+        phases = intra("reduce-scatter") + across("all-reduce", shard) + intra("all-gather")
+    elif op == "all-gather":
+        phases = across("all-gather", shard) + intra("all-gather")
+    else:
+        phases = intra("reduce-scatter") + across("reduce-scatter", shard)
+    return _pipelined(phases) if pipelined else phases
 
 
 def _in_network(members: Sequence[int], size: float, steps: int) -> list[Phase]:
@@ -543,7 +626,10 @@ def plan_collective(op: str, group: Sequence[int], size_bytes: float, topo: "Top
         phases = _torus(op, group, size, topo)
     elif algorithm == "hierarchical":
         by_pod = topo.kind == "torus"
-        phases = _hierarchical(op, _domains(group, topo, by_pod=by_pod), size, topo)
+        phases = _hierarchical(op, _domains(group, topo, by_pod=by_pod), size, topo,
+                               pipelined=not by_pod)
+    elif algorithm == "rail-ring":
+        phases = _rail_ring(op, _domains(group, topo), size)
     elif algorithm == "nvls":
         if not topo.nvls:
             raise CollectiveError("nvls needs a topology with NVLink SHARP (topo.nvls)")
@@ -553,7 +639,8 @@ def plan_collective(op: str, group: Sequence[int], size_bytes: float, topo: "Top
     elif algorithm == "sharp":
         if not topo.sharp:
             raise CollectiveError("sharp needs a topology with in-network reduction (topo.sharp)")
-        phases = _hierarchical(op, _domains(group, topo), size, topo, inter="sharp")
+        phases = _hierarchical(op, _domains(group, topo), size, topo, inter="sharp",
+                               pipelined=True)
     elif algorithm == "direct":
         phases = _direct_a2a(group, size)
     elif algorithm == "hierarchical-a2a":

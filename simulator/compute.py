@@ -32,6 +32,10 @@ class ComputeCalibration:
     attention_efficiency: float = 0.55  # fused (flash) attention, FlashAttention's FLOP convention, fraction of bf16 peak
     memory_efficiency: float = 0.85  # achieved fraction of HBM bandwidth for streaming kernels
     launch_overhead_s: float = 4e-6  # per kernel: launch + tail effects
+    # Share of the compute units held by communication kernels while an overlapped
+    # forward/backward pair (DualPipe) computes: its compute ops take 1 / (1 - share)
+    # as long (see :func:`overlap_slowdown`).
+    comm_sm_fraction: float = 0.0
     source: str = ""
 
     def with_(self, **changes) -> "ComputeCalibration":
@@ -54,6 +58,14 @@ class ComputeCalibration:
 #   Unfused attention (batched GEMMs over the whole square) executes what it counts.
 # * memory_efficiency: achieved fraction of HBM bandwidth by streaming kernels.
 # * launch_overhead_s: per-kernel launch + tail.
+# * comm_sm_fraction: share of the streaming multiprocessors given to the all-to-all
+#   (and pipeline) communication kernels while a DualPipe forward/backward pair overlaps
+#   them with its compute. DeepSeek-V3 (arXiv 2412.19437 §3.2.2 and §3.5.1) dedicates
+#   20 of the H800's 132 SMs to communication ("we allocate 20 out of the 132 SMs
+#   available in the H800 GPU for this purpose"): 20/132 = 0.1515 on every GPU family,
+#   the only published figure (A100 and B200 have 108 and 148 SMs; the same 20 SMs would
+#   be 0.19 / 0.14 there -- set `compute: {comm_sm_fraction: ...}` for those). TPUs
+#   move collectives with DMA engines over ICI, not with their TensorCores: 0.
 # Values below were set by `stepsim validate` (validation/, issue 8) against published
 # end-to-end runs, staying inside what microbenchmarks allow:
 # * Ampere gemm 0.68 (212 TF/s of 312): isolated cuBLAS bf16 GEMMs reach ~250-270 TF/s
@@ -71,12 +83,14 @@ class ComputeCalibration:
 #   short microbenchmarks, ~620-700 sustained at 700 W. The NeMo DGX Cloud runs
 #   (GPT-3 175B, Nemotron-4 340B, Llama 3.1 70B) were 2-15% too fast at 0.74 and are
 #   -8.9..+5.0% at 0.68.
-# * Hopper attention 0.50 (494 TF/s in FlashAttention units): Shah et al. 2024 (arXiv
+# * Hopper attention 0.48 (475 TF/s in FlashAttention units): Shah et al. 2024 (arXiv
 #   2407.08608) Fig. 5, causal forward, head dim 128, H100 SXM5 BF16, seqlen 4k-16k:
 #   FlashAttention-2 319-335, cuDNN 518-539, FlashAttention-3 579-616 TF/s; Fig. 6
 #   backward, head dim 128: 310-322 / 499-516 / 542-561. NeMo 24.x runs cuDNN fused
-#   attention (Transformer Engine); 0.50 is cuDNN's ~0.52 less the sustained-clock loss
-#   the GEMM figure above shows.
+#   attention (Transformer Engine): at 4k, 518 fwd and 499 bwd (0.51 of 989 weighted by
+#   the 1 : 2.5 FLOPs), times the in-situ / microbenchmark ratio of the GEMMs above
+#   (672 / ~720 = 0.93) = 0.48. (Until issue 13 the value was 0.50 applied to the dense
+#   count: 247 TF/s in these units.)
 # * fp8 GEMMs: ~1230-1300 TF/s of 1979 (0.62); no fp8 case in the suite refines it.
 # * memory_efficiency 0.85: STREAM-style copies reach ~85-90% of HBM bandwidth.
 # * launch_overhead_s 4 us: CUDA launch + tail effects of a kernel (2-5 us typical).
@@ -84,20 +98,26 @@ class ComputeCalibration:
 # issue 8): unfused attention (2021-22 Megatron materialised the s x s scores; its
 # softmax/dropout HBM traffic is not timed), which makes the small Narayanan rows and
 # the Korthikanti 22B case too fast.
+#: DeepSeek-V3's communication SM reservation: 20 of the H800's 132 SMs (arXiv 2412.19437 §3.5.1).
+DEEPSEEK_COMM_SM_FRACTION = 20 / 132
+
 DEFAULT_COMPUTE_CALIBRATION: Mapping[str, ComputeCalibration] = {
     "ampere": ComputeCalibration(
+        comm_sm_fraction=DEEPSEEK_COMM_SM_FRACTION,
         gemm_efficiency=0.68, fp8_gemm_efficiency=0.68, attention_efficiency=0.55,
         memory_efficiency=0.85, launch_overhead_s=4e-6,
         source="A100: in-situ GEMMs ~212 TF/s of 312 (validation suite, Narayanan/Korthikanti/"
                "MegaScale); FlashAttention-2 paper Fig. 4",
     ),
     "hopper": ComputeCalibration(
-        gemm_efficiency=0.68, fp8_gemm_efficiency=0.62, attention_efficiency=0.50,
+        comm_sm_fraction=DEEPSEEK_COMM_SM_FRACTION,
+        gemm_efficiency=0.68, fp8_gemm_efficiency=0.62, attention_efficiency=0.48,
         memory_efficiency=0.85, launch_overhead_s=4e-6,
         source="H100 SXM: in-situ bf16 GEMMs ~672 TF/s of 989 (validation suite, NeMo DGX Cloud "
                "recipes), fp8 ~1230 of 1979; FA-2/FA-3 papers",
     ),
     "blackwell": ComputeCalibration(
+        comm_sm_fraction=DEEPSEEK_COMM_SM_FRACTION,
         gemm_efficiency=0.72, fp8_gemm_efficiency=0.62, attention_efficiency=0.55,
         memory_efficiency=0.85, launch_overhead_s=4e-6,
         source="B200: assumed Hopper-like achieved fractions until measured",
@@ -113,6 +133,14 @@ DEFAULT_COMPUTE_CALIBRATION: Mapping[str, ComputeCalibration] = {
 def calibration_for(chip: ChipSpec, overrides: Mapping[str, float] | None = None) -> ComputeCalibration:
     cal = DEFAULT_COMPUTE_CALIBRATION.get(chip.family, DEFAULT_COMPUTE_CALIBRATION["hopper"])
     return cal.with_(**overrides) if overrides else cal
+
+
+def overlap_slowdown(cal: ComputeCalibration) -> float:
+    """How much longer a compute op of an overlapped forward/backward pair takes:
+    ``1 / (1 - comm_sm_fraction)``, every kernel (GEMM, attention and memory-bound
+    alike) running on the SMs the communication kernels leave free (DeepSeek-V3's
+    20 of 132 SMs: 132/112 = 1.179)."""
+    return 1.0 / (1.0 - cal.comm_sm_fraction)
 
 
 def gemm_shape_factor(k: Kernel, dim_half: float) -> float:

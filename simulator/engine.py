@@ -4,7 +4,9 @@ Every simulated rank has one in-order simpy process per stream (``compute``,
 ``tp``, ``cp``, ``ep``, ``dp``, ``fsdp``, ``pp``). An op starts when the previous op
 of its stream has finished and every op in its ``deps`` has finished; then
 
-* a compute op takes the roofline time of its kernels (:mod:`simulator.compute`);
+* a compute op takes the roofline time of its kernels (:mod:`simulator.compute`),
+  ``1 / (1 - comm_sm_fraction)`` times longer when it belongs to an overlapped
+  forward/backward pair (``Op.comm_overlap``: the all-to-all kernels hold SMs);
 * a collective waits until every *simulated* member of its group has reached it
   (rendezvous), then runs its algorithm's phases on the shared flow network;
 * a send moves its message to the peer over the network.
@@ -40,7 +42,7 @@ from typing import Optional
 import simpy
 
 from simulator import collectives as coll_mod
-from simulator.compute import ComputeCalibration, kernels_time_s
+from simulator.compute import ComputeCalibration, kernels_time_s, overlap_slowdown
 from simulator.network import FlowNetwork, Transfer
 from topologies.chips import ChipSpec
 from workloads.counts import MATMUL_KINDS
@@ -92,6 +94,7 @@ class Engine:
             raise TraceError(f"parallel: the layout needs {layout.world} devices, the cluster has {topo.n_devices}")
         self.trace, self.topo, self.layout, self.chip = trace, topo, layout, chip
         self.cal, self.dtype = compute_cal, dtype
+        self._overlap_slowdown = overlap_slowdown(compute_cal)  # compute beside SM-holding comm kernels
         self.compute_scale = compute_scale or {}
         self.host_bw = host_bw_bytes_per_s  # each device's own host link (PCIe); not shared
         # progress: True = always, None = only on a terminal (tqdm's rule), False = never.
@@ -293,6 +296,8 @@ class Engine:
 
     def _duration(self, op: Op) -> float:
         d = self._kernel_stats(op.kernels)[1]
+        if op.comm_overlap:
+            d *= self._overlap_slowdown
         scale = self.compute_scale.get(op.rank)
         return d / scale if scale else d
 

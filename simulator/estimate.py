@@ -142,15 +142,18 @@ class NetModel:
 
     * Switched (NVLink domains + fat-tree): a group inside one domain runs on the domain
       link (NVLS for all-reduce when the domain has it); across domains with ``k > 1``
-      members per domain the hierarchical algorithms of ``simulator.collectives`` (intra
-      reduce-scatter, inter on the ``S/k`` shard over the NIC rails, intra all-gather;
-      DeepSeek-style hierarchical all-to-all: ``(nd-1)/nd`` of the buffer over the NIC and
-      ``(k-1)/k`` over NVLink at once); with one member per domain a ring / direct exchange
+      members per domain the algorithms ``simulator.collectives`` picks: the rail-ring
+      (NCCL's ring, one channel per rail: the whole ring load on NVLink and ``1/k`` of it on
+      each NIC, at once), the pipelined SHARP all-reduce when the fabric has it (NVLink
+      reduce-scatter + all-gather beside ``S/k`` into the switch), and the DeepSeek-style
+      hierarchical all-to-all (``(nd-1)/nd`` of the buffer over the NIC and ``(k-1)/k``
+      over NVLink at once); with one member per domain a ring / direct exchange
       over the NICs. Leaf uplinks divide the NIC bandwidth by the oversubscription when the
       group spans more domains than one leaf group holds; crossing pods, the DCN bandwidth.
-    * Torus: a group that is a box of the torus runs dimension by dimension (per axis a
-      bidirectional ring when the group covers a wrapped axis, else a bidirectional line at
-      half that bandwidth: ``collectives._torus``); any other group a ring whose links carry
+    * Torus: a group that is a box of the torus runs dimension by dimension, the buffer split
+      into one share per axis with rotated axis orders so that every axis is busy at every
+      stage (per axis a bidirectional ring when the group covers a wrapped axis, else a
+      bidirectional line at half that bandwidth: ``collectives._torus``); any other group a ring whose links carry
       as many chunks as the mean hop count between ring neighbours (twin groups interleave
       on the same links). An all-to-all is limited by its busiest link: along an axis of
       ``e`` members each line carries an all-to-all of ``S/e`` per pair, whose busiest link
@@ -178,6 +181,7 @@ class NetModel:
             self.oversubscription = net.oversubscription
             self.domains_per_leaf = net.domains_per_leaf
             self.nvls = net.nvls
+            self.sharp = net.sharp
             self.nvls_efficiency = ncal.algorithm_efficiency_of("nvls")
             self.up_latency_s = 2 * net.domain_latency_s  # device -> switch -> device
             self.out_latency_s = 2 * (net.nic_latency_s + net.switch_latency_s)  # NIC, leaf, spine, leaf, NIC
@@ -243,9 +247,13 @@ class NetModel:
             return f * (n - 1) / n / out_bw, f * (n - 1) * out_a
         if op == "all-to-all":  # hierarchical: rail and NVLink legs in one phase
             return max((nd - 1) / nd / out_bw, (k - 1) / k / up), out_a + up_a
+        alpha = max(up_a, out_a)
+        if op == "all-reduce" and self.sharp:  # pipelined: NVLink RS + AG beside the switch
+            return max(2 * (k - 1) / k / up, 1 / k / out_bw), (2 * (k - 1) + 1) * alpha
+        # rail-ring (NCCL's ring, one channel per rail): the whole ring load on NVLink, 1/k
+        # of it on each NIC, at once
         f = 2 if op == "all-reduce" else 1
-        return (f * ((k - 1) / k / up + (nd - 1) / nd / k / out_bw),
-                f * ((k - 1) * up_a + (nd - 1) * out_a))
+        return f * (n - 1) / n * max(1 / up, 1 / (k * out_bw)), f * (n - 1) * alpha
 
     # -- torus ------------------------------------------------------------------------------
     def _coords(self, local):
@@ -299,14 +307,17 @@ class NetModel:
             return worst * span / n / B, a * max(1, sum(extents) - len(extents))
         f = 2 if op == "all-reduce" else 1
         if box:
-            per_byte, steps, frac = 0.0, 0, 1.0
-            for e, e_full, w in zip(extents, self.shape, self.wrap):
-                if e <= 1:
-                    continue
-                ring = w and e == e_full and e_full > 2
-                per_byte += (e - 1) / e * frac / (B * (2 if ring else 1))
-                steps += e - 1
-                frac /= e
+            # collectives._torus: one share of 1/d per axis, share i taking the axes in the
+            # order rotated by i; stage j of every share runs at once (max over shares)
+            axes = [(e, 2 if (w and e == e_full and e_full > 2) else 1)
+                    for e, e_full, w in zip(extents, self.shape, self.wrap) if e > 1]
+            d = len(axes)
+            orders = [axes[i:] + axes[:i] for i in range(d)]
+            per_byte, steps = 0.0, 0
+            for j in range(d):
+                per_byte += max((o[j][0] - 1) / o[j][0] / d / math.prod(e for e, _ in o[:j])
+                                / (B * o[j][1]) for o in orders)
+                steps += max(o[j][0] - 1 for o in orders)
             return f * per_byte, f * steps * a
         # Not a box: a ring in group order; its neighbour transfers take several hops.
         nxt = np.roll(local, -1)

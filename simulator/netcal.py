@@ -42,6 +42,14 @@ Defaults per chip family, with the measurement each number comes from:
   check, a GB200 user measured 770 GB/s GPU-to-GPU copy bandwidth with
   nvbandwidth against 900 GB/s line rate (0.86; Azure/AI-benchmarking-guide
   issue #7), close to it.
+* NVLink SHARP (NVLS, Blackwell): a full GB200 NVL72 rack (72 GPUs) measures an
+  all-reduce algbw of 425.49 GB/s (busbw 839.16) at 4 GiB out of place, 835-847
+  busbw at 4-8 GiB (coreweave/nccl-tests pull request #43, "Add a GB200 NVL72
+  example"). With ``S (n+1)/n`` bytes per direction per GPU that is
+  425.49 x 73/72 = 431.4 GB/s = 0.479 of the 900 GB/s line rate, i.e. 0.583 of
+  what NVLink copies achieve -- well below Hopper's 0.836, so Hopper's NVLS figure is
+  not carried over. 8-GPU Blackwell domains (DGX B200) get the same fraction (an
+  assumption: no single-node B200 NVLS measurement at hand).
 * TPU ICI and DCN: "How to Scale Your Model" computes its collective rooflines at
   the full per-link bandwidth; with no published achieved-to-line ratio in the
   reference data the default is 1.0 (an assumption, overridable).
@@ -67,6 +75,9 @@ IB_EFFICIENCY = 48.0 / 50.0
 #: nccl-tests issue #212: NVLS all-reduce algbw 275 GB/s on 8 GPUs, each moving
 #: S (n+1)/n = 9/8 S per direction, of 450 GB/s line rate; relative to NVLink copies.
 NVLS_RELATIVE_EFFICIENCY = (275.0 * 9.0 / 8.0 / 450.0) / NVLINK_EFFICIENCY
+#: coreweave/nccl-tests PR #43: NVLS all-reduce algbw 425.49 GB/s on a 72-GPU GB200 NVL72
+#: rack at 4 GiB, each GPU moving S (n+1)/n = 73/72 S per direction, of 900 GB/s line rate.
+BLACKWELL_NVLS_RELATIVE_EFFICIENCY = (425.49 * 73.0 / 72.0 / 900.0) / NVLINK_EFFICIENCY
 
 
 class CalibrationError(ValueError):
@@ -154,9 +165,10 @@ _DEFAULTS = {
         efficiency={"nvlink": NVLINK_EFFICIENCY, "nic": IB_EFFICIENCY,
                     "fabric": IB_EFFICIENCY, "dcn": IB_EFFICIENCY, "ici": 1.0},
         message_overhead_s=_ZERO_OVERHEAD,
-        algorithm_efficiency={"nvls": NVLS_RELATIVE_EFFICIENCY},
-        source="NVLink and NVLS fractions carried over from Hopper (assumption; GB200 "
-               "nvbandwidth 770/900 GB/s, Azure/AI-benchmarking-guide #7); IB: nccl-tests #29",
+        algorithm_efficiency={"nvls": BLACKWELL_NVLS_RELATIVE_EFFICIENCY},
+        source="NVLink fraction carried over from Hopper (assumption; GB200 nvbandwidth "
+               "770/900 GB/s, Azure/AI-benchmarking-guide #7); NVLS: GB200 NVL72 rack algbw "
+               "425 GB/s (coreweave/nccl-tests PR #43); IB: nccl-tests #29",
     ),
     "tpu": NetCalibration(
         efficiency={"ici": 1.0, "dcn": 1.0, "nic": 1.0, "fabric": 1.0, "nvlink": 1.0},

@@ -165,6 +165,7 @@ class ComputeCalIn(_Strict):
     attention_efficiency: Optional[float] = Field(None, gt=0, le=1)
     memory_efficiency: Optional[float] = Field(None, gt=0, le=1)
     launch_overhead_s: Optional[float] = Field(None, ge=0)
+    comm_sm_fraction: Optional[float] = Field(None, ge=0, lt=1)
 
 
 class ScenarioIn(_Strict):

@@ -9,6 +9,7 @@ from typing import Mapping, Optional, Union
 
 import pandas as pd
 
+from simulator._version import __version__
 from simulator.compute import calibration_for
 from simulator.engine import Engine
 from simulator.netcal import default_calibration
@@ -196,6 +197,7 @@ def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.Da
         "exact": not trace.representative,
         "events_processed": raw.events_processed,
         "notes": list(trace.notes),
+        "stepsim_version": __version__,
         "sim_wall_s": 0.0,
     }
     return summary, per_stage

@@ -64,7 +64,9 @@ resolving to the same scenario are run once (the first case keeps the row; the
 others are listed in ``DataFrame.attrs["duplicates"]``).
 
 Table columns: ``case`` (index in the sweep), the axis values (named by their
-dotted keys), ``status`` (``ok`` | ``failed``), ``error``, the summary record
+dotted keys), ``status`` (``ok`` | ``failed``), ``error``, ``stepsim_version`` (the
+version that ran the case; ``results.parquet`` also carries the writer's version as
+key-value metadata ``stepsim_version``), the summary record
 flattened (nested mappings as dotted columns such as
 ``memory_breakdown_bytes.weights``, lists JSON-encoded), and ``key``. Rows are
 sorted by ``case``, so the table does not depend on the executor.
@@ -73,7 +75,11 @@ Executors
 ---------
 Cases run in local processes (:class:`concurrent.futures.ProcessPoolExecutor`,
 ``jobs`` of them, default every core; ``jobs=1`` runs them in this process), or
-on a Dask cluster when a ``dask.distributed.Client`` is given.
+on a Dask cluster when a ``dask.distributed.Client`` is given. Local workers end
+when the process that started them dies, killed or not (:mod:`simulator.workers`).
+
+The file formats (sweep file, ``rows.jsonl``, the tables, ``sweep.json``) are
+also documented in ``docs/formats.md``; the scenario keys in ``docs/scenario.md``.
 """
 
 from __future__ import annotations
@@ -87,7 +93,7 @@ import math
 import operator
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +102,9 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 import pandas as pd
 
 from simulator.schema import ScenarioError, load_scenario, read_mapping, scenario_to_dict
+from simulator._version import __version__
+from simulator.parquet_io import write_parquet
+from simulator.workers import process_pool
 
 SWEEP_KEYS = ("name", "base", "grid", "cases", "skip_invalid", "where")
 ROW_FIELDS = ("case", "key", "status", "error")
@@ -451,7 +460,8 @@ def expand(spec: SweepSpec) -> Expansion:
 
 def run_case(payload: tuple) -> dict:
     """Simulate one case; never raises for a bad scenario. ``payload = (index, key, mapping)``.
-    Returns ``{"case", "key", "status", "error", "summary"}`` with plain JSON types."""
+    Returns ``{"case", "key", "status", "error", "summary", "stepsim_version"}`` with plain
+    JSON types (``stepsim_version``: the version that ran the case)."""
     index, key, mapping = payload
     from simulator import simulate
 
@@ -463,6 +473,7 @@ def run_case(payload: tuple) -> dict:
     except Exception as err:  # noqa: BLE001 — one broken scenario must not stop the sweep
         row = {"case": index, "key": key, "status": "failed", "error": f"{type(err).__name__}: {err}",
                "summary": None}
+    row["stepsim_version"] = __version__
     return json.loads(plain_json(row))
 
 
@@ -502,7 +513,7 @@ def execute(payloads: Sequence[tuple], client=None, jobs: Optional[int] = None) 
         for p in payloads:
             yield run_case(p)
         return
-    ex = ProcessPoolExecutor(max_workers=min(jobs, len(payloads)))
+    ex = process_pool(min(jobs, len(payloads)))  # its workers end when this process dies
     try:
         futs = [ex.submit(run_case, p) for p in payloads]
         for f in as_completed(futs):
@@ -575,10 +586,11 @@ def _atomic_write(path: Path, write) -> None:
 
 
 def write_tables(frame: pd.DataFrame, out: Union[str, Path]) -> dict[str, Path]:
-    """Write ``results.parquet`` and ``results.csv`` atomically."""
+    """Write ``results.parquet`` (with the key-value metadata ``stepsim_version``) and
+    ``results.csv`` atomically."""
     out = Path(out)
     paths = {"parquet": out / PARQUET_FILE, "csv": out / CSV_FILE}
-    _atomic_write(paths["parquet"], lambda p: _parquet_safe(frame).to_parquet(p, index=False))
+    _atomic_write(paths["parquet"], lambda p: write_parquet(_parquet_safe(frame), p))
     _atomic_write(paths["csv"], lambda p: frame.to_csv(p, index=False))
     return paths
 
@@ -629,11 +641,14 @@ def rows_frame(cases: Sequence[Case], rows: Mapping[str, dict], axes: Sequence[s
             rec[a] = _axis_value(c.axes.get(a))
         rec["status"] = row["status"]
         rec["error"] = row.get("error")
+        # The version that ran the case (a resumed sweep may mix versions); None for rows
+        # written before stepsim recorded it.
+        rec["stepsim_version"] = row.get("stepsim_version", (row.get("summary") or {}).get("stepsim_version"))
         for k, v in flatten(row.get("summary")).items():
             rec.setdefault(k, v)
         rec["key"] = c.key
         records.append(rec)
-    cols: dict[str, None] = dict.fromkeys(["case", *axes, "status", "error"])
+    cols: dict[str, None] = dict.fromkeys(["case", *axes, "status", "error", "stepsim_version"])
     for r in records:
         for k in r:
             cols.setdefault(k, None)

@@ -99,7 +99,9 @@ def test_bad_kernel_files_name_the_problem(tmp_path, text, message):
 def test_network_fit_recovers_link_efficiency_and_overhead(tmp_path):
     spec = cluster_preset("dgx-h100", devices=16)
     topo = build_cluster(spec)
-    true = default_calibration("hopper").with_overrides(efficiency={"nvlink": 0.7, "nic": 0.85, "fabric": 0.85},
+    # 16-GPU all-gathers run the rail ring, bound by min(NVLink ring, 8 NICs): with NICs at 0.6
+    # (8 x 0.6 x 50 = 240 GB/s < 0.7 x 450 = 315 GB/s) the NICs bind and their efficiency shows
+    true = default_calibration("hopper").with_overrides(efficiency={"nvlink": 0.7, "nic": 0.6, "fabric": 0.6},
                                                         message_overhead_s={"nvlink": 4e-6, "nic": 8e-6, "fabric": 8e-6})
     p = tmp_path / "coll.csv"
     with p.open("w", newline="") as f:
@@ -112,6 +114,6 @@ def test_network_fit_recovers_link_efficiency_and_overhead(tmp_path):
     fit = c.fit_network(c.read_collectives(p), "dgx-h100")
     by = {l.kind: l for l in fit.links}
     assert by["nvlink"].efficiency == pytest.approx(0.7, rel=0.05)
-    assert by["nic"].efficiency == pytest.approx(0.85, rel=0.05)
+    assert by["nic"].efficiency == pytest.approx(0.6, rel=0.05)
     assert by["nvlink"].rms_rel_error < 0.05 and by["nic"].rms_rel_error < 0.05
     assert by["nvlink"].message_overhead_s == pytest.approx(4e-6, rel=0.2)

@@ -125,3 +125,32 @@ def test_validate_subset_and_max_error_exit_code(suite):
     assert cli_main(["validate", "--suite", str(suite), "--cases", "tiny-h100", "--quiet",
                      "--max-error", "1e-9"]) == 3
     assert cli_main(["validate", "--suite", str(suite), "--cases", "nothing*", "--quiet"]) == 2
+
+
+def test_a_failing_case_is_counted_the_others_reported_and_the_exit_code_is_4(suite, tmp_path, capsys):
+    broken = _case("tiny-broken", "dgx-a100", 8, {"tp": 3, "pp": 1})  # tp 3 does not divide 8 devices
+    (suite / "synthetic" / "tiny-broken.yaml").write_text(yaml.safe_dump(broken))
+    out = tmp_path / "out"
+    # Two worker processes: failures come back from the pool too.
+    rc = cli_main(["validate", "--suite", str(suite), "--out", str(out), "--jobs", "2", "--quiet"])
+    assert rc == 4
+    cap = capsys.readouterr()
+    assert "1 of 4 cases failed" in cap.err and "tiny-broken.yaml" in cap.err and "parallel" in cap.err
+    assert "3 cases; median |error|" in cap.out
+    assert len(list(csv.DictReader((out / "validation.csv").open()))) == 3
+    # The library call still raises unless asked to collect.
+    cases = v.discover(["tiny-broken"], root=suite)
+    with pytest.raises(v.ValidationError, match="tiny-broken.yaml"):
+        v.run_suite(cases)
+    failures = []
+    assert v.run_suite(cases, failures=failures) == [] and [f.case.name for f in failures] == ["tiny-broken"]
+
+
+def test_the_built_in_suite_is_found_in_a_checkout():
+    # A checkout has the cases in validation/; an installed wheel in simulator/validation_cases/
+    # (tests/test_packaging.py checks that one).
+    import pathlib
+
+    assert v.SUITE_DIR == pathlib.Path(v.__file__).resolve().parent.parent / "validation"
+    assert [c.name for c in v.discover(["korthikanti2022/*"])] == [
+        "korthikanti22-175b", "korthikanti22-1t", "korthikanti22-22b", "korthikanti22-530b"]

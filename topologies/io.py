@@ -22,6 +22,7 @@ GraphML (``.graphml``) carries the same attributes; tuples (``coords``, ``shape`
 
 Loading validates through :class:`~topologies.topology.Topology`; every problem
 is a :class:`~topologies.errors.TopologyError` naming the file and the element.
+The user documentation of the format is ``docs/formats.md``.
 """
 
 from __future__ import annotations

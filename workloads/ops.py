@@ -40,6 +40,9 @@ class Op:
     deps: tuple[int, ...] = ()
     kernels: tuple[Kernel, ...] = ()  # compute ops
     recompute: bool = False  # compute repeated for recomputation (HFU, not MFU)
+    # compute op of an overlapped forward/backward pair (DualPipe): it runs beside
+    # all-to-all kernels that hold a share of the SMs (ComputeCalibration.comm_sm_fraction)
+    comm_overlap: bool = False
     coll: str = ""  # collective op: all-reduce | all-gather | reduce-scatter | all-to-all | broadcast
     axis: str = ""  # group axis: tp | cp | dp | pp | ep | edp | dp_cp | custom
     group: tuple[int, ...] = ()  # ranks taking part, ring order

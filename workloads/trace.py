@@ -190,7 +190,13 @@ class TraceBuilder:
             self.notes.append(
                 f"balance aux-loss-global: every forward must finish before the first backward "
                 f"(batch-level routing statistics); schedule {w.schedule} was run all-forward-first"
+                + ("; DualPipe's overlapped forward/backward pairs cannot form (no backward runs while a "
+                   "forward is left), so no all-to-all hides behind the other direction's compute"
+                   if w.schedule == "dualpipe" else "")
             )
+        # DualPipe's overlapped pairs hide expert all-to-alls behind the other chunk's compute.
+        self.ep_overlap = self.model.is_moe and L.ep > 1
+        self.dualpipe_ep = self.ep_overlap and w.schedule == "dualpipe"
 
     # ---- kernels -------------------------------------------------------------
     def saved_recompute_kernels(self, layer: int) -> tuple:
@@ -436,6 +442,7 @@ class _RankProgram:
         self.param_gather: dict[int, int] = {}  # layer -> op id of its ZeRO-1/2 parameter all-gather
         self.compute_history: list[int] = []  # compute op ids in stream order (ZeRO-3 prefetch window)
         self.deferred_grads: list[tuple[str, int, int]] = []  # reductions held back (no grad overlap)
+        self.in_pair = False  # building an overlapped pair whose compute shares the SMs with all-to-alls
 
     # ---- helpers ---------------------------------------------------------------
     def rank_at_stage(self, pp_rank: int) -> int:
@@ -455,6 +462,7 @@ class _RankProgram:
         op = self.b.add(
             rank=self.rank, stream="compute", kind="compute", name=name, phase=phase, mb=mb, chunk=chunk,
             layer=layer, deps=tuple(deps), kernels=tuple(kernels), mem=tuple(mem), recompute=recompute,
+            comm_overlap=self.in_pair,
         )
         self.last_compute = op
         self.compute_history.append(op.id)
@@ -517,15 +525,13 @@ class _RankProgram:
         if L.zero in (1, 2):
             self.param_gathers()
         for st in steps:
-            gens = [self.action_ops(a) for a in st]
-            # Overlapped pairs (DualPipe) interleave layer by layer, so that one
-            # action's communication hides behind the other's compute.
-            while gens:
-                for g in list(gens):
-                    try:
-                        next(g)
-                    except StopIteration:
-                        gens.remove(g)
+            self.in_pair = len(st) > 1 and b.ep_overlap
+            if self.in_pair:
+                # The backward half goes first: its combine gradient is then in flight
+                # while the forward half's attention computes (see _interleave).
+                st = tuple(sorted(st, key=lambda a: a.op == "F"))
+            self._interleave([self.action_ops(a) for a in st])
+            self.in_pair = False
         # Without overlap, every gradient reduction starts after the last backward.
         for kind, l, k in self.deferred_grads:
             if kind == "layer":
@@ -535,6 +541,32 @@ class _RankProgram:
         if sched.weight_copies(b.w.schedule) > 1:
             self.mirror_grad_sync()
         self.optimizer()
+
+    @staticmethod
+    def _interleave(gens: list) -> None:
+        """Run the op generators of one step, round robin.
+
+        A lone action's generator is simply drained. An overlapped pair (DualPipe's
+        forward and backward of two micro-batches, DeepSeek-V3 §3.2.1, Figure 4)
+        alternates between its halves at the points where a half has issued an
+        expert all-to-all and would next wait for it (:meth:`layer_forward`,
+        :meth:`layer_backward`), or at a layer's end when the layer has no
+        all-to-all. With the backward first, the compute stream then runs, per
+        pair of MoE layers,
+
+            B: MLP-out grad | F: attention + router | B: experts grad |
+            F: experts      | B: router + attention grad | F: MLP out ...
+
+        while the communication stream carries, in the same order, the combine
+        gradient, the dispatch, the dispatch gradient and the combine: each
+        all-to-all is in flight while the other half computes, and every data
+        dependency is kept (an op still waits for the all-to-all it needs)."""
+        while gens:
+            for g in list(gens):
+                try:
+                    next(g)
+                except StopIteration:
+                    gens.remove(g)
 
     def action_ops(self, a):
         path = self.path(a.mb)
@@ -554,19 +586,22 @@ class _RankProgram:
         src_rank = self.rank_at_stage(path[src_pos][0])
         deps.append((kind, src_pos, mb, src_rank))
 
-    def _send(self, kind: str, path, pos: int, mb: int) -> None:
+    def _send(self, kind: str, path, pos: int, mb: int, after: Optional[Op] = None) -> None:
+        """Send the chunk's output on; ``after``: the chunk's own last compute op (in an
+        overlapped pair the stream's last op may be the other half's)."""
         b, L = self.b, self.b.L
+        after = after or self.last_compute
         nxt = pos + 1 if kind == "F" else pos - 1
         tag = (kind, pos, mb, self.rank)
         if not 0 <= nxt < len(path):
             return
         dst = self.rank_at_stage(path[nxt][0])
         if dst == self.rank:  # the neighbouring chunk lives here too (DualPipe's middle)
-            b.tags[tag] = self.last_compute.id
+            b.tags[tag] = after.id
             return
         size = b.hidden_bytes / (L.tp if L.sequence_parallel else 1)
         op = b.add(rank=self.rank, stream="pp", kind="send", name=f"send.{kind}", phase=kind, mb=mb, chunk=pos,
-                   deps=(self.last_compute.id,), peer=dst, size_bytes=size, axis="pp",
+                   deps=(after.id,), peer=dst, size_bytes=size, axis="pp",
                    key=f"pp:{self.rank}->{dst}:{kind}:{mb}:{pos}")
         b.tags[tag] = op.id
 
@@ -574,21 +609,25 @@ class _RankProgram:
     def forward(self, a, path, pos, layers):
         b = self.b
         deps: list = []
+        own = None  # this action's last compute op
         if pos > 0:
             self._recv("F", path, pos, a.mb, deps)
         else:
-            self.compute("embed.F", b.embed_kernels(), "F", a.mb, pos, -1)
+            own = self.compute("embed.F", b.embed_kernels(), "F", a.mb, pos, -1)
         for l in layers:
             deps += self._zero3_gather(l, a.mb, pos, "F")
             if l in self.param_gather:
                 deps.append(self.param_gather[l])
-            self.layer_forward(l, a.mb, pos, deps, recompute=False)
+            handed = yield from self.layer_forward(l, a.mb, pos, deps, recompute=False)
+            own = self.last_compute
             deps = []
-            yield
+            if not handed:
+                yield  # no all-to-all to hand over at: hand over at the layer's end
         if pos == len(path) - 1:
-            head = self.compute("head.F", b.head_kernels(), "F", a.mb, pos, -1, mem=(("activations", self._head_bytes(), "start"),))
+            head = own = self.compute("head.F", b.head_kernels(), "F", a.mb, pos, -1,
+                                      mem=(("activations", self._head_bytes(), "start"),))
             b.tags[("HEAD", a.mb, self.rank)] = head.id
-        self._send("F", path, pos, a.mb)
+        self._send("F", path, pos, a.mb, after=own)
 
     def _head_bytes(self) -> float:
         """Activations the last chunk's head op keeps: output layer and MTP modules."""
@@ -602,8 +641,13 @@ class _RankProgram:
                                             activation_saving=t.activation_saving, **kw)
         return b._stash_cache[key]
 
-    def layer_forward(self, l: int, mb: int, k: int, deps: list, recompute: bool) -> None:
+    def layer_forward(self, l: int, mb: int, k: int, deps: list, recompute: bool):
+        """Generate one layer's forward ops (or its recomputation). A generator: it
+        yields wherever it has issued an expert all-to-all and its next op would wait
+        for it (an overlapped pair hands over to its other half there, see
+        :meth:`_interleave`), and returns how many times it yielded."""
         b, L = self.b, self.b.L
+        handed = 0
         attn, pre, shared, expert, post = b.layer_parts(l)
         phase = "R" if recompute else "F"
         sp = L.sequence_parallel
@@ -631,8 +675,14 @@ class _RankProgram:
             d = self.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id], dispatch=True)
             if shared:  # shared experts run while the dispatch is in flight
                 self.compute(f"L{l}.shared.{phase}", shared, phase, mb, k, l, recompute=recompute)
+            if d:
+                handed += 1
+                yield
             op = self.compute(f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[d.id] if d else [], recompute=recompute)
             c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [op.id], dispatch=False)
+            if c:
+                handed += 1
+                yield
             op = self.compute(f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute)
         out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.out", phase, mb, k, l, [op.id])
         if out:
@@ -643,6 +693,7 @@ class _RankProgram:
             stash = self._stash(l)
             self.host(f"L{l}.act.d2h", stash, "F", deps=self.after_compute(), mb=mb, chunk=k, layer=l,
                       mem=(("activations", -stash, "end"),))
+        return handed
 
     def _prefetch(self, l: int, mb: int, k: int) -> list[int]:
         """Activation offload: bring layer ``l``'s stash back to HBM before its backward."""
@@ -711,13 +762,15 @@ class _RankProgram:
         b, t = self.b, self.b.t
         part = a.op
         deps: list = []
+        own = None  # this action's last compute op
         if b.global_aux:
-            last = self.rank_at_stage(path[-1][0])
-            deps += [("HEAD", j, last) for j in range(b.m)]
+            # Every micro-batch's loss (its head op, on the last rank of its own path:
+            # DualPipe's two directions end on opposite ranks) before any backward.
+            deps += [("HEAD", j, self.rank_at_stage(self.path(j)[-1][0])) for j in range(b.m)]
         if pos < len(path) - 1:
             self._recv("B", path, pos, a.mb, deps)
         else:
-            self.compute("head." + part, self.b.bwd(b.head_kernels(), part), part, a.mb, pos, -1, deps=deps,
+            own = self.compute("head." + part, self.b.bwd(b.head_kernels(), part), part, a.mb, pos, -1, deps=deps,
                          mem=(("activations", -self._head_bytes(), "end"),))
             deps = []
         rev = list(reversed(layers))
@@ -726,20 +779,25 @@ class _RankProgram:
             deps += self._zero3_gather(l, a.mb, pos, part) + fetched.pop(l, [])
             if i + 1 < len(rev):  # prefetch one layer ahead
                 fetched[rev[i + 1]] = self._prefetch(rev[i + 1], a.mb, pos)
+            handed = 0
             if t.recompute == "full":
-                self.layer_forward(l, a.mb, pos, deps, recompute=True)
+                handed += yield from self.layer_forward(l, a.mb, pos, deps, recompute=True)
                 deps = []
-            self.layer_backward(l, a.mb, pos, deps, part, is_last_grad)
+            handed += yield from self.layer_backward(l, a.mb, pos, deps, part, is_last_grad)
+            own = self.last_compute
             deps = []
-            yield
+            if not handed:
+                yield
         if pos == 0:
-            self.compute("embed." + part, self.b.bwd(b.embed_kernels(), part), part, a.mb, pos, -1)
+            own = self.compute("embed." + part, self.b.bwd(b.embed_kernels(), part), part, a.mb, pos, -1)
             if is_last_grad and part == "B":
                 self._grad_sync_embedding(pos)
-        self._send("B", path, pos, a.mb)
+        self._send("B", path, pos, a.mb, after=own)
 
-    def layer_backward(self, l, mb, k, deps, part, is_last_grad) -> None:
+    def layer_backward(self, l, mb, k, deps, part, is_last_grad):
+        """Generate one layer's backward ops; yields and returns like :meth:`layer_forward`."""
         b, L, t = self.b, self.b.L, self.b.t
+        handed = 0
         attn, pre, shared, expert, post = b.layer_parts(l)
         sp = L.sequence_parallel
         h = b.hidden_bytes
@@ -759,10 +817,23 @@ class _RankProgram:
             c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id], dispatch=True)
             if shared:  # overlaps the combine's backward all-to-all
                 self.compute(f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l)
-            op = self.compute(f"L{l}.experts.{part}", self.b.bwd(expert, part), part, mb, k, l,
+            if c:
+                handed += 1
+                yield
+            # DualPipe splits a backward chunk's MLP into input- and weight-gradient parts
+            # (DeepSeek-V3 §3.2.1, Figure 4's "MLP(B)" then "MLP(W)"): the experts' input
+            # gradient is computed and sent back (the dispatch's gradient), and their
+            # weight gradient computes while it is in flight.
+            split = part == "B" and b.dualpipe_ep
+            op = self.compute(f"L{l}.experts.{part}", self.b.bwd(expert, "I" if split else part), part, mb, k, l,
                               deps=[c.id] if c else [])
             d = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id], dispatch=False)
             deps = [d.id] if d else []
+            if split:
+                self.compute(f"L{l}.experts_w.{part}", self.b.bwd(expert, "W"), part, mb, k, l)
+            if d:
+                handed += 1
+                yield
         op = self.compute(f"L{l}.mlp.{part}", self.b.bwd(pre, part), part, mb, k, l, deps=deps)
         out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.ag.bwd", part, mb, k, l, [op.id])
         deps = [out.id] if out else []
@@ -783,6 +854,7 @@ class _RankProgram:
             self.compute(f"L{l}.join", (), part, mb, k, l, deps=[out.id])
         if part == "B" and is_last_grad:
             self._grad_sync_layer(l, k)
+        return handed
 
     def weight_grad(self, a, pos, layers, is_last_grad):
         b = self.b

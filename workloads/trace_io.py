@@ -29,13 +29,18 @@ Format (JSON, optionally gzip-compressed when the name ends in ``.gz``)::
       ]
     }
 
+A compute op may carry ``"comm_overlap": true`` (absent = false): it belongs to an
+overlapped forward/backward pair (DualPipe) and runs on the SMs the all-to-all
+kernels leave free (:attr:`simulator.compute.ComputeCalibration.comm_sm_fraction`).
+
 Ops on one ``(rank, stream)`` run in file order; ``deps`` are op ids. ``kind`` is
 ``compute`` (time from its ``kernels`` by the roofline model), ``collective``
 (members with the same ``key`` meet; ``size_bytes`` in the nccl-tests convention)
 or ``send`` (``size_bytes`` to rank ``peer``). ``mem`` entries change memory in use
 by ``delta`` bytes at the op's ``start`` or ``end``. Reading checks every field and
 the dependency graph: a dangling or cyclic dependency is reported by op id and
-name (:class:`workloads.ops.TraceError`), never a hang.
+name (:class:`workloads.ops.TraceError`), never a hang. The user documentation of
+the format is ``docs/formats.md``.
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ def trace_to_dict(trace: Trace) -> dict:
                              **({} if k.executed_flops is None else {"executed_flops": k.executed_flops})}
                             for k in op.kernels]
             d["recompute"] = op.recompute
+            if op.comm_overlap:
+                d["comm_overlap"] = True
         else:
             d["size_bytes"] = op.size_bytes
             d["axis"] = op.axis
@@ -212,7 +219,8 @@ def trace_from_dict(data: dict) -> Trace:
             id=_need(d, "id", int, where), rank=rank, stream=stream, kind=kind, name=str(d.get("name", f"op{i}")),
             phase=str(d.get("phase", "")), mb=int(d.get("mb", -1)), chunk=int(d.get("chunk", -1)),
             layer=int(d.get("layer", -1)), deps=tuple(deps), kernels=tuple(kernels),
-            recompute=bool(d.get("recompute", False)), coll=coll, axis=str(d.get("axis", "")), group=group,
+            recompute=bool(d.get("recompute", False)), comm_overlap=bool(d.get("comm_overlap", False)),
+            coll=coll, axis=str(d.get("axis", "")), group=group,
             key=str(d.get("key", f"op{i}")), size_bytes=size, peer=peer, mem=tuple(mem),
         ))
     trace = Trace(ops=ops, ranks=ranks, weight=weight, static_memory=static, world=world,
