@@ -82,7 +82,8 @@ class ComputeCalibration:
 # * Hopper gemm 0.68 (672 TF/s of 989): H100 SXM cuBLAS bf16 reaches ~700-750 TF/s in
 #   short microbenchmarks, ~620-700 sustained at 700 W. The NeMo DGX Cloud runs
 #   (GPT-3 175B, Nemotron-4 340B, Llama 3.1 70B) were 2-15% too fast at 0.74 and are
-#   -8.9..+5.0% at 0.68.
+#   -8.8..+5.0% at 0.68 with attention timed in dense units, -9.9..-0.0% with it timed
+#   in FlashAttention's units (issue 13; the GPT-3 rows, seq 2048, move least).
 # * Hopper attention 0.48 (475 TF/s in FlashAttention units): Shah et al. 2024 (arXiv
 #   2407.08608) Fig. 5, causal forward, head dim 128, H100 SXM5 BF16, seqlen 4k-16k:
 #   FlashAttention-2 319-335, cuDNN 518-539, FlashAttention-3 579-616 TF/s; Fig. 6
