@@ -197,7 +197,11 @@ def test_estimate_ranks_layouts_as_the_simulation_does():
     legacy = ok.apply(lambda r: proxy_cost(r, 32 // r["dp"]), axis=1)
     assert legacy.corr(ok["step_time_s"], method="spearman") < rho - 0.2
     capped = search(_two_nodes(), bounds=SearchBounds(**bounds, max_candidates=3), jobs=2)
-    assert capped.best["label"] == res.best["label"]
+    # The capped search finds the exhaustive best or a near-tie: since attention is timed in
+    # FlashAttention's units (issue 13) the two fastest layouts (pp2-dp8 and pp1-dp16-ep8)
+    # are 0.9% apart, closer than the estimate can order them.
+    best_s = res.best["summary"]["step_time_s"]
+    assert capped.best["summary"]["step_time_s"] <= 1.01 * best_s
     assert (capped.table["status"] == "ok").sum() == 3
     skipped = capped.table[capped.table["status"] == "skipped"]
     assert skipped["reason"].str.contains("analytic step-time estimate").all()
