@@ -92,7 +92,7 @@ def cmd_trace(args) -> int:
                          ranks=list(range(sc.layout.world)) if args.exact else None)
     except (LayoutError, ScheduleError) as err:
         raise ScenarioError(err.field, str(err)[len(err.field) + 2:]) from None
-    write_trace(tr, args.out)
+    write_trace(tr, args.out, scenario=sc)
     print(f"wrote {len(tr.ops):,} ops of {len(tr.ranks)} ranks to {args.out}")
     return EXIT_OK
 
@@ -239,8 +239,11 @@ def cmd_topology(args) -> int:
 def _looks_like_topology(p: Path) -> bool:
     if p.suffix.lower() == ".graphml":
         return True
+    from simulator.fileio import load_json, read_text
+
     try:
-        return "nodes" in json.loads(p.read_text())
+        doc = load_json(read_text(p, 64 * 2**20), str(p))   # capped, like every input file
+        return isinstance(doc, dict) and "nodes" in doc
     except (OSError, ValueError):
         return False
 

@@ -37,7 +37,7 @@ def _bars(ax, spans: list, y: float, **style) -> None:
 
 def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True):
     """Gantt chart: per simulated device a compute row (coloured by phase, idle spans
-    drawn as bubbles or exposed communication) and, below it, one row per busy
+    drawn as bubbles, exposed communication or offload wait) and, below it, one row per busy
     communication stream."""
     ev = result.events
     step = result.summary["step_time_s"]
@@ -71,6 +71,8 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
             _bars(ax, spans, y, facecolors=colour, linewidth=0)
         elif style == "bubble":
             _bars(ax, spans, y, facecolors="none", edgecolors="#777777", hatch="////", linewidth=0.3)
+        elif style == "offload_wait":
+            _bars(ax, spans, y, facecolors="none", edgecolors="#B07A2A", hatch="....", linewidth=0.3)
         else:
             _bars(ax, spans, y, facecolors="#F2B8B8", linewidth=0)
     layout = result.scenario.layout if result.scenario is not None else None
@@ -97,6 +99,8 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
                (("F", "forward"), ("B", "backward"), ("W", "weight grad"), ("R", "recompute"), ("opt", "optimizer"))]
     handles += [Patch(facecolor="none", edgecolor="#777777", hatch="////", label="bubble"),
                 Patch(color="#F2B8B8", label="exposed comm")]
+    if raw is not None and any(c == "offload_wait" for _, _, _, c, _ in raw.idle_spans):
+        handles.append(Patch(facecolor="none", edgecolor="#B07A2A", hatch="....", label="offload wait"))
     handles += [Patch(color=AXIS_COLOURS[a], label=f"{a} comm") for a in ("tp", "cp", "ep", "dp", "pp")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.6 / max(1.0, fig_h - 1.2)),
               ncol=6, fontsize=7, frameon=False)

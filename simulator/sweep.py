@@ -6,7 +6,7 @@ A sweep file (YAML or JSON) names a ``base`` scenario and the axes to vary::
     base: ../scenarios/llama.yaml     # a scenario path (relative to this file), or an inline mapping
     grid:                             # the product of every listed value
       parallel.pp: [1, 2, 4, 8]
-      cluster.network.nic_bw_bytes_per_s: [25.0e+9, 50.0e+9]
+      cluster.network.nic_bw_bytes_per_s: [25e9, 50e9]
     cases:                            # and/or an explicit list of cases
       - {parallel.tp: 8, schedule: 1f1b}
       - {parallel.tp: 4, schedule: interleaved-1f1b, parallel.vpp: 2}
@@ -18,6 +18,10 @@ A sweep file (YAML or JSON) names a ``base`` scenario and the axes to vary::
 Axes
 ----
 Every axis is a *dotted scenario key*: ``parallel.pp`` sets ``base["parallel"]["pp"]``.
+Axes are checked against the scenario's keys (:func:`scenario_key_tree`) when the sweep
+is loaded: a misspelled one (``parallel.ppp``) is refused, naming the closest valid key.
+A sweep of more than :data:`MAX_SWEEP_CASES` cases (before ``where``) is refused before
+it is expanded. Sweep files are read like scenario files (:mod:`simulator.fileio`).
 Missing intermediate mappings are created; an intermediate that is a preset name
 (``model: llama3-8b``) becomes ``{preset: llama3-8b}`` so that ``model.layers`` or
 ``cluster.devices`` override the preset field by field, as in a scenario file. A
@@ -86,6 +90,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import difflib
 import hashlib
 import itertools
 import json
@@ -109,6 +114,7 @@ from simulator.workers import process_pool
 SWEEP_KEYS = ("name", "base", "grid", "cases", "skip_invalid", "where")
 ROW_FIELDS = ("case", "key", "status", "error")
 ROWS_FILE, PARQUET_FILE, CSV_FILE, META_FILE = "rows.jsonl", "results.parquet", "results.csv", "sweep.json"
+MAX_SWEEP_CASES = 100_000  # cases before `where`; a larger sweep is refused before it is expanded
 TABLE_REWRITE_INTERVAL_S = 10.0  # how often the tables are rewritten from rows.jsonl while running
 
 
@@ -145,7 +151,7 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
     sweep_dir = None
     if isinstance(spec_or_path, (str, Path)):
         path = Path(spec_or_path)
-        data = read_mapping(path)
+        data = read_mapping(path, what="sweep")
         sweep_dir = path.resolve().parent
         default_name = path.stem
     elif isinstance(spec_or_path, Mapping):
@@ -179,6 +185,13 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
             if not isinstance(v, list) or not v:
                 raise ScenarioError(f"grid.{k}", f"must be a non-empty list of values, got {v!r}")
         keys = list(grid)
+        n_grid = math.prod(len(grid[k]) for k in keys) * (len(data["cases"]) if isinstance(data.get("cases"), list)
+                                                          and data["cases"] else 1)
+        if n_grid > MAX_SWEEP_CASES:
+            raise ScenarioError("grid", f"the sweep would have {n_grid:,} cases "
+                                        f"({' x '.join(str(len(grid[k])) for k in keys)}"
+                                        f"{' x cases' if data.get('cases') else ''}); the limit is "
+                                        f"{MAX_SWEEP_CASES:,}: split it or use `where`")
         grid_rows = [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
     cases = data.get("cases")
     case_rows: list[dict] = [{}]
@@ -216,6 +229,67 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
 def _check_axis_key(k, where: str) -> None:
     if not isinstance(k, str) or not k or any(not part for part in k.split(".")):
         raise ScenarioError(where, f"axis keys are dotted scenario keys such as parallel.pp, got {k!r}")
+    node = scenario_key_tree()
+    parts = k.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            prefix = ".".join(parts[:i])
+            if not isinstance(node, dict):
+                raise ScenarioError(f"{where}.{k}", f"{prefix} takes a value, not keys inside it")
+            sibling = difflib.get_close_matches(part, sorted(node), n=1, cutoff=0.5)
+            if sibling:
+                close = ".".join(parts[:i] + sibling)
+            else:
+                close = next(iter(difflib.get_close_matches(k, list(_all_paths(scenario_key_tree())), n=1,
+                                                            cutoff=0.6)), None)
+            hint = f" (did you mean {close}?)" if close else ""
+            raise ScenarioError(f"{where}.{k}", f"no scenario key {part!r} in {prefix or 'the scenario'}{hint}; "
+                                                f"allowed there: {', '.join(sorted(node))}")
+        node = node[part]
+
+
+def _all_paths(tree: dict, prefix: str = ""):
+    for k, v in tree.items():
+        yield prefix + k
+        if isinstance(v, dict):
+            yield from _all_paths(v, prefix + k + ".")
+
+
+_KEY_TREE: Optional[dict] = None
+
+
+def scenario_key_tree() -> dict:
+    """Every key a scenario mapping may hold, as nested dicts (``None`` = a value)."""
+    global _KEY_TREE
+    if _KEY_TREE is None:
+        import dataclasses as dc
+
+        from pydantic import BaseModel
+
+        from simulator import schema
+        from topologies.networks import PodsSpec, SwitchedNetwork, TorusNetwork
+
+        def of_model(m) -> dict:
+            out = {}
+            for name, f in m.model_fields.items():
+                ann = f.annotation
+                sub = next((a for a in (getattr(ann, "__args__", None) or (ann,))
+                            if isinstance(a, type) and issubclass(a, BaseModel)), None)
+                out[name] = of_model(sub) if sub is not None else None
+            return out
+
+        tree = of_model(schema.ScenarioIn)
+        tree["model"] = of_model(schema.ModelIn)
+        chip = {**of_model(schema.ChipIn), "preset": None, "peak_flops_per_s": {"bf16": None, "fp8": None}}
+        network = {"kind": None, **{f.name: None for cls in (TorusNetwork, SwitchedNetwork) for f in dc.fields(cls)}}
+        tree["cluster"] = {"preset": None, "devices": None, "name": None, "host_bw_bytes_per_s": None,
+                           "devices_per_domain": None, "chip": chip, "network": network,
+                           "pods": {f.name: None for f in dc.fields(PodsSpec)}}
+        tree["algorithms"] = {k: None for k in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                                                "broadcast")}
+        tree["perturbations"] = None
+        _KEY_TREE = tree
+    return _KEY_TREE
 
 
 def set_dotted(mapping: Mapping, key: str, value: Any) -> dict:

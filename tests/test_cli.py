@@ -92,7 +92,7 @@ BAD_CASES = [
     ("bad schedule", scenario(schedule="2f2b"), "schedule"),
     ("bad zero", scenario(parallel={"tp": 1, "pp": 1, "dp": 8, "zero": 5}), "parallel.zero"),
     ("negative bandwidth", scenario(cluster={"preset": "dgx-h100", "devices": 8, "network": {"nic_bw_bytes_per_s": -1}}), "cluster.network.nic_bw_bytes_per_s"),
-    ("devices don't fit domains", scenario(cluster={"preset": "dgx-h100", "devices": 12}, parallel={"tp": 1, "pp": 1, "dp": 12}), "cluster.devices"),
+    ("devices don't fit domains", scenario(cluster={"preset": "dgx-h100", "devices": 13}, parallel={"tp": 1, "pp": 1, "dp": 13}), "cluster.devices"),
     ("not a mapping", "- 1\n- 2\n", ""),
 ]
 
