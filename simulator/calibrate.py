@@ -13,8 +13,10 @@ are ignored)::
 * ``kind``: ``gemm``, ``attention``, ``elementwise``, ``norm`` or ``embedding``
   (the kernel kinds of :mod:`workloads.counts`).
 * ``m, n, k``: the GEMM's shape (``M x K`` times ``K x N``); 0 for other kinds.
-* ``flops``: the kernel's FLOPs (multiply-add = 2; for attention the non-causal
-  ``4 * tokens * seq * heads * head_dim`` convention of :mod:`workloads.counts`).
+* ``flops``: the kernel's FLOPs (multiply-add = 2; for attention those it executes
+  in FlashAttention's convention, as its benchmark script counts them:
+  ``4 * tokens * seq * heads * head_dim``, halved for a causal mask, times 2.5 for
+  a backward; see :mod:`workloads.counts`).
   Left empty for a GEMM it is ``2 m n k``.
 * ``bytes``: HBM bytes read + written (empty = 0).
 * ``dtype``: ``bf16`` or ``fp8`` (empty = bf16).

@@ -150,7 +150,11 @@ def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.Da
     model_flops = trace.model_flops
     # Executed FLOPs over all devices: each simulated rank stands for weight[r] devices.
     # Only matmul kinds count, matching the model-FLOPs convention (counts.MATMUL_KINDS).
-    hw_flops = sum(trace.weight[r] * f for r, f in raw.matmul_flops.items())
+    # Under expert-load imbalance a rank is timed at its layer's slowest EP rank's load
+    # but the devices it stands for execute their own loads: the difference
+    # (trace.unexecuted_flops) is not hardware work, so HFU never rises because one
+    # hot rank makes the others wait.
+    hw_flops = sum(trace.weight[r] * (f - trace.unexecuted_flops.get(r, 0.0)) for r, f in raw.matmul_flops.items())
     denom = devices * peak_bf16 * step if step > 0 else float("nan")
     # Where each device's step goes (simulator.accounting): compute + exposed communication
     # + offload wait + bubble = step on every rank; means weigh each simulated rank by the

@@ -79,6 +79,10 @@ class Trace:
     notes: list[str] = field(default_factory=list)
     model_flops: float = 0.0
     representative: bool = True
+    # rank -> matmul FLOPs its ops are timed for that the devices it stands for do not
+    # execute (expert-load imbalance: the slowest EP rank's extra expert work); HFU
+    # leaves them out.
+    unexecuted_flops: dict[int, float] = field(default_factory=dict)
 
     def by_rank(self) -> dict[int, list[Op]]:
         out: dict[int, list[Op]] = {r: [] for r in self.ranks}

@@ -42,10 +42,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Optional, Sequence
 
+import numpy as np
+
 from workloads import counts, memory
 from workloads import schedules as sched
 from workloads.layout import ParallelLayout
-from workloads.moe_load import ExpertLoad, rank_load_factors
+from workloads.moe_load import ExpertLoad, hottest_rank, rank_load_factors
 from workloads.model import ModelSpec
 from workloads.ops import Op, Trace, TraceError
 from workloads.training import TrainingSpec
@@ -172,14 +174,22 @@ class TraceBuilder:
         self.tags: dict[tuple, int] = {}
         self.pending: list[tuple[Op, tuple]] = []  # ops waiting for tags defined later
         self.global_aux = self.model.is_moe and t.balance == "aux-loss-global"
-        # Slowest-expert-rank load factor of every MoE layer (1.0 when balanced).
+        # Expert-load imbalance (see workloads.moe_load), per MoE layer: every EP rank's
+        # load factor; the slowest rank's sets the time of the layer's expert work and
+        # all-to-alls (load_factor), the mean over the ranks the FLOPs the EP group
+        # executes (load_mean, 1 unless capacity drops tokens). Empty when balanced.
         self.load_factor: dict[int, float] = {}
+        self.load_mean: dict[int, float] = {}
+        self.rank_loads: dict[int, np.ndarray] = {}
         if self.model.is_moe and w.expert_load is not None:
             moe_layers = [l for l in range(self.model.layers) if self.model.is_moe_layer(l)]
             routed = self.tokens / (L.tp if L.sequence_parallel else 1) * L.ep
             f = rank_load_factors(w.expert_load, self.model.moe.experts, self.model.moe.top_k, L.ep,
                                   int(round(routed)), len(moe_layers))
+            self.rank_loads = {l: f[i] for i, l in enumerate(moe_layers)}
             self.load_factor = {l: float(f[i].max()) for i, l in enumerate(moe_layers)}
+            self.load_mean = {l: float(f[i].mean()) for i, l in enumerate(moe_layers)}
+        self._memory_load: dict[int, float] = {}  # layer -> load factor of its stage's hottest device
         if self.global_aux and w.schedule != "gpipe":
             self.notes.append(
                 f"balance aux-loss-global: every forward must finish before the first backward "
@@ -210,10 +220,7 @@ class TraceBuilder:
         key = ("layer", moe, factor)
         if key not in self._kern_cache:
             L = self.L
-            expert_tokens = None
-            if moe and factor != 1.0:
-                routed_rows = self.tokens / L.tp if (L.sequence_parallel and L.tp > 1) else self.tokens
-                expert_tokens = routed_rows * self.model.moe.top_k * L.etp * factor
+            expert_tokens = self.expert_assignments(factor) if moe and factor != 1.0 else None
             ks = counts.layer_kernels(
                 self.model, layer, tokens=self.tokens, seq_len=self.t.seq_len, tp=L.tp, cp=L.cp,
                 ep=L.ep, etp=L.etp, act_bytes=self.act_bytes, sequence_parallel=L.sequence_parallel,
@@ -222,12 +229,55 @@ class TraceBuilder:
             self._kern_cache[key] = split_layer_kernels(ks)
         return self._kern_cache[key]
 
+    def expert_assignments(self, factor: float) -> float:
+        """Token-expert assignments one rank's routed experts process per micro-batch
+        at load factor ``factor`` (1 = balanced: the rank's sequence-parallel shard
+        times top_k, gathered over the etp ranks)."""
+        L = self.L
+        routed_rows = self.tokens / L.tp if (L.sequence_parallel and L.tp > 1) else self.tokens
+        return routed_rows * self.model.moe.top_k * L.etp * factor
+
+    def memory_load_factors(self, layers: Sequence[int]) -> None:
+        """Record, for the MoE layers of one device's chunks, the load factors of the
+        EP rank that holds the most routed tokens over them (the device whose
+        activations peak highest, :func:`workloads.moe_load.hottest_rank`)."""
+        moe = [l for l in layers if l in self.rank_loads]
+        if not moe:
+            return
+        hot = hottest_rank(np.stack([self.rank_loads[l] for l in moe]))
+        for l in moe:
+            self._memory_load[l] = float(self.rank_loads[l][hot])
+
+    def unexecuted_flops(self) -> dict[int, float]:
+        """Per simulated rank: matmul FLOPs its expert ops are timed for (at the
+        layer's slowest EP rank's load) that the EP ranks it stands for do not
+        execute (they run their own loads, mean ``load_mean``, then wait at the
+        combine). :func:`simulator.simulate` leaves them out of HFU."""
+        out: dict[int, float] = {}
+        if not self.load_factor:
+            return out
+        cache: dict = {}
+        for op in self.ops:
+            l = op.layer
+            if op.kind != "compute" or l not in self.load_factor or not op.kernels:
+                continue
+            key = (id(op.kernels), l)
+            v = cache.get(key)
+            if v is None:
+                hot = sum(k.flops for k in op.kernels
+                          if k.kind in counts.MATMUL_KINDS and k.name.startswith("expert_"))
+                v = cache[key] = hot * (1.0 - self.load_mean[l] / self.load_factor[l])
+            if v:
+                out[op.rank] = out.get(op.rank, 0.0) + v
+        return out
+
     def scaled(self, kernel: counts.Kernel, f: float) -> counts.Kernel:
         """``kernel`` with ``f`` of its FLOPs and bytes (cached: one object per (kernel, f))."""
         key = ("scaled", id(kernel), f)
         if key not in self._kern_cache:
+            executed = None if kernel.executed_flops is None else kernel.executed_flops * f
             self._kern_cache[key] = (kernel, counts.Kernel(kernel.name, kernel.kind, kernel.flops * f, kernel.bytes * f,
-                                                           kernel.m, kernel.n, kernel.k, kernel.groups))
+                                                           kernel.m, kernel.n, kernel.k, kernel.groups, executed))
         return self._kern_cache[key][1]
 
     def layer_all(self, layer: int) -> tuple:
@@ -352,6 +402,8 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
             raise TraceError(f"ranks: {r} is outside 0..{L.world - 1}")
     programs = {r: _RankProgram(b, r) for r in sim_ranks}
     for p in programs.values():
+        b.memory_load_factors(p.my_layers())
+    for p in programs.values():
         p.build()
     # Cross-rank dependencies were recorded as tags; resolve them to op ids now.
     for op in b.ops:
@@ -372,6 +424,7 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
     return Trace(
         ops=b.ops, ranks=tuple(sim_ranks), weight=weight, static_memory=static, world=L.world,
         notes=b.notes, model_flops=counts.model_flops_per_step(w.model, w.training), representative=rep,
+        unexecuted_flops=b.unexecuted_flops(),
     )
 
 
@@ -678,12 +731,19 @@ class _RankProgram:
             b._stash_cache[key] = self._stash_uncached(l)
         return b._stash_cache[key]
 
+    def _expert_tokens(self, l: int) -> Optional[float]:
+        """Routed-token assignments layer ``l``'s activations hold on the stage's most
+        loaded device under expert-load imbalance (None: balanced)."""
+        f = self.b._memory_load.get(l)
+        return None if f is None else self.b.expert_assignments(f)
+
     def _stash_uncached(self, l: int) -> float:
         b, L, t = self.b, self.b.L, self.b.t
         return memory.activation_bytes_per_layer(
             b.model, l, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
             sequence_parallel=L.sequence_parallel, recompute=t.recompute, ep=L.ep, etp=L.etp,
             flash_attention=t.flash_attention, activation_saving=t.activation_saving,
+            expert_tokens=self._expert_tokens(l),
         )
 
     def _recompute_transient(self, l: int) -> float:
@@ -693,6 +753,7 @@ class _RankProgram:
             b.model, l, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
             sequence_parallel=L.sequence_parallel, recompute="none", ep=L.ep, etp=L.etp,
             flash_attention=t.flash_attention, activation_saving=t.activation_saving,
+            expert_tokens=self._expert_tokens(l),
         )
 
     # ---- backward --------------------------------------------------------------
