@@ -57,11 +57,15 @@ def test_layouts_carved_out_of_dp_map_as_before():
     # ep | dp*cp and etp in (1, tp): the EP group is carved out of the data-parallel
     # ranks at the same TP coordinate (tp innermost, so ranks tp apart), as before folding.
     L = ParallelLayout(tp=2, dp=8, ep=4)
-    assert not L.folded and L.edp == 2
+    assert not L.folded
     assert L.group(0, "ep") == (0, 2, 4, 6) and L.group(1, "ep") == (1, 3, 5, 7)
-    assert L.group(0, "edp") == (0, 8)
+    # etp = 1: both TP ranks at an EP position hold the same full-width experts, so the
+    # expert gradient is summed over tp * dp*cp/ep = 4 ranks (Megatron-Core's
+    # expert_data_parallel_size = world / (etp * ep * pp)).
+    assert L.edp == 4 and L.group(0, "edp") == L.group(1, "edp") == (0, 1, 8, 9)
     T = ParallelLayout(tp=2, dp=8, ep=4, etp=2)
     assert not T.folded and T.group(0, "etp") == T.group(0, "tp") == (0, 1)
+    assert T.edp == 2 and T.group(0, "edp") == (0, 8)
 
 
 @pytest.mark.parametrize("par, field", [
@@ -78,7 +82,7 @@ def test_refused_when_ep_times_etp_does_not_divide_the_stage(par, field):
         ParallelLayout(tp=4, dp=4, ep=32)
 
 
-@pytest.mark.parametrize("par", [{"tp": 4, "dp": 4, "pp": 2, "ep": 8},
+@pytest.mark.parametrize("par", [{"tp": 4, "dp": 4, "pp": 2, "ep": 8}, {"tp": 2, "dp": 8, "ep": 4},
                                  {"tp": 4, "dp": 4, "pp": 2, "ep": 4, "etp": 2},
                                  {"tp": 2, "dp": 4, "cp": 2, "pp": 1, "ep": 16}])
 def test_expert_parameters_per_rank_sum_to_the_model(par):

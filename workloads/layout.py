@@ -14,9 +14,11 @@ moe/README.md``, "MoE Parallel Folding"; Liu et al. 2025, arXiv 2504.14960):
   in MoE is a sub-group of DP in Attention"): when ``ep`` divides ``dp*cp`` and
   ``etp`` is 1 or ``tp``. The ``dp*cp`` ranks with equal (tp, pp) coordinates,
   taken in mesh order, are cut into consecutive blocks of ``ep`` ranks, one EP
-  group each; ranks at the same position of different blocks form the
-  expert-data-parallel group that reduces expert gradients. With ``etp = tp`` the
-  TP group is the expert-tensor-parallel group.
+  group each; ranks at the same position of different blocks hold the same
+  experts and form the expert-data-parallel group that reduces expert gradients —
+  with ``etp = 1 < tp``, the same positions at every TP coordinate too (each TP
+  rank then holds the full-width experts). With ``etp = tp`` the TP group is the
+  expert-tensor-parallel group.
 * **Folded** (every other layout with ``ep*etp`` dividing ``tp*cp*dp``): the
   attention layout (TP x CP x DP) and the expert layout (ETP x EP x EDP) are two
   decompositions of the same ranks of a pipeline stage, so that "the EPxTP group
@@ -107,11 +109,12 @@ class ParallelLayout:
 
     @property
     def edp(self) -> int:
-        """Expert data-parallel degree: the size of the group that reduces expert
-        gradients (``tp*cp*dp / (ep*etp)`` folded, ``dp*cp / ep`` carved out of DP)."""
-        if self.folded:
-            return self.tp * self.cp * self.dp // (self.ep * self.etp)
-        return self.dp * self.cp // self.ep
+        """Expert data-parallel degree: the ranks of a stage holding the same expert
+        shard, over which expert gradients are reduced, ``tp*cp*dp / (ep*etp)``
+        (Megatron-Core's ``expert_data_parallel_size``). Carved out of DP with
+        ``etp = tp`` this is ``dp*cp / ep``; with ``etp = 1`` the ``tp`` ranks at one
+        EP position hold the same full-width experts too, so it is ``tp`` times that."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
     @property
     def stages(self) -> int:
@@ -216,7 +219,10 @@ class ParallelLayout:
             blk = c["edp"]
             return members[blk * self.ep : (blk + 1) * self.ep]
         if axis == "edp":
-            return members[c["ep"] :: self.ep]
+            if self.etp == self.tp:
+                return members[c["ep"] :: self.ep]
+            # etp = 1 < tp: every TP coordinate holds the same experts at this EP position
+            return tuple(sorted(r for t in range(self.tp) for r in _cached_dpcp(self, t, c["pp"])[c["ep"] :: self.ep]))
         raise ValueError(f"unknown group axis {axis!r}; expected one of {GROUP_AXES}")
 
     def _dpcp_members(self, c: dict[str, int]) -> tuple[int, ...]:
