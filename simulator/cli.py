@@ -175,9 +175,31 @@ def _cluster_from_arg(arg: str, devices: Optional[int]):
     return _resolve_cluster(spec)
 
 
+def _network_calibration(arg: str, family: str):
+    """The family's network calibration, with the ``network_calibration`` of a scenario
+    file given as ``--cluster`` applied (so that a calibrated scenario can be checked
+    against the nccl-tests logs it was fitted to)."""
+    from simulator.netcal import default_calibration
+    from simulator.schema import NetCalIn, _from_pydantic, read_mapping
+
+    cal = default_calibration(family)
+    p = Path(arg)
+    if not p.exists():
+        return cal
+    data = read_mapping(p).get("network_calibration")
+    if data is None:
+        return cal
+    from pydantic import ValidationError
+
+    try:
+        entries = NetCalIn.model_validate(data)
+    except ValidationError as err:
+        raise _from_pydantic(err, "network_calibration") from None
+    return cal.with_overrides(**{k: v for k, v in entries.model_dump().items() if v})
+
+
 def cmd_collective(args) -> int:
     from simulator import bench
-    from simulator.netcal import default_calibration
     from topologies.presets import build_cluster
 
     spec = _cluster_from_arg(args.cluster, args.devices)
@@ -193,7 +215,7 @@ def cmd_collective(args) -> int:
         raise CliError(f"--min-bytes/--max-bytes: need 0 < min <= max, got {lo} and {hi}")
     sizes = bench.size_range(lo, hi)
     rows = bench.collective_sweep(args.op, topo, list(range(n)), sizes, algorithm=args.algorithm,
-                                  calibration=default_calibration(spec.chip.family))
+                                  calibration=_network_calibration(args.cluster, spec.chip.family))
     if args.format == "json":
         print(json.dumps(rows, indent=2))
     elif args.format == "csv":
@@ -202,6 +224,10 @@ def cmd_collective(args) -> int:
         w = csv.DictWriter(sys.stdout, fieldnames=list(rows[0].keys()))
         w.writeheader()
         w.writerows(rows)
+    elif args.format == "nccl-tests":
+        from simulator.nccl_tests_io import format_nccl_tests
+
+        print(format_nccl_tests(rows, args.op, n, dtype=args.dtype, cluster=spec.name, device_name=spec.chip.name))
     else:
         print(f"# stepsim collective {args.op} on {spec.name} ({n} devices)")
         print(bench.format_table(rows))
@@ -298,7 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", help="collective algorithm (default: chosen per topology)")
     p.add_argument("--min-bytes", default="8")
     p.add_argument("--max-bytes", default="8G")
-    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--format", choices=["table", "csv", "json", "nccl-tests"], default="table",
+                   help="nccl-tests: the columns all_reduce_perf & co print (size, count, type, redop, root, time "
+                        "in us, algbw, busbw in GB/s), readable by `stepsim calibrate --nccl-tests`")
+    p.add_argument("--dtype", choices=["float", "bfloat16"], default="float",
+                   help="element type of the nccl-tests count/type columns (default float, as nccl-tests' -d)")
     p.add_argument("--plot", help="write a busbw-vs-size plot to this PNG/SVG")
     p.set_defaults(func=cmd_collective)
 

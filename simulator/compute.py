@@ -100,10 +100,15 @@ class ComputeCalibration:
 #   translated as MaxText runs it (one micro-batch of per_device_batch x tp sequences per
 #   FSDP rank) and the 128B case placed as JAX's mesh does, are +6.3..+8.4% (v5p runs
 #   minimal remat): v5e (full remat, >= 0.89 needed) and v5p pull the family apart.
-# What the validation shows the model lacks (not compensated here, see the report of
-# issue 8): unfused attention (2021-22 Megatron materialised the s x s scores; its
-# softmax/dropout HBM traffic is not timed), which makes the small Narayanan rows and
-# the Korthikanti 22B case too fast.
+# Unfused attention (2021-23 Megatron materialised the s x s scores) is timed as the
+# attention products at attention_efficiency plus the scores' HBM traffic, 12 B per score
+# forward and 17 B backward (workloads/counts.py): 1.24 ms for Korthikanti et al.'s 22B
+# layer against the 1.3 ms their Table 4 measures. The small Narayanan rows were 11-16%
+# slow (issue 15) from the case layouts (micro-batch 1 instead of the authors' 16/8, see
+# examples/sc21/run_table_1.sh) and 2x13 B backward score traffic, not from the GEMM
+# efficiencies: with the same 0.68 the rows 1.7B-18.4B are -1.4..+0.1%, 76.1B/145.6B
+# -0.3/-3.3%; 39.1B is -7.1% (non-interleaved p=2 in the script; its fp16 gradients are
+# all-reduced in 2 B there, 4 B here -- about 0.4 s of its 15.6 s step).
 #: DeepSeek-V3's communication SM reservation: 20 of the H800's 132 SMs (arXiv 2412.19437 §3.5.1).
 DEEPSEEK_COMM_SM_FRACTION = 20 / 132
 

@@ -129,7 +129,7 @@ class Engine:
         for (rank, stream), ops in sorted(streams.items()):
             self.env.process(self._stream(rank, stream, ops))
         if self.progress is not False:
-            from tqdm import tqdm
+            from tqdm.auto import tqdm  # a widget in a notebook (with ipywidgets), text elsewhere
 
             self._bar = tqdm(total=len(self.trace.ops), unit="op", desc="simulating", disable=None if self.progress is None else False,
                              leave=False, mininterval=0.5)

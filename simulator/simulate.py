@@ -13,7 +13,6 @@ import pandas as pd
 from simulator._version import __version__
 from simulator.compute import calibration_for
 from simulator.engine import Engine
-from simulator.netcal import default_calibration
 from simulator.result import SCHEMA_VERSION, Result, events_frame, memory_frame
 from simulator.schema import Scenario, ScenarioError, check_size, load_scenario
 from topologies.errors import TopologyError
@@ -96,7 +95,7 @@ def _simulate(scenario, exact, topology, trace, progress) -> Result:
             for d in p.devices:
                 scale[d] = p.compute_scale
     engine = Engine(
-        trace, topo, sc.layout, chip, cal, network_cal=default_calibration(chip.family), dtype=sc.training.dtype,
+        trace, topo, sc.layout, chip, cal, network_cal=sc.network_calibration(), dtype=sc.training.dtype,
         compute_scale=scale, algorithms=dict(sc.algorithms), host_bw_bytes_per_s=sc.cluster.host_bw_bytes_per_s,
         progress=progress,
     )

@@ -1111,7 +1111,8 @@ class _RankProgram:
         # ZeRO-Offload: fp32 gradients down to the host, the update on the CPU,
         # bf16 parameters back up; the compute stream waits for the new weights.
         shard = sum(k.bytes for k in kern) / OPTIMIZER_BYTES_PER_PARAM[t.optimizer]
-        d2h = self.host("grads.d2h", shard * GRAD_REDUCE_BYTES, "opt", deps=self.grad_ops)
+        # after the last backward kernel too: with dp·cp = 1 there is no reduction to wait on
+        d2h = self.host("grads.d2h", shard * GRAD_REDUCE_BYTES, "opt", deps=self.after_compute() + self.grad_ops)
         cpu = self.host("optimizer.cpu", shard * OPTIMIZER_BYTES_PER_PARAM[t.optimizer], "opt", deps=[d2h.id],
                         rate=HOST_UPDATE_BYTES_PER_S)
         h2d = self.host("params.h2d", shard * PARAM_BYTES, "opt", deps=[cpu.id])
