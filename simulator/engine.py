@@ -417,7 +417,7 @@ class Engine:
 
     def _twins(self, axis: str, stage: int, group: tuple[int, ...]) -> list[tuple[int, ...]]:
         L = self.layout
-        if axis in ("tp", "cp", "dp", "ep", "edp", "dp_cp"):
+        if axis in ("tp", "cp", "dp", "ep", "edp", "etp", "dp_cp"):
             return L.groups(axis, stage)
         if axis in ("ep_inter", "ep_intra"):
             return L.ep_subgroups(axis[3:], stage, self.topo.domain_size)

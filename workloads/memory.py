@@ -343,7 +343,8 @@ def rank_parameter_counts(
     routers and row-parallel output biases are replicated. ``ep`` splits the
     routed experts, ``etp`` each expert's width; expert parameters are the
     routed experts only (they are replicated over ``edp`` ranks, the rest over
-    ``dp*cp``). A rank with the head but not the embedding of a model with tied
+    ``dp*cp``; under MoE Parallel Folding ``edp = tp*cp*dp / (ep*etp)``, see
+    :mod:`workloads.layout`). A rank with the head but not the embedding of a model with tied
     embeddings or MTP keeps a copy of the embedding table (Megatron-LM keeps the
     tied word embeddings on the last stage and syncs their gradients; DeepSeek-V3's
     MTP modules share the embedding). ``has_mtp`` defaults to ``has_head`` (MTP

@@ -44,7 +44,7 @@ class Op:
     # all-to-all kernels that hold a share of the SMs (ComputeCalibration.comm_sm_fraction)
     comm_overlap: bool = False
     coll: str = ""  # collective op: all-reduce | all-gather | reduce-scatter | all-to-all | broadcast
-    axis: str = ""  # group axis: tp | cp | dp | pp | ep | edp | dp_cp | custom
+    axis: str = ""  # group axis: tp | cp | dp | pp | ep | edp | etp | dp_cp | custom
     group: tuple[int, ...] = ()  # ranks taking part, ring order
     key: str = ""  # rendezvous key shared by every member's op of one collective instance
     size_bytes: float = 0.0  # collective size (nccl-tests convention) or message size

@@ -480,7 +480,8 @@ class _RankProgram:
             return None
         key = f"{axis}:{group[0]}:{name}:{mb}:{chunk}:{phase}"
         if stream is None:
-            stream = axis if axis in ("tp", "cp", "ep") else "dp"
+            # expert-TP collectives share the TP stream (tensor-parallel traffic of a block)
+            stream = "tp" if axis == "etp" else axis if axis in ("tp", "cp", "ep") else "dp"
         return self.b.add(
             rank=self.rank, stream=stream, kind="collective", name=name, phase=phase, mb=mb, chunk=chunk,
             layer=layer, deps=tuple(deps), coll=coll, axis=axis, group=group, key=key, size_bytes=size,
@@ -666,6 +667,10 @@ class _RankProgram:
             op = self.compute(f"L{l}.attn.{phase}", attn, phase, mb, k, l, deps=deps, mem=mem, recompute=recompute)
         out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.attn.out", phase, mb, k, l, [op.id])
         deps = [out.id] if out else []
+        if expert and L.folded:
+            handed = yield from self.folded_moe_forward(l, mb, k, deps, phase, recompute)
+            self._offload_stash(l, mb, k, recompute)
+            return handed
         if sp and out:
             ag = self.collective("all-gather", "tp", h, f"L{l}.mlp.ag", phase, mb, k, l, deps)
             deps = [ag.id] if ag else deps
@@ -688,10 +693,100 @@ class _RankProgram:
             # The next layer's compute waits for this collective: a zero-cost join on
             # the compute stream carries the dependency in stream order.
             self.compute(f"L{l}.join", (), phase, mb, k, l, deps=[out.id])
-        if b.t.offload_activations and not recompute:
+        self._offload_stash(l, mb, k, recompute)
+        return handed
+
+    def _offload_stash(self, l: int, mb: int, k: int, recompute: bool) -> None:
+        """Activation offload: copy layer ``l``'s stash to the host after its forward."""
+        if self.b.t.offload_activations and not recompute:
             stash = self._stash(l)
             self.host(f"L{l}.act.d2h", stash, "F", deps=self.after_compute(), mb=mb, chunk=k, layer=l,
                       mem=(("activations", -stash, "end"),))
+
+    # ---- MoE block under a folded expert layout ---------------------------------------
+    # With MoE Parallel Folding (see workloads.layout) the EP group may span the TP
+    # ranks, so tokens leave the attention's TP layout for the experts. Megatron-Core's
+    # all-to-all dispatcher (megatron/core/transformer/moe/token_dispatcher.py,
+    # MoEAlltoAllTokenDispatcher) routes the sequence-parallel shard each TP rank holds
+    # after the attention block's reduce-scatter ([S/TP, B, H]): no TP all-gather before
+    # the router; all-to-all over the (folded) EP group; all-gather over the expert-TP
+    # group (``gather_from_sequence_parallel_region`` on the ETP group) before the expert
+    # GEMMs (each ETP rank computes 1/etp of every expert's width over the assignments
+    # of its etp ranks) and reduce-scatter over it after them; all-to-all back, and the
+    # output is again the SP shard, so no TP reduce-scatter follows. Shared experts keep
+    # the attention's TP split ("the parallelism patterns of the shared experts follow
+    # the settings of the dense part", megatron/core/transformer/moe/README.md): a TP
+    # all-gather of the block input before them and a reduce-scatter of their output.
+
+    def etp_bytes(self, combine: bool, layer: int) -> float:
+        """Expert-TP all-gather (dispatch) / reduce-scatter (combine) of a folded MoE
+        block: the assignments of the ``etp`` ranks, in the all-to-all's precision."""
+        return self.b.dispatch_bytes(combine, layer) * self.b.L.etp
+
+    def folded_moe_forward(self, l: int, mb: int, k: int, deps: list, phase: str, recompute: bool):
+        """One folded MoE block's forward (after the attention block's TP collective,
+        ``deps``); yields like :meth:`layer_forward` after each all-to-all."""
+        b, L = self.b, self.b.L
+        _, pre, shared, expert, post = b.layer_parts(l)
+        h, handed = b.hidden_bytes, 0
+        op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
+        d = self.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id], dispatch=True)
+        wait = [d.id] if d else []
+        if shared:  # shared experts run while the dispatch is in flight
+            ag = self.collective("all-gather", "tp", h, f"L{l}.shared.ag", phase, mb, k, l, [op.id])
+            sh = self.compute(f"L{l}.shared.{phase}", shared, phase, mb, k, l, deps=[ag.id] if ag else [],
+                              recompute=recompute)
+            rs = self.collective("reduce-scatter", "tp", h, f"L{l}.shared.rs", phase, mb, k, l, [sh.id])
+            wait += [rs.id] if rs else []
+        if d:
+            handed += 1
+            yield
+        ag = self.collective("all-gather", "etp", self.etp_bytes(False, l), f"L{l}.experts.ag", phase, mb, k, l, wait)
+        op = self.compute(f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[ag.id] if ag else wait,
+                          recompute=recompute)
+        rs = self.collective("reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs", phase, mb, k, l,
+                             [op.id])
+        c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [rs.id if rs else op.id],
+                            dispatch=False)
+        if c:
+            handed += 1
+            yield
+        self.compute(f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute)
+        return handed
+
+    def folded_moe_backward(self, l: int, mb: int, k: int, deps: list, part: str):
+        """One folded MoE block's backward (the reverse of :meth:`folded_moe_forward`),
+        down to the router's gradient; yields like :meth:`layer_backward`."""
+        b = self.b
+        _, pre, shared, expert, post = b.layer_parts(l)
+        h, handed = b.hidden_bytes, 0
+        op = self.compute(f"L{l}.moe_out.{part}", self.b.bwd(post, part), part, mb, k, l, deps=deps)
+        c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id], dispatch=True)
+        wait = [c.id] if c else []
+        if shared:  # overlaps the combine's backward all-to-all
+            ag = self.collective("all-gather", "tp", h, f"L{l}.shared.rs.bwd", part, mb, k, l, [op.id])
+            sh = self.compute(f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l,
+                              deps=[ag.id] if ag else [])
+            rs = self.collective("reduce-scatter", "tp", h, f"L{l}.shared.ag.bwd", part, mb, k, l, [sh.id])
+            wait += [rs.id] if rs else []
+        if c:
+            handed += 1
+            yield
+        split = part == "B" and b.dualpipe_ep  # see layer_backward
+        ag = self.collective("all-gather", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs.bwd", part, mb, k, l,
+                             wait)
+        op = self.compute(f"L{l}.experts.{part}", self.b.bwd(expert, "I" if split else part), part, mb, k, l,
+                          deps=[ag.id] if ag else wait)
+        rs = self.collective("reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.ag.bwd", part, mb, k,
+                             l, [op.id])
+        d = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [rs.id if rs else op.id],
+                            dispatch=False)
+        if split:
+            self.compute(f"L{l}.experts_w.{part}", self.b.bwd(expert, "W"), part, mb, k, l)
+        if d:
+            handed += 1
+            yield
+        self.compute(f"L{l}.mlp.{part}", self.b.bwd(pre, part), part, mb, k, l, deps=[d.id] if d else [])
         return handed
 
     def _prefetch(self, l: int, mb: int, k: int) -> list[int]:
@@ -812,6 +907,13 @@ class _RankProgram:
                 op = self.compute(f"L{l}.recompute.R", redo, "R", mb, k, l, deps=deps, recompute=True)
                 deps = [op.id]
         # Reverse of the forward: the gradient of a reduce-scatter is an all-gather and vice versa.
+        if expert and L.folded:
+            handed += yield from self.folded_moe_backward(l, mb, k, deps + self.after_compute(), part)
+            ag = self.collective("all-gather", "tp", h, f"L{l}.attn.out.bwd", part, mb, k, l, self.after_compute()) \
+                if sp else None
+            deps = [ag.id] if ag else []
+            self._attention_backward(l, mb, k, deps, part, attn, is_last_grad)
+            return handed
         if sp:
             ag = self.collective("all-gather", "tp", h, f"L{l}.mlp.out.bwd", part, mb, k, l, deps + self.after_compute())
             deps = [ag.id] if ag else deps
@@ -843,6 +945,14 @@ class _RankProgram:
         if sp and out:
             ag = self.collective("all-gather", "tp", h, f"L{l}.attn.out.bwd", part, mb, k, l, deps)
             deps = [ag.id] if ag else deps
+        self._attention_backward(l, mb, k, deps, part, attn, is_last_grad)
+        return handed
+
+    def _attention_backward(self, l, mb, k, deps, part, attn, is_last_grad):
+        """The attention block's backward (after the gradient reached the block's
+        output, ``deps``) and the layer's gradient hand-off."""
+        b, L, t = self.b, self.b.L, self.b.t
+        sp, h = L.sequence_parallel, b.hidden_bytes
         free = -self._stash(l)
         if part == "I":
             free *= INPUT_GRAD_FREED_FRACTION
@@ -857,7 +967,6 @@ class _RankProgram:
             self.compute(f"L{l}.join", (), part, mb, k, l, deps=[out.id])
         if part == "B":
             self._grads_ready(f"L{l}", k, mb, is_last_grad)
-        return handed
 
     def weight_grad(self, a, path, pos, layers, is_last_grad):
         b = self.b
