@@ -13,8 +13,10 @@ are ignored)::
 * ``kind``: ``gemm``, ``attention``, ``elementwise``, ``norm`` or ``embedding``
   (the kernel kinds of :mod:`workloads.counts`).
 * ``m, n, k``: the GEMM's shape (``M x K`` times ``K x N``); 0 for other kinds.
-* ``flops``: the kernel's FLOPs (multiply-add = 2; for attention the non-causal
-  ``4 * tokens * seq * heads * head_dim`` convention of :mod:`workloads.counts`).
+* ``flops``: the kernel's FLOPs (multiply-add = 2; for attention those it executes
+  in FlashAttention's convention, as its benchmark script counts them:
+  ``4 * tokens * seq * heads * head_dim``, halved for a causal mask, times 2.5 for
+  a backward; see :mod:`workloads.counts`).
   Left empty for a GEMM it is ``2 m n k``.
 * ``bytes``: HBM bytes read + written (empty = 0).
 * ``dtype``: ``bf16`` or ``fp8`` (empty = bf16).
@@ -41,9 +43,15 @@ groups inside one scale-up domain, the NIC for larger groups), the efficiency
 ``t = t_latency + steps x o + t_bandwidth / e`` (linear least squares in
 ``1/e`` and ``o``).
 
-The results print as the ``compute:`` mapping a scenario accepts (field-by-field
-override of the family's calibration) and as the ``NetCalibration`` entries to
-propose for :mod:`simulator.netcal`.
+The results print as a YAML block to paste into a scenario (:func:`scenario_block`):
+the ``compute:`` mapping (field-by-field override of the family's calibration) and
+the ``network_calibration:`` mapping (``efficiency`` and ``message_overhead_s`` per
+link kind, overriding the family's :class:`~simulator.netcal.NetCalibration`).
+
+Real measurements: :mod:`simulator.kineto_io` turns a PyTorch profiler trace into
+kernel timings and :mod:`simulator.nccl_tests_io` an nccl-tests log into collective
+timings; ``stepsim calibrate --kineto TRACE.json --nccl-tests LOG.txt`` fits both
+(walk-through: ``docs/calibration.md``).
 """
 
 from __future__ import annotations
@@ -360,10 +368,15 @@ def fit_network(timings: Sequence[CollectiveTiming], cluster: str, family: Optio
     # Collective times are a max over link groups (a ring across nodes is bound by NVLink or
     # by the NICs), so a group that does not bind at the start has no gradient: start also
     # from half the default efficiencies and keep the better fit.
+    # The per-step overhead of a path is the largest along it, so a kind whose overhead
+    # starts below another's on the same paths has no gradient either: start also with
+    # every overhead at 10 us (above typical values; each kind then falls to its own).
     x1 = x0.copy()
     x1[0::2] *= 0.5
+    x2 = x0.copy()
+    x2[1::2] = 10.0
     sol = min((least_squares(resid, np.clip(x, lo, hi), bounds=(lo, hi), diff_step=1e-3, max_nfev=200)
-               for x in (x0, x1)), key=lambda r: r.cost)
+               for x in (x0, x1, x2)), key=lambda r: r.cost)
     rel = np.exp(resid(sol.x)) - 1.0
     links = []
     for i, kind in enumerate(kinds):
@@ -384,6 +397,40 @@ def _kind_for(topo, devices: int, domain: Optional[int]) -> str:
     if domain and devices <= domain and "nvlink" in kinds:
         return "nvlink"
     return "nic"
+
+
+#: The cluster preset whose links ``stepsim calibrate`` assumes for collective timings when
+#: none is named: the usual 8-GPU node of each GPU family.
+FAMILY_CLUSTER = {"ampere": "dgx-a100", "hopper": "dgx-h100", "blackwell": "dgx-b200"}
+
+
+def network_overrides(fit: NetworkFit) -> dict:
+    """The ``network_calibration`` mapping of a scenario for ``fit``: efficiency and
+    per-step overhead of every link kind of each fitted group (``nic`` also sets ``fabric``)."""
+    eff, ovh = {}, {}
+    for l in fit.links:
+        for k in _LINK_GROUPS.get(l.kind, (l.kind,)):
+            eff[k] = float(f"{l.efficiency:.4g}")
+            ovh[k] = float(f"{l.message_overhead_s:.3g}")
+    return {"efficiency": dict(sorted(eff.items())), "message_overhead_s": dict(sorted(ovh.items()))}
+
+
+def scenario_block(compute: Optional[ComputeFit] = None, network: Optional[NetworkFit] = None,
+                   notes: Sequence[str] = ()) -> str:
+    """The fits as a YAML block to paste into a scenario (``compute:`` and/or
+    ``network_calibration:``), with ``#`` comments saying what was fitted and how well."""
+    import yaml
+
+    lines = [f"# {n}" if not n.startswith("#") else n for n in notes]
+    if compute is not None:
+        lines.append(compute.describe())
+    if network is not None:
+        lines.append(f"# network fit on {network.cluster} (link efficiency and per-step software latency):")
+        for l in network.links:
+            lines.append(f"#   {l.kind}: {l.rows} timings, rms relative error {l.rms_rel_error:.1%}")
+        lines.append(yaml.safe_dump({"network_calibration": network_overrides(network)}, sort_keys=False,
+                                    default_flow_style=False).rstrip())
+    return "\n".join(lines) + "\n"
 
 
 def calibration_fields() -> tuple[str, ...]:

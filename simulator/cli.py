@@ -18,6 +18,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional, Sequence
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_OFF_TARGET, EXIT_CASES_FAILED = 0, 1, 2, 3, 4
@@ -63,6 +64,12 @@ def cmd_run(args) -> int:
         from workloads.trace_io import read_trace
 
         trace = read_trace(args.trace)
+    if args.html and not args.out:
+        raise CliError("--html: give --out DIR too (the report is written to DIR/report.html)")
+    if args.html:
+        from simulator.html_report import require_plotly
+
+        require_plotly()   # before the simulation, not after
     result = simulate(path, exact=args.exact, topology=topology, trace=trace, progress=None)
     if args.reproducible:
         # Machine-dependent figures left out, so that the same scenario gives a
@@ -70,12 +77,40 @@ def cmd_run(args) -> int:
         result.summary["sim_wall_s"] = None
     if args.out:
         paths = result.write(args.out, plots=not args.no_plots)
+        if args.html:
+            from simulator.html_report import write_report
+
+            paths["report"] = write_report(result, Path(args.out) / "report.html")
+    if args.perfetto:
+        result.to_chrome_trace(args.perfetto)
     if args.json:
         sys.stdout.write(result.summary_json())
     else:
         print(result.text_summary())
         if args.out:
             print(f"  wrote {', '.join(p.name for p in paths.values())} to {args.out}")
+        if args.perfetto:
+            print(f"  wrote {args.perfetto} (open in https://ui.perfetto.dev)")
+    return EXIT_OK
+
+
+def cmd_report(args) -> int:
+    from simulator.html_report import load_run_dir, write_report
+    from simulator.report import format_summary
+
+    if args.output and not args.html:
+        raise CliError("--output: only with --html")
+    if args.html:
+        from simulator.html_report import require_plotly
+
+        require_plotly()
+    data = load_run_dir(args.dir)
+    if not args.html:
+        print(format_summary(SimpleNamespace(summary=data.summary)))   # it reads .summary only
+        return EXIT_OK
+    out = Path(args.output) if args.output else Path(args.dir) / "report.html"
+    write_report(data, out)
+    print(f"wrote {out}")
     return EXIT_OK
 
 
@@ -92,8 +127,14 @@ def cmd_trace(args) -> int:
                          ranks=list(range(sc.layout.world)) if args.exact else None)
     except (LayoutError, ScheduleError) as err:
         raise ScenarioError(err.field, str(err)[len(err.field) + 2:]) from None
-    write_trace(tr, args.out, scenario=sc)
+    write_trace(tr, args.out, scenario=sc, format=args.format)
     print(f"wrote {len(tr.ops):,} ops of {len(tr.ranks)} ranks to {args.out}")
+    if args.format == "chakra":
+        from workloads.chakra_io import PREFIX
+
+        print(f"  Chakra ET files {PREFIX}.<rank>.et and comm_group.json (ASTRA-sim: --workload-configuration="
+              f"{Path(args.out) / PREFIX}" + ("" if args.exact else "; one rank per pipeline stage: add --exact for "
+                                                                      "every rank") + ")")
     return EXIT_OK
 
 
@@ -102,6 +143,12 @@ def cmd_compare(args) -> int:
 
     path = resolve_scenario_path(args.scenario)
     schedules = [x.strip() for x in args.schedules.split(",") if x.strip()]
+    if args.html and not args.out:
+        raise CliError("--html: give --out DIR too (the report is written to DIR/compare.html)")
+    if args.html:
+        from simulator.html_report import require_plotly
+
+        require_plotly()   # before the simulations, not after
     table, results = compare_schedules(path, schedules, vpp=args.vpp)
     print(format_table(table))
     if args.out:
@@ -110,6 +157,10 @@ def cmd_compare(args) -> int:
         table.to_csv(out / "compare.csv", index=False)
         plot_comparison(table, results, out / "compare.png")
         print(f"wrote compare.csv and compare.png to {out}")
+        if args.html:
+            from simulator.html_report import write_compare_report
+
+            print(f"wrote {write_compare_report(table, results, out / 'compare.html')}")
     return EXIT_OK
 
 
@@ -175,9 +226,31 @@ def _cluster_from_arg(arg: str, devices: Optional[int]):
     return _resolve_cluster(spec)
 
 
+def _network_calibration(arg: str, family: str):
+    """The family's network calibration, with the ``network_calibration`` of a scenario
+    file given as ``--cluster`` applied (so that a calibrated scenario can be checked
+    against the nccl-tests logs it was fitted to)."""
+    from simulator.netcal import default_calibration
+    from simulator.schema import NetCalIn, _from_pydantic, read_mapping
+
+    cal = default_calibration(family)
+    p = Path(arg)
+    if not p.exists():
+        return cal
+    data = read_mapping(p).get("network_calibration")
+    if data is None:
+        return cal
+    from pydantic import ValidationError
+
+    try:
+        entries = NetCalIn.model_validate(data)
+    except ValidationError as err:
+        raise _from_pydantic(err, "network_calibration") from None
+    return cal.with_overrides(**{k: v for k, v in entries.model_dump().items() if v})
+
+
 def cmd_collective(args) -> int:
     from simulator import bench
-    from simulator.netcal import default_calibration
     from topologies.presets import build_cluster
 
     spec = _cluster_from_arg(args.cluster, args.devices)
@@ -193,7 +266,7 @@ def cmd_collective(args) -> int:
         raise CliError(f"--min-bytes/--max-bytes: need 0 < min <= max, got {lo} and {hi}")
     sizes = bench.size_range(lo, hi)
     rows = bench.collective_sweep(args.op, topo, list(range(n)), sizes, algorithm=args.algorithm,
-                                  calibration=default_calibration(spec.chip.family))
+                                  calibration=_network_calibration(args.cluster, spec.chip.family))
     if args.format == "json":
         print(json.dumps(rows, indent=2))
     elif args.format == "csv":
@@ -202,6 +275,10 @@ def cmd_collective(args) -> int:
         w = csv.DictWriter(sys.stdout, fieldnames=list(rows[0].keys()))
         w.writeheader()
         w.writerows(rows)
+    elif args.format == "nccl-tests":
+        from simulator.nccl_tests_io import format_nccl_tests
+
+        print(format_nccl_tests(rows, args.op, n, dtype=args.dtype, cluster=spec.name, device_name=spec.chip.name))
     else:
         print(f"# stepsim collective {args.op} on {spec.name} ({n} devices)")
         print(bench.format_table(rows))
@@ -270,13 +347,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reproducible", action="store_true",
                    help="write sim_wall_s as null so that summary.json is byte-identical across runs")
     p.add_argument("--topology", help="a topology file (JSON/GraphML; docs/formats.md) replacing the cluster's network")
-    p.add_argument("--trace", help="simulate this trace file (from `stepsim trace`; docs/formats.md) instead of "
-                                   "generating one")
+    p.add_argument("--trace", help="simulate this trace file (from `stepsim trace`; docs/formats.md) or Chakra trace "
+                                   "directory (ET files) instead of generating one")
+    p.add_argument("--html", action="store_true", help="also write --out DIR/report.html (needs plotly: "
+                                                       "pip install 'stepsim[report]')")
+    p.add_argument("--perfetto", metavar="FILE", help="write the Perfetto / Chrome trace to FILE "
+                                                      "(.json, or .json.gz to compress)")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("trace", help="write a scenario's operation trace to a file (JSON, .gz to compress)")
+    p = sub.add_parser("report", help="summarise a `run --out` directory; --html: one self-contained HTML page")
+    p.add_argument("dir", help="the --out directory of `stepsim run`")
+    p.add_argument("--html", action="store_true", help="write DIR/report.html (needs plotly: "
+                                                       "pip install 'stepsim[report]')")
+    p.add_argument("--output", metavar="FILE", help="with --html: write the page here instead")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("trace", help="write a scenario's operation trace to a file (JSON, .gz to compress) or a "
+                                     "directory of Chakra ET files")
     p.add_argument("scenario", help="scenario file or built-in scenario name")
-    p.add_argument("--out", required=True, help="trace file to write (.json or .json.gz)")
+    p.add_argument("--out", required=True, help="trace file to write (.json or .json.gz); with --format chakra, a "
+                                                "directory")
+    p.add_argument("--format", choices=["json", "chakra"], default="json",
+                   help="json (default) or chakra: MLCommons Chakra ET files, one per rank, and comm_group.json "
+                        "(docs/formats.md)")
     p.add_argument("--exact", action="store_true", help="every rank instead of one per pipeline stage")
     p.set_defaults(func=cmd_trace)
 
@@ -285,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b,zb-h1,dualpipe")
     p.add_argument("--vpp", type=int, default=2, help="virtual stages for interleaved-1f1b (default 2)")
     p.add_argument("--out", help="directory for compare.csv and compare.png")
+    p.add_argument("--html", action="store_true", help="also write --out DIR/compare.html (needs plotly)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("presets", help="list every model, cluster, chip, schedule and built-in scenario")
@@ -298,7 +392,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", help="collective algorithm (default: chosen per topology)")
     p.add_argument("--min-bytes", default="8")
     p.add_argument("--max-bytes", default="8G")
-    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--format", choices=["table", "csv", "json", "nccl-tests"], default="table",
+                   help="nccl-tests: the columns all_reduce_perf & co print (size, count, type, redop, root, time "
+                        "in us, algbw, busbw in GB/s), readable by `stepsim calibrate --nccl-tests`")
+    p.add_argument("--dtype", choices=["float", "bfloat16"], default="float",
+                   help="element type of the nccl-tests count/type columns (default float, as nccl-tests' -d)")
     p.add_argument("--plot", help="write a busbw-vs-size plot to this PNG/SVG")
     p.set_defaults(func=cmd_collective)
 
@@ -309,10 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", help="save the topology as JSON or GraphML (by extension)")
     p.set_defaults(func=cmd_topology)
 
-    from simulator import cli_sweep, cli_validate
+    from simulator import cli_sweep, cli_validate, megatron_import
 
     cli_sweep.register(sub)
     cli_validate.register(sub)
+    megatron_import.register(sub)
     return ap
 
 

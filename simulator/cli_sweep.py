@@ -74,6 +74,37 @@ def _dask_client(address: Optional[str]):
         client.close()
 
 
+@contextlib.contextmanager
+def _executor(spec: Optional[str], jobs: Optional[int], dask: Optional[str]):
+    """``--executor MODULE:CALLABLE``: the callable's result (``max_workers=--jobs`` when given),
+    shut down at the end."""
+    if not spec:
+        yield None
+        return
+    if dask:
+        raise CliError("--executor: give either --dask or --executor, not both")
+    import importlib
+
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise CliError(f"--executor: expected MODULE:CALLABLE (e.g. loky:get_reusable_executor), got {spec!r}")
+    try:
+        factory = importlib.import_module(mod_name)
+        for part in attr.split("."):
+            factory = getattr(factory, part)
+    except ImportError as err:
+        raise CliError(f"--executor: cannot import {mod_name!r}: {err}") from None
+    except AttributeError:
+        raise CliError(f"--executor: {mod_name!r} has no {attr!r}") from None
+    ex = factory(**({"max_workers": jobs} if jobs is not None else {}))
+    if not callable(getattr(ex, "submit", None)):
+        raise CliError(f"--executor: {spec} returned a {type(ex).__name__}, not a concurrent.futures.Executor")
+    try:
+        yield ex
+    finally:
+        ex.shutdown(wait=True)
+
+
 # ---- commands ------------------------------------------------------------------------------
 
 
@@ -82,9 +113,9 @@ def cmd_sweep(args) -> int:
 
     if not Path(args.sweep).exists():
         raise CliError(f"sweep: no file {args.sweep!r}")
-    with _dask_client(args.dask) as client:
-        frame = sweep(args.sweep, out=args.out, client=client, jobs=_jobs(args), progress=not args.no_progress,
-                      retry_failed=args.retry_failed)
+    with _executor(args.executor, _jobs(args), args.dask) as ex, _dask_client(args.dask) as client:
+        frame = sweep(args.sweep, out=args.out, client=client, jobs=_jobs(args), progress=False if args.no_progress else None,
+                      retry_failed=args.retry_failed, executor=ex)
     counts = frame["status"].value_counts() if len(frame) else {}
     extra = []
     for k, what in (("skipped", "invalid skipped"), ("duplicates", "duplicate")):
@@ -135,9 +166,9 @@ def cmd_search(args) -> int:
         recompute=_str_list("--recompute", args.recompute, RECOMPUTE_MODES),
         max_candidates=args.max_candidates,
     )
-    with _dask_client(args.dask) as client:
+    with _executor(args.executor, _jobs(args), args.dask) as ex, _dask_client(args.dask) as client:
         result = search(path, out=args.out, bounds=bounds, client=client, jobs=_jobs(args),
-                        progress=not args.no_progress)
+                        progress=False if args.no_progress else None, executor=ex)
     if args.json:
         sys.stdout.write(json.dumps(result.best_json(), indent=2, default=str) + "\n")
     else:
@@ -171,6 +202,10 @@ def cmd_sweep_plot(args) -> int:
 def _executor_flags(p) -> None:
     p.add_argument("--jobs", type=int, help="local worker processes (default: every core; 1: in this process)")
     p.add_argument("--dask", metavar="ADDRESS", help="run on the Dask scheduler at ADDRESS (e.g. tcp://host:8786)")
+    p.add_argument("--executor", metavar="MODULE:CALLABLE",
+                   help="run on the concurrent.futures.Executor this callable returns (called with "
+                        "max_workers=--jobs when given), e.g. loky:get_reusable_executor, "
+                        "mpi4py.futures:MPIPoolExecutor; workers must run this stepsim version")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it is off anyway when not a TTY)")
 
 

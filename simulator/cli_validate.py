@@ -8,8 +8,9 @@ an ``oom`` case disagrees), 4 some cases could not be simulated — the others a
 reported as usual).
 
     stepsim validate [--cases GLOB ...] [--out DIR] [--jobs N] [--max-error F]
-    stepsim calibrate KERNELS.csv [--family hopper] [--collectives COLL.csv --cluster dgx-h100]
-                      [--out calibration.json]
+    stepsim calibrate [KERNELS.csv] [--kineto TRACE.json ...] [--collectives COLL.csv]
+                      [--nccl-tests LOG.txt ...] [--cluster dgx-h100] [--devices N] [--family hopper]
+                      [--out calibration.yaml|calibration.json]
 """
 
 from __future__ import annotations
@@ -72,22 +73,47 @@ def cmd_validate(args) -> int:
 def cmd_calibrate(args) -> int:
     from simulator import calibrate as c
 
-    report = {}
-    if args.kernels:
-        fit = c.fit_compute(c.read_kernels(args.kernels), args.family, chip=args.chip)
+    report, notes = {}, []
+    kernels = c.read_kernels(args.kernels) if args.kernels else []
+    if args.kineto:
+        from simulator.kineto_io import read_kineto
+
+        got = read_kineto(args.kineto)
+        kernels += got.timings
+        notes += got.describe().splitlines()
+    fit = nfit = None
+    if kernels:
+        fit = c.fit_compute(kernels, args.family, chip=args.chip)
         report["compute"] = fit.as_dict()
-        print(fit.describe())
-    if args.collectives:
+    collectives = c.read_collectives(args.collectives) if args.collectives else []
+    if args.nccl_tests:
+        from simulator.nccl_tests_io import read_nccl_tests
+
+        for path in args.nccl_tests:
+            log = read_nccl_tests(path, op=args.nccl_op, default_devices=args.devices)
+            collectives += log.timings()
+            notes.append(f"# {path}: {log.op} on {log.devices} devices, {len(log.rows)} sizes "
+                         f"({log.rows[0].size_bytes}..{log.rows[-1].size_bytes} B), out-of-place times")
+    if collectives:
+        cluster = args.cluster or c.FAMILY_CLUSTER.get(args.family)
+        if not cluster:
+            raise CliError("--cluster: needed with collective timings (the cluster preset they were measured on)")
         if not args.cluster:
-            raise CliError("--cluster: needed with --collectives (the cluster the timings were measured on)")
-        nfit = c.fit_network(c.read_collectives(args.collectives), args.cluster)
+            notes.append(f"# links of cluster preset {cluster} assumed (--cluster to choose)")
+        nfit = c.fit_network(collectives, cluster, family=args.family)
         report["network"] = nfit.as_dict()
-        print(nfit.describe())
     if not report:
-        raise CliError("calibrate: give KERNELS.csv and/or --collectives COLL.csv")
+        raise CliError("calibrate: give --kineto TRACE.json and/or --nccl-tests LOG.txt (or the CSVs: KERNELS.csv, "
+                       "--collectives COLL.csv)")
+    block = c.scenario_block(fit, nfit, notes)
+    print(block, end="")
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        out = Path(args.out)
+        if out.suffix.lower() == ".json":
+            out.write_text(json.dumps(report, indent=2) + "\n")
+        else:
+            out.write_text(block)
+        print(f"# wrote {out}")
     return EXIT_OK
 
 
@@ -114,13 +140,24 @@ def register(subparsers) -> None:
         "calibrate", help="fit compute (and network) efficiencies to measured kernel/collective timings",
         description="Least-squares fit of the roofline parameters of simulator/compute.py to measured kernel "
                     "times, and of link efficiency + per-message latency to collective times. Prints the "
-                    "`compute:` mapping to paste into a scenario.")
+                    "`compute:` and `network_calibration:` mappings to paste into a scenario (docs/calibration.md).")
     p.add_argument("kernels", nargs="?", help="CSV: kind,m,n,k,flops,bytes,dtype,time_s (see simulator/calibrate.py)")
+    p.add_argument("--kineto", nargs="+", metavar="TRACE",
+                   help="PyTorch profiler trace(s) (export_chrome_trace JSON, .json.gz; record_shapes=True): "
+                        "GEMM, attention, norm and element-wise kernels with their shapes")
+    p.add_argument("--nccl-tests", nargs="+", metavar="LOG",
+                   help="nccl-tests output(s) (all_reduce_perf ...; the op from the binary named in the log or "
+                        "the file name)")
+    p.add_argument("--nccl-op", help="the collective of --nccl-tests logs that do not name their binary "
+                                     "(all-reduce, all-gather, reduce-scatter, all-to-all, broadcast, send-recv)")
+    p.add_argument("--devices", type=int, help="device count of --nccl-tests logs that list no '# Rank' lines")
     p.add_argument("--family", default="hopper", help="chip family whose defaults seed the fit and fill gaps")
     p.add_argument("--chip", help="chip preset giving peak FLOP/s and HBM bandwidth (default: the family's usual chip)")
     p.add_argument("--collectives", help="CSV: op,devices,size_bytes,time_s (nccl-tests style)")
-    p.add_argument("--cluster", help="cluster preset the collectives were measured on (with --collectives)")
-    p.add_argument("--out", help="write the fit as JSON")
+    p.add_argument("--cluster", help="cluster preset the collectives were measured on (default: the family's "
+                                     "8-GPU node, e.g. dgx-h100 for hopper)")
+    p.add_argument("--out", help="write the YAML block to paste into a scenario (FILE.yaml), or the fit report "
+                                 "as JSON (FILE.json)")
     p.set_defaults(func=cmd_calibrate)
 
 

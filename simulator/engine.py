@@ -129,7 +129,7 @@ class Engine:
         for (rank, stream), ops in sorted(streams.items()):
             self.env.process(self._stream(rank, stream, ops))
         if self.progress is not False:
-            from tqdm import tqdm
+            from tqdm.auto import tqdm  # a widget in a notebook (with ipywidgets), text elsewhere
 
             self._bar = tqdm(total=len(self.trace.ops), unit="op", desc="simulating", disable=None if self.progress is None else False,
                              leave=False, mininterval=0.5)
@@ -417,7 +417,7 @@ class Engine:
 
     def _twins(self, axis: str, stage: int, group: tuple[int, ...]) -> list[tuple[int, ...]]:
         L = self.layout
-        if axis in ("tp", "cp", "dp", "ep", "edp", "dp_cp"):
+        if axis in ("tp", "cp", "dp", "ep", "edp", "etp", "dp_cp"):
             return L.groups(axis, stage)
         if axis in ("ep_inter", "ep_intra"):
             return L.ep_subgroups(axis[3:], stage, self.topo.domain_size)

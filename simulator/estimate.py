@@ -164,11 +164,11 @@ class NetModel:
 
     Each step of a ring pays the per-hop latency. Results are cached per (op, group)."""
 
-    def __init__(self, cluster):
+    def __init__(self, cluster, calibration=None):
         from simulator.netcal import default_calibration  # lazy: search imports stay light
 
         self.cluster = cluster
-        ncal = default_calibration(cluster.chip.family)
+        ncal = calibration if calibration is not None else default_calibration(cluster.chip.family)
         net = cluster.network
         self.kind = "switched" if isinstance(net, SwitchedNetwork) else "torus"
         self.per_pod = cluster.devices_per_pod
@@ -367,7 +367,7 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
 
     L, t, model, name = sc.layout, sc.training, sc.model, sc.schedule
     chip = sc.cluster.chip
-    net = net if net is not None else NetModel(sc.cluster)
+    net = net if net is not None else NetModel(sc.cluster, sc.network_calibration())
     cal = calibration_for(chip, dict(sc.compute_overrides))
     # The trace builder's sizes, so that the estimate and the simulated trace agree on
     # every byte and FLOP (no formula is repeated here).

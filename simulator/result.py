@@ -42,8 +42,9 @@ class Result:
         return json.dumps(_jsonable(self.summary), indent=2, sort_keys=False) + "\n"
 
     def write(self, out_dir, plots: bool = True) -> dict[str, Path]:
-        """Write summary.json, trace.json, events.csv, events.parquet, memory.csv,
-        timeline.png and memory.png into ``out_dir``; returns the paths."""
+        """Write summary.json, scenario.json, trace.json, events.csv, events.parquet,
+        memory.csv, idle.csv, timeline.png and memory.png into ``out_dir`` (what
+        ``stepsim report`` reads back); returns the paths."""
         from simulator import export, plots as plotmod
         from simulator.parquet_io import write_parquet
 
@@ -55,18 +56,31 @@ class Result:
             "events_csv": out / "events.csv",
             "events_parquet": out / "events.parquet",
             "memory_csv": out / "memory.csv",
+            "idle_csv": out / "idle.csv",
         }
         paths["summary"].write_text(self.summary_json())
+        if self.scenario is not None:
+            from simulator.schema import scenario_to_dict
+
+            paths["scenario"] = out / "scenario.json"
+            paths["scenario"].write_text(json.dumps(_jsonable(scenario_to_dict(self.scenario)), indent=2) + "\n")
         export.write_chrome_trace(self, paths["trace"])
         self.events.to_csv(paths["events_csv"], index=False)
         write_parquet(self.events, paths["events_parquet"])  # with key-value metadata stepsim_version
         self.memory.to_csv(paths["memory_csv"], index=False)
+        self.idle.to_csv(paths["idle_csv"], index=False)
         if plots:
             paths["timeline"] = out / "timeline.png"
             paths["memory_plot"] = out / "memory.png"
             plotmod.plot_timeline(self, paths["timeline"])
             plotmod.plot_memory(self, paths["memory_plot"])
         return paths
+
+    @property
+    def idle(self) -> pd.DataFrame:
+        """The idle spans of the compute streams (:func:`idle_frame`)."""
+        layout = self.scenario.layout if self.scenario is not None else None
+        return idle_frame(getattr(getattr(self, "raw", None), "idle_spans", ()), layout)
 
     def to_chrome_trace(self, path) -> None:
         from simulator import export
@@ -150,3 +164,17 @@ def memory_frame(raw: RawRun, trace: Trace, layout) -> pd.DataFrame:
     out = pd.concat(frames, ignore_index=True)
     out["total"] = out[list(MEMORY_CATEGORIES)].sum(axis=1)
     return out
+
+
+IDLE_COLUMNS = ["rank", "stage", "start_s", "end_s", "duration_s", "cause", "waiting_for"]
+
+
+def idle_frame(spans, layout) -> pd.DataFrame:
+    """Idle spans of each simulated device's compute stream, one row per maximal span of
+    one cause (``bubble``, ``exposed_comm``, ``offload_wait``; :mod:`simulator.accounting`)
+    and one set of busy axes (``waiting_for``: ``tp``, ``ep_inter+ep_intra``, ``offload``;
+    empty for a bubble)."""
+    rows = [(int(r), layout.stage_of(int(r)) if layout is not None else -1, s, e, e - s, cause, what or "")
+            for r, s, e, cause, what in spans]
+    df = pd.DataFrame(rows, columns=IDLE_COLUMNS)
+    return df.sort_values(["rank", "start_s"], kind="stable").reset_index(drop=True)

@@ -200,6 +200,18 @@ class ComputeCalIn(_Strict):
     comm_sm_fraction: Optional[float] = Field(None, ge=0, lt=1)
 
 
+_LinkKind = Literal["ici", "nvlink", "nic", "fabric", "dcn"]  # simulator.netcal.LINK_KINDS
+
+
+class NetCalIn(_Strict):
+    """``network_calibration``: entries replacing those of the chip family's
+    :class:`simulator.netcal.NetCalibration` (``stepsim calibrate --nccl-tests`` prints them)."""
+
+    efficiency: dict[_LinkKind, Annotated[float, Field(gt=0, le=1)]] = {}
+    message_overhead_s: dict[_LinkKind, Annotated[float, Field(ge=0, le=1e-2)]] = {}
+    algorithm_efficiency: dict[str, Annotated[float, Field(gt=0, le=1)]] = {}
+
+
 class ScenarioIn(_Strict):
     name: Optional[str] = None
     model: Union[str, dict]
@@ -209,6 +221,7 @@ class ScenarioIn(_Strict):
     training: TrainingIn
     perturbations: list[PerturbationIn] = []
     compute: ComputeCalIn = ComputeCalIn()
+    network_calibration: NetCalIn = NetCalIn()
     algorithms: dict[Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast"], str] = {}
 
 
@@ -224,6 +237,7 @@ class Scenario:
     training: TrainingSpec
     perturbations: tuple[PerturbationIn, ...] = ()
     compute_overrides: tuple[tuple[str, float], ...] = ()
+    network_overrides: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()  # network_calibration
     algorithms: tuple[tuple[str, str], ...] = ()
     expert_load: Optional[ExpertLoad] = None
     source: Any = None  # the raw mapping it was loaded from
@@ -231,6 +245,14 @@ class Scenario:
     @property
     def devices(self) -> int:
         return self.cluster.devices
+
+    def network_calibration(self):
+        """The chip family's :class:`simulator.netcal.NetCalibration` with the scenario's
+        ``network_calibration`` entries applied."""
+        from simulator.netcal import default_calibration
+
+        cal = default_calibration(self.cluster.chip.family)
+        return cal.with_overrides(**{k: dict(v) for k, v in self.network_overrides}) if self.network_overrides else cal
 
     def workload(self):
         """The :class:`workloads.trace.Workload` this scenario describes."""
@@ -316,10 +338,17 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
         if p.link is not None and p.bw_scale is None and not p.failed:
             raise ScenarioError(f"perturbations[{i}]", "a link perturbation needs bw_scale or failed: true")
     overrides = tuple((k, v) for k, v in sc.compute.model_dump().items() if v is not None)
+    for alg in sc.network_calibration.algorithm_efficiency:
+        from simulator.collectives import ALGORITHMS
+
+        if alg not in ALGORITHMS:
+            raise ScenarioError(f"network_calibration.algorithm_efficiency.{alg}",
+                                f"unknown algorithm; allowed: {', '.join(ALGORITHMS)}")
+    net_overrides = tuple((k, tuple(sorted(v.items()))) for k, v in sc.network_calibration.model_dump().items() if v)
     name = sc.name or model.name
     return Scenario(
         name=str(name), model=model, cluster=cluster, layout=layout, schedule=sc.schedule, training=training,
-        perturbations=tuple(sc.perturbations), compute_overrides=overrides,
+        perturbations=tuple(sc.perturbations), compute_overrides=overrides, network_overrides=net_overrides,
         algorithms=tuple(sorted(sc.algorithms.items())), source=data,
         expert_load=ExpertLoad(**sc.training.expert_load.model_dump()) if sc.training.expert_load else None,
     )
@@ -678,6 +707,8 @@ def scenario_to_dict(s: Scenario) -> dict:
         out["perturbations"] = [p.model_dump(exclude_none=True) for p in s.perturbations]
     if s.compute_overrides:
         out["compute"] = dict(s.compute_overrides)
+    if s.network_overrides:
+        out["network_calibration"] = {k: dict(v) for k, v in s.network_overrides}
     if s.algorithms:
         out["algorithms"] = dict(s.algorithms)
     return out

@@ -267,9 +267,10 @@ def search(
     client=None,
     jobs: Optional[int] = None,
     progress: bool = False,
+    executor=None,
 ) -> SearchResult:
     """Search the layouts of ``scenario`` (path or mapping) within ``bounds`` (see the module
-    notes). ``client`` / ``jobs`` / ``progress`` as for :func:`simulator.sweep.sweep`."""
+    notes). ``client`` / ``jobs`` / ``progress`` / ``executor`` as for :func:`simulator.sweep.sweep`."""
     bounds = bounds or SearchBounds()
     if isinstance(scenario, (str, Path)):
         base = _absolutise(read_mapping(scenario), Path(scenario).resolve().parent)
@@ -280,7 +281,7 @@ def search(
     sc0 = load_scenario(base)
     hbm = sc0.cluster.chip.hbm_bytes
     records, cases, by_key = [], [], {}
-    net = NetModel(sc0.cluster)  # one cache of collective times for every candidate
+    net = NetModel(sc0.cluster, sc0.network_calibration())  # one cache of collective times for every candidate
     for i, p in enumerate(enumerate_layouts(sc0, bounds)):
         mapping = candidate_mapping(base, p, sc0.name)
         rec = {"candidate": i, "label": label(p), **p, "status": None, "reason": None, "est_memory_bytes": None,
@@ -329,7 +330,7 @@ def search(
                     f"over max_candidates = {bounds.max_candidates} (ranked by the analytic step-time estimate)"))
         cases = [c for c in cases if c.index in keep]
     _, rows = run_cases(cases, LAYOUT_KEYS, out=out, client=client, jobs=jobs, progress=progress,
-                        desc=f"search {sc0.name}")
+                        desc=f"search {sc0.name}", executor=executor)
     summaries: dict[int, dict] = {}
     for c in cases:
         row = rows.get(c.key)

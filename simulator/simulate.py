@@ -13,7 +13,6 @@ import pandas as pd
 from simulator._version import __version__
 from simulator.compute import calibration_for
 from simulator.engine import Engine
-from simulator.netcal import default_calibration
 from simulator.result import SCHEMA_VERSION, Result, events_frame, memory_frame
 from simulator.schema import Scenario, ScenarioError, check_size, load_scenario
 from topologies.errors import TopologyError
@@ -96,7 +95,7 @@ def _simulate(scenario, exact, topology, trace, progress) -> Result:
             for d in p.devices:
                 scale[d] = p.compute_scale
     engine = Engine(
-        trace, topo, sc.layout, chip, cal, network_cal=default_calibration(chip.family), dtype=sc.training.dtype,
+        trace, topo, sc.layout, chip, cal, network_cal=sc.network_calibration(), dtype=sc.training.dtype,
         compute_scale=scale, algorithms=dict(sc.algorithms), host_bw_bytes_per_s=sc.cluster.host_bw_bytes_per_s,
         progress=progress,
     )
@@ -151,7 +150,11 @@ def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.Da
     model_flops = trace.model_flops
     # Executed FLOPs over all devices: each simulated rank stands for weight[r] devices.
     # Only matmul kinds count, matching the model-FLOPs convention (counts.MATMUL_KINDS).
-    hw_flops = sum(trace.weight[r] * f for r, f in raw.matmul_flops.items())
+    # Under expert-load imbalance a rank is timed at its layer's slowest EP rank's load
+    # but the devices it stands for execute their own loads: the difference
+    # (trace.unexecuted_flops) is not hardware work, so HFU never rises because one
+    # hot rank makes the others wait.
+    hw_flops = sum(trace.weight[r] * (f - trace.unexecuted_flops.get(r, 0.0)) for r, f in raw.matmul_flops.items())
     denom = devices * peak_bf16 * step if step > 0 else float("nan")
     # Where each device's step goes (simulator.accounting): compute + exposed communication
     # + offload wait + bubble = step on every rank; means weigh each simulated rank by the

@@ -78,9 +78,16 @@ sorted by ``case``, so the table does not depend on the executor.
 Executors
 ---------
 Cases run in local processes (:class:`concurrent.futures.ProcessPoolExecutor`,
-``jobs`` of them, default every core; ``jobs=1`` runs them in this process), or
-on a Dask cluster when a ``dask.distributed.Client`` is given. Local workers end
-when the process that started them dies, killed or not (:mod:`simulator.workers`).
+``jobs`` of them, default every core; ``jobs=1`` runs them in this process), on
+any :class:`concurrent.futures.Executor` given as ``executor`` (a thread pool,
+loky's ``get_reusable_executor()``, Ray's, ``mpi4py.futures.MPIPoolExecutor``; the
+sweep submits :func:`run_case` with a picklable payload and leaves the executor
+running), or on a Dask cluster when a ``dask.distributed.Client`` is given. Local
+workers end when the process that started them dies, killed or not
+(:mod:`simulator.workers`). On an executor or Dask, a first task asks a worker for its
+stepsim version, and every row carries the version that ran it: a worker running
+another version than this process stops the sweep with :class:`WorkerVersionError`
+(rows finished before are kept).
 
 The file formats (sweep file, ``rows.jsonl``, the tables, ``sweep.json``) are
 also documented in ``docs/formats.md``; the scenario keys in ``docs/scenario.md``.
@@ -547,8 +554,32 @@ def run_case(payload: tuple) -> dict:
     except Exception as err:  # noqa: BLE001 — one broken scenario must not stop the sweep
         row = {"case": index, "key": key, "status": "failed", "error": f"{type(err).__name__}: {err}",
                "summary": None}
-    row["stepsim_version"] = __version__
+    row["stepsim_version"] = worker_version()
     return json.loads(plain_json(row))
+
+
+def worker_version() -> str:
+    """The stepsim version of the process this runs in (read when called, so that a
+    worker reports its own). The first task every executor of a sweep is sent."""
+    from simulator import _version
+
+    return _version.__version__
+
+
+class WorkerVersionError(ValueError):
+    """A worker runs another stepsim version than the process running the sweep."""
+
+
+def _check_version(version, who: str) -> None:
+    if version is not None and version != __version__:
+        raise WorkerVersionError(
+            f"executor: {who} runs stepsim {version}, this process stepsim {__version__}; install the same "
+            f"version on every worker (pip install stepsim=={__version__}) - results of two versions in one "
+            "table would not compare. The rows finished so far are saved.")
+
+
+def _failed_row(p: tuple, err: BaseException) -> dict:
+    return {"case": p[0], "key": p[1], "status": "failed", "error": f"{type(err).__name__}: {err}", "summary": None}
 
 
 def default_jobs() -> int:
@@ -558,27 +589,61 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def execute(payloads: Sequence[tuple], client=None, jobs: Optional[int] = None) -> Iterator[dict]:
+def execute(payloads: Sequence[tuple], client=None, jobs: Optional[int] = None, executor=None) -> Iterator[dict]:
     """Run :func:`run_case` over ``payloads``, yielding rows as they finish (any order).
 
-    ``client``: a ``dask.distributed.Client`` (runs there); otherwise ``jobs`` local
-    processes (default: every core; ``1``: in this process)."""
+    ``executor``: any :class:`concurrent.futures.Executor` (a thread or process pool, loky's,
+    Ray's, ``mpi4py.futures.MPIPoolExecutor``...; left running: its owner shuts it down);
+    ``client``: a ``dask.distributed.Client``; otherwise ``jobs`` local processes (default:
+    every core; ``1``: in this process). On an executor or Dask, a first task asks a worker
+    for its stepsim version and every row carries the version that ran it: another version
+    than this process's stops the sweep with :class:`WorkerVersionError`."""
+    if client is not None and executor is not None:
+        raise ValueError("executor: give either a Dask client or an executor, not both")
     if not payloads:
+        return
+    if executor is not None:
+        if not callable(getattr(executor, "submit", None)):
+            raise ValueError(f"executor: expected a concurrent.futures.Executor (with submit), got "
+                             f"{type(executor).__name__}")
+        _check_version(executor.submit(worker_version).result(), "a worker")
+        futs = {executor.submit(run_case, p): p for p in payloads}
+        try:
+            for f in as_completed(futs):
+                p = futs[f]
+                try:
+                    row = f.result()
+                except BrokenProcessPool:
+                    raise RuntimeError(
+                        "a worker process died (killed, or out of memory); the rows finished so far are saved - "
+                        "run the same sweep again to resume (with jobs=1 to find the case at fault)") from None
+                except Exception as err:  # noqa: BLE001 — a worker lost, a task erred: record it
+                    row = _failed_row(p, err)
+                _check_version(row.get("stepsim_version"), f"the worker that ran case {p[0]}")
+                yield row
+        finally:
+            for f in futs:
+                f.cancel()
         return
     if client is not None:
         from distributed import as_completed as dask_completed
 
+        _check_version(client.submit(worker_version, pure=False).result(), "a Dask worker")
         futures = client.map(run_case, list(payloads), pure=False)
         by_future = dict(zip(futures, payloads))
-        for fut in dask_completed(futures):
-            p = by_future.pop(fut)
-            try:
-                row = fut.result()
-            except Exception as err:  # noqa: BLE001 — a worker lost, a task erred: record it
-                row = {"case": p[0], "key": p[1], "status": "failed", "error": f"{type(err).__name__}: {err}",
-                       "summary": None}
-            fut.release()
-            yield row
+        try:
+            for fut in dask_completed(futures):
+                p = by_future.pop(fut)
+                try:
+                    row = fut.result()
+                except Exception as err:  # noqa: BLE001 — a worker lost, a task erred: record it
+                    row = _failed_row(p, err)
+                fut.release()
+                _check_version(row.get("stepsim_version"), f"the Dask worker that ran case {p[0]}")
+                yield row
+        finally:
+            for fut in by_future:
+                fut.cancel()
         return
     jobs = default_jobs() if jobs is None else jobs
     if jobs < 1:
@@ -738,9 +803,10 @@ def run_cases(
     out: Optional[Union[str, Path]] = None,
     client=None,
     jobs: Optional[int] = None,
-    progress: bool = False,
+    progress: Optional[bool] = False,
     retry_failed: bool = False,
     desc: str = "sweep",
+    executor=None,
 ) -> tuple[pd.DataFrame, dict[str, dict]]:
     """Run the cases not already finished in ``out`` and return ``(table, rows by key)``.
     The engine under :func:`sweep` and :func:`simulator.search.search`."""
@@ -754,12 +820,14 @@ def run_cases(
     todo = [c for c in cases if c.key not in rows]
     done_before = sum(1 for k in rows if k in wanted)
     by_key = {c.key: c for c in cases}
+    # progress=True: shown (in a notebook too, where stderr is no terminal); None: only on a terminal
     bar = tqdm(total=len(cases), initial=done_before, desc=desc, unit="case", dynamic_ncols=True,
-               disable=None if progress else True)
+               disable=True if progress is False else (None if progress is None else False))
     last_write = time.monotonic()
     failed = 0
     try:
-        for row in execute([(c.index, c.key, c.scenario) for c in todo], client=client, jobs=jobs):
+        for row in execute([(c.index, c.key, c.scenario) for c in todo], client=client, jobs=jobs,
+                           executor=executor):
             c = by_key[row["key"]]
             row["axes"] = {a: c.axes.get(a) for a in c.axes}
             rows[row["key"]] = row
@@ -784,13 +852,16 @@ def sweep(
     out: Optional[Union[str, Path]] = None,
     client=None,
     jobs: Optional[int] = None,
-    progress: bool = False,
+    progress: Optional[bool] = False,
     retry_failed: bool = False,
+    executor=None,
 ) -> pd.DataFrame:
     """Run a sweep (a path to a sweep file or a mapping in that format; see the module notes)
     and return its table. With ``out``, rows are saved as they finish and a second call
-    resumes. ``client``: a ``dask.distributed.Client``; ``jobs``: local processes.
-    ``progress``: a tqdm bar (shown only on a terminal).
+    resumes. ``executor``: any :class:`concurrent.futures.Executor` (workers must run this
+    stepsim version: checked); ``client``: a ``dask.distributed.Client``; ``jobs``: local processes.
+    ``progress``: a progress bar (``tqdm.auto``: a widget in a notebook); ``None``: only
+    when stderr is a terminal.
 
     ``DataFrame.attrs`` holds ``skipped`` (invalid cases left out by ``skip_invalid``),
     ``filtered`` (cases removed by ``where``) and ``duplicates``."""
@@ -802,7 +873,7 @@ def sweep(
                 "filtered": exp.filtered, "duplicates": exp.duplicates}
         _atomic_write(Path(out) / META_FILE, lambda p: p.write_text(canonical_json(meta)))
     frame, _ = run_cases(exp.cases, spec.axes, out=out, client=client, jobs=jobs, progress=progress,
-                         retry_failed=retry_failed, desc=spec.name)
+                         retry_failed=retry_failed, desc=spec.name, executor=executor)
     frame.attrs.update(skipped=exp.skipped, filtered=exp.filtered, duplicates=exp.duplicates, axes=list(spec.axes),
                        name=spec.name)
     return frame

@@ -389,10 +389,7 @@ def write_csv(results: Sequence[CaseResult], path: Union[str, Path]) -> Path:
 
 def plot_parity(results: Sequence[CaseResult], path: Union[str, Path], band: float = 0.10) -> Path:
     """Simulated vs published, one panel per metric, log axes, a ±``band`` band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # no backend chosen here: Agg headless, the notebook's in a notebook
     import numpy as np
 
     results = [r for r in results if r.case.metric not in BOOLEAN_METRICS]  # log axes: numbers only

@@ -147,15 +147,16 @@ def test_exact_mode_accounts_every_device_like_the_fast_path():
             assert v == pytest.approx(exact.summary[key][a], rel=1e-6, abs=1e-12), (key, a)
 
 
-def test_optimizer_offload_with_one_stage_is_offload_wait_not_bubble():
-    """Issue 13 item 11. One pipeline stage, two data-parallel replicas (ZeRO 0),
+@pytest.mark.parametrize("dp", [1, 2])
+def test_optimizer_offload_with_one_stage_is_offload_wait_not_bubble(dp):
+    """Issue 13 item 11. One pipeline stage, one or two data-parallel replicas (ZeRO 0),
     free network and memory traffic, ZeRO-Offload: after the gradient all-reduce the
     compute stream waits for the fp32 gradients to go down (4 B/param over the host
     link), the CPU Adam update (30 B/param at HOST_UPDATE_BYTES_PER_S) and the bf16
     parameters to come back (2 B/param): P (4 + 2) / host_bw + 30 P / 50e9 of offload
-    wait, and no bubble. (dp = 2, not 1: with no gradient reduction the trace starts
-    the gradient copy at t = 0, before the backward; reported, not fixed here.)"""
-    sc = ideal_scenario(2, parallel={"tp": 1, "pp": 1, "dp": 2, "zero": 0},
+    wait, and no bubble. With dp = 1 there is no reduction: the gradient copy must still
+    wait for the last backward kernel (it once started at t = 0)."""
+    sc = ideal_scenario(dp, parallel={"tp": 1, "pp": 1, "dp": dp, "zero": 0},
                         training={"global_batch_size": 4, "offload": {"optimizer": True}})
     res = simulate(sc)
     _check_invariants(res)

@@ -117,3 +117,204 @@ def test_network_fit_recovers_link_efficiency_and_overhead(tmp_path):
     assert by["nic"].efficiency == pytest.approx(0.6, rel=0.05)
     assert by["nvlink"].rms_rel_error < 0.05 and by["nic"].rms_rel_error < 0.05
     assert by["nvlink"].message_overhead_s == pytest.approx(4e-6, rel=0.2)
+
+
+# ---- real formats: Kineto traces and nccl-tests logs --------------------------------------
+
+import importlib.util
+import json
+from pathlib import Path
+
+from simulator import kineto_io, nccl_tests_io
+from simulator.cli import main as stepsim
+
+DATA = Path(__file__).parent / "data"
+KINETO = DATA / "kineto" / "h100_llama_layer.json"
+AR_LOG = DATA / "nccl-tests" / "all_reduce_perf_8xH100.txt"
+AG_LOG = DATA / "nccl-tests" / "all_gather_perf_16xH100.txt"
+
+
+def _generator(folder):
+    spec = importlib.util.spec_from_file_location(f"gen_{folder}", DATA / folder / "generate.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_kineto_shapes_from_linked_operators():
+    # Closed forms: an 8192^3 bf16 GEMM is 2*8192^3 = 1.0995e12 FLOPs and moves three 8192^2
+    # bf16 matrices; flash attention forward 4*b*s^2*h*d (workloads/counts.py convention).
+    got = kineto_io.read_kineto(KINETO)
+    by_name = {t.kernel.name: t for t in got.timings}
+    g = by_name["aten::mm 8192x8192x8192"]
+    assert (g.kernel.kind, g.dtype, g.kernel.flops, g.kernel.bytes) == ("gemm", "bf16", 2.0 * 8192 ** 3,
+                                                                        3.0 * 8192 ** 2 * 2)
+    # H100 SXM cuBLAS 8192^3 bf16: ~1.4 ms (~750 of 989 TFLOP/s); the fixture's 1.459 ms
+    assert g.time_s == pytest.approx(1.459e-3, rel=2e-3)
+    a = by_name["aten::_flash_attention_forward b1 h32 sq4096 sk4096 d128"]
+    assert a.kernel.flops == 4.0 * 4096 * 4096 * 32 * 128
+    # the backward launches three kernels; their durations add up to one call
+    b = next(t for t in got.timings if t.kernel.name.startswith("aten::_flash_attention_backward"))
+    assert b.kernel.flops == 2 * a.kernel.flops
+    # fp8 _scaled_mm -> fp8 GEMMs; the linear -> matmul -> mm chain ends at aten::mm
+    assert {t.dtype for t in got.timings if t.kernel.name.startswith("aten::_scaled_mm")} == {"fp8"}
+    # backward GEMM kernels carry no External id: linked through their launch's correlation
+    assert "aten::mm 4096x4096x14336" in by_name and "aten::mm 14336x4096x4096" in by_name
+    # 60 kernels: the NCCL one is left out, the memcpy is not a kernel
+    assert got.kernels_used == 59 and got.skipped == {"nccl:all_reduce": 1}
+
+
+def test_kineto_flow_link_when_kernel_has_no_external_id(tmp_path):
+    # A kernel with only its correlation, whose launch is found through the ac2g flow
+    # (no runtime event args): the innermost operator around the flow start is used.
+    ev = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 1, "tid": 1, "ts": 0.0, "dur": 50.0,
+         "args": {"External id": 1, "Input Dims": [[64, 256], [512, 256], []], "Input type": ["c10::BFloat16"] * 2 + [""]}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::t", "pid": 1, "tid": 1, "ts": 2.0, "dur": 3.0,
+         "args": {"External id": 2, "Input Dims": [[512, 256]], "Input type": ["c10::BFloat16"]}},
+        {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 77, "pid": 1, "tid": 1, "ts": 10.0},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 60.0, "dur": 12.5,
+         "args": {"correlation": 77, "device": 0, "stream": 7}},
+    ]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    (t,) = kineto_io.read_kineto(p).timings
+    assert (t.kernel.m, t.kernel.n, t.kernel.k, t.time_s) == (64, 512, 256, pytest.approx(12.5e-6))
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"traceEvents": 3}, "traceEvents"),
+    ({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 1, "args": {}}]},
+     "no GPU kernel could be linked"),
+])
+def test_bad_kineto_traces_name_the_problem(tmp_path, doc, message):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=message):
+        kineto_io.read_kineto(p)
+
+
+def test_kineto_fixture_fit_recovers_the_parameters_that_made_it():
+    gen = _generator("kineto")
+    assert (DATA / "kineto" / "h100_llama_layer.json").read_text() == gen.render()  # fixture up to date
+    fit = c.fit_compute(kineto_io.read_kineto(KINETO).timings, "hopper")
+    assert set(fit.fitted) == set(gen.TRUE)
+    for k, v in gen.TRUE.items():
+        assert getattr(fit.calibration, k) == pytest.approx(v, rel=1e-3), k
+    assert fit.max_abs_error < 1e-3
+
+
+def test_nccl_tests_reader_reads_real_layouts():
+    ar = nccl_tests_io.read_nccl_tests(AR_LOG)
+    assert (ar.op, ar.devices, len(ar.rows)) == ("all-reduce", 8, 12)
+    big = ar.rows[-1]
+    # 8 x H100 NVLS all-reduce: busbw ~480 GB/s at large sizes (nccl-tests issue #212)
+    assert big.size_bytes == 4 << 30 and 440e9 < big.busbw_bytes_per_s < 500e9
+    # busbw = algbw * 2(n-1)/n (nccl-tests PERFORMANCE.md), as printed
+    assert big.busbw_bytes_per_s == pytest.approx(big.algbw_bytes_per_s * 2 * 7 / 8, rel=1e-3)
+    assert big.algbw_bytes_per_s == pytest.approx(big.size_bytes / big.time_s, rel=1e-3)
+    ag = nccl_tests_io.read_nccl_tests(AG_LOG)  # mpirun [1,0]<stdout>: tags and an NCCL INFO line
+    assert (ag.op, ag.devices, len(ag.rows), ag.rows[0].redop) == ("all-gather", 16, 9, "none")
+
+
+def test_nccl_tests_reader_old_layout_and_overrides(tmp_path):
+    # nccl-tests before 2.10: no root column, 'error' instead of '#wrong' (issue #107's layout)
+    p = tmp_path / "log.txt"
+    p.write_text("#       size         count      type   redop     time   algbw   busbw  error     time   algbw   busbw  error\n"
+                 "#        (B)    (elements)                       (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n"
+                 "     1048576        262144     float     sum    40.00   26.21   39.32  0e+00    40.50   25.89   38.83  0e+00\n")
+    with pytest.raises(nccl_tests_io.NcclTestsError, match="cannot tell which collective"):
+        nccl_tests_io.read_nccl_tests(p)
+    with pytest.raises(nccl_tests_io.NcclTestsError, match="Rank"):
+        nccl_tests_io.read_nccl_tests(p, op="all-reduce")
+    log = nccl_tests_io.read_nccl_tests(p, op="all_reduce_perf", default_devices=4)
+    (r,) = log.rows
+    assert (log.op, log.devices, r.size_bytes, r.time_s, r.in_place_time_s) == (
+        "all-reduce", 4, 1048576, pytest.approx(40e-6), pytest.approx(40.5e-6))
+    p.write_text(p.read_text().replace("40.00", "abc"))
+    with pytest.raises(nccl_tests_io.NcclTestsError, match=r"log.txt:3: column 'time'"):
+        nccl_tests_io.read_nccl_tests(p, op="all-reduce", default_devices=4)
+
+
+def test_nccl_tests_fixture_fit_recovers_link_efficiency_and_overhead():
+    gen = _generator("nccl-tests")
+    for name, *args in gen.LOGS:
+        assert (DATA / "nccl-tests" / name).read_text() == gen.render(*args)  # fixture up to date
+    rows = [t for p in (AR_LOG, AG_LOG) for t in nccl_tests_io.read_nccl_tests(p).timings()]
+    fit = c.fit_network(rows, "dgx-h100")
+    got = c.network_overrides(fit)
+    for k, v in gen.TRUE_EFFICIENCY.items():
+        assert got["efficiency"][k] == pytest.approx(v, rel=2e-3), k
+    for k, v in gen.TRUE_OVERHEAD_S.items():
+        assert got["message_overhead_s"][k] == pytest.approx(v, rel=2e-2), k
+
+
+def test_calibrate_command_writes_a_block_a_scenario_runs(tmp_path, capsys):
+    out = tmp_path / "cal.yaml"
+    assert stepsim(["calibrate", "--kineto", str(KINETO), "--nccl-tests", str(AR_LOG), "--family", "hopper",
+                    "--cluster", "dgx-h100", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    block = yaml.safe_load(out.read_text())
+    assert yaml.safe_load(printed.split("# wrote")[0]) == block
+    assert set(block) == {"compute", "network_calibration"}
+    assert block["compute"]["gemm_efficiency"] == pytest.approx(0.80, rel=1e-3)
+    assert block["network_calibration"]["efficiency"]["nvlink"] == pytest.approx(0.80, rel=2e-3)
+    scenario = tmp_path / "sc.yaml"
+    scenario.write_text("model: llama3-8b\ncluster: {preset: dgx-h100, devices: 8}\nparallel: {tp: 8}\n"
+                        "training: {global_batch_size: 8, seq_len: 2048}\n" + out.read_text())
+    sc = load_scenario(scenario)
+    assert dict(sc.network_calibration().efficiency)["nvlink"] == pytest.approx(0.80, rel=2e-3)
+    assert stepsim(["run", str(scenario), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["step_time_s"] > 0
+
+
+def test_calibrate_command_bad_input_exits_2(tmp_path, capsys):
+    p = tmp_path / "x.txt"
+    p.write_text("hello\n")
+    assert stepsim(["calibrate", "--nccl-tests", str(p), "--nccl-op", "all-reduce"]) == 2
+    assert "no nccl-tests column header" in capsys.readouterr().err
+    assert stepsim(["calibrate"]) == 2
+
+
+def test_collective_nccl_tests_format_round_trips(capsys):
+    assert stepsim(["collective", "all-gather", "--cluster", "dgx-h100", "--devices", "8", "--min-bytes", "1M",
+                    "--max-bytes", "64M", "--format", "nccl-tests", "--dtype", "bfloat16"]) == 0
+    text = capsys.readouterr().out
+    header = next(l for l in text.splitlines() if "size" in l and "count" in l)
+    assert header.split()[1:] == ["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+                                  "time", "algbw", "busbw", "#wrong"]
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(text)
+    log = nccl_tests_io.read_nccl_tests(f.name)
+    Path(f.name).unlink()
+    assert (log.op, log.devices, [r.size_bytes for r in log.rows]) == ("all-gather", 8, [1 << s for s in range(20, 27)])
+    first = log.rows[0]
+    # count per rank for all_gather (nccl-tests AllGatherGetCollByteCount), 2-byte bfloat16
+    assert (first.count, first.dtype, first.redop, first.root) == ((1 << 20) // 2 // 8, "bfloat16", "none", -1)
+    topo = build_cluster(cluster_preset("dgx-h100", devices=8))
+    for r in log.rows:
+        t, _ = collective_time_s("all-gather", topo, list(range(8)), r.size_bytes,
+                                 calibration=default_calibration("hopper"))
+        assert r.time_s == pytest.approx(t, rel=5e-3)  # printed to 3-4 significant digits
+        assert r.busbw_bytes_per_s == pytest.approx(r.algbw_bytes_per_s * 7 / 8, rel=1e-2)
+
+
+def test_collective_on_a_calibrated_scenario_reproduces_the_log(tmp_path, capsys):
+    # The block fitted to the 8 x H100 all_reduce_perf log, applied by `stepsim collective
+    # --cluster SCENARIO`, gives back the log's out-of-place times (to its print precision).
+    block = tmp_path / "cal.yaml"
+    assert stepsim(["calibrate", "--nccl-tests", str(AR_LOG), "--out", str(block)]) == 0
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("cluster: {preset: dgx-h100, devices: 8}\n" + block.read_text())
+    capsys.readouterr()
+    assert stepsim(["collective", "all-reduce", "--cluster", str(cluster), "--min-bytes", "1K", "--max-bytes", "4G",
+                    "--format", "nccl-tests"]) == 0
+    sim = tmp_path / "sim_all_reduce_perf.txt"
+    sim.write_text(capsys.readouterr().out)
+    measured = nccl_tests_io.read_nccl_tests(AR_LOG).rows
+    simulated = {r.size_bytes: r.time_s for r in nccl_tests_io.read_nccl_tests(sim).rows}
+    for r in measured:
+        assert simulated[r.size_bytes] == pytest.approx(r.time_s, rel=5e-3), r.size_bytes

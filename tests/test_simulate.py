@@ -29,12 +29,22 @@ def test_summary_has_every_documented_key():
     assert res.summary["tokens_per_s"] == pytest.approx(16 * 1024 / res.summary["step_time_s"])
 
 
-def test_one_device_mfu_equals_the_compute_efficiency():
+@pytest.mark.parametrize("flash", [False, True])
+def test_one_device_mfu_equals_the_compute_efficiency(flash):
     """With free memory traffic and a constant GEMM/attention efficiency e, a
-    one-device step runs every model FLOP at e x peak: MFU = e."""
-    sc = ideal_scenario(1, parallel={"tp": 1, "pp": 1, "dp": 1}, training={"global_batch_size": 2})
+    one-device step runs every executed FLOP at e x peak. Unfused attention executes
+    what the model-FLOPs convention counts: MFU = e. A causal flash kernel executes,
+    in FlashAttention's convention (Dao 2023, arXiv 2307.08691 §4.1), half the
+    counted forward square A and 2.5 x that in the backward: 1.75 A of the 3 A the
+    model FLOPs count per layer, so MFU = e x model / (model - 1.25 A x layers)."""
+    sc = ideal_scenario(1, parallel={"tp": 1, "pp": 1, "dp": 1},
+                        training={"global_batch_size": 2, "flash_attention": flash})
     res = simulate(sc)
-    assert res.summary["mfu"] == pytest.approx(0.5, rel=2e-3)
+    model = res.summary["model_flops_per_step"]
+    tokens, seq, hidden, layers = 2 * 4096, 4096, 4096, 8  # BALANCED_MODEL, 2 sequences of 4096
+    attn_fwd_counted = 4.0 * tokens * seq * hidden  # QK^T and PV over the full square, one layer
+    expect = 0.5 * model / (model - 1.25 * attn_fwd_counted * layers) if flash else 0.5
+    assert res.summary["mfu"] == pytest.approx(expect, rel=2e-3)
     assert res.summary["bubble_fraction"] == pytest.approx(0.0, abs=1e-9)
 
 
@@ -131,8 +141,10 @@ def test_two_node_dp_step_is_limited_by_the_nic():
 
 def test_full_recompute_counts_an_extra_forward_in_hfu_only():
     """Full recomputation re-runs each layer's forward before its backward: hardware
-    FLOPs grow by the layers' forward (4/3 of model FLOPs for the layers), MFU does not count it."""
-    sc = ideal_scenario(1, parallel={"tp": 1, "pp": 1, "dp": 1}, training={"global_batch_size": 2, "recompute": "full"})
+    FLOPs grow by the layers' forward (4/3 of model FLOPs for the layers), MFU does not count it.
+    Unfused attention, which executes the FLOPs it counts, so that HFU = the efficiency."""
+    sc = ideal_scenario(1, parallel={"tp": 1, "pp": 1, "dp": 1},
+                        training={"global_batch_size": 2, "recompute": "full", "flash_attention": False})
     res = simulate(sc)
     assert res.summary["hfu"] == pytest.approx(res.summary["mfu"] * 4 / 3, rel=1e-3)
     assert res.summary["hfu"] == pytest.approx(0.5, rel=2e-3)

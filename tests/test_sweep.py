@@ -348,3 +348,84 @@ def test_sweep_tables_record_the_stepsim_version(tmp_path):
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     again = sweep(spec, out=tmp_path, jobs=1)
     assert again["stepsim_version"].isna().all() and list(again["status"]) == ["ok", "failed"]
+
+
+# ---- any concurrent.futures.Executor, and the worker version check -----------------------------
+
+
+def _thread_pool():
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=2)
+
+
+def _process_pool():
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork"))
+
+
+def _loky_pool():
+    loky = pytest.importorskip("loky")
+    return loky.get_reusable_executor(max_workers=1)  # a fresh interpreter per worker: one is enough
+
+
+@pytest.mark.parametrize("make", [_thread_pool, _process_pool, _loky_pool], ids=["threads", "processes", "loky"])
+def test_any_executor_gives_the_in_process_table(tmp_path, make):
+    spec = {"name": "ex", "base": _base(), "cases": [{"parallel.pp": 1}, {"parallel.pp": 2}, {"parallel.pp": 8}]}
+    here = sweep(spec, jobs=1)
+    ex = make()
+    try:
+        there = sweep(spec, out=tmp_path, executor=ex)
+    finally:
+        ex.shutdown(wait=True)
+    assert list(there["status"]) == ["ok", "ok", "failed"]  # pp=8 > the layers' split: recorded, not raised
+    pd.testing.assert_frame_equal(here.drop(columns="sim_wall_s"), there.drop(columns="sim_wall_s"))
+    assert len(_keys(tmp_path / "rows.jsonl")) == 3
+
+
+def test_workers_of_another_version_are_refused(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    import simulator._version
+    from simulator import sweep as sweep_mod
+
+    spec = {"base": _base(), "cases": [{"parallel.pp": 1}, {"parallel.pp": 2}]}
+    # every worker on another version: the first (probe) task says so, before any case runs
+    with ThreadPoolExecutor(max_workers=2) as ex:
+        monkeypatch.setattr(simulator._version, "__version__", "0.0.1")
+        with pytest.raises(sweep_mod.WorkerVersionError, match=r"runs stepsim 0\.0\.1, this process stepsim "):
+            sweep(spec, out=tmp_path / "a", executor=ex)
+        monkeypatch.undo()
+    assert not (tmp_path / "a" / "rows.jsonl").exists()
+
+    # the probe lands on a current worker, a case on an old one: its row is refused, not written
+    class MixedWorkers(ThreadPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            if fn is sweep_mod.run_case:
+                return super().submit(lambda p: {**fn(p), "stepsim_version": "0.0.1"}, *args, **kwargs)
+            return super().submit(fn, *args, **kwargs)
+
+    with MixedWorkers(max_workers=1) as ex:
+        with pytest.raises(sweep_mod.WorkerVersionError, match="the worker that ran case 0 runs stepsim 0.0.1"):
+            sweep(spec, out=tmp_path / "b", executor=ex)
+    assert not (tmp_path / "b" / "rows.jsonl").exists()
+    with pytest.raises(ValueError, match="either a Dask client or an executor"):
+        sweep(spec, executor=object(), client=object())
+    with pytest.raises(ValueError, match="expected a concurrent.futures.Executor"):
+        sweep(spec, executor=object())
+
+
+def test_cli_sweep_executor_flag(tmp_path, capsys):
+    from simulator.cli import main
+
+    sw = tmp_path / "s.yaml"
+    sw.write_text(yaml.safe_dump({"base": _base(), "grid": {"parallel.pp": [1, 2]}}))
+    assert main(["sweep", str(sw), "--out", str(tmp_path / "o"), "--executor",
+                 "concurrent.futures:ThreadPoolExecutor", "--jobs", "2", "--no-progress"]) == 0
+    assert "2 cases, 2 ok" in capsys.readouterr().out
+    for bad, msg in (("nope", "MODULE:CALLABLE"), ("no_such_mod_xyz:f", "cannot import"),
+                     ("concurrent.futures:Nope", "has no 'Nope'")):
+        assert main(["sweep", str(sw), "--out", str(tmp_path / "o"), "--executor", bad]) == 2
+        assert msg in capsys.readouterr().err

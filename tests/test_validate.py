@@ -181,3 +181,40 @@ def test_issue15_cases_carry_source_metric_and_assumptions():
         assert len(c.source) > 40 and ("table" in c.source.lower() or "row" in c.source.lower()), c.name
         assert c.unit, c.name
         assert len(c.assumptions) >= 3, c.name
+
+
+# The authors' own reproduction script for Narayanan et al. 2021 Table 1:
+# examples/sc21/run_table_1.sh in NVIDIA/Megatron-LM (commit de7dc40, 2021-08-10, "scripts
+# for sc21"): micro-batch size, --DDP-impl (torch: PyTorch DDP, whose bucketed all-reduce
+# overlaps the backward pass; local: Megatron's DDP, reduced after it) and
+# --num-layers-per-virtual-pipeline-stage (absent: non-interleaved 1F1B).
+_SC21_TABLE1 = {  # case: (micro-batch, DDP impl, layers per virtual stage)
+    "narayanan21-1.7b": (16, "torch", None), "narayanan21-3.6b": (16, "torch", None),
+    "narayanan21-7.5b": (16, "torch", None), "narayanan21-18.4b": (8, "torch", None),
+    "narayanan21-39.1b": (4, "local", None), "narayanan21-76.1b": (2, "local", 5),
+    "narayanan21-145.6b": (2, "local", 5), "narayanan21-310.1b": (1, "local", 3),
+    "narayanan21-529.6b": (1, "local", 1), "narayanan21-1008b": (1, "local", None),
+}
+
+
+def test_narayanan_cases_follow_the_authors_table1_script():
+    cases = {c.name: c for c in v.discover(["narayanan2021/*"])}
+    assert set(cases) == set(_SC21_TABLE1)
+    for name, (mbs, ddp, per_virtual) in _SC21_TABLE1.items():
+        sc = load_scenario(cases[name].scenario_with())
+        assert sc.training.micro_batch_size == mbs, name
+        assert sc.training.overlap_grad_reduce == (ddp == "torch"), name
+        per_stage = sc.model.layers // sc.layout.pp
+        vpp = per_stage // per_virtual if per_virtual else 1
+        assert sc.layout.vpp == vpp, name
+        assert sc.schedule == ("interleaved-1f1b" if vpp > 1 else "1f1b"), name
+
+
+def test_narayanan_small_rows_within_five_percent():
+    # Narayanan et al. 2021 Table 1: 137 / 138 TFLOP/s per GPU for 1.7B (t=1) and 3.6B (t=2).
+    # With micro-batch 1 (not the script's 16) and 26 B per score element in the unfused
+    # attention backward (not 17) these rows were 11-12% slow.
+    for name, published in (("narayanan21-1.7b", 137.0), ("narayanan21-3.6b", 138.0)):
+        (case,) = v.discover([name])
+        assert case.published == published
+        assert v.run_case(case).simulated == pytest.approx(published, rel=0.05), name

@@ -22,8 +22,15 @@ Conventions (chosen once, used everywhere)
   the convention of Narayanan et al. 2021 (arXiv 2104.04473, Eq. 3: the
   ``4*B*s^2*h`` attention term per layer) and of PaLM (Chowdhery et al. 2022,
   arXiv 2204.02311, App. B, ``6*N + 12*L*H*Q*T``), so MFU figures compare with
-  published ones. A causal kernel does about half of that work; the simulator's
-  efficiency table, not the FLOP count, is where that shows up.
+  published ones. A causal fused (flash) kernel executes about half of that
+  work, and its backward recomputes ``Q K^T``: such kernels carry
+  ``executed_flops`` in FlashAttention's own convention (Dao 2023, arXiv
+  2307.08691 §4.1, and its benchmark script: causal = half the dense count,
+  backward = 2.5 x forward), the convention of the TFLOP/s the efficiency table
+  is calibrated against. The compute model times them by ``executed_flops``;
+  model and hardware FLOPs (MFU/HFU) keep the dense count above. Unfused
+  attention (``flash_attention: false``) computes the whole square with batched
+  GEMMs and executes what it counts.
 * **Backward.** Every matmul (GEMMs *and* the two attention products) costs 2x
   its forward in the backward pass: one product for the input gradient and one
   for the weight gradient (for attention: dQ/dK from dS and dV/dP from dO).
@@ -57,13 +64,21 @@ routing-bias vector, Grok-1's extra post-norms.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from workloads.model import ModelSpec
 from workloads.training import TrainingSpec
 
 KERNEL_KINDS = ("gemm", "attention", "elementwise", "norm", "embedding")
+# FlashAttention's FLOP convention (Dao 2023, arXiv 2307.08691 §4.1; Shah et al. 2024,
+# arXiv 2407.08608 §4.1, and benchmarks/benchmark_flash_attention.py of
+# Dao-AILab/flash-attention): a causal mask halves the forward's 4*s^2*heads*d FLOPs
+# (only the lower triangle of score blocks is computed) and the backward counts 2.5x
+# the forward (five matmuls against two: Q K^T is recomputed). Every model here is a
+# causal decoder.
+CAUSAL_EXECUTED_FRACTION = 0.5
+FLASH_BACKWARD_FACTOR = 2.5
 MATMUL_KINDS = ("gemm", "attention")  # the kinds counted in model FLOPs
 
 # FLOPs per element of the memory-bound kernels. These only matter for the
@@ -76,12 +91,26 @@ _RESIDUAL_FLOPS_PER_ELEMENT = 1.0
 _CROSS_ENTROPY_FLOPS_PER_ELEMENT = 4.0  # max, subtract, exp, sum over the vocab
 _TOKEN_ID_BYTES = 8  # int64 token ids, as PyTorch embeddings take them
 # Unfused attention (Megatron-LM before FlashAttention, as in Narayanan et al. 2021
-# and Korthikanti et al. 2022) materialises the s x s scores per head: the QK^T
-# batched GEMM writes them (2 B), the fused scale-mask-softmax reads and writes them
-# (2 + 2 B), dropout reads them and writes its output and a 1-byte mask (2 + 2 + 1 B),
-# and the PV batched GEMM reads the dropped-out probabilities (2 B): 13 bytes of HBM
-# traffic per score element in the forward pass.
-_UNFUSED_SCORE_BYTES = 13
+# and Korthikanti et al. 2022) materialises the s x s scores per head. HBM bytes per
+# score element, beyond the Q/K/V/O traffic of ``attn_core``:
+# * forward, 12 B: the QK^T batched GEMM writes the scores (2); Megatron's fused
+#   causal softmax (megatron/fused_kernels/scaled_upper_triang_masked_softmax.h,
+#   NVIDIA/Megatron-LM) loads only the unmasked lower triangle of each row -- on
+#   average half of it (1) -- and writes the full row, zeros included (2); dropout
+#   reads the probabilities and writes its output and a 1-byte mask (2 + 2 + 1); the
+#   PV batched GEMM reads the dropped-out probabilities (2).
+# * backward, 17 B: dP = dO V^T writes the score gradient (2); dV = P^T dO reads the
+#   dropped-out probabilities (2); the dropout backward reads the gradient and the mask
+#   and writes a gradient (2 + 1 + 2); the fused softmax backward reads the gradient
+#   and its saved output over the unmasked half (1 + 1) and writes the full row (2);
+#   dQ = dS K and dK = dS^T Q read the score gradient once each (2 + 2).
+# Check: Korthikanti et al. 2022 (arXiv 2205.05198) Table 4 measures recomputing this
+# forward (QK^T, softmax, dropout, PV; "selective recompute") for one 22B layer on
+# A100 (b=4, s=2048, 64/8 heads per rank): 1.3 ms; tests/test_counts.py times it.
+_UNFUSED_SCORE_BYTES = 12
+_UNFUSED_SCORE_BWD_BYTES = 17
+#: Name of the unfused-attention score-traffic kernel (its backward has its own bytes).
+UNFUSED_SCORES_KERNEL = "attn_scores"
 _FP32_BYTES = 4
 
 
@@ -94,6 +123,10 @@ class Kernel:
     GEMM, ``m x n x k`` is the shape of one product and ``groups`` how many such
     products a grouped GEMM runs (the local experts of an MoE layer; ``m`` is then
     the mean rows per expert, rounded up). Non-GEMMs have ``m = n = k = 0``.
+    ``executed_flops`` (None: equal to ``flops``) is what the kernel's math units
+    run, in the convention its efficiency is calibrated in, where that differs
+    from the counted ``flops``: a causal fused attention kernel (module notes).
+    The compute model times it; MFU and HFU count ``flops``.
     """
 
     name: str
@@ -104,6 +137,7 @@ class Kernel:
     n: int = 0
     k: int = 0
     groups: int = 1
+    executed_flops: Optional[float] = None
 
 
 def backward_flops_factor() -> float:
@@ -125,9 +159,12 @@ def backward_kernels(kernel: Kernel) -> tuple[Kernel, ...]:
     weight-gradient GEMM ``dW = X^T dY`` (shape ``k x n x m``, ``<name>.wgrad``),
     each with the forward's FLOPs; zero-bubble schedules and DualPipe place the
     two separately. Attention backward is one kernel with 2x the forward FLOPs and
-    about 2x its bytes (reads Q, K, V, O, dO; writes dQ, dK, dV). Memory-bound
+    about 2x its bytes (reads Q, K, V, O, dO; writes dQ, dK, dV); a fused kernel's
+    ``executed_flops`` are 2.5x the forward's (FlashAttention's count). Memory-bound
     kernels (norms, activations, residuals, loss, embedding) read their saved
     input and the output gradient and write the input gradient: 2x bytes, 2x FLOPs.
+    The materialised attention scores of unfused attention (``attn_scores``) move
+    17/12 of their forward bytes (see ``_UNFUSED_SCORE_BYTES``).
     """
     f = backward_flops_factor()
     if kernel.kind == "gemm":
@@ -139,7 +176,13 @@ def backward_kernels(kernel: Kernel) -> tuple[Kernel, ...]:
             Kernel(f"{kernel.name}.dgrad", "gemm", half, kernel.bytes, kernel.m, kernel.k, kernel.n, kernel.groups),
             Kernel(f"{kernel.name}.wgrad", "gemm", half, kernel.bytes, kernel.k, kernel.n, kernel.m, kernel.groups),
         )
-    return (Kernel(f"{kernel.name}.bwd", kernel.kind, kernel.flops * f, kernel.bytes * 2.0),)
+    if kernel.name.rsplit(".", 1)[-1] == UNFUSED_SCORES_KERNEL:
+        # Materialised scores: 17 B per score element back against 12 forward (notes
+        # at _UNFUSED_SCORE_BYTES), not the 2x of a plain element-wise kernel.
+        nbytes = kernel.bytes * _UNFUSED_SCORE_BWD_BYTES / _UNFUSED_SCORE_BYTES
+        return (Kernel(f"{kernel.name}.bwd", kernel.kind, kernel.flops * f, nbytes),)
+    executed = None if kernel.executed_flops is None else kernel.executed_flops * FLASH_BACKWARD_FACTOR
+    return (Kernel(f"{kernel.name}.bwd", kernel.kind, kernel.flops * f, kernel.bytes * 2.0, executed_flops=executed),)
 
 
 # ---------------------------------------------------------------------------
@@ -250,9 +293,9 @@ def _attention_core(
 
 def _unfused_scores(q_rows: float, seq_len: int, heads: int) -> Kernel:
     """Memory traffic of materialised attention scores (no FLOPs beyond the
-    products already in ``attn_core``): softmax and dropout over ``q_rows x seq_len``
-    per head."""
-    return Kernel("attn_scores", "elementwise", 0.0, _UNFUSED_SCORE_BYTES * q_rows * seq_len * heads)
+    products already in ``attn_core``): the score writes and reads of the two
+    batched GEMMs, the causal softmax and dropout over ``q_rows x seq_len`` per head."""
+    return Kernel(UNFUSED_SCORES_KERNEL, "elementwise", 0.0, _UNFUSED_SCORE_BYTES * q_rows * seq_len * heads)
 
 
 def _attention_kernels(
@@ -295,6 +338,9 @@ def _attention_kernels(
             out.append(_unfused_scores(tokens, seq_len, heads))
         out.append(_gemm("out_proj", tokens, h, heads * mla.v_head_dim, act_bytes))
     out.append(_residual("attn_residual", norm_rows, h, act_bytes))
+    if flash_attention:  # causal fused kernel: about half the counted square (module notes)
+        out = [replace(k, executed_flops=k.flops * CAUSAL_EXECUTED_FRACTION) if k.kind == "attention" else k
+               for k in out]
     return out
 
 
@@ -474,7 +520,7 @@ def mtp_kernels(
             sequence_parallel,
         )
         block += head_kernels(model, tokens, tp, act_bytes, sequence_parallel)
-        out += [Kernel(f"mtp{d}.{k.name}", k.kind, k.flops, k.bytes, k.m, k.n, k.k, k.groups) for k in block]
+        out += [replace(k, name=f"mtp{d}.{k.name}") for k in block]
     return out
 
 

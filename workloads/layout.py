@@ -7,11 +7,30 @@ consecutive). ``order`` lists the mesh axes innermost first: with the default
 ``tp-cp-ep-dp-pp`` the TP ranks of one group are consecutive, so they land in the
 same NVLink domain, and pipeline stages are the outermost (farthest apart) axis.
 
-Expert parallelism is carved out of the ``dp * cp`` ranks of a stage (as in
-Megatron-Core): the ``dp*cp`` ranks with equal (tp, pp) coordinates, taken in
-mesh order, are cut into consecutive blocks of ``ep`` ranks, one EP group each;
-ranks at the same position of different blocks form the expert-data-parallel
-group that reduces expert gradients.
+Expert layout. Two mappings, as Megatron-Core has them (``megatron/core/transformer/
+moe/README.md``, "MoE Parallel Folding"; Liu et al. 2025, arXiv 2504.14960):
+
+* **Carved out of data parallelism** (the traditional mapping, where "the EP group
+  in MoE is a sub-group of DP in Attention"): when ``ep`` divides ``dp*cp`` and
+  ``etp`` is 1 or ``tp``. The ``dp*cp`` ranks with equal (tp, pp) coordinates,
+  taken in mesh order, are cut into consecutive blocks of ``ep`` ranks, one EP
+  group each; ranks at the same position of different blocks hold the same
+  experts and form the expert-data-parallel group that reduces expert gradients —
+  with ``etp = 1 < tp``, the same positions at every TP coordinate too (each TP
+  rank then holds the full-width experts). With ``etp = tp`` the TP group is the
+  expert-tensor-parallel group.
+* **Folded** (every other layout with ``ep*etp`` dividing ``tp*cp*dp``): the
+  attention layout (TP x CP x DP) and the expert layout (ETP x EP x EDP) are two
+  decompositions of the same ranks of a pipeline stage, so that "the EPxTP group
+  in MoE is a sub-group of DPxCPxTP in Attention" and EP may span the TP (and CP)
+  ranks. The stage's ``tp*cp*dp`` ranks in ascending order (the mesh order of tp,
+  cp and dp) are cut into an ``etp x ep x edp`` mesh, ``edp = tp*cp*dp /
+  (ep*etp)``, nested as ``order`` nests tp, ep and dp (the default
+  ``tp-cp-ep-dp-pp``: etp innermost, then ep, then edp) — what Megatron-Core's
+  ``initialize_model_parallel`` builds with its second, expert ``RankGenerator``
+  (``tp=etp, ep=ep, dp=edp, cp=1`` over the same ``order`` string;
+  ``expert_data_parallel_size = world / (etp * ep * pp)``), whose pipeline groups
+  must equal the attention generator's.
 """
 
 from __future__ import annotations
@@ -22,7 +41,8 @@ from typing import Optional, Union
 
 MESH_AXES = ("tp", "cp", "dp", "pp")
 ORDER_AXES = ("tp", "cp", "ep", "dp", "pp")
-GROUP_AXES = ("tp", "cp", "dp", "pp", "ep", "edp", "dp_cp")
+GROUP_AXES = ("tp", "cp", "dp", "pp", "ep", "edp", "etp", "dp_cp")
+EXPERT_AXES = {"tp": "etp", "ep": "ep", "dp": "edp"}  # order names -> folded expert mesh axes
 
 
 class LayoutError(ValueError):
@@ -54,14 +74,19 @@ class ParallelLayout:
                 raise LayoutError(f"parallel.{name}", f"must be a positive integer, got {v!r}")
         if self.zero not in (0, 1, 2, 3):
             raise LayoutError("parallel.zero", f"must be one of 0, 1, 2, 3, got {self.zero!r}")
-        if (self.dp * self.cp) % self.ep:
+        n = self.tp * self.cp * self.dp
+        if n % self.etp:
+            raise LayoutError(
+                "parallel.etp",
+                f"must divide tp*cp*dp = {n} (the ranks of a pipeline stage, which the expert layout "
+                f"etp x ep x edp reuses), got {self.etp}",
+            )
+        if n % (self.ep * self.etp):
             raise LayoutError(
                 "parallel.ep",
-                f"must divide dp*cp = {self.dp * self.cp} (expert parallelism is carved out of "
-                f"data and context parallelism), got {self.ep}",
+                f"ep*etp = {self.ep}*{self.etp} must divide tp*cp*dp = {n} (the ranks of a pipeline stage, "
+                f"which the expert layout etp x ep x edp reuses), got ep = {self.ep}",
             )
-        if self.etp != 1 and self.etp != self.tp:
-            raise LayoutError("parallel.etp", f"must be 1 or equal to tp ({self.tp}), got {self.etp}")
         if sorted(self.order) != sorted(ORDER_AXES):
             raise LayoutError(
                 "parallel.order",
@@ -76,9 +101,20 @@ class ParallelLayout:
         return self.tp * self.cp * self.pp * self.dp
 
     @property
+    def folded(self) -> bool:
+        """Whether the expert layout is folded over the stage's ranks (see the module
+        doc) rather than carved out of ``dp*cp``: ``ep`` does not divide ``dp*cp``,
+        or ``etp`` is neither 1 nor ``tp``."""
+        return (self.dp * self.cp) % self.ep != 0 or self.etp not in (1, self.tp)
+
+    @property
     def edp(self) -> int:
-        """Expert data-parallel degree: replicas of each expert."""
-        return self.dp * self.cp // self.ep
+        """Expert data-parallel degree: the ranks of a stage holding the same expert
+        shard, over which expert gradients are reduced, ``tp*cp*dp / (ep*etp)``
+        (Megatron-Core's ``expert_data_parallel_size``). Carved out of DP with
+        ``etp = tp`` this is ``dp*cp / ep``; with ``etp = 1`` the ``tp`` ranks at one
+        EP position hold the same full-width experts too, so it is ``tp`` times that."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
     @property
     def stages(self) -> int:
@@ -99,14 +135,54 @@ class ParallelLayout:
         return strides
 
     def coords(self, rank: int) -> dict[str, int]:
-        """Mesh coordinates of ``rank``: keys tp, cp, dp, pp (and ep, edp)."""
+        """Mesh coordinates of ``rank``: keys tp, cp, dp, pp, and its expert
+        coordinates ep, edp, etp."""
         if not 0 <= rank < self.world:
             raise IndexError(f"rank {rank} outside 0..{self.world - 1}")
         c = {a: (rank // self._strides[a]) % getattr(self, a) for a in self._mesh_order}
+        if self.folded:
+            pos = self._stage_pos(c)
+            for a, (size, stride) in self._expert_mesh.items():
+                c[a] = (pos // stride) % size
+            return c
         flat = self._dpcp_index(c)
         c["ep"] = flat % self.ep
         c["edp"] = flat // self.ep
+        c["etp"] = c["tp"] if self.etp == self.tp else 0
         return c
+
+    # ---- the folded expert mesh ----------------------------------------------
+    @cached_property
+    def _stage_strides(self) -> dict[str, int]:
+        """Strides of tp, cp and dp in a rank's position among its stage's ranks."""
+        strides, s = {}, 1
+        for a in self._mesh_order:
+            if a != "pp":
+                strides[a] = s
+                s *= getattr(self, a)
+        return strides
+
+    def _stage_pos(self, c: dict[str, int]) -> int:
+        """Position of a rank among its stage's ranks in ascending order."""
+        return sum(c[a] * s for a, s in self._stage_strides.items())
+
+    def _stage_rank(self, pp: int, pos: int) -> int:
+        """The rank at position ``pos`` of pipeline stage ``pp``."""
+        c = {a: (pos // s) % getattr(self, a) for a, s in self._stage_strides.items()}
+        return self.rank_of(pp=pp, **c)
+
+    @cached_property
+    def _expert_mesh(self) -> dict[str, tuple[int, int]]:
+        """Folded layout: ``axis -> (size, stride)`` of etp, ep and edp over the
+        stage positions, nested as ``order`` nests tp, ep and dp."""
+        out, s = {}, 1
+        for a in self.order:
+            if a in EXPERT_AXES:
+                name = EXPERT_AXES[a]
+                size = getattr(self, name)
+                out[name] = (size, s)
+                s *= size
+        return out
 
     def rank_of(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
         c = dict(tp=tp, cp=cp, dp=dp, pp=pp)
@@ -131,6 +207,11 @@ class ParallelLayout:
         if axis in MESH_AXES:
             size = getattr(self, axis)
             return tuple(self.rank_of(**{**_mesh(c), axis: i}) for i in range(size))
+        if axis == "etp" and not self.folded:
+            return self._group(rank, "tp") if self.etp == self.tp else (rank,)
+        if axis in ("ep", "edp", "etp") and self.folded:
+            size, stride = self._expert_mesh[axis]
+            return tuple(self._stage_rank(c["pp"], self._stage_pos(c) + (i - c[axis]) * stride) for i in range(size))
         members = self._dpcp_members(c)
         if axis == "dp_cp":
             return members
@@ -138,7 +219,10 @@ class ParallelLayout:
             blk = c["edp"]
             return members[blk * self.ep : (blk + 1) * self.ep]
         if axis == "edp":
-            return members[c["ep"] :: self.ep]
+            if self.etp == self.tp:
+                return members[c["ep"] :: self.ep]
+            # etp = 1 < tp: every TP coordinate holds the same experts at this EP position
+            return tuple(sorted(r for t in range(self.tp) for r in _cached_dpcp(self, t, c["pp"])[c["ep"] :: self.ep]))
         raise ValueError(f"unknown group axis {axis!r}; expected one of {GROUP_AXES}")
 
     def _dpcp_members(self, c: dict[str, int]) -> tuple[int, ...]:

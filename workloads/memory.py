@@ -385,7 +385,8 @@ def rank_parameter_counts(
     routers and row-parallel output biases are replicated. ``ep`` splits the
     routed experts, ``etp`` each expert's width; expert parameters are the
     routed experts only (they are replicated over ``edp`` ranks, the rest over
-    ``dp*cp``). A rank with the head but not the embedding of a model with tied
+    ``dp*cp``; under MoE Parallel Folding ``edp = tp*cp*dp / (ep*etp)``, see
+    :mod:`workloads.layout`). A rank with the head but not the embedding of a model with tied
     embeddings or MTP keeps a copy of the embedding table (Megatron-LM keeps the
     tied word embeddings on the last stage and syncs their gradients; DeepSeek-V3's
     MTP modules share the embedding). ``has_mtp`` defaults to ``has_head`` (MTP
@@ -466,15 +467,11 @@ _OPTIMIZER_BUFFERS = {"adam": 2, "muon": 1, "sgd": 1}
 
 def expert_replicas(layout: ParallelLayout) -> int:
     """Ranks holding the same routed-expert shard in one pipeline stage, over which
-    the distributed optimizer shards expert states: ``tp*cp*dp / (ep*etp)``.
-
-    Megatron-Core builds the expert grid separately from the dense one: its expert
-    data-parallel size is ``world / (etp * ep * pp)`` (``megatron/core/parallel_state.py``,
-    ``expert_data_parallel_size``), so with ``etp < tp`` the tensor-parallel peers,
-    which all hold whole experts, are expert data-parallel replicas too. This is
-    ``layout.edp`` (``dp*cp/ep``) times ``tp/etp``. (The trace reduces expert
-    gradients over the ``edp`` group, which leaves those peers out when ``etp < tp``.)"""
-    return layout.tp * layout.cp * layout.dp // (layout.ep * layout.etp)
+    the distributed optimizer shards expert states: ``tp*cp*dp / (ep*etp)``, Megatron-Core's
+    ``expert_data_parallel_size = world / (etp * ep * pp)`` (``megatron/core/parallel_state.py``):
+    with ``etp < tp`` the tensor-parallel peers, which all hold whole experts, are
+    replicas too. This is ``layout.edp``, the group the trace reduces expert gradients over."""
+    return layout.edp
 
 
 def state_bytes(

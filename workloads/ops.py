@@ -44,7 +44,7 @@ class Op:
     # all-to-all kernels that hold a share of the SMs (ComputeCalibration.comm_sm_fraction)
     comm_overlap: bool = False
     coll: str = ""  # collective op: all-reduce | all-gather | reduce-scatter | all-to-all | broadcast
-    axis: str = ""  # group axis: tp | cp | dp | pp | ep | edp | dp_cp | custom
+    axis: str = ""  # group axis: tp | cp | dp | pp | ep | edp | etp | dp_cp | custom
     group: tuple[int, ...] = ()  # ranks taking part, ring order
     key: str = ""  # rendezvous key shared by every member's op of one collective instance
     size_bytes: float = 0.0  # collective size (nccl-tests convention) or message size
@@ -79,6 +79,10 @@ class Trace:
     notes: list[str] = field(default_factory=list)
     model_flops: float = 0.0
     representative: bool = True
+    # rank -> matmul FLOPs its ops are timed for that the devices it stands for do not
+    # execute (expert-load imbalance: the slowest EP rank's extra expert work); HFU
+    # leaves them out.
+    unexecuted_flops: dict[int, float] = field(default_factory=dict)
 
     def by_rank(self) -> dict[int, list[Op]]:
         out: dict[int, list[Op]] = {r: [] for r in self.ranks}

@@ -42,10 +42,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Optional, Sequence
 
+import numpy as np
+
 from workloads import counts, memory
 from workloads import schedules as sched
 from workloads.layout import ParallelLayout
-from workloads.moe_load import ExpertLoad, rank_load_factors
+from workloads.moe_load import ExpertLoad, hottest_rank, rank_load_factors
 from workloads.model import ModelSpec
 from workloads.ops import Op, Trace, TraceError
 from workloads.training import TrainingSpec
@@ -166,14 +168,22 @@ class TraceBuilder:
         self.tags: dict[tuple, int] = {}
         self.pending: list[tuple[Op, tuple]] = []  # ops waiting for tags defined later
         self.global_aux = self.model.is_moe and t.balance == "aux-loss-global"
-        # Slowest-expert-rank load factor of every MoE layer (1.0 when balanced).
+        # Expert-load imbalance (see workloads.moe_load), per MoE layer: every EP rank's
+        # load factor; the slowest rank's sets the time of the layer's expert work and
+        # all-to-alls (load_factor), the mean over the ranks the FLOPs the EP group
+        # executes (load_mean, 1 unless capacity drops tokens). Empty when balanced.
         self.load_factor: dict[int, float] = {}
+        self.load_mean: dict[int, float] = {}
+        self.rank_loads: dict[int, np.ndarray] = {}
         if self.model.is_moe and w.expert_load is not None:
             moe_layers = [l for l in range(self.model.layers) if self.model.is_moe_layer(l)]
             routed = self.tokens / (L.tp if L.sequence_parallel else 1) * L.ep
             f = rank_load_factors(w.expert_load, self.model.moe.experts, self.model.moe.top_k, L.ep,
                                   int(round(routed)), len(moe_layers))
+            self.rank_loads = {l: f[i] for i, l in enumerate(moe_layers)}
             self.load_factor = {l: float(f[i].max()) for i, l in enumerate(moe_layers)}
+            self.load_mean = {l: float(f[i].mean()) for i, l in enumerate(moe_layers)}
+        self._memory_load: dict[int, float] = {}  # layer -> load factor of its stage's hottest device
         if self.global_aux and w.schedule != "gpipe":
             self.notes.append(
                 f"balance aux-loss-global: every forward must finish before the first backward "
@@ -203,10 +213,7 @@ class TraceBuilder:
         key = ("layer", moe, factor)
         if key not in self._kern_cache:
             L = self.L
-            expert_tokens = None
-            if moe and factor != 1.0:
-                routed_rows = self.tokens / L.tp if (L.sequence_parallel and L.tp > 1) else self.tokens
-                expert_tokens = routed_rows * self.model.moe.top_k * L.etp * factor
+            expert_tokens = self.expert_assignments(factor) if moe and factor != 1.0 else None
             ks = counts.layer_kernels(
                 self.model, layer, tokens=self.tokens, seq_len=self.t.seq_len, tp=L.tp, cp=L.cp,
                 ep=L.ep, etp=L.etp, act_bytes=self.act_bytes, sequence_parallel=L.sequence_parallel,
@@ -215,12 +222,55 @@ class TraceBuilder:
             self._kern_cache[key] = split_layer_kernels(ks)
         return self._kern_cache[key]
 
+    def expert_assignments(self, factor: float) -> float:
+        """Token-expert assignments one rank's routed experts process per micro-batch
+        at load factor ``factor`` (1 = balanced: the rank's sequence-parallel shard
+        times top_k, gathered over the etp ranks)."""
+        L = self.L
+        routed_rows = self.tokens / L.tp if (L.sequence_parallel and L.tp > 1) else self.tokens
+        return routed_rows * self.model.moe.top_k * L.etp * factor
+
+    def memory_load_factors(self, layers: Sequence[int]) -> None:
+        """Record, for the MoE layers of one device's chunks, the load factors of the
+        EP rank that holds the most routed tokens over them (the device whose
+        activations peak highest, :func:`workloads.moe_load.hottest_rank`)."""
+        moe = [l for l in layers if l in self.rank_loads]
+        if not moe:
+            return
+        hot = hottest_rank(np.stack([self.rank_loads[l] for l in moe]))
+        for l in moe:
+            self._memory_load[l] = float(self.rank_loads[l][hot])
+
+    def unexecuted_flops(self) -> dict[int, float]:
+        """Per simulated rank: matmul FLOPs its expert ops are timed for (at the
+        layer's slowest EP rank's load) that the EP ranks it stands for do not
+        execute (they run their own loads, mean ``load_mean``, then wait at the
+        combine). :func:`simulator.simulate` leaves them out of HFU."""
+        out: dict[int, float] = {}
+        if not self.load_factor:
+            return out
+        cache: dict = {}
+        for op in self.ops:
+            l = op.layer
+            if op.kind != "compute" or l not in self.load_factor or not op.kernels:
+                continue
+            key = (id(op.kernels), l)
+            v = cache.get(key)
+            if v is None:
+                hot = sum(k.flops for k in op.kernels
+                          if k.kind in counts.MATMUL_KINDS and k.name.startswith("expert_"))
+                v = cache[key] = hot * (1.0 - self.load_mean[l] / self.load_factor[l])
+            if v:
+                out[op.rank] = out.get(op.rank, 0.0) + v
+        return out
+
     def scaled(self, kernel: counts.Kernel, f: float) -> counts.Kernel:
         """``kernel`` with ``f`` of its FLOPs and bytes (cached: one object per (kernel, f))."""
         key = ("scaled", id(kernel), f)
         if key not in self._kern_cache:
+            executed = None if kernel.executed_flops is None else kernel.executed_flops * f
             self._kern_cache[key] = (kernel, counts.Kernel(kernel.name, kernel.kind, kernel.flops * f, kernel.bytes * f,
-                                                           kernel.m, kernel.n, kernel.k, kernel.groups))
+                                                           kernel.m, kernel.n, kernel.k, kernel.groups, executed))
         return self._kern_cache[key][1]
 
     def layer_all(self, layer: int) -> tuple:
@@ -345,6 +395,8 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
             raise TraceError(f"ranks: {r} is outside 0..{L.world - 1}")
     programs = {r: _RankProgram(b, r) for r in sim_ranks}
     for p in programs.values():
+        b.memory_load_factors(p.my_layers())
+    for p in programs.values():
         p.build()
     # Cross-rank dependencies were recorded as tags; resolve them to op ids now.
     for op in b.ops:
@@ -365,6 +417,7 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
     return Trace(
         ops=b.ops, ranks=tuple(sim_ranks), weight=weight, static_memory=static, world=L.world,
         notes=b.notes, model_flops=counts.model_flops_per_step(w.model, w.training), representative=rep,
+        unexecuted_flops=b.unexecuted_flops(),
     )
 
 
@@ -420,7 +473,8 @@ class _RankProgram:
             return None
         key = f"{axis}:{group[0]}:{name}:{mb}:{chunk}:{phase}"
         if stream is None:
-            stream = axis if axis in ("tp", "cp", "ep") else "dp"
+            # expert-TP collectives share the TP stream (tensor-parallel traffic of a block)
+            stream = "tp" if axis == "etp" else axis if axis in ("tp", "cp", "ep") else "dp"
         return self.b.add(
             rank=self.rank, stream=stream, kind="collective", name=name, phase=phase, mb=mb, chunk=chunk,
             layer=layer, deps=tuple(deps), coll=coll, axis=axis, group=group, key=key, size_bytes=size,
@@ -605,6 +659,10 @@ class _RankProgram:
             op = self.compute(f"L{l}.attn.{phase}", attn, phase, mb, k, l, deps=deps, mem=mem, recompute=recompute)
         out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.attn.out", phase, mb, k, l, [op.id])
         deps = [out.id] if out else []
+        if expert and L.folded:
+            handed = yield from self.folded_moe_forward(l, mb, k, deps, phase, recompute)
+            self._offload_stash(l, mb, k, recompute)
+            return handed
         if sp and out:
             ag = self.collective("all-gather", "tp", h, f"L{l}.mlp.ag", phase, mb, k, l, deps)
             deps = [ag.id] if ag else deps
@@ -627,10 +685,100 @@ class _RankProgram:
             # The next layer's compute waits for this collective: a zero-cost join on
             # the compute stream carries the dependency in stream order.
             self.compute(f"L{l}.join", (), phase, mb, k, l, deps=[out.id])
-        if b.t.offload_activations and not recompute:
+        self._offload_stash(l, mb, k, recompute)
+        return handed
+
+    def _offload_stash(self, l: int, mb: int, k: int, recompute: bool) -> None:
+        """Activation offload: copy layer ``l``'s stash to the host after its forward."""
+        if self.b.t.offload_activations and not recompute:
             stash = self._stash(l)
             self.host(f"L{l}.act.d2h", stash, "F", deps=self.after_compute(), mb=mb, chunk=k, layer=l,
                       mem=(("activations", -stash, "end"),))
+
+    # ---- MoE block under a folded expert layout ---------------------------------------
+    # With MoE Parallel Folding (see workloads.layout) the EP group may span the TP
+    # ranks, so tokens leave the attention's TP layout for the experts. Megatron-Core's
+    # all-to-all dispatcher (megatron/core/transformer/moe/token_dispatcher.py,
+    # MoEAlltoAllTokenDispatcher) routes the sequence-parallel shard each TP rank holds
+    # after the attention block's reduce-scatter ([S/TP, B, H]): no TP all-gather before
+    # the router; all-to-all over the (folded) EP group; all-gather over the expert-TP
+    # group (``gather_from_sequence_parallel_region`` on the ETP group) before the expert
+    # GEMMs (each ETP rank computes 1/etp of every expert's width over the assignments
+    # of its etp ranks) and reduce-scatter over it after them; all-to-all back, and the
+    # output is again the SP shard, so no TP reduce-scatter follows. Shared experts keep
+    # the attention's TP split ("the parallelism patterns of the shared experts follow
+    # the settings of the dense part", megatron/core/transformer/moe/README.md): a TP
+    # all-gather of the block input before them and a reduce-scatter of their output.
+
+    def etp_bytes(self, combine: bool, layer: int) -> float:
+        """Expert-TP all-gather (dispatch) / reduce-scatter (combine) of a folded MoE
+        block: the assignments of the ``etp`` ranks, in the all-to-all's precision."""
+        return self.b.dispatch_bytes(combine, layer) * self.b.L.etp
+
+    def folded_moe_forward(self, l: int, mb: int, k: int, deps: list, phase: str, recompute: bool):
+        """One folded MoE block's forward (after the attention block's TP collective,
+        ``deps``); yields like :meth:`layer_forward` after each all-to-all."""
+        b, L = self.b, self.b.L
+        _, pre, shared, expert, post = b.layer_parts(l)
+        h, handed = b.hidden_bytes, 0
+        op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
+        d = self.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id], dispatch=True)
+        wait = [d.id] if d else []
+        if shared:  # shared experts run while the dispatch is in flight
+            ag = self.collective("all-gather", "tp", h, f"L{l}.shared.ag", phase, mb, k, l, [op.id])
+            sh = self.compute(f"L{l}.shared.{phase}", shared, phase, mb, k, l, deps=[ag.id] if ag else [],
+                              recompute=recompute)
+            rs = self.collective("reduce-scatter", "tp", h, f"L{l}.shared.rs", phase, mb, k, l, [sh.id])
+            wait += [rs.id] if rs else []
+        if d:
+            handed += 1
+            yield
+        ag = self.collective("all-gather", "etp", self.etp_bytes(False, l), f"L{l}.experts.ag", phase, mb, k, l, wait)
+        op = self.compute(f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[ag.id] if ag else wait,
+                          recompute=recompute)
+        rs = self.collective("reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs", phase, mb, k, l,
+                             [op.id])
+        c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [rs.id if rs else op.id],
+                            dispatch=False)
+        if c:
+            handed += 1
+            yield
+        self.compute(f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute)
+        return handed
+
+    def folded_moe_backward(self, l: int, mb: int, k: int, deps: list, part: str):
+        """One folded MoE block's backward (the reverse of :meth:`folded_moe_forward`),
+        down to the router's gradient; yields like :meth:`layer_backward`."""
+        b = self.b
+        _, pre, shared, expert, post = b.layer_parts(l)
+        h, handed = b.hidden_bytes, 0
+        op = self.compute(f"L{l}.moe_out.{part}", self.b.bwd(post, part), part, mb, k, l, deps=deps)
+        c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id], dispatch=True)
+        wait = [c.id] if c else []
+        if shared:  # overlaps the combine's backward all-to-all
+            ag = self.collective("all-gather", "tp", h, f"L{l}.shared.rs.bwd", part, mb, k, l, [op.id])
+            sh = self.compute(f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l,
+                              deps=[ag.id] if ag else [])
+            rs = self.collective("reduce-scatter", "tp", h, f"L{l}.shared.ag.bwd", part, mb, k, l, [sh.id])
+            wait += [rs.id] if rs else []
+        if c:
+            handed += 1
+            yield
+        split = part == "B" and b.dualpipe_ep  # see layer_backward
+        ag = self.collective("all-gather", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs.bwd", part, mb, k, l,
+                             wait)
+        op = self.compute(f"L{l}.experts.{part}", self.b.bwd(expert, "I" if split else part), part, mb, k, l,
+                          deps=[ag.id] if ag else wait)
+        rs = self.collective("reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.ag.bwd", part, mb, k,
+                             l, [op.id])
+        d = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [rs.id if rs else op.id],
+                            dispatch=False)
+        if split:
+            self.compute(f"L{l}.experts_w.{part}", self.b.bwd(expert, "W"), part, mb, k, l)
+        if d:
+            handed += 1
+            yield
+        self.compute(f"L{l}.mlp.{part}", self.b.bwd(pre, part), part, mb, k, l, deps=[d.id] if d else [])
         return handed
 
     def _prefetch(self, l: int, mb: int, k: int) -> list[int]:
@@ -670,12 +818,18 @@ class _RankProgram:
             b._stash_cache[key] = self._stash_uncached(l)
         return b._stash_cache[key]
 
+    def _expert_tokens(self, l: int) -> Optional[float]:
+        """Routed-token assignments layer ``l``'s activations hold on the stage's most
+        loaded device under expert-load imbalance (None: balanced)."""
+        f = self.b._memory_load.get(l)
+        return None if f is None else self.b.expert_assignments(f)
+
     def _stash_uncached(self, l: int) -> float:
         b, L, t = self.b, self.b.L, self.b.t
         return memory.activation_bytes_per_layer(
             b.model, l, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
             sequence_parallel=L.sequence_parallel, recompute=t.recompute, ep=L.ep, etp=L.etp,
-            **memory.activation_options(t),
+            expert_tokens=self._expert_tokens(l), **memory.activation_options(t),
         )
 
     def _recompute_transient(self, l: int) -> float:
@@ -684,7 +838,7 @@ class _RankProgram:
         return memory.activation_bytes_per_layer(
             b.model, l, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
             sequence_parallel=L.sequence_parallel, recompute="none", ep=L.ep, etp=L.etp,
-            **memory.activation_options(t),
+            expert_tokens=self._expert_tokens(l), **memory.activation_options(t),
         )
 
     # ---- backward --------------------------------------------------------------
@@ -743,6 +897,13 @@ class _RankProgram:
                 op = self.compute(f"L{l}.recompute.R", redo, "R", mb, k, l, deps=deps, recompute=True)
                 deps = [op.id]
         # Reverse of the forward: the gradient of a reduce-scatter is an all-gather and vice versa.
+        if expert and L.folded:
+            handed += yield from self.folded_moe_backward(l, mb, k, deps + self.after_compute(), part)
+            ag = self.collective("all-gather", "tp", h, f"L{l}.attn.out.bwd", part, mb, k, l, self.after_compute()) \
+                if sp else None
+            deps = [ag.id] if ag else []
+            self._attention_backward(l, mb, k, deps, part, attn, is_last_grad)
+            return handed
         if sp:
             ag = self.collective("all-gather", "tp", h, f"L{l}.mlp.out.bwd", part, mb, k, l, deps + self.after_compute())
             deps = [ag.id] if ag else deps
@@ -774,6 +935,14 @@ class _RankProgram:
         if sp and out:
             ag = self.collective("all-gather", "tp", h, f"L{l}.attn.out.bwd", part, mb, k, l, deps)
             deps = [ag.id] if ag else deps
+        self._attention_backward(l, mb, k, deps, part, attn, is_last_grad)
+        return handed
+
+    def _attention_backward(self, l, mb, k, deps, part, attn, is_last_grad):
+        """The attention block's backward (after the gradient reached the block's
+        output, ``deps``) and the layer's gradient hand-off."""
+        b, L, t = self.b, self.b.L, self.b.t
+        sp, h = L.sequence_parallel, b.hidden_bytes
         free = -self._stash(l)
         if part == "I":
             free *= INPUT_GRAD_FREED_FRACTION
@@ -788,7 +957,6 @@ class _RankProgram:
             self.compute(f"L{l}.join", (), part, mb, k, l, deps=[out.id])
         if part == "B":
             self._grads_ready(f"L{l}", k, mb, is_last_grad)
-        return handed
 
     def weight_grad(self, a, path, pos, layers, is_last_grad):
         b = self.b
@@ -994,7 +1162,8 @@ class _RankProgram:
         # ZeRO-Offload: fp32 gradients down to the host, the update on the CPU,
         # bf16 parameters back up; the compute stream waits for the new weights.
         shard = sum(k.bytes for k in kern) / OPTIMIZER_BYTES_PER_PARAM[t.optimizer]
-        d2h = self.host("grads.d2h", shard * t.grad_bytes, "opt", deps=self.grad_ops)
+        # after the last backward kernel too: with dp·cp = 1 there is no reduction to wait on
+        d2h = self.host("grads.d2h", shard * t.grad_bytes, "opt", deps=self.after_compute() + self.grad_ops)
         cpu = self.host("optimizer.cpu", shard * OPTIMIZER_BYTES_PER_PARAM[t.optimizer], "opt", deps=[d2h.id],
                         rate=HOST_UPDATE_BYTES_PER_S)
         h2d = self.host("params.h2d", shard * PARAM_BYTES, "opt", deps=[cpu.id])

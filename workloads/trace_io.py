@@ -9,6 +9,7 @@ Format (JSON, optionally gzip-compressed when the name ends in ``.gz``)::
       "weight": {"0": 8, "8": 8},       # devices each listed rank stands for
       "representative": true,           # one rank per stage (true) or every rank (false)
       "model_flops": 1.2e15,            # model FLOPs of the step (for MFU)
+      "unexecuted_flops": {"0": 3e12},  # optional: FLOPs timed but not executed (HFU leaves them out)
       "static_memory": {"0": {"weights": ..., "gradients": ..., "optimizer": ...,
                               "activations": 0, "buffers": 0}, ...},
       "notes": ["..."],
@@ -19,6 +20,8 @@ Format (JSON, optionally gzip-compressed when the name ends in ``.gz``)::
          "phase": "F", "mb": 0, "chunk": 0, "layer": 0, "deps": [],
          "kernels": [{"name": "qkv_proj", "kind": "gemm", "flops": 1e12, "bytes": 3e8,
                       "m": 4096, "n": 6144, "k": 4096, "groups": 1}, ...],
+                     # optional per kernel: "executed_flops" (timed instead of "flops",
+                     # e.g. a causal flash-attention kernel's half square)
          "recompute": false,
          "mem": [["activations", 1.5e8, "end"]]},
         {"id": 5, "rank": 0, "stream": "tp", "kind": "collective", "name": "L0.attn.out",
@@ -71,7 +74,9 @@ def trace_to_dict(trace: Trace) -> dict:
              "phase": op.phase, "mb": op.mb, "chunk": op.chunk, "layer": op.layer, "deps": list(op.deps)}
         if op.kind == "compute":
             d["kernels"] = [{"name": k.name, "kind": k.kind, "flops": k.flops, "bytes": k.bytes, "m": k.m, "n": k.n,
-                             "k": k.k, "groups": k.groups} for k in op.kernels]
+                             "k": k.k, "groups": k.groups,
+                             **({} if k.executed_flops is None else {"executed_flops": k.executed_flops})}
+                            for k in op.kernels]
             d["recompute"] = op.recompute
             if op.comm_overlap:
                 d["comm_overlap"] = True
@@ -91,6 +96,8 @@ def trace_to_dict(trace: Trace) -> dict:
         "format": FORMAT, "version": VERSION, "world": trace.world, "ranks": list(trace.ranks),
         "weight": {str(r): w for r, w in trace.weight.items()}, "representative": trace.representative,
         "model_flops": trace.model_flops,
+        **({"unexecuted_flops": {str(r): v for r, v in trace.unexecuted_flops.items()}}
+           if trace.unexecuted_flops else {}),
         "static_memory": {str(r): dict(m) for r, m in trace.static_memory.items()},
         "notes": list(trace.notes), "ops": ops,
     }
@@ -143,10 +150,22 @@ def check_trace_for(trace: Trace, sc) -> None:
                              "or batch; rebuild it with `stepsim trace` from this scenario")
 
 
-def write_trace(trace: Trace, path: Union[str, Path], scenario=None) -> None:
+TRACE_FORMATS = ("json", "chakra")
+
+
+def write_trace(trace: Trace, path: Union[str, Path], scenario=None, format: str = "json") -> None:
     """Write ``trace`` to ``path``; with ``scenario`` (the :class:`Scenario` it was built
     from) the file records it (``"scenario"``: names, layout, fingerprint), so that
-    running it under another scenario is refused."""
+    running it under another scenario is refused. ``format``: ``json`` (this module's
+    format, one file) or ``chakra`` (a directory of Chakra ET files:
+    :mod:`workloads.chakra_io`)."""
+    if format == "chakra":
+        from workloads.chakra_io import write_chakra
+
+        write_chakra(trace, path, scenario_record=scenario_record(scenario) if scenario is not None else None)
+        return
+    if format != "json":
+        raise TraceError(f"trace: --format must be one of {', '.join(TRACE_FORMATS)}, got {format!r}")
     d = trace_to_dict(trace)
     if scenario is not None:
         d["scenario"] = scenario_record(scenario)
@@ -160,11 +179,18 @@ def write_trace(trace: Trace, path: Union[str, Path], scenario=None) -> None:
 
 
 def read_trace(path: Union[str, Path]) -> Trace:
-    """Read a trace file (at most :data:`MAX_TRACE_FILE_BYTES` uncompressed); every
-    problem is a :class:`TraceError` naming the file or the field."""
-    from simulator.fileio import InputFileError, load_json, read_text
+    """Read a trace file (at most :data:`MAX_TRACE_FILE_BYTES` uncompressed), or a
+    Chakra trace (a directory of ET files or their prefix: :mod:`workloads.chakra_io`);
+    every problem is a :class:`TraceError` naming the file or the field."""
+    from workloads.chakra_io import is_chakra_path, read_chakra
 
     p = Path(path)
+    if is_chakra_path(p):
+        return read_chakra(p)
+    if p.is_dir():
+        raise TraceError(f"trace: {p} is a directory without Chakra ET files (<prefix>.<rank>.et)")
+    from simulator.fileio import InputFileError, load_json, read_text
+
     try:
         data = load_json(read_text(p, MAX_TRACE_FILE_BYTES, what="trace file"), str(p))
     except InputFileError as err:
@@ -184,6 +210,24 @@ def _need(d: dict, key: str, types, where: str):
     if not isinstance(v, types) or isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
         raise TraceError(f"{where}.{key}: expected {getattr(types, '__name__', types)}, got {v!r}")
     return v
+
+
+def _unexecuted(data: dict, ranks: set) -> dict[int, float]:
+    raw = data.get("unexecuted_flops", {})
+    if not isinstance(raw, dict):
+        raise TraceError("trace.unexecuted_flops: expected a mapping rank -> FLOPs")
+    out = {}
+    for k, v in raw.items():
+        try:
+            r = int(k)
+        except ValueError:
+            raise TraceError(f"trace.unexecuted_flops: {k!r} is not a rank") from None
+        if r not in ranks:
+            raise TraceError(f"trace.unexecuted_flops: {r} is not among trace.ranks")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
+            raise TraceError(f"trace.unexecuted_flops.{k}: must be a number >= 0, got {v!r}")
+        out[r] = float(v)
+    return out
 
 
 def trace_from_dict(data: dict) -> Trace:
@@ -230,8 +274,13 @@ def trace_from_dict(data: dict) -> Trace:
             flops, nbytes = float(_need(k, "flops", (int, float), kw)), float(_need(k, "bytes", (int, float), kw))
             if flops < 0 or nbytes < 0:
                 raise TraceError(f"{kw}: flops and bytes must be >= 0")
+            executed = k.get("executed_flops")
+            if executed is not None and (not isinstance(executed, (int, float)) or isinstance(executed, bool)
+                                         or not executed >= 0):
+                raise TraceError(f"{kw}.executed_flops: must be a number >= 0, got {executed!r}")
             kernels.append(Kernel(str(k.get("name", "")), kk, flops, nbytes, int(k.get("m", 0)), int(k.get("n", 0)),
-                                  int(k.get("k", 0)), int(k.get("groups", 1))))
+                                  int(k.get("k", 0)), int(k.get("groups", 1)),
+                                  None if executed is None else float(executed)))
         mem = []
         for j, m in enumerate(d.get("mem", [])):
             if (not isinstance(m, list) or len(m) != 3 or m[0] not in MEMORY_CATEGORIES
@@ -264,7 +313,8 @@ def trace_from_dict(data: dict) -> Trace:
         ))
     trace = Trace(ops=ops, ranks=ranks, weight=weight, static_memory=static, world=world,
                   notes=list(data.get("notes", [])), model_flops=float(data.get("model_flops", 0.0)),
-                  representative=bool(data.get("representative", False)))
+                  representative=bool(data.get("representative", False)),
+                  unexecuted_flops=_unexecuted(data, rankset))
     trace.check()
     rec = data.get("scenario")
     if rec is not None and not isinstance(rec, dict):
