@@ -322,18 +322,22 @@ class Engine:
         yield from coll_mod.run_merged(self.net, self._network_phases(op))
         done.succeed()
 
-    def _plan(self, coll: str, group: tuple[int, ...], size: float):
-        key = (coll, group, size)
+    def _plan(self, coll: str, group: tuple[int, ...], size: float, scaleout_fraction: float = 1.0):
+        key = (coll, group, size, scaleout_fraction)
         p = self._plan_cache.get(key)
         if p is None:
-            p = coll_mod.plan_collective(coll, group, size, self.topo, algorithm=self.algorithms.get(coll))
+            # A node-limited all-to-all's route is fixed by its routing (hierarchical-a2a):
+            # the scenario's algorithm choice applies to the others.
+            algorithm = self.algorithms.get(coll) if scaleout_fraction == 1.0 else None
+            p = coll_mod.plan_collective(coll, group, size, self.topo, algorithm=algorithm,
+                                         scaleout_fraction=scaleout_fraction)
             self._plan_cache[key] = p
         return p
 
     def _network_phases(self, op: Op) -> tuple:
         """The merged network phases (:func:`collectives.merged_phases`) of
         :meth:`_network_plans`, once per collective shape and rank."""
-        key = (op.coll, op.group, op.size_bytes, op.axis, op.rank)
+        key = (op.coll, op.group, op.size_bytes, op.axis, op.rank, op.scaleout_fraction)
         hit = self._net_phase_cache.get(key)
         if hit is None:
             hit = self._net_phase_cache[key] = coll_mod.merged_phases(self.net, self._network_plans(op))
@@ -343,13 +347,43 @@ class Engine:
         """What ``op`` runs on the network: its own plan, or in representative mode
         its quotient plan (see :meth:`_quotient_phase`), or, where the twin plans do
         not line up with it, every twin's plan."""
+        if op.scaleout_fraction < 1.0 and self.trace.representative:
+            pieces = self._node_limited_pieces(op)
+            if pieces is not None:
+                return pieces
         groups = self._groups_on_network(op)
-        rep = self._plan(op.coll, op.group, op.size_bytes)
+        rep = self._plan(op.coll, op.group, op.size_bytes, op.scaleout_fraction)
         if len(groups) == 1:
             return [rep]
-        twins = [self._plan(op.coll, g, op.size_bytes) for g in groups]
+        twins = [self._plan(op.coll, g, op.size_bytes, op.scaleout_fraction) for g in groups]
         q = self._quotient_plan(rep, twins) if self.twin_quotient else None
         return twins if q is None else [q]
+
+    def _node_limited_pieces(self, op: Op) -> Optional[list]:
+        """A node-limited all-to-all (``hierarchical-a2a`` with ``scaleout_fraction``) of
+        the representative's EP group, as the union of its two hops' pieces: the rail
+        all-to-all among the members at the representative's position in each domain
+        (``f S`` per rank) and the NVLink all-to-all inside its own domain (``S``). The
+        full plan is exactly the union of such pieces over every rail and every domain;
+        the other rails' pieces are the representative rail's twins (quotiented like any
+        twin group's) and the other domains' are left out (inside one domain, as twins
+        of an intra-domain group are). Both pieces run in one network phase of the
+        full plan's 2 steps, so the hops stay concurrent. None where the op's group is
+        not the layout's EP group (a trace file's own grouping): the full plan runs."""
+        L, D = self.layout, self.topo.domain_size
+        if self.topo.kind != "switched" or op.group != L.group(op.rank, "ep"):
+            return None
+        out = []
+        for axis, size in (("ep_inter", op.size_bytes * op.scaleout_fraction), ("ep_intra", op.size_bytes)):
+            sub = L.ep_subgroup(op.rank, axis[3:], D)
+            if len(sub) <= 1:
+                continue
+            piece = replace(op, axis=axis, group=sub, size_bytes=size, scaleout_fraction=1.0)
+            for plan in self._network_plans(piece):
+                if plan.algorithm != "direct":   # a user's all-to-all algorithm: no pieces
+                    return None
+                out.append(replace(plan, phases=tuple(replace(ph, steps=2) for ph in plan.phases)))
+        return out
 
     def _quotient_plan(self, rep, twins: list):
         """``rep`` with each transfer carrying the multiplicities of its twin images

@@ -68,22 +68,40 @@ def test_global_aux_loss_forces_all_forward_first():
 
 
 def test_node_limited_dispatch_is_two_hops_and_cuts_scale_out_traffic():
-    """DeepSeek-V3's node-limited routing: tokens cross InfiniBand once per destination
-    node (at most M nodes), then fan out over NVLink."""
+    """DeepSeek-V3's node-limited routing (§2.1.2): tokens cross InfiniBand once per
+    destination node (at most M nodes), then fan out over NVLink, both hops pipelined in
+    one all-to-all (§3.2.2)."""
+    from simulator.collectives import plan_collective
+
     model = {**TINY_MOE, "moe": {**TINY_MOE["moe"], "top_k": 4, "max_nodes_per_token": 1}}
     sc = moe_scenario(model=model, parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 16})
     res = simulate(sc)
-    axes = set(res.events.loc[res.events["coll"] == "all-to-all", "axis"])
-    assert axes == {"ep_inter", "ep_intra"}
-    inter = res.events[res.events["axis"] == "ep_inter"]["size_bytes"]
-    intra = res.events[res.events["axis"] == "ep_intra"]["size_bytes"]
-    # M = 1 node per token: the inter-node hop carries 1/top_k of the fan-out volume
-    assert inter.max() == pytest.approx(intra.max() / 4)
+    a2a = [op for op in res.trace.ops if op.coll == "all-to-all"]
+    assert a2a and {op.axis for op in a2a} == {"ep"} and {len(op.group) for op in a2a} == {16}
+    # M = 1 node per token (two 8-GPU nodes): the rail hop carries 1/top_k of the copies
+    assert {op.scaleout_fraction for op in a2a} == {0.25}
+    plan = plan_collective("all-to-all", a2a[0].group, 1.6e6, res.topology, scaleout_fraction=0.25)
+    assert plan.algorithm == "hierarchical-a2a" and len(plan.phases) == 1
+    rail = {t.size_bytes for t in plan.phases[0].transfers if t.src // 8 != t.dst // 8}
+    nvlink = {t.size_bytes for t in plan.phases[0].transfers if t.src // 8 == t.dst // 8}
+    # hierarchical-a2a without node limit: k S/n = S/2 to the rail peer, m S/n = S/8 per NVLink peer
+    assert sorted(rail) == pytest.approx([0.25 * 1.6e6 / 2]) and sorted(nvlink) == pytest.approx([1.6e6 / 8])
     unlimited = simulate(moe_scenario(parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 16},
                                       model={**TINY_MOE, "moe": {**TINY_MOE["moe"], "top_k": 4}}))
     assert res.summary["step_time_s"] < unlimited.summary["step_time_s"]
     exact = simulate(sc, exact=True)
     assert exact.summary["step_time_s"] == pytest.approx(res.summary["step_time_s"], rel=1e-9)
+    # trace files keep the fraction (and reject one outside (0, 1])
+    from workloads.ops import TraceError
+    from workloads.trace_io import trace_from_dict, trace_to_dict
+
+    data = trace_to_dict(res.trace)
+    back = trace_from_dict(data)
+    assert [op.scaleout_fraction for op in back.ops] == [op.scaleout_fraction for op in res.trace.ops]
+    i = next(i for i, d in enumerate(data["ops"]) if d.get("coll") == "all-to-all")
+    data["ops"][i]["scaleout_fraction"] = 1.5
+    with pytest.raises(TraceError, match=rf"ops\[{i}\]\.scaleout_fraction"):
+        trace_from_dict(data)
 
 
 def test_deepseek_v3_activation_savings_in_the_trace():
