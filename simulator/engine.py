@@ -361,29 +361,65 @@ class Engine:
 
     def _node_limited_pieces(self, op: Op) -> Optional[list]:
         """A node-limited all-to-all (``hierarchical-a2a`` with ``scaleout_fraction``) of
-        the representative's EP group, as the union of its two hops' pieces: the rail
-        all-to-all among the members at the representative's position in each domain
-        (``f S`` per rank) and the NVLink all-to-all inside its own domain (``S``). The
-        full plan is exactly the union of such pieces over every rail and every domain;
-        the other rails' pieces are the representative rail's twins (quotiented like any
-        twin group's) and the other domains' are left out (inside one domain, as twins
-        of an intra-domain group are). Both pieces run in one network phase of the
-        full plan's 2 steps, so the hops stay concurrent. None where the op's group is
-        not the layout's EP group (a trace file's own grouping): the full plan runs."""
+        the representative's EP group, as the quotient of its two hops' pieces, of which
+        the full plan is exactly the union: the direct rail all-to-alls among the
+        members at the same position in each domain (``f S`` per rank) and the direct
+        NVLink all-to-alls inside each domain (``S``).
+
+        * Rail: the representative's rail group, every transfer of it, quotiented over
+          the other rail groups of the stage (its twins, :meth:`_quotient_phase`).
+        * NVLink: only the representative's own domain (the others' touch none of its
+          links), and in it only the representative's own sends, each loading the
+          links it crosses as many times as its images under the rotations
+          ``q -> q + t`` of the domain's members cross them (member ``q``'s send to
+          ``q + s`` is the image of the representative's to ``p + s``; every member
+          belongs to the representative's stage, so under the representative
+          assumption each runs at its image's rate).
+
+        Both pieces run in one network phase of the full plan's 2 steps, so the hops
+        stay concurrent. None where the op's group is not the layout's EP group (a
+        trace file's own grouping) or the pieces do not line up: the full plan runs."""
         L, D = self.layout, self.topo.domain_size
         if self.topo.kind != "switched" or op.group != L.group(op.rank, "ep"):
             return None
-        out = []
-        for axis, size in (("ep_inter", op.size_bytes * op.scaleout_fraction), ("ep_intra", op.size_bytes)):
-            sub = L.ep_subgroup(op.rank, axis[3:], D)
-            if len(sub) <= 1:
-                continue
-            piece = replace(op, axis=axis, group=sub, size_bytes=size, scaleout_fraction=1.0)
-            for plan in self._network_plans(piece):
-                if plan.algorithm != "direct":   # a user's all-to-all algorithm: no pieces
-                    return None
-                out.append(replace(plan, phases=tuple(replace(ph, steps=2) for ph in plan.phases)))
-        return out
+        transfers: list = []
+        rail = L.ep_subgroup(op.rank, "inter", D)
+        if len(rail) > 1:
+            chunk = op.size_bytes * op.scaleout_fraction / len(rail)
+
+            def a2a(g: tuple) -> tuple:
+                return tuple(Transfer(a, b, chunk) for a in g for b in g if a != b)
+
+            own = a2a(rail)
+            twins = [own if g == rail else a2a(g)
+                     for g in L.ep_subgroups("inter", L.stage_of(op.rank), D)]
+            q = self._quotient_phase(own, twins) if any(t is own for t in twins) else None
+            if q is None:
+                return None
+            transfers.extend(q)
+        local = L.ep_subgroup(op.rank, "intra", D)
+        if len(local) > 1:
+            q = self._rotation_quotient(op.rank, local, op.size_bytes / len(local))
+            if q is None:
+                return None
+            transfers.extend(q)
+        if not transfers:
+            return None
+        phase = coll_mod.Phase(tuple(transfers), steps=2)
+        return [coll_mod.CollectivePlan(op.coll, "hierarchical-a2a", op.group, op.size_bytes, (phase,))]
+
+    def _rotation_quotient(self, rank: int, group: tuple, chunk: float) -> Optional[tuple]:
+        """Quotient of the direct all-to-all of ``chunk`` per pair over ``group`` by the
+        rotations of its members: ``rank``'s own sends, with the multiplicities of their
+        images (None where the images' latencies differ)."""
+        m = len(group)
+        p = group.index(rank)
+
+        def sends(q: int) -> tuple:
+            return tuple(Transfer(group[q], group[(q + s) % m], chunk) for s in range(1, m))
+
+        rep = sends(p)
+        return self._quotient_phase(rep, [rep if q == p else sends(q) for q in range(m)])
 
     def _quotient_plan(self, rep, twins: list):
         """``rep`` with each transfer carrying the multiplicities of its twin images
