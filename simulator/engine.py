@@ -385,15 +385,8 @@ class Engine:
         transfers: list = []
         rail = L.ep_subgroup(op.rank, "inter", D)
         if len(rail) > 1:
-            chunk = op.size_bytes * op.scaleout_fraction / len(rail)
-
-            def a2a(g: tuple) -> tuple:
-                return tuple(Transfer(a, b, chunk) for a in g for b in g if a != b)
-
-            own = a2a(rail)
-            twins = [own if g == rail else a2a(g)
-                     for g in L.ep_subgroups("inter", L.stage_of(op.rank), D)]
-            q = self._quotient_phase(own, twins) if any(t is own for t in twins) else None
+            q = self._rail_quotient(op.rank, rail, L.ep_subgroups("inter", L.stage_of(op.rank), D),
+                                    op.size_bytes * op.scaleout_fraction / len(rail))
             if q is None:
                 return None
             transfers.extend(q)
@@ -407,6 +400,56 @@ class Engine:
             return None
         phase = coll_mod.Phase(tuple(transfers), steps=2)
         return [coll_mod.CollectivePlan(op.coll, "hierarchical-a2a", op.group, op.size_bytes, (phase,))]
+
+    def _rail_quotient(self, rank: int, rail: tuple, groups: list, chunk: float) -> Optional[tuple]:
+        """Quotient of the direct all-to-alls of ``chunk`` per pair over the rail groups
+        ``groups`` (``rail``, the representative's, among them): the representative's
+        sends and receives, every other transfer folded into the send it is the image
+        of under the rotations of its group's members (``g[q] -> g[q + s]`` is the image
+        of the representative's send to ``p + s``). A transfer loads a link in ``U``
+        (the links the representative's transfers cross) once per such image crossing
+        it; links outside ``U`` carry images of ``U``'s loads and are dropped. Unlike a
+        quotient of the sends alone, every flow into the representative stays a flow
+        of its own, so it meets whatever else arrives on the representative's links.
+        None where the groups differ in size or an image's latency exceeds the
+        representative transfers' (the full plan runs)."""
+        m = len(rail)
+        if rail not in groups or any(len(g) != m for g in groups):
+            return None
+        net = self.net
+        p = rail.index(rank)
+        own = [(rail[p], rail[(p + s) % m]) for s in range(1, m)]          # class s-1
+        own += [(rail[(p - s) % m], rail[p]) for s in range(1, m)]         # class m-2+s
+        routes = [net.route(a, b) for a, b in own]
+        lat = max(r[1] + r[2] for r in routes)
+        used = {lk for r in routes for lk in r[0]}
+        counts: list[dict] = [{} for _ in own]
+        for g in groups:
+            mine = g == rail
+            for q in range(m):
+                for s in range(1, m):
+                    if mine and q == p:
+                        j = s - 1
+                    elif mine and (q + s) % m == p:
+                        j = m - 2 + s
+                    else:
+                        j = s - 1
+                    links, la, ov = net.route(g[q], g[(q + s) % m])
+                    if la + ov > lat:
+                        return None
+                    c = counts[j]
+                    for lk in links:
+                        if lk in used:
+                            c[lk] = c.get(lk, 0) + 1
+        out = []
+        for (a, b), r, c in zip(own, routes, counts):
+            if len(c) == len(r[0]) and all(c[lk] == 1 for lk in r[0]):
+                out.append(Transfer(a, b, chunk))
+                continue
+            extra = sorted(lk for lk in c if lk not in r[0])
+            inc = tuple((lk, float(c[lk])) for lk in r[0]) + tuple((lk, float(c[lk])) for lk in extra)
+            out.append(Transfer(a, b, chunk, incidence=inc))
+        return tuple(out)
 
     def _rotation_quotient(self, rank: int, group: tuple, chunk: float) -> Optional[tuple]:
         """Quotient of the direct all-to-all of ``chunk`` per pair over ``group`` by the
