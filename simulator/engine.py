@@ -31,6 +31,12 @@ and size for sends); where the twins' plans do not line up with the
 representative's (other phase or transfer counts, sizes, weights or latency) every
 twin is injected as before. ``Engine.twin_quotient = False`` always injects every
 twin (tests compare the two).
+
+A node-limited expert all-to-all (``Op.scaleout_fraction < 1``) is quotiented further,
+inside its own group: its rail and NVLink pieces are direct all-to-alls whose members
+all belong to the representative's stage, so each transfer is the image of one of the
+representative's under a rotation of its group's members
+(:meth:`_node_limited_pieces`).
 """
 
 from __future__ import annotations

@@ -104,6 +104,30 @@ def test_node_limited_dispatch_is_two_hops_and_cuts_scale_out_traffic():
         trace_from_dict(data)
 
 
+def test_node_limited_quotient_agrees_with_every_rank_simulated():
+    """In representative mode a node-limited all-to-all runs as the representative's own
+    rail sends and receives and its own NVLink sends, the other transfers folded in as
+    their images (simulator.engine); with DualPipe's pipeline sends on the same NICs it
+    must still give the step of the per-device simulation."""
+    model = {**TINY_MOE, "moe": {**TINY_MOE["moe"], "top_k": 4, "max_nodes_per_token": 1}}
+    sc = moe_scenario(model=model, cluster={"preset": "dgx-h100", "devices": 32},
+                      parallel={"tp": 1, "pp": 2, "dp": 16, "ep": 16}, schedule="dualpipe",
+                      training={"global_batch_size": 64})
+    fast, exact = simulate(sc), simulate(sc, exact=True)
+    assert fast.summary["step_time_s"] == pytest.approx(exact.summary["step_time_s"], rel=1e-9)
+    # one phase of 2 steps: 2 (m-1) = 2 rail flows and k-1 = 7 NVLink flows, instead of the
+    # full plan's 16 x 15 = 240 (2 x 8 rail + 2 x 56 NVLink in each stage's EP group)
+    from simulator.compute import calibration_for
+    from simulator.engine import Engine
+
+    chip = fast.scenario.cluster.chip
+    eng = Engine(fast.trace, fast.topology, fast.scenario.layout, chip, calibration_for(chip, {}))
+    op = next(op for op in fast.trace.ops if op.coll == "all-to-all")
+    ((transfers, steps, _, _),) = eng._network_phases(op)
+    assert steps == 2 and len(transfers) == 9
+    assert sum(t.src // 8 != t.dst // 8 for t in transfers) == 2
+
+
 def test_deepseek_v3_activation_savings_in_the_trace():
     """``training.activation_saving: deepseek-v3`` lowers the activation peak, charges
     the recomputed norms / up-projections / SwiGLUs to the backward (phase R, HFU only)
