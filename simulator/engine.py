@@ -32,11 +32,11 @@ representative's (other phase or transfer counts, sizes, weights or latency) eve
 twin is injected as before. ``Engine.twin_quotient = False`` always injects every
 twin (tests compare the two).
 
-A node-limited expert all-to-all (``Op.scaleout_fraction < 1``) is quotiented further,
-inside its own group: its rail and NVLink pieces are direct all-to-alls whose members
-all belong to the representative's stage, so each transfer is the image of one of the
-representative's under a rotation of its group's members
-(:meth:`_node_limited_pieces`).
+An expert all-to-all planned as ``hierarchical-a2a`` (across scale-up domains, with or
+without node-limited routing) is quotiented further, inside its own group: its rail and
+NVLink pieces are direct all-to-alls whose members all belong to the representative's
+stage, so each transfer is the image of one of the representative's under a rotation
+of its group's members (:meth:`_hierarchical_a2a_pieces`).
 """
 
 from __future__ import annotations
@@ -353,8 +353,8 @@ class Engine:
         """What ``op`` runs on the network: its own plan, or in representative mode
         its quotient plan (see :meth:`_quotient_phase`), or, where the twin plans do
         not line up with it, every twin's plan."""
-        if op.scaleout_fraction < 1.0 and self.trace.representative:
-            pieces = self._node_limited_pieces(op)
+        if op.coll == "all-to-all" and self.trace.representative and self.twin_quotient:
+            pieces = self._hierarchical_a2a_pieces(op)
             if pieces is not None:
                 return pieces
         groups = self._groups_on_network(op)
@@ -365,15 +365,16 @@ class Engine:
         q = self._quotient_plan(rep, twins) if self.twin_quotient else None
         return twins if q is None else [q]
 
-    def _node_limited_pieces(self, op: Op) -> Optional[list]:
-        """A node-limited all-to-all (``hierarchical-a2a`` with ``scaleout_fraction``) of
-        the representative's EP group, as the quotient of its two hops' pieces, of which
+    def _hierarchical_a2a_pieces(self, op: Op) -> Optional[list]:
+        """An expert all-to-all planned as ``hierarchical-a2a`` (``scaleout_fraction``
+        below 1 under node-limited routing) over the representative's EP group, as the
+        quotient of its two hops' pieces, of which
         the full plan is exactly the union: the direct rail all-to-alls among the
         members at the same position in each domain (``f S`` per rank) and the direct
         NVLink all-to-alls inside each domain (``S``).
 
-        * Rail: the representative's rail group, every transfer of it, quotiented over
-          the other rail groups of the stage (its twins, :meth:`_quotient_phase`).
+        * Rail: the representative's own rail sends and receives, every other rail
+          transfer of the stage folded in as an image (:meth:`_rail_quotient`).
         * NVLink: only the representative's own domain (the others' touch none of its
           links), and in it only the representative's own sends, each loading the
           links it crosses as many times as its images under the rotations
@@ -384,9 +385,14 @@ class Engine:
 
         Both pieces run in one network phase of the full plan's 2 steps, so the hops
         stay concurrent. None where the op's group is not the layout's EP group (a
-        trace file's own grouping) or the pieces do not line up: the full plan runs."""
+        trace file's own grouping), lies in one domain, is planned otherwise (a
+        scenario's ``algorithms``) or the pieces do not line up: the full plan runs."""
         L, D = self.layout, self.topo.domain_size
         if self.topo.kind != "switched" or op.group != L.group(op.rank, "ep"):
+            return None
+        if (len(L.ep_subgroup(op.rank, "inter", D)) <= 1
+                or self._plan(op.coll, op.group, op.size_bytes, op.scaleout_fraction).algorithm
+                != "hierarchical-a2a"):
             return None
         transfers: list = []
         rail = L.ep_subgroup(op.rank, "inter", D)
