@@ -108,9 +108,7 @@ def format_table(rows: Sequence[dict]) -> str:
 def plot_busbw(rows: Sequence[dict], path: str) -> None:
     """Bus bandwidth against message size (log-log), saved to ``path``; one line per
     (op, algorithm, n_ranks) found in ``rows``."""
-    import matplotlib
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # no backend chosen here: Agg headless, the notebook's in a notebook
 
     fig, ax = plt.subplots(figsize=(6, 4))
     series: dict[tuple, list[dict]] = {}

@@ -1,8 +1,13 @@
 """The ``stepsim`` command line.
 
-Every command exits 0 on success, 2 on bad input (one line naming the field and
-what is allowed, no traceback), 1 on an internal error (traceback only with
-``STEPSIM_DEBUG=1``).
+Exit codes (the same for every command; README.md and docs/formats.md list them):
+
+* 0: success;
+* 1: an internal error (traceback only with ``STEPSIM_DEBUG=1``);
+* 2: bad input (one line naming the field and what is allowed, no traceback);
+* 3: ``stepsim validate --max-error F``: a case is off by more than ``F``;
+* 4: ``sweep``, ``search`` or ``validate`` ran, but some of its cases failed (the
+  command says how many; the others' results are written as usual).
 """
 
 from __future__ import annotations
@@ -15,7 +20,12 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
-EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_OFF_TARGET, EXIT_CASES_FAILED = 0, 1, 2, 3, 4
+
+#: The exit codes as ``--help`` prints them.
+EXIT_CODES_HELP = (f"exit codes: {EXIT_OK} success, {EXIT_INTERNAL} internal error, {EXIT_BAD_INPUT} bad input, "
+                   f"{EXIT_OFF_TARGET} validate --max-error exceeded, {EXIT_CASES_FAILED} some cases of a sweep, "
+                   "search or validate failed")
 
 from simulator.schema import builtin_scenarios
 
@@ -82,7 +92,7 @@ def cmd_trace(args) -> int:
                          ranks=list(range(sc.layout.world)) if args.exact else None)
     except (LayoutError, ScheduleError) as err:
         raise ScenarioError(err.field, str(err)[len(err.field) + 2:]) from None
-    write_trace(tr, args.out)
+    write_trace(tr, args.out, scenario=sc)
     print(f"wrote {len(tr.ops):,} ops of {len(tr.ranks)} ranks to {args.out}")
     return EXIT_OK
 
@@ -229,8 +239,11 @@ def cmd_topology(args) -> int:
 def _looks_like_topology(p: Path) -> bool:
     if p.suffix.lower() == ".graphml":
         return True
+    from simulator.fileio import load_json, read_text
+
     try:
-        return "nodes" in json.loads(p.read_text())
+        doc = load_json(read_text(p, 64 * 2**20), str(p))   # capped, like every input file
+        return isinstance(doc, dict) and "nodes" in doc
     except (OSError, ValueError):
         return False
 
@@ -239,19 +252,26 @@ def _looks_like_topology(p: Path) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="stepsim", description="Simulate one LLM training step on a cluster.")
+    from simulator import __version__
+
+    ap = argparse.ArgumentParser(prog="stepsim", description="Simulate one LLM training step on a cluster.",
+                                 epilog=EXIT_CODES_HELP + ". File formats: docs/scenario.md, docs/formats.md.")
+    ap.add_argument("--version", action="version", version=f"stepsim {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="simulate a scenario and write its outputs")
-    p.add_argument("scenario", help="scenario file (YAML/JSON) or a built-in scenario name")
-    p.add_argument("--out", help="directory for summary.json, trace.json, timeline.png, memory.png, events")
+    p.add_argument("scenario", help="scenario file (YAML/JSON; docs/scenario.md) or a built-in scenario name "
+                                    "(stepsim presets)")
+    p.add_argument("--out", help="directory for summary.json, trace.json, timeline.png, memory.png, events, memory "
+                                 "(formats: docs/scenario.md, docs/formats.md)")
     p.add_argument("--exact", action="store_true", help="simulate every device (slow; checks the fast path)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the human summary")
     p.add_argument("--no-plots", action="store_true", help="skip timeline.png and memory.png")
     p.add_argument("--reproducible", action="store_true",
                    help="write sim_wall_s as null so that summary.json is byte-identical across runs")
-    p.add_argument("--topology", help="a topology file (JSON/GraphML) replacing the cluster's network")
-    p.add_argument("--trace", help="simulate this trace file (from `stepsim trace`) instead of generating one")
+    p.add_argument("--topology", help="a topology file (JSON/GraphML; docs/formats.md) replacing the cluster's network")
+    p.add_argument("--trace", help="simulate this trace file (from `stepsim trace`; docs/formats.md) instead of "
+                                   "generating one")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("trace", help="write a scenario's operation trace to a file (JSON, .gz to compress)")

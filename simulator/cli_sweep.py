@@ -2,7 +2,11 @@
 
 ``register(subparsers)`` adds them to the ``stepsim`` parser (``simulator.cli``);
 ``python -m simulator.cli_sweep COMMAND ...`` runs them on their own, with the same
-exit codes (0 ok, 2 bad input, 1 internal error).
+exit codes (0 ok, 1 internal error, 2 bad input, 4 some cases failed: ``sweep`` when a
+case's status is ``failed``, ``search`` when a layout's is — the tables hold every
+case, the failed ones with their error; ``oom``, ``pruned``, ``invalid`` and
+``skipped`` layouts of a search are answers, not failures). File formats:
+``docs/formats.md``.
 
     stepsim sweep SWEEP.yaml --out DIR [--jobs N | --dask ADDRESS] [--retry-failed] [--plot]
     stepsim search SCENARIO [--out DIR] [--max-tp 8 --max-pp 16 --schedules 1f1b,interleaved-1f1b
@@ -19,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from simulator.cli import EXIT_OK, CliError
+from simulator.cli import EXIT_CASES_FAILED, EXIT_OK, CliError
 
 COMMANDS = ("sweep", "search", "sweep-plot")
 
@@ -79,7 +83,7 @@ def cmd_sweep(args) -> int:
     if not Path(args.sweep).exists():
         raise CliError(f"sweep: no file {args.sweep!r}")
     with _dask_client(args.dask) as client:
-        frame = sweep(args.sweep, out=args.out, client=client, jobs=_jobs(args), progress=not args.no_progress,
+        frame = sweep(args.sweep, out=args.out, client=client, jobs=_jobs(args), progress=False if args.no_progress else None,
                       retry_failed=args.retry_failed)
     counts = frame["status"].value_counts() if len(frame) else {}
     extra = []
@@ -99,7 +103,21 @@ def cmd_sweep(args) -> int:
         except PlotError as err:
             raise CliError(f"--plot: {err}") from None
         print(f"  plots: {', '.join(p.name for p in paths)} in {Path(args.out) / 'plots'}")
+    failed = frame[frame["status"] == "failed"] if len(frame) else frame
+    if len(failed):
+        _report_failed(f"{len(failed)} of {len(frame)} cases failed", failed["case"], failed["error"],
+                       f"the error column of {Path(args.out) / CSV_FILE}; --retry-failed runs them again")
+        return EXIT_CASES_FAILED
     return EXIT_OK
+
+
+def _report_failed(what: str, cases, errors, where: str, noun: str = "case", show: int = 3) -> None:
+    """One line on stderr saying how many failed, the first ``show`` errors, and where the rest are."""
+    print(f"stepsim: {what}; see {where}", file=sys.stderr)
+    for case, err in list(zip(cases, errors))[:show]:
+        print(f"  {noun} {case}: {err}", file=sys.stderr)
+    if len(cases) > show:
+        print(f"  ... and {len(cases) - show} more", file=sys.stderr)
 
 
 def cmd_search(args) -> int:
@@ -119,13 +137,19 @@ def cmd_search(args) -> int:
     )
     with _dask_client(args.dask) as client:
         result = search(path, out=args.out, bounds=bounds, client=client, jobs=_jobs(args),
-                        progress=not args.no_progress)
+                        progress=False if args.no_progress else None)
     if args.json:
         sys.stdout.write(json.dumps(result.best_json(), indent=2, default=str) + "\n")
     else:
         print(result.to_text(top=args.top))
         if args.out:
             print(f"  wrote search.csv, best.json to {args.out}")
+    failed = result.table[result.table["status"] == "failed"]
+    if len(failed):
+        _report_failed(f"{len(failed)} of {len(result.table)} layouts failed to simulate", failed["label"],
+                       failed["reason"], f"the reason column of {Path(args.out) / 'search.csv'}" if args.out
+                       else "the table (--out DIR writes it)", noun="layout")
+        return EXIT_CASES_FAILED
     return EXIT_OK
 
 
@@ -152,15 +176,21 @@ def _executor_flags(p) -> None:
 
 def register(subparsers) -> None:
     """Add ``sweep``, ``search`` and ``sweep-plot`` to ``stepsim``'s sub-command parsers."""
-    p = subparsers.add_parser("sweep", help="run a parameter sweep (resumable) into a results table")
-    p.add_argument("sweep", help="sweep file (YAML/JSON): base scenario + grid/cases (see simulator/sweep.py)")
+    p = subparsers.add_parser("sweep", help="run a parameter sweep (resumable) into a results table",
+                              epilog="exit codes: 0 every case ran, 1 internal error, 2 bad input (the sweep file), "
+                                     f"{EXIT_CASES_FAILED} some cases failed (counted on stderr; their errors are "
+                                     "in the tables). Formats: docs/formats.md.")
+    p.add_argument("sweep", help="sweep file (YAML/JSON): base scenario + grid/cases (docs/formats.md)")
     p.add_argument("--out", required=True, help="directory for rows.jsonl, results.parquet, results.csv")
     p.add_argument("--retry-failed", action="store_true", help="re-run the cases recorded as failed")
     p.add_argument("--plot", action="store_true", help="also draw the sweep plots into DIR/plots")
     _executor_flags(p)
     p.set_defaults(func=cmd_sweep)
 
-    p = subparsers.add_parser("search", help="search the parallel layouts of a scenario for the fastest step")
+    p = subparsers.add_parser("search", help="search the parallel layouts of a scenario for the fastest step",
+                              epilog="exit codes: 0 every layout ran or was ruled out (oom, pruned, invalid, "
+                                     f"skipped), 1 internal error, 2 bad input, {EXIT_CASES_FAILED} some layouts "
+                                     "failed to simulate (counted on stderr). Formats: docs/formats.md.")
     p.add_argument("scenario", help="scenario file (YAML/JSON) or a built-in scenario name")
     p.add_argument("--out", help="directory for search.csv and best.json")
     p.add_argument("--max-tp", type=int, help="largest tensor parallelism (default: the scale-up domain)")

@@ -2,7 +2,9 @@
 
 ``register(subparsers)`` adds them to the ``stepsim`` parser (``simulator.cli``);
 ``python -m simulator.cli_validate COMMAND ...`` runs them on their own with the
-same exit codes (0 ok, 2 bad input, 1 internal error).
+same exit codes (0 ok, 1 internal error, 2 bad input; ``validate``: 3 a case off by
+more than ``--max-error``, 4 some cases could not be simulated — the others are
+reported as usual).
 
     stepsim validate [--cases GLOB ...] [--out DIR] [--jobs N] [--max-error F]
     stepsim calibrate KERNELS.csv [--family hopper] [--collectives COLL.csv --cluster dgx-h100]
@@ -18,10 +20,9 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from simulator.cli import EXIT_OK, CliError
+from simulator.cli import EXIT_CASES_FAILED, EXIT_OFF_TARGET, EXIT_OK, CliError
 
 COMMANDS = ("validate", "calibrate")
-EXIT_OFF_TARGET = 3
 
 
 def cmd_validate(args) -> int:
@@ -37,21 +38,29 @@ def cmd_validate(args) -> int:
         if not args.quiet:
             print(f"  {r.case.name}: {r.error:+.1%} ({r.sim_wall_s:.1f} s)", file=sys.stderr, flush=True)
 
-    results = v.run_suite(cases, jobs=jobs, progress=progress)
+    failures: list = []
+    results = v.run_suite(cases, jobs=jobs, progress=progress, failures=failures)
     wall = time.perf_counter() - t0
-    print(v.format_table(results))
+    if results:
+        print(v.format_table(results))
     print(f"total wall time {wall:.1f} s with {jobs} job(s)")
-    if args.out:
+    if results and args.out:
         out = Path(args.out)
         csv_path = v.write_csv(results, out / "validation.csv")
         png = v.plot_parity(results, out / "parity.png")
         print(f"wrote {csv_path} and {png}")
-    if args.max_error is not None:
+    code = EXIT_OK
+    if args.max_error is not None and results:
         _, worst, name = v.error_stats(results)
         if worst > args.max_error:
             print(f"worst |error| {worst:.1%} ({name}) is above --max-error {args.max_error:.1%}", file=sys.stderr)
-            return EXIT_OFF_TARGET
-    return EXIT_OK
+            code = EXIT_OFF_TARGET
+    if failures:
+        print(f"stepsim: {len(failures)} of {len(cases)} cases failed:", file=sys.stderr)
+        for f in failures:
+            print(f"  {f.error}", file=sys.stderr)
+        code = EXIT_CASES_FAILED
+    return code
 
 
 def cmd_calibrate(args) -> int:
@@ -78,10 +87,15 @@ def cmd_calibrate(args) -> int:
 
 def register(subparsers) -> None:
     """Add ``validate`` and ``calibrate`` to an argparse subparsers action."""
-    p = subparsers.add_parser("validate", help="simulate the published runs of validation/ and compare")
+    p = subparsers.add_parser(
+        "validate", help="simulate the published runs of validation/ and compare",
+        epilog=f"exit codes: {EXIT_OK} every case ran (and is within --max-error), 1 internal error, 2 bad input, "
+               f"{EXIT_OFF_TARGET} a case is off by more than --max-error, {EXIT_CASES_FAILED} some cases failed "
+               "(the others are reported)")
     p.add_argument("--cases", nargs="+", metavar="GLOB",
                    help="case names, paths relative to validation/ (narayanan2021/*) or files; default: all")
-    p.add_argument("--suite", help="folder of case files (default: the repository's validation/)")
+    p.add_argument("--suite", help="folder of case files (default: the built-in suite, validation/ of the "
+                                   "repository, installed as package data)")
     p.add_argument("--out", help="write DIR/validation.csv and DIR/parity.png")
     p.add_argument("--jobs", type=int, help="worker processes (default: one per CPU)")
     p.add_argument("--max-error", type=float, metavar="F",

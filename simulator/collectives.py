@@ -43,15 +43,18 @@ ranks, ``S`` bytes, per-step latency ``a`` and link bandwidth ``B``:
   partners (one exchange of ``S``) and unfolds the result at the end (MPICH's
   approach); all-gather / reduce-scatter fall back to ``ring`` (the plan says so).
 * ``torus`` -- dimension by dimension over the ``D`` axes the group spans (it must
-  be a box of the torus, one pod), on all axes at once: the buffer is split into ``D``
+  be a grid of one pod's torus: per axis an evenly spaced set of coordinates, e.g. a
+  box, or every other row of a plane, which is what a mesh axis laid out with a
+  stride on the torus gets), on all axes at once: the buffer is split into ``D``
   shares and share ``i`` reduce-scatters along the axes in the order rotated by ``i``
   (``i, i+1, ..., i-1``), then all-gathers back in reverse order, so that at every
   stage each axis carries one share ("How to Scale Your Model", TPU chapter: a
   collective over several axes gets the bandwidth of every axis; XLA splits the data
   the same way). The ``j``-th stages of all shares form one phase of concurrent flows
   on different axes' links; on a cube each stage's shares take equal time, otherwise
-  the phase lasts as long as its slowest share. An axis that the group covers whole and that
-  wraps (length > 2) is a bidirectional ring: ``(m-1)(a + d/(2mB))`` for ``d`` bytes
+  the phase lasts as long as its slowest share. An axis that the group covers at equal
+  spacing (whole, or every ``L/m``-th position) and that wraps, with ``m > 2`` members,
+  is a bidirectional ring (its neighbour hops use every link of the axis once): ``(m-1)(a + d/(2mB))`` for ``d`` bytes
   per rank on that axis. Any other axis (no wrap-around, or only part of it in the
   group) is a line, run as a bidirectional chain: the link from position ``i`` to
   ``i+1`` carries the ``m-1-i`` chunks owned further right, so the busiest link
@@ -59,6 +62,9 @@ ranks, ``S`` bytes, per-step latency ``a`` and link bandwidth ``B``:
   bandwidth term of the wrapped axis, as "How to Scale Your Model" notes for
   tori without wrap-around. On a wrapped ``m^D`` cube an all-reduce costs
   ``2 D (m-1) a + 2 (1 - 1/n) S / (2 D B)``: ``D`` times the bandwidth of one axis.
+  Members ``s`` positions apart on an axis exchange over ``s``-hop routes (latency
+  ``s a`` per step); on a line those routes are disjoint, so the bandwidth term is
+  that of adjacent members.
 * ``rail-ring`` -- NCCL's ring across ``m`` domains of ``k`` members: ``k``
   channels (one per rail, i.e. per local index) of ``S/k`` each, every channel a
   ring over all ``n`` ranks that enters and leaves each domain through its own rail
@@ -72,7 +78,7 @@ ranks, ``S`` bytes, per-step latency ``a`` and link bandwidth ``B``:
 * ``hierarchical`` -- intra-domain reduce-scatter, then an all-reduce of the
   ``S/k`` shard over the ``m`` members with the same local index (rail-aligned:
   one per domain), then intra-domain all-gather; intra-domain steps use ``torus``
-  when the domain's members form a torus box, ``ring`` otherwise. All-gather runs
+  when the domain's members form a torus grid, ``ring`` otherwise. All-gather runs
   rails first then intra-domain; reduce-scatter intra first then rails. Needs the
   same number ``k`` of members in every domain. On a switched cluster the stages are
   *pipelined* (chunks stream through them, NCCL-style): all their transfers form
@@ -119,7 +125,8 @@ Algorithm choice (:func:`choose_algorithm`), in order:
    With ``scaleout_fraction < 1`` (node-limited routing) ``hierarchical-a2a`` whenever
    the group spans several domains with the same number of members in each.
 3. all-reduce / all-gather / reduce-scatter on a torus topology: ``torus`` when
-   the group is a box of the torus (whole axes or contiguous parts, one pod),
+   the group is a grid of the torus (whole axes, contiguous parts, or evenly
+   spaced positions per axis; one pod),
    ``hierarchical`` when it spans several pods with the same number of members
    per pod, else ``ring``.
 4. Other topologies: group inside one domain -> ``nvls`` if ``topo.nvls`` and
@@ -218,22 +225,25 @@ def _equal_split(parts: list[list[int]]) -> bool:
     return len({len(p) for p in parts}) == 1
 
 
-def _torus_box(group: Sequence[int], topo: "Topology") -> Optional[list[tuple[int, int]]]:
-    """Per axis (first coordinate, extent) if ``group`` is a box of one pod's torus."""
+def _torus_grid(group: Sequence[int], topo: "Topology") -> Optional[list[tuple[int, ...]]]:
+    """Per axis, the sorted coordinates of ``group`` if it is a *grid* of one pod's torus:
+    the Cartesian product of one evenly spaced set of coordinates per axis (a box when
+    every spacing is 1; e.g. every other row of a plane). ``None`` otherwise."""
     if topo.kind != "torus" or topo.torus_shape is None:
         return None
     if len({topo.pod_of(d) for d in group}) != 1:
         return None
     coords = [topo.torus_coords(d) for d in group]
-    box = []
+    grid = []
     for a in range(len(topo.torus_shape)):
-        values = sorted({c[a] for c in coords})
-        if values != list(range(values[0], values[0] + len(values))):
+        values = tuple(sorted({c[a] for c in coords}))
+        step = values[1] - values[0] if len(values) > 1 else 1
+        if values != tuple(range(values[0], values[0] + step * len(values), step)):
             return None
-        box.append((values[0], len(values)))
-    if math.prod(e for _, e in box) != len(set(group)):
+        grid.append(values)
+    if math.prod(len(v) for v in grid) != len(set(group)):
         return None
-    return box
+    return grid
 
 
 def _is_pow2(n: int) -> bool:
@@ -255,7 +265,7 @@ def choose_algorithm(op: str, group: Sequence[int], topo: "Topology") -> str:
             return "hierarchical-a2a"
         return "direct"
     if topo.kind == "torus":
-        if _torus_box(group, topo) is not None:
+        if _torus_grid(group, topo) is not None:
             return "torus"
         pods = _domains(group, topo, by_pod=True)
         if len(pods) > 1 and _equal_split(pods):
@@ -367,28 +377,32 @@ def _axis_phase(op: str, lines: Sequence[Sequence[int]], ring: bool, data: float
 
 
 def _torus(op: str, members: Sequence[int], size: float, topo: "Topology") -> list[Phase]:
-    box = _torus_box(members, topo)
-    if box is None:
-        raise CollectiveError("torus algorithm needs a group that is a box of one pod's torus")
+    grid = _torus_grid(members, topo)
+    if grid is None:
+        raise CollectiveError("torus algorithm needs a group that is a box (or an evenly "
+                              "spaced grid) of one pod's torus")
     pod = topo.pod_of(members[0])
     shape, wrap = topo.torus_shape, topo.torus_wrap
-    axes = [a for a, (_, e) in enumerate(box) if e > 1]
+    axes = [a for a, v in enumerate(grid) if len(v) > 1]
     n = len(members)
 
     def lines_along(a: int) -> list[list[int]]:
-        others = [range(s, s + e) if b != a else range(s, s + 1) for b, (s, e) in enumerate(box)]
+        others = [grid[b] if b != a else grid[b][:1] for b in range(len(grid))]
         out = []
         for base in _product(others):
             line = []
-            for k in range(box[a][1]):
+            for v in grid[a]:
                 c = list(base)
-                c[a] = box[a][0] + k
+                c[a] = v
                 line.append(topo.device_at(c, pod))
             out.append(line)
         return out
 
     def is_ring(a: int) -> bool:
-        return bool(wrap[a]) and box[a][1] == shape[a] and shape[a] > 2
+        # The members cover the wrapped axis at equal spacing, so the hops between
+        # neighbours (spacing links each) use every link of the axis once per direction.
+        m = len(grid[a])
+        return bool(wrap[a]) and m > 2 and m * (grid[a][1] - grid[a][0]) == shape[a]
 
     # One share of size/D per axis, share i running the axes in the order rotated by i, so
     # that at every stage each axis carries one share ("How to Scale Your Model": a
@@ -399,11 +413,11 @@ def _torus(op: str, members: Sequence[int], size: float, topo: "Topology") -> li
     orders = [axes[i:] + axes[:i] for i in range(d)]
 
     def rs_stage(order: list[int], j: int) -> Phase:
-        data = share / math.prod(box[a][1] for a in order[:j])
+        data = share / math.prod(len(grid[a]) for a in order[:j])
         return _axis_phase("reduce-scatter", lines_along(order[j]), is_ring(order[j]), data)
 
     def ag_stage(order: list[int], j: int) -> Phase:
-        data = share / math.prod(box[a][1] for a in order[:j])
+        data = share / math.prod(len(grid[a]) for a in order[:j])
         return _axis_phase("all-gather", lines_along(order[j]), is_ring(order[j]), data)
 
     rs = _merge_parallel([[rs_stage(o, j) for j in range(d)] for o in orders])
@@ -423,8 +437,8 @@ def _product(ranges: Sequence[range]) -> list[tuple[int, ...]]:
 
 
 def _intra(op: str, members: Sequence[int], size: float, topo: "Topology") -> list[Phase]:
-    """Reduce-scatter / all-gather inside one domain: torus box if possible, else ring."""
-    if len(members) > 1 and _torus_box(members, topo) is not None:
+    """Reduce-scatter / all-gather inside one domain: torus grid if possible, else ring."""
+    if len(members) > 1 and _torus_grid(members, topo) is not None:
         return _torus(op, members, size, topo)
     return _ring(op, members, size)
 

@@ -12,16 +12,12 @@ from __future__ import annotations
 import copy
 from typing import Mapping, Optional, Sequence
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from simulator.plots import PHASE_COLOURS  # noqa: E402
-from simulator.schema import ScenarioError, builtin_scenarios, read_mapping  # noqa: E402
-from simulator.simulate import simulate  # noqa: E402
-from workloads.schedules import SCHEDULES  # noqa: E402
+from simulator.plots import _bars, BUBBLE_EDGE, IDLE_COLOURS, PHASE_COLOURS, SlideFigure, colour_for, finish, legend_handles
+from simulator.schema import ScenarioError, builtin_scenarios, read_mapping
+from simulator.simulate import simulate
+from workloads.schedules import SCHEDULES
 
 
 def compare_schedules(scenario, schedules: Sequence[str] = SCHEDULES, vpp: int = 2):
@@ -63,44 +59,68 @@ def format_table(table: pd.DataFrame) -> str:
 
 
 def plot_comparison(table: pd.DataFrame, results: dict, path: Optional[str] = None):
+    """Left: one compute timeline per schedule (pipeline stages as rows; bubbles hatched,
+    other idle time in its cause's colour) on a shared time axis. Right: step time,
+    bubble and peak memory per schedule. A legend of everything drawn. Sized for a 16:9
+    slide up to five schedules. Returns the figure (saved to ``path`` if given)."""
+    import matplotlib.pyplot as plt
+
     n = len(results)
-    fig = plt.figure(figsize=(15, 2.0 * n + 3.2))
-    gs = fig.add_gridspec(n + 1, 3, height_ratios=[1.0] * n + [1.6])
+    fig = plt.figure(figsize=(12, max(5.0, 1.25 * n + 1.0)), FigureClass=SlideFigure, layout="constrained")
+    outer = fig.add_gridspec(1, 2, width_ratios=[2.6, 1])
+    left = outer[0].subgridspec(n, 1)
+    right = outer[1].subgridspec(3, 1)
     t_max = max(r.summary["step_time_s"] for r in results.values())
+    spare: dict = {}
+    phases: dict[str, str] = {}
+    causes: dict[str, Optional[str]] = {}
+    first = None
     for i, (name, res) in enumerate(results.items()):
-        ax = fig.add_subplot(gs[i, :])
+        ax = fig.add_subplot(left[i], sharex=first)
+        first = first or ax
         ev = res.events[res.events["stream"] == "compute"]
         stages = sorted(set(ev["stage"]))
         bars: dict[tuple, list] = {}
-        for row in ev.itertuples(index=False):
-            if row.duration_s > 0:
-                bars.setdefault((row.stage, PHASE_COLOURS.get(row.phase, "#999999")), []).append(
-                    (row.start_s * 1e3, row.duration_s * 1e3))
-        for (st, colour), spans in sorted(bars.items()):
-            ax.broken_barh(spans, (st - 0.4, 0.8), facecolors=colour, linewidth=0)
+        for stage, phase, start, dur in zip(*(ev[c].tolist() for c in ("stage", "phase", "start_s", "duration_s"))):
+            if dur > 0:
+                colour = colour_for(phase, PHASE_COLOURS, spare)
+                phases.setdefault(phase, colour)
+                bars.setdefault((stage, colour, "solid"), []).append((start * 1e3, dur * 1e3))
+        raw = getattr(res, "raw", None)
+        if raw is not None and res.scenario is not None:
+            for r, t0, t1, cause, _ in raw.idle_spans:
+                colour = None if cause == "bubble" else colour_for(cause, IDLE_COLOURS, spare)
+                causes.setdefault(cause, colour)
+                bars.setdefault((res.scenario.layout.stage_of(r), colour, "idle"), []).append(
+                    (t0 * 1e3, (t1 - t0) * 1e3))
+        for (st, colour, _), spans in sorted(bars.items(), key=lambda kv: (kv[0][0], str(kv[0][1]), kv[0][2])):
+            if colour is None:
+                _bars(ax, spans, st, hatch="////", facecolor="none", edgecolor=BUBBLE_EDGE, linewidth=0)
+            else:
+                _bars(ax, spans, st, facecolors=colour, linewidth=0)
         ax.set_xlim(0, t_max * 1e3 * 1.01)
-        ax.set_yticks(stages)
-        ax.set_yticklabels([f"stage {s}" for s in stages], fontsize=7)
-        ax.invert_yaxis()
+        ax.set_ylim(max(stages) + 0.6, min(stages) - 0.6)
+        ax.set_yticks(stages, [str(s) for s in stages])
+        ax.set_ylabel("stage")
         s = res.summary
-        ax.set_title(f"{name}: step {s['step_time_s'] * 1e3:.1f} ms, bubble {100 * s['bubble_fraction']:.1f}%, "
-                     f"peak {s['peak_memory_bytes'] / 1e9:.1f} GB", fontsize=9, loc="left")
-        if i == n - 1:
+        ax.set_title(f"{name}: step {s['step_time_s'] * 1e3:.0f} ms, bubble {100 * s['bubble_fraction']:.1f}%",
+                     fontsize=10, loc="left", pad=2)
+        if i < n - 1:
+            ax.tick_params(labelbottom=False)
+        else:
             ax.set_xlabel("time (ms)")
-    labels = list(table["schedule"])
-    for j, (col, title, scale, unit) in enumerate((
-        ("step_time_s", "step time", 1e3, "ms"), ("bubble_fraction", "bubble", 100, "%"),
-        ("peak_memory_bytes", "peak memory", 1e-9, "GB"),
+    handles = legend_handles(phases, causes)
+    fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), frameon=False)
+    labels = list(table["schedule"])[::-1]
+    for j, (col, title, scale) in enumerate((
+        ("step_time_s", "step time (ms)", 1e3), ("bubble_fraction", "bubble (% of step)", 100),
+        ("peak_memory_bytes", "peak memory (GB)", 1e-9),
     )):
-        ax = fig.add_subplot(gs[n, j])
-        ax.bar(labels, table[col] * scale, color="#4C72B0")
+        ax = fig.add_subplot(right[j])
+        ax.barh(labels, table[col][::-1] * scale, color="#4E79A7", label="total")
         if col == "peak_memory_bytes":
-            ax.bar(labels, table["peak_activation_bytes"] * scale, color="#DD8452", label="activations")
-            ax.legend(fontsize=7)
-        ax.set_title(f"{title} ({unit})", fontsize=9)
-        ax.tick_params(axis="x", labelrotation=30, labelsize=7)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-    return fig
+            ax.barh(labels, table["peak_activation_bytes"][::-1] * scale, color="#F28E2B", label="activations")
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False, columnspacing=1.0,
+                      handlelength=1.5)
+        ax.set_title(title, fontsize=10, pad=2)
+    return finish(fig, path, dpi=120)

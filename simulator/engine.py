@@ -48,6 +48,7 @@ from typing import Optional
 import simpy
 
 from simulator import collectives as coll_mod
+from simulator.accounting import IdleAccount, account
 from simulator.compute import ComputeCalibration, kernels_time_s, overlap_slowdown
 from simulator.network import FlowNetwork, Transfer
 from topologies.chips import ChipSpec
@@ -68,13 +69,14 @@ class OpRecord:
 class RawRun:
     records: list[OpRecord]
     step_time_s: float
-    idle: dict[int, dict[str, float]]  # rank -> {'bubble': s, 'exposed_comm': s}
+    idle: dict[int, dict[str, float]]  # rank -> seconds per category (see simulator.accounting)
     mem_events: list[tuple[float, int, str, float]]  # (time, rank, category, delta)
     matmul_flops: dict[int, float]  # rank -> GEMM + attention FLOPs of its compute ops (incl. recompute)
     network_stats: dict
     events_processed: int
     idle_spans: list[tuple[int, float, float, str, str]] = field(default_factory=list)
-    # (rank, start_s, end_s, cause 'bubble' | 'exposed_comm', axis of the collective waited for)
+    # (rank, start_s, end_s, cause 'bubble' | 'exposed_comm' | 'offload_wait', axes busy or 'offload')
+    account: Optional[IdleAccount] = None  # the per-rank attribution behind idle and idle_spans
 
 
 class Engine:
@@ -123,25 +125,17 @@ class Engine:
         self._net_phase_cache: dict = {}  # (coll, group, size, axis, rank) -> network phases
         self._send_cache: dict = {}       # (rank, peer, size, axis) -> transfers tuple
         self.twin_stats = {"quotient": 0, "fallback": 0}   # phases quotiented / fallbacks
-        self.idle = {r: {"bubble": 0.0, "exposed_comm": 0.0} for r in trace.ranks}
-        self._last_compute_end = {r: 0.0 for r in trace.ranks}
-        self.idle_spans: list[tuple[int, float, float, str, str]] = []
-        self._start_time: dict[int, float] = {}
-        self._stream_prev: dict[int, int] = {}
 
     # ---- public -----------------------------------------------------------------
     def run(self) -> RawRun:
         self.trace.check()
         streams: dict[tuple[int, str], list[Op]] = defaultdict(list)
         for op in self.trace.ops:
-            lst = streams[(op.rank, op.stream)]
-            if lst:
-                self._stream_prev[op.id] = lst[-1].id
-            lst.append(op)
+            streams[(op.rank, op.stream)].append(op)
         for (rank, stream), ops in sorted(streams.items()):
             self.env.process(self._stream(rank, stream, ops))
         if self.progress is not False:
-            from tqdm import tqdm
+            from tqdm.auto import tqdm  # a widget in a notebook (with ipywidgets), text elsewhere
 
             self._bar = tqdm(total=len(self.trace.ops), unit="op", desc="simulating", disable=None if self.progress is None else False,
                              leave=False, mininterval=0.5)
@@ -158,17 +152,13 @@ class Engine:
                 "collectives must be reached in the same order by every member of their group"
             )
         step = max(self.end_time.values()) if self.end_time else 0.0
-        for r in self.trace.ranks:  # trailing idle: waiting for other stages to finish
-            tail = step - self._last_compute_end[r]
-            if tail > 0:
-                self.idle[r]["bubble"] += tail
-                self.idle_spans.append((r, self._last_compute_end[r], step, "bubble", ""))
+        acc = account(self.records, self.trace.ranks, step)
         flops: dict[int, float] = defaultdict(float)
         for rec in self.records:
             if rec.op.kind == "compute":
                 flops[rec.op.rank] += self._kernel_stats(rec.op.kernels)[2]
         return RawRun(
-            records=self.records, step_time_s=step, idle=self.idle, idle_spans=self.idle_spans,
+            records=self.records, step_time_s=step, idle=acc.per_rank(), idle_spans=acc.spans, account=acc,
             mem_events=self.mem_events,
             matmul_flops=dict(flops), network_stats=self._net_stats(),
             events_processed=len(self.records),
@@ -183,7 +173,7 @@ class Engine:
     # ---- processes ----------------------------------------------------------------
     def _stream(self, rank: int, stream: str, ops: list[Op]):
         env = self.env
-        end_time, start_time, done = self.end_time, self._start_time, self.done
+        end_time, done = self.end_time, self.done
         record = self.records.append
         for op in ops:
             if op.deps:
@@ -193,10 +183,7 @@ class Engine:
                 elif pending:
                     yield env.all_of(pending)
             start = env.now
-            start_time[op.id] = start
             kind = op.kind
-            if kind == "compute":
-                self._account_idle(op, start)
             if op.mem:
                 self._mem(op, "start")
             if kind == "compute":
@@ -218,7 +205,6 @@ class Engine:
                 self._mem(op, "end")
             end_time[op.id] = end
             if kind == "compute":
-                self._last_compute_end[rank] = end
                 if op.kernels:
                     record(OpRecord(op, start, end))
             else:
@@ -235,53 +221,6 @@ class Engine:
         if ev is None:
             ev = self.done[op_id] = self.env.event()
         return ev
-
-    def _account_idle(self, op: Op, start: float) -> None:
-        """Attribute the compute stream's idle gap before ``op`` to its root cause.
-
-        The gap ``[t0, start]`` is walked back along the chain of last-finishing
-        dependencies: the part of it during which a collective ran counts as exposed
-        communication (on that collective's axis); time spent waiting for a
-        pipeline send, for another rank's compute, or for nothing simulated counts
-        as pipeline bubble."""
-        t0 = self._last_compute_end[op.rank]
-        t1 = start
-        if t1 <= t0:
-            return
-        idle = self.idle[op.rank]
-        dep = self._last_finisher(op)
-        while t1 > t0 and dep is not None:
-            s, e = self._start_time[dep.id], self.end_time[dep.id]
-            overlap = min(t1, e) - max(t0, s)
-            if overlap > 0:
-                if dep.kind == "collective":
-                    idle["exposed_comm"] += overlap
-                    key = "exposed_" + dep.axis
-                    idle[key] = idle.get(key, 0.0) + overlap
-                    self.idle_spans.append((op.rank, max(t0, s), min(t1, e), "exposed_comm", dep.axis))
-                else:
-                    idle["bubble"] += overlap
-                    self.idle_spans.append((op.rank, max(t0, s), min(t1, e), "bubble", ""))
-            t1 = min(t1, s)
-            if dep.kind == "compute" and dep.rank == op.rank:
-                break
-            dep = self._last_finisher(dep)
-        if t1 > t0:
-            idle["bubble"] += t1 - t0
-            self.idle_spans.append((op.rank, t0, t1, "bubble", ""))
-
-    def _last_finisher(self, op: Op) -> Optional[Op]:
-        """The dependency of ``op`` (explicit or its stream predecessor) that finished last."""
-        best, t_best = None, -1.0
-        cands = list(op.deps)
-        prev = self._stream_prev.get(op.id)
-        if prev is not None:
-            cands.append(prev)
-        for d in cands:
-            t = self.end_time.get(d, -1.0)
-            if t > t_best:
-                t_best, best = t, self.ops_by_id[d]
-        return best
 
     def _mem(self, op: Op, at: str) -> None:
         for cat, delta, when in op.mem:

@@ -29,7 +29,7 @@ from workloads.trace import INPUT_GRAD_FREED_FRACTION, chunk_layer_ranges
 
 def estimate_memory(sc) -> dict:
     """Closed-form peak memory of the most loaded pipeline rank of a loaded scenario:
-    ``{"weights", "gradients", "optimizer", "activations", "total", "stage"}`` in bytes.
+    ``{"weights", "gradients", "optimizer", "activations", "buffers", "total", "stage"}`` in bytes.
 
     Per pipeline rank: its model chunks' parameters (:func:`workloads.memory.rank_parameter_counts`,
     embedding on the first chunk, head on the last) in ``state_bytes`` under the ZeRO stage;
@@ -38,10 +38,11 @@ def estimate_memory(sc) -> dict:
     layers (``activation_bytes_per_layer``, plus the output layer on the last chunk), a
     full backward frees them, an input-gradient pass frees ``INPUT_GRAD_FREED_FRACTION`` of
     the layers and the weight-gradient pass the rest — as the trace does. Full recompute
-    adds one layer's rebuilt activations during a backward. Communication buffers are not
-    counted; the trace's own parameter split differs in small ways (replicated norms,
-    vocabulary padding), so the estimate agrees with the simulated peak to a fraction of a
-    per cent without being a strict bound: :data:`PRUNE_TOLERANCE` covers the difference."""
+    adds one layer's rebuilt activations during a backward. ZeRO-2/3's full-size gradient
+    and gathered-weight buffers are :func:`workloads.memory.sharding_buffer_bytes`, as in the
+    trace; the trace frees activations at op boundaries the walk does not see, so the
+    estimate agrees with the simulated peak to a fraction of a per cent without being a
+    strict bound: :data:`PRUNE_TOLERANCE` covers the difference."""
     L, t, model, name = sc.layout, sc.training, sc.model, sc.schedule
     m = t.micro_batches(L.dp)
     chunks = chunk_layer_ranges(model, L, name)
@@ -61,9 +62,10 @@ def estimate_memory(sc) -> dict:
     for stage in range(L.pp):
         own = [sched.model_chunk(name, stage, c, L.pp, L.vpp) for c in range(n_local)]
         layers = [l for k in own for l in chunks[k]]
-        dense, expert = memory.rank_parameter_counts(model, L, layers, has_embedding=0 in own,
-                                                     has_head=len(chunks) - 1 in own)
+        units = memory.rank_parameter_units(model, L, layers, has_embedding=0 in own, has_head=len(chunks) - 1 in own)
+        dense, expert = sum(u[1] for u in units), sum(u[2] for u in units)
         state = memory.state_bytes(dense, expert, L, dtype=t.dtype, optimizer=t.optimizer)
+        buffers = memory.sharding_buffer_bytes([d + e for _, d, e in units], L.zero)
         chunk_bytes = []
         for k in own:
             total = 0.0
@@ -97,8 +99,8 @@ def estimate_memory(sc) -> dict:
                 elif a.op == "W":
                     level -= body * (1 - INPUT_GRAD_FREED_FRACTION)
         rec = {"weights": state.weights, "gradients": state.gradients, "optimizer": state.optimizer,
-               "activations": peak, "stage": stage}
-        rec["total"] = state.total + peak
+               "activations": peak, "buffers": buffers, "stage": stage}
+        rec["total"] = state.total + peak + buffers
         if best is None or rec["total"] > best["total"]:
             best = rec
     return best
@@ -356,8 +358,11 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
     blocking communication is not hidden by the pair); all-forward-first (a
     global MoE auxiliary loss) as GPipe. Pipeline sends to the neighbouring stages are added
     to every forward and backward (they pace the pipeline when slower than its compute).
-    Then the exposed data-parallel traffic (see the note above ``NetModel``), DualPipe's
-    gradient sum between mirror ranks, and the optimizer step (or its host offload).
+    Then the exposed data-parallel traffic (see the note above ``NetModel``): every parameter
+    unit's reduction (layers, embedding, head; every micro-batch under ZeRO-2/3) and DualPipe's
+    gradient sum between mirror ranks (the shard under ZeRO), overlapping the backward, the
+    tied-embedding sum between the first and last stage after it, and the optimizer step (or
+    its host offload).
 
     Returns ``{"step_time_s", "compute_s", "tp_s", "cp_s", "ep_s", "fsdp_s", "bubble_s",
     "pp_send_s", "dp_s", "optimizer_s"}`` (the parts are those of the slowest rank; their
@@ -451,7 +456,16 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
     emb_f, emb_b = kt(b.embed_kernels()), kt(b.bwd(b.embed_kernels(), "B"))
     head_f, head_b = kt(b.head_kernels()), kt(b.bwd(b.head_kernels(), "B"))
     head_i, head_w = kt(b.bwd(b.head_kernels(), "I")), kt(b.bwd(b.head_kernels(), "W"))
-    emb_grad_bytes = model.vocab * model.hidden / L.tp * GRAD_REDUCE_BYTES
+
+    def reduce_s(rank: int, dense: float, exp: float) -> float:
+        """One data-parallel gradient reduction of a unit (fp32)."""
+        return (net.time_s(grad_op, L.group(rank, "dp_cp"), dense * GRAD_REDUCE_BYTES)
+                + net.time_s(grad_op, L.group(rank, "edp"), exp * GRAD_REDUCE_BYTES))
+
+    def gather_s(rank: int, dense: float, exp: float) -> float:
+        """One all-gather of a unit's bf16 parameters."""
+        return (net.time_s("all-gather", L.group(rank, "dp_cp"), dense * PARAM_BYTES)
+                + net.time_s("all-gather", L.group(rank, "edp"), exp * PARAM_BYTES))
     keys = ("F", "B", "I", "W", "compute", "tp", "cp", "ep", "fsdp", "grad", "param_ag", "pp_send")
     ranks_of = [L.rank_of(pp=s) for s in range(pp)]
     send_bytes = b.hidden_bytes / (L.tp if L.sequence_parallel else 1)
@@ -465,11 +479,17 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
             for k_, v in layer(l, rank).items():
                 tot[k_] += v
         extras = []
-        if 0 in own:  # the embedding, and its gradient's reduction
-            extras.append({"F": emb_f, "B": emb_b, "I": emb_b, "compute": emb_f + emb_b,
-                           "grad": net.time_s(grad_op, L.group(rank, "dp_cp"), emb_grad_bytes)})
-        if n_chunks - 1 in own:  # the output layer, loss and MTP modules
-            extras.append({"F": head_f, "B": head_b, "I": head_i, "W": head_w, "compute": head_f + head_b})
+        # The embedding and the head (output layer, loss, MTP modules) are parameter units
+        # like the layers: reduced, ZeRO-1/2 gathered once, ZeRO-3 gathered per use.
+        units = {u: (d, e) for u, d, e in memory.rank_parameter_units(
+            model, L, [], has_embedding=0 in own, has_head=n_chunks - 1 in own)}
+        for u, (f_, b_, i_, w_) in (("embed", (emb_f, emb_b, emb_b, 0.0)), ("head", (head_f, head_b, head_i, head_w))):
+            if u not in units:
+                continue
+            g = gather_s(rank, *units[u])
+            z3 = g if L.zero == 3 else 0.0
+            extras.append({"F": f_ + z3, "B": b_ + z3, "I": i_ + z3, "W": w_, "compute": f_ + b_, "fsdp": 2 * z3,
+                           "grad": reduce_s(rank, *units[u]), "param_ag": g if L.zero in (1, 2) else 0.0})
         for extra in extras:
             for k_, v in extra.items():
                 tot[k_] += v
@@ -493,10 +513,27 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
             act["I"] += send_b
             tot["pp_send"] = (send_f + send_b) * n_local
         mb_work = (act["F"] + act["B"]) * (1 if name == "dualpipe" else n_local)
-        dense, expert = memory.rank_parameter_counts(model, L, layers, has_embedding=0 in own,
-                                                     has_head=n_chunks - 1 in own)
+        all_units = memory.rank_parameter_units(model, L, layers, has_embedding=0 in own,
+                                                has_head=n_chunks - 1 in own)
+        dense, expert = sum(u[1] for u in all_units), sum(u[2] for u in all_units)
+        # DualPipe: the two ranks holding a stage sum each unit's gradients (the shard under
+        # ZeRO) after its data-parallel reduction, overlapping the backward like it.
+        mirror_s = 0.0
+        if name == "dualpipe" and pp > 1:
+            pair = tuple(sorted((rank, ranks_of[pp - 1 - s])))
+            shard = (lambda d, e: d / (L.dp * L.cp) + e / L.edp) if L.zero >= 1 else (lambda d, e: d + e)
+            mirror_s = sum(net.time_s("all-reduce", pair, shard(d, e) * GRAD_REDUCE_BYTES) for _, d, e in all_units)
+        # Megatron-LM sums the tied (or MTP-shared) embedding table between the first and the
+        # last stage after the data-parallel reduction (the trace's ``tied_embedding_sync``).
+        tied_s = 0.0
+        if (model.tied_embeddings or model.mtp_depth) and ((0 in own) != (n_chunks - 1 in own)):
+            other_chunk = n_chunks - 1 if 0 in own else 0
+            other = ranks_of[sched.chunk_owner(name, other_chunk, pp, vpp)[0]]
+            if other != rank:
+                table = math.ceil(model.vocab / L.tp) * model.hidden
+                tied_s = net.time_s("all-reduce", tuple(sorted((rank, other))), table * GRAD_REDUCE_BYTES)
         ranks.append({"rank": rank, "tot": tot, "act": act, "work": mb_work, "layers": max(1, len(layers)),
-                      "dense": dense, "expert": expert})
+                      "dense": dense, "expert": expert, "mirror": mirror_s, "tied": tied_s})
 
     # -- the pipeline --------------------------------------------------------------------
     work = [r["work"] for r in ranks]
@@ -524,26 +561,27 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
     makespan = max(busy) + bubble
 
     # -- data-parallel traffic, optimizer ------------------------------------------------------
-    dp_end = start = mirror = opt = 0.0
+    dp_end = start = tied = opt = 0.0
     b_act = mean("B")
     f_act = mean("F")
+    # ZeRO-2/3 reduce-scatter every micro-batch's gradients (the trace's ``_grads_ready``);
+    # a DualPipe micro-batch passes through one of the rank's two chunks.
+    n_reductions = (m // 2 if name == "dualpipe" else m) if L.zero >= 2 else 1
     for s, r in enumerate(ranks):
         tot = r["tot"]
-        R = tot["grad"]
+        R = tot["grad"] + r["mirror"]  # the last micro-batch's reductions
+        total = n_reductions * tot["grad"] + r["mirror"]
         if t.overlap_grad_reduce:
             window = r["act"]["B"] * n_local / (2 if name == "dualpipe" else 1)  # the last micro-batch's backward
             slack = (min(s, pp - 1 - s) if name == "dualpipe" else s) * b_act
-            exposed = max(R / r["layers"], R - window) - slack
+            exposed = max(R / r["layers"], R - window, total - m * r["work"]) - slack
         else:
-            exposed = R
+            exposed = total
         dp_end = max(dp_end, exposed)
+        tied = max(tied, r["tied"])
         G = tot["param_ag"]
         if G:
             start = max(start, max(G / r["layers"], G - r["act"]["F"] - s * f_act))
-        if name == "dualpipe" and pp > 1:
-            mirror_rank = L.rank_of(pp=pp - 1 - s)
-            mirror = max(mirror, net.time_s("all-reduce", tuple(sorted((r["rank"], mirror_rank))),
-                                            (r["dense"] + r["expert"]) / 2 * GRAD_REDUCE_BYTES))
         kern = optimizer_kernels(r["dense"], L.zero, L.dp * L.cp, t.optimizer)
         if r["expert"]:
             kern += optimizer_kernels(r["expert"], L.zero, L.edp, t.optimizer)
@@ -555,12 +593,12 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         else:
             o = kt(kern)
         opt = max(opt, o)
-    step = makespan + start + max(0.0, dp_end) + mirror + opt
+    step = makespan + start + max(0.0, dp_end) + tied + opt
     tot = ranks[slow]["tot"]
     share = m * (0.5 if name == "dualpipe" else 1.0)  # a DualPipe micro-batch visits one of two chunks
     return {"step_time_s": step, **{f"{k_}_s": share * tot[k_] for k_ in ("compute", "tp", "cp", "ep", "fsdp")},
             "pp_send_s": m * tot["pp_send"] / n_local, "bubble_s": bubble,
-            "dp_s": start + max(0.0, dp_end) + mirror, "optimizer_s": opt}
+            "dp_s": start + max(0.0, dp_end) + tied, "optimizer_s": opt}
 
 
 def proxy_cost(p: Mapping, micro_batches: int, sc=None, net: Optional[NetModel] = None) -> float:

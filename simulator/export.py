@@ -3,8 +3,10 @@
 Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
 (the Trace Event Format). One process per simulated device (``pid`` = rank), one
 thread per stream; complete events (``ph: "X"``) with microsecond timestamps;
-idle spans on the compute thread are named ``bubble`` or ``exposed comm``; memory
-in use is a counter track per device.
+idle spans on the compute thread are named ``bubble``, ``exposed comm`` (``waiting_for``:
+the axes busy, e.g. ``ep_inter+ep_intra``) or ``offload wait`` (see
+:mod:`simulator.accounting`); a cause not listed in ``_IDLE_STYLE`` is named after
+itself. Memory in use is a counter track per device.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from pathlib import Path
 from workloads.ops import MEMORY_CATEGORIES, STREAMS
 
 _US = 1e6
+# idle-span cause (simulator.accounting) -> event name, Chrome trace colour name (reserved
+# names of the Trace Event viewers); any other cause: its own name, "yellow"
+_IDLE_STYLE = {"bubble": ("bubble", "grey"), "exposed_comm": ("exposed comm", "terrible"),
+               "offload_wait": ("offload wait", "bad")}
 
 
 def chrome_trace(result) -> dict:
@@ -50,10 +56,11 @@ def chrome_trace(result) -> dict:
     raw = getattr(result, "raw", None)
     if raw is not None:
         for r, s, e, cause, axis in raw.idle_spans:
+            name, cname = _IDLE_STYLE.get(cause, (cause.replace("_", " "), "yellow"))
             out.append({
-                "ph": "X", "pid": int(r), "tid": tids["compute"], "name": "bubble" if cause == "bubble" else "exposed comm",
+                "ph": "X", "pid": int(r), "tid": tids["compute"], "name": name,
                 "cat": "idle", "ts": s * _US, "dur": (e - s) * _US, "args": {"waiting_for": axis or "pipeline"},
-                "cname": "grey" if cause == "bubble" else "terrible",
+                "cname": cname,
             })
     mem = result.memory
     for rank, t, *vals in zip(*(mem[c].tolist() for c in ("rank", "time_s", *MEMORY_CATEGORIES))):

@@ -1,44 +1,182 @@
-"""Matplotlib figures for design reviews: the step's timeline and memory curves."""
+"""Matplotlib figures for design reviews: the step's timeline and memory curves.
+
+Figures are drawn for a slide: at most :data:`SLIDE_WIDTH_IN` wide and no text
+smaller than :data:`MIN_FONT_PT` at the size they are saved at. Library code never
+picks a backend: figures come from :func:`new_figure` (pyplot with whatever backend
+matplotlib chose — Agg on a machine without a display, the inline backend in a
+notebook), are saved and closed when a path is given, and returned either way.
+"""
 
 from __future__ import annotations
 
-import matplotlib
+import io
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.collections import PolyCollection  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, PathPatch
+from matplotlib.path import Path
+
+#: No text below this size (points, at the saved size).
+MIN_FONT_PT = 10
+#: Width of a 16:9 slide (PowerPoint's and Google Slides' default, 13.333 x 7.5 in):
+#: a figure no wider than this goes on a slide at its own size, text unscaled.
+SLIDE_WIDTH_IN = 13.333
 
 PHASE_COLOURS = {
-    "F": "#4C72B0", "B": "#55A868", "I": "#55A868", "W": "#8DC59B", "R": "#C7A0D9", "opt": "#8172B2",
+    # Tableau 10/20 hues. Recompute is a forward pass run again (a light forward blue);
+    # weight-grad is part of the backward (a light backward green); the optimizer is near-black,
+    # which no mix of thin red idle slivers with blue and green bars looks like.
+    "F": "#4E79A7", "B": "#59A14F", "I": "#59A14F", "W": "#8CD17D", "R": "#A0CBE8", "opt": "#3A3A3A",
 }
+PHASE_LABELS = {"F": "forward", "B": "backward", "I": "backward", "W": "weight grad", "R": "recompute",
+                "opt": "optimizer"}
 AXIS_COLOURS = {
-    "tp": "#DD8452", "cp": "#937860", "ep": "#C44E52", "dp": "#DA8BC3", "dp_cp": "#DA8BC3", "edp": "#E6A9D4",
-    "pp": "#64B5CD", "pp_mirror": "#8FCBE0", "": "#B0B0B0",
+    "tp": "#EDC948", "cp": "#9C755F", "ep": "#D37295", "dp": "#76B7B2", "dp_cp": "#76B7B2", "edp": "#86BCB6",
+    "pp": "#9467BD", "pp_mirror": "#C5B0D5", "offload": "#BAB0AC", "": "#BAB0AC",
 }
+#: Idle time on a compute row, by the engine's cause (:mod:`simulator.accounting`): exposed
+#: communication a saturated red, waiting for the host (offload) a saturated orange, both far
+#: from every phase colour; a cause the engine adds later gets a hue of :data:`SPARE_COLOURS`
+#: and its own legend entry (:func:`colour_for`, :func:`legend_handles`).
+IDLE_COLOURS = {"exposed_comm": "#E15759", "offload_wait": "#FF7F0E"}
+BUBBLE_EDGE = "#8A8A8A"   # hatch lines of pipeline bubbles: mid grey, apart from the near-black optimizer
+#: Hues used by nothing above, handed out in order to categories without a colour of their own.
+SPARE_COLOURS = ("#FF9DA7", "#17BECF", "#8C564B", "#BCBD22", "#7F7F7F", "#1F77B4")
+AXIS_LABELS = {"dp_cp": "dp×cp", "pp_mirror": "pp (mirror)", "": "other"}
 COMM_STREAMS = ("tp", "cp", "ep", "dp", "fsdp", "pp", "offload")
+
+
+class SlideFigure(Figure):
+    """A pyplot figure that a notebook shows once.
+
+    The inline backend draws every open pyplot figure at the end of a cell, and IPython
+    also draws a figure that is a cell's value: ``res.plot_timeline()`` would appear
+    twice. Shown either way, this figure draws itself as a PNG and, under the inline
+    backend, leaves pyplot's list of open figures, so it is not drawn again."""
+
+    def _ipython_display_(self):
+        import matplotlib
+        from IPython.display import display
+
+        buf = io.BytesIO()
+        # no bbox_inches="tight" (the inline default): the layout engine already fits the
+        # figure, and "tight" draws everything twice
+        self.savefig(buf, format="png")
+        display({"image/png": buf.getvalue(), "text/plain": repr(self)}, raw=True)
+        if "inline" in matplotlib.get_backend():
+            plt.close(self)
+
+
+def new_figure(figsize, **subplots) -> tuple[Figure, object]:
+    """``plt.subplots`` on a :class:`SlideFigure`: ``(figure, axes)``."""
+    return plt.subplots(figsize=figsize, FigureClass=SlideFigure, **subplots)
+
+
+def finish(fig: Figure, path=None, dpi: int = 130, **savefig) -> Figure:
+    """Save ``fig`` to ``path`` (then close it: a script that writes files does not pile up
+    open figures) and return it."""
+    if path is not None:
+        fig.savefig(path, dpi=dpi, **savefig)
+        plt.close(fig)
+    return fig
+
+
+def colour_for(key, table: dict, assigned: dict) -> str:
+    """``table[key]``, or the next spare hue (fixed for the figure via ``assigned``)."""
+    if key in table:
+        return table[key]
+    if key not in assigned:
+        used = set(table.values()) | set(assigned.values())
+        free = [c for c in SPARE_COLOURS if c not in used] or list(SPARE_COLOURS)
+        assigned[key] = free[0]
+    return assigned[key]
+
+
+def idle_label(cause: str) -> str:
+    return cause.replace("_", " ")
+
+
+def legend_handles(phases: dict, causes: dict, axes: dict = {}) -> list[Patch]:
+    """Legend entries for what a timeline drew: compute ``phases`` (phase -> colour, in
+    :data:`PHASE_COLOURS` order, then any other), idle ``causes`` (cause -> colour, None =
+    hatched bubble) and communication ``axes`` (axis -> colour). Phases sharing a label
+    (B and I) get one entry."""
+    order = list(PHASE_COLOURS)
+    out, seen = [], set()
+    for p in sorted(phases, key=lambda p: (order.index(p) if p in order else len(order), str(p))):
+        label = PHASE_LABELS.get(p, str(p))
+        if label not in seen:
+            seen.add(label)
+            out.append(Patch(color=phases[p], label=label))
+    for cause in sorted(causes, key=lambda c: (c != "bubble", c)):
+        colour = causes[cause]
+        out.append(Patch(facecolor="none", edgecolor=BUBBLE_EDGE, hatch="////", label="bubble") if colour is None
+                   else Patch(color=colour, label=f"{idle_label(cause)} (idle)"))
+    out += [Patch(color=c, label=f"{AXIS_LABELS.get(a, a)} comm") for a, c in axes.items()]
+    return out
 
 
 def _time_unit(step: float) -> tuple[float, str]:
     return (1e3, "ms") if step < 10 else (1.0, "s")
 
 
-def _bars(ax, spans: list, y: float, **style) -> None:
-    """``(start, width)`` bars on row ``y`` as one collection, its rectangles built in
-    numpy (what ``broken_barh`` draws, without its per-bar Python loop)."""
+def _bars(ax, spans: list, y: float, hatch=None, **style) -> None:
+    """``(start, width)`` bars on row ``y``, their rectangles built in numpy (what
+    ``broken_barh`` draws, without its per-bar Python loop): one collection, or with
+    ``hatch`` one compound path (Agg hatches each path of a collection on its own,
+    which for thousands of bubbles costs seconds)."""
     sw = np.asarray(spans, dtype=float)
     x0, x1 = sw[:, 0], sw[:, 0] + sw[:, 1]
     y0, y1 = np.full_like(x0, y - 0.4), np.full_like(x0, y + 0.4)
     verts = np.stack([np.stack([x0, y0], 1), np.stack([x0, y1], 1),
                       np.stack([x1, y1], 1), np.stack([x1, y0], 1)], 1)
-    ax.add_collection(PolyCollection(verts, **style), autolim=True)
+    # Bars lie inside the axes: leaving them out of the layout, and giving the data limits as
+    # two corners, spares matplotlib the extent of every bar (seconds for tens of thousands).
+    if hatch:
+        ax.add_artist(PathPatch(Path.make_compound_path_from_polys(verts), hatch=hatch, in_layout=False, **style))
+    else:
+        ax.add_collection(PolyCollection(verts, in_layout=False, **style), autolim=False)
+    ax.update_datalim([(x0.min(), y - 0.4), (x1.max(), y + 0.4)])
+
+
+def _ranges(ranks: list[int], max_parts: int = 3) -> str:
+    """``[0, 1, 2, 3, 8]`` -> ``"0–3, 8"``; more than ``max_parts`` runs are cut short."""
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(str(r) if start == r else f"{start}–{r}")
+            start = None
+    if len(parts) > max_parts:
+        return ", ".join(parts[:max_parts]) + f", … ({len(ranks)} ranks)"
+    return ", ".join(parts)
+
+
+def devices_label(result, rank: int) -> str:
+    """Which devices a simulated rank's row stands for: ``"stage 3: ranks 24–31, ×128
+    replicas"`` for a representative (it runs the program of every device of its stage:
+    its tensor- and context-parallel group, in each data-parallel replica), ``"stage 3:
+    rank 27"`` in an exact run."""
+    layout = result.scenario.layout if getattr(result, "scenario", None) is not None else None
+    if layout is None:
+        return f"rank {rank}"
+    stage = layout.stage_of(rank)
+    if result.summary.get("exact", False):
+        return f"stage {stage}: rank {rank}"
+    c = layout.coords(rank)
+    group = sorted(layout.rank_of(tp=t, cp=k, dp=c["dp"], pp=stage) for t in range(layout.tp) for k in range(layout.cp))
+    text = f"stage {stage}: " + (f"rank {group[0]}" if len(group) == 1 else f"ranks {_ranges(group)}")
+    return text + (f", ×{layout.dp} replicas" if layout.dp > 1 else "")
 
 
 def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True):
     """Gantt chart: per simulated device a compute row (coloured by phase, idle spans
-    drawn as bubbles or exposed communication) and, below it, one row per busy
-    communication stream."""
+    drawn as bubbles (hatched) or in the colour of their cause: exposed communication,
+    offload wait, ...) and, below it, one row per busy communication stream. Each compute
+    row names the devices it stands for. Returns the figure (saved to ``path`` if given)."""
     ev = result.events
     step = result.summary["step_time_s"]
     k, unit = _time_unit(step)
@@ -49,99 +187,101 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
         if show_comm:
             used = set(ev.loc[(ev["rank"] == r) & (ev["stream"] != "compute"), "stream"])
             rows += [(r, s) for s in COMM_STREAMS if s in used]
+            rows += [(r, s) for s in sorted(used - set(COMM_STREAMS))]
     index = {row: i for i, row in enumerate(rows)}
-    fig_h = max(2.5, 0.32 * len(rows) + 1.2)
-    fig, ax = plt.subplots(figsize=(14, fig_h))
     # One collection per (row, style): thousands of bars stay fast to draw.
     bars: dict[tuple, list] = {}
+    spare: dict = {}
+    phases, axes_used, causes = {}, {}, {}
     for rank, stream, phase, axis, start, dur in zip(
             *(ev[c].tolist() for c in ("rank", "stream", "phase", "axis", "start_s", "duration_s"))):
         y = index.get((rank, stream))
         if y is None or dur <= 0:
             continue
-        colour = PHASE_COLOURS.get(phase, "#999999") if stream == "compute" else AXIS_COLOURS.get(axis, "#999999")
+        if stream == "compute":
+            colour = colour_for(phase, PHASE_COLOURS, spare)
+            phases.setdefault(phase, colour)
+        else:
+            key = axis or stream          # the offload stream's copies have no parallel axis
+            colour = colour_for(key, AXIS_COLOURS, spare)
+            axes_used.setdefault(key, colour)
         bars.setdefault((y, colour, "solid"), []).append((start * k, dur * k))
     raw = getattr(result, "raw", None)
     if raw is not None:
         for r, s, e, cause, _axis in raw.idle_spans:
             if (r, "compute") in index:
-                bars.setdefault((index[(r, "compute")], None, cause), []).append((s * k, (e - s) * k))
+                if cause == "bubble":
+                    style, colour = "bubble", None
+                else:
+                    style, colour = "idle", colour_for(cause, IDLE_COLOURS, spare)
+                causes.setdefault(cause, colour)
+                bars.setdefault((index[(r, "compute")], colour, style), []).append((s * k, (e - s) * k))
+    n_rows = len(rows)
+    fig, ax = new_figure((12, max(3.0, 0.3 * n_rows + 2.2)), layout="constrained")
     for (y, colour, style), spans in sorted(bars.items(), key=lambda kv: (kv[0][0], str(kv[0][1]), kv[0][2])):
-        if style == "solid":
+        if style == "bubble":
+            _bars(ax, spans, y, hatch="////", facecolor="none", edgecolor=BUBBLE_EDGE, linewidth=0)
+        else:
             _bars(ax, spans, y, facecolors=colour, linewidth=0)
-        elif style == "bubble":
-            _bars(ax, spans, y, facecolors="none", edgecolors="#777777", hatch="////", linewidth=0.3)
-        else:
-            _bars(ax, spans, y, facecolors="#F2B8B8", linewidth=0)
-    layout = result.scenario.layout if result.scenario is not None else None
-    labels = []
-    for r, s in rows:
-        if s == "compute":
-            st = layout.stage_of(r) if layout is not None else "?"
-            labels.append(f"dev {r} · stage {st}")
-        else:
-            labels.append(f"  {s}")
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels(labels, fontsize=7)
-    ax.set_ylim(-0.6, len(rows) - 0.4)
+    labels = [devices_label(result, r) if s == "compute" else f"{s} comm" for r, s in rows]
+    ax.set_yticks(range(n_rows), labels)
+    for tick, (_, s) in zip(ax.get_yticklabels(), rows):
+        if s != "compute":
+            tick.set_color("#555555")
+    ax.set_ylim(-0.6, n_rows - 0.4)
     ax.invert_yaxis()
     ax.set_xlim(0, step * k * 1.01)
     ax.set_xlabel(f"time ({unit})")
     s = result.summary
     ax.set_title(
         f"{s['name']}: step {s['step_time_s'] * k:.1f} {unit}, MFU {100 * s['mfu']:.1f}%, "
-        f"bubble {100 * s['bubble_fraction']:.1f}%, exposed comm {100 * s['exposed_comm_fraction']:.1f}%",
-        fontsize=10,
+        f"bubble {100 * s['bubble_fraction']:.1f}%, exposed comm {100 * s['exposed_comm_fraction']:.1f}%"
+        + (f", offload wait {100 * s['offload_wait_fraction']:.1f}%" if s.get("offload_wait_fraction") else ""),
+        fontsize=11,
     )
-    handles = [Patch(color=PHASE_COLOURS[p], label=lbl) for p, lbl in
-               (("F", "forward"), ("B", "backward"), ("W", "weight grad"), ("R", "recompute"), ("opt", "optimizer"))]
-    handles += [Patch(facecolor="none", edgecolor="#777777", hatch="////", label="bubble"),
-                Patch(color="#F2B8B8", label="exposed comm")]
-    handles += [Patch(color=AXIS_COLOURS[a], label=f"{a} comm") for a in ("tp", "cp", "ep", "dp", "pp")]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.6 / max(1.0, fig_h - 1.2)),
-              ncol=6, fontsize=7, frameon=False)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=130)
-        plt.close(fig)
-    return fig
+    order = list(AXIS_COLOURS)
+    handles = legend_handles(phases, causes, dict(sorted(
+        axes_used.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), str(kv[0])))))
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(6, len(handles)), frameon=False)
+    return finish(fig, path)
 
 
 def plot_memory(result, path=None, stacked_stage=None):
     """Memory in use over the step, one line per pipeline stage (the representative
     device of each), with the chip's HBM capacity; a stacked breakdown of the stage
-    that peaks."""
+    that peaks. Returns the figure (saved to ``path`` if given)."""
+    from workloads.ops import MEMORY_CATEGORIES
+
     mem = result.memory
     s = result.summary
     step = s["step_time_s"]
     k, unit = _time_unit(step)
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(14, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax, ax2) = new_figure((12, 5.0), ncols=2, width_ratios=[3, 2], layout="constrained")
+    n_lines = mem["rank"].nunique()
     for rank, df in mem.groupby("rank", sort=True):
-        stage = int(df["stage"].iloc[0])
         t = list(df["time_s"] * k) + [step * k]
         y = list(df["total"] / 1e9) + [df["total"].iloc[-1] / 1e9]
-        ax.step(t, y, where="post", label=f"stage {stage} (dev {rank})", linewidth=1.2)
-    ax.axhline(s["hbm_bytes"] / 1e9, color="red", linestyle="--", linewidth=1, label="HBM capacity")
+        ax.step(t, y, where="post", label=devices_label(result, int(rank)), linewidth=1.4)
+    ax.axhline(s["hbm_bytes"] / 1e9, color="red", linestyle="--", linewidth=1.2, label="HBM capacity")
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel("memory in use (GB)")
-    ax.set_title(f"{s['name']}: memory per pipeline stage (peak {s['peak_memory_bytes'] / 1e9:.1f} GB)", fontsize=10)
+    ax.set_title(f"{s['name']}: memory per pipeline stage (peak {s['peak_memory_bytes'] / 1e9:.1f} GB)",
+                 fontsize=11, loc="left")
     ax.set_xlim(0, step * k)
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_ylim(0, s["hbm_bytes"] / 1e9 * 1.3)
+    ax.legend(ncol=2 if n_lines > 4 else 1, loc="upper left")
     stage = s.get("peak_memory_stage", 0) if stacked_stage is None else stacked_stage
     df = mem[mem["stage"] == stage]
     df = df[df["rank"] == df["rank"].min()]
-    cats = ["weights", "gradients", "optimizer", "activations", "buffers"]
+    cats = [c for c in MEMORY_CATEGORIES if c in df.columns]
     t = list(df["time_s"] * k) + [step * k]
     ys = [list(df[c] / 1e9) + [df[c].iloc[-1] / 1e9] for c in cats]
     ax2.stackplot(t, ys, labels=cats, step="post", alpha=0.85)
-    ax2.axhline(s["hbm_bytes"] / 1e9, color="red", linestyle="--", linewidth=1)
+    ax2.axhline(s["hbm_bytes"] / 1e9, color="red", linestyle="--", linewidth=1.2)
     ax2.set_xlabel(f"time ({unit})")
-    ax2.set_title(f"breakdown, stage {stage}", fontsize=10)
+    ax2.set_title(f"breakdown, stage {stage}", fontsize=11)
     ax2.set_xlim(0, step * k)
-    ax2.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=130)
-        plt.close(fig)
-    return fig
+    ax2.set_ylim(0, s["hbm_bytes"] / 1e9 * 1.3)
+    ax2.legend(loc="upper left", ncol=3)
+    return finish(fig, path)

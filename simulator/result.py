@@ -45,6 +45,7 @@ class Result:
         """Write summary.json, trace.json, events.csv, events.parquet, memory.csv,
         timeline.png and memory.png into ``out_dir``; returns the paths."""
         from simulator import export, plots as plotmod
+        from simulator.parquet_io import write_parquet
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -58,7 +59,7 @@ class Result:
         paths["summary"].write_text(self.summary_json())
         export.write_chrome_trace(self, paths["trace"])
         self.events.to_csv(paths["events_csv"], index=False)
-        self.events.to_parquet(paths["events_parquet"], index=False)
+        write_parquet(self.events, paths["events_parquet"])  # with key-value metadata stepsim_version
         self.memory.to_csv(paths["memory_csv"], index=False)
         if plots:
             paths["timeline"] = out / "timeline.png"

@@ -10,14 +10,13 @@ with the dotted key at fault and says what is allowed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from topologies.chips import CHIPS, ChipSpec, get_chip
 from topologies.errors import TopologyError
@@ -31,6 +30,15 @@ from workloads.training import TrainingSpec
 
 
 MAX_DEVICES = 262_144
+# The simulation's size, estimated before anything is built (workloads.trace.estimated_ops,
+# an upper estimate: ~12 ops per layer pass per simulated rank). Measured on 2026-12-01:
+# Llama-3-8B widened to 1,000 layers on 8 H100 (112,033 ops, 192,384 estimated) peaked
+# 163 MB above the interpreter (~850 B per estimated op) and took 12.9 s. The largest
+# built-in case (DeepSeek-V3 on 2,048 H800) estimates 443,520 ops; the largest validation
+# case (Narayanan et al. 2021, 1008B on 3,072 A100: pp 64, 512 micro-batches, interleaved,
+# full recompute) 4,718,592. The limit admits it with ~25% room (~6 GB at the measured rate).
+MAX_ESTIMATED_OPS = 6_000_000
+BYTES_PER_ESTIMATED_OP = 1_000
 
 
 class ScenarioError(ValueError):
@@ -48,42 +56,53 @@ class _Strict(BaseModel):
 PositiveInt = Field(ge=1)
 
 
+def _integer(v):
+    """Integer fields take integers only (any ``numbers.Integral``, e.g. numpy's, but not a
+    bool, a float or a string): `ep: true` or `tp: 8.0` is refused, not read as 1 or 8."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ValueError("must be an integer" + (", not a boolean" if isinstance(v, bool) else ""))
+    return int(v)
+
+
+SInt = Annotated[int, BeforeValidator(_integer)]
+
+
 class MLAIn(_Strict):
     kind: Literal["mla"] = "mla"
-    q_lora_rank: int = Field(1536, ge=0)
-    kv_lora_rank: int = Field(512, ge=1)
-    qk_rope_head_dim: int = Field(64, ge=0)
-    qk_nope_head_dim: int = Field(128, ge=1)
-    v_head_dim: int = Field(128, ge=1)
+    q_lora_rank: SInt = Field(1536, ge=0)
+    kv_lora_rank: SInt = Field(512, ge=1)
+    qk_rope_head_dim: SInt = Field(64, ge=0)
+    qk_nope_head_dim: SInt = Field(128, ge=1)
+    v_head_dim: SInt = Field(128, ge=1)
 
 
 class MoEIn(_Strict):
-    experts: int = Field(ge=1)
-    top_k: int = Field(ge=1)
-    expert_ffn_hidden: int = Field(ge=1)
-    shared_experts: int = Field(0, ge=0)
-    dense_layers: int = Field(0, ge=0)
-    layer_freq: int = Field(1, ge=1)
-    max_nodes_per_token: Optional[int] = Field(None, ge=1)
+    experts: SInt = Field(ge=1)
+    top_k: SInt = Field(ge=1)
+    expert_ffn_hidden: SInt = Field(ge=1)
+    shared_experts: SInt = Field(0, ge=0)
+    dense_layers: SInt = Field(0, ge=0)
+    layer_freq: SInt = Field(1, ge=1)
+    max_nodes_per_token: Optional[SInt] = Field(None, ge=1)
 
 
 class ModelIn(_Strict):
     name: Optional[str] = None
     preset: Optional[str] = None
     hf_config: Optional[str] = None
-    layers: int = Field(ge=1)
-    hidden: int = Field(ge=1)
-    heads: int = Field(ge=1)
-    kv_heads: Optional[int] = Field(None, ge=1)
-    head_dim: Optional[int] = Field(None, ge=1)
-    ffn_hidden: int = Field(ge=1)
+    layers: SInt = Field(ge=1)
+    hidden: SInt = Field(ge=1)
+    heads: SInt = Field(ge=1)
+    kv_heads: Optional[SInt] = Field(None, ge=1)
+    head_dim: Optional[SInt] = Field(None, ge=1)
+    ffn_hidden: SInt = Field(ge=1)
     ffn: Literal["swiglu", "gelu"] = "swiglu"
-    vocab: int = Field(ge=1)
+    vocab: SInt = Field(ge=1)
     tied_embeddings: bool = False
     parallel_block: bool = False
     attention: Optional[MLAIn] = None
     moe: Optional[MoEIn] = None
-    mtp_depth: int = Field(0, ge=0)
+    mtp_depth: SInt = Field(0, ge=0)
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     bias: bool = False
     source: str = ""
@@ -109,17 +128,24 @@ class ChipIn(_Strict):
 
 
 class ParallelIn(_Strict):
-    tp: int = Field(1, ge=1)
-    cp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    dp: Optional[int] = Field(None, ge=1)
-    ep: int = Field(1, ge=1)
-    vpp: int = Field(1, ge=1)
-    pipeline_layers: Optional[Union[list[int], Literal["auto"]]] = None
-    etp: int = Field(1, ge=1)
+    tp: SInt = Field(1, ge=1)
+    cp: SInt = Field(1, ge=1)
+    pp: SInt = Field(1, ge=1)
+    dp: Optional[SInt] = Field(None, ge=1)
+    ep: SInt = Field(1, ge=1)
+    vpp: SInt = Field(1, ge=1)
+    pipeline_layers: Optional[Union[list[SInt], Literal["auto"]]] = None
+    etp: SInt = Field(1, ge=1)
     zero: Literal[0, 1, 2, 3] = 1
     sequence_parallel: bool = True
     order: str = "-".join(ORDER_AXES)
+
+    @field_validator("zero", mode="before")
+    @classmethod
+    def _zero_not_bool(cls, v):
+        if isinstance(v, bool):
+            raise ValueError("must be 0, 1, 2 or 3 (ZeRO stage), not a boolean")
+        return v
 
 
 class OffloadIn(_Strict):
@@ -131,13 +157,13 @@ class ExpertLoadIn(_Strict):
     distribution: Literal["balanced", "zipf", "lognormal", "dirichlet"] = "balanced"
     skew: float = Field(1.0, gt=0)
     capacity_factor: Optional[float] = Field(None, ge=1)
-    seed: int = 0
+    seed: SInt = 0
 
 
 class TrainingIn(_Strict):
-    seq_len: int = Field(4096, ge=1)
-    micro_batch_size: int = Field(1, ge=1)
-    global_batch_size: int = Field(ge=1)
+    seq_len: SInt = Field(4096, ge=1)
+    micro_batch_size: SInt = Field(1, ge=1)
+    global_batch_size: SInt = Field(ge=1)
     dtype: Literal["bf16", "fp8"] = "bf16"
     recompute: Literal["none", "selective", "full"] = "none"
     balance: Literal["aux-free", "aux-loss-local", "aux-loss-global"] = "aux-free"
@@ -151,7 +177,7 @@ class TrainingIn(_Strict):
 
 
 class PerturbationIn(_Strict):
-    devices: Optional[list[int]] = None
+    devices: Optional[list[SInt]] = None
     compute_scale: Optional[float] = Field(None, gt=0)
     link: Optional[list[str]] = Field(None, min_length=2, max_length=2)
     bw_scale: Optional[float] = Field(None, gt=0)
@@ -213,20 +239,21 @@ class Scenario:
 # ---- loading ---------------------------------------------------------------------------
 
 
-def read_mapping(path: Union[str, Path]) -> dict:
+def read_mapping(path: Union[str, Path], what: str = "scenario") -> dict:
+    """A scenario-like file (YAML, or JSON by extension) as a mapping, read through
+    :mod:`simulator.fileio` (YAML 1.2 floats, duplicate keys, size, depth and alias caps).
+    Every failure is a :class:`ScenarioError` naming the file."""
+    from simulator.fileio import InputFileError, load_file
+
     p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as err:
-        raise ScenarioError("", f"cannot read scenario file {str(p)!r}: {err.strerror or err}") from None
-    try:
-        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as err:
-        raise ScenarioError("", f"{p.name} is not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'}: "
-                                f"{str(err).splitlines()[0]}") from None
+        data = load_file(p, what=f"{what} file")
+    except InputFileError as err:
+        raise ScenarioError("", str(err)) from None
     if not isinstance(data, dict):
-        raise ScenarioError("", f"{p.name}: a scenario is a mapping with keys model, cluster, parallel, "
-                                f"schedule, training; got {type(data).__name__}")
+        raise ScenarioError("", f"{p}: a {what} is a mapping with keys "
+                                f"{'model, cluster, parallel, schedule, training' if what == 'scenario' else 'name, base, grid, cases'}"
+                                f"; got {type(data).__name__}")
     data.setdefault("name", p.stem)
     return data
 
@@ -267,6 +294,9 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
         training.micro_batches(layout.dp)
     except ValueError as err:
         raise ScenarioError(*_split(str(err), "training")) from None
+    _check_dense(model, sc)
+    _check_algorithms(sc.algorithms)
+    check_size(model, layout, training, sc.schedule)
     for i, p in enumerate(sc.perturbations):
         if p.devices is None and p.link is None:
             raise ScenarioError(f"perturbations[{i}]", "needs 'devices' (with compute_scale) or 'link' "
@@ -288,6 +318,54 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
     )
 
 
+def check_size(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec, schedule: str,
+               ranks: Optional[int] = None) -> None:
+    """Refuse a step too large to simulate before building it: the estimated op count
+    (layers x micro-batches x passes over ``ranks`` simulated ranks, default one per
+    pipeline stage) above :data:`MAX_ESTIMATED_OPS`, quoting the estimate and the field."""
+    from workloads.trace import Workload, estimated_ops
+
+    n_ranks = layout.pp if ranks is None else ranks
+    try:
+        n = estimated_ops(Workload(model, layout, training, schedule), n_ranks)
+        m = training.micro_batches(layout.dp)
+    except ValueError:
+        return  # an invalid layout or schedule: building reports it, naming the field
+    if n <= MAX_ESTIMATED_OPS:
+        return
+    field = "model.layers" if model.layers >= m else "training.global_batch_size"
+    raise ScenarioError(field, f"the step would need about {n:,.0f} operations (~{n * BYTES_PER_ESTIMATED_OP / 1e9:.1f} GB): "
+                               f"{model.layers:,} layers x {m:,} micro-batches x {n_ranks:,} simulated ranks; the limit "
+                               f"is {MAX_ESTIMATED_OPS:,} (~{MAX_ESTIMATED_OPS * BYTES_PER_ESTIMATED_OP / 1e9:.0f} GB): "
+                               "use fewer layers, fewer micro-batches (a larger micro_batch_size) or, with --exact, "
+                               "fewer devices")
+
+
+def _check_algorithms(algorithms: Mapping[str, str]) -> None:
+    from simulator.collectives import VALID_ALGORITHMS
+
+    for op, alg in algorithms.items():
+        if alg not in VALID_ALGORITHMS[op]:
+            raise ScenarioError(f"algorithms.{op}", f"unknown algorithm {alg!r} for {op}; allowed: "
+                                                    f"{', '.join(VALID_ALGORITHMS[op])}")
+
+
+def _check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
+    """MoE-only settings on a dense model are refused rather than silently ignored."""
+    if model.moe is not None:
+        return
+    dense = f"the model {model.name!r} is dense (no model.moe)"
+    if sc.parallel.ep > 1:
+        raise ScenarioError("parallel.ep", f"expert parallelism needs a MoE model; {dense}: use ep: 1")
+    if sc.parallel.etp > 1:
+        raise ScenarioError("parallel.etp", f"expert tensor parallelism needs a MoE model; {dense}: use etp: 1")
+    if sc.training.balance != "aux-free":  # the default, which resolved scenarios spell out
+        raise ScenarioError("training.balance", f"load balancing applies to MoE models only; {dense}: leave it out "
+                                                f"(got {sc.training.balance!r})")
+    if sc.training.expert_load is not None:
+        raise ScenarioError("training.expert_load", f"applies to MoE models only; {dense}: leave it out")
+
+
 def _split(msg: str, default_field: str) -> tuple[str, str]:
     head, sep, rest = msg.partition(": ")
     if sep and (head.startswith(default_field) or "." in head):
@@ -301,7 +379,7 @@ def _from_pydantic(err: ValidationError, prefix: str) -> ScenarioError:
     # Union members show up in loc (e.g. 'str', 'dict[any,any]'): drop them.
     loc = [x for x in loc if x not in ("str", "dict[any,any]", "int", "float")]
     field = ".".join(([prefix] if prefix else []) + loc)
-    msg = e["msg"]
+    msg = e["msg"].removeprefix("Value error, ")
     if e["type"] == "extra_forbidden":
         parent = field.rsplit(".", 1)[0] if "." in field else "the scenario"
         msg = f"unknown key in {parent}"
@@ -343,6 +421,9 @@ def _resolve_model(spec: Union[str, dict], base_dir: Optional[Path]) -> ModelSpe
     base: dict = {}
     if "hf_config" in spec and spec["hf_config"] is not None:
         from workloads.hf_config import model_from_hf_config
+
+        if not isinstance(spec["hf_config"], str):
+            raise ScenarioError("model.hf_config", f"must be a path to a config.json, got {spec['hf_config']!r}")
 
         path = Path(spec["hf_config"])
         if not path.is_absolute() and base_dir is not None:
@@ -403,7 +484,7 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
     if isinstance(spec, str):
         spec = {"preset": spec}
     spec = dict(spec)
-    allowed = ("preset", "devices", "chip", "network", "pods", "name", "host_bw_bytes_per_s")
+    allowed = ("preset", "devices", "chip", "network", "pods", "name", "host_bw_bytes_per_s", "devices_per_domain")
     for k in spec:
         if k not in allowed:
             raise ScenarioError(f"cluster.{k}", f"unknown key; allowed: {', '.join(allowed)}")
@@ -418,7 +499,8 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
             if not isinstance(spec["preset"], str):
                 raise ScenarioError("cluster.preset", f"must be a preset name, got {spec['preset']!r}; "
                                                       f"allowed: {', '.join(sorted(CLUSTER_PRESETS))}")
-            over = {k: spec[k] for k in ("network", "pods", "name", "host_bw_bytes_per_s") if k in spec}
+            over = {k: spec[k] for k in ("network", "pods", "name", "host_bw_bytes_per_s", "devices_per_domain")
+                    if k in spec}
             if chip is not None:
                 over["chip"] = chip
             return cluster_preset(spec["preset"], devices, **over)
@@ -434,6 +516,7 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
         return ClusterSpec(
             name=str(spec.get("name", "custom")), devices=devices, chip=chip, network=network, pods=pods,
             host_bw_bytes_per_s=spec.get("host_bw_bytes_per_s", 32e9),
+            devices_per_domain=spec.get("devices_per_domain"),
         )
     except TopologyError as err:
         f = getattr(err, "field", "") or "cluster"
@@ -559,6 +642,8 @@ def scenario_to_dict(s: Scenario) -> dict:
     }
     if c.pods is not None:
         cluster["pods"] = dataclasses.asdict(c.pods)
+    if c.devices_per_domain is not None:
+        cluster["devices_per_domain"] = c.devices_per_domain
     L = s.layout
     parallel = {"tp": L.tp, "cp": L.cp, "pp": L.pp, "dp": L.dp, "ep": L.ep, "vpp": L.vpp, "etp": L.etp,
                 "zero": L.zero, "sequence_parallel": L.sequence_parallel, "order": "-".join(L.order),

@@ -20,9 +20,9 @@ its memory estimated with the closed forms of :mod:`workloads.memory`
 ``state_bytes``, plus the activations each pipeline rank stashes at the peak of
 its schedule, ``activation_bytes_per_layer`` per layer and micro-batch in flight).
 Layouts whose estimate exceeds the chip's memory (by more than ``PRUNE_TOLERANCE``)
-are ``pruned`` before any simulation — the estimate leaves out communication buffers
-and matches the simulator's accounting otherwise, so pruning does not drop a layout
-that would fit.
+are ``pruned`` before any simulation — the estimate counts ZeRO-2/3's buffers as the
+trace does and matches the simulator's accounting otherwise, so pruning does not drop a
+layout that would fit.
 
 The rest are simulated through the sweep executor (:func:`simulator.sweep.run_cases`:
 local processes or Dask, resumable with ``out``) and ranked by step time among

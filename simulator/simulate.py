@@ -7,13 +7,15 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Union
 
+import numpy as np
 import pandas as pd
 
+from simulator._version import __version__
 from simulator.compute import calibration_for
 from simulator.engine import Engine
 from simulator.netcal import default_calibration
 from simulator.result import SCHEMA_VERSION, Result, events_frame, memory_frame
-from simulator.schema import Scenario, ScenarioError, load_scenario
+from simulator.schema import Scenario, ScenarioError, check_size, load_scenario
 from topologies.errors import TopologyError
 from topologies.presets import build_cluster
 from topologies.topology import Topology
@@ -68,10 +70,13 @@ def _simulate(scenario, exact, topology, trace, progress) -> Result:
         workload = sc.workload()
         if trace is None:
             ranks = list(range(sc.layout.world)) if exact or _needs_exact(sc) else None
+            if ranks is not None:
+                check_size(sc.model, sc.layout, sc.training, sc.schedule, ranks=len(ranks))
             trace = build_trace(workload, ranks=ranks)
-        elif trace.world != sc.layout.world:
-            raise ScenarioError("trace", f"the trace is for {trace.world} ranks, the scenario's layout has "
-                                         f"{sc.layout.world}")
+        else:
+            from workloads.trace_io import check_trace_for
+
+            check_trace_for(trace, sc)   # built for this scenario (ranks, fingerprint, model FLOPs)
     except (LayoutError, ScheduleError, TopologyError) as err:
         field = getattr(err, "field", "") or ""
         msg = str(err)
@@ -121,8 +126,21 @@ def _perturb_links(topo: Topology, sc: Scenario) -> Topology:
         try:
             topo = topo.without_link(u, v) if p.failed else topo.with_link_scaled(u, v, p.bw_scale)
         except (KeyError, TopologyError) as err:
-            raise ScenarioError(f"perturbations[{i}].link", str(err).strip("'\"")) from None
+            msg = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+            msg = msg.removeprefix("perturbations.link: ")
+            raise ScenarioError(f"perturbations[{i}].link", msg + _link_hint(topo, u, v)) from None
     return topo
+
+
+def _link_hint(topo: Topology, u, v) -> str:
+    """Which link ids exist next to ``u`` (or ``v``), for a perturbation naming a missing link."""
+    G = topo.graph
+    for end in (u, v):
+        if end in G:
+            near = sorted(map(str, G.neighbors(end)))
+            return f"; {end!r} links to {', '.join(near[:8])}{' ...' if len(near) > 8 else ''}"
+    return (f"; link ends are node ids such as {topo.devices[0]!r} (device 0) and its neighbours "
+            f"{', '.join(sorted(map(str, G.neighbors(topo.devices[0])))[:4])} (`stepsim topology --save x.json` lists them)")
 
 
 def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.DataFrame]:
@@ -135,29 +153,44 @@ def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.Da
     # Only matmul kinds count, matching the model-FLOPs convention (counts.MATMUL_KINDS).
     hw_flops = sum(trace.weight[r] * f for r, f in raw.matmul_flops.items())
     denom = devices * peak_bf16 * step if step > 0 else float("nan")
-    # Bubble and exposed communication, averaged over devices.
-    wsum = sum(trace.weight[r] for r in trace.ranks)
-    bubble = sum(raw.idle[r]["bubble"] * trace.weight[r] for r in trace.ranks) / wsum
-    exposed = sum(raw.idle[r]["exposed_comm"] * trace.weight[r] for r in trace.ranks) / wsum
+    # Where each device's step goes (simulator.accounting): compute + exposed communication
+    # + offload wait + bubble = step on every rank; means weigh each simulated rank by the
+    # devices it stands for, maxima are over devices.
+    acc = raw.account
+    w = np.array([trace.weight[r] for r in acc.ranks], dtype=float)
+
+    def mean(x):
+        return float(w @ x / w.sum()) if len(w) else 0.0
+
+    def top(x):
+        return float(x.max()) if len(x) else 0.0
+
+    bubble, exposed = mean(acc.bubble_s), mean(acc.exposed_s)
     # Peak memory over devices and time.
     i = int(mem["total"].to_numpy().argmax())
     row = mem.iloc[i]
     peak = float(row["total"])
     breakdown = {c: float(row[c]) for c in MEMORY_CATEGORIES}
-    ev = pd.DataFrame(
-        [(r, L.stage_of(r), raw.idle[r]["bubble"], raw.idle[r]["exposed_comm"]) for r in trace.ranks],
-        columns=["rank", "stage", "bubble_s", "exposed_comm_s"],
-    )
+    ev = pd.DataFrame({
+        "rank": list(acc.ranks), "stage": [L.stage_of(r) for r in acc.ranks], "compute_s": acc.compute_s,
+        "bubble_s": acc.bubble_s, "exposed_comm_s": acc.exposed_s, "offload_wait_s": acc.offload_wait_s,
+    })
     peaks = mem.groupby("rank")["total"].max()
     ev["peak_memory_bytes"] = ev["rank"].map(peaks)
     per_stage = ev.groupby("stage", as_index=False).agg(
         bubble_s=("bubble_s", "mean"), exposed_comm_s=("exposed_comm_s", "mean"),
-        peak_memory_bytes=("peak_memory_bytes", "max"),
+        peak_memory_bytes=("peak_memory_bytes", "max"), compute_s=("compute_s", "mean"),
+        offload_wait_s=("offload_wait_s", "mean"),
     )
     if step > 0:
         per_stage["bubble_fraction"] = per_stage["bubble_s"] / step
         per_stage["exposed_comm_fraction"] = per_stage["exposed_comm_s"] / step
-    comm = _comm_breakdown(raw, trace)
+    # Busy time per communication axis (and the host link as 'offload', as before).
+    busy_cols = {a: acc.busy_by_axis_s[:, j] for j, a in enumerate(acc.axes)}
+    if acc.offload_busy_s.any():
+        busy_cols["offload"] = acc.offload_busy_s
+    busy_cols = dict(sorted(busy_cols.items()))
+    exp_cols = {a: acc.exposed_by_axis_s[:, j] for j, a in enumerate(acc.axes) if acc.exposed_by_axis_s[:, j].any()}
     summary = {
         "schema_version": SCHEMA_VERSION,
         "name": sc.name,
@@ -186,49 +219,26 @@ def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.Da
         "peak_memory_stage": int(L.stage_of(int(row["rank"]))),
         "bubble_time_per_stage_s": [float(x) for x in per_stage["bubble_s"]],
         "exposed_comm_time_per_stage_s": [float(x) for x in per_stage["exposed_comm_s"]],
-        "comm_time_by_axis_s": comm,
-        "exposed_comm_by_axis_s": _exposed_by_axis(raw, trace),
+        "comm_time_by_axis_s": {a: mean(x) for a, x in busy_cols.items()},
+        "exposed_comm_by_axis_s": {a: mean(x) for a, x in exp_cols.items()},
+        # --- idle-time accounting: mean and max over devices (simulator.accounting) ---
+        "compute_time_s_mean": mean(acc.compute_s),
+        "compute_time_s_max": top(acc.compute_s),
+        "bubble_s_mean": bubble,
+        "bubble_s_max": top(acc.bubble_s),
+        "exposed_comm_s_mean": exposed,
+        "exposed_comm_s_max": top(acc.exposed_s),
+        "offload_wait_s": mean(acc.offload_wait_s),
+        "offload_wait_s_max": top(acc.offload_wait_s),
+        "offload_wait_fraction": mean(acc.offload_wait_s) / step if step > 0 else 0.0,
+        "offload_wait_time_per_stage_s": [float(x) for x in per_stage["offload_wait_s"]],
+        "comm_time_by_axis_s_max": {a: top(x) for a, x in busy_cols.items()},
+        "exposed_comm_by_axis_s_max": {a: top(x) for a, x in exp_cols.items()},
         "simulated_ranks": len(trace.ranks),
         "exact": not trace.representative,
         "events_processed": raw.events_processed,
         "notes": list(trace.notes),
+        "stepsim_version": __version__,
         "sim_wall_s": 0.0,
     }
     return summary, per_stage
-
-
-def _exposed_by_axis(raw, trace) -> dict[str, float]:
-    wsum = sum(trace.weight[r] for r in trace.ranks)
-    out: dict[str, float] = {}
-    for r in trace.ranks:
-        for k, v in raw.idle[r].items():
-            if k.startswith("exposed_") and k != "exposed_comm":
-                out[k[len("exposed_"):]] = out.get(k[len("exposed_"):], 0.0) + v * trace.weight[r] / wsum
-    return dict(sorted(out.items()))
-
-
-def _comm_breakdown(raw, trace) -> dict[str, float]:
-    """Busy time of each communication axis on the representative of stage 0 (or rank 0),
-    union of intervals, in seconds."""
-    r0 = min(trace.ranks)
-    spans: dict[str, list] = {}
-    for rec in raw.records:
-        op = rec.op
-        if op.rank != r0 or op.kind == "compute":
-            continue
-        spans.setdefault(op.axis or op.stream, []).append((rec.start_s, rec.end_s))
-    out = {}
-    for axis, iv in sorted(spans.items()):
-        iv.sort()
-        total, cur_s, cur_e = 0.0, None, None
-        for s, e in iv:
-            if cur_e is None or s > cur_e:
-                if cur_e is not None:
-                    total += cur_e - cur_s
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        if cur_e is not None:
-            total += cur_e - cur_s
-        out[axis] = total
-    return out

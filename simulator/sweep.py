@@ -6,7 +6,7 @@ A sweep file (YAML or JSON) names a ``base`` scenario and the axes to vary::
     base: ../scenarios/llama.yaml     # a scenario path (relative to this file), or an inline mapping
     grid:                             # the product of every listed value
       parallel.pp: [1, 2, 4, 8]
-      cluster.network.nic_bw_bytes_per_s: [25.0e+9, 50.0e+9]
+      cluster.network.nic_bw_bytes_per_s: [25e9, 50e9]
     cases:                            # and/or an explicit list of cases
       - {parallel.tp: 8, schedule: 1f1b}
       - {parallel.tp: 4, schedule: interleaved-1f1b, parallel.vpp: 2}
@@ -18,6 +18,10 @@ A sweep file (YAML or JSON) names a ``base`` scenario and the axes to vary::
 Axes
 ----
 Every axis is a *dotted scenario key*: ``parallel.pp`` sets ``base["parallel"]["pp"]``.
+Axes are checked against the scenario's keys (:func:`scenario_key_tree`) when the sweep
+is loaded: a misspelled one (``parallel.ppp``) is refused, naming the closest valid key.
+A sweep of more than :data:`MAX_SWEEP_CASES` cases (before ``where``) is refused before
+it is expanded. Sweep files are read like scenario files (:mod:`simulator.fileio`).
 Missing intermediate mappings are created; an intermediate that is a preset name
 (``model: llama3-8b``) becomes ``{preset: llama3-8b}`` so that ``model.layers`` or
 ``cluster.devices`` override the preset field by field, as in a scenario file. A
@@ -64,7 +68,9 @@ resolving to the same scenario are run once (the first case keeps the row; the
 others are listed in ``DataFrame.attrs["duplicates"]``).
 
 Table columns: ``case`` (index in the sweep), the axis values (named by their
-dotted keys), ``status`` (``ok`` | ``failed``), ``error``, the summary record
+dotted keys), ``status`` (``ok`` | ``failed``), ``error``, ``stepsim_version`` (the
+version that ran the case; ``results.parquet`` also carries the writer's version as
+key-value metadata ``stepsim_version``), the summary record
 flattened (nested mappings as dotted columns such as
 ``memory_breakdown_bytes.weights``, lists JSON-encoded), and ``key``. Rows are
 sorted by ``case``, so the table does not depend on the executor.
@@ -73,13 +79,18 @@ Executors
 ---------
 Cases run in local processes (:class:`concurrent.futures.ProcessPoolExecutor`,
 ``jobs`` of them, default every core; ``jobs=1`` runs them in this process), or
-on a Dask cluster when a ``dask.distributed.Client`` is given.
+on a Dask cluster when a ``dask.distributed.Client`` is given. Local workers end
+when the process that started them dies, killed or not (:mod:`simulator.workers`).
+
+The file formats (sweep file, ``rows.jsonl``, the tables, ``sweep.json``) are
+also documented in ``docs/formats.md``; the scenario keys in ``docs/scenario.md``.
 """
 
 from __future__ import annotations
 
 import ast
 import copy
+import difflib
 import hashlib
 import itertools
 import json
@@ -87,7 +98,7 @@ import math
 import operator
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,10 +107,14 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 import pandas as pd
 
 from simulator.schema import ScenarioError, load_scenario, read_mapping, scenario_to_dict
+from simulator._version import __version__
+from simulator.parquet_io import write_parquet
+from simulator.workers import process_pool
 
 SWEEP_KEYS = ("name", "base", "grid", "cases", "skip_invalid", "where")
 ROW_FIELDS = ("case", "key", "status", "error")
 ROWS_FILE, PARQUET_FILE, CSV_FILE, META_FILE = "rows.jsonl", "results.parquet", "results.csv", "sweep.json"
+MAX_SWEEP_CASES = 100_000  # cases before `where`; a larger sweep is refused before it is expanded
 TABLE_REWRITE_INTERVAL_S = 10.0  # how often the tables are rewritten from rows.jsonl while running
 
 
@@ -136,7 +151,7 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
     sweep_dir = None
     if isinstance(spec_or_path, (str, Path)):
         path = Path(spec_or_path)
-        data = read_mapping(path)
+        data = read_mapping(path, what="sweep")
         sweep_dir = path.resolve().parent
         default_name = path.stem
     elif isinstance(spec_or_path, Mapping):
@@ -170,6 +185,13 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
             if not isinstance(v, list) or not v:
                 raise ScenarioError(f"grid.{k}", f"must be a non-empty list of values, got {v!r}")
         keys = list(grid)
+        n_grid = math.prod(len(grid[k]) for k in keys) * (len(data["cases"]) if isinstance(data.get("cases"), list)
+                                                          and data["cases"] else 1)
+        if n_grid > MAX_SWEEP_CASES:
+            raise ScenarioError("grid", f"the sweep would have {n_grid:,} cases "
+                                        f"({' x '.join(str(len(grid[k])) for k in keys)}"
+                                        f"{' x cases' if data.get('cases') else ''}); the limit is "
+                                        f"{MAX_SWEEP_CASES:,}: split it or use `where`")
         grid_rows = [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
     cases = data.get("cases")
     case_rows: list[dict] = [{}]
@@ -207,6 +229,67 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
 def _check_axis_key(k, where: str) -> None:
     if not isinstance(k, str) or not k or any(not part for part in k.split(".")):
         raise ScenarioError(where, f"axis keys are dotted scenario keys such as parallel.pp, got {k!r}")
+    node = scenario_key_tree()
+    parts = k.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            prefix = ".".join(parts[:i])
+            if not isinstance(node, dict):
+                raise ScenarioError(f"{where}.{k}", f"{prefix} takes a value, not keys inside it")
+            sibling = difflib.get_close_matches(part, sorted(node), n=1, cutoff=0.5)
+            if sibling:
+                close = ".".join(parts[:i] + sibling)
+            else:
+                close = next(iter(difflib.get_close_matches(k, list(_all_paths(scenario_key_tree())), n=1,
+                                                            cutoff=0.6)), None)
+            hint = f" (did you mean {close}?)" if close else ""
+            raise ScenarioError(f"{where}.{k}", f"no scenario key {part!r} in {prefix or 'the scenario'}{hint}; "
+                                                f"allowed there: {', '.join(sorted(node))}")
+        node = node[part]
+
+
+def _all_paths(tree: dict, prefix: str = ""):
+    for k, v in tree.items():
+        yield prefix + k
+        if isinstance(v, dict):
+            yield from _all_paths(v, prefix + k + ".")
+
+
+_KEY_TREE: Optional[dict] = None
+
+
+def scenario_key_tree() -> dict:
+    """Every key a scenario mapping may hold, as nested dicts (``None`` = a value)."""
+    global _KEY_TREE
+    if _KEY_TREE is None:
+        import dataclasses as dc
+
+        from pydantic import BaseModel
+
+        from simulator import schema
+        from topologies.networks import PodsSpec, SwitchedNetwork, TorusNetwork
+
+        def of_model(m) -> dict:
+            out = {}
+            for name, f in m.model_fields.items():
+                ann = f.annotation
+                sub = next((a for a in (getattr(ann, "__args__", None) or (ann,))
+                            if isinstance(a, type) and issubclass(a, BaseModel)), None)
+                out[name] = of_model(sub) if sub is not None else None
+            return out
+
+        tree = of_model(schema.ScenarioIn)
+        tree["model"] = of_model(schema.ModelIn)
+        chip = {**of_model(schema.ChipIn), "preset": None, "peak_flops_per_s": {"bf16": None, "fp8": None}}
+        network = {"kind": None, **{f.name: None for cls in (TorusNetwork, SwitchedNetwork) for f in dc.fields(cls)}}
+        tree["cluster"] = {"preset": None, "devices": None, "name": None, "host_bw_bytes_per_s": None,
+                           "devices_per_domain": None, "chip": chip, "network": network,
+                           "pods": {f.name: None for f in dc.fields(PodsSpec)}}
+        tree["algorithms"] = {k: None for k in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                                                "broadcast")}
+        tree["perturbations"] = None
+        _KEY_TREE = tree
+    return _KEY_TREE
 
 
 def set_dotted(mapping: Mapping, key: str, value: Any) -> dict:
@@ -451,7 +534,8 @@ def expand(spec: SweepSpec) -> Expansion:
 
 def run_case(payload: tuple) -> dict:
     """Simulate one case; never raises for a bad scenario. ``payload = (index, key, mapping)``.
-    Returns ``{"case", "key", "status", "error", "summary"}`` with plain JSON types."""
+    Returns ``{"case", "key", "status", "error", "summary", "stepsim_version"}`` with plain
+    JSON types (``stepsim_version``: the version that ran the case)."""
     index, key, mapping = payload
     from simulator import simulate
 
@@ -463,6 +547,7 @@ def run_case(payload: tuple) -> dict:
     except Exception as err:  # noqa: BLE001 — one broken scenario must not stop the sweep
         row = {"case": index, "key": key, "status": "failed", "error": f"{type(err).__name__}: {err}",
                "summary": None}
+    row["stepsim_version"] = __version__
     return json.loads(plain_json(row))
 
 
@@ -502,7 +587,7 @@ def execute(payloads: Sequence[tuple], client=None, jobs: Optional[int] = None) 
         for p in payloads:
             yield run_case(p)
         return
-    ex = ProcessPoolExecutor(max_workers=min(jobs, len(payloads)))
+    ex = process_pool(min(jobs, len(payloads)))  # its workers end when this process dies
     try:
         futs = [ex.submit(run_case, p) for p in payloads]
         for f in as_completed(futs):
@@ -575,10 +660,11 @@ def _atomic_write(path: Path, write) -> None:
 
 
 def write_tables(frame: pd.DataFrame, out: Union[str, Path]) -> dict[str, Path]:
-    """Write ``results.parquet`` and ``results.csv`` atomically."""
+    """Write ``results.parquet`` (with the key-value metadata ``stepsim_version``) and
+    ``results.csv`` atomically."""
     out = Path(out)
     paths = {"parquet": out / PARQUET_FILE, "csv": out / CSV_FILE}
-    _atomic_write(paths["parquet"], lambda p: _parquet_safe(frame).to_parquet(p, index=False))
+    _atomic_write(paths["parquet"], lambda p: write_parquet(_parquet_safe(frame), p))
     _atomic_write(paths["csv"], lambda p: frame.to_csv(p, index=False))
     return paths
 
@@ -629,11 +715,14 @@ def rows_frame(cases: Sequence[Case], rows: Mapping[str, dict], axes: Sequence[s
             rec[a] = _axis_value(c.axes.get(a))
         rec["status"] = row["status"]
         rec["error"] = row.get("error")
+        # The version that ran the case (a resumed sweep may mix versions); None for rows
+        # written before stepsim recorded it.
+        rec["stepsim_version"] = row.get("stepsim_version", (row.get("summary") or {}).get("stepsim_version"))
         for k, v in flatten(row.get("summary")).items():
             rec.setdefault(k, v)
         rec["key"] = c.key
         records.append(rec)
-    cols: dict[str, None] = dict.fromkeys(["case", *axes, "status", "error"])
+    cols: dict[str, None] = dict.fromkeys(["case", *axes, "status", "error", "stepsim_version"])
     for r in records:
         for k in r:
             cols.setdefault(k, None)
@@ -649,7 +738,7 @@ def run_cases(
     out: Optional[Union[str, Path]] = None,
     client=None,
     jobs: Optional[int] = None,
-    progress: bool = False,
+    progress: Optional[bool] = False,
     retry_failed: bool = False,
     desc: str = "sweep",
 ) -> tuple[pd.DataFrame, dict[str, dict]]:
@@ -665,8 +754,9 @@ def run_cases(
     todo = [c for c in cases if c.key not in rows]
     done_before = sum(1 for k in rows if k in wanted)
     by_key = {c.key: c for c in cases}
+    # progress=True: shown (in a notebook too, where stderr is no terminal); None: only on a terminal
     bar = tqdm(total=len(cases), initial=done_before, desc=desc, unit="case", dynamic_ncols=True,
-               disable=None if progress else True)
+               disable=True if progress is False else (None if progress is None else False))
     last_write = time.monotonic()
     failed = 0
     try:
@@ -695,13 +785,14 @@ def sweep(
     out: Optional[Union[str, Path]] = None,
     client=None,
     jobs: Optional[int] = None,
-    progress: bool = False,
+    progress: Optional[bool] = False,
     retry_failed: bool = False,
 ) -> pd.DataFrame:
     """Run a sweep (a path to a sweep file or a mapping in that format; see the module notes)
     and return its table. With ``out``, rows are saved as they finish and a second call
     resumes. ``client``: a ``dask.distributed.Client``; ``jobs``: local processes.
-    ``progress``: a tqdm bar (shown only on a terminal).
+    ``progress``: a progress bar (``tqdm.auto``: a widget in a notebook); ``None``: only
+    when stderr is a terminal.
 
     ``DataFrame.attrs`` holds ``skipped`` (invalid cases left out by ``skip_invalid``),
     ``filtered`` (cases removed by ``where``) and ``duplicates``."""

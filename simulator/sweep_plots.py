@@ -9,7 +9,10 @@
 * :func:`plot_sweep`: the lot, for a sweep directory, saved as PNG and SVG.
 
 Only rows with ``status == "ok"`` are drawn. Axis values that are not numbers are
-placed in order of first appearance.
+placed in order of first appearance. Axes are labelled in words with their unit
+(:func:`axis_label`; byte and byte-per-second axes in GB and GB/s); ticks sit at the
+swept values when there are few (on a base-2 scale for powers of two spanning 8x or
+more), and at whole numbers for an axis of whole numbers.
 """
 
 from __future__ import annotations
@@ -18,20 +21,66 @@ import json
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import MaxNLocator, NullLocator
 
-matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from simulator.sweep import META_FILE, PARQUET_FILE  # noqa: E402
+from simulator.plots import new_figure
+from simulator.sweep import META_FILE, PARQUET_FILE
 
 HIGHER_IS_BETTER = ("mfu", "hfu", "tokens_per_s", "model_tflops_per_device")
 LABELS = {"step_time_s": "step time (s)", "mfu": "MFU", "hfu": "HFU", "tokens_per_s": "tokens / s",
           "peak_memory_bytes": "peak memory (GB)", "bubble_fraction": "pipeline bubble",
           "exposed_comm_fraction": "exposed communication", "model_tflops_per_device": "model TFLOP/s per device"}
 FORMATS = ("png", "svg")
+#: Sweep axes (dotted scenario keys) in words.
+AXIS_WORDS = {
+    "parallel.tp": "tensor-parallel size (tp)", "parallel.pp": "pipeline stages (pp)",
+    "parallel.dp": "data-parallel replicas (dp)", "parallel.cp": "context-parallel size (cp)",
+    "parallel.ep": "expert-parallel size (ep)", "parallel.etp": "expert tensor-parallel size (etp)",
+    "parallel.vpp": "virtual stages per device (vpp)", "parallel.zero": "ZeRO stage",
+    "parallel.sequence_parallel": "sequence parallelism",
+    "training.micro_batch_size": "micro-batch size (sequences)",
+    "training.global_batch_size": "global batch (sequences)", "training.seq_len": "sequence length (tokens)",
+    "training.recompute": "activation recomputation", "training.dtype": "number format",
+    "training.balance": "MoE load balancing", "schedule": "pipeline schedule", "model": "model",
+    "model.preset": "model", "model.layers": "layers", "cluster": "cluster", "cluster.preset": "cluster",
+    "cluster.devices": "devices", "cluster.network": "network",
+}
+_WORD_FIXES = {"bw": "bandwidth", "nic": "NIC", "hbm": "HBM", "tp": "TP", "dp": "DP", "pp": "PP", "ep": "EP"}
+_UNITS = (("_bytes_per_s", 1e-9, "GB/s"), ("_bytes", 1e-9, "GB"), ("_flops_per_s", 1e-12, "TFLOP/s"),
+          ("_s", 1.0, "s"))
+
+
+def _unit(col: str) -> tuple[float, str]:
+    """Scale and unit of a column named with its unit (``*_bytes_per_s`` -> GB/s, ...)."""
+    for suffix, scale, unit in _UNITS:
+        if col.endswith(suffix):
+            return scale, unit
+    return 1.0, ""
+
+
+def axis_label(col: str) -> str:
+    """A sweep axis in words: ``parallel.pp`` -> "pipeline stages (pp)",
+    ``cluster.network.nic_bw_bytes_per_s`` -> "NIC bandwidth (GB/s)"."""
+    if col in AXIS_WORDS:
+        return AXIS_WORDS[col]
+    if col in LABELS:
+        return LABELS[col]
+    leaf = str(col).split(".")[-1]
+    _, unit = _unit(leaf)
+    for suffix, _, u in _UNITS:
+        if u == unit and leaf.endswith(suffix):
+            leaf = leaf[: -len(suffix)]
+            break
+    words = " ".join(_WORD_FIXES.get(w, w) for w in leaf.split("_") if w)
+    return f"{words} ({unit})" if unit else words
+
+
+def _short(col: str) -> str:
+    """A column's last dotted part, for legend entries (``parallel.tp=2``  -> ``tp=2``)."""
+    return str(col).split(".")[-1]
 
 
 class PlotError(ValueError):
@@ -68,10 +117,11 @@ def _ok(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _positions(values: pd.Series) -> tuple[np.ndarray, Optional[list]]:
-    """Numeric x positions, and tick labels when the values are categorical."""
+    """Numeric x positions (in the column's display unit), and tick labels when the
+    values are categorical."""
     num = pd.to_numeric(values, errors="coerce")
     if num.notna().all():
-        return num.to_numpy(dtype=float), None
+        return num.to_numpy(dtype=float) * _unit(str(values.name))[0], None
     cats = list(dict.fromkeys(values.astype(str)))
     return np.array([cats.index(v) for v in values.astype(str)], dtype=float), cats
 
@@ -88,7 +138,7 @@ def _hue_labels(frame: pd.DataFrame, hue: Optional[Union[str, Sequence[str]]]) -
     if hue is None or (not isinstance(hue, str) and not hue):
         return pd.Series(["all"] * len(frame), index=frame.index)
     cols = [hue] if isinstance(hue, str) else list(hue)
-    return frame[cols].apply(lambda r: ", ".join(f"{c}={_fmt(v)}" for c, v in zip(cols, r)), axis=1)
+    return frame[cols].apply(lambda r: ", ".join(f"{_short(c)}={_fmt(v)}" for c, v in zip(cols, r)), axis=1)
 
 
 def _scale(metric: str, values: np.ndarray) -> np.ndarray:
@@ -100,14 +150,14 @@ def plot_metric(frame: pd.DataFrame, x: str, y: str = "step_time_s", hue=None, a
     the layout). Returns the figure."""
     _check(frame, x, y, *([hue] if isinstance(hue, str) else (hue or [])))
     ok = _ok(frame)
-    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4.2))
+    fig, ax = (ax.figure, ax) if ax is not None else new_figure((7, 4.4))
     xs, cats = _positions(ok[x])
     groups = _hue_labels(ok, hue)
     for name in dict.fromkeys(groups):
         sel = (groups == name).to_numpy()
         order = np.argsort(xs[sel], kind="stable")
         ax.plot(xs[sel][order], _scale(y, ok[y].to_numpy(dtype=float)[sel][order]), marker="o", label=name)
-    _finish(ax, x, LABELS.get(y, y), cats, legend=groups.nunique() > 1)
+    _finish(ax, x, LABELS.get(y, y), cats, legend=groups.nunique() > 1, xs=xs)
     return fig
 
 
@@ -118,7 +168,7 @@ def plot_memory(frame: pd.DataFrame, x: str, hue=None, ax=None):
     ax = fig.axes[0]
     for i, hbm in enumerate(sorted(set(_ok(frame)["hbm_bytes"].dropna()))):
         ax.axhline(hbm / 1e9, color="crimson", ls="--", lw=1.2, label="HBM" if i == 0 else None)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(loc="best")
     return fig
 
 
@@ -128,31 +178,59 @@ def plot_heatmap(frame: pd.DataFrame, x: str, y: str, value: str = "mfu", ax=Non
     ok = _ok(frame)
     agg = "max" if value in HIGHER_IS_BETTER else "min"
     table = ok.pivot_table(index=y, columns=x, values=value, aggfunc=agg, sort=True)
-    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4.8))
+    fig, ax = (ax.figure, ax) if ax is not None else new_figure((7, 4.8))
     data = _scale(value, table.to_numpy(dtype=float))
     im = ax.imshow(data, aspect="auto", origin="lower", cmap="viridis" if agg == "max" else "viridis_r")
-    ax.set_xticks(range(len(table.columns)), [_fmt(c) for c in table.columns], rotation=30, ha="right", fontsize=8)
-    ax.set_yticks(range(len(table.index)), [_fmt(i) for i in table.index], fontsize=8)
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
+    xlabels = [_fmt(_in_unit(x, c)) for c in table.columns]
+    long = max(map(len, xlabels)) > 4
+    ax.set_xticks(range(len(xlabels)), xlabels, rotation=30 if long else 0, ha="right" if long else "center")
+    ax.set_yticks(range(len(table.index)), [_fmt(_in_unit(y, i)) for i in table.index])
+    ax.set_xlabel(axis_label(x))
+    ax.set_ylabel(axis_label(y))
     for (i, j), v in np.ndenumerate(data):
         if np.isfinite(v):
             light = im.cmap(im.norm(v))[:3]
             dark_text = sum(light) / 3 > 0.5
-            ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=7, color="black" if dark_text else "white")
+            ax.text(j, i, f"{v:.3g}", ha="center", va="center", color="black" if dark_text else "white")
     fig.colorbar(im, ax=ax, label=LABELS.get(value, value))
     fig.tight_layout()
     return fig
 
 
-def _finish(ax, x: str, ylabel: str, cats: Optional[list], legend: bool) -> None:
+def _in_unit(col: str, v):
+    """An axis value in the column's display unit (numbers only)."""
+    scale = _unit(str(col))[0]
+    return v * scale if scale != 1.0 and isinstance(v, (int, float, np.number)) else v
+
+
+def _value_ticks(ax, xs: np.ndarray) -> None:
+    """Ticks at the swept values when there are at most 12 (whole numbers printed as such);
+    a base-2 scale for powers of two spanning 8x or more; otherwise whole-number ticks for
+    an axis of whole numbers."""
+    vals = np.unique(xs[np.isfinite(xs)])
+    if not len(vals):
+        return
+    whole = bool(np.all(vals == np.round(vals)))
+    pow2 = whole and np.all(vals > 0) and np.all(np.log2(vals) == np.round(np.log2(vals)))
+    if pow2 and len(vals) >= 3 and vals.max() / vals.min() >= 8:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_minor_locator(NullLocator())
+    if len(vals) <= 12:
+        ax.set_xticks(vals, [_fmt(float(v)) for v in vals])
+    elif whole:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _finish(ax, x: str, ylabel: str, cats: Optional[list], legend: bool, xs=None) -> None:
     if cats is not None:
-        ax.set_xticks(range(len(cats)), cats, rotation=30, ha="right", fontsize=8)
-    ax.set_xlabel(x)
+        ax.set_xticks(range(len(cats)), cats, rotation=30, ha="right")
+    elif xs is not None:
+        _value_ticks(ax, xs)
+    ax.set_xlabel(axis_label(x))
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     if legend:
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(loc="best")
     ax.figure.tight_layout()
 
 

@@ -1,6 +1,7 @@
 """The validation suite: simulate published training runs and compare.
 
-Each case is a YAML file under ``validation/`` (one folder per source). It is a
+Each case is a YAML file under ``validation/`` (one folder per source; installed
+as package data, ``simulator/validation_cases/``). It is a
 scenario file (:mod:`simulator.schema`) plus two keys this module removes before
 :func:`simulator.simulate` sees the mapping:
 
@@ -28,15 +29,28 @@ import copy
 import csv
 import fnmatch
 import statistics
-from concurrent.futures import ProcessPoolExecutor
+from importlib import resources
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from simulator.schema import ScenarioError, read_mapping
 
-#: The repository's suite: ``validation/`` beside the ``simulator`` package.
-SUITE_DIR = Path(__file__).resolve().parent.parent / "validation"
+
+
+def _suite_dir() -> Path:
+    """The built-in suite. An installed wheel ships the case files as package data,
+    ``simulator/validation_cases/`` (``pyproject.toml`` maps the repository's
+    ``validation/`` there); a checkout (or an editable install) has them in
+    ``validation/`` beside the ``simulator`` package. One copy of the files either way."""
+    packaged = Path(str(resources.files("simulator") / "validation_cases"))
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "validation"
+
+
+#: The built-in suite's folder (see :func:`_suite_dir`).
+SUITE_DIR = _suite_dir()
 
 #: Keys of a case file that are not scenario keys.
 CASE_KEYS = ("published", "assumptions")
@@ -202,28 +216,52 @@ def _run_one(args):
     return run_case(case, compute)
 
 
-def run_suite(cases: Iterable[Case], compute: Optional[Mapping[str, float]] = None, jobs: int = 1,
-              progress: Optional[Callable[[CaseResult], None]] = None) -> list[CaseResult]:
-    """Run ``cases`` (``jobs`` worker processes); results in the order of ``cases``.
+@dataclass(frozen=True)
+class CaseFailure:
+    """A case that could not be simulated, and why."""
 
-    Raises :class:`ScenarioError` naming the case when a case's scenario is invalid.
+    case: Case
+    error: str
+
+
+def run_suite(cases: Iterable[Case], compute: Optional[Mapping[str, float]] = None, jobs: int = 1,
+              progress: Optional[Callable[[CaseResult], None]] = None,
+              failures: Optional[list] = None) -> list[CaseResult]:
+    """Run ``cases`` (``jobs`` worker processes, which end if this process dies); results
+    in the order of ``cases``.
+
+    A case that cannot be simulated raises :class:`ValidationError` naming the case;
+    when a ``failures`` list is given it is appended there as a :class:`CaseFailure`
+    instead and the other cases go on (the results then leave it out).
     """
+    from simulator.workers import process_pool
+
     cases = list(cases)
     results: list[Optional[CaseResult]] = [None] * len(cases)
+
+    def take(i: int, get: Callable[[], CaseResult]) -> None:
+        try:
+            results[i] = get()
+        except Exception as err:  # noqa: BLE001 — recorded when asked to, else raised
+            if failures is None:
+                raise
+            msg = str(err) if isinstance(err, ValidationError) else f"{cases[i].path or cases[i].name}: " \
+                f"{type(err).__name__}: {err}"
+            failures.append(CaseFailure(cases[i], msg))
+            return
+        if progress:
+            progress(results[i])
+
     if jobs <= 1 or len(cases) <= 1:
         for i, c in enumerate(cases):
-            results[i] = _guarded(c, compute)
-            if progress:
-                progress(results[i])
+            take(i, lambda c=c: _guarded(c, compute))
     else:
         # Longest cases first so that the pool is not left waiting on one straggler.
         order = sorted(range(len(cases)), key=lambda i: -_size_hint(cases[i]))
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        with process_pool(jobs) as pool:
             futs = {i: pool.submit(_guarded, cases[i], compute) for i in order}
             for i in order:
-                results[i] = futs[i].result()
-                if progress:
-                    progress(results[i])
+                take(i, futs[i].result)
     return [r for r in results if r is not None]
 
 
@@ -287,10 +325,7 @@ def write_csv(results: Sequence[CaseResult], path: Union[str, Path]) -> Path:
 
 def plot_parity(results: Sequence[CaseResult], path: Union[str, Path], band: float = 0.10) -> Path:
     """Simulated vs published, one panel per metric, log axes, a ±``band`` band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # no backend chosen here: Agg headless, the notebook's in a notebook
     import numpy as np
 
     metrics = sorted({r.case.metric for r in results})

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -31,6 +32,15 @@ def test_run_writes_every_output(tmp_path, capsys):
         assert (out / f).stat().st_size > 0, f
     summary = json.loads((out / "summary.json").read_text())
     assert summary["schema_version"] == 1 and summary["devices"] == 8
+    # The version that wrote the outputs: in summary.json and in events.parquet's key-value metadata.
+    import simulator
+    from simulator.parquet_io import read_metadata
+
+    assert summary["stepsim_version"] == simulator.__version__
+    assert read_metadata(out / "events.parquet") == {"stepsim_version": simulator.__version__}
+    events, events_csv = pd.read_parquet(out / "events.parquet"), pd.read_csv(out / "events.csv")
+    assert list(events.columns) == list(events_csv.columns) and len(events) == len(events_csv) > 0
+    assert list(events["end_s"]) == list(events_csv["end_s"])
     trace = json.loads((out / "trace.json").read_text())
     phs = {e["ph"] for e in trace["traceEvents"]}
     assert {"X", "M", "C"} <= phs
@@ -82,7 +92,7 @@ BAD_CASES = [
     ("bad schedule", scenario(schedule="2f2b"), "schedule"),
     ("bad zero", scenario(parallel={"tp": 1, "pp": 1, "dp": 8, "zero": 5}), "parallel.zero"),
     ("negative bandwidth", scenario(cluster={"preset": "dgx-h100", "devices": 8, "network": {"nic_bw_bytes_per_s": -1}}), "cluster.network.nic_bw_bytes_per_s"),
-    ("devices don't fit domains", scenario(cluster={"preset": "dgx-h100", "devices": 12}, parallel={"tp": 1, "pp": 1, "dp": 12}), "cluster.devices"),
+    ("devices don't fit domains", scenario(cluster={"preset": "dgx-h100", "devices": 13}, parallel={"tp": 1, "pp": 1, "dp": 13}), "cluster.devices"),
     ("not a mapping", "- 1\n- 2\n", ""),
 ]
 
@@ -132,3 +142,37 @@ def test_resolved_scenario_round_trips(tmp_path):
     b = load_scenario(scenario_to_dict(a))
     assert scenario_to_dict(a) == scenario_to_dict(b)
     assert b.training.offload_optimizer
+
+
+def test_version_and_exit_codes_in_help(capsys):
+    import simulator
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"stepsim {simulator.__version__}"
+    assert main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "exit codes: 0 success, 1 internal error, 2 bad input, 3 validate --max-error exceeded, " \
+           "4 some cases of a sweep, search or validate failed" in text
+
+
+def test_docs_name_every_builtin_scenario_and_table_column():
+    # README's list of built-in scenarios and docs/formats.md's column tables must not go stale.
+    from pathlib import Path
+
+    from simulator.result import EVENT_COLUMNS
+    from simulator.schema import builtin_scenarios
+    from workloads.ops import MEMORY_CATEGORIES, STREAMS
+
+    root = Path(__file__).resolve().parent.parent
+    readme = root.joinpath("README.md").read_text()
+    assert [name for name in builtin_scenarios() if f"`{name}`" not in readme] == []
+    formats = root.joinpath("docs", "formats.md").read_text()
+    events = formats[formats.index("## Events table"):formats.index("## Memory table")]
+    memory = formats[formats.index("## Memory table"):formats.index("## Chrome trace")]
+    for col in EVENT_COLUMNS:
+        assert f"`{col}`" in events, col
+    for s in STREAMS:
+        assert f"`{s}`" in events, s
+    for col in ("rank", "stage", "time_s", *MEMORY_CATEGORIES, "total"):
+        assert f"`{col}`" in memory, col
+    assert "`stepsim_version`" in root.joinpath("docs", "scenario.md").read_text()

@@ -87,3 +87,54 @@ def test_mutated_scenarios_exit_0_or_2(tmp_path_factory, capsys, mutations):
         assert err.startswith("stepsim: error:") and len(err.strip().splitlines()) == 1, err
     else:
         assert '"step_time_s"' in out
+
+
+# ---- the YAML text itself ------------------------------------------------------------------
+
+BASE_TEXT = yaml.safe_dump(BASE, sort_keys=False).encode()
+NASTY = [b"\t", b":", b"{", b"[", b"]", b"&a ", b"*a", b"- ", b"\n", b"'", b'"', b"#", b"\x00", b"\xff", b"\xe9",
+         b"!!python/object:os.system ", b"<<: ", b"---\n", b"model: llama3-8b\n", b"5e9", b".nan", b"~", b"%YAML 1.1\n"]
+
+EDIT = st.tuples(st.integers(0, len(BASE_TEXT)), st.integers(0, 4), st.one_of(st.sampled_from(NASTY),
+                                                                               st.binary(max_size=3)))
+
+
+@settings(max_examples=int(__import__("os").environ.get("STEPSIM_FUZZ_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(EDIT, min_size=1, max_size=3))
+def test_mangled_yaml_text_exits_0_or_2(tmp_path_factory, capsys, edits):
+    """Byte-level edits of a valid scenario file (tabs, brackets, anchors, NULs, invalid
+    UTF-8, tags, a second document, a duplicate key): exit 0, or exit 2 with one line."""
+    text = BASE_TEXT
+    for pos, cut, insert in edits:
+        text = text[:pos] + insert + text[pos + cut:]
+    p = tmp_path_factory.mktemp("fuzz") / "mangled.yaml"
+    p.write_bytes(text)
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(60)
+    try:
+        code = main(["run", str(p), "--json", "--no-plots"])
+    except _Timeout:
+        raise AssertionError(f"hang (> 60 s) on {text!r}")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    out, err = capsys.readouterr()
+    assert code in (0, 2), f"exit {code} for {text!r}: {err}"
+    assert "Traceback" not in err
+    if code == 2:
+        assert err.startswith("stepsim: error:") and len(err.strip().splitlines()) == 1, err
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=st.floats(min_value=1e-12, max_value=1e15, allow_nan=False, allow_infinity=False),
+       style=st.sampled_from(["{:e}", "{:E}", "{:g}", "{:.3e}", "{!r}"]), sign=st.sampled_from(["", "-", "+"]))
+def test_yaml_numbers_in_any_notation_are_floats(x, style, sign):
+    """YAML 1.2 floats (issue 14 item 2): 5e9, 1E-6, 6.25e+09, 1e-06, ... read as the number
+    Python's float() gives for the same text; PyYAML's YAML 1.1 rules read 5e9 as a string."""
+    from simulator.fileio import load_yaml
+
+    text = sign + style.format(x)
+    value = load_yaml(f"v: {text}\n")["v"]
+    assert isinstance(value, (int, float)) and not isinstance(value, bool)
+    assert value == float(text)

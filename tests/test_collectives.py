@@ -171,6 +171,34 @@ def test_torus_collectives_use_every_axis_at_once():
         assert torus_row["busbw_bytes_per_s"] >= 2.5 * ring_row["busbw_bytes_per_s"]
 
 
+def test_torus_strided_grid_uses_both_axes():
+    """A data-parallel group laid out with a stride on the torus (tp = 8 ranks innermost on
+    a 4 x 4 x 8 v5p-256 slice leave each DP group the plane x = 0, rows y in {0, 2}, all of
+    z) is a grid, not a box: it still runs dimension by dimension on both axes ("How to
+    Scale Your Model", TPU chapter: a collective over several axes gets the bandwidth of
+    every axis), not as one 16-rank ring. Closed form for an all-gather of S, two shares
+    of S/2 (orders y-z and z-y), gathered in reverse order:
+      phase 1: z ring (m=8) on S/4 -> busiest link 7/8 * S/4 / 2 = 7S/64; y line (m=2,
+               2-hop routes, disjoint both ways) on S/16 -> S/32; 7 steps of 2-hop latency
+      phase 2: z ring on S/2 -> 7S/32; y line on S/2 -> S/4; 7 steps of 2-hop latency."""
+    topo = Topology(torus((4, 4, 8), B, A, wrap=(True, True, True)))
+    group = [topo.device_at((0, y, z)) for z in range(8) for y in (0, 2)]
+    assert choose_algorithm("all-gather", group, topo) == "torus"
+    t, plan = t_alone(topo, "all-gather", group, S)
+    assert [ph.steps for ph in plan.phases] == [7, 7]
+    expected = 7 * 2 * A + 7 * S / (64 * B) + 7 * 2 * A + S / (4 * B)
+    assert t == pytest.approx(expected, rel=1e-6)
+    ring, _ = t_alone(topo, "all-gather", group, S, "ring")
+    assert t < 0.4 * ring            # the old fallback: one ring of 15 steps, 15/16 S / B
+    # every other position of a wrapped axis of 8 (m = 4 > 2) is a ring of 2-hop neighbours
+    line = Topology(torus((8,), B, A, wrap=(True,)))
+    t, plan = t_alone(line, "all-gather", [0, 2, 4, 6], S)
+    assert plan.algorithm == "torus"
+    assert t == pytest.approx(3 * (2 * A + S / (2 * 4 * B)), rel=1e-6)
+    # not evenly spaced: no grid, ring fallback
+    assert choose_algorithm("all-gather", [0, 1, 3], line) == "ring"
+
+
 def test_torus_shares_contend_with_traffic_on_one_axis():
     """The per-axis shares are real flows: a ring on one row's links slows the 2D
     all-reduce, which in turn leaves that ring part of its links."""

@@ -373,3 +373,38 @@ def test_tp_ranks_together_do_the_whole_layer(model_tp, b):
             weights = sum(_block_params(m, m.is_moe_layer(layer), active=True))
             weights -= 2 * (m.hidden if m.norm == "rmsnorm" else 2 * m.hidden)
             assert gemm / (b * s) == pytest.approx(2 * weights, rel=1e-12)
+
+
+def test_unfused_attention_score_traffic_per_element():
+    # Unfused (pre-FlashAttention) Megatron attention materialises b * a/t * s * s scores.
+    # Bytes per score element derived from the kernels Megatron-LM ran (the causal fused
+    # softmax of megatron/fused_kernels/scaled_upper_triang_masked_softmax.h loads only
+    # the unmasked half of each row and writes it whole; PyTorch dropout keeps a 1-byte
+    # mask): forward 2 (QK^T write) + 1 + 2 (softmax) + 2 + 2 + 1 (dropout) + 2 (PV read)
+    # = 12; backward 2 (dP write) + 2 (dV reads P) + 5 (dropout) + 4 (softmax) + 4 (dQ, dK
+    # read dS) = 17 -- not 2x the forward as for a plain element-wise kernel.
+    m = get_model("korthikanti-22b")  # h 6144, 64 heads; 22B layer of Korthikanti et al. Table 4
+    b, s, tp = 4, 2048, 8
+    ks = layer_kernels(m, 0, b * s, s, tp=tp, flash_attention=False)
+    (scores,) = [k for k in ks if k.name == "attn_scores"]
+    elements = b * (m.heads // tp) * s * s
+    assert scores.bytes == 12 * elements and scores.flops == 0
+    (bwd,) = backward_kernels(scores)
+    assert bwd.bytes == 17 * elements and bwd.name == "attn_scores.bwd"
+    assert "attn_scores" not in {k.name for k in layer_kernels(m, 0, b * s, s, tp=tp)}  # flash: none
+
+
+def test_unfused_attention_forward_time_matches_korthikanti_table4():
+    # Korthikanti et al. 2022 (arXiv 2205.05198) Table 4, one 22B layer (h 6144, 64 heads,
+    # t = 8, micro-batch 4, s = 2048) on A100: selective recompute -- re-running QK^T,
+    # softmax, dropout and PV in the backward pass -- adds 1.3 ms (13.2 vs 11.9 ms; the
+    # paper: "The overhead of selective recomputation is 1.3ms"). The simulator's unfused
+    # attention forward (attn_core + attn_scores) with the Ampere calibration: 1.24 ms.
+    from simulator.compute import calibration_for, kernel_time_s
+    from topologies.chips import get_chip
+
+    chip = get_chip("a100")
+    cal = calibration_for(chip)
+    ks = layer_kernels(get_model("korthikanti-22b"), 0, 4 * 2048, 2048, tp=8, flash_attention=False)
+    core_s = sum(kernel_time_s(k, chip, cal) for k in ks if k.name in ("attn_core", "attn_scores"))
+    assert core_s == pytest.approx(1.3e-3, rel=0.10)

@@ -37,9 +37,29 @@ def test_chrome_trace_shows_bubbles_and_exposed_comm(pipelined):
 
 def test_timeline_draws_every_bar(pipelined, tmp_path):
     from matplotlib.collections import PolyCollection
+    from matplotlib.patches import PathPatch
+    from matplotlib.path import Path
 
     fig = pipelined.plot_timeline(max_ranks=64)
     bars = sum(len(c.get_paths()) for c in fig.axes[0].collections if isinstance(c, PolyCollection))
+    # hatched bubbles: one compound path per row, one closed rectangle per bubble
+    bars += sum(int((p.get_path().codes == Path.CLOSEPOLY).sum()) for p in fig.axes[0].patches
+                if isinstance(p, PathPatch))
     ev = pipelined.events
     assert bars == int((ev["duration_s"] > 0).sum()) + len(pipelined.raw.idle_spans)
     fig.savefig(tmp_path / "t.png")
+
+
+def test_chrome_trace_names_idle_spans_by_their_cause(pipelined):
+    import copy
+
+    res = copy.copy(pipelined)
+    res.raw = copy.copy(pipelined.raw)
+    # offload_wait: the engine's; checkpoint_wait: a cause it does not have (yet)
+    res.raw.idle_spans = list(pipelined.raw.idle_spans) + [(0, 0.0, 2e-6, "offload_wait", "offload"),
+                                                           (0, 3e-6, 4e-6, "checkpoint_wait", "")]
+    idle = [e for e in chrome_trace(res)["traceEvents"] if e.get("cat") == "idle"]
+    assert {e["name"] for e in idle} == {"bubble", "exposed comm", "offload wait", "checkpoint wait"}
+    for name, dur in (("offload wait", 2.0), ("checkpoint wait", 1.0)):
+        new = [e for e in idle if e["name"] == name]
+        assert len(new) == 1 and new[0]["dur"] == pytest.approx(dur) and new[0]["cname"] not in ("grey", "terrible")

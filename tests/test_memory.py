@@ -13,6 +13,8 @@ from workloads.memory import (
     head_activation_bytes,
     mtp_activation_bytes,
     rank_parameter_counts,
+    rank_parameter_units,
+    sharding_buffer_bytes,
     state_bytes,
 )
 from workloads.model import ModelSpec
@@ -201,6 +203,39 @@ def test_tied_and_mtp_copies_on_the_last_stage():
     with_mtp, _ = rank_parameter_counts(d, ParallelLayout(pp=2), range(31, 61), False, True)
     without, _ = rank_parameter_counts(d, ParallelLayout(pp=2), range(31, 61), False, True, has_mtp=False)
     assert with_mtp - without == sum(_block_params(d, True)) - _block_params(d, True)[1] + 2 * 7168 * 7168 + 3 * 7168 + 129280 * 7168
+
+
+def test_parameter_units_sum_to_the_rank_and_cut_at_embedding_and_head():
+    """The trace reduces and gathers parameters unit by unit; the units must add up to the
+    rank's parameters exactly (issue 13: the head was left out of the reduction)."""
+    gpt, d = get_model("gpt3-175b"), get_model("deepseek-v3")
+    for m, layout, layers, emb, head in (
+        (gpt, ParallelLayout(tp=8, pp=2, dp=2), range(48, 96), False, True),
+        (gpt, ParallelLayout(tp=8, pp=2, dp=2), range(0, 48), True, False),
+        (d, ParallelLayout(pp=16, dp=128, ep=64), list(range(0, 4)) + list(range(57, 61)), True, True),
+        (d, ParallelLayout(pp=2, dp=64, ep=64), range(31, 61), False, True),
+    ):
+        units = rank_parameter_units(m, layout, layers, emb, head)
+        assert (sum(u[1] for u in units), sum(u[2] for u in units)) == rank_parameter_counts(m, layout, layers, emb, head)
+        names = [u[0] for u in units]
+        assert names[:len(layers)] == [f"L{i}" for i in layers]
+        assert ("embed" in names) == emb and ("head" in names) == head
+    # GPT-3's last stage: the head unit is the tied table's copy (50,257 x 12,288 / 8) and the
+    # final LayerNorm (2 x 12,288, replicated over TP)
+    units = dict((u[0], u[1]) for u in rank_parameter_units(gpt, ParallelLayout(tp=8, pp=2, dp=2), range(48, 96), False, True))
+    assert units["head"] == 6283 * 12288 + 2 * 12288
+
+
+def test_sharding_buffers_closed_form():
+    """ZeRO-2: the largest unit's unsharded fp32 gradient; ZeRO-3 / FSDP: also the bf16
+    weights of two units (computing + prefetched: PyTorch FSDP limit_all_gathers)."""
+    units = [10.0, 30.0, 20.0]
+    assert sharding_buffer_bytes(units, 0) == sharding_buffer_bytes(units, 1) == 0.0
+    assert sharding_buffer_bytes(units, 2) == 4 * 30
+    assert sharding_buffer_bytes(units, 3) == (2 * 2 + 4) * 30
+    assert sharding_buffer_bytes(units, 3, gathered_units=3) == (3 * 2 + 4) * 30
+    with pytest.raises(ValueError, match="parallel.zero"):
+        sharding_buffer_bytes(units, 4)
 
 
 def test_rank_parameters_bad_layer():

@@ -3,12 +3,14 @@
 Notebooks read ``STEPSIM_FULL`` (unset here: the reduced-but-real variants run, each in
 about a minute or less) and write their files under ``STEPSIM_OUT`` (a temporary folder
 here, so the repository is left untouched). The kernel runs with ``notebooks/`` as its
-working directory, as it does for a reader who opens the notebook there.
+working directory, as it does for a reader who opens the notebook there, and with the
+backend a reader gets (the kernel's inline backend: ``MPLBACKEND`` is cleared), so every
+cell that draws must come back with its picture.
 """
 
 from __future__ import annotations
 
-import os
+import re
 import time
 from pathlib import Path
 
@@ -20,6 +22,13 @@ nbclient = pytest.importorskip("nbclient")
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 CELL_TIMEOUT_S = 600
+#: A cell that calls one of these draws a figure and must show it.
+PLOT_CALL = re.compile(r"\b(plot_timeline|plot_memory|plot_comparison|plot_topology|plot_parity|plot_metric|"
+                       r"plot_heatmap|parity_from_table|plt\.subplots|plt\.figure)\(")
+
+
+def _images(cell) -> int:
+    return sum("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
 
 
 def test_notebooks_exist():
@@ -43,7 +52,7 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     monkeypatch.delenv("STEPSIM_FULL", raising=False)
     monkeypatch.delenv("STEPSIM_FIGURES", raising=False)
     monkeypatch.setenv("STEPSIM_OUT", str(tmp_path))
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.delenv("MPLBACKEND", raising=False)   # the kernel's own (inline) backend
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                                      resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
@@ -51,3 +60,15 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     client.execute()  # raises CellExecutionError on the first failing cell
     wall = time.perf_counter() - t0
     print(f"{path.name}: {wall:.1f} s")
+    plotting = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code" and PLOT_CALL.search(c.source)]
+    for i, cell in plotting:
+        # exactly one picture per figure drawn: none lost to a backend switch, none shown twice
+        assert _images(cell) >= 1, f"{path.name} cell {i} draws a figure but shows no image/png output"
+    if path.name == "01_quickstart.ipynb":
+        # the timeline and the memory curve, once each; the simulate(progress=True) cell shows its bar
+        assert [_images(c) for i, c in plotting] == [1, 1]
+        bar_cell = next(c for c in nb.cells if c.cell_type == "code" and "progress=True" in c.source)
+        shown = [o for o in bar_cell.outputs
+                 if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+                 or (o.get("name") == "stderr" and "simulating" in o.get("text", ""))]
+        assert shown, "simulate(progress=True) showed no progress bar in the notebook"

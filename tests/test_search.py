@@ -62,7 +62,8 @@ def test_memory_estimate_matches_the_simulated_peak(model, parallel, schedule, t
     est = estimate_memory(sc)
     peak = simulate(sc).summary["peak_memory_bytes"]
     assert est["total"] == pytest.approx(peak, rel=2e-3)
-    assert est["total"] == pytest.approx(est["weights"] + est["gradients"] + est["optimizer"] + est["activations"])
+    assert est["total"] == pytest.approx(est["weights"] + est["gradients"] + est["optimizer"] + est["activations"]
+                                         + est["buffers"])
 
 
 def test_search_prunes_by_memory_and_finds_best_and_best_without_pp(tmp_path):

@@ -205,3 +205,146 @@ def test_cli_sweep_and_sweep_plot(tmp_path, capsys):
     bad.write_text(yaml.safe_dump({"base": _base(), "grid": {"parallel.pp": 2}}))
     assert main(["sweep", str(bad), "--out", str(tmp_path / "b")]) == 2
     assert "grid.parallel.pp" in capsys.readouterr().err
+
+
+# ---- exit codes and worker lifetime ----------------------------------------------------------
+
+
+def test_cli_sweep_exits_4_and_counts_when_cases_fail(tmp_path, capsys):
+    from simulator.cli_sweep import main
+
+    spec_file = tmp_path / "s.yaml"
+    # pp 8 over 4 layers and a batch of 12 over dp 8 both fail; pp 1 runs.
+    spec_file.write_text(yaml.safe_dump({"base": _base(), "cases": [{"parallel.pp": 8}, {"parallel.pp": 1},
+                                                                    {"training.global_batch_size": 12}]}))
+    assert main(["sweep", str(spec_file), "--out", str(tmp_path / "o"), "--jobs", "1"]) == 4
+    cap = capsys.readouterr()
+    assert "3 cases, 1 ok, 2 failed" in cap.out
+    assert "2 of 3 cases failed" in cap.err and "case 0: " in cap.err and "parallel.pp" in cap.err
+    # Every case failing is not a success either (it used to exit 0).
+    spec_file.write_text(yaml.safe_dump({"base": _base(), "cases": [{"parallel.pp": 8}, {"parallel.tp": 3}]}))
+    assert main(["sweep", str(spec_file), "--out", str(tmp_path / "all"), "--jobs", "1"]) == 4
+    assert "2 of 2 cases failed" in capsys.readouterr().err
+    assert main(["sweep", "--help"]) == 0
+    assert "4 some cases failed" in " ".join(capsys.readouterr().out.split())
+
+
+def test_cli_search_exits_4_when_a_layout_fails(tmp_path, capsys, monkeypatch):
+    import simulator
+    from simulator.cli_sweep import main
+
+    sc = tmp_path / "sc.yaml"
+    sc.write_text(yaml.safe_dump(scenario()))
+    real = simulator.simulate
+
+    def broken_on_pp2(mapping, *a, **kw):  # a simulator bug that only pp=2 layouts hit
+        if mapping["parallel"]["pp"] == 2:
+            raise RuntimeError("boom")
+        return real(mapping, *a, **kw)
+
+    monkeypatch.setattr(simulator, "simulate", broken_on_pp2)
+    args = ["search", str(sc), "--jobs", "1", "--schedules", "1f1b", "--recompute", "none", "--max-tp", "1",
+            "--no-progress"]
+    assert main(args) == 4
+    cap = capsys.readouterr()
+    # tp 1, 8 devices, 4 layers: pp 1, 2, 4 -> one layout each; pp 2 fails.
+    assert "1 of 3 layouts failed to simulate" in cap.err and "RuntimeError: boom" in cap.err
+    monkeypatch.setattr(simulator, "simulate", real)
+    assert main(args) == 0
+
+
+def _proc_stat(pid: int):
+    """``(state, ppid, start time)`` of a process from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1]), int(fields[19])
+
+
+def _descendants(pid: int) -> dict[int, int]:
+    """Every process below ``pid``: ``{pid: start time}``."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = _proc_stat(int(d))
+            if st is not None:
+                children.setdefault(st[1], []).append(int(d))
+    out, todo = {}, [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            st = _proc_stat(c)
+            if st is not None:
+                out[c] = st[2]
+                todo.append(c)
+    return out
+
+
+def _still_running(procs: dict[int, int]) -> list[int]:
+    """Those of ``procs`` that run (the same process: same start time; a zombie has ended)."""
+    return [p for p, start in procs.items() if (st := _proc_stat(p)) is not None and st[2] == start and st[0] != "Z"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("command, sig", [("sweep", signal.SIGTERM), ("search", signal.SIGKILL)],
+                         ids=["sweep-TERM", "search-KILL"])
+def test_killed_sweep_or_search_leaves_no_worker_running(tmp_path, command, sig):
+    # Issue 14: workers of a killed `stepsim sweep` / `search` went on simulating for minutes.
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump(_base()))
+    if command == "sweep":
+        spec = tmp_path / "sweep.yaml"
+        spec.write_text(yaml.safe_dump({"base": "base.yaml", "grid": {
+            "parallel.pp": [1, 2, 4], "training.global_batch_size": [16, 32, 48, 64, 80, 96, 112, 128]}}))
+        args = ["sweep", str(spec), "--out", str(tmp_path / "out")]
+    else:
+        args = ["search", str(base), "--out", str(tmp_path / "out")]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", *args, "--jobs", "2", "--no-progress"],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    workers: dict[int, int] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None and len(workers) < 2:
+            workers = _descendants(proc.pid)
+            time.sleep(0.02)
+        assert proc.poll() is None and len(workers) >= 2, \
+            f"no workers seen before the {command} ended: {proc.stderr.read()!r}"
+        os.kill(proc.pid, sig)  # the parent only, as a user's `kill` or an out-of-memory killer does
+        proc.wait(timeout=30)
+        t0 = time.monotonic()
+        while _still_running(workers) and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+        left, waited_s = _still_running(workers), time.monotonic() - t0
+    finally:
+        for p in _still_running(workers):  # never leave them behind, even when the test fails
+            os.kill(p, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -sig
+    # Each worker checks on its parent every 0.2 s (simulator/workers.py); 5 s leaves room for a busy machine.
+    assert not left and waited_s < 5, f"workers {left} still running {waited_s:.1f} s after the {command} was killed"
+
+
+def test_sweep_tables_record_the_stepsim_version(tmp_path):
+    import simulator
+    from simulator.parquet_io import read_metadata
+
+    spec = {"base": _base(), "cases": [{"parallel.pp": 1}, {"parallel.pp": 8}]}  # ok, failed
+    df = sweep(spec, out=tmp_path, jobs=1)
+    assert list(df.columns[:5]) == ["case", "parallel.pp", "status", "error", "stepsim_version"]
+    assert list(df["status"]) == ["ok", "failed"] and list(df["stepsim_version"]) == [simulator.__version__] * 2
+    assert list(pd.read_csv(tmp_path / "results.csv")["stepsim_version"]) == [simulator.__version__] * 2
+    assert read_metadata(tmp_path / "results.parquet") == {"stepsim_version": simulator.__version__}
+    # Rows written before the version was recorded resume with no version: the column says
+    # which version ran each row, not which one rewrote the table.
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.pop("stepsim_version")
+        (r["summary"] or {}).pop("stepsim_version", None)
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    again = sweep(spec, out=tmp_path, jobs=1)
+    assert again["stepsim_version"].isna().all() and list(again["status"]) == ["ok", "failed"]

@@ -77,8 +77,9 @@ def test_preset_overrides_and_errors():
     with pytest.raises(TopologyError, match="allowed") as err:
         cluster_preset("dgx-h100", 16, network={"nic_gbps": 5})
     assert err.value.field == "cluster.network.nic_gbps"
-    with pytest.raises(TopologyError, match="multiple of domain_size 8") as err:
-        cluster_preset("dgx-h100", 12)
+    # 13 devices fill neither whole 8-GPU nodes nor 2 nodes equally: refused, naming the setting.
+    with pytest.raises(TopologyError, match="set cluster.devices_per_domain") as err:
+        cluster_preset("dgx-h100", 13)
     assert err.value.field == "cluster.devices"
     with pytest.raises(TopologyError) as err:
         cluster_preset("tpu-v5e", 1001)

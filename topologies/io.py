@@ -21,7 +21,9 @@ GraphML (``.graphml``) carries the same attributes; tuples (``coords``, ``shape`
 ``wrap``) are stored as JSON strings, since GraphML has no list type.
 
 Loading validates through :class:`~topologies.topology.Topology`; every problem
-is a :class:`~topologies.errors.TopologyError` naming the file and the element.
+is a :class:`~topologies.errors.TopologyError` naming the file and the element. Files
+over 64 MiB, binary files and GraphML with a DOCTYPE or entity declarations are refused.
+The user documentation of the format is ``docs/formats.md``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .topology import Topology
 FORMAT = "stepsim-topology"
 VERSION = 1
 _TUPLE_KEYS = ("coords", "shape", "wrap")
+MAX_TOPOLOGY_FILE_BYTES = 64 * 2**20   # a 100,000-device switched cluster is ~40 MB of JSON
 
 
 def _format_of(path: Path) -> str:
@@ -91,7 +94,7 @@ def _decode_tuples(attrs: dict, where: str) -> None:
         if isinstance(value, str):
             try:
                 value = json.loads(value)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 raise TopologyError(f"topology: {where}: attribute {key!r} is not a list: "
                                     f"{value!r}", "topology") from None
         if isinstance(value, list):
@@ -107,18 +110,26 @@ def load_topology(path: Union[str, Path]) -> Topology:
         For an unreadable or malformed file, a missing attribute, a non-positive
         bandwidth or a disconnected graph; the message names the file and element.
     """
+    from simulator.fileio import InputFileError, load_json, read_text
+
     path = Path(path)
     fmt = _format_of(path)
     try:
+        text = read_text(path, MAX_TOPOLOGY_FILE_BYTES, what="topology file")
         if fmt == "json":
-            G, name = _read_json(path)
+            G, name = _from_json(load_json(text, str(path)))
         else:
-            G = nx.read_graphml(path)
+            if "<!DOCTYPE" in text or "<!ENTITY" in text:
+                raise TopologyError("topology: GraphML with a DOCTYPE or entities is not accepted", "topology")
+            G = nx.parse_graphml(text)
             name = str(G.graph.pop("name", ""))
+    except InputFileError as err:
+        raise TopologyError(f"topology: {err}", "topology") from None
     except TopologyError as err:
-        raise TopologyError(f"{path}: {err}", err.field) from err
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise TopologyError(f"topology: cannot read {path}: {err}", "topology") from err
+        raise TopologyError(f"{path}: {err}", err.field) from None
+    except Exception as err:  # noqa: BLE001 -- XML parse errors (a SyntaxError), NetworkXError, ...
+        raise TopologyError(f"topology: {path} is not a readable {fmt.upper() if fmt == 'json' else 'GraphML'} "
+                            f"topology ({type(err).__name__}: {err})", "topology") from None
     _decode_tuples(G.graph, "graph")
     for node, data in G.nodes(data=True):
         _decode_tuples(data, f"node {node!r}")
@@ -128,11 +139,7 @@ def load_topology(path: Union[str, Path]) -> Topology:
         raise TopologyError(f"{path}: {err}", err.field) from err
 
 
-def _read_json(path: Path):
-    try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise TopologyError(f"topology: not valid JSON ({err})", "topology") from None
+def _from_json(doc):
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise TopologyError(f"topology: expected an object with \"format\": \"{FORMAT}\"",
                             "topology")

@@ -15,6 +15,7 @@ DeepSeek-V3", ISCA'25) over the links a message crosses:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Union
@@ -169,8 +170,23 @@ class ClusterSpec:
 
     With ``pods``, ``network`` describes one pod and ``devices`` counts all pods.
     Construction checks that the devices fit: a torus needs ``devices ==
-    prod(shape) * pods``; a switched network needs per-pod devices either at most
-    one domain or a multiple of ``domain_size``.
+    prod(shape) * pods``; a switched network places the devices of each pod on
+    scale-up domains (racks, nodes) filled one after another, ``devices_per_domain``
+    in each (rank ``r`` is in domain ``r // devices_per_domain``):
+
+    * ``devices_per_domain`` given: at most ``domain_size``, and the devices per pod
+      are at most one domain or a multiple of it (e.g. 128 GB200 as 2 racks of 64);
+    * not given: whole domains when the devices per pod are at most one domain or a
+      multiple of ``domain_size``; otherwise the fewest domains that hold them,
+      filled equally (128 on NVL72: 2 racks of 64; 100: 2 racks of 50) -- and when
+      they cannot be filled equally (146 on NVL72) the spec is refused, naming
+      ``cluster.devices_per_domain``.
+
+    A partly filled domain works as a domain of ``devices_per_domain`` devices (the
+    NVSwitch is a non-blocking crossbar, so idle GPUs on it change nothing): after
+    construction ``network.domain_size`` is the devices used per domain and
+    ``devices_per_domain`` records it (``None`` when whole domains are used and it
+    was not given).
     """
 
     name: str
@@ -179,6 +195,7 @@ class ClusterSpec:
     network: Network
     pods: Optional[PodsSpec] = None
     host_bw_bytes_per_s: float = 32e9
+    devices_per_domain: Optional[int] = None
 
     def __post_init__(self) -> None:
         _positive_int(self.devices, "cluster.devices")
@@ -201,15 +218,20 @@ class ClusterSpec:
         per_pod = self.devices // n_pods
         net = self.network
         if isinstance(net, TorusNetwork):
+            if self.devices_per_domain is not None:
+                raise TopologyError(
+                    "cluster.devices_per_domain: applies to switched networks (NVLink domains); "
+                    "a torus is sized by its shape", "cluster.devices_per_domain")
             if per_pod != net.devices:
                 raise TopologyError(
                     f"cluster.devices: {self.devices} devices do not fit torus shape "
                     f"{list(net.shape)} x {n_pods} pod(s) = {net.devices * n_pods} devices",
                     "cluster.devices")
-        elif per_pod > net.domain_size and per_pod % net.domain_size:
-            raise TopologyError(
-                f"cluster.devices: {per_pod} devices per pod is neither at most one domain nor a "
-                f"multiple of domain_size {net.domain_size}", "cluster.devices")
+            return
+        used = partial_domain_fill(per_pod, net.domain_size, self.devices_per_domain)
+        if used is not None and used != net.domain_size:
+            object.__setattr__(self, "network", dataclasses.replace(net, domain_size=used))
+        object.__setattr__(self, "devices_per_domain", used)
 
     @property
     def n_pods(self) -> int:
@@ -218,3 +240,35 @@ class ClusterSpec:
     @property
     def devices_per_pod(self) -> int:
         return self.devices // self.n_pods
+
+
+def partial_domain_fill(per_pod: int, domain_size: int, devices_per_domain: Optional[int]) -> Optional[int]:
+    """Devices used per scale-up domain (see :class:`ClusterSpec`), or ``None`` for whole
+    domains. Raises :class:`TopologyError` naming ``cluster.devices_per_domain`` or
+    ``cluster.devices`` when the devices cannot be placed."""
+    field = "cluster.devices_per_domain"
+    if devices_per_domain is not None:
+        _positive_int(devices_per_domain, field)
+        if devices_per_domain > domain_size:
+            raise TopologyError(f"{field}: at most domain_size {domain_size}, got {devices_per_domain}", field)
+        if per_pod > devices_per_domain and per_pod % devices_per_domain:
+            raise TopologyError(
+                f"{field}: {per_pod} devices per pod do not fill domains of {devices_per_domain} equally; "
+                f"allowed: a divisor of {per_pod} up to {domain_size} "
+                f"({', '.join(map(str, _divisors_up_to(per_pod, domain_size)[-4:]))})", field)
+        return devices_per_domain
+    if per_pod <= domain_size or per_pod % domain_size == 0:
+        return None
+    n_domains = -(-per_pod // domain_size)
+    if per_pod % n_domains == 0:
+        return per_pod // n_domains
+    best = _divisors_up_to(per_pod, domain_size)[-1]
+    raise TopologyError(
+        f"cluster.devices: {per_pod} devices per pod neither fill whole domains of {domain_size} nor "
+        f"{n_domains} domains equally; set cluster.devices_per_domain to a divisor of {per_pod} up to "
+        f"{domain_size} (largest: {best}, on {per_pod // best} domains) or use a multiple of "
+        f"{domain_size} devices", "cluster.devices")
+
+
+def _divisors_up_to(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]

@@ -8,8 +8,10 @@ domain), then switches by their hop distance from the devices. Any layer with
 more than ``max_per_layer`` items is summarised into consecutive groups, and
 edges carry the total bandwidth between the items they join.
 
-New figures are drawn on the Agg canvas directly (no pyplot, no global backend
-change), so this works headless and leaves a notebook's backend alone.
+Text is at least 10 pt at the saved size (fit for a slide). New figures are drawn
+on the Agg canvas directly (no pyplot, no global backend change), so this works
+headless and leaves a notebook's backend alone; a notebook shows the returned
+figure when it is a cell's value.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def plot_topology(topo: Topology, path=None, ax=None, max_per_layer: int = 8):
     ``ax``: draw into this Axes instead of a new figure.
     """
     if ax is None:
-        fig = Figure(figsize=(10, 6.5))
+        fig = Figure(figsize=(11, 6.5))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
     else:
@@ -76,13 +78,13 @@ def _draw_torus(topo: Topology, ax) -> None:
                 ax.plot([x0, x1], [y0, y1], color="tab:gray", lw=0.8, linestyle="--", zorder=1)
     xs = [x for x in range(sx) for _ in range(sy)]
     ys = [y for _ in range(sx) for y in range(sy)]
-    size = max(8, 300 / max(sx, sy))
+    size = max(8, 300 / max(sx, sy)) if sx * sy > 64 else 420
     ax.scatter(xs, ys, s=size, color="tab:orange", zorder=2)
     if sx * sy <= 64:
         for x, y in zip(xs, ys):
             ax.annotate(str(topo.device_at((x, y) + (0,) * (len(shape) - 2))), (x, y),
-                        fontsize=7, ha="center", va="center", zorder=3)
-    rest = f"; x {' x '.join(map(str, shape[2:]))} along axis 2 (plane 0 shown)" if len(shape) > 2 else ""
+                        fontsize=10, ha="center", va="center", zorder=3)
+    rest = f"\n{math.prod(shape[2:])} planes along axis 2 (plane 0 shown)" if len(shape) > 2 else ""
     pods = ""
     if topo.n_pods > 1:
         dcn = [c for c, k in zip(topo.link_capacity, topo.link_kind) if k == "dcn"]
@@ -90,7 +92,7 @@ def _draw_torus(topo: Topology, ax) -> None:
     ax.set_title(f"{topo.name or 'torus'}: {topo.n_devices} devices, torus "
                  f"{' x '.join(map(str, shape))}, wrap {list(wrap)}{rest}\n"
                  f"ICI {_gbps(bw)} per link per direction (dashed stubs: wrap-around){pods}",
-                 fontsize=9)
+                 fontsize=11)
     ax.set_aspect("equal")
     ax.margins(0.1)
 
@@ -131,7 +133,8 @@ def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
                 names = [it[1] for it in chunk]
                 label[gid] = names[0] if len(chunk) == 1 else (
                     f"{os.path.commonprefix(names)}*\n{len(chunk)} switches")
-            pos[gid] = ((c + 0.5) / len(chunks), lv)
+            # crowded layers alternate up and down so that 10-pt labels do not collide
+            pos[gid] = ((c + 0.5) / len(chunks), lv + (0.25 if len(chunks) > 5 and c % 2 else 0.0))
     bw = defaultdict(float)
     for u, v, d in G.edges(data=True):
         a, b = group_of[unit[u]], group_of[unit[v]]
@@ -142,11 +145,11 @@ def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
     S.add_edges_from(bw)
     nx.draw_networkx_edges(S, pos, ax=ax, edge_color="tab:gray", width=0.8)
     colours = ["tab:orange" if gid[0] == 0 else "tab:blue" for gid in S]
-    nx.draw_networkx_nodes(S, pos, ax=ax, node_color=colours, node_size=500, alpha=0.85)
-    nx.draw_networkx_labels(S, pos, labels={g: label[g] for g in S}, ax=ax, font_size=6)
+    nx.draw_networkx_nodes(S, pos, ax=ax, node_color=colours, node_size=2200, alpha=0.85)
+    nx.draw_networkx_labels(S, pos, labels={g: label[g] for g in S}, ax=ax, font_size=10)
     if len(bw) <= 16:
         nx.draw_networkx_edge_labels(S, pos, edge_labels={e: _gbps(b) for e, b in bw.items()},
-                                     ax=ax, font_size=5)
+                                     ax=ax, font_size=10)
     extra = f", {topo.n_pods} pods" if topo.n_pods > 1 else ""
     per_kind = {}
     for cap, kind in zip(topo.link_capacity, topo.link_kind):
@@ -156,5 +159,5 @@ def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
     ax.set_title(f"{topo.name or topo.kind}: {topo.n_devices} devices, {topo.kind}, domain size "
                  f"{topo.domain_size}{extra}\nlinks per direction: {links}"
                  + ("\nedge labels: total bandwidth per direction" if len(bw) <= 16 else ""),
-                 fontsize=9)
+                 fontsize=11)
     ax.margins(0.08)

@@ -219,7 +219,9 @@ def cluster_preset(name: str, devices: Optional[int] = None, **overrides) -> Clu
     ``host_bw_bytes_per_s``, ``chip`` (a preset name, a :class:`ChipSpec`, or a
     mapping of ChipSpec fields applied over the preset chip), ``network`` (a
     network object, or a mapping applied field by field over the preset's
-    network) and ``pods`` (``None``, a :class:`PodsSpec` or a mapping).
+    network), ``pods`` (``None``, a :class:`PodsSpec` or a mapping) and
+    ``devices_per_domain`` (devices used per scale-up domain, for partly filled racks;
+    see :class:`~topologies.networks.ClusterSpec`).
 
     Raises
     ------
@@ -232,7 +234,7 @@ def cluster_preset(name: str, devices: Optional[int] = None, **overrides) -> Clu
     if key not in CLUSTER_PRESETS:
         raise UnknownPresetError("cluster preset", name, CLUSTER_PRESETS, "cluster.preset")
     preset = CLUSTER_PRESETS[key]
-    allowed = ("name", "chip", "network", "pods", "host_bw_bytes_per_s")
+    allowed = ("name", "chip", "network", "pods", "host_bw_bytes_per_s", "devices_per_domain")
     for k in overrides:
         if k not in allowed:
             raise TopologyError(f"cluster.{k}: unknown key; allowed: devices, preset, "
@@ -284,7 +286,8 @@ def cluster_preset(name: str, devices: Optional[int] = None, **overrides) -> Clu
                           pods_override, PodsSpec, "cluster.pods")
     return ClusterSpec(
         name=overrides.get("name", key), devices=devices, chip=chip, network=network, pods=pods,
-        host_bw_bytes_per_s=overrides.get("host_bw_bytes_per_s", preset.host_bw_bytes_per_s))
+        host_bw_bytes_per_s=overrides.get("host_bw_bytes_per_s", preset.host_bw_bytes_per_s),
+        devices_per_domain=overrides.get("devices_per_domain"))
 
 
 def build_cluster(spec: ClusterSpec) -> Topology:

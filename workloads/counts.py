@@ -76,12 +76,26 @@ _RESIDUAL_FLOPS_PER_ELEMENT = 1.0
 _CROSS_ENTROPY_FLOPS_PER_ELEMENT = 4.0  # max, subtract, exp, sum over the vocab
 _TOKEN_ID_BYTES = 8  # int64 token ids, as PyTorch embeddings take them
 # Unfused attention (Megatron-LM before FlashAttention, as in Narayanan et al. 2021
-# and Korthikanti et al. 2022) materialises the s x s scores per head: the QK^T
-# batched GEMM writes them (2 B), the fused scale-mask-softmax reads and writes them
-# (2 + 2 B), dropout reads them and writes its output and a 1-byte mask (2 + 2 + 1 B),
-# and the PV batched GEMM reads the dropped-out probabilities (2 B): 13 bytes of HBM
-# traffic per score element in the forward pass.
-_UNFUSED_SCORE_BYTES = 13
+# and Korthikanti et al. 2022) materialises the s x s scores per head. HBM bytes per
+# score element, beyond the Q/K/V/O traffic of ``attn_core``:
+# * forward, 12 B: the QK^T batched GEMM writes the scores (2); Megatron's fused
+#   causal softmax (megatron/fused_kernels/scaled_upper_triang_masked_softmax.h,
+#   NVIDIA/Megatron-LM) loads only the unmasked lower triangle of each row -- on
+#   average half of it (1) -- and writes the full row, zeros included (2); dropout
+#   reads the probabilities and writes its output and a 1-byte mask (2 + 2 + 1); the
+#   PV batched GEMM reads the dropped-out probabilities (2).
+# * backward, 17 B: dP = dO V^T writes the score gradient (2); dV = P^T dO reads the
+#   dropped-out probabilities (2); the dropout backward reads the gradient and the mask
+#   and writes a gradient (2 + 1 + 2); the fused softmax backward reads the gradient
+#   and its saved output over the unmasked half (1 + 1) and writes the full row (2);
+#   dQ = dS K and dK = dS^T Q read the score gradient once each (2 + 2).
+# Check: Korthikanti et al. 2022 (arXiv 2205.05198) Table 4 measures recomputing this
+# forward (QK^T, softmax, dropout, PV; "selective recompute") for one 22B layer on
+# A100 (b=4, s=2048, 64/8 heads per rank): 1.3 ms; tests/test_counts.py times it.
+_UNFUSED_SCORE_BYTES = 12
+_UNFUSED_SCORE_BWD_BYTES = 17
+#: Name of the unfused-attention score-traffic kernel (its backward has its own bytes).
+UNFUSED_SCORES_KERNEL = "attn_scores"
 _FP32_BYTES = 4
 
 
@@ -128,6 +142,8 @@ def backward_kernels(kernel: Kernel) -> tuple[Kernel, ...]:
     about 2x its bytes (reads Q, K, V, O, dO; writes dQ, dK, dV). Memory-bound
     kernels (norms, activations, residuals, loss, embedding) read their saved
     input and the output gradient and write the input gradient: 2x bytes, 2x FLOPs.
+    The materialised attention scores of unfused attention (``attn_scores``) move
+    17/12 of their forward bytes (see ``_UNFUSED_SCORE_BYTES``).
     """
     f = backward_flops_factor()
     if kernel.kind == "gemm":
@@ -139,6 +155,11 @@ def backward_kernels(kernel: Kernel) -> tuple[Kernel, ...]:
             Kernel(f"{kernel.name}.dgrad", "gemm", half, kernel.bytes, kernel.m, kernel.k, kernel.n, kernel.groups),
             Kernel(f"{kernel.name}.wgrad", "gemm", half, kernel.bytes, kernel.k, kernel.n, kernel.m, kernel.groups),
         )
+    if kernel.name.rsplit(".", 1)[-1] == UNFUSED_SCORES_KERNEL:
+        # Materialised scores: 17 B per score element back against 12 forward (notes
+        # at _UNFUSED_SCORE_BYTES), not the 2x of a plain element-wise kernel.
+        nbytes = kernel.bytes * _UNFUSED_SCORE_BWD_BYTES / _UNFUSED_SCORE_BYTES
+        return (Kernel(f"{kernel.name}.bwd", kernel.kind, kernel.flops * f, nbytes),)
     return (Kernel(f"{kernel.name}.bwd", kernel.kind, kernel.flops * f, kernel.bytes * 2.0),)
 
 
@@ -250,9 +271,9 @@ def _attention_core(
 
 def _unfused_scores(q_rows: float, seq_len: int, heads: int) -> Kernel:
     """Memory traffic of materialised attention scores (no FLOPs beyond the
-    products already in ``attn_core``): softmax and dropout over ``q_rows x seq_len``
-    per head."""
-    return Kernel("attn_scores", "elementwise", 0.0, _UNFUSED_SCORE_BYTES * q_rows * seq_len * heads)
+    products already in ``attn_core``): the score writes and reads of the two
+    batched GEMMs, the causal softmax and dropout over ``q_rows x seq_len`` per head."""
+    return Kernel(UNFUSED_SCORES_KERNEL, "elementwise", 0.0, _UNFUSED_SCORE_BYTES * q_rows * seq_len * heads)
 
 
 def _attention_kernels(

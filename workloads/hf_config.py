@@ -31,7 +31,6 @@ A missing required key, an unknown ``model_type`` or an unsupported value raises
 
 from __future__ import annotations
 
-import json
 from os import PathLike
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
@@ -89,12 +88,13 @@ class _Config:
 def _load(path_or_dict: Union[str, PathLike, Mapping[str, Any]]) -> Mapping[str, Any]:
     if isinstance(path_or_dict, Mapping):
         return path_or_dict
+    from simulator.fileio import InputFileError, load_json, read_text
+
     path = Path(path_or_dict)
-    try:
-        with path.open() as f:
-            data = json.load(f)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"hf_config: {path} is not valid JSON ({err})") from err
+    try:  # at most 16 MiB (a config.json is a few kB); binary or non-JSON input is refused naming the file
+        data = load_json(read_text(path, what="Hugging Face config.json"), str(path))
+    except InputFileError as err:
+        raise ValueError(str(err)) from None   # names the file: model.hf_config: FILE: ...
     if not isinstance(data, dict):
         raise ValueError(f"hf_config: {path} must hold a JSON object, got {type(data).__name__}")
     return data

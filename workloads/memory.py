@@ -349,20 +349,39 @@ def rank_parameter_counts(
     MTP modules share the embedding). ``has_mtp`` defaults to ``has_head`` (MTP
     runs after the output head, on the last stage).
     """
+    units = rank_parameter_units(model, layout, stage_layers, has_embedding, has_head, has_mtp)
+    return sum(u[1] for u in units), sum(u[2] for u in units)
+
+
+def rank_parameter_units(
+    model: ModelSpec,
+    layout: ParallelLayout,
+    stage_layers,
+    has_embedding: bool,
+    has_head: bool,
+    has_mtp: Optional[bool] = None,
+) -> list[tuple[str, int, int]]:
+    """The parameters one rank holds, cut into the units the trace reduces, gathers
+    and shards as one bucket each: ``(name, dense, expert)`` with name ``"L<i>"``
+    for transformer layer ``i``, ``"embed"`` for the input embedding table and
+    ``"head"`` for everything the last chunk adds (final norm, output projection or
+    the tied table's copy, the MTP modules and their embedding copy). The units sum
+    to :func:`rank_parameter_counts`; see it for what is split and what replicated.
+    Units with no parameters are left out."""
     tp, ep, etp = layout.tp, layout.ep, layout.etp
     h = model.hidden
-    dense = expert = 0
+    units: list[tuple[str, int, int]] = []
     for i in stage_layers:
         if not 0 <= i < model.layers:
             raise IndexError(f"layer {i} outside 0..{model.layers - 1} of {model.name!r}")
         d, e = counts._block_params(model, model.is_moe_layer(i), tp, ep, etp)
-        dense += d
-        expert += e
+        units.append((f"L{i}", d, e))
     if has_mtp is None:
         has_mtp = has_head
     table = math.ceil(model.vocab / tp) * h  # one vocab-parallel shard
     if has_embedding:
-        dense += table
+        units.append(("embed", table, 0))
+    dense = expert = 0
     if has_head:
         dense += counts._norm_params(model, h)
         if not model.tied_embeddings or not has_embedding:
@@ -374,7 +393,9 @@ def rank_parameter_counts(
         proj = counts._split(h, tp, "hidden") * 2 * h + (counts._split(h, tp, "hidden") if model.bias else 0)
         dense += model.mtp_depth * (d + proj + 3 * counts._norm_params(model, h))
         expert += model.mtp_depth * e
-    return dense, expert
+    if dense or expert:
+        units.append(("head", dense, expert))
+    return units
 
 
 # ---------------------------------------------------------------------------
@@ -457,3 +478,45 @@ def state_bytes(
         gradients=sharded(grad_dtype_bytes, 2),
         optimizer=sharded(k_opt, 1),
     )
+
+
+# ---------------------------------------------------------------------------
+# Transient buffers of sharded data parallelism
+# ---------------------------------------------------------------------------
+
+# ZeRO-3 / FSDP keeps the gathered weights of two units at once: the one computing and
+# the next one, whose all-gather is prefetched (PyTorch FSDP's ``limit_all_gathers``,
+# on by default: "GPU memory usage from only *two* consecutive FSDP instances (the
+# current instance running computation and the next instance whose all-gather is
+# prefetched)", torch.distributed.fsdp.FullyShardedDataParallel docs; Zhao et al. 2023,
+# arXiv 2304.11277, the "rate limiter"). The trace gathers one unit ahead likewise.
+FSDP_GATHERED_UNITS = 2
+
+
+def sharding_buffer_bytes(
+    unit_params: "list[float] | tuple[float, ...]",
+    zero: int,
+    weight_dtype_bytes: int = 2,
+    grad_dtype_bytes: int = 4,
+    gathered_units: int = FSDP_GATHERED_UNITS,
+) -> float:
+    """Peak bytes of the full-size transient buffers that ZeRO-2/3 add on one rank,
+    for a rank holding units (layers, embedding, head: :func:`rank_parameter_units`)
+    of ``unit_params`` parameters each (``dense + expert`` per rank):
+
+    * ZeRO-2: the unsharded gradient of the unit being reduce-scattered (the largest
+      unit), ``grad_dtype_bytes * max(unit)`` — the gradient is accumulated full-size
+      per bucket and only its reduce-scattered shard is kept;
+    * ZeRO-3 / FSDP: that, plus the gathered weights of ``gathered_units`` units
+      (the one computing and the prefetched one): ``max(unit) * (gathered_units *
+      weight_dtype_bytes + grad_dtype_bytes)``;
+    * ZeRO-0/1: nothing (the full gradients and weights are persistent state).
+    """
+    if zero not in (0, 1, 2, 3):
+        raise ValueError(f"parallel.zero: must be one of 0, 1, 2, 3, got {zero!r}")
+    largest = float(max(unit_params, default=0.0))
+    if zero == 2:
+        return grad_dtype_bytes * largest
+    if zero == 3:
+        return (gathered_units * weight_dtype_bytes + grad_dtype_bytes) * largest
+    return 0.0

@@ -17,7 +17,7 @@ from typing import Optional
 
 from workloads.counts import Kernel
 
-STREAMS = ("compute", "tp", "cp", "ep", "dp", "fsdp", "pp", "offload")
+STREAMS = ("compute", "tp", "cp", "ep", "dp", "fsdp", "pp", "offload", "mirror")  # mirror: gradient sums between pipeline ranks
 MEMORY_CATEGORIES = ("weights", "gradients", "optimizer", "activations", "buffers")
 PHASES = ("F", "B", "I", "W", "R", "opt", "sync")  # R = recomputation
 

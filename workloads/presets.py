@@ -126,6 +126,16 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         moe=MoESpec(experts=128, top_k=8, expert_ffn_hidden=1536),
         source="Qwen Team 2025, arXiv 2505.09388, Table 2; sizes from the HF config",
     ),
+    # Qwen3 technical report (arXiv 2505.09388) Table 2: Qwen3-30B-A3B, 48 layers,
+    # 32 Q / 4 KV heads, 128 experts, 8 activated, every layer MoE; HF config
+    # Qwen/Qwen3-30B-A3B: hidden 2048, head_dim 128, moe_intermediate_size 768,
+    # intermediate_size 6144 (no dense layer uses it), vocab 151,936, untied.
+    "qwen3-30b-a3b": ModelSpec(
+        name="qwen3-30b-a3b", layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn_hidden=6144,
+        vocab=151936,
+        moe=MoESpec(experts=128, top_k=8, expert_ffn_hidden=768),
+        source="Qwen Team 2025, arXiv 2505.09388, Table 2; sizes from the HF config",
+    ),
     # Nemotron-4 340B (NVIDIA 2024, arXiv 2406.11704) Table 1: 96 layers, hidden
     # 18432, 96 heads, 8 KV heads, vocab 256,000; squared-ReLU FFN of 73,728 (a
     # non-gated 2-matrix FFN, modelled as ffn='gelu'), no biases, untied.

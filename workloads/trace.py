@@ -11,9 +11,11 @@ schedule) into the ops each simulated rank executes:
   fused as ``B``, or split as ``I`` then ``W`` for zero-bubble schedules), with
   recomputation ahead of them when asked;
 * pipeline sends of activations and gradients between stages;
-* data-parallel gradient reduction per layer bucket, issued as soon as the last
-  micro-batch's backward of that layer is done so that it overlaps the rest of
-  the backward pass; ZeRO parameter all-gathers; the optimizer step.
+* data-parallel gradient reduction per parameter unit (layer, embedding, head),
+  issued as soon as the last micro-batch's backward of that unit is done (every
+  micro-batch's under ZeRO-2/3) so that it overlaps the rest of the backward pass;
+  DualPipe's gradient sum between the two ranks holding a stage; the tied-embedding
+  sum between first and last stage; ZeRO parameter all-gathers; the optimizer step.
 
 Ranks running the same program on symmetric hardware need not all be built: with
 ``representatives=True`` (the default) one rank per pipeline stage is built and
@@ -26,14 +28,16 @@ Modelling choices (each documented where it is made):
   gathered in the compute dtype's storage (bf16).
 * ZeRO-1/2 parameter all-gathers happen at the start of the step, overlapped with
   the forward pass (Megatron's ``--overlap-param-gather``): the first forward of a
-  layer waits for its bucket. ZeRO-3 gathers each layer's parameters before its
-  forward and before its backward, for every micro-batch, one layer ahead
-  (prefetch), and reduce-scatters gradients once after the last micro-batch.
+  unit waits for its bucket. ZeRO-3 gathers each unit's parameters before its
+  forward and before its backward, for every micro-batch, one unit ahead
+  (prefetch). ZeRO-0/1 reduce gradients once after the last micro-batch; ZeRO-2/3
+  reduce-scatter them after every micro-batch (see :meth:`_RankProgram._grads_ready`).
 * Tensor-parallel collectives block the compute stream (no TP comm overlap).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Optional, Sequence
@@ -297,15 +301,11 @@ class TraceBuilder:
         return min(float(moe.max_nodes_per_token), distinct), nodes
 
     def layer_param_split(self, layer: int) -> tuple[float, float]:
-        """(dense, expert) parameters of one layer held by one rank."""
-        total = counts.layer_parameter_count(self.model, layer)
-        expert = 0.0
-        if self.model.is_moe_layer(layer):
-            # Every MoE layer has the same routed experts.
-            expert = counts.expert_parameter_count(self.model, include_mtp=False) / self.model.moe_layers
-        dense = total - expert
+        """(dense, expert) parameters of one layer held by one rank: tensor-parallel
+        matrices split, norms, routers and MLA down projections replicated, routed
+        experts split over ``ep`` and ``etp`` (as :func:`memory.rank_parameter_units`)."""
         L = self.L
-        return dense / L.tp, expert / L.ep / L.etp
+        return counts._block_params(self.model, self.model.is_moe_layer(layer), L.tp, L.ep, L.etp)
 
     def bwd(self, fwd: tuple, part: str) -> tuple:
         """Memoised :func:`backward_kernels` (forward groups are long-lived cached tuples)."""
@@ -386,9 +386,10 @@ class _RankProgram:
         self.n_local = sched.local_chunks(b.w.schedule, L.vpp)
         self.last_compute: Optional[Op] = None
         self.grad_ops: list[int] = []
-        self.param_gather: dict[int, int] = {}  # layer -> op id of its ZeRO-1/2 parameter all-gather
+        self.param_gather: dict[str, int] = {}  # unit -> op id of its ZeRO-1/2 parameter all-gather
         self.compute_history: list[int] = []  # compute op ids in stream order (ZeRO-3 prefetch window)
-        self.deferred_grads: list[tuple[str, int, int]] = []  # reductions held back (no grad overlap)
+        self.deferred_grads: list[tuple[str, int, int, bool]] = []  # reductions held back (no grad overlap)
+        self.reduced: list[tuple[str, list[int]]] = []  # (unit, its final reduction's op ids) in issue order
         self.in_pair = False  # building an overlapped pair whose compute shares the SMs with all-to-alls
 
     # ---- helpers ---------------------------------------------------------------
@@ -472,13 +473,11 @@ class _RankProgram:
             self._interleave([self.action_ops(a) for a in st])
             self.in_pair = False
         # Without overlap, every gradient reduction starts after the last backward.
-        for kind, l, k in self.deferred_grads:
-            if kind == "layer":
-                self._grad_sync_layer(l, k, deferred=True)
-            else:
-                self._grad_sync_embedding(k, deferred=True)
+        for unit, k, mb, last in self.deferred_grads:
+            self._grad_sync(unit, k, mb, last, deferred=True)
         if sched.weight_copies(b.w.schedule) > 1:
             self.mirror_grad_sync()
+        self.tied_embedding_sync()
         self.optimizer()
 
     @staticmethod
@@ -517,7 +516,7 @@ class _RankProgram:
         elif a.op in ("B", "I"):
             yield from self.backward(a, path, pos, layers, is_last_grad)
         else:
-            yield from self.weight_grad(a, pos, layers, is_last_grad)
+            yield from self.weight_grad(a, path, pos, layers, is_last_grad)
 
     def _recv(self, kind: str, path, pos: int, mb: int, deps: list) -> None:
         """Depend on the neighbouring chunk's send (forward: previous chunk; backward: next)."""
@@ -552,11 +551,10 @@ class _RankProgram:
         if pos > 0:
             self._recv("F", path, pos, a.mb, deps)
         else:
-            own = self.compute("embed.F", b.embed_kernels(), "F", a.mb, pos, -1)
+            own = self.compute("embed.F", b.embed_kernels(), "F", a.mb, pos, -1,
+                               deps=self._params_for("embed", a.mb, pos, "F"))
         for l in layers:
-            deps += self._zero3_gather(l, a.mb, pos, "F")
-            if l in self.param_gather:
-                deps.append(self.param_gather[l])
+            deps += self._params_for(f"L{l}", a.mb, pos, "F")
             handed = yield from self.layer_forward(l, a.mb, pos, deps, recompute=False)
             own = self.last_compute
             deps = []
@@ -564,6 +562,7 @@ class _RankProgram:
                 yield  # no all-to-all to hand over at: hand over at the layer's end
         if pos == len(path) - 1:
             head = own = self.compute("head.F", b.head_kernels(), "F", a.mb, pos, -1,
+                                      deps=self._params_for("head", a.mb, pos, "F"),
                                       mem=(("activations", self._head_bytes(), "start"),))
             b.tags[("HEAD", a.mb, self.rank)] = head.id
         self._send("F", path, pos, a.mb, after=own)
@@ -701,13 +700,16 @@ class _RankProgram:
         if pos < len(path) - 1:
             self._recv("B", path, pos, a.mb, deps)
         else:
+            deps += self._zero3_gather("head", a.mb, pos, part)
             own = self.compute("head." + part, self.b.bwd(b.head_kernels(), part), part, a.mb, pos, -1, deps=deps,
                          mem=(("activations", -self._head_bytes(), "end"),))
             deps = []
+            if part == "B":
+                self._grads_ready("head", pos, a.mb, is_last_grad)
         rev = list(reversed(layers))
         fetched = {rev[0]: self._prefetch(rev[0], a.mb, pos)} if rev else {}
         for i, l in enumerate(rev):
-            deps += self._zero3_gather(l, a.mb, pos, part) + fetched.pop(l, [])
+            deps += self._zero3_gather(f"L{l}", a.mb, pos, part) + fetched.pop(l, [])
             if i + 1 < len(rev):  # prefetch one layer ahead
                 fetched[rev[i + 1]] = self._prefetch(rev[i + 1], a.mb, pos)
             handed = 0
@@ -720,9 +722,10 @@ class _RankProgram:
             if not handed:
                 yield
         if pos == 0:
-            own = self.compute("embed." + part, self.b.bwd(b.embed_kernels(), part), part, a.mb, pos, -1)
-            if is_last_grad and part == "B":
-                self._grad_sync_embedding(pos)
+            own = self.compute("embed." + part, self.b.bwd(b.embed_kernels(), part), part, a.mb, pos, -1,
+                               deps=self._zero3_gather("embed", a.mb, pos, part))
+            if part == "B":
+                self._grads_ready("embed", pos, a.mb, is_last_grad)
         self._send("B", path, pos, a.mb, after=own)
 
     def layer_backward(self, l, mb, k, deps, part, is_last_grad):
@@ -783,62 +786,155 @@ class _RankProgram:
         out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.attn.ag.bwd", part, mb, k, l, [op.id])
         if out:
             self.compute(f"L{l}.join", (), part, mb, k, l, deps=[out.id])
-        if part == "B" and is_last_grad:
-            self._grad_sync_layer(l, k)
+        if part == "B":
+            self._grads_ready(f"L{l}", k, mb, is_last_grad)
         return handed
 
-    def weight_grad(self, a, pos, layers, is_last_grad):
+    def weight_grad(self, a, path, pos, layers, is_last_grad):
         b = self.b
+        if pos == len(path) - 1:  # the LM head's (and MTP modules') weight-gradient GEMMs
+            self.compute("head.W", self.b.bwd(b.head_kernels(), "W"), "W", a.mb, pos, -1)
+            self._grads_ready("head", pos, a.mb, is_last_grad)
         for l in reversed(layers):
             kern = self.b.bwd(b.layer_all(l), "W")
             free = -self._stash(l) * (1 - INPUT_GRAD_FREED_FRACTION)
             self.compute(f"L{l}.W", kern, "W", a.mb, pos, l, mem=(("activations", free, "end"),))
-            if is_last_grad:
-                self._grad_sync_layer(l, pos)
+            self._grads_ready(f"L{l}", pos, a.mb, is_last_grad)
             yield
         if pos == 0:
             self.compute("embed.W", self.b.bwd(b.embed_kernels(), "W"), "W", a.mb, pos, -1)
-            if is_last_grad:
-                self._grad_sync_embedding(pos)
+            self._grads_ready("embed", pos, a.mb, is_last_grad)
 
     # ---- data-parallel gradient and parameter traffic --------------------------------
+    # Parameters move in units (one bucket each): every transformer layer, the
+    # embedding table (first chunk) and the head (last chunk: final norm, output
+    # projection or the tied table's copy, MTP modules), as
+    # :func:`memory.rank_parameter_units` cuts them.
+    @cached_property
+    def units(self) -> dict[str, tuple[float, float]]:
+        """``unit name -> (dense, expert)`` parameters this rank holds."""
+        b, L = self.b, self.b.L
+        own = [self.chunk_index(c) for c in range(self.n_local)]
+        return {name: (float(d), float(e)) for name, d, e in memory.rank_parameter_units(
+            b.model, L, self.my_layers(), has_embedding=0 in own, has_head=b.n_chunks - 1 in own)}
+
+    def unit_order(self) -> list[str]:
+        """The units in forward order over the rank's local chunks."""
+        out = []
+        for c in range(self.n_local):
+            k = self.chunk_index(c)
+            if k == 0:
+                out.append("embed")
+            out += [f"L{l}" for l in self.b.chunks[k]]
+            if k == self.b.n_chunks - 1:
+                out.append("head")
+        return [u for u in out if u in self.units]
+
+    @staticmethod
+    def _unit_layer(unit: str) -> int:
+        return int(unit[1:]) if unit.startswith("L") else -1
+
     def _grad_coll(self) -> str:
         return "all-reduce" if self.b.L.zero == 0 else "reduce-scatter"
 
-    def _grad_sync_layer(self, l: int, k: int, deferred: bool = False) -> None:
-        if not self.b.t.overlap_grad_reduce and not deferred:
-            self.deferred_grads.append(("layer", l, k))
-            return
-        dense, expert = self.b.layer_param_split(l)
-        dep = self.after_compute()
-        for axis, p, nm in (("dp_cp", dense, "grad"), ("edp", expert, "egrad")):
-            op = self.collective(self._grad_coll(), axis, p * GRAD_REDUCE_BYTES, f"L{l}.{nm}", "sync", -1, k, l, dep,
-                                 stream="dp")
-            if op:
-                self.grad_ops.append(op.id)
+    def _grads_ready(self, unit: str, k: int, mb: int, is_last_grad: bool) -> None:
+        """A backward pass has produced ``unit``'s gradients for micro-batch ``mb``.
 
-    def _grad_sync_embedding(self, k: int, deferred: bool = False) -> None:
-        if not self.b.t.overlap_grad_reduce and not deferred:
-            self.deferred_grads.append(("embed", -1, k))
+        ZeRO-0/1 reduce once, after the last micro-batch (Megatron-LM accumulates into
+        a full-size fp32 buffer, then all-reduces or reduce-scatters it). ZeRO-2 and
+        ZeRO-3 reduce-scatter after *every* micro-batch's backward and keep only the
+        shard, which is what their sharded gradient memory assumes: DeepSpeed stage 2
+        "communicates during non gradient accumulation boundaries as well"
+        (deepspeedai/DeepSpeed PR #338, ``allreduce_gradients``), and PyTorch FSDP
+        reduce-scatters in every micro-batch's backward unless told not to
+        (pytorch/pytorch PR #126166: "FSDP2 offers (1) [reduce-scatter per microbatch
+        backward, storing the sharded gradients] without any intervention")."""
+        per_mb = self.b.L.zero >= 2
+        if is_last_grad or per_mb:
+            self._grad_sync(unit, k, mb if per_mb else -1, is_last_grad)
+
+    def _grad_sync(self, unit: str, k: int, mb: int, last: bool, deferred: bool = False) -> None:
+        if unit not in self.units:
             return
-        m, L = self.b.model, self.b.L
-        p = m.vocab * m.hidden / L.tp
-        op = self.collective(self._grad_coll(), "dp_cp", p * GRAD_REDUCE_BYTES, "embed.grad", "sync", -1, k, -1,
-                             self.after_compute(), stream="dp")
-        if op:
-            self.grad_ops.append(op.id)
+        if not self.b.t.overlap_grad_reduce and not deferred:
+            self.deferred_grads.append((unit, k, mb, last))
+            return
+        dense, expert = self.units[unit]
+        dep = self.after_compute()
+        ids = []
+        for axis, p, nm in (("dp_cp", dense, "grad"), ("edp", expert, "egrad")):
+            op = self.collective(self._grad_coll(), axis, p * GRAD_REDUCE_BYTES, f"{unit}.{nm}", "sync", mb, k,
+                                 self._unit_layer(unit), dep, stream="dp")
+            if op:
+                ids.append(op.id)
+                self.grad_ops.append(op.id)
+        if last:
+            self.reduced.append((unit, ids or dep))
 
     def mirror_grad_sync(self) -> None:
-        """DualPipe keeps each stage's parameters on two ranks (r and pp-1-r); their
-        gradients are summed between the pair before the optimizer step."""
-        L = self.b.L
+        """DualPipe keeps each stage's parameters on two ranks (r and pp-1-r); the pair
+        sums its gradients unit by unit as soon as both copies are reduced over the
+        data-parallel group, overlapping the rest of the backward pass: the full
+        gradients without ZeRO, each rank's reduce-scattered shard with it (the shards
+        of the two copies line up, so the pair sums shard against shard).
+
+        The sums run on their own ``mirror`` stream in one order on both ranks of the
+        pair (model chunk of the later stage first, then backward order within a chunk:
+        DualPipe finishes the stage farther from the pipeline ends first on both ranks);
+        the pair's two ranks produce a unit's gradients at different times, so issue
+        order alone would cross and deadlock."""
+        b, L = self.b, self.b.L
         mirror = self.rank_at_stage(L.pp - 1 - self.stage)
         if mirror == self.rank:
             return
-        dense, expert = self.local_params()
         group = tuple(sorted((self.rank, mirror)))
-        op = self.collective("all-reduce", "pp_mirror", (dense + expert) / 2 * GRAD_REDUCE_BYTES, "mirror.grad", "sync",
-                             -1, -1, -1, self.after_compute() + self.grad_ops, stream="dp", group=group)
+        chunk_of = {u: self._unit_chunk(u) for u, _ in self.reduced}
+
+        def key(item):
+            u = item[0]
+            pos = b.model.layers if u == "head" else self._unit_layer(u)
+            return (-chunk_of[u], -pos)
+
+        for unit, deps in sorted(self.reduced, key=key):
+            dense, expert = self.units[unit]
+            if L.zero >= 1:
+                dense, expert = dense / (L.dp * L.cp), expert / L.edp
+            op = self.collective("all-reduce", "pp_mirror", (dense + expert) * GRAD_REDUCE_BYTES, f"{unit}.mirror",
+                                 "sync", -1, -1, self._unit_layer(unit), deps, stream="mirror", group=group)
+            if op:
+                self.grad_ops.append(op.id)
+
+    def _unit_chunk(self, unit: str) -> int:
+        """Model chunk a unit belongs to."""
+        if unit == "embed":
+            return 0
+        if unit == "head":
+            return self.b.n_chunks - 1
+        l = self._unit_layer(unit)
+        return next(k for k, r in enumerate(self.b.chunks) if l in r)
+
+    def tied_embedding_sync(self) -> None:
+        """The first and last pipeline chunks each hold the embedding table when the
+        output head is tied to it or the MTP modules look tokens up in it; when they
+        live on different ranks, those two ranks all-reduce the table's full fp32
+        gradient after the data-parallel reduction, as Megatron-LM's
+        ``finalize_model_grads`` does (``_allreduce_word_embedding_grads`` over the
+        embedding group, after ``finish_grad_sync``)."""
+        b, L, m = self.b, self.b.L, self.b.model
+        if not (m.tied_embeddings or m.mtp_depth):
+            return
+        own = {self.chunk_index(c) for c in range(self.n_local)}
+        has_first, has_last = 0 in own, b.n_chunks - 1 in own
+        if has_first == has_last:  # neither end, or both (DualPipe's end ranks, pp = 1)
+            return
+        other_chunk = b.n_chunks - 1 if has_first else 0
+        other = self.rank_at_stage(sched.chunk_owner(b.w.schedule, other_chunk, L.pp, L.vpp)[0])
+        if other == self.rank:
+            return
+        table = math.ceil(m.vocab / L.tp) * m.hidden
+        op = self.collective("all-reduce", "pp_embed", table * GRAD_REDUCE_BYTES, "embed.tied_grad", "sync", -1, -1, -1,
+                             self.grad_ops + self.after_compute(), stream="mirror",
+                             group=tuple(sorted((self.rank, other))))
         if op:
             self.grad_ops.append(op.id)
 
@@ -849,30 +945,39 @@ class _RankProgram:
         return out
 
     def param_gathers(self) -> None:
-        """ZeRO-1/2: all-gather the updated parameter shards, one bucket per layer,
-        at the start of the step (overlapped with the forward pass)."""
-        for l in self.my_layers():
-            dense, expert = self.b.layer_param_split(l)
+        """ZeRO-1/2: all-gather the updated parameter shards, one bucket per unit
+        (embedding, layers, head), at the start of the step (overlapped with the
+        forward pass)."""
+        for unit in self.unit_order():
+            dense, expert = self.units[unit]
             ids = []
             for axis, p in (("dp_cp", dense), ("edp", expert)):
-                op = self.collective("all-gather", axis, p * PARAM_BYTES, f"L{l}.param_ag", "sync", -1, -1, l, [],
-                                     stream="dp")
+                op = self.collective("all-gather", axis, p * PARAM_BYTES, f"{unit}.param_ag", "sync", -1, -1,
+                                     self._unit_layer(unit), [], stream="dp")
                 if op:
                     ids.append(op.id)
             if ids:
-                self.param_gather[l] = ids[-1]
+                self.param_gather[unit] = ids[-1]
 
-    def _zero3_gather(self, l: int, mb: int, k: int, phase: str) -> list[int]:
-        """ZeRO-3 / FSDP: gather layer ``l``'s parameters before each use, at most one
-        layer ahead of the compute stream (prefetch depth 1)."""
-        if self.b.L.zero != 3:
+    def _params_for(self, unit: str, mb: int, k: int, phase: str) -> list[int]:
+        """What a forward of ``unit`` waits for: its ZeRO-1/2 gather of this step, or
+        its ZeRO-3 gather."""
+        out = self._zero3_gather(unit, mb, k, phase)
+        if unit in self.param_gather:
+            out.append(self.param_gather[unit])
+        return out
+
+    def _zero3_gather(self, unit: str, mb: int, k: int, phase: str) -> list[int]:
+        """ZeRO-3 / FSDP: gather a unit's parameters before each use, at most one
+        unit ahead of the compute stream (prefetch depth 1)."""
+        if self.b.L.zero != 3 or unit not in self.units:
             return []
-        dense, expert = self.b.layer_param_split(l)
+        dense, expert = self.units[unit]
         window = self.compute_history[-2:-1]  # may start once the op before last is done
         ids = []
         for axis, p in (("dp_cp", dense), ("edp", expert)):
-            op = self.collective("all-gather", axis, p * PARAM_BYTES, f"L{l}.fsdp_ag", phase, mb, k, l, window,
-                                 stream="fsdp")
+            op = self.collective("all-gather", axis, p * PARAM_BYTES, f"{unit}.fsdp_ag", phase, mb, k,
+                                 self._unit_layer(unit), window, stream="fsdp")
             if op:
                 ids.append(op.id)
         return ids
@@ -889,7 +994,8 @@ class _RankProgram:
         # ZeRO-Offload: fp32 gradients down to the host, the update on the CPU,
         # bf16 parameters back up; the compute stream waits for the new weights.
         shard = sum(k.bytes for k in kern) / OPTIMIZER_BYTES_PER_PARAM[t.optimizer]
-        d2h = self.host("grads.d2h", shard * GRAD_REDUCE_BYTES, "opt", deps=self.grad_ops)
+        # after the last backward kernel too: with dp·cp = 1 there is no reduction to wait on
+        d2h = self.host("grads.d2h", shard * GRAD_REDUCE_BYTES, "opt", deps=self.after_compute() + self.grad_ops)
         cpu = self.host("optimizer.cpu", shard * OPTIMIZER_BYTES_PER_PARAM[t.optimizer], "opt", deps=[d2h.id],
                         rate=HOST_UPDATE_BYTES_PER_S)
         h2d = self.host("params.h2d", shard * PARAM_BYTES, "opt", deps=[cpu.id])
@@ -901,34 +1007,16 @@ class _RankProgram:
                           layer=layer, deps=tuple(deps), size_bytes=size, rate_bytes_per_s=rate, mem=tuple(mem))
 
     def local_params(self) -> tuple[float, float]:
-        """(dense, expert) parameters this rank holds, counting every local chunk."""
-        b, L, m = self.b, self.b.L, self.b.model
-        dense = expert = 0.0
-        for l in self.my_layers():
-            d, e = b.layer_param_split(l)
-            dense += d
-            expert += e
-        emb = counts.embedding_parameter_count(m) / L.tp
-        for c in range(self.n_local):
-            k = self.chunk_index(c)
-            if k == 0:
-                dense += emb
-            if k == b.n_chunks - 1:
-                # Output head (a copy when tied and the first chunk lives elsewhere), final norm,
-                # and the MTP modules, whose routed experts are sharded like any MoE layer's.
-                tied_here = m.tied_embeddings and any(self.chunk_index(x) == 0 for x in range(self.n_local))
-                dense += (0 if tied_here else emb)
-                mtp_expert = 0.0
-                if m.mtp_depth and m.is_moe_layer(m.layers - 1):
-                    mtp_expert = m.mtp_depth * counts.expert_parameter_count(m, include_mtp=False) / m.moe_layers
-                dense += (counts.head_extra_parameter_count(m) - mtp_expert) / L.tp
-                expert += mtp_expert / L.ep / L.etp
-        return dense, expert
+        """(dense, expert) parameters this rank holds, counting every local chunk
+        (:func:`memory.rank_parameter_counts`: the sum of its units)."""
+        return (sum(d for d, _ in self.units.values()), sum(e for _, e in self.units.values()))
 
     def static_memory(self) -> dict[str, float]:
         L, t = self.b.L, self.b.t
         dense, expert = self.local_params()
         s = memory.state_bytes(dense, expert, L, dtype=t.dtype, optimizer=t.optimizer)
+        buffers = memory.sharding_buffer_bytes([d + e for d, e in self.units.values()], L.zero,
+                                               weight_dtype_bytes=PARAM_BYTES, grad_dtype_bytes=GRAD_REDUCE_BYTES)
         return {"weights": s.weights, "gradients": s.gradients,
                 "optimizer": 0.0 if t.offload_optimizer else s.optimizer,  # offloaded: in host memory
-                "activations": 0.0, "buffers": 0.0}
+                "activations": 0.0, "buffers": buffers}

@@ -12,6 +12,8 @@ Format (JSON, optionally gzip-compressed when the name ends in ``.gz``)::
       "static_memory": {"0": {"weights": ..., "gradients": ..., "optimizer": ...,
                               "activations": 0, "buffers": 0}, ...},
       "notes": ["..."],
+      "scenario": {"name": "...", "model": "llama3-8b", "layout": {...}, "schedule": "1f1b",
+                   "fingerprint": "<sha256>"},   # optional: what the trace was built from
       "ops": [
         {"id": 0, "rank": 0, "stream": "compute", "kind": "compute", "name": "L0.attn.F",
          "phase": "F", "mb": 0, "chunk": 0, "layer": 0, "deps": [],
@@ -39,13 +41,20 @@ Ops on one ``(rank, stream)`` run in file order; ``deps`` are op ids. ``kind`` i
 or ``send`` (``size_bytes`` to rank ``peer``). ``mem`` entries change memory in use
 by ``delta`` bytes at the op's ``start`` or ``end``. Reading checks every field and
 the dependency graph: a dangling or cyclic dependency is reported by op id and
-name (:class:`workloads.ops.TraceError`), never a hang.
+name (:class:`workloads.ops.TraceError`), never a hang. A trace with no ops, or over
+:data:`MAX_TRACE_FILE_BYTES`, is refused. Simulating a trace under a scenario checks that
+it was built for it (:func:`check_trace_for`): the rank count, the recorded
+``scenario.fingerprint`` (model, layout, schedule, training) and the model FLOPs per step.
+The user documentation of the format is ``docs/formats.md``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
+import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Union
 
@@ -92,8 +101,61 @@ def trace_to_dict(trace: Trace) -> dict:
     }
 
 
-def write_trace(trace: Trace, path: Union[str, Path]) -> None:
-    data = json.dumps(trace_to_dict(trace))
+MAX_TRACE_FILE_BYTES = 256 * 2**20   # uncompressed; a larger trace would take gigabytes once parsed
+
+
+def scenario_record(sc) -> dict:
+    """What a trace file records of the scenario it was built from (a
+    :class:`simulator.schema.Scenario`): names, layout, schedule and a SHA-256
+    ``fingerprint`` of the model, layout, schedule and training specs."""
+    L = sc.layout
+    layout = {"tp": L.tp, "cp": L.cp, "pp": L.pp, "dp": L.dp, "ep": L.ep, "vpp": L.vpp, "etp": L.etp,
+              "zero": L.zero}
+    return {"name": sc.name, "model": sc.model.name, "layout": layout, "schedule": sc.schedule,
+            "fingerprint": scenario_fingerprint(sc)}
+
+
+def scenario_fingerprint(sc) -> str:
+    L = sc.layout
+    spec = {"model": dataclasses.asdict(sc.model), "training": dataclasses.asdict(sc.training),
+            "schedule": sc.schedule,
+            "layout": [L.tp, L.cp, L.pp, L.dp, L.ep, L.vpp, L.etp, L.zero, bool(L.sequence_parallel), list(L.order),
+                       L.pipeline_layers if L.pipeline_layers in (None, "auto") else list(L.pipeline_layers)]}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def check_trace_for(trace: Trace, sc) -> None:
+    """Refuse simulating ``trace`` under scenario ``sc`` when it was built for another one:
+    another rank count, another model / layout / training (by the recorded fingerprint, or
+    for files without one by the model FLOPs per step). Raises :class:`TraceError`."""
+    from workloads import counts
+
+    if trace.world != sc.layout.world:
+        raise TraceError(f"trace.world: the trace is for {trace.world} ranks, the scenario's layout has "
+                         f"{sc.layout.world}")
+    rec = getattr(trace, "scenario_record", None)
+    if isinstance(rec, dict) and rec.get("fingerprint") and rec["fingerprint"] != scenario_fingerprint(sc):
+        mine = scenario_record(sc)
+        diffs = [f"{k} {rec.get(k)!r} vs {mine[k]!r}" for k in ("model", "layout", "schedule") if rec.get(k) != mine[k]]
+        raise TraceError(f"trace.scenario: the trace was built from scenario {rec.get('name')!r}, not this one "
+                         f"({'; '.join(diffs) if diffs else 'the model, layout or training differ'}); rebuild it "
+                         "with `stepsim trace` from this scenario")
+    if trace.model_flops > 0:
+        want = counts.model_flops_per_step(sc.model, sc.training)
+        if not math.isclose(trace.model_flops, want, rel_tol=1e-9):
+            raise TraceError(f"trace.model_flops: the trace's {trace.model_flops:.4g} model FLOPs per step differ "
+                             f"from this scenario's {want:.4g} ({sc.model.name}): it was built for another model "
+                             "or batch; rebuild it with `stepsim trace` from this scenario")
+
+
+def write_trace(trace: Trace, path: Union[str, Path], scenario=None) -> None:
+    """Write ``trace`` to ``path``; with ``scenario`` (the :class:`Scenario` it was built
+    from) the file records it (``"scenario"``: names, layout, fingerprint), so that
+    running it under another scenario is refused."""
+    d = trace_to_dict(trace)
+    if scenario is not None:
+        d["scenario"] = scenario_record(scenario)
+    data = json.dumps(d)
     p = Path(path)
     if p.suffix == ".gz":
         with gzip.open(p, "wt") as f:
@@ -103,18 +165,21 @@ def write_trace(trace: Trace, path: Union[str, Path]) -> None:
 
 
 def read_trace(path: Union[str, Path]) -> Trace:
+    """Read a trace file (at most :data:`MAX_TRACE_FILE_BYTES` uncompressed); every
+    problem is a :class:`TraceError` naming the file or the field."""
+    from simulator.fileio import InputFileError, load_json, read_text
+
     p = Path(path)
     try:
-        if p.suffix == ".gz":
-            with gzip.open(p, "rt") as f:
-                data = json.load(f)
-        else:
-            data = json.loads(p.read_text())
-    except OSError as err:
-        raise TraceError(f"trace: cannot read {str(p)!r}: {err.strerror or err}") from None
-    except (ValueError, EOFError) as err:
-        raise TraceError(f"trace: {p.name} is not valid JSON: {err}") from None
-    return trace_from_dict(data)
+        data = load_json(read_text(p, MAX_TRACE_FILE_BYTES, what="trace file"), str(p))
+    except InputFileError as err:
+        raise TraceError(f"trace: {err}") from None
+    try:
+        return trace_from_dict(data)
+    except TraceError:
+        raise
+    except (TypeError, ValueError, AttributeError, OverflowError) as err:
+        raise TraceError(f"trace: {p}: malformed field ({type(err).__name__}: {err})") from None
 
 
 def _need(d: dict, key: str, types, where: str):
@@ -143,7 +208,12 @@ def trace_from_dict(data: dict) -> Trace:
         static.setdefault(r, {c: 0.0 for c in MEMORY_CATEGORIES})
     ops = []
     rankset = set(ranks)
-    for i, d in enumerate(_need(data, "ops", list, "trace")):
+    raw_ops = _need(data, "ops", list, "trace")
+    if not raw_ops:
+        raise TraceError("trace.ops: the trace has no ops; a step needs at least one")
+    if not ranks:
+        raise TraceError("trace.ranks: the trace lists no ranks")
+    for i, d in enumerate(raw_ops):
         where = f"ops[{i}]"
         if not isinstance(d, dict):
             raise TraceError(f"{where}: expected a mapping")
@@ -207,4 +277,8 @@ def trace_from_dict(data: dict) -> Trace:
                   notes=list(data.get("notes", [])), model_flops=float(data.get("model_flops", 0.0)),
                   representative=bool(data.get("representative", False)))
     trace.check()
+    rec = data.get("scenario")
+    if rec is not None and not isinstance(rec, dict):
+        raise TraceError(f"trace.scenario: expected a mapping, got {rec!r}")
+    trace.scenario_record = rec
     return trace

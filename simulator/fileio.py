@@ -1,0 +1,248 @@
+"""Reading input files safely: one YAML loader and one capped text reader for every file.
+
+Every file stepsim reads (scenario, sweep, cluster, topology, trace, Hugging Face
+``config.json``) goes through :func:`read_text` (or :func:`read_bytes`), and every
+YAML document through :func:`load_yaml`:
+
+* at most ``limit_bytes`` are read (16 MiB by default; traces and topologies
+  allow more), so ``/dev/zero`` or a runaway file is refused, not slurped;
+* binary input (a NUL byte, or bytes that are not UTF-8) is refused naming the file;
+* YAML numbers follow YAML 1.2: ``5e9``, ``1e-6``, ``6.25e9``, ``.5`` and
+  ``-1E3`` are floats (PyYAML's YAML 1.1 rules read ``5e9`` as the string ``'5e9'``);
+* a key given twice in one mapping is refused, naming the key and its line;
+* aliases may not expand to more than :data:`MAX_YAML_NODES` nodes (the
+  "billion laughs" alias bomb) and nesting may not be deeper than
+  :data:`MAX_YAML_DEPTH` levels;
+* a syntax error is reported as ``FILE:LINE:COLUMN: problem``.
+
+Every refusal is an :class:`InputFileError` (a ``ValueError``; the CLI exits 2)
+whose message starts with the file name.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+DEFAULT_LIMIT_BYTES = 16 * 2**20      # scenario, sweep, cluster and config.json files
+MAX_YAML_NODES = 1_000_000            # nodes after alias expansion (a 16 MiB file has fewer)
+MAX_YAML_DEPTH = 64                   # nesting levels (a scenario needs 4)
+MAX_JSON_DEPTH = 64
+
+
+class InputFileError(ValueError):
+    """An input file that cannot be read as what it should be; ``field`` names the file."""
+
+    def __init__(self, path: Union[str, Path], message: str, field: str = ""):
+        self.path = str(path)
+        self.field = field
+        super().__init__(f"{path}: {message}")
+
+
+def _fmt_size(n: int) -> str:
+    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n:,} bytes"
+
+
+def read_bytes(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "file") -> bytes:
+    """At most ``limit_bytes`` of ``path`` (gunzipped when it ends in ``.gz``); larger is refused."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise InputFileError(p, f"is a directory, not a {what}")
+        opener = gzip.open if p.suffix == ".gz" else open
+        with opener(p, "rb") as f:
+            data = f.read(limit_bytes + 1)
+    except InputFileError:
+        raise
+    except (OSError, EOFError) as err:  # gzip.BadGzipFile is an OSError
+        raise InputFileError(p, f"cannot read {what}: {getattr(err, 'strerror', None) or err}") from None
+    if len(data) > limit_bytes:
+        raise InputFileError(p, f"{what} larger than the {_fmt_size(limit_bytes)} limit; is this the right file?")
+    return data
+
+
+def read_text(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "file") -> str:
+    """The UTF-8 text of ``path`` (see :func:`read_bytes`); binary input is refused naming the file."""
+    data = read_bytes(path, limit_bytes, what)
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise InputFileError(path, f"binary data (a NUL byte at offset {nul:,}), not a text {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputFileError(path, f"not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start:,}); "
+                                   f"a {what} must be UTF-8 text") from None
+
+
+# ---- YAML -------------------------------------------------------------------------------
+
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+# YAML 1.2 core schema floats (plus '_' digit separators as PyYAML allows): 1.5, .5, 1.,
+# 5e9, -1E3, 6.25e+9, .inf, .nan. YAML 1.1 needs a dot and a signed exponent (1.0e+9).
+_FLOAT_RE = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?
+                            |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                            |[-+]?\.(?:inf|Inf|INF)
+                            |\.(?:nan|NaN|NAN))$""", re.X)
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 floats, duplicate keys refused, and depth / expansion caps."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:
+                    continue  # unhashable: construct_mapping refuses it below
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first given on line {first.line + 1})",
+                        key_node.start_mark)
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, _FLOAT_RE if tag == _FLOAT_TAG else regexp) for tag, regexp in resolvers]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+for _ch in "-+0123456789.":
+    _lst = _Loader.yaml_implicit_resolvers.setdefault(_ch, [])
+    if not any(tag == _FLOAT_TAG for tag, _ in _lst):
+        _lst.insert(0, (_FLOAT_TAG, _FLOAT_RE))
+
+
+def _expanded_nodes(root, limit: int) -> int:
+    """Nodes of the document with every alias expanded (memoised, so an alias bomb is cheap to count)."""
+    memo: dict[int, int] = {}
+
+    def count(node) -> int:
+        key = id(node)
+        if key in memo:
+            if memo[key] < 0:
+                raise yaml.composer.ComposerError(None, None, "recursive alias (a value that contains itself)",
+                                                  node.start_mark)
+            return memo[key]
+        memo[key] = -1  # in progress: meeting it again below means a recursive alias
+        n = 1
+        if isinstance(node, yaml.SequenceNode):
+            n += sum(count(c) for c in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            n += sum(count(k) + count(v) for k, v in node.value)
+        memo[key] = n = min(n, limit + 1)
+        return n
+
+    return count(root) if root is not None else 0
+
+
+def _mark(err: yaml.MarkedYAMLError) -> str:
+    mark = err.problem_mark or err.context_mark
+    return f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+
+
+def load_yaml(text: str, name: str = "<string>") -> Any:
+    """Parse one YAML document with :class:`_Loader`; every refusal names ``name`` (and line:column)."""
+    loader = None
+    try:
+        loader = _Loader(text)
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        n = _expanded_nodes(root, MAX_YAML_NODES)
+        if n > MAX_YAML_NODES:
+            raise InputFileError(name, f"YAML aliases expand to more than {MAX_YAML_NODES:,} nodes "
+                                       "(an alias bomb?); write the values out")
+        return loader.construct_document(root)
+    except yaml.MarkedYAMLError as err:
+        problem = err.problem or err.context or "invalid YAML"
+        if err.problem and err.context:
+            problem += f" ({err.context})"
+        raise InputFileError(f"{name}{_mark(err)}", f"not valid YAML: {problem}") from None
+    except yaml.reader.ReaderError as err:  # a non-printable character
+        raise InputFileError(name, f"not valid YAML: character {err.character!r} at offset {err.position:,} "
+                                   "is not allowed (binary data?)") from None
+    except yaml.YAMLError as err:
+        raise InputFileError(name, f"not valid YAML: {str(err).splitlines()[0]}") from None
+    except RecursionError:
+        raise InputFileError(name, f"YAML nested too deeply (at most {MAX_YAML_DEPTH} levels)") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def load_json(text: str, name: str = "<string>") -> Any:
+    """``json.loads`` with errors naming ``name``, line and column, and a depth limit."""
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as err:
+        raise InputFileError(name, f"not valid JSON: duplicate key {err.args[0]!r}") from None
+    except json.JSONDecodeError as err:
+        raise InputFileError(f"{name}:{err.lineno}:{err.colno}", f"not valid JSON: {err.msg}") from None
+    except RecursionError:
+        raise InputFileError(name, f"JSON nested too deeply (at most {MAX_JSON_DEPTH} levels)") from None
+    if _depth(data) > MAX_JSON_DEPTH:
+        raise InputFileError(name, f"JSON nested too deeply (at most {MAX_JSON_DEPTH} levels)")
+    return data
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _depth(obj, level: int = 1) -> int:
+    stack = [(obj, level)]
+    deepest = 0
+    while stack:
+        o, lv = stack.pop()
+        deepest = max(deepest, lv)
+        if lv > MAX_JSON_DEPTH:
+            return lv
+        if isinstance(o, dict):
+            stack.extend((v, lv + 1) for v in o.values())
+        elif isinstance(o, list):
+            stack.extend((v, lv + 1) for v in o)
+    return deepest
+
+
+def load_file(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "file",
+              fmt: Optional[str] = None) -> Any:
+    """Read and parse ``path``: JSON for ``.json`` / ``.json.gz`` (or ``fmt='json'``), else YAML."""
+    p = Path(path)
+    text = read_text(p, limit_bytes, what)
+    if fmt is None:
+        suffixes = [s.lower() for s in p.suffixes[-2:]]
+        fmt = "json" if suffixes[-1:] == [".json"] or suffixes == [".json", ".gz"] else "yaml"
+    return load_json(text, str(p)) if fmt == "json" else load_yaml(text, str(p))

@@ -1,0 +1,249 @@
+"""Plots: no backend chosen by the library, text fit for a slide, distinct hues with legends
+for whatever the engine reports, rows that name their devices, sweep axes in words."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.colors import to_rgb
+from matplotlib.text import Text
+
+from helpers import scenario
+from simulator import simulate
+from simulator.plots import (IDLE_COLOURS, MIN_FONT_PT, PHASE_COLOURS, SLIDE_WIDTH_IN, _ranges, devices_label,
+                             plot_memory, plot_timeline)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Tiny model, TP2 x PP2 x DP4 on 16 H100s (Megatron rank order tp, cp, ep, dp, pp): stage 0 is
+# ranks 0-1 of each of 4 data-parallel replicas, stage 1 ranks 8-9 of each.
+PIPE = scenario(cluster={"devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4})
+
+
+@pytest.fixture(scope="module")
+def piped():
+    return simulate(PIPE)
+
+
+def _texts(fig) -> list[Text]:
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+
+
+def _check_slide(fig, name):
+    w, _ = fig.get_size_inches()
+    assert w <= SLIDE_WIDTH_IN, f"{name}: {w} in wide, a 16:9 slide is {SLIDE_WIDTH_IN} in"
+    small = [(t.get_text()[:30], t.get_fontsize()) for t in _texts(fig) if t.get_fontsize() < MIN_FONT_PT]
+    assert not small, f"{name}: text below {MIN_FONT_PT} pt: {small[:5]}"
+
+
+def _lab(colour) -> np.ndarray:
+    """CIELAB (D65) of an sRGB colour: IEC 61966-2-1 linearisation, CIE 1976 L*a*b*."""
+    rgb = np.array(to_rgb(colour))
+    lin = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ lin
+    xyz /= np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def _delta_e(a, b) -> float:
+    return float(np.linalg.norm(_lab(a) - _lab(b)))
+
+
+def _legend_entries(fig) -> dict[str, tuple]:
+    out = {}
+    for leg in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]:
+        for handle, text in zip(leg.legend_handles, leg.get_texts()):
+            out[text.get_text()] = (handle.get_facecolor(), handle.get_hatch())
+    return out
+
+
+# ---- the backend is the user's ----------------------------------------------------------------------
+
+def test_library_never_switches_the_backend(tmp_path):
+    """With a backend already chosen (svg standing in for a notebook's inline backend),
+    importing stepsim and drawing every kind of figure leaves it in place."""
+    code = f"""
+import matplotlib
+matplotlib.use("svg")
+import simulator, simulator.plots, simulator.compare, simulator.sweep_plots, simulator.validate, simulator.bench
+import topologies.plot
+from simulator import simulate
+from simulator.compare import compare_schedules, plot_comparison
+from topologies import build_cluster, plot_topology
+assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
+res = simulate({PIPE!r})
+res.plot_timeline(); res.plot_memory()
+simulator.bench.plot_busbw([{{"size_bytes": 1, "busbw_bytes_per_s": 1e9, "algorithm": "ring"}}], r"{tmp_path / 'b.png'}")
+plot_topology(build_cluster(res.scenario.cluster))
+print(matplotlib.get_backend())
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND", "DISPLAY")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "svg"
+
+
+def test_cli_writes_pngs_with_no_display_and_no_backend_set(tmp_path):
+    """`stepsim run` in a plain shell: no MPLBACKEND, no DISPLAY; matplotlib's own choice
+    (Agg) draws the PNGs."""
+    sc = tmp_path / "s.yaml"
+    import yaml
+
+    sc.write_text(yaml.safe_dump(PIPE))
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND", "DISPLAY", "WAYLAND_DISPLAY")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(sc), "--out", str(tmp_path / "o")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for name in ("timeline.png", "memory.png"):
+        data = (tmp_path / "o" / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+# ---- text size -------------------------------------------------------------------------------------
+
+def test_run_figures_are_slide_sized_with_10pt_text(piped, tmp_path):
+    _check_slide(plot_timeline(piped, tmp_path / "t.png"), "timeline")
+    _check_slide(plot_memory(piped, tmp_path / "m.png"), "memory")
+
+
+def test_compare_figure_has_10pt_text_and_a_legend(tmp_path):
+    from simulator.compare import compare_schedules, plot_comparison
+
+    table, results = compare_schedules(PIPE, ["gpipe", "1f1b"])
+    fig = plot_comparison(table, results, tmp_path / "compare.png")
+    _check_slide(fig, "compare")
+    # GPipe on 2 stages: forward, backward, optimizer and a pipeline bubble are drawn
+    assert {"forward", "backward", "optimizer", "bubble"} <= set(_legend_entries(fig))
+
+
+def _sweep_frame() -> pd.DataFrame:
+    rows = []
+    for pp, tp, nic in itertools.product([1, 2, 4, 8, 16], [1, 2], [12.5e9, 50e9]):
+        rows.append({"case": len(rows), "parallel.pp": pp, "parallel.tp": tp,
+                     "cluster.network.nic_bw_bytes_per_s": nic, "status": "ok",
+                     "step_time_s": 10 / pp + tp, "mfu": 0.3 + 0.01 * pp, "peak_memory_bytes": 90e9 / pp,
+                     "hbm_bytes": 80e9})
+    return pd.DataFrame(rows)
+
+
+def test_sweep_plots_words_integer_ticks_and_10pt_text(tmp_path):
+    from simulator.sweep_plots import plot_heatmap, plot_memory as sweep_memory, plot_metric
+
+    f = _sweep_frame()
+    fig = plot_metric(f, "parallel.pp", "step_time_s", hue="parallel.tp")
+    ax = fig.axes[0]
+    fig.savefig(tmp_path / "a.png")
+    assert ax.get_xlabel() == "pipeline stages (pp)"
+    assert ax.get_ylabel() == "step time (s)"
+    # pp = 1..16 in powers of two: a base-2 axis ticked at each value, in whole numbers
+    assert ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8", "16"]
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == {"tp=1", "tp=2"}
+    _check_slide(fig, "sweep metric")
+    fig = plot_metric(f, "cluster.network.nic_bw_bytes_per_s", "mfu", hue="parallel.pp")
+    ax = fig.axes[0]
+    fig.savefig(tmp_path / "b.png")
+    assert ax.get_xlabel() == "NIC bandwidth (GB/s)"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["12.5", "50"]   # in GB/s, not 1.25e10
+    _check_slide(fig, "sweep metric (bandwidth)")
+    fig = sweep_memory(f, "parallel.pp", hue="parallel.tp")
+    fig.savefig(tmp_path / "c.png")
+    _check_slide(fig, "sweep memory")
+    fig = plot_heatmap(f, "parallel.pp", "parallel.tp", "mfu")
+    fig.savefig(tmp_path / "d.png")
+    assert fig.axes[0].get_ylabel() == "tensor-parallel size (tp)"
+    _check_slide(fig, "sweep heatmap")
+
+
+def test_topology_pictures_have_10pt_text(piped, tmp_path):
+    from simulator.schema import load_scenario
+    from topologies import build_cluster, plot_topology
+
+    fig = plot_topology(build_cluster(piped.scenario.cluster), tmp_path / "sw.png")
+    _check_slide(fig, "switched topology")
+    torus = load_scenario(scenario(cluster={"preset": "tpu-v5p", "devices": 64}, parallel={"tp": 4, "dp": 16}))
+    fig = plot_topology(build_cluster(torus.cluster), tmp_path / "torus.png")
+    _check_slide(fig, "torus topology")
+
+
+# ---- hues and legends ------------------------------------------------------------------------------
+
+def test_idle_time_stands_apart_from_every_phase_colour():
+    # CIE 1976 colour difference: ~2.3 is a just-noticeable difference (Sharma 2003, Digital
+    # Color Imaging Handbook); the old pink exposed-comm (#F2B8B8) was 33 from the recompute
+    # lilac and 49 from the optimizer purple. Idle now keeps at least 60 from every phase.
+    for cause, idle in IDLE_COLOURS.items():
+        for phase, colour in PHASE_COLOURS.items():
+            assert _delta_e(idle, colour) >= 60, (cause, phase)
+
+
+def test_timeline_legend_lists_what_is_drawn_in_distinct_colours(piped):
+    fig = plot_timeline(piped)
+    legend = _legend_entries(fig)
+    assert {"forward", "backward", "optimizer", "bubble", "exposed comm (idle)", "tp comm"} <= set(legend)
+    solid = {k: v[0] for k, v in legend.items() if not v[1]}
+    for (a, ca), (b, cb) in itertools.combinations(solid.items(), 2):
+        assert _delta_e(ca[:3], cb[:3]) >= 15, (a, b)
+
+
+def test_a_new_idle_cause_gets_its_own_hue_and_legend_entry(piped):
+    res = copy.copy(piped)
+    res.raw = copy.copy(piped.raw)
+    rank = min(r for r, *_ in piped.raw.idle_spans)
+    # "offload_wait" has its own colour; "checkpoint_wait" stands for a cause the engine may add
+    res.raw.idle_spans = list(piped.raw.idle_spans) + [(rank, 0.0, 1e-4, "offload_wait", "offload"),
+                                                       (rank, 2e-4, 3e-4, "checkpoint_wait", "")]
+    fig = plot_timeline(res)
+    legend = _legend_entries(fig)
+    assert {"offload wait (idle)", "checkpoint wait (idle)"} <= set(legend)
+    assert tuple(legend["offload wait (idle)"][0][:3]) == to_rgb(IDLE_COLOURS["offload_wait"])
+    new = legend["checkpoint wait (idle)"][0][:3]
+    for name, (colour, hatch) in legend.items():
+        if name != "checkpoint wait (idle)" and not hatch:
+            assert _delta_e(new, colour[:3]) >= 15, name
+
+
+# ---- rows name their devices ------------------------------------------------------------------------
+
+def test_timeline_rows_name_the_devices_they_stand_for(piped):
+    assert devices_label(piped, 0) == "stage 0: ranks 0–1, ×4 replicas"
+    assert devices_label(piped, 8) == "stage 1: ranks 8–9, ×4 replicas"
+    fig = plot_timeline(piped, show_comm=False)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == [
+        "stage 0: ranks 0–1, ×4 replicas", "stage 1: ranks 8–9, ×4 replicas"]
+    exact = simulate(scenario(cluster={"devices": 4}, parallel={"tp": 2, "pp": 2, "dp": 1}), exact=True)
+    assert [devices_label(exact, r) for r in range(4)] == [
+        "stage 0: rank 0", "stage 0: rank 1", "stage 1: rank 2", "stage 1: rank 3"]
+
+
+def test_rank_ranges():
+    assert _ranges([0, 1, 2, 3]) == "0–3"
+    assert _ranges([0, 1, 2, 3, 8]) == "0–3, 8"
+    assert _ranges([0, 4, 8, 12, 16]) == "0, 4, 8, … (5 ranks)"
+
+
+# ---- progress bars ---------------------------------------------------------------------------------
+
+def test_progress_true_shows_a_bar_even_off_a_terminal(capfd):
+    from simulator.sweep import sweep
+
+    simulate(PIPE, progress=True)
+    assert "simulating" in capfd.readouterr().err       # stderr is a pipe here, not a terminal
+    simulate(PIPE, progress=None)
+    assert "simulating" not in capfd.readouterr().err
+    spec = {"name": "bar", "base": PIPE, "grid": {"schedule": ["1f1b"]}}
+    sweep(spec, progress=True, jobs=1)
+    assert "bar: 100%" in capfd.readouterr().err
+    sweep(spec, progress=None, jobs=1)
+    assert "bar:" not in capfd.readouterr().err
