@@ -105,9 +105,16 @@ ranks, ``S`` bytes, per-step latency ``a`` and link bandwidth ``B``:
 * ``hierarchical-a2a`` -- DeepSeek-style all-to-all across ``m`` domains of ``k``:
   rank ``(d, i)`` sends the ``k S/n`` bytes bound for domain ``d'`` to its rail peer
   ``(d', i)`` (IB, one rail), which forwards them over NVLink to their local
-  destinations; forwarding is pipelined with the rail traffic, so both run in one
-  phase of 2 steps: rail transfers of ``k S/n`` and intra-domain transfers of
-  ``m S/n`` (``S/n`` of its own plus ``(m-1) S/n`` forwarded).
+  destinations; forwarding is pipelined with the rail traffic (DeepSeek-V3 technical
+  report §3.2.2: IB sending, IB-to-NVLink forwarding and NVLink receiving overlap),
+  so both run in one phase of 2 steps: rail transfers of ``f k S/n`` and intra-domain
+  transfers of ``m S/n`` (``S/n`` of its own plus ``(m-1) S/n`` forwarded). ``f`` is
+  the plan's ``scaleout_fraction`` (default 1): under node-limited routing a token
+  crosses the scale-out network once per destination node, not once per expert, so
+  the rail carries ``f = (distinct nodes per token) / top_k`` of the routed copies
+  while NVLink still delivers every copy. Alone: ``2 a_rail + max((m-1) f k S/(n
+  B_nic), (k-1) m S/(n B_dom))`` -- the larger of the IB and NVLink times, not their
+  sum.
 * ``p2p`` -- send-recv, one transfer ``group[0] -> group[1]``.
 
 Algorithm choice (:func:`choose_algorithm`), in order:
@@ -115,6 +122,8 @@ Algorithm choice (:func:`choose_algorithm`), in order:
 1. send-recv -> ``p2p``; broadcast -> ``ring``.
 2. all-to-all -> ``hierarchical-a2a`` on a switched topology when the group spans
    several domains with the same number (> 1) of members in each; else ``direct``.
+   With ``scaleout_fraction < 1`` (node-limited routing) ``hierarchical-a2a`` whenever
+   the group spans several domains with the same number of members in each.
 3. all-reduce / all-gather / reduce-scatter on a torus topology: ``torus`` when
    the group is a grid of the torus (whole axes, contiguous parts, or evenly
    spaced positions per axis; one pod),
@@ -559,7 +568,10 @@ def _direct_a2a(members: Sequence[int], size: float) -> list[Phase]:
     return [Phase(tuple(Transfer(s, d, chunk) for s in members for d in members if s != d), 1)]
 
 
-def _hierarchical_a2a(parts: list[list[int]], size: float) -> list[Phase]:
+def _hierarchical_a2a(parts: list[list[int]], size: float,
+                      scaleout_fraction: float = 1.0) -> list[Phase]:
+    """Rail hop and NVLink fan-out as one pipelined phase (module docstring); the rail
+    carries ``scaleout_fraction`` of the ``k S/n`` routed copies bound for each domain."""
     if not _equal_split(parts):
         raise CollectiveError("hierarchical-a2a needs the same number of members in every "
                               f"domain; got {[len(p) for p in parts]}")
@@ -568,12 +580,13 @@ def _hierarchical_a2a(parts: list[list[int]], size: float) -> list[Phase]:
     if m == 1:
         return _direct_a2a(parts[0], size)
     chunk = size / n
+    rail = scaleout_fraction * k * chunk
     transfers = []
     for d, dom in enumerate(parts):
         for i, src in enumerate(dom):
             for d2 in range(m):
                 if d2 != d:
-                    transfers.append(Transfer(src, parts[d2][i], k * chunk))   # rail
+                    transfers.append(Transfer(src, parts[d2][i], rail))        # rail
             for j, dst in enumerate(dom):
                 if j != i:
                     transfers.append(Transfer(src, dst, m * chunk))            # own + forwarded
@@ -585,14 +598,21 @@ def _hierarchical_a2a(parts: list[list[int]], size: float) -> list[Phase]:
 # ---------------------------------------------------------------------------
 
 def plan_collective(op: str, group: Sequence[int], size_bytes: float, topo: "Topology",
-                    algorithm: Optional[str] = None) -> CollectivePlan:
+                    algorithm: Optional[str] = None,
+                    scaleout_fraction: float = 1.0) -> CollectivePlan:
     """Compile ``op`` over ``group`` (ranks in order) into phases of routed transfers.
+
+    ``scaleout_fraction`` (all-to-all only, ``0 < f <= 1``): the share of the routed
+    copies that cross between domains under node-limited routing (see
+    ``hierarchical-a2a`` in the module docstring); below 1 it implies that algorithm.
 
     Raises
     ------
     CollectiveError
         Unknown op or algorithm, an algorithm that does not apply to ``op`` or to
-        this group/topology, a repeated or unknown device, a negative size.
+        this group/topology, a repeated or unknown device, a negative size, a
+        ``scaleout_fraction`` outside (0, 1] or below 1 for anything but a
+        ``hierarchical-a2a`` all-to-all.
     """
     _check_op(op)
     group = tuple(int(d) for d in group)
@@ -605,8 +625,20 @@ def plan_collective(op: str, group: Sequence[int], size_bytes: float, topo: "Top
             raise CollectiveError(f"device {d} is not in the topology (0..{topo.n_devices - 1})")
     if not (size_bytes >= 0) or size_bytes == float("inf"):
         raise CollectiveError(f"size_bytes must be finite and >= 0, got {size_bytes!r}")
+    if not (0.0 < scaleout_fraction <= 1.0):
+        raise CollectiveError(f"scaleout_fraction must be in (0, 1], got {scaleout_fraction!r}")
+    node_limited = scaleout_fraction < 1.0
+    if node_limited and op != "all-to-all":
+        raise CollectiveError(f"scaleout_fraction < 1 applies to all-to-all only, not {op!r}")
     if algorithm is None:
         algorithm = choose_algorithm(op, group, topo)
+        if node_limited:
+            domains = _domains(group, topo)
+            if len(domains) > 1 and _equal_split(domains):
+                algorithm = "hierarchical-a2a"
+    if node_limited and algorithm != "hierarchical-a2a" and len(_domains(group, topo)) > 1:
+        raise CollectiveError(f"scaleout_fraction < 1 (node-limited routing) needs the "
+                              f"hierarchical-a2a algorithm, not {algorithm!r}")
     if algorithm not in ALGORITHMS:
         raise CollectiveError(f"unknown algorithm {algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
     if algorithm not in VALID_ALGORITHMS[op]:
@@ -658,7 +690,7 @@ def plan_collective(op: str, group: Sequence[int], size_bytes: float, topo: "Top
     elif algorithm == "direct":
         phases = _direct_a2a(group, size)
     elif algorithm == "hierarchical-a2a":
-        phases = _hierarchical_a2a(_domains(group, topo), size)
+        phases = _hierarchical_a2a(_domains(group, topo), size, scaleout_fraction)
     else:  # p2p for anything but send-recv is rejected by VALID_ALGORITHMS
         raise CollectiveError(f"algorithm {algorithm!r} cannot run {op!r}")  # pragma: no cover
     return CollectivePlan(op, algorithm, group, size, tuple(phases))

@@ -31,6 +31,12 @@ and size for sends); where the twins' plans do not line up with the
 representative's (other phase or transfer counts, sizes, weights or latency) every
 twin is injected as before. ``Engine.twin_quotient = False`` always injects every
 twin (tests compare the two).
+
+An expert all-to-all planned as ``hierarchical-a2a`` (across scale-up domains, with or
+without node-limited routing) is quotiented further, inside its own group: its rail and
+NVLink pieces are direct all-to-alls whose members all belong to the representative's
+stage, so each transfer is the image of one of the representative's under a rotation
+of its group's members (:meth:`_hierarchical_a2a_pieces`).
 """
 
 from __future__ import annotations
@@ -261,18 +267,22 @@ class Engine:
         yield from coll_mod.run_merged(self.net, self._network_phases(op))
         done.succeed()
 
-    def _plan(self, coll: str, group: tuple[int, ...], size: float):
-        key = (coll, group, size)
+    def _plan(self, coll: str, group: tuple[int, ...], size: float, scaleout_fraction: float = 1.0):
+        key = (coll, group, size, scaleout_fraction)
         p = self._plan_cache.get(key)
         if p is None:
-            p = coll_mod.plan_collective(coll, group, size, self.topo, algorithm=self.algorithms.get(coll))
+            # A node-limited all-to-all's route is fixed by its routing (hierarchical-a2a):
+            # the scenario's algorithm choice applies to the others.
+            algorithm = self.algorithms.get(coll) if scaleout_fraction == 1.0 else None
+            p = coll_mod.plan_collective(coll, group, size, self.topo, algorithm=algorithm,
+                                         scaleout_fraction=scaleout_fraction)
             self._plan_cache[key] = p
         return p
 
     def _network_phases(self, op: Op) -> tuple:
         """The merged network phases (:func:`collectives.merged_phases`) of
         :meth:`_network_plans`, once per collective shape and rank."""
-        key = (op.coll, op.group, op.size_bytes, op.axis, op.rank)
+        key = (op.coll, op.group, op.size_bytes, op.axis, op.rank, op.scaleout_fraction)
         hit = self._net_phase_cache.get(key)
         if hit is None:
             hit = self._net_phase_cache[key] = coll_mod.merged_phases(self.net, self._network_plans(op))
@@ -282,13 +292,128 @@ class Engine:
         """What ``op`` runs on the network: its own plan, or in representative mode
         its quotient plan (see :meth:`_quotient_phase`), or, where the twin plans do
         not line up with it, every twin's plan."""
+        if op.coll == "all-to-all" and self.trace.representative and self.twin_quotient:
+            pieces = self._hierarchical_a2a_pieces(op)
+            if pieces is not None:
+                return pieces
         groups = self._groups_on_network(op)
-        rep = self._plan(op.coll, op.group, op.size_bytes)
+        rep = self._plan(op.coll, op.group, op.size_bytes, op.scaleout_fraction)
         if len(groups) == 1:
             return [rep]
-        twins = [self._plan(op.coll, g, op.size_bytes) for g in groups]
+        twins = [self._plan(op.coll, g, op.size_bytes, op.scaleout_fraction) for g in groups]
         q = self._quotient_plan(rep, twins) if self.twin_quotient else None
         return twins if q is None else [q]
+
+    def _hierarchical_a2a_pieces(self, op: Op) -> Optional[list]:
+        """An expert all-to-all planned as ``hierarchical-a2a`` (``scaleout_fraction``
+        below 1 under node-limited routing) over the representative's EP group, as the
+        quotient of its two hops' pieces, of which
+        the full plan is exactly the union: the direct rail all-to-alls among the
+        members at the same position in each domain (``f S`` per rank) and the direct
+        NVLink all-to-alls inside each domain (``S``).
+
+        * Rail: the representative's own rail sends and receives, every other rail
+          transfer of the stage folded in as an image (:meth:`_rail_quotient`).
+        * NVLink: only the representative's own domain (the others' touch none of its
+          links), and in it only the representative's own sends, each loading the
+          links it crosses as many times as its images under the rotations
+          ``q -> q + t`` of the domain's members cross them (member ``q``'s send to
+          ``q + s`` is the image of the representative's to ``p + s``; every member
+          belongs to the representative's stage, so under the representative
+          assumption each runs at its image's rate).
+
+        Both pieces run in one network phase of the full plan's 2 steps, so the hops
+        stay concurrent. None where the op's group is not the layout's EP group (a
+        trace file's own grouping), lies in one domain, is planned otherwise (a
+        scenario's ``algorithms``) or the pieces do not line up: the full plan runs."""
+        L, D = self.layout, self.topo.domain_size
+        if self.topo.kind != "switched" or op.group != L.group(op.rank, "ep"):
+            return None
+        if (len(L.ep_subgroup(op.rank, "inter", D)) <= 1
+                or self._plan(op.coll, op.group, op.size_bytes, op.scaleout_fraction).algorithm
+                != "hierarchical-a2a"):
+            return None
+        transfers: list = []
+        rail = L.ep_subgroup(op.rank, "inter", D)
+        if len(rail) > 1:
+            q = self._rail_quotient(op.rank, rail, L.ep_subgroups("inter", L.stage_of(op.rank), D),
+                                    op.size_bytes * op.scaleout_fraction / len(rail))
+            if q is None:
+                return None
+            transfers.extend(q)
+        local = L.ep_subgroup(op.rank, "intra", D)
+        if len(local) > 1:
+            q = self._rotation_quotient(op.rank, local, op.size_bytes / len(local))
+            if q is None:
+                return None
+            transfers.extend(q)
+        if not transfers:
+            return None
+        phase = coll_mod.Phase(tuple(transfers), steps=2)
+        return [coll_mod.CollectivePlan(op.coll, "hierarchical-a2a", op.group, op.size_bytes, (phase,))]
+
+    def _rail_quotient(self, rank: int, rail: tuple, groups: list, chunk: float) -> Optional[tuple]:
+        """Quotient of the direct all-to-alls of ``chunk`` per pair over the rail groups
+        ``groups`` (``rail``, the representative's, among them): the representative's
+        sends and receives, every other transfer folded into the send it is the image
+        of under the rotations of its group's members (``g[q] -> g[q + s]`` is the image
+        of the representative's send to ``p + s``). A transfer loads a link in ``U``
+        (the links the representative's transfers cross) once per such image crossing
+        it; links outside ``U`` carry images of ``U``'s loads and are dropped. Unlike a
+        quotient of the sends alone, every flow into the representative stays a flow
+        of its own, so it meets whatever else arrives on the representative's links.
+        None where the groups differ in size or an image's latency exceeds the
+        representative transfers' (the full plan runs)."""
+        m = len(rail)
+        if rail not in groups or any(len(g) != m for g in groups):
+            return None
+        net = self.net
+        p = rail.index(rank)
+        own = [(rail[p], rail[(p + s) % m]) for s in range(1, m)]          # class s-1
+        own += [(rail[(p - s) % m], rail[p]) for s in range(1, m)]         # class m-2+s
+        routes = [net.route(a, b) for a, b in own]
+        lat = max(r[1] + r[2] for r in routes)
+        used = {lk for r in routes for lk in r[0]}
+        counts: list[dict] = [{} for _ in own]
+        for g in groups:
+            mine = g == rail
+            for q in range(m):
+                for s in range(1, m):
+                    if mine and q == p:
+                        j = s - 1
+                    elif mine and (q + s) % m == p:
+                        j = m - 2 + s
+                    else:
+                        j = s - 1
+                    links, la, ov = net.route(g[q], g[(q + s) % m])
+                    if la + ov > lat:
+                        return None
+                    c = counts[j]
+                    for lk in links:
+                        if lk in used:
+                            c[lk] = c.get(lk, 0) + 1
+        out = []
+        for (a, b), r, c in zip(own, routes, counts):
+            if len(c) == len(r[0]) and all(c[lk] == 1 for lk in r[0]):
+                out.append(Transfer(a, b, chunk))
+                continue
+            extra = sorted(lk for lk in c if lk not in r[0])
+            inc = tuple((lk, float(c[lk])) for lk in r[0]) + tuple((lk, float(c[lk])) for lk in extra)
+            out.append(Transfer(a, b, chunk, incidence=inc))
+        return tuple(out)
+
+    def _rotation_quotient(self, rank: int, group: tuple, chunk: float) -> Optional[tuple]:
+        """Quotient of the direct all-to-all of ``chunk`` per pair over ``group`` by the
+        rotations of its members: ``rank``'s own sends, with the multiplicities of their
+        images (None where the images' latencies differ)."""
+        m = len(group)
+        p = group.index(rank)
+
+        def sends(q: int) -> tuple:
+            return tuple(Transfer(group[q], group[(q + s) % m], chunk) for s in range(1, m))
+
+        rep = sends(p)
+        return self._quotient_phase(rep, [rep if q == p else sends(q) for q in range(m)])
 
     def _quotient_plan(self, rep, twins: list):
         """``rep`` with each transfer carrying the multiplicities of its twin images

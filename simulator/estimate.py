@@ -194,17 +194,22 @@ class NetModel:
             self.link_latency_s = net.link_latency_s
         self._cache: dict = {}
 
-    def time_s(self, op: str, group, size_bytes: float) -> float:
+    def time_s(self, op: str, group, size_bytes: float, scaleout_fraction: float = 1.0) -> float:
         """Seconds for ``op`` (all-reduce | all-gather | reduce-scatter | all-to-all) of
-        ``size_bytes`` (nccl-tests convention, as ``simulator.collectives``) over ``group``."""
+        ``size_bytes`` (nccl-tests convention, as ``simulator.collectives``) over ``group``.
+        ``scaleout_fraction``: a node-limited all-to-all's share of routed copies that
+        cross between switched domains (``collectives.plan_collective``)."""
         group = tuple(group)
         if len(group) <= 1 or size_bytes <= 0:
             return 0.0
-        key = (op, group)
+        key = (op, group, scaleout_fraction)
         hit = self._cache.get(key)
         if hit is None:
             arr = np.asarray(group, dtype=np.int64)
-            per_byte_s, latency_s = (self._switched if self.kind == "switched" else self._torus_pods)(op, arr)
+            if self.kind == "switched":
+                per_byte_s, latency_s = self._switched(op, arr, scaleout_fraction)
+            else:
+                per_byte_s, latency_s = self._torus_pods(op, arr)
             hit = self._cache[key] = (float(per_byte_s), float(latency_s))
         per_byte_s, latency_s = hit
         return float(size_bytes * per_byte_s + latency_s)
@@ -223,7 +228,7 @@ class NetModel:
         return size_bytes / self.link_bw + hops * self.link_latency_s
 
     # -- switched ---------------------------------------------------------------------------
-    def _switched(self, op: str, arr) -> tuple[float, float]:
+    def _switched(self, op: str, arr, scaleout_fraction: float = 1.0) -> tuple[float, float]:
         n = len(arr)
         _, counts = np.unique(arr // self.domain, return_counts=True)
         nd, k = len(counts), int(counts.max())
@@ -243,11 +248,11 @@ class NetModel:
             return (n - 1) / n / up, (n - 1) * up_a
         if k == 1 or int(counts.min()) != k:  # one member per domain (or uneven): over the NICs
             if op == "all-to-all":
-                return (n - k) / n / out_bw + (k - 1) / n / up, out_a
+                return scaleout_fraction * (n - k) / n / out_bw + (k - 1) / n / up, out_a
             f = 2 if op == "all-reduce" else 1
             return f * (n - 1) / n / out_bw, f * (n - 1) * out_a
         if op == "all-to-all":  # hierarchical: rail and NVLink legs in one phase
-            return max((nd - 1) / nd / out_bw, (k - 1) / k / up), out_a + up_a
+            return max(scaleout_fraction * (nd - 1) / nd / out_bw, (k - 1) / k / up), out_a + up_a
         alpha = max(up_a, out_a)
         if op == "all-reduce" and self.sharp:  # pipelined: NVLink RS + AG beside the switch
             return max(2 * (k - 1) / k / up, 1 / k / out_bw), (2 * (k - 1) + 1) * alpha
@@ -387,13 +392,11 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         return kcache[key]
 
     def a2a(rank: int, size: float) -> float:
+        # node-limited routing: the rail hop carries distinct nodes / top_k of the copies,
+        # pipelined with the NVLink fan-out (workloads.trace.RankProgram.all_to_all)
         nl = b.node_limited()
-        if nl is None:
-            return net.time_s("all-to-all", L.group(rank, "ep"), size)
-        nodes_per_token, _ = nl
-        D = b.w.domain_size
-        return (net.time_s("all-to-all", L.ep_subgroup(rank, "inter", D), size * nodes_per_token / model.moe.top_k)
-                + net.time_s("all-to-all", L.ep_subgroup(rank, "intra", D), size))
+        frac = 1.0 if nl is None else min(1.0, nl[0] / model.moe.top_k)
+        return net.time_s("all-to-all", L.group(rank, "ep"), size, scaleout_fraction=frac)
 
     lcache: dict = {}
 

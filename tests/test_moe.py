@@ -68,22 +68,69 @@ def test_global_aux_loss_forces_all_forward_first():
 
 
 def test_node_limited_dispatch_is_two_hops_and_cuts_scale_out_traffic():
-    """DeepSeek-V3's node-limited routing: tokens cross InfiniBand once per destination
-    node (at most M nodes), then fan out over NVLink."""
+    """DeepSeek-V3's node-limited routing (§2.1.2): tokens cross InfiniBand once per
+    destination node (at most M nodes), then fan out over NVLink, both hops pipelined in
+    one all-to-all (§3.2.2)."""
+    from simulator.collectives import plan_collective
+
     model = {**TINY_MOE, "moe": {**TINY_MOE["moe"], "top_k": 4, "max_nodes_per_token": 1}}
     sc = moe_scenario(model=model, parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 16})
     res = simulate(sc)
-    axes = set(res.events.loc[res.events["coll"] == "all-to-all", "axis"])
-    assert axes == {"ep_inter", "ep_intra"}
-    inter = res.events[res.events["axis"] == "ep_inter"]["size_bytes"]
-    intra = res.events[res.events["axis"] == "ep_intra"]["size_bytes"]
-    # M = 1 node per token: the inter-node hop carries 1/top_k of the fan-out volume
-    assert inter.max() == pytest.approx(intra.max() / 4)
+    a2a = [op for op in res.trace.ops if op.coll == "all-to-all"]
+    assert a2a and {op.axis for op in a2a} == {"ep"} and {len(op.group) for op in a2a} == {16}
+    # M = 1 node per token (two 8-GPU nodes): the rail hop carries 1/top_k of the copies
+    assert {op.scaleout_fraction for op in a2a} == {0.25}
+    plan = plan_collective("all-to-all", a2a[0].group, 1.6e6, res.topology, scaleout_fraction=0.25)
+    assert plan.algorithm == "hierarchical-a2a" and len(plan.phases) == 1
+    rail = {t.size_bytes for t in plan.phases[0].transfers if t.src // 8 != t.dst // 8}
+    nvlink = {t.size_bytes for t in plan.phases[0].transfers if t.src // 8 == t.dst // 8}
+    # hierarchical-a2a without node limit: k S/n = S/2 to the rail peer, m S/n = S/8 per NVLink peer
+    assert sorted(rail) == pytest.approx([0.25 * 1.6e6 / 2]) and sorted(nvlink) == pytest.approx([1.6e6 / 8])
     unlimited = simulate(moe_scenario(parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 16},
                                       model={**TINY_MOE, "moe": {**TINY_MOE["moe"], "top_k": 4}}))
     assert res.summary["step_time_s"] < unlimited.summary["step_time_s"]
     exact = simulate(sc, exact=True)
     assert exact.summary["step_time_s"] == pytest.approx(res.summary["step_time_s"], rel=1e-9)
+    # trace files keep the fraction (and reject one outside (0, 1])
+    from workloads.ops import TraceError
+    from workloads.trace_io import trace_from_dict, trace_to_dict
+
+    data = trace_to_dict(res.trace)
+    back = trace_from_dict(data)
+    assert [op.scaleout_fraction for op in back.ops] == [op.scaleout_fraction for op in res.trace.ops]
+    i = next(i for i, d in enumerate(data["ops"]) if d.get("coll") == "all-to-all")
+    data["ops"][i]["scaleout_fraction"] = 1.5
+    with pytest.raises(TraceError, match=rf"ops\[{i}\]\.scaleout_fraction"):
+        trace_from_dict(data)
+
+
+def test_node_limited_quotient_agrees_with_the_full_plan(monkeypatch):
+    """In representative mode a node-limited all-to-all runs as the representative's own
+    rail sends and receives and its own NVLink sends, the other transfers folded in as
+    their images (simulator.engine); with DualPipe's pipeline sends on the same NICs it
+    must give the step of its full hierarchical-a2a plan (every transfer of the EP group,
+    twin groups quotiented)."""
+    model = {**TINY_MOE, "moe": {**TINY_MOE["moe"], "top_k": 4, "max_nodes_per_token": 1}}
+    sc = moe_scenario(model=model, cluster={"preset": "dgx-h100", "devices": 32},
+                      parallel={"tp": 1, "pp": 2, "dp": 16, "ep": 16}, schedule="dualpipe",
+                      training={"global_batch_size": 64})
+    from simulator.compute import calibration_for
+    from simulator.engine import Engine
+
+    fast = simulate(sc)
+    monkeypatch.setattr(Engine, "_hierarchical_a2a_pieces", lambda self, op: None)
+    full = simulate(sc)
+    monkeypatch.undo()
+    assert fast.summary["step_time_s"] == pytest.approx(full.summary["step_time_s"], rel=1e-9)
+    assert fast.raw.network_stats["flows_started"] < 0.5 * full.raw.network_stats["flows_started"]
+    # one phase of 2 steps: 2 (m-1) = 2 rail flows and k-1 = 7 NVLink flows, instead of the
+    # full plan's 16 x 15 = 240 (2 x 8 rail + 2 x 56 NVLink in each stage's EP group)
+    chip = fast.scenario.cluster.chip
+    eng = Engine(fast.trace, fast.topology, fast.scenario.layout, chip, calibration_for(chip, {}))
+    op = next(op for op in fast.trace.ops if op.coll == "all-to-all")
+    ((transfers, steps, _, _),) = eng._network_phases(op)
+    assert steps == 2 and len(transfers) == 9
+    assert sum(t.src // 8 != t.dst // 8 for t in transfers) == 2
 
 
 def test_deepseek_v3_activation_savings_in_the_trace():

@@ -48,6 +48,10 @@ class Op:
     group: tuple[int, ...] = ()  # ranks taking part, ring order
     key: str = ""  # rendezvous key shared by every member's op of one collective instance
     size_bytes: float = 0.0  # collective size (nccl-tests convention) or message size
+    # all-to-all under node-limited routing (DeepSeek-V3 §2.1.2, §3.2.2): share of the routed
+    # copies that cross between scale-up domains (distinct nodes per token / top_k); the
+    # rail hop and the NVLink fan-out then run as one pipelined phase (hierarchical-a2a)
+    scaleout_fraction: float = 1.0
     peer: int = -1  # send: destination rank
     mem: tuple[tuple[str, float, str], ...] = ()
     algorithm: Optional[str] = None

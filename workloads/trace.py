@@ -466,7 +466,7 @@ class _RankProgram:
         return [self.last_compute.id] if self.last_compute is not None else []
 
     def collective(self, coll, axis, size, name, phase, mb, chunk, layer, deps, stream=None,
-                   group=None) -> Optional[Op]:
+                   group=None, scaleout_fraction: float = 1.0) -> Optional[Op]:
         L = self.b.L
         group = tuple(group) if group is not None else L.group(self.rank, axis)
         if len(group) <= 1 or size <= 0:
@@ -478,31 +478,23 @@ class _RankProgram:
         return self.b.add(
             rank=self.rank, stream=stream, kind="collective", name=name, phase=phase, mb=mb, chunk=chunk,
             layer=layer, deps=tuple(deps), coll=coll, axis=axis, group=group, key=key, size_bytes=size,
+            scaleout_fraction=scaleout_fraction,
         )
 
-    def all_to_all(self, size: float, name: str, phase: str, mb: int, k: int, l: int, deps, dispatch: bool):
-        """An expert-parallel all-to-all. Under node-limited routing it is two hops, as
-        DeepSeek-V3 dispatches (§3.2.2): each token crosses the scale-out network once
-        per destination node (to the rank at the same position there, ``ep_inter``),
-        then fans out to its experts over NVLink (``ep_intra``); a combine (and the
-        gradient of a dispatch) runs the hops in reverse. ``size`` is the one-hop
-        per-rank buffer (tokens x top_k x hidden x bytes)."""
+    def all_to_all(self, size: float, name: str, phase: str, mb: int, k: int, l: int, deps):
+        """An expert-parallel all-to-all of ``size`` bytes per rank (tokens x top_k x
+        hidden x bytes). Under node-limited routing it is two hops, as DeepSeek-V3
+        dispatches (§3.2.2): each token crosses the scale-out network once per
+        destination node (to the rank at the same position there), which forwards it
+        over NVLink to its experts as it arrives; a combine (and the gradient of a
+        dispatch) runs the hops in reverse, which loads the same links. The hops are
+        pipelined, so they form one collective whose rail transfers carry
+        ``scaleout_fraction`` = (distinct nodes per token) / top_k of the routed copies
+        (``hierarchical-a2a`` in :mod:`simulator.collectives`)."""
         nl = self.b.node_limited()
-        if nl is None:
-            return self.collective("all-to-all", "ep", size, name, phase, mb, k, l, deps)
-        nodes_per_token, _ = nl
-        L, D = self.b.L, self.b.w.domain_size
-        inter_size = size * nodes_per_token / self.b.model.moe.top_k
-        hops = [("ep_inter", inter_size), ("ep_intra", size)]
-        if not dispatch:
-            hops.reverse()
-        last = None
-        for axis, sz in hops:
-            op = self.collective("all-to-all", axis, sz, f"{name}.{axis[3:]}", phase, mb, k, l,
-                                 [last.id] if last else deps, stream="ep",
-                                 group=L.ep_subgroup(self.rank, axis[3:], D))
-            last = op or last
-        return last
+        frac = 1.0 if nl is None else min(1.0, nl[0] / self.b.model.moe.top_k)
+        return self.collective("all-to-all", "ep", size, name, phase, mb, k, l, deps,
+                               scaleout_fraction=frac)
 
     # ---- program ---------------------------------------------------------------
     def build(self) -> None:
@@ -668,14 +660,14 @@ class _RankProgram:
             deps = [ag.id] if ag else deps
         op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
         if expert:
-            d = self.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id], dispatch=True)
+            d = self.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id])
             if shared:  # shared experts run while the dispatch is in flight
                 self.compute(f"L{l}.shared.{phase}", shared, phase, mb, k, l, recompute=recompute)
             if d:
                 handed += 1
                 yield
             op = self.compute(f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[d.id] if d else [], recompute=recompute)
-            c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [op.id], dispatch=False)
+            c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [op.id])
             if c:
                 handed += 1
                 yield
@@ -909,7 +901,7 @@ class _RankProgram:
             deps = [ag.id] if ag else deps
         if expert:
             op = self.compute(f"L{l}.moe_out.{part}", self.b.bwd(post, part), part, mb, k, l, deps=deps)
-            c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id], dispatch=True)
+            c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
             if shared:  # overlaps the combine's backward all-to-all
                 self.compute(f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l)
             if c:
@@ -922,7 +914,7 @@ class _RankProgram:
             split = part == "B" and b.dualpipe_ep
             op = self.compute(f"L{l}.experts.{part}", self.b.bwd(expert, "I" if split else part), part, mb, k, l,
                               deps=[c.id] if c else [])
-            d = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id], dispatch=False)
+            d = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id])
             deps = [d.id] if d else []
             if split:
                 self.compute(f"L{l}.experts_w.{part}", self.b.bwd(expert, "W"), part, mb, k, l)

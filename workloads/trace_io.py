@@ -34,6 +34,9 @@ Format (JSON, optionally gzip-compressed when the name ends in ``.gz``)::
 A compute op may carry ``"comm_overlap": true`` (absent = false): it belongs to an
 overlapped forward/backward pair (DualPipe) and runs on the SMs the all-to-all
 kernels leave free (:attr:`simulator.compute.ComputeCalibration.comm_sm_fraction`).
+An all-to-all may carry ``"scaleout_fraction": f`` (absent = 1, ``0 < f <= 1``):
+node-limited routing, only ``f`` of its routed copies cross between scale-up domains
+(:func:`simulator.collectives.plan_collective`).
 
 Ops on one ``(rank, stream)`` run in file order; ``deps`` are op ids. ``kind`` is
 ``compute`` (time from its ``kernels`` by the roofline model), ``collective``
@@ -87,6 +90,8 @@ def trace_to_dict(trace: Trace) -> dict:
         if op.kind == "collective":
             d["coll"] = op.coll
             d["group"] = list(op.group)
+            if op.scaleout_fraction != 1.0:
+                d["scaleout_fraction"] = op.scaleout_fraction
         if op.kind == "send":
             d["peer"] = op.peer
         if op.mem:
@@ -297,6 +302,11 @@ def trace_from_dict(data: dict) -> Trace:
         group = tuple(int(x) for x in d.get("group", ()))
         if kind == "collective" and any(not 0 <= g < world for g in group):
             raise TraceError(f"{where}.group: ranks must be in 0..{world - 1}")
+        frac = d.get("scaleout_fraction", 1.0)
+        if (isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 < frac <= 1.0
+                or (frac < 1.0 and coll != "all-to-all")):
+            raise TraceError(f"{where}.scaleout_fraction: a number in (0, 1], below 1 only on an "
+                             f"all-to-all, got {frac!r}")
         peer = int(d.get("peer", -1))
         if kind == "send" and not 0 <= peer < world:
             raise TraceError(f"{where}.peer: must be a rank in 0..{world - 1}, got {peer}")
@@ -310,6 +320,7 @@ def trace_from_dict(data: dict) -> Trace:
             recompute=bool(d.get("recompute", False)), comm_overlap=bool(d.get("comm_overlap", False)),
             coll=coll, axis=str(d.get("axis", "")), group=group,
             key=str(d.get("key", f"op{i}")), size_bytes=size, peer=peer, mem=tuple(mem),
+            scaleout_fraction=float(frac),
         ))
     trace = Trace(ops=ops, ranks=ranks, weight=weight, static_memory=static, world=world,
                   notes=list(data.get("notes", [])), model_flops=float(data.get("model_flops", 0.0)),
