@@ -37,13 +37,19 @@ CASES = {
     "offload-zero1": (scenario(parallel={"tp": 2, "pp": 2, "dp": 2, "zero": 1},
                                training={"offload": {"optimizer": True, "activations": True}}), False),  # host nodes
     "exact-every-rank": (scenario(parallel={"tp": 2, "pp": 2, "dp": 2}), True),
+    # node-limited routing (pipelined two-hop all-to-all: scaleout_fraction < 1) and expert
+    # imbalance (unexecuted FLOPs), flash attention (kernels' executed_flops)
+    "moe-node-limited-imbalance": (scenario(
+        model={**MOE, "moe": {**MOE["moe"], "experts": 16, "max_nodes_per_token": 1}},
+        cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 16},
+        training={"global_batch_size": 16, "expert_load": {"distribution": "zipf", "skew": 0.5, "seed": 0}}), False),
 }
 
 
 def _trace(sc: dict, exact: bool = False):
     s = load_scenario(sc)
     ranks = list(range(s.layout.world)) if exact else None
-    return s, build_trace(Workload(s.model, s.layout, s.training, s.schedule), ranks=ranks)
+    return s, build_trace(s.workload(), ranks=ranks)   # the workload simulate() builds (cluster domain size too)
 
 
 def _decode(path: Path):
@@ -65,8 +71,9 @@ def test_round_trip_gives_the_same_step(tmp_path, name):
     s, tr = _trace(sc, exact)
     write_trace(tr, tmp_path / "et", scenario=s, format="chakra")
     back = read_trace(tmp_path / "et")
-    assert [(o.id, o.rank, o.stream, o.kind, o.key, o.size_bytes, o.kernels) for o in back.ops] == \
-        [(o.id, o.rank, o.stream, o.kind, o.key, o.size_bytes, o.kernels) for o in tr.ops]
+    assert [(o.id, o.rank, o.stream, o.kind, o.key, o.size_bytes, o.kernels, o.scaleout_fraction) for o in back.ops] \
+        == [(o.id, o.rank, o.stream, o.kind, o.key, o.size_bytes, o.kernels, o.scaleout_fraction) for o in tr.ops]
+    assert back.unexecuted_flops == tr.unexecuted_flops
     direct = simulate(sc, exact=exact)
     again = simulate(sc, trace=back, exact=exact)
     assert again.summary["step_time_s"] == pytest.approx(direct.summary["step_time_s"], rel=1e-9, abs=0)

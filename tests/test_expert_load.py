@@ -118,10 +118,10 @@ def test_hottest_device_activation_memory_closed_form():
     activation peak of the most loaded device exceeds the balanced one by its extra
     routed-token assignments x the bytes each keeps. Per assignment (bf16, GELU
     experts of width f): the permuted input (2h), the up GEMM's output / GELU input
-    (2f), the GELU output / down GEMM input (2f) and the expert output (2h) =
-    2(2h + 2f) bytes: Korthikanti et al. 2022's MLP terms (arXiv 2205.05198 §4.1,
-    2sbh + 8sbh + 8sbh for a 4h-wide MLP) per routed row, plus the expert output kept
-    for the weighted combine."""
+    (2f), the GELU output / down GEMM input (2f) — Korthikanti et al. 2022's MLP terms
+    (arXiv 2205.05198 §4.1, 2sbh + 8sbh + 8sbh for a 4h-wide MLP) per routed row — and,
+    for the gate gradient, the fp32 gate weight (4 B: Megatron-Core >= 0.13 applies it
+    to the activation output, `training.moe_gate_weighting: activation`, the default)."""
     h, f, k, ep, seq = 1024, 1024, 2, 8, 1024
     par = {"pp": 1, "dp": 16, "ep": ep}
     load = {"distribution": "zipf", "skew": 1.0, "seed": 2}
@@ -131,7 +131,7 @@ def test_hottest_device_activation_memory_closed_form():
     loads = rank_load_factors(ExpertLoad("zipf", 1.0, None, seed=2), 16, k, ep, seq * ep, 3)
     hot = int(np.argmax(loads.sum(axis=0)))
     balanced_assignments = seq * k  # per layer and micro-batch on one rank
-    per_assignment_bytes = 2 * (2 * h + 2 * f)
+    per_assignment_bytes = 2 * h + 2 * 2 * f + 4
     extra = sum(loads[i, hot] - 1.0 for i in range(3)) * balanced_assignments * per_assignment_bytes
     assert extra > 0
     assert imb - bal == pytest.approx(extra, rel=1e-9)

@@ -144,7 +144,8 @@ def test_folded_moe_block_dispatches_the_sp_shard_and_gathers_over_etp():
 
 def test_folded_dualpipe_with_node_limited_routing():
     # 32 ranks, stages of 16 over two 8-GPU nodes: the folded EP group (16, across the
-    # TP pairs) spans both nodes, so node-limited routing dispatches in two hops; DualPipe
+    # TP pairs) spans both nodes, so node-limited routing dispatches in two pipelined hops
+    # (one all-to-all on the ep axis whose rail share is 1 node / top_k 2 = 1/2); DualPipe
     # still pairs a forward with a backward and overlaps their all-to-alls.
     m = copy.deepcopy(TINY_MOE)
     m["moe"]["max_nodes_per_token"] = 1
@@ -156,6 +157,9 @@ def test_folded_dualpipe_with_node_limited_routing():
     res = simulate(sc)
     ev = res.events
     axes = set(ev.loc[ev["kind"] == "collective", "axis"])
-    assert {"ep_inter", "ep_intra", "pp_mirror"} <= axes and "ep" not in axes
+    assert {"ep", "pp_mirror"} <= axes
     tr = build_trace(load_scenario(sc).workload())
+    a2a = [op for op in tr.ops if op.kind == "collective" and op.coll == "all-to-all"]
+    assert a2a and all(op.scaleout_fraction == pytest.approx(1 / m["moe"]["top_k"]) for op in a2a)
+    assert all(op.group == L.group(op.rank, "ep") for op in a2a)
     assert any(op.comm_overlap for op in tr.ops if op.kind == "compute")

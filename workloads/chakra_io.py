@@ -69,6 +69,7 @@ it under a scenario checks only its rank count (one ET file per rank of the layo
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -140,6 +141,9 @@ def _comp_node(pb, node, op: Op) -> None:
         _attr(pb, "stepsim.kernel_shapes",
               int64_list=pb.Int64List(values=[x for k in op.kernels for x in (k.m, k.n, k.k, k.groups)])),
     ])
+    if any(k.executed_flops is not None for k in op.kernels):   # FLOPs timed instead of `flops`; NaN: none
+        node.attr.append(_attr(pb, "stepsim.kernel_executed_flops", double_list=pb.DoubleList(
+            values=[float("nan") if k.executed_flops is None else k.executed_flops for k in op.kernels])))
     if op.recompute:
         node.attr.append(_attr(pb, "stepsim.recompute", bool_val=True))
     if op.comm_overlap:
@@ -147,9 +151,12 @@ def _comp_node(pb, node, op: Op) -> None:
 
 
 def _comm_attrs(pb, op: Op) -> list:
-    return [_attr(pb, "is_cpu_op", bool_val=False), _attr(pb, "comm_size", int64_val=int(round(op.size_bytes))),
-            _attr(pb, "stepsim.size_bytes", double_val=op.size_bytes), _attr(pb, "stepsim.key", string_val=op.key),
-            _attr(pb, "stepsim.axis", string_val=op.axis)]
+    a = [_attr(pb, "is_cpu_op", bool_val=False), _attr(pb, "comm_size", int64_val=int(round(op.size_bytes))),
+         _attr(pb, "stepsim.size_bytes", double_val=op.size_bytes), _attr(pb, "stepsim.key", string_val=op.key),
+         _attr(pb, "stepsim.axis", string_val=op.axis)]
+    if op.scaleout_fraction != 1.0:   # node-limited all-to-all: the rail share of the routed copies
+        a.append(_attr(pb, "stepsim.scaleout_fraction", double_val=op.scaleout_fraction))
+    return a
 
 
 def write_chakra(trace: Trace, out_dir: Union[str, Path], scenario_record: Optional[dict] = None,
@@ -186,6 +193,9 @@ def write_chakra(trace: Trace, out_dir: Union[str, Path], scenario_record: Optio
         _attr(pb, "stepsim.model_flops", double_val=float(trace.model_flops)),
         _attr(pb, "stepsim.notes", string_list=pb.StringList(values=list(trace.notes))),
     ]
+    if trace.unexecuted_flops:   # rank -> FLOPs timed but not executed (HFU leaves them out)
+        header.append(_attr(pb, "stepsim.unexecuted_flops", string_val=json.dumps(
+            {str(r): v for r, v in sorted(trace.unexecuted_flops.items())})))
     if scenario_record is not None:
         header.append(_attr(pb, "stepsim.scenario", string_val=json.dumps(scenario_record, sort_keys=True)))
     written = []
@@ -521,7 +531,7 @@ def _build(pb, files, metas, nodes, groups, ours: bool) -> Trace:
                 recompute=f.get("recompute", False), comm_overlap=f.get("comm_overlap", False), coll=f.get("coll", ""),
                 axis=f.get("axis", ""), group=f.get("group", ()), key=key, size_bytes=f.get("size", 0.0),
                 peer=f.get("peer", -1), mem=f.get("mem", ()), algorithm=f.get("algorithm"),
-                rate_bytes_per_s=f.get("rate", 0.0)))
+                rate_bytes_per_s=f.get("rate", 0.0), scaleout_fraction=f.get("scaleout_fraction", 1.0)))
     if not ops:
         raise TraceError("trace: the Chakra trace has no node stepsim can simulate")
     if ours:
@@ -550,7 +560,14 @@ def _build(pb, files, metas, nodes, groups, ours: bool) -> Trace:
     notes = list(head.get("stepsim.notes", ())) if ours else [
         f"read from a Chakra trace of {world} ranks that stepsim did not write: no model FLOPs (MFU is 0) and no "
         "memory before the step"]
+    unexecuted = {}
+    if ours and "stepsim.unexecuted_flops" in head:
+        try:
+            unexecuted = {int(r): float(v) for r, v in json.loads(head["stepsim.unexecuted_flops"]).items()}
+        except (ValueError, TypeError, AttributeError):
+            raise TraceError("trace: malformed stepsim.unexecuted_flops in the Chakra metadata") from None
     trace = Trace(ops=ops, ranks=ranks, weight=weight, static_memory=static, world=world, notes=notes,
+                  unexecuted_flops=unexecuted,
                   model_flops=float(head.get("stepsim.model_flops", 0.0)) if ours else 0.0,
                   representative=bool(head.get("stepsim.representative", False)) if ours else False)
     trace.check()
@@ -635,6 +652,11 @@ def _node_fields(pb, n, at: dict, rank: int, world: int, groups: dict, where: st
                     raise TraceError(f"{where}: kernel {i}: kind must be one of {', '.join(KERNEL_KINDS)} with FLOPs "
                                      "and bytes >= 0")
                 ks.append(Kernel(names[i], kinds[i], float(fl[i]), float(by[i]), *(int(x) for x in sh[4 * i:4 * i + 4])))
+            ex = at.get("stepsim.kernel_executed_flops")
+            if ex is not None:
+                if len(ex) != len(ks) or any(x < 0 for x in ex if not math.isnan(x)):
+                    raise TraceError(f"{where}: malformed stepsim.kernel_executed_flops")
+                ks = [k if math.isnan(x) else dataclasses.replace(k, executed_flops=float(x)) for k, x in zip(ks, ex)]
             f["kernels"] = tuple(ks)
         else:
             flops, nbytes = _int_attr(at, "num_ops", where), _int_attr(at, "tensor_size", where)
@@ -689,6 +711,11 @@ def _node_fields(pb, n, at: dict, rank: int, world: int, groups: dict, where: st
                              "not a member of")
         f.update(kind="collective", op_kind="collective", coll=_CHAKRA_TO_COLL[ctype], group=group, pg=pg,
                  stream=stream or f"pg{pg}")
+        if "stepsim.scaleout_fraction" in at:
+            frac = float(at["stepsim.scaleout_fraction"])
+            if not 0.0 < frac <= 1.0:
+                raise TraceError(f"{where}: stepsim.scaleout_fraction must be in (0, 1], got {frac}")
+            f["scaleout_fraction"] = frac
         if not f["axis"]:
             f["axis"] = f"pg{pg}"
         return f

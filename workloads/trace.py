@@ -714,7 +714,7 @@ class _RankProgram:
         _, pre, shared, expert, post = b.layer_parts(l)
         h, handed = b.hidden_bytes, 0
         op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
-        d = self.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id], dispatch=True)
+        d = self.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id])
         wait = [d.id] if d else []
         if shared:  # shared experts run while the dispatch is in flight
             ag = self.collective("all-gather", "tp", h, f"L{l}.shared.ag", phase, mb, k, l, [op.id])
@@ -730,8 +730,7 @@ class _RankProgram:
                           recompute=recompute)
         rs = self.collective("reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs", phase, mb, k, l,
                              [op.id])
-        c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [rs.id if rs else op.id],
-                            dispatch=False)
+        c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [rs.id if rs else op.id])
         if c:
             handed += 1
             yield
@@ -745,7 +744,7 @@ class _RankProgram:
         _, pre, shared, expert, post = b.layer_parts(l)
         h, handed = b.hidden_bytes, 0
         op = self.compute(f"L{l}.moe_out.{part}", self.b.bwd(post, part), part, mb, k, l, deps=deps)
-        c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id], dispatch=True)
+        c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
         wait = [c.id] if c else []
         if shared:  # overlaps the combine's backward all-to-all
             ag = self.collective("all-gather", "tp", h, f"L{l}.shared.rs.bwd", part, mb, k, l, [op.id])
@@ -763,8 +762,7 @@ class _RankProgram:
                           deps=[ag.id] if ag else wait)
         rs = self.collective("reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.ag.bwd", part, mb, k,
                              l, [op.id])
-        d = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [rs.id if rs else op.id],
-                            dispatch=False)
+        d = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [rs.id if rs else op.id])
         if split:
             self.compute(f"L{l}.experts_w.{part}", self.b.bwd(expert, "W"), part, mb, k, l)
         if d:
