@@ -63,6 +63,26 @@ def _alarm(signum, frame):
     raise _Timeout()
 
 
+def _run_exits_0_or_2(args, capsys, what) -> tuple[int, str]:
+    """``stepsim ARGS`` in-process under a 60 s alarm: exit 0, or exit 2 with one error
+    line and no traceback. Returns the exit code and stdout."""
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(60)
+    try:
+        code = main(args)
+    except _Timeout:
+        raise AssertionError(f"hang (> 60 s) on {what}")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    out, err = capsys.readouterr()
+    assert code in (0, 2), f"exit {code} for {what}: {err}"
+    assert "Traceback" not in err
+    if code == 2:
+        assert err.startswith("stepsim: error:") and len(err.strip().splitlines()) == 1, err
+    return code, out
+
+
 @settings(max_examples=int(__import__("os").environ.get("STEPSIM_FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mutations=st.lists(MUTATION, min_size=1, max_size=3))
 def test_mutated_scenarios_exit_0_or_2(tmp_path_factory, capsys, mutations):
@@ -71,21 +91,8 @@ def test_mutated_scenarios_exit_0_or_2(tmp_path_factory, capsys, mutations):
         _apply(sc, m)
     p = tmp_path_factory.mktemp("fuzz") / "s.yaml"
     p.write_text(yaml.safe_dump(sc))
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(60)
-    try:
-        code = main(["run", str(p), "--json"])
-    except _Timeout:
-        raise AssertionError(f"hang (> 60 s) on {sc}")
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-    out, err = capsys.readouterr()
-    assert code in (0, 2), f"exit {code} for {sc}: {err}"
-    assert "Traceback" not in err
-    if code == 2:
-        assert err.startswith("stepsim: error:") and len(err.strip().splitlines()) == 1, err
-    else:
+    code, out = _run_exits_0_or_2(["run", str(p), "--json"], capsys, sc)
+    if code == 0:
         assert '"step_time_s"' in out
 
 
@@ -110,20 +117,7 @@ def test_mangled_yaml_text_exits_0_or_2(tmp_path_factory, capsys, edits):
         text = text[:pos] + insert + text[pos + cut:]
     p = tmp_path_factory.mktemp("fuzz") / "mangled.yaml"
     p.write_bytes(text)
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(60)
-    try:
-        code = main(["run", str(p), "--json", "--no-plots"])
-    except _Timeout:
-        raise AssertionError(f"hang (> 60 s) on {text!r}")
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-    out, err = capsys.readouterr()
-    assert code in (0, 2), f"exit {code} for {text!r}: {err}"
-    assert "Traceback" not in err
-    if code == 2:
-        assert err.startswith("stepsim: error:") and len(err.strip().splitlines()) == 1, err
+    _run_exits_0_or_2(["run", str(p), "--json", "--no-plots"], capsys, repr(text))
 
 
 @settings(max_examples=200, deadline=None)
