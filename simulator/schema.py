@@ -53,9 +53,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
 
 
-PositiveInt = Field(ge=1)
-
-
 def _integer(v):
     """Integer fields take integers only (any ``numbers.Integral``, e.g. numpy's, but not a
     bool, a float or a string): `ep: true` or `tp: 8.0` is refused, not read as 1 or 8."""

@@ -119,7 +119,6 @@ from simulator.parquet_io import write_parquet
 from simulator.workers import process_pool
 
 SWEEP_KEYS = ("name", "base", "grid", "cases", "skip_invalid", "where")
-ROW_FIELDS = ("case", "key", "status", "error")
 ROWS_FILE, PARQUET_FILE, CSV_FILE, META_FILE = "rows.jsonl", "results.parquet", "results.csv", "sweep.json"
 MAX_SWEEP_CASES = 100_000  # cases before `where`; a larger sweep is refused before it is expanded
 TABLE_REWRITE_INTERVAL_S = 10.0  # how often the tables are rewritten from rows.jsonl while running

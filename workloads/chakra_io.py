@@ -123,8 +123,6 @@ def _common_attrs(pb, op: Op) -> list:
         a.append(_attr(pb, "stepsim.mem_category", string_list=pb.StringList(values=[m[0] for m in op.mem])))
         a.append(_attr(pb, "stepsim.mem_delta_bytes", double_list=pb.DoubleList(values=[m[1] for m in op.mem])))
         a.append(_attr(pb, "stepsim.mem_at", string_list=pb.StringList(values=[m[2] for m in op.mem])))
-    if op.algorithm:
-        a.append(_attr(pb, "stepsim.algorithm", string_val=op.algorithm))
     return a
 
 
@@ -530,7 +528,7 @@ def _build(pb, files, metas, nodes, groups, ours: bool) -> Trace:
                 mb=f["labels"][0], chunk=f["labels"][1], layer=f["labels"][2], deps=deps, kernels=kernels,
                 recompute=f.get("recompute", False), comm_overlap=f.get("comm_overlap", False), coll=f.get("coll", ""),
                 axis=f.get("axis", ""), group=f.get("group", ()), key=key, size_bytes=f.get("size", 0.0),
-                peer=f.get("peer", -1), mem=f.get("mem", ()), algorithm=f.get("algorithm"),
+                peer=f.get("peer", -1), mem=f.get("mem", ()),
                 rate_bytes_per_s=f.get("rate", 0.0), scaleout_fraction=f.get("scaleout_fraction", 1.0)))
     if not ops:
         raise TraceError("trace: the Chakra trace has no node stepsim can simulate")

@@ -13,13 +13,11 @@ Memory effects ride on ops: ``mem`` lists ``(category, delta_bytes, at)`` with
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from workloads.counts import Kernel
 
 STREAMS = ("compute", "tp", "cp", "ep", "dp", "fsdp", "pp", "offload", "mirror")  # mirror: gradient sums between pipeline ranks
 MEMORY_CATEGORIES = ("weights", "gradients", "optimizer", "activations", "buffers")
-PHASES = ("F", "B", "I", "W", "R", "opt", "sync")  # R = recomputation
 
 
 class TraceError(ValueError):
@@ -54,7 +52,6 @@ class Op:
     scaleout_fraction: float = 1.0
     peer: int = -1  # send: destination rank
     mem: tuple[tuple[str, float, str], ...] = ()
-    algorithm: Optional[str] = None
     rate_bytes_per_s: float = 0.0  # host ops: 0 = the device's host link; else this rate (CPU work)
 
     @property
@@ -87,12 +84,6 @@ class Trace:
     # execute (expert-load imbalance: the slowest EP rank's extra expert work); HFU
     # leaves them out.
     unexecuted_flops: dict[int, float] = field(default_factory=dict)
-
-    def by_rank(self) -> dict[int, list[Op]]:
-        out: dict[int, list[Op]] = {r: [] for r in self.ranks}
-        for op in self.ops:
-            out[op.rank].append(op)
-        return out
 
     def check(self) -> None:
         """Raise :class:`TraceError` for dangling or cyclic dependencies, naming them."""

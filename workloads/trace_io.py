@@ -41,7 +41,9 @@ node-limited routing, only ``f`` of its routed copies cross between scale-up dom
 Ops on one ``(rank, stream)`` run in file order; ``deps`` are op ids. ``kind`` is
 ``compute`` (time from its ``kernels`` by the roofline model), ``collective``
 (members with the same ``key`` meet; ``size_bytes`` in the nccl-tests convention)
-or ``send`` (``size_bytes`` to rank ``peer``). ``mem`` entries change memory in use
+``send`` (``size_bytes`` to rank ``peer``) or ``host`` (``size_bytes`` over the
+device's host link, or at ``rate_bytes_per_s`` when given: activation offload and
+reload on the ``offload`` stream). ``mem`` entries change memory in use
 by ``delta`` bytes at the op's ``start`` or ``end``. Reading checks every field and
 the dependency graph: a dangling or cyclic dependency is reported by op id and
 name (:class:`workloads.ops.TraceError`), never a hang. A trace with no ops, or over
@@ -66,7 +68,7 @@ from workloads.ops import MEMORY_CATEGORIES, STREAMS, Op, Trace, TraceError
 
 FORMAT = "stepsim-trace"
 VERSION = 1
-_KINDS = ("compute", "collective", "send")
+_KINDS = ("compute", "collective", "send", "host")
 _COLLS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast")
 
 
@@ -94,6 +96,8 @@ def trace_to_dict(trace: Trace) -> dict:
                 d["scaleout_fraction"] = op.scaleout_fraction
         if op.kind == "send":
             d["peer"] = op.peer
+        if op.kind == "host" and op.rate_bytes_per_s:
+            d["rate_bytes_per_s"] = op.rate_bytes_per_s
         if op.mem:
             d["mem"] = [list(m) for m in op.mem]
         ops.append(d)
@@ -310,6 +314,11 @@ def trace_from_dict(data: dict) -> Trace:
         peer = int(d.get("peer", -1))
         if kind == "send" and not 0 <= peer < world:
             raise TraceError(f"{where}.peer: must be a rank in 0..{world - 1}, got {peer}")
+        rate = d.get("rate_bytes_per_s", 0.0)
+        if (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate >= 0
+                or (rate and kind != "host")):
+            raise TraceError(f"{where}.rate_bytes_per_s: a number >= 0, on host ops only "
+                             f"(0 = the device's host link), got {rate!r}")
         deps = d.get("deps", [])
         if not isinstance(deps, list) or any(not isinstance(x, int) for x in deps):
             raise TraceError(f"{where}.deps: expected a list of op ids")
@@ -320,7 +329,7 @@ def trace_from_dict(data: dict) -> Trace:
             recompute=bool(d.get("recompute", False)), comm_overlap=bool(d.get("comm_overlap", False)),
             coll=coll, axis=str(d.get("axis", "")), group=group,
             key=str(d.get("key", f"op{i}")), size_bytes=size, peer=peer, mem=tuple(mem),
-            scaleout_fraction=float(frac),
+            scaleout_fraction=float(frac), rate_bytes_per_s=float(rate),
         ))
     trace = Trace(ops=ops, ranks=ranks, weight=weight, static_memory=static, world=world,
                   notes=list(data.get("notes", [])), model_flops=float(data.get("model_flops", 0.0)),
