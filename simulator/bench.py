@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import simpy
 
+from .errors import NetworkError
 from .collectives import bus_bandwidth_factor, plan_collective, run_collective
 from .netcal import NetCalibration
 from .network import FlowNetwork
@@ -24,7 +25,7 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
 
 
-class BenchError(ValueError):
+class BenchError(NetworkError):
     """A bad size string or size range."""
 
 

@@ -65,6 +65,7 @@ from typing import Mapping, Optional, Sequence, Union
 import numpy as np
 
 from simulator.compute import DEFAULT_COMPUTE_CALIBRATION, ComputeCalibration, kernel_time_s
+from simulator.errors import StudyError
 from workloads.counts import KERNEL_KINDS, Kernel
 
 #: Fitted compute parameters with their bounds (physically meaningful ranges).
@@ -81,7 +82,7 @@ COMPUTE_PARAMS: dict[str, tuple[float, float]] = {
 FAMILY_CHIP = {"ampere": "a100", "hopper": "h100", "blackwell": "b200", "tpu": "tpu-v5p"}
 
 
-class CalibrationInputError(ValueError):
+class CalibrationInputError(StudyError):
     """A timing file with a missing column or a bad value (names file, row, column)."""
 
 

@@ -1,6 +1,9 @@
 """The ``stepsim`` command line.
 
-Exit codes (the same for every command; README.md and docs/formats.md list them):
+The exit codes, :class:`CliError` and the mapping of errors to exit codes are in
+:mod:`simulator.cli_common` (shared with the ``sweep``/``search`` and
+``validate``/``calibrate`` commands of :mod:`simulator.cli_sweep` and
+:mod:`simulator.cli_validate`, which this module registers):
 
 * 0: success;
 * 1: an internal error (traceback only with ``STEPSIM_DEBUG=1``);
@@ -14,37 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import traceback
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional, Sequence
 
-EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_OFF_TARGET, EXIT_CASES_FAILED = 0, 1, 2, 3, 4
-
-#: The exit codes as ``--help`` prints them.
-EXIT_CODES_HELP = (f"exit codes: {EXIT_OK} success, {EXIT_INTERNAL} internal error, {EXIT_BAD_INPUT} bad input, "
-                   f"{EXIT_OFF_TARGET} validate --max-error exceeded, {EXIT_CASES_FAILED} some cases of a sweep, "
-                   "search or validate failed")
-
+from simulator.cli_common import (EXIT_BAD_INPUT, EXIT_CASES_FAILED, EXIT_CODES_HELP, EXIT_INTERNAL,  # noqa: F401
+                                  EXIT_OFF_TARGET, EXIT_OK, CliError, new_parser, resolve_scenario_path, run)
 from simulator.schema import builtin_scenarios
-
-
-class CliError(Exception):
-    """Bad input detected by the command line itself."""
-
-
-def resolve_scenario_path(arg: str) -> Path:
-    p = Path(arg)
-    if p.exists():
-        return p
-    built = builtin_scenarios()
-    if arg in built:
-        return built[arg]
-    raise CliError(
-        f"scenario: no file {arg!r} and no built-in scenario of that name; built-in: {', '.join(built)}"
-    )
 
 
 # ---- commands -------------------------------------------------------------------------
@@ -116,8 +96,7 @@ def cmd_report(args) -> int:
 
 def cmd_trace(args) -> int:
     from simulator.schema import ScenarioError, load_scenario
-    from workloads.layout import LayoutError
-    from workloads.schedules import ScheduleError
+    from workloads.errors import WorkloadError
     from workloads.trace import build_trace
     from workloads.trace_io import write_trace
 
@@ -125,8 +104,8 @@ def cmd_trace(args) -> int:
     try:
         tr = build_trace(sc.workload(),
                          ranks=list(range(sc.layout.world)) if args.exact else None)
-    except (LayoutError, ScheduleError) as err:
-        raise ScenarioError(err.field, str(err)[len(err.field) + 2:]) from None
+    except WorkloadError as err:
+        raise ScenarioError.from_error(err) from None
     write_trace(tr, args.out, scenario=sc, format=args.format)
     print(f"wrote {len(tr.ops):,} ops of {len(tr.ranks)} ranks to {args.out}")
     if args.format == "chakra":
@@ -329,12 +308,7 @@ def _looks_like_topology(p: Path) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from simulator import __version__
-
-    ap = argparse.ArgumentParser(prog="stepsim", description="Simulate one LLM training step on a cluster.",
-                                 epilog=EXIT_CODES_HELP + ". File formats: docs/scenario.md, docs/formats.md.")
-    ap.add_argument("--version", action="version", version=f"stepsim {__version__}")
-    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    ap, sub = new_parser()
 
     p = sub.add_parser("run", help="simulate a scenario and write its outputs")
     p.add_argument("scenario", help="scenario file (YAML/JSON; docs/scenario.md) or a built-in scenario name "
@@ -416,30 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = build_parser()
-    try:
-        args = ap.parse_args(argv)
-    except SystemExit as e:  # argparse: usage errors exit 2 already
-        return int(e.code or 0)
-    try:
-        return args.func(args)
-    except (CliError, ValueError, KeyError, OSError) as err:
-        msg = str(err)
-        if isinstance(err, KeyError) and err.args:
-            msg = str(err.args[0])
-        print(f"stepsim: error: {msg}", file=sys.stderr)
-        if os.environ.get("STEPSIM_DEBUG"):
-            traceback.print_exc()
-        return EXIT_BAD_INPUT
-    except RecursionError as err:  # pragma: no cover
-        print(f"stepsim: internal error: {err}", file=sys.stderr)
-        return EXIT_INTERNAL
-    except Exception as err:  # noqa: BLE001 — an internal bug: say so, no traceback unless asked
-        print(f"stepsim: internal error: {type(err).__name__}: {err} (set STEPSIM_DEBUG=1 for a traceback)",
-              file=sys.stderr)
-        if os.environ.get("STEPSIM_DEBUG"):
-            traceback.print_exc()
-        return EXIT_INTERNAL
+    """``stepsim ARGV``: the exit code (:func:`simulator.cli_common.run`)."""
+    return run(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from simulator.cli import EXIT_CASES_FAILED, EXIT_OK, CliError
+from simulator.cli_common import EXIT_CASES_FAILED, EXIT_OK, CliError, new_parser, run
 
 COMMANDS = ("sweep", "search", "sweep-plot")
 
@@ -152,7 +152,7 @@ def _report_failed(what: str, cases, errors, where: str, noun: str = "case", sho
 
 
 def cmd_search(args) -> int:
-    from simulator.cli import resolve_scenario_path
+    from simulator.cli_common import resolve_scenario_path
     from simulator.search import SearchBounds, search
     from workloads.memory import RECOMPUTE_MODES
     from workloads.schedules import SCHEDULES
@@ -253,11 +253,11 @@ def register(subparsers) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """The ``stepsim`` command line (which registers these commands), so that
-    ``python -m simulator.cli_sweep`` behaves exactly as ``stepsim``."""
-    from simulator import cli
-
-    return cli.main(argv)
+    """These commands on their own, as ``stepsim`` runs them (the same parser options and
+    exit codes): ``python -m simulator.cli_sweep sweep ...`` is ``stepsim sweep ...``."""
+    ap, sub = new_parser()
+    register(sub)
+    return run(ap, argv)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from simulator.cli import EXIT_CASES_FAILED, EXIT_OFF_TARGET, EXIT_OK, CliError
+from simulator.cli_common import EXIT_CASES_FAILED, EXIT_OFF_TARGET, EXIT_OK, CliError, new_parser, run
 
 COMMANDS = ("validate", "calibrate")
 
@@ -162,11 +162,11 @@ def register(subparsers) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """The ``stepsim`` command line (which registers these commands), so that
-    ``python -m simulator.cli_validate`` behaves exactly as ``stepsim``."""
-    from simulator import cli
-
-    return cli.main(argv)
+    """These commands on their own, as ``stepsim`` runs them (the same parser options and
+    exit codes): ``python -m simulator.cli_validate validate ...`` is ``stepsim validate ...``."""
+    ap, sub = new_parser()
+    register(sub)
+    return run(ap, argv)
 
 
 if __name__ == "__main__":

@@ -141,6 +141,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 
+from .errors import NetworkError
 from .network import FlowNetwork, Transfer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -163,7 +164,7 @@ VALID_ALGORITHMS = {
 }
 
 
-class CollectiveError(ValueError):
+class CollectiveError(NetworkError):
     """A collective that cannot be planned: bad op, algorithm, group or size."""
 
 

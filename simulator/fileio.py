@@ -29,19 +29,20 @@ from typing import Any, Optional, Union
 
 import yaml
 
+from simulator.errors import StepsimError
+
 DEFAULT_LIMIT_BYTES = 16 * 2**20      # scenario, sweep, cluster and config.json files
 MAX_YAML_NODES = 1_000_000            # nodes after alias expansion (a 16 MiB file has fewer)
 MAX_YAML_DEPTH = 64                   # nesting levels (a scenario needs 4)
 MAX_JSON_DEPTH = 64
 
 
-class InputFileError(ValueError):
+class InputFileError(StepsimError):
     """An input file that cannot be read as what it should be; ``field`` names the file."""
 
     def __init__(self, path: Union[str, Path], message: str, field: str = ""):
         self.path = str(path)
-        self.field = field
-        super().__init__(f"{path}: {message}")
+        super().__init__(f"{path}: {message}", field)
 
 
 def _fmt_size(n: int) -> str:

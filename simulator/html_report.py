@@ -29,16 +29,13 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from simulator.errors import ReportError
 from simulator.plots import (AXIS_COLOURS, AXIS_LABELS, BUBBLE_EDGE, IDLE_COLOURS, PHASE_COLOURS, PHASE_LABELS,
                              colour_for, idle_label)
 from workloads.ops import MEMORY_CATEGORIES, STREAMS
 
 #: Files of a ``stepsim run --out`` directory that a report reads.
 RUN_FILES = ("summary.json", "events.parquet", "events.csv", "memory.csv", "idle.csv", "scenario.json")
-
-
-class ReportError(ValueError):
-    """A report that cannot be written: a missing file or the plotting library."""
 
 
 def require_plotly():

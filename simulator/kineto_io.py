@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
+from simulator.errors import StudyError
 from workloads.counts import Kernel, backward_kernels
 
 #: ``Input type`` strings of the profiler and their element sizes in bytes.
@@ -105,7 +106,7 @@ _RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime"}
 MAX_TRACE_BYTES = 2 * 2**30
 
 
-class KinetoTraceError(ValueError):
+class KinetoTraceError(StudyError):
     """A trace file that cannot be read as a Kineto/Chrome trace (names the file)."""
 
 

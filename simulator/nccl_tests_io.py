@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
+from simulator.errors import StudyError
+
 #: nccl-tests binary of each ``stepsim collective`` op.
 BINARY_OF_OP = {
     "all-reduce": "all_reduce_perf", "all-gather": "all_gather_perf", "reduce-scatter": "reduce_scatter_perf",
@@ -65,7 +67,7 @@ _BINARY_RE = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|alltoall|broad
 _NUM_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 
 
-class NcclTestsError(ValueError):
+class NcclTestsError(StudyError):
     """An nccl-tests log that cannot be read (names the file and line)."""
 
 

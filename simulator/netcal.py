@@ -62,6 +62,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
 
+from simulator.errors import NetworkError
+
 #: Link kinds that topologies put on edges.
 LINK_KINDS = ("ici", "nvlink", "nic", "fabric", "dcn")
 
@@ -80,7 +82,7 @@ NVLS_RELATIVE_EFFICIENCY = (275.0 * 9.0 / 8.0 / 450.0) / NVLINK_EFFICIENCY
 BLACKWELL_NVLS_RELATIVE_EFFICIENCY = (425.49 * 73.0 / 72.0 / 900.0) / NVLINK_EFFICIENCY
 
 
-class CalibrationError(ValueError):
+class CalibrationError(NetworkError):
     """A calibration table with a bad entry, or an unknown chip family."""
 
 

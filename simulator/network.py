@@ -75,6 +75,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 import simpy
 
+from .errors import NetworkError
 from .netcal import NetCalibration
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,10 +107,6 @@ _ISOLATED_MAX_SEGMENTS = 64
 _PREPARED_MAX = 4096
 
 _INF = float("inf")
-
-
-class NetworkError(ValueError):
-    """Bad input to the network model (a transfer, a capacity, a weight)."""
 
 
 # ---------------------------------------------------------------------------

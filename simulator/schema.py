@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
+from simulator.errors import StepsimError
 from topologies.chips import CHIPS, ChipSpec, get_chip
 from topologies.errors import TopologyError
 from topologies.networks import ClusterSpec, PodsSpec, SwitchedNetwork, TorusNetwork
@@ -26,6 +27,7 @@ from workloads.layout import ORDER_AXES, LayoutError, ParallelLayout
 from workloads.model import MLASpec, ModelSpec, MoESpec
 from workloads.moe_load import ExpertLoad
 from workloads.presets import MODEL_PRESETS, get_model
+from workloads.errors import WorkloadError
 from workloads.training import TrainingSpec
 
 
@@ -41,12 +43,11 @@ MAX_ESTIMATED_OPS = 6_000_000
 BYTES_PER_ESTIMATED_OP = 1_000
 
 
-class ScenarioError(ValueError):
+class ScenarioError(StepsimError):
     """A scenario that cannot be simulated; ``field`` is the dotted key at fault."""
 
     def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(f"{field}: {message}" if field else message)
+        super().__init__(f"{field}: {message}" if field else message, field)
 
 
 class _Strict(BaseModel):
@@ -318,8 +319,8 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
             tr["offload_activations"] = sc.training.offload.activations
         training = TrainingSpec(**tr)
         training.micro_batches(layout.dp)
-    except ValueError as err:
-        raise ScenarioError(*_split(str(err), "training")) from None
+    except WorkloadError as err:
+        raise ScenarioError.from_error(err, "training") from None
     _check_dense(model, sc)
     _check_algorithms(sc.algorithms)
     check_size(model, layout, training, sc.schedule)
@@ -401,13 +402,6 @@ def _check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
         raise ScenarioError("training.moe_gate_weighting", f"applies to MoE models only; {dense}: leave it out")
     if "moe_act" in (sc.training.recompute_modules or ()):
         raise ScenarioError("training.recompute_modules", f"moe_act applies to MoE models only; {dense}")
-
-
-def _split(msg: str, default_field: str) -> tuple[str, str]:
-    head, sep, rest = msg.partition(": ")
-    if sep and (head.startswith(default_field) or "." in head):
-        return head, rest
-    return default_field, msg
 
 
 def _from_pydantic(err: ValidationError, prefix: str) -> ScenarioError:
@@ -556,11 +550,7 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
             devices_per_domain=spec.get("devices_per_domain"),
         )
     except TopologyError as err:
-        f = getattr(err, "field", "") or "cluster"
-        msg = str(err)
-        if msg.startswith(f + ": "):
-            msg = msg[len(f) + 2:]
-        raise ScenarioError(f, msg) from None
+        raise ScenarioError.from_error(err, "cluster") from None
     except TypeError as err:
         raise ScenarioError("cluster", str(err)) from None
 
@@ -652,7 +642,7 @@ def _resolve_layout(p: ParallelIn, devices: int) -> ParallelLayout:
             pipeline_layers=(p.pipeline_layers if p.pipeline_layers in (None, "auto") else tuple(p.pipeline_layers)),
         )
     except LayoutError as err:
-        raise ScenarioError(err.field, str(err)[len(err.field) + 2:]) from None
+        raise ScenarioError.from_error(err) from None
 
 
 def _training_dict(t: TrainingSpec) -> dict:

@@ -14,14 +14,13 @@ from simulator._version import __version__
 from simulator.compute import calibration_for
 from simulator.engine import Engine
 from simulator.result import SCHEMA_VERSION, Result, events_frame, memory_frame
+from simulator.errors import StepsimError
 from simulator.schema import Scenario, ScenarioError, check_size, load_scenario
 from topologies.errors import TopologyError
 from topologies.presets import build_cluster
 from topologies.topology import Topology
 from workloads import counts
-from workloads.layout import LayoutError
 from workloads.ops import MEMORY_CATEGORIES
-from workloads.schedules import ScheduleError
 from workloads.trace import build_trace
 
 
@@ -76,17 +75,10 @@ def _simulate(scenario, exact, topology, trace, progress) -> Result:
             from workloads.trace_io import check_trace_for
 
             check_trace_for(trace, sc)   # built for this scenario (ranks, fingerprint, model FLOPs)
-    except (LayoutError, ScheduleError, TopologyError) as err:
-        field = getattr(err, "field", "") or ""
-        msg = str(err)
-        if field and msg.startswith(field + ": "):
-            msg = msg[len(field) + 2:]
-        raise ScenarioError(field, msg) from None
-    except ValueError as err:
-        if isinstance(err, ScenarioError):
-            raise
-        head, sep, rest = str(err).partition(": ")
-        raise ScenarioError(head if sep and " " not in head else "", rest if sep and " " not in head else str(err)) from None
+    except ScenarioError:
+        raise
+    except StepsimError as err:  # a layout, schedule, trace or topology error: the field it names
+        raise ScenarioError.from_error(err) from None
     chip = sc.cluster.chip
     cal = calibration_for(chip, dict(sc.compute_overrides))
     scale = {}
@@ -124,10 +116,8 @@ def _perturb_links(topo: Topology, sc: Scenario) -> Topology:
         u, v = p.link
         try:
             topo = topo.without_link(u, v) if p.failed else topo.with_link_scaled(u, v, p.bw_scale)
-        except (KeyError, TopologyError) as err:
-            msg = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
-            msg = msg.removeprefix("perturbations.link: ")
-            raise ScenarioError(f"perturbations[{i}].link", msg + _link_hint(topo, u, v)) from None
+        except TopologyError as err:
+            raise ScenarioError(f"perturbations[{i}].link", err.reason + _link_hint(topo, u, v)) from None
     return topo
 
 

@@ -115,8 +115,10 @@ import pandas as pd
 
 from simulator.schema import ScenarioError, load_scenario, read_mapping, scenario_to_dict
 from simulator._version import __version__
+from simulator.errors import StudyError
 from simulator.parquet_io import write_parquet
 from simulator.workers import process_pool
+from workloads.errors import WorkloadError
 
 SWEEP_KEYS = ("name", "base", "grid", "cases", "skip_invalid", "where")
 ROWS_FILE, PARQUET_FILE, CSV_FILE, META_FILE = "rows.jsonl", "results.parquet", "results.csv", "sweep.json"
@@ -462,16 +464,8 @@ def check_scenario(sc) -> None:
         validate_schedule_args(sc.schedule, L.pp, m, L.vpp)
         chunk_layer_ranges(model, L, sc.schedule)
         memory.rank_parameter_counts(model, L, range(model.layers), True, True)
-    except ValueError as err:
-        field = getattr(err, "field", "")
-        msg = str(err)
-        if not field:
-            head, sep, rest = msg.partition(": ")
-            if sep and " " not in head:
-                field, msg = head, rest
-        elif msg.startswith(field + ": "):
-            msg = msg[len(field) + 2:]
-        raise ScenarioError(field, msg) from None
+    except WorkloadError as err:
+        raise ScenarioError.from_error(err) from None
 
 
 def _absolutise(mapping: dict, base_dir: Optional[Path]) -> dict:
@@ -565,7 +559,7 @@ def worker_version() -> str:
     return _version.__version__
 
 
-class WorkerVersionError(ValueError):
+class WorkerVersionError(StudyError):
     """A worker runs another stepsim version than the process running the sweep."""
 
 

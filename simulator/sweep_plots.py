@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator, NullLocator
 
+from simulator.errors import ReportError
 from simulator.plots import new_figure
 from simulator.sweep import META_FILE, PARQUET_FILE
 
@@ -83,7 +84,7 @@ def _short(col: str) -> str:
     return str(col).split(".")[-1]
 
 
-class PlotError(ValueError):
+class PlotError(ReportError):
     """A plot that cannot be drawn from this table (unknown column, nothing to draw)."""
 
 

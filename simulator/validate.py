@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
+from simulator.errors import StudyError
 from simulator.schema import ScenarioError, read_mapping
 
 
@@ -92,7 +93,7 @@ METRICS: dict[str, tuple[str, Callable[[Mapping, float], float]]] = {
 BOOLEAN_METRICS = ("oom",)
 
 
-class ValidationError(ValueError):
+class ValidationError(StudyError):
     """A case file that is not a valid case (names the file and the key)."""
 
 

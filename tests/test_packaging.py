@@ -17,7 +17,8 @@ import simulator
 
 ROOT = Path(__file__).resolve().parent.parent
 # What the build reads: pyproject.toml names the packages and their data.
-BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "simulator", "topologies", "workloads", "validation")
+BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "stepsim_errors.py", "simulator", "topologies", "workloads",
+                "validation")
 
 
 def _source_files(*parts: str, suffix: str) -> set[str]:
@@ -50,6 +51,7 @@ def test_wheel_holds_every_module_the_cases_py_typed_and_the_license(wheel):
     for pkg in ("simulator", "topologies", "workloads"):
         missing = _source_files(pkg, suffix=".py") - names
         assert not missing, f"not in the wheel: {sorted(missing)}"
+    assert "stepsim_errors.py" in names  # the top-level module every package's errors derive from
     # The built-in scenarios and every validation case, the latter as simulator/validation_cases/.
     assert not _source_files("simulator", "scenarios", suffix=".yaml") - names
     cases = {"simulator/validation_cases/" + f[len("validation/"):] for f in _source_files("validation", suffix=".yaml")}

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
+from stepsim_errors import StepsimError
 
-class TopologyError(ValueError):
+
+class TopologyError(StepsimError):
     """Bad cluster, network or graph description.
 
     ``field`` is the scenario key the error concerns (``cluster.devices``,
@@ -17,8 +19,7 @@ class TopologyError(ValueError):
     """
 
     def __init__(self, message: str, field: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.field = field
+        super().__init__(message, field)
 
 
 class UnknownPresetError(TopologyError, KeyError):

@@ -67,6 +67,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from workloads.errors import WorkloadError
 from workloads.model import ModelSpec
 from workloads.training import TrainingSpec
 
@@ -193,12 +194,12 @@ def backward_kernels(kernel: Kernel) -> tuple[Kernel, ...]:
 def _check_positive(**degrees: int) -> None:
     for name, v in degrees.items():
         if not isinstance(v, int) or v < 1:
-            raise ValueError(f"parallel.{name}: must be a positive integer, got {v!r}")
+            raise WorkloadError(f"parallel.{name}", f"must be a positive integer, got {v!r}")
 
 
 def _local_heads(model: ModelSpec, tp: int) -> int:
     if model.heads % tp:
-        raise ValueError(f"parallel.tp: {tp} does not divide the {model.heads} attention heads of {model.name!r}")
+        raise WorkloadError("parallel.tp", f"{tp} does not divide the {model.heads} attention heads of {model.name!r}")
     return model.heads // tp
 
 
@@ -211,14 +212,14 @@ def _local_kv_heads(model: ModelSpec, tp: int) -> int:
         return kv // tp
     if tp % kv == 0:
         return 1
-    raise ValueError(
-        f"parallel.tp: {tp} neither divides nor is a multiple of the {kv} KV heads of {model.name!r}"
+    raise WorkloadError(
+        "parallel.tp", f"{tp} neither divides nor is a multiple of the {kv} KV heads of {model.name!r}"
     )
 
 
 def _split(size: int, degree: int, what: str, field: str = "parallel.tp") -> int:
     if size % degree:
-        raise ValueError(f"{field}: {degree} does not divide {what} ({size})")
+        raise WorkloadError(field, f"{degree} does not divide {what} ({size})")
     return size // degree
 
 
@@ -371,8 +372,8 @@ def _block_kernels(
     else:
         m = model.moe
         if tp > 1 and not sequence_parallel:
-            raise ValueError(
-                "parallel.sequence_parallel: MoE layers with tp > 1 need sequence parallelism "
+            raise WorkloadError(
+                "parallel.sequence_parallel", "MoE layers with tp > 1 need sequence parallelism "
                 "(Megatron-Core routes the sequence-parallel shard of tokens)"
             )
         local_experts = _split(m.experts, ep, f"the {m.experts} routed experts", "parallel.ep")
@@ -686,7 +687,7 @@ def forward_flops_per_token(model: ModelSpec, seq_len: int, include_mtp: bool = 
     default) the MTP modules, with the attention convention of the module notes.
     Computed from the same kernels the simulator runs, at one token, ``tp=1``."""
     if seq_len < 1:
-        raise ValueError(f"training.seq_len: must be a positive integer, got {seq_len!r}")
+        raise WorkloadError("training.seq_len", f"must be a positive integer, got {seq_len!r}")
     total = sum(_matmul_flops(layer_kernels(model, i, 1, seq_len)) for i in range(model.layers))
     total += _matmul_flops(head_kernels(model, 1))
     if include_mtp:

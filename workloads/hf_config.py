@@ -35,6 +35,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
+from workloads.errors import WorkloadError
 from workloads.model import MLASpec, MoESpec, ModelSpec
 
 _GATED_ACTS = ("silu", "swish")
@@ -70,10 +71,10 @@ class _Config:
         value = self.data.get(key)
         if value is None:
             if default is None:
-                raise ValueError(f"hf_config.{key}: missing required key")
+                raise WorkloadError(f"hf_config.{key}", "missing required key")
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"hf_config.{key}: must be an integer >= {minimum}, got {value!r}")
+            raise WorkloadError(f"hf_config.{key}", f"must be an integer >= {minimum}, got {value!r}")
         return value
 
     def bool(self, key: str, default: bool) -> bool:
@@ -81,22 +82,21 @@ class _Config:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise ValueError(f"hf_config.{key}: must be true or false, got {value!r}")
+            raise WorkloadError(f"hf_config.{key}", f"must be true or false, got {value!r}")
         return value
 
 
 def _load(path_or_dict: Union[str, PathLike, Mapping[str, Any]]) -> Mapping[str, Any]:
     if isinstance(path_or_dict, Mapping):
         return path_or_dict
-    from simulator.fileio import InputFileError, load_json, read_text
+    from simulator.fileio import load_json, read_text
 
     path = Path(path_or_dict)
-    try:  # at most 16 MiB (a config.json is a few kB); binary or non-JSON input is refused naming the file
-        data = load_json(read_text(path, what="Hugging Face config.json"), str(path))
-    except InputFileError as err:
-        raise ValueError(str(err)) from None   # names the file: model.hf_config: FILE: ...
+    # At most 16 MiB (a config.json is a few kB); binary or non-JSON input is refused naming the
+    # file (an InputFileError; the scenario reports it as model.hf_config: FILE: ...).
+    data = load_json(read_text(path, what="Hugging Face config.json"), str(path))
     if not isinstance(data, dict):
-        raise ValueError(f"hf_config: {path} must hold a JSON object, got {type(data).__name__}")
+        raise WorkloadError("hf_config", f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -110,16 +110,16 @@ def model_from_hf_config(
     c = _Config(raw)
     model_type = raw.get("model_type")
     if model_type is None:
-        raise ValueError("hf_config.model_type: missing required key")
+        raise WorkloadError("hf_config.model_type", "missing required key")
     if model_type not in _FAMILIES:
-        raise ValueError(
-            f"hf_config.model_type: unsupported {model_type!r}; allowed: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        raise WorkloadError(
+            "hf_config.model_type", f"unsupported {model_type!r}; allowed: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     gated, norm, acts, tie_default = _FAMILIES[model_type]
     act_key = "activation_function" if model_type == "gpt2" else "hidden_act"
     act = raw.get(act_key, acts[0])
     if act not in acts:
-        raise ValueError(f"hf_config.{act_key}: {act!r} is not supported for {model_type}; allowed: {', '.join(acts)}")
+        raise WorkloadError(f"hf_config.{act_key}", f"{act!r} is not supported for {model_type}; allowed: {', '.join(acts)}")
 
     if model_type == "gpt2":
         layers, hidden, heads = c.int("n_layer"), c.int("n_embd"), c.int("n_head")
@@ -204,9 +204,9 @@ def _leading_dense_layers(mlp_only_layers: list) -> int:
     """Qwen3-MoE's ``mlp_only_layers`` as a count of leading dense layers (the
     only pattern :class:`MoESpec` expresses)."""
     if not isinstance(mlp_only_layers, list) or not all(isinstance(i, int) for i in mlp_only_layers):
-        raise ValueError(f"hf_config.mlp_only_layers: must be a list of layer indices, got {mlp_only_layers!r}")
+        raise WorkloadError("hf_config.mlp_only_layers", f"must be a list of layer indices, got {mlp_only_layers!r}")
     if sorted(mlp_only_layers) != list(range(len(mlp_only_layers))):
-        raise ValueError(
-            f"hf_config.mlp_only_layers: only leading dense layers (0, 1, ...) are supported, got {mlp_only_layers}"
+        raise WorkloadError(
+            "hf_config.mlp_only_layers", f"only leading dense layers (0, 1, ...) are supported, got {mlp_only_layers}"
         )
     return len(mlp_only_layers)

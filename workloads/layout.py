@@ -39,18 +39,16 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Optional, Union
 
+from workloads.errors import WorkloadError
+
 MESH_AXES = ("tp", "cp", "dp", "pp")
 ORDER_AXES = ("tp", "cp", "ep", "dp", "pp")
 GROUP_AXES = ("tp", "cp", "dp", "pp", "ep", "edp", "etp", "dp_cp")
 EXPERT_AXES = {"tp": "etp", "ep": "ep", "dp": "edp"}  # order names -> folded expert mesh axes
 
 
-class LayoutError(ValueError):
+class LayoutError(WorkloadError):
     """A parallel layout that cannot be realised. ``field`` names the offending key."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from workloads import counts
+from workloads.errors import WorkloadError
 from workloads.layout import ParallelLayout
 from workloads.model import ModelSpec
 from workloads.training import RECOMPUTE_MODULES
@@ -117,7 +118,7 @@ DTYPES = ("bf16", "fp8")
 
 def _check_recompute(recompute: str) -> None:
     if recompute not in RECOMPUTE_MODES:
-        raise ValueError(f"training.recompute: must be one of {', '.join(RECOMPUTE_MODES)}, got {recompute!r}")
+        raise WorkloadError("training.recompute", f"must be one of {', '.join(RECOMPUTE_MODES)}, got {recompute!r}")
 
 
 def _sp_rows(tokens: float, tp: int, sequence_parallel: bool) -> float:
@@ -189,14 +190,14 @@ def _block_activation_bytes(
 ) -> float:
     counts._check_positive(tp=tp, cp=cp, ep=ep, etp=etp)
     if moe_gate_weighting not in MOE_GATE_WEIGHTINGS:
-        raise ValueError(f"training.moe_gate_weighting: must be one of {', '.join(MOE_GATE_WEIGHTINGS)}, "
+        raise WorkloadError("training.moe_gate_weighting", f"must be one of {', '.join(MOE_GATE_WEIGHTINGS)}, "
                          f"got {moe_gate_weighting!r}")
     if activation_saving not in ACTIVATION_SAVINGS:
-        raise ValueError(f"training.activation_saving: must be one of {', '.join(ACTIVATION_SAVINGS)}, "
+        raise WorkloadError("training.activation_saving", f"must be one of {', '.join(ACTIVATION_SAVINGS)}, "
                          f"got {activation_saving!r}")
     if micro_batch_size < 1 or seq_len < 1:
-        raise ValueError(
-            f"training: micro_batch_size and seq_len must be positive, got {micro_batch_size!r}, {seq_len!r}"
+        raise WorkloadError(
+            "training", f"micro_batch_size and seq_len must be positive, got {micro_batch_size!r}, {seq_len!r}"
         )
     h = model.hidden
     tokens = micro_batch_size * seq_len / cp  # the rank's token rows
@@ -208,7 +209,7 @@ def _block_activation_bytes(
     ds = activation_saving == "deepseek-v3"
     for mod in recompute_modules:
         if mod not in RECOMPUTE_MODULES:
-            raise ValueError(f"training.recompute_modules: {mod!r} not allowed; choose from {', '.join(RECOMPUTE_MODULES)}")
+            raise WorkloadError("training.recompute_modules", f"{mod!r} not allowed; choose from {', '.join(RECOMPUTE_MODULES)}")
     # Under DeepSeek-V3's savings a norm's output (a GEMM input) is recomputed from the
     # norm's input, MLA's up-projections from their latents, SwiGLU from its FP8 input;
     # Megatron-Core's recompute modules drop the same tensors one group at a time.
@@ -265,8 +266,8 @@ def _block_activation_bytes(
     else:
         m = model.moe
         if tp > 1 and not sequence_parallel:
-            raise ValueError(
-                "parallel.sequence_parallel: MoE layers with tp > 1 need sequence parallelism "
+            raise WorkloadError(
+                "parallel.sequence_parallel", "MoE layers with tp > 1 need sequence parallelism "
                 "(Megatron-Core routes the sequence-parallel shard of tokens)"
             )
         counts._split(m.experts, ep, f"the {m.experts} routed experts", "parallel.ep")
@@ -512,9 +513,9 @@ def state_bytes(
     persistent shards; the transient full-size gradient bucket is a buffer.
     """
     if dtype not in DTYPES:
-        raise ValueError(f"training.dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise WorkloadError("training.dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if optimizer not in OPTIMIZERS:
-        raise ValueError(f"training.optimizer: must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+        raise WorkloadError("training.optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     if params_dense < 0 or params_expert < 0:
         raise ValueError(f"parameter counts must be non-negative, got {params_dense!r}, {params_expert!r}")
     zero = layout.zero
@@ -610,7 +611,7 @@ def sharding_buffer_bytes(
     * ZeRO-0/1: nothing (the full gradients and weights are persistent state).
     """
     if zero not in (0, 1, 2, 3):
-        raise ValueError(f"parallel.zero: must be one of 0, 1, 2, 3, got {zero!r}")
+        raise WorkloadError("parallel.zero", f"must be one of 0, 1, 2, 3, got {zero!r}")
     largest = float(max(unit_params, default=0.0))
     if zero == 2:
         return grad_dtype_bytes * largest

@@ -46,6 +46,8 @@ from typing import Literal, Optional
 
 import numpy as np
 
+from workloads.errors import WorkloadError
+
 Distribution = Literal["balanced", "zipf", "lognormal", "dirichlet"]
 DISTRIBUTIONS = ("balanced", "zipf", "lognormal", "dirichlet")
 
@@ -59,12 +61,12 @@ class ExpertLoad:
 
     def __post_init__(self) -> None:
         if self.distribution not in DISTRIBUTIONS:
-            raise ValueError(f"training.expert_load.distribution: must be one of {', '.join(DISTRIBUTIONS)}, "
+            raise WorkloadError("training.expert_load.distribution", f"must be one of {', '.join(DISTRIBUTIONS)}, "
                              f"got {self.distribution!r}")
         if not self.skew > 0:
-            raise ValueError(f"training.expert_load.skew: must be > 0, got {self.skew!r}")
+            raise WorkloadError("training.expert_load.skew", f"must be > 0, got {self.skew!r}")
         if self.capacity_factor is not None and not self.capacity_factor >= 1:
-            raise ValueError(f"training.expert_load.capacity_factor: must be >= 1, got {self.capacity_factor!r}")
+            raise WorkloadError("training.expert_load.capacity_factor", f"must be >= 1, got {self.capacity_factor!r}")
 
 
 def expert_popularity(load: ExpertLoad, experts: int, rng: np.random.Generator) -> np.ndarray:
@@ -122,9 +124,9 @@ def rank_load_factors(load: ExpertLoad, experts: int, top_k: int, ep: int, token
     above :func:`max_rank_load_factor`. ``tokens``: the tokens the EP group routes
     in one micro-batch."""
     if experts % ep:
-        raise ValueError(f"parallel.ep: must divide the {experts} experts, got {ep}")
+        raise WorkloadError("parallel.ep", f"must divide the {experts} experts, got {ep}")
     if not 1 <= top_k <= experts:
-        raise ValueError(f"model.moe.top_k: must be in 1..{experts}, got {top_k}")
+        raise WorkloadError("model.moe.top_k", f"must be in 1..{experts}, got {top_k}")
     assignments = int(tokens) * top_k
     mean_per_expert = assignments / experts
     out = np.ones((layers, ep))

@@ -13,15 +13,21 @@ Memory effects ride on ops: ``mem`` lists ``(category, delta_bytes, at)`` with
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
+from stepsim_errors import StepsimError
 from workloads.counts import Kernel
+from workloads.errors import WorkloadError
 
 STREAMS = ("compute", "tp", "cp", "ep", "dp", "fsdp", "pp", "offload", "mirror")  # mirror: gradient sums between pipeline ranks
 MEMORY_CATEGORIES = ("weights", "gradients", "optimizer", "activations", "buffers")
 
 
-class TraceError(ValueError):
+class TraceError(WorkloadError):
     """A trace that cannot be executed (cycle, dangling dependency, bad field)."""
+
+    def __init__(self, message: str, field: Optional[str] = None) -> None:
+        StepsimError.__init__(self, message, field)
 
 
 @dataclass(eq=False, slots=True)

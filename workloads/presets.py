@@ -8,6 +8,7 @@ checks every preset's parameter count against the published total.
 
 from __future__ import annotations
 
+from workloads.errors import WorkloadError
 from workloads.model import MLASpec, MoESpec, ModelSpec
 
 _NARAYANAN = "Narayanan et al. 2021, arXiv 2104.04473, Table 1 (V = 51,200, s = 2048, FFN 4h)"
@@ -166,4 +167,4 @@ def get_model(name: str) -> ModelSpec:
         return MODEL_PRESETS[name]
     except (KeyError, TypeError):
         allowed = ", ".join(sorted(MODEL_PRESETS))
-        raise ValueError(f"model: unknown preset {name!r}; allowed: {allowed}") from None
+        raise WorkloadError("model", f"unknown preset {name!r}; allowed: {allowed}") from None

@@ -54,20 +54,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Literal, Sequence
 
+from workloads.errors import WorkloadError
+
 OpKind = Literal["F", "B", "I", "W"]
 OPS: tuple[str, ...] = ("F", "B", "I", "W")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe")
 
 
-class ScheduleError(ValueError):
+class ScheduleError(WorkloadError):
     """A schedule that cannot be built or run. ``field`` names the offending
     scenario key (``schedule``, ``parallel.pp``, ``parallel.vpp``,
     ``training.global_batch_size``), or ``schedule`` for a step list that
     cannot execute."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ import numpy as np
 
 from workloads import counts, memory
 from workloads import schedules as sched
+from workloads.errors import WorkloadError
 from workloads.layout import ParallelLayout
 from workloads.moe_load import ExpertLoad, hottest_rank, rank_load_factors
 from workloads.model import ModelSpec
@@ -385,8 +386,8 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
     sim_ranks = representative_ranks(L) if rep else sorted(set(ranks))
     n_est = estimated_ops(w, len(sim_ranks))
     if n_est > MAX_TRACE_OPS:
-        raise ValueError(
-            f"training.global_batch_size: the step would need about {n_est:,.0f} operations "
+        raise WorkloadError(
+            "training.global_batch_size", f"the step would need about {n_est:,.0f} operations "
             f"({b.m} micro-batches x {w.model.layers} layers over {len(sim_ranks)} simulated ranks); "
             f"the limit is {MAX_TRACE_OPS:,}: use fewer micro-batches (larger micro_batch_size) or fewer layers"
         )

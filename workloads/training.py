@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from workloads.errors import WorkloadError
+
 Recompute = Literal["none", "selective", "full"]
 Balance = Literal["aux-free", "aux-loss-local", "aux-loss-global"]
 Dtype = Literal["bf16", "fp8"]
@@ -76,22 +78,22 @@ class TrainingSpec:
 
     def __post_init__(self) -> None:
         if self.activation_saving not in ("none", "deepseek-v3"):
-            raise ValueError(f"training.activation_saving: must be none or deepseek-v3, "
+            raise WorkloadError("training.activation_saving", f"must be none or deepseek-v3, "
                              f"got {self.activation_saving!r}")
         for name, allowed in (("moe_gate_weighting", ("activation", "combine")),
                               ("grad_dtype", ("fp32", "bf16")), ("optimizer_state_dtype", ("fp32", "bf16")),
                               ("master_weights", ("fp32", "remainder"))):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"training.{name}: must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+                raise WorkloadError(f"training.{name}", f"must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for m in self.recompute_modules:
             if m not in RECOMPUTE_MODULES:
-                raise ValueError(f"training.recompute_modules: {m!r} not allowed; choose from "
+                raise WorkloadError("training.recompute_modules", f"{m!r} not allowed; choose from "
                                  f"{', '.join(RECOMPUTE_MODULES)}")
         if self.recompute_modules and self.recompute != "selective":
-            raise ValueError("training.recompute_modules: needs training.recompute: selective (Megatron-Core "
+            raise WorkloadError("training.recompute_modules", "needs training.recompute: selective (Megatron-Core "
                              f"recomputes modules only under selective granularity), got {self.recompute!r}")
         if self.activation_saving == "deepseek-v3" and self.dtype != "fp8":
-            raise ValueError("training.activation_saving: deepseek-v3 caches activations in FP8 and "
+            raise WorkloadError("training.activation_saving", "deepseek-v3 caches activations in FP8 and "
                              f"needs training.dtype: fp8, got {self.dtype}")
 
     @property
@@ -114,14 +116,14 @@ class TrainingSpec:
         Raises ``ValueError`` naming the field when the batch does not split."""
         per_replica, rem = divmod(self.global_batch_size, dp)
         if rem:
-            raise ValueError(
-                f"training.global_batch_size: {self.global_batch_size} sequences do not split over "
+            raise WorkloadError(
+                "training.global_batch_size", f"{self.global_batch_size} sequences do not split over "
                 f"dp = {dp} data-parallel replicas; use a multiple of {dp}"
             )
         m, rem = divmod(per_replica, self.micro_batch_size)
         if rem or m == 0:
-            raise ValueError(
-                f"training.micro_batch_size: {self.micro_batch_size} does not divide the "
+            raise WorkloadError(
+                "training.micro_batch_size", f"{self.micro_batch_size} does not divide the "
                 f"{per_replica} sequences of each data-parallel replica "
                 f"(global_batch_size {self.global_batch_size} / dp {dp})"
             )

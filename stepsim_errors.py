@@ -1,0 +1,64 @@
+"""The one base of every error stepsim raises for bad input: :class:`StepsimError`.
+
+A module of its own, below the three packages (``topologies``, ``workloads`` and
+``simulator`` all import it; it imports nothing of theirs), so that each package's
+errors share one base without the packages importing each other. The tree::
+
+    StepsimError                      stepsim_errors (here)
+    ├── TopologyError                 topologies.errors (UnknownPresetError: also a KeyError)
+    ├── WorkloadError                 workloads.errors (LayoutError, ScheduleError, TraceError)
+    ├── ScenarioError                 simulator.schema (the scenario file and what it resolves to)
+    ├── InputFileError                simulator.fileio (a file that cannot be read as what it should be)
+    ├── NetworkError                  simulator.errors (CollectiveError, CalibrationError, BenchError)
+    ├── ReportError                   simulator.errors (PlotError: a report or plot that cannot be drawn)
+    ├── StudyError                    simulator.errors (ValidationError, WorkerVersionError,
+    │                                   CalibrationInputError, KinetoTraceError, NcclTestsError)
+    └── CliError                      simulator.cli_common (flags the command line checks itself)
+
+The command line turns a :class:`StepsimError` (and an ``OSError``) into exit 2 with its
+one-line message; anything else is an internal error (exit 1).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class StepsimError(ValueError):
+    """Bad input: one line that names what is at fault and what is allowed.
+
+    ``field`` is the dotted scenario key (``parallel.tp``, ``cluster.network.shape``) or
+    the input (``--devices``, a file name, ``topology``) at fault, or ``None`` when the
+    error concerns no one key. By convention the message starts with it. A
+    :class:`ValueError`, so that code catching ``ValueError`` keeps working.
+    """
+
+    def __init__(self, message: str, field: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+    @property
+    def reason(self) -> str:
+        """The message without its leading ``"<field>: "``: what is wrong, to say of
+        another key (``perturbations[2].link`` for a topology's ``perturbations.link``)."""
+        message = str(self)
+        head = f"{self.field}: " if self.field else ""
+        return message[len(head):] if head and message.startswith(head) else message
+
+    @classmethod
+    def from_error(cls, err: StepsimError, field: Optional[str] = None):
+        """``err`` as this class: the same field (``field`` when ``err`` names none) and
+        message, which starts with the field."""
+        name = err.field or field
+        return _restore(cls, f"{name}: {err.reason}" if name else str(err), name)
+
+    def __reduce__(self):
+        # Subclasses keep their own constructor signatures, so rebuild through the base
+        # (errors cross process boundaries in sweeps and validation runs).
+        return _restore, (type(self), str(self.args[0]) if self.args else "", self.field), self.__dict__
+
+
+def _restore(cls: type, message: str, field: Optional[str]) -> StepsimError:
+    out = cls.__new__(cls)
+    StepsimError.__init__(out, message, field)
+    return out
