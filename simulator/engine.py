@@ -29,8 +29,8 @@ the representative's transfers cross (images' other links are images of these,
 carrying the same load). ``_quotient_phase`` builds them once per plan (per pair
 and size for sends); where the twins' plans do not line up with the
 representative's (other phase or transfer counts, sizes, weights or latency) every
-twin is injected as before. ``Engine.twin_quotient = False`` always injects every
-twin (tests compare the two).
+twin is injected as before. ``Engine(..., twin_quotient=False)`` (``simulate(...,
+twin_quotient=False)``) always injects every twin (tests compare the two).
 
 An expert all-to-all planned as ``hierarchical-a2a`` (across scale-up domains, with or
 without node-limited routing) is quotiented further, inside its own group: its rail and
@@ -80,10 +80,6 @@ class RawRun:
 
 
 class Engine:
-    #: Representative mode: run each collective or send once, as the symmetry quotient
-    #: of its twins' traffic (see :meth:`_quotient_phase`); False injects every twin.
-    twin_quotient: bool = True
-
     def __init__(
         self,
         trace: Trace,
@@ -97,6 +93,7 @@ class Engine:
         algorithms: Optional[dict[str, str]] = None,
         host_bw_bytes_per_s: float = 32e9,
         progress: Optional[bool] = False,
+        twin_quotient: bool = True,
     ):
         if layout.world > topo.n_devices:
             raise TraceError(f"parallel: the layout needs {layout.world} devices, the cluster has {topo.n_devices}")
@@ -109,6 +106,9 @@ class Engine:
         self.progress = progress
         self._bar = None
         self.algorithms = algorithms or {}
+        # Representative mode: run each collective or send once, as the symmetry quotient
+        # of its twins' traffic (see :meth:`_quotient_phase`); False injects every twin.
+        self.twin_quotient = twin_quotient
         self.env = simpy.Environment()
         self.net = FlowNetwork(self.env, topo, network_cal)
         self.sim_ranks = set(trace.ranks)

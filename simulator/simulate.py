@@ -30,6 +30,7 @@ def simulate(
     topology: Optional[Topology] = None,
     trace=None,
     progress: Optional[bool] = False,
+    twin_quotient: bool = True,
 ) -> Result:
     """Simulate one training step.
 
@@ -41,6 +42,8 @@ def simulate(
     e.g. from :func:`workloads.trace_io.read_trace`) replaces the trace the
     scenario would generate: edit a written trace and simulate it again.
     ``progress``: a progress bar on stderr (``None``: only when it is a terminal).
+    ``twin_quotient=False`` injects every twin of a representative rank's collectives and
+    sends instead of their symmetry quotient (the same answer, slower; tests compare the two).
 
     Raises :class:`ScenarioError` (a ``ValueError``) naming the offending field.
     """
@@ -53,13 +56,13 @@ def simulate(
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(scenario, exact, topology, trace, progress)
+        return _simulate(scenario, exact, topology, trace, progress, twin_quotient)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _simulate(scenario, exact, topology, trace, progress) -> Result:
+def _simulate(scenario, exact, topology, trace, progress, twin_quotient=True) -> Result:
     t0 = time.perf_counter()
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     try:
@@ -89,7 +92,7 @@ def _simulate(scenario, exact, topology, trace, progress) -> Result:
     engine = Engine(
         trace, topo, sc.layout, chip, cal, network_cal=sc.network_calibration(), dtype=sc.training.dtype,
         compute_scale=scale, algorithms=dict(sc.algorithms), host_bw_bytes_per_s=sc.cluster.host_bw_bytes_per_s,
-        progress=progress,
+        progress=progress, twin_quotient=twin_quotient,
     )
     raw = engine.run()
     events = events_frame(raw, sc.layout)

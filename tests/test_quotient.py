@@ -197,10 +197,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_quotient_equals_injecting_every_twin(name, monkeypatch):
+def test_quotient_equals_injecting_every_twin(name):
     quot = simulate(CASES[name])
-    monkeypatch.setattr(Engine, "twin_quotient", False)
-    full = simulate(CASES[name])
+    full = simulate(CASES[name], twin_quotient=False)
     assert quot.summary["step_time_s"] == pytest.approx(full.summary["step_time_s"], rel=1e-9)
     assert quot.summary["bubble_fraction"] == pytest.approx(full.summary["bubble_fraction"], rel=1e-6, abs=1e-12)
     a = quot.events.sort_values(["rank", "stream", "start_s"])
