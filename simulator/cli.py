@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 from simulator.cli_common import (EXIT_BAD_INPUT, EXIT_CASES_FAILED, EXIT_CODES_HELP, EXIT_INTERNAL,  # noqa: F401
                                   EXIT_OFF_TARGET, EXIT_OK, CliError, new_parser, resolve_scenario_path, run)
 from simulator.schema import builtin_scenarios
+from workloads.enums import BALANCE_MODES, COLLECTIVE_OPS, RECOMPUTE_MODES, SCHEDULES
 
 
 # ---- commands -------------------------------------------------------------------------
@@ -149,7 +150,6 @@ def cmd_presets(args) -> int:
     from topologies.presets import CLUSTER_PRESETS
     from workloads import counts
     from workloads.presets import MODEL_PRESETS
-    from workloads.schedules import SCHEDULES
 
     data = {
         "models": {k: {"parameters": counts.parameter_count(m, include_mtp=False),
@@ -164,8 +164,8 @@ def cmd_presets(args) -> int:
                   for k, c in sorted(CHIPS.items())},
         "schedules": list(SCHEDULES),
         "scenarios": sorted(builtin_scenarios()),
-        "recompute": ["none", "selective", "full"],
-        "balance": ["aux-free", "aux-loss-local", "aux-loss-global"],
+        "recompute": list(RECOMPUTE_MODES),
+        "balance": list(BALANCE_MODES),
         "network_kinds": ["torus", "switched"],
         "calibration_families": sorted(DEFAULT_COMPUTE_CALIBRATION),
     }
@@ -186,7 +186,7 @@ def cmd_presets(args) -> int:
               f"{c['hbm_bytes'] / 1e9:5.0f} GB  {c['hbm_bw_bytes_per_s'] / 1e12:4.2f} TB/s  ({c['family']})")
     print("schedules:  " + ", ".join(data["schedules"]))
     print("scenarios:  " + ", ".join(data["scenarios"]))
-    print("recompute:  none, selective, full;  balance: aux-free, aux-loss-local, aux-loss-global")
+    print(f"recompute:  {', '.join(RECOMPUTE_MODES)};  balance: {', '.join(BALANCE_MODES)}")
     return EXIT_OK
 
 
@@ -360,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_presets)
 
     p = sub.add_parser("collective", help="nccl-tests-style collective benchmark on a simulated cluster")
-    p.add_argument("op", choices=["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send-recv"])
+    p.add_argument("op", choices=COLLECTIVE_OPS)
     p.add_argument("--cluster", required=True, help="cluster preset name or a file holding a `cluster` mapping")
     p.add_argument("--devices", type=int, help="devices taking part (default: the whole cluster)")
     p.add_argument("--algorithm", help="collective algorithm (default: chosen per topology)")

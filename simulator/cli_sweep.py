@@ -154,8 +154,7 @@ def _report_failed(what: str, cases, errors, where: str, noun: str = "case", sho
 def cmd_search(args) -> int:
     from simulator.cli_common import resolve_scenario_path
     from simulator.search import SearchBounds, search
-    from workloads.memory import RECOMPUTE_MODES
-    from workloads.schedules import SCHEDULES
+    from workloads.enums import RECOMPUTE_MODES, SCHEDULES
 
     path = resolve_scenario_path(args.scenario)
     bounds = SearchBounds(

@@ -143,11 +143,12 @@ from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 
 from .errors import NetworkError
 from .network import FlowNetwork, Transfer
+from workloads.enums import COLLECTIVE_OPS
 
 if TYPE_CHECKING:  # pragma: no cover
     from topologies.topology import Topology
 
-OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send-recv")
+OPS = COLLECTIVE_OPS
 ALGORITHMS = ("ring", "ring-bidir", "tree", "halving-doubling", "torus", "hierarchical", "nvls",
               "sharp", "direct", "hierarchical-a2a", "p2p", "rail-ring")
 

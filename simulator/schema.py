@@ -27,6 +27,7 @@ from workloads.layout import ORDER_AXES, LayoutError, ParallelLayout
 from workloads.model import MLASpec, ModelSpec, MoESpec
 from workloads.moe_load import ExpertLoad
 from workloads.presets import MODEL_PRESETS, get_model
+from workloads.enums import Balance, Recompute, Schedule, TraceCollectiveOp
 from workloads.errors import WorkloadError
 from workloads.training import TrainingSpec
 
@@ -163,8 +164,8 @@ class TrainingIn(_Strict):
     micro_batch_size: SInt = Field(1, ge=1)
     global_batch_size: SInt = Field(ge=1)
     dtype: Literal["bf16", "fp8"] = "bf16"
-    recompute: Literal["none", "selective", "full"] = "none"
-    balance: Literal["aux-free", "aux-loss-local", "aux-loss-global"] = "aux-free"
+    recompute: Recompute = "none"
+    balance: Balance = "aux-free"
     optimizer: Literal["adam", "muon", "sgd"] = "adam"
     flash_attention: bool = True
     overlap_grad_reduce: bool = True
@@ -215,12 +216,12 @@ class ScenarioIn(_Strict):
     model: Union[str, dict]
     cluster: Union[str, dict]
     parallel: ParallelIn = ParallelIn()
-    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe"] = "1f1b"
+    schedule: Schedule = "1f1b"
     training: TrainingIn
     perturbations: list[PerturbationIn] = []
     compute: ComputeCalIn = ComputeCalIn()
     network_calibration: NetCalIn = NetCalIn()
-    algorithms: dict[Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast"], str] = {}
+    algorithms: dict[TraceCollectiveOp, str] = {}
 
 
 @dataclass(frozen=True)
@@ -322,6 +323,7 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
     except WorkloadError as err:
         raise ScenarioError.from_error(err, "training") from None
     _check_dense(model, sc)
+    _check_moe_layout(model, layout)
     _check_algorithms(sc.algorithms)
     check_size(model, layout, training, sc.schedule)
     for i, p in enumerate(sc.perturbations):
@@ -382,6 +384,17 @@ def _check_algorithms(algorithms: Mapping[str, str]) -> None:
         if alg not in VALID_ALGORITHMS[op]:
             raise ScenarioError(f"algorithms.{op}", f"unknown algorithm {alg!r} for {op}; allowed: "
                                                     f"{', '.join(VALID_ALGORITHMS[op])}")
+
+
+def _check_moe_layout(model: ModelSpec, layout: ParallelLayout) -> None:
+    """MoE layers under tensor parallelism route the sequence-parallel shard of the tokens
+    (Megatron-Core requires --sequence-parallel with MoE and tp > 1), refused at load rather
+    than when the first MoE layer is counted."""
+    has_moe_layer = model.moe is not None and model.moe.dense_layers < model.layers  # layer dense_layers is MoE
+    if has_moe_layer and layout.tp > 1 and not layout.sequence_parallel:
+        raise ScenarioError("parallel.sequence_parallel", "MoE layers with tp > 1 need sequence parallelism "
+                                                          "(Megatron-Core routes the sequence-parallel shard of "
+                                                          "tokens); set it to true or use tp: 1")
 
 
 def _check_dense(model: ModelSpec, sc: ScenarioIn) -> None:

@@ -62,6 +62,7 @@ from simulator.schema import ScenarioError, load_scenario, read_mapping
 from simulator.sweep import Case, _absolutise, _atomic_write, check_scenario, resolve, run_cases, set_dotted
 from topologies.networks import SwitchedNetwork
 from workloads import memory
+from workloads.enums import RECOMPUTE_MODES
 from workloads import schedules as sched
 
 LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "schedule", "zero", "micro_batch_size", "recompute")
@@ -89,7 +90,7 @@ class SearchBounds:
     schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")
     zero: Optional[tuple[int, ...]] = None
     micro_batch_sizes: Optional[tuple[int, ...]] = None
-    recompute: tuple[str, ...] = ("none", "selective", "full")
+    recompute: tuple[str, ...] = RECOMPUTE_MODES
     max_candidates: Optional[int] = None
 
     def __post_init__(self) -> None:

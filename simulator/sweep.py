@@ -118,6 +118,7 @@ from simulator._version import __version__
 from simulator.errors import StudyError
 from simulator.parquet_io import write_parquet
 from simulator.workers import process_pool
+from workloads.enums import TRACE_COLLECTIVE_OPS
 from workloads.errors import WorkloadError
 
 SWEEP_KEYS = ("name", "base", "grid", "cases", "skip_invalid", "where")
@@ -293,8 +294,7 @@ def scenario_key_tree() -> dict:
         tree["cluster"] = {"preset": None, "devices": None, "name": None, "host_bw_bytes_per_s": None,
                            "devices_per_domain": None, "chip": chip, "network": network,
                            "pods": {f.name: None for f in dc.fields(PodsSpec)}}
-        tree["algorithms"] = {k: None for k in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
-                                                "broadcast")}
+        tree["algorithms"] = {k: None for k in TRACE_COLLECTIVE_OPS}
         tree["perturbations"] = None
         _KEY_TREE = tree
     return _KEY_TREE

@@ -77,3 +77,26 @@ def test_the_command_line_maps_only_stepsim_errors_and_os_errors_to_exit_2(monke
 
 def test_cli_exit_codes_are_the_shared_ones():
     assert (cli.EXIT_OK, cli.EXIT_INTERNAL, cli.EXIT_BAD_INPUT) == (0, 1, 2) and cli.CliError is cli_common.CliError
+
+
+def test_each_choice_is_defined_once_and_offered_everywhere():
+    """The enums of workloads.enums are what the schema accepts, the planner plans, the
+    trace files hold and the command line offers."""
+    import typing
+
+    from simulator import collectives, schema
+    from simulator.cli import build_parser
+    from workloads import enums, memory, schedules, trace_io
+
+    assert collectives.OPS == enums.COLLECTIVE_OPS and set(collectives.VALID_ALGORITHMS) == set(enums.COLLECTIVE_OPS)
+    assert schedules.SCHEDULES == enums.SCHEDULES and memory.RECOMPUTE_MODES == enums.RECOMPUTE_MODES
+    assert trace_io._COLLS == enums.TRACE_COLLECTIVE_OPS
+    fields = schema.TrainingIn.model_fields
+    assert typing.get_args(fields["recompute"].annotation) == enums.RECOMPUTE_MODES
+    assert typing.get_args(fields["balance"].annotation) == enums.BALANCE_MODES
+    assert typing.get_args(schema.ScenarioIn.model_fields["schedule"].annotation) == enums.SCHEDULES
+    key = typing.get_args(schema.ScenarioIn.model_fields["algorithms"].annotation)[0]
+    assert typing.get_args(key) == enums.TRACE_COLLECTIVE_OPS
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    op = next(a for a in sub.choices["collective"]._actions if a.dest == "op")
+    assert tuple(op.choices) == enums.COLLECTIVE_OPS

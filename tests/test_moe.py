@@ -164,3 +164,16 @@ def test_deepseek_v3_activation_savings_in_the_trace():
     bad["training"]["dtype"] = "bf16"
     with pytest.raises(ScenarioError, match="training.activation_saving"):
         load_scenario(bad)
+
+
+def test_moe_with_tp_needs_sequence_parallel_at_load():
+    """Refused when the scenario is loaded, naming the field (not when a layer is counted)."""
+    from simulator.schema import ScenarioError, load_scenario
+
+    sc = {"model": "mixtral-8x7b", "cluster": {"preset": "dgx-h100", "devices": 8},
+          "parallel": {"tp": 2, "sequence_parallel": False}, "training": {"global_batch_size": 8}}
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(sc)
+    assert e.value.field == "parallel.sequence_parallel" and "MoE layers with tp > 1" in str(e.value)
+    load_scenario({**sc, "parallel": {"tp": 2}})                                    # sequence parallel: fine
+    load_scenario({**sc, "parallel": {"tp": 1, "sequence_parallel": False}})        # no tensor parallelism: fine

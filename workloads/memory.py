@@ -98,7 +98,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from workloads import counts
+from workloads import counts, enums
 from workloads.errors import WorkloadError
 from workloads.layout import ParallelLayout
 from workloads.model import ModelSpec
@@ -107,7 +107,7 @@ from workloads.training import RECOMPUTE_MODULES
 _MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti §4.1)
 _FP32_BYTES = 4
 _TOKEN_ID_BYTES = 8
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = enums.RECOMPUTE_MODES
 ACTIVATION_SAVINGS = ("none", "deepseek-v3")
 MOE_GATE_WEIGHTINGS = ("activation", "combine")
 _FP8_BYTES = 1       # FP8 activation cache (DeepSeek-V3 §3.3.2)

@@ -54,11 +54,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Literal, Sequence
 
+from workloads import enums
 from workloads.errors import WorkloadError
 
 OpKind = Literal["F", "B", "I", "W"]
 OPS: tuple[str, ...] = ("F", "B", "I", "W")
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe")
+SCHEDULES = enums.SCHEDULES
 
 
 class ScheduleError(WorkloadError):

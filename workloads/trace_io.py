@@ -64,12 +64,13 @@ from pathlib import Path
 from typing import Union
 
 from workloads.counts import KERNEL_KINDS, Kernel
+from workloads.enums import TRACE_COLLECTIVE_OPS
 from workloads.ops import MEMORY_CATEGORIES, STREAMS, Op, Trace, TraceError
 
 FORMAT = "stepsim-trace"
 VERSION = 1
 _KINDS = ("compute", "collective", "send", "host")
-_COLLS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast")
+_COLLS = TRACE_COLLECTIVE_OPS
 
 
 def trace_to_dict(trace: Trace) -> dict:

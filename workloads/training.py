@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from workloads.enums import Balance, Recompute
 from workloads.errors import WorkloadError
 
-Recompute = Literal["none", "selective", "full"]
-Balance = Literal["aux-free", "aux-loss-local", "aux-loss-global"]
 Dtype = Literal["bf16", "fp8"]
 Optimizer = Literal["adam", "muon", "sgd"]
 #: Megatron-Core ``--recompute-modules`` the memory model knows (TransformerConfig
