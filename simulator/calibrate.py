@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
@@ -432,8 +432,3 @@ def scenario_block(compute: Optional[ComputeFit] = None, network: Optional[Netwo
         lines.append(yaml.safe_dump({"network_calibration": network_overrides(network)}, sort_keys=False,
                                     default_flow_style=False).rstrip())
     return "\n".join(lines) + "\n"
-
-
-def calibration_fields() -> tuple[str, ...]:
-    """Every numeric field of :class:`ComputeCalibration` (what ``compute:`` accepts)."""
-    return tuple(f.name for f in fields(ComputeCalibration) if f.name != "source")

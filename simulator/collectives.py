@@ -717,7 +717,7 @@ def run_collective(network: FlowNetwork,
 
 
 def merged_phases(network: FlowNetwork, plans: Sequence[CollectivePlan]) -> tuple:
-    """``((transfers, steps, compute_bytes, tag), ...)``: the phases of ``plans`` as
+    """``((transfers, steps, compute_bytes), ...)``: the phases of ``plans`` as
     :func:`run_collective` hands them to ``network`` (see :func:`_merged_phase`);
     callers that run the same plans again and again keep this and call
     :func:`run_merged`."""
@@ -728,8 +728,8 @@ def merged_phases(network: FlowNetwork, plans: Sequence[CollectivePlan]) -> tupl
 def run_merged(network: FlowNetwork, phases: Sequence[tuple],
                reduction_bytes_per_s: Optional[float] = None):
     """simpy process body: run :func:`merged_phases` one after another."""
-    for transfers, steps, compute, tag in phases:
-        yield network.transfer(transfers, steps, tag)
+    for transfers, steps, compute in phases:
+        yield network.transfer(transfers, steps)
         if reduction_bytes_per_s is not None and compute > 0:
             yield network.env.timeout(compute / reduction_bytes_per_s)
 
@@ -739,7 +739,7 @@ _MERGED_CACHE_MAX = 4096
 
 
 def _merged_phase(network: FlowNetwork, plans: Sequence[CollectivePlan], i: int):
-    """``(transfers, steps, compute_bytes, tag)`` of the i-th phases of ``plans`` run as
+    """``(transfers, steps, compute_bytes)`` of the i-th phases of ``plans`` run as
     one network phase. ``transfers`` is one tuple per (plans, i) and network, so that
     :meth:`FlowNetwork.transfer` reuses its routed form for every repetition.
 
@@ -766,8 +766,7 @@ def _merged_phase(network: FlowNetwork, plans: Sequence[CollectivePlan], i: int)
         else:
             parts.append(tuple(replace(t, size_bytes=t.size_bytes * scale) for t in ph.transfers))
     transfers = parts[0] if len(parts) == 1 else tuple(t for part in parts for t in part)
-    tag = "+".join(sorted({f"{p.op}/{p.algorithm}" for p in plans})) + f"#{i}"
-    out = (transfers, steps, compute, tag)
+    out = (transfers, steps, compute)
     if len(cache) >= _MERGED_CACHE_MAX:
         cache.clear()
     cache[key] = (tuple(plans), out)

@@ -500,7 +500,7 @@ class Engine:
         return rep if plain else tuple(out)
 
     def _send(self, op: Op):
-        yield self.net.transfer(self._send_transfers(op), tag=op.name)
+        yield self.net.transfer(self._send_transfers(op))
 
     def _send_transfers(self, op: Op) -> tuple:
         """The network transfers of a send (one tuple per pair and size, so that the

@@ -600,27 +600,9 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
             "dp_s": start + max(0.0, dp_end) + tied, "optimizer_s": opt}
 
 
-def proxy_cost(p: Mapping, micro_batches: int, sc=None, net: Optional[NetModel] = None) -> float:
-    """The ranking key of ``max_candidates``: lower is better.
-
-    With the loaded scenario ``sc`` of layout ``p``: :func:`estimate_step_time` in seconds
-    (``net`` reuses one :class:`NetModel` across candidates). Without it (older callers),
-    the former dimensionless proxy: recompute cost (full recompute runs the forward again:
-    4/3 of the FLOPs of forward + backward; selective a few per cent) times one plus the
-    pipeline bubble of the schedule ((pp-1)/m for GPipe and 1F1B, divided by vpp when
-    interleaved, by 3 for zb-h1, (pp/2-1)/m for DualPipe), times a small penalty per
-    doubling of tp. It knows nothing of communication."""
-    if sc is not None:
-        return estimate_step_time(sc, net)["step_time_s"]
-    pp, m = p["pp"], max(micro_batches, 1)
-    recompute = {"none": 1.0, "selective": 1.03, "full": 4.0 / 3.0}[p["recompute"]]
-    s = p["schedule"]
-    if s == "interleaved-1f1b":
-        bubble = (pp - 1) / (m * p["vpp"])
-    elif s == "zb-h1":
-        bubble = (pp - 1) / (3 * m)
-    elif s == "dualpipe":
-        bubble = max(pp / 2 - 1, 0) / m
-    else:
-        bubble = (pp - 1) / m
-    return recompute * (1 + bubble) * (1 + 0.05 * math.log2(p["tp"]))
+def proxy_cost(p: Mapping, micro_batches: int, sc, net: Optional[NetModel] = None) -> float:
+    """The ranking key of ``max_candidates``: lower is better. :func:`estimate_step_time`
+    in seconds of ``sc``, the loaded scenario of layout ``p`` (``net`` reuses one
+    :class:`NetModel` across candidates); ``p`` and ``micro_batches`` are the search's
+    record of it."""
+    return estimate_step_time(sc, net)["step_time_s"]

@@ -581,7 +581,6 @@ class FlowNetwork:
         self._phase_ids = itertools.count()
         self._phase_left: dict[int, int] = {}
         self._phase_event: dict[int, simpy.Event] = {}
-        self._phase_tag: dict[int, str] = {}
         # Reserved (isolated) phases, see the module docstring.
         self._reserve = bool(reserve_isolated)
         self._reserved_on = np.full(self.n_links, -1, dtype=np.int64)   # link -> phase id
@@ -802,7 +801,7 @@ class FlowNetwork:
         prep = self._prepare(transfers)
         return 0.0 if prep is None else steps * prep.latency_s
 
-    def transfer(self, transfers: Sequence[Transfer], steps: int = 1, tag: str = "") -> simpy.Event:
+    def transfer(self, transfers: Sequence[Transfer], steps: int = 1) -> simpy.Event:
         """Start a phase; the returned event fires when its last transfer completes.
 
         All transfers start together after the phase latency (see
@@ -827,7 +826,6 @@ class FlowNetwork:
             return done
         pid = next(self._phase_ids)
         self._phase_event[pid] = done
-        self._phase_tag[pid] = tag
         self._phase_left[pid] = len(prep.links)
         stats.flows_started += prep.n_transfers
         stats.flow_rows_started += len(prep.links)
@@ -1467,5 +1465,4 @@ class FlowNetwork:
         left = self._phase_left
         for p in sorted(finished):
             del left[p]
-            del self._phase_tag[p]
             self._phase_event.pop(p).succeed()

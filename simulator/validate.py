@@ -64,10 +64,6 @@ def _suite_dir() -> Path:
 #: The built-in suite's folder (see :func:`_suite_dir`).
 SUITE_DIR = _suite_dir()
 
-#: Keys of a case file that are not scenario keys.
-CASE_KEYS = ("published", "assumptions")
-
-
 def _hw_tflops(summary: Mapping, peak_bf16: float) -> float:
     return summary["hfu"] * peak_bf16 / 1e12
 
@@ -268,11 +264,6 @@ def run_case(case: Case, compute: Optional[Mapping[str, float]] = None) -> CaseR
                               "hbm_bytes",
                               "oom", "micro_batches", "sim_wall_s")}
     return CaseResult(case, float(value), float(s["sim_wall_s"]), keep)
-
-
-def _run_one(args):
-    case, compute = args
-    return run_case(case, compute)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ import numpy as np
 
 from .errors import TopologyError
 
-EDGE_KINDS = ("ici", "nvlink", "nic", "fabric", "dcn")
 _ROUTE_CACHE_MAX = 1 << 20      # routes kept before the cache is cleared
 _TREE_CACHE_MAX = 64            # shortest-path trees kept for the generic router
 

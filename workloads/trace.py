@@ -59,9 +59,6 @@ MAX_TRACE_OPS = 20_000_000
 GRAD_REDUCE_BYTES = 4  # fp32 main gradients (Megatron-LM default, no --grad-reduce-in-bf16); TrainingSpec.grad_bytes
 PARAM_BYTES = 2  # bf16 parameter storage (also under FP8 training: FP8 casts are transient)
 
-_ATTN_KINDS = ("attention",)
-
-
 @dataclass(frozen=True)
 class Workload:
     model: ModelSpec
