@@ -386,7 +386,6 @@ def _torus(op: str, members: Sequence[int], size: float, topo: "Topology") -> li
     pod = topo.pod_of(members[0])
     shape, wrap = topo.torus_shape, topo.torus_wrap
     axes = [a for a, v in enumerate(grid) if len(v) > 1]
-    n = len(members)
 
     def lines_along(a: int) -> list[list[int]]:
         others = [grid[b] if b != a else grid[b][:1] for b in range(len(grid))]

@@ -29,7 +29,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from simulator.errors import StepsimError
+from stepsim_errors import StepsimError
 
 DEFAULT_LIMIT_BYTES = 16 * 2**20      # scenario, sweep, cluster and config.json files
 MAX_YAML_NODES = 1_000_000            # nodes after alias expansion (a 16 MiB file has fewer)

@@ -20,7 +20,7 @@ from simulator import simulate  # noqa: E402
 from simulator.cli import main  # noqa: E402
 from simulator.schema import load_scenario  # noqa: E402
 from workloads.ops import TraceError  # noqa: E402
-from workloads.trace import Workload, build_trace  # noqa: E402
+from workloads.trace import build_trace  # noqa: E402
 from workloads.trace_io import read_trace, write_trace  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "chakra"

@@ -8,7 +8,6 @@ import pytest
 from helpers import ideal_scenario, scenario
 from simulator import simulate
 from test_moe import moe_scenario
-from workloads.schedule_timing import simulate as timing
 from workloads.schedules import schedule
 
 CASES = {

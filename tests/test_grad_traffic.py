@@ -4,7 +4,6 @@ sum, and ZeRO-2/3's per-micro-batch reduce-scatters and buffers."""
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest

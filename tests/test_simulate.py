@@ -9,7 +9,7 @@ import pytest
 
 from helpers import ideal_scenario, scenario
 from simulator import simulate
-from workloads import counts, memory
+from workloads import memory
 from workloads.model import ModelSpec
 
 SUMMARY_KEYS = [

@@ -708,7 +708,7 @@ class _RankProgram:
     def folded_moe_forward(self, l: int, mb: int, k: int, deps: list, phase: str, recompute: bool):
         """One folded MoE block's forward (after the attention block's TP collective,
         ``deps``); yields like :meth:`layer_forward` after each all-to-all."""
-        b, L = self.b, self.b.L
+        b = self.b
         _, pre, shared, expert, post = b.layer_parts(l)
         h, handed = b.hidden_bytes, 0
         op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
