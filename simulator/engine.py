@@ -45,6 +45,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
+import numpy as np
 import simpy
 
 from simulator import collectives as coll_mod
@@ -367,40 +368,19 @@ class Engine:
         m = len(rail)
         if rail not in groups or any(len(g) != m for g in groups):
             return None
-        net = self.net
         p = rail.index(rank)
         own = [(rail[p], rail[(p + s) % m]) for s in range(1, m)]          # class s-1
         own += [(rail[(p - s) % m], rail[p]) for s in range(1, m)]         # class m-2+s
-        routes = [net.route(a, b) for a, b in own]
-        lat = max(r[1] + r[2] for r in routes)
-        used = {lk for r in routes for lk in r[0]}
-        counts: list[dict] = [{} for _ in own]
-        for g in groups:
-            mine = g == rail
-            for q in range(m):
-                for s in range(1, m):
-                    if mine and q == p:
-                        j = s - 1
-                    elif mine and (q + s) % m == p:
-                        j = m - 2 + s
-                    else:
-                        j = s - 1
-                    links, la, ov = net.route(g[q], g[(q + s) % m])
-                    if la + ov > lat:
-                        return None
-                    c = counts[j]
-                    for lk in links:
-                        if lk in used:
-                            c[lk] = c.get(lk, 0) + 1
-        out = []
-        for (a, b), r, c in zip(own, routes, counts):
-            if len(c) == len(r[0]) and all(c[lk] == 1 for lk in r[0]):
-                out.append(Transfer(a, b, chunk))
-                continue
-            extra = sorted(lk for lk in c if lk not in r[0])
-            inc = tuple((lk, float(c[lk])) for lk in r[0]) + tuple((lk, float(c[lk])) for lk in extra)
-            out.append(Transfer(a, b, chunk, incidence=inc))
-        return tuple(out)
+        # Every transfer g[q] -> g[q + s] of every group, as arrays [group, q, s - 1].
+        members = np.array(groups, dtype=np.int64)
+        q, s = np.meshgrid(np.arange(m), np.arange(1, m), indexing="ij")
+        src = np.broadcast_to(members[:, q], (len(groups), m, m - 1))
+        dst = members[:, (q + s) % m]
+        cls = np.broadcast_to(s - 1, src.shape).copy()
+        cls[groups.index(rail), (p - s[0]) % m, s[0] - 1] = m - 2 + s[0]   # sends into the rep
+        q = _image_quotient(self.net, tuple(Transfer(a, b, chunk) for a, b in own),
+                            cls.ravel(), src.ravel(), dst.ravel(), latency="at-most")
+        return None if q is None else tuple(q)
 
     def _rotation_quotient(self, rank: int, group: tuple, chunk: float) -> Optional[tuple]:
         """Quotient of the direct all-to-all of ``chunk`` per pair over ``group`` by the
@@ -449,55 +429,32 @@ class Engine:
         representative transfers cross (``U``); an image's links outside ``U`` are the
         images of links in ``U`` and carry the same load, so they are dropped. Each
         transfer of the result has incidence ``((l, m(j, l)) for l in U if m > 0)``
-        (its route first), or none where that is its route once.
+        (its route first), or none where that is its route once (then ``rep`` itself
+        where every transfer is so).
 
         None (fall back to injecting every twin) where the twins do not line up:
         other transfer counts, sizes or weights, or another phase latency."""
-        net = self.net
         k = len(rep)
         if any(len(t) != k for t in twins):
             self.twin_stats["fallback"] += 1
             return None
-        routes = [net.route(t.src, t.dst) if t.src != t.dst and t.size_bytes > 0 else ((), 0.0, 0.0)
-                  for t in rep]
-        used = {lk for r in routes for lk in r[0]}
-        lat = max((r[1] + r[2] for r in routes if r[0]), default=0.0)
-        counts: list[dict] = [{} for _ in range(k)]
-        for tt in twins:
-            if tt is rep:
-                for c, r in zip(counts, routes):
-                    for lk in r[0]:
-                        c[lk] = c.get(lk, 0) + 1
-                continue
-            twin_lat = 0.0
-            for c, t, rt in zip(counts, tt, rep):
-                if t.size_bytes != rt.size_bytes or t.weight != rt.weight or t.incidence is not None:
-                    self.twin_stats["fallback"] += 1
-                    return None
-                if t.src == t.dst or t.size_bytes <= 0:
-                    continue
-                links, la, ov = net.route(t.src, t.dst)
-                if la + ov > twin_lat:
-                    twin_lat = la + ov
-                for lk in links:
-                    if lk in used:
-                        c[lk] = c.get(lk, 0) + 1
-            if twin_lat != lat:
-                self.twin_stats["fallback"] += 1
-                return None
-        out = []
-        plain = True
-        for t, r, c in zip(rep, routes, counts):
-            own = r[0]
-            if len(c) == len(own) and all(c[lk] == 1 for lk in own):
-                out.append(t)
-                continue
-            plain = False
-            extra = sorted(lk for lk in c if lk not in own)
-            inc = tuple((lk, float(c[lk])) for lk in own) + tuple((lk, float(c[lk])) for lk in extra)
-            out.append(replace(t, incidence=inc))
+        rows = [(t.src, t.dst, t.size_bytes, t.weight, t.incidence is None) for tt in twins for t in tt]
+        src, dst, size, weight, plain = (np.array(col).reshape(len(twins), k) for col in zip(*rows)) \
+            if rows else (np.zeros((len(twins), 0), dtype=np.int64),) * 5
+        is_rep = np.array([tt is rep for tt in twins])
+        others = ~is_rep[:, None]
+        if (others & ((size != np.array([t.size_bytes for t in rep])) | (weight != np.array([t.weight for t in rep]))
+                      | ~plain)).any():
+            self.twin_stats["fallback"] += 1
+            return None
+        cls = np.broadcast_to(np.arange(k), src.shape)
+        q = _image_quotient(self.net, rep, cls.ravel(), src.ravel(), dst.ravel(), latency="equal",
+                            image_of=np.repeat(np.arange(len(twins)), k))
+        if q is None:
+            self.twin_stats["fallback"] += 1
+            return None
         self.twin_stats["quotient"] += 1
-        return rep if plain else tuple(out)
+        return rep if all(a is b for a, b in zip(q, rep)) else q
 
     def _send(self, op: Op):
         yield self.net.transfer(self._send_transfers(op))
@@ -508,49 +465,115 @@ class Engine:
         key = (op.rank, op.peer, op.size_bytes, op.axis)
         hit = self._send_cache.get(key)
         if hit is None:
-            pairs = self._groups_on_network(op, pair=(op.rank, op.peer))
-            full = tuple(Transfer(a, b, op.size_bytes) for a, b in pairs)
-            hit = full
+            pairs = self._twin_rows(op, pair=(op.rank, op.peer))
+            own = (Transfer(op.rank, op.peer, op.size_bytes),)
+            hit = None
             if len(pairs) > 1 and self.twin_quotient:
-                mine = (op.rank, op.peer)
-                at = [i for i, p in enumerate(pairs) if p == mine]
-                if at:
-                    own = (full[at[0]],)
-                    q = self._quotient_phase(own, [own if i == at[0] else (t,) for i, t in enumerate(full)])
-                    if q is not None:
-                        hit = q
+                mine = np.flatnonzero((pairs[:, 0] == op.rank) & (pairs[:, 1] == op.peer))
+                if mine.size:
+                    hit = self._quotient_phase(own, [own if i == mine[0] else (Transfer(a, b, op.size_bytes),)
+                                                     for i, (a, b) in enumerate(pairs.tolist())]) \
+                        if len(pairs) <= _SMALL_TWINS else self._pair_quotient(own, pairs)
                 else:
                     self.twin_stats["fallback"] += 1
+            if hit is None:
+                hit = own if len(pairs) == 1 else tuple(Transfer(a, b, op.size_bytes) for a, b in pairs.tolist())
             self._send_cache[key] = hit
         return hit
 
+    def _pair_quotient(self, own: tuple, pairs: np.ndarray) -> Optional[tuple]:
+        """:meth:`_quotient_phase` of a send ``own`` over its twin ``pairs`` (rows
+        ``(src, dst)``, ``own``'s among them), straight from the arrays."""
+        q = _image_quotient(self.net, own, np.zeros(len(pairs), dtype=np.int64), pairs[:, 0], pairs[:, 1],
+                            latency="equal", image_of=np.arange(len(pairs)))
+        self.twin_stats["fallback" if q is None else "quotient"] += 1
+        return q
+
     def _groups_on_network(self, op: Op, pair: Optional[tuple[int, int]] = None) -> list[tuple[int, ...]]:
         """The group itself plus, in representative mode, its twins (see module doc)."""
+        rows = self._twin_rows(op, pair)
+        return rows if isinstance(rows, list) else list(map(tuple, rows.tolist()))
+
+    def _twin_rows(self, op: Op, pair: Optional[tuple[int, int]] = None):
+        """:meth:`_groups_on_network` as an array of one row per group (a list of
+        groups where they differ in size), cached per (axis, stage, group)."""
         group = pair if pair is not None else op.group
         if not self.trace.representative:
-            return [group]
+            return np.array([group], dtype=np.int64)
         topo = self.topo
         if topo.kind == "switched" and len({topo.domain_of(r) for r in group}) == 1:
-            return [group]
+            return np.array([group], dtype=np.int64)
         stage = self.layout.stage_of(op.rank)
         key = (op.axis, stage, group)
         twins = self._twin_cache.get(key)
         if twins is None:
-            twins = self._twins(op.axis, stage, group)
-            self._twin_cache[key] = twins
+            twins = self._twin_cache[key] = self._twins(op.axis, stage, group)
         return twins
 
-    def _twins(self, axis: str, stage: int, group: tuple[int, ...]) -> list[tuple[int, ...]]:
+    def _twins(self, axis: str, stage: int, group: tuple[int, ...]):
+        """Every group of ``stage`` along ``axis`` (``group`` among them), rows of an
+        array (a list of tuples for node-limited EP subgroups, whose sizes may differ)."""
         L = self.layout
         if axis in ("tp", "cp", "dp", "ep", "edp", "etp", "dp_cp"):
-            return L.groups(axis, stage)
+            table = L.group_table(axis)          # every group of these axes lies in one stage
+            return table[(table[:, 0] // L.rank_of(pp=1)) % L.pp == stage] if L.pp > 1 else table
         if axis in ("ep_inter", "ep_intra"):
             return L.ep_subgroups(axis[3:], stage, self.topo.domain_size)
         # Groups whose members differ only in pipeline coordinate (sends, DualPipe mirrors):
         # translate to every (tp, cp, dp) position of the stage, preserving member order.
-        pps = [L.coords(r)["pp"] for r in group]
-        out = []
-        for x in L.stage_ranks(stage):
-            c = L.coords(x)
-            out.append(tuple(L.rank_of(tp=c["tp"], cp=c["cp"], dp=c["dp"], pp=p) for p in pps))
-        return out
+        pp_stride = L.rank_of(pp=1) if L.pp > 1 else 0
+        shift = np.array([(L.stage_of(r) - stage) * pp_stride for r in group], dtype=np.int64)
+        return np.array(L.stage_ranks(stage), dtype=np.int64)[:, None] + shift[None, :]
+
+
+#: Twin sends quotiented through :meth:`Engine._quotient_phase` (Transfer objects) up to
+#: this many pairs; more go straight from the pair arrays (:meth:`Engine._pair_quotient`).
+_SMALL_TWINS = 64
+
+
+def _image_quotient(net: FlowNetwork, rep: tuple, cls: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                    latency: str, image_of: Optional[np.ndarray] = None) -> Optional[tuple]:
+    """``rep``'s transfers, each with incidence counting the images of it that cross
+    the links ``U`` its transfers cross (see :meth:`Engine._quotient_phase`).
+
+    The images are the transfers ``src[i] -> dst[i]``, ``i``-th the image of
+    ``rep[cls[i]]`` (of its size; ``rep``'s own among them). ``latency``: ``"equal"``
+    -- every image set ``image_of`` (a twin's transfers) must have the phase latency
+    of ``rep`` (the largest over its transfers); ``"at-most"`` -- no image may exceed
+    it. None where that fails. A transfer whose count is its route once is returned
+    as it is (the same object)."""
+    routes = [net.route(t.src, t.dst) if t.src != t.dst and t.size_bytes > 0 else ((), 0.0, 0.0) for t in rep]
+    used = np.array(sorted({lk for r in routes for lk in r[0]}), dtype=np.int64)
+    lat = max((r[1] + r[2] for r in routes if r[0]), default=0.0)
+    live = (src != dst) & (np.array([t.size_bytes > 0 for t in rep], dtype=bool)[cls] if len(rep) else False)
+    links, img_lat = net.routes(src[live], dst[live])
+    if latency == "at-most":
+        if (img_lat > lat).any():
+            return None
+    else:
+        worst = np.zeros(int(image_of.max()) + 1 if image_of.size else 0)
+        np.maximum.at(worst, image_of[live], img_lat)
+        if (worst != lat).any():
+            return None
+    # (class, link of U) of every crossing, counted: class by class, links ascending
+    if used.size:
+        at = np.minimum(np.searchsorted(used, links), used.size - 1)
+        hit = (links >= 0) & (used[at] == links)
+        keys, counts = np.unique(np.broadcast_to(cls[live][:, None], links.shape)[hit] * used.size + at[hit],
+                                 return_counts=True)
+    else:
+        keys = counts = np.zeros(0, dtype=np.int64)
+    bounds = np.searchsorted(keys // max(used.size, 1), np.arange(len(rep) + 1)).tolist()
+    crossed, counts = used[keys % max(used.size, 1)].tolist(), counts.tolist()
+    out = []
+    for j, (t, r) in enumerate(zip(rep, routes)):
+        own = r[0]
+        lo, hi = bounds[j], bounds[j + 1]
+        if hi - lo == len(own) and all(x == 1 for x in counts[lo:hi]):
+            out.append(t)                        # its own route once (own links all counted)
+            continue
+        of = dict(zip(crossed[lo:hi], counts[lo:hi]))
+        inc = tuple((lk, float(of[lk])) for lk in own)
+        inc += tuple((lk, float(x)) for lk, x in of.items() if lk not in r[0])
+        out.append(replace(t, incidence=inc))
+    return tuple(out)

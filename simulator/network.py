@@ -617,6 +617,22 @@ class FlowNetwork:
         a transfer's phase latency is path latency + overhead)."""
         return self._route(src, dst)
 
+    def routes(self, src, dst) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorised :meth:`route`: ``(links, latency_s)`` of every ``src[i] ->
+        dst[i]``, ``links`` an ``(n, hops)`` array padded with -1
+        (:meth:`Topology.routes`) and ``latency_s`` each pair's path latency plus its
+        largest per-link overhead (0 where ``src == dst``), summed link by link in
+        route order as :meth:`route` does, so the two agree exactly. Not cached."""
+        links = self.topo.routes(src, dst)
+        on = links >= 0
+        at = np.where(on, links, 0)
+        lat = np.zeros(links.shape[0])
+        ovh = np.zeros(links.shape[0])
+        for h in range(links.shape[1]):
+            lat = lat + np.where(on[:, h], self.link_latency[at[:, h]], 0.0)
+            ovh = np.maximum(ovh, np.where(on[:, h], self.link_overhead[at[:, h]], 0.0))
+        return links, lat + ovh
+
     def _route(self, s: int, d: int) -> tuple[tuple[int, ...], float, float]:
         """(links, path latency, largest per-step overhead) of ``s -> d``, cached."""
         key = (s, d)

@@ -281,3 +281,37 @@ def test_graph_validation_messages():
         Topology(G)
     with pytest.raises(TopologyError, match="device index"):
         custom.route(0, 5)
+
+
+# ---- batch routing ---------------------------------------------------------------------
+def _batch_cases():
+    pod = switched(32, H100_NET)
+    flat = SwitchedNetwork(8, 450e9, 50e9, domains_per_leaf=2, rails=False)
+    yield "switched", Topology(pod)
+    yield "flat-leaves", Topology(switched(32, flat))
+    yield "pods", Topology(join_pods([pod, pod], PodsSpec(2, 6.25e9)))
+    yield "failed-link", Topology(pod).without_link("d0", "p0.leaf0.r0")
+    yield "torus", Topology(torus((4, 4), 45e9, 1e-6, (True, True)))
+
+
+@pytest.mark.parametrize("name,topo", list(_batch_cases()), ids=lambda x: x if isinstance(x, str) else "")
+def test_batch_routes_equal_one_by_one(name, topo):
+    import simpy
+
+    from simulator.netcal import NetCalibration
+    from simulator.network import FlowNetwork
+
+    n = topo.n_devices
+    src, dst = np.divmod(np.arange(n * n), n)              # every ordered pair, self-pairs included
+    links = topo.routes(src, dst)
+    cal = NetCalibration(message_overhead_s={"nvlink": 1.3e-6, "nic": 2.1e-6, "fabric": 0.7e-6, "ici": 1.1e-6})
+    net = FlowNetwork(simpy.Environment(), topo, cal)
+    links2, latency = net.routes(src, dst)
+    assert (links2 == links).all()
+    for i, (s, d) in enumerate(zip(src.tolist(), dst.tolist())):
+        route = topo.route(s, d)
+        assert tuple(links[i, :len(route)].tolist()) == route and (links[i, len(route):] == -1).all()
+        _, lat, ovh = net.route(s, d)
+        assert latency[i] == lat + ovh                       # exactly, not approximately
+    with pytest.raises(TopologyError, match="device index"):
+        topo.routes([0], [n])

@@ -167,6 +167,7 @@ class Topology:
             self._coords = None
 
         self._route_cache: dict = {}
+        self._sw_tables = None
         self._trees: dict = {}
         self._adjacency = None
         # Structured routing: a perturbed topology routes like its unperturbed base and maps
@@ -247,6 +248,74 @@ class Topology:
                 self._route_cache.clear()
             self._route_cache[key] = links
         return links
+
+    def routes(self, src, dst) -> np.ndarray:
+        """``route(src[i], dst[i])`` for every ``i`` at once: an ``(n, hops)`` int64
+        array of directed link ids, each row padded with -1 after its route (``hops``
+        is the longest route, at least 1). Vectorised on an unperturbed switched
+        network within one pod; other pairs are routed one by one."""
+        src = np.asarray(src, dtype=np.int64).ravel()
+        dst = np.asarray(dst, dtype=np.int64).ravel()
+        n = src.shape[0]
+        if n and not (0 <= min(src.min(), dst.min()) and max(src.max(), dst.max()) < self.n_devices):
+            bad = next(int(d) for d in np.r_[src, dst] if not 0 <= d < self.n_devices)
+            self._check_device(bad)
+        out = np.full((n, 4), -1, dtype=np.int64)
+        todo = np.ones(n, dtype=bool)
+        sw = self._switched_tables()
+        if sw is not None and n:
+            out, todo = self._switched_routes(sw, src, dst)
+        same = src == dst
+        out[same] = -1
+        todo &= ~same
+        rest = np.flatnonzero(todo).tolist()
+        if rest:
+            found = [self.route(s, t) for s, t in zip(src[rest].tolist(), dst[rest].tolist())]
+            width = max(out.shape[1], max(map(len, found)))
+            if width > out.shape[1]:
+                out = np.hstack([out, np.full((n, width - out.shape[1]), -1, dtype=np.int64)])
+            for i, links in zip(rest, found):
+                out[i, :len(links)] = links
+        return out
+
+    def _switched_tables(self):
+        """Per-device numpy link tables of the structured switched router (None where
+        the topology is not an unperturbed switched network): NVLink up/down and
+        switch, NIC up/down and leaf, the leaf's fabric up/down and spine (-1 absent)."""
+        if self._base is not self or self._struct is None or self._struct[0] != "switched":
+            return None
+        if getattr(self, "_sw_tables", None) is None:
+            _, nv, nic, leaf_of, fabric = self._struct
+            idx = self._node_index
+            node = (lambda x: -1 if x is None else idx[x])
+            no_fabric = (-1, -1, None)
+            fab = [fabric.get(lf, no_fabric) if lf is not None else no_fabric for lf in leaf_of]
+            self._sw_tables = tuple(np.array(col, dtype=np.int64) for col in (
+                [u for u, _, _ in nv], [d for _, d, _ in nv], [node(s) for _, _, s in nv],
+                [u for u, _ in nic], [d for _, d in nic], [node(lf) for lf in leaf_of],
+                [u for u, _, _ in fab], [d for _, d, _ in fab], [node(s) for _, _, s in fab],
+                self._pod))
+        return self._sw_tables
+
+    @staticmethod
+    def _switched_routes(tables, s: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_structured_route` of a switched network for arrays of pairs in one
+        pod: ``(routes padded with -1, pairs it could not route)``."""
+        nv_up, nv_down, nv_sw, nic_up, nic_down, leaf, fab_up, fab_down, spine, pod = tables
+        out = np.full((s.shape[0], 4), -1, dtype=np.int64)
+        same_sw = (nv_sw[s] >= 0) & (nv_sw[s] == nv_sw[t])
+        has_leaf = ~same_sw & (leaf[s] >= 0) & (leaf[t] >= 0)
+        same_leaf = has_leaf & (leaf[s] == leaf[t])
+        spined = has_leaf & ~same_leaf & (spine[s] >= 0) & (spine[s] == spine[t])
+        out[same_sw, 0], out[same_sw, 1] = nv_up[s[same_sw]], nv_down[t[same_sw]]
+        out[same_leaf, 0], out[same_leaf, 1] = nic_up[s[same_leaf]], nic_down[t[same_leaf]]
+        a, b = s[spined], t[spined]
+        out[spined] = np.stack([nic_up[a], fab_up[a], fab_down[b], nic_down[b]], axis=1)
+        width = np.where(spined, 4, 2)
+        complete = (out >= 0).sum(axis=1) == width
+        done = (same_sw | same_leaf | spined) & complete & (pod[s] == pod[t])
+        out[~done] = -1
+        return out, ~done
 
     def path_latency_s(self, src: int, dst: int) -> float:
         """Sum of the link latencies along ``route(src, dst)``."""

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Optional, Union
 
+import numpy as np
+
 from workloads.errors import WorkloadError
 
 MESH_AXES = ("tp", "cp", "dp", "pp")
@@ -164,11 +166,6 @@ class ParallelLayout:
         """Position of a rank among its stage's ranks in ascending order."""
         return sum(c[a] * s for a, s in self._stage_strides.items())
 
-    def _stage_rank(self, pp: int, pos: int) -> int:
-        """The rank at position ``pos`` of pipeline stage ``pp``."""
-        c = {a: (pos // s) % getattr(self, a) for a, s in self._stage_strides.items()}
-        return self.rank_of(pp=pp, **c)
-
     @cached_property
     def _expert_mesh(self) -> dict[str, tuple[int, int]]:
         """Folded layout: ``axis -> (size, stride)`` of etp, ep and edp over the
@@ -200,52 +197,78 @@ class ParallelLayout:
         their index along that axis (ring order)."""
         return _cached_group(self, rank, axis)
 
-    def _group(self, rank: int, axis: str) -> tuple[int, ...]:
-        c = self.coords(rank)
-        if axis in MESH_AXES:
-            size = getattr(self, axis)
-            return tuple(self.rank_of(**{**_mesh(c), axis: i}) for i in range(size))
-        if axis == "etp" and not self.folded:
-            return self._group(rank, "tp") if self.etp == self.tp else (rank,)
-        if axis in ("ep", "edp", "etp") and self.folded:
-            size, stride = self._expert_mesh[axis]
-            return tuple(self._stage_rank(c["pp"], self._stage_pos(c) + (i - c[axis]) * stride) for i in range(size))
-        members = self._dpcp_members(c)
-        if axis == "dp_cp":
-            return members
-        if axis == "ep":
-            blk = c["edp"]
-            return members[blk * self.ep : (blk + 1) * self.ep]
-        if axis == "edp":
-            if self.etp == self.tp:
-                return members[c["ep"] :: self.ep]
-            # etp = 1 < tp: every TP coordinate holds the same experts at this EP position
-            return tuple(sorted(r for t in range(self.tp) for r in _cached_dpcp(self, t, c["pp"])[c["ep"] :: self.ep]))
-        raise ValueError(f"unknown group axis {axis!r}; expected one of {GROUP_AXES}")
-
-    def _dpcp_members(self, c: dict[str, int]) -> tuple[int, ...]:
-        return _cached_dpcp(self, c["tp"], c["pp"])
-
-    def _dpcp_members_uncached(self, tp: int, pp: int) -> tuple[int, ...]:
-        c = {"tp": tp, "pp": pp, "cp": 0, "dp": 0}
-        inner, outer = ("cp", "dp") if self._mesh_order.index("cp") < self._mesh_order.index("dp") else ("dp", "cp")
-        out = []
-        for o in range(getattr(self, outer)):
-            for i in range(getattr(self, inner)):
-                out.append(self.rank_of(**{**_mesh(c), inner: i, outer: o}))
-        return tuple(out)
-
     def groups(self, axis: str, stage: Optional[int] = None) -> list[tuple[int, ...]]:
         """Every distinct group along ``axis`` (optionally only those in pipeline
         ``stage``), in ascending order of their first rank."""
         return list(_cached_groups(self, axis, stage))
 
+    def group_table(self, axis: str) -> "np.ndarray":
+        """Every group along ``axis`` as the rows of one read-only ``(groups, size)``
+        array, each row in ring order (as :meth:`group` gives it), rows in ascending
+        order of their smallest rank. Every axis partitions the ranks."""
+        return _group_tables(self, axis)[0]
+
+    def group_index(self, axis: str) -> "np.ndarray":
+        """Row of :meth:`group_table` holding each rank (read-only, length ``world``)."""
+        return _group_tables(self, axis)[1]
+
+    def _rank_mesh(self) -> "np.ndarray":
+        """``ranks[pp, ..., tp]``: the ranks as an array over the mesh axes, one numpy
+        axis per mesh axis, the innermost (fastest-varying) last."""
+        return np.arange(self.world).reshape([getattr(self, a) for a in reversed(self._mesh_order)])
+
+    def _mesh_axis(self, axis: str) -> int:
+        """Numpy axis of mesh axis ``axis`` in :meth:`_rank_mesh`."""
+        return len(self._mesh_order) - 1 - self._mesh_order.index(axis)
+
+    def _dpcp_table(self) -> "np.ndarray":
+        """``members[pp, tp, i]``: the dp*cp ranks of each (pp, tp) slice in mesh order
+        (position ``i = inner + inner_size * outer``, inner the one of cp and dp nearer
+        the front of ``order``)."""
+        inner, outer = ("cp", "dp") if self._mesh_order.index("cp") < self._mesh_order.index("dp") else ("dp", "cp")
+        ranks = self._rank_mesh().transpose([self._mesh_axis(a) for a in ("pp", "tp", outer, inner)])
+        return ranks.reshape(self.pp, self.tp, self.dp * self.cp)
+
+    def _stage_table(self) -> "np.ndarray":
+        """``ranks[pp, pos]``: the rank at position ``pos`` of each pipeline stage (the
+        stage's ranks in ascending order)."""
+        return np.moveaxis(self._rank_mesh(), self._mesh_axis("pp"), 0).reshape(self.pp, -1)
+
+    def _group_rows(self, axis: str) -> "np.ndarray":
+        """The groups along ``axis`` as rows in ring order, rows in no particular order
+        (the module doc gives the mappings)."""
+        if axis in MESH_AXES:
+            ranks = self._rank_mesh()
+            return np.moveaxis(ranks, self._mesh_axis(axis), -1).reshape(-1, getattr(self, axis))
+        if axis == "etp" and not self.folded:
+            return self._group_rows("tp") if self.etp == self.tp else np.arange(self.world).reshape(-1, 1)
+        if axis in ("ep", "edp", "etp") and self.folded:
+            # Positions of a stage as an array over the expert mesh, outermost first.
+            mesh = list(self._expert_mesh.items())            # innermost first
+            pos = np.arange(self.tp * self.cp * self.dp).reshape([size for _, (size, _) in reversed(mesh)])
+            at = len(mesh) - 1 - [name for name, _ in mesh].index(axis)
+            rows = np.moveaxis(pos, at, -1).reshape(-1, self._expert_mesh[axis][0])
+            return self._stage_table()[:, rows].reshape(-1, rows.shape[1])
+        if axis not in GROUP_AXES:
+            raise ValueError(f"unknown group axis {axis!r}; expected one of {GROUP_AXES}")
+        members = self._dpcp_table()                           # [pp, tp, dp*cp]
+        n = self.dp * self.cp
+        if axis == "dp_cp":
+            return members.reshape(-1, n)
+        blocks = members.reshape(self.pp, self.tp, n // self.ep, self.ep)   # [pp, tp, edp, ep]
+        if axis == "ep":
+            return blocks.reshape(-1, self.ep)
+        if self.etp == self.tp:                                # edp: same EP position, own TP rank
+            return blocks.transpose(0, 1, 3, 2).reshape(-1, n // self.ep)
+        # etp = 1 < tp: every TP coordinate holds the same experts at this EP position
+        rows = blocks.transpose(0, 3, 1, 2).reshape(self.pp * self.ep, -1)
+        return np.sort(rows, axis=1)
+
     def _groups(self, axis: str, stage: Optional[int]) -> tuple[tuple[int, ...], ...]:
-        seen: dict[tuple[int, ...], None] = {}
-        ranks = range(self.world) if stage is None else self.stage_ranks(stage)
-        for r in ranks:
-            seen.setdefault(self.group(r, axis), None)
-        return tuple(sorted(seen, key=lambda g: min(g)))
+        table = self.group_table(axis)
+        if stage is not None and axis != "pp":                 # every other group lies in one stage
+            table = table[(table[:, 0] // self._strides["pp"]) % self.pp == stage]
+        return tuple(map(tuple, table.tolist()))
 
     def ep_subgroup(self, rank: int, kind: str, domain_size: int) -> tuple[int, ...]:
         """Part of ``rank``'s expert-parallel group used by a two-hop (node-limited)
@@ -264,11 +287,29 @@ class ParallelLayout:
         raise ValueError(f"kind must be 'inter' or 'intra', got {kind!r}")
 
     def ep_subgroups(self, kind: str, stage: int, domain_size: int) -> list[tuple[int, ...]]:
-        """Every distinct :meth:`ep_subgroup` among the ranks of ``stage``."""
-        seen: dict[tuple[int, ...], None] = {}
-        for r in self.stage_ranks(stage):
-            seen.setdefault(self.ep_subgroup(r, kind, domain_size), None)
-        return sorted(seen, key=min)
+        """Every distinct :meth:`ep_subgroup` among the ranks of ``stage``, in ascending
+        order of their first rank."""
+        return list(_cached_ep_subgroups(self, kind, stage, domain_size))
+
+    def _ep_subgroups(self, kind: str, stage: int, domain_size: int) -> tuple[tuple[int, ...], ...]:
+        if kind not in ("inter", "intra"):
+            raise ValueError(f"kind must be 'inter' or 'intra', got {kind!r}")
+        table = self.group_table("ep")
+        table = table[(table[:, 0] // self._strides["pp"]) % self.pp == stage]
+        if table.size == 0:
+            return ()
+        # Members sharing a domain position (inter) or a domain (intra) in each EP group,
+        # in the group's order: a stable sort by (group, key) makes each subgroup a run.
+        key = table % domain_size if kind == "inter" else table // domain_size
+        run = np.arange(table.shape[0])[:, None] * (int(key.max()) + 1) + key
+        order = np.argsort(run, axis=None, kind="stable")
+        ranks, run = table.ravel()[order], run.ravel()[order]
+        starts = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
+        bounds = np.r_[starts, ranks.size].tolist()
+        flat = ranks.tolist()
+        subgroups = [tuple(flat[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        by_first = np.argsort(np.minimum.reduceat(ranks, starts), kind="stable")
+        return tuple(subgroups[i] for i in by_first.tolist())
 
     def stage_ranks(self, stage: int) -> list[int]:
         """Ranks of pipeline stage ``stage``, ascending."""
@@ -337,14 +378,23 @@ def _cached_stage_ranks(layout: ParallelLayout, stage: int) -> tuple[int, ...]:
     return tuple(b + stage * s + i for b in range(0, layout.world, block) for i in range(s))
 
 
-@lru_cache(maxsize=1 << 14)
-def _cached_dpcp(layout: ParallelLayout, tp: int, pp: int) -> tuple[int, ...]:
-    return layout._dpcp_members_uncached(tp, pp)
+@lru_cache(maxsize=256)
+def _group_tables(layout: ParallelLayout, axis: str) -> tuple:
+    """``(table, index)`` of :meth:`ParallelLayout.group_table` and ``group_index``."""
+    rows = layout._group_rows(axis)
+    table = rows[np.argsort(rows.min(axis=1), kind="stable")]
+    index = np.empty(layout.world, dtype=np.int64)
+    index[table] = np.arange(table.shape[0])[:, None]
+    table.setflags(write=False)
+    index.setflags(write=False)
+    return table, index
 
 
 @lru_cache(maxsize=1 << 16)
 def _cached_group(layout: ParallelLayout, rank: int, axis: str) -> tuple[int, ...]:
-    return layout._group(rank, axis)
+    if not 0 <= rank < layout.world:
+        raise IndexError(f"rank {rank} outside 0..{layout.world - 1}")
+    return tuple(layout.group_table(axis)[layout.group_index(axis)[rank]].tolist())
 
 
 @lru_cache(maxsize=1 << 16)
@@ -354,9 +404,12 @@ def _cached_ep_subgroup(layout: ParallelLayout, rank: int, kind: str,
 
 
 @lru_cache(maxsize=1024)
+def _cached_ep_subgroups(layout: ParallelLayout, kind: str, stage: int,
+                         domain_size: int) -> tuple[tuple[int, ...], ...]:
+    return layout._ep_subgroups(kind, stage, domain_size)
+
+
+@lru_cache(maxsize=1024)
 def _cached_groups(layout: ParallelLayout, axis: str, stage: Optional[int]) -> tuple[tuple[int, ...], ...]:
     return layout._groups(axis, stage)
 
-
-def _mesh(c: dict[str, int]) -> dict[str, int]:
-    return {a: c[a] for a in MESH_AXES}
