@@ -41,6 +41,7 @@ of its group's members (:meth:`_hierarchical_a2a_pieces`).
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Optional
@@ -80,6 +81,18 @@ class RawRun:
     account: Optional[IdleAccount] = None  # the per-rank attribution behind idle and idle_spans
 
 
+class _Environment(simpy.Environment):
+    """simpy's environment plus a timeout at an absolute time (a chain of compute ops
+    ends at the sum of its durations, which ``now + (t - now)`` need not round to)."""
+
+    def timeout_at(self, t: float) -> simpy.Event:
+        ev = simpy.Event(self)
+        ev._ok = True
+        ev._value = None
+        heapq.heappush(self._queue, (t, simpy.events.NORMAL, next(self._eid), ev))
+        return ev
+
+
 class Engine:
     def __init__(
         self,
@@ -110,7 +123,7 @@ class Engine:
         # Representative mode: run each collective or send once, as the symmetry quotient
         # of its twins' traffic (see :meth:`_quotient_phase`); False injects every twin.
         self.twin_quotient = twin_quotient
-        self.env = simpy.Environment()
+        self.env = _Environment()
         self.net = FlowNetwork(self.env, topo, network_cal)
         self.sim_ranks = set(trace.ranks)
         self.done: dict[int, simpy.Event] = {}    # op id -> its end, for ops waited on
@@ -130,6 +143,7 @@ class Engine:
     # ---- public -----------------------------------------------------------------
     def run(self) -> RawRun:
         self.trace.check()
+        self._external = self._external_targets()
         streams: dict[tuple[int, str], list[Op]] = defaultdict(list)
         for op in self.trace.ops:
             streams[(op.rank, op.stream)].append(op)
@@ -165,6 +179,19 @@ class Engine:
             events_processed=len(self.records),
         )
 
+    def _external_targets(self) -> set[int]:
+        """Ids of the ops that an op of another stream (or rank) depends on: the only
+        ends other processes wait for (see :meth:`_stream`'s compute chains)."""
+        where = {op.id: (op.rank, op.stream) for op in self.trace.ops}
+        out: set[int] = set()
+        for op in self.trace.ops:
+            if op.deps:
+                me = (op.rank, op.stream)
+                for d in op.deps:
+                    if where.get(d, me) != me:
+                        out.add(d)
+        return out
+
     def _net_stats(self) -> dict:
         st = self.net.stats
         return {"flows_started": st.flows_started, "unit_flows_started": st.unit_flows_started,
@@ -176,45 +203,74 @@ class Engine:
         env = self.env
         end_time, done = self.end_time, self.done
         record = self.records.append
-        for op in ops:
+        external = self._external
+        bar = self._bar
+        i, n = 0, len(ops)
+        while i < n:
+            op = ops[i]
             if op.deps:
                 pending = [self._done_event(d) for d in op.deps if d not in end_time]
                 if len(pending) == 1:
                     yield pending[0]
                 elif pending:
                     yield env.all_of(pending)
-            start = env.now
             kind = op.kind
-            if op.mem:
-                self._mem(op, "start")
             if kind == "compute":
-                dur = self._duration(op)
-                if dur > 0:
-                    yield env.timeout(dur)
-            elif kind == "collective":
-                yield from self._collective(op)
-            elif kind == "send":
-                yield from self._send(op)
-            elif kind == "host":
-                rate = op.rate_bytes_per_s or self.host_bw
-                if op.size_bytes > 0:
-                    yield env.timeout(op.size_bytes / rate)
+                # A chain of compute ops, each starting when the one before ends: the
+                # next joins the chain when every dep of it has already ended and
+                # nothing outside this stream waits on the one before (so its end,
+                # known now, need not be an event). The times are the same sums a
+                # timeout per op would give; only the chain's last end is scheduled.
+                t = env.now
+                while True:
+                    start = t
+                    if op.mem:
+                        self._mem_at(op, "start", start)
+                    dur = self._duration(op)
+                    if dur > 0:
+                        t = start + dur
+                    if op.mem:
+                        self._mem_at(op, "end", t)
+                    if op.kernels:
+                        record(OpRecord(op, start, t))
+                    i += 1
+                    if i == n or op.id in external:
+                        break
+                    nxt = ops[i]
+                    if nxt.kind != "compute" or (nxt.deps and not all(map(end_time.__contains__, nxt.deps))):
+                        break
+                    end_time[op.id] = t
+                    if bar is not None:
+                        bar.update()
+                    op = nxt
+                if t != env.now:
+                    yield env.timeout_at(t)
+                end_time[op.id] = t
             else:
-                raise TraceError(f"op {op.id}: unknown kind {kind!r}; expected compute, collective, send or host")
-            end = env.now
-            if op.mem:
-                self._mem(op, "end")
-            end_time[op.id] = end
-            if kind == "compute":
-                if op.kernels:
-                    record(OpRecord(op, start, end))
-            else:
+                start = env.now
+                if op.mem:
+                    self._mem(op, "start")
+                if kind == "collective":
+                    yield from self._collective(op)
+                elif kind == "send":
+                    yield from self._send(op)
+                elif kind == "host":
+                    rate = op.rate_bytes_per_s or self.host_bw
+                    if op.size_bytes > 0:
+                        yield env.timeout(op.size_bytes / rate)
+                else:
+                    raise TraceError(f"op {op.id}: unknown kind {kind!r}; expected compute, collective, send or host")
+                end = env.now
+                if op.mem:
+                    self._mem(op, "end")
+                end_time[op.id] = end
                 record(OpRecord(op, start, end))
+                i += 1
             waiter = done.pop(op.id, None)
             if waiter is not None:
                 waiter.succeed()
-            if self._bar is not None:
-                self._bar.update()
+            if bar is not None:
+                bar.update()
 
     def _done_event(self, op_id: int) -> simpy.Event:
         """The event fired when op ``op_id`` ends (made only for ops someone waits on)."""
@@ -224,9 +280,12 @@ class Engine:
         return ev
 
     def _mem(self, op: Op, at: str) -> None:
+        self._mem_at(op, at, self.env.now)
+
+    def _mem_at(self, op: Op, at: str, t: float) -> None:
         for cat, delta, when in op.mem:
             if when == at and delta:
-                self.mem_events.append((self.env.now, op.rank, cat, delta))
+                self.mem_events.append((t, op.rank, cat, delta))
 
     def _kernel_stats(self, kernels: tuple) -> tuple:
         """``(kernels, roofline time, matmul FLOPs)`` of a kernel group, computed once per

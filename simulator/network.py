@@ -105,6 +105,8 @@ _ISOLATED_MAX_SEGMENTS = 64
 
 #: Prepared (validated, merged, routed) phases cached per network.
 _PREPARED_MAX = 4096
+#: Small-component solutions (:meth:`FlowNetwork._fill_memo`) remembered per network.
+_FILL_MEMO_MAX = 16384
 
 _INF = float("inf")
 
@@ -588,6 +590,7 @@ class FlowNetwork:
         self._reserved: dict[int, tuple] = {}
         self._next_token = 0
         self._isolation_of: dict[int, tuple] = {}   # id(prepared) -> (it, links, list, iso)
+        self._fills: dict[tuple, list] = {}          # component -> fill_small rates
 
     # -- public ------------------------------------------------------------
 
@@ -1223,8 +1226,8 @@ class FlowNetwork:
             at = 0
             mults = self._mults if self._any_mult else None
             for comp, n in zip(comps[:n_multi], lens):
-                parts.extend(fill_small([links[s] for s in comp], wl[at:at + n], cap,
-                                        None if mults is None else [mults[s] for s in comp]))
+                parts.extend(self._fill_memo([links[s] for s in comp], wl[at:at + n],
+                                             None if mults is None else [mults[s] for s in comp]))
                 at += n
             r = np.array(parts)
         else:
@@ -1266,6 +1269,19 @@ class FlowNetwork:
             batches[b0 + i] = (sl[start:start + n], bool(singles) and i == last)
             heapq.heappush(heap, (first, b0 + i))
 
+    def _fill_memo(self, flow_links: list, w: list, mults: Optional[list]) -> list[float]:
+        """:func:`fill_small` on this network's capacities, remembered per component
+        (routes, weights and multiplicities, in order): the components of a repeated
+        phase mix recur every micro-batch, and the rates are a pure function of them."""
+        key = (tuple(flow_links), tuple(w), None if mults is None else tuple(mults))
+        memo = self._fills
+        hit = memo.get(key)
+        if hit is None:
+            if len(memo) >= _FILL_MEMO_MAX:
+                memo.clear()
+            hit = memo[key] = fill_small(flow_links, w, self._cap, mults)
+        return hit
+
     def _recompute_scalar(self, comps: list[list[int]], grouped: bool, now: float) -> None:
         """:meth:`_recompute` for a handful of flows: the same arithmetic on scalars.
         With ``grouped`` the last of ``comps`` is the group of single flows."""
@@ -1282,8 +1298,8 @@ class FlowNetwork:
                          min(cap[lk] / (w.item(s) * m) for lk, m in zip(links[s], mults[s]))
                          for s in comp]
             else:
-                rates = fill_small([links[s] for s in comp], [w.item(s) for s in comp], cap,
-                                   None if mults is None else [mults[s] for s in comp])
+                rates = self._fill_memo([links[s] for s in comp], [w.item(s) for s in comp],
+                                        None if mults is None else [mults[s] for s in comp])
             bid = self._next_bid
             self._next_bid += 1
             first = _INF
