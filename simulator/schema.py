@@ -174,7 +174,7 @@ class TrainingIn(_Strict):
     moe_gate_weighting: Literal["activation", "combine"] = "activation"
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
-    master_weights: Literal["fp32", "remainder"] = "fp32"
+    master_weights: Literal["fp32", "remainder", "none"] = "fp32"
     recompute_modules: Optional[list[str]] = None
     dropout: bool = False
     expert_load: Optional[ExpertLoadIn] = None

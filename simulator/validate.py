@@ -87,6 +87,8 @@ METRICS: dict[str, tuple[str, Callable[[Mapping, float], float]]] = {
 
 #: Metrics whose published value is true/false rather than a positive number.
 BOOLEAN_METRICS = ("oom",)
+#: Memory figures (bytes), as opposed to the speed metrics.
+MEMORY_METRICS = ("peak_memory_bytes", "activation_bytes", "model_state_bytes")
 
 
 class ValidationError(StudyError):
@@ -134,6 +136,18 @@ class CaseResult:
     @property
     def oom(self) -> bool:
         return bool(self.summary.get("oom", False))
+
+    @property
+    def family(self) -> str:
+        """The chip family the case ran on (``ampere``, ``hopper``, ``blackwell``, ``tpu``):
+        the unit the compute calibration is fitted per."""
+        return str(self.summary.get("chip_family", ""))
+
+    @property
+    def is_timing(self) -> bool:
+        """A speed metric (step time, throughput, MFU, TFLOP/s), not a memory figure or an
+        expected-OOM verdict."""
+        return self.case.metric not in BOOLEAN_METRICS and self.case.metric not in MEMORY_METRICS
 
     @property
     def failure(self) -> Optional[str]:
@@ -263,6 +277,7 @@ def run_case(case: Case, compute: Optional[Mapping[str, float]] = None) -> CaseR
                               "peak_memory_bytes", "peak_activation_bytes", "model_state_bytes", "memory_breakdown_bytes",
                               "hbm_bytes",
                               "oom", "micro_batches", "sim_wall_s")}
+    keep["chip_family"] = sc.cluster.chip.family
     return CaseResult(case, float(value), float(s["sim_wall_s"]), keep)
 
 
@@ -342,6 +357,29 @@ def error_stats(results: Sequence[CaseResult]) -> tuple[float, float, str]:
     return statistics.median(errs), abs(worst.error), worst.case.name
 
 
+def family_stats(results: Sequence[CaseResult], timing_only: bool = True) -> dict:
+    """Per chip family: ``{family: (cases, median |error|, worst |error|, worst case)}``,
+    over the speed metrics only by default (memory figures and expected-OOM verdicts are
+    left out: their errors are 0 or of another kind), families in the order of
+    :data:`FAMILY_ORDER`."""
+    sel = [r for r in results if r.is_timing or not timing_only]
+    fams = sorted({r.family for r in sel}, key=_family_key)
+    out = {}
+    for fam in fams:
+        rs = [r for r in sel if r.family == fam]
+        med, worst, name = error_stats(rs)
+        out[fam] = (len(rs), med, worst, name)
+    return out
+
+
+#: Chip families in the order tables and plots list them (oldest first).
+FAMILY_ORDER = ("ampere", "hopper", "blackwell", "tpu")
+
+
+def _family_key(fam: str):
+    return (FAMILY_ORDER.index(fam) if fam in FAMILY_ORDER else len(FAMILY_ORDER), fam)
+
+
 def format_table(results: Sequence[CaseResult]) -> str:
     """The human table: case, metric, published, simulated, error, simulated peak
     memory (``OOM`` when it does not fit), wall time; the cases that fail on memory last."""
@@ -354,6 +392,12 @@ def format_table(results: Sequence[CaseResult]) -> str:
                      f"{r.sim_wall_s:>7.1f}")
     med, worst, name = error_stats(results)
     lines.append(f"{len(results)} cases; median |error| {med:.1%}; worst |error| {worst:.1%} ({name})")
+    timing = [r for r in results if r.is_timing]
+    if timing and len(timing) < len(results):
+        med, worst, name = error_stats(timing)
+        lines.append(f"{len(timing)} speed cases; median |error| {med:.1%}; worst |error| {worst:.1%} ({name})")
+    for fam, (n, med, worst, name) in family_stats(results).items():
+        lines.append(f"  {fam or '?'}: {n} speed cases; median |error| {med:.1%}; worst {worst:.1%} ({name})")
     failed = [r for r in results if r.failure]
     for r in failed:
         lines.append(f"FAILED {r.case.name}: {r.failure}")
@@ -364,7 +408,7 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}" if abs(x) < 1 else f"{x:.2f}" if abs(x) < 100 else f"{x:.1f}"
 
 
-CSV_COLUMNS = ("case", "metric", "published", "simulated", "error", "source", "peak_memory_bytes", "oom")
+CSV_COLUMNS = ("case", "metric", "published", "simulated", "error", "source", "peak_memory_bytes", "oom", "family")
 
 
 def write_csv(results: Sequence[CaseResult], path: Union[str, Path]) -> Path:
@@ -375,49 +419,59 @@ def write_csv(results: Sequence[CaseResult], path: Union[str, Path]) -> Path:
         w.writerow(CSV_COLUMNS)
         for r in results:
             w.writerow([r.case.name, r.case.metric, repr(r.case.published), repr(r.simulated), repr(r.error),
-                        r.case.source, repr(r.peak_memory_bytes), str(r.oom).lower()])
+                        r.case.source, repr(r.peak_memory_bytes), str(r.oom).lower(), r.family])
     return p
 
 
 def plot_parity(results: Sequence[CaseResult], path: Union[str, Path], band: float = 0.10) -> Path:
-    """Simulated vs published, one panel per metric, log axes, a ±``band`` band."""
+    """Simulated vs published, one panel per chip family (the unit of calibration), log
+    axes, a ±``band`` band, one marker per metric; each panel's title gives its speed
+    cases' median and worst |error|. Expected-OOM verdicts (booleans) are left out."""
+    rows = [(r.family, r.case.metric, r.case.published, r.simulated, r.error, r.is_timing) for r in results
+            if r.case.metric not in BOOLEAN_METRICS]  # log axes: numbers only
+    return plot_parity_rows(rows, path, band)
+
+
+def plot_parity_rows(rows, path: Union[str, Path], band: float = 0.10) -> Path:
+    """:func:`plot_parity` from plain rows ``(family, metric, published, simulated, error,
+    is_timing)`` (what ``validation.csv`` holds, so the notebook can draw the committed run)."""
     import matplotlib.pyplot as plt  # no backend chosen here: Agg headless, the notebook's in a notebook
     import numpy as np
 
-    results = [r for r in results if r.case.metric not in BOOLEAN_METRICS]  # log axes: numbers only
-    metrics = sorted({r.case.metric for r in results})
-    fig, axes = plt.subplots(1, max(1, len(metrics)), figsize=(4.6 * max(1, len(metrics)), 4.4), squeeze=False)
-    if not metrics:
-        axes[0][0].text(0.5, 0.5, "no numeric metric to plot", ha="center", va="center")
-    groups = sorted({_group(r) for r in results})
-    markers = dict(zip(groups, "osD^vP*X<>"))
-    for ax, m in zip(axes[0], metrics):
-        rs = [r for r in results if r.case.metric == m]
-        vals = [v for r in rs for v in (r.case.published, r.simulated)]
-        lo, hi = min(vals) / 1.3, max(vals) * 1.3
+    rows = [r for r in rows if r[2] > 0 and r[3] > 0]
+    fams = sorted({r[0] for r in rows}, key=_family_key) or [""]
+    metrics = sorted({r[1] for r in rows})
+    markers = dict(zip(metrics, "osD^vP*X<>h"))
+    fig, axes = plt.subplots(1, len(fams), figsize=(4.4 * len(fams), 4.5), squeeze=False)
+    for ax, fam in zip(axes[0], fams):
+        rs = [r for r in rows if r[0] == fam]
+        if not rs:
+            ax.text(0.5, 0.5, "no numeric metric to plot", ha="center", va="center")
+            continue
+        vals = [v for r in rs for v in (r[2], r[3])]
+        lo, hi = min(vals) / 1.5, max(vals) * 1.5
         x = np.geomspace(lo, hi, 50)
         ax.fill_between(x, x * (1 - band), x * (1 + band), color="0.88", label=f"±{band:.0%}")
         ax.plot(x, x, color="0.4", lw=0.8)
-        for g in groups:
-            sel = [r for r in rs if _group(r) == g]
+        for m in metrics:
+            sel = [r for r in rs if r[1] == m]
             if sel:
-                ax.scatter([r.case.published for r in sel], [r.simulated for r in sel], marker=markers[g], label=g,
-                           s=28, zorder=3)
+                ax.scatter([r[2] for r in sel], [r[3] for r in sel], marker=markers[m], label=m, s=30, zorder=3)
+        errs = [abs(r[4]) for r in rs if r[5]]
+        title = fam or "?"
+        if errs:
+            title += f": {len(errs)} speed cases, median |err| {np.median(errs):.1%}, worst {max(errs):.1%}"
+        ax.set_title(title, fontsize=8)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
-        ax.set_xlabel(f"published {m}")
-        ax.set_ylabel(f"simulated {m}")
-        ax.set_title(METRICS[m][0], fontsize=9)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.set_xlabel("published")
+        ax.set_ylabel("simulated")
+        ax.legend(fontsize=6, loc="upper left")
     fig.tight_layout()
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(p, dpi=120)
     plt.close(fig)
     return p
-
-
-def _group(r: CaseResult) -> str:
-    return r.case.path.parent.name if r.case.path is not None else r.case.name.split("-")[0]

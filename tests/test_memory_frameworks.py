@@ -202,3 +202,37 @@ def test_master_weight_remainders():
     assert memory.training_state_bytes(1.0, 0, ParallelLayout(zero=0), t).optimizer == 10
     with pytest.raises(ValueError, match="training.master_weights"):
         TrainingSpec(master_weights="fp16")
+
+
+def test_fp32_weights_are_their_own_master():
+    """JAX / MaxText (``weight_dtype: float32``): the FP32 parameters are cast per matmul,
+    so there is no separate master copy: 4 B weights + 4 B gradients + 8 B Adam moments =
+    16 B per parameter, against 2 + 4 + 12 = 18 B for BF16 weights with an FP32 master."""
+    t = TrainingSpec(master_weights="none")
+    s = memory.training_state_bytes(1.0, 0, ParallelLayout(zero=0), t)
+    assert (s.weights, s.gradients, s.optimizer) == (4, 4, 8)
+    # sharded like any other state under ZeRO-3 / FSDP
+    s3 = memory.training_state_bytes(64.0, 0, ParallelLayout(dp=64, zero=3), t)
+    assert (s3.weights, s3.gradients, s3.optimizer) == (4, 4, 8)
+
+
+def test_matmul_outputs_policy_keeps_what_jax_checkpoint_dots_keeps():
+    """``recompute_modules: [matmul_outputs]`` (JAX checkpoint_dots_with_no_batch_dims,
+    MaxText remat_policy minimal): per token a dense layer keeps its input, Q, K, V, the
+    out-projection output and the two SwiGLU up outputs, 16-bit: closed form
+    2(3h + 2 kv_heads d + 2f) bytes for GQA; plain selective recompute keeps 2(3h + f)
+    bytes more (the two norm outputs, the pre-FFN residual and the activation output) and
+    the flash kernel's log-sum-exp."""
+    m = get_model("llama3-8b")  # h 4096, 8 KV heads of 128, SwiGLU f 14336
+    h, kvd, f, s = m.hidden, m.kv_heads * m.head_dim, m.ffn_hidden, 4096
+    kw = dict(recompute="selective", flash_attention=True)
+    dots = memory.activation_bytes_per_layer(m, 0, 1, s, recompute_modules=("matmul_outputs",), **kw)
+    assert dots == pytest.approx(2 * s * (3 * h + 2 * kvd + 2 * f), rel=1e-12)
+    sel = memory.activation_bytes_per_layer(m, 0, 1, s, **kw)
+    lse = 4 * s * m.heads  # the flash kernel's log-sum-exp, not kept when the kernel reruns
+    assert sel - dots == pytest.approx(2 * s * (3 * h + f) + lse, rel=1e-12)
+    # the kernels that run again before each layer's backward: norms, residual, SwiGLU
+    # and the flash attention forward (not a dot_general output, so not saved)
+    names = memory.recomputed_kernel_names(TrainingSpec(recompute="selective", recompute_modules=("matmul_outputs",)))
+    assert {"attn_norm", "mlp_norm", "attn_core", "attn_residual", "mlp_act"} <= names
+    assert not names & {"qkv_proj", "out_proj", "mlp_up", "mlp_down"}

@@ -114,11 +114,35 @@ def test_validate_command_writes_table_csv_and_plot(suite, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "median |error|" in text and "worst |error|" in text and "tiny-h100" in text
     rows = list(csv.DictReader((out / "validation.csv").open()))
-    assert list(rows[0]) == ["case", "metric", "published", "simulated", "error", "source", "peak_memory_bytes", "oom"]
+    assert list(rows[0]) == ["case", "metric", "published", "simulated", "error", "source", "peak_memory_bytes", "oom",
+                             "family"]
     assert len(rows) == 3
     for r in rows:
         assert float(r["error"]) == pytest.approx(float(r["simulated"]) / float(r["published"]) - 1)
+        assert r["family"] in ("ampere", "hopper", "blackwell", "tpu")
+    # one line per chip family under the table, with its median over the speed cases
+    fams = {r["family"] for r in rows}
+    for fam in fams:
+        assert f"  {fam}: " in text
     assert (out / "parity.png").stat().st_size > 1000
+
+
+def test_family_stats_are_medians_over_each_familys_speed_cases():
+    case = v.load_case(TINY[0])
+
+    def res(name, fam, metric, published, simulated):
+        c = v.Case(name, None, case.scenario, metric, published, "", "")
+        return v.CaseResult(c, simulated, 0.0, {"chip_family": fam})
+
+    rs = [res("a", "hopper", "step_time_s", 1.0, 1.10), res("b", "hopper", "step_time_s", 1.0, 0.98),
+          res("c", "hopper", "mfu", 0.5, 0.45), res("d", "tpu", "step_time_s", 2.0, 2.2),
+          res("m", "hopper", "oom", 1.0, 1.0), res("z", "hopper", "model_state_bytes", 10.0, 10.0)]
+    st = v.family_stats(rs)
+    assert list(st) == ["hopper", "tpu"]  # FAMILY_ORDER
+    n, med, worst, name = st["hopper"]
+    assert n == 3 and med == pytest.approx(0.10) and worst == pytest.approx(0.10) and name == "a"
+    assert st["tpu"][:3] == (1, pytest.approx(0.10), pytest.approx(0.10))
+    assert v.family_stats(rs, timing_only=False)["hopper"][0] == 5
 
 
 def test_validate_subset_and_max_error_exit_code(suite):

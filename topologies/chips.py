@@ -90,10 +90,15 @@ CHIPS: dict[str, ChipSpec] = {c.name: c for c in (
           "NVIDIA DGX Cloud benchmarking README (dgxc); GB200 NVL72 rack datasheet / 72"),
     # TPU v4: 275 TF BF16 (INT8 the same), 32 GiB HBM2 at 1200 GB/s.
     _chip("tpu-v4", 275, 275, 32 * GiB, 1.2e12, "tpu", "Cloud TPU v4 documentation; HSYM TPU table"),
-    # TPU v5e: 197 TF BF16 (394 is INT8), 16 GB HBM at 819 GB/s.
-    _chip("tpu-v5e", 197, 197, 16e9, 819e9, "tpu", "Cloud TPU v5e documentation; HSYM TPU table"),
-    # TPU v5p: 459 TF BF16, no FP8 speed-up (918 is INT8), 95 GB HBM2e at 2765 GB/s.
-    _chip("tpu-v5p", 459, 459, 95e9, 2.765e12, "tpu", "Cloud TPU v5p documentation; HSYM TPU table"),
+    # TPU v5e: 197 TF BF16 (394 is INT8), "16 GB" HBM2 at 819 GB/s. The capacity is what XLA
+    # lets a program allocate, 15.75 GiB (16.9e9 B): its out-of-memory message reads "Used ...
+    # of 15.75G hbm" on v5e, G being GiB (the datasheet's 16 GB are 16 GiB less XLA's reserve).
+    _chip("tpu-v5e", 197, 197, 15.75 * GiB, 819e9, "tpu",
+          "Cloud TPU v5e documentation; HSYM TPU table; XLA:TPU out-of-memory report (15.75G hbm)"),
+    # TPU v5p: 459 TF BF16, no FP8 speed-up (918 is INT8), "95 GB" HBM2e at 2765 GB/s; XLA
+    # allocates up to 95.74 GiB (102.8e9 B): "Used ... of 95.74G hbm" in its out-of-memory report.
+    _chip("tpu-v5p", 459, 459, 95.74 * GiB, 2.765e12, "tpu",
+          "Cloud TPU v5p documentation; HSYM TPU table; XLA:TPU out-of-memory report (95.74G hbm)"),
     # TPU v6e (Trillium): 918 TF BF16 (1836 is INT8), 32 GB HBM at 1638 GB/s.
     _chip("tpu-v6e", 918, 918, 32e9, 1.638e12, "tpu", "Cloud TPU v6e documentation; HSYM TPU table"),
     # TPU7x (Ironwood): 2307 TF BF16, 4614 TF FP8, 192 GiB HBM3e at 7.37 TB/s.

@@ -82,6 +82,25 @@ DeepSeek-V3's list of cached tensors (§3.3.2) holds no expert output, so its pr
 uses ``moe_gate_weighting="activation"``; it also keeps the AdamW moments in BF16
 (§3.3.3, "low-precision optimizer states": ``TrainingSpec.optimizer_state_dtype``).
 
+Recompute policies
+------------------
+Under ``recompute="selective"``, ``recompute_modules`` names what is recomputed instead
+of kept: Megatron-Core's ``--recompute-modules`` (``core_attn``, ``layernorm``,
+``mla_up_proj``, ``moe_act``), or ``matmul_outputs``, JAX's
+``jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims``, which MaxText runs as
+``remat_policy: minimal`` (MaxText/layers/models.py, ``Decoder``: "minimal" maps to that
+policy). It saves only the outputs of ``dot_general`` ops without batch dimensions (the
+projections and FFN GEMMs; not the attention products, whose heads and batch are batch
+dimensions) and what the scanned layer takes as input; everything else the backward
+needs is recomputed from them. A dense MHA SwiGLU layer (``t = 1``, 16-bit, flash
+attention) keeps its input (``h`` per token), Q, K and V (``3h``), the out-projection
+output (``h``, in place of its input: same bytes) and the two FFN up outputs (``2f``):
+``2sbh(5 + 2f/h)`` bytes, against ``2sbh(8 + 3f/h)`` for plain selective recompute, which
+also keeps the two norm outputs, the pre-FFN residual and the activation output. Norms,
+residual adds, the activation and the flash attention forward run again before the
+layer's backward. Routed experts keep their up outputs only
+(the permutation is a gather).
+
 Weights, gradients, optimizer states
 ------------------------------------
 ZeRO (Rajbhandari et al. 2019, arXiv 1910.02054, §5 and Fig. 1): with ``Ψ``
@@ -213,9 +232,10 @@ def _block_activation_bytes(
     # Under DeepSeek-V3's savings a norm's output (a GEMM input) is recomputed from the
     # norm's input, MLA's up-projections from their latents, SwiGLU from its FP8 input;
     # Megatron-Core's recompute modules drop the same tensors one group at a time.
-    norm_out = 0 if ds or "layernorm" in recompute_modules else act_bytes
+    dots = "matmul_outputs" in recompute_modules  # JAX checkpoint_dots_with_no_batch_dims (module notes)
+    norm_out = 0 if ds or dots or "layernorm" in recompute_modules else act_bytes
     up_proj_kept = not (ds or "mla_up_proj" in recompute_modules)
-    latent_norm_out = act_bytes if up_proj_kept else 0
+    latent_norm_out = act_bytes if up_proj_kept and not dots else 0
     total = 0.0
     # ---- attention ---------------------------------------------------------
     total += act_bytes * rows_sp * h  # pre-attention norm input
@@ -239,7 +259,9 @@ def _block_activation_bytes(
         if up_proj_kept:  # per-head Q, K, V: the up-projections' outputs
             total += act_bytes * tokens * heads * (2 * d_qk + d_v)
         v_width = heads * d_v
-    total += (_E5M6_BYTES if ds else act_bytes) * tokens * v_width  # out-projection input (attention output)
+    # out-projection input (attention output); under matmul_outputs the attention output is
+    # recomputed and the out-projection's output (as many bytes per token under SP) is kept instead
+    total += (_E5M6_BYTES if ds else act_bytes) * tokens * v_width
     if dropout:
         total += _MASK_BYTES * rows_sp * h  # dropout after the out projection
 
@@ -250,15 +272,16 @@ def _block_activation_bytes(
         total += act_bytes * score_elems  # softmax output
         if dropout:
             total += (_MASK_BYTES + act_bytes) * score_elems  # dropout mask and output
-    elif flash_attention:
+    elif flash_attention and not dots:  # (under matmul_outputs the kernel reruns: nothing kept)
         total += _FP32_BYTES * tokens * heads  # log-sum-exp per query and head
 
     # ---- feed-forward ------------------------------------------------------
-    total += act_bytes * rows_sp * h  # pre-FFN norm input
+    if not dots:  # under matmul_outputs rebuilt from the layer input + out-projection output
+        total += act_bytes * rows_sp * h  # pre-FFN norm input
     up = 2 if model.ffn == "swiglu" else 1
     # activation (SwiGLU / GELU) input and output (the down GEMM's input): under the
     # savings the input in FP8, the output recomputed from it
-    act_in, act_out = (_FP8_BYTES, 0) if ds else (act_bytes, act_bytes)
+    act_in, act_out = (_FP8_BYTES, 0) if ds else (act_bytes, 0 if dots else act_bytes)
     if not moe:
         f = counts._split(model.ffn_hidden, tp, "ffn_hidden")
         total += norm_out * rows_sp * h  # up GEMM input
@@ -278,7 +301,7 @@ def _block_activation_bytes(
         # per assignment: permuted input (FP8 under the savings), up out, down in, and
         # what the gate gradient needs: the fp32 gate weight ("activation") or the
         # 16-bit expert output ("combine")
-        expert_in = _FP8_BYTES if ds else act_bytes
+        expert_in = _FP8_BYTES if ds else (0 if dots else act_bytes)  # a gather, not a matmul
         expert_act_out = 0 if "moe_act" in recompute_modules else act_out
         gate = _FP32_BYTES if moe_gate_weighting == "activation" else act_bytes * h
         total += assignments * (expert_in * h + act_in * up * f + expert_act_out * f + gate)
@@ -538,6 +561,10 @@ def state_bytes(
 def training_state_bytes(params_dense: float, params_expert: float, layout: ParallelLayout, training) -> StateBytes:
     """:func:`state_bytes` with the dtypes a :class:`workloads.training.TrainingSpec`
     names (gradient buffer ``grad_dtype``, optimizer moments ``optimizer_state_dtype``)."""
+    if training.master_weights == "none":  # FP32 weights that are their own master (JAX / MaxText)
+        return state_bytes(params_dense, params_expert, layout, dtype=training.dtype, optimizer=training.optimizer,
+                           master_weights=False, grad_dtype_bytes=training.grad_bytes,
+                           moment_dtype_bytes=training.moment_bytes, weight_dtype_bytes=_FP32_BYTES)
     return state_bytes(params_dense, params_expert, layout, dtype=training.dtype, optimizer=training.optimizer,
                        grad_dtype_bytes=training.grad_bytes, moment_dtype_bytes=training.moment_bytes,
                        master_bytes=2 if training.master_weights == "remainder" else _FP32_BYTES)
@@ -561,6 +588,10 @@ RECOMPUTED_KERNELS = {
     "layernorm": ("attn_norm", "mlp_norm"),
     "mla_up_proj": ("q_down_norm", "kv_down_norm", "q_up", "kv_up"),
     "moe_act": ("expert_act",),
+    # JAX's checkpoint_dots_with_no_batch_dims: everything but the matmuls reruns, the
+    # flash attention forward included (its output is not a dot_general output)
+    "matmul_outputs": ("attn_norm", "mlp_norm", "q_down_norm", "kv_down_norm", "attn_core", "attn_residual",
+                       "mlp_act", "expert_act", "shared_act"),
     "deepseek-v3": ("attn_norm", "mlp_norm", "q_down_norm", "kv_down_norm", "q_up", "kv_up", "mlp_act",
                     "expert_act", "shared_act"),
 }

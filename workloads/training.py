@@ -14,7 +14,10 @@ Optimizer = Literal["adam", "muon", "sgd"]
 #: ``recompute_modules``): ``core_attn`` the attention core (scores), ``layernorm``
 #: the two pre-block norms, ``mla_up_proj`` MLA's up-projections with their latent
 #: norms and RoPE, ``moe_act`` the routed experts' activation function.
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act")
+# Megatron-Core's --recompute-modules, plus "matmul_outputs": JAX's
+# checkpoint_dots_with_no_batch_dims policy (MaxText remat_policy "minimal"), which keeps
+# only matmul outputs and the layer input (workloads.memory, "Recompute policies").
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "matmul_outputs")
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,10 @@ class TrainingSpec:
     optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
     # The optimizer's master copy of the weights: "fp32" (4 bytes) or "remainder": only
     # the 16 low bits of the FP32 master, the BF16 weight being its high bits (Apex
-    # DistributedFusedAdam store_param_remainders, which NeMo 1.0 turns on for BF16 models).
-    master_weights: Literal["fp32", "remainder"] = "fp32"
+    # DistributedFusedAdam store_param_remainders, which NeMo 1.0 turns on for BF16 models),
+    # or "none": no separate copy, the weights themselves are kept in FP32 (4 bytes) and
+    # cast to the compute dtype per matmul (JAX / MaxText weight_dtype float32).
+    master_weights: Literal["fp32", "remainder", "none"] = "fp32"
     # Megatron-Core's --recompute-modules under selective recompute (workloads.memory,
     # RECOMPUTE_MODULES): parts of each layer whose outputs are recomputed in the
     # backward pass instead of kept. Empty: the attention core only (Korthikanti's
@@ -81,7 +86,7 @@ class TrainingSpec:
                              f"got {self.activation_saving!r}")
         for name, allowed in (("moe_gate_weighting", ("activation", "combine")),
                               ("grad_dtype", ("fp32", "bf16")), ("optimizer_state_dtype", ("fp32", "bf16")),
-                              ("master_weights", ("fp32", "remainder"))):
+                              ("master_weights", ("fp32", "remainder", "none"))):
             if getattr(self, name) not in allowed:
                 raise WorkloadError(f"training.{name}", f"must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for m in self.recompute_modules:
