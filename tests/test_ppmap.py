@@ -1,0 +1,89 @@
+"""The map of where pipeline parallelism pays (simulator.ppmap) on a 2x2 map of a tiny MoE."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from simulator import cli
+from simulator.ppmap import assemble, choose, dp_traffic_s, load_map, plot_map, run_map, screen, points
+from simulator.schema import ScenarioError, load_scenario
+
+TINY_MOE = {"name": "tmoe", "layers": 4, "hidden": 512, "heads": 8, "kv_heads": 4, "ffn_hidden": 2048, "vocab": 64,
+            "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256, "shared_experts": 1, "dense_layers": 1}}
+
+
+def tiny_map(**over):
+    m = {"name": "tiny", "devices": 16, "models": [TINY_MOE],
+         "training": {"seq_len": 512, "sequences_per_device": 4, "dtype": "bf16"},
+         "grid": {"cluster": {"preset": "dgx-h100"}, "domain_sizes": [4, 8], "nic_gbps": [5, 100]},
+         "marks": {"H100": [8, 100]},
+         "search": {"max_tp": 1, "pp": [1, 2], "max_ep": 8, "schedules": ["1f1b", "dualpipe"], "zero": [1, 3],
+                    "recompute": ["none"]},
+         "simulate": {"with_pp": 1, "without_pp": 1}}
+    m.update(over)
+    return m
+
+
+def test_tiny_map_table_and_figure(tmp_path):
+    table, cands = run_map(tiny_map(), tmp_path / "out", jobs=1)
+    assert len(table) == 4 and set(table["domain"]) == {4, 8} and set(table["nic_gbps"]) == {5.0, 100.0}
+    assert (table["simulated"] == 2).all()
+    # the ratio is best-without-PP over the best of both: never below 1
+    assert table["ratio"].notna().all() and (table["ratio"] >= 1.0).all()
+    for _, r in table.iterrows():
+        assert r["best_step_time_s"] == min(r["best_pp_step_time_s"], r["best_nopp_step_time_s"])
+        assert r["ratio"] == pytest.approx(r["best_nopp_step_time_s"] / r["best_step_time_s"])
+        assert r["aux_global_peak_bytes"] >= r["aux_free_peak_bytes"]  # all forwards first stash more
+    assert set(cands["pp"]) == {1, 2} and (cands["status"] == "ok").all()
+    assert (tmp_path / "out" / "map.csv").exists() and (tmp_path / "out" / "candidates.csv").exists()
+    # a slower network costs the no-PP layout at least as much
+    d4 = table[table["domain"] == 4].set_index("nic_gbps")
+    assert d4.loc[5.0, "best_nopp_step_time_s"] >= d4.loc[100.0, "best_nopp_step_time_s"]
+    png = tmp_path / "map.png"
+    plot_map(table, png, markers={"H100": (8, 100.0)})
+    assert png.stat().st_size > 10_000
+
+
+def test_resume_runs_nothing_twice(tmp_path):
+    out = tmp_path / "out"
+    t1, _ = run_map(tiny_map(), out, jobs=1)
+    rows = (out / "sims" / "rows.jsonl").read_text().splitlines()
+    t2, _ = run_map(tiny_map(), out, jobs=1)
+    assert (out / "sims" / "rows.jsonl").read_text().splitlines() == rows
+    pd.testing.assert_frame_equal(t1, t2)
+    # assemble alone reads the same table back
+    t3, _ = assemble(tiny_map(), out)
+    pd.testing.assert_frame_equal(t1, t3)
+
+
+def test_choose_takes_each_kind_and_distinct_schedules():
+    spec = load_map(tiny_map(simulate={"with_pp": 2, "without_pp": 1}))
+    pt = points(spec)[0]
+    t = screen(pt, spec)
+    picks = choose(t, 2, 1)
+    assert [p["pp"] > 1 for p in picks] == [True, True, False]
+    assert {p["schedule"] for p in picks[:2]} == {"1f1b", "dualpipe"}
+    assert all(p["est_memory_bytes"] <= t["hbm_bytes"].iloc[0] for p in picks)
+
+
+def test_dp_traffic_scales_with_bandwidth_and_zero3():
+    spec = load_map(tiny_map())
+    slow, fast = points(spec)[0]["scenario"], points(spec)[1]["scenario"]  # domain 4: 5 and 100 GB/s
+    for s in (slow, fast):
+        s["parallel"] = {"tp": 1, "pp": 1, "ep": 4, "zero": 1}
+    a, b = dp_traffic_s(load_scenario(slow)), dp_traffic_s(load_scenario(fast))
+    assert a > 5 * b > 0
+    z3 = {**slow, "parallel": {**slow["parallel"], "zero": 3}}
+    assert dp_traffic_s(load_scenario(z3)) > a  # gathers every micro-batch
+
+
+def test_bad_map_names_the_field(tmp_path, capsys):
+    with pytest.raises(ScenarioError, match="grid.domain_sizes"):
+        load_map(tiny_map(grid={"domain_sizes": [3], "nic_gbps": [50]}))
+    with pytest.raises(ScenarioError, match="bogus"):
+        load_map(tiny_map(bogus=1))
+    p = tmp_path / "m.json"
+    p.write_text('{"devices": 16, "models": ["x"], "grid": {"domain_sizes": [5], "nic_gbps": [1]}}')
+    assert cli.main(["ppmap", str(p), "--out", str(tmp_path / "o")]) == 2
+    assert "domain_sizes" in capsys.readouterr().err
