@@ -1216,7 +1216,7 @@ class FlowNetwork:
         sl = np.fromiter(itertools.chain.from_iterable(comps), dtype=np.int64, count=total)
         w = self._w[sl]
         wl = w.tolist()
-        links, cap = self._links, self._cap
+        links = self._links
         n_multi = len(comps) - bool(singles)
         pos = sum(lens[:n_multi])
         if n_multi == 0:

@@ -1,6 +1,5 @@
 """The map of where pipeline parallelism pays (simulator.ppmap) on a 2x2 map of a tiny MoE."""
 
-import math
 
 import pandas as pd
 import pytest
