@@ -128,7 +128,7 @@ def test_node_limited_quotient_agrees_with_the_full_plan(monkeypatch):
     chip = fast.scenario.cluster.chip
     eng = Engine(fast.trace, fast.topology, fast.scenario.layout, chip, calibration_for(chip, {}))
     op = next(op for op in fast.trace.ops if op.coll == "all-to-all")
-    ((transfers, steps, _, _),) = eng._network_phases(op)
+    ((transfers, steps, _),) = eng._network_phases(op)
     assert steps == 2 and len(transfers) == 9
     assert sum(t.src // 8 != t.dst // 8 for t in transfers) == 2
 
