@@ -171,6 +171,7 @@ class Topology:
 
         self._route_cache: dict = {}
         self._sw_tables = None
+        self._domain_arr = self._pod_arr = None
         self._trees: dict = {}
         self._adjacency = None
         # Structured routing: a perturbed topology routes like its unperturbed base and maps
@@ -209,6 +210,16 @@ class Topology:
 
     def domain_of(self, dev: int) -> int:
         return self._domain[self._check_device(dev)]
+
+    def domains_of(self, devices, by_pod: bool = False) -> np.ndarray:
+        """:meth:`domain_of` (or :meth:`pod_of`) of every device in ``devices`` at once."""
+        if self._domain_arr is None:
+            self._domain_arr = np.array(self._domain, dtype=np.int64)
+            self._pod_arr = np.array(self._pod, dtype=np.int64)
+        devices = np.asarray(devices, dtype=np.int64)
+        if devices.size and not (0 <= devices.min() and devices.max() < self.n_devices):
+            self._check_device(int(next(d for d in devices.ravel() if not 0 <= d < self.n_devices)))
+        return (self._pod_arr if by_pod else self._domain_arr)[devices]
 
     def pod_of(self, dev: int) -> int:
         return self._pod[self._check_device(dev)]
