@@ -217,9 +217,8 @@ def _check_op(op: str) -> None:
 def _domains(group: Sequence[int], topo: "Topology", by_pod: bool = False) -> list[list[int]]:
     """Members grouped by domain (or pod), domains in order of first appearance."""
     out: dict[int, list[int]] = {}
-    key = topo.pod_of if by_pod else topo.domain_of
-    for d in group:
-        out.setdefault(key(d), []).append(d)
+    for d, key in zip(group, topo.domains_of(group, by_pod=by_pod).tolist()):
+        out.setdefault(key, []).append(d)
     return list(out.values())
 
 
@@ -288,10 +287,11 @@ def choose_algorithm(op: str, group: Sequence[int], topo: "Topology") -> str:
 
 def _bundle(transfers: Iterable[Transfer]) -> tuple[Transfer, ...]:
     """Merge identical (src, dst, size) transfers into one of summed weight; drop no-ops."""
+    live = [t for t in transfers if t.src != t.dst and t.size_bytes > 0]
+    if len({(t.src, t.dst, t.size_bytes) for t in live}) == len(live) and all(t.incidence is None for t in live):
+        return tuple(live)                   # nothing to merge (a ring, a tree)
     merged: dict[tuple[int, int, float], int] = {}
-    for t in transfers:
-        if t.src == t.dst or t.size_bytes <= 0:
-            continue
+    for t in live:
         key = (t.src, t.dst, t.size_bytes)
         merged[key] = merged.get(key, 0) + t.weight
     return tuple(Transfer(s, d, b, w) for (s, d, b), w in merged.items())

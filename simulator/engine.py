@@ -601,10 +601,19 @@ def _image_quotient(net: FlowNetwork, rep: tuple, cls: np.ndarray, src: np.ndarr
     of ``rep`` (the largest over its transfers); ``"at-most"`` -- no image may exceed
     it. None where that fails. A transfer whose count is its route once is returned
     as it is (the same object)."""
-    routes = [net.route(t.src, t.dst) if t.src != t.dst and t.size_bytes > 0 else ((), 0.0, 0.0) for t in rep]
-    used = np.array(sorted({lk for r in routes for lk in r[0]}), dtype=np.int64)
-    lat = max((r[1] + r[2] for r in routes if r[0]), default=0.0)
-    live = (src != dst) & (np.array([t.size_bytes > 0 for t in rep], dtype=bool)[cls] if len(rep) else False)
+    k = len(rep)
+    rep_src = np.array([t.src for t in rep], dtype=np.int64)
+    rep_dst = np.array([t.dst for t in rep], dtype=np.int64)
+    sends = np.array([t.size_bytes > 0 for t in rep], dtype=bool) & (rep_src != rep_dst)
+    own = np.full((k, 1), -1, dtype=np.int64)            # each transfer's route, padded with -1
+    routed, rep_lat = net.routes(rep_src[sends], rep_dst[sends])
+    if routed.size:
+        own = np.full((k, routed.shape[1]), -1, dtype=np.int64)
+        own[sends] = routed
+    used = np.unique(own[own >= 0])
+    lat = float(rep_lat.max()) if rep_lat.size else 0.0
+    sized = np.array([t.size_bytes > 0 for t in rep], dtype=bool)
+    live = (src != dst) & sized[cls] if k else np.zeros(src.shape, dtype=bool)
     links, img_lat = net.routes(src[live], dst[live])
     if latency == "at-most":
         if (img_lat > lat).any():
@@ -615,24 +624,30 @@ def _image_quotient(net: FlowNetwork, rep: tuple, cls: np.ndarray, src: np.ndarr
         if (worst != lat).any():
             return None
     # (class, link of U) of every crossing, counted: class by class, links ascending
+    width = max(used.size, 1)
     if used.size:
         at = np.minimum(np.searchsorted(used, links), used.size - 1)
         hit = (links >= 0) & (used[at] == links)
-        keys, counts = np.unique(np.broadcast_to(cls[live][:, None], links.shape)[hit] * used.size + at[hit],
+        keys, counts = np.unique(np.broadcast_to(cls[live][:, None], links.shape)[hit] * width + at[hit],
                                  return_counts=True)
     else:
         keys = counts = np.zeros(0, dtype=np.int64)
-    bounds = np.searchsorted(keys // max(used.size, 1), np.arange(len(rep) + 1)).tolist()
-    crossed, counts = used[keys % max(used.size, 1)].tolist(), counts.tolist()
+    of_class = keys // width
+    bounds = np.searchsorted(of_class, np.arange(k + 1))
+    # A transfer crossing exactly its own links, each once, stays as it is.
+    plain = ((np.diff(bounds) == (own >= 0).sum(axis=1))
+             & (np.bincount(of_class[counts != 1], minlength=k) == 0)).tolist()
+    if all(plain):
+        return tuple(rep)
+    bounds, crossed, counts = bounds.tolist(), used[keys % width].tolist(), counts.tolist()
     out = []
-    for j, (t, r) in enumerate(zip(rep, routes)):
-        own = r[0]
-        lo, hi = bounds[j], bounds[j + 1]
-        if hi - lo == len(own) and all(x == 1 for x in counts[lo:hi]):
-            out.append(t)                        # its own route once (own links all counted)
+    for j, t in enumerate(rep):
+        if plain[j]:
+            out.append(t)
             continue
-        of = dict(zip(crossed[lo:hi], counts[lo:hi]))
-        inc = tuple((lk, float(of[lk])) for lk in own)
-        inc += tuple((lk, float(x)) for lk, x in of.items() if lk not in r[0])
+        route = [lk for lk in own[j].tolist() if lk >= 0]
+        of = dict(zip(crossed[bounds[j]:bounds[j + 1]], counts[bounds[j]:bounds[j + 1]]))
+        inc = tuple((lk, float(of[lk])) for lk in route)
+        inc += tuple((lk, float(x)) for lk, x in of.items() if lk not in route)
         out.append(replace(t, incidence=inc))
     return tuple(out)

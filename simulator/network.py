@@ -531,13 +531,15 @@ class FlowNetwork:
         self.topo = topo
         self.calibration = calibration if calibration is not None else NetCalibration()
         kinds = tuple(topo.link_kind)
-        eff = np.array([self.calibration.efficiency_of(k) for k in kinds], dtype=float)
+        names = sorted(set(kinds))                       # per kind, then spread over the links
+        of_kind = np.searchsorted(np.array(names), np.array(kinds)) if kinds else np.zeros(0, dtype=np.int64)
+        eff = np.array([self.calibration.efficiency_of(k) for k in names], dtype=float)[of_kind]
         self.capacity = np.asarray(topo.link_capacity, dtype=float) * eff
         if self.capacity.size and not np.all(self.capacity > 0):
             bad = int(np.argmin(self.capacity))
             raise NetworkError(f"link {bad} has capacity {self.capacity[bad]!r}; must be > 0")
         self.link_latency = np.asarray(topo.link_latency, dtype=float)
-        self.link_overhead = np.array([self.calibration.overhead_of(k) for k in kinds], dtype=float)
+        self.link_overhead = np.array([self.calibration.overhead_of(k) for k in names], dtype=float)[of_kind]
         self.n_links = self.capacity.shape[0]
         self.stats = NetworkStats(link_bytes=np.zeros(self.n_links), link_capacity=self.capacity)
         self._cap = self.capacity.tolist()

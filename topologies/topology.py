@@ -40,8 +40,9 @@ def _node_key(node, data) -> tuple:
     return (1, 0, str(node))
 
 
-def _validate(G) -> list:
-    """Check ``G`` and return its device node ids ordered by index."""
+def _validate(G) -> tuple[list, list]:
+    """Check ``G`` and return its device node ids ordered by index and its edges as
+    ``(u, v, bw_bytes_per_s, latency_s, kind)`` rows."""
     if not isinstance(G, nx.Graph) or G.is_directed() or G.is_multigraph():
         raise TopologyError(f"topology: expected an undirected networkx.Graph, got "
                             f"{type(G).__name__}", "topology")
@@ -65,6 +66,7 @@ def _validate(G) -> list:
     if missing:
         raise TopologyError(f"topology: device indices must be 0..{len(devices) - 1}; "
                             f"index {missing[0]} is missing", "topology")
+    edges = []
     for u, v, data in G.edges(data=True):
         if u == v:
             raise TopologyError(f"topology: self-loop on {u!r}", "topology")
@@ -79,6 +81,7 @@ def _validate(G) -> list:
         if not (isinstance(lat, (int, float)) and math.isfinite(lat) and lat >= 0):
             raise TopologyError(f"topology: edge ({u!r}, {v!r}) has latency_s={lat!r}; "
                                 "must be a finite number >= 0", "topology")
+        edges.append((u, v, bw, lat, str(data["kind"])))
     ordered = [devices[i] for i in range(len(devices))]
     if not nx.is_connected(G):
         reached = nx.node_connected_component(G, ordered[0])
@@ -89,7 +92,7 @@ def _validate(G) -> list:
                                 "topology")
         raise TopologyError(f"topology: device {lost!r} is unreachable from device "
                             f"{ordered[0]!r}", "topology")
-    return ordered
+    return ordered, edges
 
 
 class Topology:
@@ -112,7 +115,8 @@ class Topology:
     """
 
     def __init__(self, graph: nx.Graph, name: str = "", *, _base: Optional["Topology"] = None):
-        self.devices: tuple = tuple(_validate(graph))
+        devices, edge_rows = _validate(graph)
+        self.devices: tuple = tuple(devices)
         self.graph = nx.freeze(graph)
         self.name = name
         kind = graph.graph.get("kind", "custom")
@@ -124,26 +128,24 @@ class Topology:
         self._nodes = [n for n, _ in nodes]
         self._node_index = {n: k for k, n in enumerate(self._nodes)}
         idx = self._node_index
-        edges = sorted((idx[u], idx[v]) if idx[u] < idx[v] else (idx[v], idx[u])
-                       for u, v in graph.edges())
-        self.n_links = 2 * len(edges)
+        # Undirected edge k of the sorted edge list -> links 2k (lower to higher node) and 2k + 1.
+        rows = [(idx[u], idx[v], bw, lat, kind) for u, v, bw, lat, kind in edge_rows]
+        u_, v_, bw, lat, kind = (list(col) for col in zip(*rows)) if rows else ([], [], [], [], [])
+        lo, hi = np.minimum(u_, v_).astype(np.int64), np.maximum(u_, v_).astype(np.int64)
+        order = np.lexsort((hi, lo))
+        lo, hi = lo[order], hi[order]
+        self.n_links = 2 * len(rows)
         self._ends = np.empty((self.n_links, 2), dtype=np.int64)
-        capacity, latency, kinds = [], [], []
-        self._link_of: dict = {}
-        for k, (a, b) in enumerate(edges):
-            data = graph.edges[self._nodes[a], self._nodes[b]]
-            self._ends[2 * k] = (a, b)
-            self._ends[2 * k + 1] = (b, a)
-            self._link_of[(a, b)] = 2 * k
-            self._link_of[(b, a)] = 2 * k + 1
-            capacity += [data["bw_bytes_per_s"]] * 2
-            latency += [data["latency_s"]] * 2
-            kinds += [str(data["kind"])] * 2
-        self.link_capacity = np.asarray(capacity, dtype=np.float64)
-        self.link_latency = np.asarray(latency, dtype=np.float64)
+        self._ends[0::2, 0], self._ends[0::2, 1] = lo, hi
+        self._ends[1::2, 0], self._ends[1::2, 1] = hi, lo
+        a, b = lo.tolist(), hi.tolist()
+        self._link_of: dict = dict(zip(zip(a, b), range(0, self.n_links, 2)))
+        self._link_of.update(zip(zip(b, a), range(1, self.n_links, 2)))
+        self.link_capacity = np.repeat(np.asarray(bw, dtype=np.float64)[order], 2)
+        self.link_latency = np.repeat(np.asarray(lat, dtype=np.float64)[order], 2)
+        self.link_kind: tuple[str, ...] = tuple(kind[i] for i in order.tolist() for _ in (0, 1))
         self.link_capacity.setflags(write=False)
         self.link_latency.setflags(write=False)
-        self.link_kind: tuple[str, ...] = tuple(kinds)
 
         data = [graph.nodes[d] for d in self.devices]
         self._domain = [int(d.get("domain", 0)) for d in data]
@@ -168,6 +170,7 @@ class Topology:
 
         self._route_cache: dict = {}
         self._sw_tables = None
+        self._domain_arr = self._pod_arr = None
         self._trees: dict = {}
         self._adjacency = None
         # Structured routing: a perturbed topology routes like its unperturbed base and maps
@@ -206,6 +209,16 @@ class Topology:
 
     def domain_of(self, dev: int) -> int:
         return self._domain[self._check_device(dev)]
+
+    def domains_of(self, devices, by_pod: bool = False) -> np.ndarray:
+        """:meth:`domain_of` (or :meth:`pod_of`) of every device in ``devices`` at once."""
+        if self._domain_arr is None:
+            self._domain_arr = np.array(self._domain, dtype=np.int64)
+            self._pod_arr = np.array(self._pod, dtype=np.int64)
+        devices = np.asarray(devices, dtype=np.int64)
+        if devices.size and not (0 <= devices.min() and devices.max() < self.n_devices):
+            self._check_device(int(next(d for d in devices.ravel() if not 0 <= d < self.n_devices)))
+        return (self._pod_arr if by_pod else self._domain_arr)[devices]
 
     def pod_of(self, dev: int) -> int:
         return self._pod[self._check_device(dev)]
@@ -281,20 +294,10 @@ class Topology:
     def _switched_tables(self):
         """Per-device numpy link tables of the structured switched router (None where
         the topology is not an unperturbed switched network): NVLink up/down and
-        switch, NIC up/down and leaf, the leaf's fabric up/down and spine (-1 absent)."""
+        switch, NIC up/down and leaf, the leaf's fabric up/down and spine (-1 absent),
+        pod."""
         if self._base is not self or self._struct is None or self._struct[0] != "switched":
             return None
-        if getattr(self, "_sw_tables", None) is None:
-            _, nv, nic, leaf_of, fabric = self._struct
-            idx = self._node_index
-            node = (lambda x: -1 if x is None else idx[x])
-            no_fabric = (-1, -1, None)
-            fab = [fabric.get(lf, no_fabric) if lf is not None else no_fabric for lf in leaf_of]
-            self._sw_tables = tuple(np.array(col, dtype=np.int64) for col in (
-                [u for u, _, _ in nv], [d for _, d, _ in nv], [node(s) for _, _, s in nv],
-                [u for u, _ in nic], [d for _, d in nic], [node(lf) for lf in leaf_of],
-                [u for u, _, _ in fab], [d for _, d, _ in fab], [node(s) for _, _, s in fab],
-                self._pod))
         return self._sw_tables
 
     @staticmethod
@@ -328,33 +331,43 @@ class Topology:
         mapped = tuple(int(self._base_map[link]) for link in links)
         return None if min(mapped) < 0 else mapped
 
+    def _only_neighbour(self, kind: str, switches_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Per node: its neighbour over its only ``kind`` edge (between two non-device
+        nodes if ``switches_only``) and the link to it; both -1 where it has none or
+        several."""
+        n_nodes = len(self._nodes)
+        sel = np.flatnonzero(np.array(self.link_kind[0::2]) == kind) if self.n_links else np.zeros(0, np.int64)
+        lo, hi = self._ends[2 * sel, 0], self._ends[2 * sel, 1]
+        if switches_only:
+            keep = lo >= self.n_devices        # devices sort first, so lo is the device if any
+            sel, lo, hi = sel[keep], lo[keep], hi[keep]
+        count = np.bincount(lo, minlength=n_nodes) + np.bincount(hi, minlength=n_nodes)
+        other, link = np.full(n_nodes, -1, dtype=np.int64), np.full(n_nodes, -1, dtype=np.int64)
+        other[lo], link[lo] = hi, 2 * sel
+        other[hi], link[hi] = lo, 2 * sel + 1
+        other[count != 1] = -1
+        link[count != 1] = -1
+        return other, link
+
     def _build_structure(self) -> None:
         """Per-device link tables for structure-aware routing (each -1 where absent)."""
-        G, idx, link = self.graph, self._node_index, self._link_of
+        idx, link = self._node_index, self._link_of
         self._struct = None
         n = self.n_devices
 
-        def first_neighbour(node, kind):
-            found = [v for v, d in G.adj[node].items() if d["kind"] == kind]
-            return found[0] if len(found) == 1 else None
-
-        def up_down(u, v):
-            if u is None or v is None:
-                return -1, -1
-            return link[(idx[u], idx[v])], link[(idx[v], idx[u])]
+        def back(up: np.ndarray) -> np.ndarray:
+            return np.where(up >= 0, up ^ 1, -1)      # links 2k and 2k + 1 are one edge's
 
         # pods: device <-> pod switch <-> core
         self._dcn = None
         if self.n_pods > 1:
-            dev_sw = [first_neighbour(d, "dcn") for d in self.devices]
-            pod_up = {}
-            for sw in set(dev_sw) - {None}:
-                core = [v for v, d in G.adj[sw].items() if d["kind"] == "dcn"
-                        and G.nodes[v].get("kind") != "device"]
-                pod_up[sw] = up_down(sw, core[0] if len(core) == 1 else None) + (
-                    core[0] if len(core) == 1 else None,)
-            self._dcn = [(up_down(d, sw), pod_up.get(sw, (-1, -1, None)))
-                         for d, sw in zip(self.devices, dev_sw)]
+            sw, s_up = (x[:n] for x in self._only_neighbour("dcn"))
+            core, c_up = self._only_neighbour("dcn", switches_only=True)
+            at = np.where(sw >= 0, sw, 0)
+            sw_up = np.where(sw >= 0, c_up[at], -1)
+            sw_core = np.where(sw >= 0, core[at], -1)
+            self._dcn = [((u, d), (cu, cd, c)) for u, d, cu, cd, c in zip(
+                s_up.tolist(), back(s_up).tolist(), sw_up.tolist(), back(sw_up).tolist(), sw_core.tolist())]
         if self.kind == "torus":
             shape, wrap = self.torus_shape, self.torus_wrap
             per_pod = math.prod(shape)
@@ -377,18 +390,14 @@ class Topology:
                         table[a][i] = (lk, j) if lk >= 0 else (-1, -1)
             self._struct = ("torus", plus, minus)
         elif self.kind == "switched":
-            nv, nic, leaf_of = [], [], []
-            for d in self.devices:
-                sw = first_neighbour(d, "nvlink")
-                lf = first_neighbour(d, "nic")
-                nv.append(up_down(d, sw) + (sw,))
-                nic.append(up_down(d, lf))
-                leaf_of.append(lf)
-            fabric = {}
-            for lf in set(leaf_of) - {None}:
-                sp = first_neighbour(lf, "fabric")
-                fabric[lf] = up_down(lf, sp) + (sp,)
-            self._struct = ("switched", nv, nic, leaf_of, fabric)
+            nv_sw, nv_up = (x[:n] for x in self._only_neighbour("nvlink"))
+            leaf, nic_up = (x[:n] for x in self._only_neighbour("nic"))
+            spine, fab_up = self._only_neighbour("fabric")
+            at = np.where(leaf >= 0, leaf, 0)
+            spine, fab_up = np.where(leaf >= 0, spine[at], -1), np.where(leaf >= 0, fab_up[at], -1)
+            self._sw_tables = (nv_up, back(nv_up), nv_sw, nic_up, back(nic_up), leaf,
+                               fab_up, back(fab_up), spine, np.array(self._pod, dtype=np.int64))
+            self._struct = ("switched",) + tuple(t.tolist() for t in self._sw_tables[:9])
 
     def _structured_route(self, s: int, t: int):
         """Structure-aware route in this (unperturbed) topology, or None if not applicable."""
@@ -421,18 +430,17 @@ class Topology:
                         return None
                     route.append(lk)
             return tuple(route)
-        _, nv, nic, leaf_of, fabric = st
-        if nv[s][2] is not None and nv[s][2] == nv[t][2]:
-            route = (nv[s][0], nv[t][1])
-        elif leaf_of[s] is None or leaf_of[t] is None:
+        _, nv_up, nv_down, nv_sw, nic_up, nic_down, leaf, fab_up, fab_down, spine = st
+        if nv_sw[s] >= 0 and nv_sw[s] == nv_sw[t]:
+            route = (nv_up[s], nv_down[t])
+        elif leaf[s] < 0 or leaf[t] < 0:
             return None
-        elif leaf_of[s] == leaf_of[t]:
-            route = (nic[s][0], nic[t][1])
+        elif leaf[s] == leaf[t]:
+            route = (nic_up[s], nic_down[t])
+        elif spine[s] < 0 or spine[s] != spine[t]:
+            return None
         else:
-            fs, ft = fabric[leaf_of[s]], fabric[leaf_of[t]]
-            if fs[2] is None or fs[2] != ft[2]:
-                return None
-            route = (nic[s][0], fs[0], ft[1], nic[t][1])
+            route = (nic_up[s], fab_up[s], fab_down[t], nic_down[t])
         return route if min(route) >= 0 else None
 
     def _generic_route(self, s: int, t: int) -> tuple[int, ...]:
