@@ -300,15 +300,15 @@ class Engine:
     def _absorb(self, streams: dict) -> dict:
         """Move private ops (:meth:`_private_ops`) of a rank's communication streams into
         its compute stream where that changes no start time, so that a compute chain runs
-        through them without an event: op ``a`` of stream S joins right after compute op
-        ``c`` when
+        through them without an event: a run ``a_j .. a_k`` of stream S (each depending
+        on the one before alone) joins right after compute op ``c`` when
 
-        * ``a`` depends on ``c`` alone and the compute op after ``c`` depends on ``a``
-          (the compute stream waits for ``a`` anyway, and nothing else of it overlaps ``a``);
-        * the op before ``a`` in S has ended when ``c`` ends (it was moved before ``c``,
+        * ``a_j`` depends on ``c`` alone and the compute op after ``c`` depends on ``a_k``
+          (the compute stream waits for the run anyway, and nothing else of it overlaps it);
+        * the op before ``a_j`` in S has ended when ``c`` ends (it was moved before ``c``,
           or the compute stream waited for it at or before ``c``);
-        * the op after ``a`` in S starts after ``a`` ends (it was moved too, or it depends
-          on a compute op after ``a``).
+        * the op after ``a_k`` in S starts after ``a_k`` ends (it was moved too, or it
+          depends on a compute op after the run).
 
         Returns op id -> the stream that now runs it; ``streams`` is edited in place."""
         known = self._known
@@ -322,49 +322,65 @@ class Engine:
                 for d in op.deps:
                     if d not in first_wait:
                         first_wait[d] = i
-            claimed: dict[int, Op] = {}             # compute index -> the op moved after it
+            claimed: dict[int, list] = {}           # compute index -> the ops moved after it
             for (r2, s2), sops in list(streams.items()):
                 if r2 != rank or s2 == "compute":
                     continue
-                after: dict[int, int] = {}          # index in S -> compute index it follows
-                for j, a in enumerate(sops):
+                # runs a_j..a_k of S: a_j depends on compute op c alone, each next one on
+                # the one before alone, and the compute op after c on a_k
+                units: dict[int, tuple[int, int]] = {}     # start j -> (end k, compute index)
+                j = 0
+                while j < len(sops):
+                    a = sops[j]
                     if a.id in known and len(a.deps) == 1 and a.deps[0] in pos:
                         i = pos[a.deps[0]]
-                        if i not in claimed and i + 1 < len(cops) and a.id in cops[i + 1].deps:
-                            after[j] = i
+                        if i not in claimed and i + 1 < len(cops):
+                            waits = cops[i + 1].deps
+                            k = j
+                            while sops[k].id not in waits and k + 1 < len(sops) \
+                                    and sops[k + 1].id in known and sops[k + 1].deps in ((), (sops[k].id,)):
+                                k += 1
+                            if sops[k].id in waits:
+                                units[j] = (k, i)
+                                j = k + 1
+                                continue
+                    j += 1
                 changed = True
                 while changed:
                     changed = False
+                    ends = {k: (j, i) for j, (k, i) in units.items()}
                     used: set[int] = set()
-                    for j in sorted(after):
-                        i = after[j]
+                    for j in sorted(units):
+                        k, i = units[j]
                         if j == 0:
                             prev_ok = True
-                        elif j - 1 in after:
-                            prev_ok = after[j - 1] < i
+                        elif j - 1 in ends:
+                            prev_ok = ends[j - 1][1] < i
                         else:
                             prev_ok = first_wait.get(sops[j - 1].id, len(cops)) <= i
-                        nxt_ok = j + 1 == len(sops) or j + 1 in after \
-                            or any(pos.get(d, -1) > i for d in sops[j + 1].deps)
+                        nxt_ok = k + 1 == len(sops) or k + 1 in units \
+                            or any(pos.get(d, -1) > i for d in sops[k + 1].deps)
                         if not (prev_ok and nxt_ok) or i in used:
-                            del after[j]
+                            del units[j]
                             changed = True
                             break
                         used.add(i)
-                if after:
-                    for j, i in after.items():
-                        claimed[i] = sops[j]
-                    gone = {sops[j].id for j in after}
+                if units:
+                    gone = set()
+                    for j, (k, i) in units.items():
+                        claimed[i] = sops[j:k + 1]
+                        gone.update(op.id for op in sops[j:k + 1])
                     streams[(r2, s2)] = [op for op in sops if op.id not in gone]
             if not claimed:
                 continue
             new = []
             for i, op in enumerate(cops):
                 new.append(op)
-                a = claimed.get(i)
-                if a is not None:
-                    new.append(a)
-                    moved[a.id] = (rank, stream)
+                run = claimed.get(i)
+                if run is not None:
+                    new.extend(run)
+                    for a in run:
+                        moved[a.id] = (rank, stream)
             streams[(rank, stream)] = new
         return moved
 

@@ -1419,8 +1419,11 @@ class FlowNetwork:
         dl = done.tolist()
         moved = self._w[done] * self._size[done]
         if len(dl) <= _SMALL_BATCH:
+            at: list[int] = []
+            amounts: list[float] = []
             for s, m in zip(dl, moved.tolist()):
-                self._detach(s, m)
+                self._detach(s, m, at, amounts)
+            np.add.at(self.stats.link_bytes, at, amounts)    # in order: the same sums
         else:
             lf, dirty, link_bytes = self._link_flows, self._dirty, self.stats.link_bytes
             sub = self._tab[done]
@@ -1461,28 +1464,36 @@ class FlowNetwork:
                     finished.append(p)
         self._release(dl, finished)
 
-    def _detach(self, s: int, moved: float) -> None:
+    def _detach(self, s: int, moved: float, at: list, amounts: list) -> None:
         """Take flow slot ``s`` off the link index (links it shared become dirty: their
-        other flows are re-solved) and count its ``moved`` bytes on each of its links
-        (times the link's multiplicity)."""
-        lf, dirty, link_bytes = self._link_flows, self._dirty, self.stats.link_bytes
-        ms = self._mults[s] if self._any_mult else None
-        for j, lk in enumerate(self._links[s]):
+        other flows are re-solved) and list its ``moved`` bytes for each of its links
+        (times the link's multiplicity) in ``at`` / ``amounts``, for the caller to add to
+        ``stats.link_bytes`` in that order."""
+        lf, dirty = self._link_flows, self._dirty
+        links = self._links[s]
+        for lk in links:
             fl = lf[lk]
             fl.discard(s)
             if fl:
                 dirty.append(lk)
             else:
                 del lf[lk]
-            link_bytes[lk] += moved if ms is None else moved * ms[j]
+        at.extend(links)
+        ms = self._mults[s] if self._any_mult else None
+        if ms is None:
+            amounts.extend(itertools.repeat(moved, len(links)))
+        else:
+            amounts.extend([moved * m for m in ms])
 
     def _complete_scalar(self, done: list[int]) -> None:
         """:meth:`_complete` for a handful of flows."""
         w, size, batch, pids = self._w, self._size, self._batch, self._pid
         left = self._phase_left
         finished = []
+        at: list[int] = []
+        amounts: list[float] = []
         for s in done:
-            self._detach(s, w.item(s) * size.item(s))
+            self._detach(s, w.item(s) * size.item(s), at, amounts)
             batch[s] = -1
             p = pids.item(s)
             n = left[p] - 1
@@ -1490,6 +1501,7 @@ class FlowNetwork:
                 left[p] = n
             else:
                 finished.append(p)
+        np.add.at(self.stats.link_bytes, at, amounts)    # in order: the same sums
         self._release(done, finished)
 
     def _release(self, slots, finished: list[int]) -> None:
