@@ -59,14 +59,16 @@ def moe(devices: int, pp: int = 4, gbs_per_dp: int = 8) -> dict:
 
 
 def run_case(label: str, sc: dict) -> dict:
+    c0 = time.process_time()
     t0 = time.perf_counter()
     res = simulate(copy.deepcopy(sc) if isinstance(sc, dict) else sc)
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     s = res.summary
     net = res.raw.network_stats
     return {
         "case": label, "devices": s["devices"], "micro_batches": s["micro_batches"],
-        "wall_s": wall, "ops": s["events_processed"], "flows": net.get("flows_started", 0),
+        "wall_s": wall, "cpu_s": cpu, "sim_wall_s": s["sim_wall_s"], "ops": s["events_processed"], "flows": net.get("flows_started", 0),
         "recomputations": net.get("rate_recomputations", 0),
         "rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "step_time_s": s["step_time_s"], "mfu": s["mfu"],
@@ -74,6 +76,8 @@ def run_case(label: str, sc: dict) -> dict:
 
 
 def exponent(xs, ys) -> float:
+    if len(xs) < 2:
+        return float("nan")
     x, y = np.log(np.asarray(xs, float)), np.log(np.asarray(ys, float))
     return float(np.polyfit(x, y, 1)[0])
 
@@ -83,6 +87,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
     ap.add_argument("--json", help="write the rows and exponents to this file")
     ap.add_argument("--show", action="store_true", help="print each case's scenario mapping")
+    ap.add_argument("--only", nargs="*", default=[], help="only the cases whose label contains one of these")
     args = ap.parse_args(argv)
 
     device_sizes = [64, 256, 1024] if args.quick else [64, 1024, 16384, 100000]
@@ -101,14 +106,16 @@ def main(argv=None) -> int:
     cases += [(f"dense micro-batches={m}", dense(256, gbs_per_dp=m)) for m in mb_sizes]
     cases += [(f"dense layers={l}", dense(256, layers=l)) for l in layer_sizes]
 
+    if args.only:
+        cases = [(label, sc) for label, sc in cases if any(o in label for o in args.only)]
     rows = []
-    print(f"{'case':<28}{'devices':>9}{'mb':>5}{'wall s':>9}{'ops':>9}{'flows':>11}{'recomp':>8}{'rss MB':>8}")
+    print(f"{'case':<28}{'devices':>9}{'mb':>5}{'wall s':>9}{'cpu s':>8}{'ops':>9}{'flows':>11}{'recomp':>8}{'rss MB':>8}")
     for label, sc in cases:
         if args.show:
             print(json.dumps(sc) if isinstance(sc, dict) else sc)
         r = run_case(label, sc)
         rows.append(r)
-        print(f"{label:<28}{r['devices']:>9,}{r['micro_batches']:>5}{r['wall_s']:>9.2f}{r['ops']:>9,}{r['flows']:>11,}"
+        print(f"{label:<28}{r['devices']:>9,}{r['micro_batches']:>5}{r['wall_s']:>9.2f}{r['cpu_s']:>8.2f}{r['ops']:>9,}{r['flows']:>11,}"
               f"{r['recomputations']:>8,}{r['rss_peak_mb']:>8.0f}")
         sys.stdout.flush()
 
@@ -119,7 +126,8 @@ def main(argv=None) -> int:
         "wall_vs_devices_dense": exponent([r["devices"] for r in pick("dense devices")], [r["wall_s"] for r in pick("dense devices")]),
         "wall_vs_devices_moe": exponent([r["devices"] for r in pick("moe devices")], [r["wall_s"] for r in pick("moe devices")]),
         "wall_vs_micro_batches": exponent([r["micro_batches"] for r in pick("dense micro")], [r["wall_s"] for r in pick("dense micro")]),
-        "wall_vs_layers": exponent(layer_sizes, [r["wall_s"] for r in pick("dense layers")]),
+        "wall_vs_layers": exponent([int(r["case"].split("=")[1]) for r in pick("dense layers")],
+                                   [r["wall_s"] for r in pick("dense layers")]),
     }
     print()
     for k, v in exps.items():

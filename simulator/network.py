@@ -600,6 +600,11 @@ class FlowNetwork:
     def active_flows(self) -> int:
         return self._n_active
 
+    @property
+    def reserves_isolated(self) -> bool:
+        """Whether phases alone on their links run from their cached evolution."""
+        return self._reserve
+
     def flow_table(self) -> list[tuple[tuple[int, ...], float, float, float]]:
         """``(links, weight, rate per unit flow, bytes left now)`` of every flow in the
         network, in arrival order. Rates are those in force after the last update
@@ -839,10 +844,10 @@ class FlowNetwork:
         if not (isinstance(steps, (int, np.integer)) and steps >= 1):
             raise NetworkError(f"steps must be an integer >= 1, got {steps!r}")
         prep = self._prepare(transfers)
-        done = self.env.event()
         stats = self.stats
         stats.phases_started += 1
         if prep is None:
+            done = self.env.event()
             done.succeed()
             return done
         pid = next(self._phase_ids)
@@ -854,10 +859,14 @@ class FlowNetwork:
         latency = steps * prep.latency_s
         if self._reserve:
             # Alone on its links already: reserve them from now, through the latency.
+            # The reservation's timer is the phase's event (one simpy event, not two)
+            # unless the phase is materialised (see :meth:`_materialise`).
             links, link_list, iso = self._isolation(prep)
             if iso is not None and self._reserved_on[links].max() < 0 and self._free_of_flows(link_list):
-                self._reserve_phase(pid, prep, iso, latency)
-                return done
+                timer = self._reserve_phase(pid, prep, iso, latency)
+                self._phase_event[pid] = timer
+                return timer
+        done = self._phase_event[pid] = self.env.event()
         self.env.timeout(latency).callbacks.append(partial(self._arrive, pid, prep))
         return done
 
@@ -929,13 +938,15 @@ class FlowNetwork:
         evolution's terms) that much later."""
         self._reserved_on[iso.links] = pid
         token = self._next_token = self._next_token + 1
-        self._reserved[pid] = (prep, iso, self.env.now + latency_s, token)
+        timer = self.env.timeout(latency_s + iso.duration_s)
+        finish = partial(self._finish_reserved, pid, token)
+        timer.callbacks.append(finish)
+        self._reserved[pid] = (prep, iso, self.env.now + latency_s, token, timer, finish)
         self.stats.reserved_phases += 1
         self._n_active += len(prep.links)
         if self._n_active > self.stats.max_concurrent_flows:
             self.stats.max_concurrent_flows = self._n_active
-        self.env.timeout(latency_s + iso.duration_s).callbacks.append(
-            partial(self._finish_reserved, pid, token))
+        return timer
 
     def _finish_reserved(self, pid: int, token: int, _ev=None) -> None:
         """A reserved phase's timer: it completes, unless it was materialised since
@@ -943,15 +954,15 @@ class FlowNetwork:
         entry = self._reserved.get(pid)
         if entry is None or entry[3] != token:
             return
-        _, iso, _ = self._unreserve(pid)
+        iso = self._unreserve(pid)[1]
         self._retire(pid, iso)
 
     def _unreserve(self, pid: int) -> tuple:
         """Drop phase ``pid``'s reservation: ``(prepared, _Isolated, arrival)``."""
-        prep, iso, t_arr, _ = self._reserved.pop(pid)
+        prep, iso, t_arr, _, timer, finish = self._reserved.pop(pid)
         self._reserved_on[iso.links] = -1
         self._n_active -= len(prep.links)
-        return prep, iso, t_arr
+        return prep, iso, t_arr, timer, finish
 
     def _retire(self, pid: int, iso: _Isolated) -> None:
         """A reserved phase has completed: count its bytes, fire its event."""
@@ -961,14 +972,18 @@ class FlowNetwork:
     def _materialise(self, pid: int) -> None:
         """Hand a reserved phase to the flow-by-flow path: its unfinished flows enter
         the network with the state its isolated evolution has reached now."""
-        prep, iso, t_arr = self._unreserve(pid)
+        prep, iso, t_arr, timer, finish = self._unreserve(pid)
         k = len(prep.links)
         tau = self.env.now - t_arr
-        if tau < 0.0:                          # still in its latency: arrive as usual
-            self.env.timeout(-tau).callbacks.append(partial(self._arrive, pid, prep))
-            return
         if tau >= iso.duration_s:              # due at this very instant
             self._retire(pid, iso)
+            return
+        if self._phase_event[pid] is timer:    # its timer no longer ends it: a new event,
+            done = self._phase_event[pid] = self.env.event()   # with the timer's waiters
+            done.callbacks = [cb for cb in timer.callbacks if cb is not finish]
+            timer.callbacks = [finish]
+        if tau < 0.0:                          # still in its latency: arrive as usual
+            self.env.timeout(-tau).callbacks.append(partial(self._arrive, pid, prep))
             return
         i = bisect.bisect_right(iso.seg_start, tau) - 1
         alive = iso.seg_flows[i]
@@ -1418,8 +1433,11 @@ class FlowNetwork:
         dl = done.tolist()
         moved = self._w[done] * self._size[done]
         if len(dl) <= _SMALL_BATCH:
+            at: list[int] = []
+            amounts: list[float] = []
             for s, m in zip(dl, moved.tolist()):
-                self._detach(s, m)
+                self._detach(s, m, at, amounts)
+            np.add.at(self.stats.link_bytes, at, amounts)    # in order: the same sums
         else:
             lf, dirty, link_bytes = self._link_flows, self._dirty, self.stats.link_bytes
             sub = self._tab[done]
@@ -1460,28 +1478,36 @@ class FlowNetwork:
                     finished.append(p)
         self._release(dl, finished)
 
-    def _detach(self, s: int, moved: float) -> None:
+    def _detach(self, s: int, moved: float, at: list, amounts: list) -> None:
         """Take flow slot ``s`` off the link index (links it shared become dirty: their
-        other flows are re-solved) and count its ``moved`` bytes on each of its links
-        (times the link's multiplicity)."""
-        lf, dirty, link_bytes = self._link_flows, self._dirty, self.stats.link_bytes
-        ms = self._mults[s] if self._any_mult else None
-        for j, lk in enumerate(self._links[s]):
+        other flows are re-solved) and list its ``moved`` bytes for each of its links
+        (times the link's multiplicity) in ``at`` / ``amounts``, for the caller to add to
+        ``stats.link_bytes`` in that order."""
+        lf, dirty = self._link_flows, self._dirty
+        links = self._links[s]
+        for lk in links:
             fl = lf[lk]
             fl.discard(s)
             if fl:
                 dirty.append(lk)
             else:
                 del lf[lk]
-            link_bytes[lk] += moved if ms is None else moved * ms[j]
+        at.extend(links)
+        ms = self._mults[s] if self._any_mult else None
+        if ms is None:
+            amounts.extend(itertools.repeat(moved, len(links)))
+        else:
+            amounts.extend([moved * m for m in ms])
 
     def _complete_scalar(self, done: list[int]) -> None:
         """:meth:`_complete` for a handful of flows."""
         w, size, batch, pids = self._w, self._size, self._batch, self._pid
         left = self._phase_left
         finished = []
+        at: list[int] = []
+        amounts: list[float] = []
         for s in done:
-            self._detach(s, w.item(s) * size.item(s))
+            self._detach(s, w.item(s) * size.item(s), at, amounts)
             batch[s] = -1
             p = pids.item(s)
             n = left[p] - 1
@@ -1489,6 +1515,7 @@ class FlowNetwork:
                 left[p] = n
             else:
                 finished.append(p)
+        np.add.at(self.stats.link_bytes, at, amounts)    # in order: the same sums
         self._release(done, finished)
 
     def _release(self, slots, finished: list[int]) -> None:
@@ -1499,4 +1526,6 @@ class FlowNetwork:
         left = self._phase_left
         for p in sorted(finished):
             del left[p]
-            self._phase_event.pop(p).succeed()
+            ev = self._phase_event.pop(p)
+            if not ev.triggered:               # a reservation's timer fires by itself
+                ev.succeed()

@@ -107,6 +107,8 @@ class Trace:
             for d in op.deps:
                 if d not in ids:
                     raise TraceError(f"op {op.id} ({op.name} on rank {op.rank}) depends on unknown op {d}")
+        if self._acyclic():
+            return
         # Stream order adds implicit edges: previous op on the same (rank, stream).
         succ: dict[int, list[int]] = {i: [] for i in ids}
         indeg = {i: 0 for i in ids}
@@ -129,7 +131,39 @@ class Trace:
                 indeg[s] -= 1
                 if indeg[s] == 0:
                     ready.append(s)
-        if seen != len(ids):
+        if seen != len(ids):    # reached only with a cycle (see _acyclic): name it
             stuck = sorted(i for i, d in indeg.items() if d > 0)[:5]
             names = ", ".join(f"{i} ({ids[i].name} on rank {ids[i].rank})" for i in stuck)
             raise TraceError(f"deps: the trace has a dependency cycle through ops {names}")
+
+    def _acyclic(self) -> bool:
+        """Whether the dependency graph (deps plus stream order) has no cycle: no
+        strongly connected component of two or more ops and no op depending on itself
+        (scipy's component search, vectorised; the caller names a cycle if there is one)."""
+        import numpy as np
+        from scipy.sparse import coo_matrix
+        from scipy.sparse.csgraph import connected_components
+
+        pos = {op.id: i for i, op in enumerate(self.ops)}
+        src: list[int] = []
+        dst: list[int] = []
+        last: dict[tuple[int, str], int] = {}
+        for i, op in enumerate(self.ops):
+            for d in op.deps:
+                src.append(pos[d])
+                dst.append(i)
+            key = (op.rank, op.stream)
+            prev = last.get(key)
+            if prev is not None:
+                src.append(prev)
+                dst.append(i)
+            last[key] = i
+        n = len(self.ops)
+        if not src:
+            return True
+        s, d = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        if bool((s == d).any()):
+            return False
+        graph = coo_matrix((np.ones(s.shape[0], dtype=np.int8), (s, d)), shape=(n, n)).tocsr()
+        n_comp, _ = connected_components(graph, directed=True, connection="strong")
+        return n_comp == n

@@ -1,0 +1,93 @@
+"""The event loop's shortcuts change no figure: chains of ops with known durations run
+as one event, and communication nothing else can meet on the network runs as a known
+duration (``Engine.chain_ops``, ``Engine.private_phases``), against every op through
+its own event and the network, on small scenarios of every schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import scenario
+from simulator import simulate
+from simulator.engine import Engine
+from test_exact import CASES
+
+#: Summary keys that describe the run, not the step.
+RUN_KEYS = {"sim_wall_s", "stepsim_version", "events_processed"}
+
+SCENARIOS = {
+    **{k: CASES[k] for k in ("1f1b", "interleaved", "zb-h1", "dualpipe", "moe-ep", "torus")},
+    # Megatron-style: TP inside a node, pipeline sends across nodes (TP phases private)
+    "tp8-1f1b": scenario(cluster={"preset": "dgx-a100", "devices": 16}, parallel={"tp": 8, "pp": 2, "dp": 1},
+                         training={"global_batch_size": 8}),
+    "tp8-interleaved": scenario(cluster={"preset": "dgx-a100", "devices": 16},
+                                parallel={"tp": 8, "pp": 2, "dp": 1, "vpp": 2, "sequence_parallel": True},
+                                schedule="interleaved-1f1b", training={"global_batch_size": 8}),
+}
+
+
+def _figures(res) -> dict:
+    return {k: v for k, v in res.summary.items() if k not in RUN_KEYS}
+
+
+def _plain(monkeypatch, sc):
+    with monkeypatch.context() as m:
+        m.setattr(Engine, "chain_ops", False)
+        m.setattr(Engine, "private_phases", False)
+        return simulate(sc)
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_shortcuts_change_no_figure(name, monkeypatch):
+    sc = SCENARIOS[name]
+    calls = {"known": 0}
+    real = Engine._known_end
+
+    def counting(self, op, t):
+        calls["known"] += 1
+        return real(self, op, t)
+
+    monkeypatch.setattr(Engine, "_known_end", counting)
+    fast = simulate(sc)
+    plain = _plain(monkeypatch, sc)
+    assert _figures(fast) == _figures(plain)          # bit for bit, every figure
+    assert fast.raw.network_stats["phases_started"] == plain.raw.network_stats["phases_started"]
+    assert fast.raw.network_stats["flows_started"] == plain.raw.network_stats["flows_started"]
+    assert (fast.raw.network_stats["reserved_phases"] == plain.raw.network_stats["reserved_phases"])
+    ev_f = fast.events.sort_values(["rank", "start_s", "stream", "name"], kind="stable").reset_index(drop=True)
+    ev_p = plain.events.sort_values(["rank", "start_s", "stream", "name"], kind="stable").reset_index(drop=True)
+    assert ev_f[["rank", "name", "start_s", "end_s"]].equals(ev_p[["rank", "name", "start_s", "end_s"]])
+    if name.startswith("tp8"):
+        assert calls["known"] > 0      # the private path was taken
+
+
+def test_private_tp_phases_book_the_same_link_bytes(monkeypatch):
+    import numpy as np
+
+    import simulator.engine as engine_mod
+    from simulator.network import FlowNetwork
+
+    nets = []
+
+    class Recording(FlowNetwork):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            nets.append(self)
+
+    monkeypatch.setattr(engine_mod, "FlowNetwork", Recording)
+    sc = SCENARIOS["tp8-1f1b"]
+    simulate(sc)
+    _plain(monkeypatch, sc)
+    fast, plain = nets
+    assert fast.stats.link_bytes.sum() > 0
+    assert np.array_equal(fast.stats.link_bytes, plain.stats.link_bytes)
+    assert fast.stats.unit_flows_started == plain.stats.unit_flows_started
+
+
+def test_chains_alone_change_no_figure(monkeypatch):
+    sc = SCENARIOS["dualpipe"]
+    fast = simulate(sc)
+    with monkeypatch.context() as m:
+        m.setattr(Engine, "chain_ops", False)
+        plain = simulate(sc)
+    assert _figures(fast) == _figures(plain)
