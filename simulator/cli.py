@@ -28,7 +28,6 @@ EXIT_CODES_HELP = (f"exit codes: {EXIT_OK} success, {EXIT_INTERNAL} internal err
                    f"{EXIT_OFF_TARGET} validate --max-error exceeded, {EXIT_CASES_FAILED} some cases of a sweep, "
                    "search or validate failed")
 
-from simulator.schema import builtin_scenarios
 
 
 class CliError(Exception):
@@ -36,6 +35,8 @@ class CliError(Exception):
 
 
 def resolve_scenario_path(arg: str) -> Path:
+    from simulator.schema import builtin_scenarios
+
     p = Path(arg)
     if p.exists():
         return p
@@ -166,6 +167,7 @@ def cmd_compare(args) -> int:
 
 def cmd_presets(args) -> int:
     from simulator.compute import DEFAULT_COMPUTE_CALIBRATION
+    from simulator.schema import builtin_scenarios
     from topologies.chips import CHIPS
     from topologies.presets import CLUSTER_PRESETS
     from workloads import counts
