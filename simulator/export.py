@@ -295,7 +295,20 @@ def write_events_parquet(columns, path) -> Path:
     from simulator._version import __version__
     from simulator.parquet_io import VERSION_KEY
 
-    table = pa.table({c: pa.array(v) for c, v in columns.items()})
+    def array(v):
+        # pa.array() asks pyarrow's pandas shim about its argument, which imports pandas
+        # (0.3-0.5 s): the columns are handed over as Arrow buffers instead
+        v = np.asarray(v)
+        if v.dtype == object:
+            encoded = [str(x).encode("utf-8") for x in v.tolist()]
+            offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+            np.cumsum([len(b) for b in encoded], out=offsets[1:])
+            return pa.Array.from_buffers(pa.string(), len(encoded),
+                                         [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+        v = np.ascontiguousarray(v)
+        return pa.Array.from_buffers(pa.from_numpy_dtype(v.dtype), len(v), [None, pa.py_buffer(v)])
+
+    table = pa.table({c: array(v) for c, v in columns.items()})
     table = table.replace_schema_metadata({VERSION_KEY.encode(): __version__.encode()})
     pq.write_table(table, path)
     return Path(path)

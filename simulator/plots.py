@@ -330,16 +330,20 @@ def plot_memory(result, path=None, stacked_stage=None):
     that peaks. Returns the figure (saved to ``path`` if given)."""
     from workloads.ops import MEMORY_CATEGORIES
 
-    mem = result.memory
+    mem = result.table("memory")
     s = result.summary
     step = s["step_time_s"]
     k, unit = _time_unit(step)
     fig, (ax, ax2) = new_figure((12, 5.0), ncols=2, width_ratios=[3, 2], layout="constrained")
-    n_lines = mem["rank"].nunique()
-    for rank, df in mem.groupby("rank", sort=True):
-        t = list(df["time_s"] * k) + [step * k]
-        y = list(df["total"] / 1e9) + [df["total"].iloc[-1] / 1e9]
-        ax.step(t, y, where="post", label=devices_label(result, int(rank)), linewidth=1.4)
+    rank = np.asarray(mem["rank"])
+    time_s, total = np.asarray(mem["time_s"], dtype=float), np.asarray(mem["total"], dtype=float)
+    ranks = sorted(set(rank.tolist()))
+    n_lines = len(ranks)
+    for r in ranks:
+        m = rank == r
+        t = np.append(time_s[m] * k, step * k)
+        y = np.append(total[m] / 1e9, total[m][-1] / 1e9)
+        ax.step(t, y, where="post", label=devices_label(result, int(r)), linewidth=1.4)
     ax.axhline(s["hbm_bytes"] / 1e9, color="red", linestyle="--", linewidth=1.2, label="HBM capacity")
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel("memory in use (GB)")
@@ -349,11 +353,12 @@ def plot_memory(result, path=None, stacked_stage=None):
     ax.set_ylim(0, s["hbm_bytes"] / 1e9 * 1.3)
     ax.legend(ncol=2 if n_lines > 4 else 1, loc="upper left")
     stage = s.get("peak_memory_stage", 0) if stacked_stage is None else stacked_stage
-    df = mem[mem["stage"] == stage]
-    df = df[df["rank"] == df["rank"].min()]
-    cats = [c for c in MEMORY_CATEGORIES if c in df.columns]
-    t = list(df["time_s"] * k) + [step * k]
-    ys = [list(df[c] / 1e9) + [df[c].iloc[-1] / 1e9] for c in cats]
+    in_stage = np.asarray(mem["stage"]) == stage
+    m = in_stage & (rank == rank[in_stage].min())
+    cats = [c for c in MEMORY_CATEGORIES if c in mem]
+    t = np.append(time_s[m] * k, step * k)
+    ys = [np.append(np.asarray(mem[c], dtype=float)[m] / 1e9, np.asarray(mem[c], dtype=float)[m][-1] / 1e9)
+          for c in cats]
     ax2.stackplot(t, ys, labels=cats, step="post", alpha=0.85)
     ax2.axhline(s["hbm_bytes"] / 1e9, color="red", linestyle="--", linewidth=1.2)
     ax2.set_xlabel(f"time ({unit})")

@@ -202,3 +202,52 @@ def test_trace_file_streamed_plain_and_gzipped(quick, tmp_path):
     with gzip.open(packed, "rt") as f:
         assert json.load(f) == want
     assert packed.stat().st_size < plain.stat().st_size / 5
+
+
+# ---- tables written from columns, without pandas -------------------------------------------------
+
+
+def test_csv_files_are_what_pandas_writes(pipelined, tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    from simulator.export import write_csv
+
+    for name in ("events", "memory", "idle", "per_stage"):
+        cols = pipelined.table(name)
+        write_csv(cols, tmp_path / f"{name}.csv")
+        pd.DataFrame(cols).to_csv(tmp_path / f"{name}.pandas.csv", index=False)
+        assert (tmp_path / f"{name}.csv").read_bytes() == (tmp_path / f"{name}.pandas.csv").read_bytes(), name
+    text = np.empty(6, dtype=object)
+    text[:] = ["plain", "a,b", 'say "hi"', "two\nlines", "", "µs–ms"]
+    odd = {"text": text, "x": np.array([0.1 + 0.2, np.nan, 1e-5, -0.0, 1e16, 123.0]),
+           "n": np.array([-1, 0, 2**40, 3, 4, 5]), "flag": np.array([True, False, True, True, False, False])}
+    write_csv(odd, tmp_path / "odd.csv")
+    pd.DataFrame(odd).to_csv(tmp_path / "odd.pandas.csv", index=False)
+    assert (tmp_path / "odd.csv").read_bytes() == (tmp_path / "odd.pandas.csv").read_bytes()
+
+
+def test_events_parquet_reads_back_as_the_events_frame(pipelined, tmp_path):
+    import pandas as pd
+
+    from simulator.export import write_events_parquet
+    from simulator.parquet_io import read_metadata
+
+    write_events_parquet(pipelined.table("events"), tmp_path / "e.parquet")
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "e.parquet"), pipelined.events, check_exact=True)
+    assert read_metadata(tmp_path / "e.parquet")["stepsim_version"] == pipelined.summary["stepsim_version"]
+
+
+def test_result_declares_what_it_carries_and_builds_tables_once(pipelined):
+    import copy
+
+    from simulator import Result
+
+    assert {"summary", "scenario", "notes", "raw", "trace", "topology"} <= set(Result.__slots__)
+    with pytest.raises(AttributeError):
+        pipelined.unheard_of = 1            # no attribute is set from outside the class
+    assert pipelined.events is pipelined.events and len(pipelined.events) == len(pipelined.raw.records)
+    assert list(pipelined.per_stage["stage"]) == sorted(set(pipelined.events["stage"]))
+    other = copy.copy(pipelined)
+    other.events = pipelined.events[pipelined.events["stream"] == "compute"].reset_index(drop=True)
+    assert set(other.table("events")["stream"]) == {"compute"} and len(pipelined.events) > len(other.events)
