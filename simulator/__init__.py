@@ -7,11 +7,38 @@
 See :func:`simulate`, :func:`load_scenario` and :class:`Result`; the scenario file and the
 summary record are specified in ``docs/scenario.md``, the other file formats in
 ``docs/formats.md``.
+
+``import simulator`` is light (numpy, no pandas, matplotlib, simpy or pydantic), so that
+``stepsim --help`` and a bare import start in a fraction of a second: the engine and the
+scenario schema load when :func:`simulate` first runs or a schema name is first used
+(PEP 562), pandas when a table is asked for, matplotlib when a figure is.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 from simulator._version import __version__
 from simulator.result import Result
-from simulator.schema import Scenario, ScenarioError, load_scenario
 from simulator.simulate import simulate
 
 __all__ = ["simulate", "load_scenario", "Scenario", "ScenarioError", "Result", "__version__"]
+
+#: public names defined in the scenario schema (pydantic), imported on first use
+_SCHEMA_NAMES = ("load_scenario", "Scenario", "ScenarioError")
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from simulator.schema import Scenario, ScenarioError, load_scenario
+
+
+def __getattr__(name: str):
+    if name not in _SCHEMA_NAMES:
+        raise AttributeError(f"module 'simulator' has no attribute {name!r}")
+    value = getattr(importlib.import_module("simulator.schema"), name)
+    globals()[name] = value     # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

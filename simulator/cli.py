@@ -24,7 +24,6 @@ from typing import Optional, Sequence
 
 from simulator.cli_common import (EXIT_BAD_INPUT, EXIT_CASES_FAILED, EXIT_CODES_HELP, EXIT_INTERNAL,  # noqa: F401
                                   EXIT_OFF_TARGET, EXIT_OK, CliError, new_parser, resolve_scenario_path, run)
-from simulator.schema import builtin_scenarios
 from workloads.enums import BALANCE_MODES, COLLECTIVE_OPS, RECOMPUTE_MODES, SCHEDULES
 
 
@@ -146,6 +145,7 @@ def cmd_compare(args) -> int:
 
 def cmd_presets(args) -> int:
     from simulator.compute import DEFAULT_COMPUTE_CALIBRATION
+    from simulator.schema import builtin_scenarios
     from topologies.chips import CHIPS
     from topologies.presets import CLUSTER_PRESETS
     from workloads import counts

@@ -242,7 +242,7 @@ class Engine:
             if hit is None:
                 hit = shapes.get(id(phases))
                 if hit is None:
-                    merged = phases if kind == "collective" else ((phases, 1, 0.0, op.name),)
+                    merged = phases if kind == "collective" else ((phases, 1, 0.0),)
                     hit = shapes[id(phases)] = (phases,) + self._phase_info(merged)
                 seen[key] = hit
                 for lk in hit[1]:
@@ -266,7 +266,7 @@ class Engine:
         net = self.net
         links: set[int] = set()
         info: Optional[list] = []
-        for transfers, steps, _compute, _tag in phases:
+        for transfers, steps, _compute in phases:
             prep = net._prepare(transfers)
             if prep is None:
                 info.append((None, None, 0.0))

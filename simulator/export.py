@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
 from typing import Iterator
+
+import numpy as np
 
 from workloads.ops import MEMORY_CATEGORIES, STREAMS
 
@@ -33,43 +36,107 @@ _IDLE_STYLE = {"bubble": ("bubble", "grey"), "exposed_comm": ("exposed comm", "t
 #: Flow (arrow) names: a pipeline send to the op on the receiving device that waited
 #: for it; any other op of one device that an op of another device waited for.
 FLOW_SEND, FLOW_DEP = "pipeline send", "cross-device dependency"
-#: Events serialised per ``json.dumps`` call while streaming (one call per event is
-#: several times slower; the whole trace at once holds it all in memory twice).
+#: Events written per ``write`` call while streaming.
 _CHUNK = 20_000
 
+# ---- JSON text of one event at a time ------------------------------------------------------
+# Each event is formatted from a template: the json module's encoder builds and walks a
+# dict per event, several times slower. Strings go through json.dumps once per distinct
+# value; numbers are written as json writes them (repr, NaN, Infinity).
 
-def _process_names(result, ranks) -> Iterator[dict]:
+
+class _Strings(dict):
+    """str -> its JSON text, each distinct string encoded once."""
+
+    def __missing__(self, s):
+        self[s] = v = json.dumps(s)
+        return v
+
+
+def _number(x) -> str:
+    return json.dumps(x)
+
+
+def _floats(a: np.ndarray) -> list[str]:
+    """JSON text of each float of ``a``."""
+    a = np.asarray(a, dtype=float)
+    if np.isfinite(a).all():
+        return list(map(float.__repr__, a.tolist()))
+    return list(map(_number, a.tolist()))
+
+
+def _ints(a) -> list[int]:
+    return np.asarray(a).astype(np.int64).tolist()
+
+
+def _process_name_lines(result, ranks, js: _Strings) -> list[str]:
     from simulator.report import stands_for
 
     layout = result.scenario.layout if result.scenario is not None else None
     weight = getattr(getattr(result, "trace", None), "weight", None) or {}
+    out = []
     for r in ranks:
         r = int(r)
-        yield {"ph": "M", "pid": r, "name": "process_name",
-               "args": {"name": stands_for(layout, r, int(weight.get(r, 1)))}}
-        yield {"ph": "M", "pid": r, "name": "process_sort_index", "args": {"sort_index": r}}
+        out.append(f'{{"ph": "M", "pid": {r}, "name": "process_name", '
+                   f'"args": {{"name": {js[stands_for(layout, r, int(weight.get(r, 1)))]}}}}}')
+        out.append(f'{{"ph": "M", "pid": {r}, "name": "process_sort_index", "args": {{"sort_index": {r}}}}}')
         for i, s in enumerate(STREAMS):
-            yield {"ph": "M", "pid": r, "tid": i, "name": "thread_name", "args": {"name": s}}
-            yield {"ph": "M", "pid": r, "tid": i, "name": "thread_sort_index", "args": {"sort_index": i}}
+            out.append(f'{{"ph": "M", "pid": {r}, "tid": {i}, "name": "thread_name", "args": {{"name": {js[s]}}}}}')
+            out.append(f'{{"ph": "M", "pid": {r}, "tid": {i}, "name": "thread_sort_index", '
+                       f'"args": {{"sort_index": {i}}}}}')
+    return out
 
 
-def _ops(ev, tids) -> Iterator[dict]:
-    names = ("rank", "stream", "name", "kind", "phase", "mb", "chunk", "layer", "start_s", "duration_s",
-             "flops", "bytes", "size_bytes", "coll", "axis")
-    # plain Python columns: iterating a DataFrame row by row is many times slower
-    for (rank, stream, name, kind, phase, mb, chunk, layer, start, dur, flops, nbytes, size,
-         coll, axis) in zip(*(ev[c].tolist() for c in names)):
-        args = {"phase": phase, "mb": mb, "chunk": chunk, "layer": layer}
-        if kind == "compute":
-            args["flops"] = flops
-            args["bytes"] = nbytes
-        else:
-            args["size_bytes"] = size
-            if coll:
-                args["collective"] = coll
-            args["axis"] = axis
-        yield {"ph": "X", "pid": rank, "tid": tids.get(stream, len(tids)), "name": name,
-               "cat": kind, "ts": start * _US, "dur": dur * _US, "args": args}
+_OP_HEAD = '{"ph": "X", "pid": %d, "tid": %d, "name": %s, "cat": %s, "ts": %s, "dur": %s, "args": {"phase": %s, ' \
+           '"mb": %d, "chunk": %d, "layer": %d, '
+_OP_COMPUTE = _OP_HEAD + '"flops": %s, "bytes": %s}}'
+_OP_COLL = _OP_HEAD + '"size_bytes": %s, "collective": %s, "axis": %s}}'
+_OP_OTHER = _OP_HEAD + '"size_bytes": %s, "axis": %s}}'
+
+
+def _op_lines(ev, tids, js: _Strings) -> list[str]:
+    """One complete event per op: ``args`` holds FLOPs and bytes for compute ops, else the
+    size, the collective (when one) and the axis."""
+    kind = np.asarray(ev["kind"], dtype=object)
+    coll = np.asarray(ev["coll"], dtype=object)
+    compute = kind == "compute"
+    has_coll = np.array([bool(c) for c in coll.tolist()], dtype=bool)
+    groups = ((_OP_COMPUTE, compute, ("flops", "bytes")),
+              (_OP_COLL, ~compute & has_coll, ("size_bytes", "coll", "axis")),
+              (_OP_OTHER, ~compute & ~has_coll, ("size_bytes", "axis")))
+    out = np.empty(len(kind), dtype=object)
+    for template, mask, extra in groups:
+        if not mask.any():
+            continue
+
+        def text(c):
+            return list(map(js.__getitem__, np.asarray(ev[c], dtype=object)[mask].tolist()))
+
+        cols = [_ints(np.asarray(ev["rank"])[mask]),
+                [tids.get(s, len(tids)) for s in np.asarray(ev["stream"], dtype=object)[mask].tolist()],
+                text("name"), text("kind"), _floats(np.asarray(ev["start_s"], dtype=float)[mask] * _US),
+                _floats(np.asarray(ev["duration_s"], dtype=float)[mask] * _US), text("phase"),
+                _ints(np.asarray(ev["mb"])[mask]), _ints(np.asarray(ev["chunk"])[mask]),
+                _ints(np.asarray(ev["layer"])[mask])]
+        cols += [text(c) if c in ("coll", "axis") else _floats(np.asarray(ev[c], dtype=float)[mask]) for c in extra]
+        out[mask] = list(map(template.__mod__, zip(*cols)))
+    return out.tolist()
+
+
+def _idle_lines(raw, tids, js: _Strings) -> list[str]:
+    spans = list(getattr(raw, "idle_spans", None) or ())
+    if not spans:
+        return []
+    start = np.array([s[1] for s in spans], dtype=float)
+    end = np.array([s[2] for s in spans], dtype=float)
+    ts, dur = _floats(start * _US), _floats((end - start) * _US)
+    tid = tids["compute"]
+    out = []
+    for (r, _, _, cause, axis), t, d in zip(spans, ts, dur):
+        name, cname = _IDLE_STYLE.get(cause, (cause.replace("_", " "), "yellow"))
+        out.append(f'{{"ph": "X", "pid": {int(r)}, "tid": {tid}, "name": {js[name]}, "cat": "idle", "ts": {t}, '
+                   f'"dur": {d}, "args": {{"waiting_for": {js[axis or "pipeline"]}}}, "cname": {js[cname]}}}')
+    return out
 
 
 def flows(raw) -> list[tuple[str, object, object]]:
@@ -94,46 +161,53 @@ def flows(raw) -> list[tuple[str, object, object]]:
     return out
 
 
-def _flows(raw, tids) -> Iterator[dict]:
+def _flow_lines(raw, tids, js: _Strings) -> list[str]:
     # Each end is put in the middle of its slice, with "bp": "e" on the finish, so that
     # both bind to the enclosing slice (Perfetto's and chrome://tracing's rule for v1 flows).
+    out = []
     for i, (name, src, dst) in enumerate(flows(raw)):
         s, d = src.op, dst.op
-        args = {"from": s.name, "to": d.name, "mb": s.mb}
-        yield {"ph": "s", "id": i, "cat": "flow", "name": name, "pid": s.rank, "tid": tids.get(s.stream, len(tids)),
-               "ts": (src.start_s + src.end_s) / 2 * _US, "args": args}
-        yield {"ph": "f", "bp": "e", "id": i, "cat": "flow", "name": name, "pid": d.rank,
-               "tid": tids.get(d.stream, len(tids)), "ts": (dst.start_s + dst.end_s) / 2 * _US, "args": args}
+        args = f'{{"from": {js[s.name]}, "to": {js[d.name]}, "mb": {_number(s.mb)}}}'
+        n = js[name]
+        out.append(f'{{"ph": "s", "id": {i}, "cat": "flow", "name": {n}, "pid": {_number(s.rank)}, '
+                   f'"tid": {tids.get(s.stream, len(tids))}, "ts": {_number((src.start_s + src.end_s) / 2 * _US)}, '
+                   f'"args": {args}}}')
+        out.append(f'{{"ph": "f", "bp": "e", "id": {i}, "cat": "flow", "name": {n}, "pid": {_number(d.rank)}, '
+                   f'"tid": {tids.get(d.stream, len(tids))}, "ts": {_number((dst.start_s + dst.end_s) / 2 * _US)}, '
+                   f'"args": {args}}}')
+    return out
 
 
-def _idle(raw, tids) -> Iterator[dict]:
-    if raw is None:
-        return
-    for r, s, e, cause, axis in raw.idle_spans:
-        name, cname = _IDLE_STYLE.get(cause, (cause.replace("_", " "), "yellow"))
-        yield {"ph": "X", "pid": int(r), "tid": tids["compute"], "name": name, "cat": "idle",
-               "ts": s * _US, "dur": (e - s) * _US, "args": {"waiting_for": axis or "pipeline"}, "cname": cname}
-
-
-def _memory(mem) -> Iterator[dict]:
+def _memory_lines(mem, js: _Strings) -> list[str]:
     # One counter per device with an argument per category: Perfetto draws a track per
     # category ("memory (GB) weights", ...), chrome://tracing stacks them.
-    for rank, t, *vals in zip(*(mem[c].tolist() for c in ("rank", "time_s", *MEMORY_CATEGORIES))):
-        yield {"ph": "C", "pid": rank, "name": "memory (GB)", "ts": t * _US,
-               "args": {c: v / 1e9 for c, v in zip(MEMORY_CATEGORIES, vals)}}
+    tmpl = '{"ph": "C", "pid": %d, "name": "memory (GB)", "ts": %s, "args": {' + \
+        ", ".join(f"{js[c]}: %s" for c in MEMORY_CATEGORIES) + "}}"
+    cols = [_ints(mem["rank"]), _floats(np.asarray(mem["time_s"], dtype=float) * _US)]
+    cols += [_floats(np.asarray(mem[c], dtype=float) / 1e9) for c in MEMORY_CATEGORIES]
+    return list(map(tmpl.__mod__, zip(*cols)))
+
+
+def _sections(result) -> Iterator[list[str]]:
+    """The trace's events as JSON text, section by section, in file order."""
+    ev, mem = result.table("events"), result.table("memory")
+    tids = {s: i for i, s in enumerate(STREAMS)}
+    raw = getattr(result, "raw", None)
+    js = _Strings()
+    ranks = sorted(set(_ints(ev["rank"])) | set(_ints(mem["rank"])))
+    yield _process_name_lines(result, ranks, js)
+    yield _op_lines(ev, tids, js)
+    yield _idle_lines(raw, tids, js)
+    if raw is not None:
+        yield _flow_lines(raw, tids, js)
+    yield _memory_lines(mem, js)
 
 
 def trace_events(result) -> Iterator[dict]:
     """Every event of the trace, in file order."""
-    ev = result.events
-    tids = {s: i for i, s in enumerate(STREAMS)}
-    raw = getattr(result, "raw", None)
-    ranks = sorted(set(ev["rank"].tolist()) | set(result.memory["rank"].tolist()))
-    yield from _process_names(result, ranks)
-    yield from _ops(ev, tids)
-    yield from _idle(raw, tids)
-    yield from _flows(raw, tids)
-    yield from _memory(result.memory)
+    for lines in _sections(result):
+        for line in lines:
+            yield json.loads(line)
 
 
 def _other_data(result) -> dict:
@@ -148,7 +222,8 @@ def chrome_trace(result) -> dict:
 
 
 def write_chrome_trace(result, path) -> Path:
-    """Write the trace to ``path`` (gzip-compressed when it ends in ``.gz``), streaming."""
+    """Write the trace to ``path`` (gzip-compressed when it ends in ``.gz``), streaming:
+    one event per line, a section (ops, idle spans, flows, counters) at a time."""
     path = Path(path)
     # level 6: within a few % of 9's size, several times faster
     f = gzip.open(path, "wt", encoding="utf-8", compresslevel=6) if path.suffix == ".gz" \
@@ -157,14 +232,83 @@ def write_chrome_trace(result, path) -> Path:
         f.write('{"displayTimeUnit": "ms", "otherData": ')
         f.write(json.dumps(_other_data(result)))
         f.write(', "traceEvents": [\n')
-        chunk: list = []
-        first = True
-        for e in trace_events(result):
-            chunk.append(e)
-            if len(chunk) == _CHUNK:
-                f.write(("" if first else ",\n") + json.dumps(chunk)[1:-1])
-                first, chunk = False, []
-        if chunk:
-            f.write(("" if first else ",\n") + json.dumps(chunk)[1:-1])
+        sep = ""
+        for lines in _sections(result):
+            for k in range(0, len(lines), _CHUNK):
+                f.write(sep + ",\n".join(lines[k:k + _CHUNK]))
+                sep = ",\n"
         f.write("\n]}\n")
     return path
+
+
+# ---- tables ------------------------------------------------------------------------------
+
+
+def _csv_text(values: list[str]) -> list[str]:
+    """Text fields as the csv module's minimal quoting writes them (what pandas writes)."""
+    memo: dict[str, str] = {}
+    out = []
+    for v in values:
+        q = memo.get(v)
+        if q is None:
+            q = memo[v] = ('"' + v.replace('"', '""') + '"') if any(ch in v for ch in ',"\r\n') else v
+        out.append(q)
+    return out
+
+
+def _csv_column(a: np.ndarray) -> list[str]:
+    """One column's fields as ``DataFrame.to_csv`` writes them: numbers as ``repr`` writes
+    them (pandas writes numpy's ``astype(str)``: the same shortest text that reads back to
+    the same value), NaN and None as empty fields, text quoted only where it must be."""
+    a = np.asarray(a)
+    if a.dtype.kind == "f":
+        text = list(map(float.__repr__, a.astype(float).tolist()))
+        for i in np.flatnonzero(np.isnan(a)).tolist():
+            text[i] = ""
+        return text
+    if a.dtype.kind in "iu":
+        return list(map(str, a.tolist()))
+    return _csv_text(["" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v) for v in a.tolist()])
+
+
+def write_csv(columns, path) -> Path:
+    """Write a table (column name -> numpy array, in order) as CSV, byte for byte what
+    ``pandas.DataFrame(columns).to_csv(path, index=False)`` writes, several times faster."""
+    path = Path(path)
+    names = list(columns)
+    fields = [_csv_column(columns[c]) for c in names]
+    with path.open("w", encoding="utf-8", newline="") as f:
+        f.write(",".join(_csv_text([str(c) for c in names])) + "\n")
+        rows = list(map(",".join, zip(*fields)))
+        for k in range(0, len(rows), _CHUNK):
+            f.write("\n".join(rows[k:k + _CHUNK]) + "\n")
+    return path
+
+
+def write_events_parquet(columns, path) -> Path:
+    """Write a table (column name -> numpy array) as Parquet with pyarrow, with the
+    key-value metadata ``stepsim_version`` (:mod:`simulator.parquet_io`); it reads back
+    (``pandas.read_parquet``) as the same frame."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from simulator._version import __version__
+    from simulator.parquet_io import VERSION_KEY
+
+    def array(v):
+        # pa.array() asks pyarrow's pandas shim about its argument, which imports pandas
+        # (0.3-0.5 s): the columns are handed over as Arrow buffers instead
+        v = np.asarray(v)
+        if v.dtype == object:
+            encoded = [str(x).encode("utf-8") for x in v.tolist()]
+            offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+            np.cumsum([len(b) for b in encoded], out=offsets[1:])
+            return pa.Array.from_buffers(pa.string(), len(encoded),
+                                         [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+        v = np.ascontiguousarray(v)
+        return pa.Array.from_buffers(pa.from_numpy_dtype(v.dtype), len(v), [None, pa.py_buffer(v)])
+
+    table = pa.table({c: array(v) for c, v in columns.items()})
+    table = table.replace_schema_metadata({VERSION_KEY.encode(): __version__.encode()})
+    pq.write_table(table, path)
+    return Path(path)

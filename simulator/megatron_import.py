@@ -33,7 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from simulator.schema import ScenarioError
+
+
+def ScenarioError(field: str, message: str):  # noqa: N802 - stands for the class it returns
+    """A :class:`simulator.schema.ScenarioError`; the schema (pydantic) is imported only
+    when an error is raised, so that registering this command keeps ``stepsim --help`` light."""
+    from simulator.schema import ScenarioError as error
+
+    return error(field, message)
 
 # GPT-2's BPE vocabulary (Radford et al. 2019; gpt2-vocab.json, the file Megatron's GPT
 # examples pass as --vocab-file): 50,257 tokens.

@@ -851,7 +851,6 @@ class FlowNetwork:
             done.succeed()
             return done
         pid = next(self._phase_ids)
-        self._phase_event[pid] = done
         self._phase_left[pid] = len(prep.links)
         stats.flows_started += prep.n_transfers
         stats.flow_rows_started += len(prep.links)

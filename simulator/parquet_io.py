@@ -10,9 +10,10 @@ metadata ``stepsim_version`` (the version that wrote the file) beside pandas' ow
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
-import pandas as pd
+if TYPE_CHECKING:  # pragma: no cover - pandas is imported by whoever hands in a frame
+    import pandas as pd
 
 from simulator._version import __version__
 

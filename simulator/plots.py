@@ -141,6 +141,31 @@ def _bars(ax, spans: list, y: float, hatch=None, **style) -> None:
     ax.update_datalim([(x0.min(), y - 0.4), (x1.max(), y + 0.4)])
 
 
+def _rectangles(x0: np.ndarray, x1: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Bars ``[x0, x1]`` on rows ``y`` (each 0.8 high) as closed rectangle polygons."""
+    y0, y1 = y - 0.4, y + 0.4
+    return np.stack([np.stack([x0, y0], 1), np.stack([x0, y1], 1), np.stack([x1, y1], 1),
+                     np.stack([x1, y0], 1), np.stack([x0, y0], 1)], 1)
+
+
+def _bar_path(ax, x0: np.ndarray, x1: np.ndarray, y: np.ndarray, **style) -> None:
+    """Bars as one compound path of rectangles, built in numpy: one artist however many
+    bars (a collection makes a Path object per bar, seconds for a hundred thousand, and
+    Agg hatches each path of a collection on its own). Every rectangle is drawn in the same
+    winding, so overlapping bars fill their union."""
+    if not len(x0):
+        return
+    verts = _rectangles(x0, x1, y)
+    codes = np.tile(np.array([Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO, Path.CLOSEPOLY],
+                             dtype=Path.code_type), len(x0))
+    # Bars lie inside the axes: leaving them out of the layout, and giving the data limits as
+    # two corners, spares matplotlib the extent of every bar.
+    # snap: each bar's edges rounded to whole pixels, as a collection's small paths are (a
+    # bar under a pixel wide is a pixel wide or none, in full colour, not a pale sliver)
+    ax.add_artist(PathPatch(Path(verts.reshape(-1, 2), codes), in_layout=False, snap=True, **style))
+    ax.update_datalim([(x0.min(), y.min() - 0.4), (x1.max(), y.max() + 0.4)])
+
+
 def _ranges(ranks: list[int], max_parts: int = 3) -> str:
     """``[0, 1, 2, 3, 8]`` -> ``"0–3, 8"``; more than ``max_parts`` runs are cut short."""
     parts, start = [], None
@@ -172,57 +197,109 @@ def devices_label(result, rank: int) -> str:
     return text + (f", ×{layout.dp} replicas" if layout.dp > 1 else "")
 
 
-def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True):
+#: Bars of one style on one row that touch or overlap are drawn as one: bar edges are
+#: rounded to whole pixels, so the union of touching bars covers the same pixels as the
+#: bars do one by one.
+MERGE_GAP_PX = 0.0
+
+
+def merge_bars(x0: np.ndarray, x1: np.ndarray, row: np.ndarray, style: np.ndarray, gap: float):
+    """Join bars that follow each other on a row in the same style with at most ``gap``
+    between them (no bar of another style in between): ``(x0, x1, row, style)`` of the
+    merged bars. Each merged bar is the union of the bars it joins, which it covers with
+    no hole wider than ``gap``."""
+    if not len(x0):
+        return x0, x1, row, style
+    order = np.lexsort((x0, row))
+    x0, x1, row, style = x0[order], x1[order], row[order], style[order]
+    new = np.ones(len(x0), dtype=bool)
+    new[1:] = (row[1:] != row[:-1]) | (style[1:] != style[:-1]) | (x0[1:] - x1[:-1] > gap)
+    starts = np.flatnonzero(new)
+    return x0[starts], np.maximum.reduceat(x1, starts), row[starts], style[starts]
+
+
+def _first_seen(values: list) -> list:
+    """The distinct values of ``values`` in the order they first appear."""
+    return list(dict.fromkeys(values))
+
+
+def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True, dpi: int = 130):
     """Gantt chart: per simulated device a compute row (coloured by phase, idle spans
     drawn as bubbles (hatched) or in the colour of their cause: exposed communication,
     offload wait, ...) and, below it, one row per busy communication stream. Each compute
-    row names the devices it stands for. Returns the figure (saved to ``path`` if given)."""
-    ev = result.events
+    row names the devices it stands for. Bars of one kind less than half a pixel apart (at
+    ``dpi``) are drawn as one (:func:`merge_bars`). Returns the figure (saved to ``path``
+    if given)."""
+    ev = result.table("events")
     step = result.summary["step_time_s"]
     k, unit = _time_unit(step)
-    ranks = sorted(set(ev["rank"]))[:max_ranks]
+    rank_col, stream_col = np.asarray(ev["rank"]), np.asarray(ev["stream"], dtype=object)
+    ranks = sorted(set(rank_col.tolist()))[:max_ranks]
+    used_by_rank: dict = {}
+    if show_comm:
+        comm = stream_col != "compute"
+        for r, s in set(zip(rank_col[comm].tolist(), stream_col[comm].tolist())):
+            used_by_rank.setdefault(r, set()).add(s)
     rows = []
     for r in ranks:
         rows.append((r, "compute"))
-        if show_comm:
-            used = set(ev.loc[(ev["rank"] == r) & (ev["stream"] != "compute"), "stream"])
-            rows += [(r, s) for s in COMM_STREAMS if s in used]
-            rows += [(r, s) for s in sorted(used - set(COMM_STREAMS))]
+        used = used_by_rank.get(r, set())
+        rows += [(r, s) for s in COMM_STREAMS if s in used]
+        rows += [(r, s) for s in sorted(used - set(COMM_STREAMS))]
     index = {row: i for i, row in enumerate(rows)}
-    # One collection per (row, style): thousands of bars stay fast to draw.
-    bars: dict[tuple, list] = {}
+    # Each bar's row, style (colour, hatched or not) and span: ops, then idle spans.
     spare: dict = {}
+    start, dur = np.asarray(ev["start_s"], dtype=float), np.asarray(ev["duration_s"], dtype=float)
+    y = np.array([index.get(rs, -1) for rs in zip(rank_col.tolist(), stream_col.tolist())], dtype=np.int64)
+    keep = (y >= 0) & (dur > 0)
+    is_compute = stream_col[keep] == "compute"
+    axis_col = np.asarray(ev["axis"], dtype=object)[keep]
+    # compute ops are coloured by phase; communication by axis (the offload stream's copies
+    # have none: by stream)
+    key = np.where(is_compute, np.asarray(ev["phase"], dtype=object)[keep],
+                   np.where(axis_col != "", axis_col, stream_col[keep]))
     phases, axes_used, causes = {}, {}, {}
-    for rank, stream, phase, axis, start, dur in zip(
-            *(ev[c].tolist() for c in ("rank", "stream", "phase", "axis", "start_s", "duration_s"))):
-        y = index.get((rank, stream))
-        if y is None or dur <= 0:
-            continue
-        if stream == "compute":
-            colour = colour_for(phase, PHASE_COLOURS, spare)
-            phases.setdefault(phase, colour)
+    for c, kk in _first_seen(list(zip(is_compute.tolist(), key.tolist()))):
+        if c:
+            phases.setdefault(kk, colour_for(kk, PHASE_COLOURS, spare))
         else:
-            key = axis or stream          # the offload stream's copies have no parallel axis
-            colour = colour_for(key, AXIS_COLOURS, spare)
-            axes_used.setdefault(key, colour)
-        bars.setdefault((y, colour, "solid"), []).append((start * k, dur * k))
+            axes_used.setdefault(kk, colour_for(kk, AXIS_COLOURS, spare))
+    colour = [phases[kk] if c else axes_used[kk] for c, kk in zip(is_compute.tolist(), key.tolist())]
+    bar_y, bar_x0, bar_w = y[keep].tolist(), (start[keep] * k).tolist(), (dur[keep] * k).tolist()
+    bar_style = [(c, "solid") for c in colour]
     raw = getattr(result, "raw", None)
     if raw is not None:
-        for r, s, e, cause, _axis in raw.idle_spans:
+        for r, s0, e0, cause, _axis in raw.idle_spans:
             if (r, "compute") in index:
                 if cause == "bubble":
-                    style, colour = "bubble", None
+                    style, c = "bubble", None
                 else:
-                    style, colour = "idle", colour_for(cause, IDLE_COLOURS, spare)
-                causes.setdefault(cause, colour)
-                bars.setdefault((index[(r, "compute")], colour, style), []).append((s * k, (e - s) * k))
+                    style, c = "idle", colour_for(cause, IDLE_COLOURS, spare)
+                causes.setdefault(cause, c)
+                bar_y.append(index[(r, "compute")])
+                bar_x0.append(s0 * k)
+                bar_w.append((e0 - s0) * k)
+                bar_style.append((c, style))
     n_rows = len(rows)
-    fig, ax = new_figure((12, max(3.0, 0.3 * n_rows + 2.2)), layout="constrained")
-    for (y, colour, style), spans in sorted(bars.items(), key=lambda kv: (kv[0][0], str(kv[0][1]), kv[0][2])):
+    width_in = 12
+    fig, ax = new_figure((width_in, max(3.0, 0.3 * n_rows + 2.2)), layout="constrained")
+    # One artist per style (a colour, or the hatched bubble), in a fixed order.
+    styles = sorted(set(bar_style), key=lambda cs: (str(cs[0]), cs[1]))
+    code = {cs: i for i, cs in enumerate(styles)}
+    sid = np.array([code[cs] for cs in bar_style], dtype=np.int64)
+    bx0 = np.array(bar_x0, dtype=float)
+    x_max = step * k * 1.01
+    # the axes are narrower than the figure: a figure-wide pixel is less than an axes pixel
+    gap = MERGE_GAP_PX * x_max / (width_in * dpi)
+    bx0, bx1, by, sid = merge_bars(bx0, bx0 + np.array(bar_w, dtype=float), np.array(bar_y, dtype=np.int64),
+                                   sid, gap)
+    by = by.astype(float)
+    for i, (c, style) in enumerate(styles):
+        m = sid == i
         if style == "bubble":
-            _bars(ax, spans, y, hatch="////", facecolor="none", edgecolor=BUBBLE_EDGE, linewidth=0)
+            _bar_path(ax, bx0[m], bx1[m], by[m], hatch="////", facecolor="none", edgecolor=BUBBLE_EDGE, linewidth=0)
         else:
-            _bars(ax, spans, y, facecolors=colour, linewidth=0)
+            _bar_path(ax, bx0[m], bx1[m], by[m], facecolor=c, linewidth=0)
     labels = [devices_label(result, r) if s == "compute" else f"{s} comm" for r, s in rows]
     ax.set_yticks(range(n_rows), labels)
     for tick, (_, s) in zip(ax.get_yticklabels(), rows):
@@ -230,7 +307,7 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
             tick.set_color("#555555")
     ax.set_ylim(-0.6, n_rows - 0.4)
     ax.invert_yaxis()
-    ax.set_xlim(0, step * k * 1.01)
+    ax.set_xlim(0, x_max)
     ax.set_xlabel(f"time ({unit})")
     s = result.summary
     ax.set_title(
@@ -244,7 +321,7 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
         axes_used.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), str(kv[0])))))
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncol=min(6, len(handles)), frameon=False)
-    return finish(fig, path)
+    return finish(fig, path, dpi=dpi)
 
 
 def plot_memory(result, path=None, stacked_stage=None):
@@ -253,16 +330,20 @@ def plot_memory(result, path=None, stacked_stage=None):
     that peaks. Returns the figure (saved to ``path`` if given)."""
     from workloads.ops import MEMORY_CATEGORIES
 
-    mem = result.memory
+    mem = result.table("memory")
     s = result.summary
     step = s["step_time_s"]
     k, unit = _time_unit(step)
     fig, (ax, ax2) = new_figure((12, 5.0), ncols=2, width_ratios=[3, 2], layout="constrained")
-    n_lines = mem["rank"].nunique()
-    for rank, df in mem.groupby("rank", sort=True):
-        t = list(df["time_s"] * k) + [step * k]
-        y = list(df["total"] / 1e9) + [df["total"].iloc[-1] / 1e9]
-        ax.step(t, y, where="post", label=devices_label(result, int(rank)), linewidth=1.4)
+    rank = np.asarray(mem["rank"])
+    time_s, total = np.asarray(mem["time_s"], dtype=float), np.asarray(mem["total"], dtype=float)
+    ranks = sorted(set(rank.tolist()))
+    n_lines = len(ranks)
+    for r in ranks:
+        m = rank == r
+        t = np.append(time_s[m] * k, step * k)
+        y = np.append(total[m] / 1e9, total[m][-1] / 1e9)
+        ax.step(t, y, where="post", label=devices_label(result, int(r)), linewidth=1.4)
     ax.axhline(s["hbm_bytes"] / 1e9, color="red", linestyle="--", linewidth=1.2, label="HBM capacity")
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel("memory in use (GB)")
@@ -272,11 +353,12 @@ def plot_memory(result, path=None, stacked_stage=None):
     ax.set_ylim(0, s["hbm_bytes"] / 1e9 * 1.3)
     ax.legend(ncol=2 if n_lines > 4 else 1, loc="upper left")
     stage = s.get("peak_memory_stage", 0) if stacked_stage is None else stacked_stage
-    df = mem[mem["stage"] == stage]
-    df = df[df["rank"] == df["rank"].min()]
-    cats = [c for c in MEMORY_CATEGORIES if c in df.columns]
-    t = list(df["time_s"] * k) + [step * k]
-    ys = [list(df[c] / 1e9) + [df[c].iloc[-1] / 1e9] for c in cats]
+    in_stage = np.asarray(mem["stage"]) == stage
+    m = in_stage & (rank == rank[in_stage].min())
+    cats = [c for c in MEMORY_CATEGORIES if c in mem]
+    t = np.append(time_s[m] * k, step * k)
+    ys = [np.append(np.asarray(mem[c], dtype=float)[m] / 1e9, np.asarray(mem[c], dtype=float)[m][-1] / 1e9)
+          for c in cats]
     ax2.stackplot(t, ys, labels=cats, step="post", alpha=0.85)
     ax2.axhline(s["hbm_bytes"] / 1e9, color="red", linestyle="--", linewidth=1.2)
     ax2.set_xlabel(f"time ({unit})")

@@ -1,27 +1,26 @@
-"""The one entry point: ``simulate(scenario) -> Result``."""
+"""The one entry point: ``simulate(scenario) -> Result``.
+
+``import simulator`` imports this module, so it imports the engine, the scenario
+schema, the topologies and the trace builder (simpy, scipy, networkx, pydantic) when
+:func:`simulate` first runs, not at import.
+"""
 
 from __future__ import annotations
 
 import gc
 import time
 from pathlib import Path
-from typing import Mapping, Optional, Union
+from typing import TYPE_CHECKING, Mapping, Optional, Union
 
 import numpy as np
-import pandas as pd
 
 from simulator._version import __version__
-from simulator.compute import calibration_for
-from simulator.engine import Engine
-from simulator.result import SCHEMA_VERSION, Result, events_frame, memory_frame
-from simulator.errors import StepsimError
-from simulator.schema import Scenario, ScenarioError, check_size, load_scenario
-from topologies.errors import TopologyError
-from topologies.presets import build_cluster
-from topologies.topology import Topology
-from workloads import counts
+from simulator.result import PER_STAGE_COLUMNS, SCHEMA_VERSION, Columns, Result, memory_columns
 from workloads.ops import MEMORY_CATEGORIES
-from workloads.trace import build_trace
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only
+    from simulator.schema import Scenario
+    from topologies.topology import Topology
 
 
 def simulate(
@@ -64,6 +63,13 @@ def simulate(
 
 def _simulate(scenario, exact, topology, trace, progress, twin_quotient=True) -> Result:
     t0 = time.perf_counter()
+    from simulator.compute import calibration_for
+    from simulator.engine import Engine
+    from simulator.errors import StepsimError
+    from simulator.schema import Scenario, ScenarioError, check_size, load_scenario
+    from topologies.presets import build_cluster
+    from workloads.trace import build_trace
+
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     try:
         topo = topology if topology is not None else build_cluster(sc.cluster)
@@ -95,16 +101,12 @@ def _simulate(scenario, exact, topology, trace, progress, twin_quotient=True) ->
         progress=progress, twin_quotient=twin_quotient,
     )
     raw = engine.run()
-    events = events_frame(raw, sc.layout)
-    mem = memory_frame(raw, trace, sc.layout)
+    mem = memory_columns(raw, trace, sc.layout)
     summary, per_stage = _summarise(sc, trace, raw, mem)
     summary["sim_wall_s"] = time.perf_counter() - t0
-    notes = list(trace.notes)
-    res = Result(summary=summary, events=events, memory=mem, per_stage=per_stage, scenario=sc, notes=notes)
-    res.raw = raw
-    res.trace = trace
-    res.topology = topo
-    return res
+    # the events table is built from raw.records when first asked for
+    return Result(summary=summary, scenario=sc, notes=list(trace.notes), raw=raw, trace=trace, topology=topo,
+                  columns={"memory": mem, "per_stage": per_stage})
 
 
 def _needs_exact(sc: Scenario) -> bool:
@@ -113,6 +115,9 @@ def _needs_exact(sc: Scenario) -> bool:
 
 
 def _perturb_links(topo: Topology, sc: Scenario) -> Topology:
+    from simulator.schema import ScenarioError
+    from topologies.errors import TopologyError
+
     for i, p in enumerate(sc.perturbations):
         if p.link is None:
             continue
@@ -135,7 +140,9 @@ def _link_hint(topo: Topology, u, v) -> str:
             f"{', '.join(sorted(map(str, G.neighbors(topo.devices[0])))[:4])} (`stepsim topology --save x.json` lists them)")
 
 
-def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.DataFrame]:
+def _summarise(sc: Scenario, trace, raw, mem: Columns) -> tuple[dict, Columns]:
+    from workloads import counts
+
     L, chip, t = sc.layout, sc.cluster.chip, sc.training
     step = raw.step_time_s
     devices = sc.cluster.devices
@@ -163,24 +170,11 @@ def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.Da
 
     bubble, exposed = mean(acc.bubble_s), mean(acc.exposed_s)
     # Peak memory over devices and time.
-    i = int(mem["total"].to_numpy().argmax())
-    row = mem.iloc[i]
-    peak = float(row["total"])
-    breakdown = {c: float(row[c]) for c in MEMORY_CATEGORIES}
-    ev = pd.DataFrame({
-        "rank": list(acc.ranks), "stage": [L.stage_of(r) for r in acc.ranks], "compute_s": acc.compute_s,
-        "bubble_s": acc.bubble_s, "exposed_comm_s": acc.exposed_s, "offload_wait_s": acc.offload_wait_s,
-    })
-    peaks = mem.groupby("rank")["total"].max()
-    ev["peak_memory_bytes"] = ev["rank"].map(peaks)
-    per_stage = ev.groupby("stage", as_index=False).agg(
-        bubble_s=("bubble_s", "mean"), exposed_comm_s=("exposed_comm_s", "mean"),
-        peak_memory_bytes=("peak_memory_bytes", "max"), compute_s=("compute_s", "mean"),
-        offload_wait_s=("offload_wait_s", "mean"),
-    )
-    if step > 0:
-        per_stage["bubble_fraction"] = per_stage["bubble_s"] / step
-        per_stage["exposed_comm_fraction"] = per_stage["exposed_comm_s"] / step
+    i = int(mem["total"].argmax())
+    peak = float(mem["total"][i])
+    breakdown = {c: float(mem[c][i]) for c in MEMORY_CATEGORIES}
+    per_stage = _per_stage(acc, L, mem, step)
+    peak_rank = int(mem["rank"][i])
     # Busy time per communication axis (and the host link as 'offload', as before).
     busy_cols = {a: acc.busy_by_axis_s[:, j] for j, a in enumerate(acc.axes)}
     if acc.offload_busy_s.any():
@@ -212,7 +206,7 @@ def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.Da
         "schedule_enforced": "all-forward-first" if any("all-forward-first" in n for n in trace.notes) else None,
         "micro_batches": t.micro_batches(L.dp),
         "layout": {"tp": L.tp, "cp": L.cp, "pp": L.pp, "dp": L.dp, "ep": L.ep, "vpp": L.vpp, "etp": L.etp, "zero": L.zero},
-        "peak_memory_stage": int(L.stage_of(int(row["rank"]))),
+        "peak_memory_stage": int(L.stage_of(peak_rank)),
         "bubble_time_per_stage_s": [float(x) for x in per_stage["bubble_s"]],
         "exposed_comm_time_per_stage_s": [float(x) for x in per_stage["exposed_comm_s"]],
         "comm_time_by_axis_s": {a: mean(x) for a, x in busy_cols.items()},
@@ -238,3 +232,33 @@ def _summarise(sc: Scenario, trace, raw, mem: pd.DataFrame) -> tuple[dict, pd.Da
         "sim_wall_s": 0.0,
     }
     return summary, per_stage
+
+
+def _per_stage(acc, layout, mem: Columns, step: float) -> Columns:
+    """The per-stage table (``Result.per_stage``): means over each stage's simulated ranks,
+    the stage's peak memory, and the bubble and exposed fractions of the step. Means are
+    sums by ``np.add.reduceat`` over the ranks in stage order, divided by the count (what
+    pandas' grouped mean computes: the same bits as when this table was a groupby)."""
+    ranks = np.asarray(acc.ranks, dtype=np.int64)
+    stage = np.array([layout.stage_of(int(r)) for r in ranks], dtype=np.int64)
+    order = np.argsort(stage, kind="stable")
+    stages, starts, sizes = np.unique(stage[order], return_index=True, return_counts=True)
+
+    def means(values) -> np.ndarray:
+        v = np.asarray(values, dtype=float)[order]
+        return np.add.reduceat(v, starts) / sizes if len(v) else np.zeros(0)
+
+    # each rank's peak over time, then the highest of its stage
+    peak_of = {}
+    for r, t in zip(mem["rank"].tolist(), mem["total"].tolist()):
+        if r not in peak_of or t > peak_of[r]:
+            peak_of[r] = t
+    peaks = np.array([peak_of.get(int(r), np.nan) for r in ranks[order]], dtype=float)
+    cols = {"stage": stages, "bubble_s": means(acc.bubble_s), "exposed_comm_s": means(acc.exposed_s),
+            "peak_memory_bytes": np.fmax.reduceat(peaks, starts) if len(peaks) else np.zeros(0),
+            "compute_s": means(acc.compute_s), "offload_wait_s": means(acc.offload_wait_s)}
+    cols = {c: cols[c] for c in PER_STAGE_COLUMNS}
+    if step > 0:
+        cols["bubble_fraction"] = cols["bubble_s"] / step
+        cols["exposed_comm_fraction"] = cols["exposed_comm_s"] / step
+    return cols

@@ -36,19 +36,71 @@ def test_chrome_trace_shows_bubbles_and_exposed_comm(pipelined):
     assert len(ops) == len(pipelined.events)
 
 
-def test_timeline_draws_every_bar(pipelined, tmp_path):
-    from matplotlib.collections import PolyCollection
+def _drawn_bars(fig):
+    """(row, x0, x1, style) of every rectangle of the timeline's bar patches."""
     from matplotlib.patches import PathPatch
-    from matplotlib.path import Path
+
+    out = []
+    for p in fig.axes[0].patches:
+        if not isinstance(p, PathPatch):
+            continue
+        v = p.get_path().vertices.reshape(-1, 5, 2)
+        style = "bubble" if p.get_hatch() else tuple(p.get_facecolor())
+        out += [(int(round((a[0, 1] + a[1, 1]) / 2)), a[0, 0], a[2, 0], style) for a in v]
+    return out
+
+
+def test_timeline_draws_every_bar(pipelined, tmp_path):
+    from matplotlib.colors import to_rgba
+
+    from simulator.plots import AXIS_COLOURS, PHASE_COLOURS, _time_unit, devices_label
 
     fig = pipelined.plot_timeline(max_ranks=64)
-    bars = sum(len(c.get_paths()) for c in fig.axes[0].collections if isinstance(c, PolyCollection))
-    # hatched bubbles: one compound path per row, one closed rectangle per bubble
-    bars += sum(int((p.get_path().codes == Path.CLOSEPOLY).sum()) for p in fig.axes[0].patches
-                if isinstance(p, PathPatch))
+    drawn = _drawn_bars(fig)
     ev = pipelined.events
-    assert bars == int((ev["duration_s"] > 0).sum()) + len(pipelined.raw.idle_spans)
+    n_bars = int((ev["duration_s"] > 0).sum()) + len(pipelined.raw.idle_spans)
+    # bars of one style closer than half a pixel are drawn as one; none is lost
+    assert 0 < len(drawn) <= n_bars
+    rows, rank = {}, None
+    label_rank = {devices_label(pipelined, r): r for r in set(ev["rank"])}
+    for y, t in enumerate(fig.axes[0].get_yticklabels()):
+        text = t.get_text()
+        if text in label_rank:
+            rank = label_rank[text]
+            rows[(rank, "compute")] = y
+        else:
+            rows[(rank, text.removesuffix(" comm"))] = y
+    k, _ = _time_unit(pipelined.summary["step_time_s"])
+    by_row: dict = {}
+    for y, x0, x1, style in drawn:
+        by_row.setdefault((y, style), []).append((x0, x1))
+    want = [(rows[(r, s)], a * k, b * k, tuple(to_rgba(PHASE_COLOURS[ph] if s == "compute" else AXIS_COLOURS[ax or s])))
+            for r, s, ph, ax, a, b in zip(ev["rank"], ev["stream"], ev["phase"], ev["axis"], ev["start_s"], ev["end_s"])
+            if b > a]
+    want += [(rows[(r, "compute")], a * k, b * k, "bubble") for r, a, b, c, _ in pipelined.raw.idle_spans
+             if c == "bubble"]
+    assert len(want) > 100
+    eps = 1e-9 * pipelined.summary["step_time_s"] * k
+    for y, a, b, style in want:      # each op and each bubble lies inside a drawn bar of its row and colour
+        assert any(x0 - eps <= a and b <= x1 + eps for x0, x1 in by_row[(y, style)]), (y, a, b, style)
     fig.savefig(tmp_path / "t.png")
+
+
+def test_merge_bars_joins_only_neighbours_of_one_style_closer_than_the_gap():
+    import numpy as np
+
+    from simulator.plots import merge_bars
+
+    x0 = np.array([0.0, 1.05, 2.0, 2.5, 3.0, 0.0, 1.0])
+    x1 = np.array([1.0, 2.0, 2.5, 3.0, 4.0, 1.0, 2.0])
+    row = np.array([0, 0, 0, 0, 0, 1, 1])
+    style = np.array([0, 0, 1, 0, 0, 0, 0])
+    m0, m1, mr, ms = merge_bars(x0, x1, row, style, gap=0.1)
+    # row 0: [0, 1] and [1.05, 2] join (gap 0.05); [2, 2.5] is another style and stops the run;
+    # [2.5, 3] and [3, 4] join; row 1 is merged on its own
+    assert list(zip(m0, m1, mr, ms)) == [(0.0, 2.0, 0, 0), (2.0, 2.5, 0, 1), (2.5, 4.0, 0, 0), (0.0, 2.0, 1, 0)]
+    n0, *_ = merge_bars(x0, x1, row, style, gap=0.01)
+    assert len(n0) == 5              # 0.05 > 0.01: apart; touching bars (gap 0) still join
 
 
 def test_chrome_trace_names_idle_spans_by_their_cause(pipelined):
@@ -150,3 +202,52 @@ def test_trace_file_streamed_plain_and_gzipped(quick, tmp_path):
     with gzip.open(packed, "rt") as f:
         assert json.load(f) == want
     assert packed.stat().st_size < plain.stat().st_size / 5
+
+
+# ---- tables written from columns, without pandas -------------------------------------------------
+
+
+def test_csv_files_are_what_pandas_writes(pipelined, tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    from simulator.export import write_csv
+
+    for name in ("events", "memory", "idle", "per_stage"):
+        cols = pipelined.table(name)
+        write_csv(cols, tmp_path / f"{name}.csv")
+        pd.DataFrame(cols).to_csv(tmp_path / f"{name}.pandas.csv", index=False)
+        assert (tmp_path / f"{name}.csv").read_bytes() == (tmp_path / f"{name}.pandas.csv").read_bytes(), name
+    text = np.empty(6, dtype=object)
+    text[:] = ["plain", "a,b", 'say "hi"', "two\nlines", "", "µs–ms"]
+    odd = {"text": text, "x": np.array([0.1 + 0.2, np.nan, 1e-5, -0.0, 1e16, 123.0]),
+           "n": np.array([-1, 0, 2**40, 3, 4, 5]), "flag": np.array([True, False, True, True, False, False])}
+    write_csv(odd, tmp_path / "odd.csv")
+    pd.DataFrame(odd).to_csv(tmp_path / "odd.pandas.csv", index=False)
+    assert (tmp_path / "odd.csv").read_bytes() == (tmp_path / "odd.pandas.csv").read_bytes()
+
+
+def test_events_parquet_reads_back_as_the_events_frame(pipelined, tmp_path):
+    import pandas as pd
+
+    from simulator.export import write_events_parquet
+    from simulator.parquet_io import read_metadata
+
+    write_events_parquet(pipelined.table("events"), tmp_path / "e.parquet")
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "e.parquet"), pipelined.events, check_exact=True)
+    assert read_metadata(tmp_path / "e.parquet")["stepsim_version"] == pipelined.summary["stepsim_version"]
+
+
+def test_result_declares_what_it_carries_and_builds_tables_once(pipelined):
+    import copy
+
+    from simulator import Result
+
+    assert {"summary", "scenario", "notes", "raw", "trace", "topology"} <= set(Result.__slots__)
+    with pytest.raises(AttributeError):
+        pipelined.unheard_of = 1            # no attribute is set from outside the class
+    assert pipelined.events is pipelined.events and len(pipelined.events) == len(pipelined.raw.records)
+    assert list(pipelined.per_stage["stage"]) == sorted(set(pipelined.events["stage"]))
+    other = copy.copy(pipelined)
+    other.events = pipelined.events[pipelined.events["stream"] == "compute"].reset_index(drop=True)
+    assert set(other.table("events")["stream"]) == {"compute"} and len(pipelined.events) > len(other.events)

@@ -11,7 +11,8 @@ edges carry the total bandwidth between the items they join.
 Text is at least 10 pt at the saved size (fit for a slide). New figures are drawn
 on the Agg canvas directly (no pyplot, no global backend change), so this works
 headless and leaves a notebook's backend alone; a notebook shows the returned
-figure when it is a cell's value.
+figure when it is a cell's value. matplotlib is imported by :func:`plot_topology`, so
+``import topologies`` does not load it.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ import os
 from collections import defaultdict
 
 import networkx as nx
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from .topology import Topology
 
@@ -39,6 +38,10 @@ def plot_topology(topo: Topology, path=None, ax=None, max_per_layer: int = 8):
     ``ax``: draw into this Axes instead of a new figure.
     """
     if ax is None:
+        # matplotlib loads here, not when topologies is imported
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
         fig = Figure(figsize=(11, 6.5))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
