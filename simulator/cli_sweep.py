@@ -11,7 +11,7 @@ case, the failed ones with their error; ``oom``, ``pruned``, ``invalid`` and
     stepsim sweep SWEEP.yaml --out DIR [--jobs N | --dask ADDRESS] [--retry-failed] [--plot]
     stepsim search SCENARIO [--out DIR] [--max-tp 8 --max-pp 16 --schedules 1f1b,interleaved-1f1b
                             --zero 0,1,3 --micro-batch-sizes 1,2 --recompute none,selective,full
-                            --max-candidates N] [--jobs N | --dask ADDRESS] [--top 10]
+                            --max-candidates N --estimate-margin 0.05] [--jobs N | --dask ADDRESS] [--top 10]
     stepsim sweep-plot DIR [--x KEY] [--y mfu] [--hue KEY] [--heatmap KEY]
 """
 
@@ -151,6 +151,18 @@ def _report_failed(what: str, cases, errors, where: str, noun: str = "case", sho
         print(f"  ... and {len(cases) - show} more", file=sys.stderr)
 
 
+def _margin(text: str):
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise CliError(f"--estimate-margin: expected a number >= 0 or 'none', got {text!r}") from None
+    if not value >= 0:
+        raise CliError(f"--estimate-margin: expected a number >= 0 or 'none', got {text!r}")
+    return value
+
+
 def cmd_search(args) -> int:
     from simulator.cli_common import resolve_scenario_path
     from simulator.search import SearchBounds, search
@@ -164,6 +176,7 @@ def cmd_search(args) -> int:
         micro_batch_sizes=_int_list("--micro-batch-sizes", args.micro_batch_sizes) if args.micro_batch_sizes else None,
         recompute=_str_list("--recompute", args.recompute, RECOMPUTE_MODES),
         max_candidates=args.max_candidates,
+        estimate_margin=_margin(args.estimate_margin),
     )
     with _executor(args.executor, _jobs(args), args.dask) as ex, _dask_client(args.dask) as client:
         result = search(path, out=args.out, bounds=bounds, client=client, jobs=_jobs(args),
@@ -232,11 +245,16 @@ def register(subparsers) -> None:
     p.add_argument("--max-cp", type=int, default=1, help="largest context parallelism (default 1)")
     p.add_argument("--max-ep", type=int, help="largest expert parallelism (MoE; default: no bound)")
     p.add_argument("--max-vpp", type=int, default=4, help="largest virtual stages for interleaved-1f1b (default 4)")
-    p.add_argument("--schedules", default="1f1b,interleaved-1f1b", help="comma-separated pipeline schedules")
+    p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b,zb-h1,dualpipe",
+                   help="comma-separated pipeline schedules (default: every schedule)")
     p.add_argument("--zero", help="comma-separated ZeRO stages (default: the scenario's)")
     p.add_argument("--micro-batch-sizes", help="comma-separated micro-batch sizes (default: the scenario's)")
     p.add_argument("--recompute", default="none,selective,full", help="comma-separated recompute modes")
     p.add_argument("--max-candidates", type=int, help="simulate at most N layouts (ranked by the analytic step-time estimate, column est_step_time_s)")
+    p.add_argument("--estimate-margin", default="0.05", metavar="X|none",
+                   help="simulate in the order of the analytic estimate until no layout left can beat the best "
+                        "simulated one unless its estimate errs by more than the largest error seen plus X "
+                        "(default 0.05); 'none': simulate every layout that fits")
     p.add_argument("--top", type=int, default=10, help="rows of the runner-up table (default 10)")
     p.add_argument("--json", action="store_true", help="print best.json instead of the table")
     _executor_flags(p)

@@ -13,6 +13,7 @@ so that they describe the step the simulator would run.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Mapping, Optional
 
@@ -25,6 +26,49 @@ from workloads.trace import INPUT_GRAD_FREED_FRACTION, chunk_layer_ranges
 
 
 # ---- memory estimate -----------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1024)
+def schedule_counts(name: str, stage: int, pp: int, m: int, vpp: int = 1, all_forward_first: bool = False):
+    """Pipeline rank ``stage``'s schedule (:func:`workloads.schedules.schedule`, put
+    all-forward-first when ``all_forward_first``) as counts: ``(F, B, I, W)``, each an
+    integer array ``[step, local chunk]`` of how many actions of that kind the step runs on
+    the chunk. Cached: a search asks for the same few schedules for many layouts."""
+    steps = sched.schedule(name, stage, pp, m, vpp)
+    if all_forward_first:
+        steps = sched.all_forward_first(steps)
+    out = {op: np.zeros((len(steps), sched.local_chunks(name, vpp)), dtype=np.int64) for op in "FBIW"}
+    for i, st in enumerate(steps):
+        for a in st:
+            out[a.op][i, a.chunk] += 1
+    for arr in out.values():
+        arr.setflags(write=False)
+    return out["F"], out["B"], out["I"], out["W"]
+
+
+def _activation_peak(counts, chunk_bytes, rebuilt) -> float:
+    """Peak stashed activations of a rank walking its schedule (``counts`` from
+    :func:`schedule_counts`): each step first adds its forwards' chunks (body + head),
+    the level is sampled, a backward with full recompute samples the level less the
+    chunk's head plus the rebuilt layer, then the step's backward-side actions free what
+    they use (``B`` all, ``I`` the head and ``INPUT_GRAD_FREED_FRACTION`` of the body,
+    ``W`` the rest of the body)."""
+    nF, nB, nI, nW = counts
+    if not len(nF):
+        return 0.0
+    body = np.array([c[0] for c in chunk_bytes], dtype=float)
+    head = np.array([c[1] for c in chunk_bytes], dtype=float)
+    add = nF @ (body + head)
+    free = nB @ (body + head) + nI @ (body * INPUT_GRAD_FREED_FRACTION + head) + nW @ (body * (1 - INPUT_GRAD_FREED_FRACTION))
+    level = np.concatenate(([0.0], np.cumsum(add - free)[:-1])) + add  # after each step's forwards
+    peak = max(0.0, float(level.max()))
+    reb = np.asarray(rebuilt, dtype=float)
+    if reb.any():
+        back = (nB + nI) > 0
+        if back.any():
+            cand = level[:, None] - head[None, :] + reb[None, :]
+            peak = max(peak, float(cand[back & (reb[None, :] > 0)].max(initial=-np.inf)))
+    return peak
 
 
 def estimate_memory(sc) -> dict:
@@ -73,30 +117,11 @@ def estimate_memory(sc) -> dict:
                     per_layer[l] = stash(l, t.recompute)
                 total += per_layer[l]
             chunk_bytes.append((total, head if k == len(chunks) - 1 else 0.0))
-        steps = sched.schedule(name, stage, L.pp, m, L.vpp)
-        if global_aux:
-            steps = sched.all_forward_first(steps)
         # Full recompute rebuilds a layer's activations just before its backward, after
         # the output layer's backward freed the head's: the first layer a chunk's
         # backward meets (its last) is the worst moment.
         rebuilt = [stash(chunks[k][-1], "none") if t.recompute == "full" and len(chunks[k]) else 0.0 for k in own]
-        level = peak = 0.0
-        for st in steps:
-            for a in st:
-                if a.op == "F":
-                    level += sum(chunk_bytes[a.chunk])
-            peak = max(peak, level)
-            for a in st:
-                if a.op in ("B", "I") and rebuilt[a.chunk]:
-                    peak = max(peak, level - chunk_bytes[a.chunk][1] + rebuilt[a.chunk])
-            for a in st:
-                body, hd = chunk_bytes[a.chunk]
-                if a.op == "B":
-                    level -= body + hd
-                elif a.op == "I":
-                    level -= body * INPUT_GRAD_FREED_FRACTION + hd
-                elif a.op == "W":
-                    level -= body * (1 - INPUT_GRAD_FREED_FRACTION)
+        peak = _activation_peak(schedule_counts(name, stage, L.pp, m, L.vpp, global_aux), chunk_bytes, rebuilt)
         rec = {"weights": state.weights, "gradients": state.gradients, "optimizer": state.optimizer,
                "activations": peak, "buffers": buffers, "stage": stage}
         rec["total"] = state.total + peak + buffers
@@ -335,6 +360,110 @@ class NetModel:
         return f * (n - 1) / n * max(worst, 1.0) / B, f * (n - 1) * a * max(worst, 1.0)
 
 
+def _pair_time(f_layers, b_layers, slowdown: float) -> float:
+    """Seconds of one DualPipe forward/backward pair on the compute stream: the two halves'
+    layers interleaved as the trace does (``workloads.trace._RankProgram._interleave``, the
+    backward half first), its compute ops ``slowdown`` times longer, the expert all-to-alls
+    in order on one communication stream, each starting when issued (and the stream is
+    free) and waited for by the op that needs it. ``f_layers``: per forward layer
+    ``(attention + router, shared, experts, output, dispatch, combine)``; ``b_layers``
+    (backward order): ``(recompute + output grad, shared grad, experts input grad, experts
+    weight grad, router + attention grad, combine grad, dispatch grad)``."""
+    T = C = 0.0
+
+    def issue(d: float) -> float:
+        nonlocal C
+        if d <= 0:
+            return T
+        C = max(T, C) + d
+        return C
+
+    pend = None  # the previous forward layer's combine and output op
+    for i in range(max(len(f_layers), len(b_layers))):
+        if i < len(b_layers):
+            rp, bs, ei, ew, ba, a_bc, a_bd = b_layers[i]
+            T += slowdown * rp
+            e_bc = issue(a_bc)
+            T += slowdown * bs
+        if pend is not None:
+            T = max(T, pend[0]) + slowdown * pend[1]
+            pend = None
+        if i < len(f_layers):
+            fa, fs, fe, fp, a_fd, a_fc = f_layers[i]
+            T += slowdown * fa
+            e_fd = issue(a_fd)
+            T += slowdown * fs
+        if i < len(b_layers):
+            T = max(T, e_bc) + slowdown * ei
+            e_bd = issue(a_bd)
+            T += slowdown * ew
+        if i < len(f_layers):
+            T = max(T, e_fd) + slowdown * fe
+            pend = (issue(a_fc), fp)
+        if i < len(b_layers):
+            T = max(T, e_bd) + slowdown * ba
+    if pend is not None:
+        T = max(T, pend[0]) + slowdown * pend[1]
+    return T
+
+
+def _dualpipe_busy(sched_counts, own, chunks, layer, seg, extras, n_chunks, send_f, send_b, slowdown):
+    """A DualPipe rank's busy time over the step and its mean pair time: every step of its
+    schedule (``sched_counts``, :func:`schedule_counts`) costed on its own chunk — a lone
+    ``F`` / ``B`` / ``I`` / ``W`` as without overlap, an ``F`` + ``B`` pair by
+    :func:`_pair_time` plus what blocks the stream in both halves (TP, CP, ZeRO-3 gathers)
+    and both halves' embedding / head compute (slowed) and pipeline sends."""
+    nF, nB, nI, nW = sched_counts
+    n_local = len(own)
+    cost = {op: [0.0] * n_local for op in "FBIW"}
+    fl, bl, blk_f, blk_b, ext_f, ext_b = ([], [], [0.0] * n_local, [0.0] * n_local, [0.0] * n_local,
+                                          [0.0] * n_local)
+    for c, k in enumerate(own):
+        f_c, b_c = [], []
+        for l in chunks[k]:
+            d = layer(l)
+            for op in "FBIW":
+                cost[op][c] += d[op]
+            sf, sb, xf, xb = seg(l)
+            f_c.append(sf)
+            b_c.append(sb)
+            blk_f[c] += xf
+            blk_b[c] += xb
+        fl.append(f_c)
+        bl.append(b_c[::-1])
+        for u, has in (("embed", k == 0), ("head", k == n_chunks - 1)):
+            if has and u in extras:
+                f_, b_, z3 = extras[u]
+                cost["F"][c] += f_ + z3
+                cost["B"][c] += b_ + z3
+                cost["I"][c] += b_ + z3
+                ext_f[c] += f_
+                ext_b[c] += b_
+                blk_f[c] += z3
+                blk_b[c] += z3
+        cost["F"][c] += send_f
+        cost["B"][c] += send_b
+        cost["I"][c] += send_b
+    ptime: dict = {}
+    busy = 0.0
+    pair_sum, pairs = 0.0, 0
+    for i in range(len(nF)):
+        f_row, b_row = nF[i], nB[i]
+        if f_row.sum() == 1 and b_row.sum() == 1 and not nI[i].any() and not nW[i].any():
+            cf, cb = int(f_row.argmax()), int(b_row.argmax())
+            if (cf, cb) not in ptime:
+                ptime[(cf, cb)] = (_pair_time(fl[cf], bl[cb], slowdown) + slowdown * (ext_f[cf] + ext_b[cb])
+                                   + blk_f[cf] + blk_b[cb] + send_f + send_b)
+            busy += ptime[(cf, cb)]
+            pair_sum += ptime[(cf, cb)]
+            pairs += 1
+            continue
+        for op, row in (("F", f_row), ("B", b_row), ("I", nI[i]), ("W", nW[i])):
+            for c in np.flatnonzero(row):
+                busy += row[c] * cost[op][c]
+    return busy, (pair_sum / pairs if pairs else None)
+
+
 def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
     """Analytic step time of a loaded scenario, in seconds, and its parts.
 
@@ -366,7 +495,7 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
     Returns ``{"step_time_s", "compute_s", "tp_s", "cp_s", "ep_s", "fsdp_s", "bubble_s",
     "pp_send_s", "dp_s", "optimizer_s"}`` (the parts are those of the slowest rank; their
     sum is only roughly the step time, since DualPipe's pairs overlap some of them)."""
-    from simulator.compute import calibration_for, kernels_time_s
+    from simulator.compute import calibration_for, kernels_time_s, overlap_slowdown
     from workloads.trace import (HOST_UPDATE_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM,
                                  PARAM_BYTES, TraceBuilder, optimizer_kernels)
 
@@ -399,6 +528,7 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         return net.time_s("all-to-all", L.group(rank, "ep"), size, scaleout_fraction=frac)
 
     lcache: dict = {}
+    segs: dict = {}
 
     def layer(l: int, rank: int) -> dict:
         """Per micro-batch: one layer's forward / backward parts on ``rank``."""
@@ -438,6 +568,17 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         F = c_f + e_f + gather
         B = rc + re + c_bB + e_b + gather
         I = rc + re + c_bI + e_b + gather
+        # DualPipe's overlapped pairs: the layer's compute in the order the trace runs it and
+        # its all-to-alls (raw), for _pair_time; what blocks the stream besides (TP, CP,
+        # ZeRO-3 gathers, a full recompute's own collectives) is added whole.
+        if expert and L.ep > 1:
+            seg_f = (kt(attn) + kt(pre), kt(shared), kt(expert), kt(post), disp, comb)
+            seg_b = (rc + kt(b.bwd(post, "B")), kt(b.bwd(shared, "B")), kt(b.bwd(expert, "I")),
+                     kt(b.bwd(expert, "W")), kt(b.bwd(pre, "B")) + kt(b.bwd(attn, "B")), comb_b, comb_b)
+        else:
+            seg_f = (c_f, 0.0, 0.0, 0.0, 0.0, 0.0)
+            seg_b = (rc + c_bB, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        segs[key] = (seg_f, seg_b, tp_f + cp_f + gather, re + tp_b + cp_b + gather)
         out = lcache[key] = {
             "F": F, "B": B, "I": I, "W": c_bW,
             "compute": c_f + rc + c_bB, "tp": tp_f + tp_b + (tp_f if recompute else 0.0),
@@ -465,6 +606,11 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         """One all-gather of a unit's bf16 parameters."""
         return (net.time_s("all-gather", L.group(rank, "dp_cp"), dense * PARAM_BYTES)
                 + net.time_s("all-gather", L.group(rank, "edp"), exp * PARAM_BYTES))
+    # DualPipe's forward/backward pairs overlap the expert all-to-alls with the other half's
+    # compute (the trace's ``ep_overlap``), every compute op of a pair on the SMs the
+    # communication kernels leave free (``simulator.compute.overlap_slowdown``).
+    pair_overlap = name == "dualpipe" and b.dualpipe_ep and not global_aux
+    slowdown = overlap_slowdown(cal)
     keys = ("F", "B", "I", "W", "compute", "tp", "cp", "ep", "fsdp", "grad", "param_ag", "pp_send")
     ranks_of = [L.rank_of(pp=s) for s in range(pp)]
     send_bytes = b.hidden_bytes / (L.tp if L.sequence_parallel else 1)
@@ -477,7 +623,7 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         for l in layers:
             for k_, v in layer(l, rank).items():
                 tot[k_] += v
-        extras = []
+        extras, extras_by_unit = [], {}
         # The embedding and the head (output layer, loss, MTP modules) are parameter units
         # like the layers: reduced, ZeRO-1/2 gathered once, ZeRO-3 gathered per use.
         units = {u: (d, e) for u, d, e in memory.rank_parameter_units(
@@ -489,6 +635,7 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
             z3 = g if L.zero == 3 else 0.0
             extras.append({"F": f_ + z3, "B": b_ + z3, "I": i_ + z3, "W": w_, "compute": f_ + b_, "fsdp": 2 * z3,
                            "grad": reduce_s(rank, *units[u]), "param_ag": g if L.zero in (1, 2) else 0.0})
+            extras_by_unit[u] = (f_, b_, z3)
         for extra in extras:
             for k_, v in extra.items():
                 tot[k_] += v
@@ -512,6 +659,13 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
             act["I"] += send_b
             tot["pp_send"] = (send_f + send_b) * n_local
         mb_work = (act["F"] + act["B"]) * (1 if name == "dualpipe" else n_local)
+        pair_mean = None
+        if pair_overlap and pp > 1:
+            busy_s, pair_mean = _dualpipe_busy(
+                sched_counts=schedule_counts(name, s, pp, m, vpp, global_aux), own=own, chunks=b.chunks,
+                layer=lambda l: layer(l, rank), seg=lambda l: segs[(id(b.layer_parts(l)), rank, model.is_moe_layer(l))],
+                extras=extras_by_unit, n_chunks=n_chunks, send_f=send_f, send_b=send_b, slowdown=slowdown)
+            mb_work = busy_s / m
         all_units = memory.rank_parameter_units(model, L, layers, has_embedding=0 in own,
                                                 has_head=n_chunks - 1 in own)
         dense, expert = sum(u[1] for u in all_units), sum(u[2] for u in all_units)
@@ -532,7 +686,8 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
                 table = math.ceil(model.vocab / L.tp) * model.hidden
                 tied_s = net.time_s("all-reduce", tuple(sorted((rank, other))), table * t.grad_bytes)
         ranks.append({"rank": rank, "tot": tot, "act": act, "work": mb_work, "layers": max(1, len(layers)),
-                      "dense": dense, "expert": expert, "mirror": mirror_s, "tied": tied_s})
+                      "dense": dense, "expert": expert, "mirror": mirror_s, "tied": tied_s,
+                      "pair": pair_mean})
 
     # -- the pipeline --------------------------------------------------------------------
     work = [r["work"] for r in ranks]
@@ -556,7 +711,11 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         # by layer on one in-order compute stream, so a blocking all-to-all of one half still
         # stalls the stream (measured: DeepSeek-V3 on H800, pp8/pp16 DualPipe, simulated step
         # times within 2 % of F + B with no pair overlap).
-        bubble = max(0.0, (pp / 2 - 1) * (mean("F") + 2 * mean("B") - 3 * mean("W")))
+        # DualPipe (DeepSeek-V3 §3.2.1, Table 2): (pp/2 - 1)(F&B + B - 3W), F&B the time of an
+        # overlapped forward/backward pair (F + B when the pairs do not overlap).
+        fb = (sum(r["pair"] for r in ranks) / pp if all(r["pair"] is not None for r in ranks)
+              else mean("F") + mean("B"))
+        bubble = max(0.0, (pp / 2 - 1) * (fb + mean("B") - 3 * mean("W")))
     makespan = max(busy) + bubble
 
     # -- data-parallel traffic, optimizer ------------------------------------------------------

@@ -50,23 +50,27 @@ layout fields replaced, ready for ``stepsim run``), and the sweep files
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import math
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
 from simulator.estimate import NetModel, estimate_memory, proxy_cost
 from simulator.schema import ScenarioError, load_scenario, read_mapping
-from simulator.sweep import Case, _absolutise, _atomic_write, check_scenario, resolve, run_cases, set_dotted
+from simulator.sweep import (Case, _absolutise, _atomic_write, canonical_json, check_scenario, resolve, run_cases,
+                             set_dotted)
 from topologies.networks import SwitchedNetwork
 from workloads import memory
 from workloads.enums import RECOMPUTE_MODES
 from workloads import schedules as sched
 
 LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "schedule", "zero", "micro_batch_size", "recompute")
-STATUSES = ("ok", "oom", "failed", "pruned", "invalid", "skipped")
+STATUSES = ("ok", "oom", "failed", "pruned", "invalid", "skipped", "duplicate")
 SUMMARY_COLUMNS = ("step_time_s", "mfu", "tokens_per_s", "peak_memory_bytes", "bubble_fraction",
                    "exposed_comm_fraction")
 SEARCH_CSV, BEST_JSON = "search.csv", "best.json"
@@ -74,24 +78,43 @@ SEARCH_CSV, BEST_JSON = "search.csv", "best.json"
 # this share: the closed forms and the trace's accounting differ by well under 0.1 % on
 # the test scenarios (tests/test_search.py), so nothing that would fit is dropped.
 PRUNE_TOLERANCE = 0.01
+# The adaptive search (bounds.estimate_margin, the default) simulates layouts in the order
+# of their analytic estimate E and stops when every layout left has E >= S_best (1 + a):
+# such a layout's simulated step E / (1 + e) is no shorter than S_best as long as its
+# estimate's relative error e = E / S - 1 is at most the allowance a = (largest e seen on
+# the layouts simulated so far, at least 0) + ESTIMATE_MARGIN (the same with pp = 1 for the
+# best layout without pipeline parallelism). The margin covers the errors of layouts not
+# yet simulated beyond those seen. Measured on the 32 layouts simulated in the DeepSeek-V3
+# searches of docs/results/search (with the DualPipe pair model of simulator.estimate):
+# e in -4.1 .. +2.9 % on 2,048 H800, -0.9 .. +6.1 % on 2,304 GB200, so the largest error of
+# a search exceeds the smallest by 7 %; the layouts simulated first are those the estimate
+# ranks best, which are also those it most underestimates, so the allowance must reach
+# beyond the largest error seen among them by about the spread: 5 % plus what the search
+# observes (on a small search whose errors reach +80 %, tests/test_search.py, the seen
+# overestimates widen the allowance themselves).
+ESTIMATE_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
 class SearchBounds:
     """What :func:`search` may vary. ``None`` means: for ``max_tp`` the scale-up domain,
     for ``max_pp`` / ``max_ep`` no bound, for ``zero`` / ``micro_batch_sizes`` the
-    scenario's own value only."""
+    scenario's own value only, for ``estimate_margin`` simulate every layout that fits
+    (``max_candidates`` still caps). ``estimate_margin``: simulate only layouts whose
+    analytic estimate is within this share of the best estimate (see
+    :data:`ESTIMATE_MARGIN`)."""
 
     max_tp: Optional[int] = None
     max_pp: Optional[int] = None
     max_cp: int = 1
     max_ep: Optional[int] = None
     max_vpp: int = 4
-    schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")
+    schedules: tuple[str, ...] = tuple(sched.SCHEDULES)
     zero: Optional[tuple[int, ...]] = None
     micro_batch_sizes: Optional[tuple[int, ...]] = None
     recompute: tuple[str, ...] = RECOMPUTE_MODES
     max_candidates: Optional[int] = None
+    estimate_margin: Optional[float] = ESTIMATE_MARGIN
 
     def __post_init__(self) -> None:
         for name in ("max_tp", "max_pp", "max_ep", "max_candidates"):
@@ -102,6 +125,9 @@ class SearchBounds:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ScenarioError(f"bounds.{name}", f"must be a positive integer, got {v!r}")
+        m = self.estimate_margin
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not m >= 0):
+            raise ScenarioError("bounds.estimate_margin", f"must be a number >= 0 or None, got {m!r}")
         if not self.schedules or any(s not in sched.SCHEDULES for s in self.schedules):
             raise ScenarioError("bounds.schedules", f"must be a non-empty list of {', '.join(sched.SCHEDULES)}; "
                                                     f"got {list(self.schedules)}")
@@ -202,6 +228,215 @@ def candidate_mapping(base: Mapping, p: Mapping, name: str) -> dict:
     return set_dotted(out, "name", f"{name}:{label(p)}")
 
 
+def _resolved_key(resolved: Mapping, **training) -> str:
+    """SHA-256 of a resolved scenario with some ``training`` fields replaced."""
+    r = dict(resolved)
+    r["training"] = {**r["training"], **training}
+    return hashlib.sha256(canonical_json(r).encode()).hexdigest()
+
+
+def _workers(jobs: Optional[int], client) -> int:
+    """How many layouts one round of the adaptive search simulates at once."""
+    if client is not None:
+        return 8
+    if jobs is None:
+        from simulator.sweep import default_jobs
+
+        return default_jobs()
+    return max(1, jobs)
+
+
+def _cap(cases: list, records: list, bounds: SearchBounds) -> list:
+    """At most ``bounds.max_candidates`` cases, best estimates first, keeping the best-ranked
+    layout without pipeline parallelism when the cap is at least 2; the rest ``skipped``."""
+    if bounds.max_candidates is None or len(cases) <= bounds.max_candidates:
+        return cases
+    order = sorted(cases, key=lambda c: (records[c.index]["est_step_time_s"], c.index))
+    chosen = order[:bounds.max_candidates]
+    if bounds.max_candidates > 1 and not any(records[c.index]["pp"] == 1 for c in chosen):
+        # Keep the comparison with the best layout without pipeline parallelism possible.
+        no_pp = [c for c in order if records[c.index]["pp"] == 1]
+        if no_pp:
+            chosen = chosen[:-1] + no_pp[:1]
+    keep = {c.index for c in chosen}
+    for c in cases:
+        if c.index not in keep:
+            records[c.index].update(status="skipped", reason=(
+                f"over max_candidates = {bounds.max_candidates} (ranked by the analytic step-time estimate)"))
+    return [c for c in cases if c.index in keep]
+
+
+def family(r: Mapping) -> tuple:
+    """The estimate's error is systematic by schedule, by whether there is a pipeline and by
+    ZeRO stage (measured: DeepSeek-V3 on H800, DualPipe -4 .. +3 %, 1F1B -1 .. +0.4 %; a
+    small MoE, pp = 1 -4 %, pp = 2 +10 %): :func:`bounds_from_simulated` allows each such
+    family its own largest error."""
+    return r["schedule"], r["pp"] == 1, r["zero"]
+
+
+def bounds_from_simulated(records: Sequence[Mapping], margin: float):
+    """``(allowance, best, best without pp)`` of the adaptive search from the layouts simulated
+    so far (``records`` with ``est_step_time_s``, ``step_time_s``, ``status``, ``pp``,
+    ``schedule``, ``zero``). ``allowance(r)``: the largest overestimate ``est / simulated - 1``
+    (at least 0) seen in ``r``'s :func:`family` (in any family while none of its own has
+    run) plus ``margin``. A layout ``r`` whose estimate is at least ``best x (1 +
+    allowance(r))`` cannot be faster than the best simulated step as long as its estimate
+    overestimates by no more than its allowance. ``best`` / ``best without pp`` are the
+    best simulated steps that fit (``inf`` while none has run)."""
+    seen: dict = {}
+    for r in records:
+        if r.get("step_time_s") and r["status"] in ("ok", "oom") and r.get("est_step_time_s") is not None:
+            e = max(0.0, r["est_step_time_s"] / r["step_time_s"] - 1)
+            f = family(r)
+            seen[f] = max(seen.get(f, 0.0), e)
+    overall = max(seen.values(), default=0.0)
+
+    def allowance(r: Mapping) -> float:
+        return seen.get(family(r), overall) + margin
+
+    ok = [r for r in records if r["status"] == "ok" and r.get("step_time_s")]
+    best = min((r["step_time_s"] for r in ok), default=math.inf)
+    best_no_pp = min((r["step_time_s"] for r in ok if r["pp"] == 1), default=math.inf)
+    return allowance, best, best_no_pp
+
+
+# The first round samples the best-estimated layout of each family whose best estimate is
+# within this share of the best estimate, so that the allowance knows each family's error.
+FAMILY_SAMPLE_SHARE = 0.5
+
+
+def _adaptive(cases: list, records: list, bounds: SearchBounds, dedupe, run, width: int) -> None:
+    """Simulate in rounds, best estimates first, until no layout left can beat the best
+    simulated one, with and without pipeline parallelism (:func:`bounds_from_simulated`).
+    The first round runs the best-estimated layout of each :func:`family` (within
+    :data:`FAMILY_SAMPLE_SHARE` of the best estimate) and with pp = 1; each later round the
+    next ``width`` that could still win. At most ``bounds.max_candidates`` are simulated.
+    What is left gets status ``skipped``."""
+    rec = lambda c: records[c.index]  # noqa: E731
+    pending = sorted(cases, key=lambda c: (rec(c)["est_step_time_s"], c.index))
+    done: list = []
+    simulated = 0
+    cap = bounds.max_candidates if bounds.max_candidates is not None else math.inf
+
+    def could_win(c, allowance, best, best_no_pp) -> bool:
+        r = rec(c)
+        e, a = r["est_step_time_s"], allowance(r)
+        return e < best * (1 + a) or (r["pp"] == 1 and e < best_no_pp * (1 + a))
+
+    first = []
+    if pending:
+        top = rec(pending[0])["est_step_time_s"]
+        fams = set()
+        for c in pending:
+            f = family(rec(c))
+            if f not in fams and rec(c)["est_step_time_s"] <= top * (1 + FAMILY_SAMPLE_SHARE):
+                fams.add(f)
+                first.append(c)
+        no_pp = [c for c in pending if rec(c)["pp"] == 1]
+        if no_pp and no_pp[0] not in first:
+            first.append(no_pp[0])
+    while pending and simulated < cap:
+        if first:
+            eligible, first = first, []
+        else:
+            state = bounds_from_simulated([rec(c) for c in done], bounds.estimate_margin)
+            eligible = [c for c in pending if could_win(c, *state)]
+        if not eligible:
+            break
+        batch = []
+        for c in eligible:
+            if len(batch) >= max(width, 1) and done or simulated + len(batch) >= cap:
+                break
+            pending.remove(c)
+            if dedupe.is_duplicate(c):
+                continue
+            batch.append(c)
+        if batch:
+            run(batch)
+            done += batch
+            simulated += len(batch)
+        for i, j in dedupe.dropped.items():
+            if records[i].get("step_time_s") is None:
+                for k in SUMMARY_COLUMNS:
+                    records[i][k] = records[j].get(k)
+    allowance, best, best_no_pp = bounds_from_simulated([rec(c) for c in done], bounds.estimate_margin)
+    for c in pending:
+        r = rec(c)
+        if simulated >= cap:
+            r.update(status="skipped", reason=f"over max_candidates = {bounds.max_candidates} (ranked by the "
+                                              f"analytic step-time estimate)")
+        else:
+            r.update(status="skipped", reason=(
+                f"estimated {r['est_step_time_s']:.4g} s: cannot beat the best simulated step "
+                f"({best:.4g} s; {best_no_pp:.4g} s with pp = 1) unless the estimate overestimates it by more "
+                f"than {allowance(r):.1%}: the largest overestimate seen in its family plus "
+                f"estimate_margin = {bounds.estimate_margin:g}"))
+
+
+def trace_fingerprint(trace) -> str:
+    """SHA-256 of what the engine simulates in a trace: its ops (with their kernels, sizes,
+    dependencies and memory deltas), ranks, weights, static memory, world size and FLOP
+    counts (not its notes). Compared within one process only (pickles of equal objects)."""
+    h = hashlib.sha256()
+    h.update(pickle.dumps((trace.ranks, trace.weight, trace.static_memory, trace.world, trace.model_flops,
+                           trace.representative, trace.unexecuted_flops), protocol=4))
+    step = 4096
+    for k in range(0, len(trace.ops), step):
+        h.update(pickle.dumps(trace.ops[k:k + step], protocol=4))
+    return h.hexdigest()
+
+
+# Scenario fields the simulation reads only through the trace it builds
+# (simulator.simulate: the engine gets the trace, the cluster, the layout, the chip's
+# calibrations, the dtype, perturbations and algorithms; the summary echoes the name and
+# the schedule).
+TRACE_ONLY_FIELDS = ("name", "schedule", "training.recompute")
+
+
+class _Dedupe:
+    """Finds the layouts that provably simulate identically to one already chosen: the
+    resolved scenarios are equal but for :data:`TRACE_ONLY_FIELDS` and the built traces have
+    the same :func:`trace_fingerprint`. Only layouts with equal memory and step-time
+    estimates are compared (different estimates: left alone), so traces are built only for
+    those. A duplicate gets status ``duplicate`` and, once it has run, the figures of the
+    layout it repeats; ``dropped`` maps it to that layout."""
+
+    def __init__(self, records: list):
+        self.records = records
+        self.groups: dict = {}
+        self.fingerprints: dict = {}
+        self.dropped: dict = {}
+
+    def _key(self, i: int):
+        r = self.records[i]
+        rs = {k: v for k, v in r["_resolved"].items() if k not in ("name", "schedule")}
+        return _resolved_key(rs, recompute=None), r["est_step_time_s"], canonical_json(r["_memory"])
+
+    def _fingerprint(self, i: int) -> Optional[str]:
+        if i not in self.fingerprints:
+            from workloads.trace import build_trace
+
+            try:
+                self.fingerprints[i] = trace_fingerprint(build_trace(self.records[i]["_sc"].workload()))
+            except ValueError:  # LayoutError, ScheduleError, TraceError: simulated (and failed) alone
+                self.fingerprints[i] = None
+        return self.fingerprints[i]
+
+    def is_duplicate(self, c) -> bool:
+        members = self.groups.setdefault(self._key(c.index), [])
+        if members:
+            fp = self._fingerprint(c.index)
+            for j in members:
+                if fp is not None and self._fingerprint(j) == fp:
+                    self.dropped[c.index] = j
+                    self.records[c.index].update(status="duplicate", reason=(
+                        f"simulates identically to candidate {j} ({self.records[j]['label']}): the same trace, "
+                        f"and the same scenario but for {' / '.join(TRACE_ONLY_FIELDS)}"))
+                    return True
+        members.append(c.index)
+        return False
+
+
 # ---- the search ----------------------------------------------------------------------------
 
 
@@ -283,6 +518,7 @@ def search(
     hbm = sc0.cluster.chip.hbm_bytes
     records, cases, by_key = [], [], {}
     net = NetModel(sc0.cluster, sc0.network_calibration())  # one cache of collective times for every candidate
+    est_cache: dict = {}
     for i, p in enumerate(enumerate_layouts(sc0, bounds)):
         mapping = candidate_mapping(base, p, sc0.name)
         rec = {"candidate": i, "label": label(p), **p, "status": None, "reason": None, "est_memory_bytes": None,
@@ -311,44 +547,66 @@ def search(
                 rec.update(status="invalid", reason=f"same scenario as candidate {by_key[key]}")
             else:
                 by_key[key] = i
-                rec["est_step_time_s"] = proxy_cost(p, rec["_micro_batches"], sc, net)
-                rec["_key"], rec["_mapping"] = key, mapping
+                # The estimate reads training.recompute only as "full or not" (simulator.estimate):
+                # layouts differing only in none / selective share one evaluation.
+                ekey = _resolved_key(resolved, recompute="full" if p["recompute"] == "full" else "not-full")
+                if ekey not in est_cache:
+                    est_cache[ekey] = proxy_cost(p, rec["_micro_batches"], sc, net)
+                rec["est_step_time_s"] = est_cache[ekey]
+                rec["_key"], rec["_mapping"], rec["_resolved"], rec["_sc"] = key, mapping, resolved, sc
+                rec["_memory"] = est
                 cases.append(Case(index=i, axes={k: p[k] for k in LAYOUT_KEYS}, scenario=mapping, key=key,
                                   resolved=resolved))
         records.append(rec)
-    if bounds.max_candidates is not None and len(cases) > bounds.max_candidates:
-        order = sorted(cases, key=lambda c: (records[c.index]["est_step_time_s"], c.index))
-        chosen = order[:bounds.max_candidates]
-        if bounds.max_candidates > 1 and not any(records[c.index]["pp"] == 1 for c in chosen):
-            # Keep the comparison with the best layout without pipeline parallelism possible.
-            no_pp = [c for c in order if records[c.index]["pp"] == 1]
-            if no_pp:
-                chosen = chosen[:-1] + no_pp[:1]
-        keep = {c.index for c in chosen}
-        for c in cases:
-            if c.index not in keep:
-                records[c.index].update(status="skipped", reason=(
-                    f"over max_candidates = {bounds.max_candidates} (ranked by the analytic step-time estimate)"))
-        cases = [c for c in cases if c.index in keep]
-    _, rows = run_cases(cases, LAYOUT_KEYS, out=out, client=client, jobs=jobs, progress=progress,
-                        desc=f"search {sc0.name}", executor=executor)
     summaries: dict[int, dict] = {}
-    for c in cases:
-        row = rows.get(c.key)
-        rec = records[c.index]
-        if row is None:  # pragma: no cover — run_cases returns every case or raises
-            rec.update(status="failed", reason="not run")
-            continue
-        if row["status"] != "ok":
-            rec.update(status="failed", reason=row.get("error"))
-            continue
-        s = row["summary"]
-        summaries[c.index] = s
+
+    def run(batch: list, ex) -> None:
+        _, rows = run_cases(batch, LAYOUT_KEYS, out=out, client=client, jobs=jobs, progress=progress,
+                            desc=f"search {sc0.name}", executor=ex)
+        for c in batch:
+            row = rows.get(c.key)
+            rec = records[c.index]
+            if row is None:  # pragma: no cover — run_cases returns every case or raises
+                rec.update(status="failed", reason="not run")
+                continue
+            if row["status"] != "ok":
+                rec.update(status="failed", reason=row.get("error"))
+                continue
+            s = row["summary"]
+            summaries[c.index] = s
+            for k in SUMMARY_COLUMNS:
+                rec[k] = s.get(k)
+            rec["status"] = "oom" if s.get("oom") else "ok"
+            if s.get("oom"):
+                rec["reason"] = f"simulated peak {s['peak_memory_bytes'] / 1e9:.2f} GB > HBM {hbm / 1e9:.2f} GB"
+
+    dedupe = _Dedupe(records)
+    if bounds.estimate_margin is None:
+        batch = []
+        for c in _cap(cases, records, bounds):
+            if not dedupe.is_duplicate(c):
+                batch.append(c)
+        run(batch, executor)
+    else:
+        own_pool = None
+        ex = executor
+        width = _workers(jobs, client)
+        if ex is None and client is None and width > 1:
+            from simulator.workers import process_pool
+
+            ex = own_pool = process_pool(width)  # one pool for every round
+        try:
+            _adaptive(cases, records, bounds, dedupe, lambda batch: run(batch, ex), max(2, width))
+        finally:
+            if own_pool is not None:
+                own_pool.shutdown(cancel_futures=True)
+    duplicates = dedupe.dropped
+    for i, j in duplicates.items():  # i simulates identically to j
+        src = records[j]
         for k in SUMMARY_COLUMNS:
-            rec[k] = s.get(k)
-        rec["status"] = "oom" if s.get("oom") else "ok"
-        if s.get("oom"):
-            rec["reason"] = f"simulated peak {s['peak_memory_bytes'] / 1e9:.2f} GB > HBM {hbm / 1e9:.2f} GB"
+            records[i][k] = src.get(k)
+        if src["status"] not in ("ok", "oom"):
+            records[i].update(status=src["status"], reason=src["reason"])
     table = pd.DataFrame.from_records(
         [{k: v for k, v in r.items() if not k.startswith("_")} for r in records],
         columns=["candidate", "label", *LAYOUT_KEYS, "status", "reason", "est_memory_bytes", "est_step_time_s",
