@@ -47,7 +47,8 @@ Map file::
       h800-ib50: {cluster: {preset: h800}}
       tpu-v5p: {cluster: {preset: tpu-v5p}, training: {dtype: bf16}}
     search: {max_tp: 8, pp: [1, 2, 4, 8, 16], max_ep: 64, schedules: [1f1b, interleaved-1f1b, dualpipe],
-             zero: [1, 3], recompute: [none, selective, full], max_vpp: 2}
+             zero: [1, 3], recompute: [none, selective, full], max_vpp: 2,
+             nopp_micro_batch_sizes: [1, 2, 4, 8]}   # pp = 1 also with larger micro-batches
     simulate: {with_pp: 2, without_pp: 1}
 """
 
@@ -71,7 +72,7 @@ from simulator.sweep import Case, RowStore, check_scenario, plain_json, resolve,
 from workloads import memory
 
 MAP_KEYS = ("name", "devices", "models", "training", "grid", "systems", "search", "simulate", "marks")
-SCREEN_FILE, MAP_CSV, CANDIDATES_CSV = "screen.jsonl", "map.csv", "candidates.csv"
+SCREEN_FILE, MAP_CSV, CANDIDATES_CSV, STATUS_JSON = "screen.jsonl", "map.csv", "candidates.csv", "status.json"
 RATIO_CONTOUR = 1.10  # "PP pays": the best layout without PP is at least 10 % slower
 TRAINING_DEFAULTS = {"seq_len": 4096, "sequences_per_device": 8, "micro_batch_size": 1, "dtype": "fp8",
                      "balance": "aux-free"}
@@ -89,6 +90,7 @@ class MapSpec:
     systems: dict
     bounds: SearchBounds
     pp_degrees: Optional[tuple[int, ...]]
+    nopp_micro_batch_sizes: tuple[int, ...]
     with_pp: int
     without_pp: int
     marks: tuple = ()  # (label, domain, nic GB/s): today's systems' places on the grid
@@ -127,6 +129,7 @@ def load_map(spec: Union[str, Path, Mapping]) -> MapSpec:
         raise ScenarioError("systems", "a mapping of label -> {cluster: ..., training: ...}")
     s = dict(data.get("search") or {})
     pp_degrees = s.pop("pp", None)
+    nopp_mbs = tuple(_pos_int(b, "search.nopp_micro_batch_sizes") for b in s.pop("nopp_micro_batch_sizes", ()))
     for k in ("schedules", "zero", "recompute", "micro_batch_sizes"):
         if k in s:
             s[k] = tuple(s[k])
@@ -145,7 +148,7 @@ def load_map(spec: Union[str, Path, Mapping]) -> MapSpec:
                    name=str(data.get("name") or "ppmap"), devices=devices, models=tuple(models), training=training,
                    grid_cluster=dict(grid.get("cluster") or {"preset": "dgx-h100"}), domain_sizes=doms,
                    nic_gbps=nics, systems={str(k): dict(v) for k, v in systems.items()}, bounds=bounds,
-                   pp_degrees=pp_degrees, with_pp=_pos_int(sim.get("with_pp", 2), "simulate.with_pp"),
+                   pp_degrees=pp_degrees, nopp_micro_batch_sizes=nopp_mbs, with_pp=_pos_int(sim.get("with_pp", 2), "simulate.with_pp"),
                    without_pp=_pos_int(sim.get("without_pp", 1), "simulate.without_pp"))
 
 
@@ -189,6 +192,20 @@ def points(spec: MapSpec) -> list[dict]:
 # ---- screen ------------------------------------------------------------------------------------
 
 
+def _layouts(sc0, spec: MapSpec):
+    """The search's layouts with pp in ``search.pp``; layouts without PP also with each
+    micro-batch size of ``search.nopp_micro_batch_sizes`` (fewer, larger micro-batches:
+    ZeRO-3 gathers each layer's weights once per micro-batch)."""
+    for p in enumerate_layouts(sc0, spec.bounds):
+        if spec.pp_degrees is not None and p["pp"] not in spec.pp_degrees:
+            continue
+        yield p
+        if p["pp"] == 1:
+            for mb in spec.nopp_micro_batch_sizes:
+                if mb != p["micro_batch_size"]:
+                    yield {**p, "micro_batch_size": mb}
+
+
 def screen(point: Mapping, spec: MapSpec, mem_cache: Optional[dict] = None) -> pd.DataFrame:
     """Every layout of the point that loads and fits by the memory estimate, with its
     estimated step time (columns: label, the layout keys, est_memory_bytes, est_step_time_s,
@@ -201,9 +218,7 @@ def screen(point: Mapping, spec: MapSpec, mem_cache: Optional[dict] = None) -> p
     mem_cache = {} if mem_cache is None else mem_cache
     net = NetModel(sc0.cluster, sc0.network_calibration())
     recs = []
-    for p in enumerate_layouts(sc0, spec.bounds):
-        if spec.pp_degrees is not None and p["pp"] not in spec.pp_degrees:
-            continue
+    for p in _layouts(sc0, spec):
         key = (chip_key, label(p))
         mapping = candidate_mapping(base, p, point["id"])
         if key in mem_cache and mem_cache[key] is None:
@@ -325,15 +340,28 @@ def run_map(spec_or_path, out: Union[str, Path], client=None, jobs: Optional[int
     return table, cands
 
 
+def _read_rows(path: Path) -> dict[str, dict]:
+    rows: dict[str, dict] = {}
+    if not path.exists():
+        return rows
+    for line in path.read_text(encoding="utf-8").split("\n"):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "key" in row:
+            rows[row["key"]] = row
+    return rows
+
+
 def assemble(spec_or_path, out: Union[str, Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The map table from what ``out`` holds so far (points with no finished simulation
     have empty figures): also works on a partial run."""
     spec = spec_or_path if isinstance(spec_or_path, MapSpec) else load_map(spec_or_path)
     out = Path(out)
-    store = RowStore(out)
-    store.path = out / SCREEN_FILE
-    screens = store.load()
-    rows = RowStore(out / "sims").load() if (out / "sims" / "rows.jsonl").exists() else {}
+    # read-only (RowStore.load would cut a torn last line, which may be a line a running
+    # ``run_map`` is writing): a line that does not parse is left out
+    screens, rows = _read_rows(out / SCREEN_FILE), _read_rows(out / "sims" / "rows.jsonl")
     by_point: dict[str, list] = {}
     for r in rows.values():
         ax = r.get("axes") or {}
@@ -382,10 +410,23 @@ def assemble(spec_or_path, out: Union[str, Path]) -> tuple[pd.DataFrame, pd.Data
         rec.update(aux_global_memory(pt, bp))
         rec.update(roofline(pt, bp, bn))
         map_recs.append(rec)
-    table, cands = pd.DataFrame(map_recs), pd.DataFrame(cand_recs)
+    table = pd.DataFrame(map_recs)
+    cands = pd.DataFrame(cand_recs, columns=None if cand_recs else
+                         ["point", "model", "system", "domain", "nic_gbps", "label", *LAYOUT_KEYS, "status", "error",
+                          "est_step_time_s", "est_memory_bytes", "step_time_s", "mfu", "peak_memory_bytes",
+                          "hbm_bytes", "bubble_fraction", "exposed_comm_fraction", "sim_wall_s", "micro_batches"])
     if out.exists():
         table.to_csv(out / MAP_CSV, index=False)
         cands.to_csv(out / CANDIDATES_CSV, index=False)
+        versions = sorted({str(r.get("stepsim_version")) for r in rows.values()})
+        status = {"name": spec.name, "points_total": len(points(spec)), "points_screened": len(screens),
+                  "simulations_chosen": sum(len(v["chosen"]) for v in screens.values()),
+                  "simulations_done": len(cand_recs),
+                  "points_with_ratio": int(table["ratio"].notna().sum()) if len(table) else 0,
+                  "screen_cpu_s_total": round(sum(v.get("screen_cpu_s", 0.0) for v in screens.values()), 1),
+                  "simulation_wall_s_total": round(float(cands["sim_wall_s"].fillna(0).sum()) if len(cands) else 0.0, 1),
+                  "stepsim_versions": versions}
+        (out / STATUS_JSON).write_text(json.dumps(status, indent=2) + "\n")
     return table, cands
 
 
@@ -445,7 +486,7 @@ def roofline(point: Mapping, best_pp: Optional[Mapping], best_nopp: Optional[Map
     steps = {}
     for tag, b in (("pp", best_pp), ("nopp", best_nopp)):
         if b is None:
-            rec.update({f"roof_{tag}_compute_s": None, f"roof_{tag}_dp_s": None})
+            rec.update({f"roof_{tag}_compute_s": None, f"roof_{tag}_dp_s": None, f"roof_{tag}_ep_s": None})
             continue
         sc = load_scenario(candidate_mapping(point["scenario"], b, point["id"]))
         est = estimate_step_time(sc)
@@ -465,9 +506,6 @@ def plot_map(table: pd.DataFrame, path: Union[str, Path], markers: Optional[Mapp
     NIC bandwidth per GPU (columns), the 1.10 contour, today's systems as annotated cells
     in a strip below (``markers``: system label -> (domain, nic GB/s) also marks it on the
     grid). Returns the figure."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     import numpy as np
     from matplotlib.colors import LinearSegmentedColormap
@@ -481,50 +519,70 @@ def plot_map(table: pd.DataFrame, path: Union[str, Path], markers: Optional[Mapp
     cmap = LinearSegmentedColormap.from_list("pp", ["#f7f7f7", "#fdd49e", "#fc8d59", "#d7301f", "#7f0000"]
                                              ).with_extremes(bad="#dddddd")
     vmax = 2.0
-    fig, axes = plt.subplots(2, len(models), figsize=(6.2 * len(models), 6.6),
-                             gridspec_kw={"height_ratios": [max(len(doms), 1), 1.3]}, squeeze=False)
+    rows = 2 if systems else 1
+    fig, axes = plt.subplots(rows, len(models), figsize=(6.2 * len(models), 4.6 + 2.0 * (rows - 1)),
+                             gridspec_kw={"height_ratios": [max(len(doms), 1), 1.3][:rows]}, squeeze=False)
 
     def shown(r):
         return vmax if r is not None and np.isinf(r) else r
 
     for j, model in enumerate(models):
-        ax, sx = axes[0, j], axes[1, j]
+        ax = axes[0, j]
         g = grid[grid["model"] == model]
         z = np.full((len(doms), len(nics)), np.nan)
         for _, r in g.iterrows():
-            if r["ratio"] is not None and not pd.isna(r["ratio"]):
-                z[doms.index(int(r["domain"])), nics.index(r["nic_gbps"])] = min(shown(r["ratio"]), vmax)
+            # a point screened but not simulated yet shows the estimate's ratio, marked "est"
+            v = r["ratio"] if not pd.isna(r["ratio"]) else r.get("est_ratio")
+            if v is not None and not pd.isna(v):
+                z[doms.index(int(r["domain"])), nics.index(r["nic_gbps"])] = min(shown(v), vmax)
         im = ax.imshow(z, cmap=cmap, vmin=1.0, vmax=vmax, origin="lower", aspect="auto")
         for _, r in g.iterrows():
             i, k = doms.index(int(r["domain"])), nics.index(r["nic_gbps"])
-            txt = "—" if pd.isna(r["ratio"]) else ("PP\nneeded" if np.isinf(r["ratio"]) else f"{r['ratio']:.2f}")
-            ax.text(k, i, txt, ha="center", va="center", fontsize=8)
+            sim = not pd.isna(r["ratio"])
+            v = r["ratio"] if sim else r.get("est_ratio")
+            txt = "—" if v is None or pd.isna(v) else ("PP\nneeded" if np.isinf(v) else f"{v:.2f}")
+            if not sim and txt != "—":
+                txt = f"est\n{txt}"
+                ax.add_patch(plt.Rectangle((k - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", ec="0.6", lw=0))
+            dark = v is not None and not pd.isna(v) and min(shown(v), vmax) > 1.6
+            ax.text(k, i, txt, ha="center", va="center", fontsize=8, style="normal" if sim else "italic",
+                    color="white" if dark else "black", weight="bold" if sim else "normal")
         if np.isfinite(z).sum() >= 4 and len(doms) > 1 and len(nics) > 1:
-            zc = np.where(np.isnan(z), vmax, z)
-            ax.contour(np.arange(len(nics)), np.arange(len(doms)), zc, levels=[RATIO_CONTOUR], colors="k",
-                       linewidths=1.6)
+            ax.contour(np.arange(len(nics)), np.arange(len(doms)), np.ma.masked_invalid(z), levels=[RATIO_CONTOUR],
+                       colors="k", linewidths=1.6)
+        at: dict = {}
         for lab, (d, w) in markers.items():
             if d in doms and w in nics:
-                ax.plot(nics.index(w) + 0.33, doms.index(d) + 0.3, "o", ms=7, mfc="none", mec="#1f4e9c", mew=1.8)
-                ax.text(nics.index(w) + 0.33, doms.index(d) + 0.3, "  " + lab, color="#1f4e9c", fontsize=7,
-                        va="center")
+                at.setdefault((doms.index(d), nics.index(float(w))), []).append(lab)
+        for (i, k), labs in at.items():
+            ax.plot(k - 0.36, i + 0.3, "o", ms=7, mfc="#1f4e9c", mec="white", mew=1.2)
+            ax.text(k - 0.28, i + 0.3, " / ".join(labs), color="#1f4e9c", fontsize=6.5, va="center",
+                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
         ax.set_xticks(range(len(nics)), [f"{w:g}" for w in nics])
         ax.set_yticks(range(len(doms)), [str(d) for d in doms])
         ax.set_xlabel("scale-out bandwidth per GPU (GB/s)")
         ax.set_ylabel("GPUs per scale-up domain")
         ax.set_title(f"{model}: best without PP / best (contour {RATIO_CONTOUR:.2f})", fontsize=10)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+        if not systems:
+            continue
+        sx = axes[1, j]
         s = table[(table["model"] == model) & (table["system"] != "grid")].set_index("system")
-        vals = np.array([[min(shown(s.loc[x, "ratio"]), vmax) if x in s.index and not pd.isna(s.loc[x, "ratio"])
-                          else np.nan for x in systems]]) if systems else np.full((1, 1), np.nan)
-        sx.imshow(vals, cmap=cmap, vmin=1.0, vmax=vmax, aspect="auto")
-        for k, x in enumerate(systems):
+        vals, texts = [], []
+        for x in systems:
             r = s.loc[x] if x in s.index else None
-            txt = x + "\n" + ("—" if r is None or pd.isna(r["ratio"]) else
-                              ("PP needed" if np.isinf(r["ratio"]) else f"{r['ratio']:.2f}"))
-            if r is not None and isinstance(r["best_label"], str):
+            sim = r is not None and not pd.isna(r["ratio"])
+            v = None if r is None else (r["ratio"] if sim else r.get("est_ratio"))
+            ok = v is not None and not pd.isna(v)
+            vals.append(min(shown(v), vmax) if ok else np.nan)
+            txt = x + "\n" + ("—" if not ok else ("est " if not sim else "")
+                              + ("PP needed" if np.isinf(v) else f"{v:.2f}"))
+            if sim and isinstance(r["best_label"], str):
                 txt += "\n" + "-".join(r["best_label"].split("-")[:5])
-            sx.text(k, 0, txt, ha="center", va="center", fontsize=7)
+            texts.append((txt, sim))
+        sx.imshow(np.array([vals]), cmap=cmap, vmin=1.0, vmax=vmax, aspect="auto")
+        for k, (txt, sim) in enumerate(texts):
+            sx.text(k, 0, txt, ha="center", va="center", fontsize=7, style="normal" if sim else "italic")
         sx.set_xticks([])
         sx.set_yticks([])
         sx.set_title("today's systems, each searched on its own", fontsize=9)

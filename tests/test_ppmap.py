@@ -86,3 +86,11 @@ def test_bad_map_names_the_field(tmp_path, capsys):
     p.write_text('{"devices": 16, "models": ["x"], "grid": {"domain_sizes": [5], "nic_gbps": [1]}}')
     assert cli.main(["ppmap", str(p), "--out", str(tmp_path / "o")]) == 2
     assert "domain_sizes" in capsys.readouterr().err
+
+
+def test_larger_micro_batches_only_without_pp():
+    search = {**tiny_map()["search"], "nopp_micro_batch_sizes": [1, 2]}
+    spec = load_map(tiny_map(search=search))
+    t = screen(points(spec)[0], spec)
+    assert set(t[t["pp"] == 1]["micro_batch_size"]) == {1, 2}
+    assert set(t[t["pp"] > 1]["micro_batch_size"]) == {1}
