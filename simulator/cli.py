@@ -381,10 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", help="save the topology as JSON or GraphML (by extension)")
     p.set_defaults(func=cmd_topology)
 
-    from simulator import cli_sweep, cli_validate, megatron_import, ppmap
+    from simulator import cli_ppmap, cli_sweep, cli_validate, megatron_import
 
     cli_sweep.register(sub)
-    ppmap.register(sub)
+    cli_ppmap.register(sub)
     cli_validate.register(sub)
     megatron_import.register(sub)
     return ap

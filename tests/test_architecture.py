@@ -39,6 +39,7 @@ LAYERS: dict[str, str] = {
     "simulator.cli_common": "cli",
     "simulator.cli_sweep": "cli",
     "simulator.cli_validate": "cli",
+    "simulator.cli_ppmap": "cli",
 }
 
 #: Layer -> the layers its modules may import (itself included where it may).
