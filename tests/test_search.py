@@ -66,6 +66,7 @@ def test_memory_estimate_matches_the_simulated_peak(model, parallel, schedule, t
                                          + est["buffers"])
 
 
+@pytest.mark.slow
 def test_search_prunes_by_memory_and_finds_best_and_best_without_pp(tmp_path):
     hbm = 0.4e9  # tp1-pp1 needs ~0.52 GB without recompute, ~0.42 GB with it: both pruned
     bounds = SearchBounds(max_tp=2, schedules=("1f1b",), recompute=("none", "full"))
@@ -179,6 +180,7 @@ def test_estimate_ignores_scale_out_bandwidth_inside_one_node(layout):
     assert fast["step_time_s"] > 0 and fast["compute_s"] > 0
 
 
+@pytest.mark.slow
 def test_estimate_ranks_layouts_as_the_simulation_does():
     """Every layout of a small search simulated: the estimate's rank order agrees with the
     simulated one (Spearman > 0.85; 0.97 when written, while the former communication-blind
