@@ -180,7 +180,6 @@ def test_estimate_ignores_scale_out_bandwidth_inside_one_node(layout):
     assert fast["step_time_s"] > 0 and fast["compute_s"] > 0
 
 
-@pytest.mark.slow
 def test_estimate_ranks_layouts_as_the_simulation_does():
     """Every layout of a small search simulated: the estimate's rank order agrees with the
     simulated one (Spearman > 0.85; 0.97 when written, while the former communication-blind
