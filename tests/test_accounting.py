@@ -203,6 +203,7 @@ def test_1f1b_bubble_is_the_closed_form_on_every_stage():
     assert res.summary["exposed_comm_fraction"] < 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe"])
 def test_no_axis_is_exposed_longer_than_it_is_busy_on_the_schedules_scenario(schedule):
     """Issue 13 item 12: on schedules-llama3-8b-16xh100 the old accounting reported

@@ -190,3 +190,9 @@ def test_the_rules_catch_what_they_forbid():
     assert cycles([("simulator.cli", "simulator.cli_sweep", None, 1), ("simulator.cli_sweep", "simulator.cli", None, 2)],
                   {"simulator.cli", "simulator.cli_sweep"}) == [["simulator.cli", "simulator.cli_sweep", "simulator.cli"]]
     assert layer_of("simulator.cli_sweep") == "cli" and layer_of("simulator.sweep") == "simulator"
+
+
+def test_the_slow_marker_is_registered(pytestconfig):
+    """``-m "not slow"`` (the fast tier) selects on a marker pyproject.toml declares, so a
+    typo in ``@pytest.mark.slow`` fails under ``--strict-markers`` instead of running."""
+    assert any(m.startswith("slow:") for m in pytestconfig.getini("markers"))

@@ -96,6 +96,7 @@ def test_bad_kernel_files_name_the_problem(tmp_path, text, message):
         c.read_kernels(p)
 
 
+@pytest.mark.slow
 def test_network_fit_recovers_link_efficiency_and_overhead(tmp_path):
     spec = cluster_preset("dgx-h100", devices=16)
     topo = build_cluster(spec)
@@ -236,6 +237,7 @@ def test_nccl_tests_reader_old_layout_and_overrides(tmp_path):
         nccl_tests_io.read_nccl_tests(p, op="all-reduce", default_devices=4)
 
 
+@pytest.mark.slow
 def test_nccl_tests_fixture_fit_recovers_link_efficiency_and_overhead():
     gen = _generator("nccl-tests")
     for name, *args in gen.LOGS:
@@ -249,6 +251,7 @@ def test_nccl_tests_fixture_fit_recovers_link_efficiency_and_overhead():
         assert got["message_overhead_s"][k] == pytest.approx(v, rel=2e-2), k
 
 
+@pytest.mark.slow
 def test_calibrate_command_writes_a_block_a_scenario_runs(tmp_path, capsys):
     out = tmp_path / "cal.yaml"
     assert stepsim(["calibrate", "--kineto", str(KINETO), "--nccl-tests", str(AR_LOG), "--family", "hopper",
@@ -302,6 +305,7 @@ def test_collective_nccl_tests_format_round_trips(capsys):
         assert r.busbw_bytes_per_s == pytest.approx(r.algbw_bytes_per_s * 7 / 8, rel=1e-2)
 
 
+@pytest.mark.slow
 def test_collective_on_a_calibrated_scenario_reproduces_the_log(tmp_path, capsys):
     # The block fitted to the 8 x H100 all_reduce_perf log, applied by `stepsim collective
     # --cluster SCENARIO`, gives back the log's out-of-place times (to its print precision).

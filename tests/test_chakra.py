@@ -65,6 +65,7 @@ def _decode(path: Path):
             nodes.append(n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_round_trip_gives_the_same_step(tmp_path, name):
     sc, exact = CASES[name]

@@ -23,6 +23,7 @@ def _write(tmp_path, data, name="s.yaml"):
     return p
 
 
+@pytest.mark.slow
 def test_run_writes_every_output(tmp_path, capsys):
     sc = _write(tmp_path, scenario(parallel={"tp": 2, "pp": 2, "dp": 2}))
     out = tmp_path / "out"
@@ -122,6 +123,7 @@ def test_disconnected_network_is_refused(tmp_path, capsys):
     assert "perturbations" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_console_script_entry_point(tmp_path):
     sc = _write(tmp_path, scenario())
     r = subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(sc), "--json"], capture_output=True, text=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import signal
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -83,6 +84,7 @@ def _run_exits_0_or_2(args, capsys, what) -> tuple[int, str]:
     return code, out
 
 
+@pytest.mark.slow
 @settings(max_examples=int(__import__("os").environ.get("STEPSIM_FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mutations=st.lists(MUTATION, min_size=1, max_size=3))
 def test_mutated_scenarios_exit_0_or_2(tmp_path_factory, capsys, mutations):
@@ -106,6 +108,7 @@ EDIT = st.tuples(st.integers(0, len(BASE_TEXT)), st.integers(0, 4), st.one_of(st
                                                                                st.binary(max_size=3)))
 
 
+@pytest.mark.slow
 @settings(max_examples=int(__import__("os").environ.get("STEPSIM_FUZZ_EXAMPLES", "60")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=st.lists(EDIT, min_size=1, max_size=3))
@@ -120,6 +123,7 @@ def test_mangled_yaml_text_exits_0_or_2(tmp_path_factory, capsys, edits):
     _run_exits_0_or_2(["run", str(p), "--json", "--no-plots"], capsys, repr(text))
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(x=st.floats(min_value=1e-12, max_value=1e15, allow_nan=False, allow_infinity=False),
        style=st.sampled_from(["{:e}", "{:E}", "{:g}", "{:.3e}", "{!r}"]), sign=st.sampled_from(["", "-", "+"]))

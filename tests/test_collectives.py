@@ -526,6 +526,7 @@ def test_choose_algorithm_rules():
     assert choose_algorithm("all-reduce", range(256), pods) == "torus"
 
 
+@pytest.mark.slow
 def test_multi_pod_hierarchical_runs():
     topo = build_cluster(cluster_preset("tpu-v5e", 512))
     t, plan = t_alone(topo, "all-reduce", range(512), 1e8)
@@ -596,6 +597,7 @@ def test_sizes_and_table(tmp_path):
 
 # ---------------------------------------------------------------- speed
 
+@pytest.mark.slow
 def test_large_collectives_are_fast(capsys):
     topo = build_cluster(cluster_preset("dgx-h100", 1024))
     t0 = time.perf_counter()

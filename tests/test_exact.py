@@ -25,6 +25,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_fast_path_equals_exact(name):
     fast = simulate(CASES[name])

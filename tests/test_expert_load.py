@@ -140,6 +140,7 @@ def test_hottest_device_activation_memory_closed_form():
     assert imb - bal <= upper
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("imbalance", [False, True])
 def test_builtin_scenarios_hardware_flops_at_least_model_flops(imbalance):
     """HFU >= MFU in every built-in scenario, with and without routing imbalance on the

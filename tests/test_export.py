@@ -140,6 +140,7 @@ def _enclosing(slices, e):
     return [x for s, t, x in slices.get((e["pid"], e["tid"]), []) if s < e["ts"] < t and x.get("cat") != "idle"]
 
 
+@pytest.mark.slow
 def test_process_names_say_which_devices_a_rank_stands_for(quick):
     events = chrome_trace(quick)["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}

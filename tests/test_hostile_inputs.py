@@ -88,6 +88,7 @@ def test_some_cases_run_in_a_subprocess():
     assert len(SUBPROCESS_CASES) >= 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SUBPROCESS_CASES)
 def test_hostile_input_under_2gb(name, tmp_path):
     spec = CASES[name]

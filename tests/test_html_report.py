@@ -166,6 +166,7 @@ def _rgb(hex_colour: str) -> np.ndarray:
     return np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]) / 255.0
 
 
+@pytest.mark.slow
 def test_browser_draws_the_timeline_without_errors(browser, report_dir, quick, tmp_path):
     from matplotlib.image import imread
     from selenium.webdriver.common.actions.action_builder import ActionBuilder
@@ -221,6 +222,7 @@ def test_browser_draws_the_timeline_without_errors(browser, report_dir, quick, t
     assert f"{op['name']} · mb {op['mb']}" in label and f"start {op['start_s'] * 1e3:.4g} ms" in label, label
 
 
+@pytest.mark.slow
 def test_browser_opens_the_compare_page(browser, tmp_path):
     out = tmp_path / "cmp"
     assert main(["compare", "quickstart", "--schedules", "gpipe,1f1b", "--out", str(out), "--html"]) == 0

@@ -121,6 +121,7 @@ def test_oom_cases_load_as_booleans_and_reject_numbers():
         v.load_case(_case("x", metric="peak_memory_bytes", value=True))
 
 
+@pytest.mark.slow
 def test_a_case_that_does_not_fit_fails_and_an_oom_case_must_agree(tmp_path, capsys):
     ok = v.run_case(v.load_case(_case("fits")))
     assert not ok.oom and ok.failure is None and ok.peak_memory_bytes > 0

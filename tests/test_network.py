@@ -485,6 +485,7 @@ def _finishes_close(a, b, rel=1e-12):
         assert a[k] == pytest.approx(b[k], rel=rel, abs=0), k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_reserved_phases_equal_flow_by_flow(seed):
     """Random overlapping phases: reserving isolated phases (and materialising them

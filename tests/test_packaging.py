@@ -15,6 +15,8 @@ import pytest
 
 import simulator
 
+pytestmark = pytest.mark.slow   # builds a wheel
+
 ROOT = Path(__file__).resolve().parent.parent
 # What the build reads: pyproject.toml names the packages and their data.
 BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "stepsim_errors.py", "simulator", "topologies", "workloads",

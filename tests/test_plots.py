@@ -68,6 +68,7 @@ def _legend_entries(fig) -> dict[str, tuple]:
 
 # ---- the backend is the user's ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_library_never_switches_the_backend(tmp_path):
     """With a backend already chosen (svg standing in for a notebook's inline backend),
     importing stepsim and drawing every kind of figure leaves it in place."""
@@ -93,6 +94,7 @@ print(matplotlib.get_backend())
     assert out.stdout.strip().splitlines()[-1] == "svg"
 
 
+@pytest.mark.slow
 def test_cli_writes_pngs_with_no_display_and_no_backend_set(tmp_path):
     """`stepsim run` in a plain shell: no MPLBACKEND, no DISPLAY; matplotlib's own choice
     (Agg) draws the PNGs."""
@@ -112,6 +114,7 @@ def test_cli_writes_pngs_with_no_display_and_no_backend_set(tmp_path):
 
 # ---- text size -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_run_figures_are_slide_sized_with_10pt_text(piped, tmp_path):
     _check_slide(plot_timeline(piped, tmp_path / "t.png"), "timeline")
     _check_slide(plot_memory(piped, tmp_path / "m.png"), "memory")

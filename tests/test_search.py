@@ -68,6 +68,7 @@ def test_memory_estimate_matches_the_simulated_peak(model, parallel, schedule, t
                                          + est["buffers"])
 
 
+@pytest.mark.slow
 def test_search_prunes_by_memory_and_finds_best_and_best_without_pp(tmp_path):
     hbm = 0.4e9  # tp1-pp1 needs ~0.52 GB without recompute, ~0.42 GB with it: both pruned
     bounds = SearchBounds(max_tp=2, schedules=("1f1b",), recompute=("none", "full"), estimate_margin=None)

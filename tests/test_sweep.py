@@ -111,6 +111,7 @@ def test_invalid_scenarios_are_recorded_failed_and_the_sweep_goes_on(tmp_path):
     assert list(df["parallel.pp"].fillna(0)) == [1] and len(df.attrs["skipped"]) == 3
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_with_every_row_exactly_once(tmp_path):
     spec_file = tmp_path / "sweep.yaml"
     spec_file.write_text(yaml.safe_dump({
@@ -167,6 +168,7 @@ def test_retry_failed_reruns_only_failed_rows(tmp_path):
 # ---- executors, plots, command line ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_local_processes_and_dask_give_identical_tables(tmp_path):
     distributed = pytest.importorskip("distributed")
     spec = {"name": "exec", "base": _base(), "grid": {"parallel.pp": [1, 2], "schedule": ["1f1b", "gpipe"]}}
@@ -286,6 +288,7 @@ def _still_running(procs: dict[int, int]) -> list[int]:
     return [p for p, start in procs.items() if (st := _proc_stat(p)) is not None and st[2] == start and st[0] != "Z"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc (Linux)")
 @pytest.mark.parametrize("command, sig", [("sweep", signal.SIGTERM), ("search", signal.SIGKILL)],
                          ids=["sweep-TERM", "search-KILL"])
@@ -371,6 +374,7 @@ def _loky_pool():
     return loky.get_reusable_executor(max_workers=1)  # a fresh interpreter per worker: one is enough
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [_thread_pool, _process_pool, _loky_pool], ids=["threads", "processes", "loky"])
 def test_any_executor_gives_the_in_process_table(tmp_path, make):
     spec = {"name": "ex", "base": _base(), "cases": [{"parallel.pp": 1}, {"parallel.pp": 2}, {"parallel.pp": 8}]}

@@ -161,6 +161,7 @@ def test_bad_files_raise_topology_error(tmp_path):
 
 
 # ---- plot ------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("preset, devices", [
     ("tpu-v5e", 512), ("tpu-v5p", 64), ("dgx-h100", 32), ("dgx-h100", 1024), ("gb200-nvl72", 144)])
 def test_plot_writes_png(tmp_path, preset, devices):

@@ -107,6 +107,7 @@ def test_compute_overrides_apply_to_every_case_alike():
         assert a.error != b.error, a.case.name
 
 
+@pytest.mark.slow
 def test_validate_command_writes_table_csv_and_plot(suite, tmp_path, capsys):
     out = tmp_path / "out"
     rc = cli_main(["validate", "--suite", str(suite), "--out", str(out), "--jobs", "1", "--quiet"])
@@ -151,6 +152,7 @@ def test_validate_subset_and_max_error_exit_code(suite):
     assert cli_main(["validate", "--suite", str(suite), "--cases", "nothing*", "--quiet"]) == 2
 
 
+@pytest.mark.slow
 def test_a_failing_case_is_counted_the_others_reported_and_the_exit_code_is_4(suite, tmp_path, capsys):
     broken = _case("tiny-broken", "dgx-a100", 8, {"tp": 3, "pp": 1})  # tp 3 does not divide 8 devices
     (suite / "synthetic" / "tiny-broken.yaml").write_text(yaml.safe_dump(broken))
@@ -234,6 +236,7 @@ def test_narayanan_cases_follow_the_authors_table1_script():
         assert sc.schedule == ("interleaved-1f1b" if vpp > 1 else "1f1b"), name
 
 
+@pytest.mark.slow
 def test_narayanan_small_rows_within_five_percent():
     # Narayanan et al. 2021 Table 1: 137 / 138 TFLOP/s per GPU for 1.7B (t=1) and 3.6B (t=2).
     # With micro-batch 1 (not the script's 16) and 26 B per score element in the unfused
