@@ -102,9 +102,11 @@ class ComputeCalibration:
 #   1.75 F), and with no Blackwell change Llama 3 8B FP8 on 8xB200 went +2.0% -> +17.9%.
 #   Attention first, from kernel figures: FlashAttention-4 (Zadouri et al. 2026, arXiv
 #   2603.05451, abstract) reaches 1613 TF/s BF16 forward on B200, 1.3x cuDNN 9.13, so cuDNN
-#   (which Transformer Engine runs in NeMo 25.x) forwards at ~1240 TF/s (0.55); the paper finds
-#   the backward bound by shared-memory traffic and the exponential units, which exceed the MMA
-#   time by 25-60% on B200, i.e. ~0.55 / 1.25..1.6 = 0.34..0.44 of peak. Weighted 1 : 2.5
+#   (which Transformer Engine runs in NeMo 25.x) forwards at ~1240 TF/s (0.55); its authors
+#   find the B200 backward bound by shared-memory traffic rather than the tensor cores (Together
+#   AI's FlashAttention-4 post: "(b) in the shared-memory traffic during the BWD computation";
+#   secondary summaries of the paper put these non-MMA costs 25-60% above the MMA time), i.e.
+#   ~0.55 / 1.25..1.6 = 0.34..0.44 of peak for the backward. Weighted 1 : 2.5
 #   (forward : backward FLOPs) with the backward at 0.40 that is 0.43, times the in-situ /
 #   microbenchmark ratio of Hopper's GEMMs (0.93): 0.40. Then the GEMM rates, from the
 #   Blackwell cases with attention fixed: fp8 0.45 from the dense rows without pipeline or
