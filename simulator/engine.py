@@ -59,7 +59,7 @@ from workloads.layout import ParallelLayout
 from workloads.ops import Op, Trace, TraceError
 
 
-@dataclass
+@dataclass(slots=True)
 class OpRecord:
     op: Op
     start_s: float
@@ -396,6 +396,7 @@ class Engine:
         end_time, done = self.end_time, self.done
         record = self.records.append
         external, known, chain = self._external, self._known, self.chain_ops
+        dur_cache, slowdown, scales = self._dur_cache, self._overlap_slowdown, self.compute_scale
         bar = self._bar
         i, n = 0, len(ops)
         while i < n:
@@ -420,7 +421,17 @@ class Engine:
                     if op.mem:
                         self._mem_at(op, "start", start)
                     if op.kind == "compute":
-                        dur = self._duration(op)
+                        kern = op.kernels            # self._duration(op), inlined
+                        hit = dur_cache.get(id(kern))
+                        if hit is None or hit[0] is not kern:
+                            hit = self._kernel_stats(kern)
+                        dur = hit[1]
+                        if op.comm_overlap:
+                            dur *= slowdown
+                        if scales:
+                            sc = scales.get(op.rank)
+                            if sc:
+                                dur = dur / sc
                         if dur > 0:
                             t = start + dur
                         if op.mem:
