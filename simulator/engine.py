@@ -11,6 +11,14 @@ of its stream has finished and every op in its ``deps`` has finished; then
   (rendezvous), then runs its algorithm's phases on the shared flow network;
 * a send moves its message to the peer over the network.
 
+Fewer events, same times. A chain of ops whose durations are known when they start
+(compute ops, and *private* communication: ops whose network phases no other process
+can ever meet, see :meth:`Engine._private_ops`) runs as one timeout at the sum of
+their durations, as long as nothing outside the process waits on the ops inside it;
+private ops that the compute stream waits for anyway are run by the compute stream's
+process (:meth:`Engine._absorb`). ``Engine.chain_ops`` / ``Engine.private_phases``
+switch these off (tests compare).
+
 Representative ranks. When the trace holds one rank per pipeline stage (the
 default), each collective or send issued by a representative is also issued, on
 the network, for every *twin* group of the same stage: the groups of the ranks not
