@@ -80,36 +80,48 @@ def account(records, ranks, step_s: float) -> IdleAccount:
     ranks = tuple(ranks)
     rank_ix = {r: i for i, r in enumerate(ranks)}
     axis_ch: dict[str, int] = {}
-    rk, ch, st, en = [], [], [], []
+    # Column by column (list comprehensions; the order of intervals does not matter:
+    # they are sorted by rank and time below, and ties only make empty segments).
+    ops = [rec.op for rec in records]
+    rk = [rank_ix[op.rank] for op in ops]
+    st = [rec.start_s for rec in records]
+    en = [rec.end_s for rec in records]
+    chan: dict[tuple[str, str], int] = {}
+
+    def channel(op) -> int:
+        key = (op.kind, op.axis or op.stream)
+        c = chan.get(key)
+        if c is None:
+            if op.kind == "compute":
+                c = _COMPUTE
+            elif op.kind == "host":
+                c = _HOST
+            else:
+                a = op.axis or op.stream
+                c = axis_ch.get(a)
+                if c is None:
+                    c = axis_ch[a] = len(axis_ch) + 2
+            chan[key] = c
+        return c
+
+    ch = [_COMPUTE if op.kind == "compute" else channel(op) for op in ops]
     launch: dict[str, float] = {}      # collective key -> last member's arrival
     coll_at: list[tuple[int, str]] = []
-    for rec in records:
-        op = rec.op
+    for i, op in enumerate(ops):
         kind = op.kind
-        if kind == "compute":
-            c = _COMPUTE
-        elif kind == "host":
-            c = _HOST
-        else:
-            a = op.axis or op.stream
-            c = axis_ch.get(a)
-            if c is None:
-                c = axis_ch[a] = len(axis_ch) + 2
-            if kind == "collective" and op.key:
-                if launch.get(op.key, -1.0) < rec.start_s:
-                    launch[op.key] = rec.start_s
-                coll_at.append((len(st), op.key))
-            elif kind == "send":
-                p = rank_ix.get(op.peer)
-                if p is not None:       # the receiver's side of the transfer
-                    rk.append(p)
-                    ch.append(c)
-                    st.append(rec.start_s)
-                    en.append(rec.end_s)
-        rk.append(rank_ix[op.rank])
-        ch.append(c)
-        st.append(rec.start_s)
-        en.append(rec.end_s)
+        if kind == "compute" or kind == "host":
+            continue
+        if kind == "collective" and op.key:
+            if launch.get(op.key, -1.0) < st[i]:
+                launch[op.key] = st[i]
+            coll_at.append((i, op.key))
+        elif kind == "send":
+            p = rank_ix.get(op.peer)
+            if p is not None:       # the receiver's side of the transfer
+                rk.append(p)
+                ch.append(ch[i])
+                st.append(st[i])
+                en.append(en[i])
     for pos, key in coll_at:            # transfers begin when the last member arrives
         st[pos] = launch[key]
     axes = tuple(sorted(axis_ch))

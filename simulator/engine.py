@@ -11,6 +11,14 @@ of its stream has finished and every op in its ``deps`` has finished; then
   (rendezvous), then runs its algorithm's phases on the shared flow network;
 * a send moves its message to the peer over the network.
 
+Fewer events, same times. A chain of ops whose durations are known when they start
+(compute ops, and *private* communication: ops whose network phases no other process
+can ever meet, see :meth:`Engine._private_ops`) runs as one timeout at the sum of
+their durations, as long as nothing outside the process waits on the ops inside it;
+private ops that the compute stream waits for anyway are run by the compute stream's
+process (:meth:`Engine._absorb`). ``Engine.chain_ops`` / ``Engine.private_phases``
+switch these off (tests compare).
+
 Representative ranks. When the trace holds one rank per pipeline stage (the
 default), each collective or send issued by a representative is also issued, on
 the network, for every *twin* group of the same stage: the groups of the ranks not
@@ -60,7 +68,7 @@ from workloads.layout import ParallelLayout
 from workloads.ops import Op, Trace, TraceError
 
 
-@dataclass
+@dataclass(slots=True)
 class OpRecord:
     op: Op
     start_s: float
@@ -398,6 +406,7 @@ class Engine:
         end_time, done = self.end_time, self.done
         record = self.records.append
         external, known, chain = self._external, self._known, self.chain_ops
+        dur_cache, slowdown, scales = self._dur_cache, self._overlap_slowdown, self.compute_scale
         bar = self._bar
         i, n = 0, len(ops)
         while i < n:
@@ -422,7 +431,17 @@ class Engine:
                     if op.mem:
                         self._mem_at(op, "start", start)
                     if op.kind == "compute":
-                        dur = self._duration(op)
+                        kern = op.kernels            # self._duration(op), inlined
+                        hit = dur_cache.get(id(kern))
+                        if hit is None or hit[0] is not kern:
+                            hit = self._kernel_stats(kern)
+                        dur = hit[1]
+                        if op.comm_overlap:
+                            dur *= slowdown
+                        if scales:
+                            sc = scales.get(op.rank)
+                            if sc:
+                                dur = dur / sc
                         if dur > 0:
                             t = start + dur
                         if op.mem:

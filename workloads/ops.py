@@ -12,6 +12,8 @@ Memory effects ride on ops: ``mem`` lists ``(category, delta_bytes, at)`` with
 
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -144,24 +146,28 @@ class Trace:
         from scipy.sparse import coo_matrix
         from scipy.sparse.csgraph import connected_components
 
-        pos = {op.id: i for i, op in enumerate(self.ops)}
-        src: list[int] = []
-        dst: list[int] = []
-        last: dict[tuple[int, str], int] = {}
-        for i, op in enumerate(self.ops):
-            for d in op.deps:
-                src.append(pos[d])
-                dst.append(i)
-            key = (op.rank, op.stream)
-            prev = last.get(key)
-            if prev is not None:
-                src.append(prev)
-                dst.append(i)
-            last[key] = i
-        n = len(self.ops)
-        if not src:
+        ops = self.ops
+        n = len(ops)
+        if n == 0:
             return True
-        s, d = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        lens = np.fromiter((len(op.deps) for op in ops), dtype=np.int64, count=n)
+        flat = itertools.chain.from_iterable(op.deps for op in ops)
+        if all(op.id == i for i, op in enumerate(ops)):
+            src = np.fromiter(flat, dtype=np.int64, count=int(lens.sum()))
+        else:
+            pos = {op.id: i for i, op in enumerate(ops)}
+            src = np.fromiter(map(pos.__getitem__, flat), dtype=np.int64, count=int(lens.sum()))
+        dst = np.repeat(np.arange(n, dtype=np.int64), lens)
+        # stream order: each op after the previous op of its (rank, stream)
+        keys: dict[tuple[int, str], int] = {}
+        stream = np.fromiter((keys.setdefault((op.rank, op.stream), len(keys)) for op in ops),
+                             dtype=np.int64, count=n)
+        order = np.argsort(stream, kind="stable")
+        same = stream[order[1:]] == stream[order[:-1]]
+        s = np.concatenate([src, order[:-1][same]])
+        d = np.concatenate([dst, order[1:][same]])
+        if s.shape[0] == 0:
+            return True
         if bool((s == d).any()):
             return False
         graph = coo_matrix((np.ones(s.shape[0], dtype=np.int8), (s, d)), shape=(n, n)).tocsr()
