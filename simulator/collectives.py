@@ -141,6 +141,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 
+import numpy as np
+
 from .errors import NetworkError
 from .network import FlowNetwork, Transfer
 from workloads.enums import COLLECTIVE_OPS
@@ -216,10 +218,15 @@ def _check_op(op: str) -> None:
 
 def _domains(group: Sequence[int], topo: "Topology", by_pod: bool = False) -> list[list[int]]:
     """Members grouped by domain (or pod), domains in order of first appearance."""
-    out: dict[int, list[int]] = {}
-    for d, key in zip(group, topo.domains_of(group, by_pod=by_pod).tolist()):
-        out.setdefault(key, []).append(d)
-    return list(out.values())
+    keys = topo.domains_of(group, by_pod=by_pod)
+    if keys.size == 0:
+        return []
+    _, first, which = np.unique(keys, return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")[which.ravel()]   # by first appearance
+    order = np.argsort(rank, kind="stable")                                            # members keep order
+    members = np.asarray(group, dtype=np.int64)[order].tolist()
+    bounds = np.r_[0, np.cumsum(np.bincount(rank))].tolist()
+    return [members[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def _equal_split(parts: list[list[int]]) -> bool:

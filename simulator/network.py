@@ -418,12 +418,12 @@ def _own_components(owner: np.ndarray, link: np.ndarray, n_flows: int):
                           shape=(n_nodes, n_nodes))
     _, labels = connected_components(graph, directed=False)
     labels = labels[:n_flows]
-    order = np.argsort(labels, kind="stable")          # by label, then flow index
+    shared = np.bincount(labels)[labels] > 1
+    single = np.flatnonzero(~shared)
+    flows = np.flatnonzero(shared)
+    order = flows[np.argsort(labels[flows], kind="stable")]     # by label, then flow index
     bounds = np.flatnonzero(np.diff(labels[order])) + 1
-    parts = np.split(order, bounds)
-    comps = sorted((p for p in parts if p.shape[0] > 1), key=lambda p: int(p[0]))
-    single = np.sort(np.concatenate([p for p in parts if p.shape[0] == 1] or
-                                    [np.zeros(0, dtype=np.int64)]))
+    comps = sorted(np.split(order, bounds) if order.size else [], key=lambda p: int(p[0]))
     return comps, single
 
 

@@ -115,19 +115,18 @@ def switched(devices: int, net: SwitchedNetwork) -> nx.Graph:
               "latency_s": float(net.domain_latency_s), "kind": "nvlink"}
     nic = {"bw_bytes_per_s": float(net.nic_bw_bytes_per_s),
            "latency_s": float(net.nic_latency_s), "kind": "nic"}
-    edges = []
-    for k in range(n_domains):
-        G.add_node(f"p0.nvsw{k}", kind="switch")
-    for i in range(devices):
-        G.add_node(device_node(i), kind="device", index=i, domain=i // size, pod=0)
-        edges.append((device_node(i), f"p0.nvsw{i // size}", nvlink))
+    names = [device_node(i) for i in range(devices)]
+    G.add_nodes_from((f"p0.nvsw{k}" for k in range(n_domains)), kind="switch")
+    G.add_nodes_from((names[i], {"kind": "device", "index": i, "domain": i // size, "pod": 0})
+                     for i in range(devices))
+    edges = [(names[i], f"p0.nvsw{i // size}", nvlink) for i in range(devices)]
     if n_domains > 1:
         downlinks: dict[str, int] = {}
         for i in range(devices):
             group = (i // size) // net.domains_per_leaf
             leaf = f"p0.leaf{group}.r{i % size}" if net.rails else f"p0.leaf{group}"
             downlinks[leaf] = downlinks.get(leaf, 0) + 1
-            edges.append((device_node(i), leaf, nic))
+            edges.append((names[i], leaf, nic))
         G.add_nodes_from(downlinks, kind="switch")
         G.add_node("p0.spine", kind="switch")
         for leaf, count in downlinks.items():

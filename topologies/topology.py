@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from typing import Optional
 
 import networkx as nx
@@ -38,6 +39,43 @@ def _node_key(node, data) -> tuple:
     if data.get("kind") == "device":
         return (0, data["index"], "")
     return (1, 0, str(node))
+
+
+_MISSING = object()
+
+
+def _edges_look_valid(edges: list) -> bool:
+    """Whether every ``(u, v, bw, latency, kind)`` row passes :func:`_check_edges`,
+    tested on whole columns."""
+    if not edges:
+        return True
+    us, vs, bw, lat, kinds = zip(*edges)
+    if any(map(operator.eq, us, vs)) or kinds.count(_MISSING):
+        return False
+    number = (int, float)
+    if not all(issubclass(t, number) for t in set(map(type, bw)) | set(map(type, lat))):
+        return False
+    bw, lat = np.array(bw, dtype=np.float64), np.array(lat, dtype=np.float64)
+    return bool((np.isfinite(bw) & (bw > 0)).all() and (np.isfinite(lat) & (lat >= 0)).all())
+
+
+def _check_edges(G) -> None:
+    """Raise :class:`TopologyError` for the first edge that is a self-loop, lacks an
+    attribute or has a bad bandwidth or latency."""
+    for u, v, data in G.edges(data=True):
+        if u == v:
+            raise TopologyError(f"topology: self-loop on {u!r}", "topology")
+        for attr in ("bw_bytes_per_s", "latency_s", "kind"):
+            if attr not in data:
+                raise TopologyError(f"topology: edge ({u!r}, {v!r}) lacks the {attr!r} attribute",
+                                    "topology")
+        bw, lat = data["bw_bytes_per_s"], data["latency_s"]
+        if not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
+            raise TopologyError(f"topology: edge ({u!r}, {v!r}) has bw_bytes_per_s={bw!r}; "
+                                "must be a finite number > 0", "topology")
+        if not (isinstance(lat, (int, float)) and math.isfinite(lat) and lat >= 0):
+            raise TopologyError(f"topology: edge ({u!r}, {v!r}) has latency_s={lat!r}; "
+                                "must be a finite number >= 0", "topology")
 
 
 def _validate(G) -> tuple[list, list]:
@@ -66,22 +104,11 @@ def _validate(G) -> tuple[list, list]:
     if missing:
         raise TopologyError(f"topology: device indices must be 0..{len(devices) - 1}; "
                             f"index {missing[0]} is missing", "topology")
-    edges = []
-    for u, v, data in G.edges(data=True):
-        if u == v:
-            raise TopologyError(f"topology: self-loop on {u!r}", "topology")
-        for attr in ("bw_bytes_per_s", "latency_s", "kind"):
-            if attr not in data:
-                raise TopologyError(f"topology: edge ({u!r}, {v!r}) lacks the {attr!r} attribute",
-                                    "topology")
-        bw, lat = data["bw_bytes_per_s"], data["latency_s"]
-        if not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
-            raise TopologyError(f"topology: edge ({u!r}, {v!r}) has bw_bytes_per_s={bw!r}; "
-                                "must be a finite number > 0", "topology")
-        if not (isinstance(lat, (int, float)) and math.isfinite(lat) and lat >= 0):
-            raise TopologyError(f"topology: edge ({u!r}, {v!r}) has latency_s={lat!r}; "
-                                "must be a finite number >= 0", "topology")
-        edges.append((u, v, bw, lat, str(data["kind"])))
+    edges = [(u, v, d.get("bw_bytes_per_s", _MISSING), d.get("latency_s", _MISSING), d.get("kind", _MISSING))
+             for u, v, d in G.edges(data=True)]
+    if not _edges_look_valid(edges):
+        _check_edges(G)                      # raises, naming the first bad edge
+    edges = [(u, v, bw, lat, str(kind)) for u, v, bw, lat, kind in edges]
     ordered = [devices[i] for i in range(len(devices))]
     if not nx.is_connected(G):
         reached = nx.node_connected_component(G, ordered[0])
