@@ -34,9 +34,12 @@ from pathlib import Path
 
 
 def _child_cpu(cmd: list[str]) -> float:
-    """CPU seconds (user + system) of one run of ``cmd`` in a fresh process."""
+    """CPU seconds (user + system) of one run of ``cmd`` in a fresh process, started in an
+    empty directory (``python -c`` and ``-m`` put the working directory first on the path:
+    run from a checkout, they would import that checkout instead of ``PYTHONPATH``'s)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with tempfile.TemporaryDirectory() as cwd:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 

@@ -246,14 +246,9 @@ def write_chrome_trace(result, path) -> Path:
 
 def _csv_text(values: list[str]) -> list[str]:
     """Text fields as the csv module's minimal quoting writes them (what pandas writes)."""
-    memo: dict[str, str] = {}
-    out = []
-    for v in values:
-        q = memo.get(v)
-        if q is None:
-            q = memo[v] = ('"' + v.replace('"', '""') + '"') if any(ch in v for ch in ',"\r\n') else v
-        out.append(q)
-    return out
+    quoted = {v: ('"' + v.replace('"', '""') + '"') if any(ch in v for ch in ',"\r\n') else v
+              for v in set(values)}      # few distinct names, many rows
+    return list(map(quoted.__getitem__, values))
 
 
 def _csv_column(a: np.ndarray) -> list[str]:
@@ -268,7 +263,10 @@ def _csv_column(a: np.ndarray) -> list[str]:
         return text
     if a.dtype.kind in "iu":
         return list(map(str, a.tolist()))
-    return _csv_text(["" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v) for v in a.tolist()])
+    values = a.tolist()
+    if not all(type(v) is str for v in set(values)):
+        values = ["" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v) for v in values]
+    return _csv_text(values)
 
 
 def write_csv(columns, path) -> Path:
