@@ -94,3 +94,15 @@ def test_larger_micro_batches_only_without_pp():
     t = screen(points(spec)[0], spec)
     assert set(t[t["pp"] == 1]["micro_batch_size"]) == {1, 2}
     assert set(t[t["pp"] > 1]["micro_batch_size"]) == {1}
+
+
+def test_fallback_halves_the_micro_batch_without_pp_only():
+    from simulator.ppmap import with_fallbacks
+
+    base = {"tp": 1, "dp": 16, "cp": 1, "ep": 4, "vpp": 1, "schedule": "1f1b", "zero": 3, "recompute": "full"}
+    chosen = [{**base, "pp": 2, "dp": 8, "micro_batch_size": 1, "label": "a"},
+              {**base, "pp": 1, "micro_batch_size": 4, "label": "b"}]
+    got = with_fallbacks(chosen)
+    assert [(p["pp"], p["micro_batch_size"]) for p in got] == [(2, 1), (1, 4), (1, 2)]
+    assert got[2]["label"].endswith("z3-mb2-full")
+    assert with_fallbacks([{**base, "pp": 1, "micro_batch_size": 1, "label": "c"}])[-1]["label"] == "c"
