@@ -277,7 +277,8 @@ class Engine:
         for transfers, steps, _compute in phases:
             prep = net._prepare(transfers)
             if prep is None:
-                info.append((None, None, 0.0))
+                if info is not None:
+                    info.append((None, None, 0.0))
                 continue
             arr, link_list, iso = net._isolation(prep)
             links.update(link_list)
@@ -289,7 +290,8 @@ class Engine:
 
     def _known_end(self, op: Op, t: float) -> float:
         """Run private op ``op`` (see :meth:`_private_ops`) from ``t``: its end, with the
-        network's counters and link bytes booked as its reservations would book them."""
+        network's counters and link bytes booked as its reservations would book them
+        (``max_concurrent_flows`` counts its flows with those in flight at its start)."""
         net = self.net
         st = net.stats
         for prep, iso, dur in self._known[op.id]:

@@ -53,7 +53,8 @@ def test_shortcuts_change_no_figure(name, monkeypatch):
     assert _figures(fast) == _figures(plain)          # bit for bit, every figure
     assert fast.raw.network_stats["phases_started"] == plain.raw.network_stats["phases_started"]
     assert fast.raw.network_stats["flows_started"] == plain.raw.network_stats["flows_started"]
-    assert (fast.raw.network_stats["reserved_phases"] == plain.raw.network_stats["reserved_phases"])
+    assert fast.raw.network_stats["reserved_phases"] == plain.raw.network_stats["reserved_phases"]
+    assert fast.memory.equals(plain.memory)           # the memory timeline, row by row
     ev_f = fast.events.sort_values(["rank", "start_s", "stream", "name"], kind="stable").reset_index(drop=True)
     ev_p = plain.events.sort_values(["rank", "start_s", "stream", "name"], kind="stable").reset_index(drop=True)
     assert ev_f[["rank", "name", "start_s", "end_s"]].equals(ev_p[["rank", "name", "start_s", "end_s"]])
