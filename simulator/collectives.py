@@ -216,11 +216,18 @@ def _check_op(op: str) -> None:
 # Group structure helpers
 # ---------------------------------------------------------------------------
 
+#: Groups of at most this many members are split by domain in plain Python.
+_FEW_MEMBERS = 256
+
+
 def _domains(group: Sequence[int], topo: "Topology", by_pod: bool = False) -> list[list[int]]:
     """Members grouped by domain (or pod), domains in order of first appearance."""
     keys = topo.domains_of(group, by_pod=by_pod)
-    if keys.size == 0:
-        return []
+    if keys.size <= _FEW_MEMBERS:
+        out: dict[int, list[int]] = {}
+        for d, key in zip(group, keys.tolist()):
+            out.setdefault(key, []).append(d)
+        return list(out.values())
     _, first, which = np.unique(keys, return_index=True, return_inverse=True)
     rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")[which.ravel()]   # by first appearance
     order = np.argsort(rank, kind="stable")                                            # members keep order

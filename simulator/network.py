@@ -510,6 +510,10 @@ def isolated_evolution(prep: _Prepared, capacity: np.ndarray,
     return _Isolated(t, uniq, uniq.tolist(), link_bytes, starts, flows, rems, rates_seg)
 
 
+#: At most this many pairs, :meth:`FlowNetwork.routes` routes them one by one (cached).
+_FEW_ROUTES = 64
+
+
 class FlowNetwork:
     """All in-flight transfers of one simulation, sharing links max-min fairly.
 
@@ -632,7 +636,15 @@ class FlowNetwork:
         dst[i]``, ``links`` an ``(n, hops)`` array padded with -1
         (:meth:`Topology.routes`) and ``latency_s`` each pair's path latency plus its
         largest per-link overhead (0 where ``src == dst``), summed link by link in
-        route order as :meth:`route` does, so the two agree exactly. Not cached."""
+        route order as :meth:`route` does, so the two agree exactly. Few pairs go
+        through :meth:`route` (cached); many are routed at once and not cached."""
+        src, dst = np.asarray(src, dtype=np.int64).ravel(), np.asarray(dst, dtype=np.int64).ravel()
+        if src.shape[0] <= _FEW_ROUTES:
+            found = [self._route(s, d) if s != d else ((), 0.0, 0.0) for s, d in zip(src.tolist(), dst.tolist())]
+            links = np.full((len(found), max((len(r[0]) for r in found), default=1) or 1), -1, dtype=np.int64)
+            for i, (lk, _, _) in enumerate(found):
+                links[i, :len(lk)] = lk
+            return links, np.array([la + ov for _, la, ov in found], dtype=float)
         links = self.topo.routes(src, dst)
         on = links >= 0
         at = np.where(on, links, 0)

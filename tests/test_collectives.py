@@ -613,3 +613,18 @@ def test_large_collectives_are_fast(capsys):
               f"(simulated {t_ar * 1e3:.2f} ms); 256-device direct all-to-all "
               f"({256 * 255} flows): {t3 - t2:.3f} s wall (simulated {t_a2a * 1e3:.2f} ms)")
     assert t1 - t0 < 10 and t3 - t2 < 10
+
+
+def test_domains_keep_first_appearance_order_small_and_large():
+    import random
+
+    from simulator.collectives import _FEW_MEMBERS, _domains
+    from topologies import Topology
+
+    topo = Topology(switched(2048, SwitchedNetwork(8, 450e9, 50e9, domains_per_leaf=4)))
+    shuffled = random.Random(3).sample(range(2048), 4 * _FEW_MEMBERS)
+    for group in (shuffled, shuffled[:_FEW_MEMBERS], sorted(shuffled)):    # numpy and plain paths
+        expected: dict = {}
+        for d in group:
+            expected.setdefault(topo.domain_of(d), []).append(d)
+        assert _domains(group, topo) == list(expected.values())

@@ -308,6 +308,9 @@ def test_batch_routes_equal_one_by_one(name, topo):
     net = FlowNetwork(simpy.Environment(), topo, cal)
     links2, latency = net.routes(src, dst)
     assert (links2 == links).all()
+    few, few_latency = net.routes(src[:40], dst[:40])          # one by one, through route()
+    assert (few == links[:40, :few.shape[1]]).all() and (links[:40, few.shape[1]:] == -1).all()
+    assert (few_latency == latency[:40]).all()
     for i, (s, d) in enumerate(zip(src.tolist(), dst.tolist())):
         route = topo.route(s, d)
         assert tuple(links[i, :len(route)].tolist()) == route and (links[i, len(route):] == -1).all()
