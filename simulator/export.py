@@ -293,16 +293,24 @@ def write_events_parquet(columns, path) -> Path:
     from simulator._version import __version__
     from simulator.parquet_io import VERSION_KEY
 
+    def strings(values: list) -> pa.Array:
+        encoded = [str(x).encode("utf-8") for x in values]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+        np.cumsum([len(b) for b in encoded], out=offsets[1:])
+        return pa.Array.from_buffers(pa.string(), len(encoded),
+                                     [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+
     def array(v):
         # pa.array() asks pyarrow's pandas shim about its argument, which imports pandas
         # (0.3-0.5 s): the columns are handed over as Arrow buffers instead
         v = np.asarray(v)
         if v.dtype == object:
-            encoded = [str(x).encode("utf-8") for x in v.tolist()]
-            offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
-            np.cumsum([len(b) for b in encoded], out=offsets[1:])
-            return pa.Array.from_buffers(pa.string(), len(encoded),
-                                         [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+            # few distinct names, many rows: encode each once, then let Arrow repeat them
+            values = v.tolist()
+            distinct = list(dict.fromkeys(values))
+            code = {x: i for i, x in enumerate(distinct)}
+            index = np.fromiter(map(code.__getitem__, values), dtype=np.int32, count=len(values))
+            return strings(distinct).take(pa.Array.from_buffers(pa.int32(), len(index), [None, pa.py_buffer(index)]))
         v = np.ascontiguousarray(v)
         return pa.Array.from_buffers(pa.from_numpy_dtype(v.dtype), len(v), [None, pa.py_buffer(v)])
 
