@@ -21,6 +21,8 @@ from __future__ import annotations
 import gzip
 import json
 import math
+from itertools import chain
+from operator import attrgetter
 from pathlib import Path
 from typing import Iterator
 
@@ -144,21 +146,28 @@ def flows(raw) -> list[tuple[str, object, object]]:
     op of one simulated device waiting for an op of another (a pipeline send, named
     :data:`FLOW_SEND`; anything else, :data:`FLOW_DEP`). Ops that took no time are left
     out: a flow is drawn between slices, and an empty slice encloses no instant."""
-    if raw is None:
+    if raw is None or not raw.records:
         return []
-    by_id = {rec.op.id: rec for rec in raw.records}
-    out = []
-    for rec in raw.records:
-        op = rec.op
-        if not op.deps or rec.end_s <= rec.start_s:
-            continue
-        for d in op.deps:
-            src = by_id.get(d)
-            if src is None or src.op.rank == op.rank or src.end_s <= src.start_s:
-                continue
-            out.append((FLOW_SEND if src.op.kind == "send" else FLOW_DEP, src, rec))
-    out.sort(key=lambda f: (f[1].start_s, f[1].op.id, f[2].op.id))
-    return out
+    recs = list(raw.records)
+    ops = list(map(attrgetter("op"), recs))
+    n = len(ops)
+    ident = np.fromiter(map(attrgetter("id"), ops), dtype=np.int64, count=n)
+    rank = np.fromiter(map(attrgetter("rank"), ops), dtype=np.int64, count=n)
+    start = np.fromiter(map(attrgetter("start_s"), recs), dtype=float, count=n)
+    busy = np.fromiter(map(attrgetter("end_s"), recs), dtype=float, count=n) > start
+    deps = list(map(attrgetter("deps"), ops))
+    dst = np.repeat(np.arange(n), np.fromiter(map(len, deps), dtype=np.int64, count=n))
+    wanted = np.fromiter(chain.from_iterable(deps), dtype=np.int64, count=len(dst))
+    # the record of each dependency: the last with that op id, as a dict keyed by id holds
+    by_id = np.argsort(ident, kind="stable")
+    pos = np.searchsorted(ident[by_id], wanted, side="right") - 1
+    found = (pos >= 0) & (ident[by_id][np.maximum(pos, 0)] == wanted)
+    src = by_id[np.maximum(pos, 0)]
+    keep = found & busy[dst] & busy[src] & (rank[src] != rank[dst])
+    src, dst = src[keep], dst[keep]
+    order = np.lexsort((ident[dst], ident[src], start[src]))     # stable: ties keep the dependency order
+    return [(FLOW_SEND if ops[i].kind == "send" else FLOW_DEP, recs[i], recs[j])
+            for i, j in zip(src[order].tolist(), dst[order].tolist())]
 
 
 def _flow_lines(raw, tids, js: _Strings) -> list[str]:
@@ -293,16 +302,24 @@ def write_events_parquet(columns, path) -> Path:
     from simulator._version import __version__
     from simulator.parquet_io import VERSION_KEY
 
+    def strings(values: list) -> pa.Array:
+        encoded = [str(x).encode("utf-8") for x in values]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+        np.cumsum([len(b) for b in encoded], out=offsets[1:])
+        return pa.Array.from_buffers(pa.string(), len(encoded),
+                                     [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+
     def array(v):
         # pa.array() asks pyarrow's pandas shim about its argument, which imports pandas
         # (0.3-0.5 s): the columns are handed over as Arrow buffers instead
         v = np.asarray(v)
         if v.dtype == object:
-            encoded = [str(x).encode("utf-8") for x in v.tolist()]
-            offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
-            np.cumsum([len(b) for b in encoded], out=offsets[1:])
-            return pa.Array.from_buffers(pa.string(), len(encoded),
-                                         [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+            # few distinct names, many rows: encode each once, then let Arrow repeat them
+            values = v.tolist()
+            distinct = list(dict.fromkeys(values))
+            code = {x: i for i, x in enumerate(distinct)}
+            index = np.fromiter(map(code.__getitem__, values), dtype=np.int32, count=len(values))
+            return strings(distinct).take(pa.Array.from_buffers(pa.int32(), len(index), [None, pa.py_buffer(index)]))
         v = np.ascontiguousarray(v)
         return pa.Array.from_buffers(pa.from_numpy_dtype(v.dtype), len(v), [None, pa.py_buffer(v)])
 
