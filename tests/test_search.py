@@ -121,6 +121,8 @@ def test_bad_bounds_name_the_field():
         SearchBounds(schedules=("1f2b",))
     with pytest.raises(ScenarioError, match="bounds.zero"):
         SearchBounds(zero=(4,))
+    with pytest.raises(ScenarioError, match="bounds.estimate_margin"):
+        SearchBounds(estimate_margin=-0.1)
 
 
 def test_cli_search(tmp_path, capsys):
@@ -137,6 +139,10 @@ def test_cli_search(tmp_path, capsys):
     assert main(["search", str(path), "--schedules", "1f2b"]) == 2
     assert "--schedules" in capsys.readouterr().err
     assert main(["search", str(path), "--zero", "x"]) == 2
+    assert main(["search", str(path), "--estimate-margin", "-1"]) == 2
+    assert "--estimate-margin" in capsys.readouterr().err
+    assert main(["search", str(path), "--max-tp", "1", "--max-pp", "1", "--schedules", "1f1b", "--recompute", "none",
+                 "--estimate-margin", "none", "--jobs", "1"]) == 0
 
 
 # ---- the analytic step-time estimate (ranking under max_candidates) ----------------------------
