@@ -46,8 +46,6 @@ PER_STAGE_COLUMNS = ["stage", "bubble_s", "exposed_comm_s", "peak_memory_bytes",
 #: arrays of ``str`` for text): what the CSV writer, the Chrome trace and the plots read.
 Columns = dict[str, np.ndarray]
 
-_TABLES = ("events", "memory", "per_stage")
-
 
 class Result:
     """One simulated step.
@@ -97,9 +95,13 @@ class Result:
     # ---- tables ----------------------------------------------------------------
     def table(self, name: str) -> Columns:
         """The columns of table ``name`` (``events``, ``memory``, ``per_stage``, ``idle``)
-        as numpy arrays, without pandas."""
+        as numpy arrays, without pandas. Once the table has been read as a DataFrame, the
+        frame is the table (edits to it reach the files :meth:`write` writes)."""
         if name == "idle":
             return idle_columns(getattr(self.raw, "idle_spans", ()), self._layout())
+        if name in self._frames:
+            frame = self._frames[name]
+            return {c: frame[c].to_numpy() for c in frame.columns}
         if name not in self._columns:
             if name == "events":
                 self._columns[name] = event_columns(self.raw, self._layout())
@@ -116,7 +118,7 @@ class Result:
 
     def _set_frame(self, name: str, frame: pd.DataFrame) -> None:
         self._frames[name] = frame
-        self._columns[name] = {c: frame[c].to_numpy() for c in frame.columns}
+        self._columns.pop(name, None)
 
     @property
     def events(self) -> pd.DataFrame:
@@ -348,7 +350,7 @@ def memory_columns(raw: RawRun, trace: Trace, layout) -> Columns:
     for c in MEMORY_CATEGORIES[1:]:
         total += cols[c]                    # left to right, as pandas' row sum
     cols["total"] = total
-    return cols
+    return {c: cols[c] for c in MEMORY_COLUMNS}
 
 
 def memory_frame(raw: RawRun, trace: Trace, layout) -> pd.DataFrame:
@@ -371,7 +373,7 @@ def idle_columns(spans, layout) -> Columns:
             "duration_s": end - start, "cause": _text([s[3] for s in spans]),
             "waiting_for": _text([s[4] or "" for s in spans])}
     order = np.lexsort((start, rank))
-    return {c: v[order] for c, v in cols.items()}
+    return {c: cols[c][order] for c in IDLE_COLUMNS}
 
 
 def idle_frame(spans, layout) -> pd.DataFrame:

@@ -252,3 +252,13 @@ def test_result_declares_what_it_carries_and_builds_tables_once(pipelined):
     other = copy.copy(pipelined)
     other.events = pipelined.events[pipelined.events["stream"] == "compute"].reset_index(drop=True)
     assert set(other.table("events")["stream"]) == {"compute"} and len(pipelined.events) > len(other.events)
+
+
+def test_edits_to_a_table_read_as_a_frame_reach_the_files(tmp_path):
+    import pandas as pd
+
+    res = simulate("quickstart")
+    res.memory["buffers"] += 1.0                     # the frame, edited in place
+    res.write(tmp_path, plots=False)
+    written = pd.read_csv(tmp_path / "memory.csv")
+    assert (written["buffers"] == res.memory["buffers"]).all()
