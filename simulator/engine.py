@@ -16,8 +16,8 @@ Fewer events, same times. A chain of ops whose durations are known when they sta
 can ever meet, see :meth:`Engine._private_ops`) runs as one timeout at the sum of
 their durations, as long as nothing outside the process waits on the ops inside it;
 private ops that the compute stream waits for anyway are run by the compute stream's
-process (:meth:`Engine._absorb`). ``Engine.chain_ops`` / ``Engine.private_phases``
-switch these off (tests compare).
+process (:meth:`Engine._absorb`). ``Engine(..., chain_ops=False, private_phases=False)``
+(the same keywords of ``simulate()``) switch these off (tests compare).
 
 Representative ranks. When the trace holds one rank per pipeline stage (the
 default), each collective or send issued by a representative is also issued, on
@@ -102,13 +102,6 @@ class _Environment(simpy.Environment):
 
 
 class Engine:
-    #: Run communication ops that nothing else can meet on the network as known
-    #: durations (see :meth:`_private_ops`); False sends every op through the network.
-    private_phases: bool = True
-    #: Run chains of ops with known durations as one event (see :meth:`_stream`); False
-    #: gives every op its own event (tests compare the two).
-    chain_ops: bool = True
-
     def __init__(
         self,
         trace: Trace,
@@ -123,6 +116,8 @@ class Engine:
         host_bw_bytes_per_s: float = 32e9,
         progress: Optional[bool] = False,
         twin_quotient: bool = True,
+        chain_ops: bool = True,
+        private_phases: bool = True,
     ):
         if layout.world > topo.n_devices:
             raise TraceError(f"parallel: the layout needs {layout.world} devices, the cluster has {topo.n_devices}")
@@ -138,6 +133,12 @@ class Engine:
         # Representative mode: run each collective or send once, as the symmetry quotient
         # of its twins' traffic (see :meth:`_quotient_phase`); False injects every twin.
         self.twin_quotient = twin_quotient
+        # Run chains of ops with known durations as one event (see :meth:`_stream`); False
+        # gives every op its own event (tests compare the two).
+        self.chain_ops = chain_ops
+        # Run communication ops that nothing else can meet on the network as known
+        # durations (see :meth:`_private_ops`); False sends every op through the network.
+        self.private_phases = private_phases
         self.env = _Environment()
         self.net = FlowNetwork(self.env, topo, network_cal)
         self.sim_ranks = set(trace.ranks)

@@ -30,6 +30,8 @@ def simulate(
     trace=None,
     progress: Optional[bool] = False,
     twin_quotient: bool = True,
+    chain_ops: bool = True,
+    private_phases: bool = True,
 ) -> Result:
     """Simulate one training step.
 
@@ -43,6 +45,9 @@ def simulate(
     ``progress``: a progress bar on stderr (``None``: only when it is a terminal).
     ``twin_quotient=False`` injects every twin of a representative rank's collectives and
     sends instead of their symmetry quotient (the same answer, slower; tests compare the two).
+    ``chain_ops=False`` gives every op its own simpy event and ``private_phases=False``
+    sends every communication op through the flow network (see
+    :class:`simulator.engine.Engine`): the same answer to the bit, slower.
 
     Raises :class:`ScenarioError` (a ``ValueError``) naming the offending field.
     """
@@ -55,13 +60,14 @@ def simulate(
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(scenario, exact, topology, trace, progress, twin_quotient)
+        options = dict(twin_quotient=twin_quotient, chain_ops=chain_ops, private_phases=private_phases)
+        return _simulate(scenario, exact, topology, trace, progress, options)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _simulate(scenario, exact, topology, trace, progress, twin_quotient=True) -> Result:
+def _simulate(scenario, exact, topology, trace, progress, engine_options: Optional[Mapping] = None) -> Result:
     t0 = time.perf_counter()
     from simulator.compute import calibration_for
     from simulator.engine import Engine
@@ -98,7 +104,7 @@ def _simulate(scenario, exact, topology, trace, progress, twin_quotient=True) ->
     engine = Engine(
         trace, topo, sc.layout, chip, cal, network_cal=sc.network_calibration(), dtype=sc.training.dtype,
         compute_scale=scale, algorithms=dict(sc.algorithms), host_bw_bytes_per_s=sc.cluster.host_bw_bytes_per_s,
-        progress=progress, twin_quotient=twin_quotient,
+        progress=progress, **(engine_options or {}),
     )
     raw = engine.run()
     mem = memory_columns(raw, trace, sc.layout)

@@ -1,6 +1,6 @@
 """The event loop's shortcuts change no figure: chains of ops with known durations run
 as one event, and communication nothing else can meet on the network runs as a known
-duration (``Engine.chain_ops``, ``Engine.private_phases``), against every op through
+duration (``simulate(..., chain_ops=False, private_phases=False)``), against every op through
 its own event and the network, on small scenarios of every schedule."""
 
 from __future__ import annotations
@@ -31,10 +31,7 @@ def _figures(res) -> dict:
 
 
 def _plain(monkeypatch, sc):
-    with monkeypatch.context() as m:
-        m.setattr(Engine, "chain_ops", False)
-        m.setattr(Engine, "private_phases", False)
-        return simulate(sc)
+    return simulate(sc, chain_ops=False, private_phases=False)
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -88,7 +85,5 @@ def test_private_tp_phases_book_the_same_link_bytes(monkeypatch):
 def test_chains_alone_change_no_figure(monkeypatch):
     sc = SCENARIOS["dualpipe"]
     fast = simulate(sc)
-    with monkeypatch.context() as m:
-        m.setattr(Engine, "chain_ops", False)
-        plain = simulate(sc)
+    plain = simulate(sc, chain_ops=False)
     assert _figures(fast) == _figures(plain)

@@ -188,6 +188,7 @@ def test_estimate_ignores_scale_out_bandwidth_inside_one_node(layout):
     assert fast["step_time_s"] > 0 and fast["compute_s"] > 0
 
 
+@pytest.mark.slow
 def test_estimate_ranks_layouts_as_the_simulation_does_and_the_adaptive_search_finds_the_exhaustive_best():
     """Every layout of a small search simulated (estimate_margin=None): the estimate's rank
     order agrees with the simulated one (Spearman > 0.85; 0.97 when written, while the

@@ -45,11 +45,13 @@ def test_public_names_still_import_and_load_on_use():
     assert "pydantic" in loaded and not loaded & {"pandas", "matplotlib"}
 
 
+@pytest.mark.slow
 def test_simulate_reads_the_summary_without_pandas_or_matplotlib():
     loaded = _loaded_after("from simulator import simulate\nr = simulate('quickstart')\nassert r.summary['mfu'] > 0")
     assert "simpy" in loaded and not loaded & {"pandas", "matplotlib"}
 
 
+@pytest.mark.slow
 def test_run_out_writes_every_file_without_pandas(tmp_path):
     out = tmp_path / "q"
     loaded = _loaded_after(f"from simulator.cli import main\nassert main(['run', 'quickstart', '--out', {str(out)!r}]) == 0")
@@ -58,6 +60,7 @@ def test_run_out_writes_every_file_without_pandas(tmp_path):
                                               "events.parquet", "memory.csv", "idle.csv", "timeline.png", "memory.png"}
 
 
+@pytest.mark.slow
 def test_tables_load_pandas_when_asked_for():
     loaded = _loaded_after("from simulator import simulate\nr = simulate('quickstart')\n"
                            "assert len(r.events) and len(r.memory) and len(r.per_stage) and r.idle is not None")
