@@ -603,7 +603,8 @@ def plot_map(table: pd.DataFrame, path: Union[str, Path], markers: Optional[Mapp
             txt = x + "\n" + ("—" if not ok else ("est " if not sim else "")
                               + ("PP needed" if np.isinf(v) else f"{v:.2f}"))
             if sim and isinstance(r["best_label"], str):
-                txt += "\n" + "-".join(r["best_label"].split("-")[:5])
+                parts = r["best_label"].split("-")
+                txt += "\n" + " ".join(x for x in parts if x[:2] in ("pp", "ep") or x in ("1f1b", "dualpipe", "interleaved"))
             texts.append((txt, sim))
         sx.imshow(np.array([vals]), cmap=cmap, vmin=1.0, vmax=vmax, aspect="auto")
         for k, (txt, sim) in enumerate(texts):
