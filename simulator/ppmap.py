@@ -418,6 +418,14 @@ def assemble(spec_or_path, out: Union[str, Path]) -> tuple[pd.DataFrame, pd.Data
         # ratio: how much slower the best layout without PP is; inf when none fits (PP needed)
         rec["ratio"] = (bn["step_time_s"] / best["step_time_s"] if bn is not None and best is not None
                         else (math.inf if bp is not None and not scr["nopp_fits"] else None))
+        # the same with the layouts that ran out of memory allowed: what more HBM would buy
+        ran = [c for c in sims if c["status"] in ("ok", "oom")]
+        bn_any = min((c for c in ran if c["pp"] == 1), key=lambda c: c["step_time_s"], default=None)
+        best_any = min(ran, key=lambda c: c["step_time_s"], default=None)
+        rec["nopp_oom_label"] = bn_any["label"] if bn_any is not None and bn_any["status"] == "oom" else None
+        rec["nopp_oom_peak_memory_bytes"] = (bn_any["peak_memory_bytes"] if rec["nopp_oom_label"] else None)
+        rec["ratio_any_memory"] = (bn_any["step_time_s"] / best_any["step_time_s"]
+                                   if bn_any is not None and best_any is not None else None)
         ep_, en = scr.get("est_best_pp"), scr.get("est_best_nopp")
         est_best = min((e["est_step_time_s"] for e in (ep_, en) if e), default=None)
         rec["est_ratio"] = (en["est_step_time_s"] / est_best if en and est_best else
@@ -437,7 +445,7 @@ def assemble(spec_or_path, out: Union[str, Path]) -> tuple[pd.DataFrame, pd.Data
         cands.to_csv(out / CANDIDATES_CSV, index=False)
         versions = sorted({str(r.get("stepsim_version")) for r in rows.values()})
         status = {"name": spec.name, "points_total": len(points(spec)), "points_screened": len(screens),
-                  "simulations_chosen": sum(len(v["chosen"]) for v in screens.values()),
+                  "simulations_chosen": sum(len(with_fallbacks(v["chosen"])) for v in screens.values()),
                   "simulations_done": len(cand_recs),
                   "points_with_ratio": int(table["ratio"].notna().sum()) if len(table) else 0,
                   "screen_cpu_s_total": round(sum(v.get("screen_cpu_s", 0.0) for v in screens.values()), 1),
@@ -595,7 +603,8 @@ def plot_map(table: pd.DataFrame, path: Union[str, Path], markers: Optional[Mapp
             txt = x + "\n" + ("—" if not ok else ("est " if not sim else "")
                               + ("PP needed" if np.isinf(v) else f"{v:.2f}"))
             if sim and isinstance(r["best_label"], str):
-                txt += "\n" + "-".join(r["best_label"].split("-")[:5])
+                parts = r["best_label"].split("-")
+                txt += "\n" + " ".join(x for x in parts if x[:2] in ("pp", "ep") or x in ("1f1b", "dualpipe", "interleaved"))
             texts.append((txt, sim))
         sx.imshow(np.array([vals]), cmap=cmap, vmin=1.0, vmax=vmax, aspect="auto")
         for k, (txt, sim) in enumerate(texts):
