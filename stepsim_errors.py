@@ -43,7 +43,7 @@ class StepsimError(ValueError):
         another key (``perturbations[2].link`` for a topology's ``perturbations.link``)."""
         message = str(self)
         head = f"{self.field}: " if self.field else ""
-        return message[len(head):] if head and message.startswith(head) else message
+        return message[len(head) :] if head and message.startswith(head) else message
 
     @classmethod
     def from_error(cls, err: StepsimError, field: Optional[str] = None):

@@ -93,8 +93,9 @@ def in_process(scenario: str, repeat: int) -> dict[str, float]:
             events, memory, idle = res.table("events"), res.table("memory"), res.table("idle")
             out["idle table"] = _best(lambda: _timed(lambda: res.table("idle")), repeat)
             out["events.csv"] = _best(lambda: _timed(lambda: export.write_csv(events, d / "events.csv")), repeat)
-            out["events.parquet"] = _best(lambda: _timed(
-                lambda: export.write_events_parquet(events, d / "events.parquet")), repeat)
+            out["events.parquet"] = _best(
+                lambda: _timed(lambda: export.write_events_parquet(events, d / "events.parquet")), repeat
+            )
             out["memory.csv"] = _best(lambda: _timed(lambda: export.write_csv(memory, d / "memory.csv")), repeat)
             out["idle.csv"] = _best(lambda: _timed(lambda: export.write_csv(idle, d / "idle.csv")), repeat)
         else:
@@ -103,12 +104,11 @@ def in_process(scenario: str, repeat: int) -> dict[str, float]:
 
             out["events table"] = _best(lambda: _timed(lambda: events_frame(res.raw, res.scenario.layout)), repeat)
             out["idle table"] = _best(lambda: _timed(lambda: res.idle), repeat)
-            out["events.csv"] = _best(lambda: _timed(lambda: res.events.to_csv(d / "events.csv", index=False)),
-                                      repeat)
-            out["events.parquet"] = _best(lambda: _timed(lambda: write_parquet(res.events, d / "events.parquet")),
-                                          repeat)
-            out["memory.csv"] = _best(lambda: _timed(lambda: res.memory.to_csv(d / "memory.csv", index=False)),
-                                      repeat)
+            out["events.csv"] = _best(lambda: _timed(lambda: res.events.to_csv(d / "events.csv", index=False)), repeat)
+            out["events.parquet"] = _best(
+                lambda: _timed(lambda: write_parquet(res.events, d / "events.parquet")), repeat
+            )
+            out["memory.csv"] = _best(lambda: _timed(lambda: res.memory.to_csv(d / "memory.csv", index=False)), repeat)
             out["idle.csv"] = _best(lambda: _timed(lambda: res.idle.to_csv(d / "idle.csv", index=False)), repeat)
         from simulator import export as ex
 

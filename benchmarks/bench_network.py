@@ -38,7 +38,7 @@ import numpy as np
 import simpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:            # run as a plain script from anywhere
+if ROOT not in sys.path:  # run as a plain script from anywhere
     sys.path.append(ROOT)
 
 from simulator.collectives import plan_collective, run_collective  # noqa: E402
@@ -51,9 +51,12 @@ HOPPER = default_calibration("hopper")
 
 def _stats(net: FlowNetwork) -> dict:
     st = net.stats
-    return {"flows": st.flows_started, "recomputations": st.recomputations,
-            "flows_recomputed": getattr(st, "flows_recomputed", None),
-            "max_concurrent_flows": st.max_concurrent_flows}
+    return {
+        "flows": st.flows_started,
+        "recomputations": st.recomputations,
+        "flows_recomputed": getattr(st, "flows_recomputed", None),
+        "max_concurrent_flows": st.max_concurrent_flows,
+    }
 
 
 def _run_plans(topo, jobs) -> tuple[float, dict]:
@@ -97,42 +100,45 @@ def case_mix_100():
         kind = rng.choice(["tp", "dp", "ep", "pp"], p=[0.4, 0.25, 0.2, 0.15])
         start = float(rng.uniform(0, 5e-3))
         size = float(rng.choice([1 << 20, 16 << 20, 64 << 20]))
-        if kind == "tp":                       # 8-GPU all-reduce in one node
+        if kind == "tp":  # 8-GPU all-reduce in one node
             node = int(rng.integers(0, n // 8))
-            jobs.append((start, plan_collective("all-reduce", range(8 * node, 8 * node + 8),
-                                                size, topo)))
-        elif kind == "dp":                     # rail rings across nodes, all 8 twins
+            jobs.append((start, plan_collective("all-reduce", range(8 * node, 8 * node + 8), size, topo)))
+        elif kind == "dp":  # rail rings across nodes, all 8 twins
             nodes = int(rng.choice([4, 8, 16]))
             first = int(rng.integers(0, n // 8 - nodes + 1))
-            twins = [plan_collective("all-reduce", [8 * (first + k) + j for k in range(nodes)],
-                                     size, topo, "ring") for j in range(8)]
+            twins = [
+                plan_collective("all-reduce", [8 * (first + k) + j for k in range(nodes)], size, topo, "ring")
+                for j in range(8)
+            ]
             jobs.append((start, twins))
-        elif kind == "ep":                     # all-to-all over 4 nodes
+        elif kind == "ep":  # all-to-all over 4 nodes
             first = int(rng.integers(0, n // 8 - 3))
-            jobs.append((start, plan_collective("all-to-all", range(8 * first, 8 * first + 32),
-                                                size, topo)))
-        else:                                  # pipeline send between nodes, 8 twins
+            jobs.append((start, plan_collective("all-to-all", range(8 * first, 8 * first + 32), size, topo)))
+        else:  # pipeline send between nodes, 8 twins
             a, b = rng.choice(n // 8, size=2, replace=False).tolist()
-            jobs.append((start, ("send", [Transfer(8 * a + j, 8 * b + j, size)
-                                          for j in range(8)])))
+            jobs.append((start, ("send", [Transfer(8 * a + j, 8 * b + j, size) for j in range(8)])))
     return lambda: _run_plans(topo, jobs), "100 mixed collectives"
 
 
 def case_quickstart():
     from simulator import simulate
+
     path = os.path.join(ROOT, "simulator", "scenarios", "quickstart.yaml")
 
     def run():
         r = simulate(path)
         ns = r.raw.network_stats
         return r.summary["step_time_s"], {
-            "flows": ns.get("flows_started"), "recomputations": ns.get("rate_recomputations"),
-            "flows_recomputed": None, "max_concurrent_flows": ns.get("max_concurrent_flows")}
+            "flows": ns.get("flows_started"),
+            "recomputations": ns.get("rate_recomputations"),
+            "flows_recomputed": None,
+            "max_concurrent_flows": ns.get("max_concurrent_flows"),
+        }
+
     return run, "simulate() end to end"
 
 
-CASES = {"ar-1024": case_ar_1024, "a2a-256": case_a2a_256, "mix-100": case_mix_100,
-         "quickstart": case_quickstart}
+CASES = {"ar-1024": case_ar_1024, "a2a-256": case_a2a_256, "mix-100": case_mix_100, "quickstart": case_quickstart}
 
 
 def main(argv=None) -> int:
@@ -142,9 +148,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
     import simulator
+
     print(f"# simulator from {os.path.dirname(simulator.__file__)}")
-    print(f"{'case':<12} {'what':<24} {'wall_s':>8} {'cpu_s':>8} {'simulated_s':>12} "
-          f"{'flows':>7} {'recomp':>7} {'flows_recomp':>12} {'max_flows':>9}")
+    print(
+        f"{'case':<12} {'what':<24} {'wall_s':>8} {'cpu_s':>8} {'simulated_s':>12} "
+        f"{'flows':>7} {'recomp':>7} {'flows_recomp':>12} {'max_flows':>9}"
+    )
     rows = []
     for name in args.only or list(CASES):
         run, what = CASES[name]()
@@ -156,12 +165,14 @@ def main(argv=None) -> int:
             if best is None or wall < best[0]:
                 best = (wall, cpu, sim_s, st)
         wall, cpu, sim_s, st = best
-        row = {"case": name, "what": what, "wall_s": wall, "cpu_s": cpu, "simulated_s": sim_s,
-               **st}
+        row = {"case": name, "what": what, "wall_s": wall, "cpu_s": cpu, "simulated_s": sim_s, **st}
         rows.append(row)
         fr = "-" if st["flows_recomputed"] is None else str(st["flows_recomputed"])
-        print(f"{name:<12} {what:<24} {wall:>8.3f} {cpu:>8.3f} {sim_s:>12.6g} {st['flows']:>7} "
-              f"{st['recomputations']:>7} {fr:>12} {st['max_concurrent_flows']:>9}", flush=True)
+        print(
+            f"{name:<12} {what:<24} {wall:>8.3f} {cpu:>8.3f} {sim_s:>12.6g} {st['flows']:>7} "
+            f"{st['recomputations']:>7} {fr:>12} {st['max_concurrent_flows']:>9}",
+            flush=True,
+        )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=2)

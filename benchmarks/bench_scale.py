@@ -67,11 +67,18 @@ def run_case(label: str, sc: dict) -> dict:
     s = res.summary
     net = res.raw.network_stats
     return {
-        "case": label, "devices": s["devices"], "micro_batches": s["micro_batches"],
-        "wall_s": wall, "cpu_s": cpu, "sim_wall_s": s["sim_wall_s"], "ops": s["events_processed"], "flows": net.get("flows_started", 0),
+        "case": label,
+        "devices": s["devices"],
+        "micro_batches": s["micro_batches"],
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "sim_wall_s": s["sim_wall_s"],
+        "ops": s["events_processed"],
+        "flows": net.get("flows_started", 0),
         "recomputations": net.get("rate_recomputations", 0),
         "rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "step_time_s": s["step_time_s"], "mfu": s["mfu"],
+        "step_time_s": s["step_time_s"],
+        "mfu": s["mfu"],
     }
 
 
@@ -98,9 +105,11 @@ def main(argv=None) -> int:
     cases = []
     if not args.quick:
         # the built-in scenarios named by issue 6's targets (under 10 s each)
-        cases += [("target llama3-405b 16k", "llama3-405b-16384xh100"),
-                  ("target deepseek-v3 2k", "deepseek-v3-2048xh800"),
-                  ("target kimi-k2 4k", "kimi-k2-4096xh800")]
+        cases += [
+            ("target llama3-405b 16k", "llama3-405b-16384xh100"),
+            ("target deepseek-v3 2k", "deepseek-v3-2048xh800"),
+            ("target kimi-k2 4k", "kimi-k2-4096xh800"),
+        ]
     cases += [(f"dense devices={n}", dense(n)) for n in device_sizes]
     cases += [(f"moe devices={n}", moe(n)) for n in moe_sizes]
     cases += [(f"dense micro-batches={m}", dense(256, gbs_per_dp=m)) for m in mb_sizes]
@@ -109,25 +118,36 @@ def main(argv=None) -> int:
     if args.only:
         cases = [(label, sc) for label, sc in cases if any(o in label for o in args.only)]
     rows = []
-    print(f"{'case':<28}{'devices':>9}{'mb':>5}{'wall s':>9}{'cpu s':>8}{'ops':>9}{'flows':>11}{'recomp':>8}{'rss MB':>8}")
+    print(
+        f"{'case':<28}{'devices':>9}{'mb':>5}{'wall s':>9}{'cpu s':>8}{'ops':>9}{'flows':>11}{'recomp':>8}{'rss MB':>8}"
+    )
     for label, sc in cases:
         if args.show:
             print(json.dumps(sc) if isinstance(sc, dict) else sc)
         r = run_case(label, sc)
         rows.append(r)
-        print(f"{label:<28}{r['devices']:>9,}{r['micro_batches']:>5}{r['wall_s']:>9.2f}{r['cpu_s']:>8.2f}{r['ops']:>9,}{r['flows']:>11,}"
-              f"{r['recomputations']:>8,}{r['rss_peak_mb']:>8.0f}")
+        print(
+            f"{label:<28}{r['devices']:>9,}{r['micro_batches']:>5}{r['wall_s']:>9.2f}{r['cpu_s']:>8.2f}{r['ops']:>9,}{r['flows']:>11,}"
+            f"{r['recomputations']:>8,}{r['rss_peak_mb']:>8.0f}"
+        )
         sys.stdout.flush()
 
     def pick(prefix):
         return [r for r in rows if r["case"].startswith(prefix)]
 
     exps = {
-        "wall_vs_devices_dense": exponent([r["devices"] for r in pick("dense devices")], [r["wall_s"] for r in pick("dense devices")]),
-        "wall_vs_devices_moe": exponent([r["devices"] for r in pick("moe devices")], [r["wall_s"] for r in pick("moe devices")]),
-        "wall_vs_micro_batches": exponent([r["micro_batches"] for r in pick("dense micro")], [r["wall_s"] for r in pick("dense micro")]),
-        "wall_vs_layers": exponent([int(r["case"].split("=")[1]) for r in pick("dense layers")],
-                                   [r["wall_s"] for r in pick("dense layers")]),
+        "wall_vs_devices_dense": exponent(
+            [r["devices"] for r in pick("dense devices")], [r["wall_s"] for r in pick("dense devices")]
+        ),
+        "wall_vs_devices_moe": exponent(
+            [r["devices"] for r in pick("moe devices")], [r["wall_s"] for r in pick("moe devices")]
+        ),
+        "wall_vs_micro_batches": exponent(
+            [r["micro_batches"] for r in pick("dense micro")], [r["wall_s"] for r in pick("dense micro")]
+        ),
+        "wall_vs_layers": exponent(
+            [int(r["case"].split("=")[1]) for r in pick("dense layers")], [r["wall_s"] for r in pick("dense layers")]
+        ),
     }
     print()
     for k, v in exps.items():

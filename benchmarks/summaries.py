@@ -61,8 +61,11 @@ def snapshot(out: Path, validation: bool, only: list[str]) -> None:
             data[name] = _summary(item)
         except Exception as err:  # noqa: BLE001 - an error is a result to compare too
             data[name] = {"error": f"{type(err).__name__}: {err}"}
-        print(f"{name:60s} {time.perf_counter() - t0:7.2f} s wall {time.process_time() - c0:7.2f} s cpu",
-              file=sys.stderr, flush=True)
+        print(
+            f"{name:60s} {time.perf_counter() - t0:7.2f} s wall {time.process_time() - c0:7.2f} s cpu",
+            file=sys.stderr,
+            flush=True,
+        )
     out.write_text(json.dumps(data, indent=1, sort_keys=True))
 
 

@@ -36,7 +36,7 @@ def __getattr__(name: str):
     if name not in _SCHEMA_NAMES:
         raise AttributeError(f"module 'simulator' has no attribute {name!r}")
     value = getattr(importlib.import_module("simulator.schema"), name)
-    globals()[name] = value     # later look-ups skip this function
+    globals()[name] = value  # later look-ups skip this function
     return value
 
 

@@ -45,15 +45,15 @@ class IdleAccount:
     """Per simulated rank (row ``i`` is ``ranks[i]``), seconds of the step."""
 
     ranks: tuple[int, ...]
-    axes: tuple[str, ...]           # communication axes, sorted; columns of the *_by_axis arrays
+    axes: tuple[str, ...]  # communication axes, sorted; columns of the *_by_axis arrays
     step_s: float
-    compute_s: np.ndarray           # (R,) compute stream busy
-    exposed_s: np.ndarray           # (R,) compute idle, some communication busy
-    offload_wait_s: np.ndarray      # (R,) compute idle, no communication, host link busy
-    bubble_s: np.ndarray            # (R,) compute idle, nothing of this rank's in flight
-    offload_busy_s: np.ndarray      # (R,) host link busy (union)
-    busy_by_axis_s: np.ndarray      # (R, A) each axis busy (union)
-    exposed_by_axis_s: np.ndarray   # (R, A) exposed, split equally among concurrent axes
+    compute_s: np.ndarray  # (R,) compute stream busy
+    exposed_s: np.ndarray  # (R,) compute idle, some communication busy
+    offload_wait_s: np.ndarray  # (R,) compute idle, no communication, host link busy
+    bubble_s: np.ndarray  # (R,) compute idle, nothing of this rank's in flight
+    offload_busy_s: np.ndarray  # (R,) host link busy (union)
+    busy_by_axis_s: np.ndarray  # (R, A) each axis busy (union)
+    exposed_by_axis_s: np.ndarray  # (R, A) exposed, split equally among concurrent axes
     spans: list = field(default_factory=list)
     # idle spans (rank, start_s, end_s, cause, what): cause 'bubble' | 'exposed_comm' |
     # 'offload_wait'; what = the axes busy ('tp', 'ep_inter+ep_intra') or 'offload'
@@ -63,8 +63,12 @@ class IdleAccount:
         'exposed_<axis>' for every axis with exposed time}."""
         out = {}
         for i, r in enumerate(self.ranks):
-            d = {BUBBLE: float(self.bubble_s[i]), EXPOSED: float(self.exposed_s[i]),
-                 OFFLOAD_WAIT: float(self.offload_wait_s[i]), "compute": float(self.compute_s[i])}
+            d = {
+                BUBBLE: float(self.bubble_s[i]),
+                EXPOSED: float(self.exposed_s[i]),
+                OFFLOAD_WAIT: float(self.offload_wait_s[i]),
+                "compute": float(self.compute_s[i]),
+            }
             for j, a in enumerate(self.axes):
                 if self.exposed_by_axis_s[i, j] > 0:
                     d["exposed_" + a] = float(self.exposed_by_axis_s[i, j])
@@ -105,7 +109,7 @@ def account(records, ranks, step_s: float) -> IdleAccount:
         return c
 
     ch = [_COMPUTE if op.kind == "compute" else channel(op) for op in ops]
-    launch: dict[str, float] = {}      # collective key -> last member's arrival
+    launch: dict[str, float] = {}  # collective key -> last member's arrival
     coll_at: list[tuple[int, str]] = []
     for i, op in enumerate(ops):
         kind = op.kind
@@ -117,12 +121,12 @@ def account(records, ranks, step_s: float) -> IdleAccount:
             coll_at.append((i, op.key))
         elif kind == "send":
             p = rank_ix.get(op.peer)
-            if p is not None:       # the receiver's side of the transfer
+            if p is not None:  # the receiver's side of the transfer
                 rk.append(p)
                 ch.append(ch[i])
                 st.append(st[i])
                 en.append(en[i])
-    for pos, key in coll_at:            # transfers begin when the last member arrives
+    for pos, key in coll_at:  # transfers begin when the last member arrives
         st[pos] = launch[key]
     axes = tuple(sorted(axis_ch))
     # channel numbers in sorted-axis order, so that outputs do not depend on record order
@@ -170,10 +174,16 @@ def account(records, ranks, step_s: float) -> IdleAccount:
         busy_ax[:, j] = per_rank(np.where(a_act, seg, 0.0))
         exp_ax[:, j] = per_rank(np.where(a_act, share, 0.0))
     acc = IdleAccount(
-        ranks=ranks, axes=axes, step_s=float(step_s),
-        compute_s=per_rank(np.where(comp, seg, 0.0)), exposed_s=per_rank(exposed),
-        offload_wait_s=per_rank(np.where(host, quiet, 0.0)), bubble_s=per_rank(np.where(host, 0.0, quiet)),
-        offload_busy_s=per_rank(np.where(host, seg, 0.0)), busy_by_axis_s=busy_ax, exposed_by_axis_s=exp_ax,
+        ranks=ranks,
+        axes=axes,
+        step_s=float(step_s),
+        compute_s=per_rank(np.where(comp, seg, 0.0)),
+        exposed_s=per_rank(exposed),
+        offload_wait_s=per_rank(np.where(host, quiet, 0.0)),
+        bubble_s=per_rank(np.where(host, 0.0, quiet)),
+        offload_busy_s=per_rank(np.where(host, seg, 0.0)),
+        busy_by_axis_s=busy_ax,
+        exposed_by_axis_s=exp_ax,
         spans=_spans(ranks, axes, t, seg_r, seg, comp, host, act, n_act),
     )
     return acc

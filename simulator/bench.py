@@ -45,8 +45,7 @@ def parse_size(text: str | int | float) -> int:
         return int(text)
     m = _SIZE_RE.match(str(text))
     if not m:
-        raise BenchError(f"cannot parse size {text!r}; expected a number with an optional "
-                         "K/M/G/T suffix, e.g. '8G'")
+        raise BenchError(f"cannot parse size {text!r}; expected a number with an optional K/M/G/T suffix, e.g. '8G'")
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
@@ -64,9 +63,14 @@ def size_range(min_bytes: int | str, max_bytes: int | str, factor: int = 2) -> l
     return out
 
 
-def collective_time_s(op: str, topo: "Topology", devices: Sequence[int], size_bytes: float,
-                      algorithm: Optional[str] = None,
-                      calibration: Optional[NetCalibration] = None) -> tuple[float, str]:
+def collective_time_s(
+    op: str,
+    topo: "Topology",
+    devices: Sequence[int],
+    size_bytes: float,
+    algorithm: Optional[str] = None,
+    calibration: Optional[NetCalibration] = None,
+) -> tuple[float, str]:
     """(seconds, algorithm) of one collective alone on an idle network."""
     plan = plan_collective(op, devices, size_bytes, topo, algorithm)
     env = simpy.Environment()
@@ -76,9 +80,14 @@ def collective_time_s(op: str, topo: "Topology", devices: Sequence[int], size_by
     return env.now, plan.algorithm
 
 
-def collective_sweep(op: str, topo: "Topology", devices: Sequence[int], sizes: Sequence[float],
-                     algorithm: Optional[str] = None,
-                     calibration: Optional[NetCalibration] = None) -> list[dict]:
+def collective_sweep(
+    op: str,
+    topo: "Topology",
+    devices: Sequence[int],
+    sizes: Sequence[float],
+    algorithm: Optional[str] = None,
+    calibration: Optional[NetCalibration] = None,
+) -> list[dict]:
     """One row per size: ``size_bytes``, ``time_s``, ``algbw_bytes_per_s``,
     ``busbw_bytes_per_s``, ``algorithm``, ``op``, ``n_ranks``."""
     devices = tuple(devices)
@@ -87,9 +96,17 @@ def collective_sweep(op: str, topo: "Topology", devices: Sequence[int], sizes: S
     for size in sizes:
         t, algo = collective_time_s(op, topo, devices, size, algorithm, calibration)
         algbw = size / t if t > 0 else float("inf")
-        rows.append({"op": op, "n_ranks": len(devices), "size_bytes": size, "time_s": t,
-                     "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * factor,
-                     "algorithm": algo})
+        rows.append(
+            {
+                "op": op,
+                "n_ranks": len(devices),
+                "size_bytes": size,
+                "time_s": t,
+                "algbw_bytes_per_s": algbw,
+                "busbw_bytes_per_s": algbw * factor,
+                "algorithm": algo,
+            }
+        )
     return rows
 
 
@@ -97,9 +114,11 @@ def format_table(rows: Sequence[dict]) -> str:
     """The rows as an nccl-tests-like text table (time in us, bandwidths in GB/s)."""
     lines = ["#       size(B)     time(us)   algbw(GB/s)   busbw(GB/s)   algorithm"]
     for r in rows:
-        lines.append(f"{int(r['size_bytes']):>15d} {r['time_s'] * 1e6:>12.2f} "
-                     f"{r['algbw_bytes_per_s'] / 1e9:>13.2f} {r['busbw_bytes_per_s'] / 1e9:>13.2f}"
-                     f"   {r['algorithm']}")
+        lines.append(
+            f"{int(r['size_bytes']):>15d} {r['time_s'] * 1e6:>12.2f} "
+            f"{r['algbw_bytes_per_s'] / 1e9:>13.2f} {r['busbw_bytes_per_s'] / 1e9:>13.2f}"
+            f"   {r['algorithm']}"
+        )
     if rows:
         avg = sum(r["busbw_bytes_per_s"] for r in rows) / len(rows)
         lines.append(f"# Avg bus bandwidth    : {avg / 1e9:.2f} GB/s")
@@ -117,8 +136,13 @@ def plot_busbw(rows: Sequence[dict], path: str) -> None:
         series.setdefault((r.get("op", ""), r["algorithm"], r.get("n_ranks", "")), []).append(r)
     for (op, algo, n), rs in series.items():
         rs = sorted(rs, key=lambda r: r["size_bytes"])
-        ax.plot([r["size_bytes"] for r in rs], [r["busbw_bytes_per_s"] / 1e9 for r in rs],
-                marker="o", markersize=3, label=f"{op} {algo} n={n}")
+        ax.plot(
+            [r["size_bytes"] for r in rs],
+            [r["busbw_bytes_per_s"] / 1e9 for r in rs],
+            marker="o",
+            markersize=3,
+            label=f"{op} {algo} n={n}",
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")

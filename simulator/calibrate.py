@@ -124,10 +124,12 @@ def _rows(path: Union[str, Path], required: Sequence[str]) -> list[tuple[str, di
             cols = [c.strip() for c in (reader.fieldnames or [])]
             missing = [c for c in required if c not in cols]
             if missing:
-                raise CalibrationInputError(f"{p}: missing column(s) {', '.join(missing)}; header is "
-                                            f"{', '.join(cols) or '(empty)'}")
-            out = [(f"{p}:{i + 2}", {(k or "").strip(): (v or "") for k, v in row.items()})
-                   for i, row in enumerate(reader)]
+                raise CalibrationInputError(
+                    f"{p}: missing column(s) {', '.join(missing)}; header is {', '.join(cols) or '(empty)'}"
+                )
+            out = [
+                (f"{p}:{i + 2}", {(k or "").strip(): (v or "") for k, v in row.items()}) for i, row in enumerate(reader)
+            ]
     except OSError as err:
         raise CalibrationInputError(f"cannot read {p}: {err.strerror or err}") from None
     if not out:
@@ -190,15 +192,23 @@ class ComputeFit:
         return {k: float(getattr(self.calibration, k)) for k in self.fitted}
 
     def as_dict(self) -> dict:
-        return {"family": self.family, "chip": self.chip, "compute": self.overrides(),
-                "not_fitted": {k: getattr(self.calibration, k) for k in COMPUTE_PARAMS if k not in self.fitted},
-                "rows": self.rows, "rms_log_error": self.rms_log_error, "max_abs_error": self.max_abs_error}
+        return {
+            "family": self.family,
+            "chip": self.chip,
+            "compute": self.overrides(),
+            "not_fitted": {k: getattr(self.calibration, k) for k in COMPUTE_PARAMS if k not in self.fitted},
+            "rows": self.rows,
+            "rms_log_error": self.rms_log_error,
+            "max_abs_error": self.max_abs_error,
+        }
 
     def describe(self) -> str:
-        lines = [f"# compute fit for family {self.family} (peaks of {self.chip}), {self.rows} kernels: "
-                 f"rms relative error {self.rms_log_error:.1%}, worst {self.max_abs_error:.1%}",
-                 "# paste into a scenario (overrides the family's calibration field by field):",
-                 "compute:"]
+        lines = [
+            f"# compute fit for family {self.family} (peaks of {self.chip}), {self.rows} kernels: "
+            f"rms relative error {self.rms_log_error:.1%}, worst {self.max_abs_error:.1%}",
+            "# paste into a scenario (overrides the family's calibration field by field):",
+            "compute:",
+        ]
         for k, v in self.overrides().items():
             lines.append(f"  {k}: {v:.6g}")
         left = [k for k in COMPUTE_PARAMS if k not in self.fitted]
@@ -245,8 +255,9 @@ def fit_compute(timings: Sequence[KernelTiming], family: str = "hopper", chip: O
     from topologies.chips import get_chip
 
     if family not in DEFAULT_COMPUTE_CALIBRATION:
-        raise CalibrationInputError(f"--family: {family!r} not allowed; choose from "
-                                    f"{', '.join(DEFAULT_COMPUTE_CALIBRATION)}")
+        raise CalibrationInputError(
+            f"--family: {family!r} not allowed; choose from {', '.join(DEFAULT_COMPUTE_CALIBRATION)}"
+        )
     if not timings:
         raise CalibrationInputError("no kernel timings to fit")
     try:
@@ -270,12 +281,21 @@ def fit_compute(timings: Sequence[KernelTiming], family: str = "hopper", chip: O
         return np.log(model(x) / measured)
 
     sol = least_squares(resid, x0, bounds=(lo, hi), x_scale="jac", max_nfev=2000)
-    cal = base.with_(**{k: float(v * scale[k]) for k, v in zip(names, sol.x)},
-                     source=f"fitted to {len(timings)} kernel timings ({chip_spec.name} peaks)")
+    cal = base.with_(
+        **{k: float(v * scale[k]) for k, v in zip(names, sol.x)},
+        source=f"fitted to {len(timings)} kernel timings ({chip_spec.name} peaks)",
+    )
     r = resid(sol.x)
     rel = np.exp(r) - 1.0
-    return ComputeFit(family, chip_spec.name, cal, tuple(names), float(np.sqrt(np.mean(r ** 2))),
-                      float(np.max(np.abs(rel))), len(timings))
+    return ComputeFit(
+        family,
+        chip_spec.name,
+        cal,
+        tuple(names),
+        float(np.sqrt(np.mean(r**2))),
+        float(np.max(np.abs(rel))),
+        len(timings),
+    )
 
 
 # ---- network ------------------------------------------------------------------------------
@@ -357,8 +377,9 @@ def fit_network(timings: Sequence[CollectiveTiming], cluster: str, family: Optio
 
     def simulated(x):
         cal = calib(x)
-        return np.array([collective_time_s(t.op, topo, list(range(t.devices)), t.size_bytes, calibration=cal)[0]
-                         for t in timings])
+        return np.array(
+            [collective_time_s(t.op, topo, list(range(t.devices)), t.size_bytes, calibration=cal)[0] for t in timings]
+        )
 
     def resid(x):
         return np.log(simulated(x) / measured)
@@ -376,13 +397,15 @@ def fit_network(timings: Sequence[CollectiveTiming], cluster: str, family: Optio
     x1[0::2] *= 0.5
     x2 = x0.copy()
     x2[1::2] = 10.0
-    sol = min((least_squares(resid, np.clip(x, lo, hi), bounds=(lo, hi), diff_step=1e-3, max_nfev=200)
-               for x in (x0, x1, x2)), key=lambda r: r.cost)
+    sol = min(
+        (least_squares(resid, np.clip(x, lo, hi), bounds=(lo, hi), diff_step=1e-3, max_nfev=200) for x in (x0, x1, x2)),
+        key=lambda r: r.cost,
+    )
     rel = np.exp(resid(sol.x)) - 1.0
     links = []
     for i, kind in enumerate(kinds):
         rows = [j for j, t in enumerate(timings) if _kind_for(topo, t.devices, domain) == kind]
-        err = float(np.sqrt(np.mean(rel[rows] ** 2))) if rows else float(np.sqrt(np.mean(rel ** 2)))
+        err = float(np.sqrt(np.mean(rel[rows] ** 2))) if rows else float(np.sqrt(np.mean(rel**2)))
         links.append(LinkFit(kind, float(sol.x[2 * i]), float(sol.x[2 * i + 1]) * 1e-6, len(rows), err))
     return NetworkFit(cluster, links)
 
@@ -416,8 +439,9 @@ def network_overrides(fit: NetworkFit) -> dict:
     return {"efficiency": dict(sorted(eff.items())), "message_overhead_s": dict(sorted(ovh.items()))}
 
 
-def scenario_block(compute: Optional[ComputeFit] = None, network: Optional[NetworkFit] = None,
-                   notes: Sequence[str] = ()) -> str:
+def scenario_block(
+    compute: Optional[ComputeFit] = None, network: Optional[NetworkFit] = None, notes: Sequence[str] = ()
+) -> str:
     """The fits as a YAML block to paste into a scenario (``compute:`` and/or
     ``network_calibration:``), with ``#`` comments saying what was fitted and how well."""
     import yaml
@@ -429,6 +453,9 @@ def scenario_block(compute: Optional[ComputeFit] = None, network: Optional[Netwo
         lines.append(f"# network fit on {network.cluster} (link efficiency and per-step software latency):")
         for l in network.links:
             lines.append(f"#   {l.kind}: {l.rows} timings, rms relative error {l.rms_rel_error:.1%}")
-        lines.append(yaml.safe_dump({"network_calibration": network_overrides(network)}, sort_keys=False,
-                                    default_flow_style=False).rstrip())
+        lines.append(
+            yaml.safe_dump(
+                {"network_calibration": network_overrides(network)}, sort_keys=False, default_flow_style=False
+            ).rstrip()
+        )
     return "\n".join(lines) + "\n"

@@ -22,8 +22,19 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional, Sequence
 
-from simulator.cli_common import (EXIT_BAD_INPUT, EXIT_CASES_FAILED, EXIT_CODES_HELP, EXIT_INTERNAL,  # noqa: F401
-                                  EXIT_OFF_TARGET, EXIT_OK, CliError, new_parser, resolve_scenario_path, run)
+# The exit codes are re-exported: simulator.cli is where scripts have always found them.
+from simulator.cli_common import (  # noqa: F401
+    EXIT_BAD_INPUT,
+    EXIT_CASES_FAILED,
+    EXIT_CODES_HELP,
+    EXIT_INTERNAL,
+    EXIT_OFF_TARGET,
+    EXIT_OK,
+    CliError,
+    new_parser,
+    resolve_scenario_path,
+    run,
+)
 from workloads.enums import BALANCE_MODES, COLLECTIVE_OPS, RECOMPUTE_MODES, SCHEDULES
 
 
@@ -49,7 +60,7 @@ def cmd_run(args) -> int:
     if args.html:
         from simulator.html_report import require_plotly
 
-        require_plotly()   # before the simulation, not after
+        require_plotly()  # before the simulation, not after
     result = simulate(path, exact=args.exact, topology=topology, trace=trace, progress=None)
     if args.reproducible:
         # Machine-dependent figures left out, so that the same scenario gives a
@@ -86,7 +97,7 @@ def cmd_report(args) -> int:
         require_plotly()
     data = load_run_dir(args.dir)
     if not args.html:
-        print(format_summary(SimpleNamespace(summary=data.summary)))   # it reads .summary only
+        print(format_summary(SimpleNamespace(summary=data.summary)))  # it reads .summary only
         return EXIT_OK
     out = Path(args.output) if args.output else Path(args.dir) / "report.html"
     write_report(data, out)
@@ -102,8 +113,7 @@ def cmd_trace(args) -> int:
 
     sc = load_scenario(resolve_scenario_path(args.scenario))
     try:
-        tr = build_trace(sc.workload(),
-                         ranks=list(range(sc.layout.world)) if args.exact else None)
+        tr = build_trace(sc.workload(), ranks=list(range(sc.layout.world)) if args.exact else None)
     except WorkloadError as err:
         raise ScenarioError.from_error(err) from None
     write_trace(tr, args.out, scenario=sc, format=args.format)
@@ -111,9 +121,12 @@ def cmd_trace(args) -> int:
     if args.format == "chakra":
         from workloads.chakra_io import PREFIX
 
-        print(f"  Chakra ET files {PREFIX}.<rank>.et and comm_group.json (ASTRA-sim: --workload-configuration="
-              f"{Path(args.out) / PREFIX}" + ("" if args.exact else "; one rank per pipeline stage: add --exact for "
-                                                                      "every rank") + ")")
+        print(
+            f"  Chakra ET files {PREFIX}.<rank>.et and comm_group.json (ASTRA-sim: --workload-configuration="
+            f"{Path(args.out) / PREFIX}"
+            + ("" if args.exact else "; one rank per pipeline stage: add --exact for every rank")
+            + ")"
+        )
     return EXIT_OK
 
 
@@ -127,7 +140,7 @@ def cmd_compare(args) -> int:
     if args.html:
         from simulator.html_report import require_plotly
 
-        require_plotly()   # before the simulations, not after
+        require_plotly()  # before the simulations, not after
     table, results = compare_schedules(path, schedules, vpp=args.vpp)
     print(format_table(table))
     if args.out:
@@ -152,16 +165,35 @@ def cmd_presets(args) -> int:
     from workloads.presets import MODEL_PRESETS
 
     data = {
-        "models": {k: {"parameters": counts.parameter_count(m, include_mtp=False),
-                       "active_parameters": counts.active_parameter_count(m, include_mtp=False),
-                       "layers": m.layers, "hidden": m.hidden, "moe": m.moe is not None, "mla": m.attention is not None}
-                   for k, m in sorted(MODEL_PRESETS.items())},
-        "clusters": {k: {"chip": p.chip, "default_devices": p.default_devices,
-                         "network": "torus" if p.tpu is not None else "switched"}
-                     for k, p in sorted(CLUSTER_PRESETS.items())},
-        "chips": {k: {"bf16_flops_per_s": c.peak("bf16"), "fp8_flops_per_s": c.peak("fp8"), "hbm_bytes": c.hbm_bytes,
-                      "hbm_bw_bytes_per_s": c.hbm_bw_bytes_per_s, "family": c.family}
-                  for k, c in sorted(CHIPS.items())},
+        "models": {
+            k: {
+                "parameters": counts.parameter_count(m, include_mtp=False),
+                "active_parameters": counts.active_parameter_count(m, include_mtp=False),
+                "layers": m.layers,
+                "hidden": m.hidden,
+                "moe": m.moe is not None,
+                "mla": m.attention is not None,
+            }
+            for k, m in sorted(MODEL_PRESETS.items())
+        },
+        "clusters": {
+            k: {
+                "chip": p.chip,
+                "default_devices": p.default_devices,
+                "network": "torus" if p.tpu is not None else "switched",
+            }
+            for k, p in sorted(CLUSTER_PRESETS.items())
+        },
+        "chips": {
+            k: {
+                "bf16_flops_per_s": c.peak("bf16"),
+                "fp8_flops_per_s": c.peak("fp8"),
+                "hbm_bytes": c.hbm_bytes,
+                "hbm_bw_bytes_per_s": c.hbm_bw_bytes_per_s,
+                "family": c.family,
+            }
+            for k, c in sorted(CHIPS.items())
+        },
         "schedules": list(SCHEDULES),
         "scenarios": sorted(builtin_scenarios()),
         "recompute": list(RECOMPUTE_MODES),
@@ -175,15 +207,19 @@ def cmd_presets(args) -> int:
     print("models:")
     for k, m in data["models"].items():
         kind = ("MoE " if m["moe"] else "") + ("MLA" if m["mla"] else "")
-        print(f"  {k:<22} {m['parameters'] / 1e9:8.1f} B params  {m['active_parameters'] / 1e9:7.1f} B active  "
-              f"{m['layers']:>3} layers  {kind}")
+        print(
+            f"  {k:<22} {m['parameters'] / 1e9:8.1f} B params  {m['active_parameters'] / 1e9:7.1f} B active  "
+            f"{m['layers']:>3} layers  {kind}"
+        )
     print("clusters:")
     for k, c in data["clusters"].items():
         print(f"  {k:<22} chip {c['chip']:<8} {c['network']:<9} default {c['default_devices']} devices")
     print("chips:")
     for k, c in data["chips"].items():
-        print(f"  {k:<22} {c['bf16_flops_per_s'] / 1e12:6.0f} TFLOP/s bf16  {c['fp8_flops_per_s'] / 1e12:6.0f} fp8  "
-              f"{c['hbm_bytes'] / 1e9:5.0f} GB  {c['hbm_bw_bytes_per_s'] / 1e12:4.2f} TB/s  ({c['family']})")
+        print(
+            f"  {k:<22} {c['bf16_flops_per_s'] / 1e12:6.0f} TFLOP/s bf16  {c['fp8_flops_per_s'] / 1e12:6.0f} fp8  "
+            f"{c['hbm_bytes'] / 1e9:5.0f} GB  {c['hbm_bw_bytes_per_s'] / 1e12:4.2f} TB/s  ({c['family']})"
+        )
     print("schedules:  " + ", ".join(data["schedules"]))
     print("scenarios:  " + ", ".join(data["scenarios"]))
     print(f"recompute:  {', '.join(RECOMPUTE_MODES)};  balance: {', '.join(BALANCE_MODES)}")
@@ -244,8 +280,14 @@ def cmd_collective(args) -> int:
     if lo <= 0 or hi < lo:
         raise CliError(f"--min-bytes/--max-bytes: need 0 < min <= max, got {lo} and {hi}")
     sizes = bench.size_range(lo, hi)
-    rows = bench.collective_sweep(args.op, topo, list(range(n)), sizes, algorithm=args.algorithm,
-                                  calibration=_network_calibration(args.cluster, spec.chip.family))
+    rows = bench.collective_sweep(
+        args.op,
+        topo,
+        list(range(n)),
+        sizes,
+        algorithm=args.algorithm,
+        calibration=_network_calibration(args.cluster, spec.chip.family),
+    )
     if args.format == "json":
         print(json.dumps(rows, indent=2))
     elif args.format == "csv":
@@ -270,17 +312,22 @@ def cmd_topology(args) -> int:
     from topologies.io import load_topology, save_topology
     from topologies.presets import build_cluster
 
-    if Path(args.cluster).suffix.lower() in (".graphml", ".json") and Path(args.cluster).exists() and \
-            _looks_like_topology(Path(args.cluster)):
+    if (
+        Path(args.cluster).suffix.lower() in (".graphml", ".json")
+        and Path(args.cluster).exists()
+        and _looks_like_topology(Path(args.cluster))
+    ):
         topo = load_topology(args.cluster)
     else:
         topo = build_cluster(_cluster_from_arg(args.cluster, args.devices))
     kinds = {}
     for k in topo.link_kind:
         kinds[k] = kinds.get(k, 0) + 1
-    print(f"{topo.name or args.cluster}: {topo.kind}, {topo.n_devices} devices, "
-          f"{topo.graph.number_of_nodes() - topo.n_devices} switches, {topo.n_links // 2} links "
-          f"({', '.join(f'{k} {v // 2}' for k, v in sorted(kinds.items()))})")
+    print(
+        f"{topo.name or args.cluster}: {topo.kind}, {topo.n_devices} devices, "
+        f"{topo.graph.number_of_nodes() - topo.n_devices} switches, {topo.n_links // 2} links "
+        f"({', '.join(f'{k} {v // 2}' for k, v in sorted(kinds.items()))})"
+    )
     if args.save:
         save_topology(topo, args.save)
         print(f"wrote {args.save}")
@@ -298,7 +345,7 @@ def _looks_like_topology(p: Path) -> bool:
     from simulator.fileio import load_json, read_text
 
     try:
-        doc = load_json(read_text(p, 64 * 2**20), str(p))   # capped, like every input file
+        doc = load_json(read_text(p, 64 * 2**20), str(p))  # capped, like every input file
         return isinstance(doc, dict) and "nodes" in doc
     except (OSError, ValueError):
         return False
@@ -311,39 +358,60 @@ def build_parser() -> argparse.ArgumentParser:
     ap, sub = new_parser()
 
     p = sub.add_parser("run", help="simulate a scenario and write its outputs")
-    p.add_argument("scenario", help="scenario file (YAML/JSON; docs/scenario.md) or a built-in scenario name "
-                                    "(stepsim presets)")
-    p.add_argument("--out", help="directory for summary.json, trace.json, timeline.png, memory.png, events, memory "
-                                 "(formats: docs/scenario.md, docs/formats.md)")
+    p.add_argument(
+        "scenario", help="scenario file (YAML/JSON; docs/scenario.md) or a built-in scenario name (stepsim presets)"
+    )
+    p.add_argument(
+        "--out",
+        help="directory for summary.json, trace.json, timeline.png, memory.png, events, memory "
+        "(formats: docs/scenario.md, docs/formats.md)",
+    )
     p.add_argument("--exact", action="store_true", help="simulate every device (slow; checks the fast path)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the human summary")
     p.add_argument("--no-plots", action="store_true", help="skip timeline.png and memory.png")
-    p.add_argument("--reproducible", action="store_true",
-                   help="write sim_wall_s as null so that summary.json is byte-identical across runs")
+    p.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="write sim_wall_s as null so that summary.json is byte-identical across runs",
+    )
     p.add_argument("--topology", help="a topology file (JSON/GraphML; docs/formats.md) replacing the cluster's network")
-    p.add_argument("--trace", help="simulate this trace file (from `stepsim trace`; docs/formats.md) or Chakra trace "
-                                   "directory (ET files) instead of generating one")
-    p.add_argument("--html", action="store_true", help="also write --out DIR/report.html (needs plotly: "
-                                                       "pip install 'stepsim[report]')")
-    p.add_argument("--perfetto", metavar="FILE", help="write the Perfetto / Chrome trace to FILE "
-                                                      "(.json, or .json.gz to compress)")
+    p.add_argument(
+        "--trace",
+        help="simulate this trace file (from `stepsim trace`; docs/formats.md) or Chakra trace "
+        "directory (ET files) instead of generating one",
+    )
+    p.add_argument(
+        "--html",
+        action="store_true",
+        help="also write --out DIR/report.html (needs plotly: pip install 'stepsim[report]')",
+    )
+    p.add_argument(
+        "--perfetto", metavar="FILE", help="write the Perfetto / Chrome trace to FILE (.json, or .json.gz to compress)"
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("report", help="summarise a `run --out` directory; --html: one self-contained HTML page")
     p.add_argument("dir", help="the --out directory of `stepsim run`")
-    p.add_argument("--html", action="store_true", help="write DIR/report.html (needs plotly: "
-                                                       "pip install 'stepsim[report]')")
+    p.add_argument(
+        "--html", action="store_true", help="write DIR/report.html (needs plotly: pip install 'stepsim[report]')"
+    )
     p.add_argument("--output", metavar="FILE", help="with --html: write the page here instead")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("trace", help="write a scenario's operation trace to a file (JSON, .gz to compress) or a "
-                                     "directory of Chakra ET files")
+    p = sub.add_parser(
+        "trace",
+        help="write a scenario's operation trace to a file (JSON, .gz to compress) or a directory of Chakra ET files",
+    )
     p.add_argument("scenario", help="scenario file or built-in scenario name")
-    p.add_argument("--out", required=True, help="trace file to write (.json or .json.gz); with --format chakra, a "
-                                                "directory")
-    p.add_argument("--format", choices=["json", "chakra"], default="json",
-                   help="json (default) or chakra: MLCommons Chakra ET files, one per rank, and comm_group.json "
-                        "(docs/formats.md)")
+    p.add_argument(
+        "--out", required=True, help="trace file to write (.json or .json.gz); with --format chakra, a directory"
+    )
+    p.add_argument(
+        "--format",
+        choices=["json", "chakra"],
+        default="json",
+        help="json (default) or chakra: MLCommons Chakra ET files, one per rank, and comm_group.json (docs/formats.md)",
+    )
     p.add_argument("--exact", action="store_true", help="every rank instead of one per pipeline stage")
     p.set_defaults(func=cmd_trace)
 
@@ -366,11 +434,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", help="collective algorithm (default: chosen per topology)")
     p.add_argument("--min-bytes", default="8")
     p.add_argument("--max-bytes", default="8G")
-    p.add_argument("--format", choices=["table", "csv", "json", "nccl-tests"], default="table",
-                   help="nccl-tests: the columns all_reduce_perf & co print (size, count, type, redop, root, time "
-                        "in us, algbw, busbw in GB/s), readable by `stepsim calibrate --nccl-tests`")
-    p.add_argument("--dtype", choices=["float", "bfloat16"], default="float",
-                   help="element type of the nccl-tests count/type columns (default float, as nccl-tests' -d)")
+    p.add_argument(
+        "--format",
+        choices=["table", "csv", "json", "nccl-tests"],
+        default="table",
+        help="nccl-tests: the columns all_reduce_perf & co print (size, count, type, redop, root, time "
+        "in us, algbw, busbw in GB/s), readable by `stepsim calibrate --nccl-tests`",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["float", "bfloat16"],
+        default="float",
+        help="element type of the nccl-tests count/type columns (default float, as nccl-tests' -d)",
+    )
     p.add_argument("--plot", help="write a busbw-vs-size plot to this PNG/SVG")
     p.set_defaults(func=cmd_collective)
 

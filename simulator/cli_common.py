@@ -30,9 +30,11 @@ from stepsim_errors import StepsimError
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_OFF_TARGET, EXIT_CASES_FAILED = 0, 1, 2, 3, 4
 
 #: The exit codes as ``--help`` prints them.
-EXIT_CODES_HELP = (f"exit codes: {EXIT_OK} success, {EXIT_INTERNAL} internal error, {EXIT_BAD_INPUT} bad input, "
-                   f"{EXIT_OFF_TARGET} validate --max-error exceeded, {EXIT_CASES_FAILED} some cases of a sweep, "
-                   "search or validate failed")
+EXIT_CODES_HELP = (
+    f"exit codes: {EXIT_OK} success, {EXIT_INTERNAL} internal error, {EXIT_BAD_INPUT} bad input, "
+    f"{EXIT_OFF_TARGET} validate --max-error exceeded, {EXIT_CASES_FAILED} some cases of a sweep, "
+    "search or validate failed"
+)
 
 #: Set (to anything) for the traceback of an error.
 DEBUG_ENV = "STEPSIM_DEBUG"
@@ -62,8 +64,11 @@ def new_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     parsers, to which each command module's ``register`` adds its commands."""
     from simulator import __version__
 
-    ap = argparse.ArgumentParser(prog="stepsim", description="Simulate one LLM training step on a cluster.",
-                                 epilog=EXIT_CODES_HELP + ". File formats: docs/scenario.md, docs/formats.md.")
+    ap = argparse.ArgumentParser(
+        prog="stepsim",
+        description="Simulate one LLM training step on a cluster.",
+        epilog=EXIT_CODES_HELP + ". File formats: docs/scenario.md, docs/formats.md.",
+    )
     ap.add_argument("--version", action="version", version=f"stepsim {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     return ap, sub
@@ -85,8 +90,11 @@ def run(ap: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> in
             traceback.print_exc()
         return EXIT_BAD_INPUT
     except Exception as err:  # noqa: BLE001 — an internal bug: say so, no traceback unless asked
-        print(f"stepsim: internal error: {type(err).__name__}: {err} (a bug in stepsim; set {DEBUG_ENV}=1 for "
-              "a traceback)", file=sys.stderr)
+        print(
+            f"stepsim: internal error: {type(err).__name__}: {err} (a bug in stepsim; set {DEBUG_ENV}=1 for "
+            "a traceback)",
+            file=sys.stderr,
+        )
         if os.environ.get(DEBUG_ENV):
             traceback.print_exc()
         return EXIT_INTERNAL

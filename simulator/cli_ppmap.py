@@ -35,8 +35,10 @@ def cmd_ppmap(args) -> int:
         with _dask_client(args.dask) as client:
             table, cands = run_map(spec, args.out, client=client, jobs=args.jobs, progress=None)
     done = int(table["ratio"].notna().sum()) if len(table) else 0
-    print(f"ppmap {spec.name}: {len(table)} points screened, {done} with a ratio; "
-          f"{len(cands)} layouts simulated; wrote {MAP_CSV}, {CANDIDATES_CSV} to {args.out}")
+    print(
+        f"ppmap {spec.name}: {len(table)} points screened, {done} with a ratio; "
+        f"{len(cands)} layouts simulated; wrote {MAP_CSV}, {CANDIDATES_CSV} to {args.out}"
+    )
     if args.plot and len(table):
         plot_map(table, args.plot, markers={m[0]: m[1:] for m in spec.marks}, title=spec.name)
         print(f"  figure: {args.plot}")

@@ -114,8 +114,15 @@ def cmd_sweep(args) -> int:
     if not Path(args.sweep).exists():
         raise CliError(f"sweep: no file {args.sweep!r}")
     with _executor(args.executor, _jobs(args), args.dask) as ex, _dask_client(args.dask) as client:
-        frame = sweep(args.sweep, out=args.out, client=client, jobs=_jobs(args), progress=False if args.no_progress else None,
-                      retry_failed=args.retry_failed, executor=ex)
+        frame = sweep(
+            args.sweep,
+            out=args.out,
+            client=client,
+            jobs=_jobs(args),
+            progress=False if args.no_progress else None,
+            retry_failed=args.retry_failed,
+            executor=ex,
+        )
     counts = frame["status"].value_counts() if len(frame) else {}
     extra = []
     for k, what in (("skipped", "invalid skipped"), ("duplicates", "duplicate")):
@@ -123,8 +130,10 @@ def cmd_sweep(args) -> int:
             extra.append(f"{len(frame.attrs[k])} {what}")
     if frame.attrs.get("filtered"):
         extra.append(f"{frame.attrs['filtered']} left out by where")
-    print(f"sweep {frame.attrs.get('name', '')}: {len(frame)} cases, {counts.get('ok', 0)} ok, "
-          f"{counts.get('failed', 0)} failed" + (f" ({', '.join(extra)})" if extra else ""))
+    print(
+        f"sweep {frame.attrs.get('name', '')}: {len(frame)} cases, {counts.get('ok', 0)} ok, "
+        f"{counts.get('failed', 0)} failed" + (f" ({', '.join(extra)})" if extra else "")
+    )
     print(f"  wrote {PARQUET_FILE}, {CSV_FILE}, rows.jsonl to {args.out}")
     if args.plot:
         from simulator.sweep_plots import PlotError, plot_sweep
@@ -136,8 +145,12 @@ def cmd_sweep(args) -> int:
         print(f"  plots: {', '.join(p.name for p in paths)} in {Path(args.out) / 'plots'}")
     failed = frame[frame["status"] == "failed"] if len(frame) else frame
     if len(failed):
-        _report_failed(f"{len(failed)} of {len(frame)} cases failed", failed["case"], failed["error"],
-                       f"the error column of {Path(args.out) / CSV_FILE}; --retry-failed runs them again")
+        _report_failed(
+            f"{len(failed)} of {len(frame)} cases failed",
+            failed["case"],
+            failed["error"],
+            f"the error column of {Path(args.out) / CSV_FILE}; --retry-failed runs them again",
+        )
         return EXIT_CASES_FAILED
     return EXIT_OK
 
@@ -170,7 +183,11 @@ def cmd_search(args) -> int:
 
     path = resolve_scenario_path(args.scenario)
     bounds = SearchBounds(
-        max_tp=args.max_tp, max_pp=args.max_pp, max_cp=args.max_cp, max_ep=args.max_ep, max_vpp=args.max_vpp,
+        max_tp=args.max_tp,
+        max_pp=args.max_pp,
+        max_cp=args.max_cp,
+        max_ep=args.max_ep,
+        max_vpp=args.max_vpp,
         schedules=_str_list("--schedules", args.schedules, SCHEDULES),
         zero=_int_list("--zero", args.zero) if args.zero else None,
         micro_batch_sizes=_int_list("--micro-batch-sizes", args.micro_batch_sizes) if args.micro_batch_sizes else None,
@@ -179,8 +196,15 @@ def cmd_search(args) -> int:
         estimate_margin=_margin(args.estimate_margin),
     )
     with _executor(args.executor, _jobs(args), args.dask) as ex, _dask_client(args.dask) as client:
-        result = search(path, out=args.out, bounds=bounds, client=client, jobs=_jobs(args),
-                        progress=False if args.no_progress else None, executor=ex)
+        result = search(
+            path,
+            out=args.out,
+            bounds=bounds,
+            client=client,
+            jobs=_jobs(args),
+            progress=False if args.no_progress else None,
+            executor=ex,
+        )
     if args.json:
         sys.stdout.write(json.dumps(result.best_json(), indent=2, default=str) + "\n")
     else:
@@ -189,9 +213,13 @@ def cmd_search(args) -> int:
             print(f"  wrote search.csv, best.json to {args.out}")
     failed = result.table[result.table["status"] == "failed"]
     if len(failed):
-        _report_failed(f"{len(failed)} of {len(result.table)} layouts failed to simulate", failed["label"],
-                       failed["reason"], f"the reason column of {Path(args.out) / 'search.csv'}" if args.out
-                       else "the table (--out DIR writes it)", noun="layout")
+        _report_failed(
+            f"{len(failed)} of {len(result.table)} layouts failed to simulate",
+            failed["label"],
+            failed["reason"],
+            f"the reason column of {Path(args.out) / 'search.csv'}" if args.out else "the table (--out DIR writes it)",
+            noun="layout",
+        )
         return EXIT_CASES_FAILED
     return EXIT_OK
 
@@ -214,19 +242,25 @@ def cmd_sweep_plot(args) -> int:
 def _executor_flags(p) -> None:
     p.add_argument("--jobs", type=int, help="local worker processes (default: every core; 1: in this process)")
     p.add_argument("--dask", metavar="ADDRESS", help="run on the Dask scheduler at ADDRESS (e.g. tcp://host:8786)")
-    p.add_argument("--executor", metavar="MODULE:CALLABLE",
-                   help="run on the concurrent.futures.Executor this callable returns (called with "
-                        "max_workers=--jobs when given), e.g. loky:get_reusable_executor, "
-                        "mpi4py.futures:MPIPoolExecutor; workers must run this stepsim version")
+    p.add_argument(
+        "--executor",
+        metavar="MODULE:CALLABLE",
+        help="run on the concurrent.futures.Executor this callable returns (called with "
+        "max_workers=--jobs when given), e.g. loky:get_reusable_executor, "
+        "mpi4py.futures:MPIPoolExecutor; workers must run this stepsim version",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it is off anyway when not a TTY)")
 
 
 def register(subparsers) -> None:
     """Add ``sweep``, ``search`` and ``sweep-plot`` to ``stepsim``'s sub-command parsers."""
-    p = subparsers.add_parser("sweep", help="run a parameter sweep (resumable) into a results table",
-                              epilog="exit codes: 0 every case ran, 1 internal error, 2 bad input (the sweep file), "
-                                     f"{EXIT_CASES_FAILED} some cases failed (counted on stderr; their errors are "
-                                     "in the tables). Formats: docs/formats.md.")
+    p = subparsers.add_parser(
+        "sweep",
+        help="run a parameter sweep (resumable) into a results table",
+        epilog="exit codes: 0 every case ran, 1 internal error, 2 bad input (the sweep file), "
+        f"{EXIT_CASES_FAILED} some cases failed (counted on stderr; their errors are "
+        "in the tables). Formats: docs/formats.md.",
+    )
     p.add_argument("sweep", help="sweep file (YAML/JSON): base scenario + grid/cases (docs/formats.md)")
     p.add_argument("--out", required=True, help="directory for rows.jsonl, results.parquet, results.csv")
     p.add_argument("--retry-failed", action="store_true", help="re-run the cases recorded as failed")
@@ -234,10 +268,13 @@ def register(subparsers) -> None:
     _executor_flags(p)
     p.set_defaults(func=cmd_sweep)
 
-    p = subparsers.add_parser("search", help="search the parallel layouts of a scenario for the fastest step",
-                              epilog="exit codes: 0 every layout ran or was ruled out (oom, pruned, invalid, "
-                                     f"skipped), 1 internal error, 2 bad input, {EXIT_CASES_FAILED} some layouts "
-                                     "failed to simulate (counted on stderr). Formats: docs/formats.md.")
+    p = subparsers.add_parser(
+        "search",
+        help="search the parallel layouts of a scenario for the fastest step",
+        epilog="exit codes: 0 every layout ran or was ruled out (oom, pruned, invalid, "
+        f"skipped), 1 internal error, 2 bad input, {EXIT_CASES_FAILED} some layouts "
+        "failed to simulate (counted on stderr). Formats: docs/formats.md.",
+    )
     p.add_argument("scenario", help="scenario file (YAML/JSON) or a built-in scenario name")
     p.add_argument("--out", help="directory for search.csv and best.json")
     p.add_argument("--max-tp", type=int, help="largest tensor parallelism (default: the scale-up domain)")
@@ -245,16 +282,27 @@ def register(subparsers) -> None:
     p.add_argument("--max-cp", type=int, default=1, help="largest context parallelism (default 1)")
     p.add_argument("--max-ep", type=int, help="largest expert parallelism (MoE; default: no bound)")
     p.add_argument("--max-vpp", type=int, default=4, help="largest virtual stages for interleaved-1f1b (default 4)")
-    p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b,zb-h1,dualpipe",
-                   help="comma-separated pipeline schedules (default: every schedule)")
+    p.add_argument(
+        "--schedules",
+        default="gpipe,1f1b,interleaved-1f1b,zb-h1,dualpipe",
+        help="comma-separated pipeline schedules (default: every schedule)",
+    )
     p.add_argument("--zero", help="comma-separated ZeRO stages (default: the scenario's)")
     p.add_argument("--micro-batch-sizes", help="comma-separated micro-batch sizes (default: the scenario's)")
     p.add_argument("--recompute", default="none,selective,full", help="comma-separated recompute modes")
-    p.add_argument("--max-candidates", type=int, help="simulate at most N layouts (ranked by the analytic step-time estimate, column est_step_time_s)")
-    p.add_argument("--estimate-margin", default="0.05", metavar="X|none",
-                   help="simulate in the order of the analytic estimate until no layout left can beat the best "
-                        "simulated one unless its estimate errs by more than the largest error seen plus X "
-                        "(default 0.05); 'none': simulate every layout that fits")
+    p.add_argument(
+        "--max-candidates",
+        type=int,
+        help="simulate at most N layouts (ranked by the analytic step-time estimate, column est_step_time_s)",
+    )
+    p.add_argument(
+        "--estimate-margin",
+        default="0.05",
+        metavar="X|none",
+        help="simulate in the order of the analytic estimate until no layout left can beat the best "
+        "simulated one unless its estimate errs by more than the largest error seen plus X "
+        "(default 0.05); 'none': simulate every layout that fits",
+    )
     p.add_argument("--top", type=int, default=10, help="rows of the runner-up table (default 10)")
     p.add_argument("--json", action="store_true", help="print best.json instead of the table")
     _executor_flags(p)

@@ -54,8 +54,10 @@ def cmd_validate(args) -> int:
     code = EXIT_OK
     memory_failed = [r for r in results if r.failure]
     if memory_failed:  # a run the source made must fit (and an oom case must agree)
-        print(f"stepsim: {len(memory_failed)} case(s) fail on memory: "
-              f"{', '.join(r.case.name for r in memory_failed)}", file=sys.stderr)
+        print(
+            f"stepsim: {len(memory_failed)} case(s) fail on memory: {', '.join(r.case.name for r in memory_failed)}",
+            file=sys.stderr,
+        )
         code = EXIT_OFF_TARGET
     if args.max_error is not None and results:
         _, worst, name = v.error_stats(results)
@@ -92,8 +94,10 @@ def cmd_calibrate(args) -> int:
         for path in args.nccl_tests:
             log = read_nccl_tests(path, op=args.nccl_op, default_devices=args.devices)
             collectives += log.timings()
-            notes.append(f"# {path}: {log.op} on {log.devices} devices, {len(log.rows)} sizes "
-                         f"({log.rows[0].size_bytes}..{log.rows[-1].size_bytes} B), out-of-place times")
+            notes.append(
+                f"# {path}: {log.op} on {log.devices} devices, {len(log.rows)} sizes "
+                f"({log.rows[0].size_bytes}..{log.rows[-1].size_bytes} B), out-of-place times"
+            )
     if collectives:
         cluster = args.cluster or c.FAMILY_CLUSTER.get(args.family)
         if not cluster:
@@ -103,8 +107,10 @@ def cmd_calibrate(args) -> int:
         nfit = c.fit_network(collectives, cluster, family=args.family)
         report["network"] = nfit.as_dict()
     if not report:
-        raise CliError("calibrate: give --kineto TRACE.json and/or --nccl-tests LOG.txt (or the CSVs: KERNELS.csv, "
-                       "--collectives COLL.csv)")
+        raise CliError(
+            "calibrate: give --kineto TRACE.json and/or --nccl-tests LOG.txt (or the CSVs: KERNELS.csv, "
+            "--collectives COLL.csv)"
+        )
     block = c.scenario_block(fit, nfit, notes)
     print(block, end="")
     if args.out:
@@ -120,44 +126,73 @@ def cmd_calibrate(args) -> int:
 def register(subparsers) -> None:
     """Add ``validate`` and ``calibrate`` to an argparse subparsers action."""
     p = subparsers.add_parser(
-        "validate", help="simulate the published runs of validation/ and compare",
+        "validate",
+        help="simulate the published runs of validation/ and compare",
         epilog=f"exit codes: {EXIT_OK} every case ran (and is within --max-error), 1 internal error, 2 bad input, "
-               f"{EXIT_OFF_TARGET} a case is off by more than --max-error or fails on memory (does not fit although "
-               f"the source ran it, or an oom case disagrees), {EXIT_CASES_FAILED} some cases failed "
-               "(the others are reported)")
-    p.add_argument("--cases", nargs="+", metavar="GLOB",
-                   help="case names, paths relative to validation/ (narayanan2021/*) or files; default: all")
-    p.add_argument("--suite", help="folder of case files (default: the built-in suite, validation/ of the "
-                                   "repository, installed as package data)")
+        f"{EXIT_OFF_TARGET} a case is off by more than --max-error or fails on memory (does not fit although "
+        f"the source ran it, or an oom case disagrees), {EXIT_CASES_FAILED} some cases failed "
+        "(the others are reported)",
+    )
+    p.add_argument(
+        "--cases",
+        nargs="+",
+        metavar="GLOB",
+        help="case names, paths relative to validation/ (narayanan2021/*) or files; default: all",
+    )
+    p.add_argument(
+        "--suite",
+        help="folder of case files (default: the built-in suite, validation/ of the "
+        "repository, installed as package data)",
+    )
     p.add_argument("--out", help="write DIR/validation.csv and DIR/parity.png")
     p.add_argument("--jobs", type=int, help="worker processes (default: one per CPU)")
-    p.add_argument("--max-error", type=float, metavar="F",
-                   help=f"exit {EXIT_OFF_TARGET} when a case is off by more than this fraction (e.g. 0.2)")
+    p.add_argument(
+        "--max-error",
+        type=float,
+        metavar="F",
+        help=f"exit {EXIT_OFF_TARGET} when a case is off by more than this fraction (e.g. 0.2)",
+    )
     p.add_argument("--quiet", action="store_true", help="no per-case progress on stderr")
     p.set_defaults(func=cmd_validate)
 
     p = subparsers.add_parser(
-        "calibrate", help="fit compute (and network) efficiencies to measured kernel/collective timings",
+        "calibrate",
+        help="fit compute (and network) efficiencies to measured kernel/collective timings",
         description="Least-squares fit of the roofline parameters of simulator/compute.py to measured kernel "
-                    "times, and of link efficiency + per-message latency to collective times. Prints the "
-                    "`compute:` and `network_calibration:` mappings to paste into a scenario (docs/calibration.md).")
+        "times, and of link efficiency + per-message latency to collective times. Prints the "
+        "`compute:` and `network_calibration:` mappings to paste into a scenario (docs/calibration.md).",
+    )
     p.add_argument("kernels", nargs="?", help="CSV: kind,m,n,k,flops,bytes,dtype,time_s (see simulator/calibrate.py)")
-    p.add_argument("--kineto", nargs="+", metavar="TRACE",
-                   help="PyTorch profiler trace(s) (export_chrome_trace JSON, .json.gz; record_shapes=True): "
-                        "GEMM, attention, norm and element-wise kernels with their shapes")
-    p.add_argument("--nccl-tests", nargs="+", metavar="LOG",
-                   help="nccl-tests output(s) (all_reduce_perf ...; the op from the binary named in the log or "
-                        "the file name)")
-    p.add_argument("--nccl-op", help="the collective of --nccl-tests logs that do not name their binary "
-                                     "(all-reduce, all-gather, reduce-scatter, all-to-all, broadcast, send-recv)")
+    p.add_argument(
+        "--kineto",
+        nargs="+",
+        metavar="TRACE",
+        help="PyTorch profiler trace(s) (export_chrome_trace JSON, .json.gz; record_shapes=True): "
+        "GEMM, attention, norm and element-wise kernels with their shapes",
+    )
+    p.add_argument(
+        "--nccl-tests",
+        nargs="+",
+        metavar="LOG",
+        help="nccl-tests output(s) (all_reduce_perf ...; the op from the binary named in the log or the file name)",
+    )
+    p.add_argument(
+        "--nccl-op",
+        help="the collective of --nccl-tests logs that do not name their binary "
+        "(all-reduce, all-gather, reduce-scatter, all-to-all, broadcast, send-recv)",
+    )
     p.add_argument("--devices", type=int, help="device count of --nccl-tests logs that list no '# Rank' lines")
     p.add_argument("--family", default="hopper", help="chip family whose defaults seed the fit and fill gaps")
     p.add_argument("--chip", help="chip preset giving peak FLOP/s and HBM bandwidth (default: the family's usual chip)")
     p.add_argument("--collectives", help="CSV: op,devices,size_bytes,time_s (nccl-tests style)")
-    p.add_argument("--cluster", help="cluster preset the collectives were measured on (default: the family's "
-                                     "8-GPU node, e.g. dgx-h100 for hopper)")
-    p.add_argument("--out", help="write the YAML block to paste into a scenario (FILE.yaml), or the fit report "
-                                 "as JSON (FILE.json)")
+    p.add_argument(
+        "--cluster",
+        help="cluster preset the collectives were measured on (default: the family's "
+        "8-GPU node, e.g. dgx-h100 for hopper)",
+    )
+    p.add_argument(
+        "--out", help="write the YAML block to paste into a scenario (FILE.yaml), or the fit report as JSON (FILE.json)"
+    )
     p.set_defaults(func=cmd_calibrate)
 
 

@@ -151,16 +151,36 @@ if TYPE_CHECKING:  # pragma: no cover
     from topologies.topology import Topology
 
 OPS = COLLECTIVE_OPS
-ALGORITHMS = ("ring", "ring-bidir", "tree", "halving-doubling", "torus", "hierarchical", "nvls",
-              "sharp", "direct", "hierarchical-a2a", "p2p", "rail-ring")
+ALGORITHMS = (
+    "ring",
+    "ring-bidir",
+    "tree",
+    "halving-doubling",
+    "torus",
+    "hierarchical",
+    "nvls",
+    "sharp",
+    "direct",
+    "hierarchical-a2a",
+    "p2p",
+    "rail-ring",
+)
 
 _REDUCING = ("all-reduce", "all-gather", "reduce-scatter")
 VALID_ALGORITHMS = {
-    "all-reduce": ("ring", "ring-bidir", "tree", "halving-doubling", "torus", "hierarchical",
-                   "nvls", "sharp", "rail-ring"),
+    "all-reduce": (
+        "ring",
+        "ring-bidir",
+        "tree",
+        "halving-doubling",
+        "torus",
+        "hierarchical",
+        "nvls",
+        "sharp",
+        "rail-ring",
+    ),
     "all-gather": ("ring", "ring-bidir", "halving-doubling", "torus", "hierarchical", "rail-ring"),
-    "reduce-scatter": ("ring", "ring-bidir", "halving-doubling", "torus", "hierarchical",
-                       "rail-ring"),
+    "reduce-scatter": ("ring", "ring-bidir", "halving-doubling", "torus", "hierarchical", "rail-ring"),
     "all-to-all": ("direct", "hierarchical-a2a"),
     "broadcast": ("ring", "tree"),
     "send-recv": ("p2p",),
@@ -229,8 +249,8 @@ def _domains(group: Sequence[int], topo: "Topology", by_pod: bool = False) -> li
             out.setdefault(key, []).append(d)
         return list(out.values())
     _, first, which = np.unique(keys, return_index=True, return_inverse=True)
-    rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")[which.ravel()]   # by first appearance
-    order = np.argsort(rank, kind="stable")                                            # members keep order
+    rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")[which.ravel()]  # by first appearance
+    order = np.argsort(rank, kind="stable")  # members keep order
     members = np.asarray(group, dtype=np.int64)[order].tolist()
     bounds = np.r_[0, np.cumsum(np.bincount(rank))].tolist()
     return [members[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
@@ -275,8 +295,7 @@ def choose_algorithm(op: str, group: Sequence[int], topo: "Topology") -> str:
         return "ring"
     domains = _domains(group, topo)
     if op == "all-to-all":
-        if (topo.kind == "switched" and len(domains) > 1 and _equal_split(domains)
-                and len(domains[0]) > 1):
+        if topo.kind == "switched" and len(domains) > 1 and _equal_split(domains) and len(domains[0]) > 1:
             return "hierarchical-a2a"
         return "direct"
     if topo.kind == "torus":
@@ -299,11 +318,12 @@ def choose_algorithm(op: str, group: Sequence[int], topo: "Topology") -> str:
 # Phase builders (pure functions of member lists and sizes)
 # ---------------------------------------------------------------------------
 
+
 def _bundle(transfers: Iterable[Transfer]) -> tuple[Transfer, ...]:
     """Merge identical (src, dst, size) transfers into one of summed weight; drop no-ops."""
     live = [t for t in transfers if t.src != t.dst and t.size_bytes > 0]
     if len({(t.src, t.dst, t.size_bytes) for t in live}) == len(live) and all(t.incidence is None for t in live):
-        return tuple(live)                   # nothing to merge (a ring, a tree)
+        return tuple(live)  # nothing to merge (a ring, a tree)
     merged: dict[tuple[int, int, float], int] = {}
     for t in live:
         key = (t.src, t.dst, t.size_bytes)
@@ -316,10 +336,14 @@ def _merge_parallel(phase_lists: Sequence[Sequence[Phase]]) -> list[Phase]:
     out = []
     for i in range(max((len(p) for p in phase_lists), default=0)):
         parts = [p[i] for p in phase_lists if i < len(p)]
-        out.append(Phase(_bundle(t for ph in parts for t in ph.transfers),
-                         max(ph.steps for ph in parts),
-                         max(ph.compute_bytes for ph in parts),
-                         any(ph.in_network for ph in parts)))
+        out.append(
+            Phase(
+                _bundle(t for ph in parts for t in ph.transfers),
+                max(ph.steps for ph in parts),
+                max(ph.compute_bytes for ph in parts),
+                any(ph.in_network for ph in parts),
+            )
+        )
     return out
 
 
@@ -331,10 +355,14 @@ def _pipelined(phases: Sequence[Phase]) -> list[Phase]:
     phases = list(phases)
     if len(phases) <= 1:
         return phases
-    return [Phase(_bundle(t for ph in phases for t in ph.transfers),
-                  sum(ph.steps for ph in phases),
-                  sum(ph.compute_bytes for ph in phases),
-                  any(ph.in_network for ph in phases))]
+    return [
+        Phase(
+            _bundle(t for ph in phases for t in ph.transfers),
+            sum(ph.steps for ph in phases),
+            sum(ph.compute_bytes for ph in phases),
+            any(ph.in_network for ph in phases),
+        )
+    ]
 
 
 def _ring_load(op: str, n: int, size: float) -> tuple[int, float, float]:
@@ -395,8 +423,9 @@ def _axis_phase(op: str, lines: Sequence[Sequence[int]], ring: bool, data: float
 def _torus(op: str, members: Sequence[int], size: float, topo: "Topology") -> list[Phase]:
     grid = _torus_grid(members, topo)
     if grid is None:
-        raise CollectiveError("torus algorithm needs a group that is a box (or an evenly "
-                              "spaced grid) of one pod's torus")
+        raise CollectiveError(
+            "torus algorithm needs a group that is a box (or an evenly spaced grid) of one pod's torus"
+        )
     pod = topo.pod_of(members[0])
     shape, wrap = topo.torus_shape, topo.torus_wrap
     axes = [a for a, v in enumerate(grid) if len(v) > 1]
@@ -470,8 +499,9 @@ def _rail_ring(op: str, parts: list[list[int]], size: float) -> list[Phase]:
     ring per rail over the domains carrying ``1/k`` of it, all in one phase of ``2(n-1)``
     steps (``n-1`` for all-gather / reduce-scatter)."""
     if not _equal_split(parts):
-        raise CollectiveError("rail-ring needs the same number of members in every domain; "
-                              f"got {[len(p) for p in parts]}")
+        raise CollectiveError(
+            f"rail-ring needs the same number of members in every domain; got {[len(p) for p in parts]}"
+        )
     m, k = len(parts), len(parts[0])
     n = m * k
     if n < 2:
@@ -483,16 +513,17 @@ def _rail_ring(op: str, parts: list[list[int]], size: float) -> list[Phase]:
             transfers += [Transfer(dom[i], dom[(i + 1) % k], per_rank) for i in range(k)]
     if m > 1:
         for c in range(k):
-            transfers += [Transfer(parts[d][c], parts[(d + 1) % m][c], per_rank / k)
-                          for d in range(m)]
+            transfers += [Transfer(parts[d][c], parts[(d + 1) % m][c], per_rank / k) for d in range(m)]
     return [Phase(_bundle(transfers), steps, compute)]
 
 
-def _hierarchical(op: str, parts: list[list[int]], size: float, topo: "Topology",
-                  inter: str = "ring", pipelined: bool = False) -> list[Phase]:
+def _hierarchical(
+    op: str, parts: list[list[int]], size: float, topo: "Topology", inter: str = "ring", pipelined: bool = False
+) -> list[Phase]:
     if not _equal_split(parts):
-        raise CollectiveError("hierarchical algorithms need the same number of members in "
-                              f"every domain; got {[len(p) for p in parts]}")
+        raise CollectiveError(
+            f"hierarchical algorithms need the same number of members in every domain; got {[len(p) for p in parts]}"
+        )
     k = len(parts[0])
     rails = [[p[j] for p in parts] for j in range(k)]
     shard = size / k
@@ -545,8 +576,8 @@ def _tree(op: str, members: Sequence[int], size: float) -> list[Phase]:
         edges, d = _heap_tree_edges(order)
         depth = max(depth, d)
         for p, c in edges:
-            transfers.append(Transfer(c, p, half))   # reduce up
-            transfers.append(Transfer(p, c, half))   # broadcast down
+            transfers.append(Transfer(c, p, half))  # reduce up
+            transfers.append(Transfer(p, c, half))  # broadcast down
     return [Phase(_bundle(transfers), 2 * depth, size)]
 
 
@@ -583,13 +614,13 @@ def _direct_a2a(members: Sequence[int], size: float) -> list[Phase]:
     return [Phase(tuple(Transfer(s, d, chunk) for s in members for d in members if s != d), 1)]
 
 
-def _hierarchical_a2a(parts: list[list[int]], size: float,
-                      scaleout_fraction: float = 1.0) -> list[Phase]:
+def _hierarchical_a2a(parts: list[list[int]], size: float, scaleout_fraction: float = 1.0) -> list[Phase]:
     """Rail hop and NVLink fan-out as one pipelined phase (module docstring); the rail
     carries ``scaleout_fraction`` of the ``k S/n`` routed copies bound for each domain."""
     if not _equal_split(parts):
-        raise CollectiveError("hierarchical-a2a needs the same number of members in every "
-                              f"domain; got {[len(p) for p in parts]}")
+        raise CollectiveError(
+            f"hierarchical-a2a needs the same number of members in every domain; got {[len(p) for p in parts]}"
+        )
     m, k = len(parts), len(parts[0])
     n = m * k
     if m == 1:
@@ -601,10 +632,10 @@ def _hierarchical_a2a(parts: list[list[int]], size: float,
         for i, src in enumerate(dom):
             for d2 in range(m):
                 if d2 != d:
-                    transfers.append(Transfer(src, parts[d2][i], rail))        # rail
+                    transfers.append(Transfer(src, parts[d2][i], rail))  # rail
             for j, dst in enumerate(dom):
                 if j != i:
-                    transfers.append(Transfer(src, dst, m * chunk))            # own + forwarded
+                    transfers.append(Transfer(src, dst, m * chunk))  # own + forwarded
     return [Phase(tuple(transfers), 2)]
 
 
@@ -612,9 +643,15 @@ def _hierarchical_a2a(parts: list[list[int]], size: float,
 # Planning and running
 # ---------------------------------------------------------------------------
 
-def plan_collective(op: str, group: Sequence[int], size_bytes: float, topo: "Topology",
-                    algorithm: Optional[str] = None,
-                    scaleout_fraction: float = 1.0) -> CollectivePlan:
+
+def plan_collective(
+    op: str,
+    group: Sequence[int],
+    size_bytes: float,
+    topo: "Topology",
+    algorithm: Optional[str] = None,
+    scaleout_fraction: float = 1.0,
+) -> CollectivePlan:
     """Compile ``op`` over ``group`` (ranks in order) into phases of routed transfers.
 
     ``scaleout_fraction`` (all-to-all only, ``0 < f <= 1``): the share of the routed
@@ -652,13 +689,15 @@ def plan_collective(op: str, group: Sequence[int], size_bytes: float, topo: "Top
             if len(domains) > 1 and _equal_split(domains):
                 algorithm = "hierarchical-a2a"
     if node_limited and algorithm != "hierarchical-a2a" and len(_domains(group, topo)) > 1:
-        raise CollectiveError(f"scaleout_fraction < 1 (node-limited routing) needs the "
-                              f"hierarchical-a2a algorithm, not {algorithm!r}")
+        raise CollectiveError(
+            f"scaleout_fraction < 1 (node-limited routing) needs the hierarchical-a2a algorithm, not {algorithm!r}"
+        )
     if algorithm not in ALGORITHMS:
         raise CollectiveError(f"unknown algorithm {algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
     if algorithm not in VALID_ALGORITHMS[op]:
-        raise CollectiveError(f"algorithm {algorithm!r} does not implement {op!r}; allowed: "
-                              f"{', '.join(VALID_ALGORITHMS[op])}")
+        raise CollectiveError(
+            f"algorithm {algorithm!r} does not implement {op!r}; allowed: {', '.join(VALID_ALGORITHMS[op])}"
+        )
     n = len(group)
     size = float(size_bytes)
     if op == "send-recv":
@@ -670,16 +709,18 @@ def plan_collective(op: str, group: Sequence[int], size_bytes: float, topo: "Top
         return CollectivePlan(op, algorithm, group, size, ())
 
     if algorithm == "ring":
-        phases = (_ring(op, group, size) if op in _REDUCING
-                  else [Phase(_bundle(Transfer(group[i], group[i + 1], size) for i in range(n - 1)),
-                              n - 1)])
+        phases = (
+            _ring(op, group, size)
+            if op in _REDUCING
+            else [Phase(_bundle(Transfer(group[i], group[i + 1], size) for i in range(n - 1)), n - 1)]
+        )
     elif algorithm == "ring-bidir":
         phases = _ring(op, group, size, bidir=True)
     elif algorithm == "tree":
         phases = _tree(op, group, size)
     elif algorithm == "halving-doubling":
         if op != "all-reduce" and not _is_pow2(n):
-            algorithm = "ring"                 # documented fallback
+            algorithm = "ring"  # documented fallback
             phases = _ring(op, group, size)
         else:
             phases = _halving_doubling(op, group, size)
@@ -687,8 +728,7 @@ def plan_collective(op: str, group: Sequence[int], size_bytes: float, topo: "Top
         phases = _torus(op, group, size, topo)
     elif algorithm == "hierarchical":
         by_pod = topo.kind == "torus"
-        phases = _hierarchical(op, _domains(group, topo, by_pod=by_pod), size, topo,
-                               pipelined=not by_pod)
+        phases = _hierarchical(op, _domains(group, topo, by_pod=by_pod), size, topo, pipelined=not by_pod)
     elif algorithm == "rail-ring":
         phases = _rail_ring(op, _domains(group, topo), size)
     elif algorithm == "nvls":
@@ -700,8 +740,7 @@ def plan_collective(op: str, group: Sequence[int], size_bytes: float, topo: "Top
     elif algorithm == "sharp":
         if not topo.sharp:
             raise CollectiveError("sharp needs a topology with in-network reduction (topo.sharp)")
-        phases = _hierarchical(op, _domains(group, topo), size, topo, inter="sharp",
-                               pipelined=True)
+        phases = _hierarchical(op, _domains(group, topo), size, topo, inter="sharp", pipelined=True)
     elif algorithm == "direct":
         phases = _direct_a2a(group, size)
     elif algorithm == "hierarchical-a2a":
@@ -711,9 +750,11 @@ def plan_collective(op: str, group: Sequence[int], size_bytes: float, topo: "Top
     return CollectivePlan(op, algorithm, group, size, tuple(phases))
 
 
-def run_collective(network: FlowNetwork,
-                   plan: Union[CollectivePlan, Sequence[CollectivePlan]],
-                   reduction_bytes_per_s: Optional[float] = None):
+def run_collective(
+    network: FlowNetwork,
+    plan: Union[CollectivePlan, Sequence[CollectivePlan]],
+    reduction_bytes_per_s: Optional[float] = None,
+):
     """simpy process body: run the phases of ``plan`` one after another.
 
     Several plans (twin groups issued at the same instant by symmetric ranks) run
@@ -738,8 +779,7 @@ def merged_phases(network: FlowNetwork, plans: Sequence[CollectivePlan]) -> tupl
     return tuple(_merged_phase(network, plans, i) for i in range(n_phases))
 
 
-def run_merged(network: FlowNetwork, phases: Sequence[tuple],
-               reduction_bytes_per_s: Optional[float] = None):
+def run_merged(network: FlowNetwork, phases: Sequence[tuple], reduction_bytes_per_s: Optional[float] = None):
     """simpy process body: run :func:`merged_phases` one after another."""
     for transfers, steps, compute in phases:
         yield network.transfer(transfers, steps)

@@ -14,7 +14,16 @@ from typing import Mapping, Optional, Sequence
 
 import pandas as pd
 
-from simulator.plots import _bars, BUBBLE_EDGE, IDLE_COLOURS, PHASE_COLOURS, SlideFigure, colour_for, finish, legend_handles
+from simulator.plots import (
+    _bars,
+    BUBBLE_EDGE,
+    IDLE_COLOURS,
+    PHASE_COLOURS,
+    SlideFigure,
+    colour_for,
+    finish,
+    legend_handles,
+)
 from simulator.schema import ScenarioError, builtin_scenarios, read_mapping
 from simulator.simulate import simulate
 from workloads.schedules import SCHEDULES
@@ -40,21 +49,30 @@ def compare_schedules(scenario, schedules: Sequence[str] = SCHEDULES, vpp: int =
         res = simulate(sc)
         results[name] = res
         s = res.summary
-        rows.append({
-            "schedule": name, "vpp": par["vpp"], "step_time_s": s["step_time_s"], "mfu": s["mfu"],
-            "bubble_fraction": s["bubble_fraction"], "exposed_comm_fraction": s["exposed_comm_fraction"],
-            "peak_memory_bytes": s["peak_memory_bytes"],
-            "peak_activation_bytes": float(res.memory["activations"].max()), "oom": s["oom"],
-        })
+        rows.append(
+            {
+                "schedule": name,
+                "vpp": par["vpp"],
+                "step_time_s": s["step_time_s"],
+                "mfu": s["mfu"],
+                "bubble_fraction": s["bubble_fraction"],
+                "exposed_comm_fraction": s["exposed_comm_fraction"],
+                "peak_memory_bytes": s["peak_memory_bytes"],
+                "peak_activation_bytes": float(res.memory["activations"].max()),
+                "oom": s["oom"],
+            }
+        )
     return pd.DataFrame(rows), results
 
 
 def format_table(table: pd.DataFrame) -> str:
     lines = [f"{'schedule':<18}{'step (s)':>10}{'MFU':>8}{'bubble':>9}{'exp.comm':>10}{'peak mem':>11}{'peak act':>11}"]
     for r in table.itertuples(index=False):
-        lines.append(f"{r.schedule:<18}{r.step_time_s:>10.4f}{100 * r.mfu:>7.1f}%{100 * r.bubble_fraction:>8.1f}%"
-                     f"{100 * r.exposed_comm_fraction:>9.1f}%{r.peak_memory_bytes / 1e9:>9.1f}GB"
-                     f"{r.peak_activation_bytes / 1e9:>9.1f}GB")
+        lines.append(
+            f"{r.schedule:<18}{r.step_time_s:>10.4f}{100 * r.mfu:>7.1f}%{100 * r.bubble_fraction:>8.1f}%"
+            f"{100 * r.exposed_comm_fraction:>9.1f}%{r.peak_memory_bytes / 1e9:>9.1f}GB"
+            f"{r.peak_activation_bytes / 1e9:>9.1f}GB"
+        )
     return "\n".join(lines)
 
 
@@ -92,7 +110,8 @@ def plot_comparison(table: pd.DataFrame, results: dict, path: Optional[str] = No
                 colour = None if cause == "bubble" else colour_for(cause, IDLE_COLOURS, spare)
                 causes.setdefault(cause, colour)
                 bars.setdefault((res.scenario.layout.stage_of(r), colour, "idle"), []).append(
-                    (t0 * 1e3, (t1 - t0) * 1e3))
+                    (t0 * 1e3, (t1 - t0) * 1e3)
+                )
         for (st, colour, _), spans in sorted(bars.items(), key=lambda kv: (kv[0][0], str(kv[0][1]), kv[0][2])):
             if colour is None:
                 _bars(ax, spans, st, hatch="////", facecolor="none", edgecolor=BUBBLE_EDGE, linewidth=0)
@@ -103,8 +122,12 @@ def plot_comparison(table: pd.DataFrame, results: dict, path: Optional[str] = No
         ax.set_yticks(stages, [str(s) for s in stages])
         ax.set_ylabel("stage")
         s = res.summary
-        ax.set_title(f"{name}: step {s['step_time_s'] * 1e3:.0f} ms, bubble {100 * s['bubble_fraction']:.1f}%",
-                     fontsize=10, loc="left", pad=2)
+        ax.set_title(
+            f"{name}: step {s['step_time_s'] * 1e3:.0f} ms, bubble {100 * s['bubble_fraction']:.1f}%",
+            fontsize=10,
+            loc="left",
+            pad=2,
+        )
         if i < n - 1:
             ax.tick_params(labelbottom=False)
         else:
@@ -112,15 +135,24 @@ def plot_comparison(table: pd.DataFrame, results: dict, path: Optional[str] = No
     handles = legend_handles(phases, causes)
     fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), frameon=False)
     labels = list(table["schedule"])[::-1]
-    for j, (col, title, scale) in enumerate((
-        ("step_time_s", "step time (ms)", 1e3), ("bubble_fraction", "bubble (% of step)", 100),
-        ("peak_memory_bytes", "peak memory (GB)", 1e-9),
-    )):
+    for j, (col, title, scale) in enumerate(
+        (
+            ("step_time_s", "step time (ms)", 1e3),
+            ("bubble_fraction", "bubble (% of step)", 100),
+            ("peak_memory_bytes", "peak memory (GB)", 1e-9),
+        )
+    ):
         ax = fig.add_subplot(right[j])
         ax.barh(labels, table[col][::-1] * scale, color="#4E79A7", label="total")
         if col == "peak_memory_bytes":
             ax.barh(labels, table["peak_activation_bytes"][::-1] * scale, color="#F28E2B", label="activations")
-            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False, columnspacing=1.0,
-                      handlelength=1.5)
+            ax.legend(
+                loc="upper center",
+                bbox_to_anchor=(0.5, -0.18),
+                ncol=2,
+                frameon=False,
+                columnspacing=1.0,
+                handlelength=1.5,
+            )
         ax.set_title(title, fontsize=10, pad=2)
     return finish(fig, path, dpi=120)

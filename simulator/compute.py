@@ -29,7 +29,9 @@ class ComputeCalibration:
     gemm_efficiency: float = 0.75  # large bf16 GEMM, fraction of dense peak
     fp8_gemm_efficiency: float = 0.60  # large fp8 GEMM, fraction of the fp8 peak
     gemm_dim_half: float = 64.0  # GEMM dimension at which the shape factor is 1/2
-    attention_efficiency: float = 0.55  # fused (flash) attention, FlashAttention's FLOP convention, fraction of bf16 peak
+    attention_efficiency: float = (
+        0.55  # fused (flash) attention, FlashAttention's FLOP convention, fraction of bf16 peak
+    )
     memory_efficiency: float = 0.85  # achieved fraction of HBM bandwidth for streaming kernels
     launch_overhead_s: float = 4e-6  # per kernel: launch + tail effects
     # Share of the compute units held by communication kernels while an overlapped
@@ -146,29 +148,41 @@ DEEPSEEK_COMM_SM_FRACTION = 20 / 132
 DEFAULT_COMPUTE_CALIBRATION: Mapping[str, ComputeCalibration] = {
     "ampere": ComputeCalibration(
         comm_sm_fraction=DEEPSEEK_COMM_SM_FRACTION,
-        gemm_efficiency=0.68, fp8_gemm_efficiency=0.68, attention_efficiency=0.55,
-        memory_efficiency=0.85, launch_overhead_s=4e-6,
+        gemm_efficiency=0.68,
+        fp8_gemm_efficiency=0.68,
+        attention_efficiency=0.55,
+        memory_efficiency=0.85,
+        launch_overhead_s=4e-6,
         source="A100: in-situ GEMMs ~212 TF/s of 312 (validation suite, Narayanan/Korthikanti/"
-               "MegaScale); FlashAttention-2 paper Fig. 4",
+        "MegaScale); FlashAttention-2 paper Fig. 4",
     ),
     "hopper": ComputeCalibration(
         comm_sm_fraction=DEEPSEEK_COMM_SM_FRACTION,
-        gemm_efficiency=0.68, fp8_gemm_efficiency=0.62, attention_efficiency=0.48,
-        memory_efficiency=0.85, launch_overhead_s=4e-6,
+        gemm_efficiency=0.68,
+        fp8_gemm_efficiency=0.62,
+        attention_efficiency=0.48,
+        memory_efficiency=0.85,
+        launch_overhead_s=4e-6,
         source="H100 SXM: in-situ bf16 GEMMs ~672 TF/s of 989 (validation suite, NeMo DGX Cloud "
-               "recipes), fp8 ~1230 of 1979; FA-2/FA-3 papers",
+        "recipes), fp8 ~1230 of 1979; FA-2/FA-3 papers",
     ),
     "blackwell": ComputeCalibration(
         comm_sm_fraction=DEEPSEEK_COMM_SM_FRACTION,
-        gemm_efficiency=0.52, fp8_gemm_efficiency=0.45, attention_efficiency=0.40,
-        memory_efficiency=0.85, launch_overhead_s=4e-6,
+        gemm_efficiency=0.52,
+        fp8_gemm_efficiency=0.45,
+        attention_efficiency=0.40,
+        memory_efficiency=0.85,
+        launch_overhead_s=4e-6,
         source="B200/GB200: attention from FlashAttention-4 / cuDNN 9.13 B200 figures x in-situ 0.93; "
-               "GEMMs fitted to the validation suite's Megatron-Bridge / NeMo performance-summary rows "
-               "(Llama 3 8B FP8, Mixtral 8x7B FP8, Qwen3-235B and DeepSeek-V3 BF16)",
+        "GEMMs fitted to the validation suite's Megatron-Bridge / NeMo performance-summary rows "
+        "(Llama 3 8B FP8, Mixtral 8x7B FP8, Qwen3-235B and DeepSeek-V3 BF16)",
     ),
     "tpu": ComputeCalibration(
-        gemm_efficiency=0.88, fp8_gemm_efficiency=0.88, attention_efficiency=0.41,
-        memory_efficiency=0.85, launch_overhead_s=2e-6,
+        gemm_efficiency=0.88,
+        fp8_gemm_efficiency=0.88,
+        attention_efficiency=0.41,
+        memory_efficiency=0.85,
+        launch_overhead_s=2e-6,
         source="TPU v5e/v5p: fitted to MaxText's published per-chip TFLOP/s (validation/maxtext)",
     ),
 }

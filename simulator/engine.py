@@ -142,19 +142,19 @@ class Engine:
         self.env = _Environment()
         self.net = FlowNetwork(self.env, topo, network_cal)
         self.sim_ranks = set(trace.ranks)
-        self.done: dict[int, simpy.Event] = {}    # op id -> its end, for ops waited on
+        self.done: dict[int, simpy.Event] = {}  # op id -> its end, for ops waited on
         self.end_time: dict[int, float] = {}
         self.ops_by_id = {op.id: op for op in trace.ops}
         self.records: list[OpRecord] = []
         self.mem_events: list[tuple[float, int, str, float]] = []
         self._rdv: dict[str, list] = {}
-        self._sim_members: dict[tuple, int] = {}   # group -> how many of it are simulated
+        self._sim_members: dict[tuple, int] = {}  # group -> how many of it are simulated
         self._dur_cache: dict = {}
         self._twin_cache: dict = {}
         self._plan_cache: dict = {}
         self._net_phase_cache: dict = {}  # (coll, group, size, axis, rank) -> network phases
-        self._send_cache: dict = {}       # (rank, peer, size, axis) -> transfers tuple
-        self.twin_stats = {"quotient": 0, "fallback": 0}   # phases quotiented / fallbacks
+        self._send_cache: dict = {}  # (rank, peer, size, axis) -> transfers tuple
+        self.twin_stats = {"quotient": 0, "fallback": 0}  # phases quotiented / fallbacks
 
     # ---- public -----------------------------------------------------------------
     def run(self) -> RawRun:
@@ -171,8 +171,14 @@ class Engine:
         if self.progress is not False:
             from tqdm.auto import tqdm  # a widget in a notebook (with ipywidgets), text elsewhere
 
-            self._bar = tqdm(total=len(self.trace.ops), unit="op", desc="simulating", disable=None if self.progress is None else False,
-                             leave=False, mininterval=0.5)
+            self._bar = tqdm(
+                total=len(self.trace.ops),
+                unit="op",
+                desc="simulating",
+                disable=None if self.progress is None else False,
+                leave=False,
+                mininterval=0.5,
+            )
         try:
             self.env.run()
         finally:
@@ -192,9 +198,14 @@ class Engine:
             if rec.op.kind == "compute":
                 flops[rec.op.rank] += self._kernel_stats(rec.op.kernels)[2]
         return RawRun(
-            records=self.records, step_time_s=step, idle=acc.per_rank(), idle_spans=acc.spans, account=acc,
+            records=self.records,
+            step_time_s=step,
+            idle=acc.per_rank(),
+            idle_spans=acc.spans,
+            account=acc,
             mem_events=self.mem_events,
-            matmul_flops=dict(flops), network_stats=self._net_stats(),
+            matmul_flops=dict(flops),
+            network_stats=self._net_stats(),
             events_processed=len(self.records),
         )
 
@@ -226,9 +237,9 @@ class Engine:
         network would reserve it on arrival and never materialise it, and it ends
         ``steps x latency + evolution`` after it starts (see :mod:`simulator.network`).
         :meth:`_known_end` books what the network would have booked."""
-        users: dict[int, set] = defaultdict(set)     # link -> processes that load it
-        shapes: dict[int, tuple] = {}                 # id(phases) -> (phases, links, info | None)
-        seen: dict[tuple, tuple] = {}                 # (id(phases), process) -> shape
+        users: dict[int, set] = defaultdict(set)  # link -> processes that load it
+        shapes: dict[int, tuple] = {}  # id(phases) -> (phases, links, info | None)
+        seen: dict[tuple, tuple] = {}  # (id(phases), process) -> shape
         cand: list[tuple[int, tuple, tuple]] = []
         sim = self.sim_ranks
         members = self._sim_members
@@ -264,7 +275,7 @@ class Engine:
             key = (id(hit[0]), who)
             ok = private.get(key)
             if ok is None:
-                ok = private[key] = all(len(users[lk]) == 1 for lk in hit[1])   # only ``who``
+                ok = private[key] = all(len(users[lk]) == 1 for lk in hit[1])  # only ``who``
             if ok:
                 out[oid] = hit[2]
         return out
@@ -330,18 +341,18 @@ class Engine:
             if stream != "compute":
                 continue
             pos = {op.id: i for i, op in enumerate(cops)}
-            first_wait: dict[int, int] = {}        # op id -> first compute index depending on it
+            first_wait: dict[int, int] = {}  # op id -> first compute index depending on it
             for i, op in enumerate(cops):
                 for d in op.deps:
                     if d not in first_wait:
                         first_wait[d] = i
-            claimed: dict[int, list] = {}           # compute index -> the ops moved after it
+            claimed: dict[int, list] = {}  # compute index -> the ops moved after it
             for (r2, s2), sops in list(streams.items()):
                 if r2 != rank or s2 == "compute":
                     continue
                 # runs a_j..a_k of S: a_j depends on compute op c alone, each next one on
                 # the one before alone, and the compute op after c on a_k
-                units: dict[int, tuple[int, int]] = {}     # start j -> (end k, compute index)
+                units: dict[int, tuple[int, int]] = {}  # start j -> (end k, compute index)
                 j = 0
                 while j < len(sops):
                     a = sops[j]
@@ -350,8 +361,12 @@ class Engine:
                         if i not in claimed and i + 1 < len(cops):
                             waits = cops[i + 1].deps
                             k = j
-                            while sops[k].id not in waits and k + 1 < len(sops) \
-                                    and sops[k + 1].id in known and sops[k + 1].deps in ((), (sops[k].id,)):
+                            while (
+                                sops[k].id not in waits
+                                and k + 1 < len(sops)
+                                and sops[k + 1].id in known
+                                and sops[k + 1].deps in ((), (sops[k].id,))
+                            ):
                                 k += 1
                             if sops[k].id in waits:
                                 units[j] = (k, i)
@@ -371,8 +386,9 @@ class Engine:
                             prev_ok = ends[j - 1][1] < i
                         else:
                             prev_ok = first_wait.get(sops[j - 1].id, len(cops)) <= i
-                        nxt_ok = k + 1 == len(sops) or k + 1 in units \
-                            or any(pos.get(d, -1) > i for d in sops[k + 1].deps)
+                        nxt_ok = (
+                            k + 1 == len(sops) or k + 1 in units or any(pos.get(d, -1) > i for d in sops[k + 1].deps)
+                        )
                         if not (prev_ok and nxt_ok) or i in used:
                             del units[j]
                             changed = True
@@ -381,8 +397,8 @@ class Engine:
                 if units:
                     gone = set()
                     for j, (k, i) in units.items():
-                        claimed[i] = sops[j:k + 1]
-                        gone.update(op.id for op in sops[j:k + 1])
+                        claimed[i] = sops[j : k + 1]
+                        gone.update(op.id for op in sops[j : k + 1])
                     streams[(r2, s2)] = [op for op in sops if op.id not in gone]
             if not claimed:
                 continue
@@ -399,9 +415,14 @@ class Engine:
 
     def _net_stats(self) -> dict:
         st = self.net.stats
-        return {"flows_started": st.flows_started, "unit_flows_started": st.unit_flows_started,
-                "phases_started": st.phases_started, "rate_recomputations": st.recomputations,
-                "max_concurrent_flows": st.max_concurrent_flows, "reserved_phases": st.reserved_phases}
+        return {
+            "flows_started": st.flows_started,
+            "unit_flows_started": st.unit_flows_started,
+            "phases_started": st.phases_started,
+            "rate_recomputations": st.recomputations,
+            "max_concurrent_flows": st.max_concurrent_flows,
+            "reserved_phases": st.reserved_phases,
+        }
 
     # ---- processes ----------------------------------------------------------------
     def _stream(self, rank: int, stream: str, ops: list[Op]):
@@ -434,7 +455,7 @@ class Engine:
                     if op.mem:
                         self._mem_at(op, "start", start)
                     if op.kind == "compute":
-                        kern = op.kernels            # self._duration(op), inlined
+                        kern = op.kernels  # self._duration(op), inlined
                         hit = dur_cache.get(id(kern))
                         if hit is None or hit[0] is not kern:
                             hit = self._kernel_stats(kern)
@@ -459,10 +480,11 @@ class Engine:
                     i += 1
                     if i == n or not chain or op.id in external:
                         break
-                    end_time[op.id] = t     # nobody outside this process waits on it
+                    end_time[op.id] = t  # nobody outside this process waits on it
                     nxt = ops[i]
-                    if (nxt.kind != "compute" and nxt.id not in known) \
-                            or (nxt.deps and not all(map(end_time.__contains__, nxt.deps))):
+                    if (nxt.kind != "compute" and nxt.id not in known) or (
+                        nxt.deps and not all(map(end_time.__contains__, nxt.deps))
+                    ):
                         break
                     if bar is not None:
                         bar.update()
@@ -518,7 +540,8 @@ class Engine:
         if hit is None or hit[0] is not kernels:
             # Keep the tuple alive with its figures so that its id cannot be reused.
             hit = self._dur_cache[id(kernels)] = (
-                kernels, kernels_time_s(kernels, self.chip, self.cal, self.dtype),
+                kernels,
+                kernels_time_s(kernels, self.chip, self.cal, self.dtype),
                 sum(k.flops for k in kernels if k.kind in MATMUL_KINDS),
             )
         return hit
@@ -535,7 +558,7 @@ class Engine:
         n_members = self._sim_members.get(op.group)
         if n_members is None:
             n_members = self._sim_members[op.group] = sum(r in self.sim_ranks for r in op.group)
-        if n_members == 1:      # nobody to wait for: run it in this stream's process
+        if n_members == 1:  # nobody to wait for: run it in this stream's process
             yield from coll_mod.run_merged(self.net, self._network_phases(op))
             return
         entry = self._rdv.get(op.key)
@@ -558,8 +581,9 @@ class Engine:
             # A node-limited all-to-all's route is fixed by its routing (hierarchical-a2a):
             # the scenario's algorithm choice applies to the others.
             algorithm = self.algorithms.get(coll) if scaleout_fraction == 1.0 else None
-            p = coll_mod.plan_collective(coll, group, size, self.topo, algorithm=algorithm,
-                                         scaleout_fraction=scaleout_fraction)
+            p = coll_mod.plan_collective(
+                coll, group, size, self.topo, algorithm=algorithm, scaleout_fraction=scaleout_fraction
+            )
             self._plan_cache[key] = p
         return p
 
@@ -613,15 +637,20 @@ class Engine:
         L, D = self.layout, self.topo.domain_size
         if self.topo.kind != "switched" or op.group != L.group(op.rank, "ep"):
             return None
-        if (len(L.ep_subgroup(op.rank, "inter", D)) <= 1
-                or self._plan(op.coll, op.group, op.size_bytes, op.scaleout_fraction).algorithm
-                != "hierarchical-a2a"):
+        if (
+            len(L.ep_subgroup(op.rank, "inter", D)) <= 1
+            or self._plan(op.coll, op.group, op.size_bytes, op.scaleout_fraction).algorithm != "hierarchical-a2a"
+        ):
             return None
         transfers: list = []
         rail = L.ep_subgroup(op.rank, "inter", D)
         if len(rail) > 1:
-            q = self._rail_quotient(op.rank, rail, L.ep_subgroups("inter", L.stage_of(op.rank), D),
-                                    op.size_bytes * op.scaleout_fraction / len(rail))
+            q = self._rail_quotient(
+                op.rank,
+                rail,
+                L.ep_subgroups("inter", L.stage_of(op.rank), D),
+                op.size_bytes * op.scaleout_fraction / len(rail),
+            )
             if q is None:
                 return None
             transfers.extend(q)
@@ -652,17 +681,23 @@ class Engine:
         if rail not in groups or any(len(g) != m for g in groups):
             return None
         p = rail.index(rank)
-        own = [(rail[p], rail[(p + s) % m]) for s in range(1, m)]          # class s-1
-        own += [(rail[(p - s) % m], rail[p]) for s in range(1, m)]         # class m-2+s
+        own = [(rail[p], rail[(p + s) % m]) for s in range(1, m)]  # class s-1
+        own += [(rail[(p - s) % m], rail[p]) for s in range(1, m)]  # class m-2+s
         # Every transfer g[q] -> g[q + s] of every group, as arrays [group, q, s - 1].
         members = np.array(groups, dtype=np.int64)
         q, s = np.meshgrid(np.arange(m), np.arange(1, m), indexing="ij")
         src = np.broadcast_to(members[:, q], (len(groups), m, m - 1))
         dst = members[:, (q + s) % m]
         cls = np.broadcast_to(s - 1, src.shape).copy()
-        cls[groups.index(rail), (p - s[0]) % m, s[0] - 1] = m - 2 + s[0]   # sends into the rep
-        q = _image_quotient(self.net, tuple(Transfer(a, b, chunk) for a, b in own),
-                            cls.ravel(), src.ravel(), dst.ravel(), latency="at-most")
+        cls[groups.index(rail), (p - s[0]) % m, s[0] - 1] = m - 2 + s[0]  # sends into the rep
+        q = _image_quotient(
+            self.net,
+            tuple(Transfer(a, b, chunk) for a, b in own),
+            cls.ravel(),
+            src.ravel(),
+            dst.ravel(),
+            latency="at-most",
+        )
         return None if q is None else tuple(q)
 
     def _rotation_quotient(self, rank: int, group: tuple, chunk: float) -> Optional[tuple]:
@@ -691,8 +726,10 @@ class Engine:
         phases = []
         for i, ph in enumerate(rep.phases):
             others = [p.phases[i] for p in twins]
-            if any(q.steps != ph.steps or q.compute_bytes != ph.compute_bytes
-                   or q.in_network != ph.in_network for q in others):
+            if any(
+                q.steps != ph.steps or q.compute_bytes != ph.compute_bytes or q.in_network != ph.in_network
+                for q in others
+            ):
                 self.twin_stats["fallback"] += 1
                 return None
             transfers = self._quotient_phase(ph.transfers, [q.transfers for q in others])
@@ -722,17 +759,29 @@ class Engine:
             self.twin_stats["fallback"] += 1
             return None
         rows = [(t.src, t.dst, t.size_bytes, t.weight, t.incidence is None) for tt in twins for t in tt]
-        src, dst, size, weight, plain = (np.array(col).reshape(len(twins), k) for col in zip(*rows)) \
-            if rows else (np.zeros((len(twins), 0), dtype=np.int64),) * 5
+        src, dst, size, weight, plain = (
+            (np.array(col).reshape(len(twins), k) for col in zip(*rows))
+            if rows
+            else (np.zeros((len(twins), 0), dtype=np.int64),) * 5
+        )
         is_rep = np.array([tt is rep for tt in twins])
         others = ~is_rep[:, None]
-        if (others & ((size != np.array([t.size_bytes for t in rep])) | (weight != np.array([t.weight for t in rep]))
-                      | ~plain)).any():
+        if (
+            others
+            & ((size != np.array([t.size_bytes for t in rep])) | (weight != np.array([t.weight for t in rep])) | ~plain)
+        ).any():
             self.twin_stats["fallback"] += 1
             return None
         cls = np.broadcast_to(np.arange(k), src.shape)
-        q = _image_quotient(self.net, rep, cls.ravel(), src.ravel(), dst.ravel(), latency="equal",
-                            image_of=np.repeat(np.arange(len(twins)), k))
+        q = _image_quotient(
+            self.net,
+            rep,
+            cls.ravel(),
+            src.ravel(),
+            dst.ravel(),
+            latency="equal",
+            image_of=np.repeat(np.arange(len(twins)), k),
+        )
         if q is None:
             self.twin_stats["fallback"] += 1
             return None
@@ -754,9 +803,17 @@ class Engine:
             if len(pairs) > 1 and self.twin_quotient:
                 mine = np.flatnonzero((pairs[:, 0] == op.rank) & (pairs[:, 1] == op.peer))
                 if mine.size:
-                    hit = self._quotient_phase(own, [own if i == mine[0] else (Transfer(a, b, op.size_bytes),)
-                                                     for i, (a, b) in enumerate(pairs.tolist())]) \
-                        if len(pairs) <= _SMALL_TWINS else self._pair_quotient(own, pairs)
+                    hit = (
+                        self._quotient_phase(
+                            own,
+                            [
+                                own if i == mine[0] else (Transfer(a, b, op.size_bytes),)
+                                for i, (a, b) in enumerate(pairs.tolist())
+                            ],
+                        )
+                        if len(pairs) <= _SMALL_TWINS
+                        else self._pair_quotient(own, pairs)
+                    )
                 else:
                     self.twin_stats["fallback"] += 1
             if hit is None:
@@ -767,8 +824,15 @@ class Engine:
     def _pair_quotient(self, own: tuple, pairs: np.ndarray) -> Optional[tuple]:
         """:meth:`_quotient_phase` of a send ``own`` over its twin ``pairs`` (rows
         ``(src, dst)``, ``own``'s among them), straight from the arrays."""
-        q = _image_quotient(self.net, own, np.zeros(len(pairs), dtype=np.int64), pairs[:, 0], pairs[:, 1],
-                            latency="equal", image_of=np.arange(len(pairs)))
+        q = _image_quotient(
+            self.net,
+            own,
+            np.zeros(len(pairs), dtype=np.int64),
+            pairs[:, 0],
+            pairs[:, 1],
+            latency="equal",
+            image_of=np.arange(len(pairs)),
+        )
         self.twin_stats["fallback" if q is None else "quotient"] += 1
         return q
 
@@ -798,7 +862,7 @@ class Engine:
         array (a list of tuples for node-limited EP subgroups, whose sizes may differ)."""
         L = self.layout
         if axis in ("tp", "cp", "dp", "ep", "edp", "etp", "dp_cp"):
-            table = L.group_table(axis)          # every group of these axes lies in one stage
+            table = L.group_table(axis)  # every group of these axes lies in one stage
             return table[(table[:, 0] // L.rank_of(pp=1)) % L.pp == stage] if L.pp > 1 else table
         if axis in ("ep_inter", "ep_intra"):
             return L.ep_subgroups(axis[3:], stage, self.topo.domain_size)
@@ -814,8 +878,15 @@ class Engine:
 _SMALL_TWINS = 64
 
 
-def _image_quotient(net: FlowNetwork, rep: tuple, cls: np.ndarray, src: np.ndarray, dst: np.ndarray,
-                    latency: str, image_of: Optional[np.ndarray] = None) -> Optional[tuple]:
+def _image_quotient(
+    net: FlowNetwork,
+    rep: tuple,
+    cls: np.ndarray,
+    src: np.ndarray,
+    dst: np.ndarray,
+    latency: str,
+    image_of: Optional[np.ndarray] = None,
+) -> Optional[tuple]:
     """``rep``'s transfers, each with incidence counting the images of it that cross
     the links ``U`` its transfers cross (see :meth:`Engine._quotient_phase`).
 
@@ -829,7 +900,7 @@ def _image_quotient(net: FlowNetwork, rep: tuple, cls: np.ndarray, src: np.ndarr
     rep_src = np.array([t.src for t in rep], dtype=np.int64)
     rep_dst = np.array([t.dst for t in rep], dtype=np.int64)
     sends = np.array([t.size_bytes > 0 for t in rep], dtype=bool) & (rep_src != rep_dst)
-    own = np.full((k, 1), -1, dtype=np.int64)            # each transfer's route, padded with -1
+    own = np.full((k, 1), -1, dtype=np.int64)  # each transfer's route, padded with -1
     routed, rep_lat = net.routes(rep_src[sends], rep_dst[sends])
     if routed.size:
         own = np.full((k, routed.shape[1]), -1, dtype=np.int64)
@@ -852,15 +923,17 @@ def _image_quotient(net: FlowNetwork, rep: tuple, cls: np.ndarray, src: np.ndarr
     if used.size:
         at = np.minimum(np.searchsorted(used, links), used.size - 1)
         hit = (links >= 0) & (used[at] == links)
-        keys, counts = np.unique(np.broadcast_to(cls[live][:, None], links.shape)[hit] * width + at[hit],
-                                 return_counts=True)
+        keys, counts = np.unique(
+            np.broadcast_to(cls[live][:, None], links.shape)[hit] * width + at[hit], return_counts=True
+        )
     else:
         keys = counts = np.zeros(0, dtype=np.int64)
     of_class = keys // width
     bounds = np.searchsorted(of_class, np.arange(k + 1))
     # A transfer crossing exactly its own links, each once, stays as it is.
-    plain = ((np.diff(bounds) == (own >= 0).sum(axis=1))
-             & (np.bincount(of_class[counts != 1], minlength=k) == 0)).tolist()
+    plain = (
+        (np.diff(bounds) == (own >= 0).sum(axis=1)) & (np.bincount(of_class[counts != 1], minlength=k) == 0)
+    ).tolist()
     if all(plain):
         return tuple(rep)
     bounds, crossed, counts = bounds.tolist(), used[keys % width].tolist(), counts.tolist()
@@ -870,7 +943,7 @@ def _image_quotient(net: FlowNetwork, rep: tuple, cls: np.ndarray, src: np.ndarr
             out.append(t)
             continue
         route = [lk for lk in own[j].tolist() if lk >= 0]
-        of = dict(zip(crossed[bounds[j]:bounds[j + 1]], counts[bounds[j]:bounds[j + 1]]))
+        of = dict(zip(crossed[bounds[j] : bounds[j + 1]], counts[bounds[j] : bounds[j + 1]]))
         inc = tuple((lk, float(of[lk])) for lk in route)
         inc += tuple((lk, float(x)) for lk, x in of.items() if lk not in route)
         out.append(replace(t, incidence=inc))

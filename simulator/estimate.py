@@ -59,7 +59,11 @@ def _activation_peak(counts, chunk_bytes, rebuilt) -> float:
     body = np.array([c[0] for c in chunk_bytes], dtype=float)
     head = np.array([c[1] for c in chunk_bytes], dtype=float)
     add = nF @ (body + head)
-    free = nB @ (body + head) + nI @ (body * INPUT_GRAD_FREED_FRACTION + head) + nW @ (body * (1 - INPUT_GRAD_FREED_FRACTION))
+    free = (
+        nB @ (body + head)
+        + nI @ (body * INPUT_GRAD_FREED_FRACTION + head)
+        + nW @ (body * (1 - INPUT_GRAD_FREED_FRACTION))
+    )
     level = np.concatenate(([0.0], np.cumsum(add - free)[:-1])) + add  # after each step's forwards
     peak = max(0.0, float(level.max()))
     reb = np.asarray(rebuilt, dtype=float)
@@ -95,11 +99,22 @@ def estimate_memory(sc) -> dict:
 
     def stash(layer: int, recompute: str) -> float:
         return memory.activation_bytes_per_layer(
-            model, layer, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp, sequence_parallel=L.sequence_parallel,
-            recompute=recompute, ep=L.ep, etp=L.etp, **memory.activation_options(t))
+            model,
+            layer,
+            t.micro_batch_size,
+            t.seq_len,
+            tp=L.tp,
+            cp=L.cp,
+            sequence_parallel=L.sequence_parallel,
+            recompute=recompute,
+            ep=L.ep,
+            etp=L.etp,
+            **memory.activation_options(t),
+        )
 
-    head = memory.head_activation_bytes(model, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
-                                        sequence_parallel=L.sequence_parallel)
+    head = memory.head_activation_bytes(
+        model, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp, sequence_parallel=L.sequence_parallel
+    )
     per_layer = {}
     best = None
     for stage in range(L.pp):
@@ -122,8 +137,14 @@ def estimate_memory(sc) -> dict:
         # backward meets (its last) is the worst moment.
         rebuilt = [stash(chunks[k][-1], "none") if t.recompute == "full" and len(chunks[k]) else 0.0 for k in own]
         peak = _activation_peak(schedule_counts(name, stage, L.pp, m, L.vpp, global_aux), chunk_bytes, rebuilt)
-        rec = {"weights": state.weights, "gradients": state.gradients, "optimizer": state.optimizer,
-               "activations": peak, "buffers": buffers, "stage": stage}
+        rec = {
+            "weights": state.weights,
+            "gradients": state.gradients,
+            "optimizer": state.optimizer,
+            "activations": peak,
+            "buffers": buffers,
+            "stage": stage,
+        }
         rec["total"] = state.total + peak + buffers
         if best is None or rec["total"] > best["total"]:
             best = rec
@@ -340,14 +361,18 @@ class NetModel:
         if box:
             # collectives._torus: one share of 1/d per axis, share i taking the axes in the
             # order rotated by i; stage j of every share runs at once (max over shares)
-            axes = [(e, 2 if (w and e == e_full and e_full > 2) else 1)
-                    for e, e_full, w in zip(extents, self.shape, self.wrap) if e > 1]
+            axes = [
+                (e, 2 if (w and e == e_full and e_full > 2) else 1)
+                for e, e_full, w in zip(extents, self.shape, self.wrap)
+                if e > 1
+            ]
             d = len(axes)
             orders = [axes[i:] + axes[:i] for i in range(d)]
             per_byte, steps = 0.0, 0
             for j in range(d):
-                per_byte += max((o[j][0] - 1) / o[j][0] / d / math.prod(e for e, _ in o[:j])
-                                / (B * o[j][1]) for o in orders)
+                per_byte += max(
+                    (o[j][0] - 1) / o[j][0] / d / math.prod(e for e, _ in o[:j]) / (B * o[j][1]) for o in orders
+                )
                 steps += max(o[j][0] - 1 for o in orders)
             return f * per_byte, f * steps * a
         # Not a box: a ring in group order; its neighbour transfers take several hops.
@@ -416,8 +441,7 @@ def _dualpipe_busy(sched_counts, own, chunks, layer, seg, extras, n_chunks, send
     nF, nB, nI, nW = sched_counts
     n_local = len(own)
     cost = {op: [0.0] * n_local for op in "FBIW"}
-    fl, bl, blk_f, blk_b, ext_f, ext_b = ([], [], [0.0] * n_local, [0.0] * n_local, [0.0] * n_local,
-                                          [0.0] * n_local)
+    fl, bl, blk_f, blk_b, ext_f, ext_b = ([], [], [0.0] * n_local, [0.0] * n_local, [0.0] * n_local, [0.0] * n_local)
     for c, k in enumerate(own):
         f_c, b_c = [], []
         for l in chunks[k]:
@@ -452,8 +476,14 @@ def _dualpipe_busy(sched_counts, own, chunks, layer, seg, extras, n_chunks, send
         if f_row.sum() == 1 and b_row.sum() == 1 and not nI[i].any() and not nW[i].any():
             cf, cb = int(f_row.argmax()), int(b_row.argmax())
             if (cf, cb) not in ptime:
-                ptime[(cf, cb)] = (_pair_time(fl[cf], bl[cb], slowdown) + slowdown * (ext_f[cf] + ext_b[cb])
-                                   + blk_f[cf] + blk_b[cb] + send_f + send_b)
+                ptime[(cf, cb)] = (
+                    _pair_time(fl[cf], bl[cb], slowdown)
+                    + slowdown * (ext_f[cf] + ext_b[cb])
+                    + blk_f[cf]
+                    + blk_b[cb]
+                    + send_f
+                    + send_b
+                )
             busy += ptime[(cf, cb)]
             pair_sum += ptime[(cf, cb)]
             pairs += 1
@@ -496,8 +526,13 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
     "pp_send_s", "dp_s", "optimizer_s"}`` (the parts are those of the slowest rank; their
     sum is only roughly the step time, since DualPipe's pairs overlap some of them)."""
     from simulator.compute import calibration_for, kernels_time_s, overlap_slowdown
-    from workloads.trace import (HOST_UPDATE_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM,
-                                 PARAM_BYTES, TraceBuilder, optimizer_kernels)
+    from workloads.trace import (
+        HOST_UPDATE_BYTES_PER_S,
+        OPTIMIZER_BYTES_PER_PARAM,
+        PARAM_BYTES,
+        TraceBuilder,
+        optimizer_kernels,
+    )
 
     L, t, model, name = sc.layout, sc.training, sc.model, sc.schedule
     chip = sc.cluster.chip
@@ -542,8 +577,11 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         tp_f = tp_b = cp_f = cp_b = ep_f = ep_b = 0.0
         if L.tp > 1:
             g, h = L.group(rank, "tp"), b.hidden_bytes
-            tp_f = tp_b = (2 * (net.time_s("all-gather", g, h) + net.time_s("reduce-scatter", g, h)) if sp
-                           else 2 * net.time_s("all-reduce", g, h))
+            tp_f = tp_b = (
+                2 * (net.time_s("all-gather", g, h) + net.time_s("reduce-scatter", g, h))
+                if sp
+                else 2 * net.time_s("all-reduce", g, h)
+            )
         if L.cp > 1:
             g = L.group(rank, "cp")
             cp_f = net.time_s("all-gather", g, b.kv_bytes() * L.cp)
@@ -556,11 +594,12 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         dense, exp = b.layer_param_split(l)
         gather = 0.0
         if L.zero == 3:
-            gather = (net.time_s("all-gather", L.group(rank, "dp_cp"), dense * PARAM_BYTES)
-                      + net.time_s("all-gather", L.group(rank, "edp"), exp * PARAM_BYTES))
+            gather = net.time_s("all-gather", L.group(rank, "dp_cp"), dense * PARAM_BYTES) + net.time_s(
+                "all-gather", L.group(rank, "edp"), exp * PARAM_BYTES
+            )
         rc, re = (c_f, tp_f + cp_f + ep_f) if recompute else (0.0, 0.0)
         if not recompute and memory.recomputed_kernel_names(t):
-            rc = kt(b.saved_recompute_kernels(l))   # norms, MLA up-projections, SwiGLUs
+            rc = kt(b.saved_recompute_kernels(l))  # norms, MLA up-projections, SwiGLUs
         e_f, e_b = tp_f + cp_f + ep_f, tp_b + cp_b + ep_b
         # The trace lets a ZeRO-3 gather start once the compute op before last is done: with
         # several compute ops per layer that is within the previous layer's last op, so the
@@ -573,21 +612,38 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         # ZeRO-3 gathers, a full recompute's own collectives) is added whole.
         if expert and L.ep > 1:
             seg_f = (kt(attn) + kt(pre), kt(shared), kt(expert), kt(post), disp, comb)
-            seg_b = (rc + kt(b.bwd(post, "B")), kt(b.bwd(shared, "B")), kt(b.bwd(expert, "I")),
-                     kt(b.bwd(expert, "W")), kt(b.bwd(pre, "B")) + kt(b.bwd(attn, "B")), comb_b, comb_b)
+            seg_b = (
+                rc + kt(b.bwd(post, "B")),
+                kt(b.bwd(shared, "B")),
+                kt(b.bwd(expert, "I")),
+                kt(b.bwd(expert, "W")),
+                kt(b.bwd(pre, "B")) + kt(b.bwd(attn, "B")),
+                comb_b,
+                comb_b,
+            )
         else:
             seg_f = (c_f, 0.0, 0.0, 0.0, 0.0, 0.0)
             seg_b = (rc + c_bB, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         segs[key] = (seg_f, seg_b, tp_f + cp_f + gather, re + tp_b + cp_b + gather)
         out = lcache[key] = {
-            "F": F, "B": B, "I": I, "W": c_bW,
-            "compute": c_f + rc + c_bB, "tp": tp_f + tp_b + (tp_f if recompute else 0.0),
-            "cp": cp_f + cp_b + (cp_f if recompute else 0.0), "ep": ep_f + ep_b + (ep_f if recompute else 0.0),
+            "F": F,
+            "B": B,
+            "I": I,
+            "W": c_bW,
+            "compute": c_f + rc + c_bB,
+            "tp": tp_f + tp_b + (tp_f if recompute else 0.0),
+            "cp": cp_f + cp_b + (cp_f if recompute else 0.0),
+            "ep": ep_f + ep_b + (ep_f if recompute else 0.0),
             "fsdp": (F - c_f - e_f) + (B - rc - re - c_bB - e_b),
-            "grad": (net.time_s(grad_op, L.group(rank, "dp_cp"), dense * t.grad_bytes)
-                     + net.time_s(grad_op, L.group(rank, "edp"), exp * t.grad_bytes)),
-            "param_ag": (net.time_s("all-gather", L.group(rank, "dp_cp"), dense * PARAM_BYTES)
-                         + net.time_s("all-gather", L.group(rank, "edp"), exp * PARAM_BYTES)) if L.zero in (1, 2)
+            "grad": (
+                net.time_s(grad_op, L.group(rank, "dp_cp"), dense * t.grad_bytes)
+                + net.time_s(grad_op, L.group(rank, "edp"), exp * t.grad_bytes)
+            ),
+            "param_ag": (
+                net.time_s("all-gather", L.group(rank, "dp_cp"), dense * PARAM_BYTES)
+                + net.time_s("all-gather", L.group(rank, "edp"), exp * PARAM_BYTES)
+            )
+            if L.zero in (1, 2)
             else 0.0,
         }
         return out
@@ -599,13 +655,16 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
 
     def reduce_s(rank: int, dense: float, exp: float) -> float:
         """One data-parallel gradient reduction of a unit (fp32)."""
-        return (net.time_s(grad_op, L.group(rank, "dp_cp"), dense * t.grad_bytes)
-                + net.time_s(grad_op, L.group(rank, "edp"), exp * t.grad_bytes))
+        return net.time_s(grad_op, L.group(rank, "dp_cp"), dense * t.grad_bytes) + net.time_s(
+            grad_op, L.group(rank, "edp"), exp * t.grad_bytes
+        )
 
     def gather_s(rank: int, dense: float, exp: float) -> float:
         """One all-gather of a unit's bf16 parameters."""
-        return (net.time_s("all-gather", L.group(rank, "dp_cp"), dense * PARAM_BYTES)
-                + net.time_s("all-gather", L.group(rank, "edp"), exp * PARAM_BYTES))
+        return net.time_s("all-gather", L.group(rank, "dp_cp"), dense * PARAM_BYTES) + net.time_s(
+            "all-gather", L.group(rank, "edp"), exp * PARAM_BYTES
+        )
+
     # DualPipe's forward/backward pairs overlap the expert all-to-alls with the other half's
     # compute (the trace's ``ep_overlap``), every compute op of a pair on the SMs the
     # communication kernels leave free (``simulator.compute.overlap_slowdown``).
@@ -626,15 +685,29 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         extras, extras_by_unit = [], {}
         # The embedding and the head (output layer, loss, MTP modules) are parameter units
         # like the layers: reduced, ZeRO-1/2 gathered once, ZeRO-3 gathered per use.
-        units = {u: (d, e) for u, d, e in memory.rank_parameter_units(
-            model, L, [], has_embedding=0 in own, has_head=n_chunks - 1 in own)}
+        units = {
+            u: (d, e)
+            for u, d, e in memory.rank_parameter_units(
+                model, L, [], has_embedding=0 in own, has_head=n_chunks - 1 in own
+            )
+        }
         for u, (f_, b_, i_, w_) in (("embed", (emb_f, emb_b, emb_b, 0.0)), ("head", (head_f, head_b, head_i, head_w))):
             if u not in units:
                 continue
             g = gather_s(rank, *units[u])
             z3 = g if L.zero == 3 else 0.0
-            extras.append({"F": f_ + z3, "B": b_ + z3, "I": i_ + z3, "W": w_, "compute": f_ + b_, "fsdp": 2 * z3,
-                           "grad": reduce_s(rank, *units[u]), "param_ag": g if L.zero in (1, 2) else 0.0})
+            extras.append(
+                {
+                    "F": f_ + z3,
+                    "B": b_ + z3,
+                    "I": i_ + z3,
+                    "W": w_,
+                    "compute": f_ + b_,
+                    "fsdp": 2 * z3,
+                    "grad": reduce_s(rank, *units[u]),
+                    "param_ag": g if L.zero in (1, 2) else 0.0,
+                }
+            )
             extras_by_unit[u] = (f_, b_, z3)
         for extra in extras:
             for k_, v in extra.items():
@@ -647,8 +720,10 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         # neighbouring stages, counted on the critical path: when they are slower than a
         # stage's compute per micro-batch they set the pipeline's pace.
         if pp > 1:
-            nb = [ranks_of[(s + 1) % pp] if (s + 1 < pp or name == "interleaved-1f1b") else None,
-                  ranks_of[s - 1] if (s > 0 or name == "interleaved-1f1b") else None]
+            nb = [
+                ranks_of[(s + 1) % pp] if (s + 1 < pp or name == "interleaved-1f1b") else None,
+                ranks_of[s - 1] if (s > 0 or name == "interleaved-1f1b") else None,
+            ]
             if name == "dualpipe":  # chunk 0 flows down the stages, chunk 1 up: half each way
                 send_f = send_b = sum(net.p2p_s(rank, x, send_bytes) for x in nb if x is not None) / 2
             else:
@@ -662,12 +737,19 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         pair_mean = None
         if pair_overlap and pp > 1:
             busy_s, pair_mean = _dualpipe_busy(
-                sched_counts=schedule_counts(name, s, pp, m, vpp, global_aux), own=own, chunks=b.chunks,
-                layer=lambda l: layer(l, rank), seg=lambda l: segs[(id(b.layer_parts(l)), rank, model.is_moe_layer(l))],
-                extras=extras_by_unit, n_chunks=n_chunks, send_f=send_f, send_b=send_b, slowdown=slowdown)
+                sched_counts=schedule_counts(name, s, pp, m, vpp, global_aux),
+                own=own,
+                chunks=b.chunks,
+                layer=lambda l: layer(l, rank),
+                seg=lambda l: segs[(id(b.layer_parts(l)), rank, model.is_moe_layer(l))],
+                extras=extras_by_unit,
+                n_chunks=n_chunks,
+                send_f=send_f,
+                send_b=send_b,
+                slowdown=slowdown,
+            )
             mb_work = busy_s / m
-        all_units = memory.rank_parameter_units(model, L, layers, has_embedding=0 in own,
-                                                has_head=n_chunks - 1 in own)
+        all_units = memory.rank_parameter_units(model, L, layers, has_embedding=0 in own, has_head=n_chunks - 1 in own)
         dense, expert = sum(u[1] for u in all_units), sum(u[2] for u in all_units)
         # DualPipe: the two ranks holding a stage sum each unit's gradients (the shard under
         # ZeRO) after its data-parallel reduction, overlapping the backward like it.
@@ -685,9 +767,20 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
             if other != rank:
                 table = math.ceil(model.vocab / L.tp) * model.hidden
                 tied_s = net.time_s("all-reduce", tuple(sorted((rank, other))), table * t.grad_bytes)
-        ranks.append({"rank": rank, "tot": tot, "act": act, "work": mb_work, "layers": max(1, len(layers)),
-                      "dense": dense, "expert": expert, "mirror": mirror_s, "tied": tied_s,
-                      "pair": pair_mean})
+        ranks.append(
+            {
+                "rank": rank,
+                "tot": tot,
+                "act": act,
+                "work": mb_work,
+                "layers": max(1, len(layers)),
+                "dense": dense,
+                "expert": expert,
+                "mirror": mirror_s,
+                "tied": tied_s,
+                "pair": pair_mean,
+            }
+        )
 
     # -- the pipeline --------------------------------------------------------------------
     work = [r["work"] for r in ranks]
@@ -713,8 +806,7 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         # times within 2 % of F + B with no pair overlap).
         # DualPipe (DeepSeek-V3 §3.2.1, Table 2): (pp/2 - 1)(F&B + B - 3W), F&B the time of an
         # overlapped forward/backward pair (F + B when the pairs do not overlap).
-        fb = (sum(r["pair"] for r in ranks) / pp if all(r["pair"] is not None for r in ranks)
-              else mean("F") + mean("B"))
+        fb = sum(r["pair"] for r in ranks) / pp if all(r["pair"] is not None for r in ranks) else mean("F") + mean("B")
         bubble = max(0.0, (pp / 2 - 1) * (fb + mean("B") - 3 * mean("W")))
     makespan = max(busy) + bubble
 
@@ -746,17 +838,24 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
         if t.offload_optimizer:
             shard = sum(k.bytes for k in kern) / OPTIMIZER_BYTES_PER_PARAM[t.optimizer]
             host = sc.cluster.host_bw_bytes_per_s
-            o = (shard * (t.grad_bytes + PARAM_BYTES) / host
-                 + shard * OPTIMIZER_BYTES_PER_PARAM[t.optimizer] / HOST_UPDATE_BYTES_PER_S)
+            o = (
+                shard * (t.grad_bytes + PARAM_BYTES) / host
+                + shard * OPTIMIZER_BYTES_PER_PARAM[t.optimizer] / HOST_UPDATE_BYTES_PER_S
+            )
         else:
             o = kt(kern)
         opt = max(opt, o)
     step = makespan + start + max(0.0, dp_end) + tied + opt
     tot = ranks[slow]["tot"]
     share = m * (0.5 if name == "dualpipe" else 1.0)  # a DualPipe micro-batch visits one of two chunks
-    return {"step_time_s": step, **{f"{k_}_s": share * tot[k_] for k_ in ("compute", "tp", "cp", "ep", "fsdp")},
-            "pp_send_s": m * tot["pp_send"] / n_local, "bubble_s": bubble,
-            "dp_s": start + max(0.0, dp_end) + tied, "optimizer_s": opt}
+    return {
+        "step_time_s": step,
+        **{f"{k_}_s": share * tot[k_] for k_ in ("compute", "tp", "cp", "ep", "fsdp")},
+        "pp_send_s": m * tot["pp_send"] / n_local,
+        "bubble_s": bubble,
+        "dp_s": start + max(0.0, dp_end) + tied,
+        "optimizer_s": opt,
+    }
 
 
 def proxy_cost(p: Mapping, micro_batches: int, sc, net: Optional[NetModel] = None) -> float:

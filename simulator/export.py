@@ -33,8 +33,11 @@ from workloads.ops import MEMORY_CATEGORIES, STREAMS
 _US = 1e6
 # idle-span cause (simulator.accounting) -> event name, Chrome trace colour name (reserved
 # names of the Trace Event viewers); any other cause: its own name, "yellow"
-_IDLE_STYLE = {"bubble": ("bubble", "grey"), "exposed_comm": ("exposed comm", "terrible"),
-               "offload_wait": ("offload wait", "bad")}
+_IDLE_STYLE = {
+    "bubble": ("bubble", "grey"),
+    "exposed_comm": ("exposed comm", "terrible"),
+    "offload_wait": ("offload wait", "bad"),
+}
 #: Flow (arrow) names: a pipeline send to the op on the receiving device that waited
 #: for it; any other op of one device that an op of another device waited for.
 FLOW_SEND, FLOW_DEP = "pipeline send", "cross-device dependency"
@@ -79,18 +82,23 @@ def _process_name_lines(result, ranks, js: _Strings) -> list[str]:
     out = []
     for r in ranks:
         r = int(r)
-        out.append(f'{{"ph": "M", "pid": {r}, "name": "process_name", '
-                   f'"args": {{"name": {js[stands_for(layout, r, int(weight.get(r, 1)))]}}}}}')
+        out.append(
+            f'{{"ph": "M", "pid": {r}, "name": "process_name", '
+            f'"args": {{"name": {js[stands_for(layout, r, int(weight.get(r, 1)))]}}}}}'
+        )
         out.append(f'{{"ph": "M", "pid": {r}, "name": "process_sort_index", "args": {{"sort_index": {r}}}}}')
         for i, s in enumerate(STREAMS):
             out.append(f'{{"ph": "M", "pid": {r}, "tid": {i}, "name": "thread_name", "args": {{"name": {js[s]}}}}}')
-            out.append(f'{{"ph": "M", "pid": {r}, "tid": {i}, "name": "thread_sort_index", '
-                       f'"args": {{"sort_index": {i}}}}}')
+            out.append(
+                f'{{"ph": "M", "pid": {r}, "tid": {i}, "name": "thread_sort_index", "args": {{"sort_index": {i}}}}}'
+            )
     return out
 
 
-_OP_HEAD = '{"ph": "X", "pid": %d, "tid": %d, "name": %s, "cat": %s, "ts": %s, "dur": %s, "args": {"phase": %s, ' \
-           '"mb": %d, "chunk": %d, "layer": %d, '
+_OP_HEAD = (
+    '{"ph": "X", "pid": %d, "tid": %d, "name": %s, "cat": %s, "ts": %s, "dur": %s, "args": {"phase": %s, '
+    '"mb": %d, "chunk": %d, "layer": %d, '
+)
 _OP_COMPUTE = _OP_HEAD + '"flops": %s, "bytes": %s}}'
 _OP_COLL = _OP_HEAD + '"size_bytes": %s, "collective": %s, "axis": %s}}'
 _OP_OTHER = _OP_HEAD + '"size_bytes": %s, "axis": %s}}'
@@ -103,9 +111,11 @@ def _op_lines(ev, tids, js: _Strings) -> list[str]:
     coll = np.asarray(ev["coll"], dtype=object)
     compute = kind == "compute"
     has_coll = np.array([bool(c) for c in coll.tolist()], dtype=bool)
-    groups = ((_OP_COMPUTE, compute, ("flops", "bytes")),
-              (_OP_COLL, ~compute & has_coll, ("size_bytes", "coll", "axis")),
-              (_OP_OTHER, ~compute & ~has_coll, ("size_bytes", "axis")))
+    groups = (
+        (_OP_COMPUTE, compute, ("flops", "bytes")),
+        (_OP_COLL, ~compute & has_coll, ("size_bytes", "coll", "axis")),
+        (_OP_OTHER, ~compute & ~has_coll, ("size_bytes", "axis")),
+    )
     out = np.empty(len(kind), dtype=object)
     for template, mask, extra in groups:
         if not mask.any():
@@ -114,12 +124,18 @@ def _op_lines(ev, tids, js: _Strings) -> list[str]:
         def text(c):
             return list(map(js.__getitem__, np.asarray(ev[c], dtype=object)[mask].tolist()))
 
-        cols = [_ints(np.asarray(ev["rank"])[mask]),
-                [tids.get(s, len(tids)) for s in np.asarray(ev["stream"], dtype=object)[mask].tolist()],
-                text("name"), text("kind"), _floats(np.asarray(ev["start_s"], dtype=float)[mask] * _US),
-                _floats(np.asarray(ev["duration_s"], dtype=float)[mask] * _US), text("phase"),
-                _ints(np.asarray(ev["mb"])[mask]), _ints(np.asarray(ev["chunk"])[mask]),
-                _ints(np.asarray(ev["layer"])[mask])]
+        cols = [
+            _ints(np.asarray(ev["rank"])[mask]),
+            [tids.get(s, len(tids)) for s in np.asarray(ev["stream"], dtype=object)[mask].tolist()],
+            text("name"),
+            text("kind"),
+            _floats(np.asarray(ev["start_s"], dtype=float)[mask] * _US),
+            _floats(np.asarray(ev["duration_s"], dtype=float)[mask] * _US),
+            text("phase"),
+            _ints(np.asarray(ev["mb"])[mask]),
+            _ints(np.asarray(ev["chunk"])[mask]),
+            _ints(np.asarray(ev["layer"])[mask]),
+        ]
         cols += [text(c) if c in ("coll", "axis") else _floats(np.asarray(ev[c], dtype=float)[mask]) for c in extra]
         out[mask] = list(map(template.__mod__, zip(*cols)))
     return out.tolist()
@@ -136,8 +152,10 @@ def _idle_lines(raw, tids, js: _Strings) -> list[str]:
     out = []
     for (r, _, _, cause, axis), t, d in zip(spans, ts, dur):
         name, cname = _IDLE_STYLE.get(cause, (cause.replace("_", " "), "yellow"))
-        out.append(f'{{"ph": "X", "pid": {int(r)}, "tid": {tid}, "name": {js[name]}, "cat": "idle", "ts": {t}, '
-                   f'"dur": {d}, "args": {{"waiting_for": {js[axis or "pipeline"]}}}, "cname": {js[cname]}}}')
+        out.append(
+            f'{{"ph": "X", "pid": {int(r)}, "tid": {tid}, "name": {js[name]}, "cat": "idle", "ts": {t}, '
+            f'"dur": {d}, "args": {{"waiting_for": {js[axis or "pipeline"]}}}, "cname": {js[cname]}}}'
+        )
     return out
 
 
@@ -165,9 +183,11 @@ def flows(raw) -> list[tuple[str, object, object]]:
     src = by_id[np.maximum(pos, 0)]
     keep = found & busy[dst] & busy[src] & (rank[src] != rank[dst])
     src, dst = src[keep], dst[keep]
-    order = np.lexsort((ident[dst], ident[src], start[src]))     # stable: ties keep the dependency order
-    return [(FLOW_SEND if ops[i].kind == "send" else FLOW_DEP, recs[i], recs[j])
-            for i, j in zip(src[order].tolist(), dst[order].tolist())]
+    order = np.lexsort((ident[dst], ident[src], start[src]))  # stable: ties keep the dependency order
+    return [
+        (FLOW_SEND if ops[i].kind == "send" else FLOW_DEP, recs[i], recs[j])
+        for i, j in zip(src[order].tolist(), dst[order].tolist())
+    ]
 
 
 def _flow_lines(raw, tids, js: _Strings) -> list[str]:
@@ -178,20 +198,27 @@ def _flow_lines(raw, tids, js: _Strings) -> list[str]:
         s, d = src.op, dst.op
         args = f'{{"from": {js[s.name]}, "to": {js[d.name]}, "mb": {_number(s.mb)}}}'
         n = js[name]
-        out.append(f'{{"ph": "s", "id": {i}, "cat": "flow", "name": {n}, "pid": {_number(s.rank)}, '
-                   f'"tid": {tids.get(s.stream, len(tids))}, "ts": {_number((src.start_s + src.end_s) / 2 * _US)}, '
-                   f'"args": {args}}}')
-        out.append(f'{{"ph": "f", "bp": "e", "id": {i}, "cat": "flow", "name": {n}, "pid": {_number(d.rank)}, '
-                   f'"tid": {tids.get(d.stream, len(tids))}, "ts": {_number((dst.start_s + dst.end_s) / 2 * _US)}, '
-                   f'"args": {args}}}')
+        out.append(
+            f'{{"ph": "s", "id": {i}, "cat": "flow", "name": {n}, "pid": {_number(s.rank)}, '
+            f'"tid": {tids.get(s.stream, len(tids))}, "ts": {_number((src.start_s + src.end_s) / 2 * _US)}, '
+            f'"args": {args}}}'
+        )
+        out.append(
+            f'{{"ph": "f", "bp": "e", "id": {i}, "cat": "flow", "name": {n}, "pid": {_number(d.rank)}, '
+            f'"tid": {tids.get(d.stream, len(tids))}, "ts": {_number((dst.start_s + dst.end_s) / 2 * _US)}, '
+            f'"args": {args}}}'
+        )
     return out
 
 
 def _memory_lines(mem, js: _Strings) -> list[str]:
     # One counter per device with an argument per category: Perfetto draws a track per
     # category ("memory (GB) weights", ...), chrome://tracing stacks them.
-    tmpl = '{"ph": "C", "pid": %d, "name": "memory (GB)", "ts": %s, "args": {' + \
-        ", ".join(f"{js[c]}: %s" for c in MEMORY_CATEGORIES) + "}}"
+    tmpl = (
+        '{"ph": "C", "pid": %d, "name": "memory (GB)", "ts": %s, "args": {'
+        + ", ".join(f"{js[c]}: %s" for c in MEMORY_CATEGORIES)
+        + "}}"
+    )
     cols = [_ints(mem["rank"]), _floats(np.asarray(mem["time_s"], dtype=float) * _US)]
     cols += [_floats(np.asarray(mem[c], dtype=float) / 1e9) for c in MEMORY_CATEGORIES]
     return list(map(tmpl.__mod__, zip(*cols)))
@@ -221,8 +248,13 @@ def trace_events(result) -> Iterator[dict]:
 
 def _other_data(result) -> dict:
     s = result.summary
-    return {"generator": "stepsim", "name": s.get("name"), "stepsim_version": s.get("stepsim_version"),
-            "devices": s.get("devices"), "simulated_ranks": s.get("simulated_ranks")}
+    return {
+        "generator": "stepsim",
+        "name": s.get("name"),
+        "stepsim_version": s.get("stepsim_version"),
+        "devices": s.get("devices"),
+        "simulated_ranks": s.get("simulated_ranks"),
+    }
 
 
 def chrome_trace(result) -> dict:
@@ -235,8 +267,11 @@ def write_chrome_trace(result, path) -> Path:
     one event per line, a section (ops, idle spans, flows, counters) at a time."""
     path = Path(path)
     # level 6: within a few % of 9's size, several times faster
-    f = gzip.open(path, "wt", encoding="utf-8", compresslevel=6) if path.suffix == ".gz" \
+    f = (
+        gzip.open(path, "wt", encoding="utf-8", compresslevel=6)
+        if path.suffix == ".gz"
         else path.open("w", encoding="utf-8")
+    )
     with f:
         f.write('{"displayTimeUnit": "ms", "otherData": ')
         f.write(json.dumps(_other_data(result)))
@@ -244,7 +279,7 @@ def write_chrome_trace(result, path) -> Path:
         sep = ""
         for lines in _sections(result):
             for k in range(0, len(lines), _CHUNK):
-                f.write(sep + ",\n".join(lines[k:k + _CHUNK]))
+                f.write(sep + ",\n".join(lines[k : k + _CHUNK]))
                 sep = ",\n"
         f.write("\n]}\n")
     return path
@@ -255,8 +290,9 @@ def write_chrome_trace(result, path) -> Path:
 
 def _csv_text(values: list[str]) -> list[str]:
     """Text fields as the csv module's minimal quoting writes them (what pandas writes)."""
-    quoted = {v: ('"' + v.replace('"', '""') + '"') if any(ch in v for ch in ',"\r\n') else v
-              for v in set(values)}      # few distinct names, many rows
+    quoted = {
+        v: ('"' + v.replace('"', '""') + '"') if any(ch in v for ch in ',"\r\n') else v for v in set(values)
+    }  # few distinct names, many rows
     return list(map(quoted.__getitem__, values))
 
 
@@ -288,7 +324,7 @@ def write_csv(columns, path) -> Path:
         f.write(",".join(_csv_text([str(c) for c in names])) + "\n")
         rows = list(map(",".join, zip(*fields)))
         for k in range(0, len(rows), _CHUNK):
-            f.write("\n".join(rows[k:k + _CHUNK]) + "\n")
+            f.write("\n".join(rows[k : k + _CHUNK]) + "\n")
     return path
 
 
@@ -306,8 +342,9 @@ def write_events_parquet(columns, path) -> Path:
         encoded = [str(x).encode("utf-8") for x in values]
         offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
         np.cumsum([len(b) for b in encoded], out=offsets[1:])
-        return pa.Array.from_buffers(pa.string(), len(encoded),
-                                     [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+        return pa.Array.from_buffers(
+            pa.string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+        )
 
     def array(v):
         # pa.array() asks pyarrow's pandas shim about its argument, which imports pandas

@@ -31,9 +31,9 @@ import yaml
 
 from stepsim_errors import StepsimError
 
-DEFAULT_LIMIT_BYTES = 16 * 2**20      # scenario, sweep, cluster and config.json files
-MAX_YAML_NODES = 1_000_000            # nodes after alias expansion (a 16 MiB file has fewer)
-MAX_YAML_DEPTH = 64                   # nesting levels (a scenario needs 4)
+DEFAULT_LIMIT_BYTES = 16 * 2**20  # scenario, sweep, cluster and config.json files
+MAX_YAML_NODES = 1_000_000  # nodes after alias expansion (a 16 MiB file has fewer)
+MAX_YAML_DEPTH = 64  # nesting levels (a scenario needs 4)
 MAX_JSON_DEPTH = 64
 
 
@@ -76,8 +76,9 @@ def read_text(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, wh
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise InputFileError(path, f"not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start:,}); "
-                                   f"a {what} must be UTF-8 text") from None
+        raise InputFileError(
+            path, f"not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start:,}); a {what} must be UTF-8 text"
+        ) from None
 
 
 # ---- YAML -------------------------------------------------------------------------------
@@ -85,10 +86,13 @@ def read_text(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, wh
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 # YAML 1.2 core schema floats (plus '_' digit separators as PyYAML allows): 1.5, .5, 1.,
 # 5e9, -1E3, 6.25e+9, .inf, .nan. YAML 1.1 needs a dot and a signed exponent (1.0e+9).
-_FLOAT_RE = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?
+_FLOAT_RE = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?
                             |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
                             |[-+]?\.(?:inf|Inf|INF)
-                            |\.(?:nan|NaN|NAN))$""", re.X)
+                            |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
 
 
 class _Loader(yaml.SafeLoader):
@@ -121,8 +125,8 @@ class _Loader(yaml.SafeLoader):
                     continue  # unhashable: construct_mapping refuses it below
                 if first is not None:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r} (first given on line {first.line + 1})",
-                        key_node.start_mark)
+                        None, None, f"duplicate key {key!r} (first given on line {first.line + 1})", key_node.start_mark
+                    )
                 seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
 
@@ -145,8 +149,9 @@ def _expanded_nodes(root, limit: int) -> int:
         key = id(node)
         if key in memo:
             if memo[key] < 0:
-                raise yaml.composer.ComposerError(None, None, "recursive alias (a value that contains itself)",
-                                                  node.start_mark)
+                raise yaml.composer.ComposerError(
+                    None, None, "recursive alias (a value that contains itself)", node.start_mark
+                )
             return memo[key]
         memo[key] = -1  # in progress: meeting it again below means a recursive alias
         n = 1
@@ -175,8 +180,10 @@ def load_yaml(text: str, name: str = "<string>") -> Any:
             return None
         n = _expanded_nodes(root, MAX_YAML_NODES)
         if n > MAX_YAML_NODES:
-            raise InputFileError(name, f"YAML aliases expand to more than {MAX_YAML_NODES:,} nodes "
-                                       "(an alias bomb?); write the values out")
+            raise InputFileError(
+                name,
+                f"YAML aliases expand to more than {MAX_YAML_NODES:,} nodes (an alias bomb?); write the values out",
+            )
         return loader.construct_document(root)
     except yaml.MarkedYAMLError as err:
         problem = err.problem or err.context or "invalid YAML"
@@ -184,8 +191,10 @@ def load_yaml(text: str, name: str = "<string>") -> Any:
             problem += f" ({err.context})"
         raise InputFileError(f"{name}{_mark(err)}", f"not valid YAML: {problem}") from None
     except yaml.reader.ReaderError as err:  # a non-printable character
-        raise InputFileError(name, f"not valid YAML: character {err.character!r} at offset {err.position:,} "
-                                   "is not allowed (binary data?)") from None
+        raise InputFileError(
+            name,
+            f"not valid YAML: character {err.character!r} at offset {err.position:,} is not allowed (binary data?)",
+        ) from None
     except yaml.YAMLError as err:
         raise InputFileError(name, f"not valid YAML: {str(err).splitlines()[0]}") from None
     except RecursionError:
@@ -238,8 +247,9 @@ def _depth(obj, level: int = 1) -> int:
     return deepest
 
 
-def load_file(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "file",
-              fmt: Optional[str] = None) -> Any:
+def load_file(
+    path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "file", fmt: Optional[str] = None
+) -> Any:
     """Read and parse ``path``: JSON for ``.json`` / ``.json.gz`` (or ``fmt='json'``), else YAML."""
     p = Path(path)
     text = read_text(p, limit_bytes, what)

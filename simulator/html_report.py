@@ -30,8 +30,16 @@ import numpy as np
 import pandas as pd
 
 from simulator.errors import ReportError
-from simulator.plots import (AXIS_COLOURS, AXIS_LABELS, BUBBLE_EDGE, IDLE_COLOURS, PHASE_COLOURS, PHASE_LABELS,
-                             colour_for, idle_label)
+from simulator.plots import (
+    AXIS_COLOURS,
+    AXIS_LABELS,
+    BUBBLE_EDGE,
+    IDLE_COLOURS,
+    PHASE_COLOURS,
+    PHASE_LABELS,
+    colour_for,
+    idle_label,
+)
 from workloads.ops import MEMORY_CATEGORIES, STREAMS
 
 #: Files of a ``stepsim run --out`` directory that a report reads.
@@ -44,8 +52,10 @@ def require_plotly():
         import plotly  # noqa: F401
         import plotly.graph_objects as go
     except ImportError:
-        raise ReportError("--html: the HTML report needs the plotly package; install it with "
-                          "pip install 'stepsim[report]' (or pip install plotly)") from None
+        raise ReportError(
+            "--html: the HTML report needs the plotly package; install it with "
+            "pip install 'stepsim[report]' (or pip install plotly)"
+        ) from None
     return go
 
 
@@ -59,10 +69,10 @@ class RunData:
     summary: dict
     events: pd.DataFrame
     memory: pd.DataFrame
-    idle: pd.DataFrame              # simulator.result.idle_frame
-    scenario: Optional[dict]        # simulator.schema.scenario_to_dict, None if not recorded
-    labels: dict                    # rank -> what the simulated rank stands for (report.stands_for)
-    missing: tuple[str, ...] = ()   # files of the run directory that were not there
+    idle: pd.DataFrame  # simulator.result.idle_frame
+    scenario: Optional[dict]  # simulator.schema.scenario_to_dict, None if not recorded
+    labels: dict  # rank -> what the simulated rank stands for (report.stands_for)
+    missing: tuple[str, ...] = ()  # files of the run directory that were not there
 
 
 def run_data(result) -> RunData:
@@ -73,9 +83,14 @@ def run_data(result) -> RunData:
     layout = result.scenario.layout if result.scenario is not None else None
     weight = getattr(getattr(result, "trace", None), "weight", None) or {}
     ranks = sorted(set(result.memory["rank"].tolist()) | set(result.events["rank"].tolist()))
-    return RunData(summary=result.summary, events=result.events, memory=result.memory, idle=result.idle,
-                   scenario=scenario_to_dict(result.scenario) if result.scenario is not None else None,
-                   labels={r: stands_for(layout, r, int(weight.get(r, 1))) for r in ranks})
+    return RunData(
+        summary=result.summary,
+        events=result.events,
+        memory=result.memory,
+        idle=result.idle,
+        scenario=scenario_to_dict(result.scenario) if result.scenario is not None else None,
+        labels={r: stands_for(layout, r, int(weight.get(r, 1))) for r in ranks},
+    )
 
 
 def load_run_dir(path) -> RunData:
@@ -94,8 +109,7 @@ def load_run_dir(path) -> RunData:
     if not (d / "events.parquet").is_file() and not (d / "events.csv").is_file():
         missing.append("events.parquet (or events.csv)")
     if missing:
-        raise ReportError(f"report: {d} has no {', '.join(missing)}; it should be the --out directory of "
-                          "`stepsim run`")
+        raise ReportError(f"report: {d} has no {', '.join(missing)}; it should be the --out directory of `stepsim run`")
     summary = load_json(read_text(d / "summary.json"), str(d / "summary.json"))
     if not isinstance(summary, dict) or "step_time_s" not in summary:
         raise ReportError(f"report: {d / 'summary.json'} is not a stepsim summary (no step_time_s)")
@@ -116,8 +130,15 @@ def load_run_dir(path) -> RunData:
         absent.append("scenario.json")
     stages = dict(zip(memory["rank"].tolist(), memory["stage"].tolist()))
     labels = _labels_from_scenario(scenario, summary, stages)
-    return RunData(summary=summary, events=events, memory=memory, idle=idle, scenario=scenario, labels=labels,
-                   missing=tuple(absent))
+    return RunData(
+        summary=summary,
+        events=events,
+        memory=memory,
+        idle=idle,
+        scenario=scenario,
+        labels=labels,
+        missing=tuple(absent),
+    )
 
 
 def _labels_from_scenario(scenario, summary, stages: dict) -> dict:
@@ -239,19 +260,42 @@ class _Bars:
         xs, ys = _boxes(*merge_bars(x0, x1, y, self.x_max / self._PIXELS))
         fill = dict(fillcolor=colour)
         if pattern:
-            fill = dict(fillcolor="rgba(255,255,255,0)",
-                        fillpattern=dict(shape=pattern, fgcolor=colour, size=6, solidity=0.35))
-        self.groups.append({"trace": len(self.fig.data), "y": _b64(y, "<i4"), "x0": _b64(x0, "<f8"),
-                            "x1": _b64(x1, "<f8")})
+            fill = dict(
+                fillcolor="rgba(255,255,255,0)", fillpattern=dict(shape=pattern, fgcolor=colour, size=6, solidity=0.35)
+            )
+        self.groups.append(
+            {"trace": len(self.fig.data), "y": _b64(y, "<i4"), "x0": _b64(x0, "<f8"), "x1": _b64(x1, "<f8")}
+        )
         # an outline in the fill colour keeps bars narrower than a pixel visible when zoomed out
-        self.fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", fill="toself",
-                                      line=dict(width=0.5 if pattern else 1, color=colour), hoverinfo="skip",
-                                      name=name, legendgroup=name, legendrank=rank,
-                                      showlegend=name not in self._named, **fill))
-        self._named.add(name)   # phases B and I are both "backward": one legend entry
-        self.fig.add_trace(go.Scatter(x=(x0 + x1) / 2, y=y, mode="none", hovertext=hover, hoverinfo="text",
-                                      name=name, legendgroup=name, showlegend=False,
-                                      hoverlabel=dict(bgcolor=colour if not pattern else "#dddddd")))
+        self.fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="lines",
+                fill="toself",
+                line=dict(width=0.5 if pattern else 1, color=colour),
+                hoverinfo="skip",
+                name=name,
+                legendgroup=name,
+                legendrank=rank,
+                showlegend=name not in self._named,
+                **fill,
+            )
+        )
+        self._named.add(name)  # phases B and I are both "backward": one legend entry
+        self.fig.add_trace(
+            go.Scatter(
+                x=(x0 + x1) / 2,
+                y=y,
+                mode="none",
+                hovertext=hover,
+                hoverinfo="text",
+                name=name,
+                legendgroup=name,
+                showlegend=False,
+                hoverlabel=dict(bgcolor=colour if not pattern else "#dddddd"),
+            )
+        )
 
     def script(self) -> str:
         """The page script (``post_script`` of plotly's ``to_html``) that keeps the bars
@@ -315,14 +359,24 @@ def timeline_rows(data: RunData, max_ranks: int = 32, show_comm: bool = True) ->
     return rows
 
 
-def timeline_figure(data: RunData, max_ranks: int = 32, show_comm: bool = True, title: Optional[str] = None,
-                    x_max_s: Optional[float] = None):
+def timeline_figure(
+    data: RunData,
+    max_ranks: int = 32,
+    show_comm: bool = True,
+    title: Optional[str] = None,
+    x_max_s: Optional[float] = None,
+):
     """The step's timeline (:func:`_timeline`) as a plotly figure."""
     return _timeline(data, max_ranks, show_comm, title, x_max_s)[0]
 
 
-def _timeline(data: RunData, max_ranks: int = 32, show_comm: bool = True, title: Optional[str] = None,
-              x_max_s: Optional[float] = None):
+def _timeline(
+    data: RunData,
+    max_ranks: int = 32,
+    show_comm: bool = True,
+    title: Optional[str] = None,
+    x_max_s: Optional[float] = None,
+):
     """The step's timeline: a row per device's compute stream (bars coloured by phase;
     idle spans marked as bubble, exposed communication or offload wait) and below it a
     row per communication stream (bars coloured by axis). Zoom by dragging a box or
@@ -366,8 +420,10 @@ def _timeline(data: RunData, max_ranks: int = 32, show_comm: bool = True, title:
                 label, colour, pattern = f"{idle_label(cause)} (idle)", colour_for(cause, IDLE_COLOURS, spare), ""
             sub = idle[m]
             a, b = sub["start_s"].to_numpy() * k, sub["end_s"].to_numpy() * k
-            hover = [f"<b>{label}</b>{'' if not w else ': waiting for ' + w}<br>start {x0:.4g} {unit}, "
-                     f"{x1 - x0:.4g} {unit}" for w, x0, x1 in zip(sub["waiting_for"].astype(str).tolist(), a, b)]
+            hover = [
+                f"<b>{label}</b>{'' if not w else ': waiting for ' + w}<br>start {x0:.4g} {unit}, {x1 - x0:.4g} {unit}"
+                for w, x0, x1 in zip(sub["waiting_for"].astype(str).tolist(), a, b)
+            ]
             bars.add(label, colour, a, b, iy[m], hover, pattern=pattern, rank=2000)
     spare_keys: dict = {}
     for kk in keys:
@@ -377,24 +433,40 @@ def _timeline(data: RunData, max_ranks: int = 32, show_comm: bool = True, title:
             colour, label = colour_for(val, PHASE_COLOURS, spare_keys), PHASE_LABELS.get(val, val or "other")
         else:
             colour, label = axis_colour(val), f"{AXIS_LABELS.get(val, val)} comm"
-        hover = [f"<b>{n}</b>{'' if mb < 0 else f' · mb {mb}'}<br>{label}<br>start {a:.4g} {unit}, "
-                 f"{b - a:.4g} {unit}" for n, mb, a, b in zip(names[m], mbs[m], start[m], end[m])]
+        hover = [
+            f"<b>{n}</b>{'' if mb < 0 else f' · mb {mb}'}<br>{label}<br>start {a:.4g} {unit}, {b - a:.4g} {unit}"
+            for n, mb, a, b in zip(names[m], mbs[m], start[m], end[m])
+        ]
         bars.add(label, colour, start[m], end[m], y[m], hover)
     ticks = []
     for r, st in rows:
         ticks.append(_row_label(data, r) if st == "compute" else f"{st}")
     fig.update_layout(
-        title=dict(text=title if title is not None else
-                   f"Timeline: step {step * k:.4g} {unit}, MFU {100 * s['mfu']:.1f}%, "
-                   f"bubble {100 * s['bubble_fraction']:.1f}%, exposed comm "
-                   f"{100 * s['exposed_comm_fraction']:.1f}%", x=0.01),
-        height=max(260, 22 * len(rows) + 170), margin=dict(l=10, r=10, t=50, b=40),
-        hovermode="closest", hoverdistance=30, dragmode="zoom", plot_bgcolor="white",
+        title=dict(
+            text=title
+            if title is not None
+            else f"Timeline: step {step * k:.4g} {unit}, MFU {100 * s['mfu']:.1f}%, "
+            f"bubble {100 * s['bubble_fraction']:.1f}%, exposed comm "
+            f"{100 * s['exposed_comm_fraction']:.1f}%",
+            x=0.01,
+        ),
+        height=max(260, 22 * len(rows) + 170),
+        margin=dict(l=10, r=10, t=50, b=40),
+        hovermode="closest",
+        hoverdistance=30,
+        dragmode="zoom",
+        plot_bgcolor="white",
         legend=dict(orientation="h", yanchor="top", y=-0.08 if len(rows) > 12 else -0.2, x=0),
-        xaxis=dict(title=f"time ({unit})", range=[0, x_max],
-                   showgrid=True, gridcolor="#eeeeee", zeroline=False),
-        yaxis=dict(tickmode="array", tickvals=list(range(len(rows))), ticktext=ticks, range=[len(rows) - 0.4, -0.6],
-                   showgrid=False, zeroline=False, automargin=True),
+        xaxis=dict(title=f"time ({unit})", range=[0, x_max], showgrid=True, gridcolor="#eeeeee", zeroline=False),
+        yaxis=dict(
+            tickmode="array",
+            tickvals=list(range(len(rows))),
+            ticktext=ticks,
+            range=[len(rows) - 0.4, -0.6],
+            showgrid=False,
+            zeroline=False,
+            automargin=True,
+        ),
     )
     return fig, bars
 
@@ -404,7 +476,7 @@ def _row_label(data: RunData, rank: int) -> str:
     # "stage 3: device 384, standing for 128 devices (ranks 384–511)" -> one row-high line
     head, _, rest = text.partition(", ")
     if "(ranks " in rest:
-        return f"{head} (for {rest[rest.index('(ranks ') + 1:-1]})"
+        return f"{head} (for {rest[rest.index('(ranks ') + 1 : -1]})"
     return head
 
 
@@ -420,20 +492,37 @@ def memory_figure(data: RunData):
     step = float(s["step_time_s"])
     k, unit = _time_unit(step)
     mem = data.memory
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.07,
-                        subplot_titles=("memory in use per pipeline stage",
-                                        f"breakdown, stage {s.get('peak_memory_stage', 0)}"))
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.6, 0.4],
+        horizontal_spacing=0.07,
+        subplot_titles=("memory in use per pipeline stage", f"breakdown, stage {s.get('peak_memory_stage', 0)}"),
+    )
     for rank, df in mem.groupby("rank", sort=True):
         t = np.append(df["time_s"].to_numpy() * k, step * k)
         tot = df["total"].to_numpy() / 1e9
-        fig.add_trace(go.Scatter(x=t, y=np.append(tot, tot[-1]), mode="lines", line=dict(shape="hv", width=1.5),
-                                 name=f"stage {int(df['stage'].iloc[0])} (device {rank})",
-                                 hovertemplate="%{y:.2f} GB at %{x:.4g} " + unit + "<extra>%{fullData.name}</extra>"),
-                      row=1, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=t,
+                y=np.append(tot, tot[-1]),
+                mode="lines",
+                line=dict(shape="hv", width=1.5),
+                name=f"stage {int(df['stage'].iloc[0])} (device {rank})",
+                hovertemplate="%{y:.2f} GB at %{x:.4g} " + unit + "<extra>%{fullData.name}</extra>",
+            ),
+            row=1,
+            col=1,
+        )
     hbm = float(s["hbm_bytes"]) / 1e9
     for col in (1, 2):
-        fig.add_hline(y=hbm, line=dict(color="red", dash="dash", width=1), row=1, col=col,
-                      annotation_text=f"HBM {hbm:.0f} GB" if col == 1 else None)
+        fig.add_hline(
+            y=hbm,
+            line=dict(color="red", dash="dash", width=1),
+            row=1,
+            col=col,
+            annotation_text=f"HBM {hbm:.0f} GB" if col == 1 else None,
+        )
     stage = s.get("peak_memory_stage", 0)
     df = mem[mem["stage"] == stage]
     df = df[df["rank"] == df["rank"].min()]
@@ -442,13 +531,28 @@ def memory_figure(data: RunData):
     cycle = [matplotlib.colors.to_hex(c) for c in matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]]
     for i, c in enumerate(MEMORY_CATEGORIES):
         v = df[c].to_numpy() / 1e9
-        fig.add_trace(go.Scatter(x=t, y=np.append(v, v[-1]) if len(v) else v, mode="lines", stackgroup="mem",
-                                 line=dict(shape="hv", width=0.5, color=cycle[i % len(cycle)]), name=c,
-                                 hovertemplate="%{y:.2f} GB<extra>" + c + "</extra>"), row=1, col=2)
+        fig.add_trace(
+            go.Scatter(
+                x=t,
+                y=np.append(v, v[-1]) if len(v) else v,
+                mode="lines",
+                stackgroup="mem",
+                line=dict(shape="hv", width=0.5, color=cycle[i % len(cycle)]),
+                name=c,
+                hovertemplate="%{y:.2f} GB<extra>" + c + "</extra>",
+            ),
+            row=1,
+            col=2,
+        )
     fig.update_xaxes(title_text=f"time ({unit})", range=[0, step * k])
     fig.update_yaxes(title_text="GB", rangemode="tozero", row=1, col=1)
-    fig.update_layout(height=420, margin=dict(l=10, r=10, t=40, b=40), plot_bgcolor="white",
-                      legend=dict(orientation="h", yanchor="top", y=-0.18, x=0), hovermode="closest")
+    fig.update_layout(
+        height=420,
+        margin=dict(l=10, r=10, t=40, b=40),
+        plot_bgcolor="white",
+        legend=dict(orientation="h", yanchor="top", y=-0.18, x=0),
+        hovermode="closest",
+    )
     return fig
 
 
@@ -458,11 +562,25 @@ def exposed_figure(data: RunData, table: pd.DataFrame):
     fig = go.Figure()
     stages = [f"stage {s}" for s in table.index]
     for a in table.columns:
-        fig.add_trace(go.Bar(y=stages, x=table[a].to_numpy() * 1e3, name=AXIS_LABELS.get(a, a), orientation="h",
-                             marker_color=axis_colour(a), hovertemplate="%{y}: %{x:.3f} ms<extra>" + a + "</extra>"))
-    fig.update_layout(barmode="stack", height=max(220, 28 * len(stages) + 120), plot_bgcolor="white",
-                      margin=dict(l=10, r=10, t=30, b=40), xaxis=dict(title="exposed communication (ms)"),
-                      yaxis=dict(autorange="reversed"), legend=dict(orientation="h", y=-0.25, x=0))
+        fig.add_trace(
+            go.Bar(
+                y=stages,
+                x=table[a].to_numpy() * 1e3,
+                name=AXIS_LABELS.get(a, a),
+                orientation="h",
+                marker_color=axis_colour(a),
+                hovertemplate="%{y}: %{x:.3f} ms<extra>" + a + "</extra>",
+            )
+        )
+    fig.update_layout(
+        barmode="stack",
+        height=max(220, 28 * len(stages) + 120),
+        plot_bgcolor="white",
+        margin=dict(l=10, r=10, t=30, b=40),
+        xaxis=dict(title="exposed communication (ms)"),
+        yaxis=dict(autorange="reversed"),
+        legend=dict(orientation="h", y=-0.25, x=0),
+    )
     return fig
 
 
@@ -484,8 +602,10 @@ pre { background: #f7f7f7; padding: 10px; overflow: auto; font-size: 0.85em; max
 
 
 def _card(key: str, value: str, bad: bool = False) -> str:
-    return (f'<div class="card{" bad" if bad else ""}"><div class="v">{html.escape(value)}</div>'
-            f'<div class="k">{html.escape(key)}</div></div>')
+    return (
+        f'<div class="card{" bad" if bad else ""}"><div class="v">{html.escape(value)}</div>'
+        f'<div class="k">{html.escape(key)}</div></div>'
+    )
 
 
 def headline_cards(s: dict) -> str:
@@ -503,23 +623,37 @@ def headline_cards(s: dict) -> str:
     if s.get("offload_wait_fraction"):
         cards.append(_card("offload wait", f"{100 * s['offload_wait_fraction']:.1f} %"))
     cards += [
-        _card("peak memory" + (" — OUT OF MEMORY" if s.get("oom") else ""),
-              f"{s['peak_memory_bytes'] / 1e9:.1f} of {s['hbm_bytes'] / 1e9:.0f} GB", bad=bool(s.get("oom"))),
+        _card(
+            "peak memory" + (" — OUT OF MEMORY" if s.get("oom") else ""),
+            f"{s['peak_memory_bytes'] / 1e9:.1f} of {s['hbm_bytes'] / 1e9:.0f} GB",
+            bad=bool(s.get("oom")),
+        ),
         _card("devices", f"{s.get('devices', 0):,}"),
-        _card("layout", " ".join(f"{a}{lay[a]}" for a in ("tp", "cp", "pp", "dp", "ep", "vpp") if a in lay)
-              + (f" zero{lay['zero']}" if "zero" in lay else "")),
+        _card(
+            "layout",
+            " ".join(f"{a}{lay[a]}" for a in ("tp", "cp", "pp", "dp", "ep", "vpp") if a in lay)
+            + (f" zero{lay['zero']}" if "zero" in lay else ""),
+        ),
         _card("schedule", f"{s.get('schedule')} · {s.get('micro_batches')} micro-batches"),
-        _card("parameters", f"{s.get('parameters', 0) / 1e9:,.2f} B"
-              + (f" ({s['active_parameters'] / 1e9:,.1f} B active)"
-                 if s.get("active_parameters") not in (None, s.get("parameters")) else "")),
+        _card(
+            "parameters",
+            f"{s.get('parameters', 0) / 1e9:,.2f} B"
+            + (
+                f" ({s['active_parameters'] / 1e9:,.1f} B active)"
+                if s.get("active_parameters") not in (None, s.get("parameters"))
+                else ""
+            ),
+        ),
     ]
     return '<div class="cards">' + "".join(cards) + "</div>"
 
 
 def _table(df: pd.DataFrame, fmt, index_name: str) -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in [index_name, *df.columns])
-    body = "".join("<tr><td>" + html.escape(str(i)) + "</td>" + "".join(f"<td>{fmt(v)}</td>" for v in row) + "</tr>"
-                   for i, row in zip(df.index, df.itertuples(index=False)))
+    body = "".join(
+        "<tr><td>" + html.escape(str(i)) + "</td>" + "".join(f"<td>{fmt(v)}</td>" for v in row) + "</tr>"
+        for i, row in zip(df.index, df.itertuples(index=False))
+    )
     return f'<table class="t"><tr>{head}</tr>{body}</table>'
 
 
@@ -537,15 +671,25 @@ class _Page:
     def figure(self, fig, div_id: str, post_script: Optional[str] = None) -> None:
         import plotly.io as pio
 
-        self.parts.append(pio.to_html(fig, include_plotlyjs=not self._js, full_html=False, div_id=div_id,
-                                      post_script=post_script,
-                                      config={"scrollZoom": True, "displaylogo": False, "responsive": True}))
+        self.parts.append(
+            pio.to_html(
+                fig,
+                include_plotlyjs=not self._js,
+                full_html=False,
+                div_id=div_id,
+                post_script=post_script,
+                config={"scrollZoom": True, "displaylogo": False, "responsive": True},
+            )
+        )
         self._js = True
 
     def render(self) -> str:
-        return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-                f"<title>{html.escape(self.title)}</title><style>{_CSS}</style></head><body>\n"
-                + "\n".join(self.parts) + "\n</body></html>\n")
+        return (
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f"<title>{html.escape(self.title)}</title><style>{_CSS}</style></head><body>\n"
+            + "\n".join(self.parts)
+            + "\n</body></html>\n"
+        )
 
 
 def render_report(data: RunData, max_ranks: int = 32) -> str:
@@ -555,24 +699,32 @@ def render_report(data: RunData, max_ranks: int = 32) -> str:
 
     s = data.summary
     page = _Page(f"stepsim: {s.get('name')}")
-    page.add(f"<h1>{html.escape(str(s.get('name')))}</h1>"
-             f"<div class=\"meta\">stepsim {html.escape(str(s.get('stepsim_version', '')))} · "
-             f"{s.get('simulated_ranks')} simulated ranks for {s.get('devices', 0):,} devices"
-             f"{' (every device)' if s.get('exact') else ' (one per pipeline stage)'} · "
-             f"{s.get('events_processed', 0):,} ops</div>")
+    page.add(
+        f"<h1>{html.escape(str(s.get('name')))}</h1>"
+        f'<div class="meta">stepsim {html.escape(str(s.get("stepsim_version", "")))} · '
+        f"{s.get('simulated_ranks')} simulated ranks for {s.get('devices', 0):,} devices"
+        f"{' (every device)' if s.get('exact') else ' (one per pipeline stage)'} · "
+        f"{s.get('events_processed', 0):,} ops</div>"
+    )
     page.add(headline_cards(s))
     for n in s.get("notes", []) or []:
         page.add(f'<p class="note">note: {html.escape(str(n))}</p>')
     for f in data.missing:
-        page.add(f'<p class="note">{html.escape(f)} was not in the run directory (written by newer stepsim '
-                 f'versions): {"idle time is not marked" if f == "idle.csv" else "the scenario is not shown"}.</p>')
+        page.add(
+            f'<p class="note">{html.escape(f)} was not in the run directory (written by newer stepsim '
+            f"versions): {'idle time is not marked' if f == 'idle.csv' else 'the scenario is not shown'}.</p>"
+        )
     page.add("<h2>Timeline</h2>")
     n_ranks = len(set(data.events["rank"].tolist()))
     if n_ranks > max_ranks:
-        page.add(f"<p class=\"meta\">The first {max_ranks} of {n_ranks} simulated devices are drawn; "
-                 "the Perfetto trace (trace.json) has them all.</p>")
-    page.add("<p class=\"meta\">Drag to zoom (double-click to reset), scroll to zoom, hover a bar for its name "
-             "and times; click a legend entry to hide it.</p>")
+        page.add(
+            f'<p class="meta">The first {max_ranks} of {n_ranks} simulated devices are drawn; '
+            "the Perfetto trace (trace.json) has them all.</p>"
+        )
+    page.add(
+        '<p class="meta">Drag to zoom (double-click to reset), scroll to zoom, hover a bar for its name '
+        "and times; click a legend entry to hide it.</p>"
+    )
     fig, bars = _timeline(data, max_ranks=max_ranks)
     page.figure(fig, "timeline", bars.script())
     page.add("<h2>Memory</h2>")
@@ -591,8 +743,11 @@ def render_report(data: RunData, max_ranks: int = 32) -> str:
         page.add(f"<pre>{html.escape(yaml.safe_dump(data.scenario, sort_keys=False, allow_unicode=True))}</pre>")
     else:
         page.add("<p>The scenario was not recorded with this run.</p>")
-    page.add("<details><summary>summary.json</summary><pre>"
-             + html.escape(json.dumps(s, indent=2, default=str)) + "</pre></details>")
+    page.add(
+        "<details><summary>summary.json</summary><pre>"
+        + html.escape(json.dumps(s, indent=2, default=str))
+        + "</pre></details>"
+    )
     return page.render()
 
 
@@ -621,19 +776,34 @@ def render_compare(table: pd.DataFrame, results: dict) -> str:
     page = _Page("stepsim compare: " + ", ".join(names))
     first = next(iter(results.values())).summary if results else {}
     page.add(f"<h1>Pipeline schedules on {html.escape(str(first.get('name', '')))}</h1>")
-    shown = pd.DataFrame({
-        "vpp": table["vpp"].to_numpy(), "step (ms)": table["step_time_s"].to_numpy() * 1e3,
-        "MFU (%)": table["mfu"].to_numpy() * 100, "bubble (%)": table["bubble_fraction"].to_numpy() * 100,
-        "exposed comm (%)": table["exposed_comm_fraction"].to_numpy() * 100,
-        "peak memory (GB)": table["peak_memory_bytes"].to_numpy() / 1e9,
-        "peak activations (GB)": table["peak_activation_bytes"].to_numpy() / 1e9,
-    }, index=names)
+    shown = pd.DataFrame(
+        {
+            "vpp": table["vpp"].to_numpy(),
+            "step (ms)": table["step_time_s"].to_numpy() * 1e3,
+            "MFU (%)": table["mfu"].to_numpy() * 100,
+            "bubble (%)": table["bubble_fraction"].to_numpy() * 100,
+            "exposed comm (%)": table["exposed_comm_fraction"].to_numpy() * 100,
+            "peak memory (GB)": table["peak_memory_bytes"].to_numpy() / 1e9,
+            "peak activations (GB)": table["peak_activation_bytes"].to_numpy() / 1e9,
+        },
+        index=names,
+    )
     page.add(_table(shown, lambda v: f"{v:.4g}" if isinstance(v, float) else str(v), "schedule"))
     fig = make_subplots(rows=1, cols=3, subplot_titles=("step time (ms)", "bubble (%)", "peak memory (GB)"))
-    for col, (c, scale) in enumerate((("step_time_s", 1e3), ("bubble_fraction", 100), ("peak_memory_bytes", 1e-9)),
-                                     start=1):
-        fig.add_trace(go.Bar(x=names, y=table[c].to_numpy() * scale, marker_color=PHASE_COLOURS["F"],
-                             showlegend=False, hovertemplate="%{x}: %{y:.4g}<extra></extra>"), row=1, col=col)
+    for col, (c, scale) in enumerate(
+        (("step_time_s", 1e3), ("bubble_fraction", 100), ("peak_memory_bytes", 1e-9)), start=1
+    ):
+        fig.add_trace(
+            go.Bar(
+                x=names,
+                y=table[c].to_numpy() * scale,
+                marker_color=PHASE_COLOURS["F"],
+                showlegend=False,
+                hovertemplate="%{x}: %{y:.4g}<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
     fig.update_layout(height=320, margin=dict(l=10, r=10, t=40, b=40), plot_bgcolor="white")
     page.figure(fig, "bars")
     t_max = max(float(r.summary["step_time_s"]) for r in results.values())
@@ -642,9 +812,13 @@ def render_compare(table: pd.DataFrame, results: dict) -> str:
         s = res.summary
         k, unit = _time_unit(t_max)
         page.add(f"<h2>{html.escape(name)}</h2>")
-        fig, bars = _timeline(data, show_comm=False, x_max_s=t_max,
-                              title=f"{name}: step {s['step_time_s'] * k:.4g} {unit}, bubble "
-                                    f"{100 * s['bubble_fraction']:.1f}%, peak {s['peak_memory_bytes'] / 1e9:.1f} GB")
+        fig, bars = _timeline(
+            data,
+            show_comm=False,
+            x_max_s=t_max,
+            title=f"{name}: step {s['step_time_s'] * k:.4g} {unit}, bubble "
+            f"{100 * s['bubble_fraction']:.1f}%, peak {s['peak_memory_bytes'] / 1e9:.1f} GB",
+        )
         page.figure(fig, f"timeline-{name}", bars.script())
     return page.render()
 

@@ -60,15 +60,25 @@ from workloads.counts import Kernel, backward_kernels
 
 #: ``Input type`` strings of the profiler and their element sizes in bytes.
 ELEMENT_BYTES = {
-    "c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8, "c10::Float8_e4m3fn": 1,
-    "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1, "long int": 8, "int": 4,
-    "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1,
+    "c10::BFloat16": 2,
+    "c10::Half": 2,
+    "float": 4,
+    "double": 8,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+    "c10::Float8_e4m3fnuz": 1,
+    "c10::Float8_e5m2fnuz": 1,
+    "long int": 8,
+    "int": 4,
+    "short int": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
 }
 _FP8 = {"c10::Float8_e4m3fn", "c10::Float8_e5m2", "c10::Float8_e4m3fnuz", "c10::Float8_e5m2fnuz"}
 _HALF = {"c10::BFloat16", "c10::Half"}
 
-GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul",
-            "aten::_scaled_mm")
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul", "aten::_scaled_mm")
 #: Attention operators: (index of q, k, v among the inputs, layout of q).
 ATTENTION_OPS = {
     "aten::scaled_dot_product_attention": (0, "bhsd", False),
@@ -86,17 +96,71 @@ ATTENTION_OPS = {
     "aten::_efficient_attention_backward": (1, "bshd", True),
     "flash_attn::_flash_attn_backward": (1, "bshd", True),
 }
-NORM_OPS = ("aten::native_layer_norm", "aten::layer_norm", "aten::rms_norm", "aten::_fused_rms_norm",
-            "aten::native_layer_norm_backward", "aten::_fused_rms_norm_backward", "aten::group_norm")
+NORM_OPS = (
+    "aten::native_layer_norm",
+    "aten::layer_norm",
+    "aten::rms_norm",
+    "aten::_fused_rms_norm",
+    "aten::native_layer_norm_backward",
+    "aten::_fused_rms_norm_backward",
+    "aten::group_norm",
+)
 EMBEDDING_OPS = ("aten::embedding", "aten::embedding_dense_backward")
 #: Element-wise operators (one pass over their tensors).
-ELEMENTWISE_OPS = tuple(f"aten::{n}" for n in (
-    "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "neg", "exp", "log", "sqrt", "rsqrt", "pow",
-    "silu", "silu_", "silu_backward", "gelu", "gelu_backward", "relu", "relu_", "threshold_backward", "sigmoid",
-    "sigmoid_backward", "tanh", "tanh_backward", "where", "copy_", "clone", "_to_copy", "fill_", "zero_",
-    "_softmax", "_softmax_backward_data", "_log_softmax", "_log_softmax_backward_data", "native_dropout",
-    "native_dropout_backward", "masked_fill_", "cat", "mul_scalar", "addcmul_", "addcdiv_", "lerp_",
-    "_foreach_add_", "_foreach_mul_", "clamp", "clamp_min", "abs"))
+ELEMENTWISE_OPS = tuple(
+    f"aten::{n}"
+    for n in (
+        "add",
+        "add_",
+        "sub",
+        "sub_",
+        "mul",
+        "mul_",
+        "div",
+        "div_",
+        "neg",
+        "exp",
+        "log",
+        "sqrt",
+        "rsqrt",
+        "pow",
+        "silu",
+        "silu_",
+        "silu_backward",
+        "gelu",
+        "gelu_backward",
+        "relu",
+        "relu_",
+        "threshold_backward",
+        "sigmoid",
+        "sigmoid_backward",
+        "tanh",
+        "tanh_backward",
+        "where",
+        "copy_",
+        "clone",
+        "_to_copy",
+        "fill_",
+        "zero_",
+        "_softmax",
+        "_softmax_backward_data",
+        "_log_softmax",
+        "_log_softmax_backward_data",
+        "native_dropout",
+        "native_dropout_backward",
+        "masked_fill_",
+        "cat",
+        "mul_scalar",
+        "addcmul_",
+        "addcdiv_",
+        "lerp_",
+        "_foreach_add_",
+        "_foreach_mul_",
+        "clamp",
+        "clamp_min",
+        "abs",
+    )
+)
 
 _KERNEL_CATS = {"kernel"}
 _OP_CATS = {"cpu_op", "operator"}
@@ -121,8 +185,9 @@ class KinetoKernels:
 
     def describe(self) -> str:
         total = self.kernels_used + sum(self.skipped.values())
-        lines = [f"# {self.source}: {self.kernels_used} of {total} GPU kernels used, "
-                 f"{len(self.timings)} distinct shapes"]
+        lines = [
+            f"# {self.source}: {self.kernels_used} of {total} GPU kernels used, {len(self.timings)} distinct shapes"
+        ]
         if self.skipped:
             top = ", ".join(f"{k} {v}" for k, v in self.skipped.most_common(6))
             lines.append(f"#   left out: {top}{' ...' if len(self.skipped) > 6 else ''}")
@@ -274,17 +339,26 @@ def _gemm_kernel(name, m, n, k, batch, ta, tb, bias_elems):
         return f"{ta or 'unknown'} GEMM (only bf16/fp16/fp8 rates are modelled)"
     if min(m, n, k) <= 0:
         return "empty GEMM"
-    nbytes = batch * (m * k * ELEMENT_BYTES[ta] + k * n * ELEMENT_BYTES[tb] + m * n * out_bytes) \
-        + bias_elems * out_bytes
-    return Kernel(f"{name} {m}x{n}x{k}" + (f" x{batch}" if batch > 1 else ""), "gemm",
-                  2.0 * m * n * k * batch, float(nbytes), m, n, k, batch), dtype
+    nbytes = (
+        batch * (m * k * ELEMENT_BYTES[ta] + k * n * ELEMENT_BYTES[tb] + m * n * out_bytes) + bias_elems * out_bytes
+    )
+    return Kernel(
+        f"{name} {m}x{n}x{k}" + (f" x{batch}" if batch > 1 else ""),
+        "gemm",
+        2.0 * m * n * k * batch,
+        float(nbytes),
+        m,
+        n,
+        k,
+        batch,
+    ), dtype
 
 
 def _attention(name: str, dims: list, types: list):
     first, layout, backward = ATTENTION_OPS[name]
-    if len(dims) < first + 3 or not all(len(d) == 4 for d in dims[first:first + 3]):
+    if len(dims) < first + 3 or not all(len(d) == 4 for d in dims[first : first + 3]):
         return "attention without 4-d q, k, v shapes"
-    q, k, v = dims[first:first + 3]
+    q, k, v = dims[first : first + 3]
     if layout == "bhsd":
         b, h, sq, dqk = q
         hk, sk, dv = k[1], k[2], v[3]
@@ -396,7 +470,9 @@ def read_kineto(paths: Union[str, Path, Iterable[Union[str, Path]]], device: Opt
     src = ", ".join(str(p) for p in paths)
     if not timings:
         top = ", ".join(f"{k} ({v})" for k, v in skipped.most_common(4)) or "no kernel events"
-        raise KinetoTraceError(f"{src}: no GPU kernel could be linked to a GEMM, attention, norm or element-wise "
-                               f"operator with shapes; left out: {top}. Profile with "
-                               "activities=[CPU, CUDA] and record_shapes=True")
+        raise KinetoTraceError(
+            f"{src}: no GPU kernel could be linked to a GEMM, attention, norm or element-wise "
+            f"operator with shapes; left out: {top}. Profile with "
+            "activities=[CPU, CUDA] and record_shapes=True"
+        )
     return KinetoKernels(timings, used, skipped, src)

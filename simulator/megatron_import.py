@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Optional
 
 
-
 def ScenarioError(field: str, message: str):  # noqa: N802 - stands for the class it returns
     """A :class:`simulator.schema.ScenarioError`; the schema (pydantic) is imported only
     when an error is raised, so that registering this command keeps ``stepsim --help`` light."""
@@ -42,65 +41,157 @@ def ScenarioError(field: str, message: str):  # noqa: N802 - stands for the clas
 
     return error(field, message)
 
+
 # GPT-2's BPE vocabulary (Radford et al. 2019; gpt2-vocab.json, the file Megatron's GPT
 # examples pass as --vocab-file): 50,257 tokens.
 GPT2_VOCAB = 50257
 
 #: Arguments that map onto a scenario key (the key they set).
 MAPPED = {
-    "num-layers": "model.layers", "hidden-size": "model.hidden", "num-attention-heads": "model.heads",
-    "num-query-groups": "model.kv_heads", "group-query-attention": "model.kv_heads", "kv-channels": "model.head_dim",
-    "ffn-hidden-size": "model.ffn_hidden", "swiglu": "model.ffn", "normalization": "model.norm",
-    "disable-bias-linear": "model.bias", "add-bias-linear": "model.bias",
+    "num-layers": "model.layers",
+    "hidden-size": "model.hidden",
+    "num-attention-heads": "model.heads",
+    "num-query-groups": "model.kv_heads",
+    "group-query-attention": "model.kv_heads",
+    "kv-channels": "model.head_dim",
+    "ffn-hidden-size": "model.ffn_hidden",
+    "swiglu": "model.ffn",
+    "normalization": "model.norm",
+    "disable-bias-linear": "model.bias",
+    "add-bias-linear": "model.bias",
     "untie-embeddings-and-output-weights": "model.tied_embeddings",
-    "vocab-size": "model.vocab", "padded-vocab-size": "model.vocab", "vocab-file": "model.vocab",
+    "vocab-size": "model.vocab",
+    "padded-vocab-size": "model.vocab",
+    "vocab-file": "model.vocab",
     "make-vocab-size-divisible-by": "model.vocab",
-    "num-experts": "model.moe.experts", "moe-router-topk": "model.moe.top_k",
+    "num-experts": "model.moe.experts",
+    "moe-router-topk": "model.moe.top_k",
     "moe-ffn-hidden-size": "model.moe.expert_ffn_hidden",
     "moe-shared-expert-intermediate-size": "model.moe.shared_experts",
-    "seq-length": "training.seq_len", "encoder-seq-length": "training.seq_len",
-    "micro-batch-size": "training.micro_batch_size", "global-batch-size": "training.global_batch_size",
-    "tensor-model-parallel-size": "parallel.tp", "pipeline-model-parallel-size": "parallel.pp",
-    "context-parallel-size": "parallel.cp", "expert-model-parallel-size": "parallel.ep",
-    "expert-tensor-parallel-size": "parallel.etp", "data-parallel-size": "parallel.dp",
-    "num-layers-per-virtual-pipeline-stage": "parallel.vpp", "virtual-pipeline-model-parallel-size": "parallel.vpp",
-    "sequence-parallel": "parallel.sequence_parallel", "use-distributed-optimizer": "parallel.zero",
-    "recompute-granularity": "training.recompute", "recompute-method": "training.recompute",
-    "recompute-num-layers": "training.recompute", "recompute-activations": "training.recompute",
+    "seq-length": "training.seq_len",
+    "encoder-seq-length": "training.seq_len",
+    "micro-batch-size": "training.micro_batch_size",
+    "global-batch-size": "training.global_batch_size",
+    "tensor-model-parallel-size": "parallel.tp",
+    "pipeline-model-parallel-size": "parallel.pp",
+    "context-parallel-size": "parallel.cp",
+    "expert-model-parallel-size": "parallel.ep",
+    "expert-tensor-parallel-size": "parallel.etp",
+    "data-parallel-size": "parallel.dp",
+    "num-layers-per-virtual-pipeline-stage": "parallel.vpp",
+    "virtual-pipeline-model-parallel-size": "parallel.vpp",
+    "sequence-parallel": "parallel.sequence_parallel",
+    "use-distributed-optimizer": "parallel.zero",
+    "recompute-granularity": "training.recompute",
+    "recompute-method": "training.recompute",
+    "recompute-num-layers": "training.recompute",
+    "recompute-activations": "training.recompute",
     "checkpoint-activations": "training.recompute",
-    "fp8-format": "training.dtype", "fp8": "training.dtype", "bf16": "training.dtype", "fp16": "training.dtype",
-    "overlap-grad-reduce": "training.overlap_grad_reduce", "DDP-impl": "training.overlap_grad_reduce",
-    "use-flash-attn": "training.flash_attention", "attention-backend": "training.flash_attention",
+    "fp8-format": "training.dtype",
+    "fp8": "training.dtype",
+    "bf16": "training.dtype",
+    "fp16": "training.dtype",
+    "overlap-grad-reduce": "training.overlap_grad_reduce",
+    "DDP-impl": "training.overlap_grad_reduce",
+    "use-flash-attn": "training.flash_attention",
+    "attention-backend": "training.flash_attention",
     "transformer-impl": "training.flash_attention",
-    "num-gpus": "cluster.devices", "nnodes": "cluster.devices", "nproc-per-node": "cluster.devices",
-    "num-nodes": "cluster.devices", "devices": "cluster.devices",
+    "num-gpus": "cluster.devices",
+    "nnodes": "cluster.devices",
+    "nproc-per-node": "cluster.devices",
+    "num-nodes": "cluster.devices",
+    "devices": "cluster.devices",
 }
 
 #: Arguments that cannot change the time of one training step (what is learnt, read,
 #: logged or saved): accepted and listed as ignored.
 NO_STEP_EFFECT = (
-    "lr", "min-lr", "lr-decay-style", "lr-decay-iters", "lr-warmup-fraction", "lr-warmup-iters", "lr-warmup-samples",
-    "train-iters", "train-samples", "eval-iters", "eval-interval", "log-interval", "save-interval", "save", "load",
-    "data-path", "split", "merge-file", "tokenizer-type", "tokenizer-model", "seed", "clip-grad", "weight-decay",
-    "adam-beta1", "adam-beta2", "adam-eps", "init-method-std", "loss-scale", "initial-loss-scale",
-    "min-loss-scale", "loss-scale-window", "hidden-dropout", "attention-dropout", "max-position-embeddings",
-    "position-embedding-type", "rotary-percent", "rotary-base", "tensorboard-dir", "wandb-project",
-    "wandb-exp-name", "exit-duration-in-mins", "distributed-backend", "no-masked-softmax-fusion",
-    "node-rank", "master-addr", "master-port", "rdzv-endpoint", "rdzv-backend", "rdzv-id", "data-cache-path",
-    "log-throughput", "timing-log-level", "log-timers-to-tensorboard", "mock-data", "no-load-optim", "no-load-rng",
+    "lr",
+    "min-lr",
+    "lr-decay-style",
+    "lr-decay-iters",
+    "lr-warmup-fraction",
+    "lr-warmup-iters",
+    "lr-warmup-samples",
+    "train-iters",
+    "train-samples",
+    "eval-iters",
+    "eval-interval",
+    "log-interval",
+    "save-interval",
+    "save",
+    "load",
+    "data-path",
+    "split",
+    "merge-file",
+    "tokenizer-type",
+    "tokenizer-model",
+    "seed",
+    "clip-grad",
+    "weight-decay",
+    "adam-beta1",
+    "adam-beta2",
+    "adam-eps",
+    "init-method-std",
+    "loss-scale",
+    "initial-loss-scale",
+    "min-loss-scale",
+    "loss-scale-window",
+    "hidden-dropout",
+    "attention-dropout",
+    "max-position-embeddings",
+    "position-embedding-type",
+    "rotary-percent",
+    "rotary-base",
+    "tensorboard-dir",
+    "wandb-project",
+    "wandb-exp-name",
+    "exit-duration-in-mins",
+    "distributed-backend",
+    "no-masked-softmax-fusion",
+    "node-rank",
+    "master-addr",
+    "master-port",
+    "rdzv-endpoint",
+    "rdzv-backend",
+    "rdzv-id",
+    "data-cache-path",
+    "log-throughput",
+    "timing-log-level",
+    "log-timers-to-tensorboard",
+    "mock-data",
+    "no-load-optim",
+    "no-load-rng",
 )
 
-_FLAGS = ("swiglu", "disable-bias-linear", "add-bias-linear", "untie-embeddings-and-output-weights",
-          "group-query-attention", "sequence-parallel", "use-distributed-optimizer", "bf16", "fp16", "fp8",
-          "overlap-grad-reduce", "use-flash-attn", "recompute-activations", "checkpoint-activations", "mock-data",
-          "log-throughput", "no-masked-softmax-fusion", "no-load-optim", "no-load-rng",
-          "log-timers-to-tensorboard")
+_FLAGS = (
+    "swiglu",
+    "disable-bias-linear",
+    "add-bias-linear",
+    "untie-embeddings-and-output-weights",
+    "group-query-attention",
+    "sequence-parallel",
+    "use-distributed-optimizer",
+    "bf16",
+    "fp16",
+    "fp8",
+    "overlap-grad-reduce",
+    "use-flash-attn",
+    "recompute-activations",
+    "checkpoint-activations",
+    "mock-data",
+    "log-throughput",
+    "no-masked-softmax-fusion",
+    "no-load-optim",
+    "no-load-rng",
+    "log-timers-to-tensorboard",
+)
 
 
 @dataclass
 class ImportResult:
     scenario: dict
-    mapped: list[str] = field(default_factory=list)      # "--arg value -> key"
+    mapped: list[str] = field(default_factory=list)  # "--arg value -> key"
     ignored: list[str] = field(default_factory=list)
     unmapped: list[str] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
@@ -127,12 +218,17 @@ def parse_arg_text(text: str) -> dict[str, Optional[str]]:
                 out[name] = val
                 continue
             vals = []
-            while i < len(tokens) and not tokens[i].startswith("--") and "=" not in tokens[i] \
-                    and not tokens[i].endswith(".py") and name not in _FLAGS:
+            while (
+                i < len(tokens)
+                and not tokens[i].startswith("--")
+                and "=" not in tokens[i]
+                and not tokens[i].endswith(".py")
+                and name not in _FLAGS
+            ):
                 vals.append(tokens[i])
                 i += 1
             out[name] = " ".join(vals) if vals else None
-        elif "=" in tok and not tok.startswith("-"):        # NeMo / Hydra override: a.b.c=value
+        elif "=" in tok and not tok.startswith("-"):  # NeMo / Hydra override: a.b.c=value
             key, _, val = tok.partition("=")
             name = key.lstrip("+~").split(".")[-1].replace("_", "-")
             if val.lower() in ("true", "false", "null", "none"):
@@ -154,7 +250,9 @@ def _int(args: dict, name: str, default=None) -> Optional[int]:
         raise ScenarioError(f"--{name}", f"expected an integer, got {v!r}") from None
 
 
-def import_megatron(text: str, cluster: str, devices: Optional[int] = None, name: str = "megatron-import") -> ImportResult:
+def import_megatron(
+    text: str, cluster: str, devices: Optional[int] = None, name: str = "megatron-import"
+) -> ImportResult:
     """Map an argument list onto a scenario mapping (see the module notes)."""
     args = parse_arg_text(text)
     res = ImportResult(scenario={})
@@ -163,14 +261,19 @@ def import_megatron(text: str, cluster: str, devices: Optional[int] = None, name
     def take(arg: str, key: str, shown=None) -> None:
         used.add(arg)
         v = args.get(arg)
-        res.mapped.append(f"--{arg}{'' if v is None else ' ' + str(v)} -> {key}" + (f" = {shown}" if shown is not None
-                                                                                  else ""))
+        res.mapped.append(
+            f"--{arg}{'' if v is None else ' ' + str(v)} -> {key}" + (f" = {shown}" if shown is not None else "")
+        )
 
     for req in ("num-layers", "hidden-size", "num-attention-heads"):
         if args.get(req) is None:
             raise ScenarioError(f"--{req}", "required: the model's shape is not complete without it")
     layers, hidden, heads = _int(args, "num-layers"), _int(args, "hidden-size"), _int(args, "num-attention-heads")
-    for a, k in (("num-layers", "model.layers"), ("hidden-size", "model.hidden"), ("num-attention-heads", "model.heads")):
+    for a, k in (
+        ("num-layers", "model.layers"),
+        ("hidden-size", "model.hidden"),
+        ("num-attention-heads", "model.heads"),
+    ):
         take(a, k)
     model: dict = {"name": f"{name}-model", "layers": layers, "hidden": hidden, "heads": heads}
     tp = _int(args, "tensor-model-parallel-size", 1)
@@ -181,7 +284,7 @@ def import_megatron(text: str, cluster: str, devices: Optional[int] = None, name
             model["kv_heads"] = _int(args, "num-query-groups")
             take("num-query-groups", "model.kv_heads")
     elif "num-query-groups" in args:
-        model["kv_heads"] = _int(args, "num-query-groups")   # NeMo sets the groups alone
+        model["kv_heads"] = _int(args, "num-query-groups")  # NeMo sets the groups alone
         take("num-query-groups", "model.kv_heads")
     if "kv-channels" in args:
         model["head_dim"] = _int(args, "kv-channels")
@@ -194,10 +297,12 @@ def import_megatron(text: str, cluster: str, devices: Optional[int] = None, name
     if "ffn-hidden-size" in args:
         model["ffn_hidden"] = _int(args, "ffn-hidden-size")
         take("ffn-hidden-size", "model.ffn_hidden")
-    else:   # Megatron's default (megatron/training/arguments.py)
+    else:  # Megatron's default (megatron/training/arguments.py)
         model["ffn_hidden"] = int((4 * hidden * 2 / 3) / 64) * 64 if swiglu else 4 * hidden
-        res.assumptions.append(f"model.ffn_hidden = {model['ffn_hidden']}: Megatron's default "
-                               f"({'int(8h/3 / 64) * 64 under --swiglu' if swiglu else '4h'})")
+        res.assumptions.append(
+            f"model.ffn_hidden = {model['ffn_hidden']}: Megatron's default "
+            f"({'int(8h/3 / 64) * 64 under --swiglu' if swiglu else '4h'})"
+        )
     norm = str(args.get("normalization") or "LayerNorm")
     if norm not in ("LayerNorm", "RMSNorm"):
         raise ScenarioError("--normalization", f"LayerNorm or RMSNorm, got {norm!r}")
@@ -226,11 +331,16 @@ def import_megatron(text: str, cluster: str, devices: Optional[int] = None, name
             raw = GPT2_VOCAB
             take("vocab-file", "model.vocab", f"{GPT2_VOCAB} (GPT-2 BPE)")
         else:
-            raise ScenarioError("--vocab-size", "the vocabulary size is not in the arguments (a tokenizer stepsim "
-                                                "cannot read): add --vocab-size N (or --padded-vocab-size N)")
+            raise ScenarioError(
+                "--vocab-size",
+                "the vocabulary size is not in the arguments (a tokenizer stepsim "
+                "cannot read): add --vocab-size N (or --padded-vocab-size N)",
+            )
         model["vocab"] = -(-raw // multiple) * multiple
-        res.assumptions.append(f"model.vocab = {model['vocab']}: {raw} padded to a multiple of {multiple} "
-                               f"(--make-vocab-size-divisible-by {multiple // tp} x tp {tp}), as Megatron pads it")
+        res.assumptions.append(
+            f"model.vocab = {model['vocab']}: {raw} padded to a multiple of {multiple} "
+            f"(--make-vocab-size-divisible-by {multiple // tp} x tp {tp}), as Megatron pads it"
+        )
     # MoE
     if args.get("num-experts") is not None:
         experts = _int(args, "num-experts")
@@ -246,9 +356,11 @@ def import_megatron(text: str, cluster: str, devices: Optional[int] = None, name
         shared = _int(args, "moe-shared-expert-intermediate-size")
         if shared:
             if shared % moe["expert_ffn_hidden"]:
-                raise ScenarioError("--moe-shared-expert-intermediate-size",
-                                    f"{shared} is not a multiple of the expert FFN width {moe['expert_ffn_hidden']}; "
-                                    "stepsim counts shared experts of that width")
+                raise ScenarioError(
+                    "--moe-shared-expert-intermediate-size",
+                    f"{shared} is not a multiple of the expert FFN width {moe['expert_ffn_hidden']}; "
+                    "stepsim counts shared experts of that width",
+                )
             moe["shared_experts"] = shared // moe["expert_ffn_hidden"]
             take("moe-shared-expert-intermediate-size", "model.moe.shared_experts", moe["shared_experts"])
         model["moe"] = moe
@@ -256,8 +368,11 @@ def import_megatron(text: str, cluster: str, devices: Optional[int] = None, name
     par: dict = {"tp": tp}
     if "tensor-model-parallel-size" in args:
         take("tensor-model-parallel-size", "parallel.tp")
-    for a, k in (("pipeline-model-parallel-size", "pp"), ("context-parallel-size", "cp"),
-                 ("expert-model-parallel-size", "ep")):
+    for a, k in (
+        ("pipeline-model-parallel-size", "pp"),
+        ("context-parallel-size", "cp"),
+        ("expert-model-parallel-size", "ep"),
+    ):
         par[k] = _int(args, a, 1)
         if a in args:
             take(a, f"parallel.{k}")
@@ -266,14 +381,17 @@ def import_megatron(text: str, cluster: str, devices: Optional[int] = None, name
         if "expert-tensor-parallel-size" in args:
             take("expert-tensor-parallel-size", "parallel.etp")
         else:
-            res.assumptions.append(f"parallel.etp = {tp}: Megatron's default expert tensor parallelism is the tensor "
-                                   "parallelism")
+            res.assumptions.append(
+                f"parallel.etp = {tp}: Megatron's default expert tensor parallelism is the tensor parallelism"
+            )
     vpp = 1
     if args.get("num-layers-per-virtual-pipeline-stage") is not None:
         per = _int(args, "num-layers-per-virtual-pipeline-stage")
         if per <= 0 or layers % (par["pp"] * per):
-            raise ScenarioError("--num-layers-per-virtual-pipeline-stage",
-                                f"{layers} layers do not split into {par['pp']} stages of chunks of {per}")
+            raise ScenarioError(
+                "--num-layers-per-virtual-pipeline-stage",
+                f"{layers} layers do not split into {par['pp']} stages of chunks of {per}",
+            )
         vpp = layers // (par["pp"] * per)
         take("num-layers-per-virtual-pipeline-stage", "parallel.vpp", vpp)
     elif args.get("virtual-pipeline-model-parallel-size") is not None:
@@ -304,7 +422,7 @@ def import_megatron(text: str, cluster: str, devices: Optional[int] = None, name
         tr["global_batch_size"] = _int(args, "global-batch-size")
         take("global-batch-size", "training.global_batch_size")
     # precision
-    precision = str(args.get("precision") or "")      # NeMo: trainer.precision
+    precision = str(args.get("precision") or "")  # NeMo: trainer.precision
     if precision:
         used.add("precision")
         if "bf16" in precision:
@@ -337,8 +455,10 @@ def import_megatron(text: str, cluster: str, devices: Optional[int] = None, name
         take("recompute-granularity", "training.recompute", gran)
     elif args.get("recompute-method") is not None or "checkpoint-activations" in args:
         tr["recompute"] = "full"
-        res.assumptions.append("training.recompute = full: a --recompute-method without --recompute-granularity "
-                               "(or the older --checkpoint-activations) recomputes whole layers")
+        res.assumptions.append(
+            "training.recompute = full: a --recompute-method without --recompute-granularity "
+            "(or the older --checkpoint-activations) recomputes whole layers"
+        )
     else:
         tr["recompute"] = "none"
     for a in ("recompute-method", "checkpoint-activations"):
@@ -352,8 +472,10 @@ def import_megatron(text: str, cluster: str, devices: Optional[int] = None, name
             take("recompute-num-layers", "training.recompute", "full")
         else:
             used.add("recompute-num-layers")
-            res.unmapped.append(f"--recompute-num-layers {n} (with --recompute-method {method}: stepsim recomputes all "
-                                f"layers or none; simulated as recompute {tr['recompute']})")
+            res.unmapped.append(
+                f"--recompute-num-layers {n} (with --recompute-method {method}: stepsim recomputes all "
+                f"layers or none; simulated as recompute {tr['recompute']})"
+            )
     # gradient-reduction overlap
     ddp = args.get("DDP-impl")
     if "overlap-grad-reduce" in args:
@@ -362,8 +484,10 @@ def import_megatron(text: str, cluster: str, devices: Optional[int] = None, name
     elif ddp is not None:
         tr["overlap_grad_reduce"] = ddp == "torch"
         take("DDP-impl", "training.overlap_grad_reduce", ddp == "torch")
-        res.assumptions.append("--DDP-impl torch overlaps bucketed all-reduces with the backward pass (PyTorch DDP); "
-                               "local reduces after it")
+        res.assumptions.append(
+            "--DDP-impl torch overlaps bucketed all-reduces with the backward pass (PyTorch DDP); "
+            "local reduces after it"
+        )
     else:
         tr["overlap_grad_reduce"] = False
         res.assumptions.append("training.overlap_grad_reduce = false: Megatron's default (no --overlap-grad-reduce)")
@@ -380,9 +504,11 @@ def import_megatron(text: str, cluster: str, devices: Optional[int] = None, name
         take("transformer-impl", "training.flash_attention", tr["flash_attention"])
     else:
         tr["flash_attention"] = True
-        res.assumptions.append("training.flash_attention = true: the arguments do not name the attention kernel; "
-                               "current Megatron-LM fuses attention (Transformer Engine); Megatron-LM before 2023 "
-                               "materialised the scores: set training.flash_attention: false for those runs")
+        res.assumptions.append(
+            "training.flash_attention = true: the arguments do not name the attention kernel; "
+            "current Megatron-LM fuses attention (Transformer Engine); Megatron-LM before 2023 "
+            "materialised the scores: set training.flash_attention: false for those runs"
+        )
     # devices
     n_dev = devices
     if n_dev is None:
@@ -400,12 +526,21 @@ def import_megatron(text: str, cluster: str, devices: Optional[int] = None, name
             n_dev = tp * par["pp"] * par["cp"] * dp
             res.assumptions.append(f"cluster.devices = {n_dev}: tp x pp x cp x dp")
         else:
-            raise ScenarioError("--devices", "the arguments do not say how many GPUs ran: give --devices N (or "
-                                             "--data-parallel-size, or the torchrun line's --nnodes/--nproc-per-node)")
+            raise ScenarioError(
+                "--devices",
+                "the arguments do not say how many GPUs ran: give --devices N (or "
+                "--data-parallel-size, or the torchrun line's --nnodes/--nproc-per-node)",
+            )
     else:
         used.update(a for a in ("nnodes", "nproc-per-node", "num-nodes", "devices", "num-gpus") if a in args)
-    res.scenario = {"name": name, "model": model, "cluster": {"preset": cluster, "devices": int(n_dev)},
-                    "parallel": par, "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "training": tr}
+    res.scenario = {
+        "name": name,
+        "model": model,
+        "cluster": {"preset": cluster, "devices": int(n_dev)},
+        "parallel": par,
+        "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
+        "training": tr,
+    }
     for a, v in args.items():
         if a in used:
             continue
@@ -442,12 +577,14 @@ def cmd_import(args) -> int:
     text = read_text(path, 1 << 20, what="argument file")
     name = args.name or path.stem
     res = import_megatron(text, args.cluster, devices=args.devices, name=name)
-    load_scenario(res.scenario)     # refuse what would not run, naming the key
+    load_scenario(res.scenario)  # refuse what would not run, naming the key
     out = to_yaml(res, str(path))
     if args.out:
         Path(args.out).write_text(out)
-        print(f"wrote {args.out}: {len(res.mapped)} arguments mapped, {len(res.unmapped)} not mapped, "
-              f"{len(res.ignored)} ignored (no effect on a step)")
+        print(
+            f"wrote {args.out}: {len(res.mapped)} arguments mapped, {len(res.unmapped)} not mapped, "
+            f"{len(res.ignored)} ignored (no effect on a step)"
+        )
     else:
         sys.stdout.write(out)
     stream = sys.stdout if args.out else sys.stderr
@@ -458,15 +595,23 @@ def cmd_import(args) -> int:
 
 def register(subparsers) -> None:
     """Add ``import`` to the ``stepsim`` parser."""
-    p = subparsers.add_parser("import", help="write a scenario from another tool's configuration "
-                                             "(Megatron-LM / NeMo arguments)")
-    p.add_argument("source", choices=["megatron"], help="what the file is: megatron (a Megatron-LM or NeMo argument "
-                                                        "list)")
+    p = subparsers.add_parser(
+        "import", help="write a scenario from another tool's configuration (Megatron-LM / NeMo arguments)"
+    )
+    p.add_argument(
+        "source", choices=["megatron"], help="what the file is: megatron (a Megatron-LM or NeMo argument list)"
+    )
     p.add_argument("args_file", metavar="ARGS_FILE", help="file holding the argument list (newlines and \\ allowed)")
-    p.add_argument("--cluster", required=True, help="cluster preset (stepsim presets): Megatron's arguments do not "
-                                                    "name the hardware")
-    p.add_argument("--devices", type=int, help="GPUs (default: from the torchrun line, --num-gpus, or "
-                                               "tp*pp*cp*dp with --data-parallel-size)")
+    p.add_argument(
+        "--cluster",
+        required=True,
+        help="cluster preset (stepsim presets): Megatron's arguments do not name the hardware",
+    )
+    p.add_argument(
+        "--devices",
+        type=int,
+        help="GPUs (default: from the torchrun line, --num-gpus, or tp*pp*cp*dp with --data-parallel-size)",
+    )
     p.add_argument("--name", help="scenario name (default: the file's name)")
     p.add_argument("--out", help="scenario YAML to write (default: print it)")
     p.set_defaults(func=cmd_import)

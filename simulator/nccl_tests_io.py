@@ -49,14 +49,30 @@ from simulator.errors import StudyError
 
 #: nccl-tests binary of each ``stepsim collective`` op.
 BINARY_OF_OP = {
-    "all-reduce": "all_reduce_perf", "all-gather": "all_gather_perf", "reduce-scatter": "reduce_scatter_perf",
-    "all-to-all": "alltoall_perf", "broadcast": "broadcast_perf", "send-recv": "sendrecv_perf",
+    "all-reduce": "all_reduce_perf",
+    "all-gather": "all_gather_perf",
+    "reduce-scatter": "reduce_scatter_perf",
+    "all-to-all": "alltoall_perf",
+    "broadcast": "broadcast_perf",
+    "send-recv": "sendrecv_perf",
 }
 OP_OF_BINARY = {v: k for k, v in BINARY_OF_OP.items()}
 
 #: Bytes per element of the nccl-tests data types this module writes (``-d``).
-DTYPE_BYTES = {"float": 4, "bfloat16": 2, "half": 2, "double": 8, "int32": 4, "int8": 1, "uint8": 1,
-               "int64": 8, "uint32": 4, "uint64": 8, "f8e4m3": 1, "f8e5m2": 1}
+DTYPE_BYTES = {
+    "float": 4,
+    "bfloat16": 2,
+    "half": 2,
+    "double": 8,
+    "int32": 4,
+    "int8": 1,
+    "uint8": 1,
+    "int64": 8,
+    "uint32": 4,
+    "uint64": 8,
+    "f8e4m3": 1,
+    "f8e5m2": 1,
+}
 
 #: Ops whose ``count`` column is per rank (nccl-tests ``*GetCollByteCount``: paramcount = count / nranks).
 _PER_RANK_COUNT = ("all-gather", "reduce-scatter", "all-to-all")
@@ -110,13 +126,19 @@ def _op_from(text: str, name: str) -> Optional[str]:
     if m:
         return OP_OF_BINARY[m.group(1) + "_perf"]
     if len(found) > 1:
-        raise NcclTestsError(f"{name}: names several nccl-tests binaries ({', '.join(sorted(found))}); "
-                             "give one log per binary, or name the op")
+        raise NcclTestsError(
+            f"{name}: names several nccl-tests binaries ({', '.join(sorted(found))}); "
+            "give one log per binary, or name the op"
+        )
     return None
 
 
-def read_nccl_tests(path: Union[str, Path], op: Optional[str] = None, devices: Optional[int] = None,
-                    default_devices: Optional[int] = None) -> NcclTestsLog:
+def read_nccl_tests(
+    path: Union[str, Path],
+    op: Optional[str] = None,
+    devices: Optional[int] = None,
+    default_devices: Optional[int] = None,
+) -> NcclTestsLog:
     """Read an nccl-tests log (see the module notes).
 
     ``op`` (``all-reduce`` ..., or the binary name ``all_reduce_perf``) and ``devices``
@@ -137,15 +159,18 @@ def read_nccl_tests(path: Union[str, Path], op: Optional[str] = None, devices: O
         key = op.strip().lower()
         key = OP_OF_BINARY.get(key if key.endswith("_perf") else key + "_perf", key)
         if key not in BINARY_OF_OP:
-            raise NcclTestsError(f"op: {op!r} not allowed; choose from {', '.join(BINARY_OF_OP)} "
-                                 f"or {', '.join(OP_OF_BINARY)}")
+            raise NcclTestsError(
+                f"op: {op!r} not allowed; choose from {', '.join(BINARY_OF_OP)} or {', '.join(OP_OF_BINARY)}"
+            )
         the_op = key
     else:
         the_op = _op_from(text, p.name)
         if the_op is None:
-            raise NcclTestsError(f"{name}: cannot tell which collective this log measured (nccl-tests does not "
-                                 "print it): name the file after the binary (all_reduce_perf.txt ...) or give "
-                                 f"the op (--nccl-op; one of {', '.join(BINARY_OF_OP)})")
+            raise NcclTestsError(
+                f"{name}: cannot tell which collective this log measured (nccl-tests does not "
+                "print it): name the file after the binary (all_reduce_perf.txt ...) or give "
+                f"the op (--nccl-op; one of {', '.join(BINARY_OF_OP)})"
+            )
     ranks: set[int] = set()
     header: Optional[list[str]] = None
     rows: list[NcclTestsRow] = []
@@ -169,15 +194,18 @@ def read_nccl_tests(path: Union[str, Path], op: Optional[str] = None, devices: O
             continue  # an interleaved NCCL INFO line
         rows.append(_row(parts, header, f"{name}:{lineno}"))
     if header is None:
-        raise NcclTestsError(f"{name}: no nccl-tests column header ('#  size  count  type ...') found; "
-                             "is this the output of an nccl-tests binary?")
+        raise NcclTestsError(
+            f"{name}: no nccl-tests column header ('#  size  count  type ...') found; "
+            "is this the output of an nccl-tests binary?"
+        )
     if not rows:
         raise NcclTestsError(f"{name}: a column header but no result rows")
     n = devices if devices is not None else (len(ranks) or default_devices)
     if n is None or n < 2:
         if n is None:
-            raise NcclTestsError(f"{name}: no '#  Rank N ...' lines to count the devices from; give the device "
-                                 "count (--devices)")
+            raise NcclTestsError(
+                f"{name}: no '#  Rank N ...' lines to count the devices from; give the device count (--devices)"
+            )
         raise NcclTestsError(f"{name}: devices must be >= 2 for a collective, got {n}")
     return NcclTestsLog(the_op, int(n), tuple(rows), name)
 
@@ -193,10 +221,12 @@ def _num(word: str, col: str, where: str) -> float:
 
 def _row(parts: list[str], header: list[str], where: str) -> NcclTestsRow:
     # Header words: size count type [redop] [root] time algbw busbw (#wrong|error) time algbw busbw (#wrong|error)
-    lead = [h for h in header[:header.index("time")]] if "time" in header else []
+    lead = [h for h in header[: header.index("time")]] if "time" in header else []
     if len(lead) < 3 or len(parts) < len(lead) + 3:
-        raise NcclTestsError(f"{where}: expected {len(lead) + 3} or more columns "
-                             f"({' '.join(header)}), got {len(parts)}: {' '.join(parts)!r}")
+        raise NcclTestsError(
+            f"{where}: expected {len(lead) + 3} or more columns "
+            f"({' '.join(header)}), got {len(parts)}: {' '.join(parts)!r}"
+        )
     cols = dict(zip(lead, parts))
     size = _num(cols["size"], "size", where)
     count = _num(cols["count"], "count", where)
@@ -213,8 +243,17 @@ def _row(parts: list[str], header: list[str], where: str) -> NcclTestsRow:
         except ValueError:
             ip = None
     root = cols.get("root", "-1")
-    return NcclTestsRow(int(size), int(count), cols["type"], cols.get("redop", "none"),
-                        int(root) if re.match(r"^-?\d+$", root) else -1, t_us * 1e-6, algbw * 1e9, busbw * 1e9, ip)
+    return NcclTestsRow(
+        int(size),
+        int(count),
+        cols["type"],
+        cols.get("redop", "none"),
+        int(root) if re.match(r"^-?\d+$", root) else -1,
+        t_us * 1e-6,
+        algbw * 1e9,
+        busbw * 1e9,
+        ip,
+    )
 
 
 def _fmt_time(t_us: float) -> str:
@@ -226,8 +265,9 @@ def _fmt_time(t_us: float) -> str:
     return f"{t_us:8.2f}"
 
 
-def format_nccl_tests(rows: Sequence[dict], op: str, n_ranks: int, dtype: str = "float", cluster: str = "",
-                      device_name: str = "") -> str:
+def format_nccl_tests(
+    rows: Sequence[dict], op: str, n_ranks: int, dtype: str = "float", cluster: str = "", device_name: str = ""
+) -> str:
     """Rows of :func:`simulator.bench.collective_sweep` as nccl-tests prints them.
 
     Out-of-place and in-place columns carry the same simulated time (the simulator
@@ -241,18 +281,23 @@ def format_nccl_tests(rows: Sequence[dict], op: str, n_ranks: int, dtype: str = 
     sizes = [int(r["size_bytes"]) for r in rows]
     redop = "sum" if op in ("all-reduce", "reduce-scatter") else "none"
     root = 0 if op == "broadcast" else -1
-    lines = [f"# stepsim collective: {BINARY_OF_OP[op]} simulated on {cluster or 'a cluster'}, {n_ranks} devices",
-             f"# nThread 1 nGpus {n_ranks} minBytes {min(sizes, default=0)} maxBytes {max(sizes, default=0)} "
-             "step: 2(factor) warmup iters: 0 iters: 1 agg iters: 1 validation: 0 graph: 0",
-             "#", "# Using devices"]
+    lines = [
+        f"# stepsim collective: {BINARY_OF_OP[op]} simulated on {cluster or 'a cluster'}, {n_ranks} devices",
+        f"# nThread 1 nGpus {n_ranks} minBytes {min(sizes, default=0)} maxBytes {max(sizes, default=0)} "
+        "step: 2(factor) warmup iters: 0 iters: 1 agg iters: 1 validation: 0 graph: 0",
+        "#",
+        "# Using devices",
+    ]
     for r in range(n_ranks):
         lines.append(f"#  Rank {r:2d} Group  0 Pid      0 on    stepsim device {r:2d} [sim] {device_name}".rstrip())
-    lines += ["#",
-              f"# {'':>10s} {'':>13s} {'':>9s} {'':>7s} {'':>7s}     out-of-place                       in-place",
-              f"# {'size':>10s} {'count':>13s} {'type':>9s} {'redop':>7s} {'root':>7s} {'time':>8s} {'algbw':>7s} "
-              f"{'busbw':>7s} {'#wrong':>6s} {'time':>8s} {'algbw':>7s} {'busbw':>7s} {'#wrong':>6s}",
-              f"# {'(B)':>10s} {'(elements)':>13s} {'':>9s} {'':>7s} {'':>7s} {'(us)':>8s} {'(GB/s)':>7s} "
-              f"{'(GB/s)':>7s} {'':>6s} {'(us)':>8s} {'(GB/s)':>7s} {'(GB/s)':>7s} {'':>6s}"]
+    lines += [
+        "#",
+        f"# {'':>10s} {'':>13s} {'':>9s} {'':>7s} {'':>7s}     out-of-place                       in-place",
+        f"# {'size':>10s} {'count':>13s} {'type':>9s} {'redop':>7s} {'root':>7s} {'time':>8s} {'algbw':>7s} "
+        f"{'busbw':>7s} {'#wrong':>6s} {'time':>8s} {'algbw':>7s} {'busbw':>7s} {'#wrong':>6s}",
+        f"# {'(B)':>10s} {'(elements)':>13s} {'':>9s} {'':>7s} {'':>7s} {'(us)':>8s} {'(GB/s)':>7s} "
+        f"{'(GB/s)':>7s} {'':>6s} {'(us)':>8s} {'(GB/s)':>7s} {'(GB/s)':>7s} {'':>6s}",
+    ]
     for r in rows:
         size = int(r["size_bytes"])
         count = size // elem // (n_ranks if op in _PER_RANK_COUNT else 1)

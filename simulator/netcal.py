@@ -117,10 +117,10 @@ class NetCalibration:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "efficiency", _frozen(self.efficiency, "efficiency", 1.0))
-        object.__setattr__(self, "message_overhead_s",
-                           _frozen(self.message_overhead_s, "message_overhead_s", None))
-        object.__setattr__(self, "algorithm_efficiency",
-                           _frozen(self.algorithm_efficiency, "algorithm_efficiency", 1.0))
+        object.__setattr__(self, "message_overhead_s", _frozen(self.message_overhead_s, "message_overhead_s", None))
+        object.__setattr__(
+            self, "algorithm_efficiency", _frozen(self.algorithm_efficiency, "algorithm_efficiency", 1.0)
+        )
 
     def efficiency_of(self, kind: str) -> float:
         return self.efficiency.get(kind, 1.0)
@@ -131,9 +131,13 @@ class NetCalibration:
     def algorithm_efficiency_of(self, algorithm: str) -> float:
         return self.algorithm_efficiency.get(algorithm, 1.0)
 
-    def with_overrides(self, *, efficiency: Mapping[str, float] | None = None,
-                       message_overhead_s: Mapping[str, float] | None = None,
-                       algorithm_efficiency: Mapping[str, float] | None = None) -> "NetCalibration":
+    def with_overrides(
+        self,
+        *,
+        efficiency: Mapping[str, float] | None = None,
+        message_overhead_s: Mapping[str, float] | None = None,
+        algorithm_efficiency: Mapping[str, float] | None = None,
+    ) -> "NetCalibration":
         """A copy with some entries replaced (others kept)."""
         return replace(
             self,
@@ -150,27 +154,42 @@ _ZERO_OVERHEAD = {kind: 0.0 for kind in LINK_KINDS}
 
 _DEFAULTS = {
     "hopper": NetCalibration(
-        efficiency={"nvlink": NVLINK_EFFICIENCY, "nic": IB_EFFICIENCY,
-                    "fabric": IB_EFFICIENCY, "dcn": IB_EFFICIENCY, "ici": 1.0},
+        efficiency={
+            "nvlink": NVLINK_EFFICIENCY,
+            "nic": IB_EFFICIENCY,
+            "fabric": IB_EFFICIENCY,
+            "dcn": IB_EFFICIENCY,
+            "ici": 1.0,
+        },
         message_overhead_s=_ZERO_OVERHEAD,
         algorithm_efficiency={"nvls": NVLS_RELATIVE_EFFICIENCY},
         source="NVLink: nccl-tests #212 (370/450 GB/s); NVLS: nccl-tests #212 (algbw 275 GB/s); "
-               "IB: nccl-tests #29 (48/50 GB/s); latency on links (DeepSeek ISCA'25)",
+        "IB: nccl-tests #29 (48/50 GB/s); latency on links (DeepSeek ISCA'25)",
     ),
     "ampere": NetCalibration(
-        efficiency={"nvlink": NVLINK_EFFICIENCY, "nic": IB_EFFICIENCY,
-                    "fabric": IB_EFFICIENCY, "dcn": IB_EFFICIENCY, "ici": 1.0},
+        efficiency={
+            "nvlink": NVLINK_EFFICIENCY,
+            "nic": IB_EFFICIENCY,
+            "fabric": IB_EFFICIENCY,
+            "dcn": IB_EFFICIENCY,
+            "ici": 1.0,
+        },
         message_overhead_s=_ZERO_OVERHEAD,
         source="NVLink fraction carried over from Hopper (assumption); IB: nccl-tests #29",
     ),
     "blackwell": NetCalibration(
-        efficiency={"nvlink": NVLINK_EFFICIENCY, "nic": IB_EFFICIENCY,
-                    "fabric": IB_EFFICIENCY, "dcn": IB_EFFICIENCY, "ici": 1.0},
+        efficiency={
+            "nvlink": NVLINK_EFFICIENCY,
+            "nic": IB_EFFICIENCY,
+            "fabric": IB_EFFICIENCY,
+            "dcn": IB_EFFICIENCY,
+            "ici": 1.0,
+        },
         message_overhead_s=_ZERO_OVERHEAD,
         algorithm_efficiency={"nvls": BLACKWELL_NVLS_RELATIVE_EFFICIENCY},
         source="NVLink fraction carried over from Hopper (assumption; GB200 nvbandwidth "
-               "770/900 GB/s, Azure/AI-benchmarking-guide #7); NVLS: GB200 NVL72 rack algbw "
-               "425 GB/s (coreweave/nccl-tests PR #43); IB: nccl-tests #29",
+        "770/900 GB/s, Azure/AI-benchmarking-guide #7); NVLS: GB200 NVL72 rack algbw "
+        "425 GB/s (coreweave/nccl-tests PR #43); IB: nccl-tests #29",
     ),
     "tpu": NetCalibration(
         efficiency={"ici": 1.0, "dcn": 1.0, "nic": 1.0, "fabric": 1.0, "nvlink": 1.0},
@@ -202,4 +221,5 @@ def default_calibration(family: str) -> NetCalibration:
         return _DEFAULTS[CHIPS[key].family]
     raise CalibrationError(
         f"calibration family {family!r} is unknown; allowed: {', '.join(FAMILIES)} "
-        f"or a chip name ({', '.join(sorted(CHIPS))})")
+        f"or a chip name ({', '.join(sorted(CHIPS))})"
+    )

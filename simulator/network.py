@@ -115,8 +115,8 @@ _INF = float("inf")
 # The maths
 # ---------------------------------------------------------------------------
 
-def maxmin_rates(incidence: sp.spmatrix, capacity: np.ndarray,
-                 weights: Optional[np.ndarray] = None) -> np.ndarray:
+
+def maxmin_rates(incidence: sp.spmatrix, capacity: np.ndarray, weights: Optional[np.ndarray] = None) -> np.ndarray:
     """Max-min fair rate of every flow, by progressive filling.
 
     Parameters
@@ -169,8 +169,7 @@ def maxmin_rates(incidence: sp.spmatrix, capacity: np.ndarray,
     return fill_arrays(owner, a.indices.astype(np.int64), a.data, w, cap)
 
 
-def fill_arrays(owner: np.ndarray, link: np.ndarray, mult: np.ndarray, w: np.ndarray,
-                cap: np.ndarray) -> np.ndarray:
+def fill_arrays(owner: np.ndarray, link: np.ndarray, mult: np.ndarray, w: np.ndarray, cap: np.ndarray) -> np.ndarray:
     """Progressive filling on a flow set given as incidence entries (numpy).
 
     Parameters
@@ -199,10 +198,10 @@ def fill_arrays(owner: np.ndarray, link: np.ndarray, mult: np.ndarray, w: np.nda
     rates = np.full(n_flows, np.inf)
     if owner.shape[0] == 0:
         return rates
-    use = w[owner] * mult                   # capacity use per unit rate, per entry
+    use = w[owner] * mult  # capacity use per unit rate, per entry
     remaining = cap.astype(float, copy=True)
     demand = np.bincount(link, use, minlength=n_links)
-    count = np.bincount(link, minlength=n_links)   # entries of unfixed flows per link
+    count = np.bincount(link, minlength=n_links)  # entries of unfixed flows per link
     alive = np.ones(owner.shape[0], dtype=bool)
     mark = np.zeros(n_flows, dtype=bool)
     mark[owner] = True
@@ -218,20 +217,26 @@ def fill_arrays(owner: np.ndarray, link: np.ndarray, mult: np.ndarray, w: np.nda
         fixed = np.flatnonzero(mark)
         rates[fixed] = level
         n_active -= fixed.shape[0]
-        hit = alive & mark[owner]              # entries of the fixed flows, flow-major
+        hit = alive & mark[owner]  # entries of the fixed flows, flow-major
         alive &= ~hit
         links = link[hit]
         delta = np.bincount(links, use[hit], minlength=n_links)
         demand -= delta
-        remaining -= delta * level         # every newly fixed flow runs at ``level``
+        remaining -= delta * level  # every newly fixed flow runs at ``level``
         count -= np.bincount(links, minlength=n_links)
         np.maximum(remaining, 0.0, out=remaining)
     return rates
 
 
-def fill_components(owner: np.ndarray, link: np.ndarray, w: np.ndarray, cap: np.ndarray,
-                    link_comp: np.ndarray, comp_start: np.ndarray,
-                    mult: Optional[np.ndarray] = None) -> np.ndarray:
+def fill_components(
+    owner: np.ndarray,
+    link: np.ndarray,
+    w: np.ndarray,
+    cap: np.ndarray,
+    link_comp: np.ndarray,
+    comp_start: np.ndarray,
+    mult: Optional[np.ndarray] = None,
+) -> np.ndarray:
     """:func:`fill_arrays` on several independent components at once (numpy).
 
     Links must be numbered component by component: component c owns links
@@ -261,7 +266,7 @@ def fill_components(owner: np.ndarray, link: np.ndarray, w: np.ndarray, cap: np.
         used = count > 0
         share.fill(np.inf)
         np.divide(remaining, demand, out=share, where=used)
-        level = np.minimum.reduceat(share, starts)      # per component
+        level = np.minimum.reduceat(share, starts)  # per component
         level_l = level[link_comp]
         saturated = used & (share <= level_l * (1.0 + BOTTLENECK_RTOL))
         mark.fill(False)
@@ -275,16 +280,18 @@ def fill_components(owner: np.ndarray, link: np.ndarray, w: np.ndarray, cap: np.
         delta = np.bincount(links, use[hit], minlength=n_links)
         touched = delta > 0
         demand -= delta
-        np.subtract(remaining, delta * np.where(touched, level_l, 0.0), out=remaining,
-                    where=touched)
+        np.subtract(remaining, delta * np.where(touched, level_l, 0.0), out=remaining, where=touched)
         count -= np.bincount(links, minlength=n_links)
         np.maximum(remaining, 0.0, out=remaining)
     return rates
 
 
-def fill_small(flow_links: Sequence[Sequence[int]], w: Sequence[float],
-               cap: Sequence[float],
-               mults: Optional[Sequence[Optional[Sequence[float]]]] = None) -> list[float]:
+def fill_small(
+    flow_links: Sequence[Sequence[int]],
+    w: Sequence[float],
+    cap: Sequence[float],
+    mults: Optional[Sequence[Optional[Sequence[float]]]] = None,
+) -> list[float]:
     """Progressive filling in plain Python, for a few flows.
 
     ``flow_links[f]`` lists the links of flow f (a link listed k times is crossed k
@@ -304,14 +311,15 @@ def fill_small(flow_links: Sequence[Sequence[int]], w: Sequence[float],
     fixed = [True] * n
     left = 0
     # capacity use per unit rate on each link: w[i], or w[i] * m with multiplicities
-    uses: list = [None] * n if mults is None else [
-        None if m is None else [wi * x for x in m] for wi, m in zip(w, mults)]
+    uses: list = (
+        [None] * n if mults is None else [None if m is None else [wi * x for x in m] for wi, m in zip(w, mults)]
+    )
     for i, links in enumerate(flow_links):
         if links:
             fixed[i] = False
             left += 1
         ui = uses[i]
-        for lk, u in (zip(links, ui) if ui is not None else zip(links, itertools.repeat(w[i]))):
+        for lk, u in zip(links, ui) if ui is not None else zip(links, itertools.repeat(w[i])):
             if lk in dem:
                 dem[lk] += u
                 cnt[lk] += 1
@@ -331,8 +339,7 @@ def fill_small(flow_links: Sequence[Sequence[int]], w: Sequence[float],
             rates[i] = level
             fixed[i] = True
             ui = uses[i]
-            for lk, u in (zip(flow_links[i], ui) if ui is not None
-                          else zip(flow_links[i], itertools.repeat(w[i]))):
+            for lk, u in zip(flow_links[i], ui) if ui is not None else zip(flow_links[i], itertools.repeat(w[i])):
                 delta[lk] = delta.get(lk, 0.0) + u
                 cnt[lk] -= 1
         left -= len(newly)
@@ -346,6 +353,7 @@ def fill_small(flow_links: Sequence[Sequence[int]], w: Sequence[float],
 # ---------------------------------------------------------------------------
 # The simpy side
 # ---------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Transfer:
@@ -390,16 +398,16 @@ class NetworkStats:
 
     link_bytes: np.ndarray
     recomputations: int = 0
-    flows_started: int = 0          # network transfers (before merging identical ones)
-    unit_flows_started: int = 0     # sum of weights
+    flows_started: int = 0  # network transfers (before merging identical ones)
+    unit_flows_started: int = 0  # sum of weights
     phases_started: int = 0
-    max_concurrent_flows: int = 0   # flows (merged rows) in flight at once
+    max_concurrent_flows: int = 0  # flows (merged rows) in flight at once
     link_capacity: np.ndarray = field(default_factory=lambda: np.zeros(0))
     flow_rows_started: int = 0
     components_solved: int = 0
     flows_recomputed: int = 0
     wakeups: int = 0
-    reserved_phases: int = 0        # phases run alone on their links (cached evolution)
+    reserved_phases: int = 0  # phases run alone on their links (cached evolution)
 
     def utilisation(self, elapsed_s: float) -> np.ndarray:
         """Average fraction of (calibrated) capacity used on each link over ``elapsed_s``."""
@@ -414,14 +422,13 @@ def _own_components(owner: np.ndarray, link: np.ndarray, n_flows: int):
     increasing order."""
     used, local = np.unique(link, return_inverse=True)
     n_nodes = n_flows + used.shape[0]
-    graph = sp.coo_matrix((np.ones(owner.shape[0]), (owner, n_flows + local.reshape(-1))),
-                          shape=(n_nodes, n_nodes))
+    graph = sp.coo_matrix((np.ones(owner.shape[0]), (owner, n_flows + local.reshape(-1))), shape=(n_nodes, n_nodes))
     _, labels = connected_components(graph, directed=False)
     labels = labels[:n_flows]
     shared = np.bincount(labels)[labels] > 1
     single = np.flatnonzero(~shared)
     flows = np.flatnonzero(shared)
-    order = flows[np.argsort(labels[flows], kind="stable")]     # by label, then flow index
+    order = flows[np.argsort(labels[flows], kind="stable")]  # by label, then flow index
     bounds = np.flatnonzero(np.diff(labels[order])) + 1
     comps = sorted(np.split(order, bounds) if order.size else [], key=lambda p: int(p[0]))
     return comps, single
@@ -431,16 +438,16 @@ def _own_components(owner: np.ndarray, link: np.ndarray, n_flows: int):
 class _Prepared:
     """A phase validated, merged and routed: one entry per flow (merged transfer)."""
 
-    n_transfers: int                     # network transfers before merging
-    units: int                           # sum of weights
-    latency_s: float                     # largest path latency + largest overhead
-    links: list                          # per flow: tuple of link ids
-    sizes: np.ndarray                    # per flow: bytes
-    weights: np.ndarray                  # per flow: weight
-    table: np.ndarray                    # per flow: link ids padded with -1 (flows x hops)
-    by_link: Optional[tuple]             # big phases: (flows sorted by link, [(link, a, b)],
+    n_transfers: int  # network transfers before merging
+    units: int  # sum of weights
+    latency_s: float  # largest path latency + largest overhead
+    links: list  # per flow: tuple of link ids
+    sizes: np.ndarray  # per flow: bytes
+    weights: np.ndarray  # per flow: weight
+    table: np.ndarray  # per flow: link ids padded with -1 (flows x hops)
+    by_link: Optional[tuple]  # big phases: (flows sorted by link, [(link, a, b)],
     #                                      (its own components, its flows alone))
-    mults: Optional[list] = None         # per flow: multiplicities aligned with links, or
+    mults: Optional[list] = None  # per flow: multiplicities aligned with links, or
     #                                      None (each link once); None: no flow has any
     mtable: Optional[np.ndarray] = None  # the same padded with 1.0, like ``table``
 
@@ -455,18 +462,19 @@ class _Isolated:
     ``seg_rate[i]`` per unit flow until the next segment starts.
     """
 
-    duration_s: float                    # until the last flow completes
-    links: np.ndarray                    # distinct links of the phase (int64)
-    link_list: list                      # the same, as Python ints
-    link_bytes: np.ndarray               # bytes the whole phase puts on each of them
+    duration_s: float  # until the last flow completes
+    links: np.ndarray  # distinct links of the phase (int64)
+    link_list: list  # the same, as Python ints
+    link_bytes: np.ndarray  # bytes the whole phase puts on each of them
     seg_start: list
     seg_flows: list
     seg_rem: list
     seg_rate: list
 
 
-def isolated_evolution(prep: _Prepared, capacity: np.ndarray,
-                       max_segments: int = _ISOLATED_MAX_SEGMENTS) -> Optional[_Isolated]:
+def isolated_evolution(
+    prep: _Prepared, capacity: np.ndarray, max_segments: int = _ISOLATED_MAX_SEGMENTS
+) -> Optional[_Isolated]:
     """The :class:`_Isolated` evolution of ``prep`` on links of ``capacity`` (bytes/s,
     calibrated), or None when it has more than ``max_segments`` completion instants.
 
@@ -492,8 +500,7 @@ def isolated_evolution(prep: _Prepared, capacity: np.ndarray,
     while alive.shape[0]:
         if len(starts) == max_segments:
             return None
-        keep = np.isin(owner_all, alive) if alive.shape[0] < table.shape[0] else \
-            np.ones(owner_all.shape[0], dtype=bool)
+        keep = np.isin(owner_all, alive) if alive.shape[0] < table.shape[0] else np.ones(owner_all.shape[0], dtype=bool)
         # owners renumbered 0..len(alive)-1 in alive order (alive is increasing)
         owner = np.searchsorted(alive, owner_all[keep])
         rates = fill_arrays(owner, local_all[keep], mult_all[keep], w_all[alive], cap)
@@ -528,14 +535,18 @@ class FlowNetwork:
         software latency per kind. Default: line rate, no overhead.
     """
 
-    def __init__(self, env: simpy.Environment, topo: "Topology",
-                 calibration: Optional[NetCalibration] = None,
-                 reserve_isolated: bool = True) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        topo: "Topology",
+        calibration: Optional[NetCalibration] = None,
+        reserve_isolated: bool = True,
+    ) -> None:
         self.env = env
         self.topo = topo
         self.calibration = calibration if calibration is not None else NetCalibration()
         kinds = tuple(topo.link_kind)
-        names = sorted(set(kinds))                       # per kind, then spread over the links
+        names = sorted(set(kinds))  # per kind, then spread over the links
         of_kind = np.searchsorted(np.array(names), np.array(kinds)) if kinds else np.zeros(0, dtype=np.int64)
         eff = np.array([self.calibration.efficiency_of(k) for k in names], dtype=float)[of_kind]
         self.capacity = np.asarray(topo.link_capacity, dtype=float) * eff
@@ -547,42 +558,42 @@ class FlowNetwork:
         self.n_links = self.capacity.shape[0]
         self.stats = NetworkStats(link_bytes=np.zeros(self.n_links), link_capacity=self.capacity)
         self._cap = self.capacity.tolist()
-        self._cap_pad = np.append(self.capacity, np.inf)   # index -1 (padding) -> inf
+        self._cap_pad = np.append(self.capacity, np.inf)  # index -1 (padding) -> inf
         self._lat = self.link_latency.tolist()
         self._ovh = self.link_overhead.tolist()
         self._routes: dict[tuple[int, int], tuple[tuple[int, ...], float, float]] = {}
         # In-flight flows live in slots of numpy arrays (grown by doubling, reused
         # through a free list); their routes also as tuples, for the set index and
         # the small solver.
-        self._links: list[tuple[int, ...]] = []      # per slot ever used
-        self._mults: list = []           # per slot: multiplicities aligned with _links, or None
-        self._any_mult = False           # whether any flow with multiplicities was seen
+        self._links: list[tuple[int, ...]] = []  # per slot ever used
+        self._mults: list = []  # per slot: multiplicities aligned with _links, or None
+        self._any_mult = False  # whether any flow with multiplicities was seen
         self._cap_slots = 0
         self._w = np.zeros(0)
         self._size = np.zeros(0)
-        self._rem = np.zeros(0)          # bytes left at time _t0
+        self._rem = np.zeros(0)  # bytes left at time _t0
         self._t0 = np.zeros(0)
-        self._rate = np.zeros(0)         # per unit flow; 0 until first solved
-        self._end = np.zeros(0)          # completion time at the current rate
-        self._seq = np.zeros(0, dtype=np.int64)     # arrival order: canonical order
-        self._batch = np.zeros(0, dtype=np.int64)   # component solved in; -1 free
+        self._rate = np.zeros(0)  # per unit flow; 0 until first solved
+        self._end = np.zeros(0)  # completion time at the current rate
+        self._seq = np.zeros(0, dtype=np.int64)  # arrival order: canonical order
+        self._batch = np.zeros(0, dtype=np.int64)  # component solved in; -1 free
         self._pid = np.zeros(0, dtype=np.int64)
         self._tab = np.full((0, 1), -1, dtype=np.int32)  # links, padded with -1
-        self._mtab = np.ones((0, 1))     # their multiplicities, padded with 1 (once _any_mult)
+        self._mtab = np.ones((0, 1))  # their multiplicities, padded with 1 (once _any_mult)
         self._free: list[int] = []
         self._n_active = 0
         self._next_seq = 0
-        self._prepared: dict[int, tuple] = {}        # id(transfers tuple) -> (it, _Prepared)
+        self._prepared: dict[int, tuple] = {}  # id(transfers tuple) -> (it, _Prepared)
         #: Scratch memo for callers that hand the same phases again and again
         #: (:func:`simulator.collectives.run_collective` keeps its merged phases here).
         self.memo: dict = {}
-        self._link_flows: dict[int, set[int]] = {}   # link -> active slots on it
-        self._new: list[int] = []        # slots arrived since the last update
-        self._new_phases: list = []      # (prepared phase, its slots) arrived since then
-        self._dirty: list[int] = []      # links of flows completed since the last update
+        self._link_flows: dict[int, set[int]] = {}  # link -> active slots on it
+        self._new: list[int] = []  # slots arrived since the last update
+        self._new_phases: list = []  # (prepared phase, its slots) arrived since then
+        self._dirty: list[int] = []  # links of flows completed since the last update
         self._update_pending = False
-        self._heap: list[tuple[float, int]] = []     # (earliest completion, batch id)
-        self._batches: dict[int, np.ndarray] = {}    # batch id -> its slots
+        self._heap: list[tuple[float, int]] = []  # (earliest completion, batch id)
+        self._batches: dict[int, np.ndarray] = {}  # batch id -> its slots
         self._next_bid = 0
         self._wake_at = _INF
         self._gen = 0
@@ -591,12 +602,12 @@ class FlowNetwork:
         self._phase_event: dict[int, simpy.Event] = {}
         # Reserved (isolated) phases, see the module docstring.
         self._reserve = bool(reserve_isolated)
-        self._reserved_on = np.full(self.n_links, -1, dtype=np.int64)   # link -> phase id
+        self._reserved_on = np.full(self.n_links, -1, dtype=np.int64)  # link -> phase id
         # phase id -> (prepared, _Isolated, arrival of its flows, reservation token)
         self._reserved: dict[int, tuple] = {}
         self._next_token = 0
-        self._isolation_of: dict[int, tuple] = {}   # id(prepared) -> (it, links, list, iso)
-        self._fills: dict[tuple, list] = {}          # component -> fill_small rates
+        self._isolation_of: dict[int, tuple] = {}  # id(prepared) -> (it, links, list, iso)
+        self._fills: dict[tuple, list] = {}  # component -> fill_small rates
 
     # -- public ------------------------------------------------------------
 
@@ -643,7 +654,7 @@ class FlowNetwork:
             found = [self._route(s, d) if s != d else ((), 0.0, 0.0) for s, d in zip(src.tolist(), dst.tolist())]
             links = np.full((len(found), max((len(r[0]) for r in found), default=1) or 1), -1, dtype=np.int64)
             for i, (lk, _, _) in enumerate(found):
-                links[i, :len(lk)] = lk
+                links[i, : len(lk)] = lk
             return links, np.array([la + ov for _, la, ov in found], dtype=float)
         links = self.topo.routes(src, dst)
         on = links >= 0
@@ -671,14 +682,19 @@ class FlowNetwork:
         inc = t.incidence
         try:
             links = [int(lk) for lk, _ in inc]
-            ok = bool(links) and all(0 <= lk < self.n_links for lk in links) \
-                and len(set(links)) == len(links) \
+            ok = (
+                bool(links)
+                and all(0 <= lk < self.n_links for lk in links)
+                and len(set(links)) == len(links)
                 and all(0 < m < _INF for _, m in inc)
+            )
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise NetworkError(f"transfer {t}: incidence must be ((link, multiplicity), ...) with "
-                               f"distinct links in [0, {self.n_links}) and multiplicities > 0")
+            raise NetworkError(
+                f"transfer {t}: incidence must be ((link, multiplicity), ...) with "
+                f"distinct links in [0, {self.n_links}) and multiplicities > 0"
+            )
 
     def _merged(self, transfers: Sequence[Transfer]):
         """Validated network transfers of a phase, identical ones merged.
@@ -717,11 +733,11 @@ class FlowNetwork:
         size = np.fromiter((t.size_bytes for t in transfers), dtype=float, count=n)
         weight = np.fromiter((t.weight for t in transfers), dtype=float, count=n)
         n_dev = self.topo.n_devices
-        for bad, what in ((~((size >= 0) & (size < _INF)), "size_bytes must be finite and >= 0"),
-                          (~((weight >= 1) & (weight == np.floor(weight))),
-                           "weight must be an integer >= 1"),
-                          ((src < 0) | (src >= n_dev) | (dst < 0) | (dst >= n_dev),
-                           f"devices must be in [0, {n_dev})")):
+        for bad, what in (
+            (~((size >= 0) & (size < _INF)), "size_bytes must be finite and >= 0"),
+            (~((weight >= 1) & (weight == np.floor(weight))), "weight must be an integer >= 1"),
+            ((src < 0) | (src >= n_dev) | (dst < 0) | (dst >= n_dev), f"devices must be in [0, {n_dev})"),
+        ):
             if bad.any():
                 raise NetworkError(f"transfer {transfers[int(np.argmax(bad))]}: {what}")
         keep = (src != dst) & (size > 0)
@@ -731,7 +747,7 @@ class FlowNetwork:
         key_s, key_d, key_b = src[order], dst[order], size[order]
         new = np.ones(n_net, dtype=bool)
         new[1:] = (key_s[1:] != key_s[:-1]) | (key_d[1:] != key_d[:-1]) | (key_b[1:] != key_b[:-1])
-        if new.all():                      # nothing to merge
+        if new.all():  # nothing to merge
             return n_net, src.tolist(), dst.tolist(), size.tolist(), weight.tolist()
         group = np.cumsum(new) - 1
         first = np.full(int(group[-1]) + 1, n_net, dtype=np.int64)
@@ -739,8 +755,7 @@ class FlowNetwork:
         wsum = np.bincount(group, weight[order])
         by_first = np.argsort(first, kind="stable")
         idx = first[by_first]
-        return (n_net, src[idx].tolist(), dst[idx].tolist(), size[idx].tolist(),
-                wsum[by_first].tolist())
+        return (n_net, src[idx].tolist(), dst[idx].tolist(), size[idx].tolist(), wsum[by_first].tolist())
 
     def _prepare(self, transfers: Sequence[Transfer]) -> Optional[_Prepared]:
         """Validated, merged and routed form of a phase (None: nothing to send).
@@ -774,16 +789,14 @@ class FlowNetwork:
                     links.append(lk)
                     sizes.append(size)
                     weights.append(w)
-                prep = self._prepared_from(n, links, sizes, weights, lat + ovh, mults,
-                                           len(transfers) > _SMALL_BATCH)
+                prep = self._prepared_from(n, links, sizes, weights, lat + ovh, mults, len(transfers) > _SMALL_BATCH)
         else:
             n, src, dst, sizes, weights = self._merged_arrays(transfers)
             if sizes:
                 route = self.topo.route
                 links = list(map(route, src, dst))
                 lens = np.fromiter(map(len, links), dtype=np.int64, count=len(links))
-                flat = np.fromiter(itertools.chain.from_iterable(links), dtype=np.int64,
-                                   count=int(lens.sum()))
+                flat = np.fromiter(itertools.chain.from_iterable(links), dtype=np.int64, count=int(lens.sum()))
                 starts = np.cumsum(lens) - lens
                 lat = float(np.add.reduceat(self.link_latency[flat], starts).max())
                 ovh = float(self.link_overhead[flat].max())
@@ -794,8 +807,9 @@ class FlowNetwork:
             self._prepared[id(transfers)] = (transfers, prep)
         return prep
 
-    def _prepared_from(self, n: int, links: list, sizes: list, weights: list, latency: float,
-                       mults: Optional[list], big: bool) -> _Prepared:
+    def _prepared_from(
+        self, n: int, links: list, sizes: list, weights: list, latency: float, mults: Optional[list], big: bool
+    ) -> _Prepared:
         """The :class:`_Prepared` of merged flows (``links`` per flow, distinct links);
         ``big`` phases also get their per-link index and own components."""
         k = len(links)
@@ -804,18 +818,16 @@ class FlowNetwork:
         if not big:
             table = np.full((k, width), -1, dtype=np.int32)
             for i, lk in enumerate(links):
-                table[i, :len(lk)] = lk
+                table[i, : len(lk)] = lk
             by_link = None
         else:
-            flat = np.fromiter(itertools.chain.from_iterable(links), dtype=np.int64,
-                               count=int(lens.sum()))
+            flat = np.fromiter(itertools.chain.from_iterable(links), dtype=np.int64, count=int(lens.sum()))
             starts = np.cumsum(lens) - lens
             owner = np.repeat(np.arange(k), lens)
             table = np.full((k, width), -1, dtype=np.int32)
             table[owner, np.arange(flat.shape[0]) - np.repeat(starts, lens)] = flat
             srt = np.sort(table, axis=1)
-            assert not ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any(), \
-                "a route repeats a link"
+            assert not ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any(), "a route repeats a link"
             order = np.argsort(flat, kind="stable")
             flat, owner = flat[order], owner[order]
             bounds = np.r_[0, np.flatnonzero(np.diff(flat)) + 1, flat.shape[0]].tolist()
@@ -827,9 +839,19 @@ class FlowNetwork:
             mtable = np.ones((k, width))
             for i, m in enumerate(mults):
                 if m is not None:
-                    mtable[i, :len(m)] = m
-        return _Prepared(n, int(sum(weights)), latency, links, np.array(sizes, dtype=float),
-                         np.array(weights, dtype=float), table, by_link, mults, mtable)
+                    mtable[i, : len(m)] = m
+        return _Prepared(
+            n,
+            int(sum(weights)),
+            latency,
+            links,
+            np.array(sizes, dtype=float),
+            np.array(weights, dtype=float),
+            table,
+            by_link,
+            mults,
+            mtable,
+        )
 
     def phase_latency_s(self, transfers: Sequence[Transfer], steps: int = 1) -> float:
         """``steps`` x (largest path latency + largest per-step overhead) of ``transfers``.
@@ -888,23 +910,22 @@ class FlowNetwork:
         cap = self._cap_slots
         if need > cap:
             cap = max(need, 2 * cap, 64)
-            for name in ("_w", "_size", "_rem", "_t0", "_rate", "_end", "_seq", "_batch",
-                         "_pid"):
+            for name in ("_w", "_size", "_rem", "_t0", "_rate", "_end", "_seq", "_batch", "_pid"):
                 old = getattr(self, name)
                 arr = np.zeros(cap, dtype=old.dtype)
-                arr[:old.shape[0]] = old
+                arr[: old.shape[0]] = old
                 setattr(self, name, arr)
-            self._batch[self._cap_slots:] = -1
+            self._batch[self._cap_slots :] = -1
             self._cap_slots = cap
         tab = self._tab
         if tab.shape[0] < cap or tab.shape[1] < width:
             new = np.full((cap, max(width, tab.shape[1])), -1, dtype=np.int32)
-            new[:tab.shape[0], :tab.shape[1]] = tab
+            new[: tab.shape[0], : tab.shape[1]] = tab
             self._tab = new
             if self._any_mult:
                 mt = self._mtab
                 newm = np.ones(new.shape)
-                newm[:mt.shape[0], :mt.shape[1]] = mt
+                newm[: mt.shape[0], : mt.shape[1]] = mt
                 self._mtab = newm
 
     def _arrive(self, pid: int, prep: "_Prepared", _ev=None) -> None:
@@ -942,8 +963,7 @@ class FlowNetwork:
         self._isolation_of[id(prep)] = (prep, links, link_list, iso)
         return links, link_list, iso
 
-    def _reserve_phase(self, pid: int, prep: "_Prepared", iso: _Isolated,
-                       latency_s: float = 0.0) -> None:
+    def _reserve_phase(self, pid: int, prep: "_Prepared", iso: _Isolated, latency_s: float = 0.0) -> None:
         """Run a phase alone on its links: one timer for its cached evolution. With
         ``latency_s`` the reservation starts now and the flows enter the links (in the
         evolution's terms) that much later."""
@@ -986,19 +1006,19 @@ class FlowNetwork:
         prep, iso, t_arr, timer, finish = self._unreserve(pid)
         k = len(prep.links)
         tau = self.env.now - t_arr
-        if tau >= iso.duration_s:              # due at this very instant
+        if tau >= iso.duration_s:  # due at this very instant
             self._retire(pid, iso)
             return
-        if self._phase_event[pid] is timer:    # its timer no longer ends it: a new event,
-            done = self._phase_event[pid] = self.env.event()   # with the timer's waiters
+        if self._phase_event[pid] is timer:  # its timer no longer ends it: a new event,
+            done = self._phase_event[pid] = self.env.event()  # with the timer's waiters
             done.callbacks = [cb for cb in timer.callbacks if cb is not finish]
             timer.callbacks = [finish]
-        if tau < 0.0:                          # still in its latency: arrive as usual
+        if tau < 0.0:  # still in its latency: arrive as usual
             self.env.timeout(-tau).callbacks.append(partial(self._arrive, pid, prep))
             return
         i = bisect.bisect_right(iso.seg_start, tau) - 1
         alive = iso.seg_flows[i]
-        if alive.shape[0] < k:                 # count the bytes of the flows done
+        if alive.shape[0] < k:  # count the bytes of the flows done
             done = np.ones(k, dtype=bool)
             done[alive] = False
             rows = np.flatnonzero(done)
@@ -1010,11 +1030,17 @@ class FlowNetwork:
             np.add.at(self.stats.link_bytes, sub[mask].astype(np.int64), moved)
             al = alive.tolist()
             prep = _Prepared(
-                len(al), int(prep.weights[alive].sum()), prep.latency_s,
-                [prep.links[j] for j in al], prep.sizes[alive], prep.weights[alive],
-                prep.table[alive], None,
+                len(al),
+                int(prep.weights[alive].sum()),
+                prep.latency_s,
+                [prep.links[j] for j in al],
+                prep.sizes[alive],
+                prep.weights[alive],
+                prep.table[alive],
+                None,
                 None if prep.mults is None else [prep.mults[j] for j in al],
-                None if prep.mtable is None else prep.mtable[alive])
+                None if prep.mtable is None else prep.mtable[alive],
+            )
         self._phase_left[pid] = alive.shape[0]
         sl = self._insert(pid, prep)
         t0 = t_arr + iso.seg_start[i]
@@ -1037,8 +1063,8 @@ class FlowNetwork:
             self._any_mult = True
             self._mtab = np.ones(self._tab.shape)
         if reuse:
-            slots = free[len(free) - reuse:]
-            del free[len(free) - reuse:]
+            slots = free[len(free) - reuse :]
+            del free[len(free) - reuse :]
             slots.reverse()
             for s, lk in zip(slots, links):
                 self._links[s] = lk
@@ -1213,15 +1239,16 @@ class FlowNetwork:
         mult = self._mtab[sl][mask] if self._any_mult else None
         if len(lens) == 1:
             used, local = np.unique(flat, return_inverse=True)
-            return fill_arrays(owner, local.reshape(-1),
-                               np.ones(flat.shape[0]) if mult is None else mult, w,
-                               self.capacity[used])
+            return fill_arrays(
+                owner, local.reshape(-1), np.ones(flat.shape[0]) if mult is None else mult, w, self.capacity[used]
+            )
         comp = np.repeat(np.arange(len(lens)), lens)[owner]
         used, local = np.unique(comp * self.n_links + flat, return_inverse=True)
         link_comp = used // self.n_links
         comp_start = np.searchsorted(link_comp, np.arange(len(lens) + 1))
-        return fill_components(owner, local.reshape(-1), w, self.capacity[used % self.n_links],
-                               link_comp, comp_start, mult)
+        return fill_components(
+            owner, local.reshape(-1), w, self.capacity[used % self.n_links], link_comp, comp_start, mult
+        )
 
     def _recompute(self, comps: list[list[int]], singles: list[int]) -> None:
         """Solve each component alone; keep the segment of flows whose rate is unchanged.
@@ -1254,17 +1281,19 @@ class FlowNetwork:
             at = 0
             mults = self._mults if self._any_mult else None
             for comp, n in zip(comps[:n_multi], lens):
-                parts.extend(self._fill_memo([links[s] for s in comp], wl[at:at + n],
-                                             None if mults is None else [mults[s] for s in comp]))
+                parts.extend(
+                    self._fill_memo(
+                        [links[s] for s in comp], wl[at : at + n], None if mults is None else [mults[s] for s in comp]
+                    )
+                )
                 at += n
             r = np.array(parts)
         else:
             r = self._fill_big(sl[:pos], w[:pos], lens[:n_multi])
-        if singles:       # alone on their links: the tightest one (routes are simple paths)
+        if singles:  # alone on their links: the tightest one (routes are simple paths)
             single = sl[pos:]
             if self._any_mult:
-                alone = (self._cap_pad[self._tab[single]]
-                         / (w[pos:, None] * self._mtab[single])).min(axis=1)
+                alone = (self._cap_pad[self._tab[single]] / (w[pos:, None] * self._mtab[single])).min(axis=1)
             else:
                 alone = self._cap_pad[self._tab[single]].min(axis=1) / w[pos:]
             r = np.concatenate([r, alone])
@@ -1272,7 +1301,7 @@ class FlowNetwork:
         t0 = self._t0[sl]
         rem = self._rem[sl]
         changed = r != old
-        adv = changed & (old > 0.0)          # advance at the old rate up to now
+        adv = changed & (old > 0.0)  # advance at the old rate up to now
         if adv.any():
             rem = np.where(adv, np.maximum(rem - old * (now - t0), 0.0), rem)
             t0 = np.where(adv, now, t0)
@@ -1294,7 +1323,7 @@ class FlowNetwork:
         heap, batches = self._heap, self._batches
         last = len(comps) - 1
         for i, (first, start, n) in enumerate(zip(firsts, starts, lens)):
-            batches[b0 + i] = (sl[start:start + n], bool(singles) and i == last)
+            batches[b0 + i] = (sl[start : start + n], bool(singles) and i == last)
             heapq.heappush(heap, (first, b0 + i))
 
     def _fill_memo(self, flow_links: list, w: list, mults: Optional[list]) -> list[float]:
@@ -1321,13 +1350,18 @@ class FlowNetwork:
         for i, comp in enumerate(comps):
             group = grouped and i == last
             if group:
-                rates = [min(map(cap.__getitem__, links[s])) / w.item(s)
-                         if mults is None or mults[s] is None else
-                         min(cap[lk] / (w.item(s) * m) for lk, m in zip(links[s], mults[s]))
-                         for s in comp]
+                rates = [
+                    min(map(cap.__getitem__, links[s])) / w.item(s)
+                    if mults is None or mults[s] is None
+                    else min(cap[lk] / (w.item(s) * m) for lk, m in zip(links[s], mults[s]))
+                    for s in comp
+                ]
             else:
-                rates = self._fill_memo([links[s] for s in comp], [w.item(s) for s in comp],
-                                        None if mults is None else [mults[s] for s in comp])
+                rates = self._fill_memo(
+                    [links[s] for s in comp],
+                    [w.item(s) for s in comp],
+                    None if mults is None else [mults[s] for s in comp],
+                )
             bid = self._next_bid
             self._next_bid += 1
             first = _INF
@@ -1363,12 +1397,12 @@ class FlowNetwork:
             key, bid = heap[0]
             sl, group = batches[bid]
             if not group:
-                if self._batch[sl[0]] == bid:        # a component is re-solved whole
+                if self._batch[sl[0]] == bid:  # a component is re-solved whole
                     break
                 heapq.heappop(heap)
                 del batches[bid]
                 continue
-            live, ends = self._live(bid)              # a group loses flows one by one
+            live, ends = self._live(bid)  # a group loses flows one by one
             if live.shape[0] and float(ends.min()) == key:
                 break
             heapq.heappop(heap)
@@ -1384,8 +1418,7 @@ class FlowNetwork:
             self._gen += 1
             self._wake_at = t
             delay = t - self.env.now
-            self.env.timeout(delay if delay > 0.0 else 0.0).callbacks.append(
-                partial(self._wake, self._gen, t))
+            self.env.timeout(delay if delay > 0.0 else 0.0).callbacks.append(partial(self._wake, self._gen, t))
 
     def _wake(self, gen: int, t: float, _ev=None) -> None:
         if gen != self._gen:
@@ -1448,7 +1481,7 @@ class FlowNetwork:
             amounts: list[float] = []
             for s, m in zip(dl, moved.tolist()):
                 self._detach(s, m, at, amounts)
-            np.add.at(self.stats.link_bytes, at, amounts)    # in order: the same sums
+            np.add.at(self.stats.link_bytes, at, amounts)  # in order: the same sums
         else:
             lf, dirty, link_bytes = self._link_flows, self._dirty, self.stats.link_bytes
             sub = self._tab[done]
@@ -1526,7 +1559,7 @@ class FlowNetwork:
                 left[p] = n
             else:
                 finished.append(p)
-        np.add.at(self.stats.link_bytes, at, amounts)    # in order: the same sums
+        np.add.at(self.stats.link_bytes, at, amounts)  # in order: the same sums
         self._release(done, finished)
 
     def _release(self, slots, finished: list[int]) -> None:
@@ -1538,5 +1571,5 @@ class FlowNetwork:
         for p in sorted(finished):
             del left[p]
             ev = self._phase_event.pop(p)
-            if not ev.triggered:               # a reservation's timer fires by itself
+            if not ev.triggered:  # a reservation's timer fires by itself
                 ev.succeed()

@@ -29,8 +29,9 @@ def write_parquet(frame: pd.DataFrame, path: Union[str, Path], **metadata: str) 
 
     table = pa.Table.from_pandas(frame, preserve_index=False)
     extra = {VERSION_KEY: __version__, **metadata}
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                           **{k.encode(): str(v).encode() for k, v in extra.items()}})
+    table = table.replace_schema_metadata(
+        {**(table.schema.metadata or {}), **{k.encode(): str(v).encode() for k, v in extra.items()}}
+    )
     pq.write_table(table, path)
     return Path(path)
 

@@ -28,20 +28,39 @@ PHASE_COLOURS = {
     # Tableau 10/20 hues. Recompute is a forward pass run again (a light forward blue);
     # weight-grad is part of the backward (a light backward green); the optimizer is near-black,
     # which no mix of thin red idle slivers with blue and green bars looks like.
-    "F": "#4E79A7", "B": "#59A14F", "I": "#59A14F", "W": "#8CD17D", "R": "#A0CBE8", "opt": "#3A3A3A",
+    "F": "#4E79A7",
+    "B": "#59A14F",
+    "I": "#59A14F",
+    "W": "#8CD17D",
+    "R": "#A0CBE8",
+    "opt": "#3A3A3A",
 }
-PHASE_LABELS = {"F": "forward", "B": "backward", "I": "backward", "W": "weight grad", "R": "recompute",
-                "opt": "optimizer"}
+PHASE_LABELS = {
+    "F": "forward",
+    "B": "backward",
+    "I": "backward",
+    "W": "weight grad",
+    "R": "recompute",
+    "opt": "optimizer",
+}
 AXIS_COLOURS = {
-    "tp": "#EDC948", "cp": "#9C755F", "ep": "#D37295", "dp": "#76B7B2", "dp_cp": "#76B7B2", "edp": "#86BCB6",
-    "pp": "#9467BD", "pp_mirror": "#C5B0D5", "offload": "#BAB0AC", "": "#BAB0AC",
+    "tp": "#EDC948",
+    "cp": "#9C755F",
+    "ep": "#D37295",
+    "dp": "#76B7B2",
+    "dp_cp": "#76B7B2",
+    "edp": "#86BCB6",
+    "pp": "#9467BD",
+    "pp_mirror": "#C5B0D5",
+    "offload": "#BAB0AC",
+    "": "#BAB0AC",
 }
 #: Idle time on a compute row, by the engine's cause (:mod:`simulator.accounting`): exposed
 #: communication a saturated red, waiting for the host (offload) a saturated orange, both far
 #: from every phase colour; a cause the engine adds later gets a hue of :data:`SPARE_COLOURS`
 #: and its own legend entry (:func:`colour_for`, :func:`legend_handles`).
 IDLE_COLOURS = {"exposed_comm": "#E15759", "offload_wait": "#FF7F0E"}
-BUBBLE_EDGE = "#8A8A8A"   # hatch lines of pipeline bubbles: mid grey, apart from the near-black optimizer
+BUBBLE_EDGE = "#8A8A8A"  # hatch lines of pipeline bubbles: mid grey, apart from the near-black optimizer
 #: Hues used by nothing above, handed out in order to categories without a colour of their own.
 SPARE_COLOURS = ("#FF9DA7", "#17BECF", "#8C564B", "#BCBD22", "#7F7F7F", "#1F77B4")
 AXIS_LABELS = {"dp_cp": "dp×cp", "pp_mirror": "pp (mirror)", "": "other"}
@@ -112,8 +131,11 @@ def legend_handles(phases: dict, causes: dict, axes: dict = {}) -> list[Patch]:
             out.append(Patch(color=phases[p], label=label))
     for cause in sorted(causes, key=lambda c: (c != "bubble", c)):
         colour = causes[cause]
-        out.append(Patch(facecolor="none", edgecolor=BUBBLE_EDGE, hatch="////", label="bubble") if colour is None
-                   else Patch(color=colour, label=f"{idle_label(cause)} (idle)"))
+        out.append(
+            Patch(facecolor="none", edgecolor=BUBBLE_EDGE, hatch="////", label="bubble")
+            if colour is None
+            else Patch(color=colour, label=f"{idle_label(cause)} (idle)")
+        )
     out += [Patch(color=c, label=f"{AXIS_LABELS.get(a, a)} comm") for a, c in axes.items()]
     return out
 
@@ -130,8 +152,7 @@ def _bars(ax, spans: list, y: float, hatch=None, **style) -> None:
     sw = np.asarray(spans, dtype=float)
     x0, x1 = sw[:, 0], sw[:, 0] + sw[:, 1]
     y0, y1 = np.full_like(x0, y - 0.4), np.full_like(x0, y + 0.4)
-    verts = np.stack([np.stack([x0, y0], 1), np.stack([x0, y1], 1),
-                      np.stack([x1, y1], 1), np.stack([x1, y0], 1)], 1)
+    verts = np.stack([np.stack([x0, y0], 1), np.stack([x0, y1], 1), np.stack([x1, y1], 1), np.stack([x1, y0], 1)], 1)
     # Bars lie inside the axes: leaving them out of the layout, and giving the data limits as
     # two corners, spares matplotlib the extent of every bar (seconds for tens of thousands).
     if hatch:
@@ -144,8 +165,16 @@ def _bars(ax, spans: list, y: float, hatch=None, **style) -> None:
 def _rectangles(x0: np.ndarray, x1: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Bars ``[x0, x1]`` on rows ``y`` (each 0.8 high) as closed rectangle polygons."""
     y0, y1 = y - 0.4, y + 0.4
-    return np.stack([np.stack([x0, y0], 1), np.stack([x0, y1], 1), np.stack([x1, y1], 1),
-                     np.stack([x1, y0], 1), np.stack([x0, y0], 1)], 1)
+    return np.stack(
+        [
+            np.stack([x0, y0], 1),
+            np.stack([x0, y1], 1),
+            np.stack([x1, y1], 1),
+            np.stack([x1, y0], 1),
+            np.stack([x0, y0], 1),
+        ],
+        1,
+    )
 
 
 def _bar_path(ax, x0: np.ndarray, x1: np.ndarray, y: np.ndarray, **style) -> None:
@@ -156,8 +185,9 @@ def _bar_path(ax, x0: np.ndarray, x1: np.ndarray, y: np.ndarray, **style) -> Non
     if not len(x0):
         return
     verts = _rectangles(x0, x1, y)
-    codes = np.tile(np.array([Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO, Path.CLOSEPOLY],
-                             dtype=Path.code_type), len(x0))
+    codes = np.tile(
+        np.array([Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO, Path.CLOSEPOLY], dtype=Path.code_type), len(x0)
+    )
     # Bars lie inside the axes: leaving them out of the layout, and giving the data limits as
     # two corners, spares matplotlib the extent of every bar.
     # snap: each bar's edges rounded to whole pixels, as a collection's small paths are (a
@@ -256,8 +286,9 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
     axis_col = np.asarray(ev["axis"], dtype=object)[keep]
     # compute ops are coloured by phase; communication by axis (the offload stream's copies
     # have none: by stream)
-    key = np.where(is_compute, np.asarray(ev["phase"], dtype=object)[keep],
-                   np.where(axis_col != "", axis_col, stream_col[keep]))
+    key = np.where(
+        is_compute, np.asarray(ev["phase"], dtype=object)[keep], np.where(axis_col != "", axis_col, stream_col[keep])
+    )
     phases, axes_used, causes = {}, {}, {}
     for c, kk in _first_seen(list(zip(is_compute.tolist(), key.tolist()))):
         if c:
@@ -291,8 +322,7 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
     x_max = step * k * 1.01
     # the axes are narrower than the figure: a figure-wide pixel is less than an axes pixel
     gap = MERGE_GAP_PX * x_max / (width_in * dpi)
-    bx0, bx1, by, sid = merge_bars(bx0, bx0 + np.array(bar_w, dtype=float), np.array(bar_y, dtype=np.int64),
-                                   sid, gap)
+    bx0, bx1, by, sid = merge_bars(bx0, bx0 + np.array(bar_w, dtype=float), np.array(bar_y, dtype=np.int64), sid, gap)
     by = by.astype(float)
     for i, (c, style) in enumerate(styles):
         m = sid == i
@@ -317,8 +347,13 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
         fontsize=11,
     )
     order = list(AXIS_COLOURS)
-    handles = legend_handles(phases, causes, dict(sorted(
-        axes_used.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), str(kv[0])))))
+    handles = legend_handles(
+        phases,
+        causes,
+        dict(
+            sorted(axes_used.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), str(kv[0])))
+        ),
+    )
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncol=min(6, len(handles)), frameon=False)
     return finish(fig, path, dpi=dpi)
@@ -347,8 +382,9 @@ def plot_memory(result, path=None, stacked_stage=None):
     ax.axhline(s["hbm_bytes"] / 1e9, color="red", linestyle="--", linewidth=1.2, label="HBM capacity")
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel("memory in use (GB)")
-    ax.set_title(f"{s['name']}: memory per pipeline stage (peak {s['peak_memory_bytes'] / 1e9:.1f} GB)",
-                 fontsize=11, loc="left")
+    ax.set_title(
+        f"{s['name']}: memory per pipeline stage (peak {s['peak_memory_bytes'] / 1e9:.1f} GB)", fontsize=11, loc="left"
+    )
     ax.set_xlim(0, step * k)
     ax.set_ylim(0, s["hbm_bytes"] / 1e9 * 1.3)
     ax.legend(ncol=2 if n_lines > 4 else 1, loc="upper left")
@@ -357,8 +393,9 @@ def plot_memory(result, path=None, stacked_stage=None):
     m = in_stage & (rank == rank[in_stage].min())
     cats = [c for c in MEMORY_CATEGORIES if c in mem]
     t = np.append(time_s[m] * k, step * k)
-    ys = [np.append(np.asarray(mem[c], dtype=float)[m] / 1e9, np.asarray(mem[c], dtype=float)[m][-1] / 1e9)
-          for c in cats]
+    ys = [
+        np.append(np.asarray(mem[c], dtype=float)[m] / 1e9, np.asarray(mem[c], dtype=float)[m][-1] / 1e9) for c in cats
+    ]
     ax2.stackplot(t, ys, labels=cats, step="post", alpha=0.85)
     ax2.axhline(s["hbm_bytes"] / 1e9, color="red", linestyle="--", linewidth=1.2)
     ax2.set_xlabel(f"time ({unit})")

@@ -66,16 +66,20 @@ import pandas as pd
 
 from simulator.estimate import NetModel, estimate_memory, proxy_cost
 from simulator.schema import ScenarioError, load_scenario, read_mapping
-from simulator.search import (LAYOUT_KEYS, PRUNE_TOLERANCE, SearchBounds, candidate_mapping, enumerate_layouts,
-                              label)
+from simulator.search import LAYOUT_KEYS, PRUNE_TOLERANCE, SearchBounds, candidate_mapping, enumerate_layouts, label
 from simulator.sweep import Case, RowStore, check_scenario, plain_json, resolve, run_cases
 from workloads import memory
 
 MAP_KEYS = ("name", "devices", "models", "training", "grid", "systems", "search", "simulate", "marks")
 SCREEN_FILE, MAP_CSV, CANDIDATES_CSV, STATUS_JSON = "screen.jsonl", "map.csv", "candidates.csv", "status.json"
 RATIO_CONTOUR = 1.10  # "PP pays": the best layout without PP is at least 10 % slower
-TRAINING_DEFAULTS = {"seq_len": 4096, "sequences_per_device": 8, "micro_batch_size": 1, "dtype": "fp8",
-                     "balance": "aux-free"}
+TRAINING_DEFAULTS = {
+    "seq_len": 4096,
+    "sequences_per_device": 8,
+    "micro_batch_size": 1,
+    "dtype": "fp8",
+    "balance": "aux-free",
+}
 
 
 @dataclass(frozen=True)
@@ -124,8 +128,9 @@ def load_map(spec: Union[str, Path, Mapping]) -> MapSpec:
     nics = tuple(float(x) for x in grid.get("nic_gbps", ())) if grid else ()
     if grid and (not doms or not nics or any(x <= 0 for x in nics)):
         raise ScenarioError("grid", "needs non-empty domain_sizes and positive nic_gbps")
-    if not isinstance(systems, Mapping) or any(not isinstance(v, Mapping) or "cluster" not in v
-                                               for v in systems.values()):
+    if not isinstance(systems, Mapping) or any(
+        not isinstance(v, Mapping) or "cluster" not in v for v in systems.values()
+    ):
         raise ScenarioError("systems", "a mapping of label -> {cluster: ..., training: ...}")
     s = dict(data.get("search") or {})
     pp_degrees = s.pop("pp", None)
@@ -144,12 +149,22 @@ def load_map(spec: Union[str, Path, Mapping]) -> MapSpec:
     marks = data.get("marks") or {}
     if not isinstance(marks, Mapping) or any(not isinstance(v, list) or len(v) != 2 for v in marks.values()):
         raise ScenarioError("marks", "a mapping of label -> [domain size, NIC GB/s]")
-    return MapSpec(marks=tuple((str(k), int(v[0]), float(v[1])) for k, v in marks.items()),
-                   name=str(data.get("name") or "ppmap"), devices=devices, models=tuple(models), training=training,
-                   grid_cluster=dict(grid.get("cluster") or {"preset": "dgx-h100"}), domain_sizes=doms,
-                   nic_gbps=nics, systems={str(k): dict(v) for k, v in systems.items()}, bounds=bounds,
-                   pp_degrees=pp_degrees, nopp_micro_batch_sizes=nopp_mbs, with_pp=_pos_int(sim.get("with_pp", 2), "simulate.with_pp"),
-                   without_pp=_pos_int(sim.get("without_pp", 1), "simulate.without_pp"))
+    return MapSpec(
+        marks=tuple((str(k), int(v[0]), float(v[1])) for k, v in marks.items()),
+        name=str(data.get("name") or "ppmap"),
+        devices=devices,
+        models=tuple(models),
+        training=training,
+        grid_cluster=dict(grid.get("cluster") or {"preset": "dgx-h100"}),
+        domain_sizes=doms,
+        nic_gbps=nics,
+        systems={str(k): dict(v) for k, v in systems.items()},
+        bounds=bounds,
+        pp_degrees=pp_degrees,
+        nopp_micro_batch_sizes=nopp_mbs,
+        with_pp=_pos_int(sim.get("with_pp", 2), "simulate.with_pp"),
+        without_pp=_pos_int(sim.get("without_pp", 1), "simulate.without_pp"),
+    )
 
 
 # ---- the points ------------------------------------------------------------------------------
@@ -164,8 +179,14 @@ def base_scenario(model, cluster: Mapping, devices: int, training: Mapping, name
     t = dict(training)
     seqs = t.pop("sequences_per_device")
     t["global_batch_size"] = seqs * devices
-    return {"name": name, "model": copy.deepcopy(model), "cluster": {**copy.deepcopy(dict(cluster)), "devices": devices},
-            "parallel": {"tp": 1, "pp": 1, "ep": 1, "zero": 1}, "schedule": "1f1b", "training": t}
+    return {
+        "name": name,
+        "model": copy.deepcopy(model),
+        "cluster": {**copy.deepcopy(dict(cluster)), "devices": devices},
+        "parallel": {"tp": 1, "pp": 1, "ep": 1, "zero": 1},
+        "schedule": "1f1b",
+        "training": t,
+    }
 
 
 def points(spec: MapSpec) -> list[dict]:
@@ -178,14 +199,32 @@ def points(spec: MapSpec) -> list[dict]:
             for w in spec.nic_gbps:
                 net = {**(spec.grid_cluster.get("network") or {}), "domain_size": d, "nic_bw_bytes_per_s": w * 1e9}
                 pid = f"{m}/d{d}-w{w:g}"
-                out.append({"id": pid, "model": m, "system": "grid", "domain": d, "nic_gbps": w,
-                            "scenario": base_scenario(model, {**spec.grid_cluster, "network": net}, spec.devices,
-                                                      spec.training, pid)})
+                out.append(
+                    {
+                        "id": pid,
+                        "model": m,
+                        "system": "grid",
+                        "domain": d,
+                        "nic_gbps": w,
+                        "scenario": base_scenario(
+                            model, {**spec.grid_cluster, "network": net}, spec.devices, spec.training, pid
+                        ),
+                    }
+                )
         for lab, sysd in spec.systems.items():
             pid = f"{m}/{lab}"
-            out.append({"id": pid, "model": m, "system": lab, "domain": None, "nic_gbps": None,
-                        "scenario": base_scenario(model, sysd["cluster"], spec.devices,
-                                                  {**spec.training, **(sysd.get("training") or {})}, pid)})
+            out.append(
+                {
+                    "id": pid,
+                    "model": m,
+                    "system": lab,
+                    "domain": None,
+                    "nic_gbps": None,
+                    "scenario": base_scenario(
+                        model, sysd["cluster"], spec.devices, {**spec.training, **(sysd.get("training") or {})}, pid
+                    ),
+                }
+            )
     return out
 
 
@@ -213,8 +252,12 @@ def screen(point: Mapping, spec: MapSpec, mem_cache: Optional[dict] = None) -> p
     base = point["scenario"]
     sc0 = load_scenario(base)
     hbm = sc0.cluster.chip.hbm_bytes
-    chip_key = (json.dumps(base["model"], sort_keys=True, default=str), sc0.cluster.chip.name, hbm,
-                json.dumps(base["training"], sort_keys=True))
+    chip_key = (
+        json.dumps(base["model"], sort_keys=True, default=str),
+        sc0.cluster.chip.name,
+        hbm,
+        json.dumps(base["training"], sort_keys=True),
+    )
     mem_cache = {} if mem_cache is None else mem_cache
     net = NetModel(sc0.cluster, sc0.network_calibration())
     recs = []
@@ -235,9 +278,15 @@ def screen(point: Mapping, spec: MapSpec, mem_cache: Optional[dict] = None) -> p
             continue
         if est is None:
             continue
-        recs.append({"label": label(p), **p, "est_memory_bytes": est,
-                     "est_step_time_s": proxy_cost(p, sc.training.micro_batches(sc.layout.dp), sc, net),
-                     "hbm_bytes": hbm})
+        recs.append(
+            {
+                "label": label(p),
+                **p,
+                "est_memory_bytes": est,
+                "est_step_time_s": proxy_cost(p, sc.training.micro_batches(sc.layout.dp), sc, net),
+                "hbm_bytes": hbm,
+            }
+        )
     cols = ["label", *LAYOUT_KEYS, "est_memory_bytes", "est_step_time_s", "hbm_bytes"]
     return pd.DataFrame.from_records(recs, columns=cols).sort_values(["est_step_time_s", "label"], kind="stable")
 
@@ -260,9 +309,12 @@ def memory_facts(table: pd.DataFrame) -> dict:
     """Does a layout without PP fit (by the estimate) at all, without ZeRO-3, without
     recomputation, without either?"""
     nopp = table[(table["pp"] == 1) & (table["est_memory_bytes"] <= table["hbm_bytes"])]
-    return {"nopp_fits": bool(len(nopp)), "nopp_fits_without_zero3": bool(len(nopp[nopp["zero"] < 3])),
-            "nopp_fits_without_recompute": bool(len(nopp[nopp["recompute"] == "none"])),
-            "nopp_fits_without_either": bool(len(nopp[(nopp["zero"] < 3) & (nopp["recompute"] == "none")]))}
+    return {
+        "nopp_fits": bool(len(nopp)),
+        "nopp_fits_without_zero3": bool(len(nopp[nopp["zero"] < 3])),
+        "nopp_fits_without_recompute": bool(len(nopp[nopp["recompute"] == "none"])),
+        "nopp_fits_without_either": bool(len(nopp[(nopp["zero"] < 3) & (nopp["recompute"] == "none")])),
+    }
 
 
 def _best_est(table: pd.DataFrame, pp: bool) -> Optional[dict]:
@@ -282,9 +334,15 @@ def run_screens(spec: MapSpec, out: Path, progress: bool = False) -> dict[str, d
             continue
         t0 = time.process_time()
         table = screen(pt, spec, mem_cache)
-        rec = {"key": pt["id"], "chosen": choose(table, spec.with_pp, spec.without_pp),
-               "est_best_pp": _best_est(table, True), "est_best_nopp": _best_est(table, False),
-               "layouts_fit": int(len(table)), **memory_facts(table), "screen_cpu_s": time.process_time() - t0}
+        rec = {
+            "key": pt["id"],
+            "chosen": choose(table, spec.with_pp, spec.without_pp),
+            "est_best_pp": _best_est(table, True),
+            "est_best_nopp": _best_est(table, False),
+            "layouts_fit": int(len(table)),
+            **memory_facts(table),
+            "screen_cpu_s": time.process_time() - t0,
+        }
         store.append(rec)
         done[pt["id"]] = json.loads(plain_json(rec))
         if progress:
@@ -317,8 +375,12 @@ def with_fallbacks(chosen: list) -> list:
     for p in chosen:
         out.append(p)
         if p["pp"] == 1 and p["micro_batch_size"] > 1:
-            half = {**p, "micro_batch_size": p["micro_batch_size"] // 2, "est_step_time_s": None,
-                    "est_memory_bytes": None}
+            half = {
+                **p,
+                "micro_batch_size": p["micro_batch_size"] // 2,
+                "est_step_time_s": None,
+                "est_memory_bytes": None,
+            }
             half["label"] = label(half)
             out.append(half)
     return out
@@ -334,13 +396,26 @@ def cases_of(spec: MapSpec, screens: Mapping[str, dict]) -> list[Case]:
             if err is not None or key in seen:
                 continue
             seen.add(key)
-            cases.append(Case(index=len(cases), axes={"point": pt["id"], **{k: p[k] for k in LAYOUT_KEYS}},
-                              scenario=mapping, key=key, resolved=resolved))
+            cases.append(
+                Case(
+                    index=len(cases),
+                    axes={"point": pt["id"], **{k: p[k] for k in LAYOUT_KEYS}},
+                    scenario=mapping,
+                    key=key,
+                    resolved=resolved,
+                )
+            )
     return cases
 
 
-def run_map(spec_or_path, out: Union[str, Path], client=None, jobs: Optional[int] = None, executor=None,
-            progress: Optional[bool] = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+def run_map(
+    spec_or_path,
+    out: Union[str, Path],
+    client=None,
+    jobs: Optional[int] = None,
+    executor=None,
+    progress: Optional[bool] = False,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Screen, simulate and assemble the map into ``out`` (resumable). Returns
     ``(map table, candidates table)``, also written as ``OUT/map.csv`` and ``OUT/candidates.csv``."""
     spec = spec_or_path if isinstance(spec_or_path, MapSpec) else load_map(spec_or_path)
@@ -349,11 +424,29 @@ def run_map(spec_or_path, out: Union[str, Path], client=None, jobs: Optional[int
     t0 = time.perf_counter()
     screens = run_screens(spec, out, progress=bool(progress))
     cases = cases_of(spec, screens)
-    run_cases(cases, ("point", *LAYOUT_KEYS), out=out / "sims", client=client, jobs=jobs, executor=executor,
-              progress=progress, desc=f"ppmap {spec.name}")
+    run_cases(
+        cases,
+        ("point", *LAYOUT_KEYS),
+        out=out / "sims",
+        client=client,
+        jobs=jobs,
+        executor=executor,
+        progress=progress,
+        desc=f"ppmap {spec.name}",
+    )
     table, cands = assemble(spec, out)
-    (out / "run.json").write_text(json.dumps({"name": spec.name, "points": len(screens), "simulations": len(cases),
-                                              "wall_s": round(time.perf_counter() - t0, 1)}, indent=2) + "\n")
+    (out / "run.json").write_text(
+        json.dumps(
+            {
+                "name": spec.name,
+                "points": len(screens),
+                "simulations": len(cases),
+                "wall_s": round(time.perf_counter() - t0, 1),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     return table, cands
 
 
@@ -393,13 +486,29 @@ def assemble(spec_or_path, out: Union[str, Path]) -> tuple[pd.DataFrame, pd.Data
         for r in by_point.get(pt["id"], []):
             ax, s = r["axes"], r.get("summary") or {}
             lab = label(ax)
-            rec = {"point": pt["id"], "model": pt["model"], "system": pt["system"], "domain": pt["domain"],
-                   "nic_gbps": pt["nic_gbps"], "label": lab, **{k: ax[k] for k in LAYOUT_KEYS},
-                   "status": ("oom" if s.get("oom") else "ok") if r["status"] == "ok" else "failed",
-                   "error": r.get("error"), "est_step_time_s": est_of.get(lab, {}).get("est_step_time_s"),
-                   "est_memory_bytes": est_of.get(lab, {}).get("est_memory_bytes")}
-            for k in ("step_time_s", "mfu", "peak_memory_bytes", "hbm_bytes", "bubble_fraction",
-                      "exposed_comm_fraction", "sim_wall_s", "micro_batches"):
+            rec = {
+                "point": pt["id"],
+                "model": pt["model"],
+                "system": pt["system"],
+                "domain": pt["domain"],
+                "nic_gbps": pt["nic_gbps"],
+                "label": lab,
+                **{k: ax[k] for k in LAYOUT_KEYS},
+                "status": ("oom" if s.get("oom") else "ok") if r["status"] == "ok" else "failed",
+                "error": r.get("error"),
+                "est_step_time_s": est_of.get(lab, {}).get("est_step_time_s"),
+                "est_memory_bytes": est_of.get(lab, {}).get("est_memory_bytes"),
+            }
+            for k in (
+                "step_time_s",
+                "mfu",
+                "peak_memory_bytes",
+                "hbm_bytes",
+                "bubble_fraction",
+                "exposed_comm_fraction",
+                "sim_wall_s",
+                "micro_batches",
+            ):
                 rec[k] = s.get(k)
             for k, v in (s.get("exposed_comm_by_axis_s") or {}).items():
                 rec[f"exposed_{k}_s"] = v
@@ -409,48 +518,86 @@ def assemble(spec_or_path, out: Union[str, Path]) -> tuple[pd.DataFrame, pd.Data
         bp = min((c for c in ok if c["pp"] > 1), key=lambda c: c["step_time_s"], default=None)
         bn = min((c for c in ok if c["pp"] == 1), key=lambda c: c["step_time_s"], default=None)
         best = min((c for c in (bp, bn) if c is not None), key=lambda c: c["step_time_s"], default=None)
-        rec = {"point": pt["id"], "model": pt["model"], "system": pt["system"], "domain": pt["domain"],
-               "nic_gbps": pt["nic_gbps"], "simulated": len(sims), "chosen": len(scr["chosen"]),
-               "layouts_fit": scr["layouts_fit"]}
+        rec = {
+            "point": pt["id"],
+            "model": pt["model"],
+            "system": pt["system"],
+            "domain": pt["domain"],
+            "nic_gbps": pt["nic_gbps"],
+            "simulated": len(sims),
+            "chosen": len(scr["chosen"]),
+            "layouts_fit": scr["layouts_fit"],
+        }
         for tag, b in (("best", best), ("best_pp", bp), ("best_nopp", bn)):
             for k in ("label", "step_time_s", "mfu", "peak_memory_bytes"):
                 rec[f"{tag}_{k}"] = None if b is None else b[k]
         # ratio: how much slower the best layout without PP is; inf when none fits (PP needed)
-        rec["ratio"] = (bn["step_time_s"] / best["step_time_s"] if bn is not None and best is not None
-                        else (math.inf if bp is not None and not scr["nopp_fits"] else None))
+        rec["ratio"] = (
+            bn["step_time_s"] / best["step_time_s"]
+            if bn is not None and best is not None
+            else (math.inf if bp is not None and not scr["nopp_fits"] else None)
+        )
         # the same with the layouts that ran out of memory allowed: what more HBM would buy
         ran = [c for c in sims if c["status"] in ("ok", "oom")]
         bn_any = min((c for c in ran if c["pp"] == 1), key=lambda c: c["step_time_s"], default=None)
         best_any = min(ran, key=lambda c: c["step_time_s"], default=None)
         rec["nopp_oom_label"] = bn_any["label"] if bn_any is not None and bn_any["status"] == "oom" else None
-        rec["nopp_oom_peak_memory_bytes"] = (bn_any["peak_memory_bytes"] if rec["nopp_oom_label"] else None)
-        rec["ratio_any_memory"] = (bn_any["step_time_s"] / best_any["step_time_s"]
-                                   if bn_any is not None and best_any is not None else None)
+        rec["nopp_oom_peak_memory_bytes"] = bn_any["peak_memory_bytes"] if rec["nopp_oom_label"] else None
+        rec["ratio_any_memory"] = (
+            bn_any["step_time_s"] / best_any["step_time_s"] if bn_any is not None and best_any is not None else None
+        )
         ep_, en = scr.get("est_best_pp"), scr.get("est_best_nopp")
         est_best = min((e["est_step_time_s"] for e in (ep_, en) if e), default=None)
-        rec["est_ratio"] = (en["est_step_time_s"] / est_best if en and est_best else
-                            (math.inf if ep_ and not en else None))
+        rec["est_ratio"] = (
+            en["est_step_time_s"] / est_best if en and est_best else (math.inf if ep_ and not en else None)
+        )
         for k in ("nopp_fits", "nopp_fits_without_zero3", "nopp_fits_without_recompute", "nopp_fits_without_either"):
             rec[k] = scr[k]
         rec.update(aux_global_memory(pt, bp))
         rec.update(roofline(pt, bp, bn))
         map_recs.append(rec)
     table = pd.DataFrame(map_recs)
-    cands = pd.DataFrame(cand_recs, columns=None if cand_recs else
-                         ["point", "model", "system", "domain", "nic_gbps", "label", *LAYOUT_KEYS, "status", "error",
-                          "est_step_time_s", "est_memory_bytes", "step_time_s", "mfu", "peak_memory_bytes",
-                          "hbm_bytes", "bubble_fraction", "exposed_comm_fraction", "sim_wall_s", "micro_batches"])
+    cands = pd.DataFrame(
+        cand_recs,
+        columns=None
+        if cand_recs
+        else [
+            "point",
+            "model",
+            "system",
+            "domain",
+            "nic_gbps",
+            "label",
+            *LAYOUT_KEYS,
+            "status",
+            "error",
+            "est_step_time_s",
+            "est_memory_bytes",
+            "step_time_s",
+            "mfu",
+            "peak_memory_bytes",
+            "hbm_bytes",
+            "bubble_fraction",
+            "exposed_comm_fraction",
+            "sim_wall_s",
+            "micro_batches",
+        ],
+    )
     if out.exists():
         table.to_csv(out / MAP_CSV, index=False)
         cands.to_csv(out / CANDIDATES_CSV, index=False)
         versions = sorted({str(r.get("stepsim_version")) for r in rows.values()})
-        status = {"name": spec.name, "points_total": len(points(spec)), "points_screened": len(screens),
-                  "simulations_chosen": sum(len(with_fallbacks(v["chosen"])) for v in screens.values()),
-                  "simulations_done": len(cand_recs),
-                  "points_with_ratio": int(table["ratio"].notna().sum()) if len(table) else 0,
-                  "screen_cpu_s_total": round(sum(v.get("screen_cpu_s", 0.0) for v in screens.values()), 1),
-                  "simulation_wall_s_total": round(float(cands["sim_wall_s"].fillna(0).sum()) if len(cands) else 0.0, 1),
-                  "stepsim_versions": versions}
+        status = {
+            "name": spec.name,
+            "points_total": len(points(spec)),
+            "points_screened": len(screens),
+            "simulations_chosen": sum(len(with_fallbacks(v["chosen"])) for v in screens.values()),
+            "simulations_done": len(cand_recs),
+            "points_with_ratio": int(table["ratio"].notna().sum()) if len(table) else 0,
+            "screen_cpu_s_total": round(sum(v.get("screen_cpu_s", 0.0) for v in screens.values()), 1),
+            "simulation_wall_s_total": round(float(cands["sim_wall_s"].fillna(0).sum()) if len(cands) else 0.0, 1),
+            "stepsim_versions": versions,
+        }
         (out / STATUS_JSON).write_text(json.dumps(status, indent=2) + "\n")
     return table, cands
 
@@ -470,8 +617,11 @@ def aux_global_memory(point: Mapping, best_pp: Optional[Mapping]) -> dict:
     free = estimate_memory(load_scenario(mapping))["total"]
     glob = load_scenario({**mapping, "training": {**mapping["training"], "balance": "aux-loss-global"}})
     g = estimate_memory(glob)["total"]
-    return {"aux_free_peak_bytes": free, "aux_global_peak_bytes": g,
-            "aux_global_fits": bool(g <= glob.cluster.chip.hbm_bytes)}
+    return {
+        "aux_free_peak_bytes": free,
+        "aux_global_peak_bytes": g,
+        "aux_global_fits": bool(g <= glob.cluster.chip.hbm_bytes),
+    }
 
 
 # ---- the roofline ------------------------------------------------------------------------------
@@ -526,7 +676,9 @@ def roofline(point: Mapping, best_pp: Optional[Mapping], best_nopp: Optional[Map
 # ---- the figure ------------------------------------------------------------------------------------
 
 
-def plot_map(table: pd.DataFrame, path: Union[str, Path], markers: Optional[Mapping[str, tuple]] = None, title: str = ""):
+def plot_map(
+    table: pd.DataFrame, path: Union[str, Path], markers: Optional[Mapping[str, tuple]] = None, title: str = ""
+):
     """Heat map per model of ``ratio`` (best without PP / best) over domain size (rows) and
     NIC bandwidth per GPU (columns), the 1.10 contour, today's systems as annotated cells
     in a strip below (``markers``: system label -> (domain, nic GB/s) also marks it on the
@@ -541,12 +693,18 @@ def plot_map(table: pd.DataFrame, path: Union[str, Path], markers: Optional[Mapp
     doms = sorted(grid["domain"].dropna().unique().astype(int)) if len(grid) else []
     nics = sorted(grid["nic_gbps"].dropna().unique()) if len(grid) else []
     systems = list(dict.fromkeys(table.loc[table["system"] != "grid", "system"]))
-    cmap = LinearSegmentedColormap.from_list("pp", ["#f7f7f7", "#fdd49e", "#fc8d59", "#d7301f", "#7f0000"]
-                                             ).with_extremes(bad="#dddddd")
+    cmap = LinearSegmentedColormap.from_list(
+        "pp", ["#f7f7f7", "#fdd49e", "#fc8d59", "#d7301f", "#7f0000"]
+    ).with_extremes(bad="#dddddd")
     vmax = 2.0
     rows = 2 if systems else 1
-    fig, axes = plt.subplots(rows, len(models), figsize=(6.2 * len(models), 4.6 + 2.0 * (rows - 1)),
-                             gridspec_kw={"height_ratios": [max(len(doms), 1), 1.3][:rows]}, squeeze=False)
+    fig, axes = plt.subplots(
+        rows,
+        len(models),
+        figsize=(6.2 * len(models), 4.6 + 2.0 * (rows - 1)),
+        gridspec_kw={"height_ratios": [max(len(doms), 1), 1.3][:rows]},
+        squeeze=False,
+    )
 
     def shown(r):
         return vmax if r is not None and np.isinf(r) else r
@@ -570,19 +728,41 @@ def plot_map(table: pd.DataFrame, path: Union[str, Path], markers: Optional[Mapp
                 txt = f"est\n{txt}"
                 ax.add_patch(plt.Rectangle((k - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", ec="0.6", lw=0))
             dark = v is not None and not pd.isna(v) and min(shown(v), vmax) > 1.6
-            ax.text(k, i, txt, ha="center", va="center", fontsize=8, style="normal" if sim else "italic",
-                    color="white" if dark else "black", weight="bold" if sim else "normal")
+            ax.text(
+                k,
+                i,
+                txt,
+                ha="center",
+                va="center",
+                fontsize=8,
+                style="normal" if sim else "italic",
+                color="white" if dark else "black",
+                weight="bold" if sim else "normal",
+            )
         if np.isfinite(z).sum() >= 4 and len(doms) > 1 and len(nics) > 1:
-            ax.contour(np.arange(len(nics)), np.arange(len(doms)), np.ma.masked_invalid(z), levels=[RATIO_CONTOUR],
-                       colors="k", linewidths=1.6)
+            ax.contour(
+                np.arange(len(nics)),
+                np.arange(len(doms)),
+                np.ma.masked_invalid(z),
+                levels=[RATIO_CONTOUR],
+                colors="k",
+                linewidths=1.6,
+            )
         at: dict = {}
         for lab, (d, w) in markers.items():
             if d in doms and w in nics:
                 at.setdefault((doms.index(d), nics.index(float(w))), []).append(lab)
         for (i, k), labs in at.items():
             ax.plot(k - 0.36, i + 0.3, "o", ms=7, mfc="#1f4e9c", mec="white", mew=1.2)
-            ax.text(k - 0.28, i + 0.3, " / ".join(labs), color="#1f4e9c", fontsize=6.5, va="center",
-                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
+            ax.text(
+                k - 0.28,
+                i + 0.3,
+                " / ".join(labs),
+                color="#1f4e9c",
+                fontsize=6.5,
+                va="center",
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85},
+            )
         ax.set_xticks(range(len(nics)), [f"{w:g}" for w in nics])
         ax.set_yticks(range(len(doms)), [str(d) for d in doms])
         ax.set_xlabel("scale-out bandwidth per GPU (GB/s)")
@@ -600,11 +780,16 @@ def plot_map(table: pd.DataFrame, path: Union[str, Path], markers: Optional[Mapp
             v = None if r is None else (r["ratio"] if sim else r.get("est_ratio"))
             ok = v is not None and not pd.isna(v)
             vals.append(min(shown(v), vmax) if ok else np.nan)
-            txt = x + "\n" + ("—" if not ok else ("est " if not sim else "")
-                              + ("PP needed" if np.isinf(v) else f"{v:.2f}"))
+            txt = (
+                x
+                + "\n"
+                + ("—" if not ok else ("est " if not sim else "") + ("PP needed" if np.isinf(v) else f"{v:.2f}"))
+            )
             if sim and isinstance(r["best_label"], str):
                 parts = r["best_label"].split("-")
-                txt += "\n" + " ".join(x for x in parts if x[:2] in ("pp", "ep") or x in ("1f1b", "dualpipe", "interleaved"))
+                txt += "\n" + " ".join(
+                    x for x in parts if x[:2] in ("pp", "ep") or x in ("1f1b", "dualpipe", "interleaved")
+                )
             texts.append((txt, sim))
         sx.imshow(np.array([vals]), cmap=cmap, vmin=1.0, vmax=vmax, aspect="auto")
         for k, (txt, sim) in enumerate(texts):

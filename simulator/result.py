@@ -35,8 +35,23 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only (engine and pandas are 
 SCHEMA_VERSION = 1
 
 EVENT_COLUMNS = [
-    "rank", "stage", "stream", "name", "kind", "phase", "mb", "chunk", "layer",
-    "start_s", "end_s", "duration_s", "flops", "bytes", "size_bytes", "coll", "axis",
+    "rank",
+    "stage",
+    "stream",
+    "name",
+    "kind",
+    "phase",
+    "mb",
+    "chunk",
+    "layer",
+    "start_s",
+    "end_s",
+    "duration_s",
+    "flops",
+    "bytes",
+    "size_bytes",
+    "coll",
+    "axis",
 ]
 MEMORY_COLUMNS = ["rank", "stage", "time_s", *MEMORY_CATEGORIES, "total"]
 IDLE_COLUMNS = ["rank", "stage", "start_s", "end_s", "duration_s", "cause", "waiting_for"]
@@ -61,11 +76,19 @@ class Result:
 
     __slots__ = ("summary", "scenario", "notes", "raw", "trace", "topology", "_columns", "_frames")
 
-    def __init__(self, summary: dict[str, Any], events: Optional[pd.DataFrame] = None,
-                 memory: Optional[pd.DataFrame] = None, per_stage: Optional[pd.DataFrame] = None,
-                 scenario: Optional[Scenario] = None, notes: Optional[list[str]] = None,
-                 raw: Optional[RawRun] = None, trace: Optional[Trace] = None,
-                 topology: Optional[Topology] = None, columns: Optional[dict[str, Columns]] = None):
+    def __init__(
+        self,
+        summary: dict[str, Any],
+        events: Optional[pd.DataFrame] = None,
+        memory: Optional[pd.DataFrame] = None,
+        per_stage: Optional[pd.DataFrame] = None,
+        scenario: Optional[Scenario] = None,
+        notes: Optional[list[str]] = None,
+        raw: Optional[RawRun] = None,
+        trace: Optional[Trace] = None,
+        topology: Optional[Topology] = None,
+        columns: Optional[dict[str, Columns]] = None,
+    ):
         self.summary = summary
         self.scenario = scenario
         self.notes = list(notes or [])
@@ -89,8 +112,10 @@ class Result:
 
     def __repr__(self) -> str:
         s = self.summary
-        return (f"<Result {s.get('name')!r}: step {s.get('step_time_s')} s, mfu {s.get('mfu')}, "
-                f"{s.get('simulated_ranks')} simulated ranks>")
+        return (
+            f"<Result {s.get('name')!r}: step {s.get('step_time_s')} s, mfu {s.get('mfu')}, "
+            f"{s.get('simulated_ranks')} simulated ranks>"
+        )
 
     # ---- tables ----------------------------------------------------------------
     def table(self, name: str) -> Columns:
@@ -269,7 +294,7 @@ def _order(*keys: np.ndarray) -> np.ndarray:
     for k in keys:
         if k.dtype == object:
             values = k.tolist()
-            rank = {v: i for i, v in enumerate(sorted(set(values)))}   # few distinct names
+            rank = {v: i for i, v in enumerate(sorted(set(values)))}  # few distinct names
             k = np.fromiter(map(rank.__getitem__, values), dtype=np.int64, count=len(values))
         coded.append(k)
     return np.lexsort(coded[::-1])
@@ -281,7 +306,7 @@ def event_columns(raw: Optional[RawRun], layout) -> Columns:
     recs = list(raw.records) if raw is not None else []
     ops = list(map(attrgetter("op"), recs))
     flops, nbytes = [], []
-    work: dict[int, tuple] = {}      # id(kernel group) -> (group, flops, bytes): groups are shared
+    work: dict[int, tuple] = {}  # id(kernel group) -> (group, flops, bytes): groups are shared
     for op in ops:
         k = op.kernels
         w = work.get(id(k))
@@ -300,12 +325,23 @@ def event_columns(raw: Optional[RawRun], layout) -> Columns:
         return _text(list(map(attrgetter(attr), ops)))
 
     cols = {
-        "rank": rank, "stage": _stages(rank, layout), "stream": text("stream"), "name": text("name"),
-        "kind": text("kind"), "phase": text("phase"), "mb": ints("mb"), "chunk": ints("chunk"),
-        "layer": ints("layer"), "start_s": start, "end_s": end, "duration_s": end - start,
-        "flops": np.array(flops, dtype=float), "bytes": np.array(nbytes, dtype=float),
+        "rank": rank,
+        "stage": _stages(rank, layout),
+        "stream": text("stream"),
+        "name": text("name"),
+        "kind": text("kind"),
+        "phase": text("phase"),
+        "mb": ints("mb"),
+        "chunk": ints("chunk"),
+        "layer": ints("layer"),
+        "start_s": start,
+        "end_s": end,
+        "duration_s": end - start,
+        "flops": np.array(flops, dtype=float),
+        "bytes": np.array(nbytes, dtype=float),
         "size_bytes": np.fromiter(map(attrgetter("size_bytes"), ops), dtype=float, count=len(ops)),
-        "coll": text("coll"), "axis": text("axis"),
+        "coll": text("coll"),
+        "axis": text("axis"),
     }
     order = _order(rank, start, cols["stream"], cols["name"])
     return {c: cols[c][order] for c in EVENT_COLUMNS}
@@ -348,7 +384,7 @@ def memory_columns(raw: RawRun, trace: Trace, layout) -> Columns:
         cols[c] = levels[:, j].copy()
     total = cols[MEMORY_CATEGORIES[0]].copy()
     for c in MEMORY_CATEGORIES[1:]:
-        total += cols[c]                    # left to right, as pandas' row sum
+        total += cols[c]  # left to right, as pandas' row sum
     cols["total"] = total
     return {c: cols[c] for c in MEMORY_COLUMNS}
 
@@ -369,9 +405,15 @@ def idle_columns(spans, layout) -> Columns:
     rank = np.array([int(s[0]) for s in spans], dtype=np.int64)
     start = np.array([s[1] for s in spans], dtype=float)
     end = np.array([s[2] for s in spans], dtype=float)
-    cols = {"rank": rank, "stage": _stages(rank, layout), "start_s": start, "end_s": end,
-            "duration_s": end - start, "cause": _text([s[3] for s in spans]),
-            "waiting_for": _text([s[4] or "" for s in spans])}
+    cols = {
+        "rank": rank,
+        "stage": _stages(rank, layout),
+        "start_s": start,
+        "end_s": end,
+        "duration_s": end - start,
+        "cause": _text([s[3] for s in spans]),
+        "waiting_for": _text([s[4] or "" for s in spans]),
+    }
     order = np.lexsort((start, rank))
     return {c: cols[c][order] for c in IDLE_COLUMNS}
 

@@ -259,8 +259,9 @@ class Scenario:
 
         net = self.cluster.network
         domain = net.domain_size if getattr(net, "kind", "") == "switched" else 0
-        return Workload(self.model, self.layout, self.training, self.schedule, expert_load=self.expert_load,
-                        domain_size=domain)
+        return Workload(
+            self.model, self.layout, self.training, self.schedule, expert_load=self.expert_load, domain_size=domain
+        )
 
 
 # ---- loading ---------------------------------------------------------------------------
@@ -278,9 +279,12 @@ def read_mapping(path: Union[str, Path], what: str = "scenario") -> dict:
     except InputFileError as err:
         raise ScenarioError("", str(err)) from None
     if not isinstance(data, dict):
-        raise ScenarioError("", f"{p}: a {what} is a mapping with keys "
-                                f"{'model, cluster, parallel, schedule, training' if what == 'scenario' else 'name, base, grid, cases'}"
-                                f"; got {type(data).__name__}")
+        raise ScenarioError(
+            "",
+            f"{p}: a {what} is a mapping with keys "
+            f"{'model, cluster, parallel, schedule, training' if what == 'scenario' else 'name, base, grid, cases'}"
+            f"; got {type(data).__name__}",
+        )
     data.setdefault("name", p.stem)
     return data
 
@@ -328,8 +332,9 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
     check_size(model, layout, training, sc.schedule)
     for i, p in enumerate(sc.perturbations):
         if p.devices is None and p.link is None:
-            raise ScenarioError(f"perturbations[{i}]", "needs 'devices' (with compute_scale) or 'link' "
-                                                        "(with bw_scale or failed: true)")
+            raise ScenarioError(
+                f"perturbations[{i}]", "needs 'devices' (with compute_scale) or 'link' (with bw_scale or failed: true)"
+            )
         for d in p.devices or []:
             if not 0 <= d < cluster.devices:
                 raise ScenarioError(f"perturbations[{i}].devices", f"device {d} outside 0..{cluster.devices - 1}")
@@ -342,20 +347,31 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
         from simulator.collectives import ALGORITHMS
 
         if alg not in ALGORITHMS:
-            raise ScenarioError(f"network_calibration.algorithm_efficiency.{alg}",
-                                f"unknown algorithm; allowed: {', '.join(ALGORITHMS)}")
+            raise ScenarioError(
+                f"network_calibration.algorithm_efficiency.{alg}",
+                f"unknown algorithm; allowed: {', '.join(ALGORITHMS)}",
+            )
     net_overrides = tuple((k, tuple(sorted(v.items()))) for k, v in sc.network_calibration.model_dump().items() if v)
     name = sc.name or model.name
     return Scenario(
-        name=str(name), model=model, cluster=cluster, layout=layout, schedule=sc.schedule, training=training,
-        perturbations=tuple(sc.perturbations), compute_overrides=overrides, network_overrides=net_overrides,
-        algorithms=tuple(sorted(sc.algorithms.items())), source=data,
+        name=str(name),
+        model=model,
+        cluster=cluster,
+        layout=layout,
+        schedule=sc.schedule,
+        training=training,
+        perturbations=tuple(sc.perturbations),
+        compute_overrides=overrides,
+        network_overrides=net_overrides,
+        algorithms=tuple(sorted(sc.algorithms.items())),
+        source=data,
         expert_load=ExpertLoad(**sc.training.expert_load.model_dump()) if sc.training.expert_load else None,
     )
 
 
-def check_size(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec, schedule: str,
-               ranks: Optional[int] = None) -> None:
+def check_size(
+    model: ModelSpec, layout: ParallelLayout, training: TrainingSpec, schedule: str, ranks: Optional[int] = None
+) -> None:
     """Refuse a step too large to simulate before building it: the estimated op count
     (layers x micro-batches x passes over ``ranks`` simulated ranks, default one per
     pipeline stage) above :data:`MAX_ESTIMATED_OPS`, quoting the estimate and the field."""
@@ -370,11 +386,14 @@ def check_size(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec,
     if n <= MAX_ESTIMATED_OPS:
         return
     field = "model.layers" if model.layers >= m else "training.global_batch_size"
-    raise ScenarioError(field, f"the step would need about {n:,.0f} operations (~{n * BYTES_PER_ESTIMATED_OP / 1e9:.1f} GB): "
-                               f"{model.layers:,} layers x {m:,} micro-batches x {n_ranks:,} simulated ranks; the limit "
-                               f"is {MAX_ESTIMATED_OPS:,} (~{MAX_ESTIMATED_OPS * BYTES_PER_ESTIMATED_OP / 1e9:.0f} GB): "
-                               "use fewer layers, fewer micro-batches (a larger micro_batch_size) or, with --exact, "
-                               "fewer devices")
+    raise ScenarioError(
+        field,
+        f"the step would need about {n:,.0f} operations (~{n * BYTES_PER_ESTIMATED_OP / 1e9:.1f} GB): "
+        f"{model.layers:,} layers x {m:,} micro-batches x {n_ranks:,} simulated ranks; the limit "
+        f"is {MAX_ESTIMATED_OPS:,} (~{MAX_ESTIMATED_OPS * BYTES_PER_ESTIMATED_OP / 1e9:.0f} GB): "
+        "use fewer layers, fewer micro-batches (a larger micro_batch_size) or, with --exact, "
+        "fewer devices",
+    )
 
 
 def _check_algorithms(algorithms: Mapping[str, str]) -> None:
@@ -382,8 +401,9 @@ def _check_algorithms(algorithms: Mapping[str, str]) -> None:
 
     for op, alg in algorithms.items():
         if alg not in VALID_ALGORITHMS[op]:
-            raise ScenarioError(f"algorithms.{op}", f"unknown algorithm {alg!r} for {op}; allowed: "
-                                                    f"{', '.join(VALID_ALGORITHMS[op])}")
+            raise ScenarioError(
+                f"algorithms.{op}", f"unknown algorithm {alg!r} for {op}; allowed: {', '.join(VALID_ALGORITHMS[op])}"
+            )
 
 
 def _check_moe_layout(model: ModelSpec, layout: ParallelLayout) -> None:
@@ -392,9 +412,12 @@ def _check_moe_layout(model: ModelSpec, layout: ParallelLayout) -> None:
     than when the first MoE layer is counted."""
     has_moe_layer = model.moe is not None and model.moe.dense_layers < model.layers  # layer dense_layers is MoE
     if has_moe_layer and layout.tp > 1 and not layout.sequence_parallel:
-        raise ScenarioError("parallel.sequence_parallel", "MoE layers with tp > 1 need sequence parallelism "
-                                                          "(Megatron-Core routes the sequence-parallel shard of "
-                                                          "tokens); set it to true or use tp: 1")
+        raise ScenarioError(
+            "parallel.sequence_parallel",
+            "MoE layers with tp > 1 need sequence parallelism "
+            "(Megatron-Core routes the sequence-parallel shard of "
+            "tokens); set it to true or use tp: 1",
+        )
 
 
 def _check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
@@ -407,8 +430,10 @@ def _check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
     if sc.parallel.etp > 1:
         raise ScenarioError("parallel.etp", f"expert tensor parallelism needs a MoE model; {dense}: use etp: 1")
     if sc.training.balance != "aux-free":  # the default, which resolved scenarios spell out
-        raise ScenarioError("training.balance", f"load balancing applies to MoE models only; {dense}: leave it out "
-                                                f"(got {sc.training.balance!r})")
+        raise ScenarioError(
+            "training.balance",
+            f"load balancing applies to MoE models only; {dense}: leave it out (got {sc.training.balance!r})",
+        )
     if sc.training.expert_load is not None:
         raise ScenarioError("training.expert_load", f"applies to MoE models only; {dense}: leave it out")
     if sc.training.moe_gate_weighting != "activation":  # the default
@@ -440,8 +465,22 @@ def _from_pydantic(err: ValidationError, prefix: str) -> ScenarioError:
 
 def _allowed_keys(err: ValidationError, e) -> list[str]:
     title = err.title
-    models = {m.__name__: m for m in (ScenarioIn, ParallelIn, TrainingIn, ModelIn, MoEIn, MLAIn, ChipIn,
-                                      PerturbationIn, ComputeCalIn, ExpertLoadIn, OffloadIn)}
+    models = {
+        m.__name__: m
+        for m in (
+            ScenarioIn,
+            ParallelIn,
+            TrainingIn,
+            ModelIn,
+            MoEIn,
+            MLAIn,
+            ChipIn,
+            PerturbationIn,
+            ComputeCalIn,
+            ExpertLoadIn,
+            OffloadIn,
+        )
+    }
     # Walk the location to find the model whose keys were exceeded.
     m = models.get(title)
     for part in e["loc"][:-1]:
@@ -451,7 +490,9 @@ def _allowed_keys(err: ValidationError, e) -> list[str]:
         if f is None:
             break
         ann = f.annotation
-        m = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        m = next(
+            (a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None
+        )
     return sorted(m.model_fields) if m is not None else []
 
 
@@ -541,16 +582,22 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
         chip = _resolve_chip(spec.get("chip"))
         if spec.get("preset") is not None:
             if not isinstance(spec["preset"], str):
-                raise ScenarioError("cluster.preset", f"must be a preset name, got {spec['preset']!r}; "
-                                                      f"allowed: {', '.join(sorted(CLUSTER_PRESETS))}")
-            over = {k: spec[k] for k in ("network", "pods", "name", "host_bw_bytes_per_s", "devices_per_domain")
-                    if k in spec}
+                raise ScenarioError(
+                    "cluster.preset",
+                    f"must be a preset name, got {spec['preset']!r}; allowed: {', '.join(sorted(CLUSTER_PRESETS))}",
+                )
+            over = {
+                k: spec[k]
+                for k in ("network", "pods", "name", "host_bw_bytes_per_s", "devices_per_domain")
+                if k in spec
+            }
             if chip is not None:
                 over["chip"] = chip
             return cluster_preset(spec["preset"], devices, **over)
         if chip is None:
-            raise ScenarioError("cluster.chip", f"required without a preset; a chip preset "
-                                                f"({', '.join(sorted(CHIPS))}) or a mapping")
+            raise ScenarioError(
+                "cluster.chip", f"required without a preset; a chip preset ({', '.join(sorted(CHIPS))}) or a mapping"
+            )
         if "network" not in spec:
             raise ScenarioError("cluster.network", "required without a preset (kind: torus | switched)")
         if devices is None:
@@ -558,7 +605,11 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
         network = _network(spec["network"])
         pods = _pods(spec.get("pods"))
         return ClusterSpec(
-            name=str(spec.get("name", "custom")), devices=devices, chip=chip, network=network, pods=pods,
+            name=str(spec.get("name", "custom")),
+            devices=devices,
+            chip=chip,
+            network=network,
+            pods=pods,
             host_bw_bytes_per_s=spec.get("host_bw_bytes_per_s", 32e9),
             devices_per_domain=spec.get("devices_per_domain"),
         )
@@ -580,15 +631,27 @@ def _resolve_chip(chip) -> Optional[ChipSpec]:
         base = {}
         if "preset" in chip:
             c = _resolve_chip(chip["preset"])
-            base = {"name": c.name, "peak_flops_per_s": dict(c.peak_flops_per_s), "hbm_bytes": c.hbm_bytes,
-                    "hbm_bw_bytes_per_s": c.hbm_bw_bytes_per_s, "family": c.family, "source": c.source}
+            base = {
+                "name": c.name,
+                "peak_flops_per_s": dict(c.peak_flops_per_s),
+                "hbm_bytes": c.hbm_bytes,
+                "hbm_bw_bytes_per_s": c.hbm_bw_bytes_per_s,
+                "family": c.family,
+                "source": c.source,
+            }
         merged = {**base, **{k: v for k, v in chip.items() if k != "preset"}}
         try:
             c = ChipIn.model_validate(merged)
         except ValidationError as err:
             raise _from_pydantic(err, "cluster.chip") from None
-        return ChipSpec(name=c.name, peak_flops_per_s=dict(c.peak_flops_per_s), hbm_bytes=c.hbm_bytes,
-                        hbm_bw_bytes_per_s=c.hbm_bw_bytes_per_s, family=c.family, source=c.source)
+        return ChipSpec(
+            name=c.name,
+            peak_flops_per_s=dict(c.peak_flops_per_s),
+            hbm_bytes=c.hbm_bytes,
+            hbm_bw_bytes_per_s=c.hbm_bw_bytes_per_s,
+            family=c.family,
+            source=c.source,
+        )
     raise ScenarioError("cluster.chip", f"a chip preset name or a mapping, got {chip!r}")
 
 
@@ -604,13 +667,17 @@ def _network(net) -> Union[TorusNetwork, SwitchedNetwork]:
     allowed = [f.name for f in dataclasses.fields(cls)]
     for k in net:
         if k not in allowed:
-            raise ScenarioError(f"cluster.network.{k}", f"unknown key for a {kind} network; allowed: kind, "
-                                                        f"{', '.join(allowed)}")
+            raise ScenarioError(
+                f"cluster.network.{k}", f"unknown key for a {kind} network; allowed: kind, {', '.join(allowed)}"
+            )
     for k in ("shape", "wraparound"):
         if k in net and isinstance(net[k], list):
             net[k] = tuple(net[k])
-    missing = [f.name for f in dataclasses.fields(cls)
-               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in net]
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in net
+    ]
     if missing:
         raise ScenarioError(f"cluster.network.{missing[0]}", f"required for a {kind} network")
     return cls(**net)
@@ -650,8 +717,16 @@ def _resolve_layout(p: ParallelIn, devices: int) -> ParallelLayout:
     order = tuple(x.strip() for x in p.order.split("-"))
     try:
         return ParallelLayout(
-            tp=p.tp, cp=p.cp, pp=p.pp, dp=dp, ep=p.ep, vpp=p.vpp, etp=p.etp, zero=p.zero,
-            sequence_parallel=p.sequence_parallel, order=order,
+            tp=p.tp,
+            cp=p.cp,
+            pp=p.pp,
+            dp=dp,
+            ep=p.ep,
+            vpp=p.vpp,
+            etp=p.etp,
+            zero=p.zero,
+            sequence_parallel=p.sequence_parallel,
+            order=order,
             pipeline_layers=(p.pipeline_layers if p.pipeline_layers in (None, "auto") else tuple(p.pipeline_layers)),
         )
     except LayoutError as err:
@@ -663,10 +738,14 @@ def _training_dict(t: TrainingSpec) -> dict:
     off = {"optimizer": d.pop("offload_optimizer"), "activations": d.pop("offload_activations")}
     if off["optimizer"] or off["activations"]:
         d["offload"] = off
-    if d["activation_saving"] == "none":   # as before the key existed: sweep keys stay stable
+    if d["activation_saving"] == "none":  # as before the key existed: sweep keys stay stable
         del d["activation_saving"]
-    for key, default in (("moe_gate_weighting", "activation"), ("grad_dtype", "fp32"),
-                         ("optimizer_state_dtype", "fp32"), ("master_weights", "fp32")):
+    for key, default in (
+        ("moe_gate_weighting", "activation"),
+        ("grad_dtype", "fp32"),
+        ("optimizer_state_dtype", "fp32"),
+        ("master_weights", "fp32"),
+    ):
         if d[key] == default:  # likewise
             del d[key]
     if not d["dropout"]:
@@ -685,22 +764,44 @@ def scenario_to_dict(s: Scenario) -> dict:
     net = dataclasses.asdict(c.network)
     net = {"kind": c.network.kind, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in net.items()}}
     cluster = {
-        "name": c.name, "devices": c.devices,
-        "chip": {"name": c.chip.name, "peak_flops_per_s": dict(c.chip.peak_flops_per_s), "hbm_bytes": c.chip.hbm_bytes,
-                 "hbm_bw_bytes_per_s": c.chip.hbm_bw_bytes_per_s, "family": c.chip.family},
-        "network": net, "host_bw_bytes_per_s": c.host_bw_bytes_per_s,
+        "name": c.name,
+        "devices": c.devices,
+        "chip": {
+            "name": c.chip.name,
+            "peak_flops_per_s": dict(c.chip.peak_flops_per_s),
+            "hbm_bytes": c.chip.hbm_bytes,
+            "hbm_bw_bytes_per_s": c.chip.hbm_bw_bytes_per_s,
+            "family": c.chip.family,
+        },
+        "network": net,
+        "host_bw_bytes_per_s": c.host_bw_bytes_per_s,
     }
     if c.pods is not None:
         cluster["pods"] = dataclasses.asdict(c.pods)
     if c.devices_per_domain is not None:
         cluster["devices_per_domain"] = c.devices_per_domain
     L = s.layout
-    parallel = {"tp": L.tp, "cp": L.cp, "pp": L.pp, "dp": L.dp, "ep": L.ep, "vpp": L.vpp, "etp": L.etp,
-                "zero": L.zero, "sequence_parallel": L.sequence_parallel, "order": "-".join(L.order),
-                "pipeline_layers": (L.pipeline_layers if L.pipeline_layers in (None, "auto")
-                                    else list(L.pipeline_layers))}
-    out = {"name": s.name, "model": model, "cluster": cluster, "parallel": parallel, "schedule": s.schedule,
-           "training": _training_dict(s.training)}
+    parallel = {
+        "tp": L.tp,
+        "cp": L.cp,
+        "pp": L.pp,
+        "dp": L.dp,
+        "ep": L.ep,
+        "vpp": L.vpp,
+        "etp": L.etp,
+        "zero": L.zero,
+        "sequence_parallel": L.sequence_parallel,
+        "order": "-".join(L.order),
+        "pipeline_layers": (L.pipeline_layers if L.pipeline_layers in (None, "auto") else list(L.pipeline_layers)),
+    }
+    out = {
+        "name": s.name,
+        "model": model,
+        "cluster": cluster,
+        "parallel": parallel,
+        "schedule": s.schedule,
+        "training": _training_dict(s.training),
+    }
     if s.expert_load is not None:
         out["training"]["expert_load"] = dataclasses.asdict(s.expert_load)
     if s.perturbations:

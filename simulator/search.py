@@ -62,8 +62,16 @@ import pandas as pd
 
 from simulator.estimate import NetModel, estimate_memory, proxy_cost
 from simulator.schema import ScenarioError, load_scenario, read_mapping
-from simulator.sweep import (Case, _absolutise, _atomic_write, canonical_json, check_scenario, resolve, run_cases,
-                             set_dotted)
+from simulator.sweep import (
+    Case,
+    _absolutise,
+    _atomic_write,
+    canonical_json,
+    check_scenario,
+    resolve,
+    run_cases,
+    set_dotted,
+)
 from topologies.networks import SwitchedNetwork
 from workloads import memory
 from workloads.enums import RECOMPUTE_MODES
@@ -71,8 +79,14 @@ from workloads import schedules as sched
 
 LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "schedule", "zero", "micro_batch_size", "recompute")
 STATUSES = ("ok", "oom", "failed", "pruned", "invalid", "skipped", "duplicate")
-SUMMARY_COLUMNS = ("step_time_s", "mfu", "tokens_per_s", "peak_memory_bytes", "bubble_fraction",
-                   "exposed_comm_fraction")
+SUMMARY_COLUMNS = (
+    "step_time_s",
+    "mfu",
+    "tokens_per_s",
+    "peak_memory_bytes",
+    "bubble_fraction",
+    "exposed_comm_fraction",
+)
 SEARCH_CSV, BEST_JSON = "search.csv", "best.json"
 # A layout is pruned only when its memory estimate exceeds the chip's memory by more than
 # this share: the closed forms and the trace's accounting differ by well under 0.1 % on
@@ -129,18 +143,25 @@ class SearchBounds:
         if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not m >= 0):
             raise ScenarioError("bounds.estimate_margin", f"must be a number >= 0 or None, got {m!r}")
         if not self.schedules or any(s not in sched.SCHEDULES for s in self.schedules):
-            raise ScenarioError("bounds.schedules", f"must be a non-empty list of {', '.join(sched.SCHEDULES)}; "
-                                                    f"got {list(self.schedules)}")
+            raise ScenarioError(
+                "bounds.schedules",
+                f"must be a non-empty list of {', '.join(sched.SCHEDULES)}; got {list(self.schedules)}",
+            )
         if self.zero is not None and (not self.zero or any(z not in (0, 1, 2, 3) for z in self.zero)):
             raise ScenarioError("bounds.zero", f"must be a non-empty list of 0, 1, 2, 3; got {list(self.zero)}")
         if self.micro_batch_sizes is not None and (
-                not self.micro_batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
-                                                  for b in self.micro_batch_sizes)):
-            raise ScenarioError("bounds.micro_batch_sizes",
-                                f"must be a non-empty list of positive integers; got {list(self.micro_batch_sizes)}")
+            not self.micro_batch_sizes
+            or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.micro_batch_sizes)
+        ):
+            raise ScenarioError(
+                "bounds.micro_batch_sizes",
+                f"must be a non-empty list of positive integers; got {list(self.micro_batch_sizes)}",
+            )
         if not self.recompute or any(r not in memory.RECOMPUTE_MODES for r in self.recompute):
-            raise ScenarioError("bounds.recompute", f"must be a non-empty list of "
-                                                    f"{', '.join(memory.RECOMPUTE_MODES)}; got {list(self.recompute)}")
+            raise ScenarioError(
+                "bounds.recompute",
+                f"must be a non-empty list of {', '.join(memory.RECOMPUTE_MODES)}; got {list(self.recompute)}",
+            )
 
 
 # ---- enumeration ---------------------------------------------------------------------------
@@ -189,8 +210,11 @@ def enumerate_layouts(sc, bounds: SearchBounds) -> list[dict]:
                 dp = n // (tp * cp * pp)
                 eps = [1]
                 if model.is_moe:
-                    eps = [e for e in _divisors(dp * cp)
-                           if model.moe.experts % e == 0 and (bounds.max_ep is None or e <= bounds.max_ep)]
+                    eps = [
+                        e
+                        for e in _divisors(dp * cp)
+                        if model.moe.experts % e == 0 and (bounds.max_ep is None or e <= bounds.max_ep)
+                    ]
                 for ep in eps:
                     for schedule in bounds.schedules:
                         if schedule == "interleaved-1f1b":
@@ -207,9 +231,20 @@ def enumerate_layouts(sc, bounds: SearchBounds) -> list[dict]:
                             for zero in zeros:
                                 for mb in mbs:
                                     for rc in bounds.recompute:
-                                        out.append({"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "vpp": vpp,
-                                                    "schedule": schedule, "zero": zero, "micro_batch_size": mb,
-                                                    "recompute": rc})
+                                        out.append(
+                                            {
+                                                "tp": tp,
+                                                "pp": pp,
+                                                "dp": dp,
+                                                "cp": cp,
+                                                "ep": ep,
+                                                "vpp": vpp,
+                                                "schedule": schedule,
+                                                "zero": zero,
+                                                "micro_batch_size": mb,
+                                                "recompute": rc,
+                                            }
+                                        )
     return out
 
 
@@ -219,8 +254,17 @@ def candidate_mapping(base: Mapping, p: Mapping, name: str) -> dict:
     field (model, cluster, sequence length, batch, dtype, ...) kept as it was."""
     par = dict(base.get("parallel") or {})
     etp = p["tp"] if par.get("etp", 1) > 1 and par.get("etp") == par.get("tp") else 1
-    par.update(tp=p["tp"], pp=p["pp"], dp=p["dp"], cp=p["cp"], ep=p["ep"], vpp=p["vpp"], zero=p["zero"], etp=etp,
-               pipeline_layers="auto")
+    par.update(
+        tp=p["tp"],
+        pp=p["pp"],
+        dp=p["dp"],
+        cp=p["cp"],
+        ep=p["ep"],
+        vpp=p["vpp"],
+        zero=p["zero"],
+        etp=etp,
+        pipeline_layers="auto",
+    )
     out = set_dotted(base, "parallel", par)
     out = set_dotted(out, "schedule", p["schedule"])
     out = set_dotted(out, "training.micro_batch_size", p["micro_batch_size"])
@@ -252,7 +296,7 @@ def _cap(cases: list, records: list, bounds: SearchBounds) -> list:
     if bounds.max_candidates is None or len(cases) <= bounds.max_candidates:
         return cases
     order = sorted(cases, key=lambda c: (records[c.index]["est_step_time_s"], c.index))
-    chosen = order[:bounds.max_candidates]
+    chosen = order[: bounds.max_candidates]
     if bounds.max_candidates > 1 and not any(records[c.index]["pp"] == 1 for c in chosen):
         # Keep the comparison with the best layout without pipeline parallelism possible.
         no_pp = [c for c in order if records[c.index]["pp"] == 1]
@@ -261,8 +305,10 @@ def _cap(cases: list, records: list, bounds: SearchBounds) -> list:
     keep = {c.index for c in chosen}
     for c in cases:
         if c.index not in keep:
-            records[c.index].update(status="skipped", reason=(
-                f"over max_candidates = {bounds.max_candidates} (ranked by the analytic step-time estimate)"))
+            records[c.index].update(
+                status="skipped",
+                reason=(f"over max_candidates = {bounds.max_candidates} (ranked by the analytic step-time estimate)"),
+            )
     return [c for c in cases if c.index in keep]
 
 
@@ -363,14 +409,20 @@ def _adaptive(cases: list, records: list, bounds: SearchBounds, dedupe, run, wid
     for c in pending:
         r = rec(c)
         if simulated >= cap:
-            r.update(status="skipped", reason=f"over max_candidates = {bounds.max_candidates} (ranked by the "
-                                              f"analytic step-time estimate)")
+            r.update(
+                status="skipped",
+                reason=f"over max_candidates = {bounds.max_candidates} (ranked by the analytic step-time estimate)",
+            )
         else:
-            r.update(status="skipped", reason=(
-                f"estimated {r['est_step_time_s']:.4g} s: cannot beat the best simulated step "
-                f"({best:.4g} s; {best_no_pp:.4g} s with pp = 1) unless the estimate overestimates it by more "
-                f"than {allowance(r):.1%}: the largest overestimate seen in its family plus "
-                f"estimate_margin = {bounds.estimate_margin:g}"))
+            r.update(
+                status="skipped",
+                reason=(
+                    f"estimated {r['est_step_time_s']:.4g} s: cannot beat the best simulated step "
+                    f"({best:.4g} s; {best_no_pp:.4g} s with pp = 1) unless the estimate overestimates it by more "
+                    f"than {allowance(r):.1%}: the largest overestimate seen in its family plus "
+                    f"estimate_margin = {bounds.estimate_margin:g}"
+                ),
+            )
 
 
 def trace_fingerprint(trace) -> str:
@@ -378,11 +430,23 @@ def trace_fingerprint(trace) -> str:
     dependencies and memory deltas), ranks, weights, static memory, world size and FLOP
     counts (not its notes). Compared within one process only (pickles of equal objects)."""
     h = hashlib.sha256()
-    h.update(pickle.dumps((trace.ranks, trace.weight, trace.static_memory, trace.world, trace.model_flops,
-                           trace.representative, trace.unexecuted_flops), protocol=4))
+    h.update(
+        pickle.dumps(
+            (
+                trace.ranks,
+                trace.weight,
+                trace.static_memory,
+                trace.world,
+                trace.model_flops,
+                trace.representative,
+                trace.unexecuted_flops,
+            ),
+            protocol=4,
+        )
+    )
     step = 4096
     for k in range(0, len(trace.ops), step):
-        h.update(pickle.dumps(trace.ops[k:k + step], protocol=4))
+        h.update(pickle.dumps(trace.ops[k : k + step], protocol=4))
     return h.hexdigest()
 
 
@@ -429,9 +493,13 @@ class _Dedupe:
             for j in members:
                 if fp is not None and self._fingerprint(j) == fp:
                     self.dropped[c.index] = j
-                    self.records[c.index].update(status="duplicate", reason=(
-                        f"simulates identically to candidate {j} ({self.records[j]['label']}): the same trace, "
-                        f"and the same scenario but for {' / '.join(TRACE_ONLY_FIELDS)}"))
+                    self.records[c.index].update(
+                        status="duplicate",
+                        reason=(
+                            f"simulates identically to candidate {j} ({self.records[j]['label']}): the same trace, "
+                            f"and the same scenario but for {' / '.join(TRACE_ONLY_FIELDS)}"
+                        ),
+                    )
                     return True
         members.append(c.index)
         return False
@@ -466,24 +534,29 @@ class SearchResult:
         return ok.sort_values(["step_time_s", "candidate"], kind="stable").reset_index(drop=True)
 
     def best_json(self) -> dict:
-        strip = (lambda b: None if b is None else {"scenario": b["scenario"], "summary": b["summary"]})
+        strip = lambda b: None if b is None else {"scenario": b["scenario"], "summary": b["summary"]}
         return {"best": strip(self.best), "best_without_pp": strip(self.best_without_pp), "gap": self.gap}
 
     def to_text(self, top: int = 10) -> str:
         t = self.table
         counts = t["status"].value_counts()
-        lines = [f"search {self.name}: {len(t)} layouts — "
-                 + ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES if counts.get(s, 0))]
+        lines = [
+            f"search {self.name}: {len(t)} layouts — "
+            + ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES if counts.get(s, 0))
+        ]
         ranked = self.ranked
         if ranked.empty:
             lines.append("no layout fits in memory and runs")
         else:
-            lines.append(f"{'#':>3}  {'layout':<44} {'step (s)':>10} {'MFU':>6} {'bubble':>7} "
-                         f"{'exp.comm':>8} {'peak GB':>8}")
+            lines.append(
+                f"{'#':>3}  {'layout':<44} {'step (s)':>10} {'MFU':>6} {'bubble':>7} {'exp.comm':>8} {'peak GB':>8}"
+            )
             for i, r in ranked.head(top).iterrows():
-                lines.append(f"{i + 1:>3}  {r['label']:<44} {r['step_time_s']:>10.4g} {r['mfu']:>6.1%} "
-                             f"{r['bubble_fraction']:>7.1%} {r['exposed_comm_fraction']:>8.1%} "
-                             f"{r['peak_memory_bytes'] / 1e9:>8.2f}")
+                lines.append(
+                    f"{i + 1:>3}  {r['label']:<44} {r['step_time_s']:>10.4g} {r['mfu']:>6.1%} "
+                    f"{r['bubble_fraction']:>7.1%} {r['exposed_comm_fraction']:>8.1%} "
+                    f"{r['peak_memory_bytes'] / 1e9:>8.2f}"
+                )
         for title, b in (("best", self.best), ("best without pp", self.best_without_pp)):
             if b is None:
                 lines.append(f"{title:<16} none")
@@ -491,8 +564,11 @@ class SearchResult:
                 s = b["summary"]
                 lines.append(f"{title:<16} {b['label']}: {s['step_time_s']:.4g} s/step, MFU {s['mfu']:.1%}")
         if self.gap is not None:
-            lines.append(f"pipeline parallelism gains {self.gap:.1%} (best without pp is {1 + self.gap:.3f}x slower)"
-                         if self.gap > 0 else "the best layout needs no pipeline parallelism")
+            lines.append(
+                f"pipeline parallelism gains {self.gap:.1%} (best without pp is {1 + self.gap:.3f}x slower)"
+                if self.gap > 0
+                else "the best layout needs no pipeline parallelism"
+            )
         return "\n".join(lines)
 
 
@@ -521,8 +597,15 @@ def search(
     est_cache: dict = {}
     for i, p in enumerate(enumerate_layouts(sc0, bounds)):
         mapping = candidate_mapping(base, p, sc0.name)
-        rec = {"candidate": i, "label": label(p), **p, "status": None, "reason": None, "est_memory_bytes": None,
-               "est_step_time_s": None}
+        rec = {
+            "candidate": i,
+            "label": label(p),
+            **p,
+            "status": None,
+            "reason": None,
+            "est_memory_bytes": None,
+            "est_step_time_s": None,
+        }
         key, resolved, sc, error = resolve(mapping)
         est = None
         if error is None:
@@ -539,10 +622,14 @@ def search(
             rec["est_memory_bytes"] = est["total"]
             rec["_micro_batches"] = sc.training.micro_batches(sc.layout.dp)
             if est["total"] > hbm * (1 + PRUNE_TOLERANCE):
-                rec.update(status="pruned", reason=(
-                    f"estimated {est['total'] / 1e9:.2f} GB (weights {est['weights'] / 1e9:.2f}, gradients "
-                    f"{est['gradients'] / 1e9:.2f}, optimizer {est['optimizer'] / 1e9:.2f}, activations "
-                    f"{est['activations'] / 1e9:.2f} on stage {est['stage']}) > HBM {hbm / 1e9:.2f} GB"))
+                rec.update(
+                    status="pruned",
+                    reason=(
+                        f"estimated {est['total'] / 1e9:.2f} GB (weights {est['weights'] / 1e9:.2f}, gradients "
+                        f"{est['gradients'] / 1e9:.2f}, optimizer {est['optimizer'] / 1e9:.2f}, activations "
+                        f"{est['activations'] / 1e9:.2f} on stage {est['stage']}) > HBM {hbm / 1e9:.2f} GB"
+                    ),
+                )
             elif key in by_key:
                 rec.update(status="invalid", reason=f"same scenario as candidate {by_key[key]}")
             else:
@@ -555,14 +642,23 @@ def search(
                 rec["est_step_time_s"] = est_cache[ekey]
                 rec["_key"], rec["_mapping"], rec["_resolved"], rec["_sc"] = key, mapping, resolved, sc
                 rec["_memory"] = est
-                cases.append(Case(index=i, axes={k: p[k] for k in LAYOUT_KEYS}, scenario=mapping, key=key,
-                                  resolved=resolved))
+                cases.append(
+                    Case(index=i, axes={k: p[k] for k in LAYOUT_KEYS}, scenario=mapping, key=key, resolved=resolved)
+                )
         records.append(rec)
     summaries: dict[int, dict] = {}
 
     def run(batch: list, ex) -> None:
-        _, rows = run_cases(batch, LAYOUT_KEYS, out=out, client=client, jobs=jobs, progress=progress,
-                            desc=f"search {sc0.name}", executor=ex)
+        _, rows = run_cases(
+            batch,
+            LAYOUT_KEYS,
+            out=out,
+            client=client,
+            jobs=jobs,
+            progress=progress,
+            desc=f"search {sc0.name}",
+            executor=ex,
+        )
         for c in batch:
             row = rows.get(c.key)
             rec = records[c.index]
@@ -609,8 +705,17 @@ def search(
             records[i].update(status=src["status"], reason=src["reason"])
     table = pd.DataFrame.from_records(
         [{k: v for k, v in r.items() if not k.startswith("_")} for r in records],
-        columns=["candidate", "label", *LAYOUT_KEYS, "status", "reason", "est_memory_bytes", "est_step_time_s",
-                 *SUMMARY_COLUMNS])
+        columns=[
+            "candidate",
+            "label",
+            *LAYOUT_KEYS,
+            "status",
+            "reason",
+            "est_memory_bytes",
+            "est_step_time_s",
+            *SUMMARY_COLUMNS,
+        ],
+    )
 
     def pick(mask) -> Optional[dict]:
         ok = table[(table["status"] == "ok") & mask]
@@ -619,14 +724,16 @@ def search(
         i = int(ok.sort_values(["step_time_s", "candidate"], kind="stable").iloc[0]["candidate"])
         return {"scenario": records[i]["_mapping"], "summary": summaries[i], "label": records[i]["label"]}
 
-    result = SearchResult(table=table, best=pick(table["pp"] > 0), best_without_pp=pick(table["pp"] == 1),
-                          hbm_bytes=hbm, name=sc0.name)
+    result = SearchResult(
+        table=table, best=pick(table["pp"] > 0), best_without_pp=pick(table["pp"] == 1), hbm_bytes=hbm, name=sc0.name
+    )
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         paths = {"csv": out / SEARCH_CSV, "best": out / BEST_JSON}
         _atomic_write(paths["csv"], lambda p: table.to_csv(p, index=False))
-        _atomic_write(paths["best"], lambda p: p.write_text(json.dumps(result.best_json(), indent=2,
-                                                                       default=str) + "\n"))
+        _atomic_write(
+            paths["best"], lambda p: p.write_text(json.dumps(result.best_json(), indent=2, default=str) + "\n")
+        )
         result.paths = paths
     return result

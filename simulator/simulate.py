@@ -89,7 +89,7 @@ def _simulate(scenario, exact, topology, trace, progress, engine_options: Option
         else:
             from workloads.trace_io import check_trace_for
 
-            check_trace_for(trace, sc)   # built for this scenario (ranks, fingerprint, model FLOPs)
+            check_trace_for(trace, sc)  # built for this scenario (ranks, fingerprint, model FLOPs)
     except ScenarioError:
         raise
     except StepsimError as err:  # a layout, schedule, trace or topology error: the field it names
@@ -102,17 +102,33 @@ def _simulate(scenario, exact, topology, trace, progress, engine_options: Option
             for d in p.devices:
                 scale[d] = p.compute_scale
     engine = Engine(
-        trace, topo, sc.layout, chip, cal, network_cal=sc.network_calibration(), dtype=sc.training.dtype,
-        compute_scale=scale, algorithms=dict(sc.algorithms), host_bw_bytes_per_s=sc.cluster.host_bw_bytes_per_s,
-        progress=progress, **(engine_options or {}),
+        trace,
+        topo,
+        sc.layout,
+        chip,
+        cal,
+        network_cal=sc.network_calibration(),
+        dtype=sc.training.dtype,
+        compute_scale=scale,
+        algorithms=dict(sc.algorithms),
+        host_bw_bytes_per_s=sc.cluster.host_bw_bytes_per_s,
+        progress=progress,
+        **(engine_options or {}),
     )
     raw = engine.run()
     mem = memory_columns(raw, trace, sc.layout)
     summary, per_stage = _summarise(sc, trace, raw, mem)
     summary["sim_wall_s"] = time.perf_counter() - t0
     # the events table is built from raw.records when first asked for
-    return Result(summary=summary, scenario=sc, notes=list(trace.notes), raw=raw, trace=trace, topology=topo,
-                  columns={"memory": mem, "per_stage": per_stage})
+    return Result(
+        summary=summary,
+        scenario=sc,
+        notes=list(trace.notes),
+        raw=raw,
+        trace=trace,
+        topology=topo,
+        columns={"memory": mem, "per_stage": per_stage},
+    )
 
 
 def _needs_exact(sc: Scenario) -> bool:
@@ -142,8 +158,10 @@ def _link_hint(topo: Topology, u, v) -> str:
         if end in G:
             near = sorted(map(str, G.neighbors(end)))
             return f"; {end!r} links to {', '.join(near[:8])}{' ...' if len(near) > 8 else ''}"
-    return (f"; link ends are node ids such as {topo.devices[0]!r} (device 0) and its neighbours "
-            f"{', '.join(sorted(map(str, G.neighbors(topo.devices[0])))[:4])} (`stepsim topology --save x.json` lists them)")
+    return (
+        f"; link ends are node ids such as {topo.devices[0]!r} (device 0) and its neighbours "
+        f"{', '.join(sorted(map(str, G.neighbors(topo.devices[0])))[:4])} (`stepsim topology --save x.json` lists them)"
+    )
 
 
 def _summarise(sc: Scenario, trace, raw, mem: Columns) -> tuple[dict, Columns]:
@@ -211,7 +229,16 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns) -> tuple[dict, Columns]:
         "schedule": sc.schedule,
         "schedule_enforced": "all-forward-first" if any("all-forward-first" in n for n in trace.notes) else None,
         "micro_batches": t.micro_batches(L.dp),
-        "layout": {"tp": L.tp, "cp": L.cp, "pp": L.pp, "dp": L.dp, "ep": L.ep, "vpp": L.vpp, "etp": L.etp, "zero": L.zero},
+        "layout": {
+            "tp": L.tp,
+            "cp": L.cp,
+            "pp": L.pp,
+            "dp": L.dp,
+            "ep": L.ep,
+            "vpp": L.vpp,
+            "etp": L.etp,
+            "zero": L.zero,
+        },
         "peak_memory_stage": int(L.stage_of(peak_rank)),
         "bubble_time_per_stage_s": [float(x) for x in per_stage["bubble_s"]],
         "exposed_comm_time_per_stage_s": [float(x) for x in per_stage["exposed_comm_s"]],
@@ -260,9 +287,14 @@ def _per_stage(acc, layout, mem: Columns, step: float) -> Columns:
         if r not in peak_of or t > peak_of[r]:
             peak_of[r] = t
     peaks = np.array([peak_of.get(int(r), np.nan) for r in ranks[order]], dtype=float)
-    cols = {"stage": stages, "bubble_s": means(acc.bubble_s), "exposed_comm_s": means(acc.exposed_s),
-            "peak_memory_bytes": np.fmax.reduceat(peaks, starts) if len(peaks) else np.zeros(0),
-            "compute_s": means(acc.compute_s), "offload_wait_s": means(acc.offload_wait_s)}
+    cols = {
+        "stage": stages,
+        "bubble_s": means(acc.bubble_s),
+        "exposed_comm_s": means(acc.exposed_s),
+        "peak_memory_bytes": np.fmax.reduceat(peaks, starts) if len(peaks) else np.zeros(0),
+        "compute_s": means(acc.compute_s),
+        "offload_wait_s": means(acc.offload_wait_s),
+    }
     cols = {c: cols[c] for c in PER_STAGE_COLUMNS}
     if step > 0:
         cols["bubble_fraction"] = cols["bubble_s"] / step

@@ -194,13 +194,17 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
             if not isinstance(v, list) or not v:
                 raise ScenarioError(f"grid.{k}", f"must be a non-empty list of values, got {v!r}")
         keys = list(grid)
-        n_grid = math.prod(len(grid[k]) for k in keys) * (len(data["cases"]) if isinstance(data.get("cases"), list)
-                                                          and data["cases"] else 1)
+        n_grid = math.prod(len(grid[k]) for k in keys) * (
+            len(data["cases"]) if isinstance(data.get("cases"), list) and data["cases"] else 1
+        )
         if n_grid > MAX_SWEEP_CASES:
-            raise ScenarioError("grid", f"the sweep would have {n_grid:,} cases "
-                                        f"({' x '.join(str(len(grid[k])) for k in keys)}"
-                                        f"{' x cases' if data.get('cases') else ''}); the limit is "
-                                        f"{MAX_SWEEP_CASES:,}: split it or use `where`")
+            raise ScenarioError(
+                "grid",
+                f"the sweep would have {n_grid:,} cases "
+                f"({' x '.join(str(len(grid[k])) for k in keys)}"
+                f"{' x cases' if data.get('cases') else ''}); the limit is "
+                f"{MAX_SWEEP_CASES:,}: split it or use `where`",
+            )
         grid_rows = [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
     cases = data.get("cases")
     case_rows: list[dict] = [{}]
@@ -231,8 +235,15 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
     skip = data.get("skip_invalid", False)
     if not isinstance(skip, bool):
         raise ScenarioError("skip_invalid", f"must be true or false, got {skip!r}")
-    return SweepSpec(name=str(data.get("name") or default_name), base=base, assignments=assignments,
-                     axes=tuple(axes), skip_invalid=skip, where=tuple(where), base_dir=base_dir)
+    return SweepSpec(
+        name=str(data.get("name") or default_name),
+        base=base,
+        assignments=assignments,
+        axes=tuple(axes),
+        skip_invalid=skip,
+        where=tuple(where),
+        base_dir=base_dir,
+    )
 
 
 def _check_axis_key(k, where: str) -> None:
@@ -249,11 +260,15 @@ def _check_axis_key(k, where: str) -> None:
             if sibling:
                 close = ".".join(parts[:i] + sibling)
             else:
-                close = next(iter(difflib.get_close_matches(k, list(_all_paths(scenario_key_tree())), n=1,
-                                                            cutoff=0.6)), None)
+                close = next(
+                    iter(difflib.get_close_matches(k, list(_all_paths(scenario_key_tree())), n=1, cutoff=0.6)), None
+                )
             hint = f" (did you mean {close}?)" if close else ""
-            raise ScenarioError(f"{where}.{k}", f"no scenario key {part!r} in {prefix or 'the scenario'}{hint}; "
-                                                f"allowed there: {', '.join(sorted(node))}")
+            raise ScenarioError(
+                f"{where}.{k}",
+                f"no scenario key {part!r} in {prefix or 'the scenario'}{hint}; "
+                f"allowed there: {', '.join(sorted(node))}",
+            )
         node = node[part]
 
 
@@ -282,8 +297,14 @@ def scenario_key_tree() -> dict:
             out = {}
             for name, f in m.model_fields.items():
                 ann = f.annotation
-                sub = next((a for a in (getattr(ann, "__args__", None) or (ann,))
-                            if isinstance(a, type) and issubclass(a, BaseModel)), None)
+                sub = next(
+                    (
+                        a
+                        for a in (getattr(ann, "__args__", None) or (ann,))
+                        if isinstance(a, type) and issubclass(a, BaseModel)
+                    ),
+                    None,
+                )
                 out[name] = of_model(sub) if sub is not None else None
             return out
 
@@ -291,9 +312,16 @@ def scenario_key_tree() -> dict:
         tree["model"] = of_model(schema.ModelIn)
         chip = {**of_model(schema.ChipIn), "preset": None, "peak_flops_per_s": {"bf16": None, "fp8": None}}
         network = {"kind": None, **{f.name: None for cls in (TorusNetwork, SwitchedNetwork) for f in dc.fields(cls)}}
-        tree["cluster"] = {"preset": None, "devices": None, "name": None, "host_bw_bytes_per_s": None,
-                           "devices_per_domain": None, "chip": chip, "network": network,
-                           "pods": {f.name: None for f in dc.fields(PodsSpec)}}
+        tree["cluster"] = {
+            "preset": None,
+            "devices": None,
+            "name": None,
+            "host_bw_bytes_per_s": None,
+            "devices_per_domain": None,
+            "chip": chip,
+            "network": network,
+            "pods": {f.name: None for f in dc.fields(PodsSpec)},
+        }
         tree["algorithms"] = {k: None for k in TRACE_COLLECTIVE_OPS}
         tree["perturbations"] = None
         _KEY_TREE = tree
@@ -313,7 +341,7 @@ def set_dotted(mapping: Mapping, key: str, value: Any) -> dict:
         elif isinstance(nxt, str):
             nxt = {"preset": nxt}
         elif not isinstance(nxt, dict):
-            raise ScenarioError(key, f"cannot set a key inside {'.'.join(parts[:i + 1])} = {nxt!r}")
+            raise ScenarioError(key, f"cannot set a key inside {'.'.join(parts[: i + 1])} = {nxt!r}")
         node[part] = nxt = dict(nxt)
         node = nxt
     node[parts[-1]] = copy.deepcopy(value)
@@ -337,11 +365,25 @@ def get_dotted(mapping: Any, key: str, default: Any = _MISSING) -> Any:
 
 # ---- `where` expressions ------------------------------------------------------------------
 
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-_CMPOPS = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Eq: operator.eq, ast.NotEq: operator.ne,
-           ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
-           ast.NotIn: lambda a, b: a not in b}
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_CMPOPS = {
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
 
 
 def _parse_where(expr: str, field: str) -> ast.Expression:
@@ -350,12 +392,37 @@ def _parse_where(expr: str, field: str) -> ast.Expression:
     except SyntaxError as err:
         raise ScenarioError(field, f"not a valid expression {expr!r}: {err.msg}") from None
     for node in ast.walk(tree):
-        ok = isinstance(node, (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
-                               ast.BinOp, ast.Compare, ast.Constant, ast.Name, ast.Attribute, ast.Load, ast.List,
-                               ast.Tuple)) or type(node) in _BINOPS or type(node) in _CMPOPS
+        ok = (
+            isinstance(
+                node,
+                (
+                    ast.Expression,
+                    ast.BoolOp,
+                    ast.And,
+                    ast.Or,
+                    ast.UnaryOp,
+                    ast.Not,
+                    ast.USub,
+                    ast.UAdd,
+                    ast.BinOp,
+                    ast.Compare,
+                    ast.Constant,
+                    ast.Name,
+                    ast.Attribute,
+                    ast.Load,
+                    ast.List,
+                    ast.Tuple,
+                ),
+            )
+            or type(node) in _BINOPS
+            or type(node) in _CMPOPS
+        )
         if not ok:
-            raise ScenarioError(field, f"{type(node).__name__} not allowed in {expr!r}; use literals, dotted keys, "
-                                       "arithmetic, comparisons, and/or/not")
+            raise ScenarioError(
+                field,
+                f"{type(node).__name__} not allowed in {expr!r}; use literals, dotted keys, "
+                "arithmetic, comparisons, and/or/not",
+            )
     return tree
 
 
@@ -498,6 +565,7 @@ def expand(spec: SweepSpec) -> Expansion:
         mapping = _absolutise(mapping, spec.base_dir)
         key, resolved, sc, error = resolve(mapping)
         if spec.where:
+
             def lookup(name, _a=assign, _m=mapping, _r=resolved):
                 for src in (_a,):
                     if name in src:
@@ -545,8 +613,7 @@ def run_case(payload: tuple) -> dict:
     except ScenarioError as err:
         row = {"case": index, "key": key, "status": "failed", "error": str(err), "summary": None}
     except Exception as err:  # noqa: BLE001 — one broken scenario must not stop the sweep
-        row = {"case": index, "key": key, "status": "failed", "error": f"{type(err).__name__}: {err}",
-               "summary": None}
+        row = {"case": index, "key": key, "status": "failed", "error": f"{type(err).__name__}: {err}", "summary": None}
     row["stepsim_version"] = worker_version()
     return json.loads(plain_json(row))
 
@@ -568,7 +635,8 @@ def _check_version(version, who: str) -> None:
         raise WorkerVersionError(
             f"executor: {who} runs stepsim {version}, this process stepsim {__version__}; install the same "
             f"version on every worker (pip install stepsim=={__version__}) - results of two versions in one "
-            "table would not compare. The rows finished so far are saved.")
+            "table would not compare. The rows finished so far are saved."
+        )
 
 
 def _failed_row(p: tuple, err: BaseException) -> dict:
@@ -597,8 +665,9 @@ def execute(payloads: Sequence[tuple], client=None, jobs: Optional[int] = None, 
         return
     if executor is not None:
         if not callable(getattr(executor, "submit", None)):
-            raise ValueError(f"executor: expected a concurrent.futures.Executor (with submit), got "
-                             f"{type(executor).__name__}")
+            raise ValueError(
+                f"executor: expected a concurrent.futures.Executor (with submit), got {type(executor).__name__}"
+            )
         _check_version(executor.submit(worker_version).result(), "a worker")
         futs = {executor.submit(run_case, p): p for p in payloads}
         try:
@@ -609,7 +678,8 @@ def execute(payloads: Sequence[tuple], client=None, jobs: Optional[int] = None, 
                 except BrokenProcessPool:
                     raise RuntimeError(
                         "a worker process died (killed, or out of memory); the rows finished so far are saved - "
-                        "run the same sweep again to resume (with jobs=1 to find the case at fault)") from None
+                        "run the same sweep again to resume (with jobs=1 to find the case at fault)"
+                    ) from None
                 except Exception as err:  # noqa: BLE001 — a worker lost, a task erred: record it
                     row = _failed_row(p, err)
                 _check_version(row.get("stepsim_version"), f"the worker that ran case {p[0]}")
@@ -654,7 +724,8 @@ def execute(payloads: Sequence[tuple], client=None, jobs: Optional[int] = None, 
             except BrokenProcessPool:
                 raise RuntimeError(
                     "a worker process died (killed, or out of memory); the rows finished so far are saved - "
-                    "run the same sweep again to resume (with jobs=1 to find the case at fault)") from None
+                    "run the same sweep again to resume (with jobs=1 to find the case at fault)"
+                ) from None
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
 
@@ -814,13 +885,18 @@ def run_cases(
     done_before = sum(1 for k in rows if k in wanted)
     by_key = {c.key: c for c in cases}
     # progress=True: shown (in a notebook too, where stderr is no terminal); None: only on a terminal
-    bar = tqdm(total=len(cases), initial=done_before, desc=desc, unit="case", dynamic_ncols=True,
-               disable=True if progress is False else (None if progress is None else False))
+    bar = tqdm(
+        total=len(cases),
+        initial=done_before,
+        desc=desc,
+        unit="case",
+        dynamic_ncols=True,
+        disable=True if progress is False else (None if progress is None else False),
+    )
     last_write = time.monotonic()
     failed = 0
     try:
-        for row in execute([(c.index, c.key, c.scenario) for c in todo], client=client, jobs=jobs,
-                           executor=executor):
+        for row in execute([(c.index, c.key, c.scenario) for c in todo], client=client, jobs=jobs, executor=executor):
             c = by_key[row["key"]]
             row["axes"] = {a: c.axes.get(a) for a in c.axes}
             rows[row["key"]] = row
@@ -862,11 +938,27 @@ def sweep(
     exp = expand(spec)
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
-        meta = {"name": spec.name, "axes": list(spec.axes), "cases": len(exp.cases), "skipped": exp.skipped,
-                "filtered": exp.filtered, "duplicates": exp.duplicates}
+        meta = {
+            "name": spec.name,
+            "axes": list(spec.axes),
+            "cases": len(exp.cases),
+            "skipped": exp.skipped,
+            "filtered": exp.filtered,
+            "duplicates": exp.duplicates,
+        }
         _atomic_write(Path(out) / META_FILE, lambda p: p.write_text(canonical_json(meta)))
-    frame, _ = run_cases(exp.cases, spec.axes, out=out, client=client, jobs=jobs, progress=progress,
-                         retry_failed=retry_failed, desc=spec.name, executor=executor)
-    frame.attrs.update(skipped=exp.skipped, filtered=exp.filtered, duplicates=exp.duplicates, axes=list(spec.axes),
-                       name=spec.name)
+    frame, _ = run_cases(
+        exp.cases,
+        spec.axes,
+        out=out,
+        client=client,
+        jobs=jobs,
+        progress=progress,
+        retry_failed=retry_failed,
+        desc=spec.name,
+        executor=executor,
+    )
+    frame.attrs.update(
+        skipped=exp.skipped, filtered=exp.filtered, duplicates=exp.duplicates, axes=list(spec.axes), name=spec.name
+    )
     return frame

@@ -31,27 +31,45 @@ from simulator.plots import new_figure
 from simulator.sweep import META_FILE, PARQUET_FILE
 
 HIGHER_IS_BETTER = ("mfu", "hfu", "tokens_per_s", "model_tflops_per_device")
-LABELS = {"step_time_s": "step time (s)", "mfu": "MFU", "hfu": "HFU", "tokens_per_s": "tokens / s",
-          "peak_memory_bytes": "peak memory (GB)", "bubble_fraction": "pipeline bubble",
-          "exposed_comm_fraction": "exposed communication", "model_tflops_per_device": "model TFLOP/s per device"}
+LABELS = {
+    "step_time_s": "step time (s)",
+    "mfu": "MFU",
+    "hfu": "HFU",
+    "tokens_per_s": "tokens / s",
+    "peak_memory_bytes": "peak memory (GB)",
+    "bubble_fraction": "pipeline bubble",
+    "exposed_comm_fraction": "exposed communication",
+    "model_tflops_per_device": "model TFLOP/s per device",
+}
 FORMATS = ("png", "svg")
 #: Sweep axes (dotted scenario keys) in words.
 AXIS_WORDS = {
-    "parallel.tp": "tensor-parallel size (tp)", "parallel.pp": "pipeline stages (pp)",
-    "parallel.dp": "data-parallel replicas (dp)", "parallel.cp": "context-parallel size (cp)",
-    "parallel.ep": "expert-parallel size (ep)", "parallel.etp": "expert tensor-parallel size (etp)",
-    "parallel.vpp": "virtual stages per device (vpp)", "parallel.zero": "ZeRO stage",
+    "parallel.tp": "tensor-parallel size (tp)",
+    "parallel.pp": "pipeline stages (pp)",
+    "parallel.dp": "data-parallel replicas (dp)",
+    "parallel.cp": "context-parallel size (cp)",
+    "parallel.ep": "expert-parallel size (ep)",
+    "parallel.etp": "expert tensor-parallel size (etp)",
+    "parallel.vpp": "virtual stages per device (vpp)",
+    "parallel.zero": "ZeRO stage",
     "parallel.sequence_parallel": "sequence parallelism",
     "training.micro_batch_size": "micro-batch size (sequences)",
-    "training.global_batch_size": "global batch (sequences)", "training.seq_len": "sequence length (tokens)",
-    "training.recompute": "activation recomputation", "training.dtype": "number format",
-    "training.balance": "MoE load balancing", "schedule": "pipeline schedule", "model": "model",
-    "model.preset": "model", "model.layers": "layers", "cluster": "cluster", "cluster.preset": "cluster",
-    "cluster.devices": "devices", "cluster.network": "network",
+    "training.global_batch_size": "global batch (sequences)",
+    "training.seq_len": "sequence length (tokens)",
+    "training.recompute": "activation recomputation",
+    "training.dtype": "number format",
+    "training.balance": "MoE load balancing",
+    "schedule": "pipeline schedule",
+    "model": "model",
+    "model.preset": "model",
+    "model.layers": "layers",
+    "cluster": "cluster",
+    "cluster.preset": "cluster",
+    "cluster.devices": "devices",
+    "cluster.network": "network",
 }
 _WORD_FIXES = {"bw": "bandwidth", "nic": "NIC", "hbm": "HBM", "tp": "TP", "dp": "DP", "pp": "PP", "ep": "EP"}
-_UNITS = (("_bytes_per_s", 1e-9, "GB/s"), ("_bytes", 1e-9, "GB"), ("_flops_per_s", 1e-12, "TFLOP/s"),
-          ("_s", 1.0, "s"))
+_UNITS = (("_bytes_per_s", 1e-9, "GB/s"), ("_bytes", 1e-9, "GB"), ("_flops_per_s", 1e-12, "TFLOP/s"), ("_s", 1.0, "s"))
 
 
 def _unit(col: str) -> tuple[float, str]:
@@ -99,8 +117,11 @@ def load_results(out_dir: Union[str, Path]) -> tuple[pd.DataFrame, dict]:
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     if "axes" not in meta:
         fixed = {"case", "status", "error", "key"}
-        meta["axes"] = [c for c in frame.columns[: list(frame.columns).index("status")] if c not in fixed] \
-            if "status" in frame.columns else []
+        meta["axes"] = (
+            [c for c in frame.columns[: list(frame.columns).index("status")] if c not in fixed]
+            if "status" in frame.columns
+            else []
+        )
     return frame, meta
 
 

@@ -49,7 +49,6 @@ from simulator.errors import StudyError
 from simulator.schema import ScenarioError, read_mapping
 
 
-
 def _suite_dir() -> Path:
     """The built-in suite. An installed wheel ships the case files as package data,
     ``simulator/validation_cases/`` (``pyproject.toml`` maps the repository's
@@ -63,6 +62,7 @@ def _suite_dir() -> Path:
 
 #: The built-in suite's folder (see :func:`_suite_dir`).
 SUITE_DIR = _suite_dir()
+
 
 def _hw_tflops(summary: Mapping, peak_bf16: float) -> float:
     return summary["hfu"] * peak_bf16 / 1e12
@@ -78,10 +78,11 @@ METRICS: dict[str, tuple[str, Callable[[Mapping, float], float]]] = {
     # Narayanan et al. 2021 Eq. 3 counts the recompute pass: compare with executed FLOPs.
     "hw_tflops_per_device": ("hardware TFLOP/s per device incl. recompute = hfu x bf16 peak", _hw_tflops),
     "peak_memory_bytes": ("peak bytes in use on the fullest device", lambda s, p: s["peak_memory_bytes"]),
-    "activation_bytes": ("peak bytes of stashed activations on one device",
-                         lambda s, p: s["peak_activation_bytes"]),
-    "model_state_bytes": ("weights + gradients + optimizer states on the fullest device",
-                          lambda s, p: s["model_state_bytes"]),
+    "activation_bytes": ("peak bytes of stashed activations on one device", lambda s, p: s["peak_activation_bytes"]),
+    "model_state_bytes": (
+        "weights + gradients + optimizer states on the fullest device",
+        lambda s, p: s["model_state_bytes"],
+    ),
     "oom": ("1 when the peak exceeds the device memory, else 0", lambda s, p: float(bool(s["oom"]))),
 }
 
@@ -189,8 +190,9 @@ def load_case(source: Union[str, Path, Mapping], name: Optional[str] = None) -> 
         raise ValidationError(f"{where}: published.metric: {metric!r} not allowed; choose from {', '.join(METRICS)}")
     if metric in BOOLEAN_METRICS:
         if not isinstance(pub.get("value"), bool):
-            raise ValidationError(f"{where}: published.value: metric {metric} needs true or false, "
-                                  f"got {pub.get('value')!r}")
+            raise ValidationError(
+                f"{where}: published.value: metric {metric} needs true or false, got {pub.get('value')!r}"
+            )
         value = float(pub["value"])
     else:
         try:
@@ -244,8 +246,9 @@ def discover(patterns: Optional[Sequence[str]] = None, root: Union[str, Path, No
                 seen.add(key)
                 out.append(c)
     if not out:
-        raise ValidationError(f"--cases: {', '.join(patterns)} matches no case; cases: "
-                              f"{', '.join(c.name for c in cases)}")
+        raise ValidationError(
+            f"--cases: {', '.join(patterns)} matches no case; cases: {', '.join(c.name for c in cases)}"
+        )
     return out
 
 
@@ -273,10 +276,24 @@ def run_case(case: Case, compute: Optional[Mapping[str, float]] = None) -> CaseR
     s["peak_activation_bytes"] = float(mem["activations"].max())
     s["model_state_bytes"] = float((mem["weights"] + mem["gradients"] + mem["optimizer"]).max())
     value = METRICS[case.metric][1](s, sc.cluster.chip.peak("bf16"))
-    keep = {k: s[k] for k in ("step_time_s", "mfu", "hfu", "bubble_fraction", "exposed_comm_fraction",
-                              "peak_memory_bytes", "peak_activation_bytes", "model_state_bytes", "memory_breakdown_bytes",
-                              "hbm_bytes",
-                              "oom", "micro_batches", "sim_wall_s")}
+    keep = {
+        k: s[k]
+        for k in (
+            "step_time_s",
+            "mfu",
+            "hfu",
+            "bubble_fraction",
+            "exposed_comm_fraction",
+            "peak_memory_bytes",
+            "peak_activation_bytes",
+            "model_state_bytes",
+            "memory_breakdown_bytes",
+            "hbm_bytes",
+            "oom",
+            "micro_batches",
+            "sim_wall_s",
+        )
+    }
     keep["chip_family"] = sc.cluster.chip.family
     return CaseResult(case, float(value), float(s["sim_wall_s"]), keep)
 
@@ -289,9 +306,13 @@ class CaseFailure:
     error: str
 
 
-def run_suite(cases: Iterable[Case], compute: Optional[Mapping[str, float]] = None, jobs: int = 1,
-              progress: Optional[Callable[[CaseResult], None]] = None,
-              failures: Optional[list] = None) -> list[CaseResult]:
+def run_suite(
+    cases: Iterable[Case],
+    compute: Optional[Mapping[str, float]] = None,
+    jobs: int = 1,
+    progress: Optional[Callable[[CaseResult], None]] = None,
+    failures: Optional[list] = None,
+) -> list[CaseResult]:
     """Run ``cases`` (``jobs`` worker processes, which end if this process dies); results
     in the order of ``cases``.
 
@@ -310,8 +331,11 @@ def run_suite(cases: Iterable[Case], compute: Optional[Mapping[str, float]] = No
         except Exception as err:  # noqa: BLE001 — recorded when asked to, else raised
             if failures is None:
                 raise
-            msg = str(err) if isinstance(err, ValidationError) else f"{cases[i].path or cases[i].name}: " \
-                f"{type(err).__name__}: {err}"
+            msg = (
+                str(err)
+                if isinstance(err, ValidationError)
+                else f"{cases[i].path or cases[i].name}: {type(err).__name__}: {err}"
+            )
             failures.append(CaseFailure(cases[i], msg))
             return
         if progress:
@@ -342,7 +366,9 @@ def _size_hint(case: Case) -> float:
     sc = case.scenario
     tr, par = sc.get("training", {}), sc.get("parallel", {})
     try:
-        per_replica = tr.get("global_batch_size", 1) / max(1, par.get("dp") or 1) / max(1, tr.get("micro_batch_size", 1))
+        per_replica = (
+            tr.get("global_batch_size", 1) / max(1, par.get("dp") or 1) / max(1, tr.get("micro_batch_size", 1))
+        )
         return per_replica * par.get("pp", 1)
     except TypeError:
         return 0.0
@@ -384,12 +410,16 @@ def format_table(results: Sequence[CaseResult]) -> str:
     """The human table: case, metric, published, simulated, error, simulated peak
     memory (``OOM`` when it does not fit), wall time; the cases that fail on memory last."""
     w = max([len("case")] + [len(r.case.name) for r in results])
-    lines = [f"{'case':<{w}}  {'metric':<22} {'published':>10} {'simulated':>10} {'error':>8} {'peak GB':>8} "
-             f"{'':>3} {'sim s':>7}"]
+    lines = [
+        f"{'case':<{w}}  {'metric':<22} {'published':>10} {'simulated':>10} {'error':>8} {'peak GB':>8} "
+        f"{'':>3} {'sim s':>7}"
+    ]
     for r in results:
-        lines.append(f"{r.case.name:<{w}}  {r.case.metric:<22} {_fmt(r.case.published):>10} {_fmt(r.simulated):>10} "
-                     f"{r.error:>+8.1%} {r.peak_memory_bytes / 1e9:>8.1f} {'OOM' if r.oom else '':>3} "
-                     f"{r.sim_wall_s:>7.1f}")
+        lines.append(
+            f"{r.case.name:<{w}}  {r.case.metric:<22} {_fmt(r.case.published):>10} {_fmt(r.simulated):>10} "
+            f"{r.error:>+8.1%} {r.peak_memory_bytes / 1e9:>8.1f} {'OOM' if r.oom else '':>3} "
+            f"{r.sim_wall_s:>7.1f}"
+        )
     med, worst, name = error_stats(results)
     lines.append(f"{len(results)} cases; median |error| {med:.1%}; worst |error| {worst:.1%} ({name})")
     timing = [r for r in results if r.is_timing]
@@ -418,8 +448,19 @@ def write_csv(results: Sequence[CaseResult], path: Union[str, Path]) -> Path:
         w = csv.writer(f)
         w.writerow(CSV_COLUMNS)
         for r in results:
-            w.writerow([r.case.name, r.case.metric, repr(r.case.published), repr(r.simulated), repr(r.error),
-                        r.case.source, repr(r.peak_memory_bytes), str(r.oom).lower(), r.family])
+            w.writerow(
+                [
+                    r.case.name,
+                    r.case.metric,
+                    repr(r.case.published),
+                    repr(r.simulated),
+                    repr(r.error),
+                    r.case.source,
+                    repr(r.peak_memory_bytes),
+                    str(r.oom).lower(),
+                    r.family,
+                ]
+            )
     return p
 
 
@@ -428,8 +469,11 @@ def plot_parity(results: Sequence[CaseResult], path: Union[str, Path], band: flo
     axes, a ±``band`` band, one marker per metric (each scaled by the geometric mean of its
     published values in the panel); each panel's title gives its speed cases' median and
     worst |error|. Expected-OOM verdicts (booleans) are left out."""
-    rows = [(r.family, r.case.metric, r.case.published, r.simulated, r.error, r.is_timing) for r in results
-            if r.case.metric not in BOOLEAN_METRICS]  # log axes: numbers only
+    rows = [
+        (r.family, r.case.metric, r.case.published, r.simulated, r.error, r.is_timing)
+        for r in results
+        if r.case.metric not in BOOLEAN_METRICS
+    ]  # log axes: numbers only
     return plot_parity_rows(rows, path, band)
 
 

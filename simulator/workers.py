@@ -50,8 +50,9 @@ def _watch(parent_pid: int, creator_pid: int, interval_s: float) -> None:
 def watch_parent(creator_pid: int, interval_s: float = WATCH_INTERVAL_S) -> None:
     """Start the watchdog in this (worker) process: end it when its parent process, or
     the process ``creator_pid`` that started the pool, is gone. The pool's initializer."""
-    threading.Thread(target=_watch, args=(os.getppid(), creator_pid, interval_s), name="stepsim-parent-watchdog",
-                     daemon=True).start()
+    threading.Thread(
+        target=_watch, args=(os.getppid(), creator_pid, interval_s), name="stepsim-parent-watchdog", daemon=True
+    ).start()
 
 
 def process_pool(max_workers: int) -> ProcessPoolExecutor:

@@ -6,28 +6,58 @@ import copy
 
 # A model small enough to simulate in well under a second.
 TINY_MODEL = {
-    "name": "tiny", "layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096,
-    "ffn": "gelu", "vocab": 8, "tied_embeddings": False,
+    "name": "tiny",
+    "layers": 4,
+    "hidden": 1024,
+    "heads": 8,
+    "kv_heads": 8,
+    "ffn_hidden": 4096,
+    "ffn": "gelu",
+    "vocab": 8,
+    "tied_embeddings": False,
 }
 
 # Big enough that a few microseconds of per-message network overhead are noise next
 # to a layer's compute (milliseconds), with a vocabulary so small that the embedding
 # and LM head are negligible: pipeline stages are then balanced.
 BALANCED_MODEL = {
-    "name": "balanced", "layers": 8, "hidden": 4096, "heads": 32, "kv_heads": 32, "ffn_hidden": 16384,
-    "ffn": "gelu", "vocab": 8, "tied_embeddings": False,
+    "name": "balanced",
+    "layers": 8,
+    "hidden": 4096,
+    "heads": 32,
+    "kv_heads": 32,
+    "ffn_hidden": 16384,
+    "ffn": "gelu",
+    "vocab": 8,
+    "tied_embeddings": False,
 }
 
 # A chip whose memory-bound work is free and whose GEMMs run at a fixed efficiency,
 # so that compute time is exactly FLOPs / (peak * efficiency).
-IDEAL_CHIP = {"name": "ideal", "peak_flops_per_s": {"bf16": 1e15, "fp8": 2e15}, "hbm_bytes": 80e9,
-              "hbm_bw_bytes_per_s": 1e21, "family": "hopper"}
-IDEAL_COMPUTE = {"gemm_efficiency": 0.5, "attention_efficiency": 0.5, "gemm_dim_half": 0.0,
-                 "launch_overhead_s": 0.0, "memory_efficiency": 1.0}
+IDEAL_CHIP = {
+    "name": "ideal",
+    "peak_flops_per_s": {"bf16": 1e15, "fp8": 2e15},
+    "hbm_bytes": 80e9,
+    "hbm_bw_bytes_per_s": 1e21,
+    "family": "hopper",
+}
+IDEAL_COMPUTE = {
+    "gemm_efficiency": 0.5,
+    "attention_efficiency": 0.5,
+    "gemm_dim_half": 0.0,
+    "launch_overhead_s": 0.0,
+    "memory_efficiency": 1.0,
+}
 
-FAST_SWITCHED = {"kind": "switched", "domain_size": 8, "domain_bw_bytes_per_s": 1e16,
-                 "nic_bw_bytes_per_s": 1e16, "domain_latency_s": 0.0, "nic_latency_s": 0.0,
-                 "switch_latency_s": 0.0}
+FAST_SWITCHED = {
+    "kind": "switched",
+    "domain_size": 8,
+    "domain_bw_bytes_per_s": 1e16,
+    "nic_bw_bytes_per_s": 1e16,
+    "domain_latency_s": 0.0,
+    "nic_latency_s": 0.0,
+    "switch_latency_s": 0.0,
+}
 
 
 def scenario(**over) -> dict:

@@ -27,10 +27,14 @@ def _rec(rank, kind, start, end, axis="", key="", peer=-1, stream=None):
 
 def _by_rank(acc, rank):
     i = acc.ranks.index(rank)
-    return {"compute": acc.compute_s[i], "exposed": acc.exposed_s[i], "offload_wait": acc.offload_wait_s[i],
-            "bubble": acc.bubble_s[i],
-            **{"busy_" + a: acc.busy_by_axis_s[i, j] for j, a in enumerate(acc.axes)},
-            **{"exp_" + a: acc.exposed_by_axis_s[i, j] for j, a in enumerate(acc.axes)}}
+    return {
+        "compute": acc.compute_s[i],
+        "exposed": acc.exposed_s[i],
+        "offload_wait": acc.offload_wait_s[i],
+        "bubble": acc.bubble_s[i],
+        **{"busy_" + a: acc.busy_by_axis_s[i, j] for j, a in enumerate(acc.axes)},
+        **{"exp_" + a: acc.exposed_by_axis_s[i, j] for j, a in enumerate(acc.axes)},
+    }
 
 
 def test_hand_computed_timeline_splits_concurrent_axes_equally():
@@ -40,10 +44,13 @@ def test_hand_computed_timeline_splits_concurrent_axes_equally():
     each; [2,2.5) EP alone 0.5; [2.5,3) host only: offload wait 0.5; [3.5,4) computing
     hides the rest of the copy; [4,6) bubble 2 (rank 1's collective is not rank 0's)."""
     recs = [
-        _rec(0, "compute", 0, 1), _rec(0, "compute", 3, 4),
-        _rec(0, "collective", 1, 2, axis="tp", key="tp0"), _rec(0, "collective", 1.5, 2.5, axis="ep", key="ep0"),
+        _rec(0, "compute", 0, 1),
+        _rec(0, "compute", 3, 4),
+        _rec(0, "collective", 1, 2, axis="tp", key="tp0"),
+        _rec(0, "collective", 1.5, 2.5, axis="ep", key="ep0"),
         _rec(0, "host", 2.5, 3.5),
-        _rec(1, "compute", 0, 6), _rec(1, "collective", 4, 5, axis="dp", key="dp1"),
+        _rec(1, "compute", 0, 6),
+        _rec(1, "collective", 4, 5, axis="dp", key="dp1"),
     ]
     acc = account(recs, (0, 1), 6.0)
     r0 = _by_rank(acc, 0)
@@ -58,13 +65,17 @@ def test_hand_computed_timeline_splits_concurrent_axes_equally():
     assert acc.offload_busy_s[0] == pytest.approx(1.0)
     r1 = _by_rank(acc, 1)
     assert r1["compute"] == pytest.approx(6.0)
-    assert r1["exposed"] == 0.0 and r1["bubble"] == 0.0       # its collective ran under compute
+    assert r1["exposed"] == 0.0 and r1["bubble"] == 0.0  # its collective ran under compute
     assert r1["busy_dp"] == pytest.approx(1.0)
     # drawn spans: the same categories, merged where contiguous
     spans = sorted((s, e, c, w) for r, s, e, c, w in acc.spans if r == 0)
-    assert spans == [(1.0, 1.5, "exposed_comm", "tp"), (1.5, 2.0, "exposed_comm", "ep+tp"),
-                     (2.0, 2.5, "exposed_comm", "ep"), (2.5, 3.0, "offload_wait", "offload"),
-                     (4.0, 6.0, "bubble", "")]
+    assert spans == [
+        (1.0, 1.5, "exposed_comm", "tp"),
+        (1.5, 2.0, "exposed_comm", "ep+tp"),
+        (2.0, 2.5, "exposed_comm", "ep"),
+        (2.5, 3.0, "offload_wait", "offload"),
+        (4.0, 6.0, "bubble", ""),
+    ]
     assert not [s for s in acc.spans if s[0] == 1]
 
 
@@ -74,15 +85,18 @@ def test_collective_counts_from_the_last_arrival_and_sends_count_for_both_ends()
     sends to rank 1 over [3,3.5]: both have 0.5 s of pp busy; rank 1 computes from
     3.5 s, so for it that transfer is exposed."""
     recs = [
-        _rec(0, "compute", 0, 1), _rec(1, "compute", 0, 2),
-        _rec(0, "collective", 1, 3, axis="pp_mirror", key="m"), _rec(1, "collective", 2, 3, axis="pp_mirror", key="m"),
-        _rec(0, "send", 3, 3.5, axis="pp", peer=1), _rec(1, "compute", 3.5, 4),
+        _rec(0, "compute", 0, 1),
+        _rec(1, "compute", 0, 2),
+        _rec(0, "collective", 1, 3, axis="pp_mirror", key="m"),
+        _rec(1, "collective", 2, 3, axis="pp_mirror", key="m"),
+        _rec(0, "send", 3, 3.5, axis="pp", peer=1),
+        _rec(1, "compute", 3.5, 4),
     ]
     acc = account(recs, (0, 1), 4.0)
     r0, r1 = _by_rank(acc, 0), _by_rank(acc, 1)
     assert r0["busy_pp_mirror"] == pytest.approx(1.0) and r1["busy_pp_mirror"] == pytest.approx(1.0)
     assert r0["exp_pp_mirror"] == pytest.approx(1.0)
-    assert r0["exp_pp"] == pytest.approx(0.5) and r0["bubble"] == pytest.approx(1.5)   # [1,2] and [3.5,4]
+    assert r0["exp_pp"] == pytest.approx(0.5) and r0["bubble"] == pytest.approx(1.5)  # [1,2] and [3.5,4]
     assert r1["busy_pp"] == pytest.approx(0.5) and r1["exp_pp"] == pytest.approx(0.5)
     assert r1["compute"] == pytest.approx(2.5) and r1["bubble"] == 0.0
 
@@ -105,8 +119,9 @@ def _check_invariants(res):
     for a, v in s["exposed_comm_by_axis_s"].items():
         assert v <= s["comm_time_by_axis_s"][a] * (1 + 1e-9), a
         assert s["exposed_comm_by_axis_s_max"][a] <= s["comm_time_by_axis_s_max"][a] * (1 + 1e-9), a
-    assert (s["compute_time_s_mean"] + s["exposed_comm_s_mean"] + s["offload_wait_s"] + s["bubble_s_mean"]
-            == pytest.approx(step, rel=1e-9))
+    assert s["compute_time_s_mean"] + s["exposed_comm_s_mean"] + s["offload_wait_s"] + s[
+        "bubble_s_mean"
+    ] == pytest.approx(step, rel=1e-9)
     assert s["bubble_fraction"] == pytest.approx(s["bubble_s_mean"] / step, rel=1e-12)
     assert s["exposed_comm_fraction"] == pytest.approx(s["exposed_comm_s_mean"] / step, rel=1e-12)
     for key in ("compute_time_s", "bubble_s", "exposed_comm_s"):
@@ -119,12 +134,20 @@ def _check_invariants(res):
 
 INVARIANT_CASES = {
     "1f1b": scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4}),
-    "dualpipe": scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4},
-                         schedule="dualpipe"),
+    "dualpipe": scenario(
+        cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4}, schedule="dualpipe"
+    ),
     "moe-ep": moe_scenario(),
-    "offload": scenario(cluster={"preset": "dgx-h100", "devices": 8}, parallel={"tp": 2, "pp": 2, "dp": 2},
-                        training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 8,
-                                  "offload": {"optimizer": True, "activations": True}}),
+    "offload": scenario(
+        cluster={"preset": "dgx-h100", "devices": 8},
+        parallel={"tp": 2, "pp": 2, "dp": 2},
+        training={
+            "seq_len": 1024,
+            "micro_batch_size": 1,
+            "global_batch_size": 8,
+            "offload": {"optimizer": True, "activations": True},
+        },
+    ),
     "pp1": scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 4, "pp": 1, "dp": 4}),
 }
 
@@ -156,33 +179,45 @@ def test_optimizer_offload_with_one_stage_is_offload_wait_not_bubble(dp):
     parameters to come back (2 B/param): P (4 + 2) / host_bw + 30 P / 50e9 of offload
     wait, and no bubble. With dp = 1 there is no reduction: the gradient copy must still
     wait for the last backward kernel (it once started at t = 0)."""
-    sc = ideal_scenario(dp, parallel={"tp": 1, "pp": 1, "dp": dp, "zero": 0},
-                        training={"global_batch_size": 4, "offload": {"optimizer": True}})
+    sc = ideal_scenario(
+        dp,
+        parallel={"tp": 1, "pp": 1, "dp": dp, "zero": 0},
+        training={"global_batch_size": 4, "offload": {"optimizer": True}},
+    )
     res = simulate(sc)
     _check_invariants(res)
     p = counts.parameter_count(res.scenario.model)
     host_bw = res.scenario.cluster.host_bw_bytes_per_s
-    expected = p * (GRAD_REDUCE_BYTES + PARAM_BYTES) / host_bw + p * OPTIMIZER_BYTES_PER_PARAM["adam"] / HOST_UPDATE_BYTES_PER_S
+    expected = (
+        p * (GRAD_REDUCE_BYTES + PARAM_BYTES) / host_bw
+        + p * OPTIMIZER_BYTES_PER_PARAM["adam"] / HOST_UPDATE_BYTES_PER_S
+    )
     s = res.summary
     assert s["offload_wait_s"] == pytest.approx(expected, rel=1e-9)
     assert s["offload_wait_s_max"] == pytest.approx(expected, rel=1e-9)
     assert s["bubble_fraction"] == pytest.approx(0.0, abs=1e-12)
-    assert s["exposed_comm_fraction"] < 1e-5    # the all-reduce: per-message overheads only
+    assert s["exposed_comm_fraction"] < 1e-5  # the all-reduce: per-message overheads only
     assert s["offload_wait_fraction"] == pytest.approx(expected / s["step_time_s"], rel=1e-9)
     assert s["comm_time_by_axis_s"]["offload"] == pytest.approx(expected, rel=1e-9)
     # drawn: the Chrome trace's "offload wait" spans carry exactly that time
     from simulator.export import chrome_trace
 
-    drawn_us = sum(e["dur"] for e in chrome_trace(res)["traceEvents"]
-                   if e.get("cat") == "idle" and e["name"] == "offload wait")
+    drawn_us = sum(
+        e["dur"] for e in chrome_trace(res)["traceEvents"] if e.get("cat") == "idle" and e["name"] == "offload wait"
+    )
     assert drawn_us == pytest.approx(expected * 1e6, rel=1e-9)
 
 
 def test_blocking_tensor_parallelism_is_exposed_whole_and_no_bubble():
     """TP 8 in one node, nothing else: every TP collective blocks the compute stream
     and nothing else idles it, so exposed TP = TP busy and compute + TP = step."""
-    res = simulate(scenario(cluster={"preset": "dgx-h100", "devices": 8}, parallel={"tp": 8, "pp": 1, "dp": 1},
-                            training={"global_batch_size": 2}))
+    res = simulate(
+        scenario(
+            cluster={"preset": "dgx-h100", "devices": 8},
+            parallel={"tp": 8, "pp": 1, "dp": 1},
+            training={"global_batch_size": 2},
+        )
+    )
     _check_invariants(res)
     s = res.summary
     assert set(s["comm_time_by_axis_s"]) == {"tp"}

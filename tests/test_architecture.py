@@ -51,7 +51,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "cli": frozenset({"base", "topologies", "workloads", "simulator", "cli"}),
 }
 
-Edge = tuple[str, str, Optional[str], int]   # (importer, imported module, name or None, line)
+Edge = tuple[str, str, Optional[str], int]  # (importer, imported module, name or None, line)
 
 
 def layer_of(module: str, layers: Mapping[str, str] = LAYERS) -> Optional[str]:
@@ -102,8 +102,9 @@ def import_edges(modules: Mapping[str, Path]) -> list[Edge]:
     return edges
 
 
-def layer_violations(edges: Iterable[Edge], layers: Mapping[str, str] = LAYERS,
-                     may_import: Mapping[str, frozenset] = MAY_IMPORT) -> list[str]:
+def layer_violations(
+    edges: Iterable[Edge], layers: Mapping[str, str] = LAYERS, may_import: Mapping[str, frozenset] = MAY_IMPORT
+) -> list[str]:
     out = []
     for src, dst, name, line in edges:
         a, b = layer_of(src, layers), layer_of(dst, layers)
@@ -157,8 +158,9 @@ EDGES = import_edges(MODULES)
 
 
 def test_every_module_has_a_layer():
-    assert len(MODULES) > 40 and all(layer_of(m) in MAY_IMPORT for m in MODULES), \
-        [m for m in MODULES if layer_of(m) not in MAY_IMPORT]
+    assert len(MODULES) > 40 and all(layer_of(m) in MAY_IMPORT for m in MODULES), [
+        m for m in MODULES if layer_of(m) not in MAY_IMPORT
+    ]
 
 
 def test_each_layer_imports_only_the_layers_below_it():
@@ -176,19 +178,30 @@ def test_the_command_line_modules_import_each_other_without_a_cycle():
 
 def test_the_rules_catch_what_they_forbid():
     """Each rule fails on a made-up import that breaks it."""
-    fake = {"simulator": Path("simulator/__init__.py"), "simulator.cli": Path("simulator/cli.py"),
-            "simulator.cli_sweep": Path("simulator/cli_sweep.py"), "simulator.schema": Path("simulator/schema.py"),
-            "workloads.trace": Path("workloads/trace.py"), "topologies.io": Path("topologies/io.py")}
+    fake = {
+        "simulator": Path("simulator/__init__.py"),
+        "simulator.cli": Path("simulator/cli.py"),
+        "simulator.cli_sweep": Path("simulator/cli_sweep.py"),
+        "simulator.schema": Path("simulator/schema.py"),
+        "workloads.trace": Path("workloads/trace.py"),
+        "topologies.io": Path("topologies/io.py"),
+    }
     assert layer_violations([("workloads.trace", "simulator.schema", "ScenarioError", 1)])
     assert layer_violations([("topologies.io", "workloads.trace", None, 1)])
     assert layer_violations([("simulator.schema", "simulator.cli", "CliError", 1)])
-    assert not layer_violations([("simulator.cli", "simulator.schema", "load_scenario", 1),
-                                 ("workloads.trace", "stepsim_errors", "StepsimError", 1),
-                                 ("topologies.io", "simulator.fileio", "read_text", 1)])
+    assert not layer_violations(
+        [
+            ("simulator.cli", "simulator.schema", "load_scenario", 1),
+            ("workloads.trace", "stepsim_errors", "StepsimError", 1),
+            ("topologies.io", "simulator.fileio", "read_text", 1),
+        ]
+    )
     assert private_violations([("simulator.schema", "workloads.trace", "_helper", 1)], fake)
     assert not private_violations([("simulator.cli", "simulator.schema", "_resolve_cluster", 1)], fake)
-    assert cycles([("simulator.cli", "simulator.cli_sweep", None, 1), ("simulator.cli_sweep", "simulator.cli", None, 2)],
-                  {"simulator.cli", "simulator.cli_sweep"}) == [["simulator.cli", "simulator.cli_sweep", "simulator.cli"]]
+    assert cycles(
+        [("simulator.cli", "simulator.cli_sweep", None, 1), ("simulator.cli_sweep", "simulator.cli", None, 2)],
+        {"simulator.cli", "simulator.cli_sweep"},
+    ) == [["simulator.cli", "simulator.cli_sweep", "simulator.cli"]]
     assert layer_of("simulator.cli_sweep") == "cli" and layer_of("simulator.sweep") == "simulator"
 
 

@@ -105,8 +105,9 @@ def test_executed_flops_survive_context_parallel_split_and_trace_files(tmp_path)
     sc = load_scenario(scenario(parallel={"tp": 1, "cp": 2, "pp": 1, "dp": 4}))
     trace = build_trace(sc.workload())
     cores = [k for op in trace.ops for k in op.kernels if k.kind == "attention"]
-    assert cores and all(k.executed_flops == pytest.approx(k.flops * (0.5 if not k.name.endswith(".bwd") else 0.625))
-                         for k in cores)
+    assert cores and all(
+        k.executed_flops == pytest.approx(k.flops * (0.5 if not k.name.endswith(".bwd") else 0.625)) for k in cores
+    )
     path = tmp_path / "t.json"
     write_trace(trace, path)
     back = [k for op in read_trace(path).ops for k in op.kernels if k.kind == "attention"]

@@ -19,14 +19,22 @@ from topologies.presets import build_cluster, cluster_preset
 from workloads.counts import Kernel
 
 TRUE = DEFAULT_COMPUTE_CALIBRATION["hopper"].with_(
-    gemm_efficiency=0.66, gemm_dim_half=180.0, attention_efficiency=0.47, memory_efficiency=0.81,
-    launch_overhead_s=6e-6)
+    gemm_efficiency=0.66, gemm_dim_half=180.0, attention_efficiency=0.47, memory_efficiency=0.81, launch_overhead_s=6e-6
+)
 
 
 def _kernels():
     ks = []
-    for m, n, k in [(8192, 8192, 8192), (4096, 12288, 3072), (2048, 1024, 4096), (256, 8192, 8192),
-                    (128, 4096, 4096), (16384, 2048, 512), (64, 1024, 1024), (1024, 1024, 64)]:
+    for m, n, k in [
+        (8192, 8192, 8192),
+        (4096, 12288, 3072),
+        (2048, 1024, 4096),
+        (256, 8192, 8192),
+        (128, 4096, 4096),
+        (16384, 2048, 512),
+        (64, 1024, 1024),
+        (1024, 1024, 64),
+    ]:
         ks.append((Kernel("g", "gemm", 2.0 * m * n * k, 2.0 * (m * k + k * n + m * n), m, n, k), "bf16"))
     for tokens in (2048, 8192, 32768):
         ks.append((Kernel("a", "attention", 4.0 * tokens * 4096 * 4096, 4.0 * tokens * 4096), "bf16"))
@@ -48,8 +56,13 @@ def _write_kernel_csv(path, cal=TRUE):
 def test_fit_recovers_the_parameters_that_made_the_timings(tmp_path):
     fit = c.fit_compute(c.read_kernels(_write_kernel_csv(tmp_path / "k.csv")), "hopper")
     got = fit.calibration
-    assert set(fit.fitted) == {"gemm_efficiency", "gemm_dim_half", "attention_efficiency", "memory_efficiency",
-                               "launch_overhead_s"}
+    assert set(fit.fitted) == {
+        "gemm_efficiency",
+        "gemm_dim_half",
+        "attention_efficiency",
+        "memory_efficiency",
+        "launch_overhead_s",
+    }
     assert got.gemm_efficiency == pytest.approx(0.66, rel=1e-3)
     assert got.gemm_dim_half == pytest.approx(180.0, rel=1e-2)
     assert got.attention_efficiency == pytest.approx(0.47, rel=1e-3)
@@ -77,18 +90,28 @@ def test_calibrate_command_prints_a_compute_mapping_a_scenario_accepts(tmp_path,
     out = tmp_path / "cal.json"
     assert cli_main(["calibrate", str(path), "--family", "hopper", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    mapping = yaml.safe_load(text[text.index("compute:"):].split("\n#")[0])
-    sc = load_scenario({"model": "llama3-8b", "cluster": {"preset": "dgx-h100", "devices": 8},
-                        "parallel": {"tp": 8}, "training": {"global_batch_size": 8}, **mapping})
+    mapping = yaml.safe_load(text[text.index("compute:") :].split("\n#")[0])
+    sc = load_scenario(
+        {
+            "model": "llama3-8b",
+            "cluster": {"preset": "dgx-h100", "devices": 8},
+            "parallel": {"tp": 8},
+            "training": {"global_batch_size": 8},
+            **mapping,
+        }
+    )
     assert dict(sc.compute_overrides)["gemm_efficiency"] == pytest.approx(0.66, rel=1e-3)
     assert out.exists()
 
 
-@pytest.mark.parametrize("text, message", [
-    ("kind,m,n,k,flops\n", "missing column"),
-    ("kind,time_s\nconv,1e-3\n", "kind 'conv' not allowed"),
-    ("kind,flops,time_s\ngemm,1e9,-1\n", "time_s"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("kind,m,n,k,flops\n", "missing column"),
+        ("kind,time_s\nconv,1e-3\n", "kind 'conv' not allowed"),
+        ("kind,flops,time_s\ngemm,1e9,-1\n", "time_s"),
+    ],
+)
 def test_bad_kernel_files_name_the_problem(tmp_path, text, message):
     p = tmp_path / "bad.csv"
     p.write_text(text)
@@ -102,8 +125,10 @@ def test_network_fit_recovers_link_efficiency_and_overhead(tmp_path):
     topo = build_cluster(spec)
     # 16-GPU all-gathers run the rail ring, bound by min(NVLink ring, 8 NICs): with NICs at 0.6
     # (8 x 0.6 x 50 = 240 GB/s < 0.7 x 450 = 315 GB/s) the NICs bind and their efficiency shows
-    true = default_calibration("hopper").with_overrides(efficiency={"nvlink": 0.7, "nic": 0.6, "fabric": 0.6},
-                                                        message_overhead_s={"nvlink": 4e-6, "nic": 8e-6, "fabric": 8e-6})
+    true = default_calibration("hopper").with_overrides(
+        efficiency={"nvlink": 0.7, "nic": 0.6, "fabric": 0.6},
+        message_overhead_s={"nvlink": 4e-6, "nic": 8e-6, "fabric": 8e-6},
+    )
     p = tmp_path / "coll.csv"
     with p.open("w", newline="") as f:
         w = csv.writer(f)
@@ -148,8 +173,12 @@ def test_kineto_shapes_from_linked_operators():
     got = kineto_io.read_kineto(KINETO)
     by_name = {t.kernel.name: t for t in got.timings}
     g = by_name["aten::mm 8192x8192x8192"]
-    assert (g.kernel.kind, g.dtype, g.kernel.flops, g.kernel.bytes) == ("gemm", "bf16", 2.0 * 8192 ** 3,
-                                                                        3.0 * 8192 ** 2 * 2)
+    assert (g.kernel.kind, g.dtype, g.kernel.flops, g.kernel.bytes) == (
+        "gemm",
+        "bf16",
+        2.0 * 8192**3,
+        3.0 * 8192**2 * 2,
+    )
     # H100 SXM cuBLAS 8192^3 bf16: ~1.4 ms (~750 of 989 TFLOP/s); the fixture's 1.459 ms
     assert g.time_s == pytest.approx(1.459e-3, rel=2e-3)
     a = by_name["aten::_flash_attention_forward b1 h32 sq4096 sk4096 d128"]
@@ -169,13 +198,41 @@ def test_kineto_flow_link_when_kernel_has_no_external_id(tmp_path):
     # A kernel with only its correlation, whose launch is found through the ac2g flow
     # (no runtime event args): the innermost operator around the flow start is used.
     ev = [
-        {"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 1, "tid": 1, "ts": 0.0, "dur": 50.0,
-         "args": {"External id": 1, "Input Dims": [[64, 256], [512, 256], []], "Input type": ["c10::BFloat16"] * 2 + [""]}},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::t", "pid": 1, "tid": 1, "ts": 2.0, "dur": 3.0,
-         "args": {"External id": 2, "Input Dims": [[512, 256]], "Input type": ["c10::BFloat16"]}},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::linear",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0.0,
+            "dur": 50.0,
+            "args": {
+                "External id": 1,
+                "Input Dims": [[64, 256], [512, 256], []],
+                "Input type": ["c10::BFloat16"] * 2 + [""],
+            },
+        },
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::t",
+            "pid": 1,
+            "tid": 1,
+            "ts": 2.0,
+            "dur": 3.0,
+            "args": {"External id": 2, "Input Dims": [[512, 256]], "Input type": ["c10::BFloat16"]},
+        },
         {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 77, "pid": 1, "tid": 1, "ts": 10.0},
-        {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 60.0, "dur": 12.5,
-         "args": {"correlation": 77, "device": 0, "stream": 7}},
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "gemm",
+            "pid": 0,
+            "tid": 7,
+            "ts": 60.0,
+            "dur": 12.5,
+            "args": {"correlation": 77, "device": 0, "stream": 7},
+        },
     ]
     p = tmp_path / "t.json"
     p.write_text(json.dumps({"traceEvents": ev}))
@@ -183,11 +240,16 @@ def test_kineto_flow_link_when_kernel_has_no_external_id(tmp_path):
     assert (t.kernel.m, t.kernel.n, t.kernel.k, t.time_s) == (64, 512, 256, pytest.approx(12.5e-6))
 
 
-@pytest.mark.parametrize("doc, message", [
-    ({"traceEvents": 3}, "traceEvents"),
-    ({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 1, "args": {}}]},
-     "no GPU kernel could be linked"),
-])
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"traceEvents": 3}, "traceEvents"),
+        (
+            {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 1, "args": {}}]},
+            "no GPU kernel could be linked",
+        ),
+    ],
+)
 def test_bad_kineto_traces_name_the_problem(tmp_path, doc, message):
     p = tmp_path / "bad.json"
     p.write_text(json.dumps(doc))
@@ -221,9 +283,11 @@ def test_nccl_tests_reader_reads_real_layouts():
 def test_nccl_tests_reader_old_layout_and_overrides(tmp_path):
     # nccl-tests before 2.10: no root column, 'error' instead of '#wrong' (issue #107's layout)
     p = tmp_path / "log.txt"
-    p.write_text("#       size         count      type   redop     time   algbw   busbw  error     time   algbw   busbw  error\n"
-                 "#        (B)    (elements)                       (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n"
-                 "     1048576        262144     float     sum    40.00   26.21   39.32  0e+00    40.50   25.89   38.83  0e+00\n")
+    p.write_text(
+        "#       size         count      type   redop     time   algbw   busbw  error     time   algbw   busbw  error\n"
+        "#        (B)    (elements)                       (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n"
+        "     1048576        262144     float     sum    40.00   26.21   39.32  0e+00    40.50   25.89   38.83  0e+00\n"
+    )
     with pytest.raises(nccl_tests_io.NcclTestsError, match="cannot tell which collective"):
         nccl_tests_io.read_nccl_tests(p)
     with pytest.raises(nccl_tests_io.NcclTestsError, match="Rank"):
@@ -231,7 +295,12 @@ def test_nccl_tests_reader_old_layout_and_overrides(tmp_path):
     log = nccl_tests_io.read_nccl_tests(p, op="all_reduce_perf", default_devices=4)
     (r,) = log.rows
     assert (log.op, log.devices, r.size_bytes, r.time_s, r.in_place_time_s) == (
-        "all-reduce", 4, 1048576, pytest.approx(40e-6), pytest.approx(40.5e-6))
+        "all-reduce",
+        4,
+        1048576,
+        pytest.approx(40e-6),
+        pytest.approx(40.5e-6),
+    )
     p.write_text(p.read_text().replace("40.00", "abc"))
     with pytest.raises(nccl_tests_io.NcclTestsError, match=r"log.txt:3: column 'time'"):
         nccl_tests_io.read_nccl_tests(p, op="all-reduce", default_devices=4)
@@ -254,8 +323,24 @@ def test_nccl_tests_fixture_fit_recovers_link_efficiency_and_overhead():
 @pytest.mark.slow
 def test_calibrate_command_writes_a_block_a_scenario_runs(tmp_path, capsys):
     out = tmp_path / "cal.yaml"
-    assert stepsim(["calibrate", "--kineto", str(KINETO), "--nccl-tests", str(AR_LOG), "--family", "hopper",
-                    "--cluster", "dgx-h100", "--out", str(out)]) == 0
+    assert (
+        stepsim(
+            [
+                "calibrate",
+                "--kineto",
+                str(KINETO),
+                "--nccl-tests",
+                str(AR_LOG),
+                "--family",
+                "hopper",
+                "--cluster",
+                "dgx-h100",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     block = yaml.safe_load(out.read_text())
     assert yaml.safe_load(printed.split("# wrote")[0]) == block
@@ -263,8 +348,10 @@ def test_calibrate_command_writes_a_block_a_scenario_runs(tmp_path, capsys):
     assert block["compute"]["gemm_efficiency"] == pytest.approx(0.80, rel=1e-3)
     assert block["network_calibration"]["efficiency"]["nvlink"] == pytest.approx(0.80, rel=2e-3)
     scenario = tmp_path / "sc.yaml"
-    scenario.write_text("model: llama3-8b\ncluster: {preset: dgx-h100, devices: 8}\nparallel: {tp: 8}\n"
-                        "training: {global_batch_size: 8, seq_len: 2048}\n" + out.read_text())
+    scenario.write_text(
+        "model: llama3-8b\ncluster: {preset: dgx-h100, devices: 8}\nparallel: {tp: 8}\n"
+        "training: {global_batch_size: 8, seq_len: 2048}\n" + out.read_text()
+    )
     sc = load_scenario(scenario)
     assert dict(sc.network_calibration().efficiency)["nvlink"] == pytest.approx(0.80, rel=2e-3)
     assert stepsim(["run", str(scenario), "--json"]) == 0
@@ -281,12 +368,44 @@ def test_calibrate_command_bad_input_exits_2(tmp_path, capsys):
 
 
 def test_collective_nccl_tests_format_round_trips(capsys):
-    assert stepsim(["collective", "all-gather", "--cluster", "dgx-h100", "--devices", "8", "--min-bytes", "1M",
-                    "--max-bytes", "64M", "--format", "nccl-tests", "--dtype", "bfloat16"]) == 0
+    assert (
+        stepsim(
+            [
+                "collective",
+                "all-gather",
+                "--cluster",
+                "dgx-h100",
+                "--devices",
+                "8",
+                "--min-bytes",
+                "1M",
+                "--max-bytes",
+                "64M",
+                "--format",
+                "nccl-tests",
+                "--dtype",
+                "bfloat16",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     header = next(l for l in text.splitlines() if "size" in l and "count" in l)
-    assert header.split()[1:] == ["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
-                                  "time", "algbw", "busbw", "#wrong"]
+    assert header.split()[1:] == [
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+    ]
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
@@ -299,8 +418,9 @@ def test_collective_nccl_tests_format_round_trips(capsys):
     assert (first.count, first.dtype, first.redop, first.root) == ((1 << 20) // 2 // 8, "bfloat16", "none", -1)
     topo = build_cluster(cluster_preset("dgx-h100", devices=8))
     for r in log.rows:
-        t, _ = collective_time_s("all-gather", topo, list(range(8)), r.size_bytes,
-                                 calibration=default_calibration("hopper"))
+        t, _ = collective_time_s(
+            "all-gather", topo, list(range(8)), r.size_bytes, calibration=default_calibration("hopper")
+        )
         assert r.time_s == pytest.approx(t, rel=5e-3)  # printed to 3-4 significant digits
         assert r.busbw_bytes_per_s == pytest.approx(r.algbw_bytes_per_s * 7 / 8, rel=1e-2)
 
@@ -314,8 +434,23 @@ def test_collective_on_a_calibrated_scenario_reproduces_the_log(tmp_path, capsys
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("cluster: {preset: dgx-h100, devices: 8}\n" + block.read_text())
     capsys.readouterr()
-    assert stepsim(["collective", "all-reduce", "--cluster", str(cluster), "--min-bytes", "1K", "--max-bytes", "4G",
-                    "--format", "nccl-tests"]) == 0
+    assert (
+        stepsim(
+            [
+                "collective",
+                "all-reduce",
+                "--cluster",
+                str(cluster),
+                "--min-bytes",
+                "1K",
+                "--max-bytes",
+                "4G",
+                "--format",
+                "nccl-tests",
+            ]
+        )
+        == 0
+    )
     sim = tmp_path / "sim_all_reduce_perf.txt"
     sim.write_text(capsys.readouterr().out)
     measured = nccl_tests_io.read_nccl_tests(AR_LOG).rows

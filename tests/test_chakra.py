@@ -24,32 +24,53 @@ from workloads.trace import build_trace  # noqa: E402
 from workloads.trace_io import read_trace, write_trace  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "chakra"
-MOE = {"name": "tinymoe", "layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096,
-       "ffn": "swiglu", "vocab": 8, "tied_embeddings": False,
-       "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 1024}}
+MOE = {
+    "name": "tinymoe",
+    "layers": 4,
+    "hidden": 1024,
+    "heads": 8,
+    "kv_heads": 8,
+    "ffn_hidden": 4096,
+    "ffn": "swiglu",
+    "vocab": 8,
+    "tied_embeddings": False,
+    "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 1024},
+}
 
 CASES = {
     "dense-1f1b-tp2-pp2-dp2": (scenario(parallel={"tp": 2, "pp": 2, "dp": 2}), False),
     "interleaved-vpp2": (scenario(parallel={"tp": 2, "pp": 2, "dp": 2, "vpp": 2}, schedule="interleaved-1f1b"), False),
     "moe-ep4-pp2": (scenario(model=MOE, parallel={"tp": 1, "pp": 2, "dp": 4, "ep": 4}), False),
-    "moe-aux-global": (scenario(model=MOE, parallel={"tp": 1, "pp": 2, "dp": 4, "ep": 4},
-                                training={"balance": "aux-loss-global"}), False),   # cross-rank deps, not messages
-    "offload-zero1": (scenario(parallel={"tp": 2, "pp": 2, "dp": 2, "zero": 1},
-                               training={"offload": {"optimizer": True, "activations": True}}), False),  # host nodes
+    "moe-aux-global": (
+        scenario(model=MOE, parallel={"tp": 1, "pp": 2, "dp": 4, "ep": 4}, training={"balance": "aux-loss-global"}),
+        False,
+    ),  # cross-rank deps, not messages
+    "offload-zero1": (
+        scenario(
+            parallel={"tp": 2, "pp": 2, "dp": 2, "zero": 1},
+            training={"offload": {"optimizer": True, "activations": True}},
+        ),
+        False,
+    ),  # host nodes
     "exact-every-rank": (scenario(parallel={"tp": 2, "pp": 2, "dp": 2}), True),
     # node-limited routing (pipelined two-hop all-to-all: scaleout_fraction < 1) and expert
     # imbalance (unexecuted FLOPs), flash attention (kernels' executed_flops)
-    "moe-node-limited-imbalance": (scenario(
-        model={**MOE, "moe": {**MOE["moe"], "experts": 16, "max_nodes_per_token": 1}},
-        cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 16},
-        training={"global_batch_size": 16, "expert_load": {"distribution": "zipf", "skew": 0.5, "seed": 0}}), False),
+    "moe-node-limited-imbalance": (
+        scenario(
+            model={**MOE, "moe": {**MOE["moe"], "experts": 16, "max_nodes_per_token": 1}},
+            cluster={"preset": "dgx-h100", "devices": 16},
+            parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 16},
+            training={"global_batch_size": 16, "expert_load": {"distribution": "zipf", "skew": 0.5, "seed": 0}},
+        ),
+        False,
+    ),
 }
 
 
 def _trace(sc: dict, exact: bool = False):
     s = load_scenario(sc)
     ranks = list(range(s.layout.world)) if exact else None
-    return s, build_trace(s.workload(), ranks=ranks)   # the workload simulate() builds (cluster domain size too)
+    return s, build_trace(s.workload(), ranks=ranks)  # the workload simulate() builds (cluster domain size too)
 
 
 def _decode(path: Path):
@@ -72,8 +93,9 @@ def test_round_trip_gives_the_same_step(tmp_path, name):
     s, tr = _trace(sc, exact)
     write_trace(tr, tmp_path / "et", scenario=s, format="chakra")
     back = read_trace(tmp_path / "et")
-    assert [(o.id, o.rank, o.stream, o.kind, o.key, o.size_bytes, o.kernels, o.scaleout_fraction) for o in back.ops] \
-        == [(o.id, o.rank, o.stream, o.kind, o.key, o.size_bytes, o.kernels, o.scaleout_fraction) for o in tr.ops]
+    assert [
+        (o.id, o.rank, o.stream, o.kind, o.key, o.size_bytes, o.kernels, o.scaleout_fraction) for o in back.ops
+    ] == [(o.id, o.rank, o.stream, o.kind, o.key, o.size_bytes, o.kernels, o.scaleout_fraction) for o in tr.ops]
     assert back.unexecuted_flops == tr.unexecuted_flops
     direct = simulate(sc, exact=exact)
     again = simulate(sc, trace=back, exact=exact)
@@ -95,8 +117,10 @@ def test_files_follow_chakra_conventions(tmp_path):
         meta, nodes = _decode(tmp_path / f"trace.{r}.et")
         assert meta.version == "1.0.0"
         mine = [o for o in tr.ops if o.rank == r]
-        by_type = {t: [n for n in nodes if n.type == t] for t in (pb.COMP_NODE, pb.COMM_COLL_NODE, pb.COMM_SEND_NODE,
-                                                                   pb.COMM_RECV_NODE)}
+        by_type = {
+            t: [n for n in nodes if n.type == t]
+            for t in (pb.COMP_NODE, pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
+        }
         assert len(by_type[pb.COMP_NODE]) == sum(o.kind == "compute" for o in mine)
         assert len(by_type[pb.COMM_COLL_NODE]) == sum(o.kind == "collective" for o in mine)
         assert len(by_type[pb.COMM_SEND_NODE]) == sum(o.kind == "send" for o in mine)
@@ -105,7 +129,7 @@ def test_files_follow_chakra_conventions(tmp_path):
         for n in nodes:
             attrs = {a.name: a for a in n.attr}
             assert attrs["is_cpu_op"].WhichOneof("value") == "bool_val" and not attrs["is_cpu_op"].bool_val
-            assert set(n.data_deps) <= ids        # dependencies stay inside the file
+            assert set(n.data_deps) <= ids  # dependencies stay inside the file
             if n.type == pb.COMM_COLL_NODE:
                 op = next(o for o in mine if o.id == n.id)
                 assert attrs["comm_type"].WhichOneof("value") == "int64_val"
@@ -171,23 +195,49 @@ def _gpu(n: pb.Node, **attrs) -> pb.Node:
     return n
 
 
-@pytest.mark.parametrize("make,expect", [
-    (lambda: pb.Node(id=5, name="aten::add", type=pb.COMP_NODE, duration_micros=3),
-     "node 5 (aten::add): a CPU COMP_NODE"),
-    (lambda: _gpu(pb.Node(id=6, name="ckpt", type=10)), "node 6 (ckpt): node type 10 is not supported"),
-    (lambda: _gpu(pb.Node(id=7, name="timed", type=pb.COMP_NODE, duration_micros=9)),
-     "node 7 (timed): a COMP_NODE with neither num_ops nor tensor_size"),
-    (lambda: _gpu(pb.Node(id=8, name="bar", type=pb.COMM_COLL_NODE), comm_type={"int64_val": pb.BARRIER},
-                  comm_size={"int64_val": 0}), "node 8 (bar): collective BARRIER is not supported"),
-    (lambda: _gpu(pb.Node(id=9, name="ar", type=pb.COMM_COLL_NODE), comm_type={"int64_val": pb.ALL_REDUCE},
-                  comm_size={"int64_val": 8}, pg_name={"string_val": "5"}),
-     "node 9 (ar): process group pg_name '5' is not in comm_group.json"),
-    (lambda: _gpu(pb.Node(id=3, name="rx", type=pb.COMM_RECV_NODE), comm_src={"int32_val": 1},
-                  comm_size={"int64_val": 8}), "node 3 (rx): receives from rank 1 (tag 0), but rank 1's trace has no"),
-])
+@pytest.mark.parametrize(
+    "make,expect",
+    [
+        (
+            lambda: pb.Node(id=5, name="aten::add", type=pb.COMP_NODE, duration_micros=3),
+            "node 5 (aten::add): a CPU COMP_NODE",
+        ),
+        (lambda: _gpu(pb.Node(id=6, name="ckpt", type=10)), "node 6 (ckpt): node type 10 is not supported"),
+        (
+            lambda: _gpu(pb.Node(id=7, name="timed", type=pb.COMP_NODE, duration_micros=9)),
+            "node 7 (timed): a COMP_NODE with neither num_ops nor tensor_size",
+        ),
+        (
+            lambda: _gpu(
+                pb.Node(id=8, name="bar", type=pb.COMM_COLL_NODE),
+                comm_type={"int64_val": pb.BARRIER},
+                comm_size={"int64_val": 0},
+            ),
+            "node 8 (bar): collective BARRIER is not supported",
+        ),
+        (
+            lambda: _gpu(
+                pb.Node(id=9, name="ar", type=pb.COMM_COLL_NODE),
+                comm_type={"int64_val": pb.ALL_REDUCE},
+                comm_size={"int64_val": 8},
+                pg_name={"string_val": "5"},
+            ),
+            "node 9 (ar): process group pg_name '5' is not in comm_group.json",
+        ),
+        (
+            lambda: _gpu(
+                pb.Node(id=3, name="rx", type=pb.COMM_RECV_NODE), comm_src={"int32_val": 1}, comm_size={"int64_val": 8}
+            ),
+            "node 3 (rx): receives from rank 1 (tag 0), but rank 1's trace has no",
+        ),
+    ],
+)
 def test_unsupported_nodes_are_refused_by_id_and_type(tmp_path, capsys, make, expect):
-    d = _write_et(tmp_path / "et", {0: [make()], 1: [_gpu(pb.Node(id=1, name="c", type=pb.COMP_NODE),
-                                                          num_ops={"int64_val": 10})]}, groups={"1": [0, 1]})
+    d = _write_et(
+        tmp_path / "et",
+        {0: [make()], 1: [_gpu(pb.Node(id=1, name="c", type=pb.COMP_NODE), num_ops={"int64_val": 10})]},
+        groups={"1": [0, 1]},
+    )
     with pytest.raises(TraceError, match="x.0.et: " + expect.replace("(", r"\(").replace(")", r"\)")):
         read_trace(d)
     p = tmp_path / "s.yaml"

@@ -66,7 +66,18 @@ def test_json_scenarios_and_builtin_names(tmp_path, capsys):
 def test_presets_lists_everything(capsys):
     assert main(["presets", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    for c in ("dgx-a100", "dgx-h100", "h800", "dgx-b200", "gb200-nvl72", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7"):
+    for c in (
+        "dgx-a100",
+        "dgx-h100",
+        "h800",
+        "dgx-b200",
+        "gb200-nvl72",
+        "tpu-v4",
+        "tpu-v5e",
+        "tpu-v5p",
+        "tpu-v6e",
+        "tpu-v7",
+    ):
         assert c in data["clusters"]
     for chip in ("a100", "h100", "h800", "h200", "b200", "gb200", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7"):
         assert chip in data["chips"]
@@ -87,12 +98,28 @@ BAD_CASES = [
     ("unknown cluster preset", scenario(cluster={"preset": "dgx-z900"}), "cluster.preset"),
     ("wrong type", scenario(parallel={"tp": "eight"}), "parallel.tp"),
     ("layout does not fill devices", scenario(parallel={"tp": 2, "pp": 2, "dp": 3}), "parallel"),
-    ("layers do not split", scenario(parallel={"tp": 1, "pp": 3, "dp": 1}, cluster={"preset": "dgx-h100", "devices": 3}), "parallel.pp"),
-    ("micro-batches do not divide", scenario(training={"seq_len": 1024, "micro_batch_size": 3, "global_batch_size": 16}), "training.micro_batch_size"),
+    (
+        "layers do not split",
+        scenario(parallel={"tp": 1, "pp": 3, "dp": 1}, cluster={"preset": "dgx-h100", "devices": 3}),
+        "parallel.pp",
+    ),
+    (
+        "micro-batches do not divide",
+        scenario(training={"seq_len": 1024, "micro_batch_size": 3, "global_batch_size": 16}),
+        "training.micro_batch_size",
+    ),
     ("bad schedule", scenario(schedule="2f2b"), "schedule"),
     ("bad zero", scenario(parallel={"tp": 1, "pp": 1, "dp": 8, "zero": 5}), "parallel.zero"),
-    ("negative bandwidth", scenario(cluster={"preset": "dgx-h100", "devices": 8, "network": {"nic_bw_bytes_per_s": -1}}), "cluster.network.nic_bw_bytes_per_s"),
-    ("devices don't fit domains", scenario(cluster={"preset": "dgx-h100", "devices": 13}, parallel={"tp": 1, "pp": 1, "dp": 13}), "cluster.devices"),
+    (
+        "negative bandwidth",
+        scenario(cluster={"preset": "dgx-h100", "devices": 8, "network": {"nic_bw_bytes_per_s": -1}}),
+        "cluster.network.nic_bw_bytes_per_s",
+    ),
+    (
+        "devices don't fit domains",
+        scenario(cluster={"preset": "dgx-h100", "devices": 13}, parallel={"tp": 1, "pp": 1, "dp": 13}),
+        "cluster.devices",
+    ),
     ("not a mapping", "- 1\n- 2\n", ""),
 ]
 
@@ -113,9 +140,11 @@ def test_missing_file_and_unknown_builtin(capsys):
 
 
 def test_disconnected_network_is_refused(tmp_path, capsys):
-    sc = scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 1, "pp": 1, "dp": 16},
-                  perturbations=[{"link": ["d0", "p0.nvsw0"], "failed": True},
-                                 {"link": ["d0", "p0.leaf0.r0"], "failed": True}])
+    sc = scenario(
+        cluster={"preset": "dgx-h100", "devices": 16},
+        parallel={"tp": 1, "pp": 1, "dp": 16},
+        perturbations=[{"link": ["d0", "p0.nvsw0"], "failed": True}, {"link": ["d0", "p0.leaf0.r0"], "failed": True}],
+    )
     p = _write(tmp_path, sc)
     code = main(["run", str(p)])
     err = capsys.readouterr().err
@@ -126,7 +155,9 @@ def test_disconnected_network_is_refused(tmp_path, capsys):
 @pytest.mark.slow
 def test_console_script_entry_point(tmp_path):
     sc = _write(tmp_path, scenario())
-    r = subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(sc), "--json"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", "run", str(sc), "--json"], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     bad = _bad(tmp_path, scenario(parallel={"tp": 3}))
     r = subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(bad)], capture_output=True, text=True)
@@ -136,9 +167,16 @@ def test_console_script_entry_point(tmp_path):
 def test_resolved_scenario_round_trips(tmp_path):
     from simulator.schema import load_scenario, scenario_to_dict
 
-    sc = scenario(parallel={"tp": 2, "pp": 2, "dp": 2},
-                  training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 16,
-                            "offload": {"optimizer": True}, "expert_load": None})
+    sc = scenario(
+        parallel={"tp": 2, "pp": 2, "dp": 2},
+        training={
+            "seq_len": 1024,
+            "micro_batch_size": 1,
+            "global_batch_size": 16,
+            "offload": {"optimizer": True},
+            "expert_load": None,
+        },
+    )
     a = load_scenario(sc)
     b = load_scenario(scenario_to_dict(a))
     assert scenario_to_dict(a) == scenario_to_dict(b)
@@ -152,8 +190,10 @@ def test_version_and_exit_codes_in_help(capsys):
     assert capsys.readouterr().out.strip() == f"stepsim {simulator.__version__}"
     assert main(["--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "exit codes: 0 success, 1 internal error, 2 bad input, 3 validate --max-error exceeded, " \
-           "4 some cases of a sweep, search or validate failed" in text
+    assert (
+        "exit codes: 0 success, 1 internal error, 2 bad input, 3 validate --max-error exceeded, "
+        "4 some cases of a sweep, search or validate failed" in text
+    )
 
 
 def test_docs_name_every_builtin_scenario_and_table_column():
@@ -168,8 +208,8 @@ def test_docs_name_every_builtin_scenario_and_table_column():
     readme = root.joinpath("README.md").read_text()
     assert [name for name in builtin_scenarios() if f"`{name}`" not in readme] == []
     formats = root.joinpath("docs", "formats.md").read_text()
-    events = formats[formats.index("## Events table"):formats.index("## Memory table")]
-    memory = formats[formats.index("## Memory table"):formats.index("## Chrome trace")]
+    events = formats[formats.index("## Events table") : formats.index("## Memory table")]
+    memory = formats[formats.index("## Memory table") : formats.index("## Chrome trace")]
     for col in EVENT_COLUMNS:
         assert f"`{col}`" in events, col
     for s in STREAMS:

@@ -6,11 +6,18 @@ import time
 import pytest
 import simpy
 
-from simulator.bench import (BenchError, collective_sweep, format_table, parse_size, plot_busbw,
-                             size_range)
-from simulator.collectives import (ALGORITHMS, OPS, CollectiveError, CollectivePlan, Phase,
-                                   bus_bandwidth_factor, choose_algorithm, plan_collective,
-                                   run_collective)
+from simulator.bench import BenchError, collective_sweep, format_table, parse_size, plot_busbw, size_range
+from simulator.collectives import (
+    ALGORITHMS,
+    OPS,
+    CollectiveError,
+    CollectivePlan,
+    Phase,
+    bus_bandwidth_factor,
+    choose_algorithm,
+    plan_collective,
+    run_collective,
+)
 from simulator.netcal import default_calibration
 from simulator.network import FlowNetwork, Transfer
 from topologies.builders import switched, torus
@@ -18,9 +25,9 @@ from topologies.networks import IB_NIC_LATENCY_S, NVLINK_LATENCY_S, SwitchedNetw
 from topologies.presets import build_cluster, cluster_preset
 from topologies.topology import Topology
 
-S = 1e9          # bytes
-B = 100e9        # bytes/s per direction
-A = 1e-6         # s per hop
+S = 1e9  # bytes
+B = 100e9  # bytes/s per direction
+A = 1e-6  # s per hop
 
 
 def ring_topo(n, wrap=True):
@@ -56,6 +63,7 @@ def t_alone(topo, op, group, size, algorithm=None, calibration=None):
 
 # ---------------------------------------------------------------- closed forms
 
+
 @pytest.mark.parametrize("n", [2, 5, 8])
 def test_ring_all_reduce_on_ring(n):
     t, plan = t_alone(ring_topo(n), "all-reduce", range(n), S, "ring")
@@ -90,7 +98,7 @@ def test_collapsed_ring_equals_step_by_step_ring():
 @pytest.mark.parametrize("n", [4, 8, 16])
 def test_halving_doubling_on_crossbar(n):
     topo = crossbar(n)
-    alpha = 2 * NVLINK_LATENCY_S              # device -> switch -> device
+    alpha = 2 * NVLINK_LATENCY_S  # device -> switch -> device
     t, plan = t_alone(topo, "all-reduce", range(n), S, "halving-doubling")
     assert len(plan.phases) == 2 * int(math.log2(n))
     assert t == pytest.approx(2 * math.log2(n) * alpha + 2 * (n - 1) / n * S / B, rel=0.01)
@@ -134,7 +142,7 @@ def test_2d_torus_all_reduce_without_wrap_is_a_chain():
 
 def test_torus_sub_box_uses_lines():
     topo = Topology(torus((8, 4), B, A, wrap=(True, True)))
-    group = [topo.device_at((x, y)) for y in range(4) for x in range(2, 6)]   # 4 x 4 box
+    group = [topo.device_at((x, y)) for y in range(4) for x in range(2, 6)]  # 4 x 4 box
     assert choose_algorithm("all-reduce", group, topo) == "torus"
     t, _ = t_alone(topo, "all-reduce", group, S)
     # axis 0 is a part of a ring: line; axis 1 is whole and wraps: bidirectional ring.
@@ -189,7 +197,7 @@ def test_torus_strided_grid_uses_both_axes():
     expected = 7 * 2 * A + 7 * S / (64 * B) + 7 * 2 * A + S / (4 * B)
     assert t == pytest.approx(expected, rel=1e-6)
     ring, _ = t_alone(topo, "all-gather", group, S, "ring")
-    assert t < 0.4 * ring            # the old fallback: one ring of 15 steps, 15/16 S / B
+    assert t < 0.4 * ring  # the old fallback: one ring of 15 steps, 15/16 S / B
     # every other position of a wrapped axis of 8 (m = 4 > 2) is a ring of 2-hop neighbours
     line = Topology(torus((8,), B, A, wrap=(True,)))
     t, plan = t_alone(line, "all-gather", [0, 2, 4, 6], S)
@@ -204,8 +212,7 @@ def test_torus_shares_contend_with_traffic_on_one_axis():
     all-reduce, which in turn leaves that ring part of its links."""
     topo = Topology(torus((4, 4), B, A, wrap=(True, True)))
     full = plan_collective("all-reduce", range(16), S, topo)
-    row = plan_collective("all-reduce", [topo.device_at((x, 0)) for x in range(4)], S, topo,
-                          "ring-bidir")
+    row = plan_collective("all-reduce", [topo.device_at((x, 0)) for x in range(4)], S, topo, "ring-bidir")
     alone_full = sim(topo, [full])[0][0]
     alone_row = sim(topo, [row])[0][0]
     both = sim(topo, [full, row])[0]
@@ -219,7 +226,7 @@ def test_rail_ring_on_fat_tree():
     k, m = 8, 4
     n = k * m
     bw_nv, bw_ib = 450e9, 50e9
-    topo = Topology(switched(n, SwitchedNetwork(k, bw_nv, bw_ib)))   # rail-optimised
+    topo = Topology(switched(n, SwitchedNetwork(k, bw_nv, bw_ib)))  # rail-optimised
     t, plan = t_alone(topo, "all-reduce", range(n), S)
     assert plan.algorithm == "rail-ring" and len(plan.phases) == 1
     alpha = max(2 * NVLINK_LATENCY_S, 2 * IB_NIC_LATENCY_S)
@@ -228,27 +235,25 @@ def test_rail_ring_on_fat_tree():
     assert t == pytest.approx(expected, rel=1e-6)
     for op in ("all-gather", "reduce-scatter"):
         t, _ = t_alone(topo, op, range(n), S)
-        assert t == pytest.approx(
-            (n - 1) * alpha + max(per_rank / 2 / bw_nv, per_rank / 2 / k / bw_ib), rel=1e-6)
+        assert t == pytest.approx((n - 1) * alpha + max(per_rank / 2 / bw_nv, per_rank / 2 / k / bw_ib), rel=1e-6)
 
 
 def test_pipelined_hierarchical_on_fat_tree():
     k, m = 8, 4
     bw_nv, bw_ib = 450e9, 50e9
-    topo = Topology(switched(k * m, SwitchedNetwork(k, bw_nv, bw_ib)))   # rail-optimised
+    topo = Topology(switched(k * m, SwitchedNetwork(k, bw_nv, bw_ib)))  # rail-optimised
     t, plan = t_alone(topo, "all-reduce", range(k * m), S, "hierarchical")
     assert plan.algorithm == "hierarchical" and len(plan.phases) == 1
     alpha = max(2 * NVLINK_LATENCY_S, 2 * IB_NIC_LATENCY_S)
     # intra reduce-scatter and all-gather share NVLink; the rail all-reduce of S/k runs beside
-    expected = (2 * (k - 1) + 2 * (m - 1)) * alpha + max(
-        2 * (k - 1) / k * S / bw_nv, 2 * (m - 1) / m * S / k / bw_ib)
+    expected = (2 * (k - 1) + 2 * (m - 1)) * alpha + max(2 * (k - 1) / k * S / bw_nv, 2 * (m - 1) / m * S / k / bw_ib)
     assert t == pytest.approx(expected, rel=1e-6)
 
 
 def test_rail_ring_across_leaves_with_full_bisection():
     k, m = 8, 4
     n = k * m
-    net = SwitchedNetwork(k, 450e9, 50e9, domains_per_leaf=1)   # every hop climbs the spine
+    net = SwitchedNetwork(k, 450e9, 50e9, domains_per_leaf=1)  # every hop climbs the spine
     topo = Topology(switched(n, net))
     t, _ = t_alone(topo, "all-reduce", range(n), S)
     alpha = 2 * IB_NIC_LATENCY_S + 2 * net.switch_latency_s
@@ -268,9 +273,11 @@ def test_cross_node_busbw_matches_nccl_tests():
     The ring is bound by the NVLink ring (0.822 x 450 = 370 GB/s on H100) or the NICs
     (8 x 0.96 x 25 = 192 GB/s on A100), so busbw = min of the two for every size of group
     and for all-gather / reduce-scatter alike."""
-    cases = [("dgx-h100", 16, 340e9, 400e9, 0.822 * 450e9),
-             ("dgx-h100", 64, 340e9, 400e9, 0.822 * 450e9),
-             ("dgx-a100", 16, 170e9, 200e9, 8 * 0.96 * 25e9)]
+    cases = [
+        ("dgx-h100", 16, 340e9, 400e9, 0.822 * 450e9),
+        ("dgx-h100", 64, 340e9, 400e9, 0.822 * 450e9),
+        ("dgx-a100", 16, 170e9, 200e9, 8 * 0.96 * 25e9),
+    ]
     for preset, n, lo, hi, bound in cases:
         topo = build_cluster(cluster_preset(preset, n))
         cal = default_calibration(preset.split("-")[1])
@@ -379,12 +386,11 @@ def test_node_limited_a2a_shares_nics_with_other_traffic():
     k, m, frac, size, B = 8, 4, 0.5, 1e8, DSV3_IB_BPS
     topo = Topology(switched(k * m, SwitchedNetwork(k, DSV3_NVLINK_BPS, B)))
     a2a = plan_collective("all-to-all", range(k * m), size, topo, scaleout_fraction=frac)
-    ars = [plan_collective("all-reduce", [j + k * d for d in range(m)], 1e9, topo, "ring")
-           for j in range(k)]
-    a = 2 * IB_NIC_LATENCY_S                    # one NIC-to-NIC step
-    lat = 2 * max(2 * NVLINK_LATENCY_S, a)      # the all-to-all's 2 steps
-    rail = frac * k * size / (k * m)            # bytes of each of the m-1 rail flows per NIC
-    ar_bytes = 2 * (m - 1) / m * 1e9            # ring all-reduce: per rank and NIC
+    ars = [plan_collective("all-reduce", [j + k * d for d in range(m)], 1e9, topo, "ring") for j in range(k)]
+    a = 2 * IB_NIC_LATENCY_S  # one NIC-to-NIC step
+    lat = 2 * max(2 * NVLINK_LATENCY_S, a)  # the all-to-all's 2 steps
+    rail = frac * k * size / (k * m)  # bytes of each of the m-1 rail flows per NIC
+    ar_bytes = 2 * (m - 1) / m * 1e9  # ring all-reduce: per rank and NIC
     a2a_alone = sim(topo, [a2a])[0][0]
     assert a2a_alone == pytest.approx(lat + rail / (B / (m - 1)), rel=1e-6)
     # start the all-to-all so that both start flowing after the ring's 2(m-1) steps
@@ -441,6 +447,7 @@ def test_gb200_nvl72_in_switch_all_reduce():
 
 # ---------------------------------------------------------------- contention
 
+
 def test_two_collectives_on_one_bottleneck_take_twice_as_long():
     n = 8
     topo = ring_topo(n)
@@ -480,11 +487,11 @@ def test_dp_all_reduce_slows_ep_all_to_all_sharing_nics():
     both = sim(topo, [a2a, ars])[0]
     # each NIC now carries 8 all-to-all flows and 1 all-reduce flow: max-min gives the
     # all-to-all 8/9 of the NIC
-    assert both[0] - 2 * IB_NIC_LATENCY_S == pytest.approx(
-        9 / 8 * (alone - 2 * IB_NIC_LATENCY_S), rel=0.02)
+    assert both[0] - 2 * IB_NIC_LATENCY_S == pytest.approx(9 / 8 * (alone - 2 * IB_NIC_LATENCY_S), rel=0.02)
 
 
 # ---------------------------------------------------------------- calibration
+
 
 def test_dgx_h100_busbw_plateau_and_latency_bound():
     topo = build_cluster(cluster_preset("dgx-h100", 8))
@@ -495,7 +502,7 @@ def test_dgx_h100_busbw_plateau_and_latency_bound():
     assert busbw == sorted(busbw)
     assert busbw[-1] == pytest.approx(370e9, rel=0.02)
     small = rows[0]
-    assert small["time_s"] >= 2 * 7 * 3.33e-6 * 0.999           # 14 NVLink latencies
+    assert small["time_s"] >= 2 * 7 * 3.33e-6 * 0.999  # 14 NVLink latencies
     assert small["busbw_bytes_per_s"] < 0.01 * busbw[-1]
     # default on dgx-h100 is NVLS: ~480 GB/s busbw at large sizes (nccl-tests #212)
     nvls = collective_sweep("all-reduce", topo, range(8), [1 << 33], None, cal)[0]
@@ -504,6 +511,7 @@ def test_dgx_h100_busbw_plateau_and_latency_bound():
 
 
 # ---------------------------------------------------------------- rules and errors
+
 
 def test_choose_algorithm_rules():
     sw = Topology(switched(32, SwitchedNetwork(8, 450e9, 50e9, nvls=True)))
@@ -574,6 +582,7 @@ def test_bus_bandwidth_factor():
 
 # ---------------------------------------------------------------- bench helpers
 
+
 def test_sizes_and_table(tmp_path):
     assert parse_size("8G") == 8 << 30
     assert parse_size("512M") == 512 << 20
@@ -597,21 +606,23 @@ def test_sizes_and_table(tmp_path):
 
 # ---------------------------------------------------------------- speed
 
+
 @pytest.mark.slow
 def test_large_collectives_are_fast(capsys):
     topo = build_cluster(cluster_preset("dgx-h100", 1024))
     t0 = time.perf_counter()
-    t_ar, plan = t_alone(topo, "all-reduce", range(1024), 1 << 30, None,
-                         default_calibration("hopper"))
+    t_ar, plan = t_alone(topo, "all-reduce", range(1024), 1 << 30, None, default_calibration("hopper"))
     t1 = time.perf_counter()
     topo256 = build_cluster(cluster_preset("dgx-h100", 256))
     t2 = time.perf_counter()
     t_a2a, plan2 = t_alone(topo256, "all-to-all", range(256), 1 << 28, "direct")
     t3 = time.perf_counter()
     with capsys.disabled():
-        print(f"\n1024-device {plan.algorithm} all-reduce: {t1 - t0:.3f} s wall "
-              f"(simulated {t_ar * 1e3:.2f} ms); 256-device direct all-to-all "
-              f"({256 * 255} flows): {t3 - t2:.3f} s wall (simulated {t_a2a * 1e3:.2f} ms)")
+        print(
+            f"\n1024-device {plan.algorithm} all-reduce: {t1 - t0:.3f} s wall "
+            f"(simulated {t_ar * 1e3:.2f} ms); 256-device direct all-to-all "
+            f"({256 * 255} flows): {t3 - t2:.3f} s wall (simulated {t_a2a * 1e3:.2f} ms)"
+        )
     assert t1 - t0 < 10 and t3 - t2 < 10
 
 
@@ -623,7 +634,7 @@ def test_domains_keep_first_appearance_order_small_and_large():
 
     topo = Topology(switched(2048, SwitchedNetwork(8, 450e9, 50e9, domains_per_leaf=4)))
     shuffled = random.Random(3).sample(range(2048), 4 * _FEW_MEMBERS)
-    for group in (shuffled, shuffled[:_FEW_MEMBERS], sorted(shuffled)):    # numpy and plain paths
+    for group in (shuffled, shuffled[:_FEW_MEMBERS], sorted(shuffled)):  # numpy and plain paths
         expected: dict = {}
         for d in group:
             expected.setdefault(topo.domain_of(d), []).append(d)

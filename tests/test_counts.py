@@ -108,9 +108,15 @@ def test_dense_active_equals_total():
 # ---- Narayanan et al. Eq. 2 and Eq. 3 -----------------------------------------
 
 NARAYANAN_ROWS = [
-    ("megatron-gpt-1.7b", 1.7), ("megatron-gpt-3.6b", 3.6), ("megatron-gpt-7.5b", 7.5),
-    ("megatron-gpt-18.4b", 18.4), ("megatron-gpt-39.1b", 39.1), ("megatron-gpt-76.1b", 76.1),
-    ("megatron-gpt-145.6b", 145.6), ("megatron-gpt-310.1b", 310.1), ("megatron-gpt-529.6b", 529.6),
+    ("megatron-gpt-1.7b", 1.7),
+    ("megatron-gpt-3.6b", 3.6),
+    ("megatron-gpt-7.5b", 7.5),
+    ("megatron-gpt-18.4b", 18.4),
+    ("megatron-gpt-39.1b", 39.1),
+    ("megatron-gpt-76.1b", 76.1),
+    ("megatron-gpt-145.6b", 145.6),
+    ("megatron-gpt-310.1b", 310.1),
+    ("megatron-gpt-529.6b", 529.6),
     ("megatron-1t", 1008.0),
 ]
 S, V = 2048, 51200
@@ -236,7 +242,12 @@ def test_mla_kernels():
 
 def test_mla_without_query_compression():
     m = ModelSpec(
-        "mla-lite", layers=2, hidden=1024, heads=8, ffn_hidden=2048, vocab=1000,
+        "mla-lite",
+        layers=2,
+        hidden=1024,
+        heads=8,
+        ffn_hidden=2048,
+        vocab=1000,
         attention=MLASpec(q_lora_rank=0, kv_lora_rank=128, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64),
     )
     ks = {k.name: k for k in layer_kernels(m, 0, 10, 10)}
@@ -349,11 +360,26 @@ def small_models(draw):
     moe = None
     if draw(st.booleans()):
         experts = draw(st.sampled_from([4, 8]))
-        moe = MoESpec(experts=experts, top_k=draw(st.integers(1, 2)), expert_ffn_hidden=8 * tp,
-                      shared_experts=draw(st.integers(0, 1)), dense_layers=draw(st.integers(0, 1)))
-    m = ModelSpec("h", layers=2, hidden=hidden, heads=heads, kv_heads=kv, ffn_hidden=16 * tp, vocab=64,
-                  ffn=draw(st.sampled_from(["swiglu", "gelu"])), bias=draw(st.booleans()), moe=moe,
-                  norm=draw(st.sampled_from(["rmsnorm", "layernorm"])))
+        moe = MoESpec(
+            experts=experts,
+            top_k=draw(st.integers(1, 2)),
+            expert_ffn_hidden=8 * tp,
+            shared_experts=draw(st.integers(0, 1)),
+            dense_layers=draw(st.integers(0, 1)),
+        )
+    m = ModelSpec(
+        "h",
+        layers=2,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv,
+        ffn_hidden=16 * tp,
+        vocab=64,
+        ffn=draw(st.sampled_from(["swiglu", "gelu"])),
+        bias=draw(st.booleans()),
+        moe=moe,
+        norm=draw(st.sampled_from(["rmsnorm", "layernorm"])),
+    )
     return m, tp
 
 

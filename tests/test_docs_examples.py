@@ -29,7 +29,7 @@ def _blocks():
     for doc in DOCS:
         text = doc.read_text()
         for i, m in enumerate(_BLOCK.finditer(text)):
-            line = text[:m.start(2)].count("\n") + 1
+            line = text[: m.start(2)].count("\n") + 1
             out.append(pytest.param(m.group(1), m.group(2), id=f"{doc.name}:{line}"))
     return out
 

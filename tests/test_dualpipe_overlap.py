@@ -31,12 +31,24 @@ def overlap_scenario(**over) -> dict:
     """2 stages x 4-way EP on one 8-device switched domain; an ideal chip (compute =
     FLOPs / (peak x 0.5)); domain links slow enough that each all-to-all takes about
     1.1 ms, a bit less than the shortest compute window that hides it (1.3 ms)."""
-    moe = dict(TINY_MOE, layers=2, hidden=4096, heads=32, kv_heads=32, ffn_hidden=16384,
-               moe={"experts": 8, "top_k": 2, "expert_ffn_hidden": 4096, "shared_experts": 0, "dense_layers": 0})
+    moe = dict(
+        TINY_MOE,
+        layers=2,
+        hidden=4096,
+        heads=32,
+        kv_heads=32,
+        ffn_hidden=16384,
+        moe={"experts": 8, "top_k": 2, "expert_ffn_hidden": 4096, "shared_experts": 0, "dense_layers": 0},
+    )
     net = dict(FAST_SWITCHED, domain_bw_bytes_per_s=5.5e10)
-    sc = ideal_scenario(8, model=moe, cluster={"chip": dict(IDEAL_CHIP), "devices": 8, "network": net},
-                        parallel={"tp": 1, "pp": PP, "dp": 4, "ep": 4}, schedule="dualpipe",
-                        training={"seq_len": 4096, "global_batch_size": M * 4})
+    sc = ideal_scenario(
+        8,
+        model=moe,
+        cluster={"chip": dict(IDEAL_CHIP), "devices": 8, "network": net},
+        parallel={"tp": 1, "pp": PP, "dp": 4, "ep": 4},
+        schedule="dualpipe",
+        training={"seq_len": 4096, "global_batch_size": M * 4},
+    )
     for k, v in over.items():
         sc[k] = {**sc[k], **v} if isinstance(v, dict) and isinstance(sc.get(k), dict) else v
     return sc
@@ -141,8 +153,9 @@ def test_exact_agrees_with_representative_ranks():
     assert any(op.comm_overlap for op in fast.trace.ops)
     assert fast.summary["simulated_ranks"] < exact.summary["simulated_ranks"]
     assert fast.summary["step_time_s"] == pytest.approx(exact.summary["step_time_s"], rel=1e-9)
-    assert fast.summary["exposed_comm_by_axis_s"]["ep"] == pytest.approx(exact.summary["exposed_comm_by_axis_s"]["ep"],
-                                                                         rel=1e-6)
+    assert fast.summary["exposed_comm_by_axis_s"]["ep"] == pytest.approx(
+        exact.summary["exposed_comm_by_axis_s"]["ep"], rel=1e-6
+    )
 
 
 def test_trace_file_keeps_the_overlap_flag():

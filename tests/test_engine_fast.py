@@ -18,11 +18,17 @@ RUN_KEYS = {"sim_wall_s", "stepsim_version", "events_processed"}
 SCENARIOS = {
     **{k: CASES[k] for k in ("1f1b", "interleaved", "zb-h1", "dualpipe", "moe-ep", "torus")},
     # Megatron-style: TP inside a node, pipeline sends across nodes (TP phases private)
-    "tp8-1f1b": scenario(cluster={"preset": "dgx-a100", "devices": 16}, parallel={"tp": 8, "pp": 2, "dp": 1},
-                         training={"global_batch_size": 8}),
-    "tp8-interleaved": scenario(cluster={"preset": "dgx-a100", "devices": 16},
-                                parallel={"tp": 8, "pp": 2, "dp": 1, "vpp": 2, "sequence_parallel": True},
-                                schedule="interleaved-1f1b", training={"global_batch_size": 8}),
+    "tp8-1f1b": scenario(
+        cluster={"preset": "dgx-a100", "devices": 16},
+        parallel={"tp": 8, "pp": 2, "dp": 1},
+        training={"global_batch_size": 8},
+    ),
+    "tp8-interleaved": scenario(
+        cluster={"preset": "dgx-a100", "devices": 16},
+        parallel={"tp": 8, "pp": 2, "dp": 1, "vpp": 2, "sequence_parallel": True},
+        schedule="interleaved-1f1b",
+        training={"global_batch_size": 8},
+    ),
 }
 
 
@@ -47,16 +53,16 @@ def test_shortcuts_change_no_figure(name, monkeypatch):
     monkeypatch.setattr(Engine, "_known_end", counting)
     fast = simulate(sc)
     plain = _plain(monkeypatch, sc)
-    assert _figures(fast) == _figures(plain)          # bit for bit, every figure
+    assert _figures(fast) == _figures(plain)  # bit for bit, every figure
     assert fast.raw.network_stats["phases_started"] == plain.raw.network_stats["phases_started"]
     assert fast.raw.network_stats["flows_started"] == plain.raw.network_stats["flows_started"]
     assert fast.raw.network_stats["reserved_phases"] == plain.raw.network_stats["reserved_phases"]
-    assert fast.memory.equals(plain.memory)           # the memory timeline, row by row
+    assert fast.memory.equals(plain.memory)  # the memory timeline, row by row
     ev_f = fast.events.sort_values(["rank", "start_s", "stream", "name"], kind="stable").reset_index(drop=True)
     ev_p = plain.events.sort_values(["rank", "start_s", "stream", "name"], kind="stable").reset_index(drop=True)
     assert ev_f[["rank", "name", "start_s", "end_s"]].equals(ev_p[["rank", "name", "start_s", "end_s"]])
     if name.startswith("tp8"):
-        assert calls["known"] > 0      # the private path was taken
+        assert calls["known"] > 0  # the private path was taken
 
 
 def test_private_tp_phases_book_the_same_link_bytes(monkeypatch):

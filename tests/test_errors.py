@@ -12,17 +12,28 @@ from simulator.schema import ScenarioError, load_scenario
 from stepsim_errors import StepsimError
 
 ERROR_CLASSES = [
-    ("topologies.errors", "TopologyError"), ("topologies.errors", "UnknownPresetError"),
-    ("workloads.errors", "WorkloadError"), ("workloads.layout", "LayoutError"),
-    ("workloads.schedules", "ScheduleError"), ("workloads.ops", "TraceError"),
-    ("simulator.schema", "ScenarioError"), ("simulator.fileio", "InputFileError"),
-    ("simulator.network", "NetworkError"), ("simulator.collectives", "CollectiveError"),
-    ("simulator.netcal", "CalibrationError"), ("simulator.bench", "BenchError"),
-    ("simulator.html_report", "ReportError"), ("simulator.sweep_plots", "PlotError"),
-    ("simulator.errors", "StudyError"), ("simulator.validate", "ValidationError"),
-    ("simulator.sweep", "WorkerVersionError"), ("simulator.calibrate", "CalibrationInputError"),
-    ("simulator.kineto_io", "KinetoTraceError"), ("simulator.nccl_tests_io", "NcclTestsError"),
-    ("simulator.cli_common", "CliError"), ("simulator.cli", "CliError"),
+    ("topologies.errors", "TopologyError"),
+    ("topologies.errors", "UnknownPresetError"),
+    ("workloads.errors", "WorkloadError"),
+    ("workloads.layout", "LayoutError"),
+    ("workloads.schedules", "ScheduleError"),
+    ("workloads.ops", "TraceError"),
+    ("simulator.schema", "ScenarioError"),
+    ("simulator.fileio", "InputFileError"),
+    ("simulator.network", "NetworkError"),
+    ("simulator.collectives", "CollectiveError"),
+    ("simulator.netcal", "CalibrationError"),
+    ("simulator.bench", "BenchError"),
+    ("simulator.html_report", "ReportError"),
+    ("simulator.sweep_plots", "PlotError"),
+    ("simulator.errors", "StudyError"),
+    ("simulator.validate", "ValidationError"),
+    ("simulator.sweep", "WorkerVersionError"),
+    ("simulator.calibrate", "CalibrationInputError"),
+    ("simulator.kineto_io", "KinetoTraceError"),
+    ("simulator.nccl_tests_io", "NcclTestsError"),
+    ("simulator.cli_common", "CliError"),
+    ("simulator.cli", "CliError"),
 ]
 
 
@@ -35,11 +46,17 @@ def test_every_error_class_is_a_stepsim_error_and_a_value_error(module, name):
 
 
 def test_an_error_keeps_its_field_across_layers_and_processes():
-    with pytest.raises(ScenarioError) as e:   # a LayoutError of workloads, re-raised by the schema
-        load_scenario({"model": "llama3-8b", "cluster": "dgx-h100", "parallel": {"tp": 8, "order": "tp-dp-pp-cp"},
-                       "training": {"global_batch_size": 8}})
+    with pytest.raises(ScenarioError) as e:  # a LayoutError of workloads, re-raised by the schema
+        load_scenario(
+            {
+                "model": "llama3-8b",
+                "cluster": "dgx-h100",
+                "parallel": {"tp": 8, "order": "tp-dp-pp-cp"},
+                "training": {"global_batch_size": 8},
+            }
+        )
     assert e.value.field == "parallel.order" and str(e.value).startswith("parallel.order: ")
-    back = pickle.loads(pickle.dumps(e.value))   # sweeps and validation runs send errors between processes
+    back = pickle.loads(pickle.dumps(e.value))  # sweeps and validation runs send errors between processes
     assert type(back) is ScenarioError and str(back) == str(e.value) and back.field == e.value.field
 
 
@@ -47,18 +64,29 @@ def test_from_error_names_the_field_once():
     from workloads.errors import WorkloadError
 
     err = ScenarioError.from_error(WorkloadError("training.seq_len", "must be > 0"))
-    assert str(err) == "training.seq_len: must be > 0" and err.field == "training.seq_len" and err.reason == "must be > 0"
+    assert (
+        str(err) == "training.seq_len: must be > 0" and err.field == "training.seq_len" and err.reason == "must be > 0"
+    )
     assert str(ScenarioError.from_error(StepsimError("no field here"), "cluster")) == "cluster: no field here"
 
 
 def _failing_command(exc):
     def run(args):
         raise exc
+
     return run
 
 
-@pytest.mark.parametrize("exc,code", [(ScenarioError("parallel.tp", "bad"), 2), (OSError("disk full"), 2),
-                                      (ValueError("a bug"), 1), (KeyError("a bug"), 1), (ZeroDivisionError(), 1)])
+@pytest.mark.parametrize(
+    "exc,code",
+    [
+        (ScenarioError("parallel.tp", "bad"), 2),
+        (OSError("disk full"), 2),
+        (ValueError("a bug"), 1),
+        (KeyError("a bug"), 1),
+        (ZeroDivisionError(), 1),
+    ],
+)
 def test_the_command_line_maps_only_stepsim_errors_and_os_errors_to_exit_2(monkeypatch, capsys, exc, code):
     ap, sub = cli_common.new_parser()
     sub.add_parser("boom").set_defaults(func=_failing_command(exc))

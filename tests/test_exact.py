@@ -12,16 +12,25 @@ from workloads.schedules import schedule
 
 CASES = {
     "1f1b": scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4}),
-    "gpipe-zero3": scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4, "zero": 3},
-                            schedule="gpipe"),
-    "interleaved": scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4, "vpp": 2},
-                            schedule="interleaved-1f1b"),
-    "zb-h1": scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4}, schedule="zb-h1"),
-    "dualpipe": scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4},
-                         schedule="dualpipe"),
+    "gpipe-zero3": scenario(
+        cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4, "zero": 3}, schedule="gpipe"
+    ),
+    "interleaved": scenario(
+        cluster={"preset": "dgx-h100", "devices": 16},
+        parallel={"tp": 2, "pp": 2, "dp": 4, "vpp": 2},
+        schedule="interleaved-1f1b",
+    ),
+    "zb-h1": scenario(
+        cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4}, schedule="zb-h1"
+    ),
+    "dualpipe": scenario(
+        cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4}, schedule="dualpipe"
+    ),
     "moe-ep": moe_scenario(),
     "torus": scenario(cluster={"preset": "tpu-v5p", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4}),
-    "zero0-cp": scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "cp": 2, "pp": 2, "dp": 2, "zero": 0}),
+    "zero0-cp": scenario(
+        cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "cp": 2, "pp": 2, "dp": 2, "zero": 0}
+    ),
 }
 
 
@@ -57,8 +66,10 @@ def test_straggler_slows_the_step_as_its_stage_critical_path_predicts():
 
 
 def test_failed_fat_tree_uplink_reroutes_traffic():
-    sc = scenario(cluster={"preset": "dgx-h100", "devices": 16, "network": {"domains_per_leaf": 1}},
-                  parallel={"tp": 1, "pp": 1, "dp": 16})
+    sc = scenario(
+        cluster={"preset": "dgx-h100", "devices": 16, "network": {"domains_per_leaf": 1}},
+        parallel={"tp": 1, "pp": 1, "dp": 16},
+    )
     base = simulate(sc)
     failed = simulate({**sc, "perturbations": [{"link": ["p0.leaf0.r0", "p0.spine"], "failed": True}]})
     topo = failed.topology

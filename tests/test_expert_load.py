@@ -8,19 +8,28 @@ import pytest
 
 from helpers import scenario
 from simulator import simulate
-from workloads.moe_load import (ExpertLoad, hottest_rank, max_expert_load_factor, max_rank_load_factor,
-                                rank_load_factors)
+from workloads.moe_load import ExpertLoad, hottest_rank, max_expert_load_factor, max_rank_load_factor, rank_load_factors
 
 TINY_MOE = {
-    "name": "tiny-moe", "layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096, "vocab": 8,
-    "ffn": "gelu", "moe": {"experts": 16, "top_k": 2, "expert_ffn_hidden": 1024, "shared_experts": 1, "dense_layers": 1},
+    "name": "tiny-moe",
+    "layers": 4,
+    "hidden": 1024,
+    "heads": 8,
+    "kv_heads": 8,
+    "ffn_hidden": 4096,
+    "vocab": 8,
+    "ffn": "gelu",
+    "moe": {"experts": 16, "top_k": 2, "expert_ffn_hidden": 1024, "shared_experts": 1, "dense_layers": 1},
 }
 
 
 def moe_scenario(training=None, parallel=None):
-    return scenario(model=dict(TINY_MOE), cluster={"preset": "dgx-h100", "devices": 16},
-                    parallel={"tp": 1, "pp": 2, "dp": 8, "ep": 8, **(parallel or {})},
-                    training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 16, **(training or {})})
+    return scenario(
+        model=dict(TINY_MOE),
+        cluster={"preset": "dgx-h100", "devices": 16},
+        parallel={"tp": 1, "pp": 2, "dp": 8, "ep": 8, **(parallel or {})},
+        training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 16, **(training or {})},
+    )
 
 
 def test_load_cap_closed_forms():
@@ -98,17 +107,24 @@ def test_hfu_counts_only_the_tokens_kept_under_capacity_dropping():
     from workloads.trace import TraceBuilder, build_trace
     from simulator import load_scenario
 
-    sc = load_scenario(moe_scenario(training={"expert_load": {"distribution": "zipf", "skew": 1.5, "seed": 1,
-                                                              "capacity_factor": 1.25}}))
+    sc = load_scenario(
+        moe_scenario(
+            training={"expert_load": {"distribution": "zipf", "skew": 1.5, "seed": 1, "capacity_factor": 1.25}}
+        )
+    )
     b = TraceBuilder(sc.workload())
     assert all(b.load_mean[l] < 1.0 for l in b.load_mean)
     assert all(b.load_factor[l] <= 1.25 + 1e-12 for l in b.load_factor)
     trace = build_trace(sc.workload())
     for r in trace.ranks:
         # timed at the layer's max load, executed at its mean: the difference is unexecuted
-        expect = sum(k.flops * (1 - b.load_mean[op.layer] / b.load_factor[op.layer])
-                     for op in trace.ops if op.rank == r and op.kind == "compute" and op.layer in b.load_mean
-                     for k in op.kernels if k.kind == "gemm" and k.name.startswith("expert_"))
+        expect = sum(
+            k.flops * (1 - b.load_mean[op.layer] / b.load_factor[op.layer])
+            for op in trace.ops
+            if op.rank == r and op.kind == "compute" and op.layer in b.load_mean
+            for k in op.kernels
+            if k.kind == "gemm" and k.name.startswith("expert_")
+        )
         assert expect > 0
         assert trace.unexecuted_flops[r] == pytest.approx(expect, rel=1e-12)
 
@@ -164,8 +180,11 @@ def test_builtin_scenarios_hardware_flops_at_least_model_flops(imbalance):
         if imbalance:
             raw["training"]["expert_load"] = {"distribution": "zipf", "skew": 1.0, "seed": 0}
         trace = build_trace(load_scenario(raw).workload())
-        hw = sum(trace.weight[op.rank] * sum(k.flops for k in op.kernels if k.kind in MATMUL_KINDS)
-                 for op in trace.ops if op.kind == "compute")
+        hw = sum(
+            trace.weight[op.rank] * sum(k.flops for k in op.kernels if k.kind in MATMUL_KINDS)
+            for op in trace.ops
+            if op.kind == "compute"
+        )
         hw -= sum(trace.weight[r] * v for r, v in trace.unexecuted_flops.items())
         assert bool(trace.unexecuted_flops) == imbalance, name
         assert hw >= trace.model_flops * (1 - 1e-12), name

@@ -26,7 +26,7 @@ def test_idle_spans_add_up_to_the_attributed_idle_time(pipelined):
 
 def test_chrome_trace_shows_bubbles_and_exposed_comm(pipelined):
     events = chrome_trace(pipelined)["traceEvents"]
-    json.dumps(events)                       # serialisable
+    json.dumps(events)  # serialisable
     idle = [e for e in events if e.get("cat") == "idle"]
     bubble_us = sum(e["dur"] for e in idle if e["name"] == "bubble")
     expected_us = sum(d["bubble"] for d in pipelined.raw.idle.values()) * 1e6
@@ -74,14 +74,17 @@ def test_timeline_draws_every_bar(pipelined, tmp_path):
     by_row: dict = {}
     for y, x0, x1, style in drawn:
         by_row.setdefault((y, style), []).append((x0, x1))
-    want = [(rows[(r, s)], a * k, b * k, tuple(to_rgba(PHASE_COLOURS[ph] if s == "compute" else AXIS_COLOURS[ax or s])))
-            for r, s, ph, ax, a, b in zip(ev["rank"], ev["stream"], ev["phase"], ev["axis"], ev["start_s"], ev["end_s"])
-            if b > a]
-    want += [(rows[(r, "compute")], a * k, b * k, "bubble") for r, a, b, c, _ in pipelined.raw.idle_spans
-             if c == "bubble"]
+    want = [
+        (rows[(r, s)], a * k, b * k, tuple(to_rgba(PHASE_COLOURS[ph] if s == "compute" else AXIS_COLOURS[ax or s])))
+        for r, s, ph, ax, a, b in zip(ev["rank"], ev["stream"], ev["phase"], ev["axis"], ev["start_s"], ev["end_s"])
+        if b > a
+    ]
+    want += [
+        (rows[(r, "compute")], a * k, b * k, "bubble") for r, a, b, c, _ in pipelined.raw.idle_spans if c == "bubble"
+    ]
     assert len(want) > 100
     eps = 1e-9 * pipelined.summary["step_time_s"] * k
-    for y, a, b, style in want:      # each op and each bubble lies inside a drawn bar of its row and colour
+    for y, a, b, style in want:  # each op and each bubble lies inside a drawn bar of its row and colour
         assert any(x0 - eps <= a and b <= x1 + eps for x0, x1 in by_row[(y, style)]), (y, a, b, style)
     fig.savefig(tmp_path / "t.png")
 
@@ -100,7 +103,7 @@ def test_merge_bars_joins_only_neighbours_of_one_style_closer_than_the_gap():
     # [2.5, 3] and [3, 4] join; row 1 is merged on its own
     assert list(zip(m0, m1, mr, ms)) == [(0.0, 2.0, 0, 0), (2.0, 2.5, 0, 1), (2.5, 4.0, 0, 0), (0.0, 2.0, 1, 0)]
     n0, *_ = merge_bars(x0, x1, row, style, gap=0.01)
-    assert len(n0) == 5              # 0.05 > 0.01: apart; touching bars (gap 0) still join
+    assert len(n0) == 5  # 0.05 > 0.01: apart; touching bars (gap 0) still join
 
 
 def test_chrome_trace_names_idle_spans_by_their_cause(pipelined):
@@ -109,8 +112,10 @@ def test_chrome_trace_names_idle_spans_by_their_cause(pipelined):
     res = copy.copy(pipelined)
     res.raw = copy.copy(pipelined.raw)
     # offload_wait: the engine's; checkpoint_wait: a cause it does not have (yet)
-    res.raw.idle_spans = list(pipelined.raw.idle_spans) + [(0, 0.0, 2e-6, "offload_wait", "offload"),
-                                                           (0, 3e-6, 4e-6, "checkpoint_wait", "")]
+    res.raw.idle_spans = list(pipelined.raw.idle_spans) + [
+        (0, 0.0, 2e-6, "offload_wait", "offload"),
+        (0, 3e-6, 4e-6, "checkpoint_wait", ""),
+    ]
     idle = [e for e in chrome_trace(res)["traceEvents"] if e.get("cat") == "idle"]
     assert {e["name"] for e in idle} == {"bubble", "exposed comm", "offload wait", "checkpoint wait"}
     for name, dur in (("offload wait", 2.0), ("checkpoint wait", 1.0)):
@@ -145,8 +150,10 @@ def test_process_names_say_which_devices_a_rank_stands_for(quick):
     events = chrome_trace(quick)["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
     # TP4 x DP2 = 8 devices per stage; order tp-cp-ep-dp-pp puts stage s on ranks 8s..8s+7
-    assert names == {0: "stage 0: device 0, standing for 8 devices (ranks 0–7)",
-                     8: "stage 1: device 8, standing for 8 devices (ranks 8–15)"}
+    assert names == {
+        0: "stage 0: device 0, standing for 8 devices (ranks 0–7)",
+        8: "stage 1: device 8, standing for 8 devices (ranks 8–15)",
+    }
     exact = chrome_trace(simulate("quickstart", exact=True))["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in exact if e.get("ph") == "M" and e["name"] == "process_name"}
     assert len(names) == 16 and names[13] == "stage 1: device 13"
@@ -157,8 +164,10 @@ def test_compact_ranks_in_words():
 
     assert compact_ranks(range(384, 512)) == "384–511"
     assert compact_ranks(range(3, 256, 8)) == "3, 11, …, 251 (every 8th)"
-    assert compact_ranks([b + i for b in range(0, 128, 16) for i in range(4)]) == \
-        "0–3, 16–19, …, 112–115 (8 blocks of 4, every 16)"
+    assert (
+        compact_ranks([b + i for b in range(0, 128, 16) for i in range(4)])
+        == "0–3, 16–19, …, 112–115 (8 blocks of 4, every 16)"
+    )
     assert compact_ranks([1, 2, 5, 9, 30, 31, 77]) == "1–2, 5, 9, … (7 devices)"
 
 
@@ -178,7 +187,7 @@ def test_flows_join_each_pipeline_send_to_the_op_that_waited(quick):
         src, dst = _enclosing(slices, s), _enclosing(slices, f)
         assert len(src) == 1 and src[0]["name"].startswith("send.") and src[0]["tid"] == STREAMS.index("pp")
         assert len(dst) == 1
-        assert dst[0]["ts"] >= src[0]["ts"] + src[0]["dur"] - 1e-6       # it waited for the send to end
+        assert dst[0]["ts"] >= src[0]["ts"] + src[0]["dur"] - 1e-6  # it waited for the send to end
         assert src[0]["args"]["mb"] == s["args"]["mb"]
 
 
@@ -221,8 +230,12 @@ def test_csv_files_are_what_pandas_writes(pipelined, tmp_path):
         assert (tmp_path / f"{name}.csv").read_bytes() == (tmp_path / f"{name}.pandas.csv").read_bytes(), name
     text = np.empty(6, dtype=object)
     text[:] = ["plain", "a,b", 'say "hi"', "two\nlines", "", "µs–ms"]
-    odd = {"text": text, "x": np.array([0.1 + 0.2, np.nan, 1e-5, -0.0, 1e16, 123.0]),
-           "n": np.array([-1, 0, 2**40, 3, 4, 5]), "flag": np.array([True, False, True, True, False, False])}
+    odd = {
+        "text": text,
+        "x": np.array([0.1 + 0.2, np.nan, 1e-5, -0.0, 1e16, 123.0]),
+        "n": np.array([-1, 0, 2**40, 3, 4, 5]),
+        "flag": np.array([True, False, True, True, False, False]),
+    }
     write_csv(odd, tmp_path / "odd.csv")
     pd.DataFrame(odd).to_csv(tmp_path / "odd.pandas.csv", index=False)
     assert (tmp_path / "odd.csv").read_bytes() == (tmp_path / "odd.pandas.csv").read_bytes()
@@ -246,7 +259,7 @@ def test_result_declares_what_it_carries_and_builds_tables_once(pipelined):
 
     assert {"summary", "scenario", "notes", "raw", "trace", "topology"} <= set(Result.__slots__)
     with pytest.raises(AttributeError):
-        pipelined.unheard_of = 1            # no attribute is set from outside the class
+        pipelined.unheard_of = 1  # no attribute is set from outside the class
     assert pipelined.events is pipelined.events and len(pipelined.events) == len(pipelined.raw.records)
     assert list(pipelined.per_stage["stage"]) == sorted(set(pipelined.events["stage"]))
     other = copy.copy(pipelined)
@@ -258,7 +271,7 @@ def test_edits_to_a_table_read_as_a_frame_reach_the_files(tmp_path):
     import pandas as pd
 
     res = simulate("quickstart")
-    res.memory["buffers"] += 1.0                     # the frame, edited in place
+    res.memory["buffers"] += 1.0  # the frame, edited in place
     res.write(tmp_path, plots=False)
     written = pd.read_csv(tmp_path / "memory.csv")
     assert (written["buffers"] == res.memory["buffers"]).all()

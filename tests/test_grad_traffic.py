@@ -15,8 +15,17 @@ from workloads.schedules import SCHEDULES
 from workloads.trace import build_trace
 
 H, V, F = 512, 32000, 2048  # hidden, vocabulary, FFN width of the small model below
-SMALL = {"name": "small", "layers": 8, "hidden": H, "heads": 8, "kv_heads": 8, "ffn_hidden": F,
-         "ffn": "gelu", "vocab": V, "tied_embeddings": False}
+SMALL = {
+    "name": "small",
+    "layers": 8,
+    "hidden": H,
+    "heads": 8,
+    "kv_heads": 8,
+    "ffn_hidden": F,
+    "ffn": "gelu",
+    "vocab": V,
+    "tied_embeddings": False,
+}
 
 
 def _scenario(tp=1, pp=2, dp=2, zero=1, schedule="1f1b", tied=False, gbs=16, vpp=1, mtp=0):
@@ -26,8 +35,13 @@ def _scenario(tp=1, pp=2, dp=2, zero=1, schedule="1f1b", tied=False, gbs=16, vpp
     par = {"tp": tp, "pp": pp, "dp": dp, "zero": zero, "sequence_parallel": tp > 1}
     if vpp > 1:
         par["vpp"] = vpp
-    return scenario(model=model, cluster={"preset": "dgx-h100", "devices": tp * pp * dp}, parallel=par,
-                    schedule=schedule, training={"seq_len": 512, "micro_batch_size": 1, "global_batch_size": gbs})
+    return scenario(
+        model=model,
+        cluster={"preset": "dgx-h100", "devices": tp * pp * dp},
+        parallel=par,
+        schedule=schedule,
+        training={"seq_len": 512, "micro_batch_size": 1, "global_batch_size": gbs},
+    )
 
 
 def _trace(sc):
@@ -35,8 +49,14 @@ def _trace(sc):
 
 
 def _sizes(trace, rank, suffix, axis=None):
-    return sum(op.size_bytes for op in trace.ops if op.rank == rank and op.kind == "collective"
-               and op.name.endswith(suffix) and (axis is None or op.axis == axis))
+    return sum(
+        op.size_bytes
+        for op in trace.ops
+        if op.rank == rank
+        and op.kind == "collective"
+        and op.name.endswith(suffix)
+        and (axis is None or op.axis == axis)
+    )
 
 
 # Per-rank parameters of the small model, in closed form (RMSNorm scales h wide, no biases):
@@ -52,6 +72,7 @@ def _table(tp):
 
 # ---- item 5: the output layer ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_every_schedule_executes_exactly_the_model_flops(schedule):
     """Without recomputation the executed matmul FLOPs equal the model FLOPs, so HFU = MFU:
@@ -60,8 +81,13 @@ def test_every_schedule_executes_exactly_the_model_flops(schedule):
     layer's width here, so a missing head wgrad is a 7 % gap."""
     pp, vpp = (4, 2) if schedule == "interleaved-1f1b" else (4, 1)
     tr = _trace(_scenario(pp=pp, dp=2, schedule=schedule, vpp=vpp))
-    executed = sum(tr.weight[op.rank] * k.flops for op in tr.ops if op.kind == "compute"
-                   for k in op.kernels if k.kind in counts.MATMUL_KINDS)
+    executed = sum(
+        tr.weight[op.rank] * k.flops
+        for op in tr.ops
+        if op.kind == "compute"
+        for k in op.kernels
+        if k.kind in counts.MATMUL_KINDS
+    )
     assert executed == pytest.approx(tr.model_flops, rel=1e-12)
     if schedule in ("zb-h1", "dualpipe"):
         assert any(op.name == "head.W" for op in tr.ops)
@@ -129,6 +155,7 @@ def test_tied_embeddings_are_summed_between_first_and_last_stage():
 
 # ---- item 6: DualPipe's mirrored gradient sum ----------------------------------------------------
 
+
 @pytest.mark.parametrize("zero", [0, 1])
 def test_dualpipe_mirror_sums_full_gradients_or_the_shard(zero):
     """Each DualPipe rank holds stage r and stage pp-1-r; the pair sums every unit's gradient:
@@ -145,8 +172,9 @@ def test_dualpipe_mirror_sums_full_gradients_or_the_shard(zero):
         expect = 4 * held / (dp if zero else 1)
         assert _sizes(tr, r, ".mirror", "pp_mirror") == pytest.approx(expect, rel=1e-12)
         mirror = sc.layout.rank_of(pp=3 - stage)
-        assert all(op.group == tuple(sorted((r, mirror))) for op in tr.ops
-                   if op.rank == r and op.name.endswith(".mirror"))
+        assert all(
+            op.group == tuple(sorted((r, mirror))) for op in tr.ops if op.rank == r and op.name.endswith(".mirror")
+        )
 
 
 def test_dualpipe_mirror_sum_overlaps_the_backward():
@@ -163,6 +191,7 @@ def test_dualpipe_mirror_sum_overlaps_the_backward():
 
 
 # ---- item 7: ZeRO-2/3 with several micro-batches ------------------------------------------------
+
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_zero_communication_volume_per_micro_batch(zero):
@@ -210,8 +239,9 @@ def test_sharding_buffers_follow_the_closed_form(zero):
     assert res.summary["memory_breakdown_bytes"]["buffers"] == expect
 
 
-@pytest.mark.parametrize("kw", [dict(tp=2, pp=4, dp=2, tied=True), dict(pp=4, dp=2, schedule="dualpipe", zero=1),
-                                dict(pp=2, dp=4, zero=3)])
+@pytest.mark.parametrize(
+    "kw", [dict(tp=2, pp=4, dp=2, tied=True), dict(pp=4, dp=2, schedule="dualpipe", zero=1), dict(pp=2, dp=4, zero=3)]
+)
 def test_new_gradient_traffic_is_the_same_with_representatives_and_exact(kw):
     """The tied-embedding and mirror sums (pipeline-coordinate pairs) and ZeRO-3's per-micro-
     batch traffic give the same step and peak with one rank per stage as with every rank."""

@@ -92,10 +92,21 @@ def test_some_cases_run_in_a_subprocess():
 @pytest.mark.parametrize("name", SUBPROCESS_CASES)
 def test_hostile_input_under_2gb(name, tmp_path):
     spec = CASES[name]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
     env.pop("STEPSIM_DEBUG", None)
-    proc = subprocess.run([sys.executable, "-m", "simulator.cli", *_argv(spec, tmp_path / "out")],
-                          capture_output=True, text=True, timeout=TIMEOUT_S, preexec_fn=_limit, cwd=tmp_path,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", *_argv(spec, tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        preexec_fn=_limit,
+        cwd=tmp_path,
+        env=env,
+    )
     _check(name, spec, proc.returncode, proc.stderr)

@@ -52,9 +52,9 @@ def test_page_needs_no_network(report_dir):
     text = (report_dir / "report.html").read_text(encoding="utf-8")
     p = _Refs()
     p.feed(text)
-    assert p.scripts >= 4                       # plotly.js, then one per figure
+    assert p.scripts >= 4  # plotly.js, then one per figure
     assert not [r for r in p.refs if r[1].split(":")[0].lower() in ("http", "https", "file") or r[1].startswith("//")]
-    assert "plotly.js v" in text                # the library itself is inlined, once
+    assert "plotly.js v" in text  # the library itself is inlined, once
     assert text.count("plotly.js v") == 1
 
 
@@ -65,8 +65,14 @@ def test_report_from_the_run_directory_is_the_report_of_the_result(quick, report
     data = load_run_dir(report_dir)
     assert data.missing == ()
     assert data.labels[8] == "stage 1: device 8, standing for 8 devices (ranks 8–15)"
-    for needle in ("Timeline", "Memory", "Exposed communication by axis and stage", "Scenario",
-                   "quickstart-llama3-8b-16xh100", "llama3-8b"):
+    for needle in (
+        "Timeline",
+        "Memory",
+        "Exposed communication by axis and stage",
+        "Scenario",
+        "quickstart-llama3-8b-16xh100",
+        "llama3-8b",
+    ):
         assert needle in from_dir
 
 
@@ -88,8 +94,7 @@ def test_exposed_comm_by_axis_and_stage_adds_up_to_the_accounting(quick):
         for axis in table.columns:
             # accounting.py splits exposed time equally among the axes busy at once; the spans
             # record which were busy, so splitting each span's length gives the same figure
-            assert table.loc[st, axis] == pytest.approx(raw.idle[r].get("exposed_" + axis, 0.0), rel=1e-9,
-                                                        abs=1e-12)
+            assert table.loc[st, axis] == pytest.approx(raw.idle[r].get("exposed_" + axis, 0.0), rel=1e-9, abs=1e-12)
     # one simulated rank per stage, each standing for 8 devices: the summary's mean is the stages' mean
     for axis, v in quick.summary["exposed_comm_by_axis_s"].items():
         assert table[axis].mean() == pytest.approx(v, rel=1e-9)
@@ -115,7 +120,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 def test_missing_plotly_says_how_to_install_it(tmp_path, capsys, monkeypatch):
     import sys
 
-    monkeypatch.setitem(sys.modules, "plotly", None)          # import plotly -> ImportError
+    monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly -> ImportError
     monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)
     assert main(["report", str(tmp_path), "--html"]) == 2
     err = capsys.readouterr().err
@@ -133,8 +138,10 @@ def _browser_or_skip():
     except ImportError:
         missing.append("the selenium package")
     if missing:
-        msg = (f"browser test needs {', '.join(missing)} (apt-get install chromium chromium-driver; "
-               "pip install -e '.[test]'); .ci/run installs them")
+        msg = (
+            f"browser test needs {', '.join(missing)} (apt-get install chromium chromium-driver; "
+            "pip install -e '.[test]'); .ci/run installs them"
+        )
         if required:
             pytest.fail(msg)
         pytest.skip(msg)
@@ -149,10 +156,20 @@ def browser():
     profile = tempfile.mkdtemp(prefix="stepsim-chromium-")
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1400,900",
-              "--force-device-scale-factor=1"):
+    for a in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,900",
+        "--force-device-scale-factor=1",
+    ):
         opts.add_argument(a)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
@@ -163,7 +180,7 @@ def browser():
 
 
 def _rgb(hex_colour: str) -> np.ndarray:
-    return np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]) / 255.0
+    return np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)]) / 255.0
 
 
 @pytest.mark.slow
@@ -182,13 +199,14 @@ def test_browser_draws_the_timeline_without_errors(browser, report_dir, quick, t
     rect = browser.execute_script(
         "var gd = document.getElementById('timeline'); gd.scrollIntoView(); window.scrollBy(0, -5);"
         "var r = gd.querySelector('.nsewdrag').getBoundingClientRect();"
-        "return [r.left, r.top, r.width, r.height];")
+        "return [r.left, r.top, r.width, r.height];"
+    )
     left, top, width, height = rect
     assert width > 800 and height > 100
     shot = tmp_path / "timeline.png"
     browser.save_screenshot(str(shot))
     img = imread(str(shot))[..., :3]
-    plot = img[int(top) + 2:int(top + height) - 2, int(left) + 2:int(left + width) - 2]
+    plot = img[int(top) + 2 : int(top + height) - 2, int(left) + 2 : int(left + width) - 2]
     share = {p: float((np.abs(plot - _rgb(PHASE_COLOURS[p])).max(axis=2) < 0.03).mean()) for p in ("F", "B")}
     # compute is ~80% of each compute row (bubble 9.6%, exposed comm 16%); the two compute
     # rows are 2 of 8 rows: forward and backward bars cover a few % of the plot each
@@ -205,7 +223,8 @@ def test_browser_draws_the_timeline_without_errors(browser, report_dir, quick, t
     browser.execute_script(f"Plotly.relayout('timeline', {{'xaxis.range': [{mid_ms - 2}, {mid_ms + 2}]}})")
     shapes = browser.execute_script(
         "var gd = document.getElementById('timeline');"
-        "return gd.data.filter(t => t.fill === 'toself').map(t => Array.from(t.x).filter(v => v === v).length / 4);")
+        "return gd.data.filter(t => t.fill === 'toself').map(t => Array.from(t.x).filter(v => v === v).length / 4);"
+    )
     in_view = ev[(ev["end_s"] * 1e3 > mid_ms - 2) & (ev["start_s"] * 1e3 < mid_ms + 2) & (ev["duration_s"] > 0)]
     assert 0 < sum(shapes) <= len(in_view) + len(quick.idle)
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
@@ -214,7 +233,8 @@ def test_browser_draws_the_timeline_without_errors(browser, report_dir, quick, t
     x, y = browser.execute_script(
         "var gd = document.getElementById('timeline'), xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;"
         "var r = gd.getBoundingClientRect();"
-        f"return [r.left + xa._offset + xa.l2p({mid_ms}), r.top + ya._offset + ya.l2p(0)];")
+        f"return [r.left + xa._offset + xa.l2p({mid_ms}), r.top + ya._offset + ya.l2p(0)];"
+    )
     mouse = ActionBuilder(browser)
     mouse.pointer_action.move_to_location(int(x), int(y))
     mouse.perform()
@@ -231,5 +251,6 @@ def test_browser_opens_the_compare_page(browser, tmp_path):
     sizes = browser.execute_script(
         "return ['bars', 'timeline-gpipe', 'timeline-1f1b'].map(function (i) {"
         "  var r = document.getElementById(i).querySelector('.nsewdrag').getBoundingClientRect();"
-        "  return r.width * r.height; });")
+        "  return r.width * r.height; });"
+    )
     assert all(s > 10_000 for s in sizes), sizes

@@ -20,8 +20,11 @@ def _dpcp_members(L: ParallelLayout, tp: int, pp: int) -> list[int]:
     ``order`` varying fastest."""
     mesh = [a for a in L.order if a != "ep"]
     inner, outer = ("cp", "dp") if mesh.index("cp") < mesh.index("dp") else ("dp", "cp")
-    return [_rank(L, {"tp": tp, "pp": pp, inner: i, outer: o})
-            for o in range(getattr(L, outer)) for i in range(getattr(L, inner))]
+    return [
+        _rank(L, {"tp": tp, "pp": pp, inner: i, outer: o})
+        for o in range(getattr(L, outer))
+        for i in range(getattr(L, inner))
+    ]
 
 
 def _stage_rank(L: ParallelLayout, pp: int, pos: int) -> int:
@@ -45,17 +48,16 @@ def reference_group(L: ParallelLayout, rank: int, axis: str) -> tuple[int, ...]:
                 strides[names[a]] = stride
                 stride *= getattr(L, names[a])
         pos = sorted(r for r in range(L.world) if L.stage_of(r) == c["pp"]).index(rank)
-        return tuple(_stage_rank(L, c["pp"], pos + (i - c[axis]) * strides[axis])
-                     for i in range(getattr(L, axis)))
+        return tuple(_stage_rank(L, c["pp"], pos + (i - c[axis]) * strides[axis]) for i in range(getattr(L, axis)))
     members = _dpcp_members(L, c["tp"], c["pp"])
     if axis == "dp_cp":
         return tuple(members)
     if axis == "ep":
-        return tuple(members[c["edp"] * L.ep:(c["edp"] + 1) * L.ep])
+        return tuple(members[c["edp"] * L.ep : (c["edp"] + 1) * L.ep])
     if axis == "edp":
         if L.etp == L.tp:
-            return tuple(members[c["ep"]::L.ep])
-        return tuple(sorted(r for t in range(L.tp) for r in _dpcp_members(L, t, c["pp"])[c["ep"]::L.ep]))
+            return tuple(members[c["ep"] :: L.ep])
+        return tuple(sorted(r for t in range(L.tp) for r in _dpcp_members(L, t, c["pp"])[c["ep"] :: L.ep]))
     raise AssertionError(axis)
 
 
@@ -73,13 +75,19 @@ def reference_ep_subgroups(L: ParallelLayout, kind: str, stage: int, domain: int
     return sorted(out, key=min)
 
 
-ORDERS = [("tp", "cp", "ep", "dp", "pp"), ("tp", "ep", "cp", "dp", "pp"), ("pp", "dp", "ep", "cp", "tp"),
-          ("tp", "pp", "dp", "ep", "cp"), ("cp", "tp", "dp", "ep", "pp")]
+ORDERS = [
+    ("tp", "cp", "ep", "dp", "pp"),
+    ("tp", "ep", "cp", "dp", "pp"),
+    ("pp", "dp", "ep", "cp", "tp"),
+    ("tp", "pp", "dp", "ep", "cp"),
+    ("cp", "tp", "dp", "ep", "pp"),
+]
 
 
 def _layouts():
     for tp, cp, dp, pp, ep, etp, order in itertools.product(
-            [1, 2, 4], [1, 2], [1, 3, 4], [1, 2], [1, 2, 4, 8], [1, 2, 4], ORDERS):
+        [1, 2, 4], [1, 2], [1, 3, 4], [1, 2], [1, 2, 4, 8], [1, 2, 4], ORDERS
+    ):
         try:
             yield ParallelLayout(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, etp=etp, order=order)
         except LayoutError:
@@ -95,8 +103,11 @@ def test_grid_covers_both_expert_mappings():
     assert any(L.folded and 1 < L.etp for L in LAYOUTS) and any(L.cp > 1 and L.ep > 1 for L in LAYOUTS)
 
 
-@pytest.mark.parametrize("L", LAYOUTS[::3], ids=lambda L: f"tp{L.tp}cp{L.cp}dp{L.dp}pp{L.pp}ep{L.ep}"
-                                                        f"etp{L.etp}-{''.join(a[0] for a in L.order)}")
+@pytest.mark.parametrize(
+    "L",
+    LAYOUTS[::3],
+    ids=lambda L: f"tp{L.tp}cp{L.cp}dp{L.dp}pp{L.pp}ep{L.ep}etp{L.etp}-{''.join(a[0] for a in L.order)}",
+)
 def test_groups_equal_rank_by_rank_enumeration(L):
     for axis in GROUP_AXES:
         for r in range(L.world):
@@ -113,8 +124,8 @@ def test_group_table_rows_and_index():
     L = ParallelLayout(tp=2, cp=2, dp=4, pp=2, ep=4, etp=1)
     for axis in GROUP_AXES:
         table, index = L.group_table(axis), L.group_index(axis)
-        assert sorted(table.ravel().tolist()) == list(range(L.world))        # a partition
-        assert (table.min(axis=1)[1:] > table.min(axis=1)[:-1]).all()        # by first rank
+        assert sorted(table.ravel().tolist()) == list(range(L.world))  # a partition
+        assert (table.min(axis=1)[1:] > table.min(axis=1)[:-1]).all()  # by first rank
         for r in range(L.world):
             assert tuple(table[index[r]].tolist()) == L.group(r, axis)
 

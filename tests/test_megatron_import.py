@@ -68,8 +68,9 @@ def test_tp1_row_differs_only_by_the_padded_vocabulary():
     assert sc["model"]["vocab"] == 50304
     assert any("50257 padded to a multiple of 128" in a for a in res.assumptions)
     sc["model"]["vocab"] = 51200
-    assert simulate(sc).summary["step_time_s"] == pytest.approx(simulate(_case("1.7b")).summary["step_time_s"],
-                                                                 rel=1e-12)
+    assert simulate(sc).summary["step_time_s"] == pytest.approx(
+        simulate(_case("1.7b")).summary["step_time_s"], rel=1e-12
+    )
 
 
 def test_mapping_of_a_modern_moe_argument_list():
@@ -87,15 +88,40 @@ def test_mapping_of_a_modern_moe_argument_list():
     """
     res = import_megatron(text, "dgx-h100")
     sc = res.scenario
-    assert sc["model"] == {"name": "megatron-import-model", "layers": 16, "hidden": 2048, "heads": 16, "kv_heads": 4,
-                           "ffn": "swiglu", "ffn_hidden": 8192, "norm": "rmsnorm", "bias": False,
-                           "tied_embeddings": False, "vocab": 32256,   # 32001 padded to a multiple of 128 x 2
-                           "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 1024}}
-    assert sc["parallel"] == {"tp": 2, "pp": 2, "cp": 1, "ep": 4, "etp": 2, "vpp": 2, "sequence_parallel": True,
-                              "zero": 1}
+    assert sc["model"] == {
+        "name": "megatron-import-model",
+        "layers": 16,
+        "hidden": 2048,
+        "heads": 16,
+        "kv_heads": 4,
+        "ffn": "swiglu",
+        "ffn_hidden": 8192,
+        "norm": "rmsnorm",
+        "bias": False,
+        "tied_embeddings": False,
+        "vocab": 32256,  # 32001 padded to a multiple of 128 x 2
+        "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 1024},
+    }
+    assert sc["parallel"] == {
+        "tp": 2,
+        "pp": 2,
+        "cp": 1,
+        "ep": 4,
+        "etp": 2,
+        "vpp": 2,
+        "sequence_parallel": True,
+        "zero": 1,
+    }
     assert sc["schedule"] == "interleaved-1f1b"
-    assert sc["training"] == {"seq_len": 4096, "micro_batch_size": 1, "global_batch_size": 64, "dtype": "bf16",
-                              "recompute": "selective", "overlap_grad_reduce": True, "flash_attention": True}
+    assert sc["training"] == {
+        "seq_len": 4096,
+        "micro_batch_size": 1,
+        "global_batch_size": 64,
+        "dtype": "bf16",
+        "recompute": "selective",
+        "overlap_grad_reduce": True,
+        "flash_attention": True,
+    }
     assert sc["cluster"] == {"preset": "dgx-h100", "devices": 16}
     assert res.unmapped == ["--moe-aux-loss-coeff 0.01"]
     assert res.ignored == ["--lr 3e-4"]
@@ -103,13 +129,15 @@ def test_mapping_of_a_modern_moe_argument_list():
 
 
 def test_nemo_overrides_and_swiglu_default_width():
-    text = ("trainer.num_nodes=1 trainer.devices=8 trainer.precision=bf16-mixed model.num_layers=4 "
-            "model.hidden_size=4096 model.num_attention_heads=32 model.encoder_seq_length=2048 "
-            "model.micro_batch_size=1 model.global_batch_size=8 model.tensor_model_parallel_size=2 "
-            "model.sequence_parallel=True model.activation=fast-swiglu --swiglu --vocab-size 32000")
+    text = (
+        "trainer.num_nodes=1 trainer.devices=8 trainer.precision=bf16-mixed model.num_layers=4 "
+        "model.hidden_size=4096 model.num_attention_heads=32 model.encoder_seq_length=2048 "
+        "model.micro_batch_size=1 model.global_batch_size=8 model.tensor_model_parallel_size=2 "
+        "model.sequence_parallel=True model.activation=fast-swiglu --swiglu --vocab-size 32000"
+    )
     res = import_megatron(text, "dgx-h100")
     sc = res.scenario
-    assert sc["model"]["ffn_hidden"] == 10880          # int(4 * 4096 * 2 / 3 / 64) * 64, Megatron's --swiglu default
+    assert sc["model"]["ffn_hidden"] == 10880  # int(4 * 4096 * 2 / 3 / 64) * 64, Megatron's --swiglu default
     assert sc["parallel"]["tp"] == 2 and sc["parallel"]["sequence_parallel"] is True
     assert sc["cluster"]["devices"] == 8 and sc["training"]["dtype"] == "bf16"
     assert "--activation fast-swiglu" in res.unmapped
@@ -122,14 +150,22 @@ def test_argument_file_parsing():
 
 def test_missing_devices_and_vocab_are_named():
     with pytest.raises(ScenarioError, match="--devices"):
-        import_megatron("--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 8 "
-                        "--micro-batch-size 1 --vocab-size 100", "dgx-h100")
+        import_megatron(
+            "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 8 "
+            "--micro-batch-size 1 --vocab-size 100",
+            "dgx-h100",
+        )
     with pytest.raises(ScenarioError, match="--vocab-size"):
-        import_megatron("--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 8 "
-                        "--micro-batch-size 1 --num-gpus 8", "dgx-h100")
+        import_megatron(
+            "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 8 --micro-batch-size 1 --num-gpus 8",
+            "dgx-h100",
+        )
     # --data-parallel-size gives the devices: tp * pp * cp * dp
-    res = import_megatron("--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 8 --micro-batch-size 1"
-                          " --vocab-size 128 --tensor-model-parallel-size 2 --data-parallel-size 4", "dgx-h100")
+    res = import_megatron(
+        "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 8 --micro-batch-size 1"
+        " --vocab-size 128 --tensor-model-parallel-size 2 --data-parallel-size 4",
+        "dgx-h100",
+    )
     assert res.scenario["cluster"]["devices"] == 8
 
 
@@ -142,7 +178,9 @@ def test_cli_writes_yaml_with_the_lists(tmp_path, capsys):
     assert "not mapped (check by hand): --moe-aux-loss-coeff 0.01" in printed
     text = out.read_text()
     assert text.startswith("# Imported by `stepsim import megatron`")
-    assert "#   --moe-aux-loss-coeff 0.01" in text and "# Ignored (no effect on the time of one step): --data-path" in text
+    assert (
+        "#   --moe-aux-loss-coeff 0.01" in text and "# Ignored (no effect on the time of one step): --data-path" in text
+    )
     assert main(["run", str(out), "--json"]) == 0
     assert main(["import", "megatron", str(args), "--cluster", "no-such-cluster"]) == 2
     assert "cluster" in capsys.readouterr().err

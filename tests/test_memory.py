@@ -98,8 +98,9 @@ def test_mla_and_moe_layers():
     more = activation_bytes_per_layer(m16, 5, 1, 4096, recompute="selective")
     assert more - moe == pytest.approx(4096 * 8 * (2 * (7168 + 3 * 2048) + 4))
     comb = dict(recompute="selective", moe_gate_weighting="combine")
-    assert activation_bytes_per_layer(m16, 5, 1, 4096, **comb) - activation_bytes_per_layer(m, 5, 1, 4096, **comb) \
-        == pytest.approx(2 * 4096 * 8 * (7168 + 3 * 2048 + 7168))
+    assert activation_bytes_per_layer(m16, 5, 1, 4096, **comb) - activation_bytes_per_layer(
+        m, 5, 1, 4096, **comb
+    ) == pytest.approx(2 * 4096 * 8 * (7168 + 3 * 2048 + 7168))
     # Balanced assignments do not depend on ep; an imbalance override does.
     assert activation_bytes_per_layer(m, 5, 1, 4096, ep=64, recompute="selective") == moe
     hot = activation_bytes_per_layer(m, 5, 1, 4096, ep=64, recompute="selective", expert_tokens=2 * 4096 * 8)
@@ -207,7 +208,10 @@ def test_tied_and_mtp_copies_on_the_last_stage():
     d = get_model("deepseek-v3")
     with_mtp, _ = rank_parameter_counts(d, ParallelLayout(pp=2), range(31, 61), False, True)
     without, _ = rank_parameter_counts(d, ParallelLayout(pp=2), range(31, 61), False, True, has_mtp=False)
-    assert with_mtp - without == sum(_block_params(d, True)) - _block_params(d, True)[1] + 2 * 7168 * 7168 + 3 * 7168 + 129280 * 7168
+    assert (
+        with_mtp - without
+        == sum(_block_params(d, True)) - _block_params(d, True)[1] + 2 * 7168 * 7168 + 3 * 7168 + 129280 * 7168
+    )
 
 
 def test_parameter_units_sum_to_the_rank_and_cut_at_embedding_and_head():
@@ -221,13 +225,17 @@ def test_parameter_units_sum_to_the_rank_and_cut_at_embedding_and_head():
         (d, ParallelLayout(pp=2, dp=64, ep=64), range(31, 61), False, True),
     ):
         units = rank_parameter_units(m, layout, layers, emb, head)
-        assert (sum(u[1] for u in units), sum(u[2] for u in units)) == rank_parameter_counts(m, layout, layers, emb, head)
+        assert (sum(u[1] for u in units), sum(u[2] for u in units)) == rank_parameter_counts(
+            m, layout, layers, emb, head
+        )
         names = [u[0] for u in units]
-        assert names[:len(layers)] == [f"L{i}" for i in layers]
+        assert names[: len(layers)] == [f"L{i}" for i in layers]
         assert ("embed" in names) == emb and ("head" in names) == head
     # GPT-3's last stage: the head unit is the tied table's copy (50,257 x 12,288 / 8) and the
     # final LayerNorm (2 x 12,288, replicated over TP)
-    units = dict((u[0], u[1]) for u in rank_parameter_units(gpt, ParallelLayout(tp=8, pp=2, dp=2), range(48, 96), False, True))
+    units = dict(
+        (u[0], u[1]) for u in rank_parameter_units(gpt, ParallelLayout(tp=8, pp=2, dp=2), range(48, 96), False, True)
+    )
     assert units["head"] == 6283 * 12288 + 2 * 12288
 
 
@@ -255,27 +263,41 @@ def test_deepseek_v3_activation_savings_closed_form():
     in E5M6, expert inputs and SwiGLU inputs in FP8, SwiGLU outputs recomputed."""
     m = get_model("deepseek-v3")
     T, h, H, f = 4096, 7168, 128, 2048
-    A = 8 * T                                          # token-expert assignments
+    A = 8 * T  # token-expert assignments
     lse = 4 * T * H
-    kept = (2 * T * h                                  # pre-attention norm input
-            + 2 * T * 1536                             # query latent (its normed copy recomputed)
-            + 2 * T * (512 + 64)                       # KV latent + RoPE key
-            + 1.5 * T * H * 128                        # attention output, E5M6
-            + lse
-            + 2 * T * h                                # pre-FFN norm input
-            + 4 * T * 256                              # fp32 routing probabilities
-            + A * (1 * h + 1 * 2 * f + 4)              # FP8 input, FP8 SwiGLU input, fp32 gate weight
-            + T * (1 * 2 * f))                         # shared expert's FP8 SwiGLU input
-    full = (2 * T * h + 2 * T * h + 2 * 2 * T * 1536 + 2 * T * (512 + 64 + 512)
-            + 2 * T * H * (2 * 192 + 128) + 2 * T * H * 128 + lse
-            + 2 * T * h + 2 * T * h + 4 * T * 256 + A * (2 * (h + 2 * f + f) + 4) + 2 * T * (2 * f + f))
+    kept = (
+        2 * T * h  # pre-attention norm input
+        + 2 * T * 1536  # query latent (its normed copy recomputed)
+        + 2 * T * (512 + 64)  # KV latent + RoPE key
+        + 1.5 * T * H * 128  # attention output, E5M6
+        + lse
+        + 2 * T * h  # pre-FFN norm input
+        + 4 * T * 256  # fp32 routing probabilities
+        + A * (1 * h + 1 * 2 * f + 4)  # FP8 input, FP8 SwiGLU input, fp32 gate weight
+        + T * (1 * 2 * f)
+    )  # shared expert's FP8 SwiGLU input
+    full = (
+        2 * T * h
+        + 2 * T * h
+        + 2 * 2 * T * 1536
+        + 2 * T * (512 + 64 + 512)
+        + 2 * T * H * (2 * 192 + 128)
+        + 2 * T * H * 128
+        + lse
+        + 2 * T * h
+        + 2 * T * h
+        + 4 * T * 256
+        + A * (2 * (h + 2 * f + f) + 4)
+        + 2 * T * (2 * f + f)
+    )
     kw = dict(flash_attention=True)
     assert activation_bytes_per_layer(m, 5, 1, 4096, **kw) == pytest.approx(full, rel=1e-12)
     saved = activation_bytes_per_layer(m, 5, 1, 4096, activation_saving="deepseek-v3", **kw)
     assert saved == pytest.approx(kept, rel=1e-12)
     assert saved < 0.6 * full
     # full recompute keeps only the layer input either way
-    assert activation_bytes_per_layer(m, 5, 1, 4096, recompute="full", activation_saving="deepseek-v3") == \
-        activation_bytes_per_layer(m, 5, 1, 4096, recompute="full")
+    assert activation_bytes_per_layer(
+        m, 5, 1, 4096, recompute="full", activation_saving="deepseek-v3"
+    ) == activation_bytes_per_layer(m, 5, 1, 4096, recompute="full")
     with pytest.raises(ValueError, match="training.activation_saving"):
         activation_bytes_per_layer(m, 5, 1, 4096, activation_saving="fp4")

@@ -73,8 +73,7 @@ def test_training_dtype_fields_are_checked_by_name():
     assert TrainingSpec(optimizer_state_dtype="bf16").moment_bytes == 2
     with pytest.raises(ValueError, match="training.grad_dtype"):
         TrainingSpec(grad_dtype="fp16")
-    base = {"model": "llama3-8b", "cluster": {"preset": "dgx-h100", "devices": 8},
-            "training": {"global_batch_size": 8}}
+    base = {"model": "llama3-8b", "cluster": {"preset": "dgx-h100", "devices": 8}, "training": {"global_batch_size": 8}}
     for key in ("grad_dtype", "optimizer_state_dtype", "moe_gate_weighting"):
         bad = copy.deepcopy(base)
         bad["training"][key] = "fp64"
@@ -83,8 +82,12 @@ def test_training_dtype_fields_are_checked_by_name():
 
 
 def test_bf16_moments_shrink_only_the_optimizer_states():
-    sc = {"model": {"preset": "llama3-8b", "layers": 2, "vocab": 1024}, "cluster": {"preset": "dgx-h100", "devices": 8},
-          "parallel": {"tp": 1, "dp": 8, "zero": 1}, "training": {"global_batch_size": 8, "seq_len": 512}}
+    sc = {
+        "model": {"preset": "llama3-8b", "layers": 2, "vocab": 1024},
+        "cluster": {"preset": "dgx-h100", "devices": 8},
+        "parallel": {"tp": 1, "dp": 8, "zero": 1},
+        "training": {"global_batch_size": 8, "seq_len": 512},
+    }
     from simulator import simulate
 
     a = simulate(load_scenario(sc)).summary["memory_breakdown_bytes"]
@@ -105,11 +108,20 @@ _TINY = {"preset": "megatron-gpt-1.7b", "layers": 4, "vocab": 1024}
 def _case(name, metric="step_time_s", value=0.1, hbm=None):
     cluster = {"preset": "dgx-a100", "devices": 8}
     if hbm is not None:  # a made-up chip small enough that the tiny model does not fit
-        cluster["chip"] = {"peak_flops_per_s": {"bf16": 312e12}, "hbm_bytes": hbm, "hbm_bw_bytes_per_s": 2.039e12,
-                           "family": "ampere"}
-    return {"name": name, "published": {"metric": metric, "value": value, "source": "synthetic test case"},
-            "model": _TINY, "cluster": cluster, "parallel": {"tp": 2, "pp": 1, "dp": 4},
-            "training": {"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 8, "recompute": "full"}}
+        cluster["chip"] = {
+            "peak_flops_per_s": {"bf16": 312e12},
+            "hbm_bytes": hbm,
+            "hbm_bw_bytes_per_s": 2.039e12,
+            "family": "ampere",
+        }
+    return {
+        "name": name,
+        "published": {"metric": metric, "value": value, "source": "synthetic test case"},
+        "model": _TINY,
+        "cluster": cluster,
+        "parallel": {"tp": 2, "pp": 1, "dp": 4},
+        "training": {"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 8, "recompute": "full"},
+    }
 
 
 def test_oom_cases_load_as_booleans_and_reject_numbers():
@@ -136,8 +148,9 @@ def test_a_case_that_does_not_fit_fails_and_an_oom_case_must_agree(tmp_path, cap
     assert mem.error == pytest.approx(1.0)
     s = mem.summary
     assert 0 < s["peak_activation_bytes"] < s["peak_memory_bytes"]
-    assert s["model_state_bytes"] == pytest.approx(sum(s["memory_breakdown_bytes"][k]
-                                                       for k in ("weights", "gradients", "optimizer")))
+    assert s["model_state_bytes"] == pytest.approx(
+        sum(s["memory_breakdown_bytes"][k] for k in ("weights", "gradients", "optimizer"))
+    )
 
     suite = tmp_path / "suite"
     suite.mkdir()
@@ -183,16 +196,21 @@ def test_recompute_modules_drop_their_tensors_closed_form():
 def test_recompute_modules_charge_their_kernels_to_the_backward():
     from simulator import simulate
 
-    sc = {"model": {"preset": "deepseek-v3", "layers": 4, "mtp_depth": 0, "vocab": 1024},
-          "cluster": {"preset": "dgx-h100", "devices": 8}, "parallel": {"tp": 1, "dp": 8, "ep": 8},
-          "training": {"global_batch_size": 8, "seq_len": 512, "recompute": "selective"}}
+    sc = {
+        "model": {"preset": "deepseek-v3", "layers": 4, "mtp_depth": 0, "vocab": 1024},
+        "cluster": {"preset": "dgx-h100", "devices": 8},
+        "parallel": {"tp": 1, "dp": 8, "ep": 8},
+        "training": {"global_batch_size": 8, "seq_len": 512, "recompute": "selective"},
+    }
     plain = simulate(load_scenario(sc))
     sc["training"]["recompute_modules"] = ["mla_up_proj", "moe_act"]
     mods = simulate(load_scenario(sc))
     redo = mods.events[mods.events["name"].str.endswith(".recompute.R")]
     assert len(redo) > 0 and plain.events["name"].str.endswith(".recompute.R").sum() == 0
     assert mods.summary["hfu"] > plain.summary["hfu"] and mods.summary["mfu"] < plain.summary["mfu"] * 1.0001
-    assert mods.summary["memory_breakdown_bytes"]["activations"] < plain.summary["memory_breakdown_bytes"]["activations"]
+    assert (
+        mods.summary["memory_breakdown_bytes"]["activations"] < plain.summary["memory_breakdown_bytes"]["activations"]
+    )
 
 
 def test_master_weight_remainders():

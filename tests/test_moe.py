@@ -10,15 +10,24 @@ from simulator import simulate
 from workloads.moe_load import ExpertLoad, rank_load_factors
 
 TINY_MOE = {
-    "name": "tiny-moe", "layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096, "vocab": 8,
+    "name": "tiny-moe",
+    "layers": 4,
+    "hidden": 1024,
+    "heads": 8,
+    "kv_heads": 8,
+    "ffn_hidden": 4096,
+    "vocab": 8,
     "moe": {"experts": 16, "top_k": 2, "expert_ffn_hidden": 1024, "shared_experts": 1, "dense_layers": 1},
 }
 
 
 def moe_scenario(**over):
-    base = scenario(model=dict(TINY_MOE), cluster={"preset": "dgx-h100", "devices": 16},
-                    parallel={"tp": 1, "pp": 2, "dp": 8, "ep": 8},
-                    training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 16})
+    base = scenario(
+        model=dict(TINY_MOE),
+        cluster={"preset": "dgx-h100", "devices": 16},
+        parallel={"tp": 1, "pp": 2, "dp": 8, "ep": 8},
+        training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 16},
+    )
     for k, v in over.items():
         base[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
     return base
@@ -86,8 +95,11 @@ def test_node_limited_dispatch_is_two_hops_and_cuts_scale_out_traffic():
     nvlink = {t.size_bytes for t in plan.phases[0].transfers if t.src // 8 == t.dst // 8}
     # hierarchical-a2a without node limit: k S/n = S/2 to the rail peer, m S/n = S/8 per NVLink peer
     assert sorted(rail) == pytest.approx([0.25 * 1.6e6 / 2]) and sorted(nvlink) == pytest.approx([1.6e6 / 8])
-    unlimited = simulate(moe_scenario(parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 16},
-                                      model={**TINY_MOE, "moe": {**TINY_MOE["moe"], "top_k": 4}}))
+    unlimited = simulate(
+        moe_scenario(
+            parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 16}, model={**TINY_MOE, "moe": {**TINY_MOE["moe"], "top_k": 4}}
+        )
+    )
     assert res.summary["step_time_s"] < unlimited.summary["step_time_s"]
     exact = simulate(sc, exact=True)
     assert exact.summary["step_time_s"] == pytest.approx(res.summary["step_time_s"], rel=1e-9)
@@ -111,9 +123,13 @@ def test_node_limited_quotient_agrees_with_the_full_plan(monkeypatch):
     must give the step of its full hierarchical-a2a plan (every transfer of the EP group,
     twin groups quotiented)."""
     model = {**TINY_MOE, "moe": {**TINY_MOE["moe"], "top_k": 4, "max_nodes_per_token": 1}}
-    sc = moe_scenario(model=model, cluster={"preset": "dgx-h100", "devices": 32},
-                      parallel={"tp": 1, "pp": 2, "dp": 16, "ep": 16}, schedule="dualpipe",
-                      training={"global_batch_size": 64})
+    sc = moe_scenario(
+        model=model,
+        cluster={"preset": "dgx-h100", "devices": 32},
+        parallel={"tp": 1, "pp": 2, "dp": 16, "ep": 16},
+        schedule="dualpipe",
+        training={"global_batch_size": 64},
+    )
     from simulator.compute import calibration_for
     from simulator.engine import Engine
 
@@ -158,8 +174,16 @@ def test_deepseek_v3_activation_savings_in_the_trace():
 
     ds = load_scenario("deepseek-v3-2048xh800")
     names = [k.name for k in TraceBuilder(ds.workload()).saved_recompute_kernels(5)]
-    assert names == ["attn_norm", "q_down_norm", "q_up", "kv_down_norm", "kv_up", "mlp_norm",
-                     "shared_act", "expert_act"]
+    assert names == [
+        "attn_norm",
+        "q_down_norm",
+        "q_up",
+        "kv_down_norm",
+        "kv_up",
+        "mlp_norm",
+        "shared_act",
+        "expert_act",
+    ]
     bad = copy.deepcopy(saving)
     bad["training"]["dtype"] = "bf16"
     with pytest.raises(ScenarioError, match="training.activation_saving"):
@@ -170,10 +194,14 @@ def test_moe_with_tp_needs_sequence_parallel_at_load():
     """Refused when the scenario is loaded, naming the field (not when a layer is counted)."""
     from simulator.schema import ScenarioError, load_scenario
 
-    sc = {"model": "mixtral-8x7b", "cluster": {"preset": "dgx-h100", "devices": 8},
-          "parallel": {"tp": 2, "sequence_parallel": False}, "training": {"global_batch_size": 8}}
+    sc = {
+        "model": "mixtral-8x7b",
+        "cluster": {"preset": "dgx-h100", "devices": 8},
+        "parallel": {"tp": 2, "sequence_parallel": False},
+        "training": {"global_batch_size": 8},
+    }
     with pytest.raises(ScenarioError) as e:
         load_scenario(sc)
     assert e.value.field == "parallel.sequence_parallel" and "MoE layers with tp > 1" in str(e.value)
-    load_scenario({**sc, "parallel": {"tp": 2}})                                    # sequence parallel: fine
-    load_scenario({**sc, "parallel": {"tp": 1, "sequence_parallel": False}})        # no tensor parallelism: fine
+    load_scenario({**sc, "parallel": {"tp": 2}})  # sequence parallel: fine
+    load_scenario({**sc, "parallel": {"tp": 1, "sequence_parallel": False}})  # no tensor parallelism: fine

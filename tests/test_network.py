@@ -8,12 +8,10 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.netcal import (IDEAL, CalibrationError, NetCalibration, NVLINK_EFFICIENCY,
-                              default_calibration)
+from simulator.netcal import IDEAL, CalibrationError, NetCalibration, NVLINK_EFFICIENCY, default_calibration
 from simulator.network import FlowNetwork, NetworkError, Transfer, maxmin_rates
 from topologies.builders import switched, torus
-from topologies.networks import (IB_NIC_LATENCY_S, IB_SWITCH_LATENCY_S, NVLINK_LATENCY_S,
-                                 SwitchedNetwork)
+from topologies.networks import IB_NIC_LATENCY_S, IB_SWITCH_LATENCY_S, NVLINK_LATENCY_S, SwitchedNetwork
 from topologies.presets import build_cluster, cluster_preset
 from topologies.topology import Topology
 
@@ -29,6 +27,7 @@ def inc(rows, n_links):
 
 
 # ---------------------------------------------------------------- maxmin_rates
+
 
 def test_two_flows_one_link_split_evenly():
     assert maxmin_rates(inc([[0], [0]], 1), np.array([1.0])).tolist() == [0.5, 0.5]
@@ -83,24 +82,26 @@ def test_maxmin_rejects_bad_input():
 def test_maxmin_is_feasible_and_every_flow_has_a_bottleneck(data):
     n_links = data.draw(st.integers(1, 5))
     n_flows = data.draw(st.integers(1, 7))
-    rows = [data.draw(st.lists(st.integers(0, n_links - 1), min_size=1, max_size=n_links,
-                               unique=True)) for _ in range(n_flows)]
-    cap = np.array(data.draw(st.lists(st.integers(1, 20), min_size=n_links, max_size=n_links)),
-                   dtype=float)
-    w = np.array(data.draw(st.lists(st.integers(1, 4), min_size=n_flows, max_size=n_flows)),
-                 dtype=float)
+    rows = [
+        data.draw(st.lists(st.integers(0, n_links - 1), min_size=1, max_size=n_links, unique=True))
+        for _ in range(n_flows)
+    ]
+    cap = np.array(data.draw(st.lists(st.integers(1, 20), min_size=n_links, max_size=n_links)), dtype=float)
+    w = np.array(data.draw(st.lists(st.integers(1, 4), min_size=n_flows, max_size=n_flows)), dtype=float)
     a = inc(rows, n_links)
     r = maxmin_rates(a, cap, w)
     load = a.T @ (w * r)
     assert np.all(load <= cap * (1 + 1e-9))
     # max-min: each flow crosses a saturated link on which it has the largest rate
     for f, links in enumerate(rows):
-        assert any(load[l] >= cap[l] * (1 - 1e-9)
-                   and r[f] >= max(r[g] for g, lk in enumerate(rows) if l in lk) * (1 - 1e-9)
-                   for l in links)
+        assert any(
+            load[l] >= cap[l] * (1 - 1e-9) and r[f] >= max(r[g] for g, lk in enumerate(rows) if l in lk) * (1 - 1e-9)
+            for l in links
+        )
 
 
 # ---------------------------------------------------------------- FlowNetwork
+
 
 def line_topology(n=3, bw=1e9, lat=1e-6):
     """d0 - d1 - ... a line of devices (a 1-D torus without wrap)."""
@@ -144,11 +145,10 @@ def test_steps_multiply_latency():
 def test_staggered_sharing_is_exact():
     # A: 1 GB from t=0; B: 0.25 GB from t=0.5 on the same link of 1 GB/s, no latency
     topo = line_topology(2, 1e9, 0.0)
-    finish, net = run_phases(topo, [(0, [Transfer(0, 1, 1e9)], 1),
-                                    (0.5, [Transfer(0, 1, 0.25e9)], 1)], reserve=False)
+    finish, net = run_phases(topo, [(0, [Transfer(0, 1, 1e9)], 1), (0.5, [Transfer(0, 1, 0.25e9)], 1)], reserve=False)
     assert finish[1] == pytest.approx(1.0, rel=1e-12)
     assert finish[0] == pytest.approx(1.25, rel=1e-12)
-    assert net.stats.recomputations == 3     # A arrives, B arrives, B leaves
+    assert net.stats.recomputations == 3  # A arrives, B arrives, B leaves
     assert net.stats.utilisation(1.25)[net.topo.link_id("d0", "d1")] == pytest.approx(1.0)
 
 
@@ -170,8 +170,7 @@ def test_weight_bundles_identical_transfers():
 
 def test_local_and_empty_transfers_are_free():
     topo = line_topology(2, 1e9, 1e-6)
-    finish, net = run_phases(topo, [(0, [Transfer(0, 0, 1e9), Transfer(1, 0, 0)], 3),
-                                    (0, [], 1)])
+    finish, net = run_phases(topo, [(0, [Transfer(0, 0, 1e9), Transfer(1, 0, 0)], 3), (0, [], 1)])
     assert finish == {0: 0.0, 1: 0.0}
     assert net.stats.flows_started == 0
 
@@ -202,8 +201,7 @@ def test_deterministic_bit_identical():
     phases = []
     for _ in range(40):
         s, d = rng.integers(0, 16, size=2)
-        phases.append((float(rng.uniform(0, 1e-3)),
-                       [Transfer(int(s), int(d), float(rng.uniform(1e5, 1e8)))], 1))
+        phases.append((float(rng.uniform(0, 1e-3)), [Transfer(int(s), int(d), float(rng.uniform(1e5, 1e8)))], 1))
     a, na = run_phases(topo, phases)
     b, nb = run_phases(topo, phases)
     assert a == b
@@ -225,6 +223,7 @@ def test_many_flows_complete_and_conserve_bytes():
 
 # ---------------------------------------------------------------- calibration
 
+
 def test_default_calibrations():
     h = default_calibration("hopper")
     assert h.efficiency_of("nvlink") * 450e9 == pytest.approx(370e9)
@@ -239,11 +238,14 @@ def test_default_calibrations():
     assert h.with_overrides().efficiency_of("nvlink") == NVLINK_EFFICIENCY
 
 
-@pytest.mark.parametrize("src,dst,expected", [
-    (0, 1, 3.33e-6),           # NVLink, same node
-    (0, 8, 2.8e-6),            # IB, same leaf (same rail)
-    (0, 16, 3.7e-6),           # IB, cross leaf
-])
+@pytest.mark.parametrize(
+    "src,dst,expected",
+    [
+        (0, 1, 3.33e-6),  # NVLink, same node
+        (0, 8, 2.8e-6),  # IB, same leaf (same rail)
+        (0, 16, 3.7e-6),  # IB, cross leaf
+    ],
+)
 def test_small_message_latency_matches_deepseek(src, dst, expected):
     # DeepSeek ISCA'25 64 B latencies; one node per leaf group so d16 is on another leaf
     spec = cluster_preset("dgx-h100", 24, network={"domains_per_leaf": 2})
@@ -269,9 +271,10 @@ from simulator.network import fill_arrays, fill_small  # noqa: E402
 
 
 def random_problem(rng, n_links, n_flows, max_path=4):
-    links = [tuple(rng.choice(n_links, size=int(rng.integers(1, min(max_path, n_links) + 1)),
-                              replace=False)
-                   .tolist()) for _ in range(n_flows)]
+    links = [
+        tuple(rng.choice(n_links, size=int(rng.integers(1, min(max_path, n_links) + 1)), replace=False).tolist())
+        for _ in range(n_flows)
+    ]
     w = rng.integers(1, 4, size=n_flows).astype(float).tolist()
     cap = rng.choice([1.0, 2.0, 3.0, 5.5], size=n_links) * rng.uniform(0.5, 2.0, size=n_links)
     return links, w, cap
@@ -332,8 +335,7 @@ def random_phases(topo, rng, n_phases, t_max=2e-3, max_flows=6):
         transfers = []
         for _ in range(k):
             s, d = rng.choice(topo.n_devices, size=2, replace=False).tolist()
-            transfers.append(Transfer(s, d, float(rng.choice([1e6, 4e6, 1.5e7])),
-                                      int(rng.integers(1, 3))))
+            transfers.append(Transfer(s, d, float(rng.choice([1e6, 4e6, 1.5e7])), int(rng.integers(1, 3))))
         phases.append((float(rng.uniform(0, t_max)), transfers, 1))
     return phases
 
@@ -372,22 +374,22 @@ def test_disjoint_phase_leaves_other_completion_times_unchanged():
     ring = [Transfer(i, (i + 1) % 8, 3e6) for i in range(8)]
     mixed = [Transfer(i, 7 - i, 2e6) for i in range(8)] + [Transfer(0, 3, 5e6)]
     base = [(0.0, ring, 1), (2e-6, mixed, 2), (9e-6, ring[:3], 1), (1e-5, mixed[2:], 1)]
-    other = [Transfer(8 + i, 8 + (i + 3) % 8, 7e6) for i in range(8)]   # domain 1 only
+    other = [Transfer(8 + i, 8 + (i + 3) % 8, 7e6) for i in range(8)]  # domain 1 only
     alone, net_a = run_phases(topo, base, reserve=False)
     for extra in ([(0.0, other, 1)], [(2e-6, other, 2)], [(4.1e-6, other, 1), (1e-5, other, 3)]):
         both, net_b = run_phases(topo, base + extra, reserve=False)
         assert [both[i] for i in range(len(base))] == [alone[i] for i in range(len(base))]
         # and the extra phases cost the others no recomputation
         net_c = run_phases(topo, extra, reserve=False)[1]
-        assert (net_b.stats.flows_recomputed
-                == net_a.stats.flows_recomputed + net_c.stats.flows_recomputed)
+        assert net_b.stats.flows_recomputed == net_a.stats.flows_recomputed + net_c.stats.flows_recomputed
 
 
 def test_completion_recomputes_only_its_component():
     topo = Topology(switched(16, SwitchedNetwork(8, 450e9, 50e9)))
     # two flows share d0's uplink; a third phase in the other domain is independent
-    finish, net = run_phases(topo, [(0, [Transfer(0, 1, 1e6), Transfer(0, 2, 3e6)], 1),
-                                    (0, [Transfer(8, 9, 5e6)], 1)], reserve=False)
+    finish, net = run_phases(
+        topo, [(0, [Transfer(0, 1, 1e6), Transfer(0, 2, 3e6)], 1), (0, [Transfer(8, 9, 5e6)], 1)], reserve=False
+    )
     # solves: arrival (2 components: 2 flows + 1 flow), first completion (1 flow left)
     assert net.stats.flows_recomputed == 4
     assert net.stats.components_solved == 3
@@ -397,8 +399,7 @@ def test_completion_recomputes_only_its_component():
 def test_wakeups_are_not_rescheduled_for_later_completions():
     topo = line_topology(2, 1e9, 0.0)
     # one long flow, then many short phases on the reverse link (disjoint) that end later
-    phases = [(0, [Transfer(0, 1, 1e8)], 1)] + [
-        (1e-3 * i, [Transfer(1, 0, 1e9)], 1) for i in range(1, 6)]
+    phases = [(0, [Transfer(0, 1, 1e8)], 1)] + [(1e-3 * i, [Transfer(1, 0, 1e9)], 1) for i in range(1, 6)]
     finish, net = run_phases(topo, phases, reserve=False)
     assert finish[0] == pytest.approx(0.1, rel=1e-12)
     # one wake per distinct completion instant: the long flow, then the 5 reverse
@@ -413,8 +414,7 @@ def test_random_mix_is_deterministic_and_conserves_bytes():
     b, nb = run_phases(topo, phases)
     assert a == b
     assert np.array_equal(na.stats.link_bytes, nb.stats.link_bytes)
-    expected = sum(t.size_bytes * t.weight * len(topo.route(t.src, t.dst))
-                   for _, ts, _ in phases for t in ts)
+    expected = sum(t.size_bytes * t.weight * len(topo.route(t.src, t.dst)) for _, ts, _ in phases for t in ts)
     assert na.stats.link_bytes.sum() == pytest.approx(expected, rel=1e-12)
 
 
@@ -432,10 +432,12 @@ def test_big_phase_paths_match_small_phase_paths():
     """Vectorised preparation / completion (big phases) equals the per-flow path."""
     topo = Topology(switched(64, SwitchedNetwork(8, 450e9, 50e9, domains_per_leaf=2)))
     rng = np.random.default_rng(9)
-    ts = [Transfer(int(s), int(d), float(rng.choice([1e6, 2e6])), int(rng.integers(1, 3)))
-          for s, d in rng.integers(0, 64, size=(300, 2))]
+    ts = [
+        Transfer(int(s), int(d), float(rng.choice([1e6, 2e6])), int(rng.integers(1, 3)))
+        for s, d in rng.integers(0, 64, size=(300, 2))
+    ]
     big, nb = run_phases(topo, [(0, ts, 1)])
-    chunks = [(0, ts[i:i + 50], 1) for i in range(0, 300, 50)]
+    chunks = [(0, ts[i : i + 50], 1) for i in range(0, 300, 50)]
     small, ns = run_phases(topo, chunks)
     assert big[0] == pytest.approx(max(small.values()), rel=1e-9)
     assert np.allclose(nb.stats.link_bytes, ns.stats.link_bytes, rtol=1e-12)
@@ -445,10 +447,13 @@ def test_big_phase_paths_match_small_phase_paths():
 
 def test_fill_components_equals_each_component_alone():
     from simulator.network import fill_components
+
     rng = np.random.default_rng(21)
     for _ in range(50):
-        probs = [random_problem(rng, int(rng.integers(2, 10)), int(rng.integers(1, 25)), 3)
-                 for _ in range(int(rng.integers(1, 6)))]
+        probs = [
+            random_problem(rng, int(rng.integers(2, 10)), int(rng.integers(1, 25)), 3)
+            for _ in range(int(rng.integers(1, 6)))
+        ]
         owner, link, w, cap, link_comp, starts, expected = [], [], [], [], [], [0], []
         for c, (links, ws, cp) in enumerate(probs):
             base_f, base_l = len(w), len(cap)
@@ -460,8 +465,9 @@ def test_fill_components_equals_each_component_alone():
             link_comp += [c] * len(cp)
             starts.append(len(cap))
             expected += fill_small(links, ws, cp.tolist())
-        got = fill_components(np.array(owner), np.array(link), np.array(w), np.array(cap),
-                              np.array(link_comp), np.array(starts))
+        got = fill_components(
+            np.array(owner), np.array(link), np.array(w), np.array(cap), np.array(link_comp), np.array(starts)
+        )
         assert got.tolist() == expected
 
 
@@ -469,15 +475,15 @@ def test_isolated_big_phase_shortcut_matches_search():
     """A big phase alone on its links takes its precomputed components; the same
     phase arriving with another (forcing the link search) finishes at the same bits."""
     topo = Topology(switched(64, SwitchedNetwork(8, 450e9, 50e9, domains_per_leaf=2)))
-    big = tuple(Transfer(s, d, 1e6 * (1 + (s + d) % 3)) for s in range(32) for d in range(32)
-                if s != d)
+    big = tuple(Transfer(s, d, 1e6 * (1 + (s + d) % 3)) for s in range(32) for d in range(32) if s != d)
     alone, _ = run_phases(topo, [(0, big, 1)])
-    other = [Transfer(32, 48, 1e6)]             # cross-leaf too: arrives at the same instant
+    other = [Transfer(32, 48, 1e6)]  # cross-leaf too: arrives at the same instant
     with_other, _ = run_phases(topo, [(0, big, 1), (0, other, 1)])
     assert alone[0] == with_other[0]
 
 
 # ------------------------------------------------- isolated phases (reserved)
+
 
 def _finishes_close(a, b, rel=1e-12):
     assert a.keys() == b.keys()
@@ -508,13 +514,12 @@ def test_reserved_phase_materialised_mid_segment():
     # At 1.25 s B (0.25 GB) arrives: A's big flow has 0.25 GB left; both get 0.5 GB/s
     # and finish together at 1.75 s.
     topo = line_topology(2, 1e9, 0.0)
-    phases = [(0, [Transfer(0, 1, 1e9), Transfer(0, 1, 0.5e9)], 1),
-              (1.25, [Transfer(0, 1, 0.25e9)], 1)]
+    phases = [(0, [Transfer(0, 1, 1e9), Transfer(0, 1, 0.5e9)], 1), (1.25, [Transfer(0, 1, 0.25e9)], 1)]
     fast, nf = run_phases(topo, phases)
     slow, _ = run_phases(topo, phases, reserve=False)
     assert fast[0] == pytest.approx(1.75, rel=1e-12) and fast[1] == pytest.approx(1.75, rel=1e-12)
     _finishes_close(fast, slow)
-    assert nf.stats.reserved_phases == 1     # A (materialised when B arrives); B shares A's link
+    assert nf.stats.reserved_phases == 1  # A (materialised when B arrives); B shares A's link
     assert nf.stats.link_bytes[topo.link_id("d0", "d1")] == pytest.approx(1.75e9, rel=1e-12)
 
 
@@ -530,9 +535,10 @@ def test_reserved_phase_alone_costs_no_recomputation():
 
 def test_isolated_evolution_gives_up_on_many_segments():
     from simulator.network import isolated_evolution
+
     topo = line_topology(2, 1e9, 0.0)
     net = FlowNetwork(simpy.Environment(), topo)
-    n = 80                                                            # 80 completion instants
+    n = 80  # 80 completion instants
     many = tuple(Transfer(0, 1, 1e6 * (i + 1)) for i in range(n))
     prep = net._prepare(many)
     assert isolated_evolution(prep, net.capacity) is None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow   # each notebook runs for seconds to minutes
+pytestmark = pytest.mark.slow  # each notebook runs for seconds to minutes
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -25,8 +25,10 @@ NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 CELL_TIMEOUT_S = 600
 #: A cell that calls one of these draws a figure and must show it.
-PLOT_CALL = re.compile(r"\b(plot_timeline|plot_memory|plot_comparison|plot_topology|plot_parity|plot_metric|"
-                       r"plot_heatmap|parity_from_table|plt\.subplots|plt\.figure)\(")
+PLOT_CALL = re.compile(
+    r"\b(plot_timeline|plot_memory|plot_comparison|plot_topology|plot_parity|plot_metric|"
+    r"plot_heatmap|parity_from_table|plt\.subplots|plt\.figure)\("
+)
 
 
 def _images(cell) -> int:
@@ -35,8 +37,13 @@ def _images(cell) -> int:
 
 def test_notebooks_exist():
     names = {p.name for p in NOTEBOOKS}
-    for expected in ("01_quickstart.ipynb", "02_do_we_need_pipeline_parallelism.ipynb",
-                     "03_schedules_and_memory.ipynb", "04_validation.ipynb", "05_your_cluster.ipynb"):
+    for expected in (
+        "01_quickstart.ipynb",
+        "02_do_we_need_pipeline_parallelism.ipynb",
+        "03_schedules_and_memory.ipynb",
+        "04_validation.ipynb",
+        "05_your_cluster.ipynb",
+    ):
         assert expected in names, f"notebooks/{expected} is missing"
 
 
@@ -54,10 +61,11 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     monkeypatch.delenv("STEPSIM_FULL", raising=False)
     monkeypatch.delenv("STEPSIM_FIGURES", raising=False)
     monkeypatch.setenv("STEPSIM_OUT", str(tmp_path))
-    monkeypatch.delenv("MPLBACKEND", raising=False)   # the kernel's own (inline) backend
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's own (inline) backend
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK_DIR)}}
+    )
     t0 = time.perf_counter()
     client.execute()  # raises CellExecutionError on the first failing cell
     wall = time.perf_counter() - t0
@@ -70,7 +78,10 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
         # the timeline and the memory curve, once each; the simulate(progress=True) cell shows its bar
         assert [_images(c) for i, c in plotting] == [1, 1]
         bar_cell = next(c for c in nb.cells if c.cell_type == "code" and "progress=True" in c.source)
-        shown = [o for o in bar_cell.outputs
-                 if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
-                 or (o.get("name") == "stderr" and "simulating" in o.get("text", ""))]
+        shown = [
+            o
+            for o in bar_cell.outputs
+            if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+            or (o.get("name") == "stderr" and "simulating" in o.get("text", ""))
+        ]
         assert shown, "simulate(progress=True) showed no progress bar in the notebook"

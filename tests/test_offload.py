@@ -9,8 +9,11 @@ from simulator import simulate
 
 
 def _sc(**offload):
-    return scenario(cluster={"preset": "dgx-h100", "devices": 8}, parallel={"tp": 2, "pp": 2, "dp": 2},
-                    training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 8, "offload": offload})
+    return scenario(
+        cluster={"preset": "dgx-h100", "devices": 8},
+        parallel={"tp": 2, "pp": 2, "dp": 2},
+        training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 8, "offload": offload},
+    )
 
 
 def test_optimizer_offload_moves_states_to_host_and_costs_pcie_time():

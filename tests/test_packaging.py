@@ -15,12 +15,20 @@ import pytest
 
 import simulator
 
-pytestmark = pytest.mark.slow   # builds a wheel
+pytestmark = pytest.mark.slow  # builds a wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 # What the build reads: pyproject.toml names the packages and their data.
-BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "stepsim_errors.py", "simulator", "topologies", "workloads",
-                "validation")
+BUILD_INPUTS = (
+    "pyproject.toml",
+    "README.md",
+    "LICENSE",
+    "stepsim_errors.py",
+    "simulator",
+    "topologies",
+    "workloads",
+    "validation",
+)
 
 
 def _source_files(*parts: str, suffix: str) -> set[str]:
@@ -40,8 +48,23 @@ def wheel(tmp_path_factory) -> Path:
         else:
             src.mkdir(exist_ok=True)
             shutil.copy2(p, src / name)
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "-w", str(tmp / "dist"), "--no-deps", "-q",
-                        "--disable-pip-version-check"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(src),
+            "-w",
+            str(tmp / "dist"),
+            "--no-deps",
+            "-q",
+            "--disable-pip-version-check",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (whl,) = (tmp / "dist").glob("stepsim-*.whl")
     return whl
@@ -56,7 +79,9 @@ def test_wheel_holds_every_module_the_cases_py_typed_and_the_license(wheel):
     assert "stepsim_errors.py" in names  # the top-level module every package's errors derive from
     # The built-in scenarios and every validation case, the latter as simulator/validation_cases/.
     assert not _source_files("simulator", "scenarios", suffix=".yaml") - names
-    cases = {"simulator/validation_cases/" + f[len("validation/"):] for f in _source_files("validation", suffix=".yaml")}
+    cases = {
+        "simulator/validation_cases/" + f[len("validation/") :] for f in _source_files("validation", suffix=".yaml")
+    }
     assert len(cases) >= 28 and not cases - names, sorted(cases - names)
     assert "simulator/validation_cases/korthikanti2022/korthikanti22-175b.yaml" in names
     assert "simulator/py.typed" in names
@@ -92,8 +117,9 @@ def test_the_installed_layout_runs_from_outside_the_repository(wheel, tmp_path):
         sys.exit(cli.main(['validate', '--cases', 'korthikanti2022/korthikanti22-22b*', '--jobs', '1', '--quiet'])
                  or cli.main(['run', 'quickstart', '--json']))
     """
-    r = subprocess.run([sys.executable, "-c", script], cwd=elsewhere, env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", script], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     suite_dir, names, version, *rest = r.stdout.splitlines()
     assert Path(suite_dir) == site / "simulator" / "validation_cases"

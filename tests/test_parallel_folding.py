@@ -68,23 +68,35 @@ def test_layouts_carved_out_of_dp_map_as_before():
     assert T.edp == 2 and T.group(0, "edp") == (0, 8)
 
 
-@pytest.mark.parametrize("par, field", [
-    ({"tp": 2, "dp": 4, "ep": 16}, "parallel.ep"),        # ep*etp = 16 does not divide tp*cp*dp = 8
-    ({"tp": 2, "dp": 4, "ep": 4, "etp": 4}, "parallel.ep"),  # 16 does not divide 8
-    ({"tp": 2, "dp": 3, "ep": 2, "etp": 4}, "parallel.etp"),  # etp 4 does not divide 6
-])
+@pytest.mark.parametrize(
+    "par, field",
+    [
+        ({"tp": 2, "dp": 4, "ep": 16}, "parallel.ep"),  # ep*etp = 16 does not divide tp*cp*dp = 8
+        ({"tp": 2, "dp": 4, "ep": 4, "etp": 4}, "parallel.ep"),  # 16 does not divide 8
+        ({"tp": 2, "dp": 3, "ep": 2, "etp": 4}, "parallel.etp"),  # etp 4 does not divide 6
+    ],
+)
 def test_refused_when_ep_times_etp_does_not_divide_the_stage(par, field):
     with pytest.raises(ScenarioError) as e:
-        load_scenario(moe_scenario(cluster={"preset": "dgx-h100", "devices": 2 * par["tp"] * par["dp"]},
-                                   parallel={"pp": 2, **par}))
+        load_scenario(
+            moe_scenario(
+                cluster={"preset": "dgx-h100", "devices": 2 * par["tp"] * par["dp"]}, parallel={"pp": 2, **par}
+            )
+        )
     assert e.value.field == field and "tp*cp*dp" in str(e.value)
     with pytest.raises(LayoutError, match="parallel.ep"):
         ParallelLayout(tp=4, dp=4, ep=32)
 
 
-@pytest.mark.parametrize("par", [{"tp": 4, "dp": 4, "pp": 2, "ep": 8}, {"tp": 2, "dp": 8, "ep": 4},
-                                 {"tp": 4, "dp": 4, "pp": 2, "ep": 4, "etp": 2},
-                                 {"tp": 2, "dp": 4, "cp": 2, "pp": 1, "ep": 16}])
+@pytest.mark.parametrize(
+    "par",
+    [
+        {"tp": 4, "dp": 4, "pp": 2, "ep": 8},
+        {"tp": 2, "dp": 8, "ep": 4},
+        {"tp": 4, "dp": 4, "pp": 2, "ep": 4, "etp": 2},
+        {"tp": 2, "dp": 4, "cp": 2, "pp": 1, "ep": 16},
+    ],
+)
 def test_expert_parameters_per_rank_sum_to_the_model(par):
     # Every expert shard is held by edp ranks: summed over all ranks and divided by edp,
     # the routed-expert parameters are the model's (closed form: counts.expert_parameter_count).
@@ -149,9 +161,13 @@ def test_folded_dualpipe_with_node_limited_routing():
     # still pairs a forward with a backward and overlaps their all-to-alls.
     m = copy.deepcopy(TINY_MOE)
     m["moe"]["max_nodes_per_token"] = 1
-    sc = moe_scenario(model=m, cluster={"preset": "dgx-h100", "devices": 32},
-                      parallel={"tp": 2, "pp": 2, "dp": 8, "ep": 16}, schedule="dualpipe",
-                      training={"global_batch_size": 32})
+    sc = moe_scenario(
+        model=m,
+        cluster={"preset": "dgx-h100", "devices": 32},
+        parallel={"tp": 2, "pp": 2, "dp": 8, "ep": 16},
+        schedule="dualpipe",
+        training={"global_batch_size": 32},
+    )
     L = load_scenario(sc).layout
     assert L.folded and len({r // 8 for r in L.group(0, "ep")}) == 2
     res = simulate(sc)

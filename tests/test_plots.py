@@ -18,8 +18,16 @@ from matplotlib.text import Text
 
 from helpers import scenario
 from simulator import simulate
-from simulator.plots import (IDLE_COLOURS, MIN_FONT_PT, PHASE_COLOURS, SLIDE_WIDTH_IN, _ranges, devices_label,
-                             plot_memory, plot_timeline)
+from simulator.plots import (
+    IDLE_COLOURS,
+    MIN_FONT_PT,
+    PHASE_COLOURS,
+    SLIDE_WIDTH_IN,
+    _ranges,
+    devices_label,
+    plot_memory,
+    plot_timeline,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,6 +76,7 @@ def _legend_entries(fig) -> dict[str, tuple]:
 
 # ---- the backend is the user's ----------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_library_never_switches_the_backend(tmp_path):
     """With a backend already chosen (svg standing in for a notebook's inline backend),
@@ -83,7 +92,7 @@ from topologies import build_cluster, plot_topology
 assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
 res = simulate({PIPE!r})
 res.plot_timeline(); res.plot_memory()
-simulator.bench.plot_busbw([{{"size_bytes": 1, "busbw_bytes_per_s": 1e9, "algorithm": "ring"}}], r"{tmp_path / 'b.png'}")
+simulator.bench.plot_busbw([{{"size_bytes": 1, "busbw_bytes_per_s": 1e9, "algorithm": "ring"}}], r"{tmp_path / "b.png"}")
 plot_topology(build_cluster(res.scenario.cluster))
 print(matplotlib.get_backend())
 """
@@ -104,8 +113,13 @@ def test_cli_writes_pngs_with_no_display_and_no_backend_set(tmp_path):
     sc.write_text(yaml.safe_dump(PIPE))
     env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND", "DISPLAY", "WAYLAND_DISPLAY")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(sc), "--out", str(tmp_path / "o")],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", "run", str(sc), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     for name in ("timeline.png", "memory.png"):
         data = (tmp_path / "o" / name).read_bytes()
@@ -113,6 +127,7 @@ def test_cli_writes_pngs_with_no_display_and_no_backend_set(tmp_path):
 
 
 # ---- text size -------------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_run_figures_are_slide_sized_with_10pt_text(piped, tmp_path):
@@ -133,10 +148,19 @@ def test_compare_figure_has_10pt_text_and_a_legend(tmp_path):
 def _sweep_frame() -> pd.DataFrame:
     rows = []
     for pp, tp, nic in itertools.product([1, 2, 4, 8, 16], [1, 2], [12.5e9, 50e9]):
-        rows.append({"case": len(rows), "parallel.pp": pp, "parallel.tp": tp,
-                     "cluster.network.nic_bw_bytes_per_s": nic, "status": "ok",
-                     "step_time_s": 10 / pp + tp, "mfu": 0.3 + 0.01 * pp, "peak_memory_bytes": 90e9 / pp,
-                     "hbm_bytes": 80e9})
+        rows.append(
+            {
+                "case": len(rows),
+                "parallel.pp": pp,
+                "parallel.tp": tp,
+                "cluster.network.nic_bw_bytes_per_s": nic,
+                "status": "ok",
+                "step_time_s": 10 / pp + tp,
+                "mfu": 0.3 + 0.01 * pp,
+                "peak_memory_bytes": 90e9 / pp,
+                "hbm_bytes": 80e9,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -158,7 +182,7 @@ def test_sweep_plots_words_integer_ticks_and_10pt_text(tmp_path):
     ax = fig.axes[0]
     fig.savefig(tmp_path / "b.png")
     assert ax.get_xlabel() == "NIC bandwidth (GB/s)"
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["12.5", "50"]   # in GB/s, not 1.25e10
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["12.5", "50"]  # in GB/s, not 1.25e10
     _check_slide(fig, "sweep metric (bandwidth)")
     fig = sweep_memory(f, "parallel.pp", hue="parallel.tp")
     fig.savefig(tmp_path / "c.png")
@@ -181,6 +205,7 @@ def test_topology_pictures_have_10pt_text(piped, tmp_path):
 
 
 # ---- hues and legends ------------------------------------------------------------------------------
+
 
 def test_idle_time_stands_apart_from_every_phase_colour():
     # CIE 1976 colour difference: ~2.3 is a just-noticeable difference (Sharma 2003, Digital
@@ -205,8 +230,10 @@ def test_a_new_idle_cause_gets_its_own_hue_and_legend_entry(piped):
     res.raw = copy.copy(piped.raw)
     rank = min(r for r, *_ in piped.raw.idle_spans)
     # "offload_wait" has its own colour; "checkpoint_wait" stands for a cause the engine may add
-    res.raw.idle_spans = list(piped.raw.idle_spans) + [(rank, 0.0, 1e-4, "offload_wait", "offload"),
-                                                       (rank, 2e-4, 3e-4, "checkpoint_wait", "")]
+    res.raw.idle_spans = list(piped.raw.idle_spans) + [
+        (rank, 0.0, 1e-4, "offload_wait", "offload"),
+        (rank, 2e-4, 3e-4, "checkpoint_wait", ""),
+    ]
     fig = plot_timeline(res)
     legend = _legend_entries(fig)
     assert {"offload wait (idle)", "checkpoint wait (idle)"} <= set(legend)
@@ -219,15 +246,22 @@ def test_a_new_idle_cause_gets_its_own_hue_and_legend_entry(piped):
 
 # ---- rows name their devices ------------------------------------------------------------------------
 
+
 def test_timeline_rows_name_the_devices_they_stand_for(piped):
     assert devices_label(piped, 0) == "stage 0: ranks 0–1, ×4 replicas"
     assert devices_label(piped, 8) == "stage 1: ranks 8–9, ×4 replicas"
     fig = plot_timeline(piped, show_comm=False)
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == [
-        "stage 0: ranks 0–1, ×4 replicas", "stage 1: ranks 8–9, ×4 replicas"]
+        "stage 0: ranks 0–1, ×4 replicas",
+        "stage 1: ranks 8–9, ×4 replicas",
+    ]
     exact = simulate(scenario(cluster={"devices": 4}, parallel={"tp": 2, "pp": 2, "dp": 1}), exact=True)
     assert [devices_label(exact, r) for r in range(4)] == [
-        "stage 0: rank 0", "stage 0: rank 1", "stage 1: rank 2", "stage 1: rank 3"]
+        "stage 0: rank 0",
+        "stage 0: rank 1",
+        "stage 1: rank 2",
+        "stage 1: rank 3",
+    ]
 
 
 def test_rank_ranges():
@@ -238,11 +272,12 @@ def test_rank_ranges():
 
 # ---- progress bars ---------------------------------------------------------------------------------
 
+
 def test_progress_true_shows_a_bar_even_off_a_terminal(capfd):
     from simulator.sweep import sweep
 
     simulate(PIPE, progress=True)
-    assert "simulating" in capfd.readouterr().err       # stderr is a pipe here, not a terminal
+    assert "simulating" in capfd.readouterr().err  # stderr is a pipe here, not a terminal
     simulate(PIPE, progress=None)
     assert "simulating" not in capfd.readouterr().err
     spec = {"name": "bar", "base": PIPE, "grid": {"schedule": ["1f1b"]}}

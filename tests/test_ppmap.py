@@ -1,6 +1,5 @@
 """The map of where pipeline parallelism pays (simulator.ppmap) on a 2x2 map of a tiny MoE."""
 
-
 import pandas as pd
 import pytest
 
@@ -8,18 +7,36 @@ from simulator import cli
 from simulator.ppmap import assemble, choose, dp_traffic_s, load_map, plot_map, run_map, screen, points
 from simulator.schema import ScenarioError, load_scenario
 
-TINY_MOE = {"name": "tmoe", "layers": 4, "hidden": 512, "heads": 8, "kv_heads": 4, "ffn_hidden": 2048, "vocab": 64,
-            "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256, "shared_experts": 1, "dense_layers": 1}}
+TINY_MOE = {
+    "name": "tmoe",
+    "layers": 4,
+    "hidden": 512,
+    "heads": 8,
+    "kv_heads": 4,
+    "ffn_hidden": 2048,
+    "vocab": 64,
+    "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256, "shared_experts": 1, "dense_layers": 1},
+}
 
 
 def tiny_map(**over):
-    m = {"name": "tiny", "devices": 16, "models": [TINY_MOE],
-         "training": {"seq_len": 512, "sequences_per_device": 4, "dtype": "bf16"},
-         "grid": {"cluster": {"preset": "dgx-h100"}, "domain_sizes": [4, 8], "nic_gbps": [5, 100]},
-         "marks": {"H100": [8, 100]},
-         "search": {"max_tp": 1, "pp": [1, 2], "max_ep": 8, "schedules": ["1f1b", "dualpipe"], "zero": [1, 3],
-                    "recompute": ["none"]},
-         "simulate": {"with_pp": 1, "without_pp": 1}}
+    m = {
+        "name": "tiny",
+        "devices": 16,
+        "models": [TINY_MOE],
+        "training": {"seq_len": 512, "sequences_per_device": 4, "dtype": "bf16"},
+        "grid": {"cluster": {"preset": "dgx-h100"}, "domain_sizes": [4, 8], "nic_gbps": [5, 100]},
+        "marks": {"H100": [8, 100]},
+        "search": {
+            "max_tp": 1,
+            "pp": [1, 2],
+            "max_ep": 8,
+            "schedules": ["1f1b", "dualpipe"],
+            "zero": [1, 3],
+            "recompute": ["none"],
+        },
+        "simulate": {"with_pp": 1, "without_pp": 1},
+    }
     m.update(over)
     return m
 
@@ -100,8 +117,10 @@ def test_fallback_halves_the_micro_batch_without_pp_only():
     from simulator.ppmap import with_fallbacks
 
     base = {"tp": 1, "dp": 16, "cp": 1, "ep": 4, "vpp": 1, "schedule": "1f1b", "zero": 3, "recompute": "full"}
-    chosen = [{**base, "pp": 2, "dp": 8, "micro_batch_size": 1, "label": "a"},
-              {**base, "pp": 1, "micro_batch_size": 4, "label": "b"}]
+    chosen = [
+        {**base, "pp": 2, "dp": 8, "micro_batch_size": 1, "label": "a"},
+        {**base, "pp": 1, "micro_batch_size": 4, "label": "b"},
+    ]
     got = with_fallbacks(chosen)
     assert [(p["pp"], p["micro_batch_size"]) for p in got] == [(2, 1), (1, 4), (1, 2)]
     assert got[2]["label"].endswith("z3-mb2-full")

@@ -13,9 +13,22 @@ from workloads.presets import MODEL_PRESETS, get_model
 DATA = Path(__file__).parent / "data"
 
 REQUIRED = {
-    "gpt3-175b", "megatron-1t", "llama3-8b", "llama3-70b", "llama3-405b", "mixtral-8x7b", "mixtral-8x22b",
-    "deepseek-v3", "kimi-k2", "qwen3-235b-a22b", "nemotron-4-340b", "grok-1", "korthikanti-22b",
-    "korthikanti-530b", "megatron-gpt-1.7b", "megatron-gpt-529.6b",
+    "gpt3-175b",
+    "megatron-1t",
+    "llama3-8b",
+    "llama3-70b",
+    "llama3-405b",
+    "mixtral-8x7b",
+    "mixtral-8x22b",
+    "deepseek-v3",
+    "kimi-k2",
+    "qwen3-235b-a22b",
+    "nemotron-4-340b",
+    "grok-1",
+    "korthikanti-22b",
+    "korthikanti-530b",
+    "megatron-gpt-1.7b",
+    "megatron-gpt-529.6b",
 }
 
 
@@ -50,8 +63,9 @@ def same_counts(a, b):
     assert model_flops_per_token(a, 4096) == model_flops_per_token(b, 4096)
 
 
-@pytest.mark.parametrize("fixture,preset", [("deepseek_v3_config.json", "deepseek-v3"),
-                                            ("llama3_8b_config.json", "llama3-8b")])
+@pytest.mark.parametrize(
+    "fixture,preset", [("deepseek_v3_config.json", "deepseek-v3"), ("llama3_8b_config.json", "llama3-8b")]
+)
 def test_hf_fixtures_match_presets(fixture, preset):
     m = model_from_hf_config(DATA / fixture)
     p = get_model(preset)
@@ -67,40 +81,95 @@ def config(name):
 
 def test_kimi_k2_config_dict():
     c = config("deepseek_v3_config.json")
-    c.update(model_type="kimi_k2", num_attention_heads=64, num_key_value_heads=64, n_routed_experts=384,
-             first_k_dense_replace=1, vocab_size=163840, n_group=1, topk_group=1, num_nextn_predict_layers=0)
+    c.update(
+        model_type="kimi_k2",
+        num_attention_heads=64,
+        num_key_value_heads=64,
+        n_routed_experts=384,
+        first_k_dense_replace=1,
+        vocab_size=163840,
+        n_group=1,
+        topk_group=1,
+        num_nextn_predict_layers=0,
+    )
     same_counts(model_from_hf_config(c), get_model("kimi-k2"))
     assert model_from_hf_config(c).moe.max_nodes_per_token is None
 
 
 def test_other_families():
-    mixtral = {"model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
-               "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000, "num_local_experts": 8,
-               "num_experts_per_tok": 2, "hidden_act": "silu", "tie_word_embeddings": False}
+    mixtral = {
+        "model_type": "mixtral",
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 32000,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    }
     same_counts(model_from_hf_config(mixtral), get_model("mixtral-8x7b"))
-    qwen = {"model_type": "qwen3_moe", "num_hidden_layers": 94, "hidden_size": 4096, "num_attention_heads": 64,
-            "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 12288, "moe_intermediate_size": 1536,
-            "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
-            "vocab_size": 151936, "tie_word_embeddings": False}
+    qwen = {
+        "model_type": "qwen3_moe",
+        "num_hidden_layers": 94,
+        "hidden_size": 4096,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "intermediate_size": 12288,
+        "moe_intermediate_size": 1536,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "vocab_size": 151936,
+        "tie_word_embeddings": False,
+    }
     same_counts(model_from_hf_config(qwen), get_model("qwen3-235b-a22b"))
-    gpt2 = {"model_type": "gpt2", "n_layer": 96, "n_embd": 12288, "n_head": 96, "n_inner": None,
-            "vocab_size": 50257, "activation_function": "gelu_new"}
+    gpt2 = {
+        "model_type": "gpt2",
+        "n_layer": 96,
+        "n_embd": 12288,
+        "n_head": 96,
+        "n_inner": None,
+        "vocab_size": 50257,
+        "activation_function": "gelu_new",
+    }
     same_counts(model_from_hf_config(gpt2), get_model("gpt3-175b"))
-    neox = {"model_type": "gpt_neox", "num_hidden_layers": 44, "hidden_size": 6144, "num_attention_heads": 64,
-            "intermediate_size": 24576, "vocab_size": 50432, "hidden_act": "gelu", "use_parallel_residual": True}
+    neox = {
+        "model_type": "gpt_neox",
+        "num_hidden_layers": 44,
+        "hidden_size": 6144,
+        "num_attention_heads": 64,
+        "intermediate_size": 24576,
+        "vocab_size": 50432,
+        "hidden_act": "gelu",
+        "use_parallel_residual": True,
+    }
     m = model_from_hf_config(neox)
     assert m.parallel_block and m.bias and m.ffn == "gelu" and not m.tied_embeddings
     assert parameter_count(m) == pytest.approx(20.55e9, rel=0.01)  # GPT-NeoX-20B (Black et al. 2022: 20.55B)
-    nemo = {"model_type": "nemotron", "num_hidden_layers": 96, "hidden_size": 18432, "num_attention_heads": 96,
-            "num_key_value_heads": 8, "intermediate_size": 73728, "vocab_size": 256000, "hidden_act": "relu2",
-            "tie_word_embeddings": False}
+    nemo = {
+        "model_type": "nemotron",
+        "num_hidden_layers": 96,
+        "hidden_size": 18432,
+        "num_attention_heads": 96,
+        "num_key_value_heads": 8,
+        "intermediate_size": 73728,
+        "vocab_size": 256000,
+        "hidden_act": "relu2",
+        "tie_word_embeddings": False,
+    }
     same_counts(model_from_hf_config(nemo), get_model("nemotron-4-340b"))
     dense_first = dict(qwen, mlp_only_layers=[0, 1])
     assert model_from_hf_config(dense_first).moe.dense_layers == 2
 
 
-@pytest.mark.parametrize("drop", ["hidden_size", "num_hidden_layers", "vocab_size", "kv_lora_rank",
-                                  "moe_intermediate_size", "model_type"])
+@pytest.mark.parametrize(
+    "drop", ["hidden_size", "num_hidden_layers", "vocab_size", "kv_lora_rank", "moe_intermediate_size", "model_type"]
+)
 def test_missing_key_is_named(drop):
     c = config("deepseek_v3_config.json")
     del c[drop]
@@ -119,11 +188,23 @@ def test_bad_values_are_named(tmp_path):
     with pytest.raises(ValueError, match="hf_config.tie_word_embeddings"):
         model_from_hf_config(dict(c, tie_word_embeddings="no"))
     with pytest.raises(ValueError, match="hf_config.mlp_only_layers"):
-        model_from_hf_config({**config("deepseek_v3_config.json"), "model_type": "qwen3_moe", "num_experts": 8,
-                              "mlp_only_layers": [3]})
+        model_from_hf_config(
+            {**config("deepseek_v3_config.json"), "model_type": "qwen3_moe", "num_experts": 8, "mlp_only_layers": [3]}
+        )
     bad = tmp_path / "config.json"
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         model_from_hf_config(bad)
-    assert set(SUPPORTED_MODEL_TYPES) >= {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe",
-                                          "deepseek_v3", "kimi_k2", "gpt2", "gpt_neox", "nemotron"}
+    assert set(SUPPORTED_MODEL_TYPES) >= {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+        "deepseek_v3",
+        "kimi_k2",
+        "gpt2",
+        "gpt_neox",
+        "nemotron",
+    }

@@ -14,14 +14,22 @@ import simpy
 from helpers import scenario
 from simulator import simulate
 from simulator.engine import Engine
-from simulator.network import (FlowNetwork, NetworkError, Transfer, fill_arrays, fill_components,
-                               fill_small, maxmin_rates)
+from simulator.network import (
+    FlowNetwork,
+    NetworkError,
+    Transfer,
+    fill_arrays,
+    fill_components,
+    fill_small,
+    maxmin_rates,
+)
 from test_moe import moe_scenario
 from topologies.builders import torus
 from topologies.topology import Topology
 
 
 # ------------------------------------------------------ weighted progressive filling
+
 
 def solve_all(links, w, cap, mults):
     """The rates by each solver: fill_small, fill_arrays, fill_components (one
@@ -33,9 +41,15 @@ def solve_all(links, w, cap, mults):
     cap = np.asarray(cap, dtype=float)
     a = fill_small(links, w, cap.tolist(), mults)
     b = fill_arrays(owner, flat, mult, np.array(w, dtype=float), cap).tolist()
-    c = fill_components(owner, flat, np.array(w, dtype=float), cap,
-                        np.zeros(cap.shape[0], dtype=np.int64), np.array([0, cap.shape[0]]),
-                        mult).tolist()
+    c = fill_components(
+        owner,
+        flat,
+        np.array(w, dtype=float),
+        cap,
+        np.zeros(cap.shape[0], dtype=np.int64),
+        np.array([0, cap.shape[0]]),
+        mult,
+    ).tolist()
     m = sp.csr_matrix((mult, flat, np.r_[0, np.cumsum(lens)]), shape=(len(links), cap.shape[0]))
     d = maxmin_rates(m, cap, np.array(w, dtype=float)).tolist()
     assert a == b == c == d
@@ -68,8 +82,10 @@ def test_unit_multiplicities_are_the_plain_solution_bit_for_bit():
     rng = np.random.default_rng(5)
     for _ in range(100):
         n_links = int(rng.integers(1, 12))
-        links = [rng.choice(n_links, size=int(rng.integers(1, min(4, n_links) + 1)), replace=False).tolist()
-                 for _ in range(int(rng.integers(1, 10)))]
+        links = [
+            rng.choice(n_links, size=int(rng.integers(1, min(4, n_links) + 1)), replace=False).tolist()
+            for _ in range(int(rng.integers(1, 10)))
+        ]
         w = rng.integers(1, 4, size=len(links)).astype(float).tolist()
         cap = rng.uniform(0.5, 4.0, size=n_links)
         ones = [[1.0] * len(lk) for lk in links]
@@ -80,8 +96,10 @@ def test_random_multiplicities_all_solvers_agree_and_are_max_min():
     rng = np.random.default_rng(17)
     for _ in range(100):
         n_links = int(rng.integers(1, 10))
-        links = [rng.choice(n_links, size=int(rng.integers(1, min(4, n_links) + 1)), replace=False).tolist()
-                 for _ in range(int(rng.integers(1, 10)))]
+        links = [
+            rng.choice(n_links, size=int(rng.integers(1, min(4, n_links) + 1)), replace=False).tolist()
+            for _ in range(int(rng.integers(1, 10)))
+        ]
         w = rng.integers(1, 3, size=len(links)).astype(float).tolist()
         mults = [rng.integers(1, 5, size=len(lk)).astype(float).tolist() for lk in links]
         cap = rng.uniform(0.5, 4.0, size=n_links)
@@ -93,12 +111,15 @@ def test_random_multiplicities_all_solvers_agree_and_are_max_min():
         assert np.all(load <= cap * (1 + 1e-9))
         # every flow has a saturated link on which no flow is faster
         for f, lk in enumerate(links):
-            assert any(load[x] >= cap[x] * (1 - 1e-9)
-                       and r[f] >= max(r[g] for g, lg in enumerate(links) if x in lg) * (1 - 1e-9)
-                       for x in lk)
+            assert any(
+                load[x] >= cap[x] * (1 - 1e-9)
+                and r[f] >= max(r[g] for g, lg in enumerate(links) if x in lg) * (1 - 1e-9)
+                for x in lk
+            )
 
 
 # ------------------------------------------------------ the network with incidence
+
 
 def ring(n=4, bw=1e9, lat=0.0):
     return Topology(torus((n,), bw, lat))
@@ -126,14 +147,14 @@ def test_incidence_replaces_the_route_and_counts_real_bytes():
     (l01,), _, _ = net.route(0, 1)
     t = Transfer(0, 1, 1e9, incidence=((l01, 4.0),))
     finish, net = run(topo, [[t]])
-    assert finish[0] == pytest.approx(4.0, rel=1e-12)      # 4 images share 1 GB/s
+    assert finish[0] == pytest.approx(4.0, rel=1e-12)  # 4 images share 1 GB/s
     assert net.stats.link_bytes[l01] == pytest.approx(4e9)
     assert net.stats.link_bytes.sum() == pytest.approx(4e9)
 
 
 def test_incidence_is_validated():
     topo = ring(4)
-    for bad in [((0, 0.0),), ((0, 1.0), (0, 2.0)), ((10 ** 6, 1.0),), ()]:
+    for bad in [((0, 0.0),), ((0, 1.0), (0, 2.0)), ((10**6, 1.0),), ()]:
         with pytest.raises(NetworkError, match="incidence"):
             run(topo, [[Transfer(0, 1, 1.0, incidence=bad)]])
 
@@ -150,10 +171,11 @@ def test_quotient_phase_on_a_ring_equals_all_images(shift):
     # the same bytes over the representative's links.
     n = 8
     topo = ring(n, bw=1e9, lat=1e-6)
-    starts = (0, 2, 4, 6) if shift % 2 else (0, 1, 4, 5)        # disjoint pairs
+    starts = (0, 2, 4, 6) if shift % 2 else (0, 1, 4, 5)  # disjoint pairs
     groups = [(i, (i + shift) % n) for i in starts]
-    phases = [tuple(Transfer(a, b, 1e8 * (1 + k)) for k, (a, b) in enumerate([(g[0], g[1]), (g[1], g[0])]))
-              for g in groups]
+    phases = [
+        tuple(Transfer(a, b, 1e8 * (1 + k)) for k, (a, b) in enumerate([(g[0], g[1]), (g[1], g[0])])) for g in groups
+    ]
     eng = fake_engine(topo)
     q = Engine._quotient_phase(eng, phases[0], phases)
     assert q is not None and eng.twin_stats == {"quotient": 1, "fallback": 0}
@@ -169,7 +191,7 @@ def test_quotient_phase_falls_back_when_twins_do_not_line_up():
     topo = ring(8, lat=1e-6)
     eng = fake_engine(topo)
     rep = (Transfer(0, 1, 1.0), Transfer(1, 0, 1.0))
-    assert Engine._quotient_phase(eng, rep, [rep, (Transfer(2, 3, 1.0),)]) is None       # count
+    assert Engine._quotient_phase(eng, rep, [rep, (Transfer(2, 3, 1.0),)]) is None  # count
     assert Engine._quotient_phase(eng, rep, [rep, (Transfer(2, 3, 2.0), Transfer(3, 2, 1.0))]) is None  # size
     assert Engine._quotient_phase(eng, rep, [rep, (Transfer(2, 4, 1.0), Transfer(4, 2, 1.0))]) is None  # latency
     assert eng.twin_stats["fallback"] == 3
@@ -182,17 +204,23 @@ def test_quotient_phase_falls_back_when_twins_do_not_line_up():
 
 CASES = {
     # TP4 inside a node, DP8 across 4 nodes (hierarchical / rail traffic), PP sends across nodes
-    "dense-64xh100": scenario(cluster={"preset": "dgx-h100", "devices": 64},
-                              parallel={"tp": 4, "pp": 2, "dp": 8},
-                              training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 32}),
+    "dense-64xh100": scenario(
+        cluster={"preset": "dgx-h100", "devices": 64},
+        parallel={"tp": 4, "pp": 2, "dp": 8},
+        training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 32},
+    ),
     # EP16 over 2 nodes (hierarchical all-to-all), expert DP across nodes
-    "moe-ep16-64xh100": moe_scenario(cluster={"preset": "dgx-h100", "devices": 64},
-                                     parallel={"tp": 2, "pp": 2, "dp": 16, "ep": 16},
-                                     training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 32}),
+    "moe-ep16-64xh100": moe_scenario(
+        cluster={"preset": "dgx-h100", "devices": 64},
+        parallel={"tp": 2, "pp": 2, "dp": 16, "ep": 16},
+        training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 32},
+    ),
     # twins sharing torus links with each other (multiplicities > 1, links off the route)
-    "torus-64xv5p": scenario(cluster={"preset": "tpu-v5p", "devices": 64},
-                             parallel={"tp": 2, "pp": 4, "dp": 8},
-                             training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 32}),
+    "torus-64xv5p": scenario(
+        cluster={"preset": "tpu-v5p", "devices": 64},
+        parallel={"tp": 2, "pp": 4, "dp": 8},
+        training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 32},
+    ),
 }
 
 

@@ -168,7 +168,9 @@ def test_bubble_gpipe_1f1b(name, pp, m):
     assert t.bubble_time == pytest.approx([(pp - 1) * 3] * pp)
 
 
-@pytest.mark.parametrize("pp,m,v", [(2, 2, 2), (4, 4, 2), (4, 8, 2), (4, 8, 3), (4, 12, 4), (8, 16, 2), (8, 8, 4), (3, 9, 3)])
+@pytest.mark.parametrize(
+    "pp,m,v", [(2, 2, 2), (4, 4, 2), (4, 8, 2), (4, 8, 3), (4, 12, 4), (8, 16, 2), (8, 8, 4), (3, 9, 3)]
+)
 def test_bubble_interleaved(pp, m, v):
     """Cost model: a full stage costs F=1, B=2, so each of the v chunks costs F/v, B/v.
     Bubble (p-1)(F+B)/v over busy m(F+B): fraction (p-1)/(v*m+p-1)
@@ -252,8 +254,16 @@ def test_peak_in_flight_dualpipe(pp, m):
         assert peak_in_flight(schedule("dualpipe", r, pp, m)) == pp + 1
 
 
-@pytest.mark.parametrize("name,pp,m,vpp", [("1f1b", 4, 12, 1), ("zb-h1", 4, 12, 1), ("gpipe", 4, 12, 1),
-                                            ("interleaved-1f1b", 4, 12, 2), ("dualpipe", 4, 12, 1)])
+@pytest.mark.parametrize(
+    "name,pp,m,vpp",
+    [
+        ("1f1b", 4, 12, 1),
+        ("zb-h1", 4, 12, 1),
+        ("gpipe", 4, 12, 1),
+        ("interleaved-1f1b", 4, 12, 2),
+        ("dualpipe", 4, 12, 1),
+    ],
+)
 def test_all_forward_first(name, pp, m, vpp):
     """Global aux loss: every F before any backward; in-flight grows to every
     chunk-micro-batch the rank holds (m for 1F1B); kinds keep their order."""
@@ -312,7 +322,9 @@ def test_golden_orders():
 # ---------------------------------------------------------------------------
 # Placement helpers
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("name,pp,vpp", [("1f1b", 4, 1), ("interleaved-1f1b", 4, 3), ("dualpipe", 6, 1), ("gpipe", 1, 1)])
+@pytest.mark.parametrize(
+    "name,pp,vpp", [("1f1b", 4, 1), ("interleaved-1f1b", 4, 3), ("dualpipe", 6, 1), ("gpipe", 1, 1)]
+)
 def test_chunk_owner_roundtrip(name, pp, vpp):
     n = model_chunks(name, pp, vpp)
     assert n == (pp if name == "dualpipe" else pp * vpp)

@@ -13,9 +13,24 @@ from workloads import memory
 from workloads.model import ModelSpec
 
 SUMMARY_KEYS = [
-    "schema_version", "name", "devices", "parameters", "active_parameters", "step_time_s", "tokens_per_s",
-    "model_flops_per_step", "mfu", "hfu", "model_tflops_per_device", "bubble_fraction", "exposed_comm_fraction",
-    "peak_memory_bytes", "memory_breakdown_bytes", "hbm_bytes", "oom", "sim_wall_s",
+    "schema_version",
+    "name",
+    "devices",
+    "parameters",
+    "active_parameters",
+    "step_time_s",
+    "tokens_per_s",
+    "model_flops_per_step",
+    "mfu",
+    "hfu",
+    "model_tflops_per_device",
+    "bubble_fraction",
+    "exposed_comm_fraction",
+    "peak_memory_bytes",
+    "memory_breakdown_bytes",
+    "hbm_bytes",
+    "oom",
+    "sim_wall_s",
 ]
 
 
@@ -37,8 +52,9 @@ def test_one_device_mfu_equals_the_compute_efficiency(flash):
     in FlashAttention's convention (Dao 2023, arXiv 2307.08691 §4.1), half the
     counted forward square A and 2.5 x that in the backward: 1.75 A of the 3 A the
     model FLOPs count per layer, so MFU = e x model / (model - 1.25 A x layers)."""
-    sc = ideal_scenario(1, parallel={"tp": 1, "pp": 1, "dp": 1},
-                        training={"global_batch_size": 2, "flash_attention": flash})
+    sc = ideal_scenario(
+        1, parallel={"tp": 1, "pp": 1, "dp": 1}, training={"global_batch_size": 2, "flash_attention": flash}
+    )
     res = simulate(sc)
     model = res.summary["model_flops_per_step"]
     tokens, seq, hidden, layers = 2 * 4096, 4096, 4096, 8  # BALANCED_MODEL, 2 sequences of 4096
@@ -73,8 +89,12 @@ def test_gpipe_and_1f1b_first_stage_activation_memory():
 
 
 def test_activation_stash_follows_korthikanti_with_tp_and_sp():
-    sc = ideal_scenario(8, parallel={"tp": 8, "pp": 1, "dp": 1}, schedule="gpipe",
-                        training={"global_batch_size": 1, "flash_attention": False})
+    sc = ideal_scenario(
+        8,
+        parallel={"tp": 8, "pp": 1, "dp": 1},
+        schedule="gpipe",
+        training={"global_batch_size": 1, "flash_attention": False},
+    )
     res = simulate(sc)
     model = ModelSpec(**sc["model"])
     s, b, h, a, t = 4096, 1, 4096, 32, 8
@@ -84,7 +104,9 @@ def test_activation_stash_follows_korthikanti_with_tp_and_sp():
     head = memory.head_activation_bytes(model, b, s, tp=t)
     assert got == pytest.approx(expected + head, rel=1e-9)
     # with dropout the formula is the paper's
-    assert memory.activation_bytes_per_layer(model, 0, b, s, tp=t, dropout=True) == pytest.approx(s * b * h / t * (34 + 5 * a * s / h))
+    assert memory.activation_bytes_per_layer(model, 0, b, s, tp=t, dropout=True) == pytest.approx(
+        s * b * h / t * (34 + 5 * a * s / h)
+    )
 
 
 def test_identical_runs_give_identical_summaries():
@@ -113,8 +135,11 @@ def test_halving_bandwidth_never_makes_a_step_faster():
 
 
 def test_tp_only_step_is_limited_by_nvlink():
-    base = scenario(cluster={"preset": "dgx-h100", "devices": 8}, parallel={"tp": 8, "pp": 1, "dp": 1},
-                    training={"global_batch_size": 4})
+    base = scenario(
+        cluster={"preset": "dgx-h100", "devices": 8},
+        parallel={"tp": 8, "pp": 1, "dp": 1},
+        training={"global_batch_size": 4},
+    )
     t = simulate(_scaled_network(base)).summary["step_time_s"]
     t_nvl = simulate(_scaled_network(base, nvlink=0.25)).summary["step_time_s"]
     t_nic = simulate(_scaled_network(base, nic=0.25)).summary["step_time_s"]
@@ -125,11 +150,12 @@ def test_tp_only_step_is_limited_by_nvlink():
 def test_two_node_dp_step_is_limited_by_the_nic():
     """Two data-parallel replicas, one per node (pipeline stages inside the node via
     parallel.order): the gradient all-reduce crosses InfiniBand only."""
-    base = scenario(cluster={"preset": "dgx-h100", "devices": 16},
-                    parallel={"tp": 1, "pp": 8, "dp": 2, "order": "tp-cp-ep-pp-dp"},
-                    training={"global_batch_size": 16},
-                    model={**scenario()["model"], "layers": 8, "hidden": 2048, "heads": 16, "kv_heads": 16,
-                           "ffn_hidden": 8192})
+    base = scenario(
+        cluster={"preset": "dgx-h100", "devices": 16},
+        parallel={"tp": 1, "pp": 8, "dp": 2, "order": "tp-cp-ep-pp-dp"},
+        training={"global_batch_size": 16},
+        model={**scenario()["model"], "layers": 8, "hidden": 2048, "heads": 16, "kv_heads": 16, "ffn_hidden": 8192},
+    )
     res = simulate(_scaled_network(base))
     t = res.summary["step_time_s"]
     t_nic = simulate(_scaled_network(base, nic=0.25)).summary["step_time_s"]
@@ -143,8 +169,11 @@ def test_full_recompute_counts_an_extra_forward_in_hfu_only():
     """Full recomputation re-runs each layer's forward before its backward: hardware
     FLOPs grow by the layers' forward (4/3 of model FLOPs for the layers), MFU does not count it.
     Unfused attention, which executes the FLOPs it counts, so that HFU = the efficiency."""
-    sc = ideal_scenario(1, parallel={"tp": 1, "pp": 1, "dp": 1},
-                        training={"global_batch_size": 2, "recompute": "full", "flash_attention": False})
+    sc = ideal_scenario(
+        1,
+        parallel={"tp": 1, "pp": 1, "dp": 1},
+        training={"global_batch_size": 2, "recompute": "full", "flash_attention": False},
+    )
     res = simulate(sc)
     assert res.summary["hfu"] == pytest.approx(res.summary["mfu"] * 4 / 3, rel=1e-3)
     assert res.summary["hfu"] == pytest.approx(0.5, rel=2e-3)
@@ -152,7 +181,9 @@ def test_full_recompute_counts_an_extra_forward_in_hfu_only():
 
 
 def test_grad_reduce_overlap_hides_data_parallel_traffic():
-    base = scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 1, "pp": 2, "dp": 8, "order": "tp-cp-ep-pp-dp"})
+    base = scenario(
+        cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 1, "pp": 2, "dp": 8, "order": "tp-cp-ep-pp-dp"}
+    )
     on = simulate(base)
     off = simulate({**base, "training": {**base["training"], "overlap_grad_reduce": False}})
     assert off.summary["step_time_s"] > on.summary["step_time_s"]
@@ -165,14 +196,22 @@ def test_auto_pipeline_layers_split_unevenly_with_lighter_ends():
     split = auto_layer_split(61, 16)
     assert sum(split) == 61 and max(split) - min(split) == 1
     assert split[0] == split[-1] == min(split)
-    res = simulate(scenario(model={**scenario()["model"], "layers": 5}, cluster={"preset": "dgx-h100", "devices": 4},
-                            parallel={"tp": 1, "pp": 4, "dp": 1, "pipeline_layers": "auto"}))
+    res = simulate(
+        scenario(
+            model={**scenario()["model"], "layers": 5},
+            cluster={"preset": "dgx-h100", "devices": 4},
+            parallel={"tp": 1, "pp": 4, "dp": 1, "pipeline_layers": "auto"},
+        )
+    )
     assert res.summary["step_time_s"] > 0
 
 
 def test_ring_attention_overlaps_the_kv_exchange():
-    base = scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 1, "cp": 8, "pp": 1, "dp": 2},
-                    training={"seq_len": 8192, "micro_batch_size": 1, "global_batch_size": 4})
+    base = scenario(
+        cluster={"preset": "dgx-h100", "devices": 16},
+        parallel={"tp": 1, "cp": 8, "pp": 1, "dp": 2},
+        training={"seq_len": 8192, "micro_batch_size": 1, "global_batch_size": 4},
+    )
     ring = simulate(base)
     gather = simulate({**base, "training": {**base["training"], "cp_algorithm": "all-gather"}})
     assert (ring.events["axis"] == "cp").any()

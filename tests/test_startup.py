@@ -23,8 +23,9 @@ def _loaded_after(code: str) -> set[str]:
     """The heavy top-level modules a fresh interpreter has loaded after running ``code``."""
     probe = code + f"\nimport sys, json\nprint(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT,
-                         env=env, timeout=300).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT, env=env, timeout=300
+    ).stdout
     return set(json.loads(out.strip().splitlines()[-1]))
 
 
@@ -39,9 +40,11 @@ def test_cli_help_and_version_load_no_heavy_library(flag):
 
 
 def test_public_names_still_import_and_load_on_use():
-    loaded = _loaded_after("from simulator import Result, Scenario, ScenarioError, load_scenario, simulate\n"
-                           "import simulator\nassert simulator.simulate is simulate and callable(simulate)\n"
-                           "assert issubclass(ScenarioError, ValueError) and 'Scenario' in dir(simulator)")
+    loaded = _loaded_after(
+        "from simulator import Result, Scenario, ScenarioError, load_scenario, simulate\n"
+        "import simulator\nassert simulator.simulate is simulate and callable(simulate)\n"
+        "assert issubclass(ScenarioError, ValueError) and 'Scenario' in dir(simulator)"
+    )
     assert "pydantic" in loaded and not loaded & {"pandas", "matplotlib"}
 
 
@@ -54,14 +57,27 @@ def test_simulate_reads_the_summary_without_pandas_or_matplotlib():
 @pytest.mark.slow
 def test_run_out_writes_every_file_without_pandas(tmp_path):
     out = tmp_path / "q"
-    loaded = _loaded_after(f"from simulator.cli import main\nassert main(['run', 'quickstart', '--out', {str(out)!r}]) == 0")
+    loaded = _loaded_after(
+        f"from simulator.cli import main\nassert main(['run', 'quickstart', '--out', {str(out)!r}]) == 0"
+    )
     assert "pandas" not in loaded and "matplotlib" in loaded
-    assert {p.name for p in out.iterdir()} >= {"summary.json", "scenario.json", "trace.json", "events.csv",
-                                              "events.parquet", "memory.csv", "idle.csv", "timeline.png", "memory.png"}
+    assert {p.name for p in out.iterdir()} >= {
+        "summary.json",
+        "scenario.json",
+        "trace.json",
+        "events.csv",
+        "events.parquet",
+        "memory.csv",
+        "idle.csv",
+        "timeline.png",
+        "memory.png",
+    }
 
 
 @pytest.mark.slow
 def test_tables_load_pandas_when_asked_for():
-    loaded = _loaded_after("from simulator import simulate\nr = simulate('quickstart')\n"
-                           "assert len(r.events) and len(r.memory) and len(r.per_stage) and r.idle is not None")
+    loaded = _loaded_after(
+        "from simulator import simulate\nr = simulate('quickstart')\n"
+        "assert len(r.events) and len(r.memory) and len(r.per_stage) and r.idle is not None"
+    )
     assert "pandas" in loaded

@@ -15,7 +15,7 @@ import yaml
 
 from helpers import scenario
 from simulator.schema import ScenarioError
-from simulator.sweep import (RowStore, eval_where, expand, load_sweep, set_dotted, sweep)
+from simulator.sweep import RowStore, eval_where, expand, load_sweep, set_dotted, sweep
 
 
 def _base():
@@ -45,21 +45,29 @@ def test_set_dotted_turns_presets_into_mappings_and_copies():
 def test_grid_product_order_and_cases_crossed_with_grid():
     spec = load_sweep({"base": _base(), "grid": {"parallel.pp": [1, 2], "parallel.tp": [1, 2]}})
     assert [tuple(a.values()) for a in spec.assignments] == [(1, 1), (1, 2), (2, 1), (2, 2)]
-    spec = load_sweep({"base": _base(), "cases": [{"schedule": "gpipe"}, {"schedule": "1f1b"}],
-                       "grid": {"parallel.pp": [1, 2]}})
-    assert spec.assignments == ({"schedule": "gpipe", "parallel.pp": 1}, {"schedule": "gpipe", "parallel.pp": 2},
-                                {"schedule": "1f1b", "parallel.pp": 1}, {"schedule": "1f1b", "parallel.pp": 2})
+    spec = load_sweep(
+        {"base": _base(), "cases": [{"schedule": "gpipe"}, {"schedule": "1f1b"}], "grid": {"parallel.pp": [1, 2]}}
+    )
+    assert spec.assignments == (
+        {"schedule": "gpipe", "parallel.pp": 1},
+        {"schedule": "gpipe", "parallel.pp": 2},
+        {"schedule": "1f1b", "parallel.pp": 1},
+        {"schedule": "1f1b", "parallel.pp": 2},
+    )
     assert spec.axes == ("schedule", "parallel.pp")
 
 
-@pytest.mark.parametrize("bad, field", [
-    ({"grid": {"parallel.pp": []}}, "grid.parallel.pp"),
-    ({"grid": {"parallel.pp": [1]}, "colour": 1}, "colour"),
-    ({}, "grid"),
-    ({"cases": [3]}, "cases[0]"),
-    ({"grid": {"parallel.pp": [1]}, "where": "__import__('os')"}, "where[0]"),
-    ({"grid": {"parallel.pp": [1]}, "skip_invalid": "yes"}, "skip_invalid"),
-])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"grid": {"parallel.pp": []}}, "grid.parallel.pp"),
+        ({"grid": {"parallel.pp": [1]}, "colour": 1}, "colour"),
+        ({}, "grid"),
+        ({"cases": [3]}, "cases[0]"),
+        ({"grid": {"parallel.pp": [1]}, "where": "__import__('os')"}, "where[0]"),
+        ({"grid": {"parallel.pp": [1]}, "skip_invalid": "yes"}, "skip_invalid"),
+    ],
+)
 def test_bad_sweep_files_name_the_key(bad, field):
     with pytest.raises(ScenarioError) as err:
         load_sweep({"base": _base(), **bad})
@@ -81,9 +89,16 @@ def test_where_sees_resolved_presets_and_skip_invalid(tmp_path):
     base_file.write_text(yaml.safe_dump(_base()))
     spec_file = tmp_path / "sub" / "s.yaml"
     spec_file.parent.mkdir()
-    spec_file.write_text(yaml.safe_dump({
-        "base": "../base.yaml", "grid": {"parallel.pp": [1, 2, 3, 4, 8]}, "skip_invalid": True,
-        "where": ["parallel.pp <= model.layers", "cluster.devices == 8"]}))
+    spec_file.write_text(
+        yaml.safe_dump(
+            {
+                "base": "../base.yaml",
+                "grid": {"parallel.pp": [1, 2, 3, 4, 8]},
+                "skip_invalid": True,
+                "where": ["parallel.pp <= model.layers", "cluster.devices == 8"],
+            }
+        )
+    )
     exp = expand(load_sweep(spec_file))
     # pp=8 > 4 layers: filtered by `where`; pp=3 does not divide the 8 devices: skipped.
     assert [c.axes["parallel.pp"] for c in exp.cases] == [1, 2, 4]
@@ -95,8 +110,10 @@ def test_where_sees_resolved_presets_and_skip_invalid(tmp_path):
 
 
 def test_invalid_scenarios_are_recorded_failed_and_the_sweep_goes_on(tmp_path):
-    spec = {"base": _base(), "cases": [{"parallel.tp": 3}, {"parallel.pp": 1}, {"parallel.pp": 8},
-                                       {"training.global_batch_size": 12}]}
+    spec = {
+        "base": _base(),
+        "cases": [{"parallel.tp": 3}, {"parallel.pp": 1}, {"parallel.pp": 8}, {"training.global_batch_size": 12}],
+    }
     df = sweep(spec, out=tmp_path, jobs=1)
     assert list(df["case"]) == [0, 1, 2, 3]
     assert list(df["status"]) == ["failed", "ok", "failed", "failed"]
@@ -114,14 +131,23 @@ def test_invalid_scenarios_are_recorded_failed_and_the_sweep_goes_on(tmp_path):
 @pytest.mark.slow
 def test_killed_sweep_resumes_with_every_row_exactly_once(tmp_path):
     spec_file = tmp_path / "sweep.yaml"
-    spec_file.write_text(yaml.safe_dump({
-        "name": "killme", "base": _base(),
-        "grid": {"parallel.pp": [1, 2, 4], "training.global_batch_size": [32, 64, 96]}}))
+    spec_file.write_text(
+        yaml.safe_dump(
+            {
+                "name": "killme",
+                "base": _base(),
+                "grid": {"parallel.pp": [1, 2, 4], "training.global_batch_size": [32, 64, 96]},
+            }
+        )
+    )
     out = tmp_path / "out"
     rows = out / "rows.jsonl"
     proc = subprocess.Popen(
         [sys.executable, "-m", "simulator.cli_sweep", "sweep", str(spec_file), "--out", str(out), "--jobs", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and proc.poll() is None:
@@ -173,8 +199,10 @@ def test_local_processes_and_dask_give_identical_tables(tmp_path):
     distributed = pytest.importorskip("distributed")
     spec = {"name": "exec", "base": _base(), "grid": {"parallel.pp": [1, 2], "schedule": ["1f1b", "gpipe"]}}
     local = sweep(spec, out=tmp_path / "local", jobs=2)
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as lc, \
-            distributed.Client(lc) as client:
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as lc,
+        distributed.Client(lc) as client,
+    ):
         remote = sweep(spec, out=tmp_path / "dask", client=client)
     assert (local["status"] == "ok").all() and len(local) == 4
     pd.testing.assert_frame_equal(local.drop(columns="sim_wall_s"), remote.drop(columns="sim_wall_s"))
@@ -186,8 +214,12 @@ def test_local_processes_and_dask_give_identical_tables(tmp_path):
 
     paths = plot_sweep(tmp_path / "local", y="mfu")
     names = {p.name for p in paths}
-    assert {"mfu_vs_parallel.pp.png", "mfu_vs_parallel.pp.svg", "memory_vs_parallel.pp.png",
-            "heatmap_mfu_parallel.pp_schedule.svg"} <= names
+    assert {
+        "mfu_vs_parallel.pp.png",
+        "mfu_vs_parallel.pp.svg",
+        "memory_vs_parallel.pp.png",
+        "heatmap_mfu_parallel.pp_schedule.svg",
+    } <= names
     assert all(p.stat().st_size > 1000 for p in paths)
 
 
@@ -195,8 +227,7 @@ def test_cli_sweep_and_sweep_plot(tmp_path, capsys):
     from simulator.cli_sweep import main
 
     spec_file = tmp_path / "s.yaml"
-    spec_file.write_text(yaml.safe_dump({"base": _base(), "grid": {"parallel.pp": [1, 2, 3]},
-                                         "skip_invalid": True}))
+    spec_file.write_text(yaml.safe_dump({"base": _base(), "grid": {"parallel.pp": [1, 2, 3]}, "skip_invalid": True}))
     assert main(["sweep", str(spec_file), "--out", str(tmp_path / "o"), "--jobs", "1", "--plot"]) == 0
     text = capsys.readouterr().out
     assert "2 cases, 2 ok, 0 failed (1 invalid skipped)" in text
@@ -217,8 +248,11 @@ def test_cli_sweep_exits_4_and_counts_when_cases_fail(tmp_path, capsys):
 
     spec_file = tmp_path / "s.yaml"
     # pp 8 over 4 layers and a batch of 12 over dp 8 both fail; pp 1 runs.
-    spec_file.write_text(yaml.safe_dump({"base": _base(), "cases": [{"parallel.pp": 8}, {"parallel.pp": 1},
-                                                                    {"training.global_batch_size": 12}]}))
+    spec_file.write_text(
+        yaml.safe_dump(
+            {"base": _base(), "cases": [{"parallel.pp": 8}, {"parallel.pp": 1}, {"training.global_batch_size": 12}]}
+        )
+    )
     assert main(["sweep", str(spec_file), "--out", str(tmp_path / "o"), "--jobs", "1"]) == 4
     cap = capsys.readouterr()
     assert "3 cases, 1 ok, 2 failed" in cap.out
@@ -245,8 +279,19 @@ def test_cli_search_exits_4_when_a_layout_fails(tmp_path, capsys, monkeypatch):
         return real(mapping, *a, **kw)
 
     monkeypatch.setattr(simulator, "simulate", broken_on_pp2)
-    args = ["search", str(sc), "--jobs", "1", "--schedules", "1f1b", "--recompute", "none", "--max-tp", "1",
-            "--no-progress"]
+    args = [
+        "search",
+        str(sc),
+        "--jobs",
+        "1",
+        "--schedules",
+        "1f1b",
+        "--recompute",
+        "none",
+        "--max-tp",
+        "1",
+        "--no-progress",
+    ]
     assert main(args) == 4
     cap = capsys.readouterr()
     # tp 1, 8 devices, 4 layers: pp 1, 2, 4 -> one layout each; pp 2 fails.
@@ -290,32 +335,48 @@ def _still_running(procs: dict[int, int]) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc (Linux)")
-@pytest.mark.parametrize("command, sig", [("sweep", signal.SIGTERM), ("search", signal.SIGKILL)],
-                         ids=["sweep-TERM", "search-KILL"])
+@pytest.mark.parametrize(
+    "command, sig", [("sweep", signal.SIGTERM), ("search", signal.SIGKILL)], ids=["sweep-TERM", "search-KILL"]
+)
 def test_killed_sweep_or_search_leaves_no_worker_running(tmp_path, command, sig):
     # Issue 14: workers of a killed `stepsim sweep` / `search` went on simulating for minutes.
     base = tmp_path / "base.yaml"
     base.write_text(yaml.safe_dump(_base()))
     if command == "sweep":
         spec = tmp_path / "sweep.yaml"
-        spec.write_text(yaml.safe_dump({"base": "base.yaml", "grid": {
-            "parallel.pp": [1, 2, 4], "training.global_batch_size": [16, 32, 48, 64, 80, 96, 112, 128]}}))
+        spec.write_text(
+            yaml.safe_dump(
+                {
+                    "base": "base.yaml",
+                    "grid": {
+                        "parallel.pp": [1, 2, 4],
+                        "training.global_batch_size": [16, 32, 48, 64, 80, 96, 112, 128],
+                    },
+                }
+            )
+        )
         args = ["sweep", str(spec), "--out", str(tmp_path / "out")]
     else:
         args = ["search", str(base), "--out", str(tmp_path / "out")]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", *args, "--jobs", "2", "--no-progress"],
-                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simulator.cli", *args, "--jobs", "2", "--no-progress"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     workers: dict[int, int] = {}
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None and len(workers) < 2:
             workers = _descendants(proc.pid)
             time.sleep(0.02)
-        assert proc.poll() is None and len(workers) >= 2, \
+        assert proc.poll() is None and len(workers) >= 2, (
             f"no workers seen before the {command} ended: {proc.stderr.read()!r}"
+        )
         os.kill(proc.pid, sig)  # the parent only, as a user's `kill` or an out-of-memory killer does
         proc.wait(timeout=30)
         t0 = time.monotonic()
@@ -426,10 +487,27 @@ def test_cli_sweep_executor_flag(tmp_path, capsys):
 
     sw = tmp_path / "s.yaml"
     sw.write_text(yaml.safe_dump({"base": _base(), "grid": {"parallel.pp": [1, 2]}}))
-    assert main(["sweep", str(sw), "--out", str(tmp_path / "o"), "--executor",
-                 "concurrent.futures:ThreadPoolExecutor", "--jobs", "2", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(sw),
+                "--out",
+                str(tmp_path / "o"),
+                "--executor",
+                "concurrent.futures:ThreadPoolExecutor",
+                "--jobs",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert "2 cases, 2 ok" in capsys.readouterr().out
-    for bad, msg in (("nope", "MODULE:CALLABLE"), ("no_such_mod_xyz:f", "cannot import"),
-                     ("concurrent.futures:Nope", "has no 'Nope'")):
+    for bad, msg in (
+        ("nope", "MODULE:CALLABLE"),
+        ("no_such_mod_xyz:f", "cannot import"),
+        ("concurrent.futures:Nope", "has no 'Nope'"),
+    ):
         assert main(["sweep", str(sw), "--out", str(tmp_path / "o"), "--executor", bad]) == 2
         assert msg in capsys.readouterr().err

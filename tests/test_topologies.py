@@ -8,11 +8,21 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from topologies import (CHIPS, ChipSpec, PodsSpec, SwitchedNetwork, Topology, TopologyError,
-                        UnknownPresetError, get_chip, join_pods, switched, torus)
+from topologies import (
+    CHIPS,
+    ChipSpec,
+    PodsSpec,
+    SwitchedNetwork,
+    Topology,
+    TopologyError,
+    UnknownPresetError,
+    get_chip,
+    join_pods,
+    switched,
+    torus,
+)
 
-H100_NET = SwitchedNetwork(domain_size=8, domain_bw_bytes_per_s=450e9, nic_bw_bytes_per_s=50e9,
-                           domains_per_leaf=2)
+H100_NET = SwitchedNetwork(domain_size=8, domain_bw_bytes_per_s=450e9, nic_bw_bytes_per_s=50e9, domains_per_leaf=2)
 
 
 def kinds(topo, route):
@@ -28,15 +38,14 @@ def assert_contiguous(topo, route, src, dst):
 
 # ---- chips -----------------------------------------------------------------------------
 def test_chip_catalogue_values():
-    names = {"a100", "h100", "h800", "h200", "b200", "gb200", "tpu-v4", "tpu-v5e", "tpu-v5p",
-             "tpu-v6e", "tpu-v7"}
+    names = {"a100", "h100", "h800", "h200", "b200", "gb200", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7"}
     assert names <= set(CHIPS)
     h100 = get_chip("H100")
     assert h100.peak("bf16") == 989e12 and h100.peak("fp8") == 1979e12
-    assert h100.peak("fp4") == 989e12           # unknown dtype falls back to bf16
+    assert h100.peak("fp4") == 989e12  # unknown dtype falls back to bf16
     assert h100.hbm_bytes == 80e9 and h100.hbm_bw_bytes_per_s == 3.35e12
     assert h100.family == "hopper" and h100.source
-    assert get_chip("a100").peak("fp8") == 312e12          # no FP8 path on Ampere
+    assert get_chip("a100").peak("fp8") == 312e12  # no FP8 path on Ampere
     assert get_chip("tpu-v5p").peak("fp8") == get_chip("tpu-v5p").peak("bf16") == 459e12
     assert get_chip("tpu-v7").peak("fp8") == 4614e12
     assert get_chip("tpu-v4").hbm_bytes == 32 * 2**30
@@ -62,14 +71,17 @@ def test_chip_validation():
 
 
 # ---- torus -----------------------------------------------------------------------------
-@pytest.mark.parametrize("shape, wrap, edges", [
-    ((4, 4, 4), None, 192),          # 3 links per device
-    ((2, 3), (False, False), 3 + 4),
-    ((2, 4), None, 4 + 8),           # length-2 axis: one link per pair; 4-rings wrap
-    ((2, 2, 2), (True, True, True), 12),
-    ((5,), (True,), 5),
-    ((5,), (False,), 4),
-])
+@pytest.mark.parametrize(
+    "shape, wrap, edges",
+    [
+        ((4, 4, 4), None, 192),  # 3 links per device
+        ((2, 3), (False, False), 3 + 4),
+        ((2, 4), None, 4 + 8),  # length-2 axis: one link per pair; 4-rings wrap
+        ((2, 2, 2), (True, True, True), 12),
+        ((5,), (True,), 5),
+        ((5,), (False,), 4),
+    ],
+)
 def test_torus_counts(shape, wrap, edges):
     G = torus(shape, 45e9, 1e-6, wrap)
     assert G.number_of_nodes() == int(np.prod(shape))
@@ -81,11 +93,11 @@ def test_torus_counts(shape, wrap, edges):
 def test_torus_numbering_and_default_wrap():
     G = torus((4, 4, 6), 90e9)
     assert G.graph["wrap"] == (True, True, False)
-    node = G.nodes["d57"]     # 1 + 4*2 + 16*3
+    node = G.nodes["d57"]  # 1 + 4*2 + 16*3
     assert node["coords"] == (1, 2, 3) and node["index"] == 57 and node["domain"] == 0
     topo = Topology(G)
     assert topo.device_at((1, 2, 3)) == 57 and topo.torus_coords(57) == (1, 2, 3)
-    assert G.has_edge("d0", "d12") and not G.has_edge("d0", "d80")   # axis 1 wraps, axis 2 not
+    assert G.has_edge("d0", "d12") and not G.has_edge("d0", "d80")  # axis 1 wraps, axis 2 not
 
 
 def test_torus_routes_are_dimension_ordered_shortest():
@@ -113,7 +125,7 @@ def test_torus_routes_are_dimension_ordered_shortest():
 
 def test_torus_tie_goes_positive_and_latency():
     topo = Topology(torus((4,), 45e9, 2e-6, (True,)))
-    route = topo.route(0, 2)                        # 2 hops either way: + wins
+    route = topo.route(0, 2)  # 2 hops either way: + wins
     assert [topo.link_endpoints(k) for k in route] == [("d0", "d1"), ("d1", "d2")]
     assert topo.path_latency_s(0, 2) == pytest.approx(4e-6)
     assert topo.route(0, 3) == (topo.link_id("d0", "d3"),)
@@ -121,7 +133,7 @@ def test_torus_tie_goes_positive_and_latency():
 
 # ---- switched --------------------------------------------------------------------------
 def test_switched_counts():
-    G = switched(32, H100_NET)      # 4 domains, 2 leaf groups x 8 rails
+    G = switched(32, H100_NET)  # 4 domains, 2 leaf groups x 8 rails
     devices = [n for n, d in G.nodes(data=True) if d["kind"] == "device"]
     assert len(devices) == 32
     assert G.number_of_nodes() == 32 + 4 + 16 + 1
@@ -141,16 +153,16 @@ def test_switched_routes_and_latencies():
     topo = Topology(switched(32, H100_NET))
     intra = topo.route(0, 5)
     assert kinds(topo, intra) == ["nvlink", "nvlink"]
-    assert topo.path_latency_s(0, 5) == pytest.approx(3.33e-6)        # ISCA'25 NVLink
-    same_rail = topo.route(0, 8)                                    # domains 0,1; group 0; rail 0
+    assert topo.path_latency_s(0, 5) == pytest.approx(3.33e-6)  # ISCA'25 NVLink
+    same_rail = topo.route(0, 8)  # domains 0,1; group 0; rail 0
     assert kinds(topo, same_rail) == ["nic", "nic"]
-    assert topo.path_latency_s(0, 8) == pytest.approx(2.8e-6)         # ISCA'25 IB same leaf
+    assert topo.path_latency_s(0, 8) == pytest.approx(2.8e-6)  # ISCA'25 IB same leaf
     cross_rail = topo.route(0, 9)
     assert kinds(topo, cross_rail) == ["nic", "fabric", "fabric", "nic"]
-    cross_group = topo.route(0, 16)                                 # same rail, other group
+    cross_group = topo.route(0, 16)  # same rail, other group
     assert kinds(topo, cross_group) == ["nic", "fabric", "fabric", "nic"]
     assert topo.link_endpoints(cross_group[1]) == ("p0.leaf0.r0", "p0.spine")
-    assert topo.path_latency_s(0, 16) == pytest.approx(3.7e-6)        # ISCA'25 IB cross leaf
+    assert topo.path_latency_s(0, 16) == pytest.approx(3.7e-6)  # ISCA'25 IB cross leaf
     for s, t in [(0, 5), (0, 8), (0, 9), (0, 16), (31, 2)]:
         assert_contiguous(topo, topo.route(s, t), s, t)
     assert topo.domain_of(9) == 1 and topo.domain_size == 8 and topo.kind == "switched"
@@ -158,7 +170,7 @@ def test_switched_routes_and_latencies():
 
 def test_oversubscription_sets_leaf_uplinks():
     net = SwitchedNetwork(8, 450e9, 50e9, oversubscription=2.0, domains_per_leaf=4)
-    topo = Topology(switched(64, net))        # 8 domains: 2 groups of 4 domains, 8 rails
+    topo = Topology(switched(64, net))  # 8 domains: 2 groups of 4 domains, 8 rails
     up = topo.link_id("p0.leaf1.r3", "p0.spine")
     assert topo.link_capacity[up] == pytest.approx(4 * 50e9 / 2)
     assert topo.link_capacity[topo.link_id("p0.spine", "p0.leaf1.r3")] == pytest.approx(100e9)
@@ -182,7 +194,7 @@ def test_join_pods():
     assert [topo.link_endpoints(k)[1] for k in route] == ["p0.dcn", "dcn", "p1.dcn", "d20"]
     assert topo.path_latency_s(3, 20) == pytest.approx(8e-6)
     assert topo.link_capacity[topo.link_id("p1.dcn", "dcn")] == pytest.approx(16 * 6.25e9)
-    assert kinds(topo, topo.route(16, 24)) == ["nic", "nic"]              # inside pod 1
+    assert kinds(topo, topo.route(16, 24)) == ["nic", "nic"]  # inside pod 1
     with pytest.raises(TopologyError, match="pods"):
         join_pods([pod], PodsSpec(2, 6.25e9))
 
@@ -223,9 +235,8 @@ def test_failed_link_reroutes_torus():
     assert_contiguous(failed, route, 0, 1)
     assert failed.n_links == topo.n_links - 2
     # pairs that never used the link keep their dimension-order route
-    assert [failed.link_endpoints(k) for k in failed.route(5, 7)] == \
-           [topo.link_endpoints(k) for k in topo.route(5, 7)]
-    assert topo.route(0, 1) == (topo.link_id("d0", "d1"),)       # original untouched
+    assert [failed.link_endpoints(k) for k in failed.route(5, 7)] == [topo.link_endpoints(k) for k in topo.route(5, 7)]
+    assert topo.route(0, 1) == (topo.link_id("d0", "d1"),)  # original untouched
 
 
 def test_failed_link_reroutes_switched():
@@ -302,19 +313,19 @@ def test_batch_routes_equal_one_by_one(name, topo):
     from simulator.network import FlowNetwork
 
     n = topo.n_devices
-    src, dst = np.divmod(np.arange(n * n), n)              # every ordered pair, self-pairs included
+    src, dst = np.divmod(np.arange(n * n), n)  # every ordered pair, self-pairs included
     links = topo.routes(src, dst)
     cal = NetCalibration(message_overhead_s={"nvlink": 1.3e-6, "nic": 2.1e-6, "fabric": 0.7e-6, "ici": 1.1e-6})
     net = FlowNetwork(simpy.Environment(), topo, cal)
     links2, latency = net.routes(src, dst)
     assert (links2 == links).all()
-    few, few_latency = net.routes(src[:40], dst[:40])          # one by one, through route()
-    assert (few == links[:40, :few.shape[1]]).all() and (links[:40, few.shape[1]:] == -1).all()
+    few, few_latency = net.routes(src[:40], dst[:40])  # one by one, through route()
+    assert (few == links[:40, : few.shape[1]]).all() and (links[:40, few.shape[1] :] == -1).all()
     assert (few_latency == latency[:40]).all()
     for i, (s, d) in enumerate(zip(src.tolist(), dst.tolist())):
         route = topo.route(s, d)
-        assert tuple(links[i, :len(route)].tolist()) == route and (links[i, len(route):] == -1).all()
+        assert tuple(links[i, : len(route)].tolist()) == route and (links[i, len(route) :] == -1).all()
         _, lat, ovh = net.route(s, d)
-        assert latency[i] == lat + ovh                       # exactly, not approximately
+        assert latency[i] == lat + ovh  # exactly, not approximately
     with pytest.raises(TopologyError, match="device index"):
         topo.routes([0], [n])

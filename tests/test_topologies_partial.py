@@ -37,10 +37,10 @@ def test_128_gpus_on_nvl72_are_two_racks_of_64():
 
 
 def test_fill_rule_without_devices_per_domain():
-    assert cluster_preset("gb200-nvl72", 100).devices_per_domain == 50      # 2 racks of 50
-    assert cluster_preset("gb200-nvl72", 144).devices_per_domain is None    # 2 whole racks
-    assert cluster_preset("gb200-nvl72", 64).devices_per_domain is None     # within one rack
-    assert cluster_preset("dgx-h100", 12).devices_per_domain == 6           # 2 nodes of 6
+    assert cluster_preset("gb200-nvl72", 100).devices_per_domain == 50  # 2 racks of 50
+    assert cluster_preset("gb200-nvl72", 144).devices_per_domain is None  # 2 whole racks
+    assert cluster_preset("gb200-nvl72", 64).devices_per_domain is None  # within one rack
+    assert cluster_preset("dgx-h100", 12).devices_per_domain == 6  # 2 nodes of 6
     # 146 = 2 x 73: not 2 racks filled equally; refused, pointing at the setting
     with pytest.raises(TopologyError, match="devices_per_domain .*largest: 2, on 73 domains") as err:
         cluster_preset("gb200-nvl72", 146)
@@ -50,15 +50,21 @@ def test_fill_rule_without_devices_per_domain():
 def test_devices_per_domain_checks():
     four = cluster_preset("gb200-nvl72", 128, devices_per_domain=32)
     assert four.network.domain_size == 32 and build_cluster(four).domain_of(127) == 3
-    for bad, field in [(dict(devices_per_domain=80), "at most domain_size 72"),
-                       (dict(devices_per_domain=48), "do not fill domains of 48 equally"),
-                       (dict(devices_per_domain=0), "integer >= 1")]:
+    for bad, field in [
+        (dict(devices_per_domain=80), "at most domain_size 72"),
+        (dict(devices_per_domain=48), "do not fill domains of 48 equally"),
+        (dict(devices_per_domain=0), "integer >= 1"),
+    ]:
         with pytest.raises(TopologyError, match=field) as err:
             cluster_preset("gb200-nvl72", 128, **bad)
         assert err.value.field == "cluster.devices_per_domain"
     with pytest.raises(ScenarioError, match="cluster.devices_per_domain: applies to switched"):
-        load_scenario(scenario(cluster={"preset": "tpu-v5p", "devices": 16, "devices_per_domain": 8},
-                               parallel={"tp": 2, "pp": 2, "dp": 4}))
+        load_scenario(
+            scenario(
+                cluster={"preset": "tpu-v5p", "devices": 16, "devices_per_domain": 8},
+                parallel={"tp": 2, "pp": 2, "dp": 4},
+            )
+        )
 
 
 def test_intra_rack_traffic_on_nvlink_and_cross_rack_on_nics():
@@ -89,8 +95,12 @@ def test_intra_rack_traffic_on_nvlink_and_cross_rack_on_nics():
 
 
 def test_partial_rack_scenario_round_trips():
-    sc = load_scenario(scenario(cluster={"preset": "gb200-nvl72", "devices": 128, "devices_per_domain": 64},
-                                parallel={"tp": 4, "pp": 2, "dp": 16}))
+    sc = load_scenario(
+        scenario(
+            cluster={"preset": "gb200-nvl72", "devices": 128, "devices_per_domain": 64},
+            parallel={"tp": 4, "pp": 2, "dp": 16},
+        )
+    )
     d = scenario_to_dict(sc)
     assert d["cluster"]["devices_per_domain"] == 64 and d["cluster"]["network"]["domain_size"] == 64
     assert scenario_to_dict(load_scenario(d)) == d
@@ -99,8 +109,11 @@ def test_partial_rack_scenario_round_trips():
 
 def test_partial_domains_fast_path_equals_exact():
     # 12 H100 as 3 nodes of 4 (of 8): tp pairs inside a node, data parallelism across nodes.
-    sc = scenario(cluster={"preset": "dgx-h100", "devices": 12, "devices_per_domain": 4},
-                  parallel={"tp": 2, "pp": 2, "dp": 3}, training={"global_batch_size": 6})
+    sc = scenario(
+        cluster={"preset": "dgx-h100", "devices": 12, "devices_per_domain": 4},
+        parallel={"tp": 2, "pp": 2, "dp": 3},
+        training={"global_batch_size": 6},
+    )
     fast = simulate(sc)
     exact = simulate(sc, exact=True)
     assert fast.summary["simulated_ranks"] < exact.summary["simulated_ranks"] == 12

@@ -8,28 +8,50 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from topologies import (CLUSTER_PRESETS, ClusterSpec, SwitchedNetwork, TopologyError,
-                        TorusNetwork, UnknownPresetError, build_cluster, cluster_preset, get_chip,
-                        load_topology, plot_topology, save_topology, torus_shape_for)
+from topologies import (
+    CLUSTER_PRESETS,
+    ClusterSpec,
+    SwitchedNetwork,
+    TopologyError,
+    TorusNetwork,
+    UnknownPresetError,
+    build_cluster,
+    cluster_preset,
+    get_chip,
+    load_topology,
+    plot_topology,
+    save_topology,
+    torus_shape_for,
+)
 
 
 # ---- presets -------------------------------------------------------------------------------
 def test_every_preset_builds_at_its_default_size():
-    expected = {"dgx-a100", "dgx-h100", "h800", "dgx-b200", "gb200-nvl72", "tpu-v4", "tpu-v5e",
-                "tpu-v5p", "tpu-v6e", "tpu-v7"}
+    expected = {
+        "dgx-a100",
+        "dgx-h100",
+        "h800",
+        "dgx-b200",
+        "gb200-nvl72",
+        "tpu-v4",
+        "tpu-v5e",
+        "tpu-v5p",
+        "tpu-v6e",
+        "tpu-v7",
+    }
     assert expected == set(CLUSTER_PRESETS)
     for name, preset in CLUSTER_PRESETS.items():
         spec = cluster_preset(name)
         assert spec.devices == preset.default_devices and spec.chip == get_chip(preset.chip)
         assert preset.source
-        if name in ("tpu-v5e", "tpu-v6e", "gb200-nvl72", "dgx-a100"):     # the small ones
+        if name in ("tpu-v5e", "tpu-v6e", "gb200-nvl72", "dgx-a100"):  # the small ones
             assert build_cluster(spec).n_devices == spec.devices
 
 
 def test_gpu_preset_values():
     h800 = cluster_preset("h800", 64)
-    assert h800.network.domain_bw_bytes_per_s == 200e9     # 400 GB/s bidirectional
-    assert h800.network.nic_bw_bytes_per_s == 50e9         # 400 Gb/s IB per GPU
+    assert h800.network.domain_bw_bytes_per_s == 200e9  # 400 GB/s bidirectional
+    assert h800.network.nic_bw_bytes_per_s == 50e9  # 400 Gb/s IB per GPU
     assert h800.network.domain_size == 8 and h800.chip.name == "h800"
     assert cluster_preset("gb200-nvl72").network.domain_size == 72
     assert cluster_preset("dgx-a100", 16).network.nic_bw_bytes_per_s == 25e9
@@ -49,7 +71,7 @@ def test_tpu_preset_shapes_and_pods():
     assert two.pods.dcn_bw_bytes_per_s == 12.5e9
     topo = build_cluster(two)
     assert topo.n_pods == 2 and topo.torus_shape == (16, 16) and topo.n_devices == 512
-    big = cluster_preset("tpu-v5p", 16384)          # 8192 does not fit axes <= 28: 4 pods
+    big = cluster_preset("tpu-v5p", 16384)  # 8192 does not fit axes <= 28: 4 pods
     assert big.pods.count == 4 and big.network.shape == (16, 16, 16)
 
 
@@ -162,8 +184,9 @@ def test_bad_files_raise_topology_error(tmp_path):
 
 # ---- plot ------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("preset, devices", [
-    ("tpu-v5e", 512), ("tpu-v5p", 64), ("dgx-h100", 32), ("dgx-h100", 1024), ("gb200-nvl72", 144)])
+@pytest.mark.parametrize(
+    "preset, devices", [("tpu-v5e", 512), ("tpu-v5p", 64), ("dgx-h100", 32), ("dgx-h100", 1024), ("gb200-nvl72", 144)]
+)
 def test_plot_writes_png(tmp_path, preset, devices):
     topo = build_cluster(cluster_preset(preset, devices))
     path = tmp_path / "topo.png"

@@ -36,9 +36,15 @@ def test_written_trace_simulates_to_identical_summary(tmp_path, suffix):
 def test_offload_ops_survive_a_trace_file(tmp_path):
     """Host copies (activation offload and reload) and optimizer CPU work are ops too:
     a written trace keeps them, so ``stepsim trace`` then ``run --trace`` gives the same step."""
-    sc = scenario(parallel={"tp": 2, "pp": 2, "dp": 2},
-                  training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 8,
-                            "offload": {"optimizer": True, "activations": True}})
+    sc = scenario(
+        parallel={"tp": 2, "pp": 2, "dp": 2},
+        training={
+            "seq_len": 1024,
+            "micro_batch_size": 1,
+            "global_batch_size": 8,
+            "offload": {"optimizer": True, "activations": True},
+        },
+    )
     direct = simulate(sc)
     assert (direct.events["kind"] == "host").any()
     path = tmp_path / "t.json"

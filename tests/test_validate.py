@@ -32,8 +32,15 @@ def _case(name, cluster, devices, parallel, schedule="1f1b", metric="step_time_s
 
 TINY = [
     _case("tiny-a100-dp", "dgx-a100", 8, {"tp": 2, "pp": 1, "dp": 4}),
-    _case("tiny-a100-pp", "dgx-a100", 8, {"tp": 2, "pp": 2, "dp": 2, "vpp": 2}, "interleaved-1f1b",
-          metric="hw_tflops_per_device", value=150.0),
+    _case(
+        "tiny-a100-pp",
+        "dgx-a100",
+        8,
+        {"tp": 2, "pp": 2, "dp": 2, "vpp": 2},
+        "interleaved-1f1b",
+        metric="hw_tflops_per_device",
+        value=150.0,
+    ),
     _case("tiny-h100", "dgx-h100", 8, {"tp": 4, "pp": 1, "dp": 2}, metric="mfu", value=0.5),
 ]
 
@@ -53,12 +60,15 @@ def test_case_keys_are_stripped_before_the_scenario_loader():
     load_scenario(case.scenario)  # the loader forbids unknown keys: this must pass
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"published": None}, "published"),
-    ({"published": {"metric": "speed", "value": 1, "source": "x"}}, "published.metric"),
-    ({"published": {"metric": "mfu", "value": -1, "source": "x"}}, "published.value"),
-    ({"published": {"metric": "mfu", "value": 0.5}}, "published.source"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"published": None}, "published"),
+        ({"published": {"metric": "speed", "value": 1, "source": "x"}}, "published.metric"),
+        ({"published": {"metric": "mfu", "value": -1, "source": "x"}}, "published.value"),
+        ({"published": {"metric": "mfu", "value": 0.5}}, "published.source"),
+    ],
+)
 def test_bad_cases_are_refused_with_the_key(bad, message):
     with pytest.raises(v.ValidationError, match=message):
         v.load_case({**TINY[0], **bad})
@@ -115,8 +125,17 @@ def test_validate_command_writes_table_csv_and_plot(suite, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "median |error|" in text and "worst |error|" in text and "tiny-h100" in text
     rows = list(csv.DictReader((out / "validation.csv").open()))
-    assert list(rows[0]) == ["case", "metric", "published", "simulated", "error", "source", "peak_memory_bytes", "oom",
-                             "family"]
+    assert list(rows[0]) == [
+        "case",
+        "metric",
+        "published",
+        "simulated",
+        "error",
+        "source",
+        "peak_memory_bytes",
+        "oom",
+        "family",
+    ]
     assert len(rows) == 3
     for r in rows:
         assert float(r["error"]) == pytest.approx(float(r["simulated"]) / float(r["published"]) - 1)
@@ -135,9 +154,14 @@ def test_family_stats_are_medians_over_each_familys_speed_cases():
         c = v.Case(name, None, case.scenario, metric, published, "", "")
         return v.CaseResult(c, simulated, 0.0, {"chip_family": fam})
 
-    rs = [res("a", "hopper", "step_time_s", 1.0, 1.10), res("b", "hopper", "step_time_s", 1.0, 0.98),
-          res("c", "hopper", "mfu", 0.5, 0.45), res("d", "tpu", "step_time_s", 2.0, 2.2),
-          res("m", "hopper", "oom", 1.0, 1.0), res("z", "hopper", "model_state_bytes", 10.0, 10.0)]
+    rs = [
+        res("a", "hopper", "step_time_s", 1.0, 1.10),
+        res("b", "hopper", "step_time_s", 1.0, 0.98),
+        res("c", "hopper", "mfu", 0.5, 0.45),
+        res("d", "tpu", "step_time_s", 2.0, 2.2),
+        res("m", "hopper", "oom", 1.0, 1.0),
+        res("z", "hopper", "model_state_bytes", 10.0, 10.0),
+    ]
     st = v.family_stats(rs)
     assert list(st) == ["hopper", "tpu"]  # FAMILY_ORDER
     n, med, worst, name = st["hopper"]
@@ -147,8 +171,7 @@ def test_family_stats_are_medians_over_each_familys_speed_cases():
 
 
 def test_validate_subset_and_max_error_exit_code(suite):
-    assert cli_main(["validate", "--suite", str(suite), "--cases", "tiny-h100", "--quiet",
-                     "--max-error", "1e-9"]) == 3
+    assert cli_main(["validate", "--suite", str(suite), "--cases", "tiny-h100", "--quiet", "--max-error", "1e-9"]) == 3
     assert cli_main(["validate", "--suite", str(suite), "--cases", "nothing*", "--quiet"]) == 2
 
 
@@ -179,7 +202,11 @@ def test_the_built_in_suite_is_found_in_a_checkout():
 
     assert v.SUITE_DIR == pathlib.Path(v.__file__).resolve().parent.parent / "validation"
     assert [c.name for c in v.discover(["korthikanti2022/*"])] == [
-        "korthikanti22-175b", "korthikanti22-1t", "korthikanti22-22b", "korthikanti22-530b"]
+        "korthikanti22-175b",
+        "korthikanti22-1t",
+        "korthikanti22-22b",
+        "korthikanti22-530b",
+    ]
 
 
 def test_suite_spans_four_chip_families_and_six_moe_cases():
@@ -215,11 +242,16 @@ def test_issue15_cases_carry_source_metric_and_assumptions():
 # overlaps the backward pass; local: Megatron's DDP, reduced after it) and
 # --num-layers-per-virtual-pipeline-stage (absent: non-interleaved 1F1B).
 _SC21_TABLE1 = {  # case: (micro-batch, DDP impl, layers per virtual stage)
-    "narayanan21-1.7b": (16, "torch", None), "narayanan21-3.6b": (16, "torch", None),
-    "narayanan21-7.5b": (16, "torch", None), "narayanan21-18.4b": (8, "torch", None),
-    "narayanan21-39.1b": (4, "local", None), "narayanan21-76.1b": (2, "local", 5),
-    "narayanan21-145.6b": (2, "local", 5), "narayanan21-310.1b": (1, "local", 3),
-    "narayanan21-529.6b": (1, "local", 1), "narayanan21-1008b": (1, "local", None),
+    "narayanan21-1.7b": (16, "torch", None),
+    "narayanan21-3.6b": (16, "torch", None),
+    "narayanan21-7.5b": (16, "torch", None),
+    "narayanan21-18.4b": (8, "torch", None),
+    "narayanan21-39.1b": (4, "local", None),
+    "narayanan21-76.1b": (2, "local", 5),
+    "narayanan21-145.6b": (2, "local", 5),
+    "narayanan21-310.1b": (1, "local", 3),
+    "narayanan21-529.6b": (1, "local", 1),
+    "narayanan21-1008b": (1, "local", None),
 }
 
 

@@ -32,8 +32,9 @@ def device_node(i: int) -> str:
     return f"d{i}"
 
 
-def torus(shape: Sequence[int], link_bw: float, latency: float = 1e-6,
-          wrap: Optional[Sequence[bool]] = None) -> nx.Graph:
+def torus(
+    shape: Sequence[int], link_bw: float, latency: float = 1e-6, wrap: Optional[Sequence[bool]] = None
+) -> nx.Graph:
     """An n-D torus of devices, one scale-up domain.
 
     Devices are numbered with axis 0 fastest: ``i = x0 + s0*(x1 + s1*(x2 + ...))``.
@@ -47,15 +48,18 @@ def torus(shape: Sequence[int], link_bw: float, latency: float = 1e-6,
     """
     shape = tuple(int(n) for n in shape)
     if not shape or any(n < 1 for n in shape):
-        raise TopologyError(f"cluster.network.shape: axis lengths must be >= 1, got {list(shape)}",
-                            "cluster.network.shape")
+        raise TopologyError(
+            f"cluster.network.shape: axis lengths must be >= 1, got {list(shape)}", "cluster.network.shape"
+        )
     wrap = default_wrap(shape) if wrap is None else tuple(bool(w) for w in wrap)
     if len(wrap) != len(shape):
-        raise TopologyError(f"cluster.network.wraparound: needs {len(shape)} flags, got {list(wrap)}",
-                            "cluster.network.wraparound")
+        raise TopologyError(
+            f"cluster.network.wraparound: needs {len(shape)} flags, got {list(wrap)}", "cluster.network.wraparound"
+        )
     if not link_bw > 0:
-        raise TopologyError(f"cluster.network.link_bw_bytes_per_s: must be > 0, got {link_bw!r}",
-                            "cluster.network.link_bw_bytes_per_s")
+        raise TopologyError(
+            f"cluster.network.link_bw_bytes_per_s: must be > 0, got {link_bw!r}", "cluster.network.link_bw_bytes_per_s"
+        )
     n = math.prod(shape)
     strides = [math.prod(shape[:a]) for a in range(len(shape))]
     G = nx.Graph(kind="torus", shape=shape, wrap=wrap, domain_size=n, nvls=False, sharp=False)
@@ -66,8 +70,10 @@ def torus(shape: Sequence[int], link_bw: float, latency: float = 1e-6,
             rest, c = divmod(rest, s)
             coords.append(c)
         coords_of.append(tuple(coords))
-    G.add_nodes_from((device_node(i), {"kind": "device", "index": i, "domain": 0, "pod": 0,
-                                       "coords": coords_of[i]}) for i in range(n))
+    G.add_nodes_from(
+        (device_node(i), {"kind": "device", "index": i, "domain": 0, "pod": 0, "coords": coords_of[i]})
+        for i in range(n)
+    )
     attrs = {"bw_bytes_per_s": float(link_bw), "latency_s": float(latency), "kind": "ici"}
     edges = []
     for i, coords in enumerate(coords_of):
@@ -102,23 +108,24 @@ def switched(devices: int, net: SwitchedNetwork) -> nx.Graph:
         If ``devices`` exceeds one domain but is not a multiple of ``domain_size``.
     """
     if not (isinstance(devices, int) and devices >= 1):
-        raise TopologyError(f"cluster.devices: must be an integer >= 1, got {devices!r}",
-                            "cluster.devices")
+        raise TopologyError(f"cluster.devices: must be an integer >= 1, got {devices!r}", "cluster.devices")
     size = net.domain_size
     if devices > size and devices % size:
         raise TopologyError(
-            f"cluster.devices: {devices} devices is neither at most one domain nor a multiple of "
-            f"domain_size {size}", "cluster.devices")
+            f"cluster.devices: {devices} devices is neither at most one domain nor a multiple of domain_size {size}",
+            "cluster.devices",
+        )
     n_domains = max(1, devices // size)
     G = nx.Graph(kind="switched", domain_size=size, nvls=bool(net.nvls), sharp=bool(net.sharp))
-    nvlink = {"bw_bytes_per_s": float(net.domain_bw_bytes_per_s),
-              "latency_s": float(net.domain_latency_s), "kind": "nvlink"}
-    nic = {"bw_bytes_per_s": float(net.nic_bw_bytes_per_s),
-           "latency_s": float(net.nic_latency_s), "kind": "nic"}
+    nvlink = {
+        "bw_bytes_per_s": float(net.domain_bw_bytes_per_s),
+        "latency_s": float(net.domain_latency_s),
+        "kind": "nvlink",
+    }
+    nic = {"bw_bytes_per_s": float(net.nic_bw_bytes_per_s), "latency_s": float(net.nic_latency_s), "kind": "nic"}
     names = [device_node(i) for i in range(devices)]
     G.add_nodes_from((f"p0.nvsw{k}" for k in range(n_domains)), kind="switch")
-    G.add_nodes_from((names[i], {"kind": "device", "index": i, "domain": i // size, "pod": 0})
-                     for i in range(devices))
+    G.add_nodes_from((names[i], {"kind": "device", "index": i, "domain": i // size, "pod": 0}) for i in range(devices))
     edges = [(names[i], f"p0.nvsw{i // size}", nvlink) for i in range(devices)]
     if n_domains > 1:
         downlinks: dict[str, int] = {}
@@ -130,9 +137,17 @@ def switched(devices: int, net: SwitchedNetwork) -> nx.Graph:
         G.add_nodes_from(downlinks, kind="switch")
         G.add_node("p0.spine", kind="switch")
         for leaf, count in downlinks.items():
-            edges.append((leaf, "p0.spine", {
-                "bw_bytes_per_s": count * float(net.nic_bw_bytes_per_s) / net.oversubscription,
-                "latency_s": float(net.switch_latency_s), "kind": "fabric"}))
+            edges.append(
+                (
+                    leaf,
+                    "p0.spine",
+                    {
+                        "bw_bytes_per_s": count * float(net.nic_bw_bytes_per_s) / net.oversubscription,
+                        "latency_s": float(net.switch_latency_s),
+                        "kind": "fabric",
+                    },
+                )
+            )
     G.add_edges_from(edges)
     return G
 
@@ -153,22 +168,24 @@ def join_pods(pod_graphs: Sequence[nx.Graph], pods: PodsSpec) -> nx.Graph:
         If the pod count differs from ``pods.count`` or the pods differ in size or kind.
     """
     if len(pod_graphs) != pods.count:
-        raise TopologyError(f"cluster.pods.count: {pods.count} pods declared, "
-                            f"{len(pod_graphs)} pod graphs given", "cluster.pods.count")
+        raise TopologyError(
+            f"cluster.pods.count: {pods.count} pods declared, {len(pod_graphs)} pod graphs given", "cluster.pods.count"
+        )
     sizes = {sum(1 for _, k in g.nodes(data="kind") if k == "device") for g in pod_graphs}
     kinds = {g.graph.get("kind") for g in pod_graphs}
     if len(sizes) != 1 or len(kinds) != 1:
-        raise TopologyError("cluster.pods: all pods must have the same kind and device count, got "
-                            f"sizes {sorted(sizes)} and kinds {sorted(map(str, kinds))}",
-                            "cluster.pods")
+        raise TopologyError(
+            "cluster.pods: all pods must have the same kind and device count, got "
+            f"sizes {sorted(sizes)} and kinds {sorted(map(str, kinds))}",
+            "cluster.pods",
+        )
     n = sizes.pop()
     per_link_latency = pods.dcn_latency_s / 4
     G = nx.Graph(**pod_graphs[0].graph)
     G.graph.update(pods=pods.count, devices_per_pod=n)
     G.add_node("dcn", kind="switch")
     for p, pg in enumerate(pod_graphs):
-        n_domains = 1 + max(d.get("domain", 0) for _, d in pg.nodes(data=True)
-                            if d.get("kind") == "device")
+        n_domains = 1 + max(d.get("domain", 0) for _, d in pg.nodes(data=True) if d.get("kind") == "device")
 
         def rename(node, p=p):
             if pg.nodes[node].get("kind") == "device":
@@ -179,16 +196,20 @@ def join_pods(pod_graphs: Sequence[nx.Graph], pods: PodsSpec) -> nx.Graph:
         for node, data in pg.nodes(data=True):
             data = dict(data)
             if data.get("kind") == "device":
-                data.update(index=p * n + data["index"], pod=p,
-                            domain=p * n_domains + data.get("domain", 0))
+                data.update(index=p * n + data["index"], pod=p, domain=p * n_domains + data.get("domain", 0))
             G.add_node(rename(node), **data)
         G.add_edges_from((rename(u), rename(v), dict(d)) for u, v, d in pg.edges(data=True))
         pod_switch = f"p{p}.dcn"
         G.add_node(pod_switch, kind="switch")
         G.add_edges_from(
-            (device_node(p * n + i), pod_switch,
-             {"bw_bytes_per_s": float(pods.dcn_bw_bytes_per_s), "latency_s": per_link_latency,
-              "kind": "dcn"}) for i in range(n))
-        G.add_edge(pod_switch, "dcn", bw_bytes_per_s=n * float(pods.dcn_bw_bytes_per_s),
-                   latency_s=per_link_latency, kind="dcn")
+            (
+                device_node(p * n + i),
+                pod_switch,
+                {"bw_bytes_per_s": float(pods.dcn_bw_bytes_per_s), "latency_s": per_link_latency, "kind": "dcn"},
+            )
+            for i in range(n)
+        )
+        G.add_edge(
+            pod_switch, "dcn", bw_bytes_per_s=n * float(pods.dcn_bw_bytes_per_s), latency_s=per_link_latency, kind="dcn"
+        )
     return G

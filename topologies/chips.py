@@ -43,24 +43,26 @@ class ChipSpec:
         peaks = dict(self.peak_flops_per_s)
         if "bf16" not in peaks:
             raise TopologyError(
-                f"cluster.chip.peak_flops_per_s: chip {self.name!r} needs a 'bf16' peak; got keys "
-                f"{sorted(peaks)}", "cluster.chip.peak_flops_per_s")
+                f"cluster.chip.peak_flops_per_s: chip {self.name!r} needs a 'bf16' peak; got keys {sorted(peaks)}",
+                "cluster.chip.peak_flops_per_s",
+            )
         for dtype, value in peaks.items():
             if not value > 0:
                 raise TopologyError(
                     f"cluster.chip.peak_flops_per_s.{dtype}: must be > 0 FLOP/s, got {value!r}",
-                    f"cluster.chip.peak_flops_per_s.{dtype}")
+                    f"cluster.chip.peak_flops_per_s.{dtype}",
+                )
         peaks = {k: float(v) for k, v in sorted(peaks.items())}
         object.__setattr__(self, "peak_flops_per_s", peaks)
         for name in ("hbm_bytes", "hbm_bw_bytes_per_s"):
             value = getattr(self, name)
             if not value > 0:
-                raise TopologyError(f"cluster.chip.{name}: must be > 0, got {value!r}",
-                                    f"cluster.chip.{name}")
+                raise TopologyError(f"cluster.chip.{name}: must be > 0, got {value!r}", f"cluster.chip.{name}")
         if self.family not in FAMILIES:
             raise TopologyError(
-                f"cluster.chip.family: {self.family!r} is not a calibration family; allowed: "
-                f"{', '.join(FAMILIES)}", "cluster.chip.family")
+                f"cluster.chip.family: {self.family!r} is not a calibration family; allowed: {', '.join(FAMILIES)}",
+                "cluster.chip.family",
+            )
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; the BF16 peak for a dtype not listed."""
@@ -68,43 +70,74 @@ class ChipSpec:
 
 
 def _chip(name, bf16_tflops, fp8_tflops, hbm_bytes, hbm_bw, family, source) -> ChipSpec:
-    return ChipSpec(name, {"bf16": bf16_tflops * 1e12, "fp8": fp8_tflops * 1e12},
-                    hbm_bytes, hbm_bw, family, source)
+    return ChipSpec(name, {"bf16": bf16_tflops * 1e12, "fp8": fp8_tflops * 1e12}, hbm_bytes, hbm_bw, family, source)
 
 
-CHIPS: dict[str, ChipSpec] = {c.name: c for c in (
-    # A100 SXM 80GB: 312 TF BF16; no FP8 (624 is INT8); 80 GB HBM2e at 2039 GB/s.
-    _chip("a100", 312, 312, 80e9, 2.039e12, "ampere",
-          "NVIDIA A100 datasheet via HSYM GPU tables; Megatron-LM SC'21 section 5"),
-    # H100 SXM: 989 TF BF16, 1979 TF FP8 dense; 80 GB HBM3 at 3.35 TB/s.
-    _chip("h100", 989, 1979, 80e9, 3.35e12, "hopper", "NVIDIA H100 SXM datasheet; HSYM GPU tables"),
-    # H800 SXM: same Tensor Cores and HBM as H100 (only NVLink is cut to 400 GB/s bidir).
-    _chip("h800", 989, 1979, 80e9, 3.35e12, "hopper", "DeepSeek-V3 report (arXiv 2412.19437) section 3.1"),
-    # H200 SXM: H100 compute with 141 GB HBM3e at 4.8 TB/s.
-    _chip("h200", 989, 1979, 141e9, 4.8e12, "hopper", "NVIDIA H200 datasheet; HSYM GPU tables"),
-    # B200: 2250 TF BF16, 4500 TF FP8 dense; 192 GB HBM3e at 8 TB/s (HSYM; some pages say 180 GB).
-    _chip("b200", 2250, 4500, 192e9, 8.0e12, "blackwell", "HSYM GPU tables; NVIDIA DGX B200 datasheet"),
-    # GB200 (one Blackwell GPU of an NVL72): 2450 / 4900 TF dense (dgxc), ~186 GB (13.4 TB / 72),
-    # 8 TB/s (576 TB/s / 72).
-    _chip("gb200", 2450, 4900, 186e9, 8.0e12, "blackwell",
-          "NVIDIA DGX Cloud benchmarking README (dgxc); GB200 NVL72 rack datasheet / 72"),
-    # TPU v4: 275 TF BF16 (INT8 the same), 32 GiB HBM2 at 1200 GB/s.
-    _chip("tpu-v4", 275, 275, 32 * GiB, 1.2e12, "tpu", "Cloud TPU v4 documentation; HSYM TPU table"),
-    # TPU v5e: 197 TF BF16 (394 is INT8), "16 GB" HBM2 at 819 GB/s. The capacity is what XLA
-    # lets a program allocate, 15.75 GiB (16.9e9 B): its out-of-memory message reads "Used ...
-    # of 15.75G hbm" on v5e, G being GiB (the datasheet's 16 GB are 16 GiB less XLA's reserve).
-    _chip("tpu-v5e", 197, 197, 15.75 * GiB, 819e9, "tpu",
-          "Cloud TPU v5e documentation; HSYM TPU table; XLA:TPU out-of-memory report (15.75G hbm)"),
-    # TPU v5p: 459 TF BF16, no FP8 speed-up (918 is INT8), "95 GB" HBM2e at 2765 GB/s; XLA
-    # allocates up to 95.74 GiB (102.8e9 B): "Used ... of 95.74G hbm" in its out-of-memory report.
-    _chip("tpu-v5p", 459, 459, 95.74 * GiB, 2.765e12, "tpu",
-          "Cloud TPU v5p documentation; HSYM TPU table; XLA:TPU out-of-memory report (95.74G hbm)"),
-    # TPU v6e (Trillium): 918 TF BF16 (1836 is INT8), 32 GB HBM at 1638 GB/s.
-    _chip("tpu-v6e", 918, 918, 32e9, 1.638e12, "tpu", "Cloud TPU v6e documentation; HSYM TPU table"),
-    # TPU7x (Ironwood): 2307 TF BF16, 4614 TF FP8, 192 GiB HBM3e at 7.37 TB/s.
-    _chip("tpu-v7", 2307, 4614, 192 * GiB, 7.37e12, "tpu",
-          "Cloud TPU7x documentation; HSYM TPU table; Hot Chips 2025"),
-)}
+CHIPS: dict[str, ChipSpec] = {
+    c.name: c
+    for c in (
+        # A100 SXM 80GB: 312 TF BF16; no FP8 (624 is INT8); 80 GB HBM2e at 2039 GB/s.
+        _chip(
+            "a100",
+            312,
+            312,
+            80e9,
+            2.039e12,
+            "ampere",
+            "NVIDIA A100 datasheet via HSYM GPU tables; Megatron-LM SC'21 section 5",
+        ),
+        # H100 SXM: 989 TF BF16, 1979 TF FP8 dense; 80 GB HBM3 at 3.35 TB/s.
+        _chip("h100", 989, 1979, 80e9, 3.35e12, "hopper", "NVIDIA H100 SXM datasheet; HSYM GPU tables"),
+        # H800 SXM: same Tensor Cores and HBM as H100 (only NVLink is cut to 400 GB/s bidir).
+        _chip("h800", 989, 1979, 80e9, 3.35e12, "hopper", "DeepSeek-V3 report (arXiv 2412.19437) section 3.1"),
+        # H200 SXM: H100 compute with 141 GB HBM3e at 4.8 TB/s.
+        _chip("h200", 989, 1979, 141e9, 4.8e12, "hopper", "NVIDIA H200 datasheet; HSYM GPU tables"),
+        # B200: 2250 TF BF16, 4500 TF FP8 dense; 192 GB HBM3e at 8 TB/s (HSYM; some pages say 180 GB).
+        _chip("b200", 2250, 4500, 192e9, 8.0e12, "blackwell", "HSYM GPU tables; NVIDIA DGX B200 datasheet"),
+        # GB200 (one Blackwell GPU of an NVL72): 2450 / 4900 TF dense (dgxc), ~186 GB (13.4 TB / 72),
+        # 8 TB/s (576 TB/s / 72).
+        _chip(
+            "gb200",
+            2450,
+            4900,
+            186e9,
+            8.0e12,
+            "blackwell",
+            "NVIDIA DGX Cloud benchmarking README (dgxc); GB200 NVL72 rack datasheet / 72",
+        ),
+        # TPU v4: 275 TF BF16 (INT8 the same), 32 GiB HBM2 at 1200 GB/s.
+        _chip("tpu-v4", 275, 275, 32 * GiB, 1.2e12, "tpu", "Cloud TPU v4 documentation; HSYM TPU table"),
+        # TPU v5e: 197 TF BF16 (394 is INT8), "16 GB" HBM2 at 819 GB/s. The capacity is what XLA
+        # lets a program allocate, 15.75 GiB (16.9e9 B): its out-of-memory message reads "Used ...
+        # of 15.75G hbm" on v5e, G being GiB (the datasheet's 16 GB are 16 GiB less XLA's reserve).
+        _chip(
+            "tpu-v5e",
+            197,
+            197,
+            15.75 * GiB,
+            819e9,
+            "tpu",
+            "Cloud TPU v5e documentation; HSYM TPU table; XLA:TPU out-of-memory report (15.75G hbm)",
+        ),
+        # TPU v5p: 459 TF BF16, no FP8 speed-up (918 is INT8), "95 GB" HBM2e at 2765 GB/s; XLA
+        # allocates up to 95.74 GiB (102.8e9 B): "Used ... of 95.74G hbm" in its out-of-memory report.
+        _chip(
+            "tpu-v5p",
+            459,
+            459,
+            95.74 * GiB,
+            2.765e12,
+            "tpu",
+            "Cloud TPU v5p documentation; HSYM TPU table; XLA:TPU out-of-memory report (95.74G hbm)",
+        ),
+        # TPU v6e (Trillium): 918 TF BF16 (1836 is INT8), 32 GB HBM at 1638 GB/s.
+        _chip("tpu-v6e", 918, 918, 32e9, 1.638e12, "tpu", "Cloud TPU v6e documentation; HSYM TPU table"),
+        # TPU7x (Ironwood): 2307 TF BF16, 4614 TF FP8, 192 GiB HBM3e at 7.37 TB/s.
+        _chip(
+            "tpu-v7", 2307, 4614, 192 * GiB, 7.37e12, "tpu", "Cloud TPU7x documentation; HSYM TPU table; Hot Chips 2025"
+        ),
+    )
+}
 
 
 def get_chip(name: str) -> ChipSpec:

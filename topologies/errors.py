@@ -32,9 +32,7 @@ class UnknownPresetError(TopologyError, KeyError):
 
     def __init__(self, what: str, name: object, allowed: Iterable[str], field: str) -> None:
         self.allowed = tuple(sorted(allowed))
-        message = (
-            f"{field}: unknown {what} {name!r}; allowed: {', '.join(self.allowed)}"
-        )
+        message = f"{field}: unknown {what} {name!r}; allowed: {', '.join(self.allowed)}"
         super().__init__(message, field)
 
     def __str__(self) -> str:  # KeyError would quote the whole message

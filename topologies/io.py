@@ -40,22 +40,21 @@ from .topology import Topology
 FORMAT = "stepsim-topology"
 VERSION = 1
 _TUPLE_KEYS = ("coords", "shape", "wrap")
-MAX_TOPOLOGY_FILE_BYTES = 64 * 2**20   # a 100,000-device switched cluster is ~40 MB of JSON
+MAX_TOPOLOGY_FILE_BYTES = 64 * 2**20  # a 100,000-device switched cluster is ~40 MB of JSON
 
 
 def _format_of(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix in (".json", ".graphml"):
         return suffix[1:]
-    raise TopologyError(f"topology: {path}: unknown extension {path.suffix!r}; allowed: .json, "
-                        ".graphml", "topology")
+    raise TopologyError(f"topology: {path}: unknown extension {path.suffix!r}; allowed: .json, .graphml", "topology")
 
 
 def _plain(value):
     """JSON-friendly copy of an attribute value."""
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
-    if hasattr(value, "item"):          # numpy scalar
+    if hasattr(value, "item"):  # numpy scalar
         return value.item()
     return value
 
@@ -67,20 +66,21 @@ def save_topology(topo: Topology, path: Union[str, Path]) -> None:
     G = topo.graph
     if fmt == "json":
         doc = {
-            "format": FORMAT, "version": VERSION, "name": topo.name,
+            "format": FORMAT,
+            "version": VERSION,
+            "name": topo.name,
             "graph": {k: _plain(v) for k, v in G.graph.items()},
-            "nodes": [{"id": n, **{k: _plain(v) for k, v in d.items()}}
-                      for n, d in G.nodes(data=True)],
-            "edges": [{"source": u, "target": v, **{k: _plain(x) for k, x in d.items()}}
-                      for u, v, d in G.edges(data=True)],
+            "nodes": [{"id": n, **{k: _plain(v) for k, v in d.items()}} for n, d in G.nodes(data=True)],
+            "edges": [
+                {"source": u, "target": v, **{k: _plain(x) for k, x in d.items()}} for u, v, d in G.edges(data=True)
+            ],
         }
         path.write_text(json.dumps(doc, indent=1))
         return
     H = nx.Graph()
 
     def encode(attrs):
-        return {k: json.dumps(_plain(v)) if k in _TUPLE_KEYS else _plain(v)
-                for k, v in attrs.items() if v is not None}
+        return {k: json.dumps(_plain(v)) if k in _TUPLE_KEYS else _plain(v) for k, v in attrs.items() if v is not None}
 
     H.graph.update(encode(G.graph), name=topo.name)
     H.add_nodes_from((str(n), encode(d)) for n, d in G.nodes(data=True))
@@ -95,8 +95,9 @@ def _decode_tuples(attrs: dict, where: str) -> None:
             try:
                 value = json.loads(value)
             except (json.JSONDecodeError, RecursionError):
-                raise TopologyError(f"topology: {where}: attribute {key!r} is not a list: "
-                                    f"{value!r}", "topology") from None
+                raise TopologyError(
+                    f"topology: {where}: attribute {key!r} is not a list: {value!r}", "topology"
+                ) from None
         if isinstance(value, list):
             attrs[key] = tuple(value)
 
@@ -128,8 +129,11 @@ def load_topology(path: Union[str, Path]) -> Topology:
     except TopologyError as err:
         raise TopologyError(f"{path}: {err}", err.field) from None
     except Exception as err:  # noqa: BLE001 -- XML parse errors (a SyntaxError), NetworkXError, ...
-        raise TopologyError(f"topology: {path} is not a readable {fmt.upper() if fmt == 'json' else 'GraphML'} "
-                            f"topology ({type(err).__name__}: {err})", "topology") from None
+        raise TopologyError(
+            f"topology: {path} is not a readable {fmt.upper() if fmt == 'json' else 'GraphML'} "
+            f"topology ({type(err).__name__}: {err})",
+            "topology",
+        ) from None
     _decode_tuples(G.graph, "graph")
     for node, data in G.nodes(data=True):
         _decode_tuples(data, f"node {node!r}")
@@ -141,11 +145,9 @@ def load_topology(path: Union[str, Path]) -> Topology:
 
 def _from_json(doc):
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise TopologyError(f"topology: expected an object with \"format\": \"{FORMAT}\"",
-                            "topology")
+        raise TopologyError(f'topology: expected an object with "format": "{FORMAT}"', "topology")
     if doc.get("version") != VERSION:
-        raise TopologyError(f"topology: unsupported version {doc.get('version')!r}; allowed: "
-                            f"{VERSION}", "topology")
+        raise TopologyError(f"topology: unsupported version {doc.get('version')!r}; allowed: {VERSION}", "topology")
     for key in ("nodes", "edges"):
         if not isinstance(doc.get(key), list):
             raise TopologyError(f"topology: missing list {key!r}", "topology")
@@ -160,8 +162,6 @@ def _from_json(doc):
             raise TopologyError(f"topology: edges[{k}] lacks 'source' or 'target'", "topology")
         for end in (edge["source"], edge["target"]):
             if end not in G:
-                raise TopologyError(f"topology: edges[{k}] names unknown node {end!r}",
-                                    "topology")
-        G.add_edge(edge["source"], edge["target"],
-                   **{a: v for a, v in edge.items() if a not in ("source", "target")})
+                raise TopologyError(f"topology: edges[{k}] names unknown node {end!r}", "topology")
+        G.add_edge(edge["source"], edge["target"], **{a: v for a, v in edge.items() if a not in ("source", "target")})
     return G, str(doc.get("name", ""))

@@ -23,20 +23,18 @@ from typing import ClassVar, Optional, Union
 from .chips import ChipSpec
 from .errors import TopologyError
 
-NVLINK_LATENCY_S = 3.33e-6 / 2      # ISCA'25 NVLink 3.33 us over two links
-IB_NIC_LATENCY_S = 2.8e-6 / 2       # ISCA'25 IB same-leaf 2.8 us over two NIC links
-IB_SWITCH_LATENCY_S = (3.7e-6 - 2.8e-6) / 2   # ISCA'25 IB cross-leaf 3.7 us: two more links
+NVLINK_LATENCY_S = 3.33e-6 / 2  # ISCA'25 NVLink 3.33 us over two links
+IB_NIC_LATENCY_S = 2.8e-6 / 2  # ISCA'25 IB same-leaf 2.8 us over two NIC links
+IB_SWITCH_LATENCY_S = (3.7e-6 - 2.8e-6) / 2  # ISCA'25 IB cross-leaf 3.7 us: two more links
 
 
 def _positive(value, field_name: str) -> None:
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-            and math.isfinite(value)):
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)):
         raise TopologyError(f"{field_name}: must be a finite number > 0, got {value!r}", field_name)
 
 
 def _non_negative(value, field_name: str) -> None:
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-            and math.isfinite(value)):
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 and math.isfinite(value)):
         raise TopologyError(f"{field_name}: must be a finite number >= 0, got {value!r}", field_name)
 
 
@@ -73,11 +71,11 @@ class TorusNetwork:
         try:
             shape = tuple(self.shape)
         except TypeError:
-            raise TopologyError(f"cluster.network.shape: must be a list of axis lengths, got "
-                                f"{self.shape!r}", "cluster.network.shape") from None
+            raise TopologyError(
+                f"cluster.network.shape: must be a list of axis lengths, got {self.shape!r}", "cluster.network.shape"
+            ) from None
         if not shape:
-            raise TopologyError("cluster.network.shape: needs at least one axis",
-                                "cluster.network.shape")
+            raise TopologyError("cluster.network.shape: needs at least one axis", "cluster.network.shape")
         for n in shape:
             _positive_int(n, "cluster.network.shape")
         object.__setattr__(self, "shape", shape)
@@ -87,8 +85,9 @@ class TorusNetwork:
             wrap = tuple(bool(w) for w in self.wraparound)
             if len(wrap) != len(shape):
                 raise TopologyError(
-                    f"cluster.network.wraparound: needs one flag per axis of shape {shape}, got "
-                    f"{self.wraparound!r}", "cluster.network.wraparound")
+                    f"cluster.network.wraparound: needs one flag per axis of shape {shape}, got {self.wraparound!r}",
+                    "cluster.network.wraparound",
+                )
             object.__setattr__(self, "wraparound", wrap)
 
     @property
@@ -132,11 +131,16 @@ class SwitchedNetwork:
         _positive_int(self.domain_size, "cluster.network.domain_size")
         _positive(self.domain_bw_bytes_per_s, "cluster.network.domain_bw_bytes_per_s")
         _positive(self.nic_bw_bytes_per_s, "cluster.network.nic_bw_bytes_per_s")
-        if not (isinstance(self.oversubscription, (int, float)) and self.oversubscription >= 1
-                and math.isfinite(self.oversubscription)):
+        if not (
+            isinstance(self.oversubscription, (int, float))
+            and self.oversubscription >= 1
+            and math.isfinite(self.oversubscription)
+        ):
             raise TopologyError(
                 f"cluster.network.oversubscription: must be a number >= 1 (1 = full bisection), "
-                f"got {self.oversubscription!r}", "cluster.network.oversubscription")
+                f"got {self.oversubscription!r}",
+                "cluster.network.oversubscription",
+            )
         for name in ("domain_latency_s", "nic_latency_s", "switch_latency_s"):
             _non_negative(getattr(self, name), f"cluster.network.{name}")
         _positive_int(self.domains_per_leaf, "cluster.network.domains_per_leaf")
@@ -200,33 +204,35 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         _positive_int(self.devices, "cluster.devices")
         if not isinstance(self.chip, ChipSpec):
-            raise TopologyError(f"cluster.chip: expected a ChipSpec, got {self.chip!r}",
-                                "cluster.chip")
+            raise TopologyError(f"cluster.chip: expected a ChipSpec, got {self.chip!r}", "cluster.chip")
         if not isinstance(self.network, (TorusNetwork, SwitchedNetwork)):
             raise TopologyError(
-                f"cluster.network: expected a TorusNetwork or SwitchedNetwork, got "
-                f"{type(self.network).__name__}", "cluster.network")
+                f"cluster.network: expected a TorusNetwork or SwitchedNetwork, got {type(self.network).__name__}",
+                "cluster.network",
+            )
         if self.pods is not None and not isinstance(self.pods, PodsSpec):
-            raise TopologyError(f"cluster.pods: expected a PodsSpec or None, got {self.pods!r}",
-                                "cluster.pods")
+            raise TopologyError(f"cluster.pods: expected a PodsSpec or None, got {self.pods!r}", "cluster.pods")
         _positive(self.host_bw_bytes_per_s, "cluster.host_bw_bytes_per_s")
         n_pods = self.n_pods
         if self.devices % n_pods:
             raise TopologyError(
-                f"cluster.devices: {self.devices} devices do not split evenly into "
-                f"{n_pods} pods", "cluster.devices")
+                f"cluster.devices: {self.devices} devices do not split evenly into {n_pods} pods", "cluster.devices"
+            )
         per_pod = self.devices // n_pods
         net = self.network
         if isinstance(net, TorusNetwork):
             if self.devices_per_domain is not None:
                 raise TopologyError(
                     "cluster.devices_per_domain: applies to switched networks (NVLink domains); "
-                    "a torus is sized by its shape", "cluster.devices_per_domain")
+                    "a torus is sized by its shape",
+                    "cluster.devices_per_domain",
+                )
             if per_pod != net.devices:
                 raise TopologyError(
                     f"cluster.devices: {self.devices} devices do not fit torus shape "
                     f"{list(net.shape)} x {n_pods} pod(s) = {net.devices * n_pods} devices",
-                    "cluster.devices")
+                    "cluster.devices",
+                )
             return
         used = partial_domain_fill(per_pod, net.domain_size, self.devices_per_domain)
         if used is not None and used != net.domain_size:
@@ -255,7 +261,9 @@ def partial_domain_fill(per_pod: int, domain_size: int, devices_per_domain: Opti
             raise TopologyError(
                 f"{field}: {per_pod} devices per pod do not fill domains of {devices_per_domain} equally; "
                 f"allowed: a divisor of {per_pod} up to {domain_size} "
-                f"({', '.join(map(str, _divisors_up_to(per_pod, domain_size)[-4:]))})", field)
+                f"({', '.join(map(str, _divisors_up_to(per_pod, domain_size)[-4:]))})",
+                field,
+            )
         return devices_per_domain
     if per_pod <= domain_size or per_pod % domain_size == 0:
         return None
@@ -267,7 +275,9 @@ def partial_domain_fill(per_pod: int, domain_size: int, devices_per_domain: Opti
         f"cluster.devices: {per_pod} devices per pod neither fill whole domains of {domain_size} nor "
         f"{n_domains} domains equally; set cluster.devices_per_domain to a divisor of {per_pod} up to "
         f"{domain_size} (largest: {best}, on {per_pod // best} domains) or use a multiple of "
-        f"{domain_size} devices", "cluster.devices")
+        f"{domain_size} devices",
+        "cluster.devices",
+    )
 
 
 def _divisors_up_to(n: int, limit: int) -> list[int]:

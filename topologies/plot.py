@@ -85,17 +85,25 @@ def _draw_torus(topo: Topology, ax) -> None:
     ax.scatter(xs, ys, s=size, color="tab:orange", zorder=2)
     if sx * sy <= 64:
         for x, y in zip(xs, ys):
-            ax.annotate(str(topo.device_at((x, y) + (0,) * (len(shape) - 2))), (x, y),
-                        fontsize=10, ha="center", va="center", zorder=3)
+            ax.annotate(
+                str(topo.device_at((x, y) + (0,) * (len(shape) - 2))),
+                (x, y),
+                fontsize=10,
+                ha="center",
+                va="center",
+                zorder=3,
+            )
     rest = f"\n{math.prod(shape[2:])} planes along axis 2 (plane 0 shown)" if len(shape) > 2 else ""
     pods = ""
     if topo.n_pods > 1:
         dcn = [c for c, k in zip(topo.link_capacity, topo.link_kind) if k == "dcn"]
         pods = f"\n{topo.n_pods} pods joined by DCN, {_gbps(min(dcn))} per device"
-    ax.set_title(f"{topo.name or 'torus'}: {topo.n_devices} devices, torus "
-                 f"{' x '.join(map(str, shape))}, wrap {list(wrap)}{rest}\n"
-                 f"ICI {_gbps(bw)} per link per direction (dashed stubs: wrap-around){pods}",
-                 fontsize=11)
+    ax.set_title(
+        f"{topo.name or 'torus'}: {topo.n_devices} devices, torus "
+        f"{' x '.join(map(str, shape))}, wrap {list(wrap)}{rest}\n"
+        f"ICI {_gbps(bw)} per link per direction (dashed stubs: wrap-around){pods}",
+        fontsize=11,
+    )
     ax.set_aspect("equal")
     ax.margins(0.1)
 
@@ -122,20 +130,18 @@ def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
     for lv, items in sorted(layers.items()):
         items = sorted(items, key=lambda it: (it[1] if it[0] == "domain" else 0, str(it[1])))
         per = math.ceil(len(items) / max_per_layer)
-        chunks = [items[k:k + per] for k in range(0, len(items), per)]
+        chunks = [items[k : k + per] for k in range(0, len(items), per)]
         for c, chunk in enumerate(chunks):
             gid = (lv, c)
             for it in chunk:
                 group_of[it] = gid
             if chunk[0][0] == "domain":
                 devs = sum(domain_devices[it[1]] for it in chunk)
-                name = (f"domain {chunk[0][1]}" if len(chunk) == 1
-                        else f"domains {chunk[0][1]}-{chunk[-1][1]}")
+                name = f"domain {chunk[0][1]}" if len(chunk) == 1 else f"domains {chunk[0][1]}-{chunk[-1][1]}"
                 label[gid] = f"{name}\n{devs} dev"
             else:
                 names = [it[1] for it in chunk]
-                label[gid] = names[0] if len(chunk) == 1 else (
-                    f"{os.path.commonprefix(names)}*\n{len(chunk)} switches")
+                label[gid] = names[0] if len(chunk) == 1 else (f"{os.path.commonprefix(names)}*\n{len(chunk)} switches")
             # crowded layers alternate up and down so that 10-pt labels do not collide
             pos[gid] = ((c + 0.5) / len(chunks), lv + (0.25 if len(chunks) > 5 and c % 2 else 0.0))
     bw = defaultdict(float)
@@ -151,16 +157,18 @@ def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
     nx.draw_networkx_nodes(S, pos, ax=ax, node_color=colours, node_size=2200, alpha=0.85)
     nx.draw_networkx_labels(S, pos, labels={g: label[g] for g in S}, ax=ax, font_size=10)
     if len(bw) <= 16:
-        nx.draw_networkx_edge_labels(S, pos, edge_labels={e: _gbps(b) for e, b in bw.items()},
-                                     ax=ax, font_size=10)
+        nx.draw_networkx_edge_labels(S, pos, edge_labels={e: _gbps(b) for e, b in bw.items()}, ax=ax, font_size=10)
     extra = f", {topo.n_pods} pods" if topo.n_pods > 1 else ""
     per_kind = {}
     for cap, kind in zip(topo.link_capacity, topo.link_kind):
         per_kind.setdefault(kind, set()).add(float(cap))
-    links = ", ".join(f"{k} {_gbps(min(c))}" + (f"-{_gbps(max(c))}" if len(c) > 1 else "")
-                      for k, c in sorted(per_kind.items()))
-    ax.set_title(f"{topo.name or topo.kind}: {topo.n_devices} devices, {topo.kind}, domain size "
-                 f"{topo.domain_size}{extra}\nlinks per direction: {links}"
-                 + ("\nedge labels: total bandwidth per direction" if len(bw) <= 16 else ""),
-                 fontsize=11)
+    links = ", ".join(
+        f"{k} {_gbps(min(c))}" + (f"-{_gbps(max(c))}" if len(c) > 1 else "") for k, c in sorted(per_kind.items())
+    )
+    ax.set_title(
+        f"{topo.name or topo.kind}: {topo.n_devices} devices, {topo.kind}, domain size "
+        f"{topo.domain_size}{extra}\nlinks per direction: {links}"
+        + ("\nedge labels: total bandwidth per direction" if len(bw) <= 16 else ""),
+        fontsize=11,
+    )
     ax.margins(0.08)

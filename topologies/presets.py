@@ -27,7 +27,7 @@ from .errors import TopologyError, UnknownPresetError
 from .networks import ClusterSpec, PodsSpec, SwitchedNetwork, TorusNetwork
 from .topology import Topology
 
-ICI_HOP_LATENCY_S = 1e-6   # HSYM's assumed per-hop ICI latency (TPU v5e worked example)
+ICI_HOP_LATENCY_S = 1e-6  # HSYM's assumed per-hop ICI latency (TPU v5e worked example)
 
 
 @dataclass(frozen=True)
@@ -65,60 +65,96 @@ class ClusterPreset:
     tpu: Optional[TpuSliceRule] = None
 
 
-PCIE4_X16 = 32e9   # PCIe Gen4 x16, per direction
-PCIE5_X16 = 64e9   # PCIe Gen5 x16, per direction
+PCIE4_X16 = 32e9  # PCIe Gen4 x16, per direction
+PCIE5_X16 = 64e9  # PCIe Gen5 x16, per direction
 
 CLUSTER_PRESETS: dict[str, ClusterPreset] = {
     # DGX A100 (Selene): NVLink3 300 GB/s per direction, 8x HDR 200 Gb/s IB = 25e9 per GPU;
     # NVSwitch v2 has no NVLS. Megatron-LM SC'21 section 5 ran up to 3072 GPUs; default 1024.
     "dgx-a100": ClusterPreset(
-        "a100", 1024, PCIE4_X16, "Megatron-LM (arXiv 2104.04473) section 5; HSYM GPU tables",
-        network=SwitchedNetwork(8, 300e9, 25e9)),
+        "a100",
+        1024,
+        PCIE4_X16,
+        "Megatron-LM (arXiv 2104.04473) section 5; HSYM GPU tables",
+        network=SwitchedNetwork(8, 300e9, 25e9),
+    ),
     # DGX H100 SuperPOD: NVLink4 450 GB/s per direction with NVLS, 8x NDR 400 Gb/s (50e9) per
     # node rail-optimised, scalable unit of 32 nodes under 8 leaves, full bisection; 1024 GPUs.
     "dgx-h100": ClusterPreset(
-        "h100", 1024, PCIE5_X16, "NVIDIA DGX H100 SuperPOD reference architecture via HSYM",
-        network=SwitchedNetwork(8, 450e9, 50e9, domains_per_leaf=32, nvls=True)),
+        "h100",
+        1024,
+        PCIE5_X16,
+        "NVIDIA DGX H100 SuperPOD reference architecture via HSYM",
+        network=SwitchedNetwork(8, 450e9, 50e9, domains_per_leaf=32, nvls=True),
+    ),
     # H800 (DeepSeek-V3): NVLink 400 GB/s bidirectional = 200e9 per direction, 8x 400G IB CX7
     # (50e9 per GPU), one plane per GPU-NIC pair of a 2-layer fat tree of 64-port switches
     # (32 nodes per leaf); DeepSeek-V3 trained on 2048 H800.
     "h800": ClusterPreset(
-        "h800", 2048, PCIE5_X16, "DeepSeek-V3 report (arXiv 2412.19437) 3.1; ISCA'25 insights",
-        network=SwitchedNetwork(8, 200e9, 50e9, domains_per_leaf=32, nvls=True)),
+        "h800",
+        2048,
+        PCIE5_X16,
+        "DeepSeek-V3 report (arXiv 2412.19437) 3.1; ISCA'25 insights",
+        network=SwitchedNetwork(8, 200e9, 50e9, domains_per_leaf=32, nvls=True),
+    ),
     # DGX B200: NVLink5 900 GB/s per direction (2 NVSwitch), 400 Gb/s (50e9) per GPU.
     "dgx-b200": ClusterPreset(
-        "b200", 1024, PCIE5_X16, "HSYM GPU tables; NVIDIA DGX B200 reference design",
-        network=SwitchedNetwork(8, 900e9, 50e9, domains_per_leaf=32, nvls=True)),
+        "b200",
+        1024,
+        PCIE5_X16,
+        "HSYM GPU tables; NVIDIA DGX B200 reference design",
+        network=SwitchedNetwork(8, 900e9, 50e9, domains_per_leaf=32, nvls=True),
+    ),
     # GB200 NVL72: 72 GPUs on 18 NVSwitch trays at 900 GB/s per direction, 400 Gb/s (50e9)
     # scale-out per GPU (3.6 TB/s per rack); a 576-GPU SuperPOD of 8 racks is the unit.
     "gb200-nvl72": ClusterPreset(
-        "gb200", 576, PCIE5_X16, "NVIDIA GB200 NVL72 datasheet; HSYM GPU chapter",
-        network=SwitchedNetwork(72, 900e9, 50e9, domains_per_leaf=8, nvls=True)),
+        "gb200",
+        576,
+        PCIE5_X16,
+        "NVIDIA GB200 NVL72 datasheet; HSYM GPU chapter",
+        network=SwitchedNetwork(72, 900e9, 50e9, domains_per_leaf=8, nvls=True),
+    ),
     # TPU v4: 3D torus, 45e9 per link one way, 4096-chip pod (16x16x16), 4 chips per host.
     # No per-chip DCN figure in the reference data: assumed equal to v5p's 6.25e9.
     "tpu-v4": ClusterPreset(
-        "tpu-v4", 4096, 16e9, "Cloud TPU v4 documentation; HSYM TPU table",
-        tpu=TpuSliceRule(3, 45e9, 4096, 4, 6.25e9, max_axis=16)),
+        "tpu-v4",
+        4096,
+        16e9,
+        "Cloud TPU v4 documentation; HSYM TPU table",
+        tpu=TpuSliceRule(3, 45e9, 4096, 4, 6.25e9, max_axis=16),
+    ),
     # TPU v5e: 16x16 2D torus pod, 45e9 per link one way, wrap only on axes of 16,
     # 8 chips per host, DCN 3.125e9 per chip.
     "tpu-v5e": ClusterPreset(
-        "tpu-v5e", 256, 16e9, "Cloud TPU v5e documentation; HSYM TPU table",
-        tpu=TpuSliceRule(2, 45e9, 256, 8, 3.125e9, max_axis=16, wrap_length=16)),
+        "tpu-v5e",
+        256,
+        16e9,
+        "Cloud TPU v5e documentation; HSYM TPU table",
+        tpu=TpuSliceRule(2, 45e9, 256, 8, 3.125e9, max_axis=16, wrap_length=16),
+    ),
     # TPU v5p: 3D torus, 90e9 per link one way, 8960-chip pod (16x20x28); largest slice
     # 16x16x24 = 6144 is the default; 4 chips per host; DCN 50 Gb/s = 6.25e9 per chip.
     "tpu-v5p": ClusterPreset(
-        "tpu-v5p", 6144, 16e9, "Cloud TPU v5p documentation; HSYM TPU table",
-        tpu=TpuSliceRule(3, 90e9, 8960, 4, 6.25e9, max_axis=28)),
+        "tpu-v5p",
+        6144,
+        16e9,
+        "Cloud TPU v5p documentation; HSYM TPU table",
+        tpu=TpuSliceRule(3, 90e9, 8960, 4, 6.25e9, max_axis=28),
+    ),
     # TPU v6e (Trillium): 16x16 2D torus, 90e9 per link one way, wrap on axes of 16,
     # 8 chips per host, DCN 12.5e9 per chip, PCIe Gen5 32e9.
     "tpu-v6e": ClusterPreset(
-        "tpu-v6e", 256, 32e9, "Cloud TPU v6e documentation; HSYM TPU table",
-        tpu=TpuSliceRule(2, 90e9, 256, 8, 12.5e9, max_axis=16, wrap_length=16)),
+        "tpu-v6e",
+        256,
+        32e9,
+        "Cloud TPU v6e documentation; HSYM TPU table",
+        tpu=TpuSliceRule(2, 90e9, 256, 8, 12.5e9, max_axis=16, wrap_length=16),
+    ),
     # TPU7x (Ironwood): 3D torus, 90e9 per link one way, 9216-chip pod, 4 chips per host,
     # DCN 12.5e9 per chip.
     "tpu-v7": ClusterPreset(
-        "tpu-v7", 9216, 16e9, "Cloud TPU7x documentation; HSYM TPU table",
-        tpu=TpuSliceRule(3, 90e9, 9216, 4, 12.5e9)),
+        "tpu-v7", 9216, 16e9, "Cloud TPU7x documentation; HSYM TPU table", tpu=TpuSliceRule(3, 90e9, 9216, 4, 12.5e9)
+    ),
 }
 
 
@@ -136,11 +172,9 @@ def torus_shape_for(devices: int, dims: int, max_axis: Optional[int] = None) -> 
         (field ``cluster.devices``) when no factorisation fits ``max_axis``.
     """
     if not (isinstance(devices, int) and devices >= 1):
-        raise TopologyError(f"cluster.devices: must be an integer >= 1, got {devices!r}",
-                            "cluster.devices")
+        raise TopologyError(f"cluster.devices: must be an integer >= 1, got {devices!r}", "cluster.devices")
     if not (isinstance(dims, int) and dims >= 1):
-        raise TopologyError(f"cluster.network.shape: dims must be >= 1, got {dims!r}",
-                            "cluster.network.shape")
+        raise TopologyError(f"cluster.network.shape: dims must be >= 1, got {dims!r}", "cluster.network.shape")
     limit = devices if max_axis is None else max_axis
 
     def factorisations(n: int, k: int, lowest: int):
@@ -149,7 +183,7 @@ def torus_shape_for(devices: int, dims: int, max_axis: Optional[int] = None) -> 
                 yield (n,)
             return
         f = lowest
-        while f ** k <= n:
+        while f**k <= n:
             if n % f == 0 and f <= limit:
                 for rest in factorisations(n // f, k - 1, f):
                     yield (f,) + rest
@@ -162,8 +196,9 @@ def torus_shape_for(devices: int, dims: int, max_axis: Optional[int] = None) -> 
     shapes = list(factorisations(devices, dims, 1))
     if not shapes:
         raise TopologyError(
-            f"cluster.devices: {devices} devices cannot form a {dims}-D torus with every axis "
-            f"<= {max_axis}", "cluster.devices")
+            f"cluster.devices: {devices} devices cannot form a {dims}-D torus with every axis <= {max_axis}",
+            "cluster.devices",
+        )
     return min(shapes, key=score)
 
 
@@ -186,7 +221,9 @@ def _tpu_layout(devices: int, rule: TpuSliceRule, pod_count: Optional[int]):
     raise TopologyError(
         f"cluster.devices: {devices} devices cannot be split into equal pods of at most "
         f"{rule.pod_devices} chips made of whole {rule.chips_per_host}-chip hosts, each a "
-        f"{rule.dims}-D torus with axes <= {rule.max_axis}", "cluster.devices")
+        f"{rule.dims}-D torus with axes <= {rule.max_axis}",
+        "cluster.devices",
+    )
 
 
 def _merge(base, override, cls, field: str):
@@ -194,21 +231,24 @@ def _merge(base, override, cls, field: str):
     if isinstance(override, cls):
         return override
     if not isinstance(override, Mapping):
-        raise TopologyError(f"{field}: expected a mapping or {cls.__name__}, got {override!r}",
-                            field)
+        raise TopologyError(f"{field}: expected a mapping or {cls.__name__}, got {override!r}", field)
     allowed = [f.name for f in dataclasses.fields(cls)]
     values = {k: v for k, v in override.items() if k != "kind"}
     if "kind" in override and override["kind"] != getattr(cls, "kind", override["kind"]):
-        raise TopologyError(f"{field}.kind: this preset's network is {cls.kind!r}, got "
-                            f"{override['kind']!r}; give the whole network without a preset "
-                            "to change its kind", f"{field}.kind")
+        raise TopologyError(
+            f"{field}.kind: this preset's network is {cls.kind!r}, got "
+            f"{override['kind']!r}; give the whole network without a preset "
+            "to change its kind",
+            f"{field}.kind",
+        )
     unknown = sorted(set(values) - set(allowed))
     if unknown:
-        raise TopologyError(f"{field}.{unknown[0]}: unknown key; allowed: {', '.join(allowed)}",
-                            f"{field}.{unknown[0]}")
+        raise TopologyError(
+            f"{field}.{unknown[0]}: unknown key; allowed: {', '.join(allowed)}", f"{field}.{unknown[0]}"
+        )
     try:
         return dataclasses.replace(base, **values) if base is not None else cls(**values)
-    except TypeError as err:   # a required field missing
+    except TypeError as err:  # a required field missing
         raise TopologyError(f"{field}: {err}; fields: {', '.join(allowed)}", field) from err
 
 
@@ -237,12 +277,12 @@ def cluster_preset(name: str, devices: Optional[int] = None, **overrides) -> Clu
     allowed = ("name", "chip", "network", "pods", "host_bw_bytes_per_s", "devices_per_domain")
     for k in overrides:
         if k not in allowed:
-            raise TopologyError(f"cluster.{k}: unknown key; allowed: devices, preset, "
-                                f"{', '.join(allowed)}", f"cluster.{k}")
+            raise TopologyError(
+                f"cluster.{k}: unknown key; allowed: devices, preset, {', '.join(allowed)}", f"cluster.{k}"
+            )
     devices = preset.default_devices if devices is None else devices
     if not (isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1):
-        raise TopologyError(f"cluster.devices: must be an integer >= 1, got {devices!r}",
-                            "cluster.devices")
+        raise TopologyError(f"cluster.devices: must be an integer >= 1, got {devices!r}", "cluster.devices")
 
     chip: Union[ChipSpec, str, Mapping] = overrides.get("chip", preset.chip)
     if isinstance(chip, str):
@@ -255,8 +295,7 @@ def cluster_preset(name: str, devices: Optional[int] = None, **overrides) -> Clu
     pods: Optional[PodsSpec]
     if preset.tpu is None:
         network = _merge(preset.network, net_override, SwitchedNetwork, "cluster.network")
-        pods = None if pods_override in ({}, None) else _merge(None, pods_override, PodsSpec,
-                                                                "cluster.pods")
+        pods = None if pods_override in ({}, None) else _merge(None, pods_override, PodsSpec, "cluster.pods")
     else:
         rule = preset.tpu
         if isinstance(net_override, TorusNetwork):
@@ -272,8 +311,7 @@ def cluster_preset(name: str, devices: Optional[int] = None, **overrides) -> Clu
                 elif isinstance(pods_override, Mapping) and "count" in pods_override:
                     count = pods_override["count"]
                 shape = _tpu_layout(devices, rule, count)[1]
-            base = TorusNetwork(shape, rule.link_bw_bytes_per_s, ICI_HOP_LATENCY_S,
-                                rule.wrap(shape))
+            base = TorusNetwork(shape, rule.link_bw_bytes_per_s, ICI_HOP_LATENCY_S, rule.wrap(shape))
             network = _merge(base, net_map, TorusNetwork, "cluster.network")
         n_pods = max(1, devices // network.devices)
         default_pods = PodsSpec(n_pods, rule.dcn_bw_bytes_per_s) if n_pods > 1 else None
@@ -282,12 +320,18 @@ def cluster_preset(name: str, devices: Optional[int] = None, **overrides) -> Clu
         elif pods_override == {}:
             pods = default_pods
         else:
-            pods = _merge(default_pods or PodsSpec(n_pods, rule.dcn_bw_bytes_per_s),
-                          pods_override, PodsSpec, "cluster.pods")
+            pods = _merge(
+                default_pods or PodsSpec(n_pods, rule.dcn_bw_bytes_per_s), pods_override, PodsSpec, "cluster.pods"
+            )
     return ClusterSpec(
-        name=overrides.get("name", key), devices=devices, chip=chip, network=network, pods=pods,
+        name=overrides.get("name", key),
+        devices=devices,
+        chip=chip,
+        network=network,
+        pods=pods,
         host_bw_bytes_per_s=overrides.get("host_bw_bytes_per_s", preset.host_bw_bytes_per_s),
-        devices_per_domain=overrides.get("devices_per_domain"))
+        devices_per_domain=overrides.get("devices_per_domain"),
+    )
 
 
 def build_cluster(spec: ClusterSpec) -> Topology:
@@ -303,8 +347,11 @@ def build_cluster(spec: ClusterSpec) -> Topology:
     per_pod = spec.devices_per_pod
     if isinstance(net, TorusNetwork):
         if per_pod * spec.n_pods != spec.devices or per_pod != net.devices:
-            raise TopologyError(f"cluster.devices: {spec.devices} devices do not fit torus shape "
-                                f"{list(net.shape)} x {spec.n_pods} pod(s)", "cluster.devices")
+            raise TopologyError(
+                f"cluster.devices: {spec.devices} devices do not fit torus shape "
+                f"{list(net.shape)} x {spec.n_pods} pod(s)",
+                "cluster.devices",
+            )
         pod = torus(net.shape, net.link_bw_bytes_per_s, net.link_latency_s, net.wrap)
     else:
         pod = switched(per_pod, net)

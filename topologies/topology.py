@@ -31,8 +31,8 @@ import numpy as np
 
 from .errors import TopologyError
 
-_ROUTE_CACHE_MAX = 1 << 20      # routes kept before the cache is cleared
-_TREE_CACHE_MAX = 64            # shortest-path trees kept for the generic router
+_ROUTE_CACHE_MAX = 1 << 20  # routes kept before the cache is cleared
+_TREE_CACHE_MAX = 64  # shortest-path trees kept for the generic router
 
 
 def _node_key(node, data) -> tuple:
@@ -67,47 +67,53 @@ def _check_edges(G) -> None:
             raise TopologyError(f"topology: self-loop on {u!r}", "topology")
         for attr in ("bw_bytes_per_s", "latency_s", "kind"):
             if attr not in data:
-                raise TopologyError(f"topology: edge ({u!r}, {v!r}) lacks the {attr!r} attribute",
-                                    "topology")
+                raise TopologyError(f"topology: edge ({u!r}, {v!r}) lacks the {attr!r} attribute", "topology")
         bw, lat = data["bw_bytes_per_s"], data["latency_s"]
         if not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
-            raise TopologyError(f"topology: edge ({u!r}, {v!r}) has bw_bytes_per_s={bw!r}; "
-                                "must be a finite number > 0", "topology")
+            raise TopologyError(
+                f"topology: edge ({u!r}, {v!r}) has bw_bytes_per_s={bw!r}; must be a finite number > 0", "topology"
+            )
         if not (isinstance(lat, (int, float)) and math.isfinite(lat) and lat >= 0):
-            raise TopologyError(f"topology: edge ({u!r}, {v!r}) has latency_s={lat!r}; "
-                                "must be a finite number >= 0", "topology")
+            raise TopologyError(
+                f"topology: edge ({u!r}, {v!r}) has latency_s={lat!r}; must be a finite number >= 0", "topology"
+            )
 
 
 def _validate(G) -> tuple[list, list]:
     """Check ``G`` and return its device node ids ordered by index and its edges as
     ``(u, v, bw_bytes_per_s, latency_s, kind)`` rows."""
     if not isinstance(G, nx.Graph) or G.is_directed() or G.is_multigraph():
-        raise TopologyError(f"topology: expected an undirected networkx.Graph, got "
-                            f"{type(G).__name__}", "topology")
+        raise TopologyError(f"topology: expected an undirected networkx.Graph, got {type(G).__name__}", "topology")
     devices = {}
     for node, data in G.nodes(data=True):
         if "kind" not in data:
-            raise TopologyError(f"topology: node {node!r} lacks the 'kind' attribute "
-                                "('device' or 'switch')", "topology")
+            raise TopologyError(
+                f"topology: node {node!r} lacks the 'kind' attribute ('device' or 'switch')", "topology"
+            )
         if data["kind"] == "device":
             index = data.get("index")
             if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or index < 0:
-                raise TopologyError(f"topology: device {node!r} needs an integer 'index' >= 0, "
-                                    f"got {index!r}", "topology")
+                raise TopologyError(
+                    f"topology: device {node!r} needs an integer 'index' >= 0, got {index!r}", "topology"
+                )
             if index in devices:
-                raise TopologyError(f"topology: devices {devices[index]!r} and {node!r} share "
-                                    f"index {index}", "topology")
+                raise TopologyError(
+                    f"topology: devices {devices[index]!r} and {node!r} share index {index}", "topology"
+                )
             devices[int(index)] = node
     if not devices:
         raise TopologyError("topology: the graph has no node with kind='device'", "topology")
     missing = [i for i in range(len(devices)) if i not in devices]
     if missing:
-        raise TopologyError(f"topology: device indices must be 0..{len(devices) - 1}; "
-                            f"index {missing[0]} is missing", "topology")
-    edges = [(u, v, d.get("bw_bytes_per_s", _MISSING), d.get("latency_s", _MISSING), d.get("kind", _MISSING))
-             for u, v, d in G.edges(data=True)]
+        raise TopologyError(
+            f"topology: device indices must be 0..{len(devices) - 1}; index {missing[0]} is missing", "topology"
+        )
+    edges = [
+        (u, v, d.get("bw_bytes_per_s", _MISSING), d.get("latency_s", _MISSING), d.get("kind", _MISSING))
+        for u, v, d in G.edges(data=True)
+    ]
     if not _edges_look_valid(edges):
-        _check_edges(G)                      # raises, naming the first bad edge
+        _check_edges(G)  # raises, naming the first bad edge
     edges = [(u, v, bw, lat, str(kind)) for u, v, bw, lat, kind in edges]
     ordered = [devices[i] for i in range(len(devices))]
     if not nx.is_connected(G):
@@ -115,10 +121,8 @@ def _validate(G) -> tuple[list, list]:
         lost = next((d for d in ordered if d not in reached), None)
         if lost is None:
             lost = next(n for n in G if n not in reached)
-            raise TopologyError(f"topology: node {lost!r} is not connected to the devices",
-                                "topology")
-        raise TopologyError(f"topology: device {lost!r} is unreachable from device "
-                            f"{ordered[0]!r}", "topology")
+            raise TopologyError(f"topology: node {lost!r} is not connected to the devices", "topology")
+        raise TopologyError(f"topology: device {lost!r} is unreachable from device {ordered[0]!r}", "topology")
     return ordered, edges
 
 
@@ -177,8 +181,7 @@ class Topology:
         data = [graph.nodes[d] for d in self.devices]
         self._domain = [int(d.get("domain", 0)) for d in data]
         self._pod = [int(d.get("pod", 0)) for d in data]
-        self.domain_size: int = int(graph.graph.get("domain_size") or
-                                    max(np.bincount(self._domain)))
+        self.domain_size: int = int(graph.graph.get("domain_size") or max(np.bincount(self._domain)))
         self.nvls: bool = bool(graph.graph.get("nvls", False))
         self.sharp: bool = bool(graph.graph.get("sharp", False))
         self.n_pods: int = max(self._pod) + 1
@@ -186,8 +189,10 @@ class Topology:
             missing = [k for k in ("shape", "wrap") if k not in graph.graph]
             missing += ["coords"] if any("coords" not in d for d in data) else []
             if missing:
-                raise TopologyError(f"topology: a torus graph needs the {missing[0]!r} attribute "
-                                    "(graph: shape, wrap; devices: coords)", "topology")
+                raise TopologyError(
+                    f"topology: a torus graph needs the {missing[0]!r} attribute (graph: shape, wrap; devices: coords)",
+                    "topology",
+                )
             self.torus_shape: Optional[tuple] = tuple(int(n) for n in graph.graph["shape"])
             self.torus_wrap: Optional[tuple] = tuple(bool(w) for w in graph.graph["wrap"])
             self._coords = [tuple(int(c) for c in d["coords"]) for d in data]
@@ -209,8 +214,12 @@ class Topology:
         else:
             base_nodes = _base._nodes
             mapped = np.array(
-                [self._link_of.get((idx.get(base_nodes[a], -1), idx.get(base_nodes[b], -1)), -1)
-                 for a, b in _base._ends.tolist()], dtype=np.int64)
+                [
+                    self._link_of.get((idx.get(base_nodes[a], -1), idx.get(base_nodes[b], -1)), -1)
+                    for a, b in _base._ends.tolist()
+                ],
+                dtype=np.int64,
+            )
             if len(mapped) != self.n_links or (mapped != np.arange(len(mapped))).any():
                 self._base_map = mapped
 
@@ -230,8 +239,7 @@ class Topology:
     # ---- devices -----------------------------------------------------------------------
     def _check_device(self, dev: int) -> int:
         if not (isinstance(dev, (int, np.integer)) and 0 <= dev < self.n_devices):
-            raise TopologyError(f"topology: device index must be in 0..{self.n_devices - 1}, "
-                                f"got {dev!r}", "topology")
+            raise TopologyError(f"topology: device index must be in 0..{self.n_devices - 1}, got {dev!r}", "topology")
         return int(dev)
 
     def domain_of(self, dev: int) -> int:
@@ -253,20 +261,16 @@ class Topology:
     def torus_coords(self, dev: int) -> tuple:
         """Coordinates of device ``dev`` inside its pod's torus."""
         if self._coords is None:
-            raise TopologyError(f"topology: {self.kind} topology has no torus coordinates",
-                                "topology")
+            raise TopologyError(f"topology: {self.kind} topology has no torus coordinates", "topology")
         return self._coords[self._check_device(dev)]
 
     def device_at(self, coords, pod: int = 0) -> int:
         """Index of the device at torus ``coords`` in ``pod``."""
         if self.torus_shape is None:
-            raise TopologyError(f"topology: {self.kind} topology has no torus coordinates",
-                                "topology")
+            raise TopologyError(f"topology: {self.kind} topology has no torus coordinates", "topology")
         coords = tuple(int(c) for c in coords)
-        if len(coords) != len(self.torus_shape) or not all(
-                0 <= c < n for c, n in zip(coords, self.torus_shape)):
-            raise TopologyError(f"topology: coordinates {coords} are outside shape "
-                                f"{self.torus_shape}", "topology")
+        if len(coords) != len(self.torus_shape) or not all(0 <= c < n for c, n in zip(coords, self.torus_shape)):
+            raise TopologyError(f"topology: coordinates {coords} are outside shape {self.torus_shape}", "topology")
         local = sum(c * math.prod(self.torus_shape[:a]) for a, c in enumerate(coords))
         return pod * math.prod(self.torus_shape) + local
 
@@ -315,7 +319,7 @@ class Topology:
             if width > out.shape[1]:
                 out = np.hstack([out, np.full((n, width - out.shape[1]), -1, dtype=np.int64)])
             for i, links in zip(rest, found):
-                out[i, :len(links)] = links
+                out[i, : len(links)] = links
         return out
 
     def _switched_tables(self):
@@ -366,7 +370,7 @@ class Topology:
         sel = np.flatnonzero(np.array(self.link_kind[0::2]) == kind) if self.n_links else np.zeros(0, np.int64)
         lo, hi = self._ends[2 * sel, 0], self._ends[2 * sel, 1]
         if switches_only:
-            keep = lo >= self.n_devices        # devices sort first, so lo is the device if any
+            keep = lo >= self.n_devices  # devices sort first, so lo is the device if any
             sel, lo, hi = sel[keep], lo[keep], hi[keep]
         count = np.bincount(lo, minlength=n_nodes) + np.bincount(hi, minlength=n_nodes)
         other, link = np.full(n_nodes, -1, dtype=np.int64), np.full(n_nodes, -1, dtype=np.int64)
@@ -383,7 +387,7 @@ class Topology:
         n = self.n_devices
 
         def back(up: np.ndarray) -> np.ndarray:
-            return np.where(up >= 0, up ^ 1, -1)      # links 2k and 2k + 1 are one edge's
+            return np.where(up >= 0, up ^ 1, -1)  # links 2k and 2k + 1 are one edge's
 
         # pods: device <-> pod switch <-> core
         self._dcn = None
@@ -393,8 +397,12 @@ class Topology:
             at = np.where(sw >= 0, sw, 0)
             sw_up = np.where(sw >= 0, c_up[at], -1)
             sw_core = np.where(sw >= 0, core[at], -1)
-            self._dcn = [((u, d), (cu, cd, c)) for u, d, cu, cd, c in zip(
-                s_up.tolist(), back(s_up).tolist(), sw_up.tolist(), back(sw_up).tolist(), sw_core.tolist())]
+            self._dcn = [
+                ((u, d), (cu, cd, c))
+                for u, d, cu, cd, c in zip(
+                    s_up.tolist(), back(s_up).tolist(), sw_up.tolist(), back(sw_up).tolist(), sw_core.tolist()
+                )
+            ]
         if self.kind == "torus":
             shape, wrap = self.torus_shape, self.torus_wrap
             per_pod = math.prod(shape)
@@ -422,8 +430,18 @@ class Topology:
             spine, fab_up = self._only_neighbour("fabric")
             at = np.where(leaf >= 0, leaf, 0)
             spine, fab_up = np.where(leaf >= 0, spine[at], -1), np.where(leaf >= 0, fab_up[at], -1)
-            self._sw_tables = (nv_up, back(nv_up), nv_sw, nic_up, back(nic_up), leaf,
-                               fab_up, back(fab_up), spine, np.array(self._pod, dtype=np.int64))
+            self._sw_tables = (
+                nv_up,
+                back(nv_up),
+                nv_sw,
+                nic_up,
+                back(nic_up),
+                leaf,
+                fab_up,
+                back(fab_up),
+                spine,
+                np.array(self._pod, dtype=np.int64),
+            )
             self._struct = ("switched",) + tuple(t.tolist() for t in self._sw_tables[:9])
 
     def _structured_route(self, s: int, t: int):
@@ -521,17 +539,20 @@ class Topology:
         u = self.devices[u] if isinstance(u, (int, np.integer)) else u
         v = self.devices[v] if isinstance(v, (int, np.integer)) else v
         if not self.graph.has_edge(u, v):
-            raise TopologyError(f"perturbations.link: no link between {u!r} and {v!r} in "
-                                f"topology {self.name!r}", "perturbations.link")
+            raise TopologyError(
+                f"perturbations.link: no link between {u!r} and {v!r} in topology {self.name!r}", "perturbations.link"
+            )
         return u, v
 
     def with_link_scaled(self, u, v, bw_scale: float) -> "Topology":
         """A copy in which the link ``u``-``v`` (both directions) has ``bw_scale`` x bandwidth."""
         u, v = self._edge(u, v)
         if not (isinstance(bw_scale, (int, float)) and math.isfinite(bw_scale) and bw_scale > 0):
-            raise TopologyError(f"perturbations.bw_scale: must be a finite number > 0 (use "
-                                f"failed: true to remove a link), got {bw_scale!r}",
-                                "perturbations.bw_scale")
+            raise TopologyError(
+                f"perturbations.bw_scale: must be a finite number > 0 (use "
+                f"failed: true to remove a link), got {bw_scale!r}",
+                "perturbations.bw_scale",
+            )
         G = self.graph.copy()
         G.edges[u, v]["bw_bytes_per_s"] *= bw_scale
         return Topology(G, self.name, _base=self._base)
@@ -553,11 +574,11 @@ class Topology:
         reached = nx.node_connected_component(G, self.devices[0])
         lost = next((d for d in self.devices if d not in reached), None)
         if lost is not None:
-            raise TopologyError(f"perturbations.link: failing link ({u!r}, {v!r}) disconnects "
-                                f"device {lost!r}", "perturbations.link")
+            raise TopologyError(
+                f"perturbations.link: failing link ({u!r}, {v!r}) disconnects device {lost!r}", "perturbations.link"
+            )
         G.remove_nodes_from([n for n in list(G) if n not in reached])
         return Topology(G, self.name, _base=self._base)
 
     def __repr__(self) -> str:
-        return (f"Topology(name={self.name!r}, kind={self.kind!r}, devices={self.n_devices}, "
-                f"links={self.n_links})")
+        return f"Topology(name={self.name!r}, kind={self.kind!r}, devices={self.n_devices}, links={self.n_links})"

@@ -82,18 +82,30 @@ from workloads.ops import MEMORY_CATEGORIES, Op, Trace, TraceError
 
 FORMAT = "stepsim-chakra"
 VERSION = 1
-PREFIX = "trace"                  # ET files are <prefix>.<rank>.et
+PREFIX = "trace"  # ET files are <prefix>.<rank>.et
 COMM_GROUP_FILE = "comm_group.json"
-SCHEMA_VERSION = "1.0.0"          # GlobalMetadata.version, as Chakra's own generator writes it
-MAX_CHAKRA_BYTES = 256 * 2**20    # all ET files together, uncompressed (as for JSON traces)
+SCHEMA_VERSION = "1.0.0"  # GlobalMetadata.version, as Chakra's own generator writes it
+MAX_CHAKRA_BYTES = 256 * 2**20  # all ET files together, uncompressed (as for JSON traces)
 
 _ET_NAME = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)\.et$")
-_COLL_TO_CHAKRA = {"all-reduce": "ALL_REDUCE", "all-gather": "ALL_GATHER", "reduce-scatter": "REDUCE_SCATTER",
-                   "all-to-all": "ALL_TO_ALL", "broadcast": "BROADCAST"}
+_COLL_TO_CHAKRA = {
+    "all-reduce": "ALL_REDUCE",
+    "all-gather": "ALL_GATHER",
+    "reduce-scatter": "REDUCE_SCATTER",
+    "all-to-all": "ALL_TO_ALL",
+    "broadcast": "BROADCAST",
+}
 _CHAKRA_TO_COLL = {v: k for k, v in _COLL_TO_CHAKRA.items()}
 _CHAKRA_TO_COLL["REDUCE_SCATTER_BLOCK"] = "reduce-scatter"
-_SUPPORTED_TYPES = ("COMP_NODE (GPU)", "COMM_COLL_NODE", "COMM_SEND_NODE", "COMM_RECV_NODE", "MEM_LOAD_NODE",
-                    "MEM_STORE_NODE", "METADATA_NODE (skipped)")
+_SUPPORTED_TYPES = (
+    "COMP_NODE (GPU)",
+    "COMM_COLL_NODE",
+    "COMM_SEND_NODE",
+    "COMM_RECV_NODE",
+    "MEM_LOAD_NODE",
+    "MEM_STORE_NODE",
+    "METADATA_NODE (skipped)",
+)
 
 
 def _chakra():
@@ -102,8 +114,10 @@ def _chakra():
         from chakra.schema.protobuf import et_def_pb2 as pb
         from chakra.src.third_party.utils import protolib
     except ImportError as err:
-        raise TraceError(f"trace: Chakra traces need MLCommons' Chakra package ({err}); install it with "
-                         "`pip install 'stepsim[chakra]'` (PyPI package mlc-chakra)") from None
+        raise TraceError(
+            f"trace: Chakra traces need MLCommons' Chakra package ({err}); install it with "
+            "`pip install 'stepsim[chakra]'` (PyPI package mlc-chakra)"
+        ) from None
     return pb, protolib
 
 
@@ -128,20 +142,32 @@ def _common_attrs(pb, op: Op) -> list:
 
 def _comp_node(pb, node, op: Op) -> None:
     node.type = pb.COMP_NODE
-    node.attr.extend([
-        _attr(pb, "is_cpu_op", bool_val=False),
-        _attr(pb, "num_ops", int64_val=int(round(op.flops))),
-        _attr(pb, "tensor_size", uint64_val=int(round(op.bytes))),
-        _attr(pb, "stepsim.kernel_names", string_list=pb.StringList(values=[k.name for k in op.kernels])),
-        _attr(pb, "stepsim.kernel_kinds", string_list=pb.StringList(values=[k.kind for k in op.kernels])),
-        _attr(pb, "stepsim.kernel_flops", double_list=pb.DoubleList(values=[k.flops for k in op.kernels])),
-        _attr(pb, "stepsim.kernel_bytes", double_list=pb.DoubleList(values=[k.bytes for k in op.kernels])),
-        _attr(pb, "stepsim.kernel_shapes",
-              int64_list=pb.Int64List(values=[x for k in op.kernels for x in (k.m, k.n, k.k, k.groups)])),
-    ])
-    if any(k.executed_flops is not None for k in op.kernels):   # FLOPs timed instead of `flops`; NaN: none
-        node.attr.append(_attr(pb, "stepsim.kernel_executed_flops", double_list=pb.DoubleList(
-            values=[float("nan") if k.executed_flops is None else k.executed_flops for k in op.kernels])))
+    node.attr.extend(
+        [
+            _attr(pb, "is_cpu_op", bool_val=False),
+            _attr(pb, "num_ops", int64_val=int(round(op.flops))),
+            _attr(pb, "tensor_size", uint64_val=int(round(op.bytes))),
+            _attr(pb, "stepsim.kernel_names", string_list=pb.StringList(values=[k.name for k in op.kernels])),
+            _attr(pb, "stepsim.kernel_kinds", string_list=pb.StringList(values=[k.kind for k in op.kernels])),
+            _attr(pb, "stepsim.kernel_flops", double_list=pb.DoubleList(values=[k.flops for k in op.kernels])),
+            _attr(pb, "stepsim.kernel_bytes", double_list=pb.DoubleList(values=[k.bytes for k in op.kernels])),
+            _attr(
+                pb,
+                "stepsim.kernel_shapes",
+                int64_list=pb.Int64List(values=[x for k in op.kernels for x in (k.m, k.n, k.k, k.groups)]),
+            ),
+        ]
+    )
+    if any(k.executed_flops is not None for k in op.kernels):  # FLOPs timed instead of `flops`; NaN: none
+        node.attr.append(
+            _attr(
+                pb,
+                "stepsim.kernel_executed_flops",
+                double_list=pb.DoubleList(
+                    values=[float("nan") if k.executed_flops is None else k.executed_flops for k in op.kernels]
+                ),
+            )
+        )
     if op.recompute:
         node.attr.append(_attr(pb, "stepsim.recompute", bool_val=True))
     if op.comm_overlap:
@@ -149,16 +175,21 @@ def _comp_node(pb, node, op: Op) -> None:
 
 
 def _comm_attrs(pb, op: Op) -> list:
-    a = [_attr(pb, "is_cpu_op", bool_val=False), _attr(pb, "comm_size", int64_val=int(round(op.size_bytes))),
-         _attr(pb, "stepsim.size_bytes", double_val=op.size_bytes), _attr(pb, "stepsim.key", string_val=op.key),
-         _attr(pb, "stepsim.axis", string_val=op.axis)]
-    if op.scaleout_fraction != 1.0:   # node-limited all-to-all: the rail share of the routed copies
+    a = [
+        _attr(pb, "is_cpu_op", bool_val=False),
+        _attr(pb, "comm_size", int64_val=int(round(op.size_bytes))),
+        _attr(pb, "stepsim.size_bytes", double_val=op.size_bytes),
+        _attr(pb, "stepsim.key", string_val=op.key),
+        _attr(pb, "stepsim.axis", string_val=op.axis),
+    ]
+    if op.scaleout_fraction != 1.0:  # node-limited all-to-all: the rail share of the routed copies
         a.append(_attr(pb, "stepsim.scaleout_fraction", double_val=op.scaleout_fraction))
     return a
 
 
-def write_chakra(trace: Trace, out_dir: Union[str, Path], scenario_record: Optional[dict] = None,
-                 prefix: str = PREFIX) -> list[Path]:
+def write_chakra(
+    trace: Trace, out_dir: Union[str, Path], scenario_record: Optional[dict] = None, prefix: str = PREFIX
+) -> list[Path]:
     """Write ``trace`` to directory ``out_dir``: ``<prefix>.<rank>.et`` for every rank of
     the trace and ``comm_group.json``. ``scenario_record`` (see
     :func:`workloads.trace_io.scenario_record`) is kept in every file's metadata.
@@ -170,7 +201,7 @@ def write_chakra(trace: Trace, out_dir: Union[str, Path], scenario_record: Optio
     out.mkdir(parents=True, exist_ok=True)
     rankset = set(trace.ranks)
     ops_by_id = {op.id: op for op in trace.ops}
-    groups: dict[tuple, int] = {}        # ring-ordered ranks -> comm-group id (1, 2, ...; 0 means "all")
+    groups: dict[tuple, int] = {}  # ring-ordered ranks -> comm-group id (1, 2, ...; 0 means "all")
     for op in trace.ops:
         if op.kind == "collective" and op.group not in groups:
             groups[op.group] = len(groups) + 1
@@ -184,16 +215,22 @@ def write_chakra(trace: Trace, out_dir: Union[str, Path], scenario_record: Optio
                 recv_id[op.id] = next_id
                 next_id += 1
     header = [
-        _attr(pb, "stepsim.format", string_val=FORMAT), _attr(pb, "stepsim.format_version", int64_val=VERSION),
+        _attr(pb, "stepsim.format", string_val=FORMAT),
+        _attr(pb, "stepsim.format_version", int64_val=VERSION),
         _attr(pb, "stepsim.world", int64_val=trace.world),
         _attr(pb, "stepsim.ranks", int64_list=pb.Int64List(values=list(trace.ranks))),
         _attr(pb, "stepsim.representative", bool_val=bool(trace.representative)),
         _attr(pb, "stepsim.model_flops", double_val=float(trace.model_flops)),
         _attr(pb, "stepsim.notes", string_list=pb.StringList(values=list(trace.notes))),
     ]
-    if trace.unexecuted_flops:   # rank -> FLOPs timed but not executed (HFU leaves them out)
-        header.append(_attr(pb, "stepsim.unexecuted_flops", string_val=json.dumps(
-            {str(r): v for r, v in sorted(trace.unexecuted_flops.items())})))
+    if trace.unexecuted_flops:  # rank -> FLOPs timed but not executed (HFU leaves them out)
+        header.append(
+            _attr(
+                pb,
+                "stepsim.unexecuted_flops",
+                string_val=json.dumps({str(r): v for r, v in sorted(trace.unexecuted_flops.items())}),
+            )
+        )
     if scenario_record is not None:
         header.append(_attr(pb, "stepsim.scenario", string_val=json.dumps(scenario_record, sort_keys=True)))
     written = []
@@ -209,7 +246,7 @@ def write_chakra(trace: Trace, out_dir: Union[str, Path], scenario_record: Optio
                 deps.append(d)
             elif dop.kind == "send" and dop.peer == op.rank and d in recv_id:
                 rid = recv_id[d]
-                if rid not in placed_recv:   # the receive goes just before its first reader
+                if rid not in placed_recv:  # the receive goes just before its first reader
                     placed_recv.add(rid)
                     nodes_of[op.rank].append(_recv_node(pb, rid, dop, tag[d]))
                 deps.append(rid)
@@ -224,38 +261,66 @@ def write_chakra(trace: Trace, out_dir: Union[str, Path], scenario_record: Optio
             _comp_node(pb, node, op)
         elif op.kind == "collective":
             node.type = pb.COMM_COLL_NODE
-            node.attr.extend([_attr(pb, "comm_type", int64_val=pb.CollectiveCommType.Value(_COLL_TO_CHAKRA[op.coll])),
-                              _attr(pb, "pg_name", string_val=str(groups[op.group]))] + _comm_attrs(pb, op))
+            node.attr.extend(
+                [
+                    _attr(pb, "comm_type", int64_val=pb.CollectiveCommType.Value(_COLL_TO_CHAKRA[op.coll])),
+                    _attr(pb, "pg_name", string_val=str(groups[op.group])),
+                ]
+                + _comm_attrs(pb, op)
+            )
         elif op.kind == "send":
             node.type = pb.COMM_SEND_NODE
-            node.attr.extend([_attr(pb, "comm_src", int32_val=op.rank), _attr(pb, "comm_dst", int32_val=op.peer),
-                              _attr(pb, "comm_tag", int32_val=tag[op.id])] + _comm_attrs(pb, op))
+            node.attr.extend(
+                [
+                    _attr(pb, "comm_src", int32_val=op.rank),
+                    _attr(pb, "comm_dst", int32_val=op.peer),
+                    _attr(pb, "comm_tag", int32_val=tag[op.id]),
+                ]
+                + _comm_attrs(pb, op)
+            )
         elif op.kind == "host":
-            if op.rate_bytes_per_s > 0:     # CPU work (e.g. the offloaded optimizer step)
+            if op.rate_bytes_per_s > 0:  # CPU work (e.g. the offloaded optimizer step)
                 node.type = pb.COMP_NODE
-                node.attr.extend([_attr(pb, "is_cpu_op", bool_val=True),
-                                  _attr(pb, "stepsim.rate_bytes_per_s", double_val=op.rate_bytes_per_s)])
+                node.attr.extend(
+                    [
+                        _attr(pb, "is_cpu_op", bool_val=True),
+                        _attr(pb, "stepsim.rate_bytes_per_s", double_val=op.rate_bytes_per_s),
+                    ]
+                )
             else:
                 node.type = pb.MEM_STORE_NODE if "d2h" in op.name else pb.MEM_LOAD_NODE
-            node.attr.extend([_attr(pb, "tensor_size", uint64_val=int(round(op.size_bytes))),
-                              _attr(pb, "stepsim.size_bytes", double_val=op.size_bytes)])
+            node.attr.extend(
+                [
+                    _attr(pb, "tensor_size", uint64_val=int(round(op.size_bytes))),
+                    _attr(pb, "stepsim.size_bytes", double_val=op.size_bytes),
+                ]
+            )
         else:
             raise TraceError(f"op {op.id} ({op.name}): kind {op.kind!r} has no Chakra node type")
         node.attr.extend(_common_attrs(pb, op))
         if remote:
             node.attr.append(_attr(pb, "stepsim.remote_deps", int64_list=pb.Int64List(values=remote)))
         nodes_of[op.rank].append(node)
-    for sid, rid in recv_id.items():     # receives nobody waits for still match their send
+    for sid, rid in recv_id.items():  # receives nobody waits for still match their send
         if rid not in placed_recv:
             s = ops_by_id[sid]
             nodes_of[s.peer].append(_recv_node(pb, rid, s, tag[sid]))
     for r in trace.ranks:
         meta = pb.GlobalMetadata(version=SCHEMA_VERSION)
-        meta.attr.extend(header + [
-            _attr(pb, "stepsim.rank", int64_val=r), _attr(pb, "stepsim.weight", int64_val=int(trace.weight.get(r, 1))),
-            _attr(pb, "stepsim.static_memory", double_list=pb.DoubleList(
-                values=[float(trace.static_memory.get(r, {}).get(c, 0.0)) for c in MEMORY_CATEGORIES])),
-        ])
+        meta.attr.extend(
+            header
+            + [
+                _attr(pb, "stepsim.rank", int64_val=r),
+                _attr(pb, "stepsim.weight", int64_val=int(trace.weight.get(r, 1))),
+                _attr(
+                    pb,
+                    "stepsim.static_memory",
+                    double_list=pb.DoubleList(
+                        values=[float(trace.static_memory.get(r, {}).get(c, 0.0)) for c in MEMORY_CATEGORIES]
+                    ),
+                ),
+            ]
+        )
         p = out / f"{prefix}.{r}.et"
         with open(p, "wb") as f:
             protolib.encodeMessage(f, meta)
@@ -270,9 +335,15 @@ def write_chakra(trace: Trace, out_dir: Union[str, Path], scenario_record: Optio
 
 def _recv_node(pb, rid: int, send: Op, tag: int):
     node = pb.Node(id=rid, name=f"recv.{send.name}", type=pb.COMM_RECV_NODE)
-    node.attr.extend([_attr(pb, "is_cpu_op", bool_val=False), _attr(pb, "comm_src", int32_val=send.rank),
-                      _attr(pb, "comm_dst", int32_val=send.peer), _attr(pb, "comm_tag", int32_val=tag),
-                      _attr(pb, "comm_size", int64_val=int(round(send.size_bytes)))])
+    node.attr.extend(
+        [
+            _attr(pb, "is_cpu_op", bool_val=False),
+            _attr(pb, "comm_src", int32_val=send.rank),
+            _attr(pb, "comm_dst", int32_val=send.peer),
+            _attr(pb, "comm_tag", int32_val=tag),
+            _attr(pb, "comm_size", int64_val=int(round(send.size_bytes))),
+        ]
+    )
     return node
 
 
@@ -307,8 +378,10 @@ def _et_files(path: Path) -> tuple[dict[int, Path], Path]:
     if not found:
         raise TraceError(f"trace: {path}: no Chakra ET files (<prefix>.<rank>.et) there")
     if len(found) > 1:
-        raise TraceError(f"trace: {folder} holds ET files of several prefixes ({', '.join(sorted(found))}); "
-                         f"name one: --trace {folder}/<prefix>")
+        raise TraceError(
+            f"trace: {folder} holds ET files of several prefixes ({', '.join(sorted(found))}); "
+            f"name one: --trace {folder}/<prefix>"
+        )
     return next(iter(found.values())), folder
 
 
@@ -346,11 +419,12 @@ def _read_messages(pb, path: Path, budget: list) -> tuple:
         where = f"trace: {path}: message {len(msgs)} (byte {pos})"
         n, pos = _decode_varint(raw, pos, where)
         if pos + n > len(raw):
-            raise TraceError(f"{where}: the file ends inside the message ({n} bytes announced, "
-                             f"{len(raw) - pos} left; truncated?)")
+            raise TraceError(
+                f"{where}: the file ends inside the message ({n} bytes announced, {len(raw) - pos} left; truncated?)"
+            )
         msg = pb.GlobalMetadata() if not msgs else pb.Node()
         try:
-            msg.ParseFromString(raw[pos:pos + n])
+            msg.ParseFromString(raw[pos : pos + n])
         except DecodeError as err:
             raise TraceError(f"{where}: not a Chakra {type(msg).__name__} ({err})") from None
         msgs.append(msg)
@@ -408,8 +482,9 @@ def read_chakra(path: Union[str, Path]) -> Trace:
         metas[r], nodes[r] = _read_messages(pb, p, budget)
     mine = [_attrs(m).get("stepsim.format") == FORMAT for m in metas.values()]
     if any(mine) and not all(mine):
-        raise TraceError(f"trace: {folder}: some ET files were written by stepsim and some not; keep one trace per "
-                         "directory")
+        raise TraceError(
+            f"trace: {folder}: some ET files were written by stepsim and some not; keep one trace per directory"
+        )
     groups = _read_comm_groups(folder)
     return _build(pb, files, metas, nodes, groups, ours=all(mine))
 
@@ -428,18 +503,21 @@ def _build(pb, files, metas, nodes, groups, ours: bool) -> Trace:
         world = int(head.get("stepsim.world", world))
         ranks = tuple(int(x) for x in head.get("stepsim.ranks", ()))
         if set(files) != set(ranks):
-            raise TraceError(f"trace: the metadata lists ranks {list(ranks)[:8]}, the directory has ET files for "
-                             f"{sorted(files)[:8]}")
+            raise TraceError(
+                f"trace: the metadata lists ranks {list(ranks)[:8]}, the directory has ET files for {sorted(files)[:8]}"
+            )
     else:
         missing = [r for r in range(max(files) + 1) if r not in files]
         if missing:
-            raise TraceError(f"trace: ranks {missing[:8]} have no ET file; stepsim needs one per rank "
-                             f"0..{max(files)} (<prefix>.<rank>.et)")
+            raise TraceError(
+                f"trace: ranks {missing[:8]} have no ET file; stepsim needs one per rank "
+                f"0..{max(files)} (<prefix>.<rank>.et)"
+            )
     for g, members in groups.items():
         if any(x >= world for x in members):
             raise TraceError(f"trace: {COMM_GROUP_FILE}: group {g} has ranks beyond the {world} ranks of the trace")
     # ---- per node: kind and fields; record sends and receives to match ------------------------
-    info: dict[tuple[int, int], dict] = {}     # (rank, node id) -> fields
+    info: dict[tuple[int, int], dict] = {}  # (rank, node id) -> fields
     order: dict[int, list[int]] = {}
     sends: dict[tuple, list] = {}
     recvs: dict[tuple, list] = {}
@@ -469,8 +547,10 @@ def _build(pb, files, metas, nodes, groups, ours: bool) -> Trace:
         have = sends.get((src, dst, t), [])
         for i, nid in enumerate(ids):
             if i >= len(have):
-                raise TraceError(f"{info[(dst, nid)]['where']}: receives from rank {src} (tag {t}), but rank {src}'s "
-                                 "trace has no matching COMM_SEND_NODE")
+                raise TraceError(
+                    f"{info[(dst, nid)]['where']}: receives from rank {src} (tag {t}), but rank {src}'s "
+                    "trace has no matching COMM_SEND_NODE"
+                )
             info[(dst, nid)]["send"] = (src, have[i])
     # ---- op ids, in a dependency order per rank ------------------------------------------------
     topo = {r: _topo_order(r, order[r], info) for r in sorted(files)}
@@ -486,7 +566,7 @@ def _build(pb, files, metas, nodes, groups, ours: bool) -> Trace:
                     op_id[(r, nid)] = len(op_id)
     resolved: dict[tuple[int, int], tuple] = {}
 
-    def deps_of(key) -> tuple:   # op ids a node's dependants wait for through it
+    def deps_of(key) -> tuple:  # op ids a node's dependants wait for through it
         hit = resolved.get(key)
         if hit is None:
             f = info[key]
@@ -523,13 +603,32 @@ def _build(pb, files, metas, nodes, groups, ours: bool) -> Trace:
                 key = f"pg{f['pg']}:{n}"
             kernels = f.get("kernels", ())
             kernels = kernel_tuples.setdefault(kernels, kernels)
-            ops.append(Op(
-                id=op_id[(r, nid)], rank=r, stream=stream, kind=f["op_kind"], name=f["name"], phase=f.get("phase", ""),
-                mb=f["labels"][0], chunk=f["labels"][1], layer=f["labels"][2], deps=deps, kernels=kernels,
-                recompute=f.get("recompute", False), comm_overlap=f.get("comm_overlap", False), coll=f.get("coll", ""),
-                axis=f.get("axis", ""), group=f.get("group", ()), key=key, size_bytes=f.get("size", 0.0),
-                peer=f.get("peer", -1), mem=f.get("mem", ()),
-                rate_bytes_per_s=f.get("rate", 0.0), scaleout_fraction=f.get("scaleout_fraction", 1.0)))
+            ops.append(
+                Op(
+                    id=op_id[(r, nid)],
+                    rank=r,
+                    stream=stream,
+                    kind=f["op_kind"],
+                    name=f["name"],
+                    phase=f.get("phase", ""),
+                    mb=f["labels"][0],
+                    chunk=f["labels"][1],
+                    layer=f["labels"][2],
+                    deps=deps,
+                    kernels=kernels,
+                    recompute=f.get("recompute", False),
+                    comm_overlap=f.get("comm_overlap", False),
+                    coll=f.get("coll", ""),
+                    axis=f.get("axis", ""),
+                    group=f.get("group", ()),
+                    key=key,
+                    size_bytes=f.get("size", 0.0),
+                    peer=f.get("peer", -1),
+                    mem=f.get("mem", ()),
+                    rate_bytes_per_s=f.get("rate", 0.0),
+                    scaleout_fraction=f.get("scaleout_fraction", 1.0),
+                )
+            )
     if not ops:
         raise TraceError("trace: the Chakra trace has no node stepsim can simulate")
     if ours:
@@ -555,19 +654,31 @@ def _build(pb, files, metas, nodes, groups, ours: bool) -> Trace:
         if len(mem) != len(MEMORY_CATEGORIES):
             raise TraceError(f"trace: {files[r]}: stepsim.static_memory needs {len(MEMORY_CATEGORIES)} values")
         static[r] = dict(zip(MEMORY_CATEGORIES, (float(x) for x in mem)))
-    notes = list(head.get("stepsim.notes", ())) if ours else [
-        f"read from a Chakra trace of {world} ranks that stepsim did not write: no model FLOPs (MFU is 0) and no "
-        "memory before the step"]
+    notes = (
+        list(head.get("stepsim.notes", ()))
+        if ours
+        else [
+            f"read from a Chakra trace of {world} ranks that stepsim did not write: no model FLOPs (MFU is 0) and no "
+            "memory before the step"
+        ]
+    )
     unexecuted = {}
     if ours and "stepsim.unexecuted_flops" in head:
         try:
             unexecuted = {int(r): float(v) for r, v in json.loads(head["stepsim.unexecuted_flops"]).items()}
         except (ValueError, TypeError, AttributeError):
             raise TraceError("trace: malformed stepsim.unexecuted_flops in the Chakra metadata") from None
-    trace = Trace(ops=ops, ranks=ranks, weight=weight, static_memory=static, world=world, notes=notes,
-                  unexecuted_flops=unexecuted,
-                  model_flops=float(head.get("stepsim.model_flops", 0.0)) if ours else 0.0,
-                  representative=bool(head.get("stepsim.representative", False)) if ours else False)
+    trace = Trace(
+        ops=ops,
+        ranks=ranks,
+        weight=weight,
+        static_memory=static,
+        world=world,
+        notes=notes,
+        unexecuted_flops=unexecuted,
+        model_flops=float(head.get("stepsim.model_flops", 0.0)) if ours else 0.0,
+        representative=bool(head.get("stepsim.representative", False)) if ours else False,
+    )
     trace.check()
     rec = None
     if ours and "stepsim.scenario" in head:
@@ -620,36 +731,57 @@ def _node_fields(pb, n, at: dict, rank: int, world: int, groups: dict, where: st
     if "stepsim.algorithm" in at:
         f["algorithm"] = str(at["stepsim.algorithm"])
     if "stepsim.mem_category" in at:
-        cats, deltas, when = at["stepsim.mem_category"], at.get("stepsim.mem_delta_bytes", []), at.get("stepsim.mem_at", [])
-        if not (len(cats) == len(deltas) == len(when)) or any(c not in MEMORY_CATEGORIES for c in cats) or \
-                any(w not in ("start", "end") for w in when):
+        cats, deltas, when = (
+            at["stepsim.mem_category"],
+            at.get("stepsim.mem_delta_bytes", []),
+            at.get("stepsim.mem_at", []),
+        )
+        if (
+            not (len(cats) == len(deltas) == len(when))
+            or any(c not in MEMORY_CATEGORIES for c in cats)
+            or any(w not in ("start", "end") for w in when)
+        ):
             raise TraceError(f"{where}: malformed stepsim.mem_* attributes")
         f["mem"] = tuple((c, float(d), w) for c, d, w in zip(cats, deltas, when))
     kind = at.get("stepsim.kind")
     stream = at.get("stepsim.stream")
-    is_cpu = at.get("is_cpu_op", True)   # the Chakra feeder's default: a CPU op
+    is_cpu = at.get("is_cpu_op", True)  # the Chakra feeder's default: a CPU op
     if t == pb.METADATA_NODE:
         f["kind"] = "skip"
         return f
     if t == pb.COMP_NODE and kind == "host" and "stepsim.rate_bytes_per_s" in at:
-        f.update(kind="host", op_kind="host", stream=stream or "offload", rate=float(at["stepsim.rate_bytes_per_s"]),
-                 size=float(at.get("stepsim.size_bytes", at.get("tensor_size", 0))))
+        f.update(
+            kind="host",
+            op_kind="host",
+            stream=stream or "offload",
+            rate=float(at["stepsim.rate_bytes_per_s"]),
+            size=float(at.get("stepsim.size_bytes", at.get("tensor_size", 0))),
+        )
         return f
     if t == pb.COMP_NODE:
         if is_cpu:
-            raise TraceError(f"{where}: a CPU COMP_NODE (is_cpu_op true or absent): stepsim simulates GPU work from "
-                             "num_ops and tensor_size, not recorded CPU durations")
+            raise TraceError(
+                f"{where}: a CPU COMP_NODE (is_cpu_op true or absent): stepsim simulates GPU work from "
+                "num_ops and tensor_size, not recorded CPU durations"
+            )
         if "stepsim.kernel_flops" in at:
             names, kinds = at.get("stepsim.kernel_names", []), at.get("stepsim.kernel_kinds", [])
-            fl, by, sh = at["stepsim.kernel_flops"], at.get("stepsim.kernel_bytes", []), at.get("stepsim.kernel_shapes", [])
+            fl, by, sh = (
+                at["stepsim.kernel_flops"],
+                at.get("stepsim.kernel_bytes", []),
+                at.get("stepsim.kernel_shapes", []),
+            )
             if not (len(names) == len(kinds) == len(fl) == len(by)) or len(sh) != 4 * len(fl):
                 raise TraceError(f"{where}: malformed stepsim.kernel_* attributes")
             ks = []
             for i in range(len(fl)):
                 if kinds[i] not in KERNEL_KINDS or fl[i] < 0 or by[i] < 0:
-                    raise TraceError(f"{where}: kernel {i}: kind must be one of {', '.join(KERNEL_KINDS)} with FLOPs "
-                                     "and bytes >= 0")
-                ks.append(Kernel(names[i], kinds[i], float(fl[i]), float(by[i]), *(int(x) for x in sh[4 * i:4 * i + 4])))
+                    raise TraceError(
+                        f"{where}: kernel {i}: kind must be one of {', '.join(KERNEL_KINDS)} with FLOPs and bytes >= 0"
+                    )
+                ks.append(
+                    Kernel(names[i], kinds[i], float(fl[i]), float(by[i]), *(int(x) for x in sh[4 * i : 4 * i + 4]))
+                )
             ex = at.get("stepsim.kernel_executed_flops")
             if ex is not None:
                 if len(ex) != len(ks) or any(x < 0 for x in ex if not math.isnan(x)):
@@ -659,12 +791,19 @@ def _node_fields(pb, n, at: dict, rank: int, world: int, groups: dict, where: st
         else:
             flops, nbytes = _int_attr(at, "num_ops", where), _int_attr(at, "tensor_size", where)
             if flops is None and nbytes is None:
-                raise TraceError(f"{where}: a COMP_NODE with neither num_ops nor tensor_size: stepsim times compute "
-                                 "from FLOPs and bytes (roofline), not recorded durations")
+                raise TraceError(
+                    f"{where}: a COMP_NODE with neither num_ops nor tensor_size: stepsim times compute "
+                    "from FLOPs and bytes (roofline), not recorded durations"
+                )
             flops, nbytes = float(flops or 0), float(nbytes or 0)
             f["kernels"] = (Kernel(f["name"], "gemm" if flops > 0 else "elementwise", flops, nbytes),)
-        f.update(kind="compute", op_kind="compute", stream=stream or "compute",
-                 recompute=bool(at.get("stepsim.recompute", False)), comm_overlap=bool(at.get("stepsim.comm_overlap", False)))
+        f.update(
+            kind="compute",
+            op_kind="compute",
+            stream=stream or "compute",
+            recompute=bool(at.get("stepsim.recompute", False)),
+            comm_overlap=bool(at.get("stepsim.comm_overlap", False)),
+        )
         return f
     if t in (pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE):
         size = at.get("stepsim.size_bytes", _int_attr(at, "tensor_size", where))
@@ -694,21 +833,31 @@ def _node_fields(pb, n, at: dict, rank: int, world: int, groups: dict, where: st
         except (ValueError, TypeError):
             ctype = f"comm_type {at['comm_type']!r}"
         if ctype not in _CHAKRA_TO_COLL:
-            raise TraceError(f"{where}: collective {ctype} is not supported; stepsim simulates "
-                             f"{', '.join(sorted(_CHAKRA_TO_COLL))}")
+            raise TraceError(
+                f"{where}: collective {ctype} is not supported; stepsim simulates {', '.join(sorted(_CHAKRA_TO_COLL))}"
+            )
         pg = str(at.get("pg_name") or "0")
         if pg == "0":
             group = tuple(range(world))
         elif pg in groups:
             group = groups[pg]
         else:
-            raise TraceError(f"{where}: process group pg_name {pg!r} is not in {COMM_GROUP_FILE}"
-                             + ("" if groups else f" (the directory has no {COMM_GROUP_FILE})"))
+            raise TraceError(
+                f"{where}: process group pg_name {pg!r} is not in {COMM_GROUP_FILE}"
+                + ("" if groups else f" (the directory has no {COMM_GROUP_FILE})")
+            )
         if rank not in group:
-            raise TraceError(f"{where}: rank {rank} runs a collective of group {pg} {list(group)[:8]}, which it is "
-                             "not a member of")
-        f.update(kind="collective", op_kind="collective", coll=_CHAKRA_TO_COLL[ctype], group=group, pg=pg,
-                 stream=stream or f"pg{pg}")
+            raise TraceError(
+                f"{where}: rank {rank} runs a collective of group {pg} {list(group)[:8]}, which it is not a member of"
+            )
+        f.update(
+            kind="collective",
+            op_kind="collective",
+            coll=_CHAKRA_TO_COLL[ctype],
+            group=group,
+            pg=pg,
+            stream=stream or f"pg{pg}",
+        )
         if "stepsim.scaleout_fraction" in at:
             frac = float(at["stepsim.scaleout_fraction"])
             if not 0.0 < frac <= 1.0:
@@ -724,8 +873,13 @@ def _node_fields(pb, n, at: dict, rank: int, world: int, groups: dict, where: st
             raise TraceError(f"{where}: a COMM_SEND_NODE in rank {rank}'s file sends from rank {src}")
         if dst is None or not 0 <= dst < world or dst == rank:
             raise TraceError(f"{where}: a COMM_SEND_NODE needs comm_dst, another rank in 0..{world - 1}, got {dst!r}")
-        f.update(kind="send", op_kind="send", peer=int(dst), tag=int(_int_attr(at, "comm_tag", where, 0)),
-                 stream=stream or f"p2p{int(dst)}")
+        f.update(
+            kind="send",
+            op_kind="send",
+            peer=int(dst),
+            tag=int(_int_attr(at, "comm_tag", where, 0)),
+            stream=stream or f"p2p{int(dst)}",
+        )
         if not f["axis"]:
             f["axis"] = "p2p"
         return f

@@ -212,9 +212,7 @@ def _local_kv_heads(model: ModelSpec, tp: int) -> int:
         return kv // tp
     if tp % kv == 0:
         return 1
-    raise WorkloadError(
-        "parallel.tp", f"{tp} neither divides nor is a multiple of the {kv} KV heads of {model.name!r}"
-    )
+    raise WorkloadError("parallel.tp", f"{tp} neither divides nor is a multiple of the {kv} KV heads of {model.name!r}")
 
 
 def _split(size: int, degree: int, what: str, field: str = "parallel.tp") -> int:
@@ -250,9 +248,7 @@ def _gemm(name: str, rows: float, n: int, k: int, act_bytes: int, groups: int = 
 
 def _norm(model: ModelSpec, name: str, rows: float, width: int, act_bytes: int) -> Kernel:
     elems = rows * width
-    return Kernel(
-        name, "norm", _NORM_FLOPS_PER_ELEMENT[model.norm] * elems, act_bytes * (2 * elems + width)
-    )
+    return Kernel(name, "norm", _NORM_FLOPS_PER_ELEMENT[model.norm] * elems, act_bytes * (2 * elems + width))
 
 
 def _residual(name: str, rows: float, width: int, act_bytes: int) -> Kernel:
@@ -300,7 +296,13 @@ def _unfused_scores(q_rows: float, seq_len: int, heads: int) -> Kernel:
 
 
 def _attention_kernels(
-    model: ModelSpec, tokens: float, seq_len: int, tp: int, cp: int, norm_rows: float, act_bytes: int,
+    model: ModelSpec,
+    tokens: float,
+    seq_len: int,
+    tp: int,
+    cp: int,
+    norm_rows: float,
+    act_bytes: int,
     flash_attention: bool = True,
 ) -> list[Kernel]:
     h = model.hidden
@@ -330,9 +332,7 @@ def _attention_kernels(
             out.append(_gemm("q_proj", tokens, heads * d_qk, h, act_bytes))
         out.append(_gemm("kv_down", tokens, mla.kv_lora_rank + mla.qk_rope_head_dim, h, act_bytes))
         out.append(_norm(model, "kv_down_norm", tokens, mla.kv_lora_rank, act_bytes))
-        out.append(
-            _gemm("kv_up", tokens, heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank, act_bytes)
-        )
+        out.append(_gemm("kv_up", tokens, heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank, act_bytes))
         # After the up projection every head has its own K (d_qk) and V (d_v).
         out.append(_attention_core("attn_core", tokens, seq_len, heads, heads, d_qk, mla.v_head_dim, act_bytes, batch))
         if not flash_attention:
@@ -340,8 +340,9 @@ def _attention_kernels(
         out.append(_gemm("out_proj", tokens, h, heads * mla.v_head_dim, act_bytes))
     out.append(_residual("attn_residual", norm_rows, h, act_bytes))
     if flash_attention:  # causal fused kernel: about half the counted square (module notes)
-        out = [replace(k, executed_flops=k.flops * CAUSAL_EXECUTED_FRACTION) if k.kind == "attention" else k
-               for k in out]
+        out = [
+            replace(k, executed_flops=k.flops * CAUSAL_EXECUTED_FRACTION) if k.kind == "attention" else k for k in out
+        ]
     return out
 
 
@@ -373,8 +374,9 @@ def _block_kernels(
         m = model.moe
         if tp > 1 and not sequence_parallel:
             raise WorkloadError(
-                "parallel.sequence_parallel", "MoE layers with tp > 1 need sequence parallelism "
-                "(Megatron-Core routes the sequence-parallel shard of tokens)"
+                "parallel.sequence_parallel",
+                "MoE layers with tp > 1 need sequence parallelism "
+                "(Megatron-Core routes the sequence-parallel shard of tokens)",
             )
         local_experts = _split(m.experts, ep, f"the {m.experts} routed experts", "parallel.ep")
         width = _split(m.expert_ffn_hidden, etp, "expert_ffn_hidden", "parallel.etp")
@@ -441,14 +443,22 @@ def layer_kernels(
     if not 0 <= layer < model.layers:
         raise IndexError(f"layer {layer} outside 0..{model.layers - 1} of {model.name!r}")
     return _block_kernels(
-        model, model.is_moe_layer(layer), tokens, seq_len, tp, cp, ep, etp, act_bytes, expert_tokens, sequence_parallel,
+        model,
+        model.is_moe_layer(layer),
+        tokens,
+        seq_len,
+        tp,
+        cp,
+        ep,
+        etp,
+        act_bytes,
+        expert_tokens,
+        sequence_parallel,
         flash_attention,
     )
 
 
-def embedding_kernels(
-    model: ModelSpec, tokens: int, tp: int = 1, act_bytes: int = 2
-) -> list[Kernel]:
+def embedding_kernels(model: ModelSpec, tokens: int, tp: int = 1, act_bytes: int = 2) -> list[Kernel]:
     """Token-embedding lookup on one rank: no FLOPs. The table is split by vocab
     over ``tp`` (Megatron's vocab-parallel embedding): the rank reads the token
     ids, its expected share ``tokens/tp`` of the looked-up rows, and writes the
@@ -517,7 +527,16 @@ def mtp_kernels(
         block.append(_norm(model, "embed_norm", norm_rows, h, act_bytes))
         block.append(_gemm("proj", tokens, _split(h, tp, "hidden"), 2 * h, act_bytes))
         block += _block_kernels(
-            model, _mtp_block_is_moe(model), tokens, seq_len, tp, cp, ep, etp, act_bytes, expert_tokens,
+            model,
+            _mtp_block_is_moe(model),
+            tokens,
+            seq_len,
+            tp,
+            cp,
+            ep,
+            etp,
+            act_bytes,
+            expert_tokens,
             sequence_parallel,
         )
         block += head_kernels(model, tokens, tp, act_bytes, sequence_parallel)

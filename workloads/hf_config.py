@@ -119,7 +119,9 @@ def model_from_hf_config(
     act_key = "activation_function" if model_type == "gpt2" else "hidden_act"
     act = raw.get(act_key, acts[0])
     if act not in acts:
-        raise WorkloadError(f"hf_config.{act_key}", f"{act!r} is not supported for {model_type}; allowed: {', '.join(acts)}")
+        raise WorkloadError(
+            f"hf_config.{act_key}", f"{act!r} is not supported for {model_type}; allowed: {', '.join(acts)}"
+        )
 
     if model_type == "gpt2":
         layers, hidden, heads = c.int("n_layer"), c.int("n_embd"), c.int("n_head")

@@ -244,21 +244,21 @@ class ParallelLayout:
             return self._group_rows("tp") if self.etp == self.tp else np.arange(self.world).reshape(-1, 1)
         if axis in ("ep", "edp", "etp") and self.folded:
             # Positions of a stage as an array over the expert mesh, outermost first.
-            mesh = list(self._expert_mesh.items())            # innermost first
+            mesh = list(self._expert_mesh.items())  # innermost first
             pos = np.arange(self.tp * self.cp * self.dp).reshape([size for _, (size, _) in reversed(mesh)])
             at = len(mesh) - 1 - [name for name, _ in mesh].index(axis)
             rows = np.moveaxis(pos, at, -1).reshape(-1, self._expert_mesh[axis][0])
             return self._stage_table()[:, rows].reshape(-1, rows.shape[1])
         if axis not in GROUP_AXES:
             raise ValueError(f"unknown group axis {axis!r}; expected one of {GROUP_AXES}")
-        members = self._dpcp_table()                           # [pp, tp, dp*cp]
+        members = self._dpcp_table()  # [pp, tp, dp*cp]
         n = self.dp * self.cp
         if axis == "dp_cp":
             return members.reshape(-1, n)
-        blocks = members.reshape(self.pp, self.tp, n // self.ep, self.ep)   # [pp, tp, edp, ep]
+        blocks = members.reshape(self.pp, self.tp, n // self.ep, self.ep)  # [pp, tp, edp, ep]
         if axis == "ep":
             return blocks.reshape(-1, self.ep)
-        if self.etp == self.tp:                                # edp: same EP position, own TP rank
+        if self.etp == self.tp:  # edp: same EP position, own TP rank
             return blocks.transpose(0, 1, 3, 2).reshape(-1, n // self.ep)
         # etp = 1 < tp: every TP coordinate holds the same experts at this EP position
         rows = blocks.transpose(0, 3, 1, 2).reshape(self.pp * self.ep, -1)
@@ -266,7 +266,7 @@ class ParallelLayout:
 
     def _groups(self, axis: str, stage: Optional[int]) -> tuple[tuple[int, ...], ...]:
         table = self.group_table(axis)
-        if stage is not None and axis != "pp":                 # every other group lies in one stage
+        if stage is not None and axis != "pp":  # every other group lies in one stage
             table = table[(table[:, 0] // self._strides["pp"]) % self.pp == stage]
         return tuple(map(tuple, table.tolist()))
 
@@ -331,11 +331,14 @@ class ParallelLayout:
         if self.pipeline_layers is not None:
             pl = list(self.pipeline_layers)
             if len(pl) != n:
-                raise LayoutError("parallel.pipeline_layers", f"needs {n} entries (one per model chunk: {what}), "
-                                                              f"got {len(pl)}")
+                raise LayoutError(
+                    "parallel.pipeline_layers", f"needs {n} entries (one per model chunk: {what}), got {len(pl)}"
+                )
             if any((not isinstance(x, int)) or x < 0 for x in pl) or sum(pl) != layers:
-                raise LayoutError("parallel.pipeline_layers",
-                                  f"must be non-negative integers summing to the model's {layers} layers, got {pl}")
+                raise LayoutError(
+                    "parallel.pipeline_layers",
+                    f"must be non-negative integers summing to the model's {layers} layers, got {pl}",
+                )
             return pl
         if layers % n:
             raise LayoutError(
@@ -359,8 +362,10 @@ def auto_layer_split(layers: int, chunks: int) -> list[int]:
     going to the middle chunks first, so that the first chunk (which also holds the
     embedding) and the last (the LM head and loss) get the fewer — as Llama 3 does."""
     if chunks > layers:
-        raise LayoutError("parallel.pipeline_layers", f"{chunks} model chunks for {layers} layers: "
-                                                      "every chunk needs at least one layer")
+        raise LayoutError(
+            "parallel.pipeline_layers",
+            f"{chunks} model chunks for {layers} layers: every chunk needs at least one layer",
+        )
     base, rem = divmod(layers, chunks)
     split = [base] * chunks
     order = list(range(1, chunks - 1)) + [0, chunks - 1] if chunks > 2 else list(range(chunks))
@@ -398,18 +403,17 @@ def _cached_group(layout: ParallelLayout, rank: int, axis: str) -> tuple[int, ..
 
 
 @lru_cache(maxsize=1 << 16)
-def _cached_ep_subgroup(layout: ParallelLayout, rank: int, kind: str,
-                        domain_size: int) -> tuple[int, ...]:
+def _cached_ep_subgroup(layout: ParallelLayout, rank: int, kind: str, domain_size: int) -> tuple[int, ...]:
     return layout._ep_subgroup(rank, kind, domain_size)
 
 
 @lru_cache(maxsize=1024)
-def _cached_ep_subgroups(layout: ParallelLayout, kind: str, stage: int,
-                         domain_size: int) -> tuple[tuple[int, ...], ...]:
+def _cached_ep_subgroups(
+    layout: ParallelLayout, kind: str, stage: int, domain_size: int
+) -> tuple[tuple[int, ...], ...]:
     return layout._ep_subgroups(kind, stage, domain_size)
 
 
 @lru_cache(maxsize=1024)
 def _cached_groups(layout: ParallelLayout, axis: str, stage: Optional[int]) -> tuple[tuple[int, ...], ...]:
     return layout._groups(axis, stage)
-

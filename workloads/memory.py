@@ -129,8 +129,8 @@ _TOKEN_ID_BYTES = 8
 RECOMPUTE_MODES = enums.RECOMPUTE_MODES
 ACTIVATION_SAVINGS = ("none", "deepseek-v3")
 MOE_GATE_WEIGHTINGS = ("activation", "combine")
-_FP8_BYTES = 1       # FP8 activation cache (DeepSeek-V3 §3.3.2)
-_E5M6_BYTES = 1.5    # the attention output's 12-bit cache (E5M6, DeepSeek-V3 §3.3.2)
+_FP8_BYTES = 1  # FP8 activation cache (DeepSeek-V3 §3.3.2)
+_E5M6_BYTES = 1.5  # the attention output's 12-bit cache (E5M6, DeepSeek-V3 §3.3.2)
 OPTIMIZERS = ("adam", "muon", "sgd")
 DTYPES = ("bf16", "fp8")
 
@@ -182,8 +182,22 @@ def activation_bytes_per_layer(
     if not 0 <= layer < model.layers:
         raise IndexError(f"layer {layer} outside 0..{model.layers - 1} of {model.name!r}")
     return _block_activation_bytes(
-        model, model.is_moe_layer(layer), micro_batch_size, seq_len, tp, cp, sequence_parallel, recompute, ep,
-        dropout, act_bytes, flash_attention, etp, expert_tokens, activation_saving, moe_gate_weighting,
+        model,
+        model.is_moe_layer(layer),
+        micro_batch_size,
+        seq_len,
+        tp,
+        cp,
+        sequence_parallel,
+        recompute,
+        ep,
+        dropout,
+        act_bytes,
+        flash_attention,
+        etp,
+        expert_tokens,
+        activation_saving,
+        moe_gate_weighting,
         recompute_modules,
     )
 
@@ -209,11 +223,14 @@ def _block_activation_bytes(
 ) -> float:
     counts._check_positive(tp=tp, cp=cp, ep=ep, etp=etp)
     if moe_gate_weighting not in MOE_GATE_WEIGHTINGS:
-        raise WorkloadError("training.moe_gate_weighting", f"must be one of {', '.join(MOE_GATE_WEIGHTINGS)}, "
-                         f"got {moe_gate_weighting!r}")
+        raise WorkloadError(
+            "training.moe_gate_weighting",
+            f"must be one of {', '.join(MOE_GATE_WEIGHTINGS)}, got {moe_gate_weighting!r}",
+        )
     if activation_saving not in ACTIVATION_SAVINGS:
-        raise WorkloadError("training.activation_saving", f"must be one of {', '.join(ACTIVATION_SAVINGS)}, "
-                         f"got {activation_saving!r}")
+        raise WorkloadError(
+            "training.activation_saving", f"must be one of {', '.join(ACTIVATION_SAVINGS)}, got {activation_saving!r}"
+        )
     if micro_batch_size < 1 or seq_len < 1:
         raise WorkloadError(
             "training", f"micro_batch_size and seq_len must be positive, got {micro_batch_size!r}, {seq_len!r}"
@@ -228,7 +245,9 @@ def _block_activation_bytes(
     ds = activation_saving == "deepseek-v3"
     for mod in recompute_modules:
         if mod not in RECOMPUTE_MODULES:
-            raise WorkloadError("training.recompute_modules", f"{mod!r} not allowed; choose from {', '.join(RECOMPUTE_MODULES)}")
+            raise WorkloadError(
+                "training.recompute_modules", f"{mod!r} not allowed; choose from {', '.join(RECOMPUTE_MODULES)}"
+            )
     # Under DeepSeek-V3's savings a norm's output (a GEMM input) is recomputed from the
     # norm's input, MLA's up-projections from their latents, SwiGLU from its FP8 input;
     # Megatron-Core's recompute modules drop the same tensors one group at a time.
@@ -254,8 +273,9 @@ def _block_activation_bytes(
             # query latent (norm input) and its normed copy (q_up input): replicated
             total += (act_bytes + latent_norm_out) * tokens * mla.q_lora_rank
         # KV latent + RoPE key (norm / rope input) and the normed latent (kv_up input)
-        total += act_bytes * tokens * (mla.kv_lora_rank + mla.qk_rope_head_dim) + \
-            latent_norm_out * tokens * mla.kv_lora_rank
+        total += (
+            act_bytes * tokens * (mla.kv_lora_rank + mla.qk_rope_head_dim) + latent_norm_out * tokens * mla.kv_lora_rank
+        )
         if up_proj_kept:  # per-head Q, K, V: the up-projections' outputs
             total += act_bytes * tokens * heads * (2 * d_qk + d_v)
         v_width = heads * d_v
@@ -290,8 +310,9 @@ def _block_activation_bytes(
         m = model.moe
         if tp > 1 and not sequence_parallel:
             raise WorkloadError(
-                "parallel.sequence_parallel", "MoE layers with tp > 1 need sequence parallelism "
-                "(Megatron-Core routes the sequence-parallel shard of tokens)"
+                "parallel.sequence_parallel",
+                "MoE layers with tp > 1 need sequence parallelism "
+                "(Megatron-Core routes the sequence-parallel shard of tokens)",
             )
         counts._split(m.experts, ep, f"the {m.experts} routed experts", "parallel.ep")
         f = counts._split(m.expert_ffn_hidden, etp, "expert_ffn_hidden", "parallel.etp")
@@ -380,8 +401,22 @@ def mtp_activation_bytes(
     per = _TOKEN_ID_BYTES * tokens
     per += act_bytes * (2 * rows * model.hidden + tokens * 2 * model.hidden)
     per += _block_activation_bytes(
-        model, counts._mtp_block_is_moe(model), micro_batch_size, seq_len, tp, cp, sequence_parallel, recompute,
-        ep, dropout, act_bytes, flash_attention, etp, expert_tokens, activation_saving, moe_gate_weighting,
+        model,
+        counts._mtp_block_is_moe(model),
+        micro_batch_size,
+        seq_len,
+        tp,
+        cp,
+        sequence_parallel,
+        recompute,
+        ep,
+        dropout,
+        act_bytes,
+        flash_attention,
+        etp,
+        expert_tokens,
+        activation_saving,
+        moe_gate_weighting,
         recompute_modules,
     )
     per += head_activation_bytes(model, micro_batch_size, seq_len, tp, cp, sequence_parallel, act_bytes)
@@ -562,21 +597,40 @@ def training_state_bytes(params_dense: float, params_expert: float, layout: Para
     """:func:`state_bytes` with the dtypes a :class:`workloads.training.TrainingSpec`
     names (gradient buffer ``grad_dtype``, optimizer moments ``optimizer_state_dtype``)."""
     if training.master_weights == "none":  # FP32 weights that are their own master (JAX / MaxText)
-        return state_bytes(params_dense, params_expert, layout, dtype=training.dtype, optimizer=training.optimizer,
-                           master_weights=False, grad_dtype_bytes=training.grad_bytes,
-                           moment_dtype_bytes=training.moment_bytes, weight_dtype_bytes=_FP32_BYTES)
-    return state_bytes(params_dense, params_expert, layout, dtype=training.dtype, optimizer=training.optimizer,
-                       grad_dtype_bytes=training.grad_bytes, moment_dtype_bytes=training.moment_bytes,
-                       master_bytes=2 if training.master_weights == "remainder" else _FP32_BYTES)
+        return state_bytes(
+            params_dense,
+            params_expert,
+            layout,
+            dtype=training.dtype,
+            optimizer=training.optimizer,
+            master_weights=False,
+            grad_dtype_bytes=training.grad_bytes,
+            moment_dtype_bytes=training.moment_bytes,
+            weight_dtype_bytes=_FP32_BYTES,
+        )
+    return state_bytes(
+        params_dense,
+        params_expert,
+        layout,
+        dtype=training.dtype,
+        optimizer=training.optimizer,
+        grad_dtype_bytes=training.grad_bytes,
+        moment_dtype_bytes=training.moment_bytes,
+        master_bytes=2 if training.master_weights == "remainder" else _FP32_BYTES,
+    )
 
 
 def activation_options(training) -> dict:
     """The keyword arguments of the activation functions that a
     :class:`workloads.training.TrainingSpec` sets (one place for the trace and the
     search's estimate)."""
-    return dict(flash_attention=training.flash_attention, activation_saving=training.activation_saving,
-                moe_gate_weighting=training.moe_gate_weighting, recompute_modules=training.recompute_modules,
-                dropout=training.dropout)
+    return dict(
+        flash_attention=training.flash_attention,
+        activation_saving=training.activation_saving,
+        moe_gate_weighting=training.moe_gate_weighting,
+        recompute_modules=training.recompute_modules,
+        dropout=training.dropout,
+    )
 
 
 #: Forward kernels (``workloads.counts`` names) each recompute module runs again before
@@ -590,10 +644,28 @@ RECOMPUTED_KERNELS = {
     "moe_act": ("expert_act",),
     # JAX's checkpoint_dots_with_no_batch_dims: everything but the matmuls reruns, the
     # flash attention forward included (its output is not a dot_general output)
-    "matmul_outputs": ("attn_norm", "mlp_norm", "q_down_norm", "kv_down_norm", "attn_core", "attn_residual",
-                       "mlp_act", "expert_act", "shared_act"),
-    "deepseek-v3": ("attn_norm", "mlp_norm", "q_down_norm", "kv_down_norm", "q_up", "kv_up", "mlp_act",
-                    "expert_act", "shared_act"),
+    "matmul_outputs": (
+        "attn_norm",
+        "mlp_norm",
+        "q_down_norm",
+        "kv_down_norm",
+        "attn_core",
+        "attn_residual",
+        "mlp_act",
+        "expert_act",
+        "shared_act",
+    ),
+    "deepseek-v3": (
+        "attn_norm",
+        "mlp_norm",
+        "q_down_norm",
+        "kv_down_norm",
+        "q_up",
+        "kv_up",
+        "mlp_act",
+        "expert_act",
+        "shared_act",
+    ),
 }
 
 

@@ -61,8 +61,10 @@ class ExpertLoad:
 
     def __post_init__(self) -> None:
         if self.distribution not in DISTRIBUTIONS:
-            raise WorkloadError("training.expert_load.distribution", f"must be one of {', '.join(DISTRIBUTIONS)}, "
-                             f"got {self.distribution!r}")
+            raise WorkloadError(
+                "training.expert_load.distribution",
+                f"must be one of {', '.join(DISTRIBUTIONS)}, got {self.distribution!r}",
+            )
         if not self.skew > 0:
             raise WorkloadError("training.expert_load.skew", f"must be > 0, got {self.skew!r}")
         if self.capacity_factor is not None and not self.capacity_factor >= 1:

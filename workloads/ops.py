@@ -21,7 +21,17 @@ from stepsim_errors import StepsimError
 from workloads.counts import Kernel
 from workloads.errors import WorkloadError
 
-STREAMS = ("compute", "tp", "cp", "ep", "dp", "fsdp", "pp", "offload", "mirror")  # mirror: gradient sums between pipeline ranks
+STREAMS = (
+    "compute",
+    "tp",
+    "cp",
+    "ep",
+    "dp",
+    "fsdp",
+    "pp",
+    "offload",
+    "mirror",
+)  # mirror: gradient sums between pipeline ranks
 MEMORY_CATEGORIES = ("weights", "gradients", "optimizer", "activations", "buffers")
 
 
@@ -99,8 +109,9 @@ class Trace:
         # predecessor always is): no duplicate, nothing dangling, the list is a
         # topological order. Traces built by workloads.trace are such; a file may not
         # be, and then gets the full check below.
-        if all(op.id == i for i, op in enumerate(self.ops)) and \
-                all(0 <= d < i for i, op in enumerate(self.ops) for d in op.deps):
+        if all(op.id == i for i, op in enumerate(self.ops)) and all(
+            0 <= d < i for i, op in enumerate(self.ops) for d in op.deps
+        ):
             return
         ids = {op.id: op for op in self.ops}
         if len(ids) != len(self.ops):
@@ -133,7 +144,7 @@ class Trace:
                 indeg[s] -= 1
                 if indeg[s] == 0:
                     ready.append(s)
-        if seen != len(ids):    # reached only with a cycle (see _acyclic): name it
+        if seen != len(ids):  # reached only with a cycle (see _acyclic): name it
             stuck = sorted(i for i, d in indeg.items() if d > 0)[:5]
             names = ", ".join(f"{i} ({ids[i].name} on rank {ids[i].rank})" for i in stuck)
             raise TraceError(f"deps: the trace has a dependency cycle through ops {names}")
@@ -160,8 +171,7 @@ class Trace:
         dst = np.repeat(np.arange(n, dtype=np.int64), lens)
         # stream order: each op after the previous op of its (rank, stream)
         keys: dict[tuple[int, str], int] = {}
-        stream = np.fromiter((keys.setdefault((op.rank, op.stream), len(keys)) for op in ops),
-                             dtype=np.int64, count=n)
+        stream = np.fromiter((keys.setdefault((op.rank, op.stream), len(keys)) for op in ops), dtype=np.int64, count=n)
         order = np.argsort(stream, kind="stable")
         same = stream[order[1:]] == stream[order[:-1]]
         s = np.concatenate([src, order[:-1][same]])

@@ -57,9 +57,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "megatron-1t": _gpt("megatron-1t", 128, 25600, 160, _NARAYANAN),
     # Brown et al. 2020 (arXiv 2005.14165) Table 2.1: 96 layers, d_model 12288,
     # 96 heads of 128; GPT-2 BPE vocabulary of 50,257 (§2.1 / Radford et al. 2019).
-    "gpt3-175b": _gpt(
-        "gpt3-175b", 96, 12288, 96, "Brown et al. 2020, arXiv 2005.14165, Table 2.1", vocab=50257
-    ),
+    "gpt3-175b": _gpt("gpt3-175b", 96, 12288, 96, "Brown et al. 2020, arXiv 2005.14165, Table 2.1", vocab=50257),
     # Korthikanti et al. Table 3: 22B (64 heads, h 6144, 48 layers) and 530B
     # (128 heads, h 20480, 105 layers); the 175B and 1T rows are gpt3-175b-shaped
     # and megatron-1t.
@@ -69,21 +67,45 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # FFN dim, heads, 8 KV heads; vocabulary 128K (128,256 in the released
     # config), RMSNorm, SwiGLU, untied output.
     "llama3-8b": ModelSpec(
-        name="llama3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256,
+        name="llama3-8b",
+        layers=32,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        ffn_hidden=14336,
+        vocab=128256,
         source="Dubey et al. 2024, arXiv 2407.21783, Table 3; vocab from the HF config",
     ),
     "llama3-70b": ModelSpec(
-        name="llama3-70b", layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128256,
+        name="llama3-70b",
+        layers=80,
+        hidden=8192,
+        heads=64,
+        kv_heads=8,
+        ffn_hidden=28672,
+        vocab=128256,
         source="Dubey et al. 2024, arXiv 2407.21783, Table 3; vocab from the HF config",
     ),
     "llama3-405b": ModelSpec(
-        name="llama3-405b", layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248, vocab=128256,
+        name="llama3-405b",
+        layers=126,
+        hidden=16384,
+        heads=128,
+        kv_heads=8,
+        ffn_hidden=53248,
+        vocab=128256,
         source="Dubey et al. 2024, arXiv 2407.21783, Table 3; vocab from the HF config",
     ),
     # Jiang et al. 2024 (arXiv 2401.04088) Table 1: dim 4096, 32 layers, head_dim
     # 128, hidden_dim 14336, 32 heads, 8 KV heads, vocab 32000, 8 experts, top-2.
     "mixtral-8x7b": ModelSpec(
-        name="mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=32000,
+        name="mixtral-8x7b",
+        layers=32,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        ffn_hidden=14336,
+        vocab=32000,
         moe=MoESpec(experts=8, top_k=2, expert_ffn_hidden=14336),
         source="Jiang et al. 2024, arXiv 2401.04088, Table 1",
     ),
@@ -92,7 +114,13 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # Vocab 32768 (the v3 tokenizer of the instruct release; a 32000-entry base
     # vocab changes the total by 0.007%).
     "mixtral-8x22b": ModelSpec(
-        name="mixtral-8x22b", layers=56, hidden=6144, heads=48, kv_heads=8, ffn_hidden=16384, vocab=32768,
+        name="mixtral-8x22b",
+        layers=56,
+        hidden=6144,
+        heads=48,
+        kv_heads=8,
+        ffn_hidden=16384,
+        vocab=32768,
         moe=MoESpec(experts=8, top_k=2, expert_ffn_hidden=16384),
         source="Mistral AI, Mixtral 8x22B HF config (141B total / 39B active announced)",
     ),
@@ -101,10 +129,17 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # (FFN 18,432 per the HF config), then 1 shared + 256 routed experts of 2048,
     # top-8, at most 4 nodes per token; MTP depth 1; vocab 129,280 (HF config).
     "deepseek-v3": ModelSpec(
-        name="deepseek-v3", layers=61, hidden=7168, heads=128, head_dim=128, ffn_hidden=18432, vocab=129280,
+        name="deepseek-v3",
+        layers=61,
+        hidden=7168,
+        heads=128,
+        head_dim=128,
+        ffn_hidden=18432,
+        vocab=129280,
         attention=_DSV3_MLA,
-        moe=MoESpec(experts=256, top_k=8, expert_ffn_hidden=2048, shared_experts=1, dense_layers=3,
-                    max_nodes_per_token=4),
+        moe=MoESpec(
+            experts=256, top_k=8, expert_ffn_hidden=2048, shared_experts=1, dense_layers=3, max_nodes_per_token=4
+        ),
         mtp_depth=1,
         source="DeepSeek-AI 2024, arXiv 2412.19437, §4.2; dense FFN and vocab from the HF config",
     ),
@@ -113,7 +148,13 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # layer; vocab 163,840 and dense FFN 18,432 from the HF config
     # (moonshotai/Kimi-K2-Instruct); no MTP module in the release.
     "kimi-k2": ModelSpec(
-        name="kimi-k2", layers=61, hidden=7168, heads=64, head_dim=128, ffn_hidden=18432, vocab=163840,
+        name="kimi-k2",
+        layers=61,
+        hidden=7168,
+        heads=64,
+        head_dim=128,
+        ffn_hidden=18432,
+        vocab=163840,
         attention=_DSV3_MLA,
         moe=MoESpec(experts=384, top_k=8, expert_ffn_hidden=2048, shared_experts=1, dense_layers=1),
         source="Moonshot AI 2025, arXiv 2507.20534; vocab and dense FFN from the HF config",
@@ -122,7 +163,13 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # heads, 128 experts, 8 activated; HF config Qwen/Qwen3-235B-A22B: hidden
     # 4096, head_dim 128, moe_intermediate_size 1536, vocab 151,936, untied.
     "qwen3-235b-a22b": ModelSpec(
-        name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128, ffn_hidden=12288,
+        name="qwen3-235b-a22b",
+        layers=94,
+        hidden=4096,
+        heads=64,
+        kv_heads=4,
+        head_dim=128,
+        ffn_hidden=12288,
         vocab=151936,
         moe=MoESpec(experts=128, top_k=8, expert_ffn_hidden=1536),
         source="Qwen Team 2025, arXiv 2505.09388, Table 2; sizes from the HF config",
@@ -132,7 +179,13 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # Qwen/Qwen3-30B-A3B: hidden 2048, head_dim 128, moe_intermediate_size 768,
     # intermediate_size 6144 (no dense layer uses it), vocab 151,936, untied.
     "qwen3-30b-a3b": ModelSpec(
-        name="qwen3-30b-a3b", layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn_hidden=6144,
+        name="qwen3-30b-a3b",
+        layers=48,
+        hidden=2048,
+        heads=32,
+        kv_heads=4,
+        head_dim=128,
+        ffn_hidden=6144,
         vocab=151936,
         moe=MoESpec(experts=128, top_k=8, expert_ffn_hidden=768),
         source="Qwen Team 2025, arXiv 2505.09388, Table 2; sizes from the HF config",
@@ -141,8 +194,15 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # 18432, 96 heads, 8 KV heads, vocab 256,000; squared-ReLU FFN of 73,728 (a
     # non-gated 2-matrix FFN, modelled as ffn='gelu'), no biases, untied.
     "nemotron-4-340b": ModelSpec(
-        name="nemotron-4-340b", layers=96, hidden=18432, heads=96, kv_heads=8, ffn_hidden=73728, vocab=256000,
-        ffn="gelu", norm="layernorm",
+        name="nemotron-4-340b",
+        layers=96,
+        hidden=18432,
+        heads=96,
+        kv_heads=8,
+        ffn_hidden=73728,
+        vocab=256000,
+        ffn="gelu",
+        norm="layernorm",
         source="NVIDIA 2024, arXiv 2406.11704, Table 1",
     ),
     # Grok-1 (xAI open release, github.com/xai-org/grok-1, run.py / model.py):
@@ -150,7 +210,14 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # factor 8 -> gated FFN of int(8*6144)*2//3 = 32768, 8 experts, top-2, vocab
     # 131,072, output projection tied to the input embedding. 314B announced.
     "grok-1": ModelSpec(
-        name="grok-1", layers=64, hidden=6144, heads=48, kv_heads=8, head_dim=128, ffn_hidden=32768, vocab=131072,
+        name="grok-1",
+        layers=64,
+        hidden=6144,
+        heads=48,
+        kv_heads=8,
+        head_dim=128,
+        ffn_hidden=32768,
+        vocab=131072,
         tied_embeddings=True,
         moe=MoESpec(experts=8, top_k=2, expert_ffn_hidden=32768),
         source="xAI 2024, github.com/xai-org/grok-1 (run.py model config)",

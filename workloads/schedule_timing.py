@@ -110,7 +110,9 @@ def run_schedule(
         raise ValueError(f"pair_cost must be 'sum' or 'max', got {pair_cost!r}")
     pp = len(steps_per_rank)
     # One mapping for every rank, or one per rank (e.g. a straggler's stage slower).
-    per_rank = [_durations(d) for d in durations] if not isinstance(durations, Mapping) else [_durations(durations)] * pp
+    per_rank = (
+        [_durations(d) for d in durations] if not isinstance(durations, Mapping) else [_durations(durations)] * pp
+    )
     if len(per_rank) != pp:
         raise ValueError(f"durations: {len(per_rank)} mappings for {pp} ranks")
     paths = [micro_batch_path(name, j, m, pp, vpp) for j in range(m)]
@@ -130,7 +132,9 @@ def run_schedule(
             raise ScheduleError("schedule", f"rank {rank}: {a!r} names micro-batch {a.mb} outside 0..{m - 1}")
         s = pos[a.mb].get((rank, a.chunk))
         if s is None:
-            raise ScheduleError("schedule", f"rank {rank}: {a!r}: micro-batch {a.mb} never visits local chunk {a.chunk} of rank {rank}")
+            raise ScheduleError(
+                "schedule", f"rank {rank}: {a!r}: micro-batch {a.mb} never visits local chunk {a.chunk} of rank {rank}"
+            )
         return a.mb, s
 
     def needs(a: Action, rank: int) -> list[tuple[str, int, int]]:

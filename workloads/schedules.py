@@ -130,7 +130,9 @@ def validate_schedule_args(name: str, pp: int, m: int, vpp: int = 1) -> None:
             )
         return
     if vpp != 1:
-        raise ScheduleError("parallel.vpp", f"{name} needs vpp == 1 (only interleaved-1f1b has virtual stages), got {vpp}")
+        raise ScheduleError(
+            "parallel.vpp", f"{name} needs vpp == 1 (only interleaved-1f1b has virtual stages), got {vpp}"
+        )
     if name == "dualpipe":
         if pp % 2:
             raise ScheduleError("parallel.pp", f"dualpipe needs an even pp >= 2, got {pp}")

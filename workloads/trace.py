@@ -59,6 +59,7 @@ MAX_TRACE_OPS = 20_000_000
 GRAD_REDUCE_BYTES = 4  # fp32 main gradients (Megatron-LM default, no --grad-reduce-in-bf16); TrainingSpec.grad_bytes
 PARAM_BYTES = 2  # bf16 parameter storage (also under FP8 training: FP8 casts are transient)
 
+
 @dataclass(frozen=True)
 class Workload:
     model: ModelSpec
@@ -176,8 +177,9 @@ class TraceBuilder:
         if self.model.is_moe and w.expert_load is not None:
             moe_layers = [l for l in range(self.model.layers) if self.model.is_moe_layer(l)]
             routed = self.tokens / (L.tp if L.sequence_parallel else 1) * L.ep
-            f = rank_load_factors(w.expert_load, self.model.moe.experts, self.model.moe.top_k, L.ep,
-                                  int(round(routed)), len(moe_layers))
+            f = rank_load_factors(
+                w.expert_load, self.model.moe.experts, self.model.moe.top_k, L.ep, int(round(routed)), len(moe_layers)
+            )
             self.rank_loads = {l: f[i] for i, l in enumerate(moe_layers)}
             self.load_factor = {l: float(f[i].max()) for i, l in enumerate(moe_layers)}
             self.load_mean = {l: float(f[i].mean()) for i, l in enumerate(moe_layers)}
@@ -186,9 +188,12 @@ class TraceBuilder:
             self.notes.append(
                 f"balance aux-loss-global: every forward must finish before the first backward "
                 f"(batch-level routing statistics); schedule {w.schedule} was run all-forward-first"
-                + ("; DualPipe's overlapped forward/backward pairs cannot form (no backward runs while a "
-                   "forward is left), so no all-to-all hides behind the other direction's compute"
-                   if w.schedule == "dualpipe" else "")
+                + (
+                    "; DualPipe's overlapped forward/backward pairs cannot form (no backward runs while a "
+                    "forward is left), so no all-to-all hides behind the other direction's compute"
+                    if w.schedule == "dualpipe"
+                    else ""
+                )
             )
         # DualPipe's overlapped pairs hide expert all-to-alls behind the other chunk's compute.
         self.ep_overlap = self.model.is_moe and L.ep > 1
@@ -213,9 +218,18 @@ class TraceBuilder:
             L = self.L
             expert_tokens = self.expert_assignments(factor) if moe and factor != 1.0 else None
             ks = counts.layer_kernels(
-                self.model, layer, tokens=self.tokens, seq_len=self.t.seq_len, tp=L.tp, cp=L.cp,
-                ep=L.ep, etp=L.etp, act_bytes=self.act_bytes, sequence_parallel=L.sequence_parallel,
-                expert_tokens=expert_tokens, flash_attention=self.t.flash_attention,
+                self.model,
+                layer,
+                tokens=self.tokens,
+                seq_len=self.t.seq_len,
+                tp=L.tp,
+                cp=L.cp,
+                ep=L.ep,
+                etp=L.etp,
+                act_bytes=self.act_bytes,
+                sequence_parallel=L.sequence_parallel,
+                expert_tokens=expert_tokens,
+                flash_attention=self.t.flash_attention,
             )
             self._kern_cache[key] = split_layer_kernels(ks)
         return self._kern_cache[key]
@@ -255,8 +269,7 @@ class TraceBuilder:
             key = (id(op.kernels), l)
             v = cache.get(key)
             if v is None:
-                hot = sum(k.flops for k in op.kernels
-                          if k.kind in counts.MATMUL_KINDS and k.name.startswith("expert_"))
+                hot = sum(k.flops for k in op.kernels if k.kind in counts.MATMUL_KINDS and k.name.startswith("expert_"))
                 v = cache[key] = hot * (1.0 - self.load_mean[l] / self.load_factor[l])
             if v:
                 out[op.rank] = out.get(op.rank, 0.0) + v
@@ -267,8 +280,20 @@ class TraceBuilder:
         key = ("scaled", id(kernel), f)
         if key not in self._kern_cache:
             executed = None if kernel.executed_flops is None else kernel.executed_flops * f
-            self._kern_cache[key] = (kernel, counts.Kernel(kernel.name, kernel.kind, kernel.flops * f, kernel.bytes * f,
-                                                           kernel.m, kernel.n, kernel.k, kernel.groups, executed))
+            self._kern_cache[key] = (
+                kernel,
+                counts.Kernel(
+                    kernel.name,
+                    kernel.kind,
+                    kernel.flops * f,
+                    kernel.bytes * f,
+                    kernel.m,
+                    kernel.n,
+                    kernel.k,
+                    kernel.groups,
+                    executed,
+                ),
+            )
         return self._kern_cache[key][1]
 
     def layer_all(self, layer: int) -> tuple:
@@ -291,8 +316,16 @@ class TraceBuilder:
             L = self.L
             ks = list(counts.head_kernels(self.model, self.tokens, tp=L.tp, sequence_parallel=L.sequence_parallel))
             if self.model.mtp_depth:
-                ks += counts.mtp_kernels(self.model, self.tokens, self.t.seq_len, tp=L.tp, cp=L.cp, ep=L.ep,
-                                         etp=L.etp, sequence_parallel=L.sequence_parallel)
+                ks += counts.mtp_kernels(
+                    self.model,
+                    self.tokens,
+                    self.t.seq_len,
+                    tp=L.tp,
+                    cp=L.cp,
+                    ep=L.ep,
+                    etp=L.etp,
+                    sequence_parallel=L.sequence_parallel,
+                )
             self._kern_cache[key] = tuple(ks)
         return self._kern_cache[key]
 
@@ -335,8 +368,11 @@ class TraceBuilder:
             return None
         group = self.L.group(0, "ep")
         nodes = len({r // D for r in group})
-        if nodes <= 1 or len(group) % nodes or any(len([r for r in group if r // D == n]) != len(group) // nodes
-                                                    for n in {r // D for r in group}):
+        if (
+            nodes <= 1
+            or len(group) % nodes
+            or any(len([r for r in group if r // D == n]) != len(group) // nodes for n in {r // D for r in group})
+        ):
             return None
         distinct = nodes * (1 - (1 - 1 / nodes) ** moe.top_k)
         return min(float(moe.max_nodes_per_token), distinct), nodes
@@ -368,7 +404,9 @@ def estimated_ops(w: Workload, n_ranks: int) -> float:
     L = w.layout
     m = w.training.micro_batches(L.dp)
     passes = 3 if w.training.recompute == "full" else 2
-    layers_per_rank = w.model.layers * sched.local_chunks(w.schedule, L.vpp) / max(1, sched.model_chunks(w.schedule, L.pp, L.vpp))
+    layers_per_rank = (
+        w.model.layers * sched.local_chunks(w.schedule, L.vpp) / max(1, sched.model_chunks(w.schedule, L.pp, L.vpp))
+    )
     return n_ranks * m * passes * (layers_per_rank + 2) * 12
 
 
@@ -384,9 +422,10 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
     n_est = estimated_ops(w, len(sim_ranks))
     if n_est > MAX_TRACE_OPS:
         raise WorkloadError(
-            "training.global_batch_size", f"the step would need about {n_est:,.0f} operations "
+            "training.global_batch_size",
+            f"the step would need about {n_est:,.0f} operations "
             f"({b.m} micro-batches x {w.model.layers} layers over {len(sim_ranks)} simulated ranks); "
-            f"the limit is {MAX_TRACE_OPS:,}: use fewer micro-batches (larger micro_batch_size) or fewer layers"
+            f"the limit is {MAX_TRACE_OPS:,}: use fewer micro-batches (larger micro_batch_size) or fewer layers",
         )
     for r in sim_ranks:
         if not 0 <= r < L.world:
@@ -413,8 +452,14 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
     weight = {r: (L.world // L.pp if rep else 1) for r in sim_ranks}
     static = {r: programs[r].static_memory() for r in sim_ranks}
     return Trace(
-        ops=b.ops, ranks=tuple(sim_ranks), weight=weight, static_memory=static, world=L.world,
-        notes=b.notes, model_flops=counts.model_flops_per_step(w.model, w.training), representative=rep,
+        ops=b.ops,
+        ranks=tuple(sim_ranks),
+        weight=weight,
+        static_memory=static,
+        world=L.world,
+        notes=b.notes,
+        model_flops=counts.model_flops_per_step(w.model, w.training),
+        representative=rep,
         unexecuted_flops=b.unexecuted_flops(),
     )
 
@@ -452,8 +497,18 @@ class _RankProgram:
 
     def compute(self, name, kernels, phase, mb, chunk, layer, deps=(), mem=(), recompute=False) -> Op:
         op = self.b.add(
-            rank=self.rank, stream="compute", kind="compute", name=name, phase=phase, mb=mb, chunk=chunk,
-            layer=layer, deps=tuple(deps), kernels=tuple(kernels), mem=tuple(mem), recompute=recompute,
+            rank=self.rank,
+            stream="compute",
+            kind="compute",
+            name=name,
+            phase=phase,
+            mb=mb,
+            chunk=chunk,
+            layer=layer,
+            deps=tuple(deps),
+            kernels=tuple(kernels),
+            mem=tuple(mem),
+            recompute=recompute,
             comm_overlap=self.in_pair,
         )
         self.last_compute = op
@@ -463,8 +518,21 @@ class _RankProgram:
     def after_compute(self) -> list[int]:
         return [self.last_compute.id] if self.last_compute is not None else []
 
-    def collective(self, coll, axis, size, name, phase, mb, chunk, layer, deps, stream=None,
-                   group=None, scaleout_fraction: float = 1.0) -> Optional[Op]:
+    def collective(
+        self,
+        coll,
+        axis,
+        size,
+        name,
+        phase,
+        mb,
+        chunk,
+        layer,
+        deps,
+        stream=None,
+        group=None,
+        scaleout_fraction: float = 1.0,
+    ) -> Optional[Op]:
         L = self.b.L
         group = tuple(group) if group is not None else L.group(self.rank, axis)
         if len(group) <= 1 or size <= 0:
@@ -474,8 +542,20 @@ class _RankProgram:
             # expert-TP collectives share the TP stream (tensor-parallel traffic of a block)
             stream = "tp" if axis == "etp" else axis if axis in ("tp", "cp", "ep") else "dp"
         return self.b.add(
-            rank=self.rank, stream=stream, kind="collective", name=name, phase=phase, mb=mb, chunk=chunk,
-            layer=layer, deps=tuple(deps), coll=coll, axis=axis, group=group, key=key, size_bytes=size,
+            rank=self.rank,
+            stream=stream,
+            kind="collective",
+            name=name,
+            phase=phase,
+            mb=mb,
+            chunk=chunk,
+            layer=layer,
+            deps=tuple(deps),
+            coll=coll,
+            axis=axis,
+            group=group,
+            key=key,
+            size_bytes=size,
             scaleout_fraction=scaleout_fraction,
         )
 
@@ -491,8 +571,7 @@ class _RankProgram:
         (``hierarchical-a2a`` in :mod:`simulator.collectives`)."""
         nl = self.b.node_limited()
         frac = 1.0 if nl is None else min(1.0, nl[0] / self.b.model.moe.top_k)
-        return self.collective("all-to-all", "ep", size, name, phase, mb, k, l, deps,
-                               scaleout_fraction=frac)
+        return self.collective("all-to-all", "ep", size, name, phase, mb, k, l, deps, scaleout_fraction=frac)
 
     # ---- program ---------------------------------------------------------------
     def build(self) -> None:
@@ -583,9 +662,20 @@ class _RankProgram:
             b.tags[tag] = after.id
             return
         size = b.hidden_bytes / (L.tp if L.sequence_parallel else 1)
-        op = b.add(rank=self.rank, stream="pp", kind="send", name=f"send.{kind}", phase=kind, mb=mb, chunk=pos,
-                   deps=(after.id,), peer=dst, size_bytes=size, axis="pp",
-                   key=f"pp:{self.rank}->{dst}:{kind}:{mb}:{pos}")
+        op = b.add(
+            rank=self.rank,
+            stream="pp",
+            kind="send",
+            name=f"send.{kind}",
+            phase=kind,
+            mb=mb,
+            chunk=pos,
+            deps=(after.id,),
+            peer=dst,
+            size_bytes=size,
+            axis="pp",
+            key=f"pp:{self.rank}->{dst}:{kind}:{mb}:{pos}",
+        )
         b.tags[tag] = op.id
 
     # ---- forward ---------------------------------------------------------------
@@ -596,8 +686,9 @@ class _RankProgram:
         if pos > 0:
             self._recv("F", path, pos, a.mb, deps)
         else:
-            own = self.compute("embed.F", b.embed_kernels(), "F", a.mb, pos, -1,
-                               deps=self._params_for("embed", a.mb, pos, "F"))
+            own = self.compute(
+                "embed.F", b.embed_kernels(), "F", a.mb, pos, -1, deps=self._params_for("embed", a.mb, pos, "F")
+            )
         for l in layers:
             deps += self._params_for(f"L{l}", a.mb, pos, "F")
             handed = yield from self.layer_forward(l, a.mb, pos, deps, recompute=False)
@@ -606,9 +697,16 @@ class _RankProgram:
             if not handed:
                 yield  # no all-to-all to hand over at: hand over at the layer's end
         if pos == len(path) - 1:
-            head = own = self.compute("head.F", b.head_kernels(), "F", a.mb, pos, -1,
-                                      deps=self._params_for("head", a.mb, pos, "F"),
-                                      mem=(("activations", self._head_bytes(), "start"),))
+            head = own = self.compute(
+                "head.F",
+                b.head_kernels(),
+                "F",
+                a.mb,
+                pos,
+                -1,
+                deps=self._params_for("head", a.mb, pos, "F"),
+                mem=(("activations", self._head_bytes(), "start"),),
+            )
             b.tags[("HEAD", a.mb, self.rank)] = head.id
         self._send("F", path, pos, a.mb, after=own)
 
@@ -618,9 +716,18 @@ class _RankProgram:
         key = ("head", "stash")
         if key not in b._stash_cache:
             kw = dict(tp=L.tp, cp=L.cp, sequence_parallel=L.sequence_parallel)
-            b._stash_cache[key] = memory.head_activation_bytes(b.model, t.micro_batch_size, t.seq_len, **kw) + \
-                memory.mtp_activation_bytes(b.model, t.micro_batch_size, t.seq_len, recompute=t.recompute, ep=L.ep,
-                                            etp=L.etp, **memory.activation_options(t), **kw)
+            b._stash_cache[key] = memory.head_activation_bytes(
+                b.model, t.micro_batch_size, t.seq_len, **kw
+            ) + memory.mtp_activation_bytes(
+                b.model,
+                t.micro_batch_size,
+                t.seq_len,
+                recompute=t.recompute,
+                ep=L.ep,
+                etp=L.etp,
+                **memory.activation_options(t),
+                **kw,
+            )
         return b._stash_cache[key]
 
     def layer_forward(self, l: int, mb: int, k: int, deps: list, recompute: bool):
@@ -647,7 +754,9 @@ class _RankProgram:
             op = self.cp_attention(l, attn, phase, mb, k, deps, mem, recompute)
         else:
             op = self.compute(f"L{l}.attn.{phase}", attn, phase, mb, k, l, deps=deps, mem=mem, recompute=recompute)
-        out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.attn.out", phase, mb, k, l, [op.id])
+        out = self.collective(
+            "reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.attn.out", phase, mb, k, l, [op.id]
+        )
         deps = [out.id] if out else []
         if expert and L.folded:
             handed = yield from self.folded_moe_forward(l, mb, k, deps, phase, recompute)
@@ -664,13 +773,19 @@ class _RankProgram:
             if d:
                 handed += 1
                 yield
-            op = self.compute(f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[d.id] if d else [], recompute=recompute)
+            op = self.compute(
+                f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[d.id] if d else [], recompute=recompute
+            )
             c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [op.id])
             if c:
                 handed += 1
                 yield
-            op = self.compute(f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute)
-        out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.out", phase, mb, k, l, [op.id])
+            op = self.compute(
+                f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute
+            )
+        out = self.collective(
+            "reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.out", phase, mb, k, l, [op.id]
+        )
         if out:
             # The next layer's compute waits for this collective: a zero-cost join on
             # the compute stream carries the dependency in stream order.
@@ -682,8 +797,16 @@ class _RankProgram:
         """Activation offload: copy layer ``l``'s stash to the host after its forward."""
         if self.b.t.offload_activations and not recompute:
             stash = self._stash(l)
-            self.host(f"L{l}.act.d2h", stash, "F", deps=self.after_compute(), mb=mb, chunk=k, layer=l,
-                      mem=(("activations", -stash, "end"),))
+            self.host(
+                f"L{l}.act.d2h",
+                stash,
+                "F",
+                deps=self.after_compute(),
+                mb=mb,
+                chunk=k,
+                layer=l,
+                mem=(("activations", -stash, "end"),),
+            )
 
     # ---- MoE block under a folded expert layout ---------------------------------------
     # With MoE Parallel Folding (see workloads.layout) the EP group may span the TP
@@ -716,18 +839,21 @@ class _RankProgram:
         wait = [d.id] if d else []
         if shared:  # shared experts run while the dispatch is in flight
             ag = self.collective("all-gather", "tp", h, f"L{l}.shared.ag", phase, mb, k, l, [op.id])
-            sh = self.compute(f"L{l}.shared.{phase}", shared, phase, mb, k, l, deps=[ag.id] if ag else [],
-                              recompute=recompute)
+            sh = self.compute(
+                f"L{l}.shared.{phase}", shared, phase, mb, k, l, deps=[ag.id] if ag else [], recompute=recompute
+            )
             rs = self.collective("reduce-scatter", "tp", h, f"L{l}.shared.rs", phase, mb, k, l, [sh.id])
             wait += [rs.id] if rs else []
         if d:
             handed += 1
             yield
         ag = self.collective("all-gather", "etp", self.etp_bytes(False, l), f"L{l}.experts.ag", phase, mb, k, l, wait)
-        op = self.compute(f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[ag.id] if ag else wait,
-                          recompute=recompute)
-        rs = self.collective("reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs", phase, mb, k, l,
-                             [op.id])
+        op = self.compute(
+            f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[ag.id] if ag else wait, recompute=recompute
+        )
+        rs = self.collective(
+            "reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs", phase, mb, k, l, [op.id]
+        )
         c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [rs.id if rs else op.id])
         if c:
             handed += 1
@@ -746,20 +872,28 @@ class _RankProgram:
         wait = [c.id] if c else []
         if shared:  # overlaps the combine's backward all-to-all
             ag = self.collective("all-gather", "tp", h, f"L{l}.shared.rs.bwd", part, mb, k, l, [op.id])
-            sh = self.compute(f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l,
-                              deps=[ag.id] if ag else [])
+            sh = self.compute(
+                f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l, deps=[ag.id] if ag else []
+            )
             rs = self.collective("reduce-scatter", "tp", h, f"L{l}.shared.ag.bwd", part, mb, k, l, [sh.id])
             wait += [rs.id] if rs else []
         if c:
             handed += 1
             yield
         split = part == "B" and b.dualpipe_ep  # see layer_backward
-        ag = self.collective("all-gather", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs.bwd", part, mb, k, l,
-                             wait)
-        op = self.compute(f"L{l}.experts.{part}", self.b.bwd(expert, "I" if split else part), part, mb, k, l,
-                          deps=[ag.id] if ag else wait)
-        rs = self.collective("reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.ag.bwd", part, mb, k,
-                             l, [op.id])
+        ag = self.collective("all-gather", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs.bwd", part, mb, k, l, wait)
+        op = self.compute(
+            f"L{l}.experts.{part}",
+            self.b.bwd(expert, "I" if split else part),
+            part,
+            mb,
+            k,
+            l,
+            deps=[ag.id] if ag else wait,
+        )
+        rs = self.collective(
+            "reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.ag.bwd", part, mb, k, l, [op.id]
+        )
         d = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [rs.id if rs else op.id])
         if split:
             self.compute(f"L{l}.experts_w.{part}", self.b.bwd(expert, "W"), part, mb, k, l)
@@ -787,7 +921,7 @@ class _RankProgram:
         b, L = self.b, self.b.L
         names = [x.name for x in attn]
         cut = names.index("attn_core")
-        proj, core, rest = attn[:cut], attn[cut], attn[cut + 1:]
+        proj, core, rest = attn[:cut], attn[cut], attn[cut + 1 :]
         op = self.compute(f"L{l}.attn_qkv.{phase}", proj, phase, mb, k, l, deps=deps, recompute=recompute)
         kv = self.collective("all-gather", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.kv_ag", phase, mb, k, l, [op.id])
         wait = [kv.id] if kv else []
@@ -815,18 +949,36 @@ class _RankProgram:
     def _stash_uncached(self, l: int) -> float:
         b, L, t = self.b, self.b.L, self.b.t
         return memory.activation_bytes_per_layer(
-            b.model, l, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
-            sequence_parallel=L.sequence_parallel, recompute=t.recompute, ep=L.ep, etp=L.etp,
-            expert_tokens=self._expert_tokens(l), **memory.activation_options(t),
+            b.model,
+            l,
+            t.micro_batch_size,
+            t.seq_len,
+            tp=L.tp,
+            cp=L.cp,
+            sequence_parallel=L.sequence_parallel,
+            recompute=t.recompute,
+            ep=L.ep,
+            etp=L.etp,
+            expert_tokens=self._expert_tokens(l),
+            **memory.activation_options(t),
         )
 
     def _recompute_transient(self, l: int) -> float:
         """Activations rebuilt by full recomputation of one layer, alive until its backward ends."""
         b, L, t = self.b, self.b.L, self.b.t
         return memory.activation_bytes_per_layer(
-            b.model, l, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp,
-            sequence_parallel=L.sequence_parallel, recompute="none", ep=L.ep, etp=L.etp,
-            expert_tokens=self._expert_tokens(l), **memory.activation_options(t),
+            b.model,
+            l,
+            t.micro_batch_size,
+            t.seq_len,
+            tp=L.tp,
+            cp=L.cp,
+            sequence_parallel=L.sequence_parallel,
+            recompute="none",
+            ep=L.ep,
+            etp=L.etp,
+            expert_tokens=self._expert_tokens(l),
+            **memory.activation_options(t),
         )
 
     # ---- backward --------------------------------------------------------------
@@ -843,8 +995,16 @@ class _RankProgram:
             self._recv("B", path, pos, a.mb, deps)
         else:
             deps += self._zero3_gather("head", a.mb, pos, part)
-            own = self.compute("head." + part, self.b.bwd(b.head_kernels(), part), part, a.mb, pos, -1, deps=deps,
-                         mem=(("activations", -self._head_bytes(), "end"),))
+            own = self.compute(
+                "head." + part,
+                self.b.bwd(b.head_kernels(), part),
+                part,
+                a.mb,
+                pos,
+                -1,
+                deps=deps,
+                mem=(("activations", -self._head_bytes(), "end"),),
+            )
             deps = []
             if part == "B":
                 self._grads_ready("head", pos, a.mb, is_last_grad)
@@ -864,8 +1024,15 @@ class _RankProgram:
             if not handed:
                 yield
         if pos == 0:
-            own = self.compute("embed." + part, self.b.bwd(b.embed_kernels(), part), part, a.mb, pos, -1,
-                               deps=self._zero3_gather("embed", a.mb, pos, part))
+            own = self.compute(
+                "embed." + part,
+                self.b.bwd(b.embed_kernels(), part),
+                part,
+                a.mb,
+                pos,
+                -1,
+                deps=self._zero3_gather("embed", a.mb, pos, part),
+            )
             if part == "B":
                 self._grads_ready("embed", pos, a.mb, is_last_grad)
         self._send("B", path, pos, a.mb, after=own)
@@ -887,13 +1054,18 @@ class _RankProgram:
         # Reverse of the forward: the gradient of a reduce-scatter is an all-gather and vice versa.
         if expert and L.folded:
             handed += yield from self.folded_moe_backward(l, mb, k, deps + self.after_compute(), part)
-            ag = self.collective("all-gather", "tp", h, f"L{l}.attn.out.bwd", part, mb, k, l, self.after_compute()) \
-                if sp else None
+            ag = (
+                self.collective("all-gather", "tp", h, f"L{l}.attn.out.bwd", part, mb, k, l, self.after_compute())
+                if sp
+                else None
+            )
             deps = [ag.id] if ag else []
             self._attention_backward(l, mb, k, deps, part, attn, is_last_grad)
             return handed
         if sp:
-            ag = self.collective("all-gather", "tp", h, f"L{l}.mlp.out.bwd", part, mb, k, l, deps + self.after_compute())
+            ag = self.collective(
+                "all-gather", "tp", h, f"L{l}.mlp.out.bwd", part, mb, k, l, deps + self.after_compute()
+            )
             deps = [ag.id] if ag else deps
         if expert:
             op = self.compute(f"L{l}.moe_out.{part}", self.b.bwd(post, part), part, mb, k, l, deps=deps)
@@ -908,8 +1080,15 @@ class _RankProgram:
             # gradient is computed and sent back (the dispatch's gradient), and their
             # weight gradient computes while it is in flight.
             split = part == "B" and b.dualpipe_ep
-            op = self.compute(f"L{l}.experts.{part}", self.b.bwd(expert, "I" if split else part), part, mb, k, l,
-                              deps=[c.id] if c else [])
+            op = self.compute(
+                f"L{l}.experts.{part}",
+                self.b.bwd(expert, "I" if split else part),
+                part,
+                mb,
+                k,
+                l,
+                deps=[c.id] if c else [],
+            )
             d = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id])
             deps = [d.id] if d else []
             if split:
@@ -918,7 +1097,9 @@ class _RankProgram:
                 handed += 1
                 yield
         op = self.compute(f"L{l}.mlp.{part}", self.b.bwd(pre, part), part, mb, k, l, deps=deps)
-        out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.ag.bwd", part, mb, k, l, [op.id])
+        out = self.collective(
+            "reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.ag.bwd", part, mb, k, l, [op.id]
+        )
         deps = [out.id] if out else []
         if sp and out:
             ag = self.collective("all-gather", "tp", h, f"L{l}.attn.out.bwd", part, mb, k, l, deps)
@@ -940,7 +1121,9 @@ class _RankProgram:
         op = self.compute(f"L{l}.attn.{part}", self.b.bwd(attn, part), part, mb, k, l, deps=deps, mem=tuple(mem))
         if L.cp > 1:
             self.collective("reduce-scatter", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.dkv_rs", part, mb, k, l, [op.id])
-        out = self.collective("reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.attn.ag.bwd", part, mb, k, l, [op.id])
+        out = self.collective(
+            "reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.attn.ag.bwd", part, mb, k, l, [op.id]
+        )
         if out:
             self.compute(f"L{l}.join", (), part, mb, k, l, deps=[out.id])
         if part == "B":
@@ -971,8 +1154,12 @@ class _RankProgram:
         """``unit name -> (dense, expert)`` parameters this rank holds."""
         b, L = self.b, self.b.L
         own = [self.chunk_index(c) for c in range(self.n_local)]
-        return {name: (float(d), float(e)) for name, d, e in memory.rank_parameter_units(
-            b.model, L, self.my_layers(), has_embedding=0 in own, has_head=b.n_chunks - 1 in own)}
+        return {
+            name: (float(d), float(e))
+            for name, d, e in memory.rank_parameter_units(
+                b.model, L, self.my_layers(), has_embedding=0 in own, has_head=b.n_chunks - 1 in own
+            )
+        }
 
     def unit_order(self) -> list[str]:
         """The units in forward order over the rank's local chunks."""
@@ -1019,8 +1206,18 @@ class _RankProgram:
         dep = self.after_compute()
         ids = []
         for axis, p, nm in (("dp_cp", dense, "grad"), ("edp", expert, "egrad")):
-            op = self.collective(self._grad_coll(), axis, p * self.b.t.grad_bytes, f"{unit}.{nm}", "sync", mb, k,
-                                 self._unit_layer(unit), dep, stream="dp")
+            op = self.collective(
+                self._grad_coll(),
+                axis,
+                p * self.b.t.grad_bytes,
+                f"{unit}.{nm}",
+                "sync",
+                mb,
+                k,
+                self._unit_layer(unit),
+                dep,
+                stream="dp",
+            )
             if op:
                 ids.append(op.id)
                 self.grad_ops.append(op.id)
@@ -1055,8 +1252,19 @@ class _RankProgram:
             dense, expert = self.units[unit]
             if L.zero >= 1:
                 dense, expert = dense / (L.dp * L.cp), expert / L.edp
-            op = self.collective("all-reduce", "pp_mirror", (dense + expert) * self.b.t.grad_bytes, f"{unit}.mirror",
-                                 "sync", -1, -1, self._unit_layer(unit), deps, stream="mirror", group=group)
+            op = self.collective(
+                "all-reduce",
+                "pp_mirror",
+                (dense + expert) * self.b.t.grad_bytes,
+                f"{unit}.mirror",
+                "sync",
+                -1,
+                -1,
+                self._unit_layer(unit),
+                deps,
+                stream="mirror",
+                group=group,
+            )
             if op:
                 self.grad_ops.append(op.id)
 
@@ -1088,9 +1296,19 @@ class _RankProgram:
         if other == self.rank:
             return
         table = math.ceil(m.vocab / L.tp) * m.hidden
-        op = self.collective("all-reduce", "pp_embed", table * self.b.t.grad_bytes, "embed.tied_grad", "sync", -1, -1, -1,
-                             self.grad_ops + self.after_compute(), stream="mirror",
-                             group=tuple(sorted((self.rank, other))))
+        op = self.collective(
+            "all-reduce",
+            "pp_embed",
+            table * self.b.t.grad_bytes,
+            "embed.tied_grad",
+            "sync",
+            -1,
+            -1,
+            -1,
+            self.grad_ops + self.after_compute(),
+            stream="mirror",
+            group=tuple(sorted((self.rank, other))),
+        )
         if op:
             self.grad_ops.append(op.id)
 
@@ -1108,8 +1326,18 @@ class _RankProgram:
             dense, expert = self.units[unit]
             ids = []
             for axis, p in (("dp_cp", dense), ("edp", expert)):
-                op = self.collective("all-gather", axis, p * PARAM_BYTES, f"{unit}.param_ag", "sync", -1, -1,
-                                     self._unit_layer(unit), [], stream="dp")
+                op = self.collective(
+                    "all-gather",
+                    axis,
+                    p * PARAM_BYTES,
+                    f"{unit}.param_ag",
+                    "sync",
+                    -1,
+                    -1,
+                    self._unit_layer(unit),
+                    [],
+                    stream="dp",
+                )
                 if op:
                     ids.append(op.id)
             if ids:
@@ -1132,8 +1360,18 @@ class _RankProgram:
         window = self.compute_history[-2:-1]  # may start once the op before last is done
         ids = []
         for axis, p in (("dp_cp", dense), ("edp", expert)):
-            op = self.collective("all-gather", axis, p * PARAM_BYTES, f"{unit}.fsdp_ag", phase, mb, k,
-                                 self._unit_layer(unit), window, stream="fsdp")
+            op = self.collective(
+                "all-gather",
+                axis,
+                p * PARAM_BYTES,
+                f"{unit}.fsdp_ag",
+                phase,
+                mb,
+                k,
+                self._unit_layer(unit),
+                window,
+                stream="fsdp",
+            )
             if op:
                 ids.append(op.id)
         return ids
@@ -1152,15 +1390,32 @@ class _RankProgram:
         shard = sum(k.bytes for k in kern) / OPTIMIZER_BYTES_PER_PARAM[t.optimizer]
         # after the last backward kernel too: with dp·cp = 1 there is no reduction to wait on
         d2h = self.host("grads.d2h", shard * t.grad_bytes, "opt", deps=self.after_compute() + self.grad_ops)
-        cpu = self.host("optimizer.cpu", shard * OPTIMIZER_BYTES_PER_PARAM[t.optimizer], "opt", deps=[d2h.id],
-                        rate=HOST_UPDATE_BYTES_PER_S)
+        cpu = self.host(
+            "optimizer.cpu",
+            shard * OPTIMIZER_BYTES_PER_PARAM[t.optimizer],
+            "opt",
+            deps=[d2h.id],
+            rate=HOST_UPDATE_BYTES_PER_S,
+        )
         h2d = self.host("params.h2d", shard * PARAM_BYTES, "opt", deps=[cpu.id])
         self.compute("optimizer.wait", (), "opt", -1, -1, -1, deps=[h2d.id])
 
     def host(self, name: str, size: float, phase: str, deps=(), mb=-1, chunk=-1, layer=-1, rate=0.0, mem=()) -> Op:
         """A transfer over the device's host link (or, with ``rate``, CPU work)."""
-        return self.b.add(rank=self.rank, stream="offload", kind="host", name=name, phase=phase, mb=mb, chunk=chunk,
-                          layer=layer, deps=tuple(deps), size_bytes=size, rate_bytes_per_s=rate, mem=tuple(mem))
+        return self.b.add(
+            rank=self.rank,
+            stream="offload",
+            kind="host",
+            name=name,
+            phase=phase,
+            mb=mb,
+            chunk=chunk,
+            layer=layer,
+            deps=tuple(deps),
+            size_bytes=size,
+            rate_bytes_per_s=rate,
+            mem=tuple(mem),
+        )
 
     def local_params(self) -> tuple[float, float]:
         """(dense, expert) parameters this rank holds, counting every local chunk
@@ -1171,8 +1426,16 @@ class _RankProgram:
         L, t = self.b.L, self.b.t
         dense, expert = self.local_params()
         s = memory.training_state_bytes(dense, expert, L, t)
-        buffers = memory.sharding_buffer_bytes([d + e for d, e in self.units.values()], L.zero,
-                                               weight_dtype_bytes=PARAM_BYTES, grad_dtype_bytes=t.grad_bytes)
-        return {"weights": s.weights, "gradients": s.gradients,
-                "optimizer": 0.0 if t.offload_optimizer else s.optimizer,  # offloaded: in host memory
-                "activations": 0.0, "buffers": buffers}
+        buffers = memory.sharding_buffer_bytes(
+            [d + e for d, e in self.units.values()],
+            L.zero,
+            weight_dtype_bytes=PARAM_BYTES,
+            grad_dtype_bytes=t.grad_bytes,
+        )
+        return {
+            "weights": s.weights,
+            "gradients": s.gradients,
+            "optimizer": 0.0 if t.offload_optimizer else s.optimizer,  # offloaded: in host memory
+            "activations": 0.0,
+            "buffers": buffers,
+        }

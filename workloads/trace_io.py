@@ -76,13 +76,33 @@ _COLLS = TRACE_COLLECTIVE_OPS
 def trace_to_dict(trace: Trace) -> dict:
     ops = []
     for op in trace.ops:
-        d = {"id": op.id, "rank": op.rank, "stream": op.stream, "kind": op.kind, "name": op.name,
-             "phase": op.phase, "mb": op.mb, "chunk": op.chunk, "layer": op.layer, "deps": list(op.deps)}
+        d = {
+            "id": op.id,
+            "rank": op.rank,
+            "stream": op.stream,
+            "kind": op.kind,
+            "name": op.name,
+            "phase": op.phase,
+            "mb": op.mb,
+            "chunk": op.chunk,
+            "layer": op.layer,
+            "deps": list(op.deps),
+        }
         if op.kind == "compute":
-            d["kernels"] = [{"name": k.name, "kind": k.kind, "flops": k.flops, "bytes": k.bytes, "m": k.m, "n": k.n,
-                             "k": k.k, "groups": k.groups,
-                             **({} if k.executed_flops is None else {"executed_flops": k.executed_flops})}
-                            for k in op.kernels]
+            d["kernels"] = [
+                {
+                    "name": k.name,
+                    "kind": k.kind,
+                    "flops": k.flops,
+                    "bytes": k.bytes,
+                    "m": k.m,
+                    "n": k.n,
+                    "k": k.k,
+                    "groups": k.groups,
+                    **({} if k.executed_flops is None else {"executed_flops": k.executed_flops}),
+                }
+                for k in op.kernels
+            ]
             d["recompute"] = op.recompute
             if op.comm_overlap:
                 d["comm_overlap"] = True
@@ -103,17 +123,25 @@ def trace_to_dict(trace: Trace) -> dict:
             d["mem"] = [list(m) for m in op.mem]
         ops.append(d)
     return {
-        "format": FORMAT, "version": VERSION, "world": trace.world, "ranks": list(trace.ranks),
-        "weight": {str(r): w for r, w in trace.weight.items()}, "representative": trace.representative,
+        "format": FORMAT,
+        "version": VERSION,
+        "world": trace.world,
+        "ranks": list(trace.ranks),
+        "weight": {str(r): w for r, w in trace.weight.items()},
+        "representative": trace.representative,
         "model_flops": trace.model_flops,
-        **({"unexecuted_flops": {str(r): v for r, v in trace.unexecuted_flops.items()}}
-           if trace.unexecuted_flops else {}),
+        **(
+            {"unexecuted_flops": {str(r): v for r, v in trace.unexecuted_flops.items()}}
+            if trace.unexecuted_flops
+            else {}
+        ),
         "static_memory": {str(r): dict(m) for r, m in trace.static_memory.items()},
-        "notes": list(trace.notes), "ops": ops,
+        "notes": list(trace.notes),
+        "ops": ops,
     }
 
 
-MAX_TRACE_FILE_BYTES = 256 * 2**20   # uncompressed; a larger trace would take gigabytes once parsed
+MAX_TRACE_FILE_BYTES = 256 * 2**20  # uncompressed; a larger trace would take gigabytes once parsed
 
 
 def scenario_record(sc) -> dict:
@@ -121,18 +149,36 @@ def scenario_record(sc) -> dict:
     :class:`simulator.schema.Scenario`): names, layout, schedule and a SHA-256
     ``fingerprint`` of the model, layout, schedule and training specs."""
     L = sc.layout
-    layout = {"tp": L.tp, "cp": L.cp, "pp": L.pp, "dp": L.dp, "ep": L.ep, "vpp": L.vpp, "etp": L.etp,
-              "zero": L.zero}
-    return {"name": sc.name, "model": sc.model.name, "layout": layout, "schedule": sc.schedule,
-            "fingerprint": scenario_fingerprint(sc)}
+    layout = {"tp": L.tp, "cp": L.cp, "pp": L.pp, "dp": L.dp, "ep": L.ep, "vpp": L.vpp, "etp": L.etp, "zero": L.zero}
+    return {
+        "name": sc.name,
+        "model": sc.model.name,
+        "layout": layout,
+        "schedule": sc.schedule,
+        "fingerprint": scenario_fingerprint(sc),
+    }
 
 
 def scenario_fingerprint(sc) -> str:
     L = sc.layout
-    spec = {"model": dataclasses.asdict(sc.model), "training": dataclasses.asdict(sc.training),
-            "schedule": sc.schedule,
-            "layout": [L.tp, L.cp, L.pp, L.dp, L.ep, L.vpp, L.etp, L.zero, bool(L.sequence_parallel), list(L.order),
-                       L.pipeline_layers if L.pipeline_layers in (None, "auto") else list(L.pipeline_layers)]}
+    spec = {
+        "model": dataclasses.asdict(sc.model),
+        "training": dataclasses.asdict(sc.training),
+        "schedule": sc.schedule,
+        "layout": [
+            L.tp,
+            L.cp,
+            L.pp,
+            L.dp,
+            L.ep,
+            L.vpp,
+            L.etp,
+            L.zero,
+            bool(L.sequence_parallel),
+            list(L.order),
+            L.pipeline_layers if L.pipeline_layers in (None, "auto") else list(L.pipeline_layers),
+        ],
+    }
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -143,21 +189,26 @@ def check_trace_for(trace: Trace, sc) -> None:
     from workloads import counts
 
     if trace.world != sc.layout.world:
-        raise TraceError(f"trace.world: the trace is for {trace.world} ranks, the scenario's layout has "
-                         f"{sc.layout.world}")
+        raise TraceError(
+            f"trace.world: the trace is for {trace.world} ranks, the scenario's layout has {sc.layout.world}"
+        )
     rec = getattr(trace, "scenario_record", None)
     if isinstance(rec, dict) and rec.get("fingerprint") and rec["fingerprint"] != scenario_fingerprint(sc):
         mine = scenario_record(sc)
         diffs = [f"{k} {rec.get(k)!r} vs {mine[k]!r}" for k in ("model", "layout", "schedule") if rec.get(k) != mine[k]]
-        raise TraceError(f"trace.scenario: the trace was built from scenario {rec.get('name')!r}, not this one "
-                         f"({'; '.join(diffs) if diffs else 'the model, layout or training differ'}); rebuild it "
-                         "with `stepsim trace` from this scenario")
+        raise TraceError(
+            f"trace.scenario: the trace was built from scenario {rec.get('name')!r}, not this one "
+            f"({'; '.join(diffs) if diffs else 'the model, layout or training differ'}); rebuild it "
+            "with `stepsim trace` from this scenario"
+        )
     if trace.model_flops > 0:
         want = counts.model_flops_per_step(sc.model, sc.training)
         if not math.isclose(trace.model_flops, want, rel_tol=1e-9):
-            raise TraceError(f"trace.model_flops: the trace's {trace.model_flops:.4g} model FLOPs per step differ "
-                             f"from this scenario's {want:.4g} ({sc.model.name}): it was built for another model "
-                             "or batch; rebuild it with `stepsim trace` from this scenario")
+            raise TraceError(
+                f"trace.model_flops: the trace's {trace.model_flops:.4g} model FLOPs per step differ "
+                f"from this scenario's {want:.4g} ({sc.model.name}): it was built for another model "
+                "or batch; rebuild it with `stepsim trace` from this scenario"
+            )
 
 
 TRACE_FORMATS = ("json", "chakra")
@@ -217,7 +268,11 @@ def _need(d: dict, key: str, types, where: str):
     if key not in d:
         raise TraceError(f"{where}.{key}: required")
     v = d[key]
-    if not isinstance(v, types) or isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+    if (
+        not isinstance(v, types)
+        or isinstance(v, bool)
+        and bool not in (types if isinstance(types, tuple) else (types,))
+    ):
         raise TraceError(f"{where}.{key}: expected {getattr(types, '__name__', types)}, got {v!r}")
     return v
 
@@ -242,14 +297,16 @@ def _unexecuted(data: dict, ranks: set) -> dict[int, float]:
 
 def trace_from_dict(data: dict) -> Trace:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise TraceError(f"trace: not a {FORMAT} file (missing \"format\": \"{FORMAT}\")")
+        raise TraceError(f'trace: not a {FORMAT} file (missing "format": "{FORMAT}")')
     if data.get("version") != VERSION:
         raise TraceError(f"trace.version: this stepsim reads version {VERSION}, got {data.get('version')!r}")
     world = _need(data, "world", int, "trace")
     ranks = tuple(_need(data, "ranks", list, "trace"))
     weight = {int(k): int(v) for k, v in _need(data, "weight", dict, "trace").items()}
-    static = {int(k): {c: float(v.get(c, 0.0)) for c in MEMORY_CATEGORIES}
-              for k, v in _need(data, "static_memory", dict, "trace").items()}
+    static = {
+        int(k): {c: float(v.get(c, 0.0)) for c in MEMORY_CATEGORIES}
+        for k, v in _need(data, "static_memory", dict, "trace").items()
+    }
     for r in ranks:
         if not isinstance(r, int) or not 0 <= r < world:
             raise TraceError(f"trace.ranks: {r!r} is not a rank in 0..{world - 1}")
@@ -285,18 +342,36 @@ def trace_from_dict(data: dict) -> Trace:
             if flops < 0 or nbytes < 0:
                 raise TraceError(f"{kw}: flops and bytes must be >= 0")
             executed = k.get("executed_flops")
-            if executed is not None and (not isinstance(executed, (int, float)) or isinstance(executed, bool)
-                                         or not executed >= 0):
+            if executed is not None and (
+                not isinstance(executed, (int, float)) or isinstance(executed, bool) or not executed >= 0
+            ):
                 raise TraceError(f"{kw}.executed_flops: must be a number >= 0, got {executed!r}")
-            kernels.append(Kernel(str(k.get("name", "")), kk, flops, nbytes, int(k.get("m", 0)), int(k.get("n", 0)),
-                                  int(k.get("k", 0)), int(k.get("groups", 1)),
-                                  None if executed is None else float(executed)))
+            kernels.append(
+                Kernel(
+                    str(k.get("name", "")),
+                    kk,
+                    flops,
+                    nbytes,
+                    int(k.get("m", 0)),
+                    int(k.get("n", 0)),
+                    int(k.get("k", 0)),
+                    int(k.get("groups", 1)),
+                    None if executed is None else float(executed),
+                )
+            )
         mem = []
         for j, m in enumerate(d.get("mem", [])):
-            if (not isinstance(m, list) or len(m) != 3 or m[0] not in MEMORY_CATEGORIES
-                    or m[2] not in ("start", "end") or not isinstance(m[1], (int, float))):
-                raise TraceError(f"{where}.mem[{j}]: expected [category, delta_bytes, 'start'|'end'] with category in "
-                                 f"{', '.join(MEMORY_CATEGORIES)}, got {m!r}")
+            if (
+                not isinstance(m, list)
+                or len(m) != 3
+                or m[0] not in MEMORY_CATEGORIES
+                or m[2] not in ("start", "end")
+                or not isinstance(m[1], (int, float))
+            ):
+                raise TraceError(
+                    f"{where}.mem[{j}]: expected [category, delta_bytes, 'start'|'end'] with category in "
+                    f"{', '.join(MEMORY_CATEGORIES)}, got {m!r}"
+                )
             mem.append((m[0], float(m[1]), m[2]))
         coll = d.get("coll", "")
         if kind == "collective" and coll not in _COLLS:
@@ -308,34 +383,63 @@ def trace_from_dict(data: dict) -> Trace:
         if kind == "collective" and any(not 0 <= g < world for g in group):
             raise TraceError(f"{where}.group: ranks must be in 0..{world - 1}")
         frac = d.get("scaleout_fraction", 1.0)
-        if (isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 < frac <= 1.0
-                or (frac < 1.0 and coll != "all-to-all")):
-            raise TraceError(f"{where}.scaleout_fraction: a number in (0, 1], below 1 only on an "
-                             f"all-to-all, got {frac!r}")
+        if (
+            isinstance(frac, bool)
+            or not isinstance(frac, (int, float))
+            or not 0.0 < frac <= 1.0
+            or (frac < 1.0 and coll != "all-to-all")
+        ):
+            raise TraceError(
+                f"{where}.scaleout_fraction: a number in (0, 1], below 1 only on an all-to-all, got {frac!r}"
+            )
         peer = int(d.get("peer", -1))
         if kind == "send" and not 0 <= peer < world:
             raise TraceError(f"{where}.peer: must be a rank in 0..{world - 1}, got {peer}")
         rate = d.get("rate_bytes_per_s", 0.0)
-        if (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate >= 0
-                or (rate and kind != "host")):
-            raise TraceError(f"{where}.rate_bytes_per_s: a number >= 0, on host ops only "
-                             f"(0 = the device's host link), got {rate!r}")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate >= 0 or (rate and kind != "host"):
+            raise TraceError(
+                f"{where}.rate_bytes_per_s: a number >= 0, on host ops only (0 = the device's host link), got {rate!r}"
+            )
         deps = d.get("deps", [])
         if not isinstance(deps, list) or any(not isinstance(x, int) for x in deps):
             raise TraceError(f"{where}.deps: expected a list of op ids")
-        ops.append(Op(
-            id=_need(d, "id", int, where), rank=rank, stream=stream, kind=kind, name=str(d.get("name", f"op{i}")),
-            phase=str(d.get("phase", "")), mb=int(d.get("mb", -1)), chunk=int(d.get("chunk", -1)),
-            layer=int(d.get("layer", -1)), deps=tuple(deps), kernels=tuple(kernels),
-            recompute=bool(d.get("recompute", False)), comm_overlap=bool(d.get("comm_overlap", False)),
-            coll=coll, axis=str(d.get("axis", "")), group=group,
-            key=str(d.get("key", f"op{i}")), size_bytes=size, peer=peer, mem=tuple(mem),
-            scaleout_fraction=float(frac), rate_bytes_per_s=float(rate),
-        ))
-    trace = Trace(ops=ops, ranks=ranks, weight=weight, static_memory=static, world=world,
-                  notes=list(data.get("notes", [])), model_flops=float(data.get("model_flops", 0.0)),
-                  representative=bool(data.get("representative", False)),
-                  unexecuted_flops=_unexecuted(data, rankset))
+        ops.append(
+            Op(
+                id=_need(d, "id", int, where),
+                rank=rank,
+                stream=stream,
+                kind=kind,
+                name=str(d.get("name", f"op{i}")),
+                phase=str(d.get("phase", "")),
+                mb=int(d.get("mb", -1)),
+                chunk=int(d.get("chunk", -1)),
+                layer=int(d.get("layer", -1)),
+                deps=tuple(deps),
+                kernels=tuple(kernels),
+                recompute=bool(d.get("recompute", False)),
+                comm_overlap=bool(d.get("comm_overlap", False)),
+                coll=coll,
+                axis=str(d.get("axis", "")),
+                group=group,
+                key=str(d.get("key", f"op{i}")),
+                size_bytes=size,
+                peer=peer,
+                mem=tuple(mem),
+                scaleout_fraction=float(frac),
+                rate_bytes_per_s=float(rate),
+            )
+        )
+    trace = Trace(
+        ops=ops,
+        ranks=ranks,
+        weight=weight,
+        static_memory=static,
+        world=world,
+        notes=list(data.get("notes", [])),
+        model_flops=float(data.get("model_flops", 0.0)),
+        representative=bool(data.get("representative", False)),
+        unexecuted_flops=_unexecuted(data, rankset),
+    )
     trace.check()
     rec = data.get("scenario")
     if rec is not None and not isinstance(rec, dict):

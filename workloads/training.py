@@ -82,23 +82,35 @@ class TrainingSpec:
 
     def __post_init__(self) -> None:
         if self.activation_saving not in ("none", "deepseek-v3"):
-            raise WorkloadError("training.activation_saving", f"must be none or deepseek-v3, "
-                             f"got {self.activation_saving!r}")
-        for name, allowed in (("moe_gate_weighting", ("activation", "combine")),
-                              ("grad_dtype", ("fp32", "bf16")), ("optimizer_state_dtype", ("fp32", "bf16")),
-                              ("master_weights", ("fp32", "remainder", "none"))):
+            raise WorkloadError(
+                "training.activation_saving", f"must be none or deepseek-v3, got {self.activation_saving!r}"
+            )
+        for name, allowed in (
+            ("moe_gate_weighting", ("activation", "combine")),
+            ("grad_dtype", ("fp32", "bf16")),
+            ("optimizer_state_dtype", ("fp32", "bf16")),
+            ("master_weights", ("fp32", "remainder", "none")),
+        ):
             if getattr(self, name) not in allowed:
-                raise WorkloadError(f"training.{name}", f"must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+                raise WorkloadError(
+                    f"training.{name}", f"must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
         for m in self.recompute_modules:
             if m not in RECOMPUTE_MODULES:
-                raise WorkloadError("training.recompute_modules", f"{m!r} not allowed; choose from "
-                                 f"{', '.join(RECOMPUTE_MODULES)}")
+                raise WorkloadError(
+                    "training.recompute_modules", f"{m!r} not allowed; choose from {', '.join(RECOMPUTE_MODULES)}"
+                )
         if self.recompute_modules and self.recompute != "selective":
-            raise WorkloadError("training.recompute_modules", "needs training.recompute: selective (Megatron-Core "
-                             f"recomputes modules only under selective granularity), got {self.recompute!r}")
+            raise WorkloadError(
+                "training.recompute_modules",
+                "needs training.recompute: selective (Megatron-Core "
+                f"recomputes modules only under selective granularity), got {self.recompute!r}",
+            )
         if self.activation_saving == "deepseek-v3" and self.dtype != "fp8":
-            raise WorkloadError("training.activation_saving", "deepseek-v3 caches activations in FP8 and "
-                             f"needs training.dtype: fp8, got {self.dtype}")
+            raise WorkloadError(
+                "training.activation_saving",
+                f"deepseek-v3 caches activations in FP8 and needs training.dtype: fp8, got {self.dtype}",
+            )
 
     @property
     def grad_bytes(self) -> int:
@@ -121,14 +133,16 @@ class TrainingSpec:
         per_replica, rem = divmod(self.global_batch_size, dp)
         if rem:
             raise WorkloadError(
-                "training.global_batch_size", f"{self.global_batch_size} sequences do not split over "
-                f"dp = {dp} data-parallel replicas; use a multiple of {dp}"
+                "training.global_batch_size",
+                f"{self.global_batch_size} sequences do not split over "
+                f"dp = {dp} data-parallel replicas; use a multiple of {dp}",
             )
         m, rem = divmod(per_replica, self.micro_batch_size)
         if rem or m == 0:
             raise WorkloadError(
-                "training.micro_batch_size", f"{self.micro_batch_size} does not divide the "
+                "training.micro_batch_size",
+                f"{self.micro_batch_size} does not divide the "
                 f"{per_replica} sequences of each data-parallel replica "
-                f"(global_batch_size {self.global_batch_size} / dp {dp})"
+                f"(global_batch_size {self.global_batch_size} / dp {dp})",
             )
         return m

@@ -123,18 +123,39 @@ def base_scenario(model: str, hw: str, full: bool) -> dict:
         "cluster": {"preset": preset, "devices": n},
         "parallel": {"tp": 1, "pp": 1, "ep": 64, "zero": 1},
         "schedule": "1f1b",
-        "training": {"seq_len": SEQ_LEN, "micro_batch_size": 1, "global_batch_size": SEQS_PER_DEVICE * n,
-                     "dtype": dtype, "recompute": "full", "balance": "aux-free"},
+        "training": {
+            "seq_len": SEQ_LEN,
+            "micro_batch_size": 1,
+            "global_batch_size": SEQS_PER_DEVICE * n,
+            "dtype": dtype,
+            "recompute": "full",
+            "balance": "aux-free",
+        },
     }
 
 
-MTP_NOTE = ("deepseek-v3 simulated with mtp_depth 0: with the MTP module the simulated last pipeline stage holds "
-            "its routed experts unsplit by ep (weights 31.6 GB vs 8.4 GB without, DSV3 8-layer check at pp4 ep8), "
-            "which is a memory-accounting issue reported to the maintainers")
+MTP_NOTE = (
+    "deepseek-v3 simulated with mtp_depth 0: with the MTP module the simulated last pipeline stage holds "
+    "its routed experts unsplit by ep (weights 31.6 GB vs 8.4 GB without, DSV3 8-layer check at pp4 ep8), "
+    "which is a memory-accounting issue reported to the maintainers"
+)
 
-KEEP = ["step_time_s", "mfu", "hfu", "tokens_per_s", "bubble_fraction", "exposed_comm_fraction", "peak_memory_bytes",
-        "hbm_bytes", "oom", "micro_batches", "parameters", "active_parameters",
-        "model_flops_per_step", "sim_wall_s"]
+KEEP = [
+    "step_time_s",
+    "mfu",
+    "hfu",
+    "tokens_per_s",
+    "bubble_fraction",
+    "exposed_comm_fraction",
+    "peak_memory_bytes",
+    "hbm_bytes",
+    "oom",
+    "micro_batches",
+    "parameters",
+    "active_parameters",
+    "model_flops_per_step",
+    "sim_wall_s",
+]
 
 
 def _scenarios(spec: dict) -> dict:
@@ -167,11 +188,15 @@ def run_layouts(full: bool, jobs, work: Path, assemble: bool = False) -> pd.Data
             cases = candidates(hw, full)
             spec = {"name": f"layouts-{model}-{hw}", "base": base, "cases": cases, "skip_invalid": True}
             t0 = time.perf_counter()
-            frame = (_assembled(work / f"layouts-{model}-{hw}", spec) if assemble
-                     else sweep(spec, out=work / f"layouts-{model}-{hw}", jobs=jobs))
+            frame = (
+                _assembled(work / f"layouts-{model}-{hw}", spec)
+                if assemble
+                else sweep(spec, out=work / f"layouts-{model}-{hw}", jobs=jobs)
+            )
             print(f"{model} on {hw}: {len(frame)} cases in {time.perf_counter() - t0:.0f} s", flush=True)
-            parts.append(_tidy(frame, {"model": model, "hardware": hw, "devices": base["cluster"]["devices"]},
-                               _scenarios(spec)))
+            parts.append(
+                _tidy(frame, {"model": model, "hardware": hw, "devices": base["cluster"]["devices"]}, _scenarios(spec))
+            )
     return pd.concat(parts, ignore_index=True)
 
 
@@ -198,9 +223,13 @@ def run_bandwidth(layouts: pd.DataFrame, full: bool, jobs, work: Path, assemble:
         if b is not None:
             cand = next(c for c in candidates(hw, full) if c["name"] == b["label"])
             picks.append(cand)
-    spec = {"name": "nic-sweep", "base": base, "cases": picks,
-            "grid": {"cluster.network.nic_bw_bytes_per_s": list(NIC_BW_FULL if full else NIC_BW)},
-            "skip_invalid": True}
+    spec = {
+        "name": "nic-sweep",
+        "base": base,
+        "cases": picks,
+        "grid": {"cluster.network.nic_bw_bytes_per_s": list(NIC_BW_FULL if full else NIC_BW)},
+        "skip_invalid": True,
+    }
     # The preset's own bandwidth (50e9) resolves to the very scenarios of pp_layouts: seed the
     # sweep's row store with those rows so that they are not simulated twice.
     (work / "nic-sweep").mkdir(parents=True, exist_ok=True)
@@ -229,12 +258,22 @@ def _assembled(work: Path, spec: dict) -> pd.DataFrame:
     for c in expand(load_sweep(spec)).cases:
         name = c.scenario.get("name")
         nic = c.axes.get("cluster.network.nic_bw_bytes_per_s")
-        match = [r for r in rows.values() if r.get("summary") and r["summary"]["name"] == name
-                 and (nic is None or r.get("axes", {}).get("cluster.network.nic_bw_bytes_per_s", 50e9) == nic)]
+        match = [
+            r
+            for r in rows.values()
+            if r.get("summary")
+            and r["summary"]["name"] == name
+            and (nic is None or r.get("axes", {}).get("cluster.network.nic_bw_bytes_per_s", 50e9) == nic)
+        ]
         row = match[-1] if match else None
         if row is None:
             continue
-        rec = {"case": c.index, **{a: c.axes.get(a) for a in c.axes}, "status": row["status"], "error": row.get("error")}
+        rec = {
+            "case": c.index,
+            **{a: c.axes.get(a) for a in c.axes},
+            "status": row["status"],
+            "error": row.get("error"),
+        }
         for k, v in flatten(row["summary"]).items():
             rec.setdefault(k, v)
         records.append(rec)
@@ -250,8 +289,7 @@ def make_figures(out: Path) -> None:
     import nbclient
     import nbformat
 
-    env = {"STEPSIM_FIGURES": str(out.resolve()), "STEPSIM_OUT": str(ROOT / "out" / "notebooks"),
-           "MPLBACKEND": "Agg"}
+    env = {"STEPSIM_FIGURES": str(out.resolve()), "STEPSIM_OUT": str(ROOT / "out" / "notebooks"), "MPLBACKEND": "Agg"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     os.environ.pop("STEPSIM_FULL", None)
@@ -259,8 +297,9 @@ def make_figures(out: Path) -> None:
         for nb_path in sorted((ROOT / "notebooks").glob("*.ipynb")):
             t0 = time.perf_counter()
             nb = nbformat.read(nb_path, as_version=4)
-            nbclient.NotebookClient(nb, timeout=1800, kernel_name="python3",
-                                    resources={"metadata": {"path": str(nb_path.parent)}}).execute()
+            nbclient.NotebookClient(
+                nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(nb_path.parent)}}
+            ).execute()
             print(f"{nb_path.name}: {time.perf_counter() - t0:.0f} s", flush=True)
     finally:
         for k, v in old.items():
@@ -276,11 +315,17 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=None, help="parallel simulations (default: every core)")
     ap.add_argument("--work", default=None, help="resumable sweep folders (default: out/make_results[-full])")
     ap.add_argument("--out", default=str(HERE), help="where the CSV/JSON files go (default: docs/results)")
-    ap.add_argument("--figures", action="store_true",
-                    help="then run every notebook (CI mode) to refresh the README figures in --out")
+    ap.add_argument(
+        "--figures",
+        action="store_true",
+        help="then run every notebook (CI mode) to refresh the README figures in --out",
+    )
     ap.add_argument("--figures-only", action="store_true", help="only refresh the figures")
-    ap.add_argument("--assemble", action="store_true",
-                    help="simulate nothing: build the tables from the rows already in --work, matched by case name")
+    ap.add_argument(
+        "--assemble",
+        action="store_true",
+        help="simulate nothing: build the tables from the rows already in --work, matched by case name",
+    )
     args = ap.parse_args(argv)
     if args.figures_only:
         make_figures(Path(args.out))
@@ -300,19 +345,27 @@ def main(argv=None) -> int:
         "devices": {hw: (v[2] if args.full else v[1]) for hw, v in HARDWARE.items()},
         "hardware": {hw: v[4] for hw, v in HARDWARE.items()},
         "dtype": {hw: v[3] for hw, v in HARDWARE.items()},
-        "seq_len": SEQ_LEN, "sequences_per_device": SEQS_PER_DEVICE,
+        "seq_len": SEQ_LEN,
+        "sequences_per_device": SEQS_PER_DEVICE,
         "tokens_per_device": SEQ_LEN * SEQS_PER_DEVICE,
         "models": list(MODELS),
         "note": MTP_NOTE,
         "candidates": {hw: candidates(hw, args.full) for hw in HARDWARE},
         "nic_bw_bytes_per_s": list(NIC_BW_FULL if args.full else NIC_BW),
-        "bandwidth_sweep": {"model": "deepseek-v3", "hardware": "h800",
-                            "layouts": "best without PP and best with PP of pp_layouts for deepseek-v3 on h800"},
-        "assembled": bool(args.assemble) and (
+        "bandwidth_sweep": {
+            "model": "deepseek-v3",
+            "hardware": "h800",
+            "layouts": "best without PP and best with PP of pp_layouts for deepseek-v3 on h800",
+        },
+        "assembled": bool(args.assemble)
+        and (
             "tables built from the rows of the resumable sweep folders, matched by case name: the run was "
             "interrupted and resumed while the simulator's scenario schema changed, which changes the scenario "
-            "hashes but not the scenarios"),
-        "simulation_wall_s_total": round(float(pd.concat([layouts["sim_wall_s"], bw["sim_wall_s"]]).fillna(0).sum()), 1),
+            "hashes but not the scenarios"
+        ),
+        "simulation_wall_s_total": round(
+            float(pd.concat([layouts["sim_wall_s"], bw["sim_wall_s"]]).fillna(0).sum()), 1
+        ),
         "host": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores",
         "wall_s": round(time.perf_counter() - t0, 1),
         "python": platform.python_version(),

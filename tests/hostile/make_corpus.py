@@ -25,8 +25,12 @@ HERE = Path(__file__).resolve().parent
 FILES = HERE / "files"
 
 TINY_MODEL = {"name": "tiny", "layers": 2, "hidden": 256, "heads": 4, "ffn_hidden": 512, "vocab": 1000}
-BASE = {"model": dict(TINY_MODEL), "cluster": {"preset": "dgx-h100", "devices": 8},
-        "parallel": {"tp": 2, "pp": 2}, "training": {"seq_len": 128, "global_batch_size": 4}}
+BASE = {
+    "model": dict(TINY_MODEL),
+    "cluster": {"preset": "dgx-h100", "devices": 8},
+    "parallel": {"tp": 2, "pp": 2},
+    "training": {"seq_len": 128, "global_batch_size": 4},
+}
 BASE_TEXT = yaml.safe_dump(BASE, sort_keys=False)
 
 cases: dict[str, dict] = {}
@@ -83,21 +87,45 @@ def main() -> None:
     # ---- the reader: size, encoding, YAML syntax and structure -----------------------------
     case("dup_model_key", BASE_TEXT + "model: llama3-8b\n", ["duplicate key 'model'", "dup_model_key.yaml:"])
     case("dup_nested_key", BASE_TEXT.replace("  tp: 2\n", "  tp: 2\n  tp: 4\n"), ["duplicate key 'tp'", "line"])
-    case("dup_key_json", '{"model": "llama3-8b", "model": "llama3-70b"}', ["duplicate key 'model'", "dup_key_json.json"],
-         ext=".json")
-    case("syntax_unclosed_flow", "model: llama3-8b\ncluster: {preset: dgx-h100\n", ["syntax_unclosed_flow.yaml:", "not valid YAML"])
+    case(
+        "dup_key_json",
+        '{"model": "llama3-8b", "model": "llama3-70b"}',
+        ["duplicate key 'model'", "dup_key_json.json"],
+        ext=".json",
+    )
+    case(
+        "syntax_unclosed_flow",
+        "model: llama3-8b\ncluster: {preset: dgx-h100\n",
+        ["syntax_unclosed_flow.yaml:", "not valid YAML"],
+    )
     case("syntax_bad_indent", "model: llama3-8b\n  cluster: x\n  : y\n", ["syntax_bad_indent.yaml:", "not valid YAML"])
     case("syntax_tab_indent", "model: llama3-8b\nparallel:\n\ttp: 2\n", ["syntax_tab_indent.yaml:3:", "not valid YAML"])
-    case("syntax_unclosed_quote", 'model: "llama3-8b\ncluster: dgx-h100\n', ["syntax_unclosed_quote.yaml:", "not valid YAML"])
+    case(
+        "syntax_unclosed_quote",
+        'model: "llama3-8b\ncluster: dgx-h100\n',
+        ["syntax_unclosed_quote.yaml:", "not valid YAML"],
+    )
     case("syntax_two_documents", BASE_TEXT + "---\n" + BASE_TEXT, ["syntax_two_documents.yaml:", "another document"])
-    case("deep_nesting_list", "model: " + "[" * 300 + "]" * 300 + "\n", ["deep_nesting_list.yaml", "nested deeper"],
-         subprocess=True)
-    case("deep_nesting_map", "model:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 120)) + "  " * 120 + "x: 1\n",
-         ["deep_nesting_map.yaml", "nested deeper"])
-    case("deep_nesting_json", '{"model": ' + "[" * 5000 + "]" * 5000 + "}", ["deep_nesting_json.json", "nested too deeply"],
-         ext=".json")
+    case(
+        "deep_nesting_list",
+        "model: " + "[" * 300 + "]" * 300 + "\n",
+        ["deep_nesting_list.yaml", "nested deeper"],
+        subprocess=True,
+    )
+    case(
+        "deep_nesting_map",
+        "model:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 120)) + "  " * 120 + "x: 1\n",
+        ["deep_nesting_map.yaml", "nested deeper"],
+    )
+    case(
+        "deep_nesting_json",
+        '{"model": ' + "[" * 5000 + "]" * 5000 + "}",
+        ["deep_nesting_json.json", "nested too deeply"],
+        ext=".json",
+    )
     bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+        f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+    )
     case("alias_bomb_scenario", bomb + BASE_TEXT, ["alias_bomb_scenario.yaml", "alias"], subprocess=True)
     case("alias_recursive", "model: &m [*m]\n", ["alias_recursive.yaml", "recursive alias"])
     case("binary_nul", b"\x00\x01\x02model: x\n" + bytes(range(256)), ["binary_nul.yaml", "binary data"])
@@ -134,8 +162,12 @@ def main() -> None:
     case("etp_on_dense", sc(parallel__etp=2), ["parallel.etp", "dense"])
     case("balance_on_dense", sc(training__balance="aux-loss-global"), ["training.balance", "dense"])
     case("expert_load_on_dense", sc(training__expert_load={"distribution": "zipf"}), ["training.expert_load", "dense"])
-    case("layers_40000", sc(model__layers=40000, training__global_batch_size=16), ["model.layers", "operations"],
-         subprocess=True)
+    case(
+        "layers_40000",
+        sc(model__layers=40000, training__global_batch_size=16),
+        ["model.layers", "operations"],
+        subprocess=True,
+    )
     case("layers_1e9", BASE_TEXT.replace("layers: 2", "layers: 1e9"), ["model.layers", "integer"])
     case("layers_billion_int", sc(model__layers=10**9), ["model.layers", "operations"])
     case("layers_string", sc(model__layers="80"), "model.layers")
@@ -162,11 +194,23 @@ def main() -> None:
     case("moe_top_k_over_experts", moe(model__moe__top_k=8), "model.moe.top_k")
     case("moe_experts_true", moe(model__moe__experts=True), "model.moe.experts")
     case("moe_unknown_key", moe(model__moe__expert=4), "model.moe.expert")
-    case("moe_ep_not_dividing_experts", moe(parallel={"tp": 1, "pp": 1, "ep": 8}, training__global_batch_size=8), "parallel.ep")
+    case(
+        "moe_ep_not_dividing_experts",
+        moe(parallel={"tp": 1, "pp": 1, "ep": 8}, training__global_batch_size=8),
+        "parallel.ep",
+    )
     case("mla_negative_rank", sc(model__attention={"kind": "mla", "kv_lora_rank": -1}), "model.attention.kv_lora_rank")
-    case("hf_config_dev_zero", sc(model={"hf_config": "/dev/zero"}), ["model.hf_config", "/dev/zero", "limit"],
-         subprocess=True)
-    case("hf_config_missing_file", sc(model={"hf_config": "no-such-config.json"}), ["model.hf_config", "no-such-config.json"])
+    case(
+        "hf_config_dev_zero",
+        sc(model={"hf_config": "/dev/zero"}),
+        ["model.hf_config", "/dev/zero", "limit"],
+        subprocess=True,
+    )
+    case(
+        "hf_config_missing_file",
+        sc(model={"hf_config": "no-such-config.json"}),
+        ["model.hf_config", "no-such-config.json"],
+    )
     (FILES / "hf_binary.json").write_bytes(bytes(range(256)) * 4)
     case("hf_config_binary", sc(model={"hf_config": "hf_binary.json"}), ["model.hf_config", "hf_binary.json", "binary"])
     (FILES / "hf_not_json.json").write_text("model_type: llama\n")
@@ -175,9 +219,18 @@ def main() -> None:
     case("hf_config_list", sc(model={"hf_config": "hf_list.json"}), ["model.hf_config", "JSON object"])
     (FILES / "hf_unknown_type.json").write_text('{"model_type": "bert"}')
     case("hf_config_unknown_type", sc(model={"hf_config": "hf_unknown_type.json"}), "hf_config.model_type")
-    (FILES / "hf_layers_true.json").write_text(json.dumps({
-        "model_type": "llama", "num_hidden_layers": True, "hidden_size": 256, "num_attention_heads": 4,
-        "intermediate_size": 512, "vocab_size": 1000}))
+    (FILES / "hf_layers_true.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "num_hidden_layers": True,
+                "hidden_size": 256,
+                "num_attention_heads": 4,
+                "intermediate_size": 512,
+                "vocab_size": 1000,
+            }
+        )
+    )
     case("hf_config_layers_true", sc(model={"hf_config": "hf_layers_true.json"}), "hf_config.num_hidden_layers")
     case("hf_config_number", sc(model={"hf_config": 5}), "model.hf_config")
     case("hf_config_directory", sc(model={"hf_config": "."}), ["model.hf_config", "directory"])
@@ -188,46 +241,93 @@ def main() -> None:
     case("cluster_devices_zero", sc(cluster__devices=0), "cluster.devices")
     case("cluster_devices_billion", sc(cluster__devices=10**9), "cluster.devices")
     case("cluster_devices_float", BASE_TEXT.replace("devices: 8", "devices: 8e0"), "cluster.devices")
-    case("nvl72_146_devices", sc(cluster={"preset": "gb200-nvl72", "devices": 146}, parallel={"tp": 2}),
-         ["cluster.devices", "devices_per_domain"])
-    case("devices_per_domain_over_rack", sc(cluster={"preset": "gb200-nvl72", "devices": 160, "devices_per_domain": 80}),
-         ["cluster.devices_per_domain", "72"])
-    case("devices_per_domain_uneven", sc(cluster={"preset": "gb200-nvl72", "devices": 128, "devices_per_domain": 48}),
-         "cluster.devices_per_domain")
-    case("devices_per_domain_on_tpu", sc(cluster={"preset": "tpu-v5p", "devices": 64, "devices_per_domain": 8}),
-         "cluster.devices_per_domain")
-    case("devices_per_domain_string", sc(cluster={"preset": "gb200-nvl72", "devices": 128, "devices_per_domain": "64"}),
-         "cluster.devices_per_domain")
+    case(
+        "nvl72_146_devices",
+        sc(cluster={"preset": "gb200-nvl72", "devices": 146}, parallel={"tp": 2}),
+        ["cluster.devices", "devices_per_domain"],
+    )
+    case(
+        "devices_per_domain_over_rack",
+        sc(cluster={"preset": "gb200-nvl72", "devices": 160, "devices_per_domain": 80}),
+        ["cluster.devices_per_domain", "72"],
+    )
+    case(
+        "devices_per_domain_uneven",
+        sc(cluster={"preset": "gb200-nvl72", "devices": 128, "devices_per_domain": 48}),
+        "cluster.devices_per_domain",
+    )
+    case(
+        "devices_per_domain_on_tpu",
+        sc(cluster={"preset": "tpu-v5p", "devices": 64, "devices_per_domain": 8}),
+        "cluster.devices_per_domain",
+    )
+    case(
+        "devices_per_domain_string",
+        sc(cluster={"preset": "gb200-nvl72", "devices": 128, "devices_per_domain": "64"}),
+        "cluster.devices_per_domain",
+    )
     case("nic_bw_negative", sc(cluster__network={"nic_bw_bytes_per_s": -5e9}), "cluster.network.nic_bw_bytes_per_s")
-    case("nic_bw_nan", BASE_TEXT.replace("devices: 8", "devices: 8\n  network: {nic_bw_bytes_per_s: .nan}"),
-         "cluster.network.nic_bw_bytes_per_s")
-    case("nic_bw_inf", BASE_TEXT.replace("devices: 8", "devices: 8\n  network: {nic_bw_bytes_per_s: .inf}"),
-         "cluster.network.nic_bw_bytes_per_s")
+    case(
+        "nic_bw_nan",
+        BASE_TEXT.replace("devices: 8", "devices: 8\n  network: {nic_bw_bytes_per_s: .nan}"),
+        "cluster.network.nic_bw_bytes_per_s",
+    )
+    case(
+        "nic_bw_inf",
+        BASE_TEXT.replace("devices: 8", "devices: 8\n  network: {nic_bw_bytes_per_s: .inf}"),
+        "cluster.network.nic_bw_bytes_per_s",
+    )
     case("nic_bw_words", sc(cluster__network={"nic_bw_bytes_per_s": "fast"}), "cluster.network.nic_bw_bytes_per_s")
     case("network_unknown_key", sc(cluster__network={"nic_gbps": 400}), "cluster.network.nic_gbps")
-    case("network_kind_mesh", sc(cluster={"devices": 8, "chip": "h100", "network": {"kind": "mesh"}}),
-         "cluster.network.kind")
+    case(
+        "network_kind_mesh",
+        sc(cluster={"devices": 8, "chip": "h100", "network": {"kind": "mesh"}}),
+        "cluster.network.kind",
+    )
     case("network_not_mapping", sc(cluster={"devices": 8, "chip": "h100", "network": "fast"}), "cluster.network")
     case("chip_unknown", sc(cluster__chip="h1000"), "cluster.chip")
-    case("chip_without_bf16", sc(cluster__chip={"peak_flops_per_s": {"fp8": 1e15}, "hbm_bytes": 8e10,
-                                               "hbm_bw_bytes_per_s": 3e12}), "cluster.chip.peak_flops_per_s")
+    case(
+        "chip_without_bf16",
+        sc(cluster__chip={"peak_flops_per_s": {"fp8": 1e15}, "hbm_bytes": 8e10, "hbm_bw_bytes_per_s": 3e12}),
+        "cluster.chip.peak_flops_per_s",
+    )
     case("pods_count_zero", sc(cluster__pods={"count": 0, "dcn_bw_bytes_per_s": 1e9}), "cluster.pods")
-    case("torus_zero_axis", sc(cluster={"devices": 8, "chip": "tpu-v5p",
-                                        "network": {"kind": "torus", "shape": [4, 0], "link_bw_bytes_per_s": 9e10}}),
-         "cluster.network.shape")
+    case(
+        "torus_zero_axis",
+        sc(
+            cluster={
+                "devices": 8,
+                "chip": "tpu-v5p",
+                "network": {"kind": "torus", "shape": [4, 0], "link_bw_bytes_per_s": 9e10},
+            }
+        ),
+        "cluster.network.shape",
+    )
     case("cluster_unknown_key", sc(cluster__racks=2), "cluster.racks")
 
     # ---- perturbations, compute, algorithms ------------------------------------------------
-    case("perturbation_device_out_of_range", sc(perturbations=[{"devices": [99], "compute_scale": 0.5}]),
-         "perturbations[0].devices")
+    case(
+        "perturbation_device_out_of_range",
+        sc(perturbations=[{"devices": [99], "compute_scale": 0.5}]),
+        "perturbations[0].devices",
+    )
     case("perturbation_no_scale", sc(perturbations=[{"devices": [1]}]), "perturbations[0].compute_scale")
     case("perturbation_empty", sc(perturbations=[{}]), "perturbations[0]")
-    case("perturbation_link_three_ends", sc(perturbations=[{"link": ["d0", "d1", "d2"], "failed": True}]),
-         "perturbations")
-    case("perturbation_link_missing", sc(perturbations=[{"link": ["node3", "leaf1"], "bw_scale": 0.5}]),
-         ["perturbations[0].link", "'node3'", "'leaf1'", "d0"])
-    case("perturbation_link_not_adjacent", sc(perturbations=[{"link": ["d0", "p0.leaf0.r5"], "bw_scale": 0.5}]),
-         ["perturbations[0].link", "'d0' links to"])
+    case(
+        "perturbation_link_three_ends",
+        sc(perturbations=[{"link": ["d0", "d1", "d2"], "failed": True}]),
+        "perturbations",
+    )
+    case(
+        "perturbation_link_missing",
+        sc(perturbations=[{"link": ["node3", "leaf1"], "bw_scale": 0.5}]),
+        ["perturbations[0].link", "'node3'", "'leaf1'", "d0"],
+    )
+    case(
+        "perturbation_link_not_adjacent",
+        sc(perturbations=[{"link": ["d0", "p0.leaf0.r5"], "bw_scale": 0.5}]),
+        ["perturbations[0].link", "'d0' links to"],
+    )
     case("compute_efficiency_over_1", sc(compute={"gemm_efficiency": 2}), "compute.gemm_efficiency")
     case("algorithm_unknown", sc(algorithms={"all-reduce": "magic"}), ["algorithms.all-reduce", "ring"])
     case("algorithm_unknown_op", sc(algorithms={"all-scatter": "ring"}), "algorithms")
@@ -235,35 +335,83 @@ def main() -> None:
     # ---- sweeps ----------------------------------------------------------------------------
     sweep_args = ["sweep", "{file}", "--out", "{out}"]
     base_sweep = {"base": "base.yaml"}
-    case("sweep_misspelled_axis", {**base_sweep, "grid": {"parallel.ppp": [1, 2]}},
-         ["grid.parallel.ppp", "parallel.pp"], args=sweep_args)
-    case("sweep_misspelled_section", {**base_sweep, "grid": {"paralel.pp": [1, 2]}},
-         ["grid.paralel.pp", "parallel"], args=sweep_args)
-    case("sweep_misspelled_network_axis", {**base_sweep, "grid": {"cluster.network.nic_bw": [1e9]}},
-         ["grid.cluster.network.nic_bw", "nic_bw_bytes_per_s"], args=sweep_args)
-    case("sweep_misspelled_case_axis", {**base_sweep, "cases": [{"training.global_batch": 8}]},
-         ["cases[0].training.global_batch", "training.global_batch_size"], args=sweep_args)
-    case("sweep_axis_inside_value", {**base_sweep, "grid": {"schedule.kind": ["x"]}},
-         ["grid.schedule.kind", "schedule"], args=sweep_args)
+    case(
+        "sweep_misspelled_axis",
+        {**base_sweep, "grid": {"parallel.ppp": [1, 2]}},
+        ["grid.parallel.ppp", "parallel.pp"],
+        args=sweep_args,
+    )
+    case(
+        "sweep_misspelled_section",
+        {**base_sweep, "grid": {"paralel.pp": [1, 2]}},
+        ["grid.paralel.pp", "parallel"],
+        args=sweep_args,
+    )
+    case(
+        "sweep_misspelled_network_axis",
+        {**base_sweep, "grid": {"cluster.network.nic_bw": [1e9]}},
+        ["grid.cluster.network.nic_bw", "nic_bw_bytes_per_s"],
+        args=sweep_args,
+    )
+    case(
+        "sweep_misspelled_case_axis",
+        {**base_sweep, "cases": [{"training.global_batch": 8}]},
+        ["cases[0].training.global_batch", "training.global_batch_size"],
+        args=sweep_args,
+    )
+    case(
+        "sweep_axis_inside_value",
+        {**base_sweep, "grid": {"schedule.kind": ["x"]}},
+        ["grid.schedule.kind", "schedule"],
+        args=sweep_args,
+    )
     case("sweep_unknown_key", {**base_sweep, "gird": {"parallel.pp": [1]}}, ["gird", "grid"], args=sweep_args)
-    case("sweep_alias_bomb", bomb.replace("a:", "zz_a:", 1).replace("*a", "*a") + "base: base.yaml\ngrid:\n  parallel.pp: *i\n",
-         ["sweep_alias_bomb.yaml", "alias"], args=sweep_args, subprocess=True)
-    case("sweep_too_many_cases", {**base_sweep, "grid": {f"parallel.{k}": list(range(1, 41)) for k in
-                                                         ("tp", "pp", "cp", "dp")}},
-         ["grid", "limit"], args=sweep_args)
-    case("sweep_duplicate_key", "base: base.yaml\ngrid: {parallel.pp: [1]}\ngrid: {parallel.tp: [1]}\n",
-         ["sweep_duplicate_key.yaml", "duplicate key 'grid'"], args=sweep_args)
+    case(
+        "sweep_alias_bomb",
+        bomb.replace("a:", "zz_a:", 1).replace("*a", "*a") + "base: base.yaml\ngrid:\n  parallel.pp: *i\n",
+        ["sweep_alias_bomb.yaml", "alias"],
+        args=sweep_args,
+        subprocess=True,
+    )
+    case(
+        "sweep_too_many_cases",
+        {**base_sweep, "grid": {f"parallel.{k}": list(range(1, 41)) for k in ("tp", "pp", "cp", "dp")}},
+        ["grid", "limit"],
+        args=sweep_args,
+    )
+    case(
+        "sweep_duplicate_key",
+        "base: base.yaml\ngrid: {parallel.pp: [1]}\ngrid: {parallel.tp: [1]}\n",
+        ["sweep_duplicate_key.yaml", "duplicate key 'grid'"],
+        args=sweep_args,
+    )
     case("sweep_no_base", {"grid": {"parallel.pp": [1]}}, "base", args=sweep_args)
-    case("sweep_base_missing_file", {"base": "no-such-base.yaml", "grid": {"parallel.pp": [1]}},
-         "no-such-base.yaml", args=sweep_args)
+    case(
+        "sweep_base_missing_file",
+        {"base": "no-such-base.yaml", "grid": {"parallel.pp": [1]}},
+        "no-such-base.yaml",
+        args=sweep_args,
+    )
     case("sweep_grid_not_list", {**base_sweep, "grid": {"parallel.pp": 2}}, "grid.parallel.pp", args=sweep_args)
-    case("sweep_where_call", {**base_sweep, "grid": {"parallel.pp": [1, 2]}, "where": "__import__('os').getcwd()"},
-         "where[0]", args=sweep_args)
-    case("sweep_where_unknown_key", {**base_sweep, "grid": {"parallel.pp": [1, 2]}, "where": "parallel.ppp > 1"},
-         ["where[0]", "parallel.ppp"], args=sweep_args)
+    case(
+        "sweep_where_call",
+        {**base_sweep, "grid": {"parallel.pp": [1, 2]}, "where": "__import__('os').getcwd()"},
+        "where[0]",
+        args=sweep_args,
+    )
+    case(
+        "sweep_where_unknown_key",
+        {**base_sweep, "grid": {"parallel.pp": [1, 2]}, "where": "parallel.ppp > 1"},
+        ["where[0]", "parallel.ppp"],
+        args=sweep_args,
+    )
     case("sweep_cases_not_list", {**base_sweep, "cases": {"parallel.pp": 2}}, "cases", args=sweep_args)
-    case("sweep_skip_invalid_word", {**base_sweep, "grid": {"parallel.pp": [1]}, "skip_invalid": "maybe"},
-         "skip_invalid", args=sweep_args)
+    case(
+        "sweep_skip_invalid_word",
+        {**base_sweep, "grid": {"parallel.pp": [1]}, "skip_invalid": "maybe"},
+        "skip_invalid",
+        args=sweep_args,
+    )
     case("sweep_axis_bad_format", {**base_sweep, "grid": {"parallel..pp": [1]}}, "grid", args=sweep_args)
     case("sweep_dev_zero", None, ["/dev/zero", "limit"], args=["sweep", "/dev/zero", "--out", "{out}"])
     case("sweep_binary", b"\x00" * 64, ["sweep_binary.yaml", "binary"], args=sweep_args)
@@ -279,8 +427,13 @@ def main() -> None:
     bigger = _tiny_trace({**BASE, "cluster": {"preset": "dgx-h100", "devices": 16}})
     case("trace_other_world", json.dumps(bigger), ["trace.world", "16"], args=trace_args, ext=".json")
     case("trace_no_ops", json.dumps({**good, "ops": []}), "trace.ops", args=trace_args, ext=".json")
-    case("trace_no_format", json.dumps({k: v for k, v in good.items() if k != "format"}), "stepsim-trace",
-         args=trace_args, ext=".json")
+    case(
+        "trace_no_format",
+        json.dumps({k: v for k, v in good.items() if k != "format"}),
+        "stepsim-trace",
+        args=trace_args,
+        ext=".json",
+    )
     case("trace_bad_version", json.dumps({**good, "version": 99}), "trace.version", args=trace_args, ext=".json")
     bad_kind = copy.deepcopy(good)
     bad_kind["ops"][0]["kind"] = "teleport"
@@ -296,49 +449,115 @@ def main() -> None:
     case("trace_bad_weight", json.dumps(bad_weight), ["trace", "malformed"], args=trace_args, ext=".json")
     case("trace_not_json", "ops: []\n", ["trace_not_json.json:1:", "not valid JSON"], args=trace_args, ext=".json")
     case("trace_binary", bytes(range(256)), ["trace_binary.json", "binary"], args=trace_args, ext=".json")
-    case("trace_gz_garbage", b"this is not gzip", ["trace_gz_garbage.json.gz", "cannot read"], args=trace_args,
-         ext=".json.gz", binary=True)
-    case("trace_gz_not_json", "not json at all", ["trace_gz_not_json.json.gz", "not valid JSON"], args=trace_args,
-         ext=".json.gz")
+    case(
+        "trace_gz_garbage",
+        b"this is not gzip",
+        ["trace_gz_garbage.json.gz", "cannot read"],
+        args=trace_args,
+        ext=".json.gz",
+        binary=True,
+    )
+    case(
+        "trace_gz_not_json",
+        "not json at all",
+        ["trace_gz_not_json.json.gz", "not valid JSON"],
+        args=trace_args,
+        ext=".json.gz",
+    )
     case("trace_dev_zero", None, ["/dev/zero", "limit"], args=["run", "{dir}/base.yaml", "--trace", "/dev/zero"])
 
     # ---- topologies ------------------------------------------------------------------------
     topo_args = ["run", "{dir}/base.yaml", "--no-plots", "--topology", "{file}"]
     case("graphml_not_xml", "hello, not XML\n", ["graphml_not_xml.graphml", "GraphML"], args=topo_args, ext=".graphml")
-    case("graphml_truncated", '<?xml version="1.0"?><graphml><graph edgedefault="undirected"><node id="d0"',
-         ["graphml_truncated.graphml", "GraphML"], args=topo_args, ext=".graphml")
-    case("graphml_entity_bomb", '<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol">'
-         + "".join(f'<!ENTITY lol{i} "{("&lol" + (str(i - 1) if i > 1 else "") + ";") * 10}">' for i in range(1, 10))
-         + ']><graphml><graph edgedefault="undirected"><node id="&lol9;"/></graph></graphml>',
-         ["graphml_entity_bomb.graphml", "DOCTYPE"], args=topo_args, ext=".graphml")
+    case(
+        "graphml_truncated",
+        '<?xml version="1.0"?><graphml><graph edgedefault="undirected"><node id="d0"',
+        ["graphml_truncated.graphml", "GraphML"],
+        args=topo_args,
+        ext=".graphml",
+    )
+    case(
+        "graphml_entity_bomb",
+        '<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol">'
+        + "".join(f'<!ENTITY lol{i} "{("&lol" + (str(i - 1) if i > 1 else "") + ";") * 10}">' for i in range(1, 10))
+        + ']><graphml><graph edgedefault="undirected"><node id="&lol9;"/></graph></graphml>',
+        ["graphml_entity_bomb.graphml", "DOCTYPE"],
+        args=topo_args,
+        ext=".graphml",
+    )
     case("graphml_binary", bytes(range(256)) * 8, ["graphml_binary.graphml", "binary"], args=topo_args, ext=".graphml")
-    case("graphml_no_devices", '<?xml version="1.0"?><graphml><graph edgedefault="undirected"><node id="s"/>'
-         '</graph></graphml>', ["graphml_no_devices.graphml", "topology"], args=topo_args, ext=".graphml")
-    case("topology_json_no_format", '{"nodes": [], "edges": []}', ["topology_json_no_format.json", "format"],
-         args=topo_args, ext=".json")
-    case("topology_json_unknown_node", json.dumps({
-        "format": "stepsim-topology", "version": 1, "nodes": [{"id": "d0", "kind": "device", "index": 0}],
-        "edges": [{"source": "d0", "target": "ghost", "bw_bytes_per_s": 1e9, "latency_s": 1e-6, "kind": "nic"}]}),
-         ["topology_json_unknown_node.json", "ghost"], args=topo_args, ext=".json")
-    case("topology_json_invalid", '{"format": ', ["topology_json_invalid.json:1:", "not valid JSON"], args=topo_args,
-         ext=".json")
+    case(
+        "graphml_no_devices",
+        '<?xml version="1.0"?><graphml><graph edgedefault="undirected"><node id="s"/></graph></graphml>',
+        ["graphml_no_devices.graphml", "topology"],
+        args=topo_args,
+        ext=".graphml",
+    )
+    case(
+        "topology_json_no_format",
+        '{"nodes": [], "edges": []}',
+        ["topology_json_no_format.json", "format"],
+        args=topo_args,
+        ext=".json",
+    )
+    case(
+        "topology_json_unknown_node",
+        json.dumps(
+            {
+                "format": "stepsim-topology",
+                "version": 1,
+                "nodes": [{"id": "d0", "kind": "device", "index": 0}],
+                "edges": [{"source": "d0", "target": "ghost", "bw_bytes_per_s": 1e9, "latency_s": 1e-6, "kind": "nic"}],
+            }
+        ),
+        ["topology_json_unknown_node.json", "ghost"],
+        args=topo_args,
+        ext=".json",
+    )
+    case(
+        "topology_json_invalid",
+        '{"format": ',
+        ["topology_json_invalid.json:1:", "not valid JSON"],
+        args=topo_args,
+        ext=".json",
+    )
     case("topology_bad_extension", "x", ["topology_bad_extension.txt", "extension"], args=topo_args, ext=".txt")
-    case("topology_command_not_xml", "hello", ["topology_command_not_xml.graphml", "GraphML"],
-         args=["topology", "{file}"], ext=".graphml")
+    case(
+        "topology_command_not_xml",
+        "hello",
+        ["topology_command_not_xml.graphml", "GraphML"],
+        args=["topology", "{file}"],
+        ext=".graphml",
+    )
 
-    case("topology_command_json_number", "42", ["topology_command_json_number.json", "mapping"],
-         args=["topology", "{file}"], ext=".json")
+    case(
+        "topology_command_json_number",
+        "42",
+        ["topology_command_json_number.json", "mapping"],
+        args=["topology", "{file}"],
+        ext=".json",
+    )
 
     # ---- cluster files (`stepsim collective --cluster FILE`) ----------------------------------
     coll_args = ["collective", "all-reduce", "--cluster", "{file}", "--max-bytes", "1M"]
-    case("cluster_file_dup_key", "cluster: {preset: dgx-h100}\ncluster: {preset: dgx-b200}\n",
-         ["cluster_file_dup_key.yaml", "duplicate key 'cluster'"], args=coll_args)
+    case(
+        "cluster_file_dup_key",
+        "cluster: {preset: dgx-h100}\ncluster: {preset: dgx-b200}\n",
+        ["cluster_file_dup_key.yaml", "duplicate key 'cluster'"],
+        args=coll_args,
+    )
     case("cluster_file_binary", b"\xff\xfe\x00c\x00l", ["cluster_file_binary.yaml", "binary"], args=coll_args)
-    case("cluster_file_bad_devices", "cluster: {preset: gb200-nvl72, devices: 146}\n",
-         ["cluster.devices", "devices_per_domain"], args=coll_args)
+    case(
+        "cluster_file_bad_devices",
+        "cluster: {preset: gb200-nvl72, devices: 146}\n",
+        ["cluster.devices", "devices_per_domain"],
+        args=coll_args,
+    )
 
-    header = ("# Hostile and mistaken inputs, written by tests/hostile/make_corpus.py (read its docstring).\n"
-              "# name: {file (in files/), args (default: [run, '{file}']), exit, msg: substrings, subprocess}\n")
+    header = (
+        "# Hostile and mistaken inputs, written by tests/hostile/make_corpus.py (read its docstring).\n"
+        "# name: {file (in files/), args (default: [run, '{file}']), exit, msg: substrings, subprocess}\n"
+    )
     (HERE / "cases.yaml").write_text(header + yaml.safe_dump(cases, sort_keys=False, width=120))
     print(f"wrote {len(cases)} cases and {sum(1 for _ in FILES.iterdir())} files")
 

@@ -16,8 +16,16 @@ import json
 from pathlib import Path
 
 from chakra.schema.protobuf.et_def_pb2 import (
-    ALL_REDUCE, COMM_COLL_NODE, COMM_RECV_NODE, COMM_SEND_NODE, COMP_NODE, MEM_STORE_NODE, METADATA_NODE,
-    AttributeProto as A, GlobalMetadata, Node,
+    ALL_REDUCE,
+    COMM_COLL_NODE,
+    COMM_RECV_NODE,
+    COMM_SEND_NODE,
+    COMP_NODE,
+    MEM_STORE_NODE,
+    METADATA_NODE,
+    AttributeProto as A,
+    GlobalMetadata,
+    Node,
 )
 from chakra.src.third_party.utils.protolib import encodeMessage
 
@@ -38,18 +46,46 @@ def main(out: Path = HERE):
     for r in range(4):
         nodes = [
             node(1, "fwd", COMP_NODE, num_ops={"int64_val": (r + 1) * 10**12}, tensor_size={"uint64_val": 10**9}),
-            node(2, "grad_allreduce", COMM_COLL_NODE, [1], comm_type={"int64_val": ALL_REDUCE},
-                 comm_size={"int64_val": MIB}, pg_name={"string_val": "1"}),
+            node(
+                2,
+                "grad_allreduce",
+                COMM_COLL_NODE,
+                [1],
+                comm_type={"int64_val": ALL_REDUCE},
+                comm_size={"int64_val": MIB},
+                pg_name={"string_val": "1"},
+            ),
             Node(id=3, name="pg_metadata", type=METADATA_NODE, data_deps=[2]),
         ]
         if r == 0:
-            nodes.append(node(4, "send_act", COMM_SEND_NODE, [2], comm_src={"int32_val": 0}, comm_dst={"int32_val": 1},
-                              comm_tag={"int32_val": 7}, comm_size={"int64_val": MIB}))
+            nodes.append(
+                node(
+                    4,
+                    "send_act",
+                    COMM_SEND_NODE,
+                    [2],
+                    comm_src={"int32_val": 0},
+                    comm_dst={"int32_val": 1},
+                    comm_tag={"int32_val": 7},
+                    comm_size={"int64_val": MIB},
+                )
+            )
         if r == 1:
-            nodes.append(node(4, "recv_act", COMM_RECV_NODE, [], comm_src={"int32_val": 0}, comm_dst={"int32_val": 1},
-                              comm_tag={"int32_val": 7}, comm_size={"int64_val": MIB}))
-            nodes.append(node(5, "fwd2", COMP_NODE, [4, 3], num_ops={"int64_val": 10**12},
-                              tensor_size={"uint64_val": 10**9}))
+            nodes.append(
+                node(
+                    4,
+                    "recv_act",
+                    COMM_RECV_NODE,
+                    [],
+                    comm_src={"int32_val": 0},
+                    comm_dst={"int32_val": 1},
+                    comm_tag={"int32_val": 7},
+                    comm_size={"int64_val": MIB},
+                )
+            )
+            nodes.append(
+                node(5, "fwd2", COMP_NODE, [4, 3], num_ops={"int64_val": 10**12}, tensor_size={"uint64_val": 10**9})
+            )
         if r == 2:
             nodes.append(node(4, "offload", MEM_STORE_NODE, [2], tensor_size={"uint64_val": MIB}))
         with open(out / f"handmade.{r}.et", "wb") as f:

@@ -26,8 +26,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 #: The compute calibration the trace is made with (what the fit must recover).
-TRUE = dict(gemm_efficiency=0.80, fp8_gemm_efficiency=0.60, gemm_dim_half=128.0, attention_efficiency=0.45,
-            memory_efficiency=0.82, launch_overhead_s=3e-6)
+TRUE = dict(
+    gemm_efficiency=0.80,
+    fp8_gemm_efficiency=0.60,
+    gemm_dim_half=128.0,
+    attention_efficiency=0.45,
+    memory_efficiency=0.82,
+    launch_overhead_s=3e-6,
+)
 
 BF16, F32, I64, F8 = "c10::BFloat16", "float", "long int", "c10::Float8_e4m3fn"
 SIZE = {BF16: 2, F32: 4, I64: 8, F8: 1}
@@ -43,17 +49,27 @@ COPY_K = "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_k
 LN_K = "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>(int, float, c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*, float*, c10::BFloat16*)"
 EMB_K = "void at::native::(anonymous namespace)::indexSelectLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, -2, true>(at::cuda::detail::TensorInfo<c10::BFloat16, unsigned int>, at::cuda::detail::TensorInfo<c10::BFloat16, unsigned int>, at::cuda::detail::TensorInfo<long, unsigned int>, int, int, unsigned int, unsigned int, long)"
 FLASH_FWD_K = "void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<128, 128, 64, 4, cutlass::bfloat16_t> >, false, true, false, false, false, true, false, false>(pytorch_flash::Flash_fwd_params)"
-FLASH_BWD_K = ("void pytorch_flash::flash_bwd_dot_do_o_kernel<true, pytorch_flash::Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> > >(pytorch_flash::Flash_bwd_params)",
-               "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<pytorch_flash::Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> >, false, true, false, false, false, false, false, false>(pytorch_flash::Flash_bwd_params)",
-               "void pytorch_flash::flash_bwd_convert_dq_kernel<pytorch_flash::Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> > >(pytorch_flash::Flash_bwd_params, int)")
+FLASH_BWD_K = (
+    "void pytorch_flash::flash_bwd_dot_do_o_kernel<true, pytorch_flash::Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> > >(pytorch_flash::Flash_bwd_params)",
+    "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<pytorch_flash::Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> >, false, true, false, false, false, false, false, false>(pytorch_flash::Flash_bwd_params)",
+    "void pytorch_flash::flash_bwd_convert_dq_kernel<pytorch_flash::Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> > >(pytorch_flash::Flash_bwd_params, int)",
+)
 NCCL_K = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
 
 def _gemm(m, n, k, ta=BF16, out=2, batch=1):
     from workloads.counts import Kernel
 
-    return Kernel("g", "gemm", 2.0 * m * n * k * batch,
-                  float(batch * (m * k * SIZE[ta] + k * n * SIZE[ta] + m * n * out)), m, n, k, batch)
+    return Kernel(
+        "g",
+        "gemm",
+        2.0 * m * n * k * batch,
+        float(batch * (m * k * SIZE[ta] + k * n * SIZE[ta] + m * n * out)),
+        m,
+        n,
+        k,
+        batch,
+    )
 
 
 def _flash(b, hq, hkv, s, d, backward=False):
@@ -97,13 +113,27 @@ class _Writer:
         self.cpu_t[tid] += 2.0
         ext = self.ext
         self.ext += 1
-        args = {"External id": ext, "Record function id": 0, "Concrete Inputs": [""] * len(dims),
-                "Input type": types, "Input Strides": [_strides(d) for d in dims], "Input Dims": dims,
-                "Ev Idx": ext - 1}
+        args = {
+            "External id": ext,
+            "Record function id": 0,
+            "Concrete Inputs": [""] * len(dims),
+            "Input type": types,
+            "Input Strides": [_strides(d) for d in dims],
+            "Input Dims": dims,
+            "Ev Idx": ext - 1,
+        }
         if extra:
             args.update(extra)
-        ev = {"ph": "X", "cat": "cpu_op", "name": name, "pid": self.pid, "tid": tids[tid], "ts": round(start, 3),
-              "dur": 0.0, "args": args}
+        ev = {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": name,
+            "pid": self.pid,
+            "tid": tids[tid],
+            "ts": round(start, 3),
+            "dur": 0.0,
+            "args": args,
+        }
         self.events.append(ev)
         for child in children:
             child(tid)
@@ -111,23 +141,72 @@ class _Writer:
             t_launch = self.cpu_t[tid]
             corr = self.corr
             self.corr += 1
-            self.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": self.pid,
-                                "tid": tids[tid], "ts": round(t_launch, 3), "dur": 4.218,
-                                "args": {"External id": ext, "cbid": 211, "correlation": corr}})
-            self.events.append({"ph": "s", "id": corr, "pid": self.pid, "tid": tids[tid], "ts": round(t_launch, 3),
-                                "cat": "ac2g", "name": "ac2g"})
+            self.events.append(
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel",
+                    "pid": self.pid,
+                    "tid": tids[tid],
+                    "ts": round(t_launch, 3),
+                    "dur": 4.218,
+                    "args": {"External id": ext, "cbid": 211, "correlation": corr},
+                }
+            )
+            self.events.append(
+                {
+                    "ph": "s",
+                    "id": corr,
+                    "pid": self.pid,
+                    "tid": tids[tid],
+                    "ts": round(t_launch, 3),
+                    "cat": "ac2g",
+                    "name": "ac2g",
+                }
+            )
             self.cpu_t[tid] += 5.0
             self.gpu_t = max(self.gpu_t, t_launch + 6.0)
             dur_us = round(dur_s * scale * 1e6, 3)
-            kargs = {"queued": 0, "device": 0, "context": 1, "stream": 7, "correlation": corr,
-                     "registers per thread": 168, "shared memory": 213248, "blocks per SM": 1.0,
-                     "warps per SM": 4.0, "grid": grid, "block": block, "est. achieved occupancy %": 0}
+            kargs = {
+                "queued": 0,
+                "device": 0,
+                "context": 1,
+                "stream": 7,
+                "correlation": corr,
+                "registers per thread": 168,
+                "shared memory": 213248,
+                "blocks per SM": 1.0,
+                "warps per SM": 4.0,
+                "grid": grid,
+                "block": block,
+                "est. achieved occupancy %": 0,
+            }
             if ext_on_kernel:
                 kargs["External id"] = ext
-            self.events.append({"ph": "X", "cat": "kernel", "name": kname, "pid": 0, "tid": 7,
-                                "ts": round(self.gpu_t, 3), "dur": dur_us, "args": kargs})
-            self.events.append({"ph": "f", "id": corr, "pid": 0, "tid": 7, "ts": round(self.gpu_t, 3),
-                                "cat": "ac2g", "name": "ac2g", "bp": "e"})
+            self.events.append(
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": kname,
+                    "pid": 0,
+                    "tid": 7,
+                    "ts": round(self.gpu_t, 3),
+                    "dur": dur_us,
+                    "args": kargs,
+                }
+            )
+            self.events.append(
+                {
+                    "ph": "f",
+                    "id": corr,
+                    "pid": 0,
+                    "tid": 7,
+                    "ts": round(self.gpu_t, 3),
+                    "cat": "ac2g",
+                    "name": "ac2g",
+                    "bp": "e",
+                }
+            )
             self.gpu_t += dur_us + 1.5
         self.cpu_t[tid] += 1.0
         ev["dur"] = round(self.cpu_t[tid] - start, 3)
@@ -151,46 +230,97 @@ def build() -> dict:
 
     def mm(a, b, scale, tid=1, kname=GEMM_K, ext_on_kernel=True):
         m, k, n = a[0], a[1], b[1]
-        return lambda t: w.op("aten::mm", [a, b], [BF16, BF16], gemm_kernel(m, n, k, scale, name=kname),
-                              tid=t, scale=scale, ext_on_kernel=ext_on_kernel)
+        return lambda t: w.op(
+            "aten::mm",
+            [a, b],
+            [BF16, BF16],
+            gemm_kernel(m, n, k, scale, name=kname),
+            tid=t,
+            scale=scale,
+            ext_on_kernel=ext_on_kernel,
+        )
 
     def linear(x, wt, scale, tid=1, bias=False):
         m, k, n = x[0] * x[1], x[2], wt[0]
         trans = lambda t: w.op("aten::t", [wt], [BF16], tid=t)
         if bias:
-            inner = lambda t: w.op("aten::addmm", [[n], [m, k], [k, n], [], []], [BF16, BF16, BF16, "Scalar", "Scalar"],
-                                   gemm_kernel(m, n, k, scale, name=NVJET_K), tid=t, scale=scale)
+            inner = lambda t: w.op(
+                "aten::addmm",
+                [[n], [m, k], [k, n], [], []],
+                [BF16, BF16, BF16, "Scalar", "Scalar"],
+                gemm_kernel(m, n, k, scale, name=NVJET_K),
+                tid=t,
+                scale=scale,
+            )
         else:
-            inner = lambda t: w.op("aten::matmul", [[x[0], x[1], k], [k, n]], [BF16, BF16],
-                                   children=[lambda t2: w.op("aten::_unsafe_view", [[m, k]], [BF16], tid=t2),
-                                             mm([m, k], [k, n], scale)], tid=t)
-        return w.op("aten::linear", [x, wt, [n] if bias else []], [BF16, BF16, BF16 if bias else ""],
-                    children=[trans, inner], tid=tid)
+            inner = lambda t: w.op(
+                "aten::matmul",
+                [[x[0], x[1], k], [k, n]],
+                [BF16, BF16],
+                children=[lambda t2: w.op("aten::_unsafe_view", [[m, k]], [BF16], tid=t2), mm([m, k], [k, n], scale)],
+                tid=t,
+            )
+        return w.op(
+            "aten::linear",
+            [x, wt, [n] if bias else []],
+            [BF16, BF16, BF16 if bias else ""],
+            children=[trans, inner],
+            tid=tid,
+        )
 
     def ew(name, dims, kname, nbytes, scale, tid=1, kind="elementwise", types=None):
         elems = max(_n(d) for d in dims if d)
-        w.op(name, dims, types or [BF16 if d else "Scalar" for d in dims],
-             [(kname, w.time_s(_mem(kind, nbytes, elems)), [T * H // 2048, 1, 1], [512, 1, 1])], tid=tid, scale=scale)
+        w.op(
+            name,
+            dims,
+            types or [BF16 if d else "Scalar" for d in dims],
+            [(kname, w.time_s(_mem(kind, nbytes, elems)), [T * H // 2048, 1, 1], [512, 1, 1])],
+            tid=tid,
+            scale=scale,
+        )
 
     x = [1, T, H]
     act = T * H * 2
-    w.op("aten::matmul", [[8192, 8192], [8192, 8192]], [BF16, BF16],
-         children=[mm([8192, 8192], [8192, 8192], 1.0)])
-    w.op("aten::embedding", [[V, H], [1, T], [], [], []], [BF16, I64, "Scalar", "Scalar", "Scalar"],
-         [(EMB_K, w.time_s(_mem("embedding", 2 * T * H * 2 + T * 8, T * H)), [T, 1, 1], [128, 1, 1])])
+    w.op("aten::matmul", [[8192, 8192], [8192, 8192]], [BF16, BF16], children=[mm([8192, 8192], [8192, 8192], 1.0)])
+    w.op(
+        "aten::embedding",
+        [[V, H], [1, T], [], [], []],
+        [BF16, I64, "Scalar", "Scalar", "Scalar"],
+        [(EMB_K, w.time_s(_mem("embedding", 2 * T * H * 2 + T * 8, T * H)), [T, 1, 1], [128, 1, 1])],
+    )
     for layer, scale in enumerate((1.00, 1.01, 0.99)):
-        ew("aten::native_layer_norm", [x, [H], [H], [H], []], LN_K, act * 2 + 3 * H * 2, scale, kind="norm",
-           types=[BF16, "", BF16, BF16, "Scalar"])
+        ew(
+            "aten::native_layer_norm",
+            [x, [H], [H], [H], []],
+            LN_K,
+            act * 2 + 3 * H * 2,
+            scale,
+            kind="norm",
+            types=[BF16, "", BF16, BF16, "Scalar"],
+        )
         linear(x, [HQ * D + 2 * HKV * D, H], scale)
         q, kv = [1, HQ, T, D], [1, HKV, T, D]
         fa = lambda t, s=scale: w.op(
-            "aten::_flash_attention_forward", [[1, T, HQ, D], [1, T, HKV, D], [1, T, HKV, D], [], [], [], [], [], []],
+            "aten::_flash_attention_forward",
+            [[1, T, HQ, D], [1, T, HKV, D], [1, T, HKV, D], [], [], [], [], [], []],
             [BF16, BF16, BF16, "", "", "Scalar", "Scalar", "Scalar", "Scalar"],
-            [(FLASH_FWD_K, w.time_s(_flash(1, HQ, HKV, T, D)), [32, 32, 1], [128, 1, 1])], tid=t, scale=s)
-        sdpa_flash = lambda t: w.op("aten::_scaled_dot_product_flash_attention", [q, kv, kv, [], [], [], []],
-                                    [BF16, BF16, BF16, "Scalar", "Scalar", "Scalar", ""], children=[fa], tid=t)
-        w.op("aten::scaled_dot_product_attention", [q, kv, kv, [], [], [], [], []],
-             [BF16, BF16, BF16, "", "Scalar", "Scalar", "", "Scalar"], children=[sdpa_flash])
+            [(FLASH_FWD_K, w.time_s(_flash(1, HQ, HKV, T, D)), [32, 32, 1], [128, 1, 1])],
+            tid=t,
+            scale=s,
+        )
+        sdpa_flash = lambda t: w.op(
+            "aten::_scaled_dot_product_flash_attention",
+            [q, kv, kv, [], [], [], []],
+            [BF16, BF16, BF16, "Scalar", "Scalar", "Scalar", ""],
+            children=[fa],
+            tid=t,
+        )
+        w.op(
+            "aten::scaled_dot_product_attention",
+            [q, kv, kv, [], [], [], [], []],
+            [BF16, BF16, BF16, "", "Scalar", "Scalar", "", "Scalar"],
+            children=[sdpa_flash],
+        )
         linear(x, [H, HQ * D], scale)
         ew("aten::add", [x, x, []], EW_K, 3 * act, scale)
         linear(x, [2 * FFN, H], scale)
@@ -198,45 +328,106 @@ def build() -> dict:
         ew("aten::silu", [ffn], SILU_K, 2 * T * FFN * 2, scale)
         ew("aten::mul", [ffn, ffn], MUL_K, 3 * T * FFN * 2, scale)
         linear([1, T, FFN], [H, FFN], scale)
-        w.op("aten::bmm", [[HQ, 512, D], [HQ, D, 512]], [BF16, BF16],
-             gemm_kernel(512, 512, D, scale, batch=HQ), scale=scale)
+        w.op(
+            "aten::bmm",
+            [[HQ, 512, D], [HQ, D, 512]],
+            [BF16, BF16],
+            gemm_kernel(512, 512, D, scale, batch=HQ),
+            scale=scale,
+        )
         linear([1, 256, H], [H, H], scale, bias=True)
-        for (m, n, k) in ((T, 2 * FFN, H), (T, H, FFN)):
-            w.op("aten::_scaled_mm", [[m, k], [k, n], [], [], [], [], []],
-                 [F8, F8, F32, F32, "", "", "Scalar"], gemm_kernel(m, n, k, scale, ta=F8, name=FP8_K), scale=scale)
+        for m, n, k in ((T, 2 * FFN, H), (T, H, FFN)):
+            w.op(
+                "aten::_scaled_mm",
+                [[m, k], [k, n], [], [], [], [], []],
+                [F8, F8, F32, F32, "", "", "Scalar"],
+                gemm_kernel(m, n, k, scale, ta=F8, name=FP8_K),
+                scale=scale,
+            )
     # autograd thread: backward GEMMs (kernels carry only the correlation), flash backward (three kernels)
     for layer, scale in enumerate((1.00, 1.01, 0.99)):
         bwd = lambda t, s=scale: w.op(
             "aten::_flash_attention_backward",
             [[1, T, HQ, D], [1, T, HQ, D], [1, T, HKV, D], [1, T, HKV, D], [1, T, HQ, D], [1, HQ, T], [], [], [], []],
             [BF16, BF16, BF16, BF16, BF16, F32, "", "", "Scalar", "Scalar"],
-            [(k, w.time_s(_flash(1, HQ, HKV, T, D, backward=True)) * f, [32, 32, 1], [256, 1, 1])
-             for k, f in zip(FLASH_BWD_K, (0.04, 0.91, 0.05))], tid=t, scale=s)
-        w.op("aten::_scaled_dot_product_flash_attention_backward",
-             [[1, HQ, T, D], [1, HQ, T, D], [1, HKV, T, D], [1, HKV, T, D], [1, HQ, T, D], [1, HQ, T], [], [], [], [],
-              [], [], [], [], []],
-             [BF16] * 5 + [F32] + [""] * 9, children=[bwd], tid=2)
+            [
+                (k, w.time_s(_flash(1, HQ, HKV, T, D, backward=True)) * f, [32, 32, 1], [256, 1, 1])
+                for k, f in zip(FLASH_BWD_K, (0.04, 0.91, 0.05))
+            ],
+            tid=t,
+            scale=s,
+        )
+        w.op(
+            "aten::_scaled_dot_product_flash_attention_backward",
+            [
+                [1, HQ, T, D],
+                [1, HQ, T, D],
+                [1, HKV, T, D],
+                [1, HKV, T, D],
+                [1, HQ, T, D],
+                [1, HQ, T],
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
+            ],
+            [BF16] * 5 + [F32] + [""] * 9,
+            children=[bwd],
+            tid=2,
+        )
         mm([T, FFN], [FFN, H], scale, tid=2, ext_on_kernel=False)(2)  # dgrad of the down projection
         mm([FFN, T], [T, H], scale, tid=2, ext_on_kernel=False)(2)  # wgrad
         ew("aten::copy_", [[H, H], [H, H], []], COPY_K, H * H * (4 + 2), scale, tid=2, types=[F32, BF16, "Scalar"])
-    w.op("nccl:all_reduce", [[218_112_000]], [BF16],
-         [(NCCL_K, 1.9e-3, [32, 1, 1], [640, 1, 1])], tid=2)
-    w.events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "pid": 0, "tid": 7,
-                     "ts": round(w.gpu_t, 3), "dur": 2.1, "args": {"device": 0, "stream": 7, "correlation": w.corr,
-                                                                   "bytes": 4, "memory bandwidth (GB/s)": 0.0019}})
-    meta = [{"name": "process_name", "ph": "M", "ts": 0, "pid": w.pid, "tid": 0, "args": {"name": "python3"}},
-            {"name": "process_name", "ph": "M", "ts": 0, "pid": 0, "tid": 0, "args": {"name": "python3"}},
-            {"name": "process_labels", "ph": "M", "ts": 0, "pid": 0, "tid": 0, "args": {"labels": "GPU 0"}},
-            {"name": "thread_name", "ph": "M", "ts": 0, "pid": 0, "tid": 7, "args": {"name": "stream 7 "}}]
+    w.op("nccl:all_reduce", [[218_112_000]], [BF16], [(NCCL_K, 1.9e-3, [32, 1, 1], [640, 1, 1])], tid=2)
+    w.events.append(
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy DtoH (Device -> Pinned)",
+            "pid": 0,
+            "tid": 7,
+            "ts": round(w.gpu_t, 3),
+            "dur": 2.1,
+            "args": {"device": 0, "stream": 7, "correlation": w.corr, "bytes": 4, "memory bandwidth (GB/s)": 0.0019},
+        }
+    )
+    meta = [
+        {"name": "process_name", "ph": "M", "ts": 0, "pid": w.pid, "tid": 0, "args": {"name": "python3"}},
+        {"name": "process_name", "ph": "M", "ts": 0, "pid": 0, "tid": 0, "args": {"name": "python3"}},
+        {"name": "process_labels", "ph": "M", "ts": 0, "pid": 0, "tid": 0, "args": {"labels": "GPU 0"}},
+        {"name": "thread_name", "ph": "M", "ts": 0, "pid": 0, "tid": 7, "args": {"name": "stream 7 "}},
+    ]
     return {
         "schemaVersion": 1,
-        "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85045870592,
-                              "computeMajor": 9, "computeMinor": 0, "maxThreadsPerBlock": 1024,
-                              "maxThreadsPerMultiprocessor": 2048, "regsPerBlock": 65536,
-                              "warpSize": 32, "sharedMemPerBlock": 49152, "numSms": 132,
-                              "sharedMemPerMultiprocessor": 233472}],
-        "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 8, "pg_count": 1, "pg_config": [],
-                            "nccl_version": "2.21.5"},
+        "deviceProperties": [
+            {
+                "id": 0,
+                "name": "NVIDIA H100 80GB HBM3",
+                "totalGlobalMem": 85045870592,
+                "computeMajor": 9,
+                "computeMinor": 0,
+                "maxThreadsPerBlock": 1024,
+                "maxThreadsPerMultiprocessor": 2048,
+                "regsPerBlock": 65536,
+                "warpSize": 32,
+                "sharedMemPerBlock": 49152,
+                "numSms": 132,
+                "sharedMemPerMultiprocessor": 233472,
+            }
+        ],
+        "distributedInfo": {
+            "backend": "nccl",
+            "rank": 0,
+            "world_size": 8,
+            "pg_count": 1,
+            "pg_config": [],
+            "nccl_version": "2.21.5",
+        },
         "record_shapes": 1,
         "with_stack": 0,
         "traceEvents": meta + w.events,
@@ -260,7 +451,6 @@ def render() -> str:
     head = json.dumps(doc, indent=1)[:-2]
     body = ",\n".join("  " + json.dumps(e) for e in events)
     return f'{head},\n "traceEvents": [\n{body}\n ]\n}}\n'
-
 
 
 def main(argv=None) -> int:

@@ -30,8 +30,7 @@ LOGS = (
 def true_calibration():
     from simulator.netcal import default_calibration
 
-    return default_calibration("hopper").with_overrides(efficiency=TRUE_EFFICIENCY,
-                                                        message_overhead_s=TRUE_OVERHEAD_S)
+    return default_calibration("hopper").with_overrides(efficiency=TRUE_EFFICIENCY, message_overhead_s=TRUE_OVERHEAD_S)
 
 
 def render(op: str, devices: int, hosts, tagged: bool, lo: int, hi: int) -> str:
@@ -44,16 +43,25 @@ def render(op: str, devices: int, hosts, tagged: bool, lo: int, hi: int) -> str:
     per_host = devices // len(hosts)
     pids = [211873 + 7 * i for i in range(devices)]
     bus = ["0x18", "0x2a", "0x3a", "0x5d", "0x9a", "0xab", "0xba", "0xdb"]
-    out = [f"$ mpirun -np {devices} --map-by ppr:{per_host}:node ./build/{BINARY_OF_OP[op]} -b {lo} -e {hi} -f 4 -g 1",
-           f"# nThread 1 nGpus 1 minBytes {lo} maxBytes {hi} step: 4(factor) warmup iters: 5 iters: 20 agg iters: 1 "
-           "validation: 1 graph: 0", "#", "# Using devices"]
+    out = [
+        f"$ mpirun -np {devices} --map-by ppr:{per_host}:node ./build/{BINARY_OF_OP[op]} -b {lo} -e {hi} -f 4 -g 1",
+        f"# nThread 1 nGpus 1 minBytes {lo} maxBytes {hi} step: 4(factor) warmup iters: 5 iters: 20 agg iters: 1 "
+        "validation: 1 graph: 0",
+        "#",
+        "# Using devices",
+    ]
     for r in range(devices):
-        out.append(f"#  Rank {r:2d} Group  0 Pid {pids[r]:6d} on {hosts[r // per_host]:>10s} device {r % per_host:2d} "
-                   f"[{bus[r % per_host]}] NVIDIA H100 80GB HBM3")
+        out.append(
+            f"#  Rank {r:2d} Group  0 Pid {pids[r]:6d} on {hosts[r // per_host]:>10s} device {r % per_host:2d} "
+            f"[{bus[r % per_host]}] NVIDIA H100 80GB HBM3"
+        )
     out.append("NCCL version 2.21.5+cuda12.4")
-    out += ["#", "#                                                              out-of-place                       in-place          ",
-            "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
-            "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       "]
+    out += [
+        "#",
+        "#                                                              out-of-place                       in-place          ",
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       ",
+    ]
     per_rank = op in ("all-gather", "reduce-scatter", "all-to-all")
     redop = "sum" if op in ("all-reduce", "reduce-scatter") else "none"
     for i, r in enumerate(rows):
@@ -67,10 +75,14 @@ def render(op: str, devices: int, hosts, tagged: bool, lo: int, hi: int) -> str:
             tt = float(_fmt_time(t))  # algbw from the printed time, as nccl-tests computes it from its own
             alg = size / (tt * 1e-6) / 1e9
             cells.append(f"{_fmt_time(t)} {alg:7.2f} {alg * factor:7.2f} {0:6d}")
-        out.append(f"{size:12d}  {size // 4 // (devices if per_rank else 1):12d}     float  {redop:>6s}      -1"
-                   f"  {cells[0]}  {cells[1]}")
+        out.append(
+            f"{size:12d}  {size // 4 // (devices if per_rank else 1):12d}     float  {redop:>6s}      -1"
+            f"  {cells[0]}  {cells[1]}"
+        )
         if tagged and i == 2:
-            out.append(f"{hosts[0]}:{pids[0]}:{pids[0] + 91} [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0")
+            out.append(
+                f"{hosts[0]}:{pids[0]}:{pids[0] + 91} [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0"
+            )
     out.append("# Out of bounds values : 0 OK")
     busbws = [float(line.split()[7]) for line in out if line[:1] == " " or line[:1].isdigit()]
     out.append(f"# Avg bus bandwidth    : {sum(busbws) / len(busbws):.3f} ")
