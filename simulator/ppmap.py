@@ -72,6 +72,17 @@ from workloads import memory
 
 MAP_KEYS = ("name", "devices", "models", "training", "grid", "systems", "search", "simulate", "marks")
 SCREEN_FILE, MAP_CSV, CANDIDATES_CSV, STATUS_JSON = "screen.jsonl", "map.csv", "candidates.csv", "status.json"
+#: Summary figures each simulated candidate keeps (candidates.csv columns).
+SIM_KEYS = (
+    "step_time_s",
+    "mfu",
+    "peak_memory_bytes",
+    "hbm_bytes",
+    "bubble_fraction",
+    "exposed_comm_fraction",
+    "sim_wall_s",
+    "micro_batches",
+)
 RATIO_CONTOUR = 1.10  # "PP pays": the best layout without PP is at least 10 % slower
 TRAINING_DEFAULTS = {
     "seq_len": 4096,
@@ -499,16 +510,7 @@ def assemble(spec_or_path, out: Union[str, Path]) -> tuple[pd.DataFrame, pd.Data
                 "est_step_time_s": est_of.get(lab, {}).get("est_step_time_s"),
                 "est_memory_bytes": est_of.get(lab, {}).get("est_memory_bytes"),
             }
-            for k in (
-                "step_time_s",
-                "mfu",
-                "peak_memory_bytes",
-                "hbm_bytes",
-                "bubble_fraction",
-                "exposed_comm_fraction",
-                "sim_wall_s",
-                "micro_batches",
-            ):
+            for k in SIM_KEYS:
                 rec[k] = s.get(k)
             for k, v in (s.get("exposed_comm_by_axis_s") or {}).items():
                 rec[f"exposed_{k}_s"] = v
@@ -573,14 +575,7 @@ def assemble(spec_or_path, out: Union[str, Path]) -> tuple[pd.DataFrame, pd.Data
             "error",
             "est_step_time_s",
             "est_memory_bytes",
-            "step_time_s",
-            "mfu",
-            "peak_memory_bytes",
-            "hbm_bytes",
-            "bubble_fraction",
-            "exposed_comm_fraction",
-            "sim_wall_s",
-            "micro_batches",
+            *SIM_KEYS,
         ],
     )
     if out.exists():
