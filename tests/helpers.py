@@ -92,3 +92,16 @@ def ideal_scenario(devices: int, **over) -> dict:
         else:
             s[k] = v
     return s
+
+
+#: A small MoE whose layouts the search and ppmap tests enumerate exhaustively.
+SEARCH_MOE = {
+    "name": "tmoe",
+    "layers": 4,
+    "hidden": 512,
+    "heads": 8,
+    "kv_heads": 4,
+    "ffn_hidden": 2048,
+    "vocab": 64,
+    "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256, "shared_experts": 1, "dense_layers": 1},
+}

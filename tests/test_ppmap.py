@@ -6,17 +6,7 @@ import pytest
 from simulator import cli
 from simulator.ppmap import assemble, choose, dp_traffic_s, load_map, plot_map, run_map, screen, points
 from simulator.schema import ScenarioError, load_scenario
-
-TINY_MOE = {
-    "name": "tmoe",
-    "layers": 4,
-    "hidden": 512,
-    "heads": 8,
-    "kv_heads": 4,
-    "ffn_hidden": 2048,
-    "vocab": 64,
-    "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256, "shared_experts": 1, "dense_layers": 1},
-}
+from helpers import SEARCH_MOE as TINY_MOE
 
 
 def tiny_map(**over):

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from helpers import SEARCH_MOE as TINY_MOE
 from helpers import scenario
 from simulator import load_scenario, simulate
 from simulator.schema import ScenarioError
@@ -22,17 +23,6 @@ from simulator.search import (
     label,
     search,
 )
-
-TINY_MOE = {
-    "name": "tmoe",
-    "layers": 4,
-    "hidden": 512,
-    "heads": 8,
-    "kv_heads": 4,
-    "ffn_hidden": 2048,
-    "vocab": 64,
-    "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256, "shared_experts": 1, "dense_layers": 1},
-}
 
 
 def _tiny(hbm_bytes=None):
