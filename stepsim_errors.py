@@ -7,13 +7,13 @@ errors share one base without the packages importing each other. The tree::
     StepsimError                      stepsim_errors (here)
     ├── TopologyError                 topologies.errors (UnknownPresetError: also a KeyError)
     ├── WorkloadError                 workloads.errors (LayoutError, ScheduleError, TraceError)
-    ├── ScenarioError                 simulator.schema (the scenario file and what it resolves to)
+    ├── ScenarioError                 simulator.scenario.schema (the scenario file and what it resolves to)
     ├── InputFileError                simulator.fileio (a file that cannot be read as what it should be)
     ├── NetworkError                  simulator.errors (CollectiveError, CalibrationError, BenchError)
     ├── ReportError                   simulator.errors (PlotError: a report or plot that cannot be drawn)
     ├── StudyError                    simulator.errors (ValidationError, WorkerVersionError,
     │                                   CalibrationInputError, KinetoTraceError, NcclTestsError)
-    └── CliError                      simulator.cli_common (flags the command line checks itself)
+    └── CliError                      simulator.cli.common (flags the command line checks itself)
 
 The command line turns a :class:`StepsimError` (and an ``OSError``) into exit 2 with its
 one-line message; anything else is an internal error (exit 1).

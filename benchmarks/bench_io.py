@@ -15,7 +15,7 @@ says more about the neighbours than about stepsim), best of ``--repeat``:
   of ``Result.write`` on its own: the events, memory and idle tables, the CSV and
   Parquet files, the Chrome trace, the two figures.
 
-The script uses public names (and ``simulator.export``'s writers, which exist since
+The script uses public names (and ``simulator.results.export``'s writers, which exist since
 the speed-up of issue 17); run it with ``PYTHONPATH=/path/to/checkout`` to time another
 checkout (the first line names the package imported).
 """
@@ -79,7 +79,7 @@ def in_process(scenario: str, repeat: int) -> dict[str, float]:
     res = simulate(scenario)
     out["simulate() cpu"] = time.process_time() - t
     out["simulate() sim_wall_s"] = res.summary["sim_wall_s"]
-    from simulator import export
+    from simulator.results import export
 
     new_api = hasattr(export, "write_csv")
     with tempfile.TemporaryDirectory() as d:
@@ -87,7 +87,7 @@ def in_process(scenario: str, repeat: int) -> dict[str, float]:
 
         # tables: built once per Result (the first use pays)
         if new_api:
-            from simulator.result import event_columns
+            from simulator.results.result import event_columns
 
             out["events table"] = _best(lambda: _timed(lambda: event_columns(res.raw, res.scenario.layout)), repeat)
             events, memory, idle = res.table("events"), res.table("memory"), res.table("idle")
@@ -99,8 +99,8 @@ def in_process(scenario: str, repeat: int) -> dict[str, float]:
             out["memory.csv"] = _best(lambda: _timed(lambda: export.write_csv(memory, d / "memory.csv")), repeat)
             out["idle.csv"] = _best(lambda: _timed(lambda: export.write_csv(idle, d / "idle.csv")), repeat)
         else:
-            from simulator.parquet_io import write_parquet
-            from simulator.result import events_frame
+            from simulator.results.parquet import write_parquet
+            from simulator.results.result import events_frame
 
             out["events table"] = _best(lambda: _timed(lambda: events_frame(res.raw, res.scenario.layout)), repeat)
             out["idle table"] = _best(lambda: _timed(lambda: res.idle), repeat)
@@ -110,7 +110,7 @@ def in_process(scenario: str, repeat: int) -> dict[str, float]:
             )
             out["memory.csv"] = _best(lambda: _timed(lambda: res.memory.to_csv(d / "memory.csv", index=False)), repeat)
             out["idle.csv"] = _best(lambda: _timed(lambda: res.idle.to_csv(d / "idle.csv", index=False)), repeat)
-        from simulator import export as ex
+        from simulator.results import export as ex
 
         out["trace.json"] = _best(lambda: _timed(lambda: ex.write_chrome_trace(res, d / "trace.json")), repeat)
         out["trace.json.gz"] = _best(lambda: _timed(lambda: ex.write_chrome_trace(res, d / "trace.json.gz")), repeat)

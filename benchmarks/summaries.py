@@ -34,14 +34,14 @@ def _scenarios() -> list[tuple[str, object]]:
 
 
 def _cases() -> list[tuple[str, object]]:
-    from simulator.validate import discover
+    from simulator.studies.validate import discover
 
     return [(f"case:{c.name}", c) for c in discover()]
 
 
 def _summary(item) -> dict:
     from simulator import simulate
-    from simulator.schema import load_scenario
+    from simulator.scenario.schema import load_scenario
 
     if isinstance(item, Path):
         sc = load_scenario(item)

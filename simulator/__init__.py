@@ -19,8 +19,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from simulator._version import __version__
-from simulator.result import Result
+from simulator.version import __version__
+from simulator.results.result import Result
 from simulator.simulate import simulate
 
 __all__ = ["simulate", "load_scenario", "Scenario", "ScenarioError", "Result", "__version__"]
@@ -29,13 +29,13 @@ __all__ = ["simulate", "load_scenario", "Scenario", "ScenarioError", "Result", "
 _SCHEMA_NAMES = ("load_scenario", "Scenario", "ScenarioError")
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from simulator.schema import Scenario, ScenarioError, load_scenario
+    from simulator.scenario.schema import Scenario, ScenarioError, load_scenario
 
 
 def __getattr__(name: str):
     if name not in _SCHEMA_NAMES:
         raise AttributeError(f"module 'simulator' has no attribute {name!r}")
-    value = getattr(importlib.import_module("simulator.schema"), name)
+    value = getattr(importlib.import_module("simulator.scenario.schema"), name)
     globals()[name] = value  # later look-ups skip this function
     return value
 

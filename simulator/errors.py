@@ -5,9 +5,9 @@ whichever package raised it (the tree is in :mod:`stepsim_errors`). This module 
 the bases of the simulator's layers that several modules raise — the network model
 (:class:`NetworkError`), results and reports (:class:`ReportError`) and the studies
 (:class:`StudyError`) — so that a module can raise them without importing another's
-code; the scenario's (``simulator.schema.ScenarioError``) and the input files'
+code; the scenario's (``simulator.scenario.schema.ScenarioError``) and the input files'
 (``simulator.fileio.InputFileError``) live beside the code that raises them. Each
-class is also importable from its old module (``simulator.network.NetworkError``...).
+class is also importable from its old module (``simulator.network.flows.NetworkError``...).
 """
 
 from __future__ import annotations

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Mapping, Optional, Union
 
 import numpy as np
 
-from simulator._version import __version__
-from simulator.result import PER_STAGE_COLUMNS, SCHEMA_VERSION, Columns, Result, memory_columns
-from workloads.ops import MEMORY_CATEGORIES
+from simulator.version import __version__
+from simulator.results.result import PER_STAGE_COLUMNS, SCHEMA_VERSION, Columns, Result, memory_columns
+from workloads.trace.ops import MEMORY_CATEGORIES
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
-    from simulator.schema import Scenario
+    from simulator.scenario.schema import Scenario
     from topologies.topology import Topology
 
 
@@ -39,15 +39,15 @@ def simulate(
     mapping in that format. ``exact=True`` simulates every device and every
     transfer instead of one representative rank per pipeline stage (slow; used to
     check the fast path). ``topology`` replaces the cluster's network graph (for
-    a topology loaded from a file). ``trace`` (a :class:`~workloads.ops.Trace`,
-    e.g. from :func:`workloads.trace_io.read_trace`) replaces the trace the
+    a topology loaded from a file). ``trace`` (a :class:`~workloads.trace.ops.Trace`,
+    e.g. from :func:`workloads.trace.io.read_trace`) replaces the trace the
     scenario would generate: edit a written trace and simulate it again.
     ``progress``: a progress bar on stderr (``None``: only when it is a terminal).
     ``twin_quotient=False`` injects every twin of a representative rank's collectives and
     sends instead of their symmetry quotient (the same answer, slower; tests compare the two).
     ``chain_ops=False`` gives every op its own simpy event and ``private_phases=False``
     sends every communication op through the flow network (see
-    :class:`simulator.engine.Engine`): the same answer to the bit, slower.
+    :class:`simulator.engine.loop.Engine`): the same answer to the bit, slower.
 
     Raises :class:`ScenarioError` (a ``ValueError``) naming the offending field.
     """
@@ -69,12 +69,12 @@ def simulate(
 
 def _simulate(scenario, exact, topology, trace, progress, engine_options: Optional[Mapping] = None) -> Result:
     t0 = time.perf_counter()
-    from simulator.compute import calibration_for
-    from simulator.engine import Engine
+    from simulator.engine.compute import calibration_for
+    from simulator.engine.loop import Engine
     from simulator.errors import StepsimError
-    from simulator.schema import Scenario, ScenarioError, check_size, load_scenario
+    from simulator.scenario.schema import Scenario, ScenarioError, check_size, load_scenario
     from topologies.presets import build_cluster
-    from workloads.trace import build_trace
+    from workloads.trace.builder import build_trace
 
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     try:
@@ -87,7 +87,7 @@ def _simulate(scenario, exact, topology, trace, progress, engine_options: Option
                 check_size(sc.model, sc.layout, sc.training, sc.schedule, ranks=len(ranks))
             trace = build_trace(workload, ranks=ranks)
         else:
-            from workloads.trace_io import check_trace_for
+            from workloads.trace.io import check_trace_for
 
             check_trace_for(trace, sc)  # built for this scenario (ranks, fingerprint, model FLOPs)
     except ScenarioError:
@@ -137,7 +137,7 @@ def _needs_exact(sc: Scenario) -> bool:
 
 
 def _perturb_links(topo: Topology, sc: Scenario) -> Topology:
-    from simulator.schema import ScenarioError
+    from simulator.scenario.schema import ScenarioError
     from topologies.errors import TopologyError
 
     for i, p in enumerate(sc.perturbations):
@@ -180,7 +180,7 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns) -> tuple[dict, Columns]:
     # hot rank makes the others wait.
     hw_flops = sum(trace.weight[r] * (f - trace.unexecuted_flops.get(r, 0.0)) for r, f in raw.matmul_flops.items())
     denom = devices * peak_bf16 * step if step > 0 else float("nan")
-    # Where each device's step goes (simulator.accounting): compute + exposed communication
+    # Where each device's step goes (simulator.engine.accounting): compute + exposed communication
     # + offload wait + bubble = step on every rank; means weigh each simulated rank by the
     # devices it stands for, maxima are over devices.
     acc = raw.account
@@ -244,7 +244,7 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns) -> tuple[dict, Columns]:
         "exposed_comm_time_per_stage_s": [float(x) for x in per_stage["exposed_comm_s"]],
         "comm_time_by_axis_s": {a: mean(x) for a, x in busy_cols.items()},
         "exposed_comm_by_axis_s": {a: mean(x) for a, x in exp_cols.items()},
-        # --- idle-time accounting: mean and max over devices (simulator.accounting) ---
+        # --- idle-time accounting: mean and max over devices (simulator.engine.accounting) ---
         "compute_time_s_mean": mean(acc.compute_s),
         "compute_time_s_max": top(acc.compute_s),
         "bubble_s_mean": bubble,

@@ -1,4 +1,4 @@
-"""Idle-time accounting (simulator.accounting): compute + exposed communication +
+"""Idle-time accounting (simulator.engine.accounting): compute + exposed communication +
 offload wait + bubble = step on every device, each axis's exposed time within its
 busy time, and hand-computed figures on tiny timelines."""
 
@@ -9,12 +9,12 @@ import pytest
 
 from helpers import ideal_scenario, scenario
 from simulator import simulate
-from simulator.accounting import account
-from simulator.engine import OpRecord
+from simulator.engine.accounting import account
+from simulator.engine.loop import OpRecord
 from test_moe import moe_scenario
 from workloads import counts
-from workloads.ops import Op
-from workloads.trace import GRAD_REDUCE_BYTES, HOST_UPDATE_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM, PARAM_BYTES
+from workloads.trace.ops import Op
+from workloads.trace.builder import GRAD_REDUCE_BYTES, HOST_UPDATE_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM, PARAM_BYTES
 
 _ids = iter(range(10**9))
 
@@ -200,7 +200,7 @@ def test_optimizer_offload_with_one_stage_is_offload_wait_not_bubble(dp):
     assert s["offload_wait_fraction"] == pytest.approx(expected / s["step_time_s"], rel=1e-9)
     assert s["comm_time_by_axis_s"]["offload"] == pytest.approx(expected, rel=1e-9)
     # drawn: the Chrome trace's "offload wait" spans carry exactly that time
-    from simulator.export import chrome_trace
+    from simulator.results.export import chrome_trace
 
     drawn_us = sum(
         e["dur"] for e in chrome_trace(res)["traceEvents"] if e.get("cat") == "idle" and e["name"] == "offload wait"
@@ -243,7 +243,7 @@ def test_1f1b_bubble_is_the_closed_form_on_every_stage():
 def test_no_axis_is_exposed_longer_than_it_is_busy_on_the_schedules_scenario(schedule):
     """Issue 13 item 12: on schedules-llama3-8b-16xh100 the old accounting reported
     0.064 s of exposed TP against 0.050 s of TP busy time."""
-    from simulator.schema import builtin_scenarios, read_mapping
+    from simulator.scenario.schema import builtin_scenarios, read_mapping
 
     sc = read_mapping(builtin_scenarios()["schedules-llama3-8b-16xh100"])
     sc["schedule"] = schedule

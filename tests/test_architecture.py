@@ -5,14 +5,15 @@ the source: every ``import`` and ``from ... import`` of every module, read with 
 * Layers: each module belongs to the layer of the longest prefix in :data:`LAYERS` and
   may import only the layers :data:`MAY_IMPORT` lists for it — the base (errors, file
   readers) imports nothing of stepsim; ``topologies`` and ``workloads`` import the base
-  only (never ``simulator``, never each other); the simulator imports all three; only the
-  command line imports the command line.
+  only (never ``simulator``, never each other); each layer of the simulator imports the
+  layers below it; only the command line imports the command line.
 * No ``_private`` name (or module) is imported from another package.
 * The command-line modules import each other without a cycle.
 
-When ``simulator/`` is split into layered sub-packages (``simulator/scenario``,
-``engine``, ``network``, ``results``, ``studies``, ``cli``), edit :data:`LAYERS` and
-:data:`MAY_IMPORT` only: the rules and the scan stay as they are.
+The simulator's sub-packages are layers of their own (network, scenario, engine, results,
+the one-step facade, studies, interop, cli), each importing only those below it; a new
+sub-package gets a line in :data:`LAYERS` and a place in ``_ORDER``: the rules and the
+scan stay as they are.
 """
 
 from __future__ import annotations
@@ -26,29 +27,57 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("simulator", "topologies", "workloads")
 TOP_MODULES = ("stepsim_errors",)
 
-#: Dotted module prefix -> layer; the longest matching prefix wins.
+#: Dotted module prefix -> layer; the longest matching prefix wins. The simulator's layers,
+#: bottom up: the network model, the scenario (which validates against the network's
+#: algorithms and calibration), the engine, the results, the one-step facade
+#: (``simulator.simulate``), the studies, the readers of other tools' files, the command line.
 LAYERS: dict[str, str] = {
     "stepsim_errors": "base",
-    # The capped, safe file readers. In simulator/ for now, but below the packages: topologies
+    # The capped, safe file readers. In simulator/, but below the packages: topologies
     # and workloads import it (inside functions: importing simulator/ loads the simulator).
     "simulator.fileio": "base",
+    "simulator.errors": "base",
+    "simulator.version": "base",
     "topologies": "topologies",
     "workloads": "workloads",
-    "simulator": "simulator",
+    "simulator.network": "network",
+    "simulator.scenario": "scenario",
+    "simulator.engine": "engine",
+    "simulator.results": "results",
+    "simulator.simulate": "facade",
+    # the package itself: ``from simulator import simulate, Result, load_scenario``
+    "simulator": "facade",
+    "simulator.studies": "studies",
+    "simulator.interop": "interop",
     "simulator.cli": "cli",
-    "simulator.cli_common": "cli",
-    "simulator.cli_sweep": "cli",
-    "simulator.cli_validate": "cli",
-    "simulator.cli_ppmap": "cli",
 }
+
+_ORDER = (
+    "base",
+    "topologies",
+    "workloads",
+    "network",
+    "scenario",
+    "engine",
+    "results",
+    "facade",
+    "studies",
+    "interop",
+    "cli",
+)
+
+
+def _below(layer: str) -> frozenset[str]:
+    """A simulator layer imports every layer below it and itself."""
+    return frozenset(_ORDER[: _ORDER.index(layer) + 1])
+
 
 #: Layer -> the layers its modules may import (itself included where it may).
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "base": frozenset({"base"}),
     "topologies": frozenset({"base", "topologies"}),
     "workloads": frozenset({"base", "workloads"}),
-    "simulator": frozenset({"base", "topologies", "workloads", "simulator"}),
-    "cli": frozenset({"base", "topologies", "workloads", "simulator", "cli"}),
+    **{layer: _below(layer) for layer in _ORDER[3:]},
 }
 
 Edge = tuple[str, str, Optional[str], int]  # (importer, imported module, name or None, line)
@@ -180,29 +209,35 @@ def test_the_rules_catch_what_they_forbid():
     """Each rule fails on a made-up import that breaks it."""
     fake = {
         "simulator": Path("simulator/__init__.py"),
-        "simulator.cli": Path("simulator/cli.py"),
-        "simulator.cli_sweep": Path("simulator/cli_sweep.py"),
-        "simulator.schema": Path("simulator/schema.py"),
-        "workloads.trace": Path("workloads/trace.py"),
+        "simulator.cli.app": Path("simulator/cli/app.py"),
+        "simulator.cli.sweep": Path("simulator/cli/sweep.py"),
+        "simulator.scenario.schema": Path("simulator/scenario/schema.py"),
+        "workloads.trace.builder": Path("workloads/trace/builder.py"),
         "topologies.io": Path("topologies/io.py"),
     }
-    assert layer_violations([("workloads.trace", "simulator.schema", "ScenarioError", 1)])
-    assert layer_violations([("topologies.io", "workloads.trace", None, 1)])
-    assert layer_violations([("simulator.schema", "simulator.cli", "CliError", 1)])
+    assert layer_violations([("workloads.trace.builder", "simulator.scenario.schema", "ScenarioError", 1)])
+    assert layer_violations([("topologies.io", "workloads.trace.builder", None, 1)])
+    assert layer_violations([("simulator.scenario.schema", "simulator.cli.app", "CliError", 1)])
     assert not layer_violations(
         [
-            ("simulator.cli", "simulator.schema", "load_scenario", 1),
-            ("workloads.trace", "stepsim_errors", "StepsimError", 1),
+            ("simulator.cli.app", "simulator.scenario.schema", "load_scenario", 1),
+            ("workloads.trace.builder", "stepsim_errors", "StepsimError", 1),
             ("topologies.io", "simulator.fileio", "read_text", 1),
         ]
     )
-    assert private_violations([("simulator.schema", "workloads.trace", "_helper", 1)], fake)
-    assert not private_violations([("simulator.cli", "simulator.schema", "_resolve_cluster", 1)], fake)
+    assert private_violations([("simulator.scenario.schema", "workloads.trace.builder", "_helper", 1)], fake)
+    assert not private_violations([("simulator.cli.app", "simulator.scenario.schema", "resolve_cluster", 1)], fake)
+    assert private_violations([("simulator.cli.app", "simulator.scenario.schema", "_resolve", 1)], fake)
+    assert not private_violations([("simulator.scenario.schema", "simulator.scenario.schema", "_resolve", 1)], fake)
     assert cycles(
-        [("simulator.cli", "simulator.cli_sweep", None, 1), ("simulator.cli_sweep", "simulator.cli", None, 2)],
-        {"simulator.cli", "simulator.cli_sweep"},
-    ) == [["simulator.cli", "simulator.cli_sweep", "simulator.cli"]]
-    assert layer_of("simulator.cli_sweep") == "cli" and layer_of("simulator.sweep") == "simulator"
+        [("simulator.cli.app", "simulator.cli.sweep", None, 1), ("simulator.cli.sweep", "simulator.cli.app", None, 2)],
+        {"simulator.cli.app", "simulator.cli.sweep"},
+    ) == [["simulator.cli.app", "simulator.cli.sweep", "simulator.cli.app"]]
+    assert layer_of("simulator.cli.sweep") == "cli" and layer_of("simulator.studies.sweep") == "studies"
+    # the simulator's layers import downwards only: the engine never reaches the studies
+    assert layer_violations([("simulator.engine.loop", "simulator.studies.sweep", "run_sweep", 1)])
+    assert layer_violations([("simulator.network.flows", "simulator.engine.loop", "Engine", 1)])
+    assert not layer_violations([("simulator.studies.sweep", "simulator.engine.loop", "Engine", 1)])
 
 
 def test_the_slow_marker_is_registered(pytestconfig):

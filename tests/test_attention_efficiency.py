@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.compute import DEFAULT_COMPUTE_CALIBRATION, kernel_time_s
+from simulator.engine.compute import DEFAULT_COMPUTE_CALIBRATION, kernel_time_s
 from topologies.chips import get_chip
 from workloads.counts import backward_kernels, layer_kernels
 from workloads.presets import get_model
@@ -99,8 +99,8 @@ def test_executed_flops_survive_context_parallel_split_and_trace_files(tmp_path)
     trace keeps the executed FLOPs."""
     from helpers import scenario
     from simulator import load_scenario
-    from workloads.trace import build_trace
-    from workloads.trace_io import read_trace, write_trace
+    from workloads.trace.builder import build_trace
+    from workloads.trace.io import read_trace, write_trace
 
     sc = load_scenario(scenario(parallel={"tp": 1, "cp": 2, "pp": 1, "dp": 4}))
     trace = build_trace(sc.workload())

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import yaml
 
-from simulator import calibrate as c
-from simulator.bench import collective_time_s
-from simulator.cli_validate import main as cli_main
-from simulator.compute import DEFAULT_COMPUTE_CALIBRATION, kernel_time_s
-from simulator.netcal import default_calibration
-from simulator.schema import load_scenario
+from simulator.studies import calibrate as c
+from simulator.studies.bench import collective_time_s
+from simulator.cli.validate import main as cli_main
+from simulator.engine.compute import DEFAULT_COMPUTE_CALIBRATION, kernel_time_s
+from simulator.network.calibration import default_calibration
+from simulator.scenario.schema import load_scenario
 from topologies.chips import get_chip
 from topologies.presets import build_cluster, cluster_preset
 from workloads.counts import Kernel
@@ -151,8 +151,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from simulator import kineto_io, nccl_tests_io
-from simulator.cli import main as stepsim
+from simulator.interop import kineto as kineto_io, nccl_tests as nccl_tests_io
+from simulator.cli.app import main as stepsim
 
 DATA = Path(__file__).parent / "data"
 KINETO = DATA / "kineto" / "h100_llama_layer.json"

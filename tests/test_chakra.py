@@ -17,11 +17,11 @@ from chakra.src.third_party.utils import protolib  # noqa: E402
 
 from helpers import ideal_scenario, scenario  # noqa: E402
 from simulator import simulate  # noqa: E402
-from simulator.cli import main  # noqa: E402
-from simulator.schema import load_scenario  # noqa: E402
-from workloads.ops import TraceError  # noqa: E402
-from workloads.trace import build_trace  # noqa: E402
-from workloads.trace_io import read_trace, write_trace  # noqa: E402
+from simulator.cli.app import main  # noqa: E402
+from simulator.scenario.schema import load_scenario  # noqa: E402
+from workloads.trace.ops import TraceError  # noqa: E402
+from workloads.trace.builder import build_trace  # noqa: E402
+from workloads.trace.io import read_trace, write_trace  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "chakra"
 MOE = {

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from helpers import scenario
-from simulator.cli import main
+from simulator.cli.app import main
 
 
 def _write(tmp_path, data, name="s.yaml"):
@@ -34,7 +34,7 @@ def test_run_writes_every_output(tmp_path, capsys):
     assert summary["schema_version"] == 1 and summary["devices"] == 8
     # The version that wrote the outputs: in summary.json and in events.parquet's key-value metadata.
     import simulator
-    from simulator.parquet_io import read_metadata
+    from simulator.results.parquet import read_metadata
 
     assert summary["stepsim_version"] == simulator.__version__
     assert read_metadata(out / "events.parquet") == {"stepsim_version": simulator.__version__}
@@ -165,7 +165,7 @@ def test_console_script_entry_point(tmp_path):
 
 
 def test_resolved_scenario_round_trips(tmp_path):
-    from simulator.schema import load_scenario, scenario_to_dict
+    from simulator.scenario.schema import load_scenario, scenario_to_dict
 
     sc = scenario(
         parallel={"tp": 2, "pp": 2, "dp": 2},
@@ -200,9 +200,9 @@ def test_docs_name_every_builtin_scenario_and_table_column():
     # README's list of built-in scenarios and docs/formats.md's column tables must not go stale.
     from pathlib import Path
 
-    from simulator.result import EVENT_COLUMNS
-    from simulator.schema import builtin_scenarios
-    from workloads.ops import MEMORY_CATEGORIES, STREAMS
+    from simulator.results.result import EVENT_COLUMNS
+    from simulator.scenario.schema import builtin_scenarios
+    from workloads.trace.ops import MEMORY_CATEGORIES, STREAMS
 
     root = Path(__file__).resolve().parent.parent
     readme = root.joinpath("README.md").read_text()

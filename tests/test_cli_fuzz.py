@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import scenario
-from simulator.cli import main
+from simulator.cli.app import main
 
 BASE = scenario(
     cluster={"preset": "dgx-h100", "devices": 8},

@@ -6,8 +6,8 @@ import time
 import pytest
 import simpy
 
-from simulator.bench import BenchError, collective_sweep, format_table, parse_size, plot_busbw, size_range
-from simulator.collectives import (
+from simulator.studies.bench import BenchError, collective_sweep, format_table, parse_size, plot_busbw, size_range
+from simulator.network.collectives import (
     ALGORITHMS,
     OPS,
     CollectiveError,
@@ -18,8 +18,8 @@ from simulator.collectives import (
     plan_collective,
     run_collective,
 )
-from simulator.netcal import default_calibration
-from simulator.network import FlowNetwork, Transfer
+from simulator.network.calibration import default_calibration
+from simulator.network.flows import FlowNetwork, Transfer
 from topologies.builders import switched, torus
 from topologies.networks import IB_NIC_LATENCY_S, NVLINK_LATENCY_S, SwitchedNetwork
 from topologies.presets import build_cluster, cluster_preset
@@ -369,7 +369,7 @@ def test_node_limited_a2a_costs_the_slower_hop_not_the_sum(m, frac, bound):
 def test_node_limited_a2a_estimate_matches_simulation(devices, frac):
     """estimate.NetModel's closed form for the pipelined two-hop all-to-all (max of the IB
     and NVLink legs) against the simulated plan on dgx-h100 with its calibration."""
-    from simulator.estimate import NetModel
+    from simulator.studies.estimate import NetModel
 
     spec = cluster_preset("dgx-h100", devices)
     topo = build_cluster(spec)
@@ -629,7 +629,7 @@ def test_large_collectives_are_fast(capsys):
 def test_domains_keep_first_appearance_order_small_and_large():
     import random
 
-    from simulator.collectives import _FEW_MEMBERS, _domains
+    from simulator.network.collectives import _FEW_MEMBERS, _domains
     from topologies import Topology
 
     topo = Topology(switched(2048, SwitchedNetwork(8, 450e9, 50e9, domains_per_leaf=4)))

@@ -426,7 +426,7 @@ def test_unfused_attention_forward_time_matches_korthikanti_table4():
     # softmax, dropout and PV in the backward pass -- adds 1.3 ms (13.2 vs 11.9 ms; the
     # paper: "The overhead of selective recomputation is 1.3ms"). The simulator's unfused
     # attention forward (attn_core + attn_scores) with the Ampere calibration: 1.24 ms.
-    from simulator.compute import calibration_for, kernel_time_s
+    from simulator.engine.compute import calibration_for, kernel_time_s
     from topologies.chips import get_chip
 
     chip = get_chip("a100")

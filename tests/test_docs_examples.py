@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from simulator.fileio import load_yaml
-from simulator.schema import load_scenario
-from simulator.sweep import expand, load_sweep
+from simulator.scenario.schema import load_scenario
+from simulator.studies.sweep import expand, load_sweep
 from topologies.presets import build_cluster
 
 ROOT = Path(__file__).resolve().parent.parent

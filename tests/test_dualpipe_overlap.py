@@ -14,11 +14,11 @@ import pytest
 
 from helpers import FAST_SWITCHED, IDEAL_CHIP, ideal_scenario
 from simulator import simulate
-from simulator.compute import calibration_for, kernels_time_s, overlap_slowdown
+from simulator.engine.compute import calibration_for, kernels_time_s, overlap_slowdown
 from test_moe import TINY_MOE, moe_scenario
 from workloads.schedules import schedule
-from workloads.trace import build_trace
-from workloads.trace_io import trace_from_dict, trace_to_dict
+from workloads.trace.builder import build_trace
+from workloads.trace.io import trace_from_dict, trace_to_dict
 
 # DeepSeek-V3 §3.5.1: "we allocate 20 out of the 132 SMs available in the H800 GPU" to
 # communication: the pair's compute runs on 112 SMs, 132/112 = 1.1786 times as long.
@@ -160,7 +160,7 @@ def test_exact_agrees_with_representative_ranks():
 
 def test_trace_file_keeps_the_overlap_flag():
     sc = moe_scenario(schedule="dualpipe", training={"global_batch_size": 64})
-    from simulator.schema import load_scenario
+    from simulator.scenario.schema import load_scenario
 
     trace = build_trace(load_scenario(sc).workload())
     back = trace_from_dict(trace_to_dict(trace))

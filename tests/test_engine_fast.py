@@ -9,7 +9,7 @@ import pytest
 
 from helpers import scenario
 from simulator import simulate
-from simulator.engine import Engine
+from simulator.engine.loop import Engine
 from test_exact import CASES
 
 #: Summary keys that describe the run, not the step.
@@ -68,8 +68,8 @@ def test_shortcuts_change_no_figure(name, monkeypatch):
 def test_private_tp_phases_book_the_same_link_bytes(monkeypatch):
     import numpy as np
 
-    import simulator.engine as engine_mod
-    from simulator.network import FlowNetwork
+    import simulator.engine.loop as engine_mod
+    from simulator.network.flows import FlowNetwork
 
     nets = []
 

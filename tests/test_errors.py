@@ -7,8 +7,8 @@ import pickle
 
 import pytest
 
-from simulator import cli, cli_common
-from simulator.schema import ScenarioError, load_scenario
+from simulator.cli import app as cli, common as cli_common
+from simulator.scenario.schema import ScenarioError, load_scenario
 from stepsim_errors import StepsimError
 
 ERROR_CLASSES = [
@@ -17,23 +17,23 @@ ERROR_CLASSES = [
     ("workloads.errors", "WorkloadError"),
     ("workloads.layout", "LayoutError"),
     ("workloads.schedules", "ScheduleError"),
-    ("workloads.ops", "TraceError"),
-    ("simulator.schema", "ScenarioError"),
+    ("workloads.trace.ops", "TraceError"),
+    ("simulator.scenario.schema", "ScenarioError"),
     ("simulator.fileio", "InputFileError"),
-    ("simulator.network", "NetworkError"),
-    ("simulator.collectives", "CollectiveError"),
-    ("simulator.netcal", "CalibrationError"),
-    ("simulator.bench", "BenchError"),
-    ("simulator.html_report", "ReportError"),
-    ("simulator.sweep_plots", "PlotError"),
+    ("simulator.network.flows", "NetworkError"),
+    ("simulator.network.collectives", "CollectiveError"),
+    ("simulator.network.calibration", "CalibrationError"),
+    ("simulator.studies.bench", "BenchError"),
+    ("simulator.results.html_report", "ReportError"),
+    ("simulator.studies.sweep_plots", "PlotError"),
     ("simulator.errors", "StudyError"),
-    ("simulator.validate", "ValidationError"),
-    ("simulator.sweep", "WorkerVersionError"),
-    ("simulator.calibrate", "CalibrationInputError"),
-    ("simulator.kineto_io", "KinetoTraceError"),
-    ("simulator.nccl_tests_io", "NcclTestsError"),
-    ("simulator.cli_common", "CliError"),
-    ("simulator.cli", "CliError"),
+    ("simulator.studies.validate", "ValidationError"),
+    ("simulator.studies.sweep", "WorkerVersionError"),
+    ("simulator.studies.calibrate", "CalibrationInputError"),
+    ("simulator.interop.kineto", "KinetoTraceError"),
+    ("simulator.interop.nccl_tests", "NcclTestsError"),
+    ("simulator.cli.common", "CliError"),
+    ("simulator.cli.app", "CliError"),
 ]
 
 
@@ -112,9 +112,11 @@ def test_each_choice_is_defined_once_and_offered_everywhere():
     trace files hold and the command line offers."""
     import typing
 
-    from simulator import collectives, schema
-    from simulator.cli import build_parser
-    from workloads import enums, memory, schedules, trace_io
+    from simulator.network import collectives
+    from simulator.scenario import schema
+    from simulator.cli.app import build_parser
+    from workloads import enums, memory, schedules
+    from workloads.trace import io as trace_io
 
     assert collectives.OPS == enums.COLLECTIVE_OPS and set(collectives.VALID_ALGORITHMS) == set(enums.COLLECTIVE_OPS)
     assert schedules.SCHEDULES == enums.SCHEDULES and memory.RECOMPUTE_MODES == enums.RECOMPUTE_MODES

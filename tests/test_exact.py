@@ -85,8 +85,8 @@ def test_reserved_isolated_phases_equal_flow_by_flow(name, monkeypatch):
     """The network's isolated-phase fast path changes no figure of a whole step."""
     import functools
 
-    import simulator.engine as engine_mod
-    from simulator.network import FlowNetwork
+    import simulator.engine.loop as engine_mod
+    from simulator.network.flows import FlowNetwork
 
     fast = simulate(CASES[name])
     monkeypatch.setattr(engine_mod, "FlowNetwork", functools.partial(FlowNetwork, reserve_isolated=False))

@@ -104,7 +104,7 @@ def test_hfu_does_not_rise_as_imbalance_slows_the_step():
 def test_hfu_counts_only_the_tokens_kept_under_capacity_dropping():
     """With a capacity factor, dropped assignments are not computed: the hardware FLOPs
     fall by the dropped share of the routed-expert GEMMs."""
-    from workloads.trace import TraceBuilder, build_trace
+    from workloads.trace.builder import TraceBuilder, build_trace
     from simulator import load_scenario
 
     sc = load_scenario(
@@ -165,9 +165,9 @@ def test_builtin_scenarios_hardware_flops_at_least_model_flops(imbalance):
     the traces (full-size layouts, fewest micro-batches the schedule allows), which is
     where both numerators come from; the simulated HFU is hardware / model x MFU."""
     from simulator import load_scenario
-    from simulator.schema import builtin_scenarios, read_mapping
+    from simulator.scenario.schema import builtin_scenarios, read_mapping
     from workloads.counts import MATMUL_KINDS
-    from workloads.trace import build_trace
+    from workloads.trace.builder import build_trace
 
     for name, path in sorted(builtin_scenarios().items()):
         raw = read_mapping(path)

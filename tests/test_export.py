@@ -5,8 +5,8 @@ import json
 import pytest
 
 from simulator import simulate
-from simulator.export import chrome_trace, write_chrome_trace
-from workloads.ops import MEMORY_CATEGORIES, STREAMS
+from simulator.results.export import chrome_trace, write_chrome_trace
+from workloads.trace.ops import MEMORY_CATEGORIES, STREAMS
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def _drawn_bars(fig):
 def test_timeline_draws_every_bar(pipelined, tmp_path):
     from matplotlib.colors import to_rgba
 
-    from simulator.plots import AXIS_COLOURS, PHASE_COLOURS, _time_unit, devices_label
+    from simulator.results.plots import AXIS_COLOURS, PHASE_COLOURS, _time_unit, devices_label
 
     fig = pipelined.plot_timeline(max_ranks=64)
     drawn = _drawn_bars(fig)
@@ -92,7 +92,7 @@ def test_timeline_draws_every_bar(pipelined, tmp_path):
 def test_merge_bars_joins_only_neighbours_of_one_style_closer_than_the_gap():
     import numpy as np
 
-    from simulator.plots import merge_bars
+    from simulator.results.plots import merge_bars
 
     x0 = np.array([0.0, 1.05, 2.0, 2.5, 3.0, 0.0, 1.0])
     x1 = np.array([1.0, 2.0, 2.5, 3.0, 4.0, 1.0, 2.0])
@@ -160,7 +160,7 @@ def test_process_names_say_which_devices_a_rank_stands_for(quick):
 
 
 def test_compact_ranks_in_words():
-    from simulator.report import compact_ranks
+    from simulator.results.report import compact_ranks
 
     assert compact_ranks(range(384, 512)) == "384–511"
     assert compact_ranks(range(3, 256, 8)) == "3, 11, …, 251 (every 8th)"
@@ -221,7 +221,7 @@ def test_csv_files_are_what_pandas_writes(pipelined, tmp_path):
     import numpy as np
     import pandas as pd
 
-    from simulator.export import write_csv
+    from simulator.results.export import write_csv
 
     for name in ("events", "memory", "idle", "per_stage"):
         cols = pipelined.table(name)
@@ -244,8 +244,8 @@ def test_csv_files_are_what_pandas_writes(pipelined, tmp_path):
 def test_events_parquet_reads_back_as_the_events_frame(pipelined, tmp_path):
     import pandas as pd
 
-    from simulator.export import write_events_parquet
-    from simulator.parquet_io import read_metadata
+    from simulator.results.export import write_events_parquet
+    from simulator.results.parquet import read_metadata
 
     write_events_parquet(pipelined.table("events"), tmp_path / "e.parquet")
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "e.parquet"), pipelined.events, check_exact=True)

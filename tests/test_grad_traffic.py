@@ -12,7 +12,7 @@ from helpers import scenario
 from simulator import load_scenario, simulate
 from workloads import counts, memory
 from workloads.schedules import SCHEDULES
-from workloads.trace import build_trace
+from workloads.trace.builder import build_trace
 
 H, V, F = 512, 32000, 2048  # hidden, vocabulary, FFN width of the small model below
 SMALL = {

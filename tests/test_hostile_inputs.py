@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator.cli import main
+from simulator.cli.app import main
 
 HERE = Path(__file__).resolve().parent / "hostile"
 FILES = HERE / "files"

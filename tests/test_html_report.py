@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from simulator import simulate
-from simulator.cli import main
-from simulator.html_report import exposed_by_axis_stage, load_run_dir, merge_bars, render_report, run_data
-from simulator.plots import PHASE_COLOURS
+from simulator.cli.app import main
+from simulator.results.html_report import exposed_by_axis_stage, load_run_dir, merge_bars, render_report, run_data
+from simulator.results.plots import PHASE_COLOURS
 
 pytest.importorskip("plotly")
 

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from simulator import simulate
-from simulator.cli import main
-from simulator.megatron_import import import_megatron, parse_arg_text
-from simulator.schema import ScenarioError, load_scenario
+from simulator.cli.app import main
+from simulator.interop.megatron import import_megatron, parse_arg_text
+from simulator.scenario.schema import ScenarioError, load_scenario
 
 DATA = Path(__file__).parent / "data" / "megatron"
 CASES = Path(__file__).resolve().parent.parent / "validation" / "narayanan2021"

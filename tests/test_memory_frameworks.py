@@ -12,9 +12,9 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from simulator import validate as v
-from simulator.cli_validate import main as cli_main
-from simulator.schema import ScenarioError, load_scenario
+from simulator.studies import validate as v
+from simulator.cli.validate import main as cli_main
+from simulator.scenario.schema import ScenarioError, load_scenario
 from workloads import memory
 from workloads.layout import ParallelLayout
 from workloads.presets import get_model

@@ -80,7 +80,7 @@ def test_node_limited_dispatch_is_two_hops_and_cuts_scale_out_traffic():
     """DeepSeek-V3's node-limited routing (§2.1.2): tokens cross InfiniBand once per
     destination node (at most M nodes), then fan out over NVLink, both hops pipelined in
     one all-to-all (§3.2.2)."""
-    from simulator.collectives import plan_collective
+    from simulator.network.collectives import plan_collective
 
     model = {**TINY_MOE, "moe": {**TINY_MOE["moe"], "top_k": 4, "max_nodes_per_token": 1}}
     sc = moe_scenario(model=model, parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 16})
@@ -104,8 +104,8 @@ def test_node_limited_dispatch_is_two_hops_and_cuts_scale_out_traffic():
     exact = simulate(sc, exact=True)
     assert exact.summary["step_time_s"] == pytest.approx(res.summary["step_time_s"], rel=1e-9)
     # trace files keep the fraction (and reject one outside (0, 1])
-    from workloads.ops import TraceError
-    from workloads.trace_io import trace_from_dict, trace_to_dict
+    from workloads.trace.ops import TraceError
+    from workloads.trace.io import trace_from_dict, trace_to_dict
 
     data = trace_to_dict(res.trace)
     back = trace_from_dict(data)
@@ -119,7 +119,7 @@ def test_node_limited_dispatch_is_two_hops_and_cuts_scale_out_traffic():
 def test_node_limited_quotient_agrees_with_the_full_plan(monkeypatch):
     """In representative mode a node-limited all-to-all runs as the representative's own
     rail sends and receives and its own NVLink sends, the other transfers folded in as
-    their images (simulator.engine); with DualPipe's pipeline sends on the same NICs it
+    their images (simulator.engine.loop); with DualPipe's pipeline sends on the same NICs it
     must give the step of its full hierarchical-a2a plan (every transfer of the EP group,
     twin groups quotiented)."""
     model = {**TINY_MOE, "moe": {**TINY_MOE["moe"], "top_k": 4, "max_nodes_per_token": 1}}
@@ -130,8 +130,8 @@ def test_node_limited_quotient_agrees_with_the_full_plan(monkeypatch):
         schedule="dualpipe",
         training={"global_batch_size": 64},
     )
-    from simulator.compute import calibration_for
-    from simulator.engine import Engine
+    from simulator.engine.compute import calibration_for
+    from simulator.engine.loop import Engine
 
     fast = simulate(sc)
     monkeypatch.setattr(Engine, "_hierarchical_a2a_pieces", lambda self, op: None)
@@ -170,7 +170,7 @@ def test_deepseek_v3_activation_savings_in_the_trace():
     assert not a.events["name"].str.endswith(".recompute.R").any()
     assert b.summary["step_time_s"] > a.summary["step_time_s"]
     # what is run again on an MLA + MoE layer: every norm, the up-projections, the SwiGLUs
-    from workloads.trace import TraceBuilder
+    from workloads.trace.builder import TraceBuilder
 
     ds = load_scenario("deepseek-v3-2048xh800")
     names = [k.name for k in TraceBuilder(ds.workload()).saved_recompute_kernels(5)]
@@ -192,7 +192,7 @@ def test_deepseek_v3_activation_savings_in_the_trace():
 
 def test_moe_with_tp_needs_sequence_parallel_at_load():
     """Refused when the scenario is loaded, naming the field (not when a layer is counted)."""
-    from simulator.schema import ScenarioError, load_scenario
+    from simulator.scenario.schema import ScenarioError, load_scenario
 
     sc = {
         "model": "mixtral-8x7b",

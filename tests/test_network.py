@@ -8,8 +8,14 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.netcal import IDEAL, CalibrationError, NetCalibration, NVLINK_EFFICIENCY, default_calibration
-from simulator.network import FlowNetwork, NetworkError, Transfer, maxmin_rates
+from simulator.network.calibration import (
+    IDEAL,
+    CalibrationError,
+    NetCalibration,
+    NVLINK_EFFICIENCY,
+    default_calibration,
+)
+from simulator.network.flows import FlowNetwork, NetworkError, Transfer, maxmin_rates
 from topologies.builders import switched, torus
 from topologies.networks import IB_NIC_LATENCY_S, IB_SWITCH_LATENCY_S, NVLINK_LATENCY_S, SwitchedNetwork
 from topologies.presets import build_cluster, cluster_preset
@@ -267,7 +273,7 @@ def test_switched_capacity_uses_kind_efficiency():
 
 # ---------------------------------------------------------------- incremental recomputation
 
-from simulator.network import fill_arrays, fill_small  # noqa: E402
+from simulator.network.flows import fill_arrays, fill_small  # noqa: E402
 
 
 def random_problem(rng, n_links, n_flows, max_path=4):
@@ -446,7 +452,7 @@ def test_big_phase_paths_match_small_phase_paths():
 
 
 def test_fill_components_equals_each_component_alone():
-    from simulator.network import fill_components
+    from simulator.network.flows import fill_components
 
     rng = np.random.default_rng(21)
     for _ in range(50):
@@ -534,7 +540,7 @@ def test_reserved_phase_alone_costs_no_recomputation():
 
 
 def test_isolated_evolution_gives_up_on_many_segments():
-    from simulator.network import isolated_evolution
+    from simulator.network.flows import isolated_evolution
 
     topo = line_topology(2, 1e9, 0.0)
     net = FlowNetwork(simpy.Environment(), topo)

@@ -89,7 +89,7 @@ def test_wheel_holds_every_module_the_cases_py_typed_and_the_license(wheel):
     assert f"{dist}/licenses/LICENSE" in names
     assert not any(n.startswith(("tests/", "validation/", "notebooks/")) for n in names)
     meta = email.message_from_bytes(zipfile.ZipFile(wheel).read(f"{dist}/METADATA"))
-    assert meta["Version"] == simulator.__version__  # one version: simulator/_version.py
+    assert meta["Version"] == simulator.__version__  # one version: simulator/version.py
     assert meta["License-Expression"] == "Apache-2.0" and meta["License"] is None  # SPDX (PEP 639), no {text=}
     classifiers = meta.get_all("Classifier")
     assert "Typing :: Typed" in classifiers and not any(c.startswith("License ::") for c in classifiers)
@@ -110,7 +110,7 @@ def test_the_installed_layout_runs_from_outside_the_repository(wheel, tmp_path):
     # 1T case alone takes minutes), and `stepsim run quickstart`.
     script = """if True:
         import sys
-        import simulator.cli as cli, simulator.validate as v
+        import simulator.cli.app as cli, simulator.studies.validate as v
         print(v.SUITE_DIR)
         print(*[c.name for c in v.discover(['korthikanti2022/*'])])
         cli.main(['--version'])

@@ -9,12 +9,12 @@ import copy
 import pytest
 
 from simulator import simulate
-from simulator.schema import ScenarioError, load_scenario
+from simulator.scenario.schema import ScenarioError, load_scenario
 from test_moe import TINY_MOE, moe_scenario
 from workloads import counts, memory
 from workloads.layout import LayoutError, ParallelLayout
 from workloads.presets import get_model
-from workloads.trace import build_trace
+from workloads.trace.builder import build_trace
 
 
 def test_folded_groups_closed_form_16_ranks_tp4_dp4_ep8():

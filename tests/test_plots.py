@@ -18,7 +18,7 @@ from matplotlib.text import Text
 
 from helpers import scenario
 from simulator import simulate
-from simulator.plots import (
+from simulator.results.plots import (
     IDLE_COLOURS,
     MIN_FONT_PT,
     PHASE_COLOURS,
@@ -84,15 +84,15 @@ def test_library_never_switches_the_backend(tmp_path):
     code = f"""
 import matplotlib
 matplotlib.use("svg")
-import simulator, simulator.plots, simulator.compare, simulator.sweep_plots, simulator.validate, simulator.bench
+import simulator, simulator.results.plots, simulator.studies.compare, simulator.studies.sweep_plots, simulator.studies.validate, simulator.studies.bench
 import topologies.plot
 from simulator import simulate
-from simulator.compare import compare_schedules, plot_comparison
+from simulator.studies.compare import compare_schedules, plot_comparison
 from topologies import build_cluster, plot_topology
 assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
 res = simulate({PIPE!r})
 res.plot_timeline(); res.plot_memory()
-simulator.bench.plot_busbw([{{"size_bytes": 1, "busbw_bytes_per_s": 1e9, "algorithm": "ring"}}], r"{tmp_path / "b.png"}")
+simulator.studies.bench.plot_busbw([{{"size_bytes": 1, "busbw_bytes_per_s": 1e9, "algorithm": "ring"}}], r"{tmp_path / "b.png"}")
 plot_topology(build_cluster(res.scenario.cluster))
 print(matplotlib.get_backend())
 """
@@ -136,7 +136,7 @@ def test_run_figures_are_slide_sized_with_10pt_text(piped, tmp_path):
 
 
 def test_compare_figure_has_10pt_text_and_a_legend(tmp_path):
-    from simulator.compare import compare_schedules, plot_comparison
+    from simulator.studies.compare import compare_schedules, plot_comparison
 
     table, results = compare_schedules(PIPE, ["gpipe", "1f1b"])
     fig = plot_comparison(table, results, tmp_path / "compare.png")
@@ -165,7 +165,7 @@ def _sweep_frame() -> pd.DataFrame:
 
 
 def test_sweep_plots_words_integer_ticks_and_10pt_text(tmp_path):
-    from simulator.sweep_plots import plot_heatmap, plot_memory as sweep_memory, plot_metric
+    from simulator.studies.sweep_plots import plot_heatmap, plot_memory as sweep_memory, plot_metric
 
     f = _sweep_frame()
     fig = plot_metric(f, "parallel.pp", "step_time_s", hue="parallel.tp")
@@ -194,7 +194,7 @@ def test_sweep_plots_words_integer_ticks_and_10pt_text(tmp_path):
 
 
 def test_topology_pictures_have_10pt_text(piped, tmp_path):
-    from simulator.schema import load_scenario
+    from simulator.scenario.schema import load_scenario
     from topologies import build_cluster, plot_topology
 
     fig = plot_topology(build_cluster(piped.scenario.cluster), tmp_path / "sw.png")
@@ -274,7 +274,7 @@ def test_rank_ranges():
 
 
 def test_progress_true_shows_a_bar_even_off_a_terminal(capfd):
-    from simulator.sweep import sweep
+    from simulator.studies.sweep import sweep
 
     simulate(PIPE, progress=True)
     assert "simulating" in capfd.readouterr().err  # stderr is a pipe here, not a terminal

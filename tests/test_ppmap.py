@@ -1,11 +1,11 @@
-"""The map of where pipeline parallelism pays (simulator.ppmap) on a 2x2 map of a tiny MoE."""
+"""The map of where pipeline parallelism pays (simulator.studies.ppmap) on a 2x2 map of a tiny MoE."""
 
 import pandas as pd
 import pytest
 
-from simulator import cli
-from simulator.ppmap import assemble, choose, dp_traffic_s, load_map, plot_map, run_map, screen, points
-from simulator.schema import ScenarioError, load_scenario
+from simulator.cli import app as cli
+from simulator.studies.ppmap import assemble, choose, dp_traffic_s, load_map, plot_map, run_map, screen, points
+from simulator.scenario.schema import ScenarioError, load_scenario
 from helpers import SEARCH_MOE as TINY_MOE
 
 
@@ -104,7 +104,7 @@ def test_larger_micro_batches_only_without_pp():
 
 
 def test_fallback_halves_the_micro_batch_without_pp_only():
-    from simulator.ppmap import with_fallbacks
+    from simulator.studies.ppmap import with_fallbacks
 
     base = {"tp": 1, "dp": 16, "cp": 1, "ep": 4, "vpp": 1, "schedule": "1f1b", "zero": 3, "recompute": "full"}
     chosen = [

@@ -13,8 +13,8 @@ import simpy
 
 from helpers import scenario
 from simulator import simulate
-from simulator.engine import Engine
-from simulator.network import (
+from simulator.engine.loop import Engine
+from simulator.network.flows import (
     FlowNetwork,
     NetworkError,
     Transfer,

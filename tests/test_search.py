@@ -12,9 +12,9 @@ import yaml
 from helpers import SEARCH_MOE as TINY_MOE
 from helpers import scenario
 from simulator import load_scenario, simulate
-from simulator.schema import ScenarioError
-from simulator.estimate import estimate_memory, estimate_step_time
-from simulator.search import (
+from simulator.scenario.schema import ScenarioError
+from simulator.studies.estimate import estimate_memory, estimate_step_time
+from simulator.studies.search import (
     ESTIMATE_MARGIN,
     SearchBounds,
     bounds_from_simulated,
@@ -147,7 +147,7 @@ def test_bad_bounds_name_the_field():
 
 
 def test_cli_search(tmp_path, capsys):
-    from simulator.cli_sweep import main
+    from simulator.cli.sweep import main
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(_tiny()))
@@ -389,11 +389,11 @@ def test_estimate_of_each_schedule_and_option_is_finite_and_positive():
 
 
 def test_dualpipe_pair_time_closed_forms():
-    """One overlapped forward/backward pair (simulator.estimate._pair_time): without
+    """One overlapped forward/backward pair (simulator.studies.estimate._pair_time): without
     all-to-alls the halves' compute adds up, slowed by the SMs given to communication;
     all-to-alls shorter than the compute they hide behind cost nothing; all-to-alls far
     longer than the compute are serial on their stream and set the pair's time."""
-    from simulator.estimate import _pair_time
+    from simulator.studies.estimate import _pair_time
 
     f = [(1.0, 0.0, 0.0, 0.0, 0.0, 0.0)] * 3  # dense layers: one op each
     b = [(2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)] * 3

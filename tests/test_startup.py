@@ -36,7 +36,7 @@ def test_import_simulator_loads_no_heavy_library():
 @pytest.mark.parametrize("flag", ["--help", "--version"])
 def test_cli_help_and_version_load_no_heavy_library(flag):
     # argparse exits after printing; main() returns its code
-    assert _loaded_after(f"from simulator.cli import main\nmain([{flag!r}])") == set()
+    assert _loaded_after(f"from simulator.cli.app import main\nmain([{flag!r}])") == set()
 
 
 def test_public_names_still_import_and_load_on_use():
@@ -58,7 +58,7 @@ def test_simulate_reads_the_summary_without_pandas_or_matplotlib():
 def test_run_out_writes_every_file_without_pandas(tmp_path):
     out = tmp_path / "q"
     loaded = _loaded_after(
-        f"from simulator.cli import main\nassert main(['run', 'quickstart', '--out', {str(out)!r}]) == 0"
+        f"from simulator.cli.app import main\nassert main(['run', 'quickstart', '--out', {str(out)!r}]) == 0"
     )
     assert "pandas" not in loaded and "matplotlib" in loaded
     assert {p.name for p in out.iterdir()} >= {

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from helpers import scenario
-from simulator.schema import ScenarioError
-from simulator.sweep import RowStore, eval_where, expand, load_sweep, set_dotted, sweep
+from simulator.scenario.schema import ScenarioError
+from simulator.studies.sweep import RowStore, eval_where, expand, load_sweep, set_dotted, sweep
 
 
 def _base():
@@ -143,7 +143,7 @@ def test_killed_sweep_resumes_with_every_row_exactly_once(tmp_path):
     out = tmp_path / "out"
     rows = out / "rows.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "simulator.cli_sweep", "sweep", str(spec_file), "--out", str(out), "--jobs", "1"],
+        [sys.executable, "-m", "simulator.cli.sweep", "sweep", str(spec_file), "--out", str(out), "--jobs", "1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
@@ -210,7 +210,7 @@ def test_local_processes_and_dask_give_identical_tables(tmp_path):
     b = pd.read_parquet(tmp_path / "dask" / "results.parquet").drop(columns="sim_wall_s")
     pd.testing.assert_frame_equal(a, b)
 
-    from simulator.sweep_plots import plot_sweep
+    from simulator.studies.sweep_plots import plot_sweep
 
     paths = plot_sweep(tmp_path / "local", y="mfu")
     names = {p.name for p in paths}
@@ -224,7 +224,7 @@ def test_local_processes_and_dask_give_identical_tables(tmp_path):
 
 
 def test_cli_sweep_and_sweep_plot(tmp_path, capsys):
-    from simulator.cli_sweep import main
+    from simulator.cli.sweep import main
 
     spec_file = tmp_path / "s.yaml"
     spec_file.write_text(yaml.safe_dump({"base": _base(), "grid": {"parallel.pp": [1, 2, 3]}, "skip_invalid": True}))
@@ -244,7 +244,7 @@ def test_cli_sweep_and_sweep_plot(tmp_path, capsys):
 
 
 def test_cli_sweep_exits_4_and_counts_when_cases_fail(tmp_path, capsys):
-    from simulator.cli_sweep import main
+    from simulator.cli.sweep import main
 
     spec_file = tmp_path / "s.yaml"
     # pp 8 over 4 layers and a batch of 12 over dp 8 both fail; pp 1 runs.
@@ -267,7 +267,7 @@ def test_cli_sweep_exits_4_and_counts_when_cases_fail(tmp_path, capsys):
 
 def test_cli_search_exits_4_when_a_layout_fails(tmp_path, capsys, monkeypatch):
     import simulator
-    from simulator.cli_sweep import main
+    from simulator.cli.sweep import main
 
     sc = tmp_path / "sc.yaml"
     sc.write_text(yaml.safe_dump(scenario()))
@@ -389,13 +389,13 @@ def test_killed_sweep_or_search_leaves_no_worker_running(tmp_path, command, sig)
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -sig
-    # Each worker checks on its parent every 0.2 s (simulator/workers.py); 5 s leaves room for a busy machine.
+    # Each worker checks on its parent every 0.2 s (simulator/studies/workers.py); 5 s leaves room for a busy machine.
     assert not left and waited_s < 5, f"workers {left} still running {waited_s:.1f} s after the {command} was killed"
 
 
 def test_sweep_tables_record_the_stepsim_version(tmp_path):
     import simulator
-    from simulator.parquet_io import read_metadata
+    from simulator.results.parquet import read_metadata
 
     spec = {"base": _base(), "cases": [{"parallel.pp": 1}, {"parallel.pp": 8}]}  # ok, failed
     df = sweep(spec, out=tmp_path, jobs=1)
@@ -453,13 +453,13 @@ def test_any_executor_gives_the_in_process_table(tmp_path, make):
 def test_workers_of_another_version_are_refused(tmp_path, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
-    import simulator._version
-    from simulator import sweep as sweep_mod
+    import simulator.version
+    from simulator.studies import sweep as sweep_mod
 
     spec = {"base": _base(), "cases": [{"parallel.pp": 1}, {"parallel.pp": 2}]}
     # every worker on another version: the first (probe) task says so, before any case runs
     with ThreadPoolExecutor(max_workers=2) as ex:
-        monkeypatch.setattr(simulator._version, "__version__", "0.0.1")
+        monkeypatch.setattr(simulator.version, "__version__", "0.0.1")
         with pytest.raises(sweep_mod.WorkerVersionError, match=r"runs stepsim 0\.0\.1, this process stepsim "):
             sweep(spec, out=tmp_path / "a", executor=ex)
         monkeypatch.undo()
@@ -483,7 +483,7 @@ def test_workers_of_another_version_are_refused(tmp_path, monkeypatch):
 
 
 def test_cli_sweep_executor_flag(tmp_path, capsys):
-    from simulator.cli import main
+    from simulator.cli.app import main
 
     sw = tmp_path / "s.yaml"
     sw.write_text(yaml.safe_dump({"base": _base(), "grid": {"parallel.pp": [1, 2]}}))

@@ -309,8 +309,8 @@ def _batch_cases():
 def test_batch_routes_equal_one_by_one(name, topo):
     import simpy
 
-    from simulator.netcal import NetCalibration
-    from simulator.network import FlowNetwork
+    from simulator.network.calibration import NetCalibration
+    from simulator.network.flows import FlowNetwork
 
     n = topo.n_devices
     src, dst = np.divmod(np.arange(n * n), n)  # every ordered pair, self-pairs included

@@ -10,8 +10,8 @@ import pytest
 
 from helpers import scenario
 from simulator import simulate
-from simulator.bench import collective_time_s
-from simulator.schema import ScenarioError, load_scenario, scenario_to_dict
+from simulator.studies.bench import collective_time_s
+from simulator.scenario.schema import ScenarioError, load_scenario, scenario_to_dict
 from topologies import TopologyError
 from topologies.presets import build_cluster, cluster_preset
 

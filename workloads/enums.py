@@ -3,8 +3,8 @@ the schema and type checkers) and the tuple of its values (for checks, messages 
 command line's choices), in the order messages list them.
 
 Every module that checks or offers one of these imports it from here: the scenario
-schema (``simulator.schema``), the trace and its file formats, the collective planner
-(``simulator.collectives``), the layout search and the command line.
+schema (``simulator.scenario.schema``), the trace and its file formats, the collective planner
+(``simulator.network.collectives``), the layout search and the command line.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ cannot be laid out or run, and traces that cannot be executed.
 
 :class:`WorkloadError` is this package's :class:`stepsim_errors.StepsimError`;
 ``workloads.layout.LayoutError``, ``workloads.schedules.ScheduleError`` and
-``workloads.ops.TraceError`` derive from it.
+``workloads.trace.ops.TraceError`` derive from it.
 """
 
 from __future__ import annotations

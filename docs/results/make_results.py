@@ -2,7 +2,7 @@
 """Precompute the headline results that notebooks/02_do_we_need_pipeline_parallelism.ipynb shows.
 
 Every number in ``docs/results/pp_layouts.csv`` and ``docs/results/pp_bandwidth_sweep.csv`` is a
-stepsim simulation run by this script (``simulator.sweep.sweep``; each case is a complete
+stepsim simulation run by this script (``simulator.studies.sweep.sweep``; each case is a complete
 scenario, also stored in the CSV's ``scenario`` column, that ``stepsim run`` reproduces).
 ``docs/results/make_results.json`` records the settings that produced the files.
 
@@ -25,7 +25,7 @@ Reduced (default) vs ``--full``
 -------------------------------
 The committed files come from the reduced run: 512 devices (576 = 8 racks for NVL72) instead
 of 2,048 (2,304), the same tokens per device, and a short list of candidate layouts rather
-than an exhaustive search: ``simulator.search.search`` cannot split 61 layers over a
+than an exhaustive search: ``simulator.studies.search.search`` cannot split 61 layers over a
 pipeline (it sets ``pipeline_layers`` to an even split, and 61 is prime), so the PP
 candidates here give ``pipeline_layers`` explicitly. ``--full`` uses 2,048/2,304 devices and
 more candidates; it takes hours on a laptop.
@@ -48,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simulator.sweep import RowStore, expand, flatten, load_sweep, sweep  # noqa: E402
+from simulator.studies.sweep import RowStore, expand, flatten, load_sweep, sweep  # noqa: E402
 
 SEQ_LEN = 4096
 SEQS_PER_DEVICE = 8

@@ -563,9 +563,9 @@ def main() -> None:
 
 
 def _tiny_trace(scenario: dict) -> dict:
-    from simulator.schema import load_scenario
-    from workloads.trace import build_trace
-    from workloads.trace_io import scenario_record, trace_to_dict
+    from simulator.scenario.schema import load_scenario
+    from workloads.trace.builder import build_trace
+    from workloads.trace.io import scenario_record, trace_to_dict
 
     s = load_scenario(scenario)
     d = trace_to_dict(build_trace(s.workload()))

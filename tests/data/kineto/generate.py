@@ -2,11 +2,11 @@
 ``PYTHONPATH=$PWD python tests/data/kineto/generate.py``).
 
 ``h100_llama_layer.json`` is in the layout of ``torch.profiler`` ``export_chrome_trace``
-with ``record_shapes=True`` (see simulator/kineto_io.py), made for the tests, not copied
+with ``record_shapes=True`` (see simulator/interop/kineto.py), made for the tests, not copied
 from a run: three Llama-3-8B-like layers (hidden 4096, GQA 32/8 heads, FFN 14336, 4096
 tokens) forward and backward on one H100, plus an 8192^3 matmul, fp8 ``_scaled_mm`` GEMMs,
 an NCCL all-reduce and a memcpy (which calibration must leave out). Every operator's GPU
-time is the roofline of simulator/compute.py under :data:`TRUE` on the H100's peaks, times
+time is the roofline of simulator/engine/compute.py under :data:`TRUE` on the H100's peaks, times
 1.00 / 1.01 / 0.99 in layers 0 / 1 / 2 (so the median is the model time), split over the
 kernels the operator launches; durations are rounded to the nanosecond as Kineto writes
 them. With :data:`TRUE` the 8192^3 bf16 GEMM takes 1.46 ms, the ~1.4 ms H100 SXM cuBLAS
@@ -14,7 +14,7 @@ figure (750 TFLOP/s of 989; NVIDIA H100 datasheet peak, Hopper tuning guides).
 ``tests/test_calibrate.py`` checks that this script reproduces the file byte for byte.
 
 The FLOPs and bytes of each operator are written out here from the tensor shapes (the
-test oracle), independently of simulator/kineto_io.py.
+test oracle), independently of simulator/interop/kineto.py.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _mem(kind, nbytes, elems):
 
 class _Writer:
     def __init__(self):
-        from simulator.compute import DEFAULT_COMPUTE_CALIBRATION
+        from simulator.engine.compute import DEFAULT_COMPUTE_CALIBRATION
         from topologies.chips import get_chip
 
         self.cal = DEFAULT_COMPUTE_CALIBRATION["hopper"].with_(**TRUE)
@@ -102,7 +102,7 @@ class _Writer:
         self.pid = 2741
 
     def time_s(self, kernel, dtype="bf16"):
-        from simulator.compute import kernel_time_s
+        from simulator.engine.compute import kernel_time_s
 
         return kernel_time_s(kernel, self.chip, self.cal, dtype)
 

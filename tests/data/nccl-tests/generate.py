@@ -1,7 +1,7 @@
 """Write the nccl-tests fixtures of tests/test_calibrate.py (run from the repository root:
 ``PYTHONPATH=$PWD python tests/data/nccl-tests/generate.py``).
 
-The logs are in the layout nccl-tests prints (see simulator/nccl_tests_io.py), made for the
+The logs are in the layout nccl-tests prints (see simulator/interop/nccl_tests.py), made for the
 tests, not copied from a run: the times are stepsim's simulated collective times on
 ``dgx-h100`` under the network calibration :data:`TRUE` below, so that fitting them must give
 :data:`TRUE` back. The large-size figures are those of real 8 x H100 machines: all-reduce
@@ -28,14 +28,14 @@ LOGS = (
 
 
 def true_calibration():
-    from simulator.netcal import default_calibration
+    from simulator.network.calibration import default_calibration
 
     return default_calibration("hopper").with_overrides(efficiency=TRUE_EFFICIENCY, message_overhead_s=TRUE_OVERHEAD_S)
 
 
 def render(op: str, devices: int, hosts, tagged: bool, lo: int, hi: int) -> str:
-    from simulator.bench import collective_sweep, size_range
-    from simulator.nccl_tests_io import BINARY_OF_OP, _fmt_time
+    from simulator.studies.bench import collective_sweep, size_range
+    from simulator.interop.nccl_tests import BINARY_OF_OP, _fmt_time
     from topologies.presets import build_cluster, cluster_preset
 
     topo = build_cluster(cluster_preset("dgx-h100", devices=devices))

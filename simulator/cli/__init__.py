@@ -1,0 +1,17 @@
+"""The command line, ``stepsim COMMAND``: the top layer, the only one that reads ``argv``,
+prints, and turns a :class:`~stepsim_errors.StepsimError` into exit code 2.
+
+* :mod:`.app` — the parser of every command and the commands that run one scenario
+  (``run``, ``trace``, ``estimate``, ``report``, ``compare``, ``bench``, ``import``...);
+* :mod:`.sweep` — ``sweep``, ``search`` and their workers;
+* :mod:`.validate` — ``validate`` and ``calibrate``;
+* :mod:`.ppmap` — ``ppmap``, the map of where pipeline parallelism pays;
+* :mod:`.common` — what they share: the error-to-exit-code mapping, progress, output.
+
+A new command goes in the module of its family and is registered in
+:func:`.app.build_parser`. ``python -m simulator.cli ARGS`` is ``stepsim ARGS``.
+"""
+
+from simulator.cli.app import main
+
+__all__ = ["main"]

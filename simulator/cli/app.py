@@ -1,0 +1,476 @@
+"""The ``stepsim`` command line.
+
+The exit codes, :class:`CliError` and the mapping of errors to exit codes are in
+:mod:`simulator.cli.common` (shared with the ``sweep``/``search`` and
+``validate``/``calibrate`` commands of :mod:`simulator.cli.sweep` and
+:mod:`simulator.cli.validate`, which this module registers):
+
+* 0: success;
+* 1: an internal error (traceback only with ``STEPSIM_DEBUG=1``);
+* 2: bad input (one line naming the field and what is allowed, no traceback);
+* 3: ``stepsim validate --max-error F``: a case is off by more than ``F``;
+* 4: ``sweep``, ``search`` or ``validate`` ran, but some of its cases failed (the
+  command says how many; the others' results are written as usual).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Optional, Sequence
+
+# The exit codes are re-exported: simulator.cli.app is where scripts have always found them.
+from simulator.cli.common import (  # noqa: F401
+    EXIT_BAD_INPUT,
+    EXIT_CASES_FAILED,
+    EXIT_CODES_HELP,
+    EXIT_INTERNAL,
+    EXIT_OFF_TARGET,
+    EXIT_OK,
+    CliError,
+    new_parser,
+    resolve_scenario_path,
+    run,
+)
+from workloads.enums import BALANCE_MODES, COLLECTIVE_OPS, RECOMPUTE_MODES, SCHEDULES
+
+
+# ---- commands -------------------------------------------------------------------------
+
+
+def cmd_run(args) -> int:
+    from simulator import simulate
+
+    path = resolve_scenario_path(args.scenario)
+    topology = None
+    if args.topology:
+        from topologies.io import load_topology
+
+        topology = load_topology(args.topology)
+    trace = None
+    if args.trace:
+        from workloads.trace.io import read_trace
+
+        trace = read_trace(args.trace)
+    if args.html and not args.out:
+        raise CliError("--html: give --out DIR too (the report is written to DIR/report.html)")
+    if args.html:
+        from simulator.results.html_report import require_plotly
+
+        require_plotly()  # before the simulation, not after
+    result = simulate(path, exact=args.exact, topology=topology, trace=trace, progress=None)
+    if args.reproducible:
+        # Machine-dependent figures left out, so that the same scenario gives a
+        # byte-identical summary.json.
+        result.summary["sim_wall_s"] = None
+    if args.out:
+        paths = result.write(args.out, plots=not args.no_plots)
+        if args.html:
+            from simulator.results.html_report import write_report
+
+            paths["report"] = write_report(result, Path(args.out) / "report.html")
+    if args.perfetto:
+        result.to_chrome_trace(args.perfetto)
+    if args.json:
+        sys.stdout.write(result.summary_json())
+    else:
+        print(result.text_summary())
+        if args.out:
+            print(f"  wrote {', '.join(p.name for p in paths.values())} to {args.out}")
+        if args.perfetto:
+            print(f"  wrote {args.perfetto} (open in https://ui.perfetto.dev)")
+    return EXIT_OK
+
+
+def cmd_report(args) -> int:
+    from simulator.results.html_report import load_run_dir, write_report
+    from simulator.results.report import format_summary
+
+    if args.output and not args.html:
+        raise CliError("--output: only with --html")
+    if args.html:
+        from simulator.results.html_report import require_plotly
+
+        require_plotly()
+    data = load_run_dir(args.dir)
+    if not args.html:
+        print(format_summary(SimpleNamespace(summary=data.summary)))  # it reads .summary only
+        return EXIT_OK
+    out = Path(args.output) if args.output else Path(args.dir) / "report.html"
+    write_report(data, out)
+    print(f"wrote {out}")
+    return EXIT_OK
+
+
+def cmd_trace(args) -> int:
+    from simulator.scenario.schema import ScenarioError, load_scenario
+    from workloads.errors import WorkloadError
+    from workloads.trace.builder import build_trace
+    from workloads.trace.io import write_trace
+
+    sc = load_scenario(resolve_scenario_path(args.scenario))
+    try:
+        tr = build_trace(sc.workload(), ranks=list(range(sc.layout.world)) if args.exact else None)
+    except WorkloadError as err:
+        raise ScenarioError.from_error(err) from None
+    write_trace(tr, args.out, scenario=sc, format=args.format)
+    print(f"wrote {len(tr.ops):,} ops of {len(tr.ranks)} ranks to {args.out}")
+    if args.format == "chakra":
+        from workloads.trace.chakra import PREFIX
+
+        print(
+            f"  Chakra ET files {PREFIX}.<rank>.et and comm_group.json (ASTRA-sim: --workload-configuration="
+            f"{Path(args.out) / PREFIX}"
+            + ("" if args.exact else "; one rank per pipeline stage: add --exact for every rank")
+            + ")"
+        )
+    return EXIT_OK
+
+
+def cmd_compare(args) -> int:
+    from simulator.studies.compare import compare_schedules, format_table, plot_comparison
+
+    path = resolve_scenario_path(args.scenario)
+    schedules = [x.strip() for x in args.schedules.split(",") if x.strip()]
+    if args.html and not args.out:
+        raise CliError("--html: give --out DIR too (the report is written to DIR/compare.html)")
+    if args.html:
+        from simulator.results.html_report import require_plotly
+
+        require_plotly()  # before the simulations, not after
+    table, results = compare_schedules(path, schedules, vpp=args.vpp)
+    print(format_table(table))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "compare.csv", index=False)
+        plot_comparison(table, results, out / "compare.png")
+        print(f"wrote compare.csv and compare.png to {out}")
+        if args.html:
+            from simulator.results.html_report import write_compare_report
+
+            print(f"wrote {write_compare_report(table, results, out / 'compare.html')}")
+    return EXIT_OK
+
+
+def cmd_presets(args) -> int:
+    from simulator.engine.compute import DEFAULT_COMPUTE_CALIBRATION
+    from simulator.scenario.schema import builtin_scenarios
+    from topologies.chips import CHIPS
+    from topologies.presets import CLUSTER_PRESETS
+    from workloads import counts
+    from workloads.presets import MODEL_PRESETS
+
+    data = {
+        "models": {
+            k: {
+                "parameters": counts.parameter_count(m, include_mtp=False),
+                "active_parameters": counts.active_parameter_count(m, include_mtp=False),
+                "layers": m.layers,
+                "hidden": m.hidden,
+                "moe": m.moe is not None,
+                "mla": m.attention is not None,
+            }
+            for k, m in sorted(MODEL_PRESETS.items())
+        },
+        "clusters": {
+            k: {
+                "chip": p.chip,
+                "default_devices": p.default_devices,
+                "network": "torus" if p.tpu is not None else "switched",
+            }
+            for k, p in sorted(CLUSTER_PRESETS.items())
+        },
+        "chips": {
+            k: {
+                "bf16_flops_per_s": c.peak("bf16"),
+                "fp8_flops_per_s": c.peak("fp8"),
+                "hbm_bytes": c.hbm_bytes,
+                "hbm_bw_bytes_per_s": c.hbm_bw_bytes_per_s,
+                "family": c.family,
+            }
+            for k, c in sorted(CHIPS.items())
+        },
+        "schedules": list(SCHEDULES),
+        "scenarios": sorted(builtin_scenarios()),
+        "recompute": list(RECOMPUTE_MODES),
+        "balance": list(BALANCE_MODES),
+        "network_kinds": ["torus", "switched"],
+        "calibration_families": sorted(DEFAULT_COMPUTE_CALIBRATION),
+    }
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    print("models:")
+    for k, m in data["models"].items():
+        kind = ("MoE " if m["moe"] else "") + ("MLA" if m["mla"] else "")
+        print(
+            f"  {k:<22} {m['parameters'] / 1e9:8.1f} B params  {m['active_parameters'] / 1e9:7.1f} B active  "
+            f"{m['layers']:>3} layers  {kind}"
+        )
+    print("clusters:")
+    for k, c in data["clusters"].items():
+        print(f"  {k:<22} chip {c['chip']:<8} {c['network']:<9} default {c['default_devices']} devices")
+    print("chips:")
+    for k, c in data["chips"].items():
+        print(
+            f"  {k:<22} {c['bf16_flops_per_s'] / 1e12:6.0f} TFLOP/s bf16  {c['fp8_flops_per_s'] / 1e12:6.0f} fp8  "
+            f"{c['hbm_bytes'] / 1e9:5.0f} GB  {c['hbm_bw_bytes_per_s'] / 1e12:4.2f} TB/s  ({c['family']})"
+        )
+    print("schedules:  " + ", ".join(data["schedules"]))
+    print("scenarios:  " + ", ".join(data["scenarios"]))
+    print(f"recompute:  {', '.join(RECOMPUTE_MODES)};  balance: {', '.join(BALANCE_MODES)}")
+    return EXIT_OK
+
+
+def _cluster_from_arg(arg: str, devices: Optional[int]):
+    from simulator.scenario.schema import resolve_cluster, read_mapping
+
+    p = Path(arg)
+    if p.exists():
+        data = read_mapping(p)
+        data.pop("name", None)
+        spec = data.get("cluster", data)
+    else:
+        spec = {"preset": arg}
+    if devices is not None:
+        spec = {**spec, "devices": devices}
+    return resolve_cluster(spec)
+
+
+def _network_calibration(arg: str, family: str):
+    """The family's network calibration, with the ``network_calibration`` of a scenario
+    file given as ``--cluster`` applied (so that a calibrated scenario can be checked
+    against the nccl-tests logs it was fitted to)."""
+    from simulator.network.calibration import default_calibration
+    from simulator.scenario.schema import NetCalIn, error_from_pydantic, read_mapping
+
+    cal = default_calibration(family)
+    p = Path(arg)
+    if not p.exists():
+        return cal
+    data = read_mapping(p).get("network_calibration")
+    if data is None:
+        return cal
+    from pydantic import ValidationError
+
+    try:
+        entries = NetCalIn.model_validate(data)
+    except ValidationError as err:
+        raise error_from_pydantic(err, "network_calibration") from None
+    return cal.with_overrides(**{k: v for k, v in entries.model_dump().items() if v})
+
+
+def cmd_collective(args) -> int:
+    from simulator.studies import bench
+    from topologies.presets import build_cluster
+
+    spec = _cluster_from_arg(args.cluster, args.devices)
+    topo = build_cluster(spec)
+    n = args.devices or spec.devices
+    if n > topo.n_devices:
+        raise CliError(f"--devices: {n} is more than the cluster's {topo.n_devices}")
+    try:
+        lo, hi = bench.parse_size(args.min_bytes), bench.parse_size(args.max_bytes)
+    except ValueError as err:
+        raise CliError(f"--min-bytes/--max-bytes: {err}") from None
+    if lo <= 0 or hi < lo:
+        raise CliError(f"--min-bytes/--max-bytes: need 0 < min <= max, got {lo} and {hi}")
+    sizes = bench.size_range(lo, hi)
+    rows = bench.collective_sweep(
+        args.op,
+        topo,
+        list(range(n)),
+        sizes,
+        algorithm=args.algorithm,
+        calibration=_network_calibration(args.cluster, spec.chip.family),
+    )
+    if args.format == "json":
+        print(json.dumps(rows, indent=2))
+    elif args.format == "csv":
+        import csv
+
+        w = csv.DictWriter(sys.stdout, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    elif args.format == "nccl-tests":
+        from simulator.interop.nccl_tests import format_nccl_tests
+
+        print(format_nccl_tests(rows, args.op, n, dtype=args.dtype, cluster=spec.name, device_name=spec.chip.name))
+    else:
+        print(f"# stepsim collective {args.op} on {spec.name} ({n} devices)")
+        print(bench.format_table(rows))
+    if args.plot:
+        bench.plot_busbw(rows, args.plot)
+    return EXIT_OK
+
+
+def cmd_topology(args) -> int:
+    from topologies.io import load_topology, save_topology
+    from topologies.presets import build_cluster
+
+    if (
+        Path(args.cluster).suffix.lower() in (".graphml", ".json")
+        and Path(args.cluster).exists()
+        and _looks_like_topology(Path(args.cluster))
+    ):
+        topo = load_topology(args.cluster)
+    else:
+        topo = build_cluster(_cluster_from_arg(args.cluster, args.devices))
+    kinds = {}
+    for k in topo.link_kind:
+        kinds[k] = kinds.get(k, 0) + 1
+    print(
+        f"{topo.name or args.cluster}: {topo.kind}, {topo.n_devices} devices, "
+        f"{topo.graph.number_of_nodes() - topo.n_devices} switches, {topo.n_links // 2} links "
+        f"({', '.join(f'{k} {v // 2}' for k, v in sorted(kinds.items()))})"
+    )
+    if args.save:
+        save_topology(topo, args.save)
+        print(f"wrote {args.save}")
+    if args.plot:
+        from topologies.plot import plot_topology
+
+        plot_topology(topo, args.plot)
+        print(f"wrote {args.plot}")
+    return EXIT_OK
+
+
+def _looks_like_topology(p: Path) -> bool:
+    if p.suffix.lower() == ".graphml":
+        return True
+    from simulator.fileio import load_json, read_text
+
+    try:
+        doc = load_json(read_text(p, 64 * 2**20), str(p))  # capped, like every input file
+        return isinstance(doc, dict) and "nodes" in doc
+    except (OSError, ValueError):
+        return False
+
+
+# ---- parser -------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap, sub = new_parser()
+
+    p = sub.add_parser("run", help="simulate a scenario and write its outputs")
+    p.add_argument(
+        "scenario", help="scenario file (YAML/JSON; docs/scenario.md) or a built-in scenario name (stepsim presets)"
+    )
+    p.add_argument(
+        "--out",
+        help="directory for summary.json, trace.json, timeline.png, memory.png, events, memory "
+        "(formats: docs/scenario.md, docs/formats.md)",
+    )
+    p.add_argument("--exact", action="store_true", help="simulate every device (slow; checks the fast path)")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of the human summary")
+    p.add_argument("--no-plots", action="store_true", help="skip timeline.png and memory.png")
+    p.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="write sim_wall_s as null so that summary.json is byte-identical across runs",
+    )
+    p.add_argument("--topology", help="a topology file (JSON/GraphML; docs/formats.md) replacing the cluster's network")
+    p.add_argument(
+        "--trace",
+        help="simulate this trace file (from `stepsim trace`; docs/formats.md) or Chakra trace "
+        "directory (ET files) instead of generating one",
+    )
+    p.add_argument(
+        "--html",
+        action="store_true",
+        help="also write --out DIR/report.html (needs plotly: pip install 'stepsim[report]')",
+    )
+    p.add_argument(
+        "--perfetto", metavar="FILE", help="write the Perfetto / Chrome trace to FILE (.json, or .json.gz to compress)"
+    )
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("report", help="summarise a `run --out` directory; --html: one self-contained HTML page")
+    p.add_argument("dir", help="the --out directory of `stepsim run`")
+    p.add_argument(
+        "--html", action="store_true", help="write DIR/report.html (needs plotly: pip install 'stepsim[report]')"
+    )
+    p.add_argument("--output", metavar="FILE", help="with --html: write the page here instead")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "trace",
+        help="write a scenario's operation trace to a file (JSON, .gz to compress) or a directory of Chakra ET files",
+    )
+    p.add_argument("scenario", help="scenario file or built-in scenario name")
+    p.add_argument(
+        "--out", required=True, help="trace file to write (.json or .json.gz); with --format chakra, a directory"
+    )
+    p.add_argument(
+        "--format",
+        choices=["json", "chakra"],
+        default="json",
+        help="json (default) or chakra: MLCommons Chakra ET files, one per rank, and comm_group.json (docs/formats.md)",
+    )
+    p.add_argument("--exact", action="store_true", help="every rank instead of one per pipeline stage")
+    p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser("compare", help="run a scenario under several pipeline schedules, side by side")
+    p.add_argument("scenario", help="scenario file or built-in scenario name")
+    p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b,zb-h1,dualpipe")
+    p.add_argument("--vpp", type=int, default=2, help="virtual stages for interleaved-1f1b (default 2)")
+    p.add_argument("--out", help="directory for compare.csv and compare.png")
+    p.add_argument("--html", action="store_true", help="also write --out DIR/compare.html (needs plotly)")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("presets", help="list every model, cluster, chip, schedule and built-in scenario")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser("collective", help="nccl-tests-style collective benchmark on a simulated cluster")
+    p.add_argument("op", choices=COLLECTIVE_OPS)
+    p.add_argument("--cluster", required=True, help="cluster preset name or a file holding a `cluster` mapping")
+    p.add_argument("--devices", type=int, help="devices taking part (default: the whole cluster)")
+    p.add_argument("--algorithm", help="collective algorithm (default: chosen per topology)")
+    p.add_argument("--min-bytes", default="8")
+    p.add_argument("--max-bytes", default="8G")
+    p.add_argument(
+        "--format",
+        choices=["table", "csv", "json", "nccl-tests"],
+        default="table",
+        help="nccl-tests: the columns all_reduce_perf & co print (size, count, type, redop, root, time "
+        "in us, algbw, busbw in GB/s), readable by `stepsim calibrate --nccl-tests`",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["float", "bfloat16"],
+        default="float",
+        help="element type of the nccl-tests count/type columns (default float, as nccl-tests' -d)",
+    )
+    p.add_argument("--plot", help="write a busbw-vs-size plot to this PNG/SVG")
+    p.set_defaults(func=cmd_collective)
+
+    p = sub.add_parser("topology", help="describe, save or draw a cluster topology")
+    p.add_argument("cluster", help="cluster preset name, a scenario/cluster file, or a topology file")
+    p.add_argument("--devices", type=int)
+    p.add_argument("--plot", help="write a picture of the topology (PNG/SVG)")
+    p.add_argument("--save", help="save the topology as JSON or GraphML (by extension)")
+    p.set_defaults(func=cmd_topology)
+
+    from simulator.cli import ppmap as cli_ppmap, sweep as cli_sweep, validate as cli_validate
+    from simulator.interop import megatron as megatron_import
+
+    cli_sweep.register(sub)
+    cli_ppmap.register(sub)
+    cli_validate.register(sub)
+    megatron_import.register(sub)
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``stepsim ARGV``: the exit code (:func:`simulator.cli.common.run`)."""
+    return run(build_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

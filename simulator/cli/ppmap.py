@@ -1,0 +1,45 @@
+"""``stepsim ppmap``: the command line of :mod:`simulator.studies.ppmap` (the map of where
+pipeline parallelism pays). The study itself, and pandas with it, is imported only when
+the command runs, so ``stepsim --help`` stays light."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from simulator.cli.common import CliError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("ppmap", help="the map of where pipeline parallelism pays (domain size x NIC bandwidth)")
+    p.add_argument("map", help="map file (YAML/JSON): models, grid of domain sizes and NIC bandwidths, systems")
+    p.add_argument("--out", required=True, help="directory: screen.jsonl, sims/ (resumable), map.csv, candidates.csv")
+    p.add_argument("--plot", help="write the heat map to this PNG")
+    p.add_argument("--assemble-only", action="store_true", help="simulate nothing: tables from what --out holds")
+    p.add_argument("--jobs", type=int, help="local worker processes (default: every core; 1: in this process)")
+    p.add_argument("--dask", metavar="ADDRESS", help="run the simulations on the Dask scheduler at ADDRESS")
+    p.set_defaults(func=cmd_ppmap)
+
+
+def cmd_ppmap(args) -> int:
+    from simulator.cli.sweep import _dask_client
+    from simulator.studies.ppmap import CANDIDATES_CSV, MAP_CSV, assemble, load_map, plot_map, run_map
+
+    if not Path(args.map).exists():
+        raise CliError(f"ppmap: no file {args.map!r}")
+    if args.jobs is not None and args.jobs < 1:
+        raise CliError(f"--jobs: must be >= 1, got {args.jobs}")
+    spec = load_map(args.map)
+    if args.assemble_only:
+        table, cands = assemble(spec, args.out)
+    else:
+        with _dask_client(args.dask) as client:
+            table, cands = run_map(spec, args.out, client=client, jobs=args.jobs, progress=None)
+    done = int(table["ratio"].notna().sum()) if len(table) else 0
+    print(
+        f"ppmap {spec.name}: {len(table)} points screened, {done} with a ratio; "
+        f"{len(cands)} layouts simulated; wrote {MAP_CSV}, {CANDIDATES_CSV} to {args.out}"
+    )
+    if args.plot and len(table):
+        plot_map(table, args.plot, markers={m[0]: m[1:] for m in spec.marks}, title=spec.name)
+        print(f"  figure: {args.plot}")
+    return 0

@@ -1,0 +1,216 @@
+"""Where each device's step time goes: compute, exposed communication, offload wait, bubble.
+
+For every simulated rank, from the engine's op records:
+
+* **compute busy**: the union of its compute ops' intervals;
+* **communication busy, per axis**: the union of the collectives it takes part in
+  (from the moment its transfers begin: when the last simulated member of the group
+  has arrived, not when this rank arrived and started waiting for the others) and of
+  the point-to-point transfers it sends or receives (axis ``pp``); the axis is the
+  op's ``axis`` (``tp``, ``ep_inter``, ``dp_cp``, ...), else its stream;
+* **host busy**: its ``offload`` stream (host-link transfers and CPU optimizer work).
+
+At each instant the compute stream is busy or idle. Idle time is charged as
+
+* **exposed communication** where at least one communication axis is busy, split
+  *equally* among the axes busy at that instant (two axes in flight for 1 ms charge
+  0.5 ms each);
+* **offload wait** where no communication is busy but the host link is;
+* **bubble** where neither is.
+
+So ``compute + exposed + offload_wait + bubble = step`` on every rank, and each
+axis's exposed time is at most its busy time. Only a rank's own operations count:
+a stage waiting on the pipeline is never charged another stage's collectives.
+
+The sweep is vectorised: every interval becomes a +1 and a -1 event, events are
+sorted by (rank, time), a cumulative sum per channel gives which channels are busy
+on each elementary segment between consecutive event times, and ``np.bincount``
+sums the segment lengths per rank and category.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: Categories of idle time, as ``RawRun.idle`` keys and idle-span causes.
+BUBBLE, EXPOSED, OFFLOAD_WAIT = "bubble", "exposed_comm", "offload_wait"
+#: Channel numbers: compute, host link; communication axes from 2 on.
+_COMPUTE, _HOST = 0, 1
+
+
+@dataclass(frozen=True)
+class IdleAccount:
+    """Per simulated rank (row ``i`` is ``ranks[i]``), seconds of the step."""
+
+    ranks: tuple[int, ...]
+    axes: tuple[str, ...]  # communication axes, sorted; columns of the *_by_axis arrays
+    step_s: float
+    compute_s: np.ndarray  # (R,) compute stream busy
+    exposed_s: np.ndarray  # (R,) compute idle, some communication busy
+    offload_wait_s: np.ndarray  # (R,) compute idle, no communication, host link busy
+    bubble_s: np.ndarray  # (R,) compute idle, nothing of this rank's in flight
+    offload_busy_s: np.ndarray  # (R,) host link busy (union)
+    busy_by_axis_s: np.ndarray  # (R, A) each axis busy (union)
+    exposed_by_axis_s: np.ndarray  # (R, A) exposed, split equally among concurrent axes
+    spans: list = field(default_factory=list)
+    # idle spans (rank, start_s, end_s, cause, what): cause 'bubble' | 'exposed_comm' |
+    # 'offload_wait'; what = the axes busy ('tp', 'ep_inter+ep_intra') or 'offload'
+
+    def per_rank(self) -> dict[int, dict[str, float]]:
+        """``RawRun.idle``: rank -> {'bubble', 'exposed_comm', 'offload_wait', 'compute',
+        'exposed_<axis>' for every axis with exposed time}."""
+        out = {}
+        for i, r in enumerate(self.ranks):
+            d = {
+                BUBBLE: float(self.bubble_s[i]),
+                EXPOSED: float(self.exposed_s[i]),
+                OFFLOAD_WAIT: float(self.offload_wait_s[i]),
+                "compute": float(self.compute_s[i]),
+            }
+            for j, a in enumerate(self.axes):
+                if self.exposed_by_axis_s[i, j] > 0:
+                    d["exposed_" + a] = float(self.exposed_by_axis_s[i, j])
+            out[r] = d
+        return out
+
+
+def account(records, ranks, step_s: float) -> IdleAccount:
+    """Attribute every simulated rank's step time (see the module doc).
+
+    ``records``: the engine's :class:`~simulator.engine.loop.OpRecord` list; ``ranks``: the
+    simulated ranks; ``step_s``: the step time (every record ends by then)."""
+    ranks = tuple(ranks)
+    rank_ix = {r: i for i, r in enumerate(ranks)}
+    axis_ch: dict[str, int] = {}
+    # Column by column (list comprehensions; the order of intervals does not matter:
+    # they are sorted by rank and time below, and ties only make empty segments).
+    ops = [rec.op for rec in records]
+    rk = [rank_ix[op.rank] for op in ops]
+    st = [rec.start_s for rec in records]
+    en = [rec.end_s for rec in records]
+    chan: dict[tuple[str, str], int] = {}
+
+    def channel(op) -> int:
+        key = (op.kind, op.axis or op.stream)
+        c = chan.get(key)
+        if c is None:
+            if op.kind == "compute":
+                c = _COMPUTE
+            elif op.kind == "host":
+                c = _HOST
+            else:
+                a = op.axis or op.stream
+                c = axis_ch.get(a)
+                if c is None:
+                    c = axis_ch[a] = len(axis_ch) + 2
+            chan[key] = c
+        return c
+
+    ch = [_COMPUTE if op.kind == "compute" else channel(op) for op in ops]
+    launch: dict[str, float] = {}  # collective key -> last member's arrival
+    coll_at: list[tuple[int, str]] = []
+    for i, op in enumerate(ops):
+        kind = op.kind
+        if kind == "compute" or kind == "host":
+            continue
+        if kind == "collective" and op.key:
+            if launch.get(op.key, -1.0) < st[i]:
+                launch[op.key] = st[i]
+            coll_at.append((i, op.key))
+        elif kind == "send":
+            p = rank_ix.get(op.peer)
+            if p is not None:  # the receiver's side of the transfer
+                rk.append(p)
+                ch.append(ch[i])
+                st.append(st[i])
+                en.append(en[i])
+    for pos, key in coll_at:  # transfers begin when the last member arrives
+        st[pos] = launch[key]
+    axes = tuple(sorted(axis_ch))
+    # channel numbers in sorted-axis order, so that outputs do not depend on record order
+    remap = np.arange(len(axis_ch) + 2)
+    for j, a in enumerate(axes):
+        remap[axis_ch[a]] = j + 2
+    n = len(ranks)
+    r = np.asarray(rk, dtype=np.int64)
+    c = remap[np.asarray(ch, dtype=np.int64)] if ch else np.zeros(0, dtype=np.int64)
+    s = np.asarray(st, dtype=float)
+    e = np.asarray(en, dtype=float)
+    keep = e > s
+    r, c, s, e = r[keep], c[keep], s[keep], e[keep]
+    # Events: +1 at each start, -1 at each end; sentinels at 0 and the step end so that
+    # every rank's segments tile [0, step].
+    idx = np.arange(n, dtype=np.int64)
+    t = np.concatenate([s, e, np.zeros(n), np.full(n, float(step_s))])
+    er = np.concatenate([r, r, idx, idx])
+    ec = np.concatenate([c, c, np.full(2 * n, -1, dtype=np.int64)])
+    ed = np.concatenate([np.ones(len(s), np.int64), -np.ones(len(s), np.int64), np.zeros(2 * n, np.int64)])
+    order = np.lexsort((t, er))
+    t, er, ec, ed = t[order], er[order], ec[order], ed[order]
+    # Segment i is [t[i], t[i+1]) with the state after event i; a segment spanning two
+    # ranks has length 0 (each rank's deltas sum to zero, so the counts restart at 0).
+    seg_r = er[:-1]
+    seg = np.where(er[1:] == seg_r, np.diff(t), 0.0)
+
+    def busy(k: int) -> np.ndarray:
+        return np.cumsum(np.where(ec == k, ed, 0))[:-1] > 0
+
+    comp, host = busy(_COMPUTE), busy(_HOST)
+    act = [busy(j + 2) for j in range(len(axes))]
+    n_act = np.sum(act, axis=0) if act else np.zeros(len(seg), dtype=np.int64)
+    idle = np.where(comp, 0.0, seg)
+    exposed = np.where(n_act > 0, idle, 0.0)
+    quiet = idle - exposed
+
+    def per_rank(w: np.ndarray) -> np.ndarray:
+        return np.bincount(seg_r, weights=w, minlength=n)[:n]
+
+    share = exposed / np.maximum(n_act, 1)
+    busy_ax = np.zeros((n, len(axes)))
+    exp_ax = np.zeros((n, len(axes)))
+    for j, a_act in enumerate(act):
+        busy_ax[:, j] = per_rank(np.where(a_act, seg, 0.0))
+        exp_ax[:, j] = per_rank(np.where(a_act, share, 0.0))
+    acc = IdleAccount(
+        ranks=ranks,
+        axes=axes,
+        step_s=float(step_s),
+        compute_s=per_rank(np.where(comp, seg, 0.0)),
+        exposed_s=per_rank(exposed),
+        offload_wait_s=per_rank(np.where(host, quiet, 0.0)),
+        bubble_s=per_rank(np.where(host, 0.0, quiet)),
+        offload_busy_s=per_rank(np.where(host, seg, 0.0)),
+        busy_by_axis_s=busy_ax,
+        exposed_by_axis_s=exp_ax,
+        spans=_spans(ranks, axes, t, seg_r, seg, comp, host, act, n_act),
+    )
+    return acc
+
+
+def _spans(ranks, axes, t, seg_r, seg, comp, host, act, n_act) -> list:
+    """Maximal idle spans of one category (and one set of busy axes), per rank."""
+    mask = np.zeros(len(seg), dtype=np.int64)
+    for j, a_act in enumerate(act):
+        mask |= a_act.astype(np.int64) << j
+    # label: -1 computing, 0 bubble, 1 offload wait, 2 + axis bit mask exposed
+    label = np.where(comp, -1, np.where(n_act > 0, 2 + mask, np.where(host, 1, 0)))
+    live = seg > 0
+    lab, rr = label[live], seg_r[live]
+    t0, t1 = t[:-1][live], t[1:][live]
+    if not len(lab):
+        return []
+    first = np.flatnonzero(np.r_[True, (lab[1:] != lab[:-1]) | (rr[1:] != rr[:-1])])
+    last = np.r_[first[1:] - 1, len(lab) - 1]
+    keep = lab[first] >= 0
+    first, last = first[keep], last[keep]
+    out = []
+    names: dict[int, tuple[str, str]] = {0: (BUBBLE, ""), 1: (OFFLOAD_WAIT, "offload")}
+    for ri, a, b, lb in zip(rr[first].tolist(), t0[first].tolist(), t1[last].tolist(), lab[first].tolist()):
+        nm = names.get(lb)
+        if nm is None:
+            bits = lb - 2
+            nm = names[lb] = (EXPOSED, "+".join(x for j, x in enumerate(axes) if bits >> j & 1))
+        out.append((ranks[ri], a, b, nm[0], nm[1]))
+    return out

@@ -1,0 +1,225 @@
+"""Network calibration: how much of a link's line rate a collective library achieves.
+
+A :class:`NetCalibration` holds two tables keyed by link kind (the ``kind``
+attribute of a topology edge: ``'ici'``, ``'nvlink'``, ``'nic'``, ``'fabric'``,
+``'dcn'``):
+
+* ``efficiency`` -- the fraction of the per-direction line rate that bulk
+  transfers achieve (protocol headers, flow control, NCCL's chunking). The flow
+  network multiplies every link's capacity by it.
+* ``message_overhead_s`` -- extra software latency paid once per bulk-synchronous
+  step by a transfer whose path crosses a link of that kind (the largest value
+  along the path counts). It is *on top of* the link latencies of the topology.
+
+``algorithm_efficiency`` scales the bandwidth of whole collective algorithms whose
+throughput is limited by something other than link protocol overhead (in-switch
+reduction ALUs): :func:`simulator.network.collectives.run_collective` divides the bytes of
+such a plan by it.
+
+Defaults per chip family, with the measurement each number comes from:
+
+* NVLink (Hopper): nccl-tests busbw of about 370 GB/s on 8 x H100 against a
+  450 GB/s per-direction line rate, "about 20 % protocol overhead" -- S. Jeaugey
+  (NCCL maintainer), NVIDIA/nccl-tests issue #212. 370 / 450 = 0.822.
+* NVLink SHARP (NVLS, Hopper): peak all-reduce busbw about 480 GB/s, i.e. algbw
+  about 275 GB/s on 8 x H100 at sizes > 256 MB (same issue #212). The NVLS plan
+  moves ``S (n+1)/n`` bytes per direction per GPU (see ``collectives.py``), so the
+  achieved per-direction rate is 275 x 9/8 = 309 GB/s = 0.688 of line rate, i.e.
+  0.688 / 0.822 = 0.836 of what NVLink copies achieve.
+* InfiniBand NIC and fabric links: "12.2 GB/s (for a 100 Gbps card) is as good as
+  you can get", and a DGX-1 with four such adapters reaches 48 GB/s -- S. Jeaugey,
+  NVIDIA/nccl-tests issue #29. 12.2 / 12.5 = 0.976, 48 / 50 = 0.96; we use 0.96.
+* Latency: the topology builders (``topologies/networks.py``) already split the
+  small-message (64 B) end-to-end latencies measured by DeepSeek (Zhao et al.,
+  "Insights into DeepSeek-V3", ISCA'25: IB 2.8 us same leaf, 3.7 us cross leaf,
+  NVLink 3.33 us) over the links of a path, and the TPU torus builder uses about
+  1 us per ICI hop (the assumption of "How to Scale Your Model", TPU chapter). As
+  those figures are already end to end, the default ``message_overhead_s`` is 0
+  for every kind so that nothing is counted twice; a send-recv of a tiny message
+  then takes exactly the published latency (checked in ``tests/test_network.py``).
+* Ampere and Blackwell NVLink: no busbw measurement in the project's reference
+  data; the Hopper fraction 0.82 is carried over (an assumption). As a sanity
+  check, a GB200 user measured 770 GB/s GPU-to-GPU copy bandwidth with
+  nvbandwidth against 900 GB/s line rate (0.86; Azure/AI-benchmarking-guide
+  issue #7), close to it.
+* NVLink SHARP (NVLS, Blackwell): a full GB200 NVL72 rack (72 GPUs) measures an
+  all-reduce algbw of 425.49 GB/s (busbw 839.16) at 4 GiB out of place, 835-847
+  busbw at 4-8 GiB (coreweave/nccl-tests pull request #43, "Add a GB200 NVL72
+  example"). With ``S (n+1)/n`` bytes per direction per GPU that is
+  425.49 x 73/72 = 431.4 GB/s = 0.479 of the 900 GB/s line rate, i.e. 0.583 of
+  what NVLink copies achieve -- well below Hopper's 0.836, so Hopper's NVLS figure is
+  not carried over. 8-GPU Blackwell domains (DGX B200) get the same fraction (an
+  assumption: no single-node B200 NVLS measurement at hand).
+* TPU ICI and DCN: "How to Scale Your Model" computes its collective rooflines at
+  the full per-link bandwidth; with no published achieved-to-line ratio in the
+  reference data the default is 1.0 (an assumption, overridable).
+* DCN on GPU clusters: no measurement at hand; 0.96 as for InfiniBand (assumption).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Mapping
+
+from simulator.errors import NetworkError
+
+#: Link kinds that topologies put on edges.
+LINK_KINDS = ("ici", "nvlink", "nic", "fabric", "dcn")
+
+#: Chip families with default calibrations (same names as ``topologies.chips.FAMILIES``).
+FAMILIES = ("ampere", "hopper", "blackwell", "tpu")
+
+#: nccl-tests issue #212: 370 GB/s busbw of 450 GB/s NVLink4 line rate.
+NVLINK_EFFICIENCY = 370.0 / 450.0
+#: nccl-tests issue #29: 48 GB/s of 4 x 100 Gb/s InfiniBand on a DGX-1.
+IB_EFFICIENCY = 48.0 / 50.0
+#: nccl-tests issue #212: NVLS all-reduce algbw 275 GB/s on 8 GPUs, each moving
+#: S (n+1)/n = 9/8 S per direction, of 450 GB/s line rate; relative to NVLink copies.
+NVLS_RELATIVE_EFFICIENCY = (275.0 * 9.0 / 8.0 / 450.0) / NVLINK_EFFICIENCY
+#: coreweave/nccl-tests PR #43: NVLS all-reduce algbw 425.49 GB/s on a 72-GPU GB200 NVL72
+#: rack at 4 GiB, each GPU moving S (n+1)/n = 73/72 S per direction, of 900 GB/s line rate.
+BLACKWELL_NVLS_RELATIVE_EFFICIENCY = (425.49 * 73.0 / 72.0 / 900.0) / NVLINK_EFFICIENCY
+
+
+class CalibrationError(NetworkError):
+    """A calibration table with a bad entry, or an unknown chip family."""
+
+
+def _frozen(mapping: Mapping[str, float], name: str, upper: float | None) -> Mapping[str, float]:
+    out = {}
+    for key, value in dict(mapping).items():
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise CalibrationError(f"{name}[{key!r}]: expected a number, got {value!r}") from None
+        if not (v >= 0.0) or v != v or v == float("inf"):
+            raise CalibrationError(f"{name}[{key!r}]: must be a finite number >= 0, got {value!r}")
+        if upper is not None and not (0.0 < v <= upper):
+            raise CalibrationError(f"{name}[{key!r}]: must be in (0, {upper}], got {value!r}")
+        out[str(key)] = v
+    return MappingProxyType(out)
+
+
+@dataclass(frozen=True)
+class NetCalibration:
+    """Achieved fraction of line rate and per-step software latency, per link kind.
+
+    Kinds missing from ``efficiency`` get 1.0; kinds missing from
+    ``message_overhead_s`` get 0.0. ``algorithm_efficiency`` (by collective
+    algorithm name) defaults to 1.0.
+    """
+
+    efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
+    message_overhead_s: Mapping[str, float] = field(default_factory=dict, hash=False)
+    algorithm_efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "efficiency", _frozen(self.efficiency, "efficiency", 1.0))
+        object.__setattr__(self, "message_overhead_s", _frozen(self.message_overhead_s, "message_overhead_s", None))
+        object.__setattr__(
+            self, "algorithm_efficiency", _frozen(self.algorithm_efficiency, "algorithm_efficiency", 1.0)
+        )
+
+    def efficiency_of(self, kind: str) -> float:
+        return self.efficiency.get(kind, 1.0)
+
+    def overhead_of(self, kind: str) -> float:
+        return self.message_overhead_s.get(kind, 0.0)
+
+    def algorithm_efficiency_of(self, algorithm: str) -> float:
+        return self.algorithm_efficiency.get(algorithm, 1.0)
+
+    def with_overrides(
+        self,
+        *,
+        efficiency: Mapping[str, float] | None = None,
+        message_overhead_s: Mapping[str, float] | None = None,
+        algorithm_efficiency: Mapping[str, float] | None = None,
+    ) -> "NetCalibration":
+        """A copy with some entries replaced (others kept)."""
+        return replace(
+            self,
+            efficiency={**self.efficiency, **(efficiency or {})},
+            message_overhead_s={**self.message_overhead_s, **(message_overhead_s or {})},
+            algorithm_efficiency={**self.algorithm_efficiency, **(algorithm_efficiency or {})},
+        )
+
+
+#: Line rate, no software latency: what closed-form tests compare against.
+IDEAL = NetCalibration(source="ideal: line rate, no overhead")
+
+_ZERO_OVERHEAD = {kind: 0.0 for kind in LINK_KINDS}
+
+_DEFAULTS = {
+    "hopper": NetCalibration(
+        efficiency={
+            "nvlink": NVLINK_EFFICIENCY,
+            "nic": IB_EFFICIENCY,
+            "fabric": IB_EFFICIENCY,
+            "dcn": IB_EFFICIENCY,
+            "ici": 1.0,
+        },
+        message_overhead_s=_ZERO_OVERHEAD,
+        algorithm_efficiency={"nvls": NVLS_RELATIVE_EFFICIENCY},
+        source="NVLink: nccl-tests #212 (370/450 GB/s); NVLS: nccl-tests #212 (algbw 275 GB/s); "
+        "IB: nccl-tests #29 (48/50 GB/s); latency on links (DeepSeek ISCA'25)",
+    ),
+    "ampere": NetCalibration(
+        efficiency={
+            "nvlink": NVLINK_EFFICIENCY,
+            "nic": IB_EFFICIENCY,
+            "fabric": IB_EFFICIENCY,
+            "dcn": IB_EFFICIENCY,
+            "ici": 1.0,
+        },
+        message_overhead_s=_ZERO_OVERHEAD,
+        source="NVLink fraction carried over from Hopper (assumption); IB: nccl-tests #29",
+    ),
+    "blackwell": NetCalibration(
+        efficiency={
+            "nvlink": NVLINK_EFFICIENCY,
+            "nic": IB_EFFICIENCY,
+            "fabric": IB_EFFICIENCY,
+            "dcn": IB_EFFICIENCY,
+            "ici": 1.0,
+        },
+        message_overhead_s=_ZERO_OVERHEAD,
+        algorithm_efficiency={"nvls": BLACKWELL_NVLS_RELATIVE_EFFICIENCY},
+        source="NVLink fraction carried over from Hopper (assumption; GB200 nvbandwidth "
+        "770/900 GB/s, Azure/AI-benchmarking-guide #7); NVLS: GB200 NVL72 rack algbw "
+        "425 GB/s (coreweave/nccl-tests PR #43); IB: nccl-tests #29",
+    ),
+    "tpu": NetCalibration(
+        efficiency={"ici": 1.0, "dcn": 1.0, "nic": 1.0, "fabric": 1.0, "nvlink": 1.0},
+        message_overhead_s=_ZERO_OVERHEAD,
+        source="HSYM rooflines at full ICI/DCN bandwidth; ~1 us per ICI hop on the links",
+    ),
+}
+
+
+def default_calibration(family: str) -> NetCalibration:
+    """The default calibration of a chip family (or of a catalogue chip name).
+
+    ``family`` is one of :data:`FAMILIES` (``'hopper'``...) or a chip name known to
+    ``topologies.chips`` (``'h100'``, ``'tpu-v5p'``...), case-insensitive.
+
+    Raises
+    ------
+    CalibrationError
+        If ``family`` is neither; the message lists the allowed families.
+    """
+    key = str(family).strip().lower()
+    if key in _DEFAULTS:
+        return _DEFAULTS[key]
+    try:
+        from topologies.chips import CHIPS
+    except ImportError:  # pragma: no cover - the catalogue ships with stepsim
+        CHIPS = {}
+    if key in CHIPS:
+        return _DEFAULTS[CHIPS[key].family]
+    raise CalibrationError(
+        f"calibration family {family!r} is unknown; allowed: {', '.join(FAMILIES)} "
+        f"or a chip name ({', '.join(sorted(CHIPS))})"
+    )

@@ -1,0 +1,406 @@
+"""Matplotlib figures for design reviews: the step's timeline and memory curves.
+
+Figures are drawn for a slide: at most :data:`SLIDE_WIDTH_IN` wide and no text
+smaller than :data:`MIN_FONT_PT` at the size they are saved at. Library code never
+picks a backend: figures come from :func:`new_figure` (pyplot with whatever backend
+matplotlib chose — Agg on a machine without a display, the inline backend in a
+notebook), are saved and closed when a path is given, and returned either way.
+"""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, PathPatch
+from matplotlib.path import Path
+
+#: No text below this size (points, at the saved size).
+MIN_FONT_PT = 10
+#: Width of a 16:9 slide (PowerPoint's and Google Slides' default, 13.333 x 7.5 in):
+#: a figure no wider than this goes on a slide at its own size, text unscaled.
+SLIDE_WIDTH_IN = 13.333
+
+PHASE_COLOURS = {
+    # Tableau 10/20 hues. Recompute is a forward pass run again (a light forward blue);
+    # weight-grad is part of the backward (a light backward green); the optimizer is near-black,
+    # which no mix of thin red idle slivers with blue and green bars looks like.
+    "F": "#4E79A7",
+    "B": "#59A14F",
+    "I": "#59A14F",
+    "W": "#8CD17D",
+    "R": "#A0CBE8",
+    "opt": "#3A3A3A",
+}
+PHASE_LABELS = {
+    "F": "forward",
+    "B": "backward",
+    "I": "backward",
+    "W": "weight grad",
+    "R": "recompute",
+    "opt": "optimizer",
+}
+AXIS_COLOURS = {
+    "tp": "#EDC948",
+    "cp": "#9C755F",
+    "ep": "#D37295",
+    "dp": "#76B7B2",
+    "dp_cp": "#76B7B2",
+    "edp": "#86BCB6",
+    "pp": "#9467BD",
+    "pp_mirror": "#C5B0D5",
+    "offload": "#BAB0AC",
+    "": "#BAB0AC",
+}
+#: Idle time on a compute row, by the engine's cause (:mod:`simulator.engine.accounting`): exposed
+#: communication a saturated red, waiting for the host (offload) a saturated orange, both far
+#: from every phase colour; a cause the engine adds later gets a hue of :data:`SPARE_COLOURS`
+#: and its own legend entry (:func:`colour_for`, :func:`legend_handles`).
+IDLE_COLOURS = {"exposed_comm": "#E15759", "offload_wait": "#FF7F0E"}
+BUBBLE_EDGE = "#8A8A8A"  # hatch lines of pipeline bubbles: mid grey, apart from the near-black optimizer
+#: Hues used by nothing above, handed out in order to categories without a colour of their own.
+SPARE_COLOURS = ("#FF9DA7", "#17BECF", "#8C564B", "#BCBD22", "#7F7F7F", "#1F77B4")
+AXIS_LABELS = {"dp_cp": "dp×cp", "pp_mirror": "pp (mirror)", "": "other"}
+COMM_STREAMS = ("tp", "cp", "ep", "dp", "fsdp", "pp", "offload")
+
+
+class SlideFigure(Figure):
+    """A pyplot figure that a notebook shows once.
+
+    The inline backend draws every open pyplot figure at the end of a cell, and IPython
+    also draws a figure that is a cell's value: ``res.plot_timeline()`` would appear
+    twice. Shown either way, this figure draws itself as a PNG and, under the inline
+    backend, leaves pyplot's list of open figures, so it is not drawn again."""
+
+    def _ipython_display_(self):
+        import matplotlib
+        from IPython.display import display
+
+        buf = io.BytesIO()
+        # no bbox_inches="tight" (the inline default): the layout engine already fits the
+        # figure, and "tight" draws everything twice
+        self.savefig(buf, format="png")
+        display({"image/png": buf.getvalue(), "text/plain": repr(self)}, raw=True)
+        if "inline" in matplotlib.get_backend():
+            plt.close(self)
+
+
+def new_figure(figsize, **subplots) -> tuple[Figure, object]:
+    """``plt.subplots`` on a :class:`SlideFigure`: ``(figure, axes)``."""
+    return plt.subplots(figsize=figsize, FigureClass=SlideFigure, **subplots)
+
+
+def finish(fig: Figure, path=None, dpi: int = 130, **savefig) -> Figure:
+    """Save ``fig`` to ``path`` (then close it: a script that writes files does not pile up
+    open figures) and return it."""
+    if path is not None:
+        fig.savefig(path, dpi=dpi, **savefig)
+        plt.close(fig)
+    return fig
+
+
+def colour_for(key, table: dict, assigned: dict) -> str:
+    """``table[key]``, or the next spare hue (fixed for the figure via ``assigned``)."""
+    if key in table:
+        return table[key]
+    if key not in assigned:
+        used = set(table.values()) | set(assigned.values())
+        free = [c for c in SPARE_COLOURS if c not in used] or list(SPARE_COLOURS)
+        assigned[key] = free[0]
+    return assigned[key]
+
+
+def idle_label(cause: str) -> str:
+    return cause.replace("_", " ")
+
+
+def legend_handles(phases: dict, causes: dict, axes: dict = {}) -> list[Patch]:
+    """Legend entries for what a timeline drew: compute ``phases`` (phase -> colour, in
+    :data:`PHASE_COLOURS` order, then any other), idle ``causes`` (cause -> colour, None =
+    hatched bubble) and communication ``axes`` (axis -> colour). Phases sharing a label
+    (B and I) get one entry."""
+    order = list(PHASE_COLOURS)
+    out, seen = [], set()
+    for p in sorted(phases, key=lambda p: (order.index(p) if p in order else len(order), str(p))):
+        label = PHASE_LABELS.get(p, str(p))
+        if label not in seen:
+            seen.add(label)
+            out.append(Patch(color=phases[p], label=label))
+    for cause in sorted(causes, key=lambda c: (c != "bubble", c)):
+        colour = causes[cause]
+        out.append(
+            Patch(facecolor="none", edgecolor=BUBBLE_EDGE, hatch="////", label="bubble")
+            if colour is None
+            else Patch(color=colour, label=f"{idle_label(cause)} (idle)")
+        )
+    out += [Patch(color=c, label=f"{AXIS_LABELS.get(a, a)} comm") for a, c in axes.items()]
+    return out
+
+
+def _time_unit(step: float) -> tuple[float, str]:
+    return (1e3, "ms") if step < 10 else (1.0, "s")
+
+
+def span_bars(ax, spans: list, y: float, hatch=None, **style) -> None:
+    """``(start, width)`` bars on row ``y``, their rectangles built in numpy (what
+    ``broken_barh`` draws, without its per-bar Python loop): one collection, or with
+    ``hatch`` one compound path (Agg hatches each path of a collection on its own,
+    which for thousands of bubbles costs seconds)."""
+    sw = np.asarray(spans, dtype=float)
+    x0, x1 = sw[:, 0], sw[:, 0] + sw[:, 1]
+    y0, y1 = np.full_like(x0, y - 0.4), np.full_like(x0, y + 0.4)
+    verts = np.stack([np.stack([x0, y0], 1), np.stack([x0, y1], 1), np.stack([x1, y1], 1), np.stack([x1, y0], 1)], 1)
+    # Bars lie inside the axes: leaving them out of the layout, and giving the data limits as
+    # two corners, spares matplotlib the extent of every bar (seconds for tens of thousands).
+    if hatch:
+        ax.add_artist(PathPatch(Path.make_compound_path_from_polys(verts), hatch=hatch, in_layout=False, **style))
+    else:
+        ax.add_collection(PolyCollection(verts, in_layout=False, **style), autolim=False)
+    ax.update_datalim([(x0.min(), y - 0.4), (x1.max(), y + 0.4)])
+
+
+def _rectangles(x0: np.ndarray, x1: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Bars ``[x0, x1]`` on rows ``y`` (each 0.8 high) as closed rectangle polygons."""
+    y0, y1 = y - 0.4, y + 0.4
+    return np.stack(
+        [
+            np.stack([x0, y0], 1),
+            np.stack([x0, y1], 1),
+            np.stack([x1, y1], 1),
+            np.stack([x1, y0], 1),
+            np.stack([x0, y0], 1),
+        ],
+        1,
+    )
+
+
+def _bar_path(ax, x0: np.ndarray, x1: np.ndarray, y: np.ndarray, **style) -> None:
+    """Bars as one compound path of rectangles, built in numpy: one artist however many
+    bars (a collection makes a Path object per bar, seconds for a hundred thousand, and
+    Agg hatches each path of a collection on its own). Every rectangle is drawn in the same
+    winding, so overlapping bars fill their union."""
+    if not len(x0):
+        return
+    verts = _rectangles(x0, x1, y)
+    codes = np.tile(
+        np.array([Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO, Path.CLOSEPOLY], dtype=Path.code_type), len(x0)
+    )
+    # Bars lie inside the axes: leaving them out of the layout, and giving the data limits as
+    # two corners, spares matplotlib the extent of every bar.
+    # snap: each bar's edges rounded to whole pixels, as a collection's small paths are (a
+    # bar under a pixel wide is a pixel wide or none, in full colour, not a pale sliver)
+    ax.add_artist(PathPatch(Path(verts.reshape(-1, 2), codes), in_layout=False, snap=True, **style))
+    ax.update_datalim([(x0.min(), y.min() - 0.4), (x1.max(), y.max() + 0.4)])
+
+
+def _ranges(ranks: list[int], max_parts: int = 3) -> str:
+    """``[0, 1, 2, 3, 8]`` -> ``"0–3, 8"``; more than ``max_parts`` runs are cut short."""
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(str(r) if start == r else f"{start}–{r}")
+            start = None
+    if len(parts) > max_parts:
+        return ", ".join(parts[:max_parts]) + f", … ({len(ranks)} ranks)"
+    return ", ".join(parts)
+
+
+def devices_label(result, rank: int) -> str:
+    """Which devices a simulated rank's row stands for: ``"stage 3: ranks 24–31, ×128
+    replicas"`` for a representative (it runs the program of every device of its stage:
+    its tensor- and context-parallel group, in each data-parallel replica), ``"stage 3:
+    rank 27"`` in an exact run."""
+    layout = result.scenario.layout if getattr(result, "scenario", None) is not None else None
+    if layout is None:
+        return f"rank {rank}"
+    stage = layout.stage_of(rank)
+    if result.summary.get("exact", False):
+        return f"stage {stage}: rank {rank}"
+    c = layout.coords(rank)
+    group = sorted(layout.rank_of(tp=t, cp=k, dp=c["dp"], pp=stage) for t in range(layout.tp) for k in range(layout.cp))
+    text = f"stage {stage}: " + (f"rank {group[0]}" if len(group) == 1 else f"ranks {_ranges(group)}")
+    return text + (f", ×{layout.dp} replicas" if layout.dp > 1 else "")
+
+
+#: Bars of one style on one row that touch or overlap are drawn as one: bar edges are
+#: rounded to whole pixels, so the union of touching bars covers the same pixels as the
+#: bars do one by one.
+MERGE_GAP_PX = 0.0
+
+
+def merge_bars(x0: np.ndarray, x1: np.ndarray, row: np.ndarray, style: np.ndarray, gap: float):
+    """Join bars that follow each other on a row in the same style with at most ``gap``
+    between them (no bar of another style in between): ``(x0, x1, row, style)`` of the
+    merged bars. Each merged bar is the union of the bars it joins, which it covers with
+    no hole wider than ``gap``."""
+    if not len(x0):
+        return x0, x1, row, style
+    order = np.lexsort((x0, row))
+    x0, x1, row, style = x0[order], x1[order], row[order], style[order]
+    new = np.ones(len(x0), dtype=bool)
+    new[1:] = (row[1:] != row[:-1]) | (style[1:] != style[:-1]) | (x0[1:] - x1[:-1] > gap)
+    starts = np.flatnonzero(new)
+    return x0[starts], np.maximum.reduceat(x1, starts), row[starts], style[starts]
+
+
+def _first_seen(values: list) -> list:
+    """The distinct values of ``values`` in the order they first appear."""
+    return list(dict.fromkeys(values))
+
+
+def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True, dpi: int = 130):
+    """Gantt chart: per simulated device a compute row (coloured by phase, idle spans
+    drawn as bubbles (hatched) or in the colour of their cause: exposed communication,
+    offload wait, ...) and, below it, one row per busy communication stream. Each compute
+    row names the devices it stands for. Bars of one kind less than half a pixel apart (at
+    ``dpi``) are drawn as one (:func:`merge_bars`). Returns the figure (saved to ``path``
+    if given)."""
+    ev = result.table("events")
+    step = result.summary["step_time_s"]
+    k, unit = _time_unit(step)
+    rank_col, stream_col = np.asarray(ev["rank"]), np.asarray(ev["stream"], dtype=object)
+    ranks = sorted(set(rank_col.tolist()))[:max_ranks]
+    used_by_rank: dict = {}
+    if show_comm:
+        comm = stream_col != "compute"
+        for r, s in set(zip(rank_col[comm].tolist(), stream_col[comm].tolist())):
+            used_by_rank.setdefault(r, set()).add(s)
+    rows = []
+    for r in ranks:
+        rows.append((r, "compute"))
+        used = used_by_rank.get(r, set())
+        rows += [(r, s) for s in COMM_STREAMS if s in used]
+        rows += [(r, s) for s in sorted(used - set(COMM_STREAMS))]
+    index = {row: i for i, row in enumerate(rows)}
+    # Each bar's row, style (colour, hatched or not) and span: ops, then idle spans.
+    spare: dict = {}
+    start, dur = np.asarray(ev["start_s"], dtype=float), np.asarray(ev["duration_s"], dtype=float)
+    y = np.array([index.get(rs, -1) for rs in zip(rank_col.tolist(), stream_col.tolist())], dtype=np.int64)
+    keep = (y >= 0) & (dur > 0)
+    is_compute = stream_col[keep] == "compute"
+    axis_col = np.asarray(ev["axis"], dtype=object)[keep]
+    # compute ops are coloured by phase; communication by axis (the offload stream's copies
+    # have none: by stream)
+    key = np.where(
+        is_compute, np.asarray(ev["phase"], dtype=object)[keep], np.where(axis_col != "", axis_col, stream_col[keep])
+    )
+    phases, axes_used, causes = {}, {}, {}
+    for c, kk in _first_seen(list(zip(is_compute.tolist(), key.tolist()))):
+        if c:
+            phases.setdefault(kk, colour_for(kk, PHASE_COLOURS, spare))
+        else:
+            axes_used.setdefault(kk, colour_for(kk, AXIS_COLOURS, spare))
+    colour = [phases[kk] if c else axes_used[kk] for c, kk in zip(is_compute.tolist(), key.tolist())]
+    bar_y, bar_x0, bar_w = y[keep].tolist(), (start[keep] * k).tolist(), (dur[keep] * k).tolist()
+    bar_style = [(c, "solid") for c in colour]
+    raw = getattr(result, "raw", None)
+    if raw is not None:
+        for r, s0, e0, cause, _axis in raw.idle_spans:
+            if (r, "compute") in index:
+                if cause == "bubble":
+                    style, c = "bubble", None
+                else:
+                    style, c = "idle", colour_for(cause, IDLE_COLOURS, spare)
+                causes.setdefault(cause, c)
+                bar_y.append(index[(r, "compute")])
+                bar_x0.append(s0 * k)
+                bar_w.append((e0 - s0) * k)
+                bar_style.append((c, style))
+    n_rows = len(rows)
+    width_in = 12
+    fig, ax = new_figure((width_in, max(3.0, 0.3 * n_rows + 2.2)), layout="constrained")
+    # One artist per style (a colour, or the hatched bubble), in a fixed order.
+    styles = sorted(set(bar_style), key=lambda cs: (str(cs[0]), cs[1]))
+    code = {cs: i for i, cs in enumerate(styles)}
+    sid = np.array([code[cs] for cs in bar_style], dtype=np.int64)
+    bx0 = np.array(bar_x0, dtype=float)
+    x_max = step * k * 1.01
+    # the axes are narrower than the figure: a figure-wide pixel is less than an axes pixel
+    gap = MERGE_GAP_PX * x_max / (width_in * dpi)
+    bx0, bx1, by, sid = merge_bars(bx0, bx0 + np.array(bar_w, dtype=float), np.array(bar_y, dtype=np.int64), sid, gap)
+    by = by.astype(float)
+    for i, (c, style) in enumerate(styles):
+        m = sid == i
+        if style == "bubble":
+            _bar_path(ax, bx0[m], bx1[m], by[m], hatch="////", facecolor="none", edgecolor=BUBBLE_EDGE, linewidth=0)
+        else:
+            _bar_path(ax, bx0[m], bx1[m], by[m], facecolor=c, linewidth=0)
+    labels = [devices_label(result, r) if s == "compute" else f"{s} comm" for r, s in rows]
+    ax.set_yticks(range(n_rows), labels)
+    for tick, (_, s) in zip(ax.get_yticklabels(), rows):
+        if s != "compute":
+            tick.set_color("#555555")
+    ax.set_ylim(-0.6, n_rows - 0.4)
+    ax.invert_yaxis()
+    ax.set_xlim(0, x_max)
+    ax.set_xlabel(f"time ({unit})")
+    s = result.summary
+    ax.set_title(
+        f"{s['name']}: step {s['step_time_s'] * k:.1f} {unit}, MFU {100 * s['mfu']:.1f}%, "
+        f"bubble {100 * s['bubble_fraction']:.1f}%, exposed comm {100 * s['exposed_comm_fraction']:.1f}%"
+        + (f", offload wait {100 * s['offload_wait_fraction']:.1f}%" if s.get("offload_wait_fraction") else ""),
+        fontsize=11,
+    )
+    order = list(AXIS_COLOURS)
+    handles = legend_handles(
+        phases,
+        causes,
+        dict(
+            sorted(axes_used.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), str(kv[0])))
+        ),
+    )
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(6, len(handles)), frameon=False)
+    return finish(fig, path, dpi=dpi)
+
+
+def plot_memory(result, path=None, stacked_stage=None):
+    """Memory in use over the step, one line per pipeline stage (the representative
+    device of each), with the chip's HBM capacity; a stacked breakdown of the stage
+    that peaks. Returns the figure (saved to ``path`` if given)."""
+    from workloads.trace.ops import MEMORY_CATEGORIES
+
+    mem = result.table("memory")
+    s = result.summary
+    step = s["step_time_s"]
+    k, unit = _time_unit(step)
+    fig, (ax, ax2) = new_figure((12, 5.0), ncols=2, width_ratios=[3, 2], layout="constrained")
+    rank = np.asarray(mem["rank"])
+    time_s, total = np.asarray(mem["time_s"], dtype=float), np.asarray(mem["total"], dtype=float)
+    ranks = sorted(set(rank.tolist()))
+    n_lines = len(ranks)
+    for r in ranks:
+        m = rank == r
+        t = np.append(time_s[m] * k, step * k)
+        y = np.append(total[m] / 1e9, total[m][-1] / 1e9)
+        ax.step(t, y, where="post", label=devices_label(result, int(r)), linewidth=1.4)
+    ax.axhline(s["hbm_bytes"] / 1e9, color="red", linestyle="--", linewidth=1.2, label="HBM capacity")
+    ax.set_xlabel(f"time ({unit})")
+    ax.set_ylabel("memory in use (GB)")
+    ax.set_title(
+        f"{s['name']}: memory per pipeline stage (peak {s['peak_memory_bytes'] / 1e9:.1f} GB)", fontsize=11, loc="left"
+    )
+    ax.set_xlim(0, step * k)
+    ax.set_ylim(0, s["hbm_bytes"] / 1e9 * 1.3)
+    ax.legend(ncol=2 if n_lines > 4 else 1, loc="upper left")
+    stage = s.get("peak_memory_stage", 0) if stacked_stage is None else stacked_stage
+    in_stage = np.asarray(mem["stage"]) == stage
+    m = in_stage & (rank == rank[in_stage].min())
+    cats = [c for c in MEMORY_CATEGORIES if c in mem]
+    t = np.append(time_s[m] * k, step * k)
+    ys = [
+        np.append(np.asarray(mem[c], dtype=float)[m] / 1e9, np.asarray(mem[c], dtype=float)[m][-1] / 1e9) for c in cats
+    ]
+    ax2.stackplot(t, ys, labels=cats, step="post", alpha=0.85)
+    ax2.axhline(s["hbm_bytes"] / 1e9, color="red", linestyle="--", linewidth=1.2)
+    ax2.set_xlabel(f"time ({unit})")
+    ax2.set_title(f"breakdown, stage {stage}", fontsize=11)
+    ax2.set_xlim(0, step * k)
+    ax2.set_ylim(0, s["hbm_bytes"] / 1e9 * 1.3)
+    ax2.legend(loc="upper left", ncol=3)
+    return finish(fig, path)

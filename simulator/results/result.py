@@ -1,0 +1,425 @@
+"""Results of one simulated step: tables, the summary record, exporters.
+
+``Result.summary`` is the flat record documented in ``shared/scenario.md``
+(``schema_version`` 1); ``Result.events``, ``Result.memory``, ``Result.per_stage``
+and ``Result.idle`` are pandas DataFrames (``docs/formats.md``), built on first
+use from the engine's records: a run that only reads the summary never imports
+pandas. ``Result.write(out_dir)`` writes every artefact ``stepsim run`` promises.
+
+The tables are held as :class:`Columns` (numpy arrays by column name); the
+exporters and plots read those directly (:meth:`Result.table`).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+from contextlib import contextmanager
+from operator import attrgetter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+
+from workloads.trace.ops import MEMORY_CATEGORIES
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only (engine and pandas are heavy imports)
+    import pandas as pd
+
+    from simulator.engine.loop import RawRun
+    from simulator.scenario.schema import Scenario
+    from topologies.topology import Topology
+    from workloads.trace.ops import Trace
+
+SCHEMA_VERSION = 1
+
+EVENT_COLUMNS = [
+    "rank",
+    "stage",
+    "stream",
+    "name",
+    "kind",
+    "phase",
+    "mb",
+    "chunk",
+    "layer",
+    "start_s",
+    "end_s",
+    "duration_s",
+    "flops",
+    "bytes",
+    "size_bytes",
+    "coll",
+    "axis",
+]
+MEMORY_COLUMNS = ["rank", "stage", "time_s", *MEMORY_CATEGORIES, "total"]
+IDLE_COLUMNS = ["rank", "stage", "start_s", "end_s", "duration_s", "cause", "waiting_for"]
+PER_STAGE_COLUMNS = ["stage", "bubble_s", "exposed_comm_s", "peak_memory_bytes", "compute_s", "offload_wait_s"]
+
+#: A table as numpy arrays by column name, in column order (int64, float64, or object
+#: arrays of ``str`` for text): what the CSV writer, the Chrome trace and the plots read.
+Columns = dict[str, np.ndarray]
+
+
+class Result:
+    """One simulated step.
+
+    Attributes: ``summary`` (the summary record), ``scenario`` (the resolved
+    :class:`~simulator.scenario.schema.Scenario`), ``notes`` (what the trace builder
+    adjusted), ``raw`` (the engine's :class:`~simulator.engine.loop.RawRun`: op records,
+    idle spans, memory changes), ``trace`` (the :class:`~workloads.trace.ops.Trace` run),
+    ``topology`` (the network simulated); and the tables ``events``, ``memory``,
+    ``per_stage`` (built once, on first use) and ``idle`` (built on each use from
+    ``raw.idle_spans``).
+    """
+
+    __slots__ = ("summary", "scenario", "notes", "raw", "trace", "topology", "_columns", "_frames")
+
+    def __init__(
+        self,
+        summary: dict[str, Any],
+        events: Optional[pd.DataFrame] = None,
+        memory: Optional[pd.DataFrame] = None,
+        per_stage: Optional[pd.DataFrame] = None,
+        scenario: Optional[Scenario] = None,
+        notes: Optional[list[str]] = None,
+        raw: Optional[RawRun] = None,
+        trace: Optional[Trace] = None,
+        topology: Optional[Topology] = None,
+        columns: Optional[dict[str, Columns]] = None,
+    ):
+        self.summary = summary
+        self.scenario = scenario
+        self.notes = list(notes or [])
+        self.raw = raw
+        self.trace = trace
+        self.topology = topology
+        #: table name -> its columns (built from ``raw`` on first use when absent)
+        self._columns: dict[str, Columns] = dict(columns or {})
+        #: table name -> its DataFrame (built from the columns on first use, or given)
+        self._frames: dict[str, pd.DataFrame] = {}
+        for name, frame in (("events", events), ("memory", memory), ("per_stage", per_stage)):
+            if frame is not None:
+                self._set_frame(name, frame)
+
+    def __copy__(self):
+        new = Result.__new__(Result)
+        for k in self.__slots__:
+            setattr(new, k, getattr(self, k))
+        new._columns, new._frames = dict(self._columns), dict(self._frames)
+        return new
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (
+            f"<Result {s.get('name')!r}: step {s.get('step_time_s')} s, mfu {s.get('mfu')}, "
+            f"{s.get('simulated_ranks')} simulated ranks>"
+        )
+
+    # ---- tables ----------------------------------------------------------------
+    def table(self, name: str) -> Columns:
+        """The columns of table ``name`` (``events``, ``memory``, ``per_stage``, ``idle``)
+        as numpy arrays, without pandas. Once the table has been read as a DataFrame, the
+        frame is the table (edits to it reach the files :meth:`write` writes)."""
+        if name == "idle":
+            return idle_columns(getattr(self.raw, "idle_spans", ()), self._layout())
+        if name in self._frames:
+            frame = self._frames[name]
+            return {c: frame[c].to_numpy() for c in frame.columns}
+        if name not in self._columns:
+            if name == "events":
+                self._columns[name] = event_columns(self.raw, self._layout())
+            else:
+                raise KeyError(f"{name}: no such table (not given and not derivable)")
+        return self._columns[name]
+
+    def _frame(self, name: str) -> pd.DataFrame:
+        if name not in self._frames:
+            import pandas as pd
+
+            self._frames[name] = pd.DataFrame(self.table(name))
+        return self._frames[name]
+
+    def _set_frame(self, name: str, frame: pd.DataFrame) -> None:
+        self._frames[name] = frame
+        self._columns.pop(name, None)
+
+    @property
+    def events(self) -> pd.DataFrame:
+        """One row per executed op (``docs/formats.md``, "Events table")."""
+        return self._frame("events")
+
+    @events.setter
+    def events(self, frame: pd.DataFrame) -> None:
+        self._set_frame("events", frame)
+
+    @property
+    def memory(self) -> pd.DataFrame:
+        """Memory in use per simulated device over time (``docs/formats.md``, "Memory table")."""
+        return self._frame("memory")
+
+    @memory.setter
+    def memory(self, frame: pd.DataFrame) -> None:
+        self._set_frame("memory", frame)
+
+    @property
+    def per_stage(self) -> pd.DataFrame:
+        """Per pipeline stage: mean bubble, exposed communication, compute and offload wait
+        over its simulated devices, their peak memory, and the bubble and exposed fractions."""
+        return self._frame("per_stage")
+
+    @per_stage.setter
+    def per_stage(self, frame: pd.DataFrame) -> None:
+        self._set_frame("per_stage", frame)
+
+    @property
+    def idle(self) -> pd.DataFrame:
+        """The idle spans of the compute streams (:func:`idle_frame`)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.table("idle"))
+
+    def _layout(self):
+        return self.scenario.layout if self.scenario is not None else None
+
+    # ---- exporters -------------------------------------------------------------
+    def summary_json(self) -> str:
+        return json.dumps(_jsonable(self.summary), indent=2, sort_keys=False) + "\n"
+
+    def write(self, out_dir, plots: bool = True) -> dict[str, Path]:
+        """Write summary.json, scenario.json, trace.json, events.csv, events.parquet,
+        memory.csv, idle.csv, timeline.png and memory.png into ``out_dir`` (what
+        ``stepsim report`` reads back); returns the paths."""
+        from simulator.results import export
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {
+            "summary": out / "summary.json",
+            "trace": out / "trace.json",
+            "events_csv": out / "events.csv",
+            "events_parquet": out / "events.parquet",
+            "memory_csv": out / "memory.csv",
+            "idle_csv": out / "idle.csv",
+        }
+        # Writing allocates millions of short-lived strings and no reference cycles: the
+        # cyclic collector would only walk the run's records again and again.
+        with _gc_paused():
+            paths["summary"].write_text(self.summary_json())
+            if self.scenario is not None:
+                from simulator.scenario.schema import scenario_to_dict
+
+                paths["scenario"] = out / "scenario.json"
+                paths["scenario"].write_text(json.dumps(_jsonable(scenario_to_dict(self.scenario)), indent=2) + "\n")
+            export.write_chrome_trace(self, paths["trace"])
+            events = self.table("events")
+            export.write_csv(events, paths["events_csv"])
+            export.write_events_parquet(events, paths["events_parquet"])  # key-value metadata stepsim_version
+            export.write_csv(self.table("memory"), paths["memory_csv"])
+            export.write_csv(self.table("idle"), paths["idle_csv"])
+            if plots:
+                from simulator.results import plots as plotmod
+
+                paths["timeline"] = out / "timeline.png"
+                paths["memory_plot"] = out / "memory.png"
+                plotmod.plot_timeline(self, paths["timeline"])
+                plotmod.plot_memory(self, paths["memory_plot"])
+        return paths
+
+    def to_chrome_trace(self, path) -> None:
+        from simulator.results import export
+
+        export.write_chrome_trace(self, path)
+
+    def plot_timeline(self, path=None, **kw):
+        from simulator.results import plots as plotmod
+
+        return plotmod.plot_timeline(self, path, **kw)
+
+    def plot_memory(self, path=None, **kw):
+        from simulator.results import plots as plotmod
+
+        return plotmod.plot_memory(self, path, **kw)
+
+    def text_summary(self) -> str:
+        from simulator.results.report import format_summary
+
+        return format_summary(self)
+
+
+@contextmanager
+def _gc_paused():
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _text(values) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _stages(ranks: np.ndarray, layout) -> np.ndarray:
+    """The pipeline stage of each rank (-1 without a layout), one ``stage_of`` call per distinct rank."""
+    if layout is None or not len(ranks):
+        return np.full(len(ranks), -1, dtype=np.int64)
+    uniq, inv = np.unique(ranks, return_inverse=True)
+    return np.array([layout.stage_of(int(r)) for r in uniq], dtype=np.int64)[inv]
+
+
+def _order(*keys: np.ndarray) -> np.ndarray:
+    """Stable sort order by ``keys`` (first key most significant); text keys sort as Python
+    strings do (what pandas' ``sort_values`` does)."""
+    coded = []
+    for k in keys:
+        if k.dtype == object:
+            values = k.tolist()
+            rank = {v: i for i, v in enumerate(sorted(set(values)))}  # few distinct names
+            k = np.fromiter(map(rank.__getitem__, values), dtype=np.int64, count=len(values))
+        coded.append(k)
+    return np.lexsort(coded[::-1])
+
+
+def event_columns(raw: Optional[RawRun], layout) -> Columns:
+    """The events table (``docs/formats.md``) of the engine's records, sorted by ``rank``,
+    ``start_s``, ``stream``, ``name``."""
+    recs = list(raw.records) if raw is not None else []
+    ops = list(map(attrgetter("op"), recs))
+    flops, nbytes = [], []
+    work: dict[int, tuple] = {}  # id(kernel group) -> (group, flops, bytes): groups are shared
+    for op in ops:
+        k = op.kernels
+        w = work.get(id(k))
+        if w is None or w[0] is not k:
+            w = work[id(k)] = (k, op.flops, op.bytes)
+        flops.append(w[1])
+        nbytes.append(w[2])
+    rank = np.fromiter(map(attrgetter("rank"), ops), dtype=np.int64, count=len(ops))
+    start = np.fromiter(map(attrgetter("start_s"), recs), dtype=float, count=len(recs))
+    end = np.fromiter(map(attrgetter("end_s"), recs), dtype=float, count=len(recs))
+
+    def ints(attr):
+        return np.fromiter(map(attrgetter(attr), ops), dtype=np.int64, count=len(ops))
+
+    def text(attr):
+        return _text(list(map(attrgetter(attr), ops)))
+
+    cols = {
+        "rank": rank,
+        "stage": _stages(rank, layout),
+        "stream": text("stream"),
+        "name": text("name"),
+        "kind": text("kind"),
+        "phase": text("phase"),
+        "mb": ints("mb"),
+        "chunk": ints("chunk"),
+        "layer": ints("layer"),
+        "start_s": start,
+        "end_s": end,
+        "duration_s": end - start,
+        "flops": np.array(flops, dtype=float),
+        "bytes": np.array(nbytes, dtype=float),
+        "size_bytes": np.fromiter(map(attrgetter("size_bytes"), ops), dtype=float, count=len(ops)),
+        "coll": text("coll"),
+        "axis": text("axis"),
+    }
+    order = _order(rank, start, cols["stream"], cols["name"])
+    return {c: cols[c][order] for c in EVENT_COLUMNS}
+
+
+def events_frame(raw: RawRun, layout) -> pd.DataFrame:
+    """:func:`event_columns` as a DataFrame."""
+    import pandas as pd
+
+    return pd.DataFrame(event_columns(raw, layout))
+
+
+def memory_columns(raw: RawRun, trace: Trace, layout) -> Columns:
+    """Memory in use per rank over time: one row per change, a column per category.
+
+    Several changes at one instant keep a row each: a peak inside one instant (an
+    allocation before a free at the same time) is real and stays visible."""
+    cats = {c: j for j, c in enumerate(MEMORY_CATEGORIES)}
+    by_rank: dict[int, list] = {r: [] for r in trace.ranks}
+    for t, r, cat, d in raw.mem_events:
+        by_rank[r].append((t, cat, d))
+    parts = []
+    for r in trace.ranks:
+        static = trace.static_memory[r]
+        ev = sorted(by_rank[r], key=lambda e: e[0])
+        n = len(ev) + 1
+        deltas = np.zeros((n, len(MEMORY_CATEGORIES)))
+        deltas[0] = [static.get(c, 0.0) for c in MEMORY_CATEGORIES]
+        if ev:
+            idx = np.arange(1, n)
+            deltas[idx, [cats[cat] for _, cat, _ in ev]] = [d for _, _, d in ev]
+        # a running sum, in row order, of each category: the same additions as one at a time
+        levels = np.cumsum(deltas, axis=0)
+        times = np.array([0.0] + [t for t, _, _ in ev])
+        parts.append((r, times, levels))
+    rank = np.concatenate([np.full(len(t), r, dtype=np.int64) for r, t, _ in parts])
+    levels = np.concatenate([lv for _, _, lv in parts])
+    cols = {"rank": rank, "stage": _stages(rank, layout), "time_s": np.concatenate([t for _, t, _ in parts])}
+    for j, c in enumerate(MEMORY_CATEGORIES):
+        cols[c] = levels[:, j].copy()
+    total = cols[MEMORY_CATEGORIES[0]].copy()
+    for c in MEMORY_CATEGORIES[1:]:
+        total += cols[c]  # left to right, as pandas' row sum
+    cols["total"] = total
+    return {c: cols[c] for c in MEMORY_COLUMNS}
+
+
+def memory_frame(raw: RawRun, trace: Trace, layout) -> pd.DataFrame:
+    """:func:`memory_columns` as a DataFrame."""
+    import pandas as pd
+
+    return pd.DataFrame(memory_columns(raw, trace, layout))
+
+
+def idle_columns(spans, layout) -> Columns:
+    """Idle spans of each simulated device's compute stream, one row per maximal span of
+    one cause (``bubble``, ``exposed_comm``, ``offload_wait``; :mod:`simulator.engine.accounting`)
+    and one set of busy axes (``waiting_for``: ``tp``, ``ep_inter+ep_intra``, ``offload``;
+    empty for a bubble), by rank and start."""
+    spans = list(spans)
+    rank = np.array([int(s[0]) for s in spans], dtype=np.int64)
+    start = np.array([s[1] for s in spans], dtype=float)
+    end = np.array([s[2] for s in spans], dtype=float)
+    cols = {
+        "rank": rank,
+        "stage": _stages(rank, layout),
+        "start_s": start,
+        "end_s": end,
+        "duration_s": end - start,
+        "cause": _text([s[3] for s in spans]),
+        "waiting_for": _text([s[4] or "" for s in spans]),
+    }
+    order = np.lexsort((start, rank))
+    return {c: cols[c][order] for c in IDLE_COLUMNS}
+
+
+def idle_frame(spans, layout) -> pd.DataFrame:
+    """:func:`idle_columns` as a DataFrame."""
+    import pandas as pd
+
+    return pd.DataFrame(idle_columns(spans, layout))
