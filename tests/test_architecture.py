@@ -244,3 +244,22 @@ def test_the_slow_marker_is_registered(pytestconfig):
     """``-m "not slow"`` (the fast tier) selects on a marker pyproject.toml declares, so a
     typo in ``@pytest.mark.slow`` fails under ``--strict-markers`` instead of running."""
     assert any(m.startswith("slow:") for m in pytestconfig.getini("markers"))
+
+
+def _subpackages(root: Path = ROOT) -> set[str]:
+    """The simulator's sub-packages on disk (folders with an ``__init__.py``)."""
+    return {p.parent.name for p in (root / "simulator").glob("*/__init__.py")}
+
+
+def test_the_design_doc_and_readme_map_every_sub_package():
+    """docs/design.md's layer table and the README's code layout name exactly the simulator's
+    sub-packages on disk, and each sub-package is a layer of :data:`LAYERS`: the map a
+    newcomer reads matches the tree."""
+    import re
+
+    on_disk = _subpackages()
+    assert on_disk, "no sub-packages found under simulator/"
+    for doc in ("docs/design.md", "README.md"):
+        named = set(re.findall(r"^\s*\| (?:\w+ \| )?`simulator/(\w+)/`", (ROOT / doc).read_text(), re.M))
+        assert named == on_disk, f"{doc}: the table names {sorted(named)}, the tree has {sorted(on_disk)}"
+    assert {m.split(".")[1] for m in LAYERS if m.count(".") == 1 and m.startswith("simulator.")} >= on_disk
