@@ -14,15 +14,8 @@ import simpy
 from helpers import scenario
 from simulator import simulate
 from simulator.engine.loop import Engine
-from simulator.network.flows import (
-    FlowNetwork,
-    NetworkError,
-    Transfer,
-    fill_arrays,
-    fill_components,
-    fill_small,
-    maxmin_rates,
-)
+from simulator.network.flows import FlowNetwork, NetworkError, Transfer
+from simulator.network.maxmin import fill_arrays, fill_components, fill_small, maxmin_rates
 from test_moe import moe_scenario
 from topologies.builders import torus
 from topologies.topology import Topology

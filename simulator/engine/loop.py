@@ -287,12 +287,12 @@ class Engine:
         links: set[int] = set()
         info: Optional[list] = []
         for transfers, steps, _compute in phases:
-            prep = net._prepare(transfers)
+            prep = net.prepared(transfers)
             if prep is None:
                 if info is not None:
                     info.append((None, None, 0.0))
                 continue
-            arr, link_list, iso = net._isolation(prep)
+            arr, link_list, iso = net.isolation(prep)
             links.update(link_list)
             if iso is None:
                 info = None
