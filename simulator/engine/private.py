@@ -141,48 +141,8 @@ def absorb(streams: dict, known: dict) -> dict:
         for (r2, s2), sops in list(streams.items()):
             if r2 != rank or s2 == "compute":
                 continue
-            # runs a_j..a_k of S: a_j depends on compute op c alone, each next one on
-            # the one before alone, and the compute op after c on a_k
-            units: dict[int, tuple[int, int]] = {}  # start j -> (end k, compute index)
-            j = 0
-            while j < len(sops):
-                a = sops[j]
-                if a.id in known and len(a.deps) == 1 and a.deps[0] in pos:
-                    i = pos[a.deps[0]]
-                    if i not in claimed and i + 1 < len(cops):
-                        waits = cops[i + 1].deps
-                        k = j
-                        while (
-                            sops[k].id not in waits
-                            and k + 1 < len(sops)
-                            and sops[k + 1].id in known
-                            and sops[k + 1].deps in ((), (sops[k].id,))
-                        ):
-                            k += 1
-                        if sops[k].id in waits:
-                            units[j] = (k, i)
-                            j = k + 1
-                            continue
-                j += 1
-            changed = True
-            while changed:
-                changed = False
-                ends = {k: (j, i) for j, (k, i) in units.items()}
-                used: set[int] = set()
-                for j in sorted(units):
-                    k, i = units[j]
-                    if j == 0:
-                        prev_ok = True
-                    elif j - 1 in ends:
-                        prev_ok = ends[j - 1][1] < i
-                    else:
-                        prev_ok = first_wait.get(sops[j - 1].id, len(cops)) <= i
-                    nxt_ok = k + 1 == len(sops) or k + 1 in units or any(pos.get(d, -1) > i for d in sops[k + 1].deps)
-                    if not (prev_ok and nxt_ok) or i in used:
-                        del units[j]
-                        changed = True
-                        break
-                    used.add(i)
+            units = _runs_after_compute(sops, cops, pos, claimed, known)
+            _keep_safe_runs(units, sops, cops, pos, first_wait)
             if units:
                 gone = set()
                 for j, (k, i) in units.items():
@@ -201,3 +161,57 @@ def absorb(streams: dict, known: dict) -> dict:
                     moved[a.id] = (rank, stream)
         streams[(rank, stream)] = new
     return moved
+
+
+def _runs_after_compute(sops: list, cops: list, pos: dict, claimed: dict, known: dict) -> dict[int, tuple[int, int]]:
+    """Candidate runs ``a_j .. a_k`` of stream ``sops``: ``a_j`` depends on compute op
+    ``c`` alone (index ``i`` in ``cops``, not yet claimed), each next one on the one
+    before alone, and the compute op after ``c`` on ``a_k``. Returns ``{j: (k, i)}``."""
+    units: dict[int, tuple[int, int]] = {}  # start j -> (end k, compute index)
+    j = 0
+    while j < len(sops):
+        a = sops[j]
+        if a.id in known and len(a.deps) == 1 and a.deps[0] in pos:
+            i = pos[a.deps[0]]
+            if i not in claimed and i + 1 < len(cops):
+                waits = cops[i + 1].deps
+                k = j
+                while (
+                    sops[k].id not in waits
+                    and k + 1 < len(sops)
+                    and sops[k + 1].id in known
+                    and sops[k + 1].deps in ((), (sops[k].id,))
+                ):
+                    k += 1
+                if sops[k].id in waits:
+                    units[j] = (k, i)
+                    j = k + 1
+                    continue
+        j += 1
+    return units
+
+
+def _keep_safe_runs(units: dict, sops: list, cops: list, pos: dict, first_wait: dict) -> None:
+    """Drop from ``units`` (edited in place), one at a time until none fails, the runs
+    whose move could change a start time: the op before the run must have ended when
+    its compute op ends, the op after it must start after it, and no two runs may join
+    the same compute op."""
+    changed = True
+    while changed:
+        changed = False
+        ends = {k: (j, i) for j, (k, i) in units.items()}
+        used: set[int] = set()
+        for j in sorted(units):
+            k, i = units[j]
+            if j == 0:
+                prev_ok = True
+            elif j - 1 in ends:
+                prev_ok = ends[j - 1][1] < i
+            else:
+                prev_ok = first_wait.get(sops[j - 1].id, len(cops)) <= i
+            nxt_ok = k + 1 == len(sops) or k + 1 in units or any(pos.get(d, -1) > i for d in sops[k + 1].deps)
+            if not (prev_ok and nxt_ok) or i in used:
+                del units[j]
+                changed = True
+                break
+            used.add(i)
