@@ -105,3 +105,28 @@ SEARCH_MOE = {
     "vocab": 64,
     "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256, "shared_experts": 1, "dense_layers": 1},
 }
+
+
+def rerun_engine(res, **options):
+    """The engine of ``simulate()``'s result ``res`` run again on its trace and topology
+    with the engine ``options`` (e.g. ``reserve_isolated=False``): ``(Engine, RawRun)``."""
+    from simulator.engine.compute import calibration_for
+    from simulator.engine.loop import Engine
+
+    sc = res.scenario
+    chip = sc.cluster.chip
+    scale = {d: p.compute_scale for p in sc.perturbations if p.devices is not None for d in p.devices}
+    eng = Engine(
+        res.trace,
+        res.topology,
+        sc.layout,
+        chip,
+        calibration_for(chip, dict(sc.compute_overrides)),
+        network_cal=sc.network_calibration(),
+        dtype=sc.training.dtype,
+        compute_scale=scale,
+        algorithms=dict(sc.algorithms),
+        host_bw_bytes_per_s=sc.cluster.host_bw_bytes_per_s,
+        **options,
+    )
+    return eng, eng.run()

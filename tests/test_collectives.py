@@ -629,13 +629,13 @@ def test_large_collectives_are_fast(capsys):
 def test_domains_keep_first_appearance_order_small_and_large():
     import random
 
-    from simulator.network.collectives import _FEW_MEMBERS, _domains
+    from simulator.network.plans import FEW_MEMBERS, split_by_domain
     from topologies import Topology
 
     topo = Topology(switched(2048, SwitchedNetwork(8, 450e9, 50e9, domains_per_leaf=4)))
-    shuffled = random.Random(3).sample(range(2048), 4 * _FEW_MEMBERS)
-    for group in (shuffled, shuffled[:_FEW_MEMBERS], sorted(shuffled)):  # numpy and plain paths
+    shuffled = random.Random(3).sample(range(2048), 4 * FEW_MEMBERS)
+    for group in (shuffled, shuffled[:FEW_MEMBERS], sorted(shuffled)):  # numpy and plain paths
         expected: dict = {}
         for d in group:
             expected.setdefault(topo.domain_of(d), []).append(d)
-        assert _domains(group, topo) == list(expected.values())
+        assert split_by_domain(group, topo) == list(expected.values())

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import scenario
+from helpers import rerun_engine, scenario
 from simulator import simulate
-from simulator.engine.loop import Engine
 from test_exact import CASES
 
 #: Summary keys that describe the run, not the step.
@@ -36,23 +35,15 @@ def _figures(res) -> dict:
     return {k: v for k, v in res.summary.items() if k not in RUN_KEYS}
 
 
-def _plain(monkeypatch, sc):
+def _plain(sc):
     return simulate(sc, chain_ops=False, private_phases=False)
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_shortcuts_change_no_figure(name, monkeypatch):
+def test_shortcuts_change_no_figure(name):
     sc = SCENARIOS[name]
-    calls = {"known": 0}
-    real = Engine._known_end
-
-    def counting(self, op, t):
-        calls["known"] += 1
-        return real(self, op, t)
-
-    monkeypatch.setattr(Engine, "_known_end", counting)
     fast = simulate(sc)
-    plain = _plain(monkeypatch, sc)
+    plain = _plain(sc)
     assert _figures(fast) == _figures(plain)  # bit for bit, every figure
     assert fast.raw.network_stats["phases_started"] == plain.raw.network_stats["phases_started"]
     assert fast.raw.network_stats["flows_started"] == plain.raw.network_stats["flows_started"]
@@ -62,33 +53,25 @@ def test_shortcuts_change_no_figure(name, monkeypatch):
     ev_p = plain.events.sort_values(["rank", "start_s", "stream", "name"], kind="stable").reset_index(drop=True)
     assert ev_f[["rank", "name", "start_s", "end_s"]].equals(ev_p[["rank", "name", "start_s", "end_s"]])
     if name.startswith("tp8"):
-        assert calls["known"] > 0  # the private path was taken
+        eng, raw = rerun_engine(fast)
+        assert raw.step_time_s == fast.raw.step_time_s
+        assert eng.private_ops_run > 0  # the private path was taken
+        eng, _ = rerun_engine(fast, chain_ops=False, private_phases=False)
+        assert eng.private_ops_run == 0
 
 
-def test_private_tp_phases_book_the_same_link_bytes(monkeypatch):
+def test_private_tp_phases_book_the_same_link_bytes():
     import numpy as np
 
-    import simulator.engine.loop as engine_mod
-    from simulator.network.flows import FlowNetwork
-
-    nets = []
-
-    class Recording(FlowNetwork):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            nets.append(self)
-
-    monkeypatch.setattr(engine_mod, "FlowNetwork", Recording)
-    sc = SCENARIOS["tp8-1f1b"]
-    simulate(sc)
-    _plain(monkeypatch, sc)
-    fast, plain = nets
-    assert fast.stats.link_bytes.sum() > 0
-    assert np.array_equal(fast.stats.link_bytes, plain.stats.link_bytes)
-    assert fast.stats.unit_flows_started == plain.stats.unit_flows_started
+    res = simulate(SCENARIOS["tp8-1f1b"])
+    fast, _ = rerun_engine(res)
+    plain, _ = rerun_engine(res, chain_ops=False, private_phases=False)
+    assert fast.net.stats.link_bytes.sum() > 0
+    assert np.array_equal(fast.net.stats.link_bytes, plain.net.stats.link_bytes)
+    assert fast.net.stats.unit_flows_started == plain.net.stats.unit_flows_started
 
 
-def test_chains_alone_change_no_figure(monkeypatch):
+def test_chains_alone_change_no_figure():
     sc = SCENARIOS["dualpipe"]
     fast = simulate(sc)
     plain = simulate(sc, chain_ops=False)

@@ -81,17 +81,18 @@ def test_failed_fat_tree_uplink_reroutes_traffic():
 
 
 @pytest.mark.parametrize("name", ["1f1b", "dualpipe", "moe-ep", "torus"])
-def test_reserved_isolated_phases_equal_flow_by_flow(name, monkeypatch):
+def test_reserved_isolated_phases_equal_flow_by_flow(name):
     """The network's isolated-phase fast path changes no figure of a whole step."""
-    import functools
+    from helpers import rerun_engine
 
-    import simulator.engine.loop as engine_mod
-    from simulator.network.flows import FlowNetwork
-
-    fast = simulate(CASES[name])
-    monkeypatch.setattr(engine_mod, "FlowNetwork", functools.partial(FlowNetwork, reserve_isolated=False))
-    slow = simulate(CASES[name])
-    for key in ("step_time_s", "peak_memory_bytes", "exposed_comm_fraction"):
-        assert fast.summary[key] == pytest.approx(slow.summary[key], rel=1e-9), key
-    assert fast.raw.network_stats["phases_started"] == slow.raw.network_stats["phases_started"]
-    assert fast.raw.network_stats["reserved_phases"] > 0 == slow.raw.network_stats["reserved_phases"]
+    res = simulate(CASES[name])
+    _, fast = rerun_engine(res)
+    _, slow = rerun_engine(res, reserve_isolated=False)
+    assert fast.step_time_s == res.raw.step_time_s
+    assert fast.step_time_s == pytest.approx(slow.step_time_s, rel=1e-9)
+    for rank, idle in fast.idle.items():
+        for cause, seconds in idle.items():
+            assert seconds == pytest.approx(slow.idle[rank][cause], rel=1e-9, abs=1e-15), (rank, cause)
+    assert len(fast.records) == len(slow.records)
+    assert fast.network_stats["phases_started"] == slow.network_stats["phases_started"]
+    assert fast.network_stats["reserved_phases"] > 0 == slow.network_stats["reserved_phases"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers import scenario
+from helpers import rerun_engine, scenario
 from simulator import simulate
 from workloads.moe_load import ExpertLoad, rank_load_factors
 
@@ -116,7 +116,7 @@ def test_node_limited_dispatch_is_two_hops_and_cuts_scale_out_traffic():
         trace_from_dict(data)
 
 
-def test_node_limited_quotient_agrees_with_the_full_plan(monkeypatch):
+def test_node_limited_quotient_agrees_with_the_full_plan():
     """In representative mode a node-limited all-to-all runs as the representative's own
     rail sends and receives and its own NVLink sends, the other transfers folded in as
     their images (simulator.engine.loop); with DualPipe's pipeline sends on the same NICs it
@@ -134,17 +134,17 @@ def test_node_limited_quotient_agrees_with_the_full_plan(monkeypatch):
     from simulator.engine.loop import Engine
 
     fast = simulate(sc)
-    monkeypatch.setattr(Engine, "_hierarchical_a2a_pieces", lambda self, op: None)
-    full = simulate(sc)
-    monkeypatch.undo()
-    assert fast.summary["step_time_s"] == pytest.approx(full.summary["step_time_s"], rel=1e-9)
-    assert fast.raw.network_stats["flows_started"] < 0.5 * full.raw.network_stats["flows_started"]
+    chip = fast.scenario.cluster.chip
+
+    (_, pieces), (_, full) = rerun_engine(fast), rerun_engine(fast, a2a_quotient=False)
+    assert pieces.step_time_s == fast.summary["step_time_s"]
+    assert pieces.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
+    assert pieces.network_stats["flows_started"] < 0.5 * full.network_stats["flows_started"]
     # one phase of 2 steps: 2 (m-1) = 2 rail flows and k-1 = 7 NVLink flows, instead of the
     # full plan's 16 x 15 = 240 (2 x 8 rail + 2 x 56 NVLink in each stage's EP group)
-    chip = fast.scenario.cluster.chip
     eng = Engine(fast.trace, fast.topology, fast.scenario.layout, chip, calibration_for(chip, {}))
     op = next(op for op in fast.trace.ops if op.coll == "all-to-all")
-    ((transfers, steps, _),) = eng._network_phases(op)
+    ((transfers, steps, _),) = eng.lowering.collective_phases(op)
     assert steps == 2 and len(transfers) == 9
     assert sum(t.src // 8 != t.dst // 8 for t in transfers) == 2
 

@@ -15,7 +15,8 @@ from simulator.network.calibration import (
     NVLINK_EFFICIENCY,
     default_calibration,
 )
-from simulator.network.flows import FlowNetwork, NetworkError, Transfer, maxmin_rates
+from simulator.network.flows import FlowNetwork, NetworkError, Transfer
+from simulator.network.maxmin import maxmin_rates
 from topologies.builders import switched, torus
 from topologies.networks import IB_NIC_LATENCY_S, IB_SWITCH_LATENCY_S, NVLINK_LATENCY_S, SwitchedNetwork
 from topologies.presets import build_cluster, cluster_preset
@@ -273,7 +274,7 @@ def test_switched_capacity_uses_kind_efficiency():
 
 # ---------------------------------------------------------------- incremental recomputation
 
-from simulator.network.flows import fill_arrays, fill_small  # noqa: E402
+from simulator.network.maxmin import fill_arrays, fill_small  # noqa: E402
 
 
 def random_problem(rng, n_links, n_flows, max_path=4):
@@ -452,7 +453,7 @@ def test_big_phase_paths_match_small_phase_paths():
 
 
 def test_fill_components_equals_each_component_alone():
-    from simulator.network.flows import fill_components
+    from simulator.network.maxmin import fill_components
 
     rng = np.random.default_rng(21)
     for _ in range(50):
@@ -540,13 +541,13 @@ def test_reserved_phase_alone_costs_no_recomputation():
 
 
 def test_isolated_evolution_gives_up_on_many_segments():
-    from simulator.network.flows import isolated_evolution
+    from simulator.network.isolated import isolated_evolution
 
     topo = line_topology(2, 1e9, 0.0)
     net = FlowNetwork(simpy.Environment(), topo)
     n = 80  # 80 completion instants
     many = tuple(Transfer(0, 1, 1e6 * (i + 1)) for i in range(n))
-    prep = net._prepare(many)
+    prep = net.prepared(many)
     assert isolated_evolution(prep, net.capacity) is None
     iso = isolated_evolution(prep, net.capacity, max_segments=n)
     # closed form: flows of sizes 1..n MB sharing 1 GB/s finish at sum_{j<=i} (n+1-j) MB/GB/s

@@ -13,16 +13,9 @@ import simpy
 
 from helpers import scenario
 from simulator import simulate
-from simulator.engine.loop import Engine
-from simulator.network.flows import (
-    FlowNetwork,
-    NetworkError,
-    Transfer,
-    fill_arrays,
-    fill_components,
-    fill_small,
-    maxmin_rates,
-)
+from simulator.engine.quotient import quotient_phase
+from simulator.network.flows import FlowNetwork, NetworkError, Transfer
+from simulator.network.maxmin import fill_arrays, fill_components, fill_small, maxmin_rates
 from test_moe import moe_scenario
 from topologies.builders import torus
 from topologies.topology import Topology
@@ -164,6 +157,10 @@ def fake_engine(topo):
     return types.SimpleNamespace(net=net, twin_stats={"quotient": 0, "fallback": 0})
 
 
+def quotient_of(eng, rep, twins):
+    return quotient_phase(eng.net, rep, twins, eng.twin_stats)
+
+
 @pytest.mark.parametrize("shift", [1, 2, 3])
 def test_quotient_phase_on_a_ring_equals_all_images(shift):
     # Group {0, shift} on an 8-ring and its rotations: images of different
@@ -177,7 +174,7 @@ def test_quotient_phase_on_a_ring_equals_all_images(shift):
         tuple(Transfer(a, b, 1e8 * (1 + k)) for k, (a, b) in enumerate([(g[0], g[1]), (g[1], g[0])])) for g in groups
     ]
     eng = fake_engine(topo)
-    q = Engine._quotient_phase(eng, phases[0], phases)
+    q = quotient_of(eng, phases[0], phases)
     assert q is not None and eng.twin_stats == {"quotient": 1, "fallback": 0}
     fq, nq = run(topo, [q])
     ff, nf = run(topo, [tuple(t for p in phases for t in p)])
@@ -191,13 +188,13 @@ def test_quotient_phase_falls_back_when_twins_do_not_line_up():
     topo = ring(8, lat=1e-6)
     eng = fake_engine(topo)
     rep = (Transfer(0, 1, 1.0), Transfer(1, 0, 1.0))
-    assert Engine._quotient_phase(eng, rep, [rep, (Transfer(2, 3, 1.0),)]) is None  # count
-    assert Engine._quotient_phase(eng, rep, [rep, (Transfer(2, 3, 2.0), Transfer(3, 2, 1.0))]) is None  # size
-    assert Engine._quotient_phase(eng, rep, [rep, (Transfer(2, 4, 1.0), Transfer(4, 2, 1.0))]) is None  # latency
+    assert quotient_of(eng, rep, [rep, (Transfer(2, 3, 1.0),)]) is None  # count
+    assert quotient_of(eng, rep, [rep, (Transfer(2, 3, 2.0), Transfer(3, 2, 1.0))]) is None  # size
+    assert quotient_of(eng, rep, [rep, (Transfer(2, 4, 1.0), Transfer(4, 2, 1.0))]) is None  # latency
     assert eng.twin_stats["fallback"] == 3
     # twins on disjoint links: the representative's own transfers, unchanged
     twin = (Transfer(4, 5, 1.0), Transfer(5, 4, 1.0))
-    assert Engine._quotient_phase(eng, rep, [rep, twin]) is rep
+    assert quotient_of(eng, rep, [rep, twin]) is rep
 
 
 # ------------------------------------------------------ whole steps: quotient vs every twin

@@ -82,6 +82,50 @@ def account(records, ranks, step_s: float) -> IdleAccount:
     ``records``: the engine's :class:`~simulator.engine.loop.OpRecord` list; ``ranks``: the
     simulated ranks; ``step_s``: the step time (every record ends by then)."""
     ranks = tuple(ranks)
+    n = len(ranks)
+    r, c, s, e, axes = _intervals(records, ranks)
+    t, seg_r, seg, ec, ed = _segments(r, c, s, e, n, step_s)
+
+    def busy(k: int) -> np.ndarray:
+        return np.cumsum(np.where(ec == k, ed, 0))[:-1] > 0
+
+    comp, host = busy(_COMPUTE), busy(_HOST)
+    act = [busy(j + 2) for j in range(len(axes))]
+    n_act = np.sum(act, axis=0) if act else np.zeros(len(seg), dtype=np.int64)
+    idle = np.where(comp, 0.0, seg)
+    exposed = np.where(n_act > 0, idle, 0.0)
+    quiet = idle - exposed
+
+    def per_rank(w: np.ndarray) -> np.ndarray:
+        return np.bincount(seg_r, weights=w, minlength=n)[:n]
+
+    share = exposed / np.maximum(n_act, 1)
+    busy_ax = np.zeros((n, len(axes)))
+    exp_ax = np.zeros((n, len(axes)))
+    for j, a_act in enumerate(act):
+        busy_ax[:, j] = per_rank(np.where(a_act, seg, 0.0))
+        exp_ax[:, j] = per_rank(np.where(a_act, share, 0.0))
+    return IdleAccount(
+        ranks=ranks,
+        axes=axes,
+        step_s=float(step_s),
+        compute_s=per_rank(np.where(comp, seg, 0.0)),
+        exposed_s=per_rank(exposed),
+        offload_wait_s=per_rank(np.where(host, quiet, 0.0)),
+        bubble_s=per_rank(np.where(host, 0.0, quiet)),
+        offload_busy_s=per_rank(np.where(host, seg, 0.0)),
+        busy_by_axis_s=busy_ax,
+        exposed_by_axis_s=exp_ax,
+        spans=_spans(ranks, axes, t, seg_r, seg, comp, host, act, n_act),
+    )
+
+
+def _intervals(records, ranks: tuple) -> tuple:
+    """The busy intervals of the records, as columns ``(rank index, channel, start,
+    end, axes)``: compute, host and one channel per communication axis (numbered in
+    sorted-axis order after the two, so that outputs do not depend on record order);
+    a send also occupies its receiver, a collective starts when its last member
+    arrives; empty intervals dropped."""
     rank_ix = {r: i for i, r in enumerate(ranks)}
     axis_ch: dict[str, int] = {}
     # Column by column (list comprehensions; the order of intervals does not matter:
@@ -129,19 +173,23 @@ def account(records, ranks, step_s: float) -> IdleAccount:
     for pos, key in coll_at:  # transfers begin when the last member arrives
         st[pos] = launch[key]
     axes = tuple(sorted(axis_ch))
-    # channel numbers in sorted-axis order, so that outputs do not depend on record order
     remap = np.arange(len(axis_ch) + 2)
     for j, a in enumerate(axes):
         remap[axis_ch[a]] = j + 2
-    n = len(ranks)
     r = np.asarray(rk, dtype=np.int64)
     c = remap[np.asarray(ch, dtype=np.int64)] if ch else np.zeros(0, dtype=np.int64)
     s = np.asarray(st, dtype=float)
     e = np.asarray(en, dtype=float)
     keep = e > s
-    r, c, s, e = r[keep], c[keep], s[keep], e[keep]
-    # Events: +1 at each start, -1 at each end; sentinels at 0 and the step end so that
-    # every rank's segments tile [0, step].
+    return r[keep], c[keep], s[keep], e[keep], axes
+
+
+def _segments(r, c, s, e, n: int, step_s: float) -> tuple:
+    """The intervals as sorted events ``(t, segment rank, segment length, event
+    channel, event delta)``: +1 at each start, -1 at each end, sentinels at 0 and the
+    step end so that every rank's segments tile [0, step]. Segment i is
+    ``[t[i], t[i+1])`` with the state after event i; a segment spanning two ranks has
+    length 0 (each rank's deltas sum to zero, so the counts restart at 0)."""
     idx = np.arange(n, dtype=np.int64)
     t = np.concatenate([s, e, np.zeros(n), np.full(n, float(step_s))])
     er = np.concatenate([r, r, idx, idx])
@@ -149,44 +197,9 @@ def account(records, ranks, step_s: float) -> IdleAccount:
     ed = np.concatenate([np.ones(len(s), np.int64), -np.ones(len(s), np.int64), np.zeros(2 * n, np.int64)])
     order = np.lexsort((t, er))
     t, er, ec, ed = t[order], er[order], ec[order], ed[order]
-    # Segment i is [t[i], t[i+1]) with the state after event i; a segment spanning two
-    # ranks has length 0 (each rank's deltas sum to zero, so the counts restart at 0).
     seg_r = er[:-1]
     seg = np.where(er[1:] == seg_r, np.diff(t), 0.0)
-
-    def busy(k: int) -> np.ndarray:
-        return np.cumsum(np.where(ec == k, ed, 0))[:-1] > 0
-
-    comp, host = busy(_COMPUTE), busy(_HOST)
-    act = [busy(j + 2) for j in range(len(axes))]
-    n_act = np.sum(act, axis=0) if act else np.zeros(len(seg), dtype=np.int64)
-    idle = np.where(comp, 0.0, seg)
-    exposed = np.where(n_act > 0, idle, 0.0)
-    quiet = idle - exposed
-
-    def per_rank(w: np.ndarray) -> np.ndarray:
-        return np.bincount(seg_r, weights=w, minlength=n)[:n]
-
-    share = exposed / np.maximum(n_act, 1)
-    busy_ax = np.zeros((n, len(axes)))
-    exp_ax = np.zeros((n, len(axes)))
-    for j, a_act in enumerate(act):
-        busy_ax[:, j] = per_rank(np.where(a_act, seg, 0.0))
-        exp_ax[:, j] = per_rank(np.where(a_act, share, 0.0))
-    acc = IdleAccount(
-        ranks=ranks,
-        axes=axes,
-        step_s=float(step_s),
-        compute_s=per_rank(np.where(comp, seg, 0.0)),
-        exposed_s=per_rank(exposed),
-        offload_wait_s=per_rank(np.where(host, quiet, 0.0)),
-        bubble_s=per_rank(np.where(host, 0.0, quiet)),
-        offload_busy_s=per_rank(np.where(host, seg, 0.0)),
-        busy_by_axis_s=busy_ax,
-        exposed_by_axis_s=exp_ax,
-        spans=_spans(ranks, axes, t, seg_r, seg, comp, host, act, n_act),
-    )
-    return acc
+    return t, seg_r, seg, ec, ed
 
 
 def _spans(ranks, axes, t, seg_r, seg, comp, host, act, n_act) -> list:

@@ -1,12 +1,20 @@
 """The network model: transfers over the topology's links with max-min fair sharing.
 
-* :mod:`.flows` — :class:`~simulator.network.flows.FlowNetwork`: routes, the max-min rate
-  solvers, phases of concurrent transfers and their completion events;
-* :mod:`.collectives` — collective algorithms (ring, tree, NVLS, hierarchical, all-to-all,
-  torus) planned as phases of transfers on a group of ranks;
+* :mod:`.flows` — :class:`~simulator.network.flows.FlowNetwork`: the simpy side, phases of
+  concurrent transfers, incremental recomputation and completion events;
+* :mod:`.maxmin` — the max-min rate solvers (pure functions of flows and capacities);
+* :mod:`.phases` — :class:`~simulator.network.phases.Transfer` and a phase's routing,
+  validation and merging into a prepared phase;
+* :mod:`.isolated` — phases alone on their links, run from their cached evolution;
+* :mod:`.flowslots`, :mod:`.stats` — the in-flight flows' slot arrays, the counters;
+* :mod:`.collectives` — planning a collective (algorithm choice, :func:`plan_collective`)
+  and running its phases; the algorithms by family in :mod:`.plans` (phases, combinators,
+  group structure), :mod:`.reductions` (ring, tree, halving-doubling, hierarchical,
+  NVLS/SHARP), :mod:`.torus_collective` and :mod:`.alltoall`;
 * :mod:`.calibration` — the network calibration (per-hop latency, bus-bandwidth
   efficiencies), fitted to nccl-tests by :mod:`simulator.studies.calibrate`.
 
-A new collective algorithm is a planner in :mod:`.collectives`; a new topology is a builder
-in :mod:`topologies`, which this package reads as a graph.
+A new collective algorithm is a phase builder in its family's module, chosen in
+:mod:`.collectives`; a new topology is a builder in :mod:`topologies`, which this package
+reads as a graph.
 """

@@ -137,18 +137,49 @@ Algorithm choice (:func:`choose_algorithm`), in order:
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
+from dataclasses import replace
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
-import numpy as np
-
-from simulator.errors import NetworkError
+from simulator.network.alltoall import direct_a2a, hierarchical_a2a
 from simulator.network.flows import FlowNetwork, Transfer
+from simulator.network.plans import (
+    REDUCING,
+    CollectiveError,
+    CollectivePlan,
+    Phase,
+    bundle,
+    equal_split,
+    split_by_domain,
+    torus_grid,
+)
+from simulator.network.reductions import (
+    halving_doubling_phases,
+    hierarchical_phases,
+    in_network_phases,
+    rail_ring_phases,
+    ring_phases,
+    tree_phases,
+)
+from simulator.network.torus_collective import torus_phases
 from workloads.enums import COLLECTIVE_OPS
 
 if TYPE_CHECKING:  # pragma: no cover
     from topologies.topology import Topology
+
+__all__ = [
+    "ALGORITHMS",
+    "OPS",
+    "VALID_ALGORITHMS",
+    "CollectiveError",
+    "CollectivePlan",
+    "Phase",
+    "bus_bandwidth_factor",
+    "choose_algorithm",
+    "merged_phases",
+    "plan_collective",
+    "run_collective",
+    "run_merged",
+]
 
 OPS = COLLECTIVE_OPS
 ALGORITHMS = (
@@ -166,7 +197,6 @@ ALGORITHMS = (
     "rail-ring",
 )
 
-_REDUCING = ("all-reduce", "all-gather", "reduce-scatter")
 VALID_ALGORITHMS = {
     "all-reduce": (
         "ring",
@@ -187,34 +217,6 @@ VALID_ALGORITHMS = {
 }
 
 
-class CollectiveError(NetworkError):
-    """A collective that cannot be planned: bad op, algorithm, group or size."""
-
-
-@dataclass(frozen=True)
-class Phase:
-    """Transfers that start together; ``steps`` latencies are paid before they flow.
-
-    ``compute_bytes`` is the reduction work per rank in this phase (bytes reduced);
-    ``in_network`` marks phases whose reduction happens in switches (their bytes
-    are scaled by the calibration's ``algorithm_efficiency``).
-    """
-
-    transfers: tuple[Transfer, ...]
-    steps: int = 1
-    compute_bytes: float = 0.0
-    in_network: bool = False
-
-
-@dataclass(frozen=True)
-class CollectivePlan:
-    op: str
-    algorithm: str
-    group: tuple[int, ...]
-    size_bytes: float
-    phases: tuple[Phase, ...]
-
-
 def bus_bandwidth_factor(op: str, n: int) -> float:
     """busbw / algbw of ``op`` on ``n`` ranks (nccl-tests ``PERFORMANCE.md``)."""
     _check_op(op)
@@ -232,55 +234,6 @@ def _check_op(op: str) -> None:
         raise CollectiveError(f"unknown collective op {op!r}; allowed: {', '.join(OPS)}")
 
 
-# ---------------------------------------------------------------------------
-# Group structure helpers
-# ---------------------------------------------------------------------------
-
-#: Groups of at most this many members are split by domain in plain Python.
-_FEW_MEMBERS = 256
-
-
-def _domains(group: Sequence[int], topo: "Topology", by_pod: bool = False) -> list[list[int]]:
-    """Members grouped by domain (or pod), domains in order of first appearance."""
-    keys = topo.domains_of(group, by_pod=by_pod)
-    if keys.size <= _FEW_MEMBERS:
-        out: dict[int, list[int]] = {}
-        for d, key in zip(group, keys.tolist()):
-            out.setdefault(key, []).append(d)
-        return list(out.values())
-    _, first, which = np.unique(keys, return_index=True, return_inverse=True)
-    rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")[which.ravel()]  # by first appearance
-    order = np.argsort(rank, kind="stable")  # members keep order
-    members = np.asarray(group, dtype=np.int64)[order].tolist()
-    bounds = np.r_[0, np.cumsum(np.bincount(rank))].tolist()
-    return [members[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-
-
-def _equal_split(parts: list[list[int]]) -> bool:
-    return len({len(p) for p in parts}) == 1
-
-
-def _torus_grid(group: Sequence[int], topo: "Topology") -> Optional[list[tuple[int, ...]]]:
-    """Per axis, the sorted coordinates of ``group`` if it is a *grid* of one pod's torus:
-    the Cartesian product of one evenly spaced set of coordinates per axis (a box when
-    every spacing is 1; e.g. every other row of a plane). ``None`` otherwise."""
-    if topo.kind != "torus" or topo.torus_shape is None:
-        return None
-    if len({topo.pod_of(d) for d in group}) != 1:
-        return None
-    coords = [topo.torus_coords(d) for d in group]
-    grid = []
-    for a in range(len(topo.torus_shape)):
-        values = tuple(sorted({c[a] for c in coords}))
-        step = values[1] - values[0] if len(values) > 1 else 1
-        if values != tuple(range(values[0], values[0] + step * len(values), step)):
-            return None
-        grid.append(values)
-    if math.prod(len(v) for v in grid) != len(set(group)):
-        return None
-    return grid
-
-
 def _is_pow2(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
@@ -293,355 +246,25 @@ def choose_algorithm(op: str, group: Sequence[int], topo: "Topology") -> str:
         return "p2p"
     if op == "broadcast":
         return "ring"
-    domains = _domains(group, topo)
+    domains = split_by_domain(group, topo)
     if op == "all-to-all":
-        if topo.kind == "switched" and len(domains) > 1 and _equal_split(domains) and len(domains[0]) > 1:
+        if topo.kind == "switched" and len(domains) > 1 and equal_split(domains) and len(domains[0]) > 1:
             return "hierarchical-a2a"
         return "direct"
     if topo.kind == "torus":
-        if _torus_grid(group, topo) is not None:
+        if torus_grid(group, topo) is not None:
             return "torus"
-        pods = _domains(group, topo, by_pod=True)
-        if len(pods) > 1 and _equal_split(pods):
+        pods = split_by_domain(group, topo, by_pod=True)
+        if len(pods) > 1 and equal_split(pods):
             return "hierarchical"
         return "ring"
     if len(domains) == 1:
         return "nvls" if (topo.nvls and op == "all-reduce" and len(group) > 1) else "ring"
-    if not _equal_split(domains):
+    if not equal_split(domains):
         return "ring"
     if topo.sharp and op == "all-reduce":
         return "sharp"
     return "rail-ring" if len(domains[0]) > 1 else "ring"
-
-
-# ---------------------------------------------------------------------------
-# Phase builders (pure functions of member lists and sizes)
-# ---------------------------------------------------------------------------
-
-
-def _bundle(transfers: Iterable[Transfer]) -> tuple[Transfer, ...]:
-    """Merge identical (src, dst, size) transfers into one of summed weight; drop no-ops."""
-    live = [t for t in transfers if t.src != t.dst and t.size_bytes > 0]
-    if len({(t.src, t.dst, t.size_bytes) for t in live}) == len(live) and all(t.incidence is None for t in live):
-        return tuple(live)  # nothing to merge (a ring, a tree)
-    merged: dict[tuple[int, int, float], int] = {}
-    for t in live:
-        key = (t.src, t.dst, t.size_bytes)
-        merged[key] = merged.get(key, 0) + t.weight
-    return tuple(Transfer(s, d, b, w) for (s, d, b), w in merged.items())
-
-
-def _merge_parallel(phase_lists: Sequence[Sequence[Phase]]) -> list[Phase]:
-    """i-th phases of several independent sub-plans merged into one phase each."""
-    out = []
-    for i in range(max((len(p) for p in phase_lists), default=0)):
-        parts = [p[i] for p in phase_lists if i < len(p)]
-        out.append(
-            Phase(
-                _bundle(t for ph in parts for t in ph.transfers),
-                max(ph.steps for ph in parts),
-                max(ph.compute_bytes for ph in parts),
-                any(ph.in_network for ph in parts),
-            )
-        )
-    return out
-
-
-def _pipelined(phases: Sequence[Phase]) -> list[Phase]:
-    """Phases run as one pipeline: all their transfers flow at once (chunks of the buffer
-    stream through every stage), so the pipeline lasts as long as its slowest stage under
-    max-min sharing; stages on the same links share them. The latencies of all stages
-    are paid once each (pipeline fill): ``steps`` is their sum."""
-    phases = list(phases)
-    if len(phases) <= 1:
-        return phases
-    return [
-        Phase(
-            _bundle(t for ph in phases for t in ph.transfers),
-            sum(ph.steps for ph in phases),
-            sum(ph.compute_bytes for ph in phases),
-            any(ph.in_network for ph in phases),
-        )
-    ]
-
-
-def _ring_load(op: str, n: int, size: float) -> tuple[int, float, float]:
-    """(steps, bytes each rank sends, bytes each rank reduces) of a ring ``op`` on ``n``."""
-    if op == "all-reduce":
-        return 2 * (n - 1), 2 * (n - 1) * size / n, (n - 1) * size / n
-    if op in ("all-gather", "reduce-scatter"):
-        per_rank = (n - 1) * size / n
-        return n - 1, per_rank, (per_rank if op == "reduce-scatter" else 0.0)
-    raise CollectiveError(f"ring phases are not defined for {op!r}")  # pragma: no cover
-
-
-def _ring(op: str, members: Sequence[int], size: float, bidir: bool = False) -> list[Phase]:
-    """Collapsed ring: one phase of neighbour transfers (see module docstring)."""
-    n = len(members)
-    if n < 2:
-        return []
-    steps, per_rank, compute = _ring_load(op, n, size)
-    if bidir:
-        half = per_rank / 2
-        transfers = [Transfer(members[i], members[(i + 1) % n], half) for i in range(n)]
-        transfers += [Transfer(members[i], members[(i - 1) % n], half) for i in range(n)]
-    else:
-        transfers = [Transfer(members[i], members[(i + 1) % n], per_rank) for i in range(n)]
-    return [Phase(_bundle(transfers), steps, compute)]
-
-
-def _line_transfers(line: Sequence[int], chunk: float, gather: bool) -> list[Transfer]:
-    """Bidirectional chain: link i->i+1 carries the chunks owned right of i (reduce-scatter)
-    or left of i+1 (all-gather), and symmetrically leftwards."""
-    m = len(line)
-    out = []
-    for i in range(m - 1):
-        right = (i + 1) if gather else (m - 1 - i)
-        left = (m - 1 - i) if gather else (i + 1)
-        out.append(Transfer(line[i], line[i + 1], right * chunk))
-        out.append(Transfer(line[i + 1], line[i], left * chunk))
-    return out
-
-
-def _axis_phase(op: str, lines: Sequence[Sequence[int]], ring: bool, data: float) -> Phase:
-    """Reduce-scatter (``op='reduce-scatter'``) or all-gather of ``data`` bytes per rank
-    (before scatter / after gather) along parallel lines or rings of one axis."""
-    m = len(lines[0])
-    chunk = data / m
-    transfers: list[Transfer] = []
-    for line in lines:
-        if ring:
-            for i in range(m):
-                transfers.append(Transfer(line[i], line[(i + 1) % m], (m - 1) * chunk / 2))
-                transfers.append(Transfer(line[i], line[(i - 1) % m], (m - 1) * chunk / 2))
-        else:
-            transfers += _line_transfers(line, chunk, gather=(op == "all-gather"))
-    compute = (m - 1) * chunk if op == "reduce-scatter" else 0.0
-    return Phase(_bundle(transfers), m - 1, compute)
-
-
-def _torus(op: str, members: Sequence[int], size: float, topo: "Topology") -> list[Phase]:
-    grid = _torus_grid(members, topo)
-    if grid is None:
-        raise CollectiveError(
-            "torus algorithm needs a group that is a box (or an evenly spaced grid) of one pod's torus"
-        )
-    pod = topo.pod_of(members[0])
-    shape, wrap = topo.torus_shape, topo.torus_wrap
-    axes = [a for a, v in enumerate(grid) if len(v) > 1]
-
-    def lines_along(a: int) -> list[list[int]]:
-        others = [grid[b] if b != a else grid[b][:1] for b in range(len(grid))]
-        out = []
-        for base in _product(others):
-            line = []
-            for v in grid[a]:
-                c = list(base)
-                c[a] = v
-                line.append(topo.device_at(c, pod))
-            out.append(line)
-        return out
-
-    def is_ring(a: int) -> bool:
-        # The members cover the wrapped axis at equal spacing, so the hops between
-        # neighbours (spacing links each) use every link of the axis once per direction.
-        m = len(grid[a])
-        return bool(wrap[a]) and m > 2 and m * (grid[a][1] - grid[a][0]) == shape[a]
-
-    # One share of size/D per axis, share i running the axes in the order rotated by i, so
-    # that at every stage each axis carries one share ("How to Scale Your Model": a
-    # collective over several axes gets bandwidth from every axis). The i-th stages of all
-    # shares run as one phase (concurrent flows on different axes' links).
-    d = len(axes)
-    share = size / d
-    orders = [axes[i:] + axes[:i] for i in range(d)]
-
-    def rs_stage(order: list[int], j: int) -> Phase:
-        data = share / math.prod(len(grid[a]) for a in order[:j])
-        return _axis_phase("reduce-scatter", lines_along(order[j]), is_ring(order[j]), data)
-
-    def ag_stage(order: list[int], j: int) -> Phase:
-        data = share / math.prod(len(grid[a]) for a in order[:j])
-        return _axis_phase("all-gather", lines_along(order[j]), is_ring(order[j]), data)
-
-    rs = _merge_parallel([[rs_stage(o, j) for j in range(d)] for o in orders])
-    ag = _merge_parallel([[ag_stage(o, j) for j in reversed(range(d))] for o in orders])
-    if op == "all-reduce":
-        return rs + ag
-    if op == "reduce-scatter":
-        return rs
-    return ag
-
-
-def _product(ranges: Sequence[range]) -> list[tuple[int, ...]]:
-    out: list[tuple[int, ...]] = [()]
-    for r in ranges:
-        out = [t + (v,) for t in out for v in r]
-    return out
-
-
-def _intra(op: str, members: Sequence[int], size: float, topo: "Topology") -> list[Phase]:
-    """Reduce-scatter / all-gather inside one domain: torus grid if possible, else ring."""
-    if len(members) > 1 and _torus_grid(members, topo) is not None:
-        return _torus(op, members, size, topo)
-    return _ring(op, members, size)
-
-
-def _rail_ring(op: str, parts: list[list[int]], size: float) -> list[Phase]:
-    """NCCL's ring across ``m`` domains of ``k`` members: ``k`` channels, one per rail.
-
-    Channel ``c`` carries ``size/k`` around all ``n = m k`` ranks: in each domain it enters
-    at member ``c`` (from rail ``c``), runs ``c, c+1, ..., c-1`` over NVLink, and the last
-    member hands its data over NVLink to member ``c`` (PXN), whose NIC sends it on rail
-    ``c`` to member ``c`` of the next domain. Every channel thus crosses each intra-domain
-    link ``i -> i+1`` once and each rail link once: as flows, one intra-domain ring per
-    domain carrying the full ring load (``2(n-1)/n S`` per rank for an all-reduce) and one
-    ring per rail over the domains carrying ``1/k`` of it, all in one phase of ``2(n-1)``
-    steps (``n-1`` for all-gather / reduce-scatter)."""
-    if not _equal_split(parts):
-        raise CollectiveError(
-            f"rail-ring needs the same number of members in every domain; got {[len(p) for p in parts]}"
-        )
-    m, k = len(parts), len(parts[0])
-    n = m * k
-    if n < 2:
-        return []
-    steps, per_rank, compute = _ring_load(op, n, size)
-    transfers = []
-    if k > 1:
-        for dom in parts:
-            transfers += [Transfer(dom[i], dom[(i + 1) % k], per_rank) for i in range(k)]
-    if m > 1:
-        for c in range(k):
-            transfers += [Transfer(parts[d][c], parts[(d + 1) % m][c], per_rank / k) for d in range(m)]
-    return [Phase(_bundle(transfers), steps, compute)]
-
-
-def _hierarchical(
-    op: str, parts: list[list[int]], size: float, topo: "Topology", inter: str = "ring", pipelined: bool = False
-) -> list[Phase]:
-    if not _equal_split(parts):
-        raise CollectiveError(
-            f"hierarchical algorithms need the same number of members in every domain; got {[len(p) for p in parts]}"
-        )
-    k = len(parts[0])
-    rails = [[p[j] for p in parts] for j in range(k)]
-    shard = size / k
-
-    def intra(kind: str) -> list[Phase]:
-        return _merge_parallel([_intra(kind, p, size, topo) for p in parts])
-
-    def across(kind: str, total: float) -> list[Phase]:
-        if inter == "sharp":
-            return _merge_parallel([_in_network(r, total, steps=1) for r in rails])
-        return _merge_parallel([_ring(kind, r, total) for r in rails])
-
-    if op == "all-reduce":
-        phases = intra("reduce-scatter") + across("all-reduce", shard) + intra("all-gather")
-    elif op == "all-gather":
-        phases = across("all-gather", shard) + intra("all-gather")
-    else:
-        phases = intra("reduce-scatter") + across("reduce-scatter", shard)
-    return _pipelined(phases) if pipelined else phases
-
-
-def _in_network(members: Sequence[int], size: float, steps: int) -> list[Phase]:
-    """In-switch reduction: each member's link(s) into the switch tree carry ``size``
-    once per direction, reproduced by a ring of transfers (module docstring)."""
-    n = len(members)
-    if n < 2:
-        return []
-    transfers = [Transfer(members[i], members[(i + 1) % n], size) for i in range(n)]
-    return [Phase(_bundle(transfers), steps, 0.0, in_network=True)]
-
-
-def _heap_tree_edges(order: Sequence[int]) -> tuple[list[tuple[int, int]], int]:
-    """(parent, child) edges of the heap-ordered binary tree over ``order``, and its depth."""
-    edges = [(order[(i - 1) // 2], order[i]) for i in range(1, len(order))]
-    depth = int(math.floor(math.log2(len(order)))) if order else 0
-    return edges, depth
-
-
-def _tree(op: str, members: Sequence[int], size: float) -> list[Phase]:
-    n = len(members)
-    if n < 2:
-        return []
-    if op == "broadcast":
-        edges, depth = _heap_tree_edges(members)
-        return [Phase(_bundle(Transfer(p, c, size) for p, c in edges), depth)]
-    half = size / 2
-    transfers = []
-    depth = 0
-    for order in (list(members), list(reversed(members))):
-        edges, d = _heap_tree_edges(order)
-        depth = max(depth, d)
-        for p, c in edges:
-            transfers.append(Transfer(c, p, half))  # reduce up
-            transfers.append(Transfer(p, c, half))  # broadcast down
-    return [Phase(_bundle(transfers), 2 * depth, size)]
-
-
-def _halving_doubling(op: str, members: Sequence[int], size: float) -> list[Phase]:
-    n = len(members)
-    p = 1 << (n.bit_length() - 1)
-    core = list(members[:p])
-    extra = list(members[p:])
-    k = p.bit_length() - 1
-    rs, ag = [], []
-    for j in range(1, k + 1):
-        dist = p >> j
-        amount = size / (1 << j)
-        pairs = [Transfer(core[i], core[i ^ dist], amount) for i in range(p)]
-        rs.append(Phase(_bundle(pairs), 1, amount))
-    for j in range(k, 0, -1):
-        dist = p >> j
-        amount = size / (1 << j)
-        ag.append(Phase(_bundle(Transfer(core[i], core[i ^ dist], amount) for i in range(p)), 1))
-    if op == "reduce-scatter":
-        return rs
-    if op == "all-gather":
-        return ag
-    fold = [Phase(_bundle(Transfer(extra[i], core[i], size) for i in range(len(extra))), 1, size)]
-    unfold = [Phase(_bundle(Transfer(core[i], extra[i], size) for i in range(len(extra))), 1)]
-    return (fold if extra else []) + rs + ag + (unfold if extra else [])
-
-
-def _direct_a2a(members: Sequence[int], size: float) -> list[Phase]:
-    n = len(members)
-    if n < 2:
-        return []
-    chunk = size / n
-    return [Phase(tuple(Transfer(s, d, chunk) for s in members for d in members if s != d), 1)]
-
-
-def _hierarchical_a2a(parts: list[list[int]], size: float, scaleout_fraction: float = 1.0) -> list[Phase]:
-    """Rail hop and NVLink fan-out as one pipelined phase (module docstring); the rail
-    carries ``scaleout_fraction`` of the ``k S/n`` routed copies bound for each domain."""
-    if not _equal_split(parts):
-        raise CollectiveError(
-            f"hierarchical-a2a needs the same number of members in every domain; got {[len(p) for p in parts]}"
-        )
-    m, k = len(parts), len(parts[0])
-    n = m * k
-    if m == 1:
-        return _direct_a2a(parts[0], size)
-    chunk = size / n
-    rail = scaleout_fraction * k * chunk
-    transfers = []
-    for d, dom in enumerate(parts):
-        for i, src in enumerate(dom):
-            for d2 in range(m):
-                if d2 != d:
-                    transfers.append(Transfer(src, parts[d2][i], rail))  # rail
-            for j, dst in enumerate(dom):
-                if j != i:
-                    transfers.append(Transfer(src, dst, m * chunk))  # own + forwarded
-    return [Phase(tuple(transfers), 2)]
-
-
-# ---------------------------------------------------------------------------
-# Planning and running
-# ---------------------------------------------------------------------------
 
 
 def plan_collective(
@@ -667,37 +290,10 @@ def plan_collective(
         ``hierarchical-a2a`` all-to-all.
     """
     _check_op(op)
-    group = tuple(int(d) for d in group)
-    if not group:
-        raise CollectiveError("group is empty")
-    if len(set(group)) != len(group):
-        raise CollectiveError(f"group repeats a device: {group}")
-    for d in group:
-        if not 0 <= d < topo.n_devices:
-            raise CollectiveError(f"device {d} is not in the topology (0..{topo.n_devices - 1})")
+    group = _checked_group(group, topo)
     if not (size_bytes >= 0) or size_bytes == float("inf"):
         raise CollectiveError(f"size_bytes must be finite and >= 0, got {size_bytes!r}")
-    if not (0.0 < scaleout_fraction <= 1.0):
-        raise CollectiveError(f"scaleout_fraction must be in (0, 1], got {scaleout_fraction!r}")
-    node_limited = scaleout_fraction < 1.0
-    if node_limited and op != "all-to-all":
-        raise CollectiveError(f"scaleout_fraction < 1 applies to all-to-all only, not {op!r}")
-    if algorithm is None:
-        algorithm = choose_algorithm(op, group, topo)
-        if node_limited:
-            domains = _domains(group, topo)
-            if len(domains) > 1 and _equal_split(domains):
-                algorithm = "hierarchical-a2a"
-    if node_limited and algorithm != "hierarchical-a2a" and len(_domains(group, topo)) > 1:
-        raise CollectiveError(
-            f"scaleout_fraction < 1 (node-limited routing) needs the hierarchical-a2a algorithm, not {algorithm!r}"
-        )
-    if algorithm not in ALGORITHMS:
-        raise CollectiveError(f"unknown algorithm {algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
-    if algorithm not in VALID_ALGORITHMS[op]:
-        raise CollectiveError(
-            f"algorithm {algorithm!r} does not implement {op!r}; allowed: {', '.join(VALID_ALGORITHMS[op])}"
-        )
+    algorithm = _resolved_algorithm(op, group, topo, algorithm, scaleout_fraction)
     n = len(group)
     size = float(size_bytes)
     if op == "send-recv":
@@ -707,47 +303,101 @@ def plan_collective(
         return CollectivePlan(op, algorithm, group, size, tuple(phases))
     if n == 1 or size == 0:
         return CollectivePlan(op, algorithm, group, size, ())
+    if algorithm == "halving-doubling" and op != "all-reduce" and not _is_pow2(n):
+        algorithm = "ring"  # documented fallback
+    phases = _algorithm_phases(op, algorithm, group, size, topo, scaleout_fraction)
+    return CollectivePlan(op, algorithm, group, size, tuple(phases))
 
-    if algorithm == "ring":
-        phases = (
-            _ring(op, group, size)
-            if op in _REDUCING
-            else [Phase(_bundle(Transfer(group[i], group[i + 1], size) for i in range(n - 1)), n - 1)]
+
+def _checked_group(group: Sequence[int], topo: "Topology") -> tuple[int, ...]:
+    """``group`` as a tuple of ints, checked non-empty, without repeats, on ``topo``."""
+    group = tuple(int(d) for d in group)
+    if not group:
+        raise CollectiveError("group is empty")
+    if len(set(group)) != len(group):
+        raise CollectiveError(f"group repeats a device: {group}")
+    for d in group:
+        if not 0 <= d < topo.n_devices:
+            raise CollectiveError(f"device {d} is not in the topology (0..{topo.n_devices - 1})")
+    return group
+
+
+def _resolved_algorithm(
+    op: str, group: tuple[int, ...], topo: "Topology", algorithm: Optional[str], scaleout_fraction: float
+) -> str:
+    """The algorithm :func:`plan_collective` runs: ``algorithm``, or the default
+    (``hierarchical-a2a`` under node-limited routing across equal domains), checked
+    against ``op`` and ``scaleout_fraction``."""
+    if not (0.0 < scaleout_fraction <= 1.0):
+        raise CollectiveError(f"scaleout_fraction must be in (0, 1], got {scaleout_fraction!r}")
+    node_limited = scaleout_fraction < 1.0
+    if node_limited and op != "all-to-all":
+        raise CollectiveError(f"scaleout_fraction < 1 applies to all-to-all only, not {op!r}")
+    if algorithm is None:
+        algorithm = choose_algorithm(op, group, topo)
+        if node_limited:
+            domains = split_by_domain(group, topo)
+            if len(domains) > 1 and equal_split(domains):
+                algorithm = "hierarchical-a2a"
+    if node_limited and algorithm != "hierarchical-a2a" and len(split_by_domain(group, topo)) > 1:
+        raise CollectiveError(
+            f"scaleout_fraction < 1 (node-limited routing) needs the hierarchical-a2a algorithm, not {algorithm!r}"
         )
-    elif algorithm == "ring-bidir":
-        phases = _ring(op, group, size, bidir=True)
-    elif algorithm == "tree":
-        phases = _tree(op, group, size)
-    elif algorithm == "halving-doubling":
-        if op != "all-reduce" and not _is_pow2(n):
-            algorithm = "ring"  # documented fallback
-            phases = _ring(op, group, size)
-        else:
-            phases = _halving_doubling(op, group, size)
-    elif algorithm == "torus":
-        phases = _torus(op, group, size, topo)
-    elif algorithm == "hierarchical":
+    if algorithm not in ALGORITHMS:
+        raise CollectiveError(f"unknown algorithm {algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
+    if algorithm not in VALID_ALGORITHMS[op]:
+        raise CollectiveError(
+            f"algorithm {algorithm!r} does not implement {op!r}; allowed: {', '.join(VALID_ALGORITHMS[op])}"
+        )
+    return algorithm
+
+
+def _algorithm_phases(
+    op: str, algorithm: str, group: tuple[int, ...], size: float, topo: "Topology", scaleout_fraction: float
+) -> list[Phase]:
+    """The phases of ``algorithm`` running ``op`` over ``group`` (two or more members,
+    ``size > 0``)."""
+    n = len(group)
+    if algorithm == "ring":
+        if op in REDUCING:
+            return ring_phases(op, group, size)
+        return [Phase(bundle(Transfer(group[i], group[i + 1], size) for i in range(n - 1)), n - 1)]
+    if algorithm == "ring-bidir":
+        return ring_phases(op, group, size, bidir=True)
+    if algorithm == "tree":
+        return tree_phases(op, group, size)
+    if algorithm == "halving-doubling":
+        return halving_doubling_phases(op, group, size)
+    if algorithm == "torus":
+        return torus_phases(op, group, size, topo)
+    if algorithm == "hierarchical":
         by_pod = topo.kind == "torus"
-        phases = _hierarchical(op, _domains(group, topo, by_pod=by_pod), size, topo, pipelined=not by_pod)
-    elif algorithm == "rail-ring":
-        phases = _rail_ring(op, _domains(group, topo), size)
-    elif algorithm == "nvls":
+        return hierarchical_phases(op, split_by_domain(group, topo, by_pod=by_pod), size, topo, pipelined=not by_pod)
+    if algorithm == "rail-ring":
+        return rail_ring_phases(op, split_by_domain(group, topo), size)
+    if algorithm in ("nvls", "sharp"):
+        return _in_switch_phases(op, algorithm, group, size, topo)
+    if algorithm == "direct":
+        return direct_a2a(group, size)
+    if algorithm == "hierarchical-a2a":
+        return hierarchical_a2a(split_by_domain(group, topo), size, scaleout_fraction)
+    # p2p for anything but send-recv is rejected by VALID_ALGORITHMS
+    raise CollectiveError(f"algorithm {algorithm!r} cannot run {op!r}")  # pragma: no cover
+
+
+def _in_switch_phases(op: str, algorithm: str, group: tuple[int, ...], size: float, topo: "Topology") -> list[Phase]:
+    """The phases of the in-network reductions: ``nvls`` (NVLink SHARP inside one domain)
+    and ``sharp`` (the scale-out fabric's, between domains)."""
+    if algorithm == "nvls":
         if not topo.nvls:
             raise CollectiveError("nvls needs a topology with NVLink SHARP (topo.nvls)")
-        if len(_domains(group, topo)) != 1:
+        if len(split_by_domain(group, topo)) != 1:
             raise CollectiveError("nvls needs a group inside one NVLink domain")
-        phases = _in_network(group, size * (n + 1) / n, steps=2)
-    elif algorithm == "sharp":
-        if not topo.sharp:
-            raise CollectiveError("sharp needs a topology with in-network reduction (topo.sharp)")
-        phases = _hierarchical(op, _domains(group, topo), size, topo, inter="sharp", pipelined=True)
-    elif algorithm == "direct":
-        phases = _direct_a2a(group, size)
-    elif algorithm == "hierarchical-a2a":
-        phases = _hierarchical_a2a(_domains(group, topo), size, scaleout_fraction)
-    else:  # p2p for anything but send-recv is rejected by VALID_ALGORITHMS
-        raise CollectiveError(f"algorithm {algorithm!r} cannot run {op!r}")  # pragma: no cover
-    return CollectivePlan(op, algorithm, group, size, tuple(phases))
+        n = len(group)
+        return in_network_phases(group, size * (n + 1) / n, steps=2)
+    if not topo.sharp:
+        raise CollectiveError("sharp needs a topology with in-network reduction (topo.sharp)")
+    return hierarchical_phases(op, split_by_domain(group, topo), size, topo, inter="sharp", pipelined=True)
 
 
 def run_collective(

@@ -200,7 +200,7 @@ class NetModel:
     * Torus: a group that is a box of the torus runs dimension by dimension, the buffer split
       into one share per axis with rotated axis orders so that every axis is busy at every
       stage (per axis a bidirectional ring when the group covers a wrapped axis, else a
-      bidirectional line at half that bandwidth: ``collectives._torus``); any other group a ring whose links carry
+      bidirectional line at half that bandwidth: ``torus_collective.torus_phases``); any other group a ring whose links carry
       as many chunks as the mean hop count between ring neighbours (twin groups interleave
       on the same links). An all-to-all is limited by its busiest link: along an axis of
       ``e`` members each line carries an all-to-all of ``S/e`` per pair, whose busiest link
@@ -359,7 +359,7 @@ class NetModel:
             return worst * span / n / B, a * max(1, sum(extents) - len(extents))
         f = 2 if op == "all-reduce" else 1
         if box:
-            # collectives._torus: one share of 1/d per axis, share i taking the axes in the
+            # torus_collective.torus_phases: one share of 1/d per axis, share i taking the axes in the
             # order rotated by i; stage j of every share runs at once (max over shares)
             axes = [
                 (e, 2 if (w and e == e_full and e_full > 2) else 1)

@@ -1,0 +1,277 @@
+"""Lowering: what a collective or send op of the trace runs on the network.
+
+One call per op (:meth:`Lowering.collective_phases`, :meth:`Lowering.send_transfers`)
+plans the op's collective (:func:`~simulator.network.collectives.plan_collective`),
+adds its twin groups' plans in representative mode, folds them into the
+representative's by the symmetry quotient (:mod:`simulator.engine.quotient`) and
+merges them into the network phases the engine runs
+(:func:`~simulator.network.collectives.merged_phases`), cached per op shape and rank.
+See :mod:`simulator.engine.loop` for the representative assumption and the quotient.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from simulator.engine.quotient import SMALL_TWINS, image_quotient, quotient_phase, quotient_plan
+from simulator.network import collectives as coll_mod
+from simulator.network.flows import FlowNetwork, Transfer
+from topologies.topology import Topology
+from workloads.layout import ParallelLayout
+from workloads.trace.ops import Op, Trace
+
+
+class Lowering:
+    """Plans, twins, quotient and merge of the collectives and sends of one trace.
+
+    ``algorithms``: op -> algorithm (the scenario's choice); ``twin_quotient=False``
+    injects every twin group's transfers; ``a2a_quotient=False`` runs an expert
+    all-to-all planned as ``hierarchical-a2a`` as its full (twin-quotiented) plan
+    rather than as the quotient of its rail and NVLink pieces (tests compare)."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        topo: Topology,
+        layout: ParallelLayout,
+        net: FlowNetwork,
+        algorithms: Optional[dict[str, str]] = None,
+        twin_quotient: bool = True,
+        a2a_quotient: bool = True,
+    ) -> None:
+        self.trace, self.topo, self.layout, self.net = trace, topo, layout, net
+        self.algorithms = algorithms or {}
+        self.twin_quotient = twin_quotient
+        self.a2a_quotient = a2a_quotient
+        self.twin_stats = {"quotient": 0, "fallback": 0}  # phases quotiented / fallbacks
+        self._twin_cache: dict = {}
+        self._plan_cache: dict = {}
+        self._net_phase_cache: dict = {}  # (coll, group, size, axis, rank) -> network phases
+        self._send_cache: dict = {}  # (rank, peer, size, axis) -> transfers tuple
+
+    def quotient_phase(self, rep: tuple, twins: list) -> Optional[tuple]:
+        """:func:`~simulator.engine.quotient.quotient_phase` on this network, counted in
+        :attr:`twin_stats`."""
+        return quotient_phase(self.net, rep, twins, self.twin_stats)
+
+    def collective_phases(self, op: Op) -> tuple:
+        """The merged network phases (:func:`collectives.merged_phases`) of
+        :meth:`_network_plans`, once per collective shape and rank."""
+        key = (op.coll, op.group, op.size_bytes, op.axis, op.rank, op.scaleout_fraction)
+        hit = self._net_phase_cache.get(key)
+        if hit is None:
+            hit = self._net_phase_cache[key] = coll_mod.merged_phases(self.net, self._network_plans(op))
+        return hit
+
+    def _network_plans(self, op: Op) -> list:
+        """What ``op`` runs on the network: its own plan, or in representative mode
+        its quotient plan (see :func:`~simulator.engine.quotient.quotient_phase`), or, where the twin plans do
+        not line up with it, every twin's plan."""
+        if op.coll == "all-to-all" and self.trace.representative and self.twin_quotient and self.a2a_quotient:
+            pieces = self._hierarchical_a2a_pieces(op)
+            if pieces is not None:
+                return pieces
+        groups = self._groups_on_network(op)
+        rep = self._plan(op.coll, op.group, op.size_bytes, op.scaleout_fraction)
+        if len(groups) == 1:
+            return [rep]
+        twins = [self._plan(op.coll, g, op.size_bytes, op.scaleout_fraction) for g in groups]
+        q = quotient_plan(self.net, rep, twins, self.twin_stats) if self.twin_quotient else None
+        return twins if q is None else [q]
+
+    def _plan(self, coll: str, group: tuple[int, ...], size: float, scaleout_fraction: float = 1.0):
+        key = (coll, group, size, scaleout_fraction)
+        p = self._plan_cache.get(key)
+        if p is None:
+            # A node-limited all-to-all's route is fixed by its routing (hierarchical-a2a):
+            # the scenario's algorithm choice applies to the others.
+            algorithm = self.algorithms.get(coll) if scaleout_fraction == 1.0 else None
+            p = coll_mod.plan_collective(
+                coll, group, size, self.topo, algorithm=algorithm, scaleout_fraction=scaleout_fraction
+            )
+            self._plan_cache[key] = p
+        return p
+
+    def _hierarchical_a2a_pieces(self, op: Op) -> Optional[list]:
+        """An expert all-to-all planned as ``hierarchical-a2a`` (``scaleout_fraction``
+        below 1 under node-limited routing) over the representative's EP group, as the
+        quotient of its two hops' pieces, of which
+        the full plan is exactly the union: the direct rail all-to-alls among the
+        members at the same position in each domain (``f S`` per rank) and the direct
+        NVLink all-to-alls inside each domain (``S``).
+
+        * Rail: the representative's own rail sends and receives, every other rail
+          transfer of the stage folded in as an image (:meth:`_rail_quotient`).
+        * NVLink: only the representative's own domain (the others' touch none of its
+          links), and in it only the representative's own sends, each loading the
+          links it crosses as many times as its images under the rotations
+          ``q -> q + t`` of the domain's members cross them (member ``q``'s send to
+          ``q + s`` is the image of the representative's to ``p + s``; every member
+          belongs to the representative's stage, so under the representative
+          assumption each runs at its image's rate).
+
+        Both pieces run in one network phase of the full plan's 2 steps, so the hops
+        stay concurrent. None where the op's group is not the layout's EP group (a
+        trace file's own grouping), lies in one domain, is planned otherwise (a
+        scenario's ``algorithms``) or the pieces do not line up: the full plan runs."""
+        L, D = self.layout, self.topo.domain_size
+        if self.topo.kind != "switched" or op.group != L.group(op.rank, "ep"):
+            return None
+        if (
+            len(L.ep_subgroup(op.rank, "inter", D)) <= 1
+            or self._plan(op.coll, op.group, op.size_bytes, op.scaleout_fraction).algorithm != "hierarchical-a2a"
+        ):
+            return None
+        transfers: list = []
+        rail = L.ep_subgroup(op.rank, "inter", D)
+        if len(rail) > 1:
+            q = self._rail_quotient(
+                op.rank,
+                rail,
+                L.ep_subgroups("inter", L.stage_of(op.rank), D),
+                op.size_bytes * op.scaleout_fraction / len(rail),
+            )
+            if q is None:
+                return None
+            transfers.extend(q)
+        local = L.ep_subgroup(op.rank, "intra", D)
+        if len(local) > 1:
+            q = self._rotation_quotient(op.rank, local, op.size_bytes / len(local))
+            if q is None:
+                return None
+            transfers.extend(q)
+        if not transfers:
+            return None
+        phase = coll_mod.Phase(tuple(transfers), steps=2)
+        return [coll_mod.CollectivePlan(op.coll, "hierarchical-a2a", op.group, op.size_bytes, (phase,))]
+
+    def _rail_quotient(self, rank: int, rail: tuple, groups: list, chunk: float) -> Optional[tuple]:
+        """Quotient of the direct all-to-alls of ``chunk`` per pair over the rail groups
+        ``groups`` (``rail``, the representative's, among them): the representative's
+        sends and receives, every other transfer folded into the send it is the image
+        of under the rotations of its group's members (``g[q] -> g[q + s]`` is the image
+        of the representative's send to ``p + s``). A transfer loads a link in ``U``
+        (the links the representative's transfers cross) once per such image crossing
+        it; links outside ``U`` carry images of ``U``'s loads and are dropped. Unlike a
+        quotient of the sends alone, every flow into the representative stays a flow
+        of its own, so it meets whatever else arrives on the representative's links.
+        None where the groups differ in size or an image's latency exceeds the
+        representative transfers' (the full plan runs)."""
+        m = len(rail)
+        if rail not in groups or any(len(g) != m for g in groups):
+            return None
+        p = rail.index(rank)
+        own = [(rail[p], rail[(p + s) % m]) for s in range(1, m)]  # class s-1
+        own += [(rail[(p - s) % m], rail[p]) for s in range(1, m)]  # class m-2+s
+        # Every transfer g[q] -> g[q + s] of every group, as arrays [group, q, s - 1].
+        members = np.array(groups, dtype=np.int64)
+        q, s = np.meshgrid(np.arange(m), np.arange(1, m), indexing="ij")
+        src = np.broadcast_to(members[:, q], (len(groups), m, m - 1))
+        dst = members[:, (q + s) % m]
+        cls = np.broadcast_to(s - 1, src.shape).copy()
+        cls[groups.index(rail), (p - s[0]) % m, s[0] - 1] = m - 2 + s[0]  # sends into the rep
+        q = image_quotient(
+            self.net,
+            tuple(Transfer(a, b, chunk) for a, b in own),
+            cls.ravel(),
+            src.ravel(),
+            dst.ravel(),
+            latency="at-most",
+        )
+        return None if q is None else tuple(q)
+
+    def _rotation_quotient(self, rank: int, group: tuple, chunk: float) -> Optional[tuple]:
+        """Quotient of the direct all-to-all of ``chunk`` per pair over ``group`` by the
+        rotations of its members: ``rank``'s own sends, with the multiplicities of their
+        images (None where the images' latencies differ)."""
+        m = len(group)
+        p = group.index(rank)
+
+        def sends(q: int) -> tuple:
+            return tuple(Transfer(group[q], group[(q + s) % m], chunk) for s in range(1, m))
+
+        rep = sends(p)
+        return self.quotient_phase(rep, [rep if q == p else sends(q) for q in range(m)])
+
+    def send_transfers(self, op: Op) -> tuple:
+        """The network transfers of a send (one tuple per pair and size, so that the
+        network reuses its routed form): the pair's, or its quotient over its twins."""
+        key = (op.rank, op.peer, op.size_bytes, op.axis)
+        hit = self._send_cache.get(key)
+        if hit is None:
+            pairs = self._twin_rows(op, pair=(op.rank, op.peer))
+            own = (Transfer(op.rank, op.peer, op.size_bytes),)
+            hit = None
+            if len(pairs) > 1 and self.twin_quotient:
+                mine = np.flatnonzero((pairs[:, 0] == op.rank) & (pairs[:, 1] == op.peer))
+                if mine.size:
+                    hit = (
+                        self.quotient_phase(
+                            own,
+                            [
+                                own if i == mine[0] else (Transfer(a, b, op.size_bytes),)
+                                for i, (a, b) in enumerate(pairs.tolist())
+                            ],
+                        )
+                        if len(pairs) <= SMALL_TWINS
+                        else self._pair_quotient(own, pairs)
+                    )
+                else:
+                    self.twin_stats["fallback"] += 1
+            if hit is None:
+                hit = own if len(pairs) == 1 else tuple(Transfer(a, b, op.size_bytes) for a, b in pairs.tolist())
+            self._send_cache[key] = hit
+        return hit
+
+    def _pair_quotient(self, own: tuple, pairs: np.ndarray) -> Optional[tuple]:
+        """:func:`~simulator.engine.quotient.quotient_phase` of a send ``own`` over its twin ``pairs`` (rows
+        ``(src, dst)``, ``own``'s among them), straight from the arrays."""
+        q = image_quotient(
+            self.net,
+            own,
+            np.zeros(len(pairs), dtype=np.int64),
+            pairs[:, 0],
+            pairs[:, 1],
+            latency="equal",
+            image_of=np.arange(len(pairs)),
+        )
+        self.twin_stats["fallback" if q is None else "quotient"] += 1
+        return q
+
+    def _groups_on_network(self, op: Op, pair: Optional[tuple[int, int]] = None) -> list[tuple[int, ...]]:
+        """The group itself plus, in representative mode, its twins (see module doc)."""
+        rows = self._twin_rows(op, pair)
+        return rows if isinstance(rows, list) else list(map(tuple, rows.tolist()))
+
+    def _twin_rows(self, op: Op, pair: Optional[tuple[int, int]] = None):
+        """:meth:`_groups_on_network` as an array of one row per group (a list of
+        groups where they differ in size), cached per (axis, stage, group)."""
+        group = pair if pair is not None else op.group
+        if not self.trace.representative:
+            return np.array([group], dtype=np.int64)
+        topo = self.topo
+        if topo.kind == "switched" and len({topo.domain_of(r) for r in group}) == 1:
+            return np.array([group], dtype=np.int64)
+        stage = self.layout.stage_of(op.rank)
+        key = (op.axis, stage, group)
+        twins = self._twin_cache.get(key)
+        if twins is None:
+            twins = self._twin_cache[key] = self._twins(op.axis, stage, group)
+        return twins
+
+    def _twins(self, axis: str, stage: int, group: tuple[int, ...]):
+        """Every group of ``stage`` along ``axis`` (``group`` among them), rows of an
+        array (a list of tuples for node-limited EP subgroups, whose sizes may differ)."""
+        L = self.layout
+        if axis in ("tp", "cp", "dp", "ep", "edp", "etp", "dp_cp"):
+            table = L.group_table(axis)  # every group of these axes lies in one stage
+            return table[(table[:, 0] // L.rank_of(pp=1)) % L.pp == stage] if L.pp > 1 else table
+        if axis in ("ep_inter", "ep_intra"):
+            return L.ep_subgroups(axis[3:], stage, self.topo.domain_size)
+        # Groups whose members differ only in pipeline coordinate (sends, DualPipe mirrors):
+        # translate to every (tp, cp, dp) position of the stage, preserving member order.
+        pp_stride = L.rank_of(pp=1) if L.pp > 1 else 0
+        shift = np.array([(L.stage_of(r) - stage) * pp_stride for r in group], dtype=np.int64)
+        return np.array(L.stage_ranks(stage), dtype=np.int64)[:, None] + shift[None, :]

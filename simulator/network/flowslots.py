@@ -1,0 +1,288 @@
+"""The in-flight flows of a :class:`~simulator.network.flows.FlowNetwork`, in slots.
+
+Flows live in slots of numpy arrays (grown by doubling, reused through a free
+list); their routes also as tuples, for the link -> flows index and the small
+solver. :class:`FlowSlots` (a mixin of the network) inserts a prepared phase's
+flows, removes completed ones (counting their bytes on each link) and fires the
+events of the phases that finish.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from simulator.network.phases import _SMALL_BATCH, PreparedPhase
+
+#: Updates touching at most this many flows use scalar (not vectorised) state access.
+_SCALAR_MAX = 4
+
+_INF = float("inf")
+
+
+class FlowSlots:
+    """Slot storage of in-flight flows (a mixin of :class:`~simulator.network.flows.FlowNetwork`)."""
+
+    def _init_slots(self) -> None:
+        self._links: list[tuple[int, ...]] = []  # per slot ever used
+        self._mults: list = []  # per slot: multiplicities aligned with _links, or None
+        self._any_mult = False  # whether any flow with multiplicities was seen
+        self._cap_slots = 0
+        self._w = np.zeros(0)
+        self._size = np.zeros(0)
+        self._rem = np.zeros(0)  # bytes left at time _t0
+        self._t0 = np.zeros(0)
+        self._rate = np.zeros(0)  # per unit flow; 0 until first solved
+        self._end = np.zeros(0)  # completion time at the current rate
+        self._seq = np.zeros(0, dtype=np.int64)  # arrival order: canonical order
+        self._batch = np.zeros(0, dtype=np.int64)  # component solved in; -1 free
+        self._pid = np.zeros(0, dtype=np.int64)
+        self._tab = np.full((0, 1), -1, dtype=np.int32)  # links, padded with -1
+        self._mtab = np.ones((0, 1))  # their multiplicities, padded with 1 (once _any_mult)
+        self._free: list[int] = []
+        self._n_active = 0
+        self._next_seq = 0
+        self._link_flows: dict[int, set[int]] = {}  # link -> active slots on it
+
+    def _grow(self, need: int, width: int) -> None:
+        """Room for ``need`` slots and routes of ``width`` hops."""
+        cap = self._cap_slots
+        if need > cap:
+            cap = max(need, 2 * cap, 64)
+            for name in ("_w", "_size", "_rem", "_t0", "_rate", "_end", "_seq", "_batch", "_pid"):
+                old = getattr(self, name)
+                arr = np.zeros(cap, dtype=old.dtype)
+                arr[: old.shape[0]] = old
+                setattr(self, name, arr)
+            self._batch[self._cap_slots :] = -1
+            self._cap_slots = cap
+        tab = self._tab
+        if tab.shape[0] < cap or tab.shape[1] < width:
+            new = np.full((cap, max(width, tab.shape[1])), -1, dtype=np.int32)
+            new[: tab.shape[0], : tab.shape[1]] = tab
+            self._tab = new
+            if self._any_mult:
+                mt = self._mtab
+                newm = np.ones(new.shape)
+                newm[: mt.shape[0], : mt.shape[1]] = mt
+                self._mtab = newm
+
+    def _insert(self, pid: int, prep: "PreparedPhase") -> np.ndarray:
+        """A phase's flows enter the flow arrays (rate to be solved); returns their
+        slots."""
+        k = len(prep.links)
+        if prep.mults is not None and not self._any_mult:
+            self._any_mult = True
+            self._mtab = np.ones(self._tab.shape)
+        slots = self._take_slots(prep)
+        self._grow(len(self._links), prep.table.shape[1])
+        sl = np.array(slots, dtype=np.int64)
+        self._write_rows(pid, prep, slots, sl)
+        self._index_links(prep, slots, sl)
+        self._new.extend(slots)
+        self._new_phases.append((prep, sl))
+        self._n_active += k
+        if self._n_active > self.stats.max_concurrent_flows:
+            self.stats.max_concurrent_flows = self._n_active
+        self._request_update()
+        return sl
+
+    def _take_slots(self, prep: "PreparedPhase") -> list[int]:
+        """Slots for a phase's flows, free ones first (last freed first), with their
+        routes and multiplicities recorded."""
+        links = prep.links
+        k = len(links)
+        free = self._free
+        reuse = min(k, len(free))
+        pm = prep.mults
+        if reuse:
+            slots = free[len(free) - reuse :]
+            del free[len(free) - reuse :]
+            slots.reverse()
+            for s, lk in zip(slots, links):
+                self._links[s] = lk
+            if self._any_mult:
+                mults = self._mults
+                if pm is None:
+                    for s in slots:
+                        mults[s] = None
+                else:
+                    for s, m in zip(slots, pm):
+                        mults[s] = m
+        else:
+            slots = []
+        if reuse < k:
+            hw = len(self._links)
+            slots.extend(range(hw, hw + k - reuse))
+            self._links.extend(links[reuse:])
+            self._mults.extend(itertools.repeat(None, k - reuse) if pm is None else pm[reuse:])
+        return slots
+
+    def _write_rows(self, pid: int, prep: "PreparedPhase", slots: list[int], sl: np.ndarray) -> None:
+        """The flows' state at arrival (whole size left, no rate yet) and their link
+        tables, in ``slots`` (a list) / ``sl`` (the same as an array)."""
+        now = self.env.now
+        k = len(slots)
+        if k <= 2:  # scalar twin of the branch below (same values)
+            w, size, rem, t0, rate = self._w, self._size, self._rem, self._t0, self._rate
+            end, seq, batch, pids = self._end, self._seq, self._batch, self._pid
+            q = self._next_seq
+            for s, ws, bs in zip(slots, prep.weights.tolist(), prep.sizes.tolist()):
+                w[s] = ws
+                size[s] = rem[s] = bs
+                t0[s] = now
+                rate[s] = 0.0
+                end[s] = _INF
+                seq[s] = q
+                q += 1
+                batch[s] = -2
+                pids[s] = pid
+        else:
+            self._w[sl] = prep.weights
+            self._size[sl] = prep.sizes
+            self._rem[sl] = prep.sizes
+            self._t0[sl] = now
+            self._rate[sl] = 0.0
+            self._end[sl] = _INF
+            self._seq[sl] = np.arange(self._next_seq, self._next_seq + k)
+            self._batch[sl] = -2
+            self._pid[sl] = pid
+        self._next_seq += k
+        width = prep.table.shape[1]
+        self._tab[sl, :width] = prep.table
+        if width < self._tab.shape[1]:
+            self._tab[sl, width:] = -1
+        if self._any_mult:
+            if prep.mtable is None:
+                self._mtab[sl] = 1.0
+            else:
+                self._mtab[sl, :width] = prep.mtable
+                if width < self._mtab.shape[1]:
+                    self._mtab[sl, width:] = 1.0
+
+    def _index_links(self, prep: "PreparedPhase", slots: list[int], sl: np.ndarray) -> None:
+        """Add the flows in ``slots`` to the link -> flows index."""
+        lf = self._link_flows
+        if prep.by_link is None:
+            for s, lks in zip(slots, prep.links):
+                for lk in lks:
+                    fl = lf.get(lk)
+                    if fl is None:
+                        lf[lk] = {s}
+                    else:
+                        fl.add(s)
+        else:
+            owner, groups, _ = prep.by_link
+            members = sl[owner].tolist()
+            for lk, a, b in groups:
+                fl = lf.get(lk)
+                if fl is None:
+                    lf[lk] = set(members[a:b])
+                else:
+                    fl.update(members[a:b])
+
+    def _complete(self, done: np.ndarray) -> None:
+        """Remove finished flows, count their bytes, fire finished phases."""
+        if len(done) <= _SCALAR_MAX:
+            self._complete_scalar(done if isinstance(done, list) else done.tolist())
+            return
+        dl = done.tolist()
+        moved = self._w[done] * self._size[done]
+        if len(dl) <= _SMALL_BATCH:
+            at: list[int] = []
+            amounts: list[float] = []
+            for s, m in zip(dl, moved.tolist()):
+                self._detach(s, m, at, amounts)
+            np.add.at(self.stats.link_bytes, at, amounts)  # in order: the same sums
+        else:
+            lf, dirty, link_bytes = self._link_flows, self._dirty, self.stats.link_bytes
+            sub = self._tab[done]
+            mask = sub >= 0
+            flat = sub[mask].astype(np.int64)
+            rows = np.nonzero(mask)[0]
+            if not self._any_mult:
+                np.add.at(link_bytes, flat, moved[rows])
+            else:
+                np.add.at(link_bytes, flat, moved[rows] * self._mtab[done][mask])
+            order = np.argsort(flat, kind="stable")
+            flat, owner = flat[order], done[rows[order]].tolist()
+            bounds = np.r_[0, np.flatnonzero(np.diff(flat)) + 1, flat.shape[0]].tolist()
+            for lk, a, b in zip(flat[bounds[:-1]].tolist(), bounds[:-1], bounds[1:]):
+                fl = lf[lk]
+                fl.difference_update(owner[a:b])
+                if fl:
+                    dirty.append(lk)
+                else:
+                    del lf[lk]
+        self._batch[done] = -1
+        left = self._phase_left
+        finished = []
+        if len(dl) <= _SMALL_BATCH:
+            for p in self._pid[done].tolist():
+                n = left[p] - 1
+                if n:
+                    left[p] = n
+                else:
+                    finished.append(p)
+        else:
+            pids, counts = np.unique(self._pid[done], return_counts=True)
+            for p, c in zip(pids.tolist(), counts.tolist()):
+                n = left[p] - c
+                if n:
+                    left[p] = n
+                else:
+                    finished.append(p)
+        self._release(dl, finished)
+
+    def _detach(self, s: int, moved: float, at: list, amounts: list) -> None:
+        """Take flow slot ``s`` off the link index (links it shared become dirty: their
+        other flows are re-solved) and list its ``moved`` bytes for each of its links
+        (times the link's multiplicity) in ``at`` / ``amounts``, for the caller to add to
+        ``stats.link_bytes`` in that order."""
+        lf, dirty = self._link_flows, self._dirty
+        links = self._links[s]
+        for lk in links:
+            fl = lf[lk]
+            fl.discard(s)
+            if fl:
+                dirty.append(lk)
+            else:
+                del lf[lk]
+        at.extend(links)
+        ms = self._mults[s] if self._any_mult else None
+        if ms is None:
+            amounts.extend(itertools.repeat(moved, len(links)))
+        else:
+            amounts.extend([moved * m for m in ms])
+
+    def _complete_scalar(self, done: list[int]) -> None:
+        """:meth:`_complete` for a handful of flows."""
+        w, size, batch, pids = self._w, self._size, self._batch, self._pid
+        left = self._phase_left
+        finished = []
+        at: list[int] = []
+        amounts: list[float] = []
+        for s in done:
+            self._detach(s, w.item(s) * size.item(s), at, amounts)
+            batch[s] = -1
+            p = pids.item(s)
+            n = left[p] - 1
+            if n:
+                left[p] = n
+            else:
+                finished.append(p)
+        np.add.at(self.stats.link_bytes, at, amounts)  # in order: the same sums
+        self._release(done, finished)
+
+    def _release(self, slots, finished: list[int]) -> None:
+        """Return completed flows' slots to the free list and fire the events of the
+        phases that ``finished`` (in phase order, for determinism)."""
+        self._free.extend(reversed(slots))
+        self._n_active -= len(slots)
+        left = self._phase_left
+        for p in sorted(finished):
+            del left[p]
+            ev = self._phase_event.pop(p)
+            if not ev.triggered:  # a reservation's timer fires by itself
+                ev.succeed()

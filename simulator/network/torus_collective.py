@@ -1,0 +1,103 @@
+"""The ``torus`` collective: dimension by dimension over the axes a group spans, on
+all axes at once (see :mod:`simulator.network.collectives` for the cost model)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Sequence
+
+from simulator.network.phases import Transfer
+from simulator.network.plans import CollectiveError, Phase, bundle, merge_parallel, torus_grid
+
+if TYPE_CHECKING:  # pragma: no cover
+    from topologies.topology import Topology
+
+
+def line_transfers(line: Sequence[int], chunk: float, gather: bool) -> list[Transfer]:
+    """Bidirectional chain: link i->i+1 carries the chunks owned right of i (reduce-scatter)
+    or left of i+1 (all-gather), and symmetrically leftwards."""
+    m = len(line)
+    out = []
+    for i in range(m - 1):
+        right = (i + 1) if gather else (m - 1 - i)
+        left = (m - 1 - i) if gather else (i + 1)
+        out.append(Transfer(line[i], line[i + 1], right * chunk))
+        out.append(Transfer(line[i + 1], line[i], left * chunk))
+    return out
+
+
+def axis_phase(op: str, lines: Sequence[Sequence[int]], ring: bool, data: float) -> Phase:
+    """Reduce-scatter (``op='reduce-scatter'``) or all-gather of ``data`` bytes per rank
+    (before scatter / after gather) along parallel lines or rings of one axis."""
+    m = len(lines[0])
+    chunk = data / m
+    transfers: list[Transfer] = []
+    for line in lines:
+        if ring:
+            for i in range(m):
+                transfers.append(Transfer(line[i], line[(i + 1) % m], (m - 1) * chunk / 2))
+                transfers.append(Transfer(line[i], line[(i - 1) % m], (m - 1) * chunk / 2))
+        else:
+            transfers += line_transfers(line, chunk, gather=(op == "all-gather"))
+    compute = (m - 1) * chunk if op == "reduce-scatter" else 0.0
+    return Phase(bundle(transfers), m - 1, compute)
+
+
+def torus_phases(op: str, members: Sequence[int], size: float, topo: "Topology") -> list[Phase]:
+    grid = torus_grid(members, topo)
+    if grid is None:
+        raise CollectiveError(
+            "torus algorithm needs a group that is a box (or an evenly spaced grid) of one pod's torus"
+        )
+    pod = topo.pod_of(members[0])
+    shape, wrap = topo.torus_shape, topo.torus_wrap
+    axes = [a for a, v in enumerate(grid) if len(v) > 1]
+
+    def lines_along(a: int) -> list[list[int]]:
+        others = [grid[b] if b != a else grid[b][:1] for b in range(len(grid))]
+        out = []
+        for base in grid_product(others):
+            line = []
+            for v in grid[a]:
+                c = list(base)
+                c[a] = v
+                line.append(topo.device_at(c, pod))
+            out.append(line)
+        return out
+
+    def is_ring(a: int) -> bool:
+        # The members cover the wrapped axis at equal spacing, so the hops between
+        # neighbours (spacing links each) use every link of the axis once per direction.
+        m = len(grid[a])
+        return bool(wrap[a]) and m > 2 and m * (grid[a][1] - grid[a][0]) == shape[a]
+
+    # One share of size/D per axis, share i running the axes in the order rotated by i, so
+    # that at every stage each axis carries one share ("How to Scale Your Model": a
+    # collective over several axes gets bandwidth from every axis). The i-th stages of all
+    # shares run as one phase (concurrent flows on different axes' links).
+    d = len(axes)
+    share = size / d
+    orders = [axes[i:] + axes[:i] for i in range(d)]
+
+    def rs_stage(order: list[int], j: int) -> Phase:
+        data = share / math.prod(len(grid[a]) for a in order[:j])
+        return axis_phase("reduce-scatter", lines_along(order[j]), is_ring(order[j]), data)
+
+    def ag_stage(order: list[int], j: int) -> Phase:
+        data = share / math.prod(len(grid[a]) for a in order[:j])
+        return axis_phase("all-gather", lines_along(order[j]), is_ring(order[j]), data)
+
+    rs = merge_parallel([[rs_stage(o, j) for j in range(d)] for o in orders])
+    ag = merge_parallel([[ag_stage(o, j) for j in reversed(range(d))] for o in orders])
+    if op == "all-reduce":
+        return rs + ag
+    if op == "reduce-scatter":
+        return rs
+    return ag
+
+
+def grid_product(ranges: Sequence[range]) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = [()]
+    for r in ranges:
+        out = [t + (v,) for t in out for v in r]
+    return out
