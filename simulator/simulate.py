@@ -19,7 +19,7 @@ from simulator.results.result import PER_STAGE_COLUMNS, SCHEMA_VERSION, Columns,
 from workloads.trace.ops import MEMORY_CATEGORIES
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
-    from simulator.scenario.schema import Scenario
+    from simulator.scenario.resolved import Scenario
     from topologies.topology import Topology
 
 
@@ -72,7 +72,10 @@ def _simulate(scenario, exact, topology, trace, progress, engine_options: Option
     from simulator.engine.compute import calibration_for
     from simulator.engine.loop import Engine
     from simulator.errors import StepsimError
-    from simulator.scenario.schema import Scenario, ScenarioError, check_size, load_scenario
+    from simulator.scenario.checks import check_size
+    from simulator.scenario.loading import load_scenario
+    from simulator.scenario.resolved import Scenario
+    from simulator.scenario.schema import ScenarioError
     from topologies.presets import build_cluster
     from workloads.trace.builder import build_trace
 

@@ -8,7 +8,8 @@ import pickle
 import pytest
 
 from simulator.cli import app as cli, common as cli_common
-from simulator.scenario.schema import ScenarioError, load_scenario
+from simulator.scenario.loading import load_scenario
+from simulator.scenario.schema import ScenarioError
 from stepsim_errors import StepsimError
 
 ERROR_CLASSES = [

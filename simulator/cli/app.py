@@ -106,7 +106,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from simulator.scenario.schema import ScenarioError, load_scenario
+    from simulator.scenario.loading import load_scenario
+    from simulator.scenario.schema import ScenarioError
     from workloads.errors import WorkloadError
     from workloads.trace.builder import build_trace
     from workloads.trace.io import write_trace
@@ -158,7 +159,7 @@ def cmd_compare(args) -> int:
 
 def cmd_presets(args) -> int:
     from simulator.engine.compute import DEFAULT_COMPUTE_CALIBRATION
-    from simulator.scenario.schema import builtin_scenarios
+    from simulator.scenario.loading import builtin_scenarios
     from topologies.chips import CHIPS
     from topologies.presets import CLUSTER_PRESETS
     from workloads import counts
@@ -227,7 +228,8 @@ def cmd_presets(args) -> int:
 
 
 def _cluster_from_arg(arg: str, devices: Optional[int]):
-    from simulator.scenario.schema import resolve_cluster, read_mapping
+    from simulator.scenario.loading import read_mapping
+    from simulator.scenario.resolve import resolve_cluster
 
     p = Path(arg)
     if p.exists():
@@ -246,7 +248,8 @@ def _network_calibration(arg: str, family: str):
     file given as ``--cluster`` applied (so that a calibrated scenario can be checked
     against the nccl-tests logs it was fitted to)."""
     from simulator.network.calibration import default_calibration
-    from simulator.scenario.schema import NetCalIn, error_from_pydantic, read_mapping
+    from simulator.scenario.loading import read_mapping
+    from simulator.scenario.schema import error_from_pydantic, NetCalIn
 
     cal = default_calibration(family)
     p = Path(arg)

@@ -571,7 +571,7 @@ def to_yaml(res: ImportResult, source: str) -> str:
 
 def cmd_import(args) -> int:
     from simulator.fileio import read_text
-    from simulator.scenario.schema import load_scenario
+    from simulator.scenario.loading import load_scenario
 
     path = Path(args.args_file)
     text = read_text(path, 1 << 20, what="argument file")

@@ -70,7 +70,7 @@ class RunData:
     events: pd.DataFrame
     memory: pd.DataFrame
     idle: pd.DataFrame  # simulator.results.result.idle_frame
-    scenario: Optional[dict]  # simulator.scenario.schema.scenario_to_dict, None if not recorded
+    scenario: Optional[dict]  # simulator.scenario.serialise.scenario_to_dict, None if not recorded
     labels: dict  # rank -> what the simulated rank stands for (report.stands_for)
     missing: tuple[str, ...] = ()  # files of the run directory that were not there
 
@@ -78,7 +78,7 @@ class RunData:
 def run_data(result) -> RunData:
     """A :class:`RunData` from a :class:`~simulator.results.result.Result` in memory."""
     from simulator.results.report import stands_for
-    from simulator.scenario.schema import scenario_to_dict
+    from simulator.scenario.serialise import scenario_to_dict
 
     layout = result.scenario.layout if result.scenario is not None else None
     weight = getattr(getattr(result, "trace", None), "weight", None) or {}
@@ -148,7 +148,7 @@ def _labels_from_scenario(scenario, summary, stages: dict) -> dict:
     layout = None
     if isinstance(scenario, dict):
         try:
-            from simulator.scenario.schema import load_scenario
+            from simulator.scenario.loading import load_scenario
 
             layout = load_scenario(scenario).layout
         except (ValueError, KeyError, TypeError):
