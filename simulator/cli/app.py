@@ -460,13 +460,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", help="save the topology as JSON or GraphML (by extension)")
     p.set_defaults(func=cmd_topology)
 
-    from simulator.cli import ppmap as cli_ppmap, sweep as cli_sweep, validate as cli_validate
-    from simulator.interop import megatron as megatron_import
+    from simulator.cli import importer as cli_import, ppmap as cli_ppmap, sweep as cli_sweep, validate as cli_validate
 
     cli_sweep.register(sub)
     cli_ppmap.register(sub)
     cli_validate.register(sub)
-    megatron_import.register(sub)
+    cli_import.register(sub)
     return ap
 
 
