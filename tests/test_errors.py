@@ -25,7 +25,7 @@ ERROR_CLASSES = [
     ("simulator.network.collectives", "CollectiveError"),
     ("simulator.network.calibration", "CalibrationError"),
     ("simulator.studies.bench", "BenchError"),
-    ("simulator.results.html_report", "ReportError"),
+    ("simulator.results.html_data", "ReportError"),
     ("simulator.studies.sweep_plots", "PlotError"),
     ("simulator.errors", "StudyError"),
     ("simulator.studies.validate", "ValidationError"),

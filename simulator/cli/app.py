@@ -58,7 +58,7 @@ def cmd_run(args) -> int:
     if args.html and not args.out:
         raise CliError("--html: give --out DIR too (the report is written to DIR/report.html)")
     if args.html:
-        from simulator.results.html_report import require_plotly
+        from simulator.results.html_data import require_plotly
 
         require_plotly()  # before the simulation, not after
     result = simulate(path, exact=args.exact, topology=topology, trace=trace, progress=None)
@@ -86,13 +86,14 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from simulator.results.html_report import load_run_dir, write_report
+    from simulator.results.html_data import load_run_dir
+    from simulator.results.html_report import write_report
     from simulator.results.report import format_summary
 
     if args.output and not args.html:
         raise CliError("--output: only with --html")
     if args.html:
-        from simulator.results.html_report import require_plotly
+        from simulator.results.html_data import require_plotly
 
         require_plotly()
     data = load_run_dir(args.dir)
@@ -139,7 +140,7 @@ def cmd_compare(args) -> int:
     if args.html and not args.out:
         raise CliError("--html: give --out DIR too (the report is written to DIR/compare.html)")
     if args.html:
-        from simulator.results.html_report import require_plotly
+        from simulator.results.html_data import require_plotly
 
         require_plotly()  # before the simulations, not after
     table, results = compare_schedules(path, schedules, vpp=args.vpp)
