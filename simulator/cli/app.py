@@ -358,9 +358,8 @@ def _looks_like_topology(p: Path) -> bool:
 # ---- parser -------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap, sub = new_parser()
-
+def _add_run(sub) -> None:
+    """The ``run`` command's arguments."""
     p = sub.add_parser("run", help="simulate a scenario and write its outputs")
     p.add_argument(
         "scenario", help="scenario file (YAML/JSON; docs/scenario.md) or a built-in scenario name (stepsim presets)"
@@ -394,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_run)
 
+
+def _add_report(sub) -> None:
+    """The ``report`` command's arguments."""
     p = sub.add_parser("report", help="summarise a `run --out` directory; --html: one self-contained HTML page")
     p.add_argument("dir", help="the --out directory of `stepsim run`")
     p.add_argument(
@@ -402,6 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="FILE", help="with --html: write the page here instead")
     p.set_defaults(func=cmd_report)
 
+
+def _add_trace(sub) -> None:
+    """The ``trace`` command's arguments."""
     p = sub.add_parser(
         "trace",
         help="write a scenario's operation trace to a file (JSON, .gz to compress) or a directory of Chakra ET files",
@@ -419,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exact", action="store_true", help="every rank instead of one per pipeline stage")
     p.set_defaults(func=cmd_trace)
 
+
+def _add_compare(sub) -> None:
+    """The ``compare`` command's arguments."""
     p = sub.add_parser("compare", help="run a scenario under several pipeline schedules, side by side")
     p.add_argument("scenario", help="scenario file or built-in scenario name")
     p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b,zb-h1,dualpipe")
@@ -427,10 +435,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", action="store_true", help="also write --out DIR/compare.html (needs plotly)")
     p.set_defaults(func=cmd_compare)
 
+
+def _add_presets(sub) -> None:
+    """The ``presets`` command's arguments."""
     p = sub.add_parser("presets", help="list every model, cluster, chip, schedule and built-in scenario")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_presets)
 
+
+def _add_collective(sub) -> None:
+    """The ``collective`` command's arguments."""
     p = sub.add_parser("collective", help="nccl-tests-style collective benchmark on a simulated cluster")
     p.add_argument("op", choices=COLLECTIVE_OPS)
     p.add_argument("--cluster", required=True, help="cluster preset name or a file holding a `cluster` mapping")
@@ -454,12 +468,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="write a busbw-vs-size plot to this PNG/SVG")
     p.set_defaults(func=cmd_collective)
 
+
+def _add_topology(sub) -> None:
+    """The ``topology`` command's arguments."""
     p = sub.add_parser("topology", help="describe, save or draw a cluster topology")
     p.add_argument("cluster", help="cluster preset name, a scenario/cluster file, or a topology file")
     p.add_argument("--devices", type=int)
     p.add_argument("--plot", help="write a picture of the topology (PNG/SVG)")
     p.add_argument("--save", help="save the topology as JSON or GraphML (by extension)")
     p.set_defaults(func=cmd_topology)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``stepsim`` parser: every command and its arguments, in the order ``--help`` lists them."""
+    ap, sub = new_parser()
+    _add_run(sub)
+    _add_report(sub)
+    _add_trace(sub)
+    _add_compare(sub)
+    _add_presets(sub)
+    _add_collective(sub)
+    _add_topology(sub)
 
     from simulator.cli import importer as cli_import, ppmap as cli_ppmap, sweep as cli_sweep, validate as cli_validate
 

@@ -55,7 +55,7 @@ def run_data(result) -> RunData:
     from simulator.scenario.serialise import scenario_to_dict
 
     layout = result.scenario.layout if result.scenario is not None else None
-    weight = getattr(getattr(result, "trace", None), "weight", None) or {}
+    weight = (result.trace.weight if result.trace is not None else None) or {}
     ranks = sorted(set(result.memory["rank"].tolist()) | set(result.events["rank"].tolist()))
     return RunData(
         summary=result.summary,

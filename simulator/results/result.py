@@ -72,6 +72,13 @@ class Result:
     ``topology`` (the network simulated); and the tables ``events``, ``memory``,
     ``per_stage`` (built once, on first use) and ``idle`` (built on each use from
     ``raw.idle_spans``).
+
+    Every attribute is a constructor parameter and is declared in ``__slots__``: nothing is
+    attached from outside. ``raw``, ``trace`` and ``topology`` are ``None`` for a result
+    rebuilt from its tables alone (``events``, ``memory``, ``per_stage`` given as frames, or
+    ``columns``: table name -> :data:`Columns`); the tables, figures and exports that need
+    them then show what the tables hold (no idle spans without ``raw``, one device per
+    simulated rank without ``trace``).
     """
 
     __slots__ = ("summary", "scenario", "notes", "raw", "trace", "topology", "_columns", "_frames")
