@@ -9,15 +9,19 @@ frozen specs of :mod:`workloads` and :mod:`topologies` is :mod:`.resolve`'s job.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
-from typing import Annotated, Literal, Optional, Union
+import typing
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from simulator.errors import StepsimError
-from workloads.enums import Balance, Recompute, Schedule, TraceCollectiveOp
+from workloads.enums import Schedule, TraceCollectiveOp
 from workloads.layout import ORDER_AXES
+from workloads.model import MLASpec, ModelSpec, MoESpec
+from workloads.training import TrainingSpec
 
 
 class ScenarioError(StepsimError):
@@ -42,45 +46,87 @@ def _integer(v):
 SInt = Annotated[int, BeforeValidator(_integer)]
 
 
-class MLAIn(_Strict):
-    kind: Literal["mla"] = "mla"
-    q_lora_rank: SInt = Field(1536, ge=0)
-    kv_lora_rank: SInt = Field(512, ge=1)
-    qk_rope_head_dim: SInt = Field(64, ge=0)
-    qk_nope_head_dim: SInt = Field(128, ge=1)
-    v_head_dim: SInt = Field(128, ge=1)
+def from_spec(
+    name: str,
+    spec: type,
+    *,
+    first: Optional[dict] = None,
+    replace: Optional[dict] = None,
+    exclude: tuple[str, ...] = (),
+    last: Optional[dict] = None,
+    order: Optional[tuple[str, ...]] = None,
+) -> type[BaseModel]:
+    """The input model of a frozen spec dataclass: each field of ``spec`` with its name, type,
+    default and constraint (``metadata``: ``ge``, ``gt``, ``le``, ``lt``), integers strict
+    (:data:`SInt`) and nested specs as their input models (:data:`_INPUT_OF`). What the file
+    spells differently is all that is written here: ``first`` / ``last`` fields the spec lacks,
+    ``replace`` fields read otherwise, ``exclude`` fields the file does not hold; ``order`` the
+    field order when it differs from the spec's (pydantic reports the first error in field
+    order, so the order decides which key a message names)."""
+    hints = typing.get_type_hints(spec)
+    fields: dict[str, Any] = dict(first or {})
+    for f in dataclasses.fields(spec):
+        if f.name in exclude:
+            continue
+        if replace and f.name in replace:
+            fields[f.name] = replace[f.name]
+            continue
+        default = ... if f.default is dataclasses.MISSING else f.default
+        info = Field(default, **f.metadata) if f.metadata else default
+        fields[f.name] = (_input_type(hints[f.name]), info)
+    fields.update(last or {})
+    if order is not None:
+        assert sorted(order) == sorted(fields), (name, sorted(set(order) ^ set(fields)))
+        fields = {k: fields[k] for k in order}
+    return create_model(name, __base__=_Strict, __module__=__name__, **fields)
 
 
-class MoEIn(_Strict):
-    experts: SInt = Field(ge=1)
-    top_k: SInt = Field(ge=1)
-    expert_ffn_hidden: SInt = Field(ge=1)
-    shared_experts: SInt = Field(0, ge=0)
-    dense_layers: SInt = Field(0, ge=0)
-    layer_freq: SInt = Field(1, ge=1)
-    max_nodes_per_token: Optional[SInt] = Field(None, ge=1)
+def _input_type(ann):
+    """A spec annotation as the input model reads it: ``int`` strict, nested specs as input models."""
+    if ann is int:
+        return SInt
+    if ann in _INPUT_OF:
+        return _INPUT_OF[ann]
+    if typing.get_origin(ann) is Union:
+        return Union[tuple(_input_type(a) for a in typing.get_args(ann))]
+    return ann
 
 
-class ModelIn(_Strict):
-    name: Optional[str] = None
-    preset: Optional[str] = None
-    hf_config: Optional[str] = None
-    layers: SInt = Field(ge=1)
-    hidden: SInt = Field(ge=1)
-    heads: SInt = Field(ge=1)
-    kv_heads: Optional[SInt] = Field(None, ge=1)
-    head_dim: Optional[SInt] = Field(None, ge=1)
-    ffn_hidden: SInt = Field(ge=1)
-    ffn: Literal["swiglu", "gelu"] = "swiglu"
-    vocab: SInt = Field(ge=1)
-    tied_embeddings: bool = False
-    parallel_block: bool = False
-    attention: Optional[MLAIn] = None
-    moe: Optional[MoEIn] = None
-    mtp_depth: SInt = Field(0, ge=0)
-    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
-    bias: bool = False
-    source: str = ""
+#: spec dataclass -> its input model, filled as the models are built
+_INPUT_OF: dict[type, type[BaseModel]] = {}
+
+
+MLAIn = _INPUT_OF[MLASpec] = from_spec("MLAIn", MLASpec, first={"kind": (Literal["mla"], "mla")})
+MoEIn = _INPUT_OF[MoESpec] = from_spec("MoEIn", MoESpec)
+# A model in the file may name a preset or a Hugging Face config.json that its keys override
+# (simulator.scenario.resolve), so its name is optional; the keys are listed in the file's order.
+ModelIn = from_spec(
+    "ModelIn",
+    ModelSpec,
+    replace={"name": (Optional[str], None)},
+    last={"preset": (Optional[str], None), "hf_config": (Optional[str], None)},
+    order=(
+        "name",
+        "preset",
+        "hf_config",
+        "layers",
+        "hidden",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "ffn_hidden",
+        "ffn",
+        "vocab",
+        "tied_embeddings",
+        "parallel_block",
+        "attention",
+        "moe",
+        "mtp_depth",
+        "norm",
+        "bias",
+        "source",
+    ),
+)
 
 
 class ChipIn(_Strict):
@@ -135,26 +181,18 @@ class ExpertLoadIn(_Strict):
     seed: SInt = 0
 
 
-class TrainingIn(_Strict):
-    seq_len: SInt = Field(4096, ge=1)
-    micro_batch_size: SInt = Field(1, ge=1)
-    global_batch_size: SInt = Field(ge=1)
-    dtype: Literal["bf16", "fp8"] = "bf16"
-    recompute: Recompute = "none"
-    balance: Balance = "aux-free"
-    optimizer: Literal["adam", "muon", "sgd"] = "adam"
-    flash_attention: bool = True
-    overlap_grad_reduce: bool = True
-    cp_algorithm: Literal["ring", "all-gather"] = "ring"
-    activation_saving: Literal["none", "deepseek-v3"] = "none"
-    moe_gate_weighting: Literal["activation", "combine"] = "activation"
-    grad_dtype: Literal["fp32", "bf16"] = "fp32"
-    optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
-    master_weights: Literal["fp32", "remainder", "none"] = "fp32"
-    recompute_modules: Optional[list[str]] = None
-    dropout: bool = False
-    expert_load: Optional[ExpertLoadIn] = None
-    offload: Optional["OffloadIn"] = None
+# The file's training section: the batch size is required, the module list a list, the two
+# offload flags one ``offload`` mapping, and the expert load (workloads.moe_load) nested here.
+TrainingIn = from_spec(
+    "TrainingIn",
+    TrainingSpec,
+    replace={
+        "global_batch_size": (SInt, Field(ge=1)),
+        "recompute_modules": (Optional[list[str]], None),
+    },
+    exclude=("offload_optimizer", "offload_activations"),
+    last={"expert_load": (Optional[ExpertLoadIn], None), "offload": (Optional[OffloadIn], None)},
+)
 
 
 class PerturbationIn(_Strict):
