@@ -19,7 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from simulator.errors import StepsimError
 from workloads.enums import Schedule, TraceCollectiveOp
-from workloads.layout import ORDER_AXES
+from workloads.layout import ORDER_AXES, ParallelLayout
 from workloads.model import MLASpec, ModelSpec, MoESpec
 from workloads.training import TrainingSpec
 
@@ -55,6 +55,7 @@ def from_spec(
     exclude: tuple[str, ...] = (),
     last: Optional[dict] = None,
     order: Optional[tuple[str, ...]] = None,
+    validators: Optional[dict] = None,
 ) -> type[BaseModel]:
     """The input model of a frozen spec dataclass: each field of ``spec`` with its name, type,
     default and constraint (``metadata``: ``ge``, ``gt``, ``le``, ``lt``), integers strict
@@ -62,7 +63,8 @@ def from_spec(
     spells differently is all that is written here: ``first`` / ``last`` fields the spec lacks,
     ``replace`` fields read otherwise, ``exclude`` fields the file does not hold; ``order`` the
     field order when it differs from the spec's (pydantic reports the first error in field
-    order, so the order decides which key a message names)."""
+    order, so the order decides which key a message names); ``validators`` pydantic
+    validators of what a constraint cannot say."""
     hints = typing.get_type_hints(spec)
     fields: dict[str, Any] = dict(first or {})
     for f in dataclasses.fields(spec):
@@ -78,7 +80,7 @@ def from_spec(
     if order is not None:
         assert sorted(order) == sorted(fields), (name, sorted(set(order) ^ set(fields)))
         fields = {k: fields[k] for k in order}
-    return create_model(name, __base__=_Strict, __module__=__name__, **fields)
+    return create_model(name, __base__=_Strict, __module__=__name__, __validators__=validators, **fields)
 
 
 def _input_type(ann):
@@ -148,25 +150,27 @@ class ChipIn(_Strict):
         return v
 
 
-class ParallelIn(_Strict):
-    tp: SInt = Field(1, ge=1)
-    cp: SInt = Field(1, ge=1)
-    pp: SInt = Field(1, ge=1)
-    dp: Optional[SInt] = Field(None, ge=1)
-    ep: SInt = Field(1, ge=1)
-    vpp: SInt = Field(1, ge=1)
-    pipeline_layers: Optional[Union[list[SInt], Literal["auto"]]] = None
-    etp: SInt = Field(1, ge=1)
-    zero: Literal[0, 1, 2, 3] = 1
-    sequence_parallel: bool = True
-    order: str = "-".join(ORDER_AXES)
+def _zero_not_bool(cls, v):
+    if isinstance(v, bool):
+        raise ValueError("must be 0, 1, 2 or 3 (ZeRO stage), not a boolean")
+    return v
 
-    @field_validator("zero", mode="before")
-    @classmethod
-    def _zero_not_bool(cls, v):
-        if isinstance(v, bool):
-            raise ValueError("must be 0, 1, 2 or 3 (ZeRO stage), not a boolean")
-        return v
+
+# The file's parallel section: dp may be left out (derived from the devices), the pipeline
+# split is a list or "auto", the ZeRO stage one of four (not a boolean), the mesh order one
+# string ("tp-cp-ep-dp-pp"); the keys are listed in the file's order.
+ParallelIn = from_spec(
+    "ParallelIn",
+    ParallelLayout,
+    replace={
+        "dp": (Optional[SInt], Field(None, ge=1)),
+        "pipeline_layers": (Optional[Union[list[SInt], Literal["auto"]]], None),
+        "zero": (Literal[0, 1, 2, 3], 1),
+        "order": (str, "-".join(ORDER_AXES)),
+    },
+    order=("tp", "cp", "pp", "dp", "ep", "vpp", "pipeline_layers", "etp", "zero", "sequence_parallel", "order"),
+    validators={"_zero_not_bool": field_validator("zero", mode="before")(classmethod(_zero_not_bool))},
+)
 
 
 class OffloadIn(_Strict):
