@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from simulator.errors import StepsimError
+from topologies.chips import FAMILIES, ChipSpec
 from workloads.enums import Schedule, TraceCollectiveOp
 from workloads.layout import ORDER_AXES, ParallelLayout
 from workloads.model import MLASpec, ModelSpec, MoESpec
@@ -131,23 +132,27 @@ ModelIn = from_spec(
 )
 
 
-class ChipIn(_Strict):
-    name: str = "custom"
-    peak_flops_per_s: dict[Literal["bf16", "fp8"], float]
-    hbm_bytes: float = Field(gt=0)
-    hbm_bw_bytes_per_s: float = Field(gt=0)
-    family: Literal["ampere", "hopper", "blackwell", "tpu"] = "hopper"
-    source: str = ""
+def _peaks(cls, v):
+    if "bf16" not in v:
+        raise ValueError("needs a 'bf16' entry (dense peak FLOP/s)")
+    for k, x in v.items():
+        if not (x > 0 and math.isfinite(x)):
+            raise ValueError(f"{k} must be a finite number > 0")
+    return v
 
-    @field_validator("peak_flops_per_s")
-    @classmethod
-    def _peaks(cls, v):
-        if "bf16" not in v:
-            raise ValueError("needs a 'bf16' entry (dense peak FLOP/s)")
-        for k, x in v.items():
-            if not (x > 0 and math.isfinite(x)):
-                raise ValueError(f"{k} must be a finite number > 0")
-        return v
+
+# A chip in the file: named "custom" unless named, its peaks a mapping of bf16 (required) and
+# fp8 to finite numbers > 0, its family one of the calibration families (default hopper).
+ChipIn = from_spec(
+    "ChipIn",
+    ChipSpec,
+    replace={
+        "name": (str, "custom"),
+        "peak_flops_per_s": (dict[Literal["bf16", "fp8"], float], ...),
+        "family": (Literal[FAMILIES], "hopper"),
+    },
+    validators={"_peaks": field_validator("peak_flops_per_s")(classmethod(_peaks))},
+)
 
 
 def _zero_not_bool(cls, v):
