@@ -41,7 +41,7 @@ def _cases() -> list[tuple[str, object]]:
 
 def _summary(item) -> dict:
     from simulator import simulate
-    from simulator.scenario.schema import load_scenario
+    from simulator.scenario.loading import load_scenario
 
     if isinstance(item, Path):
         sc = load_scenario(item)

@@ -25,17 +25,23 @@ from simulator.simulate import simulate
 
 __all__ = ["simulate", "load_scenario", "Scenario", "ScenarioError", "Result", "__version__"]
 
-#: public names defined in the scenario schema (pydantic), imported on first use
-_SCHEMA_NAMES = ("load_scenario", "Scenario", "ScenarioError")
+#: public names defined by the scenario layer (pydantic), by the module each is imported from on first use
+_SCHEMA_NAMES = {
+    "load_scenario": "simulator.scenario.loading",
+    "Scenario": "simulator.scenario.resolved",
+    "ScenarioError": "simulator.scenario.schema",
+}
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from simulator.scenario.schema import Scenario, ScenarioError, load_scenario
+    from simulator.scenario.loading import load_scenario
+    from simulator.scenario.resolved import Scenario
+    from simulator.scenario.schema import ScenarioError
 
 
 def __getattr__(name: str):
     if name not in _SCHEMA_NAMES:
         raise AttributeError(f"module 'simulator' has no attribute {name!r}")
-    value = getattr(importlib.import_module("simulator.scenario.schema"), name)
+    value = getattr(importlib.import_module(_SCHEMA_NAMES[name]), name)
     globals()[name] = value  # later look-ups skip this function
     return value
 

@@ -19,7 +19,7 @@ from simulator.results.result import PER_STAGE_COLUMNS, SCHEMA_VERSION, Columns,
 from workloads.trace.ops import MEMORY_CATEGORIES
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
-    from simulator.scenario.schema import Scenario
+    from simulator.scenario.resolved import Scenario
     from topologies.topology import Topology
 
 
@@ -72,7 +72,10 @@ def _simulate(scenario, exact, topology, trace, progress, engine_options: Option
     from simulator.engine.compute import calibration_for
     from simulator.engine.loop import Engine
     from simulator.errors import StepsimError
-    from simulator.scenario.schema import Scenario, ScenarioError, check_size, load_scenario
+    from simulator.scenario.checks import check_size
+    from simulator.scenario.loading import load_scenario
+    from simulator.scenario.resolved import Scenario
+    from simulator.scenario.schema import ScenarioError
     from topologies.presets import build_cluster
     from workloads.trace.builder import build_trace
 
@@ -165,46 +168,21 @@ def _link_hint(topo: Topology, u, v) -> str:
 
 
 def _summarise(sc: Scenario, trace, raw, mem: Columns) -> tuple[dict, Columns]:
+    """The summary record (``docs/scenario.md``, key order as written) and the per-stage table."""
     from workloads import counts
 
     L, chip, t = sc.layout, sc.cluster.chip, sc.training
     step = raw.step_time_s
     devices = sc.cluster.devices
-    peak_bf16 = chip.peak("bf16")
     model_flops = trace.model_flops
-    # Executed FLOPs over all devices: each simulated rank stands for weight[r] devices.
-    # Only matmul kinds count, matching the model-FLOPs convention (counts.MATMUL_KINDS).
-    # Under expert-load imbalance a rank is timed at its layer's slowest EP rank's load
-    # but the devices it stands for execute their own loads: the difference
-    # (trace.unexecuted_flops) is not hardware work, so HFU never rises because one
-    # hot rank makes the others wait.
-    hw_flops = sum(trace.weight[r] * (f - trace.unexecuted_flops.get(r, 0.0)) for r, f in raw.matmul_flops.items())
-    denom = devices * peak_bf16 * step if step > 0 else float("nan")
-    # Where each device's step goes (simulator.engine.accounting): compute + exposed communication
-    # + offload wait + bubble = step on every rank; means weigh each simulated rank by the
-    # devices it stands for, maxima are over devices.
+    denom = devices * chip.peak("bf16") * step if step > 0 else float("nan")
     acc = raw.account
-    w = np.array([trace.weight[r] for r in acc.ranks], dtype=float)
-
-    def mean(x):
-        return float(w @ x / w.sum()) if len(w) else 0.0
-
-    def top(x):
-        return float(x.max()) if len(x) else 0.0
-
+    mean, top = _device_mean_and_max(acc, trace)
     bubble, exposed = mean(acc.bubble_s), mean(acc.exposed_s)
     # Peak memory over devices and time.
     i = int(mem["total"].argmax())
     peak = float(mem["total"][i])
-    breakdown = {c: float(mem[c][i]) for c in MEMORY_CATEGORIES}
     per_stage = _per_stage(acc, L, mem, step)
-    peak_rank = int(mem["rank"][i])
-    # Busy time per communication axis (and the host link as 'offload', as before).
-    busy_cols = {a: acc.busy_by_axis_s[:, j] for j, a in enumerate(acc.axes)}
-    if acc.offload_busy_s.any():
-        busy_cols["offload"] = acc.offload_busy_s
-    busy_cols = dict(sorted(busy_cols.items()))
-    exp_cols = {a: acc.exposed_by_axis_s[:, j] for j, a in enumerate(acc.axes) if acc.exposed_by_axis_s[:, j].any()}
     summary = {
         "schema_version": SCHEMA_VERSION,
         "name": sc.name,
@@ -216,12 +194,12 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns) -> tuple[dict, Columns]:
         "tokens_per_s": t.tokens_per_step / step if step > 0 else float("nan"),
         "model_flops_per_step": model_flops,
         "mfu": model_flops / denom,
-        "hfu": hw_flops / denom,
+        "hfu": _executed_flops(trace, raw) / denom,
         "model_tflops_per_device": model_flops / devices / step / 1e12 if step > 0 else float("nan"),
         "bubble_fraction": bubble / step if step > 0 else 0.0,
         "exposed_comm_fraction": exposed / step if step > 0 else 0.0,
         "peak_memory_bytes": peak,
-        "memory_breakdown_bytes": breakdown,
+        "memory_breakdown_bytes": {c: float(mem[c][i]) for c in MEMORY_CATEGORIES},
         "hbm_bytes": chip.hbm_bytes,
         "oom": bool(peak > chip.hbm_bytes),
         # --- extensions (format version 1 allows added keys) ---
@@ -239,24 +217,10 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns) -> tuple[dict, Columns]:
             "etp": L.etp,
             "zero": L.zero,
         },
-        "peak_memory_stage": int(L.stage_of(peak_rank)),
+        "peak_memory_stage": int(L.stage_of(int(mem["rank"][i]))),
         "bubble_time_per_stage_s": [float(x) for x in per_stage["bubble_s"]],
         "exposed_comm_time_per_stage_s": [float(x) for x in per_stage["exposed_comm_s"]],
-        "comm_time_by_axis_s": {a: mean(x) for a, x in busy_cols.items()},
-        "exposed_comm_by_axis_s": {a: mean(x) for a, x in exp_cols.items()},
-        # --- idle-time accounting: mean and max over devices (simulator.engine.accounting) ---
-        "compute_time_s_mean": mean(acc.compute_s),
-        "compute_time_s_max": top(acc.compute_s),
-        "bubble_s_mean": bubble,
-        "bubble_s_max": top(acc.bubble_s),
-        "exposed_comm_s_mean": exposed,
-        "exposed_comm_s_max": top(acc.exposed_s),
-        "offload_wait_s": mean(acc.offload_wait_s),
-        "offload_wait_s_max": top(acc.offload_wait_s),
-        "offload_wait_fraction": mean(acc.offload_wait_s) / step if step > 0 else 0.0,
-        "offload_wait_time_per_stage_s": [float(x) for x in per_stage["offload_wait_s"]],
-        "comm_time_by_axis_s_max": {a: top(x) for a, x in busy_cols.items()},
-        "exposed_comm_by_axis_s_max": {a: top(x) for a, x in exp_cols.items()},
+        **_idle_accounting(acc, mean, top, step, per_stage),
         "simulated_ranks": len(trace.ranks),
         "exact": not trace.representative,
         "events_processed": raw.events_processed,
@@ -265,6 +229,60 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns) -> tuple[dict, Columns]:
         "sim_wall_s": 0.0,
     }
     return summary, per_stage
+
+
+def _executed_flops(trace, raw) -> float:
+    """Executed matmul FLOPs over all devices (each simulated rank stands for weight[r] devices).
+
+    Only matmul kinds count, matching the model-FLOPs convention (counts.MATMUL_KINDS).
+    Under expert-load imbalance a rank is timed at its layer's slowest EP rank's load
+    but the devices it stands for execute their own loads: the difference
+    (trace.unexecuted_flops) is not hardware work, so HFU never rises because one
+    hot rank makes the others wait."""
+    return sum(trace.weight[r] * (f - trace.unexecuted_flops.get(r, 0.0)) for r, f in raw.matmul_flops.items())
+
+
+def _device_mean_and_max(acc, trace):
+    """Where each device's step goes (simulator.engine.accounting): compute + exposed communication
+    + offload wait + bubble = step on every rank. ``mean(x)`` weighs each simulated rank by the
+    devices it stands for; ``top(x)`` is the maximum over devices."""
+    w = np.array([trace.weight[r] for r in acc.ranks], dtype=float)
+
+    def mean(x):
+        return float(w @ x / w.sum()) if len(w) else 0.0
+
+    def top(x):
+        return float(x.max()) if len(x) else 0.0
+
+    return mean, top
+
+
+def _idle_accounting(acc, mean, top, step: float, per_stage: Columns) -> dict:
+    """The summary's communication and idle-time keys, in the record's order: busy and exposed
+    time per axis (the host link as 'offload'), then mean and max over devices of compute,
+    bubble, exposed communication and offload wait."""
+    busy_cols = {a: acc.busy_by_axis_s[:, j] for j, a in enumerate(acc.axes)}
+    if acc.offload_busy_s.any():
+        busy_cols["offload"] = acc.offload_busy_s
+    busy_cols = dict(sorted(busy_cols.items()))
+    exp_cols = {a: acc.exposed_by_axis_s[:, j] for j, a in enumerate(acc.axes) if acc.exposed_by_axis_s[:, j].any()}
+    return {
+        "comm_time_by_axis_s": {a: mean(x) for a, x in busy_cols.items()},
+        "exposed_comm_by_axis_s": {a: mean(x) for a, x in exp_cols.items()},
+        # --- idle-time accounting: mean and max over devices (simulator.engine.accounting) ---
+        "compute_time_s_mean": mean(acc.compute_s),
+        "compute_time_s_max": top(acc.compute_s),
+        "bubble_s_mean": mean(acc.bubble_s),
+        "bubble_s_max": top(acc.bubble_s),
+        "exposed_comm_s_mean": mean(acc.exposed_s),
+        "exposed_comm_s_max": top(acc.exposed_s),
+        "offload_wait_s": mean(acc.offload_wait_s),
+        "offload_wait_s_max": top(acc.offload_wait_s),
+        "offload_wait_fraction": mean(acc.offload_wait_s) / step if step > 0 else 0.0,
+        "offload_wait_time_per_stage_s": [float(x) for x in per_stage["offload_wait_s"]],
+        "comm_time_by_axis_s_max": {a: top(x) for a, x in busy_cols.items()},
+        "exposed_comm_by_axis_s_max": {a: top(x) for a, x in exp_cols.items()},
+    }
 
 
 def _per_stage(acc, layout, mem: Columns, step: float) -> Columns:

@@ -243,7 +243,7 @@ def test_1f1b_bubble_is_the_closed_form_on_every_stage():
 def test_no_axis_is_exposed_longer_than_it_is_busy_on_the_schedules_scenario(schedule):
     """Issue 13 item 12: on schedules-llama3-8b-16xh100 the old accounting reported
     0.064 s of exposed TP against 0.050 s of TP busy time."""
-    from simulator.scenario.schema import builtin_scenarios, read_mapping
+    from simulator.scenario.loading import builtin_scenarios, read_mapping
 
     sc = read_mapping(builtin_scenarios()["schedules-llama3-8b-16xh100"])
     sc["schedule"] = schedule

@@ -13,7 +13,7 @@ from simulator.studies.bench import collective_time_s
 from simulator.cli.validate import main as cli_main
 from simulator.engine.compute import DEFAULT_COMPUTE_CALIBRATION, kernel_time_s
 from simulator.network.calibration import default_calibration
-from simulator.scenario.schema import load_scenario
+from simulator.scenario.loading import load_scenario
 from topologies.chips import get_chip
 from topologies.presets import build_cluster, cluster_preset
 from workloads.counts import Kernel

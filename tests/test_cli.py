@@ -165,7 +165,8 @@ def test_console_script_entry_point(tmp_path):
 
 
 def test_resolved_scenario_round_trips(tmp_path):
-    from simulator.scenario.schema import load_scenario, scenario_to_dict
+    from simulator.scenario.loading import load_scenario
+    from simulator.scenario.serialise import scenario_to_dict
 
     sc = scenario(
         parallel={"tp": 2, "pp": 2, "dp": 2},
@@ -201,7 +202,7 @@ def test_docs_name_every_builtin_scenario_and_table_column():
     from pathlib import Path
 
     from simulator.results.result import EVENT_COLUMNS
-    from simulator.scenario.schema import builtin_scenarios
+    from simulator.scenario.loading import builtin_scenarios
     from workloads.trace.ops import MEMORY_CATEGORIES, STREAMS
 
     root = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from simulator.fileio import load_yaml
-from simulator.scenario.schema import load_scenario
+from simulator.scenario.loading import load_scenario
 from simulator.studies.sweep import expand, load_sweep
 from topologies.presets import build_cluster
 

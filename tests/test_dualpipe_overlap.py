@@ -160,7 +160,7 @@ def test_exact_agrees_with_representative_ranks():
 
 def test_trace_file_keeps_the_overlap_flag():
     sc = moe_scenario(schedule="dualpipe", training={"global_batch_size": 64})
-    from simulator.scenario.schema import load_scenario
+    from simulator.scenario.loading import load_scenario
 
     trace = build_trace(load_scenario(sc).workload())
     back = trace_from_dict(trace_to_dict(trace))

@@ -8,7 +8,8 @@ import pickle
 import pytest
 
 from simulator.cli import app as cli, common as cli_common
-from simulator.scenario.schema import ScenarioError, load_scenario
+from simulator.scenario.loading import load_scenario
+from simulator.scenario.schema import ScenarioError
 from stepsim_errors import StepsimError
 
 ERROR_CLASSES = [
@@ -24,7 +25,7 @@ ERROR_CLASSES = [
     ("simulator.network.collectives", "CollectiveError"),
     ("simulator.network.calibration", "CalibrationError"),
     ("simulator.studies.bench", "BenchError"),
-    ("simulator.results.html_report", "ReportError"),
+    ("simulator.results.html_data", "ReportError"),
     ("simulator.studies.sweep_plots", "PlotError"),
     ("simulator.errors", "StudyError"),
     ("simulator.studies.validate", "ValidationError"),

@@ -165,7 +165,7 @@ def test_builtin_scenarios_hardware_flops_at_least_model_flops(imbalance):
     the traces (full-size layouts, fewest micro-batches the schedule allows), which is
     where both numerators come from; the simulated HFU is hardware / model x MFU."""
     from simulator import load_scenario
-    from simulator.scenario.schema import builtin_scenarios, read_mapping
+    from simulator.scenario.loading import builtin_scenarios, read_mapping
     from workloads.counts import MATMUL_KINDS
     from workloads.trace.builder import build_trace
 

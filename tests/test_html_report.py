@@ -13,7 +13,9 @@ import pytest
 
 from simulator import simulate
 from simulator.cli.app import main
-from simulator.results.html_report import exposed_by_axis_stage, load_run_dir, merge_bars, render_report, run_data
+from simulator.results.html_data import exposed_by_axis_stage, load_run_dir, run_data
+from simulator.results.html_report import render_report
+from simulator.results.html_timeline import merge_bars
 from simulator.results.plots import PHASE_COLOURS
 
 pytest.importorskip("plotly")

@@ -11,8 +11,10 @@ import yaml
 
 from simulator import simulate
 from simulator.cli.app import main
-from simulator.interop.megatron import import_megatron, parse_arg_text
-from simulator.scenario.schema import ScenarioError, load_scenario
+from simulator.interop.megatron import import_megatron
+from simulator.interop.megatron_args import parse_arg_text
+from simulator.scenario.loading import load_scenario
+from simulator.scenario.schema import ScenarioError
 
 DATA = Path(__file__).parent / "data" / "megatron"
 CASES = Path(__file__).resolve().parent.parent / "validation" / "narayanan2021"

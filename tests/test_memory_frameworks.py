@@ -14,7 +14,8 @@ import yaml
 
 from simulator.studies import validate as v
 from simulator.cli.validate import main as cli_main
-from simulator.scenario.schema import ScenarioError, load_scenario
+from simulator.scenario.loading import load_scenario
+from simulator.scenario.schema import ScenarioError
 from workloads import memory
 from workloads.layout import ParallelLayout
 from workloads.presets import get_model

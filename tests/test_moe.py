@@ -192,7 +192,8 @@ def test_deepseek_v3_activation_savings_in_the_trace():
 
 def test_moe_with_tp_needs_sequence_parallel_at_load():
     """Refused when the scenario is loaded, naming the field (not when a layer is counted)."""
-    from simulator.scenario.schema import ScenarioError, load_scenario
+    from simulator.scenario.loading import load_scenario
+    from simulator.scenario.schema import ScenarioError
 
     sc = {
         "model": "mixtral-8x7b",

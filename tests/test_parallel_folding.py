@@ -9,7 +9,8 @@ import copy
 import pytest
 
 from simulator import simulate
-from simulator.scenario.schema import ScenarioError, load_scenario
+from simulator.scenario.loading import load_scenario
+from simulator.scenario.schema import ScenarioError
 from test_moe import TINY_MOE, moe_scenario
 from workloads import counts, memory
 from workloads.layout import LayoutError, ParallelLayout

@@ -194,7 +194,7 @@ def test_sweep_plots_words_integer_ticks_and_10pt_text(tmp_path):
 
 
 def test_topology_pictures_have_10pt_text(piped, tmp_path):
-    from simulator.scenario.schema import load_scenario
+    from simulator.scenario.loading import load_scenario
     from topologies import build_cluster, plot_topology
 
     fig = plot_topology(build_cluster(piped.scenario.cluster), tmp_path / "sw.png")

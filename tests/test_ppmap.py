@@ -5,7 +5,8 @@ import pytest
 
 from simulator.cli import app as cli
 from simulator.studies.ppmap import assemble, choose, dp_traffic_s, load_map, plot_map, run_map, screen, points
-from simulator.scenario.schema import ScenarioError, load_scenario
+from simulator.scenario.loading import load_scenario
+from simulator.scenario.schema import ScenarioError
 from helpers import SEARCH_MOE as TINY_MOE
 
 

@@ -11,7 +11,9 @@ import pytest
 from helpers import scenario
 from simulator import simulate
 from simulator.studies.bench import collective_time_s
-from simulator.scenario.schema import ScenarioError, load_scenario, scenario_to_dict
+from simulator.scenario.loading import load_scenario
+from simulator.scenario.schema import ScenarioError
+from simulator.scenario.serialise import scenario_to_dict
 from topologies import TopologyError
 from topologies.presets import build_cluster, cluster_preset
 

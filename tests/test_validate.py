@@ -11,7 +11,7 @@ import yaml
 from simulator.engine import compute as compute_mod
 from simulator.studies import validate as v
 from simulator.cli.validate import main as cli_main
-from simulator.scenario.schema import load_scenario
+from simulator.scenario.loading import load_scenario
 
 # Three tiny validation-style cases: two on A100s (one pipelined), one on H100s.
 _GPT = {"preset": "megatron-gpt-1.7b", "layers": 4, "vocab": 1024}

@@ -34,8 +34,10 @@ class ChipSpec:
 
     name: str
     peak_flops_per_s: Mapping[str, float] = field(hash=False)
-    hbm_bytes: float
-    hbm_bw_bytes_per_s: float
+    # constraints in metadata (pydantic's gt/ge/...): the scenario schema's chip input model
+    # is built from these fields (simulator.scenario.schema)
+    hbm_bytes: float = field(metadata={"gt": 0})
+    hbm_bw_bytes_per_s: float = field(metadata={"gt": 0})
     family: str
     source: str = ""
 

@@ -35,7 +35,7 @@ moe/README.md``, "MoE Parallel Folding"; Liu et al. 2025, arXiv 2504.14960):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Optional, Union
 
@@ -55,13 +55,15 @@ class LayoutError(WorkloadError):
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    tp: int = 1
-    cp: int = 1
-    pp: int = 1
-    dp: int = 1
-    ep: int = 1
-    vpp: int = 1
-    etp: int = 1
+    # constraints in metadata (pydantic's ge/gt/...): the scenario schema's ``parallel`` input
+    # model is built from these fields (simulator.scenario.schema)
+    tp: int = field(default=1, metadata={"ge": 1})
+    cp: int = field(default=1, metadata={"ge": 1})
+    pp: int = field(default=1, metadata={"ge": 1})
+    dp: int = field(default=1, metadata={"ge": 1})
+    ep: int = field(default=1, metadata={"ge": 1})
+    vpp: int = field(default=1, metadata={"ge": 1})
+    etp: int = field(default=1, metadata={"ge": 1})
     zero: int = 1
     sequence_parallel: bool = True
     order: tuple[str, ...] = ORDER_AXES

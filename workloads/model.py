@@ -4,11 +4,15 @@ A :class:`ModelSpec` says *what* the network is (sizes, attention kind, MoE
 layout). Counting parameters, FLOPs and activation bytes lives in pure functions
 elsewhere (:mod:`workloads.counts`, :mod:`workloads.memory`); the spec holds no
 behaviour beyond derived sizes.
+
+Each field is written once, here: its name, type, default and (in ``metadata``, as pydantic's
+``ge``/``gt``/``le``/``lt``) its constraint, from which the scenario schema
+(:mod:`simulator.scenario.schema`) builds the input model that validates it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal, Optional
 
 FfnKind = Literal["swiglu", "gelu"]
@@ -23,11 +27,11 @@ class MLASpec:
     and a decoupled RoPE part of ``qk_rope_head_dim`` (shared across heads for K).
     """
 
-    q_lora_rank: int = 1536
-    kv_lora_rank: int = 512
-    qk_rope_head_dim: int = 64
-    qk_nope_head_dim: int = 128
-    v_head_dim: int = 128
+    q_lora_rank: int = field(default=1536, metadata={"ge": 0})
+    kv_lora_rank: int = field(default=512, metadata={"ge": 1})
+    qk_rope_head_dim: int = field(default=64, metadata={"ge": 0})
+    qk_nope_head_dim: int = field(default=128, metadata={"ge": 1})
+    v_head_dim: int = field(default=128, metadata={"ge": 1})
 
     @property
     def qk_head_dim(self) -> int:
@@ -45,13 +49,14 @@ class MoESpec:
     an MoE layer, the others dense (1 = every layer).
     """
 
-    experts: int
-    top_k: int
-    expert_ffn_hidden: int
-    shared_experts: int = 0
-    dense_layers: int = 0
-    layer_freq: int = 1
-    max_nodes_per_token: Optional[int] = None  # DeepSeek-V3 node-limited routing (M = 4)
+    experts: int = field(metadata={"ge": 1})
+    top_k: int = field(metadata={"ge": 1})
+    expert_ffn_hidden: int = field(metadata={"ge": 1})
+    shared_experts: int = field(default=0, metadata={"ge": 0})
+    dense_layers: int = field(default=0, metadata={"ge": 0})
+    layer_freq: int = field(default=1, metadata={"ge": 1})
+    # DeepSeek-V3 node-limited routing (M = 4)
+    max_nodes_per_token: Optional[int] = field(default=None, metadata={"ge": 1})
 
 
 @dataclass(frozen=True)
@@ -64,19 +69,19 @@ class ModelSpec:
     """
 
     name: str
-    layers: int
-    hidden: int
-    heads: int
-    ffn_hidden: int
-    vocab: int
-    kv_heads: Optional[int] = None
-    head_dim: Optional[int] = None
+    layers: int = field(metadata={"ge": 1})
+    hidden: int = field(metadata={"ge": 1})
+    heads: int = field(metadata={"ge": 1})
+    ffn_hidden: int = field(metadata={"ge": 1})
+    vocab: int = field(metadata={"ge": 1})
+    kv_heads: Optional[int] = field(default=None, metadata={"ge": 1})
+    head_dim: Optional[int] = field(default=None, metadata={"ge": 1})
     ffn: FfnKind = "swiglu"
     tied_embeddings: bool = False
     parallel_block: bool = False
     attention: Optional[MLASpec] = None
     moe: Optional[MoESpec] = None
-    mtp_depth: int = 0  # multi-token-prediction modules (DeepSeek-V3: 1)
+    mtp_depth: int = field(default=0, metadata={"ge": 0})  # multi-token-prediction modules (DeepSeek-V3: 1)
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     bias: bool = False  # linear-layer biases (GPT-2/3 style)
     source: str = ""  # citation for the numbers

@@ -1,8 +1,13 @@
-"""Training settings of one step: plain data, validated where they are built."""
+"""Training settings of one step: plain data, validated where they are built.
+
+Each field is written once, here (constraints in ``metadata``, as pydantic's ``ge``/``gt``/...):
+the scenario schema (:mod:`simulator.scenario.schema`) builds its ``training`` input model
+from :class:`TrainingSpec`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from workloads.enums import Balance, Recompute
@@ -22,9 +27,9 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "matmul
 
 @dataclass(frozen=True)
 class TrainingSpec:
-    seq_len: int = 4096
-    micro_batch_size: int = 1  # sequences per micro-batch
-    global_batch_size: int = 1  # sequences per optimizer step
+    seq_len: int = field(default=4096, metadata={"ge": 1})
+    micro_batch_size: int = field(default=1, metadata={"ge": 1})  # sequences per micro-batch
+    global_batch_size: int = field(default=1, metadata={"ge": 1})  # sequences per optimizer step
     dtype: Dtype = "bf16"
     recompute: Recompute = "none"
     balance: Balance = "aux-free"

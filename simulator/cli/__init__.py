@@ -2,10 +2,11 @@
 prints, and turns a :class:`~stepsim_errors.StepsimError` into exit code 2.
 
 * :mod:`.app` — the parser of every command and the commands that run one scenario
-  (``run``, ``trace``, ``estimate``, ``report``, ``compare``, ``bench``, ``import``...);
+  (``run``, ``trace``, ``estimate``, ``report``, ``compare``, ``bench``...);
 * :mod:`.sweep` — ``sweep``, ``search`` and their workers;
 * :mod:`.validate` — ``validate`` and ``calibrate``;
 * :mod:`.ppmap` — ``ppmap``, the map of where pipeline parallelism pays;
+* :mod:`.importer` — ``import megatron``, a scenario from a Megatron-LM / NeMo argument list;
 * :mod:`.common` — what they share: the error-to-exit-code mapping, progress, output.
 
 A new command goes in the module of its family and is registered in

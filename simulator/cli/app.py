@@ -58,7 +58,7 @@ def cmd_run(args) -> int:
     if args.html and not args.out:
         raise CliError("--html: give --out DIR too (the report is written to DIR/report.html)")
     if args.html:
-        from simulator.results.html_report import require_plotly
+        from simulator.results.html_data import require_plotly
 
         require_plotly()  # before the simulation, not after
     result = simulate(path, exact=args.exact, topology=topology, trace=trace, progress=None)
@@ -86,13 +86,14 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from simulator.results.html_report import load_run_dir, write_report
+    from simulator.results.html_data import load_run_dir
+    from simulator.results.html_report import write_report
     from simulator.results.report import format_summary
 
     if args.output and not args.html:
         raise CliError("--output: only with --html")
     if args.html:
-        from simulator.results.html_report import require_plotly
+        from simulator.results.html_data import require_plotly
 
         require_plotly()
     data = load_run_dir(args.dir)
@@ -106,7 +107,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from simulator.scenario.schema import ScenarioError, load_scenario
+    from simulator.scenario.loading import load_scenario
+    from simulator.scenario.schema import ScenarioError
     from workloads.errors import WorkloadError
     from workloads.trace.builder import build_trace
     from workloads.trace.io import write_trace
@@ -138,7 +140,7 @@ def cmd_compare(args) -> int:
     if args.html and not args.out:
         raise CliError("--html: give --out DIR too (the report is written to DIR/compare.html)")
     if args.html:
-        from simulator.results.html_report import require_plotly
+        from simulator.results.html_data import require_plotly
 
         require_plotly()  # before the simulations, not after
     table, results = compare_schedules(path, schedules, vpp=args.vpp)
@@ -158,7 +160,7 @@ def cmd_compare(args) -> int:
 
 def cmd_presets(args) -> int:
     from simulator.engine.compute import DEFAULT_COMPUTE_CALIBRATION
-    from simulator.scenario.schema import builtin_scenarios
+    from simulator.scenario.loading import builtin_scenarios
     from topologies.chips import CHIPS
     from topologies.presets import CLUSTER_PRESETS
     from workloads import counts
@@ -227,7 +229,8 @@ def cmd_presets(args) -> int:
 
 
 def _cluster_from_arg(arg: str, devices: Optional[int]):
-    from simulator.scenario.schema import resolve_cluster, read_mapping
+    from simulator.scenario.loading import read_mapping
+    from simulator.scenario.resolve import resolve_cluster
 
     p = Path(arg)
     if p.exists():
@@ -246,7 +249,8 @@ def _network_calibration(arg: str, family: str):
     file given as ``--cluster`` applied (so that a calibrated scenario can be checked
     against the nccl-tests logs it was fitted to)."""
     from simulator.network.calibration import default_calibration
-    from simulator.scenario.schema import NetCalIn, error_from_pydantic, read_mapping
+    from simulator.scenario.loading import read_mapping
+    from simulator.scenario.schema import error_from_pydantic, NetCalIn
 
     cal = default_calibration(family)
     p = Path(arg)
@@ -354,9 +358,8 @@ def _looks_like_topology(p: Path) -> bool:
 # ---- parser -------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap, sub = new_parser()
-
+def _add_run(sub) -> None:
+    """The ``run`` command's arguments."""
     p = sub.add_parser("run", help="simulate a scenario and write its outputs")
     p.add_argument(
         "scenario", help="scenario file (YAML/JSON; docs/scenario.md) or a built-in scenario name (stepsim presets)"
@@ -390,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_run)
 
+
+def _add_report(sub) -> None:
+    """The ``report`` command's arguments."""
     p = sub.add_parser("report", help="summarise a `run --out` directory; --html: one self-contained HTML page")
     p.add_argument("dir", help="the --out directory of `stepsim run`")
     p.add_argument(
@@ -398,6 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="FILE", help="with --html: write the page here instead")
     p.set_defaults(func=cmd_report)
 
+
+def _add_trace(sub) -> None:
+    """The ``trace`` command's arguments."""
     p = sub.add_parser(
         "trace",
         help="write a scenario's operation trace to a file (JSON, .gz to compress) or a directory of Chakra ET files",
@@ -415,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exact", action="store_true", help="every rank instead of one per pipeline stage")
     p.set_defaults(func=cmd_trace)
 
+
+def _add_compare(sub) -> None:
+    """The ``compare`` command's arguments."""
     p = sub.add_parser("compare", help="run a scenario under several pipeline schedules, side by side")
     p.add_argument("scenario", help="scenario file or built-in scenario name")
     p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b,zb-h1,dualpipe")
@@ -423,10 +435,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", action="store_true", help="also write --out DIR/compare.html (needs plotly)")
     p.set_defaults(func=cmd_compare)
 
+
+def _add_presets(sub) -> None:
+    """The ``presets`` command's arguments."""
     p = sub.add_parser("presets", help="list every model, cluster, chip, schedule and built-in scenario")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_presets)
 
+
+def _add_collective(sub) -> None:
+    """The ``collective`` command's arguments."""
     p = sub.add_parser("collective", help="nccl-tests-style collective benchmark on a simulated cluster")
     p.add_argument("op", choices=COLLECTIVE_OPS)
     p.add_argument("--cluster", required=True, help="cluster preset name or a file holding a `cluster` mapping")
@@ -450,6 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="write a busbw-vs-size plot to this PNG/SVG")
     p.set_defaults(func=cmd_collective)
 
+
+def _add_topology(sub) -> None:
+    """The ``topology`` command's arguments."""
     p = sub.add_parser("topology", help="describe, save or draw a cluster topology")
     p.add_argument("cluster", help="cluster preset name, a scenario/cluster file, or a topology file")
     p.add_argument("--devices", type=int)
@@ -457,13 +478,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", help="save the topology as JSON or GraphML (by extension)")
     p.set_defaults(func=cmd_topology)
 
-    from simulator.cli import ppmap as cli_ppmap, sweep as cli_sweep, validate as cli_validate
-    from simulator.interop import megatron as megatron_import
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``stepsim`` parser: every command and its arguments, in the order ``--help`` lists them."""
+    ap, sub = new_parser()
+    _add_run(sub)
+    _add_report(sub)
+    _add_trace(sub)
+    _add_compare(sub)
+    _add_presets(sub)
+    _add_collective(sub)
+    _add_topology(sub)
+
+    from simulator.cli import importer as cli_import, ppmap as cli_ppmap, sweep as cli_sweep, validate as cli_validate
 
     cli_sweep.register(sub)
     cli_ppmap.register(sub)
     cli_validate.register(sub)
-    megatron_import.register(sub)
+    cli_import.register(sub)
     return ap
 
 

@@ -46,7 +46,7 @@ class CliError(StepsimError):
 
 def resolve_scenario_path(arg: str) -> Path:
     """A scenario file, or the file of the built-in scenario of that name."""
-    from simulator.scenario.schema import builtin_scenarios
+    from simulator.scenario.loading import builtin_scenarios
 
     p = Path(arg)
     if p.exists():

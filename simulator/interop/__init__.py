@@ -1,6 +1,7 @@
 """Reading the files of other tools into stepsim's own terms.
 
-* :mod:`.megatron` — a Megatron-LM command line into a scenario (``stepsim import``);
+* :mod:`.megatron` — a Megatron-LM command line into a scenario (``stepsim import``), read by
+  :mod:`.megatron_args`;
 * :mod:`.nccl_tests` — nccl-tests output into bus-bandwidth measurements;
 * :mod:`.kineto` — PyTorch profiler (Kineto) traces into measured kernel timings.
 

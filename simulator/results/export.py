@@ -78,7 +78,7 @@ def _process_name_lines(result, ranks, js: _Strings) -> list[str]:
     from simulator.results.report import stands_for
 
     layout = result.scenario.layout if result.scenario is not None else None
-    weight = getattr(getattr(result, "trace", None), "weight", None) or {}
+    weight = (result.trace.weight if result.trace is not None else None) or {}
     out = []
     for r in ranks:
         r = int(r)
@@ -228,7 +228,7 @@ def _sections(result) -> Iterator[list[str]]:
     """The trace's events as JSON text, section by section, in file order."""
     ev, mem = result.table("events"), result.table("memory")
     tids = {s: i for i, s in enumerate(STREAMS)}
-    raw = getattr(result, "raw", None)
+    raw = result.raw
     js = _Strings()
     ranks = sorted(set(_ints(ev["rank"])) | set(_ints(mem["rank"])))
     yield _process_name_lines(result, ranks, js)

@@ -215,7 +215,7 @@ def devices_label(result, rank: int) -> str:
     replicas"`` for a representative (it runs the program of every device of its stage:
     its tensor- and context-parallel group, in each data-parallel replica), ``"stage 3:
     rank 27"`` in an exact run."""
-    layout = result.scenario.layout if getattr(result, "scenario", None) is not None else None
+    layout = result.scenario.layout if result.scenario is not None else None
     if layout is None:
         return f"rank {rank}"
     stage = layout.stage_of(rank)
@@ -264,78 +264,19 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
     step = result.summary["step_time_s"]
     k, unit = _time_unit(step)
     rank_col, stream_col = np.asarray(ev["rank"]), np.asarray(ev["stream"], dtype=object)
-    ranks = sorted(set(rank_col.tolist()))[:max_ranks]
-    used_by_rank: dict = {}
-    if show_comm:
-        comm = stream_col != "compute"
-        for r, s in set(zip(rank_col[comm].tolist(), stream_col[comm].tolist())):
-            used_by_rank.setdefault(r, set()).add(s)
-    rows = []
-    for r in ranks:
-        rows.append((r, "compute"))
-        used = used_by_rank.get(r, set())
-        rows += [(r, s) for s in COMM_STREAMS if s in used]
-        rows += [(r, s) for s in sorted(used - set(COMM_STREAMS))]
+    rows = _timeline_rows(rank_col, stream_col, max_ranks, show_comm)
     index = {row: i for i, row in enumerate(rows)}
-    # Each bar's row, style (colour, hatched or not) and span: ops, then idle spans.
-    spare: dict = {}
-    start, dur = np.asarray(ev["start_s"], dtype=float), np.asarray(ev["duration_s"], dtype=float)
-    y = np.array([index.get(rs, -1) for rs in zip(rank_col.tolist(), stream_col.tolist())], dtype=np.int64)
-    keep = (y >= 0) & (dur > 0)
-    is_compute = stream_col[keep] == "compute"
-    axis_col = np.asarray(ev["axis"], dtype=object)[keep]
-    # compute ops are coloured by phase; communication by axis (the offload stream's copies
-    # have none: by stream)
-    key = np.where(
-        is_compute, np.asarray(ev["phase"], dtype=object)[keep], np.where(axis_col != "", axis_col, stream_col[keep])
-    )
-    phases, axes_used, causes = {}, {}, {}
-    for c, kk in _first_seen(list(zip(is_compute.tolist(), key.tolist()))):
-        if c:
-            phases.setdefault(kk, colour_for(kk, PHASE_COLOURS, spare))
-        else:
-            axes_used.setdefault(kk, colour_for(kk, AXIS_COLOURS, spare))
-    colour = [phases[kk] if c else axes_used[kk] for c, kk in zip(is_compute.tolist(), key.tolist())]
-    bar_y, bar_x0, bar_w = y[keep].tolist(), (start[keep] * k).tolist(), (dur[keep] * k).tolist()
-    bar_style = [(c, "solid") for c in colour]
-    raw = getattr(result, "raw", None)
-    if raw is not None:
-        for r, s0, e0, cause, _axis in raw.idle_spans:
-            if (r, "compute") in index:
-                if cause == "bubble":
-                    style, c = "bubble", None
-                else:
-                    style, c = "idle", colour_for(cause, IDLE_COLOURS, spare)
-                causes.setdefault(cause, c)
-                bar_y.append(index[(r, "compute")])
-                bar_x0.append(s0 * k)
-                bar_w.append((e0 - s0) * k)
-                bar_style.append((c, style))
-    n_rows = len(rows)
+    bars, phases, axes_used, causes = _timeline_bars(ev, rank_col, stream_col, index, k, result.raw)
     width_in = 12
-    fig, ax = new_figure((width_in, max(3.0, 0.3 * n_rows + 2.2)), layout="constrained")
-    # One artist per style (a colour, or the hatched bubble), in a fixed order.
-    styles = sorted(set(bar_style), key=lambda cs: (str(cs[0]), cs[1]))
-    code = {cs: i for i, cs in enumerate(styles)}
-    sid = np.array([code[cs] for cs in bar_style], dtype=np.int64)
-    bx0 = np.array(bar_x0, dtype=float)
+    fig, ax = new_figure((width_in, max(3.0, 0.3 * len(rows) + 2.2)), layout="constrained")
     x_max = step * k * 1.01
-    # the axes are narrower than the figure: a figure-wide pixel is less than an axes pixel
-    gap = MERGE_GAP_PX * x_max / (width_in * dpi)
-    bx0, bx1, by, sid = merge_bars(bx0, bx0 + np.array(bar_w, dtype=float), np.array(bar_y, dtype=np.int64), sid, gap)
-    by = by.astype(float)
-    for i, (c, style) in enumerate(styles):
-        m = sid == i
-        if style == "bubble":
-            _bar_path(ax, bx0[m], bx1[m], by[m], hatch="////", facecolor="none", edgecolor=BUBBLE_EDGE, linewidth=0)
-        else:
-            _bar_path(ax, bx0[m], bx1[m], by[m], facecolor=c, linewidth=0)
+    _draw_timeline_bars(ax, *bars, x_max=x_max, width_in=width_in, dpi=dpi)
     labels = [devices_label(result, r) if s == "compute" else f"{s} comm" for r, s in rows]
-    ax.set_yticks(range(n_rows), labels)
+    ax.set_yticks(range(len(rows)), labels)
     for tick, (_, s) in zip(ax.get_yticklabels(), rows):
         if s != "compute":
             tick.set_color("#555555")
-    ax.set_ylim(-0.6, n_rows - 0.4)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
     ax.invert_yaxis()
     ax.set_xlim(0, x_max)
     ax.set_xlabel(f"time ({unit})")
@@ -357,6 +298,82 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncol=min(6, len(handles)), frameon=False)
     return finish(fig, path, dpi=dpi)
+
+
+def _timeline_rows(rank_col, stream_col, max_ranks: int, show_comm: bool) -> list[tuple[int, str]]:
+    """``(rank, stream)`` rows: per simulated device (the first ``max_ranks``) its compute
+    row, then each communication stream it used (those of :data:`COMM_STREAMS` first)."""
+    ranks = sorted(set(rank_col.tolist()))[:max_ranks]
+    used_by_rank: dict = {}
+    if show_comm:
+        comm = stream_col != "compute"
+        for r, s in set(zip(rank_col[comm].tolist(), stream_col[comm].tolist())):
+            used_by_rank.setdefault(r, set()).add(s)
+    rows = []
+    for r in ranks:
+        rows.append((r, "compute"))
+        used = used_by_rank.get(r, set())
+        rows += [(r, s) for s in COMM_STREAMS if s in used]
+        rows += [(r, s) for s in sorted(used - set(COMM_STREAMS))]
+    return rows
+
+
+def _timeline_bars(ev, rank_col, stream_col, index: dict, k: float, raw):
+    """Each bar's row, start, width and style (colour, solid / idle / bubble): the ops of the
+    shown rows, then the idle spans of ``raw`` (when given) on compute rows; and the colours
+    used, by phase, axis and idle cause, for the legend."""
+    spare: dict = {}
+    start, dur = np.asarray(ev["start_s"], dtype=float), np.asarray(ev["duration_s"], dtype=float)
+    y = np.array([index.get(rs, -1) for rs in zip(rank_col.tolist(), stream_col.tolist())], dtype=np.int64)
+    keep = (y >= 0) & (dur > 0)
+    is_compute = stream_col[keep] == "compute"
+    axis_col = np.asarray(ev["axis"], dtype=object)[keep]
+    # compute ops are coloured by phase; communication by axis (the offload stream's copies
+    # have none: by stream)
+    key = np.where(
+        is_compute, np.asarray(ev["phase"], dtype=object)[keep], np.where(axis_col != "", axis_col, stream_col[keep])
+    )
+    phases, axes_used, causes = {}, {}, {}
+    for c, kk in _first_seen(list(zip(is_compute.tolist(), key.tolist()))):
+        if c:
+            phases.setdefault(kk, colour_for(kk, PHASE_COLOURS, spare))
+        else:
+            axes_used.setdefault(kk, colour_for(kk, AXIS_COLOURS, spare))
+    colour = [phases[kk] if c else axes_used[kk] for c, kk in zip(is_compute.tolist(), key.tolist())]
+    bar_y, bar_x0, bar_w = y[keep].tolist(), (start[keep] * k).tolist(), (dur[keep] * k).tolist()
+    bar_style = [(c, "solid") for c in colour]
+    if raw is not None:
+        for r, s0, e0, cause, _axis in raw.idle_spans:
+            if (r, "compute") in index:
+                if cause == "bubble":
+                    style, c = "bubble", None
+                else:
+                    style, c = "idle", colour_for(cause, IDLE_COLOURS, spare)
+                causes.setdefault(cause, c)
+                bar_y.append(index[(r, "compute")])
+                bar_x0.append(s0 * k)
+                bar_w.append((e0 - s0) * k)
+                bar_style.append((c, style))
+    return (bar_y, bar_x0, bar_w, bar_style), phases, axes_used, causes
+
+
+def _draw_timeline_bars(ax, bar_y, bar_x0, bar_w, bar_style, x_max: float, width_in: float, dpi: int) -> None:
+    """The bars as one path per style (a colour, or the hatched bubble), in a fixed order,
+    bars less than :data:`MERGE_GAP_PX` figure pixels apart joined."""
+    styles = sorted(set(bar_style), key=lambda cs: (str(cs[0]), cs[1]))
+    code = {cs: i for i, cs in enumerate(styles)}
+    sid = np.array([code[cs] for cs in bar_style], dtype=np.int64)
+    bx0 = np.array(bar_x0, dtype=float)
+    # the axes are narrower than the figure: a figure-wide pixel is less than an axes pixel
+    gap = MERGE_GAP_PX * x_max / (width_in * dpi)
+    bx0, bx1, by, sid = merge_bars(bx0, bx0 + np.array(bar_w, dtype=float), np.array(bar_y, dtype=np.int64), sid, gap)
+    by = by.astype(float)
+    for i, (c, style) in enumerate(styles):
+        m = sid == i
+        if style == "bubble":
+            _bar_path(ax, bx0[m], bx1[m], by[m], hatch="////", facecolor="none", edgecolor=BUBBLE_EDGE, linewidth=0)
+        else:
+            _bar_path(ax, bx0[m], bx1[m], by[m], facecolor=c, linewidth=0)
 
 
 def plot_memory(result, path=None, stacked_stage=None):

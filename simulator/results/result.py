@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only (engine and pandas are 
     import pandas as pd
 
     from simulator.engine.loop import RawRun
-    from simulator.scenario.schema import Scenario
+    from simulator.scenario.resolved import Scenario
     from topologies.topology import Topology
     from workloads.trace.ops import Trace
 
@@ -66,12 +66,19 @@ class Result:
     """One simulated step.
 
     Attributes: ``summary`` (the summary record), ``scenario`` (the resolved
-    :class:`~simulator.scenario.schema.Scenario`), ``notes`` (what the trace builder
+    :class:`~simulator.scenario.resolved.Scenario`), ``notes`` (what the trace builder
     adjusted), ``raw`` (the engine's :class:`~simulator.engine.loop.RawRun`: op records,
     idle spans, memory changes), ``trace`` (the :class:`~workloads.trace.ops.Trace` run),
     ``topology`` (the network simulated); and the tables ``events``, ``memory``,
     ``per_stage`` (built once, on first use) and ``idle`` (built on each use from
     ``raw.idle_spans``).
+
+    Every attribute is a constructor parameter and is declared in ``__slots__``: nothing is
+    attached from outside. ``raw``, ``trace`` and ``topology`` are ``None`` for a result
+    rebuilt from its tables alone (``events``, ``memory``, ``per_stage`` given as frames, or
+    ``columns``: table name -> :data:`Columns`); the tables, figures and exports that need
+    them then show what the tables hold (no idle spans without ``raw``, one device per
+    simulated rank without ``trace``).
     """
 
     __slots__ = ("summary", "scenario", "notes", "raw", "trace", "topology", "_columns", "_frames")
@@ -208,7 +215,7 @@ class Result:
         with _gc_paused():
             paths["summary"].write_text(self.summary_json())
             if self.scenario is not None:
-                from simulator.scenario.schema import scenario_to_dict
+                from simulator.scenario.serialise import scenario_to_dict
 
                 paths["scenario"] = out / "scenario.json"
                 paths["scenario"].write_text(json.dumps(_jsonable(scenario_to_dict(self.scenario)), indent=2) + "\n")

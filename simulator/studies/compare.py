@@ -24,7 +24,8 @@ from simulator.results.plots import (
     finish,
     legend_handles,
 )
-from simulator.scenario.schema import ScenarioError, builtin_scenarios, read_mapping
+from simulator.scenario.loading import builtin_scenarios, read_mapping
+from simulator.scenario.schema import ScenarioError
 from simulator.simulate import simulate
 from workloads.schedules import SCHEDULES
 

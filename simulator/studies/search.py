@@ -61,7 +61,8 @@ from typing import Mapping, Optional, Sequence, Union
 import pandas as pd
 
 from simulator.studies.estimate import NetModel, estimate_memory, proxy_cost
-from simulator.scenario.schema import ScenarioError, load_scenario, read_mapping
+from simulator.scenario.loading import load_scenario, read_mapping
+from simulator.scenario.schema import ScenarioError
 from simulator.studies.sweep import (
     Case,
     _absolutise,

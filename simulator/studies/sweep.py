@@ -113,7 +113,9 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
-from simulator.scenario.schema import ScenarioError, load_scenario, read_mapping, scenario_to_dict
+from simulator.scenario.loading import load_scenario, read_mapping
+from simulator.scenario.schema import ScenarioError
+from simulator.scenario.serialise import scenario_to_dict
 from simulator.version import __version__
 from simulator.errors import StudyError
 from simulator.results.parquet import write_parquet

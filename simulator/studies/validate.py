@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from simulator.errors import StudyError
-from simulator.scenario.schema import ScenarioError, read_mapping
+from simulator.scenario.loading import read_mapping
+from simulator.scenario.schema import ScenarioError
 
 
 def _suite_dir() -> Path:
@@ -267,7 +268,7 @@ def _matches(case: Case, pattern: str, base: Path) -> bool:
 def run_case(case: Case, compute: Optional[Mapping[str, float]] = None) -> CaseResult:
     """Simulate one case and read its metric off the summary."""
     from simulator import simulate
-    from simulator.scenario.schema import load_scenario
+    from simulator.scenario.loading import load_scenario
 
     sc = load_scenario(case.scenario_with(compute))
     res = simulate(sc)

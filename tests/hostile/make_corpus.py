@@ -563,7 +563,7 @@ def main() -> None:
 
 
 def _tiny_trace(scenario: dict) -> dict:
-    from simulator.scenario.schema import load_scenario
+    from simulator.scenario.loading import load_scenario
     from workloads.trace.builder import build_trace
     from workloads.trace.io import scenario_record, trace_to_dict
 

@@ -1,0 +1,57 @@
+"""``stepsim import megatron ARGS_FILE``: the command line of :mod:`simulator.interop.megatron`
+(a scenario from a Megatron-LM / NeMo argument list). It writes the scenario YAML, or prints
+it, after checking that the scenario loads; the arguments not mapped are printed too."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def cmd_import(args) -> int:
+    from simulator.fileio import read_text
+    from simulator.interop.megatron import import_megatron, to_yaml
+    from simulator.scenario.loading import load_scenario
+
+    path = Path(args.args_file)
+    text = read_text(path, 1 << 20, what="argument file")
+    name = args.name or path.stem
+    res = import_megatron(text, args.cluster, devices=args.devices, name=name)
+    load_scenario(res.scenario)  # refuse what would not run, naming the key
+    out = to_yaml(res, str(path))
+    if args.out:
+        Path(args.out).write_text(out)
+        print(
+            f"wrote {args.out}: {len(res.mapped)} arguments mapped, {len(res.unmapped)} not mapped, "
+            f"{len(res.ignored)} ignored (no effect on a step)"
+        )
+    else:
+        sys.stdout.write(out)
+    stream = sys.stdout if args.out else sys.stderr
+    if res.unmapped:
+        print("not mapped (check by hand): " + "; ".join(res.unmapped), file=stream)
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``import`` to the ``stepsim`` parser."""
+    p = subparsers.add_parser(
+        "import", help="write a scenario from another tool's configuration (Megatron-LM / NeMo arguments)"
+    )
+    p.add_argument(
+        "source", choices=["megatron"], help="what the file is: megatron (a Megatron-LM or NeMo argument list)"
+    )
+    p.add_argument("args_file", metavar="ARGS_FILE", help="file holding the argument list (newlines and \\ allowed)")
+    p.add_argument(
+        "--cluster",
+        required=True,
+        help="cluster preset (stepsim presets): Megatron's arguments do not name the hardware",
+    )
+    p.add_argument(
+        "--devices",
+        type=int,
+        help="GPUs (default: from the torchrun line, --num-gpus, or tp*pp*cp*dp with --data-parallel-size)",
+    )
+    p.add_argument("--name", help="scenario name (default: the file's name)")
+    p.add_argument("--out", help="scenario YAML to write (default: print it)")
+    p.set_defaults(func=cmd_import)

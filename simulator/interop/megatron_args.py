@@ -1,0 +1,227 @@
+"""Reading a Megatron-LM / NeMo argument list: :func:`parse_arg_text` and the tables of
+which arguments map onto a scenario key (:data:`MAPPED`) and which cannot change the time of
+one step (:data:`NO_STEP_EFFECT`). :mod:`simulator.interop.megatron` maps the parsed
+arguments onto a scenario."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Optional
+
+
+def ScenarioError(field: str, message: str):  # noqa: N802 - stands for the class it returns
+    """A :class:`simulator.scenario.schema.ScenarioError`; the schema (pydantic) is imported only
+    when an error is raised, so that registering this command keeps ``stepsim --help`` light."""
+    from simulator.scenario.schema import ScenarioError as error
+
+    return error(field, message)
+
+
+# GPT-2's BPE vocabulary (Radford et al. 2019; gpt2-vocab.json, the file Megatron's GPT
+# examples pass as --vocab-file): 50,257 tokens.
+GPT2_VOCAB = 50257
+
+#: Arguments that map onto a scenario key (the key they set).
+MAPPED = {
+    "num-layers": "model.layers",
+    "hidden-size": "model.hidden",
+    "num-attention-heads": "model.heads",
+    "num-query-groups": "model.kv_heads",
+    "group-query-attention": "model.kv_heads",
+    "kv-channels": "model.head_dim",
+    "ffn-hidden-size": "model.ffn_hidden",
+    "swiglu": "model.ffn",
+    "normalization": "model.norm",
+    "disable-bias-linear": "model.bias",
+    "add-bias-linear": "model.bias",
+    "untie-embeddings-and-output-weights": "model.tied_embeddings",
+    "vocab-size": "model.vocab",
+    "padded-vocab-size": "model.vocab",
+    "vocab-file": "model.vocab",
+    "make-vocab-size-divisible-by": "model.vocab",
+    "num-experts": "model.moe.experts",
+    "moe-router-topk": "model.moe.top_k",
+    "moe-ffn-hidden-size": "model.moe.expert_ffn_hidden",
+    "moe-shared-expert-intermediate-size": "model.moe.shared_experts",
+    "seq-length": "training.seq_len",
+    "encoder-seq-length": "training.seq_len",
+    "micro-batch-size": "training.micro_batch_size",
+    "global-batch-size": "training.global_batch_size",
+    "tensor-model-parallel-size": "parallel.tp",
+    "pipeline-model-parallel-size": "parallel.pp",
+    "context-parallel-size": "parallel.cp",
+    "expert-model-parallel-size": "parallel.ep",
+    "expert-tensor-parallel-size": "parallel.etp",
+    "data-parallel-size": "parallel.dp",
+    "num-layers-per-virtual-pipeline-stage": "parallel.vpp",
+    "virtual-pipeline-model-parallel-size": "parallel.vpp",
+    "sequence-parallel": "parallel.sequence_parallel",
+    "use-distributed-optimizer": "parallel.zero",
+    "recompute-granularity": "training.recompute",
+    "recompute-method": "training.recompute",
+    "recompute-num-layers": "training.recompute",
+    "recompute-activations": "training.recompute",
+    "checkpoint-activations": "training.recompute",
+    "fp8-format": "training.dtype",
+    "fp8": "training.dtype",
+    "bf16": "training.dtype",
+    "fp16": "training.dtype",
+    "overlap-grad-reduce": "training.overlap_grad_reduce",
+    "DDP-impl": "training.overlap_grad_reduce",
+    "use-flash-attn": "training.flash_attention",
+    "attention-backend": "training.flash_attention",
+    "transformer-impl": "training.flash_attention",
+    "num-gpus": "cluster.devices",
+    "nnodes": "cluster.devices",
+    "nproc-per-node": "cluster.devices",
+    "num-nodes": "cluster.devices",
+    "devices": "cluster.devices",
+}
+
+#: Arguments that cannot change the time of one training step (what is learnt, read,
+#: logged or saved): accepted and listed as ignored.
+NO_STEP_EFFECT = (
+    "lr",
+    "min-lr",
+    "lr-decay-style",
+    "lr-decay-iters",
+    "lr-warmup-fraction",
+    "lr-warmup-iters",
+    "lr-warmup-samples",
+    "train-iters",
+    "train-samples",
+    "eval-iters",
+    "eval-interval",
+    "log-interval",
+    "save-interval",
+    "save",
+    "load",
+    "data-path",
+    "split",
+    "merge-file",
+    "tokenizer-type",
+    "tokenizer-model",
+    "seed",
+    "clip-grad",
+    "weight-decay",
+    "adam-beta1",
+    "adam-beta2",
+    "adam-eps",
+    "init-method-std",
+    "loss-scale",
+    "initial-loss-scale",
+    "min-loss-scale",
+    "loss-scale-window",
+    "hidden-dropout",
+    "attention-dropout",
+    "max-position-embeddings",
+    "position-embedding-type",
+    "rotary-percent",
+    "rotary-base",
+    "tensorboard-dir",
+    "wandb-project",
+    "wandb-exp-name",
+    "exit-duration-in-mins",
+    "distributed-backend",
+    "no-masked-softmax-fusion",
+    "node-rank",
+    "master-addr",
+    "master-port",
+    "rdzv-endpoint",
+    "rdzv-backend",
+    "rdzv-id",
+    "data-cache-path",
+    "log-throughput",
+    "timing-log-level",
+    "log-timers-to-tensorboard",
+    "mock-data",
+    "no-load-optim",
+    "no-load-rng",
+)
+
+_FLAGS = (
+    "swiglu",
+    "disable-bias-linear",
+    "add-bias-linear",
+    "untie-embeddings-and-output-weights",
+    "group-query-attention",
+    "sequence-parallel",
+    "use-distributed-optimizer",
+    "bf16",
+    "fp16",
+    "fp8",
+    "overlap-grad-reduce",
+    "use-flash-attn",
+    "recompute-activations",
+    "checkpoint-activations",
+    "mock-data",
+    "log-throughput",
+    "no-masked-softmax-fusion",
+    "no-load-optim",
+    "no-load-rng",
+    "log-timers-to-tensorboard",
+)
+
+
+def parse_arg_text(text: str) -> dict[str, Optional[str]]:
+    """``name -> value`` (``None`` for a bare flag) of an argument list; the launcher
+    (tokens before the ``*.py`` script) contributes its ``--nnodes`` / ``--nproc-per-node``."""
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
+    joined = "\n".join(lines).replace("\\\n", " ")
+    try:
+        tokens = shlex.split(joined, comments=True)
+    except ValueError as err:
+        raise ScenarioError("args", f"cannot split the argument list ({err})") from None
+    out: dict[str, Optional[str]] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        i += 1
+        if tok.startswith("--"):
+            name, eq, val = tok[2:].partition("=")
+            name = name.replace("_", "-")
+            if eq:
+                out[name] = val
+                continue
+            vals = []
+            while (
+                i < len(tokens)
+                and not tokens[i].startswith("--")
+                and "=" not in tokens[i]
+                and not tokens[i].endswith(".py")
+                and name not in _FLAGS
+            ):
+                vals.append(tokens[i])
+                i += 1
+            out[name] = " ".join(vals) if vals else None
+        elif "=" in tok and not tok.startswith("-"):  # NeMo / Hydra override: a.b.c=value
+            key, _, val = tok.partition("=")
+            name = key.lstrip("+~").split(".")[-1].replace("_", "-")
+            if val.lower() in ("true", "false", "null", "none"):
+                if val.lower() in ("true",):
+                    out[name] = None
+                continue
+            out[name] = val
+        # anything else: the launcher or script name (torchrun, python, pretrain_gpt.py, -u ...)
+    return out
+
+
+def _int(args: dict, name: str, default=None) -> Optional[int]:
+    v = args.get(name, default)
+    if v is None or isinstance(v, int):
+        return v
+    try:
+        return int(str(v))
+    except ValueError:
+        raise ScenarioError(f"--{name}", f"expected an integer, got {v!r}") from None
+
+
+def arg_int(args: dict, name: str, default=None) -> Optional[int]:
+    """The argument ``--name`` as an integer (``default`` when absent)."""
+    v = args.get(name, default)
+    if v is None or isinstance(v, int):
+        return v
+    try:
+        return int(str(v))
+    except ValueError:
+        raise ScenarioError(f"--{name}", f"expected an integer, got {v!r}") from None

@@ -1,0 +1,161 @@
+"""What an HTML report draws: :class:`RunData`, from a :class:`~simulator.results.result.Result`
+in memory (:func:`run_data`) or read back from a ``stepsim run --out`` directory
+(:func:`load_run_dir`), and the table of exposed communication by axis and stage.
+
+Plotly is an optional dependency (``pip install 'stepsim[report]'``); without it,
+:func:`require_plotly` raises :class:`~simulator.errors.ReportError` saying so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from simulator.errors import ReportError
+
+#: Files of a ``stepsim run --out`` directory that a report reads.
+RUN_FILES = ("summary.json", "events.parquet", "events.csv", "memory.csv", "idle.csv", "scenario.json")
+
+
+def require_plotly():
+    """The ``plotly`` package, or a :class:`ReportError` saying how to install it."""
+    try:
+        import plotly  # noqa: F401
+        import plotly.graph_objects as go
+    except ImportError:
+        raise ReportError(
+            "--html: the HTML report needs the plotly package; install it with "
+            "pip install 'stepsim[report]' (or pip install plotly)"
+        ) from None
+    return go
+
+
+# ---- the data a report draws -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunData:
+    """What one run's report draws (each table as :mod:`simulator.results.result` defines it)."""
+
+    summary: dict
+    events: pd.DataFrame
+    memory: pd.DataFrame
+    idle: pd.DataFrame  # simulator.results.result.idle_frame
+    scenario: Optional[dict]  # simulator.scenario.serialise.scenario_to_dict, None if not recorded
+    labels: dict  # rank -> what the simulated rank stands for (report.stands_for)
+    missing: tuple[str, ...] = ()  # files of the run directory that were not there
+
+
+def run_data(result) -> RunData:
+    """A :class:`RunData` from a :class:`~simulator.results.result.Result` in memory."""
+    from simulator.results.report import stands_for
+    from simulator.scenario.serialise import scenario_to_dict
+
+    layout = result.scenario.layout if result.scenario is not None else None
+    weight = (result.trace.weight if result.trace is not None else None) or {}
+    ranks = sorted(set(result.memory["rank"].tolist()) | set(result.events["rank"].tolist()))
+    return RunData(
+        summary=result.summary,
+        events=result.events,
+        memory=result.memory,
+        idle=result.idle,
+        scenario=scenario_to_dict(result.scenario) if result.scenario is not None else None,
+        labels={r: stands_for(layout, r, int(weight.get(r, 1))) for r in ranks},
+    )
+
+
+def load_run_dir(path) -> RunData:
+    """Read back a ``stepsim run --out`` directory. ``summary.json``, the events
+    (``events.parquet`` or ``events.csv``) and ``memory.csv`` are required; without
+    ``idle.csv`` or ``scenario.json`` (directories of older versions) the report says
+    what it cannot show."""
+    from simulator.fileio import load_json, read_text
+    from simulator.results.result import IDLE_COLUMNS
+
+    d = Path(path)
+    if not d.is_dir():
+        raise ReportError(f"report: {str(d)!r} is not a directory (give the --out directory of `stepsim run`)")
+    need = [d / "summary.json", d / "memory.csv"]
+    missing = [p.name for p in need if not p.is_file()]
+    if not (d / "events.parquet").is_file() and not (d / "events.csv").is_file():
+        missing.append("events.parquet (or events.csv)")
+    if missing:
+        raise ReportError(f"report: {d} has no {', '.join(missing)}; it should be the --out directory of `stepsim run`")
+    summary = load_json(read_text(d / "summary.json"), str(d / "summary.json"))
+    if not isinstance(summary, dict) or "step_time_s" not in summary:
+        raise ReportError(f"report: {d / 'summary.json'} is not a stepsim summary (no step_time_s)")
+    if (d / "events.parquet").is_file():
+        events = pd.read_parquet(d / "events.parquet")
+    else:
+        events = pd.read_csv(d / "events.csv", keep_default_na=False)
+    memory = pd.read_csv(d / "memory.csv")
+    absent = []
+    if (d / "idle.csv").is_file():
+        idle = pd.read_csv(d / "idle.csv", keep_default_na=False)
+    else:
+        idle, absent = pd.DataFrame(columns=IDLE_COLUMNS), absent + ["idle.csv"]
+    scenario = None
+    if (d / "scenario.json").is_file():
+        scenario = load_json(read_text(d / "scenario.json"), str(d / "scenario.json"))
+    else:
+        absent.append("scenario.json")
+    stages = dict(zip(memory["rank"].tolist(), memory["stage"].tolist()))
+    labels = _labels_from_scenario(scenario, summary, stages)
+    return RunData(
+        summary=summary,
+        events=events,
+        memory=memory,
+        idle=idle,
+        scenario=scenario,
+        labels=labels,
+        missing=tuple(absent),
+    )
+
+
+def _labels_from_scenario(scenario, summary, stages: dict) -> dict:
+    """rank -> what it stands for; without a scenario, only its stage (``stages``) is known."""
+    from simulator.results.report import stands_for
+
+    layout = None
+    if isinstance(scenario, dict):
+        try:
+            from simulator.scenario.loading import load_scenario
+
+            layout = load_scenario(scenario).layout
+        except (ValueError, KeyError, TypeError):
+            layout = None
+    if layout is None:
+        return {r: f"stage {st}: device {r}" for r, st in sorted(stages.items())}
+    out = {}
+    for r in sorted(stages):
+        w = 1
+        if not summary.get("exact", True):
+            w = len(layout.stage_ranks(layout.stage_of(int(r))))
+        out[r] = stands_for(layout, int(r), w)
+    return out
+
+
+# ---- tables ------------------------------------------------------------------------------
+
+
+def exposed_by_axis_stage(data: RunData) -> pd.DataFrame:
+    """Exposed communication per pipeline stage (rows) and axis (columns), seconds: the
+    ``exposed_comm`` idle spans, each split equally among the axes busy during it (the
+    rule of :mod:`simulator.engine.accounting`), averaged over the simulated devices of a stage."""
+    idle = data.idle
+    exp = idle[idle["cause"] == "exposed_comm"]
+    ranks_per_stage = data.memory.groupby("stage")["rank"].nunique()
+    acc: dict[tuple[int, str], float] = {}
+    for stage, what, dur in zip(exp["stage"].tolist(), exp["waiting_for"].tolist(), exp["duration_s"].tolist()):
+        axes = [a for a in str(what).split("+") if a] or ["other"]
+        for a in axes:
+            acc[(int(stage), a)] = acc.get((int(stage), a), 0.0) + dur / len(axes)
+    stages = sorted(ranks_per_stage.index.tolist())
+    axes = sorted({a for _, a in acc})
+    table = pd.DataFrame(0.0, index=pd.Index(stages, name="stage"), columns=axes)
+    for (st, a), v in acc.items():
+        table.loc[st, a] = v / ranks_per_stage.get(st, 1)
+    return table

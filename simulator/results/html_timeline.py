@@ -1,0 +1,337 @@
+"""The HTML report's interactive timeline (plotly): a row per device's compute stream (bars
+coloured by phase; idle spans marked as bubble, exposed communication or offload wait) and
+below it a row per communication stream (bars coloured by axis), in the colours of the PNG
+figures (:mod:`simulator.results.plots`).
+
+Thousands of bars are drawn as one polygon per legend entry; the page's script
+(:data:`_LOD_JS`) re-merges the bars of the visible range at every zoom (:func:`merge_bars`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import numpy as np
+
+from simulator.results.html_data import RunData, require_plotly
+from simulator.results.plots import (
+    AXIS_COLOURS,
+    AXIS_LABELS,
+    BUBBLE_EDGE,
+    IDLE_COLOURS,
+    PHASE_COLOURS,
+    PHASE_LABELS,
+    colour_for,
+    idle_label,
+)
+from workloads.trace.ops import STREAMS
+
+
+def axis_colour(axis: str) -> str:
+    """The PNG figures' colour of a communication axis; a sub-axis (``ep_inter``) takes its
+    axis's colour."""
+    if axis in AXIS_COLOURS:
+        return AXIS_COLOURS[axis]
+    return AXIS_COLOURS.get(axis.split("_")[0], AXIS_COLOURS[""])
+
+
+def time_unit(step_s: float) -> tuple[float, str]:
+    # the rule of the PNG figures (simulator.results.plots)
+    return (1e3, "ms") if step_s < 10 else (1.0, "s")
+
+
+# ---- figures -----------------------------------------------------------------------------
+
+
+def _boxes(x0, x1, y, half=0.4):
+    """Rectangles as one polygon path (x, y with NaN between shapes): one SVG path for
+    thousands of bars, where one element per bar would be slow to draw."""
+    x0, x1, y = (np.asarray(v, dtype=float) for v in (x0, x1, y))
+    nan = np.full_like(x0, np.nan)
+    xs = np.stack([x0, x0, x1, x1, nan], 1).ravel()
+    ys = np.stack([y - half, y + half, y + half, y - half, nan], 1).ravel()
+    return xs, ys
+
+
+def merge_bars(x0, x1, y, gap):
+    """Bars of one row joined where they are at most ``gap`` apart: ``(x0, x1, y)`` of
+    the joined bars, by row then time. What a screen shows where bars lie closer than a
+    pixel; the page redoes it for the visible range at every zoom (:data:`_LOD_JS`)."""
+    x0, x1, y = (np.asarray(v, dtype=float) for v in (x0, x1, y))
+    if not len(x0):
+        return x0, x1, y
+    order = np.lexsort((x0, y))
+    x0, x1, y = x0[order], x1[order], y[order]
+    # running end within a row: rows are shifted apart so that one row's ends never reach the next
+    shift = y * (float(np.max(np.abs(x1))) * 2 + 1)
+    reach = np.maximum.accumulate(x1 + shift) - shift
+    new = np.ones(len(x0), dtype=bool)
+    new[1:] = (y[1:] != y[:-1]) | (x0[1:] - reach[:-1] > gap)
+    idx = np.flatnonzero(new)
+    return x0[idx], np.maximum.reduceat(x1, idx), y[idx]
+
+
+def _b64(a, dtype) -> str:
+    import base64
+
+    return base64.b64encode(np.ascontiguousarray(a, dtype=dtype).tobytes()).decode("ascii")
+
+
+class _Bars:
+    """The bars of one timeline: plotly traces plus, for each filled group, its bars,
+    which the page's script re-merges for the visible range at every zoom."""
+
+    #: Initial merging: bars closer than 1/_PIXELS of the time axis are drawn joined.
+    _PIXELS = 2000
+
+    def __init__(self, go, fig, x_max):
+        self.go, self.fig, self.x_max = go, fig, x_max
+        self.groups: list[dict] = []
+        self._named: set = set()
+
+    def add(self, name, colour, x0, x1, y, hover, pattern="", rank=1000):
+        """One legend entry: the filled boxes (no hover) and an invisible point at the
+        middle of each box that carries its hover text."""
+        go = self.go
+        x0, x1, y = (np.asarray(v, dtype=float) for v in (x0, x1, y))
+        order = np.lexsort((x0, y))
+        x0, x1, y = x0[order], x1[order], y[order]
+        hover = [hover[i] for i in order]
+        xs, ys = _boxes(*merge_bars(x0, x1, y, self.x_max / self._PIXELS))
+        fill = dict(fillcolor=colour)
+        if pattern:
+            fill = dict(
+                fillcolor="rgba(255,255,255,0)", fillpattern=dict(shape=pattern, fgcolor=colour, size=6, solidity=0.35)
+            )
+        self.groups.append(
+            {"trace": len(self.fig.data), "y": _b64(y, "<i4"), "x0": _b64(x0, "<f8"), "x1": _b64(x1, "<f8")}
+        )
+        # an outline in the fill colour keeps bars narrower than a pixel visible when zoomed out
+        self.fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="lines",
+                fill="toself",
+                line=dict(width=0.5 if pattern else 1, color=colour),
+                hoverinfo="skip",
+                name=name,
+                legendgroup=name,
+                legendrank=rank,
+                showlegend=name not in self._named,
+                **fill,
+            )
+        )
+        self._named.add(name)  # phases B and I are both "backward": one legend entry
+        self.fig.add_trace(
+            go.Scatter(
+                x=(x0 + x1) / 2,
+                y=y,
+                mode="none",
+                hovertext=hover,
+                hoverinfo="text",
+                name=name,
+                legendgroup=name,
+                showlegend=False,
+                hoverlabel=dict(bgcolor=colour if not pattern else "#dddddd"),
+            )
+        )
+
+    def script(self) -> str:
+        """The page script (``post_script`` of plotly's ``to_html``) that keeps the bars
+        merged at the resolution of the visible range."""
+        return _LOD_JS.replace("__GROUPS__", json.dumps(self.groups))
+
+
+# Level of detail: on load and after every zoom, each filled group is rebuilt from its bars
+# in the visible range, joining bars less than half a pixel apart; at most a few thousand
+# shapes are drawn, however many ops the run has. "{plot_id}" is filled in by plotly.
+_LOD_JS = """
+(function () {
+  var gd = document.getElementById('{plot_id}');
+  var groups = __GROUPS__;
+  function dec(b64, T) {
+    var s = atob(b64), n = s.length, u = new Uint8Array(n);
+    for (var i = 0; i < n; i++) u[i] = s.charCodeAt(i);
+    return new T(u.buffer);
+  }
+  groups.forEach(function (g) { g.y = dec(g.y, Int32Array); g.x0 = dec(g.x0, Float64Array);
+                                g.x1 = dec(g.x1, Float64Array); });
+  var busy = false;
+  function redraw() {
+    var xa = gd._fullLayout && gd._fullLayout.xaxis;
+    if (!xa || busy) return;
+    var lo = xa.range[0], hi = xa.range[1], gap = 0.5 * (hi - lo) / Math.max(100, xa._length || 1000);
+    var xs = [], ys = [], idx = [];
+    groups.forEach(function (g) {
+      var X = [], Y = [], n = g.x0.length, i = 0;
+      while (i < n) {
+        if (g.x1[i] < lo || g.x0[i] > hi) { i++; continue; }
+        var a = g.x0[i], b = g.x1[i], row = g.y[i];
+        i++;
+        while (i < n && g.y[i] === row && g.x0[i] - b <= gap && g.x0[i] <= hi) { if (g.x1[i] > b) b = g.x1[i]; i++; }
+        X.push(a, a, b, b, NaN); Y.push(row - 0.4, row + 0.4, row + 0.4, row - 0.4, NaN);
+      }
+      if (!X.length) { X.push(NaN); Y.push(NaN); }   // an empty trace would drop out of the legend
+      xs.push(X); ys.push(Y); idx.push(g.trace);
+    });
+    busy = true;
+    Promise.resolve(Plotly.restyle(gd, {x: xs, y: ys}, idx)).then(function () { busy = false; },
+                                                                 function () { busy = false; });
+  }
+  gd.on('plotly_relayout', function (ev) {
+    if (ev && Object.keys(ev).some(function (k) { return k.indexOf('xaxis') === 0; })) redraw();
+  });
+})();
+"""
+
+
+def timeline_rows(data: RunData, max_ranks: int = 32, show_comm: bool = True) -> list[tuple[int, str]]:
+    """``(rank, stream)`` rows of the timeline: per simulated device (the first
+    ``max_ranks``) its compute row, then each communication stream it used."""
+    ev = data.events
+    ranks = sorted(set(ev["rank"].tolist()))[:max_ranks]
+    used = set(zip(ev["rank"].tolist(), ev["stream"].tolist())) if show_comm else set()
+    rows = []
+    for r in ranks:
+        rows.append((r, "compute"))
+        rows += [(r, s) for s in STREAMS if s != "compute" and (r, s) in used]
+    return rows
+
+
+def timeline_figure(
+    data: RunData,
+    max_ranks: int = 32,
+    show_comm: bool = True,
+    title: Optional[str] = None,
+    x_max_s: Optional[float] = None,
+):
+    """The step's timeline (:func:`timeline_with_bars`) as a plotly figure."""
+    return timeline_with_bars(data, max_ranks, show_comm, title, x_max_s)[0]
+
+
+def timeline_with_bars(
+    data: RunData,
+    max_ranks: int = 32,
+    show_comm: bool = True,
+    title: Optional[str] = None,
+    x_max_s: Optional[float] = None,
+):
+    """The step's timeline and its :class:`_Bars` (whose :meth:`_Bars.script` the page embeds):
+    a row per device's compute stream (bars coloured by phase; idle spans marked as bubble,
+    exposed communication or offload wait) and below it a row per communication stream (bars
+    coloured by axis). Zoom by dragging a box or scrolling; hover a bar for its name, start
+    and duration."""
+    go = require_plotly()
+    step = float(data.summary["step_time_s"])
+    k, unit = time_unit(step if x_max_s is None else x_max_s)
+    rows = timeline_rows(data, max_ranks, show_comm)
+    index = {row: i for i, row in enumerate(rows)}
+    fig = go.Figure()
+    x_max = (x_max_s if x_max_s is not None else step) * k * 1.01
+    bars = _Bars(go, fig, x_max)
+    # idle spans first, under the bars: zoomed out, a bar narrower than a pixel is drawn a pixel
+    # wide, and compute drawn over idle time keeps the row's proportions
+    _add_idle_bars(bars, data.idle, index, k, unit)
+    _add_op_bars(bars, data.events, index, k, unit)
+    _lay_out(fig, data, rows, title, step, k, unit, x_max)
+    return fig, bars
+
+
+def _add_idle_bars(bars: "_Bars", idle, index: dict, k: float, unit: str) -> None:
+    """The idle spans of the compute rows, one legend entry per cause, bubbles first."""
+    if not len(idle):
+        return
+    iy = np.array([index.get((r, "compute"), -1) for r in idle["rank"].tolist()])
+    spare: dict = {}
+    for cause in sorted(set(idle["cause"].tolist()), key=lambda c: (c != "bubble", c)):
+        m = (idle["cause"] == cause).to_numpy() & (iy >= 0)
+        if not m.any():
+            continue
+        # the PNG timeline's styles (simulator.results.plots): bubbles hatched grey, every other
+        # cause a solid fill of its own hue
+        if cause == "bubble":
+            label, colour, pattern = "bubble", BUBBLE_EDGE, "/"
+        else:
+            label, colour, pattern = f"{idle_label(cause)} (idle)", colour_for(cause, IDLE_COLOURS, spare), ""
+        sub = idle[m]
+        a, b = sub["start_s"].to_numpy() * k, sub["end_s"].to_numpy() * k
+        hover = [
+            f"<b>{label}</b>{'' if not w else ': waiting for ' + w}<br>start {x0:.4g} {unit}, {x1 - x0:.4g} {unit}"
+            for w, x0, x1 in zip(sub["waiting_for"].astype(str).tolist(), a, b)
+        ]
+        bars.add(label, colour, a, b, iy[m], hover, pattern=pattern, rank=2000)
+
+
+def _add_op_bars(bars: "_Bars", ev, index: dict, k: float, unit: str) -> None:
+    """The ops of the shown rows: compute coloured by phase, communication by axis, one
+    legend entry each, in the order of the PNG figures' colour tables."""
+    ev = ev[ev["duration_s"] > 0]
+    y = np.array([index.get(rs, -1) for rs in zip(ev["rank"].tolist(), ev["stream"].tolist())])
+    ev = ev[y >= 0]
+    y = y[y >= 0]
+    compute = (ev["stream"] == "compute").to_numpy()
+    key = np.where(compute, "phase:" + ev["phase"].astype(str), "axis:" + ev["axis"].astype(str))
+    start, end = ev["start_s"].to_numpy() * k, ev["end_s"].to_numpy() * k
+    names = ev["name"].astype(str).to_numpy()
+    mbs = ev["mb"].to_numpy()
+    order = [f"phase:{p}" for p in PHASE_COLOURS] + [f"axis:{a}" for a in AXIS_COLOURS]
+    keys = sorted(set(key.tolist()), key=lambda x: (order.index(x) if x in order else len(order), x))
+    spare_keys: dict = {}
+    for kk in keys:
+        m = key == kk
+        kind, val = kk.split(":", 1)
+        if kind == "phase":
+            colour, label = colour_for(val, PHASE_COLOURS, spare_keys), PHASE_LABELS.get(val, val or "other")
+        else:
+            colour, label = axis_colour(val), f"{AXIS_LABELS.get(val, val)} comm"
+        hover = [
+            f"<b>{n}</b>{'' if mb < 0 else f' · mb {mb}'}<br>{label}<br>start {a:.4g} {unit}, {b - a:.4g} {unit}"
+            for n, mb, a, b in zip(names[m], mbs[m], start[m], end[m])
+        ]
+        bars.add(label, colour, start[m], end[m], y[m], hover)
+
+
+def _lay_out(fig, data: RunData, rows: list, title: Optional[str], step: float, k: float, unit: str, x_max) -> None:
+    """Title (the headline figures unless given), size, legend and the two axes."""
+    s = data.summary
+    ticks = []
+    for r, st in rows:
+        ticks.append(_row_label(data, r) if st == "compute" else f"{st}")
+    fig.update_layout(
+        title=dict(
+            text=title
+            if title is not None
+            else f"Timeline: step {step * k:.4g} {unit}, MFU {100 * s['mfu']:.1f}%, "
+            f"bubble {100 * s['bubble_fraction']:.1f}%, exposed comm "
+            f"{100 * s['exposed_comm_fraction']:.1f}%",
+            x=0.01,
+        ),
+        height=max(260, 22 * len(rows) + 170),
+        margin=dict(l=10, r=10, t=50, b=40),
+        hovermode="closest",
+        hoverdistance=30,
+        dragmode="zoom",
+        plot_bgcolor="white",
+        legend=dict(orientation="h", yanchor="top", y=-0.08 if len(rows) > 12 else -0.2, x=0),
+        xaxis=dict(title=f"time ({unit})", range=[0, x_max], showgrid=True, gridcolor="#eeeeee", zeroline=False),
+        yaxis=dict(
+            tickmode="array",
+            tickvals=list(range(len(rows))),
+            ticktext=ticks,
+            range=[len(rows) - 0.4, -0.6],
+            showgrid=False,
+            zeroline=False,
+            automargin=True,
+        ),
+    )
+
+
+def _row_label(data: RunData, rank: int) -> str:
+    text = data.labels.get(rank, f"device {rank}")
+    # "stage 3: device 384, standing for 128 devices (ranks 384–511)" -> one row-high line
+    head, _, rest = text.partition(", ")
+    if "(ranks " in rest:
+        return f"{head} (for {rest[rest.index('(ranks ') + 1 : -1]})"
+    return head

@@ -1,0 +1,129 @@
+"""Checks that span a scenario's sections, run once its specs are resolved.
+
+Each refuses, as a :class:`~simulator.scenario.schema.ScenarioError` naming the key at
+fault, what no single section can see is wrong: a step too large to simulate
+(:func:`check_size`), MoE settings on a dense model, MoE without sequence parallelism under
+TP, unknown collective algorithms and perturbations naming devices the cluster lacks.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
+
+from simulator.scenario.schema import NetCalIn, PerturbationIn, ScenarioError, ScenarioIn
+from workloads.layout import ParallelLayout
+from workloads.model import ModelSpec
+from workloads.training import TrainingSpec
+
+MAX_DEVICES = 262_144
+# The simulation's size, estimated before anything is built (workloads.trace.builder.estimated_ops,
+# an upper estimate: ~12 ops per layer pass per simulated rank). Measured on 2026-12-01:
+# Llama-3-8B widened to 1,000 layers on 8 H100 (112,033 ops, 192,384 estimated) peaked
+# 163 MB above the interpreter (~850 B per estimated op) and took 12.9 s. The largest
+# built-in case (DeepSeek-V3 on 2,048 H800) estimates 443,520 ops; the largest validation
+# case (Narayanan et al. 2021, 1008B on 3,072 A100: pp 64, 512 micro-batches, interleaved,
+# full recompute) 4,718,592. The limit admits it with ~25% room (~6 GB at the measured rate).
+MAX_ESTIMATED_OPS = 6_000_000
+BYTES_PER_ESTIMATED_OP = 1_000
+
+
+def check_size(
+    model: ModelSpec, layout: ParallelLayout, training: TrainingSpec, schedule: str, ranks: Optional[int] = None
+) -> None:
+    """Refuse a step too large to simulate before building it: the estimated op count
+    (layers x micro-batches x passes over ``ranks`` simulated ranks, default one per
+    pipeline stage) above :data:`MAX_ESTIMATED_OPS`, quoting the estimate and the field."""
+    from workloads.trace.builder import Workload, estimated_ops
+
+    n_ranks = layout.pp if ranks is None else ranks
+    try:
+        n = estimated_ops(Workload(model, layout, training, schedule), n_ranks)
+        m = training.micro_batches(layout.dp)
+    except ValueError:
+        return  # an invalid layout or schedule: building reports it, naming the field
+    if n <= MAX_ESTIMATED_OPS:
+        return
+    field = "model.layers" if model.layers >= m else "training.global_batch_size"
+    raise ScenarioError(
+        field,
+        f"the step would need about {n:,.0f} operations (~{n * BYTES_PER_ESTIMATED_OP / 1e9:.1f} GB): "
+        f"{model.layers:,} layers x {m:,} micro-batches x {n_ranks:,} simulated ranks; the limit "
+        f"is {MAX_ESTIMATED_OPS:,} (~{MAX_ESTIMATED_OPS * BYTES_PER_ESTIMATED_OP / 1e9:.0f} GB): "
+        "use fewer layers, fewer micro-batches (a larger micro_batch_size) or, with --exact, "
+        "fewer devices",
+    )
+
+
+def check_algorithms(algorithms: Mapping[str, str]) -> None:
+    from simulator.network.collectives import VALID_ALGORITHMS
+
+    for op, alg in algorithms.items():
+        if alg not in VALID_ALGORITHMS[op]:
+            raise ScenarioError(
+                f"algorithms.{op}", f"unknown algorithm {alg!r} for {op}; allowed: {', '.join(VALID_ALGORITHMS[op])}"
+            )
+
+
+def check_moe_layout(model: ModelSpec, layout: ParallelLayout) -> None:
+    """MoE layers under tensor parallelism route the sequence-parallel shard of the tokens
+    (Megatron-Core requires --sequence-parallel with MoE and tp > 1), refused at load rather
+    than when the first MoE layer is counted."""
+    has_moe_layer = model.moe is not None and model.moe.dense_layers < model.layers  # layer dense_layers is MoE
+    if has_moe_layer and layout.tp > 1 and not layout.sequence_parallel:
+        raise ScenarioError(
+            "parallel.sequence_parallel",
+            "MoE layers with tp > 1 need sequence parallelism "
+            "(Megatron-Core routes the sequence-parallel shard of "
+            "tokens); set it to true or use tp: 1",
+        )
+
+
+def check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
+    """MoE-only settings on a dense model are refused rather than silently ignored."""
+    if model.moe is not None:
+        return
+    dense = f"the model {model.name!r} is dense (no model.moe)"
+    if sc.parallel.ep > 1:
+        raise ScenarioError("parallel.ep", f"expert parallelism needs a MoE model; {dense}: use ep: 1")
+    if sc.parallel.etp > 1:
+        raise ScenarioError("parallel.etp", f"expert tensor parallelism needs a MoE model; {dense}: use etp: 1")
+    if sc.training.balance != "aux-free":  # the default, which resolved scenarios spell out
+        raise ScenarioError(
+            "training.balance",
+            f"load balancing applies to MoE models only; {dense}: leave it out (got {sc.training.balance!r})",
+        )
+    if sc.training.expert_load is not None:
+        raise ScenarioError("training.expert_load", f"applies to MoE models only; {dense}: leave it out")
+    if sc.training.moe_gate_weighting != "activation":  # the default
+        raise ScenarioError("training.moe_gate_weighting", f"applies to MoE models only; {dense}: leave it out")
+    if "moe_act" in (sc.training.recompute_modules or ()):
+        raise ScenarioError("training.recompute_modules", f"moe_act applies to MoE models only; {dense}")
+
+
+def check_perturbations(perturbations: Sequence[PerturbationIn], devices: int) -> None:
+    """Each perturbation names what it slows (devices with a compute scale, or a link with a
+    bandwidth scale or ``failed``), on devices the cluster has."""
+    for i, p in enumerate(perturbations):
+        if p.devices is None and p.link is None:
+            raise ScenarioError(
+                f"perturbations[{i}]", "needs 'devices' (with compute_scale) or 'link' (with bw_scale or failed: true)"
+            )
+        for d in p.devices or []:
+            if not 0 <= d < devices:
+                raise ScenarioError(f"perturbations[{i}].devices", f"device {d} outside 0..{devices - 1}")
+        if p.devices is not None and p.compute_scale is None:
+            raise ScenarioError(f"perturbations[{i}].compute_scale", "needed with 'devices' (e.g. 0.8 = 80% speed)")
+        if p.link is not None and p.bw_scale is None and not p.failed:
+            raise ScenarioError(f"perturbations[{i}]", "a link perturbation needs bw_scale or failed: true")
+
+
+def check_network_algorithms(cal: NetCalIn) -> None:
+    """``network_calibration.algorithm_efficiency`` names known collective algorithms."""
+    for alg in cal.algorithm_efficiency:
+        from simulator.network.collectives import ALGORITHMS
+
+        if alg not in ALGORITHMS:
+            raise ScenarioError(
+                f"network_calibration.algorithm_efficiency.{alg}",
+                f"unknown algorithm; allowed: {', '.join(ALGORITHMS)}",
+            )

@@ -1,0 +1,103 @@
+"""Loading a scenario: ``load_scenario(path_or_mapping) -> Scenario`` (``docs/scenario.md``).
+
+It reads YAML or JSON (:func:`read_mapping`) or takes a built-in scenario name
+(:func:`builtin_scenarios`) or a mapping, validates it against :mod:`.schema`, resolves
+presets into frozen specs (:mod:`.resolve`), runs the checks that span sections
+(:mod:`.checks`) and returns a :class:`~simulator.scenario.resolved.Scenario`. Every failure
+is a :class:`~simulator.scenario.schema.ScenarioError` whose message starts with the dotted
+key at fault and says what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Union
+
+from pydantic import ValidationError
+
+from simulator.scenario.checks import (
+    check_algorithms,
+    check_dense,
+    check_moe_layout,
+    check_network_algorithms,
+    check_perturbations,
+    check_size,
+)
+from simulator.scenario.resolve import resolve_cluster, resolve_layout, resolve_model, resolve_training
+from simulator.scenario.resolved import Scenario
+from simulator.scenario.schema import ScenarioError, ScenarioIn, error_from_pydantic
+from workloads.moe_load import ExpertLoad
+
+
+def read_mapping(path: Union[str, Path], what: str = "scenario") -> dict:
+    """A scenario-like file (YAML, or JSON by extension) as a mapping, read through
+    :mod:`simulator.fileio` (YAML 1.2 floats, duplicate keys, size, depth and alias caps).
+    Every failure is a :class:`ScenarioError` naming the file."""
+    from simulator.fileio import InputFileError, load_file
+
+    p = Path(path)
+    try:
+        data = load_file(p, what=f"{what} file")
+    except InputFileError as err:
+        raise ScenarioError("", str(err)) from None
+    if not isinstance(data, dict):
+        raise ScenarioError(
+            "",
+            f"{p}: a {what} is a mapping with keys "
+            f"{'model, cluster, parallel, schedule, training' if what == 'scenario' else 'name, base, grid, cases'}"
+            f"; got {type(data).__name__}",
+        )
+    data.setdefault("name", p.stem)
+    return data
+
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+def builtin_scenarios() -> dict[str, Path]:
+    """Built-in scenario files by name (``stepsim presets`` lists them)."""
+    return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.yaml"))}
+
+
+def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
+    """Validate a scenario given as a path (YAML/JSON), a built-in scenario name, or a mapping."""
+    base_dir = None
+    if isinstance(source, str) and not Path(source).exists() and source in builtin_scenarios():
+        source = builtin_scenarios()[source]
+    if isinstance(source, (str, Path)):
+        base_dir = Path(source).parent
+        data = read_mapping(source)
+    elif isinstance(source, Mapping):
+        data = dict(source)
+    else:
+        raise ScenarioError("", f"expected a path or a mapping, got {type(source).__name__}")
+    try:
+        sc = ScenarioIn.model_validate(data)
+    except ValidationError as err:
+        raise error_from_pydantic(err, "") from None
+    model = resolve_model(sc.model, base_dir)
+    cluster = resolve_cluster(sc.cluster)
+    layout = resolve_layout(sc.parallel, cluster.devices)
+    training = resolve_training(sc.training, layout)
+    check_dense(model, sc)
+    check_moe_layout(model, layout)
+    check_algorithms(sc.algorithms)
+    check_size(model, layout, training, sc.schedule)
+    check_perturbations(sc.perturbations, cluster.devices)
+    check_network_algorithms(sc.network_calibration)
+    return Scenario(
+        name=str(sc.name or model.name),
+        model=model,
+        cluster=cluster,
+        layout=layout,
+        schedule=sc.schedule,
+        training=training,
+        perturbations=tuple(sc.perturbations),
+        compute_overrides=tuple((k, v) for k, v in sc.compute.model_dump().items() if v is not None),
+        network_overrides=tuple(
+            (k, tuple(sorted(v.items()))) for k, v in sc.network_calibration.model_dump().items() if v
+        ),
+        algorithms=tuple(sorted(sc.algorithms.items())),
+        source=data,
+        expert_load=ExpertLoad(**sc.training.expert_load.model_dump()) if sc.training.expert_load else None,
+    )
