@@ -5,7 +5,7 @@ scale-up domain size (``cluster.network.domain_size``) and scale-out bandwidth p
 (``cluster.network.nic_bw_bytes_per_s``) are varied over a grid, and today's systems as
 points of their own (any cluster mapping, a TPU torus included). At every point:
 
-1. **screen** -- every layout of :func:`simulator.studies.search.enumerate_layouts` within the
+1. **screen** -- every layout of :func:`simulator.studies.search_layouts.enumerate_layouts` within the
    map's search bounds (pipeline degrees restricted to ``search.pp``) is checked and its
    memory estimated (:func:`simulator.studies.estimate.estimate_memory`, cached per model and chip:
    memory does not depend on the network), and every one that fits gets the analytic
@@ -64,9 +64,10 @@ from typing import Mapping, Optional, Union
 
 import pandas as pd
 
-from simulator.studies.estimate import NetModel, estimate_memory, proxy_cost
+from simulator.studies.estimate import estimate_memory, proxy_cost
+from simulator.studies.network_model import NetModel
 from simulator.scenario.schema import ScenarioError, load_scenario, read_mapping
-from simulator.studies.search import (
+from simulator.studies.search_layouts import (
     LAYOUT_KEYS,
     PRUNE_TOLERANCE,
     SearchBounds,
@@ -74,7 +75,10 @@ from simulator.studies.search import (
     enumerate_layouts,
     label,
 )
-from simulator.studies.sweep import Case, RowStore, check_scenario, plain_json, resolve, run_cases
+from simulator.studies.sweep import run_cases
+from simulator.studies.sweep_cases import check_scenario, plain_json, resolve
+from simulator.studies.sweep_rows import RowStore
+from simulator.studies.sweep_spec import Case
 from workloads import memory
 
 MAP_KEYS = ("name", "devices", "models", "training", "grid", "systems", "search", "simulate", "marks")
@@ -499,109 +503,131 @@ def assemble(spec_or_path, out: Union[str, Path]) -> tuple[pd.DataFrame, pd.Data
         scr = screens.get(pt["id"])
         if scr is None:
             continue
-        est_of = {c["label"]: c for c in scr["chosen"]}
-        sims = []
-        for r in by_point.get(pt["id"], []):
-            ax, s = r["axes"], r.get("summary") or {}
-            lab = label(ax)
-            rec = {
-                "point": pt["id"],
-                "model": pt["model"],
-                "system": pt["system"],
-                "domain": pt["domain"],
-                "nic_gbps": pt["nic_gbps"],
-                "label": lab,
-                **{k: ax[k] for k in LAYOUT_KEYS},
-                "status": ("oom" if s.get("oom") else "ok") if r["status"] == "ok" else "failed",
-                "error": r.get("error"),
-                "est_step_time_s": est_of.get(lab, {}).get("est_step_time_s"),
-                "est_memory_bytes": est_of.get(lab, {}).get("est_memory_bytes"),
-            }
-            for k in SIM_KEYS:
-                rec[k] = s.get(k)
-            for k, v in (s.get("exposed_comm_by_axis_s") or {}).items():
-                rec[f"exposed_{k}_s"] = v
-            sims.append(rec)
+        sims = _candidate_records(pt, scr, by_point.get(pt["id"], []))
         cand_recs += sims
-        ok = [c for c in sims if c["status"] == "ok"]
-        bp = min((c for c in ok if c["pp"] > 1), key=lambda c: c["step_time_s"], default=None)
-        bn = min((c for c in ok if c["pp"] == 1), key=lambda c: c["step_time_s"], default=None)
-        best = min((c for c in (bp, bn) if c is not None), key=lambda c: c["step_time_s"], default=None)
-        rec = {
-            "point": pt["id"],
-            "model": pt["model"],
-            "system": pt["system"],
-            "domain": pt["domain"],
-            "nic_gbps": pt["nic_gbps"],
-            "simulated": len(sims),
-            "chosen": len(scr["chosen"]),
-            "layouts_fit": scr["layouts_fit"],
-        }
-        for tag, b in (("best", best), ("best_pp", bp), ("best_nopp", bn)):
-            for k in ("label", "step_time_s", "mfu", "peak_memory_bytes"):
-                rec[f"{tag}_{k}"] = None if b is None else b[k]
-        # ratio: how much slower the best layout without PP is; inf when none fits (PP needed)
-        rec["ratio"] = (
-            bn["step_time_s"] / best["step_time_s"]
-            if bn is not None and best is not None
-            else (math.inf if bp is not None and not scr["nopp_fits"] else None)
-        )
-        # the same with the layouts that ran out of memory allowed: what more HBM would buy
-        ran = [c for c in sims if c["status"] in ("ok", "oom")]
-        bn_any = min((c for c in ran if c["pp"] == 1), key=lambda c: c["step_time_s"], default=None)
-        best_any = min(ran, key=lambda c: c["step_time_s"], default=None)
-        rec["nopp_oom_label"] = bn_any["label"] if bn_any is not None and bn_any["status"] == "oom" else None
-        rec["nopp_oom_peak_memory_bytes"] = bn_any["peak_memory_bytes"] if rec["nopp_oom_label"] else None
-        rec["ratio_any_memory"] = (
-            bn_any["step_time_s"] / best_any["step_time_s"] if bn_any is not None and best_any is not None else None
-        )
-        ep_, en = scr.get("est_best_pp"), scr.get("est_best_nopp")
-        est_best = min((e["est_step_time_s"] for e in (ep_, en) if e), default=None)
-        rec["est_ratio"] = (
-            en["est_step_time_s"] / est_best if en and est_best else (math.inf if ep_ and not en else None)
-        )
-        for k in ("nopp_fits", "nopp_fits_without_zero3", "nopp_fits_without_recompute", "nopp_fits_without_either"):
-            rec[k] = scr[k]
-        rec.update(aux_global_memory(pt, bp))
-        rec.update(roofline(pt, bp, bn))
-        map_recs.append(rec)
+        map_recs.append(_map_record(pt, scr, sims))
     table = pd.DataFrame(map_recs)
-    cands = pd.DataFrame(
-        cand_recs,
-        columns=None
-        if cand_recs
-        else [
-            "point",
-            "model",
-            "system",
-            "domain",
-            "nic_gbps",
-            "label",
-            *LAYOUT_KEYS,
-            "status",
-            "error",
-            "est_step_time_s",
-            "est_memory_bytes",
-            *SIM_KEYS,
-        ],
-    )
+    cands = pd.DataFrame(cand_recs, columns=None if cand_recs else list(_CANDIDATE_COLUMNS))
     if out.exists():
         table.to_csv(out / MAP_CSV, index=False)
         cands.to_csv(out / CANDIDATES_CSV, index=False)
-        versions = sorted({str(r.get("stepsim_version")) for r in rows.values()})
-        status = {
-            "name": spec.name,
-            "points_total": len(points(spec)),
-            "points_screened": len(screens),
-            "simulations_chosen": sum(len(with_fallbacks(v["chosen"])) for v in screens.values()),
-            "simulations_done": len(cand_recs),
-            "points_with_ratio": int(table["ratio"].notna().sum()) if len(table) else 0,
-            "screen_cpu_s_total": round(sum(v.get("screen_cpu_s", 0.0) for v in screens.values()), 1),
-            "simulation_wall_s_total": round(float(cands["sim_wall_s"].fillna(0).sum()) if len(cands) else 0.0, 1),
-            "stepsim_versions": versions,
-        }
-        (out / STATUS_JSON).write_text(json.dumps(status, indent=2) + "\n")
+        _write_status(spec, out, screens, rows, table, cands)
     return table, cands
+
+
+_CANDIDATE_COLUMNS = (
+    "point",
+    "model",
+    "system",
+    "domain",
+    "nic_gbps",
+    "label",
+    *LAYOUT_KEYS,
+    "status",
+    "error",
+    "est_step_time_s",
+    "est_memory_bytes",
+    *SIM_KEYS,
+)
+
+
+def _point_fields(pt: Mapping) -> dict:
+    """The columns that name a map point."""
+    return {
+        "point": pt["id"],
+        "model": pt["model"],
+        "system": pt["system"],
+        "domain": pt["domain"],
+        "nic_gbps": pt["nic_gbps"],
+    }
+
+
+def _candidate_records(pt: Mapping, scr: Mapping, rows: list) -> list[dict]:
+    """One record per simulated candidate of point ``pt``: its layout, status, estimates (from
+    the screen ``scr``) and simulated figures."""
+    est_of = {c["label"]: c for c in scr["chosen"]}
+    sims = []
+    for r in rows:
+        ax, s = r["axes"], r.get("summary") or {}
+        lab = label(ax)
+        rec = {
+            **_point_fields(pt),
+            "label": lab,
+            **{k: ax[k] for k in LAYOUT_KEYS},
+            "status": ("oom" if s.get("oom") else "ok") if r["status"] == "ok" else "failed",
+            "error": r.get("error"),
+            "est_step_time_s": est_of.get(lab, {}).get("est_step_time_s"),
+            "est_memory_bytes": est_of.get(lab, {}).get("est_memory_bytes"),
+        }
+        for k in SIM_KEYS:
+            rec[k] = s.get(k)
+        for k, v in (s.get("exposed_comm_by_axis_s") or {}).items():
+            rec[f"exposed_{k}_s"] = v
+        sims.append(rec)
+    return sims
+
+
+def _fastest(cands, default=None):
+    """The candidate of shortest simulated step time (``default`` when there is none)."""
+    return min(cands, key=lambda c: c["step_time_s"], default=default)
+
+
+def _map_record(pt: Mapping, scr: Mapping, sims: list) -> dict:
+    """Point ``pt``'s row of the map: its best layouts with and without PP, the ratio, what the
+    screen found and the memory and roofline columns."""
+    ok = [c for c in sims if c["status"] == "ok"]
+    bp = _fastest(c for c in ok if c["pp"] > 1)
+    bn = _fastest(c for c in ok if c["pp"] == 1)
+    best = _fastest(c for c in (bp, bn) if c is not None)
+    rec = {
+        **_point_fields(pt),
+        "simulated": len(sims),
+        "chosen": len(scr["chosen"]),
+        "layouts_fit": scr["layouts_fit"],
+    }
+    for tag, b in (("best", best), ("best_pp", bp), ("best_nopp", bn)):
+        for k in ("label", "step_time_s", "mfu", "peak_memory_bytes"):
+            rec[f"{tag}_{k}"] = None if b is None else b[k]
+    # ratio: how much slower the best layout without PP is; inf when none fits (PP needed)
+    rec["ratio"] = (
+        bn["step_time_s"] / best["step_time_s"]
+        if bn is not None and best is not None
+        else (math.inf if bp is not None and not scr["nopp_fits"] else None)
+    )
+    # the same with the layouts that ran out of memory allowed: what more HBM would buy
+    ran = [c for c in sims if c["status"] in ("ok", "oom")]
+    bn_any = _fastest(c for c in ran if c["pp"] == 1)
+    best_any = _fastest(ran)
+    rec["nopp_oom_label"] = bn_any["label"] if bn_any is not None and bn_any["status"] == "oom" else None
+    rec["nopp_oom_peak_memory_bytes"] = bn_any["peak_memory_bytes"] if rec["nopp_oom_label"] else None
+    rec["ratio_any_memory"] = (
+        bn_any["step_time_s"] / best_any["step_time_s"] if bn_any is not None and best_any is not None else None
+    )
+    ep_, en = scr.get("est_best_pp"), scr.get("est_best_nopp")
+    est_best = min((e["est_step_time_s"] for e in (ep_, en) if e), default=None)
+    rec["est_ratio"] = en["est_step_time_s"] / est_best if en and est_best else (math.inf if ep_ and not en else None)
+    for k in ("nopp_fits", "nopp_fits_without_zero3", "nopp_fits_without_recompute", "nopp_fits_without_either"):
+        rec[k] = scr[k]
+    rec.update(aux_global_memory(pt, bp))
+    rec.update(roofline(pt, bp, bn))
+    return rec
+
+
+def _write_status(spec: MapSpec, out: Path, screens: Mapping, rows: Mapping, table, cands) -> None:
+    """Write ``status.json``: how far the run has got."""
+    versions = sorted({str(r.get("stepsim_version")) for r in rows.values()})
+    status = {
+        "name": spec.name,
+        "points_total": len(points(spec)),
+        "points_screened": len(screens),
+        "simulations_chosen": sum(len(with_fallbacks(v["chosen"])) for v in screens.values()),
+        "simulations_done": len(cands),
+        "points_with_ratio": int(table["ratio"].notna().sum()) if len(table) else 0,
+        "screen_cpu_s_total": round(sum(v.get("screen_cpu_s", 0.0) for v in screens.values()), 1),
+        "simulation_wall_s_total": round(float(cands["sim_wall_s"].fillna(0).sum()) if len(cands) else 0.0, 1),
+        "stepsim_versions": versions,
+    }
+    (out / STATUS_JSON).write_text(json.dumps(status, indent=2) + "\n")
 
 
 # ---- the memory side: a batch-global auxiliary loss ------------------------------------------
@@ -678,6 +704,9 @@ def roofline(point: Mapping, best_pp: Optional[Mapping], best_nopp: Optional[Map
 # ---- the figure ------------------------------------------------------------------------------------
 
 
+_PLOT_VMAX = 2.0  # ratios from here up (and "PP needed") share the darkest colour
+
+
 def plot_map(
     table: pd.DataFrame, path: Union[str, Path], markers: Optional[Mapping[str, tuple]] = None, title: str = ""
 ):
@@ -686,7 +715,6 @@ def plot_map(
     in a strip below (``markers``: system label -> (domain, nic GB/s) also marks it on the
     grid). Returns the figure."""
     import matplotlib.pyplot as plt
-    import numpy as np
     from matplotlib.colors import LinearSegmentedColormap
 
     markers = dict(markers or {})
@@ -698,7 +726,6 @@ def plot_map(
     cmap = LinearSegmentedColormap.from_list(
         "pp", ["#f7f7f7", "#fdd49e", "#fc8d59", "#d7301f", "#7f0000"]
     ).with_extremes(bad="#dddddd")
-    vmax = 2.0
     rows = 2 if systems else 1
     fig, axes = plt.subplots(
         rows,
@@ -707,103 +734,124 @@ def plot_map(
         gridspec_kw={"height_ratios": [max(len(doms), 1), 1.3][:rows]},
         squeeze=False,
     )
-
-    def shown(r):
-        return vmax if r is not None and np.isinf(r) else r
-
     for j, model in enumerate(models):
         ax = axes[0, j]
-        g = grid[grid["model"] == model]
-        z = np.full((len(doms), len(nics)), np.nan)
-        for _, r in g.iterrows():
-            # a point screened but not simulated yet shows the estimate's ratio, marked "est"
-            v = r["ratio"] if not pd.isna(r["ratio"]) else r.get("est_ratio")
-            if v is not None and not pd.isna(v):
-                z[doms.index(int(r["domain"])), nics.index(r["nic_gbps"])] = min(shown(v), vmax)
-        im = ax.imshow(z, cmap=cmap, vmin=1.0, vmax=vmax, origin="lower", aspect="auto")
-        for _, r in g.iterrows():
-            i, k = doms.index(int(r["domain"])), nics.index(r["nic_gbps"])
-            sim = not pd.isna(r["ratio"])
-            v = r["ratio"] if sim else r.get("est_ratio")
-            txt = "—" if v is None or pd.isna(v) else ("PP\nneeded" if np.isinf(v) else f"{v:.2f}")
-            if not sim and txt != "—":
-                txt = f"est\n{txt}"
-                ax.add_patch(plt.Rectangle((k - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", ec="0.6", lw=0))
-            dark = v is not None and not pd.isna(v) and min(shown(v), vmax) > 1.6
-            ax.text(
-                k,
-                i,
-                txt,
-                ha="center",
-                va="center",
-                fontsize=8,
-                style="normal" if sim else "italic",
-                color="white" if dark else "black",
-                weight="bold" if sim else "normal",
-            )
-        if np.isfinite(z).sum() >= 4 and len(doms) > 1 and len(nics) > 1:
-            ax.contour(
-                np.arange(len(nics)),
-                np.arange(len(doms)),
-                np.ma.masked_invalid(z),
-                levels=[RATIO_CONTOUR],
-                colors="k",
-                linewidths=1.6,
-            )
-        at: dict = {}
-        for lab, (d, w) in markers.items():
-            if d in doms and w in nics:
-                at.setdefault((doms.index(d), nics.index(float(w))), []).append(lab)
-        for (i, k), labs in at.items():
-            ax.plot(k - 0.36, i + 0.3, "o", ms=7, mfc="#1f4e9c", mec="white", mew=1.2)
-            ax.text(
-                k - 0.28,
-                i + 0.3,
-                " / ".join(labs),
-                color="#1f4e9c",
-                fontsize=6.5,
-                va="center",
-                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85},
-            )
+        im = _draw_grid(ax, grid[grid["model"] == model], doms, nics, cmap)
+        _draw_markers(ax, markers, doms, nics)
         ax.set_xticks(range(len(nics)), [f"{w:g}" for w in nics])
         ax.set_yticks(range(len(doms)), [str(d) for d in doms])
         ax.set_xlabel("scale-out bandwidth per GPU (GB/s)")
         ax.set_ylabel("GPUs per scale-up domain")
         ax.set_title(f"{model}: best without PP / best (contour {RATIO_CONTOUR:.2f})", fontsize=10)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
-        if not systems:
-            continue
-        sx = axes[1, j]
-        s = table[(table["model"] == model) & (table["system"] != "grid")].set_index("system")
-        vals, texts = [], []
-        for x in systems:
-            r = s.loc[x] if x in s.index else None
-            sim = r is not None and not pd.isna(r["ratio"])
-            v = None if r is None else (r["ratio"] if sim else r.get("est_ratio"))
-            ok = v is not None and not pd.isna(v)
-            vals.append(min(shown(v), vmax) if ok else np.nan)
-            txt = (
-                x
-                + "\n"
-                + ("—" if not ok else ("est " if not sim else "") + ("PP needed" if np.isinf(v) else f"{v:.2f}"))
-            )
-            if sim and isinstance(r["best_label"], str):
-                parts = r["best_label"].split("-")
-                txt += "\n" + " ".join(
-                    x for x in parts if x[:2] in ("pp", "ep") or x in ("1f1b", "dualpipe", "interleaved")
-                )
-            texts.append((txt, sim))
-        sx.imshow(np.array([vals]), cmap=cmap, vmin=1.0, vmax=vmax, aspect="auto")
-        for k, (txt, sim) in enumerate(texts):
-            sx.text(k, 0, txt, ha="center", va="center", fontsize=7, style="normal" if sim else "italic")
-        sx.set_xticks([])
-        sx.set_yticks([])
-        sx.set_title("today's systems, each searched on its own", fontsize=9)
+        if systems:
+            _draw_systems(axes[1, j], table, model, systems, cmap)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return fig
+
+
+def _shown(r):
+    """A ratio as drawn: "PP needed" (inf) at the top of the colour scale."""
+    import numpy as np
+
+    return _PLOT_VMAX if r is not None and np.isinf(r) else r
+
+
+def _draw_grid(ax, g: pd.DataFrame, doms: list, nics: list, cmap):
+    """One model's heat map of the ratio on ``ax``: a cell per (domain, NIC bandwidth), its value
+    written in it (the estimate's, hatched and marked "est", where not simulated yet), the
+    :data:`RATIO_CONTOUR` contour. Returns the image."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    vmax = _PLOT_VMAX
+    z = np.full((len(doms), len(nics)), np.nan)
+    for _, r in g.iterrows():
+        # a point screened but not simulated yet shows the estimate's ratio, marked "est"
+        v = r["ratio"] if not pd.isna(r["ratio"]) else r.get("est_ratio")
+        if v is not None and not pd.isna(v):
+            z[doms.index(int(r["domain"])), nics.index(r["nic_gbps"])] = min(_shown(v), vmax)
+    im = ax.imshow(z, cmap=cmap, vmin=1.0, vmax=vmax, origin="lower", aspect="auto")
+    for _, r in g.iterrows():
+        i, k = doms.index(int(r["domain"])), nics.index(r["nic_gbps"])
+        sim = not pd.isna(r["ratio"])
+        v = r["ratio"] if sim else r.get("est_ratio")
+        txt = "—" if v is None or pd.isna(v) else ("PP\nneeded" if np.isinf(v) else f"{v:.2f}")
+        if not sim and txt != "—":
+            txt = f"est\n{txt}"
+            ax.add_patch(plt.Rectangle((k - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", ec="0.6", lw=0))
+        dark = v is not None and not pd.isna(v) and min(_shown(v), vmax) > 1.6
+        ax.text(
+            k,
+            i,
+            txt,
+            ha="center",
+            va="center",
+            fontsize=8,
+            style="normal" if sim else "italic",
+            color="white" if dark else "black",
+            weight="bold" if sim else "normal",
+        )
+    if np.isfinite(z).sum() >= 4 and len(doms) > 1 and len(nics) > 1:
+        ax.contour(
+            np.arange(len(nics)),
+            np.arange(len(doms)),
+            np.ma.masked_invalid(z),
+            levels=[RATIO_CONTOUR],
+            colors="k",
+            linewidths=1.6,
+        )
+    return im
+
+
+def _draw_markers(ax, markers: Mapping, doms: list, nics: list) -> None:
+    """Mark today's systems (``markers``: label -> (domain, nic GB/s)) on their grid cells."""
+    at: dict = {}
+    for lab, (d, w) in markers.items():
+        if d in doms and w in nics:
+            at.setdefault((doms.index(d), nics.index(float(w))), []).append(lab)
+    for (i, k), labs in at.items():
+        ax.plot(k - 0.36, i + 0.3, "o", ms=7, mfc="#1f4e9c", mec="white", mew=1.2)
+        ax.text(
+            k - 0.28,
+            i + 0.3,
+            " / ".join(labs),
+            color="#1f4e9c",
+            fontsize=6.5,
+            va="center",
+            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85},
+        )
+
+
+def _draw_systems(sx, table: pd.DataFrame, model: str, systems: list, cmap) -> None:
+    """The strip of today's systems below a model's grid: each one's ratio and best layout."""
+    import numpy as np
+
+    vmax = _PLOT_VMAX
+    s = table[(table["model"] == model) & (table["system"] != "grid")].set_index("system")
+    vals, texts = [], []
+    for x in systems:
+        r = s.loc[x] if x in s.index else None
+        sim = r is not None and not pd.isna(r["ratio"])
+        v = None if r is None else (r["ratio"] if sim else r.get("est_ratio"))
+        ok = v is not None and not pd.isna(v)
+        vals.append(min(_shown(v), vmax) if ok else np.nan)
+        txt = x + "\n" + ("—" if not ok else ("est " if not sim else "") + ("PP needed" if np.isinf(v) else f"{v:.2f}"))
+        if sim and isinstance(r["best_label"], str):
+            parts = r["best_label"].split("-")
+            txt += "\n" + " ".join(
+                x for x in parts if x[:2] in ("pp", "ep") or x in ("1f1b", "dualpipe", "interleaved")
+            )
+        texts.append((txt, sim))
+    sx.imshow(np.array([vals]), cmap=cmap, vmin=1.0, vmax=vmax, aspect="auto")
+    for k, (txt, sim) in enumerate(texts):
+        sx.text(k, 0, txt, ha="center", va="center", fontsize=7, style="normal" if sim else "italic")
+    sx.set_xticks([])
+    sx.set_yticks([])
+    sx.set_title("today's systems, each searched on its own", fontsize=9)
 
 
 # ---- command line ----------------------------------------------------------------------------------
