@@ -4,10 +4,12 @@
   model (used to prune layouts that cannot fit before simulating them);
 * :func:`estimate_step_time` -- a closed-form step time: compute on the roofline, the
   schedule's bubble in closed form and each parallel axis's communication at the
-  bandwidth its group sees (:class:`NetModel`), used by :mod:`simulator.studies.search` to
-  rank layouts when only some can be simulated (:func:`proxy_cost`).
+  bandwidth its group sees (:class:`~simulator.studies.network_model.NetModel`), used by
+  :mod:`simulator.studies.search` to rank layouts when only some can be simulated (:func:`proxy_cost`).
 
-Both are built from the trace builder's own sizes (:class:`workloads.trace.builder.TraceBuilder`)
+This module assembles the step from a rank's per-layer costs
+(:class:`~simulator.studies.layer_costs.StepCosts`) and DualPipe's overlapped pairs
+(:mod:`simulator.studies.dualpipe_pairs`). Both are built from the trace builder's own sizes (:class:`workloads.trace.builder.TraceBuilder`)
 so that they describe the step the simulator would run.
 """
 
@@ -204,7 +206,7 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
     blocking communication is not hidden by the pair); all-forward-first (a
     global MoE auxiliary loss) as GPipe. Pipeline sends to the neighbouring stages are added
     to every forward and backward (they pace the pipeline when slower than its compute).
-    Then the exposed data-parallel traffic (see the note above ``NetModel``): every parameter
+    Then the exposed data-parallel traffic (see the note above this function): every parameter
     unit's reduction (layers, embedding, head; every micro-batch under ZeRO-2/3) and DualPipe's
     gradient sum between mirror ranks (the shard under ZeRO), overlapping the backward, the
     tied-embedding sum between the first and last stage after it, and the optimizer step (or

@@ -12,8 +12,6 @@ import pandas as pd
 
 from simulator.studies.ppmap_spec import RATIO_CONTOUR
 
-# ---- the figure ------------------------------------------------------------------------------------
-
 
 _PLOT_VMAX = 2.0  # ratios from here up (and "PP needed") share the darkest colour
 

@@ -27,8 +27,6 @@ from simulator.studies.search_layouts import (
 from simulator.studies.sweep_cases import check_scenario, plain_json
 from simulator.studies.sweep_rows import RowStore
 
-# ---- screen ------------------------------------------------------------------------------------
-
 
 def _layouts(sc0, spec: MapSpec):
     """The search's layouts with pp in ``search.pp``; layouts without PP also with each

@@ -15,8 +15,6 @@ from simulator.scenario.schema import ScenarioError, load_scenario, scenario_to_
 from simulator.studies.sweep_spec import _MISSING, Case, SweepSpec, eval_where, get_dotted, set_dotted
 from workloads.errors import WorkloadError
 
-# ---- cases ---------------------------------------------------------------------------------
-
 
 def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_jsonable, allow_nan=True)

@@ -17,8 +17,6 @@ from simulator.studies.sweep_cases import plain_json
 from simulator.studies.workers import process_pool
 from simulator.version import __version__
 
-# ---- running one case (in a worker) ---------------------------------------------------------
-
 
 def run_case(payload: tuple) -> dict:
     """Simulate one case; never raises for a bad scenario. ``payload = (index, key, mapping)``.
