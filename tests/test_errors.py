@@ -29,7 +29,7 @@ ERROR_CLASSES = [
     ("simulator.studies.sweep_plots", "PlotError"),
     ("simulator.errors", "StudyError"),
     ("simulator.studies.validate", "ValidationError"),
-    ("simulator.studies.sweep", "WorkerVersionError"),
+    ("simulator.studies.sweep_executors", "WorkerVersionError"),
     ("simulator.studies.calibrate", "CalibrationInputError"),
     ("simulator.interop.kineto", "KinetoTraceError"),
     ("simulator.interop.nccl_tests", "NcclTestsError"),

@@ -4,7 +4,11 @@ import pandas as pd
 import pytest
 
 from simulator.cli import app as cli
-from simulator.studies.ppmap import assemble, choose, dp_traffic_s, load_map, plot_map, run_map, screen, points
+from simulator.studies.ppmap import assemble, run_map
+from simulator.studies.ppmap_plot import plot_map
+from simulator.studies.ppmap_roofline import dp_traffic_s
+from simulator.studies.ppmap_screen import choose, screen
+from simulator.studies.ppmap_spec import load_map, points
 from simulator.scenario.loading import load_scenario
 from simulator.scenario.schema import ScenarioError
 from helpers import SEARCH_MOE as TINY_MOE

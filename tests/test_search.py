@@ -14,15 +14,15 @@ from helpers import scenario
 from simulator import load_scenario, simulate
 from simulator.scenario.schema import ScenarioError
 from simulator.studies.estimate import estimate_memory, estimate_step_time
-from simulator.studies.search import (
+from simulator.studies.search import search
+from simulator.studies.search_layouts import (
     ESTIMATE_MARGIN,
     SearchBounds,
-    bounds_from_simulated,
     candidate_mapping,
     enumerate_layouts,
     label,
-    search,
 )
+from simulator.studies.search_rounds import bounds_from_simulated
 
 
 def _tiny(hbm_bytes=None):
@@ -389,26 +389,26 @@ def test_estimate_of_each_schedule_and_option_is_finite_and_positive():
 
 
 def test_dualpipe_pair_time_closed_forms():
-    """One overlapped forward/backward pair (simulator.studies.estimate._pair_time): without
+    """One overlapped forward/backward pair (simulator.studies.dualpipe_pairs.pair_time): without
     all-to-alls the halves' compute adds up, slowed by the SMs given to communication;
     all-to-alls shorter than the compute they hide behind cost nothing; all-to-alls far
     longer than the compute are serial on their stream and set the pair's time."""
-    from simulator.studies.estimate import _pair_time
+    from simulator.studies.dualpipe_pairs import pair_time
 
     f = [(1.0, 0.0, 0.0, 0.0, 0.0, 0.0)] * 3  # dense layers: one op each
     b = [(2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)] * 3
-    assert _pair_time(f, b, 1.25) == pytest.approx(1.25 * 9.0)
+    assert pair_time(f, b, 1.25) == pytest.approx(1.25 * 9.0)
     # MoE layers: compute parts 1 each; all-to-alls of 0.5 hide behind the other half.
     f = [(1.0, 1.0, 1.0, 1.0, 0.5, 0.5)] * 2
     b = [(1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 0.5)] * 2
-    assert _pair_time(f, b, 1.0) == pytest.approx(2 * 9.0)
+    assert pair_time(f, b, 1.0) == pytest.approx(2 * 9.0)
     # All-to-alls of 100 each: the stream carries 4 per layer pair back to back.
     f = [(1.0, 0.0, 1.0, 1.0, 100.0, 100.0)] * 2
     b = [(1.0, 0.0, 1.0, 0.0, 1.0, 100.0, 100.0)] * 2
-    t = _pair_time(f, b, 1.0)
+    t = pair_time(f, b, 1.0)
     assert 800.0 <= t <= 800.0 + 10.0
     # Uneven halves: the longer one's leftover layers run alone after the pair's.
-    assert _pair_time([(1.0, 0, 0, 0, 0, 0)], [], 1.0) == pytest.approx(1.0)
+    assert pair_time([(1.0, 0, 0, 0, 0, 0)], [], 1.0) == pytest.approx(1.0)
 
 
 def test_dualpipe_estimate_models_the_pair_overlap():

@@ -15,7 +15,10 @@ import yaml
 
 from helpers import scenario
 from simulator.scenario.schema import ScenarioError
-from simulator.studies.sweep import RowStore, eval_where, expand, load_sweep, set_dotted, sweep
+from simulator.studies.sweep import sweep
+from simulator.studies.sweep_cases import expand
+from simulator.studies.sweep_rows import RowStore
+from simulator.studies.sweep_spec import eval_where, load_sweep, set_dotted
 
 
 def _base():
@@ -454,7 +457,7 @@ def test_workers_of_another_version_are_refused(tmp_path, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
     import simulator.version
-    from simulator.studies import sweep as sweep_mod
+    from simulator.studies import sweep_executors as sweep_mod
 
     spec = {"base": _base(), "cases": [{"parallel.pp": 1}, {"parallel.pp": 2}]}
     # every worker on another version: the first (probe) task says so, before any case runs

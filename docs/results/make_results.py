@@ -48,7 +48,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simulator.studies.sweep import RowStore, expand, flatten, load_sweep, sweep  # noqa: E402
+from simulator.studies.sweep import sweep  # noqa: E402
+from simulator.studies.sweep_cases import expand  # noqa: E402
+from simulator.studies.sweep_rows import RowStore, flatten  # noqa: E402
+from simulator.studies.sweep_spec import load_sweep  # noqa: E402
 
 SEQ_LEN = 4096
 SEQS_PER_DEVICE = 8

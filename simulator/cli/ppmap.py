@@ -22,7 +22,9 @@ def register(subparsers) -> None:
 
 def cmd_ppmap(args) -> int:
     from simulator.cli.sweep import _dask_client
-    from simulator.studies.ppmap import CANDIDATES_CSV, MAP_CSV, assemble, load_map, plot_map, run_map
+    from simulator.studies.ppmap import assemble, run_map
+    from simulator.studies.ppmap_plot import plot_map
+    from simulator.studies.ppmap_spec import CANDIDATES_CSV, MAP_CSV, load_map
 
     if not Path(args.map).exists():
         raise CliError(f"ppmap: no file {args.map!r}")

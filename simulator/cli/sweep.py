@@ -109,7 +109,8 @@ def _executor(spec: Optional[str], jobs: Optional[int], dask: Optional[str]):
 
 
 def cmd_sweep(args) -> int:
-    from simulator.studies.sweep import CSV_FILE, PARQUET_FILE, sweep
+    from simulator.studies.sweep import sweep
+    from simulator.studies.sweep_rows import CSV_FILE, PARQUET_FILE
 
     if not Path(args.sweep).exists():
         raise CliError(f"sweep: no file {args.sweep!r}")
@@ -178,7 +179,8 @@ def _margin(text: str):
 
 def cmd_search(args) -> int:
     from simulator.cli.common import resolve_scenario_path
-    from simulator.studies.search import SearchBounds, search
+    from simulator.studies.search import search
+    from simulator.studies.search_layouts import SearchBounds
     from workloads.enums import RECOMPUTE_MODES, SCHEDULES
 
     path = resolve_scenario_path(args.scenario)

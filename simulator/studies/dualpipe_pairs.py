@@ -1,0 +1,120 @@
+"""DualPipe's overlapped forward/backward pairs, costed on one compute stream.
+
+Part of the analytic step-time estimate (:mod:`simulator.studies.estimate`): a DualPipe rank's
+schedule has steps that run a forward and a backward of two micro-batches interleaved layer by
+layer, their expert all-to-alls hidden behind the other half's compute. :func:`pair_time` costs
+one such pair, :func:`dualpipe_busy` a rank's whole schedule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def pair_time(f_layers, b_layers, slowdown: float) -> float:
+    """Seconds of one DualPipe forward/backward pair on the compute stream: the two halves'
+    layers interleaved as the trace does (``workloads.trace.builder._RankProgram._interleave``, the
+    backward half first), its compute ops ``slowdown`` times longer, the expert all-to-alls
+    in order on one communication stream, each starting when issued (and the stream is
+    free) and waited for by the op that needs it. ``f_layers``: per forward layer
+    ``(attention + router, shared, experts, output, dispatch, combine)``; ``b_layers``
+    (backward order): ``(recompute + output grad, shared grad, experts input grad, experts
+    weight grad, router + attention grad, combine grad, dispatch grad)``."""
+    T = C = 0.0
+
+    def issue(d: float) -> float:
+        nonlocal C
+        if d <= 0:
+            return T
+        C = max(T, C) + d
+        return C
+
+    pend = None  # the previous forward layer's combine and output op
+    for i in range(max(len(f_layers), len(b_layers))):
+        if i < len(b_layers):
+            rp, bs, ei, ew, ba, a_bc, a_bd = b_layers[i]
+            T += slowdown * rp
+            e_bc = issue(a_bc)
+            T += slowdown * bs
+        if pend is not None:
+            T = max(T, pend[0]) + slowdown * pend[1]
+            pend = None
+        if i < len(f_layers):
+            fa, fs, fe, fp, a_fd, a_fc = f_layers[i]
+            T += slowdown * fa
+            e_fd = issue(a_fd)
+            T += slowdown * fs
+        if i < len(b_layers):
+            T = max(T, e_bc) + slowdown * ei
+            e_bd = issue(a_bd)
+            T += slowdown * ew
+        if i < len(f_layers):
+            T = max(T, e_fd) + slowdown * fe
+            pend = (issue(a_fc), fp)
+        if i < len(b_layers):
+            T = max(T, e_bd) + slowdown * ba
+    if pend is not None:
+        T = max(T, pend[0]) + slowdown * pend[1]
+    return T
+
+
+def dualpipe_busy(sched_counts, own, chunks, layer, seg, extras, n_chunks, send_f, send_b, slowdown):
+    """A DualPipe rank's busy time over the step and its mean pair time: every step of its
+    schedule (``sched_counts``, :func:`simulator.studies.estimate.schedule_counts`) costed on its own chunk — a lone
+    ``F`` / ``B`` / ``I`` / ``W`` as without overlap, an ``F`` + ``B`` pair by
+    :func:`pair_time` plus what blocks the stream in both halves (TP, CP, ZeRO-3 gathers)
+    and both halves' embedding / head compute (slowed) and pipeline sends."""
+    nF, nB, nI, nW = sched_counts
+    n_local = len(own)
+    cost = {op: [0.0] * n_local for op in "FBIW"}
+    fl, bl, blk_f, blk_b, ext_f, ext_b = ([], [], [0.0] * n_local, [0.0] * n_local, [0.0] * n_local, [0.0] * n_local)
+    for c, k in enumerate(own):
+        f_c, b_c = [], []
+        for l in chunks[k]:
+            d = layer(l)
+            for op in "FBIW":
+                cost[op][c] += d[op]
+            sf, sb, xf, xb = seg(l)
+            f_c.append(sf)
+            b_c.append(sb)
+            blk_f[c] += xf
+            blk_b[c] += xb
+        fl.append(f_c)
+        bl.append(b_c[::-1])
+        for u, has in (("embed", k == 0), ("head", k == n_chunks - 1)):
+            if has and u in extras:
+                f_, b_, z3 = extras[u]
+                cost["F"][c] += f_ + z3
+                cost["B"][c] += b_ + z3
+                cost["I"][c] += b_ + z3
+                ext_f[c] += f_
+                ext_b[c] += b_
+                blk_f[c] += z3
+                blk_b[c] += z3
+        cost["F"][c] += send_f
+        cost["B"][c] += send_b
+        cost["I"][c] += send_b
+    ptime: dict = {}
+    busy = 0.0
+    pair_sum, pairs = 0.0, 0
+    for i in range(len(nF)):
+        f_row, b_row = nF[i], nB[i]
+        if f_row.sum() == 1 and b_row.sum() == 1 and not nI[i].any() and not nW[i].any():
+            cf, cb = int(f_row.argmax()), int(b_row.argmax())
+            if (cf, cb) not in ptime:
+                ptime[(cf, cb)] = (
+                    pair_time(fl[cf], bl[cb], slowdown)
+                    + slowdown * (ext_f[cf] + ext_b[cb])
+                    + blk_f[cf]
+                    + blk_b[cb]
+                    + send_f
+                    + send_b
+                )
+            busy += ptime[(cf, cb)]
+            pair_sum += ptime[(cf, cb)]
+            pairs += 1
+            continue
+        for op, row in (("F", f_row), ("B", b_row), ("I", nI[i]), ("W", nW[i])):
+            for c in np.flatnonzero(row):
+                busy += row[c] * cost[op][c]
+    return busy, (pair_sum / pairs if pairs else None)

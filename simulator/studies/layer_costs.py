@@ -1,0 +1,169 @@
+"""Per-layer costs of the analytic step-time estimate (:mod:`simulator.studies.estimate`).
+
+:class:`StepCosts` holds what every part of the estimate shares -- the scenario, its trace
+builder (whose sizes the estimate reuses, so that no formula is repeated), the network model and
+a cache of kernel times -- and costs one layer's forward and backward on a rank: compute on the
+roofline, blocking TP / CP / EP communication, ZeRO-3 gathers and the layer's data-parallel
+traffic.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from simulator.studies.network_model import NetModel
+from workloads import memory
+from workloads import schedules as sched
+
+
+class StepCosts:
+    """The shared state of one step-time estimate of scenario ``sc`` and its cached costs."""
+
+    def __init__(self, sc, net: Optional[NetModel] = None):
+        from simulator.engine.compute import calibration_for, kernels_time_s, overlap_slowdown
+        from workloads.trace.builder import TraceBuilder
+
+        self.sc = sc
+        self.L, self.t, self.model, self.name = sc.layout, sc.training, sc.model, sc.schedule
+        self.chip = sc.cluster.chip
+        self.net = net if net is not None else NetModel(sc.cluster, sc.network_calibration())
+        self.cal = calibration_for(self.chip, dict(sc.compute_overrides))
+        self._kernels_time_s = kernels_time_s
+        # The trace builder's sizes, so that the estimate and the simulated trace agree on
+        # every byte and FLOP (no formula is repeated here).
+        self.b = b = TraceBuilder(sc.workload())
+        self.m, self.pp, self.vpp = b.m, self.L.pp, self.L.vpp
+        self.n_local = sched.local_chunks(self.name, self.vpp)
+        self.sp = self.L.sequence_parallel and self.L.tp > 1
+        self.recompute = self.t.recompute == "full"
+        self.global_aux = self.model.is_moe and self.t.balance == "aux-loss-global"
+        self.grad_op = "all-reduce" if self.L.zero == 0 else "reduce-scatter"
+        self.slowdown = overlap_slowdown(self.cal)
+        self.kcache: dict = {}
+        self.lcache: dict = {}
+        self.segs: dict = {}
+
+    def kt(self, kernels) -> float:
+        """Seconds of a list of kernels on the roofline (cached)."""
+        key = tuple(kernels)
+        if key not in self.kcache:
+            self.kcache[key] = self._kernels_time_s(key, self.chip, self.cal, self.t.dtype)
+        return self.kcache[key]
+
+    def a2a(self, rank: int, size: float) -> float:
+        """One expert all-to-all of ``size`` bytes on ``rank``'s EP group."""
+        # node-limited routing: the rail hop carries distinct nodes / top_k of the copies,
+        # pipelined with the NVLink fan-out (workloads.trace.builder.RankProgram.all_to_all)
+        nl = self.b.node_limited()
+        frac = 1.0 if nl is None else min(1.0, nl[0] / self.model.moe.top_k)
+        return self.net.time_s("all-to-all", self.L.group(rank, "ep"), size, scaleout_fraction=frac)
+
+    def reduce_s(self, rank: int, dense: float, exp: float) -> float:
+        """One data-parallel gradient reduction of a unit (fp32)."""
+        L, net, t = self.L, self.net, self.t
+        return net.time_s(self.grad_op, L.group(rank, "dp_cp"), dense * t.grad_bytes) + net.time_s(
+            self.grad_op, L.group(rank, "edp"), exp * t.grad_bytes
+        )
+
+    def gather_s(self, rank: int, dense: float, exp: float) -> float:
+        """One all-gather of a unit's bf16 parameters."""
+        from workloads.trace.builder import PARAM_BYTES
+
+        return self.net.time_s("all-gather", self.L.group(rank, "dp_cp"), dense * PARAM_BYTES) + self.net.time_s(
+            "all-gather", self.L.group(rank, "edp"), exp * PARAM_BYTES
+        )
+
+    def layer_key(self, l: int, rank: int) -> tuple:
+        """The cache key of layer ``l`` on ``rank`` (layers of one shape share it)."""
+        return (id(self.b.layer_parts(l)), rank, self.model.is_moe_layer(l))
+
+    def layer_comm(self, l: int, rank: int, expert, shared) -> tuple:
+        """Layer ``l``'s blocking communication on ``rank`` per micro-batch: ``(tp_f, tp_b, cp_f,
+        cp_b, ep_f, ep_b, dispatch, combine, combine_backward)`` (the last three raw all-to-alls)."""
+        L, net, b, kt = self.L, self.net, self.b, self.kt
+        tp_f = tp_b = cp_f = cp_b = ep_f = ep_b = 0.0
+        disp = comb = comb_b = None
+        if L.tp > 1:
+            g, h = L.group(rank, "tp"), b.hidden_bytes
+            tp_f = tp_b = (
+                2 * (net.time_s("all-gather", g, h) + net.time_s("reduce-scatter", g, h))
+                if self.sp
+                else 2 * net.time_s("all-reduce", g, h)
+            )
+        if L.cp > 1:
+            g = L.group(rank, "cp")
+            cp_f = net.time_s("all-gather", g, b.kv_bytes() * L.cp)
+            cp_b = net.time_s("reduce-scatter", g, b.kv_bytes() * L.cp)
+        if expert and L.ep > 1:
+            disp, comb = self.a2a(rank, b.dispatch_bytes(False, l)), self.a2a(rank, b.dispatch_bytes(True, l))
+            ep_f = max(0.0, disp - kt(shared)) + comb
+            comb_b = self.a2a(rank, b.dispatch_bytes(True, l))
+            ep_b = max(0.0, comb_b - kt(b.bwd(shared, "B"))) + comb_b
+        return tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, disp, comb, comb_b
+
+    def layer_segments(self, parts, rc: float, c_f: float, c_bB: float, a2as: tuple) -> tuple:
+        """DualPipe's overlapped pairs: the layer's compute in the order the trace runs it and its
+        all-to-alls (raw), forward and backward, for :func:`~simulator.studies.dualpipe_pairs.pair_time`."""
+        attn, pre, shared, expert, post = parts
+        b, kt = self.b, self.kt
+        disp, comb, comb_b = a2as
+        if expert and self.L.ep > 1:
+            seg_f = (kt(attn) + kt(pre), kt(shared), kt(expert), kt(post), disp, comb)
+            seg_b = (
+                rc + kt(b.bwd(post, "B")),
+                kt(b.bwd(shared, "B")),
+                kt(b.bwd(expert, "I")),
+                kt(b.bwd(expert, "W")),
+                kt(b.bwd(pre, "B")) + kt(b.bwd(attn, "B")),
+                comb_b,
+                comb_b,
+            )
+        else:
+            seg_f = (c_f, 0.0, 0.0, 0.0, 0.0, 0.0)
+            seg_b = (rc + c_bB, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        return seg_f, seg_b
+
+    def layer(self, l: int, rank: int) -> dict:
+        """Per micro-batch: one layer's forward / backward parts on ``rank``."""
+        L, t, b, kt = self.L, self.t, self.b, self.kt
+        parts = b.layer_parts(l)
+        key = self.layer_key(l, rank)
+        if key in self.lcache:
+            return self.lcache[key]
+        _, _, shared, expert, _ = parts
+        full = b.layer_all(l)
+        c_f, c_bB, c_bI, c_bW = kt(full), kt(b.bwd(full, "B")), kt(b.bwd(full, "I")), kt(b.bwd(full, "W"))
+        tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, *a2as = self.layer_comm(l, rank, expert, shared)
+        dense, exp = b.layer_param_split(l)
+        gather = 0.0
+        if L.zero == 3:
+            gather = self.gather_s(rank, dense, exp)
+        rc, re = (c_f, tp_f + cp_f + ep_f) if self.recompute else (0.0, 0.0)
+        if not self.recompute and memory.recomputed_kernel_names(t):
+            rc = kt(b.saved_recompute_kernels(l))  # norms, MLA up-projections, SwiGLUs
+        e_f, e_b = tp_f + cp_f + ep_f, tp_b + cp_b + ep_b
+        # The trace lets a ZeRO-3 gather start once the compute op before last is done: with
+        # several compute ops per layer that is within the previous layer's last op, so the
+        # gather barely overlaps and is counted whole (see the note above estimate_step_time).
+        F = c_f + e_f + gather
+        B = rc + re + c_bB + e_b + gather
+        I = rc + re + c_bI + e_b + gather
+        # What blocks the stream besides a DualPipe pair's all-to-alls (TP, CP, ZeRO-3 gathers,
+        # a full recompute's own collectives) is added to the pair whole.
+        seg_f, seg_b = self.layer_segments(parts, rc, c_f, c_bB, tuple(a2as))
+        self.segs[key] = (seg_f, seg_b, tp_f + cp_f + gather, re + tp_b + cp_b + gather)
+        rcp = self.recompute
+        out = self.lcache[key] = {
+            "F": F,
+            "B": B,
+            "I": I,
+            "W": c_bW,
+            "compute": c_f + rc + c_bB,
+            "tp": tp_f + tp_b + (tp_f if rcp else 0.0),
+            "cp": cp_f + cp_b + (cp_f if rcp else 0.0),
+            "ep": ep_f + ep_b + (ep_f if rcp else 0.0),
+            "fsdp": (F - c_f - e_f) + (B - rc - re - c_bB - e_b),
+            "grad": self.reduce_s(rank, dense, exp),
+            "param_ag": self.gather_s(rank, dense, exp) if L.zero in (1, 2) else 0.0,
+        }
+        return out

@@ -1,0 +1,219 @@
+"""Closed-form time of one collective on a cluster, alone on the network (:class:`NetModel`).
+
+The communication costs of the analytic step-time estimate (:mod:`simulator.studies.estimate`):
+each parallel axis's collectives costed at the bandwidth its group sees on the cluster's
+switched (NVLink domains + fat-tree) or torus network.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from topologies.networks import SwitchedNetwork
+
+
+class NetModel:
+    """Time of one collective on a cluster, closed form, alone on the network.
+
+    Ranks are devices (the trace places rank ``r`` on device ``r``). Bandwidths are per
+    device and direction, times the link efficiency of the chip family's network
+    calibration (``simulator.network.calibration``: NVLink 370/450, InfiniBand 48/50, ICI 1.0).
+
+    * Switched (NVLink domains + fat-tree): a group inside one domain runs on the domain
+      link (NVLS for all-reduce when the domain has it); across domains with ``k > 1``
+      members per domain the algorithms ``simulator.network.collectives`` picks: the rail-ring
+      (NCCL's ring, one channel per rail: the whole ring load on NVLink and ``1/k`` of it on
+      each NIC, at once), the pipelined SHARP all-reduce when the fabric has it (NVLink
+      reduce-scatter + all-gather beside ``S/k`` into the switch), and the DeepSeek-style
+      hierarchical all-to-all (``(nd-1)/nd`` of the buffer over the NIC and ``(k-1)/k``
+      over NVLink at once); with one member per domain a ring / direct exchange
+      over the NICs. Leaf uplinks divide the NIC bandwidth by the oversubscription when the
+      group spans more domains than one leaf group holds; crossing pods, the DCN bandwidth.
+    * Torus: a group that is a box of the torus runs dimension by dimension, the buffer split
+      into one share per axis with rotated axis orders so that every axis is busy at every
+      stage (per axis a bidirectional ring when the group covers a wrapped axis, else a
+      bidirectional line at half that bandwidth: ``torus_collective.torus_phases``); any other group a ring whose links carry
+      as many chunks as the mean hop count between ring neighbours (twin groups interleave
+      on the same links). An all-to-all is limited by its busiest link: along an axis of
+      ``e`` members each line carries an all-to-all of ``S/e`` per pair, whose busiest link
+      carries ``floor(e/2)*ceil(e/2)`` such messages on a line and
+      ``sum(d < e/2) + e/4`` on a wrapped ring (shortest paths, ties split). Across pods:
+      the pod part on ICI plus the ``S/k`` shard (all-to-all: the cross-pod share) over DCN.
+
+    Each step of a ring pays the per-hop latency. Results are cached per (op, group)."""
+
+    def __init__(self, cluster, calibration=None):
+        from simulator.network.calibration import default_calibration  # lazy: search imports stay light
+
+        self.cluster = cluster
+        ncal = calibration if calibration is not None else default_calibration(cluster.chip.family)
+        net = cluster.network
+        self.kind = "switched" if isinstance(net, SwitchedNetwork) else "torus"
+        self.per_pod = cluster.devices_per_pod
+        pods = cluster.pods
+        self.dcn_bw = pods.dcn_bw_bytes_per_s * ncal.efficiency_of("dcn") if pods is not None else None
+        self.dcn_latency_s = pods.dcn_latency_s if pods is not None else 0.0
+        if self.kind == "switched":
+            self.domain = min(net.domain_size, self.per_pod)
+            self.up_bw = net.domain_bw_bytes_per_s * ncal.efficiency_of("nvlink")
+            self.out_bw = net.nic_bw_bytes_per_s * ncal.efficiency_of("nic")
+            self.oversubscription = net.oversubscription
+            self.domains_per_leaf = net.domains_per_leaf
+            self.nvls = net.nvls
+            self.sharp = net.sharp
+            self.nvls_efficiency = ncal.algorithm_efficiency_of("nvls")
+            self.up_latency_s = 2 * net.domain_latency_s  # device -> switch -> device
+            self.out_latency_s = 2 * (net.nic_latency_s + net.switch_latency_s)  # NIC, leaf, spine, leaf, NIC
+        else:
+            self.shape = tuple(net.shape)
+            self.wrap = tuple(net.wrap)
+            self.strides = [math.prod(self.shape[:a]) for a in range(len(self.shape))]
+            self.link_bw = net.link_bw_bytes_per_s * ncal.efficiency_of("ici")
+            self.link_latency_s = net.link_latency_s
+        self._cache: dict = {}
+
+    def time_s(self, op: str, group, size_bytes: float, scaleout_fraction: float = 1.0) -> float:
+        """Seconds for ``op`` (all-reduce | all-gather | reduce-scatter | all-to-all) of
+        ``size_bytes`` (nccl-tests convention, as ``simulator.network.collectives``) over ``group``.
+        ``scaleout_fraction``: a node-limited all-to-all's share of routed copies that
+        cross between switched domains (``collectives.plan_collective``)."""
+        group = tuple(group)
+        if len(group) <= 1 or size_bytes <= 0:
+            return 0.0
+        key = (op, group, scaleout_fraction)
+        hit = self._cache.get(key)
+        if hit is None:
+            arr = np.asarray(group, dtype=np.int64)
+            if self.kind == "switched":
+                per_byte_s, latency_s = self._switched(op, arr, scaleout_fraction)
+            else:
+                per_byte_s, latency_s = self._torus_pods(op, arr)
+            hit = self._cache[key] = (float(per_byte_s), float(latency_s))
+        per_byte_s, latency_s = hit
+        return float(size_bytes * per_byte_s + latency_s)
+
+    def p2p_s(self, src: int, dst: int, size_bytes: float) -> float:
+        """One point-to-point transfer (a pipeline send)."""
+        if src == dst or size_bytes <= 0:
+            return 0.0
+        if src // self.per_pod != dst // self.per_pod:
+            return size_bytes / self.dcn_bw + self.dcn_latency_s
+        if self.kind == "switched":
+            if src // self.domain == dst // self.domain:
+                return size_bytes / self.up_bw + self.up_latency_s
+            return size_bytes / self.out_bw + self.out_latency_s
+        hops = int(self._hops(np.array([src % self.per_pod]), np.array([dst % self.per_pod])).sum())
+        return size_bytes / self.link_bw + hops * self.link_latency_s
+
+    # -- switched ---------------------------------------------------------------------------
+    def _switched(self, op: str, arr, scaleout_fraction: float = 1.0) -> tuple[float, float]:
+        n = len(arr)
+        _, counts = np.unique(arr // self.domain, return_counts=True)
+        nd, k = len(counts), int(counts.max())
+        out_bw = self.out_bw
+        if nd > self.domains_per_leaf:
+            out_bw /= self.oversubscription
+        if self.dcn_bw is not None and len(np.unique(arr // self.per_pod)) > 1:
+            out_bw = min(out_bw, self.dcn_bw)
+        up, up_a, out_a = self.up_bw, self.up_latency_s, self.out_latency_s
+        if nd == 1:
+            if op == "all-to-all":
+                return (n - 1) / n / up, up_a
+            if op == "all-reduce":
+                if self.nvls:
+                    return (n + 1) / n / (up * self.nvls_efficiency), 2 * up_a
+                return 2 * (n - 1) / n / up, 2 * (n - 1) * up_a
+            return (n - 1) / n / up, (n - 1) * up_a
+        if k == 1 or int(counts.min()) != k:  # one member per domain (or uneven): over the NICs
+            if op == "all-to-all":
+                return scaleout_fraction * (n - k) / n / out_bw + (k - 1) / n / up, out_a
+            f = 2 if op == "all-reduce" else 1
+            return f * (n - 1) / n / out_bw, f * (n - 1) * out_a
+        if op == "all-to-all":  # hierarchical: rail and NVLink legs in one phase
+            return max(scaleout_fraction * (nd - 1) / nd / out_bw, (k - 1) / k / up), out_a + up_a
+        alpha = max(up_a, out_a)
+        if op == "all-reduce" and self.sharp:  # pipelined: NVLink RS + AG beside the switch
+            return max(2 * (k - 1) / k / up, 1 / k / out_bw), (2 * (k - 1) + 1) * alpha
+        # rail-ring (NCCL's ring, one channel per rail): the whole ring load on NVLink, 1/k
+        # of it on each NIC, at once
+        f = 2 if op == "all-reduce" else 1
+        return f * (n - 1) / n * max(1 / up, 1 / (k * out_bw)), f * (n - 1) * alpha
+
+    # -- torus ------------------------------------------------------------------------------
+    def _coords(self, local):
+        return [(local // s) % e for s, e in zip(self.strides, self.shape)]
+
+    def _hops(self, a, b):
+        """Dimension-order hop counts between local device indices ``a`` and ``b``."""
+        total = np.zeros(len(a), dtype=np.int64)
+        for ca, cb, e, w in zip(self._coords(a), self._coords(b), self.shape, self.wrap):
+            d = np.abs(ca - cb)
+            total += np.minimum(d, e - d) if (w and e > 2) else d
+        return total
+
+    def _torus_pods(self, op: str, arr) -> tuple[float, float]:
+        pods, counts = np.unique(arr // self.per_pod, return_counts=True)
+        if len(pods) == 1:
+            return self._torus(op, arr % self.per_pod)
+        npods, k = len(pods), int(counts.max())
+        intra = self._torus(op, (arr[arr // self.per_pod == pods[0]] % self.per_pod)) if k > 1 else (0.0, 0.0)
+        if op == "all-to-all":
+            return max(intra[0], (npods - 1) / npods / self.dcn_bw), intra[1] + self.dcn_latency_s
+        f = 2 if op == "all-reduce" else 1
+        # Hierarchical: the pod part on the full buffer, then the S/k shard across pods.
+        return intra[0] + f * (npods - 1) / npods / k / self.dcn_bw, intra[1] + f * (npods - 1) * self.dcn_latency_s
+
+    def _torus(self, op: str, local) -> tuple[float, float]:
+        n = len(local)
+        if n <= 1:
+            return 0.0, 0.0
+        coords = self._coords(local)
+        extents, box = [], True
+        for c, e in zip(coords, self.shape):
+            vals = np.unique(c)
+            extents.append(len(vals))
+            if vals[-1] - vals[0] + 1 != len(vals):
+                box = False
+        box = box and math.prod(extents) == n
+        B, a = self.link_bw, self.link_latency_s
+        if op == "all-to-all":
+            worst = 0.0
+            for c, e_full, w in zip(coords, self.shape, self.wrap):
+                e = int(c.max() - c.min() + 1)  # bounding extent: twin groups fill the gaps
+                if e <= 1:
+                    continue
+                if w and e == e_full and e_full > 2:
+                    load = sum(range(1, (e + 1) // 2)) + (e / 4 if e % 2 == 0 else 0.0)
+                else:
+                    load = (e // 2) * ((e + 1) // 2)
+                worst = max(worst, load / e)
+            span = math.prod(int(c.max() - c.min() + 1) for c in coords)
+            return worst * span / n / B, a * max(1, sum(extents) - len(extents))
+        f = 2 if op == "all-reduce" else 1
+        if box:
+            # torus_collective.torus_phases: one share of 1/d per axis, share i taking the axes in the
+            # order rotated by i; stage j of every share runs at once (max over shares)
+            axes = [
+                (e, 2 if (w and e == e_full and e_full > 2) else 1)
+                for e, e_full, w in zip(extents, self.shape, self.wrap)
+                if e > 1
+            ]
+            d = len(axes)
+            orders = [axes[i:] + axes[:i] for i in range(d)]
+            per_byte, steps = 0.0, 0
+            for j in range(d):
+                per_byte += max(
+                    (o[j][0] - 1) / o[j][0] / d / math.prod(e for e, _ in o[:j]) / (B * o[j][1]) for o in orders
+                )
+                steps += max(o[j][0] - 1 for o in orders)
+            return f * per_byte, f * steps * a
+        # Not a box: a ring in group order; its neighbour transfers take several hops.
+        nxt = np.roll(local, -1)
+        worst = 0.0
+        for ca, cb, e, w in zip(coords, self._coords(nxt), self.shape, self.wrap):
+            d = np.abs(ca - cb)
+            d = np.minimum(d, e - d) if (w and e > 2) else d
+            worst = max(worst, float(d.sum()) / n)
+        return f * (n - 1) / n * max(worst, 1.0) / B, f * (n - 1) * a * max(worst, 1.0)

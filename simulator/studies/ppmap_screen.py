@@ -1,0 +1,148 @@
+"""The screen of a map point: every layout checked, memory-estimated and ranked by the analytic
+step-time estimate (:func:`screen`), the layouts chosen to simulate (:func:`choose`), the memory
+facts of the point (:func:`memory_facts`) and every point's screen, kept in ``screen.jsonl``
+(:func:`run_screens`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Mapping, Optional
+
+import pandas as pd
+
+from simulator.scenario.loading import load_scenario
+from simulator.scenario.schema import ScenarioError
+from simulator.studies.estimate import estimate_memory, proxy_cost
+from simulator.studies.network_model import NetModel
+from simulator.studies.ppmap_spec import SCREEN_FILE, MapSpec, points
+from simulator.studies.search_layouts import (
+    LAYOUT_KEYS,
+    PRUNE_TOLERANCE,
+    candidate_mapping,
+    enumerate_layouts,
+    label,
+)
+from simulator.studies.sweep_cases import check_scenario, plain_json
+from simulator.studies.sweep_rows import RowStore
+
+
+def _layouts(sc0, spec: MapSpec):
+    """The search's layouts with pp in ``search.pp``; layouts without PP also with each
+    micro-batch size of ``search.nopp_micro_batch_sizes`` (fewer, larger micro-batches:
+    ZeRO-3 gathers each layer's weights once per micro-batch)."""
+    for p in enumerate_layouts(sc0, spec.bounds):
+        if spec.pp_degrees is not None and p["pp"] not in spec.pp_degrees:
+            continue
+        yield p
+        if p["pp"] == 1:
+            for mb in spec.nopp_micro_batch_sizes:
+                if mb != p["micro_batch_size"]:
+                    yield {**p, "micro_batch_size": mb}
+
+
+def screen(point: Mapping, spec: MapSpec, mem_cache: Optional[dict] = None) -> pd.DataFrame:
+    """Every layout of the point that loads and fits by the memory estimate, with its
+    estimated step time (columns: label, the layout keys, est_memory_bytes, est_step_time_s,
+    hbm_bytes). ``mem_cache`` (a dict) keeps memory estimates across points."""
+    base = point["scenario"]
+    sc0 = load_scenario(base)
+    hbm = sc0.cluster.chip.hbm_bytes
+    chip_key = (
+        json.dumps(base["model"], sort_keys=True, default=str),
+        sc0.cluster.chip.name,
+        hbm,
+        json.dumps(base["training"], sort_keys=True),
+    )
+    mem_cache = {} if mem_cache is None else mem_cache
+    net = NetModel(sc0.cluster, sc0.network_calibration())
+    recs = []
+    for p in _layouts(sc0, spec):
+        key = (chip_key, label(p))
+        mapping = candidate_mapping(base, p, point["id"])
+        if key in mem_cache and mem_cache[key] is None:
+            continue  # invalid or over the HBM: the same on every network
+        try:
+            sc = load_scenario(mapping)
+            if key not in mem_cache:
+                check_scenario(sc)
+                est = estimate_memory(sc)["total"]
+                mem_cache[key] = est if est <= hbm * (1 + PRUNE_TOLERANCE) else None
+            est = mem_cache[key]
+        except (ScenarioError, ValueError):
+            mem_cache[key] = None
+            continue
+        if est is None:
+            continue
+        recs.append(
+            {
+                "label": label(p),
+                **p,
+                "est_memory_bytes": est,
+                "est_step_time_s": proxy_cost(p, sc.training.micro_batches(sc.layout.dp), sc, net),
+                "hbm_bytes": hbm,
+            }
+        )
+    cols = ["label", *LAYOUT_KEYS, "est_memory_bytes", "est_step_time_s", "hbm_bytes"]
+    return pd.DataFrame.from_records(recs, columns=cols).sort_values(["est_step_time_s", "label"], kind="stable")
+
+
+def choose(table: pd.DataFrame, with_pp: int, without_pp: int) -> list[dict]:
+    """The layouts to simulate: the ``with_pp`` best-estimated with pp > 1 (one per schedule
+    first), the ``without_pp`` best with pp = 1; only layouts whose memory estimate is
+    within the HBM (no tolerance: a layout at the edge would be simulated out of memory)."""
+    t = table[table["est_memory_bytes"] <= table["hbm_bytes"]]
+    picks = []
+    pp = t[t["pp"] > 1]
+    first = pp.drop_duplicates("schedule")
+    rest = pp[~pp.index.isin(first.index)]
+    picks += pd.concat([first, rest]).head(with_pp).to_dict("records")
+    picks += t[t["pp"] == 1].head(without_pp).to_dict("records")
+    return [{k: r[k] for k in ("label", *LAYOUT_KEYS, "est_memory_bytes", "est_step_time_s")} for r in picks]
+
+
+def memory_facts(table: pd.DataFrame) -> dict:
+    """Does a layout without PP fit (by the estimate) at all, without ZeRO-3, without
+    recomputation, without either?"""
+    nopp = table[(table["pp"] == 1) & (table["est_memory_bytes"] <= table["hbm_bytes"])]
+    return {
+        "nopp_fits": bool(len(nopp)),
+        "nopp_fits_without_zero3": bool(len(nopp[nopp["zero"] < 3])),
+        "nopp_fits_without_recompute": bool(len(nopp[nopp["recompute"] == "none"])),
+        "nopp_fits_without_either": bool(len(nopp[(nopp["zero"] < 3) & (nopp["recompute"] == "none")])),
+    }
+
+
+def _best_est(table: pd.DataFrame, pp: bool) -> Optional[dict]:
+    t = table[(table["pp"] > 1) if pp else (table["pp"] == 1)]
+    t = t[t["est_memory_bytes"] <= t["hbm_bytes"]]
+    return None if t.empty else {"label": t.iloc[0]["label"], "est_step_time_s": float(t.iloc[0]["est_step_time_s"])}
+
+
+def run_screens(spec: MapSpec, out: Path, progress: bool = False) -> dict[str, dict]:
+    """Screen every point not yet in ``OUT/screen.jsonl``; returns screens by point id."""
+    store = RowStore(out)
+    store.path = out / SCREEN_FILE
+    done = {k: v for k, v in store.load().items()}
+    mem_cache: dict = {}
+    for pt in points(spec):
+        if pt["id"] in done:
+            continue
+        t0 = time.process_time()
+        table = screen(pt, spec, mem_cache)
+        rec = {
+            "key": pt["id"],
+            "chosen": choose(table, spec.with_pp, spec.without_pp),
+            "est_best_pp": _best_est(table, True),
+            "est_best_nopp": _best_est(table, False),
+            "layouts_fit": int(len(table)),
+            **memory_facts(table),
+            "screen_cpu_s": time.process_time() - t0,
+        }
+        store.append(rec)
+        done[pt["id"]] = json.loads(plain_json(rec))
+        if progress:
+            print(f"screened {pt['id']}: {len(table)} layouts fit, {rec['screen_cpu_s']:.1f} s CPU", flush=True)
+    return done

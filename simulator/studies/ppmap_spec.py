@@ -1,0 +1,185 @@
+"""A pipeline-parallelism map's file (:func:`load_map`, :class:`MapSpec`; the format is described in
+:mod:`simulator.studies.ppmap`) and its points (:func:`points`): the grid of scale-up domain
+sizes and scale-out bandwidths of every model, and today's systems.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional, Union
+
+from simulator.scenario.loading import read_mapping
+from simulator.scenario.schema import ScenarioError
+from simulator.studies.search_layouts import (
+    SearchBounds,
+)
+
+MAP_KEYS = ("name", "devices", "models", "training", "grid", "systems", "search", "simulate", "marks")
+SCREEN_FILE, MAP_CSV, CANDIDATES_CSV, STATUS_JSON = "screen.jsonl", "map.csv", "candidates.csv", "status.json"
+#: Summary figures each simulated candidate keeps (candidates.csv columns).
+SIM_KEYS = (
+    "step_time_s",
+    "mfu",
+    "peak_memory_bytes",
+    "hbm_bytes",
+    "bubble_fraction",
+    "exposed_comm_fraction",
+    "sim_wall_s",
+    "micro_batches",
+)
+RATIO_CONTOUR = 1.10  # "PP pays": the best layout without PP is at least 10 % slower
+TRAINING_DEFAULTS = {
+    "seq_len": 4096,
+    "sequences_per_device": 8,
+    "micro_batch_size": 1,
+    "dtype": "fp8",
+    "balance": "aux-free",
+}
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    name: str
+    devices: int
+    models: tuple
+    training: dict
+    grid_cluster: dict
+    domain_sizes: tuple[int, ...]
+    nic_gbps: tuple[float, ...]
+    systems: dict
+    bounds: SearchBounds
+    pp_degrees: Optional[tuple[int, ...]]
+    nopp_micro_batch_sizes: tuple[int, ...]
+    with_pp: int
+    without_pp: int
+    marks: tuple = ()  # (label, domain, nic GB/s): today's systems' places on the grid
+
+
+def _pos_int(v, field: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ScenarioError(field, f"must be a positive integer, got {v!r}")
+    return v
+
+
+def load_map(spec: Union[str, Path, Mapping]) -> MapSpec:
+    """Parse a map file or mapping; :class:`ScenarioError` names the key at fault."""
+    data = read_mapping(spec, what="map") if isinstance(spec, (str, Path)) else dict(spec)
+    for k in data:
+        if k not in MAP_KEYS:
+            raise ScenarioError(k, f"unknown map key; allowed: {', '.join(MAP_KEYS)}")
+    devices = _pos_int(data.get("devices"), "devices")
+    models = data.get("models")
+    if not isinstance(models, list) or not models:
+        raise ScenarioError("models", "a non-empty list of model presets or mappings")
+    training = {**TRAINING_DEFAULTS, **(data.get("training") or {})}
+    grid = data.get("grid") or {}
+    systems = data.get("systems") or {}
+    if not grid and not systems:
+        raise ScenarioError("grid", "a map needs a grid and/or systems")
+    doms = tuple(_pos_int(d, "grid.domain_sizes") for d in grid.get("domain_sizes", ())) if grid else ()
+    for d in doms:
+        if devices % d:
+            raise ScenarioError("grid.domain_sizes", f"{d} does not divide devices = {devices}")
+    nics = tuple(float(x) for x in grid.get("nic_gbps", ())) if grid else ()
+    if grid and (not doms or not nics or any(x <= 0 for x in nics)):
+        raise ScenarioError("grid", "needs non-empty domain_sizes and positive nic_gbps")
+    if not isinstance(systems, Mapping) or any(
+        not isinstance(v, Mapping) or "cluster" not in v for v in systems.values()
+    ):
+        raise ScenarioError("systems", "a mapping of label -> {cluster: ..., training: ...}")
+    s = dict(data.get("search") or {})
+    pp_degrees = s.pop("pp", None)
+    nopp_mbs = tuple(_pos_int(b, "search.nopp_micro_batch_sizes") for b in s.pop("nopp_micro_batch_sizes", ()))
+    for k in ("schedules", "zero", "recompute", "micro_batch_sizes"):
+        if k in s:
+            s[k] = tuple(s[k])
+    if pp_degrees is not None:
+        pp_degrees = tuple(_pos_int(p, "search.pp") for p in pp_degrees)
+        s.setdefault("max_pp", max(pp_degrees))
+    try:
+        bounds = SearchBounds(**s)
+    except TypeError as err:
+        raise ScenarioError("search", str(err)) from None
+    sim = data.get("simulate") or {}
+    marks = data.get("marks") or {}
+    if not isinstance(marks, Mapping) or any(not isinstance(v, list) or len(v) != 2 for v in marks.values()):
+        raise ScenarioError("marks", "a mapping of label -> [domain size, NIC GB/s]")
+    return MapSpec(
+        marks=tuple((str(k), int(v[0]), float(v[1])) for k, v in marks.items()),
+        name=str(data.get("name") or "ppmap"),
+        devices=devices,
+        models=tuple(models),
+        training=training,
+        grid_cluster=dict(grid.get("cluster") or {"preset": "dgx-h100"}),
+        domain_sizes=doms,
+        nic_gbps=nics,
+        systems={str(k): dict(v) for k, v in systems.items()},
+        bounds=bounds,
+        pp_degrees=pp_degrees,
+        nopp_micro_batch_sizes=nopp_mbs,
+        with_pp=_pos_int(sim.get("with_pp", 2), "simulate.with_pp"),
+        without_pp=_pos_int(sim.get("without_pp", 1), "simulate.without_pp"),
+    )
+
+
+# ---- the points ------------------------------------------------------------------------------
+
+
+def model_name(model) -> str:
+    return model if isinstance(model, str) else str(model.get("preset") or model.get("name"))
+
+
+def base_scenario(model, cluster: Mapping, devices: int, training: Mapping, name: str) -> dict:
+    """The scenario of one point, before the layout is chosen."""
+    t = dict(training)
+    seqs = t.pop("sequences_per_device")
+    t["global_batch_size"] = seqs * devices
+    return {
+        "name": name,
+        "model": copy.deepcopy(model),
+        "cluster": {**copy.deepcopy(dict(cluster)), "devices": devices},
+        "parallel": {"tp": 1, "pp": 1, "ep": 1, "zero": 1},
+        "schedule": "1f1b",
+        "training": t,
+    }
+
+
+def points(spec: MapSpec) -> list[dict]:
+    """Every point: ``{"id", "model", "system", "domain", "nic_gbps", "scenario"}``; grid
+    points have ``system = "grid"``, systems their label (``domain`` / ``nic_gbps`` None)."""
+    out = []
+    for model in spec.models:
+        m = model_name(model)
+        for d in spec.domain_sizes:
+            for w in spec.nic_gbps:
+                net = {**(spec.grid_cluster.get("network") or {}), "domain_size": d, "nic_bw_bytes_per_s": w * 1e9}
+                pid = f"{m}/d{d}-w{w:g}"
+                out.append(
+                    {
+                        "id": pid,
+                        "model": m,
+                        "system": "grid",
+                        "domain": d,
+                        "nic_gbps": w,
+                        "scenario": base_scenario(
+                            model, {**spec.grid_cluster, "network": net}, spec.devices, spec.training, pid
+                        ),
+                    }
+                )
+        for lab, sysd in spec.systems.items():
+            pid = f"{m}/{lab}"
+            out.append(
+                {
+                    "id": pid,
+                    "model": m,
+                    "system": lab,
+                    "domain": None,
+                    "nic_gbps": None,
+                    "scenario": base_scenario(
+                        model, sysd["cluster"], spec.devices, {**spec.training, **(sysd.get("training") or {})}, pid
+                    ),
+                }
+            )
+    return out
