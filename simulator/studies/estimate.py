@@ -387,7 +387,7 @@ class NetModel:
 
 def _pair_time(f_layers, b_layers, slowdown: float) -> float:
     """Seconds of one DualPipe forward/backward pair on the compute stream: the two halves'
-    layers interleaved as the trace does (``workloads.trace.builder._RankProgram._interleave``, the
+    layers interleaved as the trace does (``workloads.trace.program.RankProgram._interleave``, the
     backward half first), its compute ops ``slowdown`` times longer, the expert all-to-alls
     in order on one communication stream, each starting when issued (and the stream is
     free) and waited for by the op that needs it. ``f_layers``: per forward layer
@@ -557,7 +557,7 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
 
     def a2a(rank: int, size: float) -> float:
         # node-limited routing: the rail hop carries distinct nodes / top_k of the copies,
-        # pipelined with the NVLink fan-out (workloads.trace.builder.RankProgram.all_to_all)
+        # pipelined with the NVLink fan-out (workloads.trace.program.RankProgram.all_to_all)
         nl = b.node_limited()
         frac = 1.0 if nl is None else min(1.0, nl[0] / model.moe.top_k)
         return net.time_s("all-to-all", L.group(rank, "ep"), size, scaleout_fraction=frac)
