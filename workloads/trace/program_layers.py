@@ -9,6 +9,7 @@ from typing import Optional
 
 
 from workloads import memory
+from workloads import activations
 from workloads.trace.ops import Op
 from workloads.trace.builder import (
     INPUT_GRAD_FREED_FRACTION,
@@ -58,9 +59,9 @@ class LayerOps:
         key = ("head", "stash")
         if key not in b._stash_cache:
             kw = dict(tp=L.tp, cp=L.cp, sequence_parallel=L.sequence_parallel)
-            b._stash_cache[key] = memory.head_activation_bytes(
+            b._stash_cache[key] = activations.head_activation_bytes(
                 b.model, t.micro_batch_size, t.seq_len, **kw
-            ) + memory.mtp_activation_bytes(
+            ) + activations.mtp_activation_bytes(
                 b.model,
                 t.micro_batch_size,
                 t.seq_len,
@@ -290,7 +291,7 @@ class LayerOps:
 
     def _stash_uncached(self, l: int) -> float:
         b, L, t = self.b, self.b.L, self.b.t
-        return memory.activation_bytes_per_layer(
+        return activations.activation_bytes_per_layer(
             b.model,
             l,
             t.micro_batch_size,
@@ -308,7 +309,7 @@ class LayerOps:
     def _recompute_transient(self, l: int) -> float:
         """Activations rebuilt by full recomputation of one layer, alive until its backward ends."""
         b, L, t = self.b, self.b.L, self.b.t
-        return memory.activation_bytes_per_layer(
+        return activations.activation_bytes_per_layer(
             b.model,
             l,
             t.micro_batch_size,
