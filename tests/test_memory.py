@@ -6,12 +6,14 @@ import pytest
 
 from workloads.counts import _block_params, parameter_count, expert_parameter_count
 from workloads.layout import ParallelLayout
-from workloads.memory import (
-    StateBytes,
+from workloads.activations import (
     activation_bytes_per_layer,
     embedding_activation_bytes,
     head_activation_bytes,
     mtp_activation_bytes,
+)
+from workloads.memory import (
+    StateBytes,
     rank_parameter_counts,
     rank_parameter_units,
     sharding_buffer_bytes,

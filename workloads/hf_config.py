@@ -108,21 +108,7 @@ def model_from_hf_config(
     ``model_type``."""
     raw = _load(path_or_dict)
     c = _Config(raw)
-    model_type = raw.get("model_type")
-    if model_type is None:
-        raise WorkloadError("hf_config.model_type", "missing required key")
-    if model_type not in _FAMILIES:
-        raise WorkloadError(
-            "hf_config.model_type", f"unsupported {model_type!r}; allowed: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    gated, norm, acts, tie_default = _FAMILIES[model_type]
-    act_key = "activation_function" if model_type == "gpt2" else "hidden_act"
-    act = raw.get(act_key, acts[0])
-    if act not in acts:
-        raise WorkloadError(
-            f"hf_config.{act_key}", f"{act!r} is not supported for {model_type}; allowed: {', '.join(acts)}"
-        )
-
+    model_type, gated, norm, tie_default = _family(raw)
     if model_type == "gpt2":
         layers, hidden, heads = c.int("n_layer"), c.int("n_embd"), c.int("n_head")
         ffn_hidden = c.int("n_inner", default=4 * hidden)
@@ -139,47 +125,9 @@ def model_from_hf_config(
     elif model_type == "nemotron":
         bias = c.bool("attention_bias", False) or c.bool("mlp_bias", False)
 
-    attention = None
-    moe = None
-    mtp_depth = 0
-    if model_type in ("deepseek_v3", "kimi_k2"):
-        attention = MLASpec(
-            q_lora_rank=c.int("q_lora_rank", default=0, minimum=0),
-            kv_lora_rank=c.int("kv_lora_rank"),
-            qk_rope_head_dim=c.int("qk_rope_head_dim"),
-            qk_nope_head_dim=c.int("qk_nope_head_dim"),
-            v_head_dim=c.int("v_head_dim"),
-        )
+    attention, moe, mtp_depth = _attention_moe_mtp(model_type, c, raw, ffn_hidden)
+    if attention is not None:
         head_dim = attention.v_head_dim
-        mtp_depth = c.int("num_nextn_predict_layers", default=0, minimum=0)
-        if c.has("n_routed_experts"):
-            n_group, topk_group = c.int("n_group", default=1), c.int("topk_group", default=1)
-            moe = MoESpec(
-                experts=c.int("n_routed_experts"),
-                top_k=c.int("num_experts_per_tok"),
-                expert_ffn_hidden=c.int("moe_intermediate_size"),
-                shared_experts=c.int("n_shared_experts", default=0, minimum=0),
-                dense_layers=c.int("first_k_dense_replace", default=0, minimum=0),
-                layer_freq=c.int("moe_layer_freq", default=1),
-                # Group-limited routing (DeepSeek-V3 §2.1.2: experts grouped by
-                # node, each token sent to at most topk_group groups).
-                max_nodes_per_token=topk_group if n_group > 1 else None,
-            )
-    elif model_type == "mixtral":
-        moe = MoESpec(
-            experts=c.int("num_local_experts"),
-            top_k=c.int("num_experts_per_tok"),
-            expert_ffn_hidden=ffn_hidden,
-        )
-    elif model_type == "qwen3_moe":
-        dense_layers = _leading_dense_layers(raw.get("mlp_only_layers") or [])
-        moe = MoESpec(
-            experts=c.int("num_experts"),
-            top_k=c.int("num_experts_per_tok"),
-            expert_ffn_hidden=c.int("moe_intermediate_size"),
-            dense_layers=dense_layers,
-            layer_freq=c.int("decoder_sparse_step", default=1),
-        )
 
     return ModelSpec(
         name=name or raw.get("_name_or_path") or model_type,
@@ -212,3 +160,71 @@ def _leading_dense_layers(mlp_only_layers: list) -> int:
             "hf_config.mlp_only_layers", f"only leading dense layers (0, 1, ...) are supported, got {mlp_only_layers}"
         )
     return len(mlp_only_layers)
+
+
+def _family(raw: Mapping[str, Any]) -> tuple[str, bool, str, bool]:
+    """The config's model type, checked against the supported families, with its family's gated FFN,
+    norm and tied-embedding default; the activation function is checked against the family's."""
+    model_type = raw.get("model_type")
+    if model_type is None:
+        raise WorkloadError("hf_config.model_type", "missing required key")
+    if model_type not in _FAMILIES:
+        raise WorkloadError(
+            "hf_config.model_type", f"unsupported {model_type!r}; allowed: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    gated, norm, acts, tie_default = _FAMILIES[model_type]
+    act_key = "activation_function" if model_type == "gpt2" else "hidden_act"
+    act = raw.get(act_key, acts[0])
+    if act not in acts:
+        raise WorkloadError(
+            f"hf_config.{act_key}", f"{act!r} is not supported for {model_type}; allowed: {', '.join(acts)}"
+        )
+    return model_type, gated, norm, tie_default
+
+
+def _attention_moe_mtp(
+    model_type: str, c: _Config, raw: Mapping[str, Any], ffn_hidden: int
+) -> tuple[Optional[MLASpec], Optional[MoESpec], int]:
+    """The MLA attention (None: standard attention), the MoE block (None: dense) and the MTP depth of
+    a config of ``model_type``."""
+    attention = None
+    moe = None
+    mtp_depth = 0
+    if model_type in ("deepseek_v3", "kimi_k2"):
+        attention = MLASpec(
+            q_lora_rank=c.int("q_lora_rank", default=0, minimum=0),
+            kv_lora_rank=c.int("kv_lora_rank"),
+            qk_rope_head_dim=c.int("qk_rope_head_dim"),
+            qk_nope_head_dim=c.int("qk_nope_head_dim"),
+            v_head_dim=c.int("v_head_dim"),
+        )
+        mtp_depth = c.int("num_nextn_predict_layers", default=0, minimum=0)
+        if c.has("n_routed_experts"):
+            n_group, topk_group = c.int("n_group", default=1), c.int("topk_group", default=1)
+            moe = MoESpec(
+                experts=c.int("n_routed_experts"),
+                top_k=c.int("num_experts_per_tok"),
+                expert_ffn_hidden=c.int("moe_intermediate_size"),
+                shared_experts=c.int("n_shared_experts", default=0, minimum=0),
+                dense_layers=c.int("first_k_dense_replace", default=0, minimum=0),
+                layer_freq=c.int("moe_layer_freq", default=1),
+                # Group-limited routing (DeepSeek-V3 §2.1.2: experts grouped by
+                # node, each token sent to at most topk_group groups).
+                max_nodes_per_token=topk_group if n_group > 1 else None,
+            )
+    elif model_type == "mixtral":
+        moe = MoESpec(
+            experts=c.int("num_local_experts"),
+            top_k=c.int("num_experts_per_tok"),
+            expert_ffn_hidden=ffn_hidden,
+        )
+    elif model_type == "qwen3_moe":
+        dense_layers = _leading_dense_layers(raw.get("mlp_only_layers") or [])
+        moe = MoESpec(
+            experts=c.int("num_experts"),
+            top_k=c.int("num_experts_per_tok"),
+            expert_ffn_hidden=c.int("moe_intermediate_size"),
+            dense_layers=dense_layers,
+            layer_freq=c.int("decoder_sparse_step", default=1),
+        )
+    return attention, moe, mtp_depth

@@ -87,6 +87,60 @@ def _durations(durations: Mapping[str, float]) -> dict[str, float]:
     return d
 
 
+def _per_rank_durations(
+    durations: Union[Mapping[str, float], Sequence[Mapping[str, float]]], pp: int
+) -> list[dict[str, float]]:
+    """One mapping for every rank, or one per rank (e.g. a straggler's stage slower), checked."""
+    per_rank = (
+        [_durations(d) for d in durations] if not isinstance(durations, Mapping) else [_durations(durations)] * pp
+    )
+    if len(per_rank) != pp:
+        raise ValueError(f"durations: {len(per_rank)} mappings for {pp} ranks")
+    return per_rank
+
+
+class _Passes:
+    """The passes an action of :func:`run_schedule` waits for and completes, as ``(kind, micro-batch,
+    position on the micro-batch's path)``: kind F, G (input gradient: B or I), W."""
+
+    def __init__(self, paths: Sequence[Sequence[tuple[int, int]]], m: int):
+        self.paths, self.m = paths, m
+        self.pos = [{rc: s for s, rc in enumerate(p)} for p in paths]  # (rank, chunk) -> position on path
+
+    def key(self, a: Action, rank: int) -> tuple[int, int]:
+        m = self.m
+        if not 0 <= a.mb < m:
+            raise ScheduleError("schedule", f"rank {rank}: {a!r} names micro-batch {a.mb} outside 0..{m - 1}")
+        s = self.pos[a.mb].get((rank, a.chunk))
+        if s is None:
+            raise ScheduleError(
+                "schedule", f"rank {rank}: {a!r}: micro-batch {a.mb} never visits local chunk {a.chunk} of rank {rank}"
+            )
+        return a.mb, s
+
+    def needs(self, a: Action, rank: int) -> list[tuple[str, int, int]]:
+        mb, s = self.key(a, rank)
+        last = len(self.paths[mb]) - 1
+        if a.op == "F":
+            return [("F", mb, s - 1)] if s > 0 else []
+        if a.op == "W":
+            return [("G", mb, s)]
+        deps = [("F", mb, s)]
+        if s < last:
+            deps.append(("G", mb, s + 1))
+        return deps
+
+    def produces(self, a: Action, rank: int) -> list[tuple[str, int, int]]:
+        mb, s = self.key(a, rank)
+        if a.op == "F":
+            return [("F", mb, s)]
+        if a.op == "I":
+            return [("G", mb, s)]
+        if a.op == "W":
+            return [("W", mb, s)]
+        return [("G", mb, s), ("W", mb, s)]
+
+
 def run_schedule(
     steps_per_rank: Sequence[Sequence[Step]],
     durations: Union[Mapping[str, float], Sequence[Mapping[str, float]]],
@@ -109,14 +163,10 @@ def run_schedule(
     if pair_cost not in ("sum", "max"):
         raise ValueError(f"pair_cost must be 'sum' or 'max', got {pair_cost!r}")
     pp = len(steps_per_rank)
-    # One mapping for every rank, or one per rank (e.g. a straggler's stage slower).
-    per_rank = (
-        [_durations(d) for d in durations] if not isinstance(durations, Mapping) else [_durations(durations)] * pp
-    )
-    if len(per_rank) != pp:
-        raise ValueError(f"durations: {len(per_rank)} mappings for {pp} ranks")
+    per_rank = _per_rank_durations(durations, pp)
     paths = [micro_batch_path(name, j, m, pp, vpp) for j in range(m)]
-    pos = [{rc: s for s, rc in enumerate(p)} for p in paths]  # (rank, chunk) -> position on path
+    passes = _Passes(paths, m)
+    needs, produces = passes.needs, passes.produces
 
     def cost(op: str, rank: int) -> float:
         dur = per_rank[rank]
@@ -126,38 +176,6 @@ def run_schedule(
 
     # done[(kind, mb, position)] = end time; kind F, G (input gradient: B or I), W
     done: dict[tuple[str, int, int], float] = {}
-
-    def key(a: Action, rank: int) -> tuple[int, int]:
-        if not 0 <= a.mb < m:
-            raise ScheduleError("schedule", f"rank {rank}: {a!r} names micro-batch {a.mb} outside 0..{m - 1}")
-        s = pos[a.mb].get((rank, a.chunk))
-        if s is None:
-            raise ScheduleError(
-                "schedule", f"rank {rank}: {a!r}: micro-batch {a.mb} never visits local chunk {a.chunk} of rank {rank}"
-            )
-        return a.mb, s
-
-    def needs(a: Action, rank: int) -> list[tuple[str, int, int]]:
-        mb, s = key(a, rank)
-        last = len(paths[mb]) - 1
-        if a.op == "F":
-            return [("F", mb, s - 1)] if s > 0 else []
-        if a.op == "W":
-            return [("G", mb, s)]
-        deps = [("F", mb, s)]
-        if s < last:
-            deps.append(("G", mb, s + 1))
-        return deps
-
-    def produces(a: Action, rank: int) -> list[tuple[str, int, int]]:
-        mb, s = key(a, rank)
-        if a.op == "F":
-            return [("F", mb, s)]
-        if a.op == "I":
-            return [("G", mb, s)]
-        if a.op == "W":
-            return [("W", mb, s)]
-        return [("G", mb, s), ("W", mb, s)]
 
     nxt = [0] * pp
     free = [0.0] * pp

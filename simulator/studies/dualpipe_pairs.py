@@ -13,7 +13,7 @@ import numpy as np
 
 def pair_time(f_layers, b_layers, slowdown: float) -> float:
     """Seconds of one DualPipe forward/backward pair on the compute stream: the two halves'
-    layers interleaved as the trace does (``workloads.trace.builder._RankProgram._interleave``, the
+    layers interleaved as the trace does (``workloads.trace.program.RankProgram._interleave``, the
     backward half first), its compute ops ``slowdown`` times longer, the expert all-to-alls
     in order on one communication stream, each starting when issued (and the stream is
     free) and waited for by the op that needs it. ``f_layers``: per forward layer

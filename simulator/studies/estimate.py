@@ -25,6 +25,7 @@ from simulator.studies.dualpipe_pairs import dualpipe_busy
 from simulator.studies.layer_costs import StepCosts
 from simulator.studies.network_model import NetModel
 from workloads import memory
+from workloads import activations
 from workloads import schedules as sched
 from workloads.trace.builder import INPUT_GRAD_FREED_FRACTION, chunk_layer_ranges
 
@@ -102,7 +103,7 @@ def estimate_memory(sc) -> dict:
     global_aux = model.is_moe and t.balance == "aux-loss-global"
 
     def stash(layer: int, recompute: str) -> float:
-        return memory.activation_bytes_per_layer(
+        return activations.activation_bytes_per_layer(
             model,
             layer,
             t.micro_batch_size,
@@ -116,7 +117,7 @@ def estimate_memory(sc) -> dict:
             **memory.activation_options(t),
         )
 
-    head = memory.head_activation_bytes(
+    head = activations.head_activation_bytes(
         model, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp, sequence_parallel=L.sequence_parallel
     )
     per_layer = {}

@@ -2,11 +2,17 @@
 
 * :mod:`.builder` — :func:`~workloads.trace.builder.build_trace`: the model, training and
   layout into a per-rank program of compute ops and collectives, stage by stage of the
-  pipeline schedule;
+  pipeline schedule; its :class:`~workloads.trace.builder.TraceBuilder` holds the sizes
+  and kernels every rank's program shares and makes the ops;
+* :mod:`.program` — one rank's program from its schedule's actions (op helpers, pipeline
+  sends and receives), with :mod:`.program_layers` (per-layer forward / backward ops: TP,
+  CP and EP collectives, MoE, recomputation, activation offload) and :mod:`.program_params`
+  (data-parallel gradient and parameter traffic, ZeRO, the optimizer, static memory);
 * :mod:`.ops` — :class:`~workloads.trace.ops.Op` and :class:`~workloads.trace.ops.Trace`,
   the plain data the engine runs;
 * :mod:`.io` — stepsim's own trace file (JSON), written and read back;
-* :mod:`.chakra` — MLCommons Chakra execution traces, written and read.
+* :mod:`.chakra` — MLCommons Chakra execution traces: the format and shared constants, with
+  :mod:`.chakra_write` (the writer) and :mod:`.chakra_read` (the reader).
 
 A new pipeline schedule is a pure function in :mod:`workloads.schedules`; the builder
 turns its order into ops.

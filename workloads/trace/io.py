@@ -221,7 +221,7 @@ def write_trace(trace: Trace, path: Union[str, Path], scenario=None, format: str
     format, one file) or ``chakra`` (a directory of Chakra ET files:
     :mod:`workloads.trace.chakra`)."""
     if format == "chakra":
-        from workloads.trace.chakra import write_chakra
+        from workloads.trace.chakra_write import write_chakra
 
         write_chakra(trace, path, scenario_record=scenario_record(scenario) if scenario is not None else None)
         return
@@ -243,7 +243,7 @@ def read_trace(path: Union[str, Path]) -> Trace:
     """Read a trace file (at most :data:`MAX_TRACE_FILE_BYTES` uncompressed), or a
     Chakra trace (a directory of ET files or their prefix: :mod:`workloads.trace.chakra`);
     every problem is a :class:`TraceError` naming the file or the field."""
-    from workloads.trace.chakra import is_chakra_path, read_chakra
+    from workloads.trace.chakra_read import is_chakra_path, read_chakra
 
     p = Path(path)
     if is_chakra_path(p):

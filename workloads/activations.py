@@ -1,0 +1,409 @@
+"""Activation memory, in bytes: the tensors each layer (and the embedding, the output layer and the
+MTP modules) stashes for its backward pass, per micro-batch, under the recompute and saving policies.
+
+Activations
+-----------
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models", arXiv 2205.05198, §4 and Table 2) count, for a GPT layer with 16-bit
+activations and 1-byte dropout masks, the tensors each operation keeps for its
+backward (``a`` heads, ``s`` sequence, ``b`` micro-batch, ``h`` hidden, ``t`` TP):
+
+==============================  ==========  ================================
+tensor kept                     bytes       split by ``t``
+==============================  ==========  ================================
+pre-attention norm input        2sbh        only with sequence parallelism
+QKV GEMM input (norm output)    2sbh        only with sequence parallelism
+Q and K (for ``Q K^T``)         4sbh        always (heads)
+softmax output                  2as^2b      always
+softmax dropout mask            as^2b       always
+softmax dropout output (P V)    2as^2b      always
+V                               2sbh        always
+out-projection input            2sbh        always
+attention dropout mask          sbh         only with sequence parallelism
+pre-MLP norm input              2sbh        only with sequence parallelism
+MLP up GEMM input               2sbh        only with sequence parallelism
+GELU input (4h wide)            8sbh        always
+down GEMM input (4h wide)       8sbh        always
+MLP dropout mask                sbh         only with sequence parallelism
+==============================  ==========  ================================
+
+which sums to ``sbh(34 + 5as/h)``; ``sbh(10 + 24/t + 5as/(ht))`` under TP without
+sequence parallelism, ``(sbh/t)(34 + 5as/h)`` with it, ``34sbh/t`` with selective
+recompute (the ``s^2`` terms recomputed), and ``2sbh`` with full recompute (only
+the layer input kept). :func:`activation_bytes_per_layer` builds the same table
+tensor by tensor, so with ``dropout=True`` and a GELU MHA model it reproduces
+those closed forms exactly, and it generalises them:
+
+* **No dropout** (``dropout=False``, the default: modern LLMs train without it):
+  no masks, and ``P V`` reads the softmax output itself, so the ``s^2`` part is
+  ``2as^2b`` and the linear part loses ``2sbh``.
+* **SwiGLU**: the gate/up GEMM output is ``2f`` wide and the down-GEMM input ``f``.
+* **GQA/MQA**: K and V have ``kv_heads*head_dim`` columns (per TP rank: the local
+  KV heads, replicated when ``t`` exceeds them).
+* **MLA** (DeepSeek-V2 §2.1): the replicated down projections keep their input
+  (the norm output) and the latents (query latent, KV latent + RoPE key, and their
+  normed copies, not split by ``t``); the per-head Q, K (``qk_head_dim``) and V
+  (``v_head_dim``) and the out-projection input are split by ``t``.
+* **MoE**: the router keeps its input and fp32 routing probabilities; every
+  token-expert assignment keeps its permuted input ``h``, the up GEMM output
+  (``2f_e/etp`` or ``f_e/etp``) and the down GEMM input (``f_e/etp``), so routed
+  memory scales with ``top_k * expert_ffn_hidden``. What the gate-weight gradient
+  needs depends on where the gate weight multiplies (``moe_gate_weighting``):
+
+  - ``"activation"`` (default): the weight scales the SwiGLU output, as Megatron-Core
+    has done since core_v0.13 (NVIDIA/Megatron-LM commit 2659630, "Memory efficient
+    token permutation", April 2025: the probabilities are permuted with the tokens and
+    ``experts.py`` applies ``activation_func_with_probs``). The down projection is
+    linear, so ``dL/dg = <dL/d(down input), act_out>`` comes from tensors the backward
+    has anyway; only the fp32 weight is kept per assignment (4 bytes).
+  - ``"combine"``: the weight scales the expert output when tokens are un-permuted
+    (Megatron-Core up to core_v0.12, NeMo 1.0 recipes: ``moe_utils.unpermute`` with
+    ``probs``), whose backward keeps that 16-bit expert output, ``h`` per assignment
+    (2h bytes: with DeepSeek-V3's ``h = 7168`` the largest per-assignment tensor).
+
+  Shared experts behave like a dense FFN.
+* **Flash attention** (``flash_attention=True``): the ``s x s`` scores are never
+  materialised, exactly as selective recompute (they are recomputed in the
+  backward); the kernel keeps an fp32 log-sum-exp per query and head instead.
+* **Context parallelism**: each rank keeps tensors for its ``s/cp`` tokens; a
+  materialised score block is ``(s/cp) x s`` per head.
+
+DeepSeek-V3's activation savings
+--------------------------------
+``activation_saving="deepseek-v3"`` (FP8 training; DeepSeek-V3, arXiv 2412.19437,
+§3.2.3 and §3.3.2; Kimi K2 reports the same recipe): every RMSNorm output is
+recomputed from its input (so the inputs of the QKV / down projections, the router,
+the up GEMMs and the normed MLA latents are not kept); MLA's up-projections are
+recomputed from the latents (per-head Q, K, V not kept); the attention output is
+cached in E5M6 (1.5 bytes); the routed experts' permuted inputs and every SwiGLU
+input are cached in FP8 (1 byte) and the SwiGLU output is recomputed. The
+recomputed kernels are charged to the backward pass by the trace (phase ``R``).
+DeepSeek-V3's list of cached tensors (§3.3.2) holds no expert output, so its preset
+uses ``moe_gate_weighting="activation"``; it also keeps the AdamW moments in BF16
+(§3.3.3, "low-precision optimizer states": ``TrainingSpec.optimizer_state_dtype``).
+
+Recompute policies
+------------------
+Under ``recompute="selective"``, ``recompute_modules`` names what is recomputed instead
+of kept: Megatron-Core's ``--recompute-modules`` (``core_attn``, ``layernorm``,
+``mla_up_proj``, ``moe_act``), or ``matmul_outputs``, JAX's
+``jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims``, which MaxText runs as
+``remat_policy: minimal`` (MaxText/layers/models.py, ``Decoder``: "minimal" maps to that
+policy). It saves only the outputs of ``dot_general`` ops without batch dimensions (the
+projections and FFN GEMMs; not the attention products, whose heads and batch are batch
+dimensions) and what the scanned layer takes as input; everything else the backward
+needs is recomputed from them. A dense MHA SwiGLU layer (``t = 1``, 16-bit, flash
+attention) keeps its input (``h`` per token), Q, K and V (``3h``), the out-projection
+output (``h``, in place of its input: same bytes) and the two FFN up outputs (``2f``):
+``2sbh(5 + 2f/h)`` bytes, against ``2sbh(8 + 3f/h)`` for plain selective recompute, which
+also keeps the two norm outputs, the pre-FFN residual and the activation output. Norms,
+residual adds, the activation and the flash attention forward run again before the
+layer's backward. Routed experts keep their up outputs only
+(the permutation is a gather).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from workloads import counts
+from workloads.enums import RECOMPUTE_MODES
+from workloads.errors import WorkloadError
+from workloads.model import ModelSpec
+from workloads.training import RECOMPUTE_MODULES
+
+_MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti §4.1)
+_FP32_BYTES = 4
+_TOKEN_ID_BYTES = 8
+ACTIVATION_SAVINGS = ("none", "deepseek-v3")
+MOE_GATE_WEIGHTINGS = ("activation", "combine")
+_FP8_BYTES = 1  # FP8 activation cache (DeepSeek-V3 §3.3.2)
+_E5M6_BYTES = 1.5  # the attention output's 12-bit cache (E5M6, DeepSeek-V3 §3.3.2)
+
+
+def _check_recompute(recompute: str) -> None:
+    if recompute not in RECOMPUTE_MODES:
+        raise WorkloadError("training.recompute", f"must be one of {', '.join(RECOMPUTE_MODES)}, got {recompute!r}")
+
+
+def _sp_rows(tokens: float, tp: int, sequence_parallel: bool) -> float:
+    return tokens / tp if sequence_parallel and tp > 1 else tokens
+
+
+def activation_bytes_per_layer(
+    model: ModelSpec,
+    layer: int,
+    micro_batch_size: int,
+    seq_len: int,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = True,
+    recompute: str = "none",
+    ep: int = 1,
+    dropout: bool = False,
+    act_bytes: int = 2,
+    flash_attention: bool = False,
+    etp: int = 1,
+    expert_tokens: Optional[float] = None,
+    activation_saving: str = "none",
+    moe_gate_weighting: str = "activation",
+    recompute_modules: tuple = (),
+) -> float:
+    """Bytes one transformer layer keeps on one rank from its forward until its
+    backward, for one micro-batch (see the module notes for the per-tensor table
+    and its sources).
+
+    ``recompute``: ``'none'``; ``'selective'`` (Korthikanti: the attention
+    ``s^2`` tensors are recomputed); ``'full'`` (only the layer input is kept:
+    ``2sbh``, split by ``tp`` under sequence parallelism). ``flash_attention``
+    drops the ``s^2`` tensors whatever ``recompute`` says; it defaults to False so
+    that the defaults reproduce Korthikanti's formulas. ``expert_tokens``
+    overrides the token-expert assignments this rank processes (load imbalance);
+    ``ep`` must divide the routed experts. ``activation_saving="deepseek-v3"``: see
+    the module notes (*DeepSeek-V3's activation savings*). ``moe_gate_weighting``:
+    where the gate weight scales a routed expert (``"activation"`` or ``"combine"``,
+    see the module notes, *MoE*).
+    """
+    _check_recompute(recompute)
+    if not 0 <= layer < model.layers:
+        raise IndexError(f"layer {layer} outside 0..{model.layers - 1} of {model.name!r}")
+    return _block_activation_bytes(
+        model,
+        model.is_moe_layer(layer),
+        micro_batch_size,
+        seq_len,
+        tp,
+        cp,
+        sequence_parallel,
+        recompute,
+        ep,
+        dropout,
+        act_bytes,
+        flash_attention,
+        etp,
+        expert_tokens,
+        activation_saving,
+        moe_gate_weighting,
+        recompute_modules,
+    )
+
+
+def _block_activation_bytes(
+    model: ModelSpec,
+    moe: bool,
+    micro_batch_size: int,
+    seq_len: int,
+    tp: int,
+    cp: int,
+    sequence_parallel: bool,
+    recompute: str,
+    ep: int,
+    dropout: bool,
+    act_bytes: int,
+    flash_attention: bool,
+    etp: int,
+    expert_tokens: Optional[float],
+    activation_saving: str = "none",
+    moe_gate_weighting: str = "activation",
+    recompute_modules: tuple = (),
+) -> float:
+    counts._check_positive(tp=tp, cp=cp, ep=ep, etp=etp)
+    if moe_gate_weighting not in MOE_GATE_WEIGHTINGS:
+        raise WorkloadError(
+            "training.moe_gate_weighting",
+            f"must be one of {', '.join(MOE_GATE_WEIGHTINGS)}, got {moe_gate_weighting!r}",
+        )
+    if activation_saving not in ACTIVATION_SAVINGS:
+        raise WorkloadError(
+            "training.activation_saving", f"must be one of {', '.join(ACTIVATION_SAVINGS)}, got {activation_saving!r}"
+        )
+    if micro_batch_size < 1 or seq_len < 1:
+        raise WorkloadError(
+            "training", f"micro_batch_size and seq_len must be positive, got {micro_batch_size!r}, {seq_len!r}"
+        )
+    h = model.hidden
+    tokens = micro_batch_size * seq_len / cp  # the rank's token rows
+    rows_sp = _sp_rows(tokens, tp, sequence_parallel)  # replicated across TP unless sequence-parallel
+
+    if recompute == "full":
+        return act_bytes * rows_sp * h  # the layer input (Korthikanti §5: 2sbh)
+
+    ds = activation_saving == "deepseek-v3"
+    for mod in recompute_modules:
+        if mod not in RECOMPUTE_MODULES:
+            raise WorkloadError(
+                "training.recompute_modules", f"{mod!r} not allowed; choose from {', '.join(RECOMPUTE_MODULES)}"
+            )
+    # Under DeepSeek-V3's savings a norm's output (a GEMM input) is recomputed from the
+    # norm's input, MLA's up-projections from their latents, SwiGLU from its FP8 input;
+    # Megatron-Core's recompute modules drop the same tensors one group at a time.
+    dots = "matmul_outputs" in recompute_modules  # JAX checkpoint_dots_with_no_batch_dims (module notes)
+    norm_out = 0 if ds or dots or "layernorm" in recompute_modules else act_bytes
+    up_proj_kept = not (ds or "mla_up_proj" in recompute_modules)
+    latent_norm_out = act_bytes if up_proj_kept and not dots else 0
+    total = 0.0
+    # ---- attention ---------------------------------------------------------
+    total += act_bytes * rows_sp * h  # pre-attention norm input
+    heads = counts._local_heads(model, tp)
+    mla = model.attention
+    if mla is None:
+        d = model.head_dim
+        kv = counts._local_kv_heads(model, tp)
+        total += norm_out * rows_sp * h  # QKV GEMM input
+        total += act_bytes * tokens * (heads * d + 2 * kv * d)  # Q, K, V (local heads)
+        v_width = heads * d
+    else:
+        d_qk, d_v = mla.qk_head_dim, mla.v_head_dim
+        total += norm_out * rows_sp * h  # input of the down projections
+        if mla.q_lora_rank:
+            # query latent (norm input) and its normed copy (q_up input): replicated
+            total += (act_bytes + latent_norm_out) * tokens * mla.q_lora_rank
+        # KV latent + RoPE key (norm / rope input) and the normed latent (kv_up input)
+        total += (
+            act_bytes * tokens * (mla.kv_lora_rank + mla.qk_rope_head_dim) + latent_norm_out * tokens * mla.kv_lora_rank
+        )
+        if up_proj_kept:  # per-head Q, K, V: the up-projections' outputs
+            total += act_bytes * tokens * heads * (2 * d_qk + d_v)
+        v_width = heads * d_v
+    # out-projection input (attention output); under matmul_outputs the attention output is
+    # recomputed and the out-projection's output (as many bytes per token under SP) is kept instead
+    total += (_E5M6_BYTES if ds else act_bytes) * tokens * v_width
+    if dropout:
+        total += _MASK_BYTES * rows_sp * h  # dropout after the out projection
+
+    scores_stored = recompute == "none" and not flash_attention and "core_attn" not in recompute_modules
+    if scores_stored:
+        # One (s/cp) x s score block per local head and sequence.
+        score_elems = micro_batch_size * (seq_len / cp) * seq_len * heads
+        total += act_bytes * score_elems  # softmax output
+        if dropout:
+            total += (_MASK_BYTES + act_bytes) * score_elems  # dropout mask and output
+    elif flash_attention and not dots:  # (under matmul_outputs the kernel reruns: nothing kept)
+        total += _FP32_BYTES * tokens * heads  # log-sum-exp per query and head
+
+    # ---- feed-forward ------------------------------------------------------
+    if not dots:  # under matmul_outputs rebuilt from the layer input + out-projection output
+        total += act_bytes * rows_sp * h  # pre-FFN norm input
+    up = 2 if model.ffn == "swiglu" else 1
+    # activation (SwiGLU / GELU) input and output (the down GEMM's input): under the
+    # savings the input in FP8, the output recomputed from it
+    act_in, act_out = (_FP8_BYTES, 0) if ds else (act_bytes, 0 if dots else act_bytes)
+    if not moe:
+        f = counts._split(model.ffn_hidden, tp, "ffn_hidden")
+        total += norm_out * rows_sp * h  # up GEMM input
+        total += tokens * (act_in * up * f + act_out * f)  # activation input, down GEMM input
+    else:
+        m = model.moe
+        if tp > 1 and not sequence_parallel:
+            raise WorkloadError(
+                "parallel.sequence_parallel",
+                "MoE layers with tp > 1 need sequence parallelism "
+                "(Megatron-Core routes the sequence-parallel shard of tokens)",
+            )
+        counts._split(m.experts, ep, f"the {m.experts} routed experts", "parallel.ep")
+        f = counts._split(m.expert_ffn_hidden, etp, "expert_ffn_hidden", "parallel.etp")
+        total += norm_out * rows_sp * h  # router / shared-expert input
+        total += _FP32_BYTES * rows_sp * m.experts  # routing probabilities
+        assignments = rows_sp * m.top_k * etp if expert_tokens is None else float(expert_tokens)
+        # per assignment: permuted input (FP8 under the savings), up out, down in, and
+        # what the gate gradient needs: the fp32 gate weight ("activation") or the
+        # 16-bit expert output ("combine")
+        expert_in = _FP8_BYTES if ds else (0 if dots else act_bytes)  # a gather, not a matmul
+        expert_act_out = 0 if "moe_act" in recompute_modules else act_out
+        gate = _FP32_BYTES if moe_gate_weighting == "activation" else act_bytes * h
+        total += assignments * (expert_in * h + act_in * up * f + expert_act_out * f + gate)
+        if m.shared_experts:
+            fs = counts._split(m.shared_experts * m.expert_ffn_hidden, tp, "the shared-expert width")
+            total += tokens * (act_in * up * fs + act_out * fs)
+    if dropout:
+        total += _MASK_BYTES * rows_sp * h  # dropout after the FFN
+    return total
+
+
+def embedding_activation_bytes(
+    model: ModelSpec,
+    micro_batch_size: int,
+    seq_len: int,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = True,
+    dropout: bool = False,
+) -> float:
+    """Bytes the embedding keeps for its backward: the token ids (int64), plus
+    the embedding-dropout mask when ``dropout`` (Korthikanti §4.3: ``sbh/t`` on
+    the first pipeline stage, with sequence parallelism)."""
+    tokens = micro_batch_size * seq_len / cp
+    total = _TOKEN_ID_BYTES * tokens
+    if dropout:
+        total += _MASK_BYTES * _sp_rows(tokens, tp, sequence_parallel) * model.hidden
+    return total
+
+
+def head_activation_bytes(
+    model: ModelSpec,
+    micro_batch_size: int,
+    seq_len: int,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = True,
+    act_bytes: int = 2,
+) -> float:
+    """Bytes the output layer keeps: final-norm input and LM-head input (16-bit,
+    ``h`` wide) and the fp32 logits the cross entropy needs, split by vocab over
+    ``tp``: ``(4sbh/t)(1 + V/h)`` with sequence parallelism, as Korthikanti §4.3
+    counts the output layer (``2sbh/t + 2sbh/t + 4sbV/t``)."""
+    counts._check_positive(tp=tp, cp=cp)
+    tokens = micro_batch_size * seq_len / cp
+    rows = _sp_rows(tokens, tp, sequence_parallel)
+    return 2 * act_bytes * rows * model.hidden + _FP32_BYTES * tokens * model.vocab / tp
+
+
+def mtp_activation_bytes(
+    model: ModelSpec,
+    micro_batch_size: int,
+    seq_len: int,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = True,
+    recompute: str = "none",
+    ep: int = 1,
+    dropout: bool = False,
+    act_bytes: int = 2,
+    flash_attention: bool = False,
+    etp: int = 1,
+    expert_tokens: Optional[float] = None,
+    activation_saving: str = "none",
+    moe_gate_weighting: str = "activation",
+    recompute_modules: tuple = (),
+) -> float:
+    """Bytes the MTP modules (DeepSeek-V3 §2.2) keep: per depth, the two norm
+    inputs and the ``2h`` projection input, one transformer block and an output
+    head; 0 when ``mtp_depth == 0``."""
+    _check_recompute(recompute)
+    if model.mtp_depth == 0:
+        return 0.0
+    tokens = micro_batch_size * seq_len / cp
+    rows = _sp_rows(tokens, tp, sequence_parallel)
+    per = _TOKEN_ID_BYTES * tokens
+    per += act_bytes * (2 * rows * model.hidden + tokens * 2 * model.hidden)
+    per += _block_activation_bytes(
+        model,
+        counts._mtp_block_is_moe(model),
+        micro_batch_size,
+        seq_len,
+        tp,
+        cp,
+        sequence_parallel,
+        recompute,
+        ep,
+        dropout,
+        act_bytes,
+        flash_attention,
+        etp,
+        expert_tokens,
+        activation_saving,
+        moe_gate_weighting,
+        recompute_modules,
+    )
+    per += head_activation_bytes(model, micro_batch_size, seq_len, tp, cp, sequence_parallel, act_bytes)
+    return model.mtp_depth * per

@@ -1,0 +1,234 @@
+"""The ops of one rank, generated from its pipeline schedule's action list (:class:`RankProgram`):
+the op helpers (compute, collectives, expert all-to-alls), the schedule's actions in order and the
+pipeline sends and receives between stages. The layer-level ops are
+:class:`~workloads.trace.program_layers.LayerOps`'s, the data-parallel traffic, optimizer and static
+memory :class:`~workloads.trace.program_params.ParamOps`'s; :func:`workloads.trace.builder.build_trace`
+runs one program per simulated rank."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+from workloads import schedules as sched
+from workloads.trace.ops import Op
+from workloads.trace.program_layers import LayerOps
+from workloads.trace.program_params import ParamOps
+from workloads.trace.builder import (
+    TraceBuilder,
+)
+
+
+class RankProgram(LayerOps, ParamOps):
+    """The ops of one rank, generated from its schedule's action list."""
+
+    def __init__(self, b: TraceBuilder, rank: int):
+        self.b, self.rank = b, rank
+        L = b.L
+        self.c = L.coords(rank)
+        self.stage = L.stage_of(rank)
+        self.n_local = sched.local_chunks(b.w.schedule, L.vpp)
+        self.last_compute: Optional[Op] = None
+        self.grad_ops: list[int] = []
+        self.param_gather: dict[str, int] = {}  # unit -> op id of its ZeRO-1/2 parameter all-gather
+        self.compute_history: list[int] = []  # compute op ids in stream order (ZeRO-3 prefetch window)
+        self.deferred_grads: list[tuple[str, int, int, bool]] = []  # reductions held back (no grad overlap)
+        self.reduced: list[tuple[str, list[int]]] = []  # (unit, its final reduction's op ids) in issue order
+        self.in_pair = False  # building an overlapped pair whose compute shares the SMs with all-to-alls
+
+    # ---- helpers ---------------------------------------------------------------
+    def rank_at_stage(self, pp_rank: int) -> int:
+        c = self.c
+        return self.b.L.rank_of(tp=c["tp"], cp=c["cp"], dp=c["dp"], pp=pp_rank)
+
+    def path(self, mb: int) -> tuple[tuple[int, int], ...]:
+        b = self.b
+        return sched.micro_batch_path(b.w.schedule, mb, b.m, b.L.pp, b.L.vpp)
+
+    def chunk_index(self, local_chunk: int) -> int:
+        """Model chunk (layer group) this rank holds as ``local_chunk``."""
+        b = self.b
+        return sched.model_chunk(b.w.schedule, self.stage, local_chunk, b.L.pp, b.L.vpp)
+
+    def compute(self, name, kernels, phase, mb, chunk, layer, deps=(), mem=(), recompute=False) -> Op:
+        op = self.b.add(
+            rank=self.rank,
+            stream="compute",
+            kind="compute",
+            name=name,
+            phase=phase,
+            mb=mb,
+            chunk=chunk,
+            layer=layer,
+            deps=tuple(deps),
+            kernels=tuple(kernels),
+            mem=tuple(mem),
+            recompute=recompute,
+            comm_overlap=self.in_pair,
+        )
+        self.last_compute = op
+        self.compute_history.append(op.id)
+        return op
+
+    def after_compute(self) -> list[int]:
+        return [self.last_compute.id] if self.last_compute is not None else []
+
+    def collective(
+        self,
+        coll,
+        axis,
+        size,
+        name,
+        phase,
+        mb,
+        chunk,
+        layer,
+        deps,
+        stream=None,
+        group=None,
+        scaleout_fraction: float = 1.0,
+    ) -> Optional[Op]:
+        L = self.b.L
+        group = tuple(group) if group is not None else L.group(self.rank, axis)
+        if len(group) <= 1 or size <= 0:
+            return None
+        key = f"{axis}:{group[0]}:{name}:{mb}:{chunk}:{phase}"
+        if stream is None:
+            # expert-TP collectives share the TP stream (tensor-parallel traffic of a block)
+            stream = "tp" if axis == "etp" else axis if axis in ("tp", "cp", "ep") else "dp"
+        return self.b.add(
+            rank=self.rank,
+            stream=stream,
+            kind="collective",
+            name=name,
+            phase=phase,
+            mb=mb,
+            chunk=chunk,
+            layer=layer,
+            deps=tuple(deps),
+            coll=coll,
+            axis=axis,
+            group=group,
+            key=key,
+            size_bytes=size,
+            scaleout_fraction=scaleout_fraction,
+        )
+
+    def all_to_all(self, size: float, name: str, phase: str, mb: int, k: int, l: int, deps):
+        """An expert-parallel all-to-all of ``size`` bytes per rank (tokens x top_k x
+        hidden x bytes). Under node-limited routing it is two hops, as DeepSeek-V3
+        dispatches (§3.2.2): each token crosses the scale-out network once per
+        destination node (to the rank at the same position there), which forwards it
+        over NVLink to its experts as it arrives; a combine (and the gradient of a
+        dispatch) runs the hops in reverse, which loads the same links. The hops are
+        pipelined, so they form one collective whose rail transfers carry
+        ``scaleout_fraction`` = (distinct nodes per token) / top_k of the routed copies
+        (``hierarchical-a2a`` in :mod:`simulator.network.collectives`)."""
+        nl = self.b.node_limited()
+        frac = 1.0 if nl is None else min(1.0, nl[0] / self.b.model.moe.top_k)
+        return self.collective("all-to-all", "ep", size, name, phase, mb, k, l, deps, scaleout_fraction=frac)
+
+    # ---- program ---------------------------------------------------------------
+    def build(self) -> None:
+        b, L = self.b, self.b.L
+        steps = sched.schedule(b.w.schedule, self.stage, L.pp, b.m, L.vpp)
+        if b.global_aux:
+            steps = sched.all_forward_first(steps)
+        flat = [a for st in steps for a in st]
+        # The last action touching each local chunk's weight gradients triggers its DP reduction.
+        self.last_grad: dict[int, int] = {}
+        for i, a in enumerate(flat):
+            if a.op in ("B", "W"):
+                self.last_grad[a.chunk] = i
+        self.action_index = {id(a): i for i, a in enumerate(flat)}
+        if L.zero in (1, 2):
+            self.param_gathers()
+        for st in steps:
+            self.in_pair = len(st) > 1 and b.ep_overlap
+            if self.in_pair:
+                # The backward half goes first: its combine gradient is then in flight
+                # while the forward half's attention computes (see _interleave).
+                st = tuple(sorted(st, key=lambda a: a.op == "F"))
+            self._interleave([self.action_ops(a) for a in st])
+            self.in_pair = False
+        # Without overlap, every gradient reduction starts after the last backward.
+        for unit, k, mb, last in self.deferred_grads:
+            self._grad_sync(unit, k, mb, last, deferred=True)
+        if sched.weight_copies(b.w.schedule) > 1:
+            self.mirror_grad_sync()
+        self.tied_embedding_sync()
+        self.optimizer()
+
+    @staticmethod
+    def _interleave(gens: list) -> None:
+        """Run the op generators of one step, round robin.
+
+        A lone action's generator is simply drained. An overlapped pair (DualPipe's
+        forward and backward of two micro-batches, DeepSeek-V3 §3.2.1, Figure 4)
+        alternates between its halves at the points where a half has issued an
+        expert all-to-all and would next wait for it (:meth:`layer_forward`,
+        :meth:`layer_backward`), or at a layer's end when the layer has no
+        all-to-all. With the backward first, the compute stream then runs, per
+        pair of MoE layers,
+
+            B: MLP-out grad | F: attention + router | B: experts grad |
+            F: experts      | B: router + attention grad | F: MLP out ...
+
+        while the communication stream carries, in the same order, the combine
+        gradient, the dispatch, the dispatch gradient and the combine: each
+        all-to-all is in flight while the other half computes, and every data
+        dependency is kept (an op still waits for the all-to-all it needs)."""
+        while gens:
+            for g in list(gens):
+                try:
+                    next(g)
+                except StopIteration:
+                    gens.remove(g)
+
+    def action_ops(self, a):
+        path = self.path(a.mb)
+        pos = path.index((self.stage, a.chunk))
+        layers = self.b.chunks[self.chunk_index(a.chunk)]
+        is_last_grad = self.last_grad.get(a.chunk) == self.action_index[id(a)]
+        if a.op == "F":
+            yield from self.forward(a, path, pos, layers)
+        elif a.op in ("B", "I"):
+            yield from self.backward(a, path, pos, layers, is_last_grad)
+        else:
+            yield from self.weight_grad(a, path, pos, layers, is_last_grad)
+
+    def _recv(self, kind: str, path, pos: int, mb: int, deps: list) -> None:
+        """Depend on the neighbouring chunk's send (forward: previous chunk; backward: next)."""
+        src_pos = pos - 1 if kind == "F" else pos + 1
+        src_rank = self.rank_at_stage(path[src_pos][0])
+        deps.append((kind, src_pos, mb, src_rank))
+
+    def _send(self, kind: str, path, pos: int, mb: int, after: Optional[Op] = None) -> None:
+        """Send the chunk's output on; ``after``: the chunk's own last compute op (in an
+        overlapped pair the stream's last op may be the other half's)."""
+        b, L = self.b, self.b.L
+        after = after or self.last_compute
+        nxt = pos + 1 if kind == "F" else pos - 1
+        tag = (kind, pos, mb, self.rank)
+        if not 0 <= nxt < len(path):
+            return
+        dst = self.rank_at_stage(path[nxt][0])
+        if dst == self.rank:  # the neighbouring chunk lives here too (DualPipe's middle)
+            b.tags[tag] = after.id
+            return
+        size = b.hidden_bytes / (L.tp if L.sequence_parallel else 1)
+        op = b.add(
+            rank=self.rank,
+            stream="pp",
+            kind="send",
+            name=f"send.{kind}",
+            phase=kind,
+            mb=mb,
+            chunk=pos,
+            deps=(after.id,),
+            peer=dst,
+            size_bytes=size,
+            axis="pp",
+            key=f"pp:{self.rank}->{dst}:{kind}:{mb}:{pos}",
+        )
+        b.tags[tag] = op.id

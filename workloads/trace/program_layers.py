@@ -1,0 +1,488 @@
+"""The layer-level ops of one rank's program: per transformer layer, the forward (and recomputed)
+attention and MLP / MoE blocks with their tensor-, context- and expert-parallel collectives, the
+MoE block under a folded expert layout, the activation stash and its host offload, and the backward
+passes (fused ``B`` or split ``I`` / ``W``). Mixed into :class:`~workloads.trace.program.RankProgram`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+from workloads import memory
+from workloads import activations
+from workloads.trace.ops import Op
+from workloads.trace.builder import (
+    INPUT_GRAD_FREED_FRACTION,
+)
+
+
+class LayerOps:
+    """Forward and backward ops of a rank's layers (a mixin of :class:`~workloads.trace.program.RankProgram`,
+    whose state it uses): attention, MLP / MoE blocks with their TP, CP and EP collectives, recomputation,
+    activation stash and offload."""
+
+    # ---- forward ---------------------------------------------------------------
+    def forward(self, a, path, pos, layers):
+        b = self.b
+        deps: list = []
+        own = None  # this action's last compute op
+        if pos > 0:
+            self._recv("F", path, pos, a.mb, deps)
+        else:
+            own = self.compute(
+                "embed.F", b.embed_kernels(), "F", a.mb, pos, -1, deps=self._params_for("embed", a.mb, pos, "F")
+            )
+        for l in layers:
+            deps += self._params_for(f"L{l}", a.mb, pos, "F")
+            handed = yield from self.layer_forward(l, a.mb, pos, deps, recompute=False)
+            own = self.last_compute
+            deps = []
+            if not handed:
+                yield  # no all-to-all to hand over at: hand over at the layer's end
+        if pos == len(path) - 1:
+            head = own = self.compute(
+                "head.F",
+                b.head_kernels(),
+                "F",
+                a.mb,
+                pos,
+                -1,
+                deps=self._params_for("head", a.mb, pos, "F"),
+                mem=(("activations", self._head_bytes(), "start"),),
+            )
+            b.tags[("HEAD", a.mb, self.rank)] = head.id
+        self._send("F", path, pos, a.mb, after=own)
+
+    def _head_bytes(self) -> float:
+        """Activations the last chunk's head op keeps: output layer and MTP modules."""
+        b, L, t = self.b, self.b.L, self.b.t
+        key = ("head", "stash")
+        if key not in b._stash_cache:
+            kw = dict(tp=L.tp, cp=L.cp, sequence_parallel=L.sequence_parallel)
+            b._stash_cache[key] = activations.head_activation_bytes(
+                b.model, t.micro_batch_size, t.seq_len, **kw
+            ) + activations.mtp_activation_bytes(
+                b.model,
+                t.micro_batch_size,
+                t.seq_len,
+                recompute=t.recompute,
+                ep=L.ep,
+                etp=L.etp,
+                **memory.activation_options(t),
+                **kw,
+            )
+        return b._stash_cache[key]
+
+    def layer_forward(self, l: int, mb: int, k: int, deps: list, recompute: bool):
+        """Generate one layer's forward ops (or its recomputation). A generator: it
+        yields wherever it has issued an expert all-to-all and its next op would wait
+        for it (an overlapped pair hands over to its other half there, see
+        :meth:`_interleave`), and returns how many times it yielded."""
+        b, L = self.b, self.b.L
+        handed = 0
+        attn, pre, shared, expert, post = b.layer_parts(l)
+        phase = "R" if recompute else "F"
+        sp = L.sequence_parallel
+        h = b.hidden_bytes
+        deps = list(deps)
+        # Attention block: [TP all-gather] [CP K/V all-gather] compute, TP reduce-scatter/all-reduce.
+        if sp:
+            ag = self.collective("all-gather", "tp", h, f"L{l}.attn.ag", phase, mb, k, l, deps + self.after_compute())
+            deps = [ag.id] if ag else deps
+        if recompute:
+            mem = (("activations", self._recompute_transient(l), "start"),)
+        else:
+            mem = (("activations", self._stash(l), "end"),)
+        if L.cp > 1:
+            op = self.cp_attention(l, attn, phase, mb, k, deps, mem, recompute)
+        else:
+            op = self.compute(f"L{l}.attn.{phase}", attn, phase, mb, k, l, deps=deps, mem=mem, recompute=recompute)
+        out = self.collective(
+            "reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.attn.out", phase, mb, k, l, [op.id]
+        )
+        deps = [out.id] if out else []
+        if expert and L.folded:
+            handed = yield from self.folded_moe_forward(l, mb, k, deps, phase, recompute)
+            self._offload_stash(l, mb, k, recompute)
+            return handed
+        if sp and out:
+            ag = self.collective("all-gather", "tp", h, f"L{l}.mlp.ag", phase, mb, k, l, deps)
+            deps = [ag.id] if ag else deps
+        op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
+        if expert:
+            d = self.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id])
+            if shared:  # shared experts run while the dispatch is in flight
+                self.compute(f"L{l}.shared.{phase}", shared, phase, mb, k, l, recompute=recompute)
+            if d:
+                handed += 1
+                yield
+            op = self.compute(
+                f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[d.id] if d else [], recompute=recompute
+            )
+            c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [op.id])
+            if c:
+                handed += 1
+                yield
+            op = self.compute(
+                f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute
+            )
+        out = self.collective(
+            "reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.out", phase, mb, k, l, [op.id]
+        )
+        if out:
+            # The next layer's compute waits for this collective: a zero-cost join on
+            # the compute stream carries the dependency in stream order.
+            self.compute(f"L{l}.join", (), phase, mb, k, l, deps=[out.id])
+        self._offload_stash(l, mb, k, recompute)
+        return handed
+
+    def _offload_stash(self, l: int, mb: int, k: int, recompute: bool) -> None:
+        """Activation offload: copy layer ``l``'s stash to the host after its forward."""
+        if self.b.t.offload_activations and not recompute:
+            stash = self._stash(l)
+            self.host(
+                f"L{l}.act.d2h",
+                stash,
+                "F",
+                deps=self.after_compute(),
+                mb=mb,
+                chunk=k,
+                layer=l,
+                mem=(("activations", -stash, "end"),),
+            )
+
+    # ---- MoE block under a folded expert layout ---------------------------------------
+    # With MoE Parallel Folding (see workloads.layout) the EP group may span the TP
+    # ranks, so tokens leave the attention's TP layout for the experts. Megatron-Core's
+    # all-to-all dispatcher (megatron/core/transformer/moe/token_dispatcher.py,
+    # MoEAlltoAllTokenDispatcher) routes the sequence-parallel shard each TP rank holds
+    # after the attention block's reduce-scatter ([S/TP, B, H]): no TP all-gather before
+    # the router; all-to-all over the (folded) EP group; all-gather over the expert-TP
+    # group (``gather_from_sequence_parallel_region`` on the ETP group) before the expert
+    # GEMMs (each ETP rank computes 1/etp of every expert's width over the assignments
+    # of its etp ranks) and reduce-scatter over it after them; all-to-all back, and the
+    # output is again the SP shard, so no TP reduce-scatter follows. Shared experts keep
+    # the attention's TP split ("the parallelism patterns of the shared experts follow
+    # the settings of the dense part", megatron/core/transformer/moe/README.md): a TP
+    # all-gather of the block input before them and a reduce-scatter of their output.
+
+    def etp_bytes(self, combine: bool, layer: int) -> float:
+        """Expert-TP all-gather (dispatch) / reduce-scatter (combine) of a folded MoE
+        block: the assignments of the ``etp`` ranks, in the all-to-all's precision."""
+        return self.b.dispatch_bytes(combine, layer) * self.b.L.etp
+
+    def folded_moe_forward(self, l: int, mb: int, k: int, deps: list, phase: str, recompute: bool):
+        """One folded MoE block's forward (after the attention block's TP collective,
+        ``deps``); yields like :meth:`layer_forward` after each all-to-all."""
+        b = self.b
+        _, pre, shared, expert, post = b.layer_parts(l)
+        h, handed = b.hidden_bytes, 0
+        op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
+        d = self.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id])
+        wait = [d.id] if d else []
+        if shared:  # shared experts run while the dispatch is in flight
+            ag = self.collective("all-gather", "tp", h, f"L{l}.shared.ag", phase, mb, k, l, [op.id])
+            sh = self.compute(
+                f"L{l}.shared.{phase}", shared, phase, mb, k, l, deps=[ag.id] if ag else [], recompute=recompute
+            )
+            rs = self.collective("reduce-scatter", "tp", h, f"L{l}.shared.rs", phase, mb, k, l, [sh.id])
+            wait += [rs.id] if rs else []
+        if d:
+            handed += 1
+            yield
+        ag = self.collective("all-gather", "etp", self.etp_bytes(False, l), f"L{l}.experts.ag", phase, mb, k, l, wait)
+        op = self.compute(
+            f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[ag.id] if ag else wait, recompute=recompute
+        )
+        rs = self.collective(
+            "reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs", phase, mb, k, l, [op.id]
+        )
+        c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [rs.id if rs else op.id])
+        if c:
+            handed += 1
+            yield
+        self.compute(f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute)
+        return handed
+
+    def folded_moe_backward(self, l: int, mb: int, k: int, deps: list, part: str):
+        """One folded MoE block's backward (the reverse of :meth:`folded_moe_forward`),
+        down to the router's gradient; yields like :meth:`layer_backward`."""
+        b = self.b
+        _, pre, shared, expert, post = b.layer_parts(l)
+        h, handed = b.hidden_bytes, 0
+        op = self.compute(f"L{l}.moe_out.{part}", self.b.bwd(post, part), part, mb, k, l, deps=deps)
+        c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
+        wait = [c.id] if c else []
+        if shared:  # overlaps the combine's backward all-to-all
+            ag = self.collective("all-gather", "tp", h, f"L{l}.shared.rs.bwd", part, mb, k, l, [op.id])
+            sh = self.compute(
+                f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l, deps=[ag.id] if ag else []
+            )
+            rs = self.collective("reduce-scatter", "tp", h, f"L{l}.shared.ag.bwd", part, mb, k, l, [sh.id])
+            wait += [rs.id] if rs else []
+        if c:
+            handed += 1
+            yield
+        split = part == "B" and b.dualpipe_ep  # see layer_backward
+        ag = self.collective("all-gather", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs.bwd", part, mb, k, l, wait)
+        op = self.compute(
+            f"L{l}.experts.{part}",
+            self.b.bwd(expert, "I" if split else part),
+            part,
+            mb,
+            k,
+            l,
+            deps=[ag.id] if ag else wait,
+        )
+        rs = self.collective(
+            "reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.ag.bwd", part, mb, k, l, [op.id]
+        )
+        d = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [rs.id if rs else op.id])
+        if split:
+            self.compute(f"L{l}.experts_w.{part}", self.b.bwd(expert, "W"), part, mb, k, l)
+        if d:
+            handed += 1
+            yield
+        self.compute(f"L{l}.mlp.{part}", self.b.bwd(pre, part), part, mb, k, l, deps=[d.id] if d else [])
+        return handed
+
+    def _prefetch(self, l: int, mb: int, k: int) -> list[int]:
+        """Activation offload: bring layer ``l``'s stash back to HBM before its backward."""
+        if not self.b.t.offload_activations:
+            return []
+        stash = self._stash(l)
+        op = self.host(f"L{l}.act.h2d", stash, "B", mb=mb, chunk=k, layer=l, mem=(("activations", stash, "start"),))
+        return [op.id]
+
+    def cp_attention(self, l, attn, phase, mb, k, deps, mem, recompute) -> Op:
+        """Attention under context parallelism. The QKV projection runs first; its K
+        and V are then exchanged over the CP group. ``ring`` (ring attention, Liu et
+        al. 2023, arXiv 2310.01889, as Megatron-Core's CP runs it): attention over
+        the local K/V block (1/cp of the core) proceeds while the other blocks
+        circulate, and the remaining (cp-1)/cp of the core waits for them.
+        ``all-gather``: the whole core waits for the gathered K/V."""
+        b, L = self.b, self.b.L
+        names = [x.name for x in attn]
+        cut = names.index("attn_core")
+        proj, core, rest = attn[:cut], attn[cut], attn[cut + 1 :]
+        op = self.compute(f"L{l}.attn_qkv.{phase}", proj, phase, mb, k, l, deps=deps, recompute=recompute)
+        kv = self.collective("all-gather", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.kv_ag", phase, mb, k, l, [op.id])
+        wait = [kv.id] if kv else []
+        if b.t.cp_algorithm == "ring":
+            local = b.scaled(core, 1.0 / L.cp)
+            self.compute(f"L{l}.attn_local.{phase}", (local,), phase, mb, k, l, recompute=recompute)
+            remote = (b.scaled(core, (L.cp - 1) / L.cp),) + tuple(rest)
+        else:
+            remote = (core,) + tuple(rest)
+        return self.compute(f"L{l}.attn.{phase}", remote, phase, mb, k, l, deps=wait, mem=mem, recompute=recompute)
+
+    def _stash(self, l: int) -> float:
+        b = self.b
+        key = (l, "stash")
+        if key not in b._stash_cache:
+            b._stash_cache[key] = self._stash_uncached(l)
+        return b._stash_cache[key]
+
+    def _expert_tokens(self, l: int) -> Optional[float]:
+        """Routed-token assignments layer ``l``'s activations hold on the stage's most
+        loaded device under expert-load imbalance (None: balanced)."""
+        f = self.b._memory_load.get(l)
+        return None if f is None else self.b.expert_assignments(f)
+
+    def _stash_uncached(self, l: int) -> float:
+        b, L, t = self.b, self.b.L, self.b.t
+        return activations.activation_bytes_per_layer(
+            b.model,
+            l,
+            t.micro_batch_size,
+            t.seq_len,
+            tp=L.tp,
+            cp=L.cp,
+            sequence_parallel=L.sequence_parallel,
+            recompute=t.recompute,
+            ep=L.ep,
+            etp=L.etp,
+            expert_tokens=self._expert_tokens(l),
+            **memory.activation_options(t),
+        )
+
+    def _recompute_transient(self, l: int) -> float:
+        """Activations rebuilt by full recomputation of one layer, alive until its backward ends."""
+        b, L, t = self.b, self.b.L, self.b.t
+        return activations.activation_bytes_per_layer(
+            b.model,
+            l,
+            t.micro_batch_size,
+            t.seq_len,
+            tp=L.tp,
+            cp=L.cp,
+            sequence_parallel=L.sequence_parallel,
+            recompute="none",
+            ep=L.ep,
+            etp=L.etp,
+            expert_tokens=self._expert_tokens(l),
+            **memory.activation_options(t),
+        )
+
+    # ---- backward --------------------------------------------------------------
+    def backward(self, a, path, pos, layers, is_last_grad):
+        b, t = self.b, self.b.t
+        part = a.op
+        deps: list = []
+        own = None  # this action's last compute op
+        if b.global_aux:
+            # Every micro-batch's loss (its head op, on the last rank of its own path:
+            # DualPipe's two directions end on opposite ranks) before any backward.
+            deps += [("HEAD", j, self.rank_at_stage(self.path(j)[-1][0])) for j in range(b.m)]
+        if pos < len(path) - 1:
+            self._recv("B", path, pos, a.mb, deps)
+        else:
+            deps += self._zero3_gather("head", a.mb, pos, part)
+            own = self.compute(
+                "head." + part,
+                self.b.bwd(b.head_kernels(), part),
+                part,
+                a.mb,
+                pos,
+                -1,
+                deps=deps,
+                mem=(("activations", -self._head_bytes(), "end"),),
+            )
+            deps = []
+            if part == "B":
+                self._grads_ready("head", pos, a.mb, is_last_grad)
+        rev = list(reversed(layers))
+        fetched = {rev[0]: self._prefetch(rev[0], a.mb, pos)} if rev else {}
+        for i, l in enumerate(rev):
+            deps += self._zero3_gather(f"L{l}", a.mb, pos, part) + fetched.pop(l, [])
+            if i + 1 < len(rev):  # prefetch one layer ahead
+                fetched[rev[i + 1]] = self._prefetch(rev[i + 1], a.mb, pos)
+            handed = 0
+            if t.recompute == "full":
+                handed += yield from self.layer_forward(l, a.mb, pos, deps, recompute=True)
+                deps = []
+            handed += yield from self.layer_backward(l, a.mb, pos, deps, part, is_last_grad)
+            own = self.last_compute
+            deps = []
+            if not handed:
+                yield
+        if pos == 0:
+            own = self.compute(
+                "embed." + part,
+                self.b.bwd(b.embed_kernels(), part),
+                part,
+                a.mb,
+                pos,
+                -1,
+                deps=self._zero3_gather("embed", a.mb, pos, part),
+            )
+            if part == "B":
+                self._grads_ready("embed", pos, a.mb, is_last_grad)
+        self._send("B", path, pos, a.mb, after=own)
+
+    def layer_backward(self, l, mb, k, deps, part, is_last_grad):
+        """Generate one layer's backward ops; yields and returns like :meth:`layer_forward`."""
+        b, L, t = self.b, self.b.L, self.b.t
+        handed = 0
+        attn, pre, shared, expert, post = b.layer_parts(l)
+        sp = L.sequence_parallel
+        h = b.hidden_bytes
+        deps = list(deps)
+        if part in ("B", "I") and memory.recomputed_kernel_names(t):
+            # the norms, MLA up-projections and SwiGLUs whose outputs were not kept
+            redo = b.saved_recompute_kernels(l)
+            if redo:
+                op = self.compute(f"L{l}.recompute.R", redo, "R", mb, k, l, deps=deps, recompute=True)
+                deps = [op.id]
+        # Reverse of the forward: the gradient of a reduce-scatter is an all-gather and vice versa.
+        if expert and L.folded:
+            handed += yield from self.folded_moe_backward(l, mb, k, deps + self.after_compute(), part)
+            ag = (
+                self.collective("all-gather", "tp", h, f"L{l}.attn.out.bwd", part, mb, k, l, self.after_compute())
+                if sp
+                else None
+            )
+            deps = [ag.id] if ag else []
+            self._attention_backward(l, mb, k, deps, part, attn, is_last_grad)
+            return handed
+        if sp:
+            ag = self.collective(
+                "all-gather", "tp", h, f"L{l}.mlp.out.bwd", part, mb, k, l, deps + self.after_compute()
+            )
+            deps = [ag.id] if ag else deps
+        if expert:
+            op = self.compute(f"L{l}.moe_out.{part}", self.b.bwd(post, part), part, mb, k, l, deps=deps)
+            c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
+            if shared:  # overlaps the combine's backward all-to-all
+                self.compute(f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l)
+            if c:
+                handed += 1
+                yield
+            # DualPipe splits a backward chunk's MLP into input- and weight-gradient parts
+            # (DeepSeek-V3 §3.2.1, Figure 4's "MLP(B)" then "MLP(W)"): the experts' input
+            # gradient is computed and sent back (the dispatch's gradient), and their
+            # weight gradient computes while it is in flight.
+            split = part == "B" and b.dualpipe_ep
+            op = self.compute(
+                f"L{l}.experts.{part}",
+                self.b.bwd(expert, "I" if split else part),
+                part,
+                mb,
+                k,
+                l,
+                deps=[c.id] if c else [],
+            )
+            d = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id])
+            deps = [d.id] if d else []
+            if split:
+                self.compute(f"L{l}.experts_w.{part}", self.b.bwd(expert, "W"), part, mb, k, l)
+            if d:
+                handed += 1
+                yield
+        op = self.compute(f"L{l}.mlp.{part}", self.b.bwd(pre, part), part, mb, k, l, deps=deps)
+        out = self.collective(
+            "reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.ag.bwd", part, mb, k, l, [op.id]
+        )
+        deps = [out.id] if out else []
+        if sp and out:
+            ag = self.collective("all-gather", "tp", h, f"L{l}.attn.out.bwd", part, mb, k, l, deps)
+            deps = [ag.id] if ag else deps
+        self._attention_backward(l, mb, k, deps, part, attn, is_last_grad)
+        return handed
+
+    def _attention_backward(self, l, mb, k, deps, part, attn, is_last_grad):
+        """The attention block's backward (after the gradient reached the block's
+        output, ``deps``) and the layer's gradient hand-off."""
+        b, L, t = self.b, self.b.L, self.b.t
+        sp, h = L.sequence_parallel, b.hidden_bytes
+        free = -self._stash(l)
+        if part == "I":
+            free *= INPUT_GRAD_FREED_FRACTION
+        mem = [("activations", free, "end")]
+        if t.recompute == "full":
+            mem.append(("activations", -self._recompute_transient(l), "end"))
+        op = self.compute(f"L{l}.attn.{part}", self.b.bwd(attn, part), part, mb, k, l, deps=deps, mem=tuple(mem))
+        if L.cp > 1:
+            self.collective("reduce-scatter", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.dkv_rs", part, mb, k, l, [op.id])
+        out = self.collective(
+            "reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.attn.ag.bwd", part, mb, k, l, [op.id]
+        )
+        if out:
+            self.compute(f"L{l}.join", (), part, mb, k, l, deps=[out.id])
+        if part == "B":
+            self._grads_ready(f"L{l}", k, mb, is_last_grad)
+
+    def weight_grad(self, a, path, pos, layers, is_last_grad):
+        b = self.b
+        if pos == len(path) - 1:  # the LM head's (and MTP modules') weight-gradient GEMMs
+            self.compute("head.W", self.b.bwd(b.head_kernels(), "W"), "W", a.mb, pos, -1)
+            self._grads_ready("head", pos, a.mb, is_last_grad)
+        for l in reversed(layers):
+            kern = self.b.bwd(b.layer_all(l), "W")
+            free = -self._stash(l) * (1 - INPUT_GRAD_FREED_FRACTION)
+            self.compute(f"L{l}.W", kern, "W", a.mb, pos, l, mem=(("activations", free, "end"),))
+            self._grads_ready(f"L{l}", pos, a.mb, is_last_grad)
+            yield
+        if pos == 0:
+            self.compute("embed.W", self.b.bwd(b.embed_kernels(), "W"), "W", a.mb, pos, -1)
+            self._grads_ready("embed", pos, a.mb, is_last_grad)
