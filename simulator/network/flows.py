@@ -58,6 +58,7 @@ import simpy
 
 from simulator.errors import NetworkError
 from simulator.network.calibration import NetCalibration
+from simulator.network.components import bounded_search, canonical, components_of
 from simulator.network.flowslots import _SCALAR_MAX, FlowSlots
 from simulator.network.isolated import Reservations
 from simulator.network.maxmin import DONE_RTOL, fill_arrays, fill_components, fill_small
@@ -258,45 +259,11 @@ class FlowNetwork(Reservations, FlowSlots):
         arrival order, in order of their first flow's arrival; and the flows that
         share no link with any other (the common case: a ring on a crossbar or a
         rail), in arrival order."""
-        lf, links, seq = self._link_flows, self._links, self._seq
-        seen_links: set[int] = set()
-        seen: set[int] = set()
-        comps, singles = [], []
-        for l0 in seeds:
-            if l0 in seen_links:
-                continue
-            fl = lf.get(l0)
-            if fl is None:
-                continue
-            if len(fl) == 1:
-                (f,) = fl
-                lks = links[f]
-                if all(len(lf[x]) == 1 for x in lks):
-                    seen.add(f)
-                    seen_links.update(lks)
-                    singles.append(f)
-                    continue
-            seen_links.add(l0)
-            stack = [l0]
-            comp: list[int] = []
-            while stack:
-                new = lf[stack.pop()] - seen
-                if new:
-                    seen |= new
-                    comp.extend(new)
-                    cand = set(itertools.chain.from_iterable(map(links.__getitem__, new)))
-                    cand -= seen_links
-                    seen_links |= cand
-                    stack.extend(cand)
-            arr = np.array(comp, dtype=np.int64)
-            comps.append(arr[np.argsort(seq[arr], kind="stable")].tolist())
-        if len(comps) > 1:
-            firsts = seq[[c[0] for c in comps]]
-            comps = [comps[i] for i in np.argsort(firsts, kind="stable").tolist()]
-        if len(singles) > 1:
-            arr = np.array(singles, dtype=np.int64)
-            singles = arr[np.argsort(seq[arr], kind="stable")].tolist()
-        return comps, singles
+        # -- components: simulator/network/components.py --
+        found = bounded_search(self._link_flows, self._links, seeds)
+        if found is None:  # a large component: one array pass over every active flow
+            return components_of(self._tab, self._batch, len(self._links), self.n_links, seeds, self._seq)
+        return canonical(*found, self._seq)
 
     def _update(self, _ev=None) -> None:
         self._update_pending = False

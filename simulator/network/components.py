@@ -1,0 +1,126 @@
+"""Link-sharing components of a flow network's active flows, found on arrays.
+
+:class:`simulator.network.flows.FlowNetwork` re-solves, at each instant where flows
+arrive or complete, the components of flows that share links with the changed ones.
+It finds them by a breadth-first search over its ``link -> flows`` sets, which is quick
+for the usual small components but costs Python set operations per flow and link
+when one component holds thousands of flows (an all-to-all whose traffic crosses
+scale-up domains, sharing NIC and spine links): then every completion walks the whole
+component again. :func:`components_of` gives the same answer from the padded link
+table with one sparse connected-components pass, and :func:`bounded_search` runs the
+search only while it stays small, so that callers switch to the array pass for large
+components.
+
+Both return the components in the same canonical form (each in arrival order, in
+order of their first flow's arrival; lone flows apart, in arrival order), so which
+one found them never shows in the rates solved from them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import connected_components
+
+__all__ = ["SEARCH_BUDGET", "bounded_search", "canonical", "components_of"]
+
+#: Flows a breadth-first search may gather before the array pass takes over.
+SEARCH_BUDGET = 256
+
+
+def canonical(comps: list, singles: list, seq: np.ndarray) -> tuple[list[list[int]], list[int]]:
+    """``(comps, singles)`` in canonical order: each component sorted by ``seq`` (arrival),
+    the components by their first flow's ``seq``, the lone flows by ``seq``."""
+    out = []
+    for comp in comps:
+        arr = np.asarray(comp, dtype=np.int64)
+        out.append(arr[np.argsort(seq[arr], kind="stable")].tolist())
+    if len(out) > 1:
+        firsts = seq[[c[0] for c in out]]
+        out = [out[i] for i in np.argsort(firsts, kind="stable").tolist()]
+    if len(singles) > 1:
+        arr = np.asarray(singles, dtype=np.int64)
+        singles = arr[np.argsort(seq[arr], kind="stable")].tolist()
+    return out, singles
+
+
+def bounded_search(
+    link_flows: dict, links: list, seeds: list[int], budget: int = SEARCH_BUDGET
+) -> Optional[tuple[list, list]]:
+    """Components of the active flows on ``seeds`` (links) by breadth-first search over
+    ``link_flows`` (link -> set of active slots), unordered; ``None`` as soon as the
+    flows gathered exceed ``budget`` (a large component: use :func:`components_of`)."""
+    lf = link_flows
+    seen_links: set[int] = set()
+    seen: set[int] = set()
+    comps, singles = [], []
+    for l0 in seeds:
+        if l0 in seen_links:
+            continue
+        fl = lf.get(l0)
+        if fl is None:
+            continue
+        if len(fl) == 1:
+            (f,) = fl
+            lks = links[f]
+            if all(len(lf[x]) == 1 for x in lks):
+                seen.add(f)
+                seen_links.update(lks)
+                singles.append(f)
+                continue
+        seen_links.add(l0)
+        stack = [l0]
+        comp: list[int] = []
+        while stack:
+            new = lf[stack.pop()] - seen
+            if new:
+                seen |= new
+                comp.extend(new)
+                if len(seen) > budget:
+                    return None
+                cand = set(itertools.chain.from_iterable(map(links.__getitem__, new)))
+                cand -= seen_links
+                seen_links |= cand
+                stack.extend(cand)
+        comps.append(comp)
+    return comps, singles
+
+
+def components_of(
+    tab: np.ndarray, batch: np.ndarray, n_slots: int, n_links: int, seeds: list[int], seq: np.ndarray
+) -> tuple[list[list[int]], list[int]]:
+    """Components of the active flows on ``seeds`` (links), in canonical order (see
+    :func:`canonical`), from the padded link table ``tab`` (slot -> links, -1 padding)
+    of the first ``n_slots`` slots, ``batch`` marking free slots with -1."""
+    active = np.flatnonzero(batch[:n_slots] != -1)
+    n = active.shape[0]
+    sub = tab[active]
+    mask = sub >= 0
+    owner = np.nonzero(mask)[0]
+    flat = sub[mask].astype(np.int64)
+    size = n + n_links
+    graph = sp.csr_matrix((np.ones(owner.shape[0], dtype=np.int8), (owner, n + flat)), shape=(size, size))
+    _, labels = connected_components(graph, directed=False)
+    flow_labels = labels[:n]
+    wanted = np.zeros(labels.max() + 1, dtype=bool)
+    wanted[labels[n + np.asarray(seeds, dtype=np.int64)]] = True
+    pick = np.flatnonzero(wanted[flow_labels])
+    if pick.shape[0] == 0:
+        return [], []
+    slots, lab = active[pick], flow_labels[pick]
+    order = np.lexsort((seq[slots], lab))  # by component, then arrival
+    slots, lab = slots[order], lab[order]
+    bounds = np.r_[0, np.flatnonzero(np.diff(lab)) + 1, lab.shape[0]]
+    lens = np.diff(bounds)
+    starts = bounds[:-1]
+    alone = lens == 1
+    singles = slots[starts[alone]]
+    singles = singles[np.argsort(seq[singles], kind="stable")].tolist()
+    multi = starts[~alone]
+    firsts = np.argsort(seq[slots[multi]], kind="stable")
+    ends = bounds[1:][~alone]
+    comps = [slots[multi[i] : ends[i]].tolist() for i in firsts.tolist()]
+    return comps, singles
