@@ -169,7 +169,7 @@ def _link_hint(topo: Topology, u, v) -> str:
 
 def _summarise(sc: Scenario, trace, raw, mem: Columns) -> tuple[dict, Columns]:
     """The summary record (``docs/scenario.md``, key order as written) and the per-stage table."""
-    from workloads import counts
+    from workloads import parameters
 
     L, chip, t = sc.layout, sc.cluster.chip, sc.training
     step = raw.step_time_s
@@ -188,8 +188,8 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns) -> tuple[dict, Columns]:
         "name": sc.name,
         "devices": devices,
         # Main-model totals, as published (DeepSeek-V3: 671B / 37B); MTP modules separately.
-        "parameters": int(counts.parameter_count(sc.model, include_mtp=False)),
-        "active_parameters": int(counts.active_parameter_count(sc.model, include_mtp=False)),
+        "parameters": int(parameters.parameter_count(sc.model, include_mtp=False)),
+        "active_parameters": int(parameters.active_parameter_count(sc.model, include_mtp=False)),
         "step_time_s": step,
         "tokens_per_s": t.tokens_per_step / step if step > 0 else float("nan"),
         "model_flops_per_step": model_flops,
@@ -203,7 +203,9 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns) -> tuple[dict, Columns]:
         "hbm_bytes": chip.hbm_bytes,
         "oom": bool(peak > chip.hbm_bytes),
         # --- extensions (format version 1 allows added keys) ---
-        "mtp_parameters": int(counts.parameter_count(sc.model) - counts.parameter_count(sc.model, include_mtp=False)),
+        "mtp_parameters": int(
+            parameters.parameter_count(sc.model) - parameters.parameter_count(sc.model, include_mtp=False)
+        ),
         "schedule": sc.schedule,
         "schedule_enforced": "all-forward-first" if any("all-forward-first" in n for n in trace.notes) else None,
         "micro_batches": t.micro_batches(L.dp),

@@ -12,7 +12,7 @@ from simulator import simulate
 from simulator.engine.accounting import account
 from simulator.engine.loop import OpRecord
 from test_moe import moe_scenario
-from workloads import counts
+from workloads import parameters
 from workloads.trace.ops import Op
 from workloads.trace.builder import GRAD_REDUCE_BYTES, HOST_UPDATE_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM, PARAM_BYTES
 
@@ -186,7 +186,7 @@ def test_optimizer_offload_with_one_stage_is_offload_wait_not_bubble(dp):
     )
     res = simulate(sc)
     _check_invariants(res)
-    p = counts.parameter_count(res.scenario.model)
+    p = parameters.parameter_count(res.scenario.model)
     host_bw = res.scenario.cluster.host_bw_bytes_per_s
     expected = (
         p * (GRAD_REDUCE_BYTES + PARAM_BYTES) / host_bw

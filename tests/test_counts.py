@@ -6,28 +6,30 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workloads.counts import (
+from workloads.parameters import (
     _block_params,
+    active_parameter_count,
+    embedding_parameter_count,
+    expert_parameter_count,
+    head_extra_parameter_count,
+    head_parameter_count,
+    layer_parameter_count,
+    mtp_parameter_count,
+    parameter_count,
+)
+from workloads.counts import (
     KERNEL_KINDS,
     MATMUL_KINDS,
     Kernel,
-    active_parameter_count,
     backward_flops_factor,
     backward_kernels,
     embedding_kernels,
-    embedding_parameter_count,
-    expert_parameter_count,
     forward_flops_per_token,
-    head_extra_parameter_count,
     head_kernels,
-    head_parameter_count,
     layer_kernels,
-    layer_parameter_count,
     model_flops_per_step,
     model_flops_per_token,
     mtp_kernels,
-    mtp_parameter_count,
-    parameter_count,
 )
 from workloads.model import MLASpec, MoESpec, ModelSpec
 from workloads.presets import get_model

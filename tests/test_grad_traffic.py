@@ -11,6 +11,7 @@ import pytest
 from helpers import scenario
 from simulator import load_scenario, simulate
 from workloads import counts, memory
+from workloads import parameters
 from workloads.schedules import SCHEDULES
 from workloads.trace.builder import build_trace
 
@@ -115,7 +116,7 @@ def test_quickstart_last_stage_reduces_its_head():
     last = tr.ranks[-1]
     m, L = sc.model, sc.layout
     held = sum(memory.rank_parameter_counts(m, L, range(16, 32), has_embedding=False, has_head=True))
-    assert held == 16 * counts._block_params(m, False, 4)[0] + 128256 * 4096 // 4 + 4096
+    assert held == 16 * parameters._block_params(m, False, 4)[0] + 128256 * 4096 // 4 + 4096
     assert _sizes(tr, last, ".grad", "dp_cp") == 4 * held
 
 

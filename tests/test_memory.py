@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from workloads.counts import _block_params, parameter_count, expert_parameter_count
+from workloads.parameters import _block_params, parameter_count, expert_parameter_count
 from workloads.layout import ParallelLayout
 from workloads.activations import (
     activation_bytes_per_layer,

@@ -12,7 +12,8 @@ from simulator import simulate
 from simulator.scenario.loading import load_scenario
 from simulator.scenario.schema import ScenarioError
 from test_moe import TINY_MOE, moe_scenario
-from workloads import counts, memory
+from workloads import memory
+from workloads import parameters
 from workloads.layout import LayoutError, ParallelLayout
 from workloads.presets import get_model
 from workloads.trace.builder import build_trace
@@ -100,7 +101,7 @@ def test_refused_when_ep_times_etp_does_not_divide_the_stage(par, field):
 )
 def test_expert_parameters_per_rank_sum_to_the_model(par):
     # Every expert shard is held by edp ranks: summed over all ranks and divided by edp,
-    # the routed-expert parameters are the model's (closed form: counts.expert_parameter_count).
+    # the routed-expert parameters are the model's (closed form: parameters.expert_parameter_count).
     model = get_model("qwen3-30b-a3b")  # 48 layers, 128 experts, every layer MoE
     L = ParallelLayout(**par)
     stages = L.chunk_layer_ranges(model.layers)
@@ -109,7 +110,7 @@ def test_expert_parameters_per_rank_sum_to_the_model(par):
         s = L.stage_of(r)
         _, e = memory.rank_parameter_counts(model, L, stages[s], has_embedding=s == 0, has_head=s == L.pp - 1)
         total_expert += e
-    assert total_expert == L.edp * counts.expert_parameter_count(model)
+    assert total_expert == L.edp * parameters.expert_parameter_count(model)
     # ZeRO-1 shards a rank's expert optimizer states over its edp group (12 bytes per
     # parameter: fp32 master and Adam moments, ZeRO's K = 12).
     _, e0 = memory.rank_parameter_counts(model, L, stages[0], True, L.pp == 1)

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from workloads.counts import active_parameter_count, model_flops_per_token, parameter_count
+from workloads.parameters import active_parameter_count, parameter_count
+from workloads.counts import model_flops_per_token
 from workloads.hf_config import SUPPORTED_MODEL_TYPES, model_from_hf_config
 from workloads.model import ModelSpec
 from workloads.presets import MODEL_PRESETS, get_model

@@ -106,7 +106,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from workloads import counts
+from workloads import shapes
 from workloads.enums import RECOMPUTE_MODES
 from workloads.errors import WorkloadError
 from workloads.model import ModelSpec
@@ -207,7 +207,7 @@ def _block_activation_bytes(
     moe_gate_weighting: str = "activation",
     recompute_modules: tuple = (),
 ) -> float:
-    counts._check_positive(tp=tp, cp=cp, ep=ep, etp=etp)
+    shapes._check_positive(tp=tp, cp=cp, ep=ep, etp=etp)
     if moe_gate_weighting not in MOE_GATE_WEIGHTINGS:
         raise WorkloadError(
             "training.moe_gate_weighting",
@@ -244,11 +244,11 @@ def _block_activation_bytes(
     total = 0.0
     # ---- attention ---------------------------------------------------------
     total += act_bytes * rows_sp * h  # pre-attention norm input
-    heads = counts._local_heads(model, tp)
+    heads = shapes._local_heads(model, tp)
     mla = model.attention
     if mla is None:
         d = model.head_dim
-        kv = counts._local_kv_heads(model, tp)
+        kv = shapes._local_kv_heads(model, tp)
         total += norm_out * rows_sp * h  # QKV GEMM input
         total += act_bytes * tokens * (heads * d + 2 * kv * d)  # Q, K, V (local heads)
         v_width = heads * d
@@ -289,7 +289,7 @@ def _block_activation_bytes(
     # savings the input in FP8, the output recomputed from it
     act_in, act_out = (_FP8_BYTES, 0) if ds else (act_bytes, 0 if dots else act_bytes)
     if not moe:
-        f = counts._split(model.ffn_hidden, tp, "ffn_hidden")
+        f = shapes._split(model.ffn_hidden, tp, "ffn_hidden")
         total += norm_out * rows_sp * h  # up GEMM input
         total += tokens * (act_in * up * f + act_out * f)  # activation input, down GEMM input
     else:
@@ -300,8 +300,8 @@ def _block_activation_bytes(
                 "MoE layers with tp > 1 need sequence parallelism "
                 "(Megatron-Core routes the sequence-parallel shard of tokens)",
             )
-        counts._split(m.experts, ep, f"the {m.experts} routed experts", "parallel.ep")
-        f = counts._split(m.expert_ffn_hidden, etp, "expert_ffn_hidden", "parallel.etp")
+        shapes._split(m.experts, ep, f"the {m.experts} routed experts", "parallel.ep")
+        f = shapes._split(m.expert_ffn_hidden, etp, "expert_ffn_hidden", "parallel.etp")
         total += norm_out * rows_sp * h  # router / shared-expert input
         total += _FP32_BYTES * rows_sp * m.experts  # routing probabilities
         assignments = rows_sp * m.top_k * etp if expert_tokens is None else float(expert_tokens)
@@ -313,7 +313,7 @@ def _block_activation_bytes(
         gate = _FP32_BYTES if moe_gate_weighting == "activation" else act_bytes * h
         total += assignments * (expert_in * h + act_in * up * f + expert_act_out * f + gate)
         if m.shared_experts:
-            fs = counts._split(m.shared_experts * m.expert_ffn_hidden, tp, "the shared-expert width")
+            fs = shapes._split(m.shared_experts * m.expert_ffn_hidden, tp, "the shared-expert width")
             total += tokens * (act_in * up * fs + act_out * fs)
     if dropout:
         total += _MASK_BYTES * rows_sp * h  # dropout after the FFN
@@ -352,7 +352,7 @@ def head_activation_bytes(
     ``h`` wide) and the fp32 logits the cross entropy needs, split by vocab over
     ``tp``: ``(4sbh/t)(1 + V/h)`` with sequence parallelism, as Korthikanti §4.3
     counts the output layer (``2sbh/t + 2sbh/t + 4sbV/t``)."""
-    counts._check_positive(tp=tp, cp=cp)
+    shapes._check_positive(tp=tp, cp=cp)
     tokens = micro_batch_size * seq_len / cp
     rows = _sp_rows(tokens, tp, sequence_parallel)
     return 2 * act_bytes * rows * model.hidden + _FP32_BYTES * tokens * model.vocab / tp
@@ -388,7 +388,7 @@ def mtp_activation_bytes(
     per += act_bytes * (2 * rows * model.hidden + tokens * 2 * model.hidden)
     per += _block_activation_bytes(
         model,
-        counts._mtp_block_is_moe(model),
+        shapes._mtp_block_is_moe(model),
         micro_batch_size,
         seq_len,
         tp,

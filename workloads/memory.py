@@ -18,7 +18,9 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from workloads import counts, enums
+from workloads import enums
+from workloads import shapes
+from workloads import parameters
 from workloads.errors import WorkloadError
 from workloads.layout import ParallelLayout
 from workloads.model import ModelSpec
@@ -82,7 +84,7 @@ def rank_parameter_units(
     for i in stage_layers:
         if not 0 <= i < model.layers:
             raise IndexError(f"layer {i} outside 0..{model.layers - 1} of {model.name!r}")
-        d, e = counts._block_params(model, model.is_moe_layer(i), tp, ep, etp)
+        d, e = parameters._block_params(model, model.is_moe_layer(i), tp, ep, etp)
         units.append((f"L{i}", d, e))
     if has_mtp is None:
         has_mtp = has_head
@@ -91,15 +93,15 @@ def rank_parameter_units(
         units.append(("embed", table, 0))
     dense = expert = 0
     if has_head:
-        dense += counts._norm_params(model, h)
+        dense += parameters._norm_params(model, h)
         if not model.tied_embeddings or not has_embedding:
             dense += table
     if has_mtp and model.mtp_depth:
         if not (has_embedding or (has_head and model.tied_embeddings)):
             dense += table  # the shared embedding the MTP modules look tokens up in
-        d, e = counts._block_params(model, counts._mtp_block_is_moe(model), tp, ep, etp)
-        proj = counts._split(h, tp, "hidden") * 2 * h + (counts._split(h, tp, "hidden") if model.bias else 0)
-        dense += model.mtp_depth * (d + proj + 3 * counts._norm_params(model, h))
+        d, e = parameters._block_params(model, shapes._mtp_block_is_moe(model), tp, ep, etp)
+        proj = shapes._split(h, tp, "hidden") * 2 * h + (shapes._split(h, tp, "hidden") if model.bias else 0)
+        dense += model.mtp_depth * (d + proj + 3 * parameters._norm_params(model, h))
         expert += model.mtp_depth * e
     if dense or expert:
         units.append(("head", dense, expert))

@@ -163,14 +163,14 @@ def cmd_presets(args) -> int:
     from simulator.scenario.loading import builtin_scenarios
     from topologies.chips import CHIPS
     from topologies.presets import CLUSTER_PRESETS
-    from workloads import counts
+    from workloads import parameters
     from workloads.presets import MODEL_PRESETS
 
     data = {
         "models": {
             k: {
-                "parameters": counts.parameter_count(m, include_mtp=False),
-                "active_parameters": counts.active_parameter_count(m, include_mtp=False),
+                "parameters": parameters.parameter_count(m, include_mtp=False),
+                "active_parameters": parameters.active_parameter_count(m, include_mtp=False),
                 "layers": m.layers,
                 "hidden": m.hidden,
                 "moe": m.moe is not None,

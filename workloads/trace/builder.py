@@ -44,6 +44,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from workloads import counts, memory
+from workloads import parameters
 from workloads import schedules as sched
 from workloads.errors import WorkloadError
 from workloads.layout import ParallelLayout
@@ -381,7 +382,7 @@ class TraceBuilder:
         matrices split, norms, routers and MLA down projections replicated, routed
         experts split over ``ep`` and ``etp`` (as :func:`memory.rank_parameter_units`)."""
         L = self.L
-        return counts._block_params(self.model, self.model.is_moe_layer(layer), L.tp, L.ep, L.etp)
+        return parameters._block_params(self.model, self.model.is_moe_layer(layer), L.tp, L.ep, L.etp)
 
     def bwd(self, fwd: tuple, part: str) -> tuple:
         """Memoised :func:`backward_kernels` (forward groups are long-lived cached tuples)."""
