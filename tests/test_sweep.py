@@ -514,3 +514,26 @@ def test_cli_sweep_executor_flag(tmp_path, capsys):
     ):
         assert main(["sweep", str(sw), "--out", str(tmp_path / "o"), "--executor", bad]) == 2
         assert msg in capsys.readouterr().err
+
+
+def test_a_lost_worker_is_a_stepsim_error_that_says_the_rows_are_saved():
+    """A worker killed mid-sweep (BrokenProcessPool) is reported as a StudyError — exit 2 with
+    a one-line message saying the rows are saved and how to resume — not as an internal
+    error of stepsim."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from simulator.errors import StudyError
+    from simulator.studies.sweep_executors import execute, worker_version
+
+    class DyingPool:
+        def submit(self, fn, *args):
+            fut = Future()
+            if fn is worker_version:
+                fut.set_result(worker_version())
+            else:
+                fut.set_exception(BrokenProcessPool("a child process terminated abruptly"))
+            return fut
+
+    with pytest.raises(StudyError, match="worker process died.*rows finished so far are saved.*resume"):
+        list(execute([(0, "k", {})], executor=DyingPool()))

@@ -48,6 +48,17 @@ class WorkerVersionError(StudyError):
     """A worker runs another stepsim version than the process running the sweep."""
 
 
+class WorkerLostError(StudyError):
+    """A worker process died (killed, or out of memory) mid-sweep: not a bug in the sweep, and
+    not lost work — the rows finished so far are saved and the same sweep resumes."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "executor: a worker process died (killed, or out of memory); the rows finished so far are saved - "
+            "run the same sweep again to resume (with jobs=1 to find the case at fault)"
+        )
+
+
 def _check_version(version, who: str) -> None:
     if version is not None and version != __version__:
         raise WorkerVersionError(
@@ -94,10 +105,7 @@ def execute(payloads: Sequence[tuple], client=None, jobs: Optional[int] = None, 
                 try:
                     row = f.result()
                 except BrokenProcessPool:
-                    raise RuntimeError(
-                        "a worker process died (killed, or out of memory); the rows finished so far are saved - "
-                        "run the same sweep again to resume (with jobs=1 to find the case at fault)"
-                    ) from None
+                    raise WorkerLostError() from None
                 except Exception as err:  # noqa: BLE001 — a worker lost, a task erred: record it
                     row = _failed_row(p, err)
                 _check_version(row.get("stepsim_version"), f"the worker that ran case {p[0]}")
@@ -140,9 +148,6 @@ def execute(payloads: Sequence[tuple], client=None, jobs: Optional[int] = None, 
             try:
                 yield f.result()
             except BrokenProcessPool:
-                raise RuntimeError(
-                    "a worker process died (killed, or out of memory); the rows finished so far are saved - "
-                    "run the same sweep again to resume (with jobs=1 to find the case at fault)"
-                ) from None
+                raise WorkerLostError() from None
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
