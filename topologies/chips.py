@@ -12,7 +12,7 @@ BF16 rate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from .errors import TopologyError, UnknownPresetError
@@ -21,6 +21,35 @@ from .errors import TopologyError, UnknownPresetError
 FAMILIES = ("ampere", "hopper", "blackwell", "tpu")
 
 GiB = 2**30
+
+
+@dataclass(frozen=True)
+class ComputeCalibration:
+    """Achieved fractions of datasheet peaks for one chip family. The constraints in ``metadata``
+    (pydantic's ``gt``/``ge``/``le``/``lt``) are what the scenario's ``compute:`` overrides are checked
+    against (``simulator.scenario.schema.ComputeCalIn``); the values per family, with their sources, are
+    ``simulator.engine.compute.DEFAULT_COMPUTE_CALIBRATION``."""
+
+    # large bf16 GEMM, fraction of dense peak
+    gemm_efficiency: float = field(default=0.75, metadata={"gt": 0, "le": 1})
+    # large fp8 GEMM, fraction of the fp8 peak
+    fp8_gemm_efficiency: float = field(default=0.60, metadata={"gt": 0, "le": 1})
+    # GEMM dimension at which the shape factor is 1/2
+    gemm_dim_half: float = field(default=64.0, metadata={"ge": 0})
+    # fused (flash) attention, FlashAttention's FLOP convention, fraction of bf16 peak
+    attention_efficiency: float = field(default=0.55, metadata={"gt": 0, "le": 1})
+    # achieved fraction of HBM bandwidth for streaming kernels
+    memory_efficiency: float = field(default=0.85, metadata={"gt": 0, "le": 1})
+    # per kernel: launch + tail effects
+    launch_overhead_s: float = field(default=4e-6, metadata={"ge": 0})
+    # Share of the compute units held by communication kernels while an overlapped
+    # forward/backward pair (DualPipe) computes: its compute ops take 1 / (1 - share)
+    # as long (``simulator.engine.compute.overlap_slowdown``).
+    comm_sm_fraction: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
+    source: str = ""
+
+    def with_(self, **changes) -> "ComputeCalibration":
+        return replace(self, **changes)
 
 
 @dataclass(frozen=True)

@@ -41,22 +41,25 @@ of them over its stage's layers (:func:`hottest_rank`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 import numpy as np
 
 from workloads.errors import WorkloadError
 
-Distribution = Literal["balanced", "zipf", "lognormal", "dirichlet"]
 DISTRIBUTIONS = ("balanced", "zipf", "lognormal", "dirichlet")
+Distribution = Literal[DISTRIBUTIONS]
 
 
 @dataclass(frozen=True)
 class ExpertLoad:
+    """How tokens spread over the routed experts (the scenario's ``training.expert_load``).
+    Constraints in ``metadata`` (pydantic's ``gt``/``ge``) are what the scenario schema checks."""
+
     distribution: Distribution = "balanced"
-    skew: float = 1.0
-    capacity_factor: Optional[float] = None
+    skew: float = field(default=1.0, metadata={"gt": 0})
+    capacity_factor: Optional[float] = field(default=None, metadata={"ge": 1})
     seed: int = 0
 
     def __post_init__(self) -> None:

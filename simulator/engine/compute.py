@@ -15,33 +15,10 @@ overridable as a whole (``compute:`` in the scenario) for a user's own hardware.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
-from topologies.chips import ChipSpec
+from topologies.chips import ChipSpec, ComputeCalibration
 from workloads.counts import Kernel
-
-
-@dataclass(frozen=True)
-class ComputeCalibration:
-    """Achieved fractions of datasheet peaks for one chip family."""
-
-    gemm_efficiency: float = 0.75  # large bf16 GEMM, fraction of dense peak
-    fp8_gemm_efficiency: float = 0.60  # large fp8 GEMM, fraction of the fp8 peak
-    gemm_dim_half: float = 64.0  # GEMM dimension at which the shape factor is 1/2
-    attention_efficiency: float = (
-        0.55  # fused (flash) attention, FlashAttention's FLOP convention, fraction of bf16 peak
-    )
-    memory_efficiency: float = 0.85  # achieved fraction of HBM bandwidth for streaming kernels
-    launch_overhead_s: float = 4e-6  # per kernel: launch + tail effects
-    # Share of the compute units held by communication kernels while an overlapped
-    # forward/backward pair (DualPipe) computes: its compute ops take 1 / (1 - share)
-    # as long (see :func:`overlap_slowdown`).
-    comm_sm_fraction: float = 0.0
-    source: str = ""
-
-    def with_(self, **changes) -> "ComputeCalibration":
-        return replace(self, **changes)
 
 
 # One calibration per chip family (reference-data.md "keep one calibration per chip

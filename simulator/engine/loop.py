@@ -63,7 +63,8 @@ import simpy
 
 from simulator.network import collectives as coll_mod
 from simulator.engine.accounting import IdleAccount, account
-from simulator.engine.compute import ComputeCalibration, kernels_time_s, overlap_slowdown
+from simulator.engine.compute import kernels_time_s, overlap_slowdown
+from topologies.chips import ComputeCalibration
 from simulator.engine.lowering import Lowering
 from simulator.engine.private import absorb, known_end, private_ops
 from simulator.network.flows import FlowNetwork

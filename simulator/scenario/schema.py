@@ -18,10 +18,12 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from simulator.errors import StepsimError
-from topologies.chips import FAMILIES, ChipSpec
+from simulator.network.calibration import LINK_KINDS
+from topologies.chips import FAMILIES, ChipSpec, ComputeCalibration
 from workloads.enums import Schedule, TraceCollectiveOp
 from workloads.layout import ORDER_AXES, ParallelLayout
 from workloads.model import MLASpec, ModelSpec, MoESpec
+from workloads.moe_load import ExpertLoad
 from workloads.training import TrainingSpec
 
 
@@ -57,6 +59,7 @@ def from_spec(
     last: Optional[dict] = None,
     order: Optional[tuple[str, ...]] = None,
     validators: Optional[dict] = None,
+    overrides: bool = False,
 ) -> type[BaseModel]:
     """The input model of a frozen spec dataclass: each field of ``spec`` with its name, type,
     default and constraint (``metadata``: ``ge``, ``gt``, ``le``, ``lt``), integers strict
@@ -65,7 +68,8 @@ def from_spec(
     ``replace`` fields read otherwise, ``exclude`` fields the file does not hold; ``order`` the
     field order when it differs from the spec's (pydantic reports the first error in field
     order, so the order decides which key a message names); ``validators`` pydantic
-    validators of what a constraint cannot say."""
+    validators of what a constraint cannot say. ``overrides``: every field optional with
+    default ``None`` ("keep the spec's value"), its constraint kept."""
     hints = typing.get_type_hints(spec)
     fields: dict[str, Any] = dict(first or {})
     for f in dataclasses.fields(spec):
@@ -74,9 +78,10 @@ def from_spec(
         if replace and f.name in replace:
             fields[f.name] = replace[f.name]
             continue
-        default = ... if f.default is dataclasses.MISSING else f.default
+        default = None if overrides else ... if f.default is dataclasses.MISSING else f.default
         info = Field(default, **f.metadata) if f.metadata else default
-        fields[f.name] = (_input_type(hints[f.name]), info)
+        kind = _input_type(hints[f.name])
+        fields[f.name] = (Optional[kind] if overrides else kind, info)
     fields.update(last or {})
     if order is not None:
         assert sorted(order) == sorted(fields), (name, sorted(set(order) ^ set(fields)))
@@ -183,11 +188,7 @@ class OffloadIn(_Strict):
     activations: bool = False
 
 
-class ExpertLoadIn(_Strict):
-    distribution: Literal["balanced", "zipf", "lognormal", "dirichlet"] = "balanced"
-    skew: float = Field(1.0, gt=0)
-    capacity_factor: Optional[float] = Field(None, ge=1)
-    seed: SInt = 0
+ExpertLoadIn = from_spec("ExpertLoadIn", ExpertLoad)
 
 
 # The file's training section: the batch size is required, the module list a list, the two
@@ -212,17 +213,10 @@ class PerturbationIn(_Strict):
     failed: bool = False
 
 
-class ComputeCalIn(_Strict):
-    gemm_efficiency: Optional[float] = Field(None, gt=0, le=1)
-    fp8_gemm_efficiency: Optional[float] = Field(None, gt=0, le=1)
-    gemm_dim_half: Optional[float] = Field(None, ge=0)
-    attention_efficiency: Optional[float] = Field(None, gt=0, le=1)
-    memory_efficiency: Optional[float] = Field(None, gt=0, le=1)
-    launch_overhead_s: Optional[float] = Field(None, ge=0)
-    comm_sm_fraction: Optional[float] = Field(None, ge=0, lt=1)
+# The file's ``compute:`` section: entries replacing those of the chip family's calibration.
+ComputeCalIn = from_spec("ComputeCalIn", ComputeCalibration, exclude=("source",), overrides=True)
 
-
-_LinkKind = Literal["ici", "nvlink", "nic", "fabric", "dcn"]  # simulator.network.calibration.LINK_KINDS
+_LinkKind = Literal[LINK_KINDS]
 
 
 class NetCalIn(_Strict):

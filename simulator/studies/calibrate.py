@@ -64,7 +64,8 @@ from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from simulator.engine.compute import DEFAULT_COMPUTE_CALIBRATION, ComputeCalibration, kernel_time_s
+from simulator.engine.compute import DEFAULT_COMPUTE_CALIBRATION, kernel_time_s
+from topologies.chips import ComputeCalibration
 from simulator.errors import StudyError
 from workloads.counts import KERNEL_KINDS, Kernel
 
