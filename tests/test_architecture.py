@@ -1,6 +1,7 @@
-"""The import rules of the architecture (docs/design.md, "The three packages"), checked on
-the source: every ``import`` and ``from ... import`` of every module, read with ``ast``
-(imports inside functions and ``TYPE_CHECKING`` blocks included).
+"""The rules of the architecture (docs/design.md, "The three packages"), checked on the
+source: every ``import`` and ``from ... import`` of every module, read with ``ast``
+(imports inside functions and ``TYPE_CHECKING`` blocks included), and the length of every
+module and function.
 
 * Layers: each module belongs to the layer of the longest prefix in :data:`LAYERS` and
   may import only the layers :data:`MAY_IMPORT` lists for it — the base (errors, file
@@ -9,6 +10,8 @@ the source: every ``import`` and ``from ... import`` of every module, read with 
   layers below it; only the command line imports the command line.
 * No ``_private`` name (or module) is imported from another package.
 * The command-line modules import each other without a cycle.
+* Sizes: no module of the packages over :data:`MAX_MODULE_LINES` lines, no function or
+  method over :data:`MAX_FUNCTION_LINES` (:func:`size_violations`).
 
 The simulator's sub-packages are layers of their own (network, scenario, engine, results,
 the one-step facade, studies, interop, cli), each importing only those below it; a new
@@ -263,3 +266,86 @@ def test_the_design_doc_and_readme_map_every_sub_package():
         named = set(re.findall(r"^\s*\| (?:\w+ \| )?`simulator/(\w+)/`", (ROOT / doc).read_text(), re.M))
         assert named == on_disk, f"{doc}: the table names {sorted(named)}, the tree has {sorted(on_disk)}"
     assert {m.split(".")[1] for m in LAYERS if m.count(".") == 1 and m.startswith("simulator.")} >= on_disk
+
+
+# ---- sizes: no module over MAX_MODULE_LINES, no function over MAX_FUNCTION_LINES ----------
+
+MAX_MODULE_LINES = 600
+#: A function's lines run from its ``def`` (decorators excluded) to its last line, docstring
+#: included; a long table of constants is no function and may be as long as it needs.
+MAX_FUNCTION_LINES = 80
+#: ``path::qualified name`` of the functions let past :data:`MAX_FUNCTION_LINES` for now.
+LONG_FUNCTIONS_ALLOWED = frozenset(
+    {
+        "workloads/activations.py::_block_activation_bytes",  # split on branch shard
+    }
+)
+
+
+def _functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.AST]]:
+    """``(qualified name, node)`` of every function and method in ``tree``, nested ones included."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            name = f"{prefix}{node.name}"
+            if not isinstance(node, ast.ClassDef):
+                yield name, node
+            yield from _functions(node, f"{name}.")
+        else:
+            yield from _functions(node, prefix)
+
+
+def size_violations(
+    label: str,
+    source: str,
+    max_module: int = MAX_MODULE_LINES,
+    max_function: int = MAX_FUNCTION_LINES,
+    allowed: frozenset = LONG_FUNCTIONS_ALLOWED,
+) -> list[str]:
+    """The module ``label`` (its path) if ``source`` is over ``max_module`` lines, and each of
+    its functions over ``max_function`` lines that ``allowed`` does not name."""
+    out = []
+    lines = len(source.splitlines())
+    if lines > max_module:
+        out.append(f"{label}: {lines} lines (a module has at most {max_module}: split it by job)")
+    for name, node in _functions(ast.parse(source, label)):
+        length = node.end_lineno - node.lineno + 1
+        if length > max_function and f"{label}::{name}" not in allowed:
+            out.append(
+                f"{label}:{node.lineno}: {name} is {length} lines (a function has at most {max_function}: "
+                "split it into functions with one job each)"
+            )
+    return out
+
+
+def test_no_module_over_600_lines_and_no_function_over_80():
+    found = []
+    for pkg in PACKAGES:
+        for p in sorted((ROOT / pkg).rglob("*.py")):
+            found += size_violations(p.relative_to(ROOT).as_posix(), p.read_text())
+    assert not found, "\n".join(found)
+
+
+def test_the_size_rule_catches_long_modules_and_functions():
+    """A made-up module over the limits fails; the same within them (or exempted) passes."""
+
+    def body(indent: int) -> str:
+        return "".join(f"{' ' * indent}x{i} = {i}\n" for i in range(6))
+
+    src = "@decorator\ndef f():\n" + body(4) + "\n\nclass C:\n    def m(self):\n" + body(8)
+    src += "        def inner():\n" + body(12)
+    found = size_violations("pkg/mod.py", src, max_module=100, max_function=5)
+    assert len(found) == 3, found
+    assert "pkg/mod.py:2: f is 7 lines" in found[0]  # from its `def`, not its decorator
+    assert "C.m is 14 lines" in found[1] and "C.m.inner is 7 lines" in found[2]
+    assert not size_violations("pkg/mod.py", src, max_module=100, max_function=14, allowed=frozenset())
+    at_seven = size_violations("pkg/mod.py", src, max_module=100, max_function=7, allowed=frozenset())
+    assert [v.partition(" (")[0] for v in at_seven] == ["pkg/mod.py:12: C.m is 14 lines"]
+    assert not size_violations(
+        "pkg/mod.py", src, max_module=100, max_function=7, allowed=frozenset({"pkg/mod.py::C.m"})
+    )
+    assert size_violations("pkg/mod.py", src, max_module=10, max_function=14) == [
+        f"pkg/mod.py: {len(src.splitlines())} lines (a module has at most 10: split it by job)"
+    ]
+    # a long table of constants is not a function
+    table = "TABLE = {\n" + "".join(f"    {i}: {i},\n" for i in range(200)) + "}\n"
+    assert not size_violations("pkg/table.py", table, max_module=600, max_function=5)

@@ -12,7 +12,8 @@
   the plain data the engine runs;
 * :mod:`.io` — stepsim's own trace file (JSON), written and read back;
 * :mod:`.chakra` — MLCommons Chakra execution traces: the format and shared constants, with
-  :mod:`.chakra_write` (the writer) and :mod:`.chakra_read` (the reader).
+  :mod:`.chakra_write` (the writer) and :mod:`.chakra_read` (the reader: the files, their
+  messages and the trace assembled), which :mod:`.chakra_nodes` serves (what each node becomes).
 
 A new pipeline schedule is a pure function in :mod:`workloads.schedules`; the builder
 turns its order into ops.

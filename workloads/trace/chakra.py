@@ -1,6 +1,6 @@
 """Chakra execution traces (MLCommons): the format as stepsim writes and reads it, and the constants
 and message classes its writer (:mod:`workloads.trace.chakra_write`) and reader
-(:mod:`workloads.trace.chakra_read`) share.
+(:mod:`workloads.trace.chakra_read`, with :mod:`workloads.trace.chakra_nodes` for each node) share.
 
 A Chakra trace is a directory holding one ET file per rank, ``<prefix>.<rank>.et``
 (ASTRA-sim's naming: its ``--workload-configuration`` is ``DIR/<prefix>``), and the

@@ -94,21 +94,35 @@ def write_chakra(
     if out.exists() and not out.is_dir():
         raise TraceError(f"trace: --out {out} is a file; a Chakra trace is a directory (one ET file per rank)")
     out.mkdir(parents=True, exist_ok=True)
-    rankset = set(trace.ranks)
-    ops_by_id = {op.id: op for op in trace.ops}
-    groups: dict[tuple, int] = {}  # ring-ordered ranks -> comm-group id (1, 2, ...; 0 means "all")
+    groups = _comm_groups(trace)
+    header = _header_attrs(pb, trace, scenario_record)
+    nodes_of = _RankNodes(pb, trace, groups).nodes()
+    written = []
+    for r in trace.ranks:
+        p = out / f"{prefix}.{r}.et"
+        with open(p, "wb") as f:
+            protolib.encodeMessage(f, _rank_metadata(pb, trace, header, r))
+            for node in nodes_of[r]:
+                protolib.encodeMessage(f, node)
+        written.append(p)
+    cg = out / COMM_GROUP_FILE
+    cg.write_text(json.dumps({str(i): list(g) for g, i in groups.items()}, indent=1) + "\n")
+    written.append(cg)
+    return written
+
+
+def _comm_groups(trace: Trace) -> dict[tuple, int]:
+    """Ring-ordered ranks of each collective's group -> its comm-group id (1, 2, ...; 0 means
+    "all"), in order of first use."""
+    groups: dict[tuple, int] = {}
     for op in trace.ops:
         if op.kind == "collective" and op.group not in groups:
             groups[op.group] = len(groups) + 1
-    # Each send to a rank of the trace gets a receive node there; tags number the sends.
-    next_id = max(ops_by_id) + 1
-    tag, recv_id = {}, {}
-    for op in trace.ops:
-        if op.kind == "send":
-            tag[op.id] = len(tag)
-            if op.peer in rankset and op.peer != op.rank:
-                recv_id[op.id] = next_id
-                next_id += 1
+    return groups
+
+
+def _header_attrs(pb, trace: Trace, scenario_record: Optional[dict]) -> list:
+    """The ``GlobalMetadata`` attributes every rank's file shares: the format and the trace's header."""
     header = [
         _attr(pb, "stepsim.format", string_val=FORMAT),
         _attr(pb, "stepsim.format_version", int64_val=VERSION),
@@ -128,104 +142,148 @@ def write_chakra(
         )
     if scenario_record is not None:
         header.append(_attr(pb, "stepsim.scenario", string_val=json.dumps(scenario_record, sort_keys=True)))
-    written = []
-    last: dict[tuple[int, str], int] = {}
-    nodes_of: dict[int, list] = {r: [] for r in trace.ranks}
-    placed_recv: set[int] = set()
-    for op in trace.ops:
-        node = pb.Node(id=op.id, name=op.name)
+    return header
+
+
+def _rank_metadata(pb, trace: Trace, header: list, r: int):
+    """Rank ``r``'s ``GlobalMetadata``: the shared header, then its rank, weight and static memory."""
+    meta = pb.GlobalMetadata(version=SCHEMA_VERSION)
+    meta.attr.extend(
+        header
+        + [
+            _attr(pb, "stepsim.rank", int64_val=r),
+            _attr(pb, "stepsim.weight", int64_val=int(trace.weight.get(r, 1))),
+            _attr(
+                pb,
+                "stepsim.static_memory",
+                double_list=pb.DoubleList(
+                    values=[float(trace.static_memory.get(r, {}).get(c, 0.0)) for c in MEMORY_CATEGORIES]
+                ),
+            ),
+        ]
+    )
+    return meta
+
+
+class _RankNodes:
+    """Each rank's nodes, in file order: one per op, with its ``data_deps`` (its dependencies
+    on the same rank and the previous op of its stream), and a receive node for each send to
+    a rank of the trace, placed just before its first reader."""
+
+    def __init__(self, pb, trace: Trace, groups: dict[tuple, int]):
+        self.pb, self.trace, self.groups = pb, trace, groups
+        self.ops_by_id = {op.id: op for op in trace.ops}
+        # Each send to a rank of the trace gets a receive node there; tags number the sends.
+        next_id = max(self.ops_by_id) + 1
+        self.tag, self.recv_id = {}, {}
+        rankset = set(trace.ranks)
+        for op in trace.ops:
+            if op.kind == "send":
+                self.tag[op.id] = len(self.tag)
+                if op.peer in rankset and op.peer != op.rank:
+                    self.recv_id[op.id] = next_id
+                    next_id += 1
+        self.nodes_of: dict[int, list] = {r: [] for r in trace.ranks}
+        self.placed_recv: set[int] = set()
+
+    def nodes(self) -> dict[int, list]:
+        """rank -> its nodes, in file order."""
+        pb = self.pb
+        last: dict[tuple[int, str], int] = {}
+        for op in self.trace.ops:
+            node = pb.Node(id=op.id, name=op.name)
+            deps, remote = self._deps(op)
+            prev = last.get((op.rank, op.stream))
+            if prev is not None and prev not in deps:
+                deps.append(prev)
+            last[(op.rank, op.stream)] = op.id
+            node.data_deps.extend(deps)
+            self._typed(node, op)
+            node.attr.extend(_common_attrs(pb, op))
+            if remote:
+                node.attr.append(_attr(pb, "stepsim.remote_deps", int64_list=pb.Int64List(values=remote)))
+            self.nodes_of[op.rank].append(node)
+        for sid, rid in self.recv_id.items():  # receives nobody waits for still match their send
+            if rid not in self.placed_recv:
+                s = self.ops_by_id[sid]
+                self.nodes_of[s.peer].append(_recv_node(pb, rid, s, self.tag[sid]))
+        return self.nodes_of
+
+    def _deps(self, op: Op) -> tuple[list[int], list[int]]:
+        """``op``'s dependencies as node ids of its file (a message it waits for: its receive
+        node, placed here if not yet), and its other dependencies on other ranks' ops."""
         deps, remote = [], []
         for d in op.deps:
-            dop = ops_by_id[d]
+            dop = self.ops_by_id[d]
             if dop.rank == op.rank:
                 deps.append(d)
-            elif dop.kind == "send" and dop.peer == op.rank and d in recv_id:
-                rid = recv_id[d]
-                if rid not in placed_recv:  # the receive goes just before its first reader
-                    placed_recv.add(rid)
-                    nodes_of[op.rank].append(_recv_node(pb, rid, dop, tag[d]))
+            elif dop.kind == "send" and dop.peer == op.rank and d in self.recv_id:
+                rid = self.recv_id[d]
+                if rid not in self.placed_recv:  # the receive goes just before its first reader
+                    self.placed_recv.add(rid)
+                    self.nodes_of[op.rank].append(_recv_node(self.pb, rid, dop, self.tag[d]))
                 deps.append(rid)
             else:
                 remote.append(d)
-        prev = last.get((op.rank, op.stream))
-        if prev is not None and prev not in deps:
-            deps.append(prev)
-        last[(op.rank, op.stream)] = op.id
-        node.data_deps.extend(deps)
+        return deps, remote
+
+    def _typed(self, node, op: Op) -> None:
+        """The node type and attributes of ``op``'s kind."""
+        pb = self.pb
         if op.kind == "compute":
             _comp_node(pb, node, op)
         elif op.kind == "collective":
-            node.type = pb.COMM_COLL_NODE
-            node.attr.extend(
-                [
-                    _attr(pb, "comm_type", int64_val=pb.CollectiveCommType.Value(_COLL_TO_CHAKRA[op.coll])),
-                    _attr(pb, "pg_name", string_val=str(groups[op.group])),
-                ]
-                + _comm_attrs(pb, op)
-            )
+            _coll_node(pb, node, op, self.groups[op.group])
         elif op.kind == "send":
-            node.type = pb.COMM_SEND_NODE
-            node.attr.extend(
-                [
-                    _attr(pb, "comm_src", int32_val=op.rank),
-                    _attr(pb, "comm_dst", int32_val=op.peer),
-                    _attr(pb, "comm_tag", int32_val=tag[op.id]),
-                ]
-                + _comm_attrs(pb, op)
-            )
+            _send_node(pb, node, op, self.tag[op.id])
         elif op.kind == "host":
-            if op.rate_bytes_per_s > 0:  # CPU work (e.g. the offloaded optimizer step)
-                node.type = pb.COMP_NODE
-                node.attr.extend(
-                    [
-                        _attr(pb, "is_cpu_op", bool_val=True),
-                        _attr(pb, "stepsim.rate_bytes_per_s", double_val=op.rate_bytes_per_s),
-                    ]
-                )
-            else:
-                node.type = pb.MEM_STORE_NODE if "d2h" in op.name else pb.MEM_LOAD_NODE
-            node.attr.extend(
-                [
-                    _attr(pb, "tensor_size", uint64_val=int(round(op.size_bytes))),
-                    _attr(pb, "stepsim.size_bytes", double_val=op.size_bytes),
-                ]
-            )
+            _host_node(pb, node, op)
         else:
             raise TraceError(f"op {op.id} ({op.name}): kind {op.kind!r} has no Chakra node type")
-        node.attr.extend(_common_attrs(pb, op))
-        if remote:
-            node.attr.append(_attr(pb, "stepsim.remote_deps", int64_list=pb.Int64List(values=remote)))
-        nodes_of[op.rank].append(node)
-    for sid, rid in recv_id.items():  # receives nobody waits for still match their send
-        if rid not in placed_recv:
-            s = ops_by_id[sid]
-            nodes_of[s.peer].append(_recv_node(pb, rid, s, tag[sid]))
-    for r in trace.ranks:
-        meta = pb.GlobalMetadata(version=SCHEMA_VERSION)
-        meta.attr.extend(
-            header
-            + [
-                _attr(pb, "stepsim.rank", int64_val=r),
-                _attr(pb, "stepsim.weight", int64_val=int(trace.weight.get(r, 1))),
-                _attr(
-                    pb,
-                    "stepsim.static_memory",
-                    double_list=pb.DoubleList(
-                        values=[float(trace.static_memory.get(r, {}).get(c, 0.0)) for c in MEMORY_CATEGORIES]
-                    ),
-                ),
+
+
+def _coll_node(pb, node, op: Op, group_id: int) -> None:
+    node.type = pb.COMM_COLL_NODE
+    node.attr.extend(
+        [
+            _attr(pb, "comm_type", int64_val=pb.CollectiveCommType.Value(_COLL_TO_CHAKRA[op.coll])),
+            _attr(pb, "pg_name", string_val=str(group_id)),
+        ]
+        + _comm_attrs(pb, op)
+    )
+
+
+def _send_node(pb, node, op: Op, tag: int) -> None:
+    node.type = pb.COMM_SEND_NODE
+    node.attr.extend(
+        [
+            _attr(pb, "comm_src", int32_val=op.rank),
+            _attr(pb, "comm_dst", int32_val=op.peer),
+            _attr(pb, "comm_tag", int32_val=tag),
+        ]
+        + _comm_attrs(pb, op)
+    )
+
+
+def _host_node(pb, node, op: Op) -> None:
+    """A host op: CPU work at a rate (e.g. the offloaded optimizer step) as a CPU ``COMP_NODE``,
+    else a transfer, ``MEM_STORE_NODE`` (device to host) or ``MEM_LOAD_NODE``."""
+    if op.rate_bytes_per_s > 0:
+        node.type = pb.COMP_NODE
+        node.attr.extend(
+            [
+                _attr(pb, "is_cpu_op", bool_val=True),
+                _attr(pb, "stepsim.rate_bytes_per_s", double_val=op.rate_bytes_per_s),
             ]
         )
-        p = out / f"{prefix}.{r}.et"
-        with open(p, "wb") as f:
-            protolib.encodeMessage(f, meta)
-            for node in nodes_of[r]:
-                protolib.encodeMessage(f, node)
-        written.append(p)
-    cg = out / COMM_GROUP_FILE
-    cg.write_text(json.dumps({str(i): list(g) for g, i in groups.items()}, indent=1) + "\n")
-    written.append(cg)
-    return written
+    else:
+        node.type = pb.MEM_STORE_NODE if "d2h" in op.name else pb.MEM_LOAD_NODE
+    node.attr.extend(
+        [
+            _attr(pb, "tensor_size", uint64_val=int(round(op.size_bytes))),
+            _attr(pb, "stepsim.size_bytes", double_val=op.size_bytes),
+        ]
+    )
 
 
 def _recv_node(pb, rid: int, send: Op, tag: int):
@@ -240,6 +298,3 @@ def _recv_node(pb, rid: int, send: Op, tag: int):
         ]
     )
     return node
-
-
-# ---- reading ---------------------------------------------------------------------------------

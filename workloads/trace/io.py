@@ -146,7 +146,7 @@ MAX_TRACE_FILE_BYTES = 256 * 2**20  # uncompressed; a larger trace would take gi
 
 def scenario_record(sc) -> dict:
     """What a trace file records of the scenario it was built from (a
-    :class:`simulator.scenario.schema.Scenario`): names, layout, schedule and a SHA-256
+    :class:`simulator.scenario.resolved.Scenario`): names, layout, schedule and a SHA-256
     ``fingerprint`` of the model, layout, schedule and training specs."""
     L = sc.layout
     layout = {"tp": L.tp, "cp": L.cp, "pp": L.pp, "dp": L.dp, "ep": L.ep, "vpp": L.vpp, "etp": L.etp, "zero": L.zero}
@@ -296,139 +296,17 @@ def _unexecuted(data: dict, ranks: set) -> dict[int, float]:
 
 
 def trace_from_dict(data: dict) -> Trace:
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise TraceError(f'trace: not a {FORMAT} file (missing "format": "{FORMAT}")')
-    if data.get("version") != VERSION:
-        raise TraceError(f"trace.version: this stepsim reads version {VERSION}, got {data.get('version')!r}")
-    world = _need(data, "world", int, "trace")
-    ranks = tuple(_need(data, "ranks", list, "trace"))
-    weight = {int(k): int(v) for k, v in _need(data, "weight", dict, "trace").items()}
-    static = {
-        int(k): {c: float(v.get(c, 0.0)) for c in MEMORY_CATEGORIES}
-        for k, v in _need(data, "static_memory", dict, "trace").items()
-    }
-    for r in ranks:
-        if not isinstance(r, int) or not 0 <= r < world:
-            raise TraceError(f"trace.ranks: {r!r} is not a rank in 0..{world - 1}")
-        weight.setdefault(r, 1)
-        static.setdefault(r, {c: 0.0 for c in MEMORY_CATEGORIES})
-    ops = []
+    """The trace a parsed trace file holds (:func:`trace_to_dict`'s inverse); every field is
+    checked, a problem is a :class:`TraceError` naming it."""
+    _check_format(data)
+    world, ranks, weight, static = _ranks_of(data)
     rankset = set(ranks)
     raw_ops = _need(data, "ops", list, "trace")
     if not raw_ops:
         raise TraceError("trace.ops: the trace has no ops; a step needs at least one")
     if not ranks:
         raise TraceError("trace.ranks: the trace lists no ranks")
-    for i, d in enumerate(raw_ops):
-        where = f"ops[{i}]"
-        if not isinstance(d, dict):
-            raise TraceError(f"{where}: expected a mapping")
-        kind = _need(d, "kind", str, where)
-        if kind not in _KINDS:
-            raise TraceError(f"{where}.kind: must be one of {', '.join(_KINDS)}, got {kind!r}")
-        stream = _need(d, "stream", str, where)
-        if stream not in STREAMS:
-            raise TraceError(f"{where}.stream: must be one of {', '.join(STREAMS)}, got {stream!r}")
-        rank = _need(d, "rank", int, where)
-        if rank not in rankset:
-            raise TraceError(f"{where}.rank: {rank} is not among trace.ranks")
-        kernels = []
-        for j, k in enumerate(d.get("kernels", [])):
-            kw = f"{where}.kernels[{j}]"
-            kk = _need(k, "kind", str, kw)
-            if kk not in KERNEL_KINDS:
-                raise TraceError(f"{kw}.kind: must be one of {', '.join(KERNEL_KINDS)}, got {kk!r}")
-            flops, nbytes = float(_need(k, "flops", (int, float), kw)), float(_need(k, "bytes", (int, float), kw))
-            if flops < 0 or nbytes < 0:
-                raise TraceError(f"{kw}: flops and bytes must be >= 0")
-            executed = k.get("executed_flops")
-            if executed is not None and (
-                not isinstance(executed, (int, float)) or isinstance(executed, bool) or not executed >= 0
-            ):
-                raise TraceError(f"{kw}.executed_flops: must be a number >= 0, got {executed!r}")
-            kernels.append(
-                Kernel(
-                    str(k.get("name", "")),
-                    kk,
-                    flops,
-                    nbytes,
-                    int(k.get("m", 0)),
-                    int(k.get("n", 0)),
-                    int(k.get("k", 0)),
-                    int(k.get("groups", 1)),
-                    None if executed is None else float(executed),
-                )
-            )
-        mem = []
-        for j, m in enumerate(d.get("mem", [])):
-            if (
-                not isinstance(m, list)
-                or len(m) != 3
-                or m[0] not in MEMORY_CATEGORIES
-                or m[2] not in ("start", "end")
-                or not isinstance(m[1], (int, float))
-            ):
-                raise TraceError(
-                    f"{where}.mem[{j}]: expected [category, delta_bytes, 'start'|'end'] with category in "
-                    f"{', '.join(MEMORY_CATEGORIES)}, got {m!r}"
-                )
-            mem.append((m[0], float(m[1]), m[2]))
-        coll = d.get("coll", "")
-        if kind == "collective" and coll not in _COLLS:
-            raise TraceError(f"{where}.coll: must be one of {', '.join(_COLLS)}, got {coll!r}")
-        size = float(d.get("size_bytes", 0.0))
-        if size < 0:
-            raise TraceError(f"{where}.size_bytes: must be >= 0, got {size}")
-        group = tuple(int(x) for x in d.get("group", ()))
-        if kind == "collective" and any(not 0 <= g < world for g in group):
-            raise TraceError(f"{where}.group: ranks must be in 0..{world - 1}")
-        frac = d.get("scaleout_fraction", 1.0)
-        if (
-            isinstance(frac, bool)
-            or not isinstance(frac, (int, float))
-            or not 0.0 < frac <= 1.0
-            or (frac < 1.0 and coll != "all-to-all")
-        ):
-            raise TraceError(
-                f"{where}.scaleout_fraction: a number in (0, 1], below 1 only on an all-to-all, got {frac!r}"
-            )
-        peer = int(d.get("peer", -1))
-        if kind == "send" and not 0 <= peer < world:
-            raise TraceError(f"{where}.peer: must be a rank in 0..{world - 1}, got {peer}")
-        rate = d.get("rate_bytes_per_s", 0.0)
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate >= 0 or (rate and kind != "host"):
-            raise TraceError(
-                f"{where}.rate_bytes_per_s: a number >= 0, on host ops only (0 = the device's host link), got {rate!r}"
-            )
-        deps = d.get("deps", [])
-        if not isinstance(deps, list) or any(not isinstance(x, int) for x in deps):
-            raise TraceError(f"{where}.deps: expected a list of op ids")
-        ops.append(
-            Op(
-                id=_need(d, "id", int, where),
-                rank=rank,
-                stream=stream,
-                kind=kind,
-                name=str(d.get("name", f"op{i}")),
-                phase=str(d.get("phase", "")),
-                mb=int(d.get("mb", -1)),
-                chunk=int(d.get("chunk", -1)),
-                layer=int(d.get("layer", -1)),
-                deps=tuple(deps),
-                kernels=tuple(kernels),
-                recompute=bool(d.get("recompute", False)),
-                comm_overlap=bool(d.get("comm_overlap", False)),
-                coll=coll,
-                axis=str(d.get("axis", "")),
-                group=group,
-                key=str(d.get("key", f"op{i}")),
-                size_bytes=size,
-                peer=peer,
-                mem=tuple(mem),
-                scaleout_fraction=float(frac),
-                rate_bytes_per_s=float(rate),
-            )
-        )
+    ops = [_op_from_dict(i, d, world, rankset) for i, d in enumerate(raw_ops)]
     trace = Trace(
         ops=ops,
         ranks=ranks,
@@ -446,3 +324,149 @@ def trace_from_dict(data: dict) -> Trace:
         raise TraceError(f"trace.scenario: expected a mapping, got {rec!r}")
     trace.scenario_record = rec
     return trace
+
+
+def _check_format(data) -> None:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise TraceError(f'trace: not a {FORMAT} file (missing "format": "{FORMAT}")')
+    if data.get("version") != VERSION:
+        raise TraceError(f"trace.version: this stepsim reads version {VERSION}, got {data.get('version')!r}")
+
+
+def _ranks_of(data: dict) -> tuple[int, tuple, dict, dict]:
+    """The trace's rank count, its listed ranks, and each listed rank's weight and static
+    memory (1 and none where the file gives none)."""
+    world = _need(data, "world", int, "trace")
+    ranks = tuple(_need(data, "ranks", list, "trace"))
+    weight = {int(k): int(v) for k, v in _need(data, "weight", dict, "trace").items()}
+    static = {
+        int(k): {c: float(v.get(c, 0.0)) for c in MEMORY_CATEGORIES}
+        for k, v in _need(data, "static_memory", dict, "trace").items()
+    }
+    for r in ranks:
+        if not isinstance(r, int) or not 0 <= r < world:
+            raise TraceError(f"trace.ranks: {r!r} is not a rank in 0..{world - 1}")
+        weight.setdefault(r, 1)
+        static.setdefault(r, {c: 0.0 for c in MEMORY_CATEGORIES})
+    return world, ranks, weight, static
+
+
+def _op_from_dict(i: int, d, world: int, rankset: set) -> Op:
+    """The op of ``ops[i]``."""
+    where = f"ops[{i}]"
+    if not isinstance(d, dict):
+        raise TraceError(f"{where}: expected a mapping")
+    kind = _need(d, "kind", str, where)
+    if kind not in _KINDS:
+        raise TraceError(f"{where}.kind: must be one of {', '.join(_KINDS)}, got {kind!r}")
+    stream = _need(d, "stream", str, where)
+    if stream not in STREAMS:
+        raise TraceError(f"{where}.stream: must be one of {', '.join(STREAMS)}, got {stream!r}")
+    rank = _need(d, "rank", int, where)
+    if rank not in rankset:
+        raise TraceError(f"{where}.rank: {rank} is not among trace.ranks")
+    kernels = tuple(_kernel_from_dict(k, f"{where}.kernels[{j}]") for j, k in enumerate(d.get("kernels", [])))
+    mem = tuple(_mem_entry(m, f"{where}.mem[{j}]") for j, m in enumerate(d.get("mem", [])))
+    transfer = _transfer_fields(d, kind, world, where)
+    deps = d.get("deps", [])
+    if not isinstance(deps, list) or any(not isinstance(x, int) for x in deps):
+        raise TraceError(f"{where}.deps: expected a list of op ids")
+    return Op(
+        id=_need(d, "id", int, where),
+        rank=rank,
+        stream=stream,
+        kind=kind,
+        name=str(d.get("name", f"op{i}")),
+        phase=str(d.get("phase", "")),
+        mb=int(d.get("mb", -1)),
+        chunk=int(d.get("chunk", -1)),
+        layer=int(d.get("layer", -1)),
+        deps=tuple(deps),
+        kernels=kernels,
+        recompute=bool(d.get("recompute", False)),
+        comm_overlap=bool(d.get("comm_overlap", False)),
+        axis=str(d.get("axis", "")),
+        key=str(d.get("key", f"op{i}")),
+        mem=mem,
+        **transfer,
+    )
+
+
+def _kernel_from_dict(k: dict, kw: str) -> Kernel:
+    """One kernel of a compute op (``kw``: where it is, for errors)."""
+    kk = _need(k, "kind", str, kw)
+    if kk not in KERNEL_KINDS:
+        raise TraceError(f"{kw}.kind: must be one of {', '.join(KERNEL_KINDS)}, got {kk!r}")
+    flops, nbytes = float(_need(k, "flops", (int, float), kw)), float(_need(k, "bytes", (int, float), kw))
+    if flops < 0 or nbytes < 0:
+        raise TraceError(f"{kw}: flops and bytes must be >= 0")
+    executed = k.get("executed_flops")
+    if executed is not None and (
+        not isinstance(executed, (int, float)) or isinstance(executed, bool) or not executed >= 0
+    ):
+        raise TraceError(f"{kw}.executed_flops: must be a number >= 0, got {executed!r}")
+    return Kernel(
+        str(k.get("name", "")),
+        kk,
+        flops,
+        nbytes,
+        int(k.get("m", 0)),
+        int(k.get("n", 0)),
+        int(k.get("k", 0)),
+        int(k.get("groups", 1)),
+        None if executed is None else float(executed),
+    )
+
+
+def _mem_entry(m, where: str) -> tuple:
+    """One memory effect ``[category, delta_bytes, 'start'|'end']`` of an op."""
+    if (
+        not isinstance(m, list)
+        or len(m) != 3
+        or m[0] not in MEMORY_CATEGORIES
+        or m[2] not in ("start", "end")
+        or not isinstance(m[1], (int, float))
+    ):
+        raise TraceError(
+            f"{where}: expected [category, delta_bytes, 'start'|'end'] with category in "
+            f"{', '.join(MEMORY_CATEGORIES)}, got {m!r}"
+        )
+    return (m[0], float(m[1]), m[2])
+
+
+def _transfer_fields(d: dict, kind: str, world: int, where: str) -> dict:
+    """The :class:`Op` fields of what an op moves: the collective and its group, the bytes,
+    the all-to-all's scale-out share, a send's peer and a host op's rate."""
+    coll = d.get("coll", "")
+    if kind == "collective" and coll not in _COLLS:
+        raise TraceError(f"{where}.coll: must be one of {', '.join(_COLLS)}, got {coll!r}")
+    size = float(d.get("size_bytes", 0.0))
+    if size < 0:
+        raise TraceError(f"{where}.size_bytes: must be >= 0, got {size}")
+    group = tuple(int(x) for x in d.get("group", ()))
+    if kind == "collective" and any(not 0 <= g < world for g in group):
+        raise TraceError(f"{where}.group: ranks must be in 0..{world - 1}")
+    frac = d.get("scaleout_fraction", 1.0)
+    if (
+        isinstance(frac, bool)
+        or not isinstance(frac, (int, float))
+        or not 0.0 < frac <= 1.0
+        or (frac < 1.0 and coll != "all-to-all")
+    ):
+        raise TraceError(f"{where}.scaleout_fraction: a number in (0, 1], below 1 only on an all-to-all, got {frac!r}")
+    peer = int(d.get("peer", -1))
+    if kind == "send" and not 0 <= peer < world:
+        raise TraceError(f"{where}.peer: must be a rank in 0..{world - 1}, got {peer}")
+    rate = d.get("rate_bytes_per_s", 0.0)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate >= 0 or (rate and kind != "host"):
+        raise TraceError(
+            f"{where}.rate_bytes_per_s: a number >= 0, on host ops only (0 = the device's host link), got {rate!r}"
+        )
+    return {
+        "coll": coll,
+        "group": group,
+        "size_bytes": size,
+        "peer": peer,
+        "scaleout_fraction": float(frac),
+        "rate_bytes_per_s": float(rate),
+    }
