@@ -31,8 +31,9 @@ which sums to ``sbh(34 + 5as/h)``; ``sbh(10 + 24/t + 5as/(ht))`` under TP withou
 sequence parallelism, ``(sbh/t)(34 + 5as/h)`` with it, ``34sbh/t`` with selective
 recompute (the ``s^2`` terms recomputed), and ``2sbh`` with full recompute (only
 the layer input kept). :func:`activation_bytes_per_layer` builds the same table
-tensor by tensor, so with ``dropout=True`` and a GELU MHA model it reproduces
-those closed forms exactly, and it generalises them:
+tensor by tensor for one rank's :class:`~workloads.shard.Shard` under an
+:class:`ActivationPolicy` (the training options below), so with ``dropout=True`` and a
+GELU MHA model it reproduces those closed forms exactly, and it generalises them:
 
 * **No dropout** (``dropout=False``, the default: modern LLMs train without it):
   no masks, and ``P V`` reads the softmax output itself, so the ``s^2`` part is

@@ -1,6 +1,8 @@
 """FLOP counts of a :class:`~workloads.model.ModelSpec`: its kernels and model FLOPs.
 
-Everything here is a pure function of the model spec and the parallel degrees. The
+Everything here is a pure function of the model spec and one rank's
+:class:`~workloads.shard.Shard` (parallel degrees, micro-batch, sequence, activation
+width). The
 parameter counts (:func:`~workloads.parameters.parameter_count`,
 :func:`~workloads.parameters.active_parameter_count`, the per-layer breakdown in
 :func:`~workloads.parameters._block_params`) live in :mod:`workloads.parameters`, the
@@ -8,7 +10,7 @@ tensor-parallel shapes both use in :mod:`workloads.shapes`. What comes out here:
 
 * **Kernels** (:func:`layer_kernels`, :func:`embedding_kernels`,
   :func:`head_kernels`, :func:`mtp_kernels`): the GPU kernels of one forward pass
-  on one rank, each with its FLOPs, its HBM traffic and (for GEMMs) its shape, for
+  on the rank of a shard, each with its FLOPs, its HBM traffic and (for GEMMs) its shape, for
   the roofline compute model.
 
 Conventions (chosen once, used everywhere)
