@@ -16,11 +16,12 @@ from simulator.engine.compute import DEFAULT_COMPUTE_CALIBRATION, kernel_time_s
 from topologies.chips import get_chip
 from workloads.counts import backward_kernels, layer_kernels
 from workloads.presets import get_model
+from workloads.shard import Shard
 
 
 def _core(flash: bool, seq: int = 4096):
     """The attention core of one Llama 3 70B layer (64 heads of 128, one sequence), tp = 1."""
-    ks = layer_kernels(get_model("llama3-70b"), 0, tokens=seq, seq_len=seq, flash_attention=flash)
+    ks = layer_kernels(get_model("llama3-70b"), 0, Shard(1, seq), flash_attention=flash)
     (core,) = [k for k in ks if k.kind == "attention"]
     return core
 

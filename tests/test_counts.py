@@ -33,6 +33,7 @@ from workloads.counts import (
 )
 from workloads.model import MLASpec, MoESpec, ModelSpec
 from workloads.presets import get_model
+from workloads.shard import Shard
 from workloads.training import TrainingSpec
 
 
@@ -176,7 +177,7 @@ def test_model_flops_per_step_scales_with_tokens():
 def test_gpt_layer_forward_flops_closed_form():
     m = get_model("gpt3-175b")
     b, s, h = 2, 2048, m.hidden
-    ks = layer_kernels(m, 0, b * s, s)
+    ks = layer_kernels(m, 0, Shard(b, s))
     assert matmul(ks) == pytest.approx(24 * b * s * h * h + 4 * b * s * s * h, rel=1e-12)
     names = [k.name for k in ks]
     assert names[:4] == ["attn_norm", "qkv_proj", "attn_core", "out_proj"]
@@ -191,17 +192,17 @@ def test_gpt_layer_forward_flops_closed_form():
 
 def test_swiglu_and_gqa_shapes():
     m = get_model("llama3-70b")
-    ks = {k.name: k for k in layer_kernels(m, 3, 4096, 4096, tp=8)}
+    ks = {k.name: k for k in layer_kernels(m, 3, Shard(1, 4096, tp=8))}
     assert (ks["qkv_proj"].n, ks["qkv_proj"].k) == ((64 // 8 + 2 * 1) * 128, 8192)
     assert (ks["mlp_up"].n, ks["mlp_down"].k) == (2 * 28672 // 8, 28672 // 8)
     assert ks["attn_norm"].bytes < ks["qkv_proj"].bytes  # norm sees tokens/tp under SP
-    no_sp = {k.name: k for k in layer_kernels(m, 3, 4096, 4096, tp=8, sequence_parallel=False)}
+    no_sp = {k.name: k for k in layer_kernels(m, 3, Shard(1, 4096, tp=8, sequence_parallel=False))}
     assert no_sp["attn_norm"].flops == pytest.approx(8 * ks["attn_norm"].flops)
 
 
 def test_kv_heads_replicated_when_tp_exceeds_them():
     m = get_model("qwen3-235b-a22b")  # 4 KV heads
-    ks = {k.name: k for k in layer_kernels(m, 0, 1024, 1024, tp=8)}
+    ks = {k.name: k for k in layer_kernels(m, 0, Shard(1, 1024, tp=8))}
     assert ks["qkv_proj"].n == (64 // 8 + 2 * 1) * 128
 
 
@@ -209,18 +210,18 @@ def test_kv_heads_replicated_when_tp_exceeds_them():
 @pytest.mark.parametrize("tp", [2, 4, 8])
 def test_tensor_parallel_splits_matmul_flops(name, tp):
     m = get_model(name)
-    whole = matmul(layer_kernels(m, 1, 2048, 2048))
-    assert tp * matmul(layer_kernels(m, 1, 2048, 2048, tp=tp)) == pytest.approx(whole, rel=1e-12)
-    h1 = matmul(head_kernels(m, 2048))
-    assert tp * matmul(head_kernels(m, 2048, tp=tp)) == pytest.approx(h1, rel=1e-12)
+    whole = matmul(layer_kernels(m, 1, Shard(1, 2048)))
+    assert tp * matmul(layer_kernels(m, 1, Shard(1, 2048, tp=tp))) == pytest.approx(whole, rel=1e-12)
+    h1 = matmul(head_kernels(m, Shard(1, 2048)))
+    assert tp * matmul(head_kernels(m, Shard(1, 2048, tp=tp))) == pytest.approx(h1, rel=1e-12)
 
 
 @pytest.mark.parametrize("cp", [2, 4])
 def test_context_parallel_splits_queries(cp):
     m = get_model("llama3-8b")
     s = 8192
-    whole = layer_kernels(m, 0, s, s)
-    part = layer_kernels(m, 0, s // cp, s, cp=cp)
+    whole = layer_kernels(m, 0, Shard(1, s))
+    part = layer_kernels(m, 0, Shard(1, s, cp=cp))
     assert cp * matmul(part) == pytest.approx(matmul(whole), rel=1e-12)
     core = {k.name: k for k in part}["attn_core"]
     assert core.flops == 4 * (s // cp) * s * m.heads * m.head_dim
@@ -229,7 +230,7 @@ def test_context_parallel_splits_queries(cp):
 def test_mla_kernels():
     m = get_model("deepseek-v3")
     T, s = 4096, 4096
-    ks = {k.name: k for k in layer_kernels(m, 0, T, s, tp=4)}
+    ks = {k.name: k for k in layer_kernels(m, 0, Shard(1, s, tp=4))}
     assert {"q_down", "q_up", "kv_down", "kv_up", "attn_core", "out_proj", "q_down_norm", "kv_down_norm"} <= set(ks)
     assert (ks["q_down"].n, ks["q_down"].k) == (1536, 7168)  # replicated
     assert (ks["q_up"].n, ks["q_up"].k) == (32 * 192, 1536)
@@ -238,7 +239,7 @@ def test_mla_kernels():
     assert (ks["out_proj"].n, ks["out_proj"].k) == (7168, 32 * 128)
     # Dense first layers, MoE afterwards.
     assert "mlp_up" in ks and "router" not in ks
-    moe = {k.name for k in layer_kernels(m, 3, T, s)}
+    moe = {k.name for k in layer_kernels(m, 3, Shard(1, s))}
     assert {"router", "expert_up", "expert_act", "expert_down", "shared_up", "shared_down"} <= moe
 
 
@@ -252,7 +253,7 @@ def test_mla_without_query_compression():
         vocab=1000,
         attention=MLASpec(q_lora_rank=0, kv_lora_rank=128, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64),
     )
-    ks = {k.name: k for k in layer_kernels(m, 0, 10, 10)}
+    ks = {k.name: k for k in layer_kernels(m, 0, Shard(1, 10))}
     assert "q_down" not in ks and (ks["q_proj"].n, ks["q_proj"].k) == (8 * 96, 1024)
     assert layer_parameter_count(m, 0) == (
         1024 * 768 + 1024 * 160 + 128 + 128 * 8 * 128 + 8 * 64 * 1024 + 3 * 1024 * 2048 + 2 * 1024
@@ -262,29 +263,33 @@ def test_mla_without_query_compression():
 def test_moe_expert_work():
     m = get_model("deepseek-v3")
     T, h, fe = 4096, 7168, 2048
-    ks = {k.name: k for k in layer_kernels(m, 10, T, 4096, ep=64)}
+    ks = {k.name: k for k in layer_kernels(m, 10, Shard(1, 4096, ep=64))}
     up, down = ks["expert_up"], ks["expert_down"]
     assert up.flops == 2 * T * 8 * 2 * fe * h and down.flops == 2 * T * 8 * fe * h
     assert up.groups == 4 and up.m == math.ceil(T * 8 / 4)
     assert ks["router"].flops == 2 * T * 256 * h
     assert ks["shared_up"].flops == 2 * T * 2 * fe * h
     # Load imbalance: twice the assignments, twice the expert FLOPs; weights read once.
-    hot = {k.name: k for k in layer_kernels(m, 10, T, 4096, ep=64, expert_tokens=2 * T * 8)}
+    hot = {k.name: k for k in layer_kernels(m, 10, Shard(1, 4096, ep=64), expert_tokens=2 * T * 8)}
     assert hot["expert_up"].flops == pytest.approx(2 * up.flops)
     # Expert tensor parallelism: etp ranks share the assignments of the TP group.
-    etp = {k.name: k for k in layer_kernels(m, 10, T, 4096, tp=2, etp=2, ep=8)}
+    etp = {k.name: k for k in layer_kernels(m, 10, Shard(1, 4096, tp=2, ep=8, etp=2))}
     assert etp["expert_up"].flops == pytest.approx(up.flops / 2)
     assert etp["expert_up"].n == fe  # 2 * fe / etp
     assert etp["router"].flops == pytest.approx(ks["router"].flops / 2)
     # Top-2 Mixtral: per-token expert FLOPs are 2 experts of 3 matrices.
     mx = get_model("mixtral-8x7b")
-    e = sum(k.flops for k in layer_kernels(mx, 0, 1, 4096) if k.name.startswith("expert_") and k.kind == "gemm")
+    e = sum(
+        k.flops
+        for k in layer_kernels(mx, 0, Shard(1, 4096, cp=4096))
+        if k.name.startswith("expert_") and k.kind == "gemm"
+    )
     assert e == 2 * 2 * 3 * 4096 * 14336
 
 
 def test_moe_needs_sequence_parallel_with_tp():
     with pytest.raises(ValueError, match="sequence_parallel"):
-        layer_kernels(get_model("mixtral-8x7b"), 0, 128, 128, tp=2, sequence_parallel=False)
+        layer_kernels(get_model("mixtral-8x7b"), 0, Shard(1, 128, tp=2, sequence_parallel=False))
 
 
 @pytest.mark.parametrize(
@@ -293,34 +298,34 @@ def test_moe_needs_sequence_parallel_with_tp():
 )
 def test_bad_parallel_degrees(kwargs, field):
     with pytest.raises(ValueError, match=field):
-        layer_kernels(get_model("deepseek-v3"), 5, 128, 128, **kwargs)
+        layer_kernels(get_model("deepseek-v3"), 5, Shard(1, 128, **kwargs))
 
 
 def test_layer_out_of_range():
     with pytest.raises(IndexError):
-        layer_kernels(get_model("llama3-8b"), 32, 1, 1)
+        layer_kernels(get_model("llama3-8b"), 32, Shard(1, 1))
     with pytest.raises(IndexError):
         layer_parameter_count(get_model("llama3-8b"), -1)
 
 
 def test_embedding_and_head_kernels():
     m = get_model("llama3-8b")
-    (emb,) = embedding_kernels(m, 1000, tp=4)
+    (emb,) = embedding_kernels(m, Shard(1, 1000, tp=4))
     assert emb.kind == "embedding" and emb.flops == 0 and emb.bytes > 0
-    names = [k.name for k in head_kernels(m, 1000, tp=4)]
+    names = [k.name for k in head_kernels(m, Shard(1, 1000, tp=4))]
     assert names == ["final_norm", "lm_head", "loss"]
-    head = head_kernels(m, 1000, tp=4)[1]
+    head = head_kernels(m, Shard(1, 1000, tp=4))[1]
     assert head.flops == 2 * 1000 * (128256 / 4) * 4096
     assert (head.m, head.n, head.k) == (1000, 128256 // 4, 4096)
     # A vocabulary tp does not divide: n rounds up, FLOPs stay exact.
-    odd = head_kernels(get_model("gpt3-175b"), 10, tp=8)[1]
+    odd = head_kernels(get_model("gpt3-175b"), Shard(1, 10, tp=8))[1]
     assert odd.n == math.ceil(50257 / 8) and odd.flops == pytest.approx(2 * 10 * 50257 / 8 * 12288)
 
 
 def test_mtp_kernels():
-    assert mtp_kernels(get_model("llama3-8b"), 128, 128) == []
+    assert mtp_kernels(get_model("llama3-8b"), Shard(1, 128)) == []
     m = get_model("deepseek-v3")
-    ks = mtp_kernels(m, 256, 4096, tp=2, ep=8)
+    ks = mtp_kernels(m, Shard(1, 4096, tp=2, cp=16, ep=8))
     names = [k.name for k in ks]
     assert names[0] == "mtp0.embed" and "mtp0.proj" in names and "mtp0.expert_up" in names
     assert names[-3:] == ["mtp0.final_norm", "mtp0.lm_head", "mtp0.loss"]
@@ -329,12 +334,12 @@ def test_mtp_kernels():
 
 
 def test_backward_kernels():
-    k = layer_kernels(get_model("llama3-8b"), 0, 512, 512)[1]  # qkv_proj
+    k = layer_kernels(get_model("llama3-8b"), 0, Shard(1, 512))[1]  # qkv_proj
     dgrad, wgrad = backward_kernels(k)
     assert dgrad.flops + wgrad.flops == backward_flops_factor() * k.flops
     assert (dgrad.m, dgrad.n, dgrad.k) == (k.m, k.k, k.n)
     assert (wgrad.m, wgrad.n, wgrad.k) == (k.k, k.n, k.m)
-    core = next(x for x in layer_kernels(get_model("llama3-8b"), 0, 512, 512) if x.kind == "attention")
+    core = next(x for x in layer_kernels(get_model("llama3-8b"), 0, Shard(1, 512)) if x.kind == "attention")
     (bwd,) = backward_kernels(core)
     assert bwd.flops == 2 * core.flops and bwd.kind == "attention"
     norm = Kernel("n", "norm", 10.0, 100.0)
@@ -391,13 +396,13 @@ def test_tp_ranks_together_do_the_whole_layer(model_tp, b):
     m, tp = model_tp
     s = 8 * tp
     for layer in range(m.layers):
-        whole = matmul(layer_kernels(m, layer, b * s, s))
-        per_rank = matmul(layer_kernels(m, layer, b * s, s, tp=tp))
+        whole = matmul(layer_kernels(m, layer, Shard(b, s)))
+        per_rank = matmul(layer_kernels(m, layer, Shard(b, s, tp=tp)))
         assert tp * per_rank == pytest.approx(whole, rel=1e-9)
         # Each GEMM does 2 FLOPs per weight per token: per-token GEMM FLOPs are
         # twice the layer's active weights (norm scales and biases excluded).
         if not m.bias:
-            gemm = sum(k.flops for k in layer_kernels(m, layer, b * s, s) if k.kind == "gemm")
+            gemm = sum(k.flops for k in layer_kernels(m, layer, Shard(b, s)) if k.kind == "gemm")
             weights = sum(_block_params(m, m.is_moe_layer(layer), active=True))
             weights -= 2 * (m.hidden if m.norm == "rmsnorm" else 2 * m.hidden)
             assert gemm / (b * s) == pytest.approx(2 * weights, rel=1e-12)
@@ -413,13 +418,13 @@ def test_unfused_attention_score_traffic_per_element():
     # read dS) = 17 -- not 2x the forward as for a plain element-wise kernel.
     m = get_model("korthikanti-22b")  # h 6144, 64 heads; 22B layer of Korthikanti et al. Table 4
     b, s, tp = 4, 2048, 8
-    ks = layer_kernels(m, 0, b * s, s, tp=tp, flash_attention=False)
+    ks = layer_kernels(m, 0, Shard(b, s, tp=tp), flash_attention=False)
     (scores,) = [k for k in ks if k.name == "attn_scores"]
     elements = b * (m.heads // tp) * s * s
     assert scores.bytes == 12 * elements and scores.flops == 0
     (bwd,) = backward_kernels(scores)
     assert bwd.bytes == 17 * elements and bwd.name == "attn_scores.bwd"
-    assert "attn_scores" not in {k.name for k in layer_kernels(m, 0, b * s, s, tp=tp)}  # flash: none
+    assert "attn_scores" not in {k.name for k in layer_kernels(m, 0, Shard(b, s, tp=tp))}  # flash: none
 
 
 def test_unfused_attention_forward_time_matches_korthikanti_table4():
@@ -433,6 +438,6 @@ def test_unfused_attention_forward_time_matches_korthikanti_table4():
 
     chip = get_chip("a100")
     cal = calibration_for(chip)
-    ks = layer_kernels(get_model("korthikanti-22b"), 0, 4 * 2048, 2048, tp=8, flash_attention=False)
+    ks = layer_kernels(get_model("korthikanti-22b"), 0, Shard(4, 2048, tp=8), flash_attention=False)
     core_s = sum(kernel_time_s(k, chip, cal) for k in ks if k.name in ("attn_core", "attn_scores"))
     assert core_s == pytest.approx(1.3e-3, rel=0.10)

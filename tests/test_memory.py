@@ -7,6 +7,7 @@ import pytest
 from workloads.parameters import _block_params, parameter_count, expert_parameter_count
 from workloads.layout import ParallelLayout
 from workloads.activations import (
+    ActivationPolicy,
     activation_bytes_per_layer,
     embedding_activation_bytes,
     head_activation_bytes,
@@ -21,6 +22,7 @@ from workloads.memory import (
 )
 from workloads.model import ModelSpec
 from workloads.presets import get_model
+from workloads.shard import Shard
 
 GPT3 = get_model("gpt3-175b")  # a = 96, h = 12288: 5as/h = 80 at s = 2048 (Korthikanti §4.1)
 A, H = GPT3.heads, GPT3.hidden
@@ -28,8 +30,9 @@ S, B = 2048, 2
 
 
 def act(**kw):
-    kw = {"micro_batch_size": B, "seq_len": S, "dropout": True, **kw}
-    return activation_bytes_per_layer(GPT3, 0, **kw)
+    """One GPT-3 layer at b = 2, s = 2048 with dropout: ``kw`` are Shard and ActivationPolicy fields."""
+    shard = Shard(B, S, **{k: kw.pop(k) for k in ("tp", "cp", "sequence_parallel") if k in kw})
+    return activation_bytes_per_layer(GPT3, 0, shard, ActivationPolicy(**{"dropout": True, **kw}))
 
 
 def test_korthikanti_no_parallelism():
@@ -57,7 +60,7 @@ def test_no_dropout_drops_masks_and_dropout_output():
     plain = act(dropout=False)
     assert plain == pytest.approx(sbh * 32 + 2 * A * S * S * B, rel=1e-12)
     assert act(dropout=False, recompute="selective") == pytest.approx(32 * sbh, rel=1e-12)
-    assert activation_bytes_per_layer(GPT3, 0, B, S) == plain  # dropout=False is the default
+    assert activation_bytes_per_layer(GPT3, 0, Shard(B, S)) == plain  # dropout=False is the default
 
 
 def test_flash_attention_is_selective_plus_lse():
@@ -72,68 +75,78 @@ def test_swiglu_gqa_layer():
     kv_cols = 8 * 128
     tokens = s * b
     expected = 2 * tokens * (4 * h + h + 2 * kv_cols + h + 2 * f + f)  # norms/inputs, Q, K+V, attn out, up out, act out
-    assert activation_bytes_per_layer(m, 0, b, s, recompute="selective") == pytest.approx(expected, rel=1e-12)
-    tp8 = activation_bytes_per_layer(m, 0, b, s, tp=8, recompute="selective")
+    assert activation_bytes_per_layer(m, 0, Shard(b, s), ActivationPolicy(recompute="selective")) == pytest.approx(
+        expected, rel=1e-12
+    )
+    tp8 = activation_bytes_per_layer(m, 0, Shard(b, s, tp=8), ActivationPolicy(recompute="selective"))
     assert tp8 == pytest.approx(expected / 8, rel=1e-12)
 
 
 def test_context_parallel_divides_tokens():
     m = get_model("llama3-8b")
-    whole = activation_bytes_per_layer(m, 0, 1, 8192, recompute="selective")
-    assert activation_bytes_per_layer(m, 0, 1, 8192, cp=4, recompute="selective") == pytest.approx(whole / 4)
+    whole = activation_bytes_per_layer(m, 0, Shard(1, 8192), ActivationPolicy(recompute="selective"))
+    assert activation_bytes_per_layer(
+        m, 0, Shard(1, 8192, cp=4), ActivationPolicy(recompute="selective")
+    ) == pytest.approx(whole / 4)
     # Materialised scores: an (s/cp) x s block per head.
-    a1 = activation_bytes_per_layer(m, 0, 1, 8192) - whole
-    a4 = activation_bytes_per_layer(m, 0, 1, 8192, cp=4) - whole / 4
+    a1 = activation_bytes_per_layer(m, 0, Shard(1, 8192)) - whole
+    a4 = activation_bytes_per_layer(m, 0, Shard(1, 8192, cp=4)) - whole / 4
     assert a4 == pytest.approx(a1 / 4)
 
 
 def test_mla_and_moe_layers():
     m = get_model("deepseek-v3")
-    dense = activation_bytes_per_layer(m, 0, 1, 4096, recompute="selective")
-    moe = activation_bytes_per_layer(m, 5, 1, 4096, recompute="selective")
+    dense = activation_bytes_per_layer(m, 0, Shard(1, 4096), ActivationPolicy(recompute="selective"))
+    moe = activation_bytes_per_layer(m, 5, Shard(1, 4096), ActivationPolicy(recompute="selective"))
     assert moe > dense
     # Routed-expert memory scales with top_k * expert_ffn: doubling top_k adds
     # one more copy of each assignment's (in + 2f + f) 16-bit tensors and its fp32
     # gate weight (gate applied to the SwiGLU output, Megatron-Core >= 0.13), or its
     # 16-bit expert output instead when the gate scales the output at the combine.
     m16 = m.with_(moe=replace(m.moe, top_k=16))
-    more = activation_bytes_per_layer(m16, 5, 1, 4096, recompute="selective")
+    more = activation_bytes_per_layer(m16, 5, Shard(1, 4096), ActivationPolicy(recompute="selective"))
     assert more - moe == pytest.approx(4096 * 8 * (2 * (7168 + 3 * 2048) + 4))
     comb = dict(recompute="selective", moe_gate_weighting="combine")
-    assert activation_bytes_per_layer(m16, 5, 1, 4096, **comb) - activation_bytes_per_layer(
-        m, 5, 1, 4096, **comb
+    assert activation_bytes_per_layer(m16, 5, Shard(1, 4096), ActivationPolicy(**comb)) - activation_bytes_per_layer(
+        m, 5, Shard(1, 4096), ActivationPolicy(**comb)
     ) == pytest.approx(2 * 4096 * 8 * (7168 + 3 * 2048 + 7168))
     # Balanced assignments do not depend on ep; an imbalance override does.
-    assert activation_bytes_per_layer(m, 5, 1, 4096, ep=64, recompute="selective") == moe
-    hot = activation_bytes_per_layer(m, 5, 1, 4096, ep=64, recompute="selective", expert_tokens=2 * 4096 * 8)
+    assert activation_bytes_per_layer(m, 5, Shard(1, 4096, ep=64), ActivationPolicy(recompute="selective")) == moe
+    hot = activation_bytes_per_layer(
+        m, 5, Shard(1, 4096, ep=64), ActivationPolicy(recompute="selective"), expert_tokens=2 * 4096 * 8
+    )
     assert hot > moe
     with pytest.raises(ValueError, match="parallel.ep"):
-        activation_bytes_per_layer(m, 5, 1, 4096, ep=3)
+        activation_bytes_per_layer(m, 5, Shard(1, 4096, ep=3))
     with pytest.raises(ValueError, match="parallel.sequence_parallel"):
-        activation_bytes_per_layer(m, 5, 1, 4096, tp=2, sequence_parallel=False)
+        activation_bytes_per_layer(m, 5, Shard(1, 4096, tp=2, sequence_parallel=False))
     # TP with SP splits the MLA per-head tensors but not the latents.
-    tp4 = activation_bytes_per_layer(m, 0, 1, 4096, tp=4, recompute="selective")
+    tp4 = activation_bytes_per_layer(m, 0, Shard(1, 4096, tp=4), ActivationPolicy(recompute="selective"))
     assert dense / 4 < tp4 < dense
 
 
 def test_embedding_head_and_mtp_activations():
-    assert embedding_activation_bytes(GPT3, B, S) == 8 * S * B
-    assert embedding_activation_bytes(GPT3, B, S, tp=8, dropout=True) == pytest.approx(8 * S * B + S * B * H / 8)
+    assert embedding_activation_bytes(GPT3, Shard(B, S)) == 8 * S * B
+    assert embedding_activation_bytes(GPT3, Shard(B, S, tp=8), ActivationPolicy(dropout=True)) == pytest.approx(
+        8 * S * B + S * B * H / 8
+    )
     for t in (1, 8):
         v = GPT3.vocab
-        assert head_activation_bytes(GPT3, B, S, tp=t) == pytest.approx(4 * S * B * H / t * (1 + v / H), rel=1e-12)
-    assert mtp_activation_bytes(GPT3, B, S) == 0
+        assert head_activation_bytes(GPT3, Shard(B, S, tp=t)) == pytest.approx(
+            4 * S * B * H / t * (1 + v / H), rel=1e-12
+        )
+    assert mtp_activation_bytes(GPT3, Shard(B, S)) == 0
     dsv3 = get_model("deepseek-v3")
-    mtp = mtp_activation_bytes(dsv3, 1, 4096, recompute="selective")
-    layer = activation_bytes_per_layer(dsv3, 60, 1, 4096, recompute="selective")
-    assert mtp > layer + head_activation_bytes(dsv3, 1, 4096)
+    mtp = mtp_activation_bytes(dsv3, Shard(1, 4096), ActivationPolicy(recompute="selective"))
+    layer = activation_bytes_per_layer(dsv3, 60, Shard(1, 4096), ActivationPolicy(recompute="selective"))
+    assert mtp > layer + head_activation_bytes(dsv3, Shard(1, 4096))
 
 
 def test_bad_recompute_and_layer():
     with pytest.raises(ValueError, match="training.recompute"):
         act(recompute="some")
     with pytest.raises(IndexError):
-        activation_bytes_per_layer(GPT3, 96, 1, 1)
+        activation_bytes_per_layer(GPT3, 96, Shard(1, 1))
 
 
 # ---- model state ---------------------------------------------------------------
@@ -293,13 +306,13 @@ def test_deepseek_v3_activation_savings_closed_form():
         + 2 * T * (2 * f + f)
     )
     kw = dict(flash_attention=True)
-    assert activation_bytes_per_layer(m, 5, 1, 4096, **kw) == pytest.approx(full, rel=1e-12)
-    saved = activation_bytes_per_layer(m, 5, 1, 4096, activation_saving="deepseek-v3", **kw)
+    assert activation_bytes_per_layer(m, 5, Shard(1, 4096), ActivationPolicy(**kw)) == pytest.approx(full, rel=1e-12)
+    saved = activation_bytes_per_layer(m, 5, Shard(1, 4096), ActivationPolicy(activation_saving="deepseek-v3", **kw))
     assert saved == pytest.approx(kept, rel=1e-12)
     assert saved < 0.6 * full
     # full recompute keeps only the layer input either way
     assert activation_bytes_per_layer(
-        m, 5, 1, 4096, recompute="full", activation_saving="deepseek-v3"
-    ) == activation_bytes_per_layer(m, 5, 1, 4096, recompute="full")
+        m, 5, Shard(1, 4096), ActivationPolicy(recompute="full", activation_saving="deepseek-v3")
+    ) == activation_bytes_per_layer(m, 5, Shard(1, 4096), ActivationPolicy(recompute="full"))
     with pytest.raises(ValueError, match="training.activation_saving"):
-        activation_bytes_per_layer(m, 5, 1, 4096, activation_saving="fp4")
+        activation_bytes_per_layer(m, 5, Shard(1, 4096), ActivationPolicy(activation_saving="fp4"))

@@ -18,8 +18,10 @@ from simulator.scenario.loading import load_scenario
 from simulator.scenario.schema import ScenarioError
 from workloads import memory
 from workloads import activations
+from workloads.activations import ActivationPolicy
 from workloads.layout import ParallelLayout
 from workloads.presets import get_model
+from workloads.shard import Shard
 from workloads.training import TrainingSpec
 
 DSV3 = get_model("deepseek-v3")
@@ -30,18 +32,24 @@ def test_gate_weighting_keeps_an_fp32_weight_instead_of_the_expert_output():
     (``h`` = 7168 wide: 2h bytes) when the gate scales it at the combine (Megatron-Core
     <= 0.12 ``unpermute(probs=...)``), one fp32 weight when it scales the SwiGLU output
     (Megatron-Core >= 0.13 ``activation_func_with_probs``)."""
-    kw = dict(ep=64, recompute="selective", flash_attention=True, activation_saving="deepseek-v3")
-    act = activations.activation_bytes_per_layer(DSV3, 5, 1, 4096, moe_gate_weighting="activation", **kw)
-    comb = activations.activation_bytes_per_layer(DSV3, 5, 1, 4096, moe_gate_weighting="combine", **kw)
+    kw = dict(recompute="selective", flash_attention=True, activation_saving="deepseek-v3")
+    act = activations.activation_bytes_per_layer(
+        DSV3, 5, Shard(1, 4096, ep=64), ActivationPolicy(moe_gate_weighting="activation", **kw)
+    )
+    comb = activations.activation_bytes_per_layer(
+        DSV3, 5, Shard(1, 4096, ep=64), ActivationPolicy(moe_gate_weighting="combine", **kw)
+    )
     assignments = 4096 * 8
     assert comb - act == pytest.approx(assignments * (2 * 7168 - 4), rel=1e-12)
     # DeepSeek-V3's per-assignment cache (§3.3.2): FP8 expert input (h) and FP8 SwiGLU
     # input (2f = 4096) plus the fp32 weight: 11,268 bytes, down from 25,600 (BF16 output kept).
     top16 = DSV3.with_(moe=replace(DSV3.moe, top_k=16))
-    more = activations.activation_bytes_per_layer(top16, 5, 1, 4096, moe_gate_weighting="activation", **kw)
+    more = activations.activation_bytes_per_layer(
+        top16, 5, Shard(1, 4096, ep=64), ActivationPolicy(moe_gate_weighting="activation", **kw)
+    )
     assert more - act == pytest.approx(assignments * (7168 + 4096 + 4), rel=1e-12)
     with pytest.raises(ValueError, match="training.moe_gate_weighting"):
-        activations.activation_bytes_per_layer(DSV3, 5, 1, 4096, moe_gate_weighting="router")
+        activations.activation_bytes_per_layer(DSV3, 5, Shard(1, 4096), ActivationPolicy(moe_gate_weighting="router"))
 
 
 def test_megatron_bytes_per_parameter():
@@ -178,10 +186,12 @@ def test_recompute_modules_drop_their_tensors_closed_form():
     routed experts' SwiGLU outputs (f = 2048 per assignment)."""
     T, h, H, A = 4096, 7168, 128, 8 * 4096
     kw = dict(recompute="selective", flash_attention=True)
-    base = activations.activation_bytes_per_layer(DSV3, 5, 1, 4096, **kw)
+    base = activations.activation_bytes_per_layer(DSV3, 5, Shard(1, 4096), ActivationPolicy(**kw))
 
     def drop(*mods):
-        return base - activations.activation_bytes_per_layer(DSV3, 5, 1, 4096, recompute_modules=mods, **kw)
+        return base - activations.activation_bytes_per_layer(
+            DSV3, 5, Shard(1, 4096), ActivationPolicy(recompute_modules=mods, **kw)
+        )
 
     assert drop("mla_up_proj") == pytest.approx(2 * T * H * (2 * 192 + 128) + 2 * T * (1536 + 512), rel=1e-12)
     assert drop("layernorm") == pytest.approx(2 * 2 * T * h, rel=1e-12)
@@ -190,7 +200,9 @@ def test_recompute_modules_drop_their_tensors_closed_form():
     both = drop("mla_up_proj", "layernorm", "moe_act")
     assert both == pytest.approx(drop("mla_up_proj") + drop("layernorm") + drop("moe_act"), rel=1e-12)
     with pytest.raises(ValueError, match="training.recompute_modules"):
-        activations.activation_bytes_per_layer(DSV3, 5, 1, 4096, recompute_modules=("mlp_everything",))
+        activations.activation_bytes_per_layer(
+            DSV3, 5, Shard(1, 4096), ActivationPolicy(recompute_modules=("mlp_everything",))
+        )
     with pytest.raises(ValueError, match="training.recompute_modules: needs training.recompute: selective"):
         TrainingSpec(recompute="none", recompute_modules=("moe_act",))
 
@@ -247,9 +259,11 @@ def test_matmul_outputs_policy_keeps_what_jax_checkpoint_dots_keeps():
     m = get_model("llama3-8b")  # h 4096, 8 KV heads of 128, SwiGLU f 14336
     h, kvd, f, s = m.hidden, m.kv_heads * m.head_dim, m.ffn_hidden, 4096
     kw = dict(recompute="selective", flash_attention=True)
-    dots = activations.activation_bytes_per_layer(m, 0, 1, s, recompute_modules=("matmul_outputs",), **kw)
+    dots = activations.activation_bytes_per_layer(
+        m, 0, Shard(1, s), ActivationPolicy(recompute_modules=("matmul_outputs",), **kw)
+    )
     assert dots == pytest.approx(2 * s * (3 * h + 2 * kvd + 2 * f), rel=1e-12)
-    sel = activations.activation_bytes_per_layer(m, 0, 1, s, **kw)
+    sel = activations.activation_bytes_per_layer(m, 0, Shard(1, s), ActivationPolicy(**kw))
     lse = 4 * s * m.heads  # the flash kernel's log-sum-exp, not kept when the kernel reruns
     assert sel - dots == pytest.approx(2 * s * (3 * h + f) + lse, rel=1e-12)
     # the kernels that run again before each layer's backward: norms, residual, SwiGLU

@@ -10,7 +10,9 @@ import pytest
 from helpers import ideal_scenario, scenario
 from simulator import simulate
 from workloads import activations
+from workloads.activations import ActivationPolicy
 from workloads.model import ModelSpec
+from workloads.shard import Shard
 
 SUMMARY_KEYS = [
     "schema_version",
@@ -83,7 +85,10 @@ def test_gpipe_and_1f1b_first_stage_activation_memory():
         stage0 = res.memory[res.memory["stage"] == 0]
         peaks[name] = stage0["activations"].max()
     model = ModelSpec(**{k: v for k, v in sc["model"].items()})
-    per_mb = sum(activations.activation_bytes_per_layer(model, l, 1, 4096, flash_attention=True) for l in range(2))
+    per_mb = sum(
+        activations.activation_bytes_per_layer(model, l, Shard(1, 4096), ActivationPolicy(flash_attention=True))
+        for l in range(2)
+    )
     assert peaks["gpipe"] == pytest.approx(m * per_mb, rel=1e-9)
     assert peaks["1f1b"] == pytest.approx(pp * per_mb, rel=1e-9)
 
@@ -99,14 +104,16 @@ def test_activation_stash_follows_korthikanti_with_tp_and_sp():
     model = ModelSpec(**sc["model"])
     s, b, h, a, t = 4096, 1, 4096, 32, 8
     # No dropout in modern training: Korthikanti's (sbh/t)(34 + 5as/h) less the masks.
-    expected = model.layers * activations.activation_bytes_per_layer(model, 0, b, s, tp=t, sequence_parallel=True)
+    expected = model.layers * activations.activation_bytes_per_layer(
+        model, 0, Shard(b, s, tp=t, sequence_parallel=True)
+    )
     got = res.memory["activations"].max()
-    head = activations.head_activation_bytes(model, b, s, tp=t)
+    head = activations.head_activation_bytes(model, Shard(b, s, tp=t))
     assert got == pytest.approx(expected + head, rel=1e-9)
     # with dropout the formula is the paper's
-    assert activations.activation_bytes_per_layer(model, 0, b, s, tp=t, dropout=True) == pytest.approx(
-        s * b * h / t * (34 + 5 * a * s / h)
-    )
+    assert activations.activation_bytes_per_layer(
+        model, 0, Shard(b, s, tp=t), ActivationPolicy(dropout=True)
+    ) == pytest.approx(s * b * h / t * (34 + 5 * a * s / h))
 
 
 def test_identical_runs_give_identical_summaries():

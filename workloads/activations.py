@@ -31,8 +31,9 @@ which sums to ``sbh(34 + 5as/h)``; ``sbh(10 + 24/t + 5as/(ht))`` under TP withou
 sequence parallelism, ``(sbh/t)(34 + 5as/h)`` with it, ``34sbh/t`` with selective
 recompute (the ``s^2`` terms recomputed), and ``2sbh`` with full recompute (only
 the layer input kept). :func:`activation_bytes_per_layer` builds the same table
-tensor by tensor, so with ``dropout=True`` and a GELU MHA model it reproduces
-those closed forms exactly, and it generalises them:
+tensor by tensor for one rank's :class:`~workloads.shard.Shard` under an
+:class:`ActivationPolicy` (the training options below), so with ``dropout=True`` and a
+GELU MHA model it reproduces those closed forms exactly, and it generalises them:
 
 * **No dropout** (``dropout=False``, the default: modern LLMs train without it):
   no masks, and ``P V`` reads the softmax output itself, so the ``s^2`` part is
@@ -104,13 +105,15 @@ layer's backward. Routed experts keep their up outputs only
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 from workloads import shapes
 from workloads.enums import RECOMPUTE_MODES
 from workloads.errors import WorkloadError
 from workloads.model import ModelSpec
-from workloads.training import RECOMPUTE_MODULES
+from workloads.shard import Shard
+from workloads.training import RECOMPUTE_MODULES, TrainingSpec
 
 _MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti §4.1)
 _FP32_BYTES = 4
@@ -121,134 +124,139 @@ _FP8_BYTES = 1  # FP8 activation cache (DeepSeek-V3 §3.3.2)
 _E5M6_BYTES = 1.5  # the attention output's 12-bit cache (E5M6, DeepSeek-V3 §3.3.2)
 
 
-def _check_recompute(recompute: str) -> None:
-    if recompute not in RECOMPUTE_MODES:
-        raise WorkloadError("training.recompute", f"must be one of {', '.join(RECOMPUTE_MODES)}, got {recompute!r}")
+@dataclass(frozen=True)
+class ActivationPolicy:
+    """How a layer is trained, as far as what it keeps for its backward goes (the module notes).
+
+    ``recompute``: ``'none'``; ``'selective'`` (Korthikanti: the attention ``s^2`` tensors
+    are recomputed; ``recompute_modules`` names more, see *Recompute policies*); ``'full'``
+    (only the layer input is kept: ``2sbh``, split by ``tp`` under sequence parallelism).
+    ``flash_attention`` drops the ``s^2`` tensors whatever ``recompute`` says; it defaults
+    to False so that the defaults reproduce Korthikanti's formulas (with ``dropout=True``
+    for his masks). ``activation_saving="deepseek-v3"``: *DeepSeek-V3's activation
+    savings*. ``moe_gate_weighting``: where the gate weight scales a routed expert
+    (``"activation"`` or ``"combine"``, *MoE*). Raises ``WorkloadError`` naming the
+    ``training.`` field of a value outside these.
+    """
+
+    recompute: str = "none"
+    flash_attention: bool = False
+    dropout: bool = False
+    activation_saving: str = "none"
+    moe_gate_weighting: str = "activation"
+    recompute_modules: tuple = ()
+
+    def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE_MODES:
+            raise WorkloadError(
+                "training.recompute", f"must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}"
+            )
+        if self.moe_gate_weighting not in MOE_GATE_WEIGHTINGS:
+            raise WorkloadError(
+                "training.moe_gate_weighting",
+                f"must be one of {', '.join(MOE_GATE_WEIGHTINGS)}, got {self.moe_gate_weighting!r}",
+            )
+        if self.activation_saving not in ACTIVATION_SAVINGS:
+            raise WorkloadError(
+                "training.activation_saving",
+                f"must be one of {', '.join(ACTIVATION_SAVINGS)}, got {self.activation_saving!r}",
+            )
+        for mod in self.recompute_modules:
+            if mod not in RECOMPUTE_MODULES:
+                raise WorkloadError(
+                    "training.recompute_modules", f"{mod!r} not allowed; choose from {', '.join(RECOMPUTE_MODULES)}"
+                )
+
+    @classmethod
+    def of(cls, training: TrainingSpec) -> "ActivationPolicy":
+        """The policy a :class:`~workloads.training.TrainingSpec` sets (one place for the trace
+        and the search's estimate)."""
+        return cls(
+            recompute=training.recompute,
+            flash_attention=training.flash_attention,
+            dropout=training.dropout,
+            activation_saving=training.activation_saving,
+            moe_gate_weighting=training.moe_gate_weighting,
+            recompute_modules=training.recompute_modules,
+        )
 
 
-def _sp_rows(tokens: float, tp: int, sequence_parallel: bool) -> float:
-    return tokens / tp if sequence_parallel and tp > 1 else tokens
+def _tokens(shard: Shard) -> float:
+    """The rank's token rows, ``micro_batch_size * seq_len / cp`` (the exact share)."""
+    return shard.micro_batch_size * shard.seq_len / shard.cp
 
 
 def activation_bytes_per_layer(
     model: ModelSpec,
     layer: int,
-    micro_batch_size: int,
-    seq_len: int,
-    tp: int = 1,
-    cp: int = 1,
-    sequence_parallel: bool = True,
-    recompute: str = "none",
-    ep: int = 1,
-    dropout: bool = False,
-    act_bytes: int = 2,
-    flash_attention: bool = False,
-    etp: int = 1,
+    shard: Shard,
+    policy: ActivationPolicy = ActivationPolicy(),
     expert_tokens: Optional[float] = None,
-    activation_saving: str = "none",
-    moe_gate_weighting: str = "activation",
-    recompute_modules: tuple = (),
 ) -> float:
-    """Bytes one transformer layer keeps on one rank from its forward until its
-    backward, for one micro-batch (see the module notes for the per-tensor table
-    and its sources).
-
-    ``recompute``: ``'none'``; ``'selective'`` (Korthikanti: the attention
-    ``s^2`` tensors are recomputed); ``'full'`` (only the layer input is kept:
-    ``2sbh``, split by ``tp`` under sequence parallelism). ``flash_attention``
-    drops the ``s^2`` tensors whatever ``recompute`` says; it defaults to False so
-    that the defaults reproduce Korthikanti's formulas. ``expert_tokens``
-    overrides the token-expert assignments this rank processes (load imbalance);
-    ``ep`` must divide the routed experts. ``activation_saving="deepseek-v3"``: see
-    the module notes (*DeepSeek-V3's activation savings*). ``moe_gate_weighting``:
-    where the gate weight scales a routed expert (``"activation"`` or ``"combine"``,
-    see the module notes, *MoE*).
+    """Bytes transformer layer ``layer`` keeps on the rank of ``shard`` from its forward until
+    its backward, for one micro-batch, under ``policy`` (see the module notes for the
+    per-tensor table and its sources). ``expert_tokens`` overrides the token-expert
+    assignments this rank processes (load imbalance); ``ep`` must divide the routed experts.
     """
-    _check_recompute(recompute)
     if not 0 <= layer < model.layers:
         raise IndexError(f"layer {layer} outside 0..{model.layers - 1} of {model.name!r}")
-    return _block_activation_bytes(
-        model,
-        model.is_moe_layer(layer),
-        micro_batch_size,
-        seq_len,
-        tp,
-        cp,
-        sequence_parallel,
-        recompute,
-        ep,
-        dropout,
-        act_bytes,
-        flash_attention,
-        etp,
-        expert_tokens,
-        activation_saving,
-        moe_gate_weighting,
-        recompute_modules,
-    )
+    return _block_activation_bytes(model, model.is_moe_layer(layer), shard, policy, expert_tokens)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """Bytes per element the policy keeps of the tensors several parts of a layer share."""
+
+    ds: bool  # DeepSeek-V3's savings
+    dots: bool  # JAX checkpoint_dots_with_no_batch_dims (module notes)
+    norm_out: float  # a norm's output (a GEMM input)
+    up_proj_kept: bool  # MLA's per-head Q, K, V
+    latent_norm_out: float  # MLA's normed latents
+
+    @classmethod
+    def of(cls, policy: ActivationPolicy, act_bytes: int) -> "_Kept":
+        # Under DeepSeek-V3's savings a norm's output (a GEMM input) is recomputed from the
+        # norm's input, MLA's up-projections from their latents, SwiGLU from its FP8 input;
+        # Megatron-Core's recompute modules drop the same tensors one group at a time.
+        mods = policy.recompute_modules
+        ds = policy.activation_saving == "deepseek-v3"
+        dots = "matmul_outputs" in mods
+        up_proj_kept = not (ds or "mla_up_proj" in mods)
+        return cls(
+            ds=ds,
+            dots=dots,
+            norm_out=0 if ds or dots or "layernorm" in mods else act_bytes,
+            up_proj_kept=up_proj_kept,
+            latent_norm_out=act_bytes if up_proj_kept and not dots else 0,
+        )
 
 
 def _block_activation_bytes(
-    model: ModelSpec,
-    moe: bool,
-    micro_batch_size: int,
-    seq_len: int,
-    tp: int,
-    cp: int,
-    sequence_parallel: bool,
-    recompute: str,
-    ep: int,
-    dropout: bool,
-    act_bytes: int,
-    flash_attention: bool,
-    etp: int,
-    expert_tokens: Optional[float],
-    activation_saving: str = "none",
-    moe_gate_weighting: str = "activation",
-    recompute_modules: tuple = (),
+    model: ModelSpec, moe: bool, shard: Shard, policy: ActivationPolicy, expert_tokens: Optional[float]
 ) -> float:
-    shapes._check_positive(tp=tp, cp=cp, ep=ep, etp=etp)
-    if moe_gate_weighting not in MOE_GATE_WEIGHTINGS:
-        raise WorkloadError(
-            "training.moe_gate_weighting",
-            f"must be one of {', '.join(MOE_GATE_WEIGHTINGS)}, got {moe_gate_weighting!r}",
-        )
-    if activation_saving not in ACTIVATION_SAVINGS:
-        raise WorkloadError(
-            "training.activation_saving", f"must be one of {', '.join(ACTIVATION_SAVINGS)}, got {activation_saving!r}"
-        )
-    if micro_batch_size < 1 or seq_len < 1:
-        raise WorkloadError(
-            "training", f"micro_batch_size and seq_len must be positive, got {micro_batch_size!r}, {seq_len!r}"
-        )
-    h = model.hidden
-    tokens = micro_batch_size * seq_len / cp  # the rank's token rows
-    rows_sp = _sp_rows(tokens, tp, sequence_parallel)  # replicated across TP unless sequence-parallel
+    if policy.recompute == "full":
+        return shard.act_bytes * shard.sp_rows(_tokens(shard)) * model.hidden  # the layer input (Korthikanti §5: 2sbh)
+    kept = _Kept.of(policy, shard.act_bytes)
+    total = _attention_activation_bytes(model, shard, policy, kept)
+    total = _ffn_activation_bytes(model, moe, shard, policy, kept, expert_tokens, total)
+    if policy.dropout:
+        total += _MASK_BYTES * shard.sp_rows(_tokens(shard)) * model.hidden  # dropout after the FFN
+    return total
 
-    if recompute == "full":
-        return act_bytes * rows_sp * h  # the layer input (Korthikanti §5: 2sbh)
 
-    ds = activation_saving == "deepseek-v3"
-    for mod in recompute_modules:
-        if mod not in RECOMPUTE_MODULES:
-            raise WorkloadError(
-                "training.recompute_modules", f"{mod!r} not allowed; choose from {', '.join(RECOMPUTE_MODULES)}"
-            )
-    # Under DeepSeek-V3's savings a norm's output (a GEMM input) is recomputed from the
-    # norm's input, MLA's up-projections from their latents, SwiGLU from its FP8 input;
-    # Megatron-Core's recompute modules drop the same tensors one group at a time.
-    dots = "matmul_outputs" in recompute_modules  # JAX checkpoint_dots_with_no_batch_dims (module notes)
-    norm_out = 0 if ds or dots or "layernorm" in recompute_modules else act_bytes
-    up_proj_kept = not (ds or "mla_up_proj" in recompute_modules)
-    latent_norm_out = act_bytes if up_proj_kept and not dots else 0
+def _attention_activation_bytes(model: ModelSpec, shard: Shard, policy: ActivationPolicy, kept: _Kept) -> float:
+    """The attention block's share: its norm and projection inputs, Q/K/V, the attention
+    output and what the core keeps (scores or log-sum-exp), and the dropout mask after it."""
+    h, act_bytes, norm_out = model.hidden, shard.act_bytes, kept.norm_out
+    tokens = _tokens(shard)  # the rank's token rows
+    rows_sp = shard.sp_rows(tokens)  # replicated across TP unless sequence-parallel
     total = 0.0
-    # ---- attention ---------------------------------------------------------
     total += act_bytes * rows_sp * h  # pre-attention norm input
-    heads = shapes._local_heads(model, tp)
+    heads = shapes._local_heads(model, shard.tp)
     mla = model.attention
     if mla is None:
         d = model.head_dim
-        kv = shapes._local_kv_heads(model, tp)
+        kv = shapes._local_kv_heads(model, shard.tp)
         total += norm_out * rows_sp * h  # QKV GEMM input
         total += act_bytes * tokens * (heads * d + 2 * kv * d)  # Q, K, V (local heads)
         v_width = heads * d
@@ -257,31 +265,51 @@ def _block_activation_bytes(
         total += norm_out * rows_sp * h  # input of the down projections
         if mla.q_lora_rank:
             # query latent (norm input) and its normed copy (q_up input): replicated
-            total += (act_bytes + latent_norm_out) * tokens * mla.q_lora_rank
+            total += (act_bytes + kept.latent_norm_out) * tokens * mla.q_lora_rank
         # KV latent + RoPE key (norm / rope input) and the normed latent (kv_up input)
         total += (
-            act_bytes * tokens * (mla.kv_lora_rank + mla.qk_rope_head_dim) + latent_norm_out * tokens * mla.kv_lora_rank
+            act_bytes * tokens * (mla.kv_lora_rank + mla.qk_rope_head_dim)
+            + kept.latent_norm_out * tokens * mla.kv_lora_rank
         )
-        if up_proj_kept:  # per-head Q, K, V: the up-projections' outputs
+        if kept.up_proj_kept:  # per-head Q, K, V: the up-projections' outputs
             total += act_bytes * tokens * heads * (2 * d_qk + d_v)
         v_width = heads * d_v
     # out-projection input (attention output); under matmul_outputs the attention output is
     # recomputed and the out-projection's output (as many bytes per token under SP) is kept instead
-    total += (_E5M6_BYTES if ds else act_bytes) * tokens * v_width
-    if dropout:
+    total += (_E5M6_BYTES if kept.ds else act_bytes) * tokens * v_width
+    if policy.dropout:
         total += _MASK_BYTES * rows_sp * h  # dropout after the out projection
 
-    scores_stored = recompute == "none" and not flash_attention and "core_attn" not in recompute_modules
+    scores_stored = (
+        policy.recompute == "none" and not policy.flash_attention and "core_attn" not in policy.recompute_modules
+    )
     if scores_stored:
         # One (s/cp) x s score block per local head and sequence.
-        score_elems = micro_batch_size * (seq_len / cp) * seq_len * heads
+        seq_len = shard.seq_len
+        score_elems = shard.micro_batch_size * (seq_len / shard.cp) * seq_len * heads
         total += act_bytes * score_elems  # softmax output
-        if dropout:
+        if policy.dropout:
             total += (_MASK_BYTES + act_bytes) * score_elems  # dropout mask and output
-    elif flash_attention and not dots:  # (under matmul_outputs the kernel reruns: nothing kept)
+    elif policy.flash_attention and not kept.dots:  # (under matmul_outputs the kernel reruns: nothing kept)
         total += _FP32_BYTES * tokens * heads  # log-sum-exp per query and head
+    return total
 
-    # ---- feed-forward ------------------------------------------------------
+
+def _ffn_activation_bytes(
+    model: ModelSpec,
+    moe: bool,
+    shard: Shard,
+    policy: ActivationPolicy,
+    kept: _Kept,
+    expert_tokens: Optional[float],
+    total: float,
+) -> float:
+    """``total`` plus the feed-forward block's share: its norm and GEMM inputs and the
+    activation's input and output, or for an MoE block the router's, the routed experts'
+    (per token-expert assignment) and the shared experts'."""
+    h, act_bytes, ds, dots = model.hidden, shard.act_bytes, kept.ds, kept.dots
+    tokens = _tokens(shard)
+    rows_sp = shard.sp_rows(tokens)
     if not dots:  # under matmul_outputs rebuilt from the layer input + out-projection output
         total += act_bytes * rows_sp * h  # pre-FFN norm input
     up = 2 if model.ffn == "swiglu" else 1
@@ -289,121 +317,71 @@ def _block_activation_bytes(
     # savings the input in FP8, the output recomputed from it
     act_in, act_out = (_FP8_BYTES, 0) if ds else (act_bytes, 0 if dots else act_bytes)
     if not moe:
-        f = shapes._split(model.ffn_hidden, tp, "ffn_hidden")
-        total += norm_out * rows_sp * h  # up GEMM input
+        f = shapes._split(model.ffn_hidden, shard.tp, "ffn_hidden")
+        total += kept.norm_out * rows_sp * h  # up GEMM input
         total += tokens * (act_in * up * f + act_out * f)  # activation input, down GEMM input
-    else:
-        m = model.moe
-        if tp > 1 and not sequence_parallel:
-            raise WorkloadError(
-                "parallel.sequence_parallel",
-                "MoE layers with tp > 1 need sequence parallelism "
-                "(Megatron-Core routes the sequence-parallel shard of tokens)",
-            )
-        shapes._split(m.experts, ep, f"the {m.experts} routed experts", "parallel.ep")
-        f = shapes._split(m.expert_ffn_hidden, etp, "expert_ffn_hidden", "parallel.etp")
-        total += norm_out * rows_sp * h  # router / shared-expert input
-        total += _FP32_BYTES * rows_sp * m.experts  # routing probabilities
-        assignments = rows_sp * m.top_k * etp if expert_tokens is None else float(expert_tokens)
-        # per assignment: permuted input (FP8 under the savings), up out, down in, and
-        # what the gate gradient needs: the fp32 gate weight ("activation") or the
-        # 16-bit expert output ("combine")
-        expert_in = _FP8_BYTES if ds else (0 if dots else act_bytes)  # a gather, not a matmul
-        expert_act_out = 0 if "moe_act" in recompute_modules else act_out
-        gate = _FP32_BYTES if moe_gate_weighting == "activation" else act_bytes * h
-        total += assignments * (expert_in * h + act_in * up * f + expert_act_out * f + gate)
-        if m.shared_experts:
-            fs = shapes._split(m.shared_experts * m.expert_ffn_hidden, tp, "the shared-expert width")
-            total += tokens * (act_in * up * fs + act_out * fs)
-    if dropout:
-        total += _MASK_BYTES * rows_sp * h  # dropout after the FFN
+        return total
+    m = model.moe
+    if shard.tp > 1 and not shard.sequence_parallel:
+        raise WorkloadError(
+            "parallel.sequence_parallel",
+            "MoE layers with tp > 1 need sequence parallelism "
+            "(Megatron-Core routes the sequence-parallel shard of tokens)",
+        )
+    shapes._split(m.experts, shard.ep, f"the {m.experts} routed experts", "parallel.ep")
+    f = shapes._split(m.expert_ffn_hidden, shard.etp, "expert_ffn_hidden", "parallel.etp")
+    total += kept.norm_out * rows_sp * h  # router / shared-expert input
+    total += _FP32_BYTES * rows_sp * m.experts  # routing probabilities
+    assignments = rows_sp * m.top_k * shard.etp if expert_tokens is None else float(expert_tokens)
+    # per assignment: permuted input (FP8 under the savings), up out, down in, and
+    # what the gate gradient needs: the fp32 gate weight ("activation") or the
+    # 16-bit expert output ("combine")
+    expert_in = _FP8_BYTES if ds else (0 if dots else act_bytes)  # a gather, not a matmul
+    expert_act_out = 0 if "moe_act" in policy.recompute_modules else act_out
+    gate = _FP32_BYTES if policy.moe_gate_weighting == "activation" else act_bytes * h
+    total += assignments * (expert_in * h + act_in * up * f + expert_act_out * f + gate)
+    if m.shared_experts:
+        fs = shapes._split(m.shared_experts * m.expert_ffn_hidden, shard.tp, "the shared-expert width")
+        total += tokens * (act_in * up * fs + act_out * fs)
     return total
 
 
-def embedding_activation_bytes(
-    model: ModelSpec,
-    micro_batch_size: int,
-    seq_len: int,
-    tp: int = 1,
-    cp: int = 1,
-    sequence_parallel: bool = True,
-    dropout: bool = False,
-) -> float:
+def embedding_activation_bytes(model: ModelSpec, shard: Shard, policy: ActivationPolicy = ActivationPolicy()) -> float:
     """Bytes the embedding keeps for its backward: the token ids (int64), plus
-    the embedding-dropout mask when ``dropout`` (Korthikanti §4.3: ``sbh/t`` on
+    the embedding-dropout mask under ``policy.dropout`` (Korthikanti §4.3: ``sbh/t`` on
     the first pipeline stage, with sequence parallelism)."""
-    tokens = micro_batch_size * seq_len / cp
+    tokens = _tokens(shard)
     total = _TOKEN_ID_BYTES * tokens
-    if dropout:
-        total += _MASK_BYTES * _sp_rows(tokens, tp, sequence_parallel) * model.hidden
+    if policy.dropout:
+        total += _MASK_BYTES * shard.sp_rows(tokens) * model.hidden
     return total
 
 
-def head_activation_bytes(
-    model: ModelSpec,
-    micro_batch_size: int,
-    seq_len: int,
-    tp: int = 1,
-    cp: int = 1,
-    sequence_parallel: bool = True,
-    act_bytes: int = 2,
-) -> float:
+def head_activation_bytes(model: ModelSpec, shard: Shard) -> float:
     """Bytes the output layer keeps: final-norm input and LM-head input (16-bit,
     ``h`` wide) and the fp32 logits the cross entropy needs, split by vocab over
     ``tp``: ``(4sbh/t)(1 + V/h)`` with sequence parallelism, as Korthikanti §4.3
     counts the output layer (``2sbh/t + 2sbh/t + 4sbV/t``)."""
-    shapes._check_positive(tp=tp, cp=cp)
-    tokens = micro_batch_size * seq_len / cp
-    rows = _sp_rows(tokens, tp, sequence_parallel)
-    return 2 * act_bytes * rows * model.hidden + _FP32_BYTES * tokens * model.vocab / tp
+    tokens = _tokens(shard)
+    rows = shard.sp_rows(tokens)
+    return 2 * shard.act_bytes * rows * model.hidden + _FP32_BYTES * tokens * model.vocab / shard.tp
 
 
 def mtp_activation_bytes(
     model: ModelSpec,
-    micro_batch_size: int,
-    seq_len: int,
-    tp: int = 1,
-    cp: int = 1,
-    sequence_parallel: bool = True,
-    recompute: str = "none",
-    ep: int = 1,
-    dropout: bool = False,
-    act_bytes: int = 2,
-    flash_attention: bool = False,
-    etp: int = 1,
+    shard: Shard,
+    policy: ActivationPolicy = ActivationPolicy(),
     expert_tokens: Optional[float] = None,
-    activation_saving: str = "none",
-    moe_gate_weighting: str = "activation",
-    recompute_modules: tuple = (),
 ) -> float:
     """Bytes the MTP modules (DeepSeek-V3 §2.2) keep: per depth, the two norm
     inputs and the ``2h`` projection input, one transformer block and an output
     head; 0 when ``mtp_depth == 0``."""
-    _check_recompute(recompute)
     if model.mtp_depth == 0:
         return 0.0
-    tokens = micro_batch_size * seq_len / cp
-    rows = _sp_rows(tokens, tp, sequence_parallel)
+    tokens = _tokens(shard)
+    rows = shard.sp_rows(tokens)
     per = _TOKEN_ID_BYTES * tokens
-    per += act_bytes * (2 * rows * model.hidden + tokens * 2 * model.hidden)
-    per += _block_activation_bytes(
-        model,
-        shapes._mtp_block_is_moe(model),
-        micro_batch_size,
-        seq_len,
-        tp,
-        cp,
-        sequence_parallel,
-        recompute,
-        ep,
-        dropout,
-        act_bytes,
-        flash_attention,
-        etp,
-        expert_tokens,
-        activation_saving,
-        moe_gate_weighting,
-        recompute_modules,
-    )
-    per += head_activation_bytes(model, micro_batch_size, seq_len, tp, cp, sequence_parallel, act_bytes)
+    per += shard.act_bytes * (2 * rows * model.hidden + tokens * 2 * model.hidden)
+    per += _block_activation_bytes(model, shapes._mtp_block_is_moe(model), shard, policy, expert_tokens)
+    per += head_activation_bytes(model, shard)
     return model.mtp_depth * per

@@ -1,6 +1,8 @@
 """FLOP counts of a :class:`~workloads.model.ModelSpec`: its kernels and model FLOPs.
 
-Everything here is a pure function of the model spec and the parallel degrees. The
+Everything here is a pure function of the model spec and one rank's
+:class:`~workloads.shard.Shard` (parallel degrees, micro-batch, sequence, activation
+width). The
 parameter counts (:func:`~workloads.parameters.parameter_count`,
 :func:`~workloads.parameters.active_parameter_count`, the per-layer breakdown in
 :func:`~workloads.parameters._block_params`) live in :mod:`workloads.parameters`, the
@@ -8,7 +10,7 @@ tensor-parallel shapes both use in :mod:`workloads.shapes`. What comes out here:
 
 * **Kernels** (:func:`layer_kernels`, :func:`embedding_kernels`,
   :func:`head_kernels`, :func:`mtp_kernels`): the GPU kernels of one forward pass
-  on one rank, each with its FLOPs, its HBM traffic and (for GEMMs) its shape, for
+  on the rank of a shard, each with its FLOPs, its HBM traffic and (for GEMMs) its shape, for
   the roofline compute model.
 
 Conventions (chosen once, used everywhere)
@@ -69,7 +71,8 @@ from typing import Optional
 
 from workloads.errors import WorkloadError
 from workloads.model import ModelSpec
-from workloads.shapes import _check_positive, _local_heads, _local_kv_heads, _split, _ffn_up_width, _mtp_block_is_moe
+from workloads.shard import Shard
+from workloads.shapes import _local_heads, _local_kv_heads, _split, _ffn_up_width, _mtp_block_is_moe
 from workloads.training import TrainingSpec
 
 KERNEL_KINDS = ("gemm", "attention", "elementwise", "norm", "embedding")
@@ -249,23 +252,14 @@ def _unfused_scores(q_rows: float, seq_len: int, heads: int) -> Kernel:
     return Kernel(UNFUSED_SCORES_KERNEL, "elementwise", 0.0, _UNFUSED_SCORE_BYTES * q_rows * seq_len * heads)
 
 
-def _attention_kernels(
-    model: ModelSpec,
-    tokens: float,
-    seq_len: int,
-    tp: int,
-    cp: int,
-    norm_rows: float,
-    act_bytes: int,
-    flash_attention: bool = True,
-) -> list[Kernel]:
-    h = model.hidden
-    heads = _local_heads(model, tp)
-    batch = tokens * cp / seq_len  # sequences in the micro-batch
+def _attention_kernels(model: ModelSpec, shard: Shard, norm_rows: float, flash_attention: bool) -> list[Kernel]:
+    h, tokens, seq_len, act_bytes = model.hidden, shard.tokens, shard.seq_len, shard.act_bytes
+    heads = _local_heads(model, shard.tp)
+    batch = tokens * shard.cp / seq_len  # sequences in the micro-batch
     out: list[Kernel] = [_norm(model, "attn_norm", norm_rows, h, act_bytes)]
     mla = model.attention
     if mla is None:
-        kv = _local_kv_heads(model, tp)
+        kv = _local_kv_heads(model, shard.tp)
         d = model.head_dim
         out.append(_gemm("qkv_proj", tokens, (heads + 2 * kv) * d, h, act_bytes))
         out.append(_attention_core("attn_core", tokens, seq_len, heads, kv, d, d, act_bytes, batch))
@@ -301,45 +295,30 @@ def _attention_kernels(
 
 
 def _block_kernels(
-    model: ModelSpec,
-    moe: bool,
-    tokens: float,
-    seq_len: int,
-    tp: int,
-    cp: int,
-    ep: int,
-    etp: int,
-    act_bytes: int,
-    expert_tokens: Optional[float],
-    sequence_parallel: bool,
-    flash_attention: bool = True,
+    model: ModelSpec, moe: bool, shard: Shard, expert_tokens: Optional[float], flash_attention: bool = True
 ) -> list[Kernel]:
-    _check_positive(tp=tp, cp=cp, ep=ep, etp=etp)
-    if tokens < 0:
-        raise ValueError(f"tokens: must be non-negative, got {tokens!r}")
-    h = model.hidden
-    sp = sequence_parallel and tp > 1
-    norm_rows = tokens / tp if sp else tokens  # norms, residuals and dropout see tokens/tp under SP
-    out = _attention_kernels(model, tokens, seq_len, tp, cp, norm_rows, act_bytes, flash_attention)
+    h, tokens, tp, act_bytes = model.hidden, shard.tokens, shard.tp, shard.act_bytes
+    norm_rows = shard.sp_rows(tokens)  # norms, residuals and dropout see tokens/tp under SP
+    out = _attention_kernels(model, shard, norm_rows, flash_attention)
     out.append(_norm(model, "mlp_norm", norm_rows, h, act_bytes))
     if not moe:
         out += _ffn(model, "mlp", tokens, _split(model.ffn_hidden, tp, "ffn_hidden"), act_bytes)
     else:
         m = model.moe
-        if tp > 1 and not sequence_parallel:
+        if tp > 1 and not shard.sequence_parallel:
             raise WorkloadError(
                 "parallel.sequence_parallel",
                 "MoE layers with tp > 1 need sequence parallelism "
                 "(Megatron-Core routes the sequence-parallel shard of tokens)",
             )
-        local_experts = _split(m.experts, ep, f"the {m.experts} routed experts", "parallel.ep")
-        width = _split(m.expert_ffn_hidden, etp, "expert_ffn_hidden", "parallel.etp")
+        local_experts = _split(m.experts, shard.ep, f"the {m.experts} routed experts", "parallel.ep")
+        width = _split(m.expert_ffn_hidden, shard.etp, "expert_ffn_hidden", "parallel.etp")
         routed_rows = norm_rows  # each TP rank routes its sequence-parallel shard
         # Balanced routing: the EP all-to-all brings back as many token-expert
         # assignments as this rank sent (routed_rows * top_k); expert tensor
         # parallelism gathers the assignments of the etp ranks, each computing
         # 1/etp of every expert's width.
-        assignments = routed_rows * m.top_k * etp if expert_tokens is None else float(expert_tokens)
+        assignments = routed_rows * m.top_k * shard.etp if expert_tokens is None else float(expert_tokens)
         if assignments < 0:
             raise ValueError(f"expert_tokens: must be non-negative, got {expert_tokens!r}")
         out.append(_gemm("router", routed_rows, m.experts, h, act_bytes))
@@ -364,30 +343,22 @@ def _block_kernels(
 def layer_kernels(
     model: ModelSpec,
     layer: int,
-    tokens: int,
-    seq_len: int,
-    tp: int = 1,
-    cp: int = 1,
-    ep: int = 1,
-    etp: int = 1,
-    act_bytes: int = 2,
+    shard: Shard,
     expert_tokens: Optional[float] = None,
-    sequence_parallel: bool = True,
     flash_attention: bool = True,
 ) -> list[Kernel]:
-    """Forward kernels of transformer layer ``layer`` (0-based) on one rank.
+    """Forward kernels of transformer layer ``layer`` (0-based) on the rank of ``shard``.
 
-    ``tokens`` = micro_batch_size * seq_len / cp: the rank's token rows. GEMMs
-    see all ``tokens`` rows (sequence-parallel shards are all-gathered before
-    them) with heads and FFN width split by ``tp``; norms and residual adds see
-    ``tokens / tp`` under sequence parallelism. The attention core has
-    ``tokens`` local queries against ``seq_len`` keys per sequence (context
-    parallelism splits queries, every key is visited). MoE layers: the router
-    GEMM over the rank's sequence-parallel shard, the routed experts as grouped
-    GEMMs over ``experts / ep`` local experts of width ``expert_ffn_hidden / etp``
-    processing ``expert_tokens`` token-expert assignments (default: the balanced
-    ``tokens/tp * top_k * etp``), and the shared experts split by ``tp``.
-    ``parallel_block`` changes ordering, not kernels or FLOPs. Without
+    The rank has ``shard.tokens`` = micro_batch_size * seq_len // cp token rows. GEMMs
+    see all of them (sequence-parallel shards are all-gathered before them) with heads
+    and FFN width split by ``tp``; norms and residual adds see ``tokens / tp`` under
+    sequence parallelism. The attention core has ``tokens`` local queries against
+    ``seq_len`` keys per sequence (context parallelism splits queries, every key is
+    visited). MoE layers: the router GEMM over the rank's sequence-parallel shard, the
+    routed experts as grouped GEMMs over ``experts / ep`` local experts of width
+    ``expert_ffn_hidden / etp`` processing ``expert_tokens`` token-expert assignments
+    (default: the balanced ``tokens/tp * top_k * etp``), and the shared experts split by
+    ``tp``. ``parallel_block`` changes ordering, not kernels or FLOPs. Without
     ``flash_attention`` the materialised scores add an ``attn_scores`` memory-bound
     kernel (softmax, dropout, their reads and writes).
 
@@ -396,46 +367,29 @@ def layer_kernels(
     """
     if not 0 <= layer < model.layers:
         raise IndexError(f"layer {layer} outside 0..{model.layers - 1} of {model.name!r}")
-    return _block_kernels(
-        model,
-        model.is_moe_layer(layer),
-        tokens,
-        seq_len,
-        tp,
-        cp,
-        ep,
-        etp,
-        act_bytes,
-        expert_tokens,
-        sequence_parallel,
-        flash_attention,
-    )
+    return _block_kernels(model, model.is_moe_layer(layer), shard, expert_tokens, flash_attention)
 
 
-def embedding_kernels(model: ModelSpec, tokens: int, tp: int = 1, act_bytes: int = 2) -> list[Kernel]:
+def embedding_kernels(model: ModelSpec, shard: Shard) -> list[Kernel]:
     """Token-embedding lookup on one rank: no FLOPs. The table is split by vocab
     over ``tp`` (Megatron's vocab-parallel embedding): the rank reads the token
     ids, its expected share ``tokens/tp`` of the looked-up rows, and writes the
     full ``tokens x hidden`` output that the TP reduction then sums."""
-    _check_positive(tp=tp)
-    h = model.hidden
-    traffic = _TOKEN_ID_BYTES * tokens + act_bytes * (tokens / tp * h + tokens * h)
+    h, tokens = model.hidden, shard.tokens
+    traffic = _TOKEN_ID_BYTES * tokens + shard.act_bytes * (tokens / shard.tp * h + tokens * h)
     return [Kernel("embed", "embedding", 0.0, traffic)]
 
 
-def head_kernels(
-    model: ModelSpec, tokens: int, tp: int = 1, act_bytes: int = 2, sequence_parallel: bool = True
-) -> list[Kernel]:
+def head_kernels(model: ModelSpec, shard: Shard) -> list[Kernel]:
     """Final norm, LM-head GEMM (vocab split by ``tp``) and cross-entropy loss.
 
     The loss kernel is Megatron's vocab-parallel cross-entropy: it reads the
     rank's logits and keeps fp32 softmax values for the backward, so its traffic
     is ``tokens * vocab/tp * (act_bytes + 4)``. A vocabulary that ``tp`` does not
     divide is padded (the GEMM's ``n`` rounds up; FLOPs stay exact)."""
-    _check_positive(tp=tp)
-    h, v = model.hidden, model.vocab
-    norm_rows = tokens / tp if sequence_parallel and tp > 1 else tokens
-    local_vocab = v / tp  # exact share for FLOPs and bytes; the GEMM's n is the padded shard
+    h, v, tokens, act_bytes = model.hidden, model.vocab, shard.tokens, shard.act_bytes
+    norm_rows = shard.sp_rows(tokens)
+    local_vocab = v / shard.tp  # exact share for FLOPs and bytes; the GEMM's n is the padded shard
     head = Kernel(
         "lm_head",
         "gemm",
@@ -450,50 +404,26 @@ def head_kernels(
     return [_norm(model, "final_norm", norm_rows, h, act_bytes), head, loss]
 
 
-def mtp_kernels(
-    model: ModelSpec,
-    tokens: int,
-    seq_len: int,
-    tp: int = 1,
-    cp: int = 1,
-    ep: int = 1,
-    etp: int = 1,
-    act_bytes: int = 2,
-    expert_tokens: Optional[float] = None,
-    sequence_parallel: bool = True,
-) -> list[Kernel]:
+def mtp_kernels(model: ModelSpec, shard: Shard, expert_tokens: Optional[float] = None) -> list[Kernel]:
     """Forward kernels of the multi-token-prediction modules (DeepSeek-V3,
     arXiv 2412.19437 §2.2), in order; empty when ``mtp_depth == 0``.
 
     Module ``d`` embeds the tokens shifted by ``d+1`` with the shared embedding,
     RMS-normalises that and the previous depth's hidden state, projects their
     concatenation ``2h -> h`` (split by ``tp``), runs one transformer block (with
-    the FFN of the last main layer) and the shared output head and loss. Kernel
-    names carry the prefix ``mtp<d>.``.
+    the FFN of the last main layer, its attention fused) and the shared output head
+    and loss. Kernel names carry the prefix ``mtp<d>.``.
     """
-    _check_positive(tp=tp)
     out: list[Kernel] = []
-    h = model.hidden
-    norm_rows = tokens / tp if sequence_parallel and tp > 1 else tokens
+    h, tokens, act_bytes = model.hidden, shard.tokens, shard.act_bytes
+    norm_rows = shard.sp_rows(tokens)
     for d in range(model.mtp_depth):
-        block: list[Kernel] = embedding_kernels(model, tokens, tp, act_bytes)
+        block: list[Kernel] = embedding_kernels(model, shard)
         block.append(_norm(model, "hidden_norm", norm_rows, h, act_bytes))
         block.append(_norm(model, "embed_norm", norm_rows, h, act_bytes))
-        block.append(_gemm("proj", tokens, _split(h, tp, "hidden"), 2 * h, act_bytes))
-        block += _block_kernels(
-            model,
-            _mtp_block_is_moe(model),
-            tokens,
-            seq_len,
-            tp,
-            cp,
-            ep,
-            etp,
-            act_bytes,
-            expert_tokens,
-            sequence_parallel,
-        )
-        block += head_kernels(model, tokens, tp, act_bytes, sequence_parallel)
+        block.append(_gemm("proj", tokens, _split(h, shard.tp, "hidden"), 2 * h, act_bytes))
+        block += _block_kernels(model, _mtp_block_is_moe(model), shard, expert_tokens)
+        block += head_kernels(model, shard)
         out += [replace(k, name=f"mtp{d}.{k.name}") for k in block]
     return out
 
@@ -513,10 +443,12 @@ def forward_flops_per_token(model: ModelSpec, seq_len: int, include_mtp: bool = 
     Computed from the same kernels the simulator runs, at one token, ``tp=1``."""
     if seq_len < 1:
         raise WorkloadError("training.seq_len", f"must be a positive integer, got {seq_len!r}")
-    total = sum(_matmul_flops(layer_kernels(model, i, 1, seq_len)) for i in range(model.layers))
-    total += _matmul_flops(head_kernels(model, 1))
+    # One token: a sequence cut over seq_len context-parallel ranks (one query, every key).
+    one = Shard(micro_batch_size=1, seq_len=seq_len, cp=seq_len)
+    total = sum(_matmul_flops(layer_kernels(model, i, one)) for i in range(model.layers))
+    total += _matmul_flops(head_kernels(model, one))
     if include_mtp:
-        total += _matmul_flops(mtp_kernels(model, 1, seq_len))
+        total += _matmul_flops(mtp_kernels(model, one))
     return total
 
 

@@ -228,19 +228,6 @@ def training_state_bytes(params_dense: float, params_expert: float, layout: Para
     )
 
 
-def activation_options(training) -> dict:
-    """The keyword arguments of the activation functions that a
-    :class:`workloads.training.TrainingSpec` sets (one place for the trace and the
-    search's estimate)."""
-    return dict(
-        flash_attention=training.flash_attention,
-        activation_saving=training.activation_saving,
-        moe_gate_weighting=training.moe_gate_weighting,
-        recompute_modules=training.recompute_modules,
-        dropout=training.dropout,
-    )
-
-
 #: Forward kernels (``workloads.counts`` names) each recompute module runs again before
 #: a layer's backward; DeepSeek-V3's savings run every norm, the MLA up-projections and
 #: every FFN activation (§3.2.3, §3.3.2). ``core_attn`` adds none: fused attention

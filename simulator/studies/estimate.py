@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 from typing import Mapping, Optional
 
 import numpy as np
@@ -26,7 +27,9 @@ from simulator.studies.layer_costs import StepCosts
 from simulator.studies.network_model import NetModel
 from workloads import memory
 from workloads import activations
+from workloads.activations import ActivationPolicy
 from workloads import schedules as sched
+from workloads.shard import Shard
 from workloads.trace.builder import INPUT_GRAD_FREED_FRACTION, chunk_layer_ranges
 
 
@@ -102,24 +105,10 @@ def estimate_memory(sc) -> dict:
     n_local = sched.local_chunks(name, L.vpp)
     global_aux = model.is_moe and t.balance == "aux-loss-global"
 
-    def stash(layer: int, recompute: str) -> float:
-        return activations.activation_bytes_per_layer(
-            model,
-            layer,
-            t.micro_batch_size,
-            t.seq_len,
-            tp=L.tp,
-            cp=L.cp,
-            sequence_parallel=L.sequence_parallel,
-            recompute=recompute,
-            ep=L.ep,
-            etp=L.etp,
-            **memory.activation_options(t),
-        )
+    shard, policy = Shard.of(L, t), ActivationPolicy.of(t)
+    rebuild = replace(policy, recompute="none")  # what full recompute rebuilds before a backward
 
-    head = activations.head_activation_bytes(
-        model, t.micro_batch_size, t.seq_len, tp=L.tp, cp=L.cp, sequence_parallel=L.sequence_parallel
-    )
+    head = activations.head_activation_bytes(model, shard)
     per_layer = {}
     best = None
     for stage in range(L.pp):
@@ -134,13 +123,18 @@ def estimate_memory(sc) -> dict:
             total = 0.0
             for l in chunks[k]:
                 if l not in per_layer:
-                    per_layer[l] = stash(l, t.recompute)
+                    per_layer[l] = activations.activation_bytes_per_layer(model, l, shard, policy)
                 total += per_layer[l]
             chunk_bytes.append((total, head if k == len(chunks) - 1 else 0.0))
         # Full recompute rebuilds a layer's activations just before its backward, after
         # the output layer's backward freed the head's: the first layer a chunk's
         # backward meets (its last) is the worst moment.
-        rebuilt = [stash(chunks[k][-1], "none") if t.recompute == "full" and len(chunks[k]) else 0.0 for k in own]
+        rebuilt = [
+            activations.activation_bytes_per_layer(model, chunks[k][-1], shard, rebuild)
+            if t.recompute == "full" and len(chunks[k])
+            else 0.0
+            for k in own
+        ]
         peak = _activation_peak(schedule_counts(name, stage, L.pp, m, L.vpp, global_aux), chunk_bytes, rebuilt)
         rec = {
             "weights": state.weights,

@@ -48,8 +48,10 @@ from workloads import parameters
 from workloads import schedules as sched
 from workloads.errors import WorkloadError
 from workloads.layout import ParallelLayout
+from workloads.activations import ActivationPolicy
 from workloads.moe_load import ExpertLoad, hottest_rank, rank_load_factors
 from workloads.model import ModelSpec
+from workloads.shard import Shard
 from workloads.trace.ops import Op, Trace, TraceError
 from workloads.training import TrainingSpec
 
@@ -156,8 +158,8 @@ class TraceBuilder:
         self.m = t.micro_batches(L.dp)
         self.chunks = chunk_layer_ranges(self.model, L, w.schedule)
         self.n_chunks = len(self.chunks)
-        self.tokens = t.micro_batch_size * t.seq_len // L.cp  # tokens of one micro-batch on one CP rank
-        self.act_bytes = 2
+        self.shard = Shard.of(L, t)  # one rank's slice of one micro-batch
+        self.policy = ActivationPolicy.of(t)  # what its layers keep for the backward
         self.ops: list[Op] = []
         self.notes: list[str] = []
         self._kern_cache: dict = {}
@@ -176,7 +178,7 @@ class TraceBuilder:
         self.rank_loads: dict[int, np.ndarray] = {}
         if self.model.is_moe and w.expert_load is not None:
             moe_layers = [l for l in range(self.model.layers) if self.model.is_moe_layer(l)]
-            routed = self.tokens / (L.tp if L.sequence_parallel else 1) * L.ep
+            routed = self.shard.tokens / (L.tp if L.sequence_parallel else 1) * L.ep
             f = rank_load_factors(
                 w.expert_load, self.model.moe.experts, self.model.moe.top_k, L.ep, int(round(routed)), len(moe_layers)
             )
@@ -215,21 +217,9 @@ class TraceBuilder:
         factor = self.load_factor.get(layer, 1.0)
         key = ("layer", moe, factor)
         if key not in self._kern_cache:
-            L = self.L
             expert_tokens = self.expert_assignments(factor) if moe and factor != 1.0 else None
             ks = counts.layer_kernels(
-                self.model,
-                layer,
-                tokens=self.tokens,
-                seq_len=self.t.seq_len,
-                tp=L.tp,
-                cp=L.cp,
-                ep=L.ep,
-                etp=L.etp,
-                act_bytes=self.act_bytes,
-                sequence_parallel=L.sequence_parallel,
-                expert_tokens=expert_tokens,
-                flash_attention=self.t.flash_attention,
+                self.model, layer, self.shard, expert_tokens=expert_tokens, flash_attention=self.t.flash_attention
             )
             self._kern_cache[key] = split_layer_kernels(ks)
         return self._kern_cache[key]
@@ -238,9 +228,7 @@ class TraceBuilder:
         """Token-expert assignments one rank's routed experts process per micro-batch
         at load factor ``factor`` (1 = balanced: the rank's sequence-parallel shard
         times top_k, gathered over the etp ranks)."""
-        L = self.L
-        routed_rows = self.tokens / L.tp if (L.sequence_parallel and L.tp > 1) else self.tokens
-        return routed_rows * self.model.moe.top_k * L.etp * factor
+        return self.shard.sp_rows(self.shard.tokens) * self.model.moe.top_k * self.L.etp * factor
 
     def memory_load_factors(self, layers: Sequence[int]) -> None:
         """Record, for the MoE layers of one device's chunks, the load factors of the
@@ -307,25 +295,15 @@ class TraceBuilder:
     def embed_kernels(self):
         key = ("embed",)
         if key not in self._kern_cache:
-            self._kern_cache[key] = tuple(counts.embedding_kernels(self.model, self.tokens, tp=self.L.tp))
+            self._kern_cache[key] = tuple(counts.embedding_kernels(self.model, self.shard))
         return self._kern_cache[key]
 
     def head_kernels(self):
         key = ("head",)
         if key not in self._kern_cache:
-            L = self.L
-            ks = list(counts.head_kernels(self.model, self.tokens, tp=L.tp, sequence_parallel=L.sequence_parallel))
+            ks = list(counts.head_kernels(self.model, self.shard))
             if self.model.mtp_depth:
-                ks += counts.mtp_kernels(
-                    self.model,
-                    self.tokens,
-                    self.t.seq_len,
-                    tp=L.tp,
-                    cp=L.cp,
-                    ep=L.ep,
-                    etp=L.etp,
-                    sequence_parallel=L.sequence_parallel,
-                )
+                ks += counts.mtp_kernels(self.model, self.shard)
             self._kern_cache[key] = tuple(ks)
         return self._kern_cache[key]
 
@@ -333,7 +311,7 @@ class TraceBuilder:
     @property
     def hidden_bytes(self) -> float:
         """Activation tensor of one micro-batch at a layer boundary on one CP rank (all TP ranks)."""
-        return self.tokens * self.model.hidden * self.act_bytes
+        return self.shard.tokens * self.model.hidden * self.shard.act_bytes
 
     def kv_bytes(self) -> float:
         """K and V of the local sequence chunk held by one TP rank (what CP exchanges)."""
@@ -342,7 +320,7 @@ class TraceBuilder:
             per_tok = m.heads * (m.attention.qk_head_dim + m.attention.v_head_dim)
         else:
             per_tok = 2 * m.kv_heads * m.head_dim
-        return self.tokens * per_tok * self.act_bytes / self.L.tp
+        return self.shard.tokens * per_tok * self.shard.act_bytes / self.L.tp
 
     def dispatch_bytes(self, combine: bool, layer: int) -> float:
         """Per-rank all-to-all send buffer of an MoE dispatch (FP8 under FP8 training,
@@ -350,7 +328,7 @@ class TraceBuilder:
         expert rank's load factor (see :mod:`workloads.moe_load`)."""
         moe = self.model.moe
         per = 1 if (self.t.dtype == "fp8" and not combine) else 2
-        tokens = self.tokens / (self.L.tp if self.L.sequence_parallel else 1)
+        tokens = self.shard.tokens / (self.L.tp if self.L.sequence_parallel else 1)
         return tokens * moe.top_k * self.model.hidden * per * self.load_factor.get(layer, 1.0)
 
     def node_limited(self) -> Optional[tuple[float, int]]:

@@ -5,6 +5,7 @@ passes (fused ``B`` or split ``I`` / ``W``). Mixed into :class:`~workloads.trace
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 
@@ -55,22 +56,11 @@ class LayerOps:
 
     def _head_bytes(self) -> float:
         """Activations the last chunk's head op keeps: output layer and MTP modules."""
-        b, L, t = self.b, self.b.L, self.b.t
+        b = self.b
         key = ("head", "stash")
         if key not in b._stash_cache:
-            kw = dict(tp=L.tp, cp=L.cp, sequence_parallel=L.sequence_parallel)
-            b._stash_cache[key] = activations.head_activation_bytes(
-                b.model, t.micro_batch_size, t.seq_len, **kw
-            ) + activations.mtp_activation_bytes(
-                b.model,
-                t.micro_batch_size,
-                t.seq_len,
-                recompute=t.recompute,
-                ep=L.ep,
-                etp=L.etp,
-                **memory.activation_options(t),
-                **kw,
-            )
+            head = activations.head_activation_bytes(b.model, b.shard)
+            b._stash_cache[key] = head + activations.mtp_activation_bytes(b.model, b.shard, b.policy)
         return b._stash_cache[key]
 
     def layer_forward(self, l: int, mb: int, k: int, deps: list, recompute: bool):
@@ -290,39 +280,14 @@ class LayerOps:
         return None if f is None else self.b.expert_assignments(f)
 
     def _stash_uncached(self, l: int) -> float:
-        b, L, t = self.b, self.b.L, self.b.t
-        return activations.activation_bytes_per_layer(
-            b.model,
-            l,
-            t.micro_batch_size,
-            t.seq_len,
-            tp=L.tp,
-            cp=L.cp,
-            sequence_parallel=L.sequence_parallel,
-            recompute=t.recompute,
-            ep=L.ep,
-            etp=L.etp,
-            expert_tokens=self._expert_tokens(l),
-            **memory.activation_options(t),
-        )
+        b = self.b
+        return activations.activation_bytes_per_layer(b.model, l, b.shard, b.policy, self._expert_tokens(l))
 
     def _recompute_transient(self, l: int) -> float:
         """Activations rebuilt by full recomputation of one layer, alive until its backward ends."""
-        b, L, t = self.b, self.b.L, self.b.t
-        return activations.activation_bytes_per_layer(
-            b.model,
-            l,
-            t.micro_batch_size,
-            t.seq_len,
-            tp=L.tp,
-            cp=L.cp,
-            sequence_parallel=L.sequence_parallel,
-            recompute="none",
-            ep=L.ep,
-            etp=L.etp,
-            expert_tokens=self._expert_tokens(l),
-            **memory.activation_options(t),
-        )
+        b = self.b
+        rebuilt = replace(b.policy, recompute="none")
+        return activations.activation_bytes_per_layer(b.model, l, b.shard, rebuilt, self._expert_tokens(l))
 
     # ---- backward --------------------------------------------------------------
     def backward(self, a, path, pos, layers, is_last_grad):
