@@ -33,7 +33,7 @@ Format (JSON, optionally gzip-compressed when the name ends in ``.gz``)::
 
 A compute op may carry ``"comm_overlap": true`` (absent = false): it belongs to an
 overlapped forward/backward pair (DualPipe) and runs on the SMs the all-to-all
-kernels leave free (:attr:`simulator.engine.compute.ComputeCalibration.comm_sm_fraction`).
+kernels leave free (:attr:`topologies.chips.ComputeCalibration.comm_sm_fraction`).
 An all-to-all may carry ``"scaleout_fraction": f`` (absent = 1, ``0 < f <= 1``):
 node-limited routing, only ``f`` of its routed copies cross between scale-up domains
 (:func:`simulator.network.collectives.plan_collective`).
