@@ -99,10 +99,14 @@ def components_of(
     n = active.shape[0]
     sub = tab[active]
     mask = sub >= 0
-    owner = np.nonzero(mask)[0]
     flat = sub[mask].astype(np.int64)
     size = n + n_links
-    graph = sp.csr_matrix((np.ones(owner.shape[0], dtype=np.int8), (owner, n + flat)), shape=(size, size))
+    # flow rows in CSR form as they stand (entries grouped by flow); link rows empty
+    indptr = np.empty(size + 1, dtype=np.int64)
+    indptr[0] = 0
+    np.cumsum(mask.sum(axis=1), out=indptr[1 : n + 1])
+    indptr[n + 1 :] = indptr[n]
+    graph = sp.csr_matrix((np.ones(flat.shape[0], dtype=np.int8), n + flat, indptr), shape=(size, size))
     _, labels = connected_components(graph, directed=False)
     flow_labels = labels[:n]
     wanted = np.zeros(labels.max() + 1, dtype=bool)
@@ -124,3 +128,26 @@ def components_of(
     ends = bounds[1:][~alone]
     comps = [slots[multi[i] : ends[i]].tolist() for i in firsts.tolist()]
     return comps, singles
+
+
+def number_links(
+    flat: np.ndarray, entry_comp: Optional[np.ndarray], scratch: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """Local numbers of the links that entries ``flat`` cross, component by component.
+
+    ``entry_comp[e]`` is entry e's component (None: one component); components share no
+    link. Returns ``(used, local, link_comp)``: the distinct links ordered by (component,
+    link) -- the order of ``np.unique(entry_comp * n_links + flat)`` --, each entry's index
+    into ``used``, and each used link's component (None for one component). ``scratch``
+    is a per-network int64 array of -1 over every link, left as found: one pass over the
+    entries and a sort of the distinct links only, not of the entries."""
+    scratch[flat] = 0 if entry_comp is None else entry_comp
+    used = np.flatnonzero(scratch >= 0) if flat.shape[0] * 4 > scratch.shape[0] else np.unique(flat)
+    link_comp = None
+    if entry_comp is not None:
+        used = used[np.argsort(scratch[used], kind="stable")]
+        link_comp = scratch[used]
+    scratch[used] = np.arange(used.shape[0])
+    local = scratch[flat]
+    scratch[used] = -1
+    return used, local, link_comp

@@ -58,7 +58,7 @@ import simpy
 
 from simulator.errors import NetworkError
 from simulator.network.calibration import NetCalibration
-from simulator.network.components import bounded_search, canonical, components_of
+from simulator.network.components import number_links, bounded_search, canonical, components_of
 from simulator.network.flowslots import _SCALAR_MAX, FlowSlots
 from simulator.network.isolated import Reservations
 from simulator.network.maxmin import DONE_RTOL, fill_arrays, fill_components, fill_small
@@ -118,6 +118,7 @@ class FlowNetwork(Reservations, FlowSlots):
         self.stats = NetworkStats(link_bytes=np.zeros(self.n_links), link_capacity=self.capacity)
         self._cap = self.capacity.tolist()
         self._cap_pad = np.append(self.capacity, np.inf)  # index -1 (padding) -> inf
+        self._link_scratch = np.full(self.n_links, -1, dtype=np.int64)  # components.number_links
         self.phases = PhasePreparer(topo, self.link_latency, self.link_overhead)
         self._init_slots()
         #: Scratch memo for callers that hand the same phases again and again
@@ -303,17 +304,12 @@ class FlowNetwork(Reservations, FlowSlots):
         owner = np.nonzero(mask)[0]
         mult = self._mtab[sl][mask] if self._any_mult else None
         if len(lens) == 1:
-            used, local = np.unique(flat, return_inverse=True)
-            return fill_arrays(
-                owner, local.reshape(-1), np.ones(flat.shape[0]) if mult is None else mult, w, self.capacity[used]
-            )
+            used, local, _ = number_links(flat, None, self._link_scratch)
+            return fill_arrays(owner, local, np.ones(flat.shape[0]) if mult is None else mult, w, self.capacity[used])
         comp = np.repeat(np.arange(len(lens)), lens)[owner]
-        used, local = np.unique(comp * self.n_links + flat, return_inverse=True)
-        link_comp = used // self.n_links
+        used, local, link_comp = number_links(flat, comp, self._link_scratch)
         comp_start = np.searchsorted(link_comp, np.arange(len(lens) + 1))
-        return fill_components(
-            owner, local.reshape(-1), w, self.capacity[used % self.n_links], link_comp, comp_start, mult
-        )
+        return fill_components(owner, local, w, self.capacity[used], link_comp, comp_start, mult)
 
     def _recompute(self, comps: list[list[int]], singles: list[int]) -> None:
         """Solve each component alone; keep the segment of flows whose rate is unchanged.

@@ -108,42 +108,13 @@ def fill_arrays(owner: np.ndarray, link: np.ndarray, mult: np.ndarray, w: np.nda
     Notes
     -----
     One iteration per distinct bottleneck level (symmetric collectives have one or
-    two; heterogeneous mixes a few dozen), each about fifteen vectorised passes over
-    the entries and links. Equal, bit for bit, to :func:`fill_small` on the same
-    flows in the same order.
+    two; an all-to-all over a torus a few hundred), each a few vectorised passes over
+    the links plus work on the entries of the flows it fixes (:func:`_fill`). Equal,
+    bit for bit, to :func:`fill_small` on the same flows in the same order.
     """
-    n_flows, n_links = w.shape[0], cap.shape[0]
-    rates = np.full(n_flows, np.inf)
     if owner.shape[0] == 0:
-        return rates
-    use = w[owner] * mult  # capacity use per unit rate, per entry
-    remaining = cap.astype(float, copy=True)
-    demand = np.bincount(link, use, minlength=n_links)
-    count = np.bincount(link, minlength=n_links)  # entries of unfixed flows per link
-    alive = np.ones(owner.shape[0], dtype=bool)
-    mark = np.zeros(n_flows, dtype=bool)
-    mark[owner] = True
-    n_active = int(mark.sum())
-    share = np.empty(n_links)
-    while n_active:
-        share.fill(np.inf)
-        np.divide(remaining, demand, out=share, where=count > 0)
-        level = share.min()
-        saturated = share <= level * (1.0 + BOTTLENECK_RTOL)
-        mark.fill(False)
-        mark[owner[alive & saturated[link]]] = True
-        fixed = np.flatnonzero(mark)
-        rates[fixed] = level
-        n_active -= fixed.shape[0]
-        hit = alive & mark[owner]  # entries of the fixed flows, flow-major
-        alive &= ~hit
-        links = link[hit]
-        delta = np.bincount(links, use[hit], minlength=n_links)
-        demand -= delta
-        remaining -= delta * level  # every newly fixed flow runs at ``level``
-        count -= np.bincount(links, minlength=n_links)
-        np.maximum(remaining, 0.0, out=remaining)
-    return rates
+        return np.full(w.shape[0], np.inf)
+    return _fill(owner, link, w[owner] * mult, cap, w.shape[0])
 
 
 def fill_components(
@@ -164,36 +135,76 @@ def fill_components(
     result is bit for bit that of solving each component alone, in
     max-over-components-of-levels iterations instead of their sum.
     """
-    n_flows, n_links = w.shape[0], cap.shape[0]
-    rates = np.full(n_flows, np.inf)
     if owner.shape[0] == 0:
-        return rates
+        return np.full(w.shape[0], np.inf)
     use = w[owner] if mult is None else w[owner] * mult
+    return _fill(owner, link, use, cap, w.shape[0], link_comp, comp_start[:-1])
+
+
+def _ranges(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """The concatenation of ``arange(starts[i], stops[i])`` over i, in order."""
+    lens = stops - starts
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(lens)
+    return np.repeat(starts - (ends - lens), lens) + np.arange(total)
+
+
+def _fill(
+    owner: np.ndarray,
+    link: np.ndarray,
+    use: np.ndarray,
+    cap: np.ndarray,
+    n_flows: int,
+    link_comp: Optional[np.ndarray] = None,
+    starts: Optional[np.ndarray] = None,
+) -> np.ndarray:
+    """Progressive filling of :func:`fill_arrays` (one component: ``link_comp`` None) and
+    :func:`fill_components` (``link_comp[l]`` link l's component, ``starts`` each
+    component's first link): ``use[e]`` is entry e's capacity use per unit rate.
+
+    Each iteration finds the bottleneck links in one pass over the links, then touches
+    only the entries of what it fixes: the entries on those links (a link index built
+    once, ``by_link``) and the entries of the flows fixed (contiguous, as entries are
+    grouped by flow). A link saturates once (its flows are all fixed then), so the
+    entries cost O(entries) in all, not O(entries) per level. The arithmetic -- which
+    entries are summed into each link's demand and remaining capacity, in which order
+    -- is that of one pass over all entries in entry order, so the bits are those of
+    :func:`fill_small`."""
+    n_links = cap.shape[0]
+    rates = np.full(n_flows, np.inf)
     remaining = cap.astype(float, copy=True)
     demand = np.bincount(link, use, minlength=n_links)
-    count = np.bincount(link, minlength=n_links)
-    alive = np.ones(owner.shape[0], dtype=bool)
-    mark = np.zeros(n_flows, dtype=bool)
-    mark[owner] = True
-    n_active = int(mark.sum())
-    flow_comp = np.empty(n_flows, dtype=np.int64)
-    flow_comp[owner] = link_comp[link]
+    count = np.bincount(link, minlength=n_links)  # entries of unfixed flows per link
+    # (any order of each link's entries will do; a radix sort where the link numbers fit 16 bits)
+    by_link = np.argsort(link.astype(np.int16) if n_links < 2**15 else link, kind="stable")
+    link_start = np.zeros(n_links + 1, dtype=np.int64)
+    np.cumsum(count, out=link_start[1:])
+    flow_start = np.searchsorted(owner, np.arange(n_flows + 1))
+    done = np.zeros(n_flows, dtype=bool)
+    n_active = int(np.count_nonzero(flow_start[1:] > flow_start[:-1]))
+    flow_comp = None if link_comp is None else link_comp[link[flow_start[:-1].clip(max=link.shape[0] - 1)]]
     share = np.empty(n_links)
-    starts = comp_start[:-1]
+    thr = 1.0 + BOTTLENECK_RTOL
     while n_active:
         used = count > 0
         share.fill(np.inf)
         np.divide(remaining, demand, out=share, where=used)
-        level = np.minimum.reduceat(share, starts)  # per component
-        level_l = level[link_comp]
-        saturated = used & (share <= level_l * (1.0 + BOTTLENECK_RTOL))
-        mark.fill(False)
-        mark[owner[alive & saturated[link]]] = True
-        fixed = np.flatnonzero(mark)
-        rates[fixed] = level[flow_comp[fixed]]
+        if link_comp is None:
+            level = share.min()
+            level_l = level
+            sat = np.flatnonzero(share <= level * thr)
+        else:
+            level = np.minimum.reduceat(share, starts)  # per component
+            level_l = level[link_comp]
+            sat = np.flatnonzero(used & (share <= level_l * thr))
+        cand = owner[by_link[_ranges(link_start[sat], link_start[sat + 1])]]
+        fixed = np.unique(cand[~done[cand]])
+        done[fixed] = True
+        rates[fixed] = level if link_comp is None else level[flow_comp[fixed]]
         n_active -= fixed.shape[0]
-        hit = alive & mark[owner]
-        alive &= ~hit
+        hit = _ranges(flow_start[fixed], flow_start[fixed + 1])  # their entries, flow-major
         links = link[hit]
         delta = np.bincount(links, use[hit], minlength=n_links)
         touched = delta > 0
