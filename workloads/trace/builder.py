@@ -199,6 +199,8 @@ class TraceBuilder:
             )
         # DualPipe's overlapped pairs hide expert all-to-alls behind the other chunk's compute.
         self.ep_overlap = self.model.is_moe and L.ep > 1
+        # forward kernels rerun before each layer's backward (memory.recomputed_kernel_names)
+        self.recomputed_names = memory.recomputed_kernel_names(self.t)
         self.dualpipe_ep = self.ep_overlap and w.schedule == "dualpipe"
 
     # ---- kernels -------------------------------------------------------------
@@ -208,7 +210,7 @@ class TraceBuilder:
         in forward order."""
         key = ("saved-recompute", layer, self.model.is_moe_layer(layer), self.load_factor.get(layer, 1.0))
         if key not in self._kern_cache:
-            names = memory.recomputed_kernel_names(self.t)
+            names = self.recomputed_names
             self._kern_cache[key] = tuple(k for part in self.layer_parts(layer) for k in part if k.name in names)
         return self._kern_cache[key]
 

@@ -9,7 +9,6 @@ from dataclasses import replace
 from typing import Optional
 
 
-from workloads import memory
 from workloads import activations
 from workloads.trace.ops import Op
 from workloads.trace.builder import (
@@ -347,13 +346,13 @@ class LayerOps:
 
     def layer_backward(self, l, mb, k, deps, part, is_last_grad):
         """Generate one layer's backward ops; yields and returns like :meth:`layer_forward`."""
-        b, L, t = self.b, self.b.L, self.b.t
+        b, L = self.b, self.b.L
         handed = 0
         attn, pre, shared, expert, post = b.layer_parts(l)
         sp = L.sequence_parallel
         h = b.hidden_bytes
         deps = list(deps)
-        if part in ("B", "I") and memory.recomputed_kernel_names(t):
+        if part in ("B", "I") and b.recomputed_names:
             # the norms, MLA up-projections and SwiGLUs whose outputs were not kept
             redo = b.saved_recompute_kernels(l)
             if redo:
