@@ -208,9 +208,10 @@ class Engine:
         step = max(self.end_time.values()) if self.end_time else 0.0
         acc = account(self.records, self.trace.ranks, step)
         flops: dict[int, float] = defaultdict(float)
-        for rec in self.records:
-            if rec.op.kind == "compute":
-                flops[rec.op.rank] += self._kernel_stats(rec.op.kernels)[2]
+        stats = self._kernel_stats
+        for op in [rec.op for rec in self.records]:  # in record order: the same sums
+            if op.kind == "compute":
+                flops[op.rank] += stats(op.kernels)[2]
         return RawRun(
             records=self.records,
             step_time_s=step,
@@ -262,7 +263,7 @@ class Engine:
         while i < n:
             op = ops[i]
             if op.deps:
-                pending = [self._done_event(d) for d in op.deps if d not in end_time]
+                pending = [done.get(d) or self._done_event(d) for d in op.deps if d not in end_time]
                 if len(pending) == 1:
                     yield pending[0]
                 elif pending:

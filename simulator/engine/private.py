@@ -211,7 +211,10 @@ def absorb(streams: dict, known: dict) -> dict:
                 gone = set()
                 for j, (k, i) in units.items():
                     claimed[i] = sops[j : k + 1]
-                    gone.update(op.id for op in sops[j : k + 1])
+                    if j == k:
+                        gone.add(sops[j].id)
+                    else:
+                        gone.update(op.id for op in sops[j : k + 1])
                 streams[(r2, s2)] = [op for op in sops if op.id not in gone]
         if not claimed:
             continue
@@ -259,23 +262,40 @@ def _keep_safe_runs(units: dict, sops: list, cops: list, pos: dict, first_wait: 
     """Drop from ``units`` (edited in place), one at a time until none fails, the runs
     whose move could change a start time: the op before the run must have ended when
     its compute op ends, the op after it must start after it, and no two runs may join
-    the same compute op."""
-    changed = True
-    while changed:
-        changed = False
-        ends = {k: (j, i) for j, (k, i) in units.items()}
-        used: set[int] = set()
-        for j in sorted(units):
-            k, i = units[j]
-            if j == 0:
-                prev_ok = True
-            elif j - 1 in ends:
-                prev_ok = ends[j - 1][1] < i
-            else:
-                prev_ok = first_wait.get(sops[j - 1].id, len(cops)) <= i
-            nxt_ok = k + 1 == len(sops) or k + 1 in units or any(pos.get(d, -1) > i for d in sops[k + 1].deps)
-            if not (prev_ok and nxt_ok) or i in used:
-                del units[j]
-                changed = True
-                break
+    the same compute op.
+
+    The runs are checked in order of their first op, and the first that fails is
+    dropped before anything else is checked again. Dropping a run can change the
+    checks of two others only: the run ending right before it (whose next op is no
+    longer moved) and the runs after it, not yet checked. So the scan steps back to
+    the run before, where there is one, instead of starting again from the first."""
+    order = sorted(units)
+    at = {j: x for x, j in enumerate(order)}
+    ends = {k: (j, i) for j, (k, i) in units.items()}
+    used: set[int] = set()  # compute ops joined by the runs kept so far in the scan
+    n_cops, n_sops = len(cops), len(sops)
+    x = 0
+    while x < len(order):
+        j = order[x]
+        if j not in units:
+            x += 1
+            continue
+        k, i = units[j]
+        if j == 0:
+            prev_ok = True
+        elif j - 1 in ends:
+            prev_ok = ends[j - 1][1] < i
+        else:
+            prev_ok = first_wait.get(sops[j - 1].id, n_cops) <= i
+        nxt_ok = k + 1 == n_sops or k + 1 in units or any(pos.get(d, -1) > i for d in sops[k + 1].deps)
+        if prev_ok and nxt_ok and i not in used:
             used.add(i)
+            x += 1
+            continue
+        del units[j], ends[k]
+        before = ends.get(j - 1)
+        if before is not None:  # check the run ending right before this one again
+            used.discard(before[1])
+            x = at[before[0]]
+        else:
+            x += 1
