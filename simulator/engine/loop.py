@@ -174,8 +174,9 @@ class Engine:
             else ({}, None)
         )
         self._log = self._book.log.append if self._book is not None else None
-        where = absorb(streams, self._known) if self._known else {}
-        self._external = self._external_targets(where)
+        if self._known:
+            absorb(streams, self._known)
+        self._external = self._external_targets(streams)
         for (rank, stream), ops in sorted(streams.items()):
             if ops:
                 self.env.process(self._stream(rank, stream, ops))
@@ -198,7 +199,11 @@ class Engine:
         if self._book is not None:
             self._book.flush(self.net)
             self.private_ops_run = self._book.ops_run
-        unfinished = [op for op in self.trace.ops if op.id not in self.end_time]
+        unfinished = (
+            [op for op in self.trace.ops if op.id not in self.end_time]
+            if len(self.end_time) < len(self.trace.ops)
+            else []
+        )
         if unfinished:
             waiting = ", ".join(f"{o.name} (rank {o.rank}, {o.stream})" for o in unfinished[:4])
             raise TraceError(
@@ -224,19 +229,21 @@ class Engine:
             events_processed=len(self.records),
         )
 
-    def _external_targets(self, moved: dict) -> set[int]:
+    def _external_targets(self, streams: dict) -> set[int]:
         """Ids of the ops that an op of another process depends on: the only ends other
-        processes wait for (see :meth:`_stream`'s chains). ``moved``: op id -> the
-        stream that runs it, where :func:`~simulator.engine.private.absorb` moved it."""
-        where = {op.id: (op.rank, op.stream) for op in self.trace.ops}
-        where.update(moved)
+        processes wait for (see :meth:`_stream`'s chains). ``streams``: (rank, stream) ->
+        the ops that process runs, after :func:`~simulator.engine.private.absorb` moved
+        some (op ids are unique: :meth:`Trace.check`)."""
+        where: dict[int, tuple] = {}
+        for key, ops in streams.items():
+            where.update(dict.fromkeys([op.id for op in ops], key))
         out: set[int] = set()
-        for op in self.trace.ops:
-            if op.deps:
-                me = where[op.id]
+        add, get = out.add, where.get
+        for key, ops in streams.items():
+            for op in ops:
                 for d in op.deps:
-                    if where.get(d, me) != me:
-                        out.add(d)
+                    if get(d, key) is not key:  # one key object per process
+                        add(d)
         return out
 
     # ---- private communication: ops whose network phases nothing else can meet ----------
