@@ -66,7 +66,7 @@ from simulator.engine.accounting import IdleAccount, account
 from simulator.engine.compute import kernels_time_s, overlap_slowdown
 from topologies.chips import ComputeCalibration
 from simulator.engine.lowering import Lowering
-from simulator.engine.private import absorb, known_end, private_ops
+from simulator.engine.private import PrivateBook, absorb, private_ops
 from simulator.network.flows import FlowNetwork
 from topologies.chips import ChipSpec
 from workloads.counts import MATMUL_KINDS
@@ -158,8 +158,9 @@ class Engine:
         self._rdv: dict[str, list] = {}
         self._sim_members: dict[tuple, int] = {}  # group -> how many of it are simulated
         self._dur_cache: dict = {}
-        #: Private ops run as known durations (:func:`~simulator.engine.private.known_end`).
+        #: Private ops run as known durations (:func:`~simulator.engine.private.private_ops`).
         self.private_ops_run = 0
+        self._book: Optional[PrivateBook] = None
 
     # ---- public -----------------------------------------------------------------
     def run(self) -> RawRun:
@@ -167,13 +168,15 @@ class Engine:
         streams: dict[tuple[int, str], list[Op]] = defaultdict(list)
         for op in self.trace.ops:
             streams[(op.rank, op.stream)].append(op)
-        self._known = (
+        self._known, self._book = (
             private_ops(self.trace, self.lowering, self.sim_ranks, self._sim_members)
             if self.private_phases and self.net.reserves_isolated
-            else {}
+            else ({}, None)
         )
-        where = absorb(streams, self._known) if self._known else {}
-        self._external = self._external_targets(where)
+        self._log = self._book.log.append if self._book is not None else None
+        if self._known:
+            absorb(streams, self._known)
+        self._external = self._external_targets(streams)
         for (rank, stream), ops in sorted(streams.items()):
             if ops:
                 self.env.process(self._stream(rank, stream, ops))
@@ -193,7 +196,14 @@ class Engine:
         finally:
             if self._bar is not None:
                 self._bar.close()
-        unfinished = [op for op in self.trace.ops if op.id not in self.end_time]
+        if self._book is not None:
+            self._book.flush(self.net)
+            self.private_ops_run = self._book.ops_run
+        unfinished = (
+            [op for op in self.trace.ops if op.id not in self.end_time]
+            if len(self.end_time) < len(self.trace.ops)
+            else []
+        )
         if unfinished:
             waiting = ", ".join(f"{o.name} (rank {o.rank}, {o.stream})" for o in unfinished[:4])
             raise TraceError(
@@ -203,9 +213,10 @@ class Engine:
         step = max(self.end_time.values()) if self.end_time else 0.0
         acc = account(self.records, self.trace.ranks, step)
         flops: dict[int, float] = defaultdict(float)
-        for rec in self.records:
-            if rec.op.kind == "compute":
-                flops[rec.op.rank] += self._kernel_stats(rec.op.kernels)[2]
+        stats = self._kernel_stats
+        for op in [rec.op for rec in self.records]:  # in record order: the same sums
+            if op.kind == "compute":
+                flops[op.rank] += stats(op.kernels)[2]
         return RawRun(
             records=self.records,
             step_time_s=step,
@@ -218,19 +229,21 @@ class Engine:
             events_processed=len(self.records),
         )
 
-    def _external_targets(self, moved: dict) -> set[int]:
+    def _external_targets(self, streams: dict) -> set[int]:
         """Ids of the ops that an op of another process depends on: the only ends other
-        processes wait for (see :meth:`_stream`'s chains). ``moved``: op id -> the
-        stream that runs it, where :func:`~simulator.engine.private.absorb` moved it."""
-        where = {op.id: (op.rank, op.stream) for op in self.trace.ops}
-        where.update(moved)
+        processes wait for (see :meth:`_stream`'s chains). ``streams``: (rank, stream) ->
+        the ops that process runs, after :func:`~simulator.engine.private.absorb` moved
+        some (op ids are unique: :meth:`Trace.check`)."""
+        where: dict[int, tuple] = {}
+        for key, ops in streams.items():
+            where.update(dict.fromkeys([op.id for op in ops], key))
         out: set[int] = set()
-        for op in self.trace.ops:
-            if op.deps:
-                me = where[op.id]
+        add, get = out.add, where.get
+        for key, ops in streams.items():
+            for op in ops:
                 for d in op.deps:
-                    if where.get(d, me) != me:
-                        out.add(d)
+                    if get(d, key) is not key:  # one key object per process
+                        add(d)
         return out
 
     # ---- private communication: ops whose network phases nothing else can meet ----------
@@ -257,7 +270,7 @@ class Engine:
         while i < n:
             op = ops[i]
             if op.deps:
-                pending = [self._done_event(d) for d in op.deps if d not in end_time]
+                pending = [done.get(d) or self._done_event(d) for d in op.deps if d not in end_time]
                 if len(pending) == 1:
                     yield pending[0]
                 elif pending:
@@ -290,10 +303,11 @@ class Engine:
         end_time, record = self.end_time, self.records.append
         external, known, chain = self._external, self._known, self.chain_ops
         dur_cache, slowdown, scales = self._dur_cache, self._overlap_slowdown, self.compute_scale
-        bar = self._bar
+        bar, log = self._bar, self._log
         n = len(ops)
         op = ops[i]
         t = self.env.now
+        active = -1  # flows in flight now (read once: nothing changes them during a chain)
         while True:
             start = t
             if op.mem:
@@ -316,9 +330,20 @@ class Engine:
                     self._mem_at(op, "end", t)
                 if op.kernels:
                     record(OpRecord(op, start, t))
-            else:
-                self.private_ops_run += 1
-                t = known_end(self.net, known[op.id], start)
+            else:  # a private op: its phases' seconds one after another (see PrivateBook)
+                durs, code, most, now = known[op.id]
+                log(code)
+                for d in durs:
+                    t = t + d
+                if most:
+                    net = self.net
+                    if active < 0:
+                        active = net.active_flows
+                    if active + most > net.stats.max_concurrent_flows:
+                        net.stats.max_concurrent_flows = active + most
+                if now is not None:
+                    for links, added in now:
+                        self.net.stats.link_bytes[links] += added
                 if op.mem:
                     self._mem_at(op, "end", t)
                 record(OpRecord(op, start, t))

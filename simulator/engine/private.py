@@ -2,7 +2,8 @@
 
 Such an op's timing is known when it starts (its phases run alone on their links, from
 their cached isolated evolution, see :mod:`simulator.network.isolated`), so the engine
-runs it as a known duration (:func:`known_end`) and may move it into its rank's
+runs it as a known duration (:func:`private_ops`' durations, its network counters
+booked by :class:`PrivateBook`) and may move it into its rank's
 compute stream (:func:`absorb`) so that a compute chain runs through it without an
 event. ``Engine(..., private_phases=False)`` sends every op through the network.
 """
@@ -12,14 +13,19 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Optional
 
+import numpy as np
+
 from simulator.engine.lowering import Lowering
 from simulator.network.flows import FlowNetwork
 from workloads.trace.ops import Trace
 
 
-def private_ops(trace: Trace, lowering: Lowering, sim_ranks: set, members: dict) -> dict[int, tuple]:
-    """Communication ops whose timing is known when they start: op id ->
-    ``((prepared phase or None, isolated evolution, seconds), ...)`` per phase.
+def private_ops(
+    trace: Trace, lowering: Lowering, sim_ranks: set, members: dict
+) -> tuple[dict[int, tuple], "PrivateBook"]:
+    """Communication ops whose timing is known when they start, and the book of what
+    they put on the network: ``({op id: (durations, code, most flows, links now)}, book)``
+    (see :class:`PrivateBook`).
 
     An op qualifies when it runs in its own stream's process (a send, or a collective
     with no other simulated member), every phase of it has a cached isolated
@@ -27,8 +33,8 @@ def private_ops(trace: Trace, lowering: Lowering, sim_ranks: set, members: dict)
     process (stream, or collective rendezvous) anywhere in the trace. Its stream runs
     one op at a time, so each of its phases is always alone on its links: the
     network would reserve it on arrival and never materialise it, and it ends
-    ``steps x latency + evolution`` after it starts (see :mod:`simulator.network.flows`).
-    :func:`known_end` books what the network would have booked."""
+    ``steps x latency + evolution`` after it starts (see :mod:`simulator.network.flows`):
+    the sum, in phase order, of ``durations``."""
     users: dict[int, set] = defaultdict(set)  # link -> processes that load it
     shapes: dict[int, tuple] = {}  # id(phases) -> (phases, links, info | None)
     seen: dict[tuple, tuple] = {}  # (id(phases), process) -> shape
@@ -61,6 +67,7 @@ def private_ops(trace: Trace, lowering: Lowering, sim_ranks: set, members: dict)
         if hit[2] is not None and n == 1:
             cand.append((op.id, who, hit))
     private: dict[tuple, bool] = {}
+    chosen: dict[int, tuple] = {}  # id(phases) -> shape, for the private ones
     out = {}
     for oid, who, hit in cand:
         key = (id(hit[0]), who)
@@ -68,8 +75,86 @@ def private_ops(trace: Trace, lowering: Lowering, sim_ranks: set, members: dict)
         if ok is None:
             ok = private[key] = all(len(users[lk]) == 1 for lk in hit[1])  # only ``who``
         if ok:
-            out[oid] = hit[2]
-    return out
+            chosen[id(hit[0])] = hit
+            out[oid] = hit
+    # links some phase run by the network loads (its bytes are booked as it runs)
+    shared: set[int] = set()
+    for key, hit in seen.items():
+        if not private.get(key):
+            shared.update(hit[1])
+    book = PrivateBook(list(chosen.values()), shared)
+    entry = {id(hit[0]): e for hit, e in zip(chosen.values(), book.entries)}
+    return {oid: entry[id(hit[0])] for oid, hit in out.items()}, book
+
+
+class PrivateBook:
+    """What the private ops put on the network, booked as their reservations would book it.
+
+    Each distinct private shape (its phases) has a code and an entry ``(durations, code,
+    most flows, links now)``: the seconds of its phases, in order (a phase without
+    transfers takes none); the most flows (merged rows) one of its phases has in flight;
+    and ``links now``: ``((links, bytes), ...)`` to add to ``link_bytes`` as it runs, or
+    None. The engine appends the code of every private op it runs to :attr:`log`;
+    :meth:`flush` adds up the counters and the link bytes of the logged ops, in log
+    order, when the run ends. That gives the same sums as adding at each op: a private
+    shape's links are loaded by its own process alone, one op at a time, so each link's
+    additions keep their order. Shapes whose links a network-run phase also loads (or
+    that share links with such a shape) add their bytes as they run instead."""
+
+    def __init__(self, hits: list, shared: set):
+        self.log: list[int] = []
+        self.ops_run = 0  # private ops flushed so far
+        now = [False] * len(hits)
+        changed = True
+        while changed:  # the shapes whose links meet bytes booked while the run goes on
+            changed = False
+            for c, hit in enumerate(hits):
+                if not now[c] and not shared.isdisjoint(hit[1]):
+                    now[c] = changed = True
+                    shared.update(hit[1])
+        counts, links, sizes, self.entries = [], [], [], []
+        for c, hit in enumerate(hits):
+            real = [(prep, iso, dur) for prep, iso, dur in hit[2] if prep is not None]
+            counts.append(
+                (
+                    len(hit[2]),  # phases_started
+                    sum(p.n_transfers for p, _, _ in real),  # flows_started
+                    sum(len(p.links) for p, _, _ in real),  # flow_rows_started
+                    sum(p.units for p, _, _ in real),  # unit_flows_started
+                    len(real),  # reserved_phases
+                )
+            )
+            pairs = tuple((iso.links, iso.link_bytes) for _, iso, _ in real)
+            later = not now[c] and bool(pairs)
+            links.append(np.concatenate([a for a, _ in pairs]) if later else np.zeros(0, dtype=np.int64))
+            sizes.append(np.concatenate([b for _, b in pairs]) if later else np.zeros(0))
+            most = max((len(p.links) for p, _, _ in real), default=0)
+            self.entries.append((tuple(dur for _, _, dur in real), c, most, pairs if now[c] and pairs else None))
+        self._counts = np.array(counts, dtype=np.int64).reshape(len(hits), 5)
+        self._links, self._sizes = links, sizes
+
+    def flush(self, net: FlowNetwork) -> None:
+        """Book the logged ops' counters and deferred link bytes on ``net.stats``; empties the log."""
+        self.ops_run += len(self.log)
+        if not self.log:
+            return
+        codes = np.asarray(self.log, dtype=np.int64)
+        self.log = []
+        st = net.stats
+        per = np.bincount(codes, minlength=len(self._counts)) @ self._counts
+        st.phases_started += int(per[0])
+        st.flows_started += int(per[1])
+        st.flow_rows_started += int(per[2])
+        st.unit_flows_started += int(per[3])
+        st.reserved_phases += int(per[4])
+        lens = np.array([len(a) for a in self._links], dtype=np.int64)
+        n = lens[codes]
+        if not n.any():
+            return
+        offset = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        # the logged ops' (link, bytes) pairs one after another, in log order
+        at = np.repeat(offset[codes] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+        np.add.at(st.link_bytes, np.concatenate(self._links)[at], np.concatenate(self._sizes)[at])
 
 
 def phase_info(net: FlowNetwork, phases: tuple) -> tuple:
@@ -90,27 +175,6 @@ def phase_info(net: FlowNetwork, phases: tuple) -> tuple:
         elif info is not None:
             info.append((prep, iso, steps * prep.latency_s + iso.duration_s))
     return links, None if info is None else tuple(info)
-
-
-def known_end(net: FlowNetwork, phases: tuple, t: float) -> float:
-    """Run a private op's ``phases`` (its entry of :func:`private_ops`) from ``t``: its end, with the
-    network's counters and link bytes booked as its reservations would book them
-    (``max_concurrent_flows`` counts its flows with those in flight at its start)."""
-    st = net.stats
-    for prep, iso, dur in phases:
-        st.phases_started += 1
-        if prep is None:
-            continue
-        k = len(prep.links)
-        st.flows_started += prep.n_transfers
-        st.flow_rows_started += k
-        st.unit_flows_started += prep.units
-        st.reserved_phases += 1
-        if net.active_flows + k > st.max_concurrent_flows:
-            st.max_concurrent_flows = net.active_flows + k
-        st.link_bytes[iso.links] += iso.link_bytes
-        t = t + dur
-    return t
 
 
 def absorb(streams: dict, known: dict) -> dict:
@@ -147,7 +211,10 @@ def absorb(streams: dict, known: dict) -> dict:
                 gone = set()
                 for j, (k, i) in units.items():
                     claimed[i] = sops[j : k + 1]
-                    gone.update(op.id for op in sops[j : k + 1])
+                    if j == k:
+                        gone.add(sops[j].id)
+                    else:
+                        gone.update(op.id for op in sops[j : k + 1])
                 streams[(r2, s2)] = [op for op in sops if op.id not in gone]
         if not claimed:
             continue
@@ -195,23 +262,40 @@ def _keep_safe_runs(units: dict, sops: list, cops: list, pos: dict, first_wait: 
     """Drop from ``units`` (edited in place), one at a time until none fails, the runs
     whose move could change a start time: the op before the run must have ended when
     its compute op ends, the op after it must start after it, and no two runs may join
-    the same compute op."""
-    changed = True
-    while changed:
-        changed = False
-        ends = {k: (j, i) for j, (k, i) in units.items()}
-        used: set[int] = set()
-        for j in sorted(units):
-            k, i = units[j]
-            if j == 0:
-                prev_ok = True
-            elif j - 1 in ends:
-                prev_ok = ends[j - 1][1] < i
-            else:
-                prev_ok = first_wait.get(sops[j - 1].id, len(cops)) <= i
-            nxt_ok = k + 1 == len(sops) or k + 1 in units or any(pos.get(d, -1) > i for d in sops[k + 1].deps)
-            if not (prev_ok and nxt_ok) or i in used:
-                del units[j]
-                changed = True
-                break
+    the same compute op.
+
+    The runs are checked in order of their first op, and the first that fails is
+    dropped before anything else is checked again. Dropping a run can change the
+    checks of two others only: the run ending right before it (whose next op is no
+    longer moved) and the runs after it, not yet checked. So the scan steps back to
+    the run before, where there is one, instead of starting again from the first."""
+    order = sorted(units)
+    at = {j: x for x, j in enumerate(order)}
+    ends = {k: (j, i) for j, (k, i) in units.items()}
+    used: set[int] = set()  # compute ops joined by the runs kept so far in the scan
+    n_cops, n_sops = len(cops), len(sops)
+    x = 0
+    while x < len(order):
+        j = order[x]
+        if j not in units:
+            x += 1
+            continue
+        k, i = units[j]
+        if j == 0:
+            prev_ok = True
+        elif j - 1 in ends:
+            prev_ok = ends[j - 1][1] < i
+        else:
+            prev_ok = first_wait.get(sops[j - 1].id, n_cops) <= i
+        nxt_ok = k + 1 == n_sops or k + 1 in units or any(pos.get(d, -1) > i for d in sops[k + 1].deps)
+        if prev_ok and nxt_ok and i not in used:
             used.add(i)
+            x += 1
+            continue
+        del units[j], ends[k]
+        before = ends.get(j - 1)
+        if before is not None:  # check the run ending right before this one again
+            used.discard(before[1])
+            x = at[before[0]]
+        else:
+            x += 1
