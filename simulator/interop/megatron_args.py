@@ -206,16 +206,6 @@ def parse_arg_text(text: str) -> dict[str, Optional[str]]:
     return out
 
 
-def _int(args: dict, name: str, default=None) -> Optional[int]:
-    v = args.get(name, default)
-    if v is None or isinstance(v, int):
-        return v
-    try:
-        return int(str(v))
-    except ValueError:
-        raise ScenarioError(f"--{name}", f"expected an integer, got {v!r}") from None
-
-
 def arg_int(args: dict, name: str, default=None) -> Optional[int]:
     """The argument ``--name`` as an integer (``default`` when absent)."""
     v = args.get(name, default)
