@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from workloads.parameters import _block_params, parameter_count, expert_parameter_count
+from workloads.parameters import _block_params, parameter_count, expert_parameter_count, largest_weight_params
 from workloads.layout import ParallelLayout
 from workloads.activations import (
     ActivationPolicy,
@@ -264,6 +264,35 @@ def test_sharding_buffers_closed_form():
     assert sharding_buffer_bytes(units, 3, gathered_units=3) == (3 * 2 + 4) * 30
     with pytest.raises(ValueError, match="parallel.zero"):
         sharding_buffer_bytes(units, 4)
+
+
+def test_sharding_buffers_one_weight_array_at_a_time():
+    """grad_reduce_granularity tensor (XLA GSPMD): the full-size gradient is the largest
+    weight array, never more than the unit; the gathered weights stay whole units."""
+    units = [10.0, 30.0, 20.0]
+    assert sharding_buffer_bytes(units, 2, grad_array_params=7.0) == 4 * 7
+    assert sharding_buffer_bytes(units, 3, grad_array_params=7.0) == 2 * 2 * 30 + 4 * 7
+    assert sharding_buffer_bytes(units, 3, grad_array_params=99.0) == sharding_buffer_bytes(units, 3)
+    assert sharding_buffer_bytes(units, 1, grad_array_params=7.0) == 0.0
+
+
+def test_largest_weight_array_closed_form():
+    """MaxText's 64B-class model (emb 8192, 64 heads of 128, MLP 28672, vocab 32000):
+    the largest array is the 32000 x 8192 embedding table, not an MLP matrix
+    (8192 x 28672); with TP 8 the table shard is 4000 x 8192. Llama-3-405B: its
+    128256 x 16384 table too, whose TP-8 shard is still larger than one MLP matrix
+    (16384 x 53248 / 8). DeepSeek-V3: the 256 routed experts' stacked matrix
+    (256 x 7168 x 2048), over EP 64: 4 experts."""
+    m64 = ModelSpec("m64", layers=64, hidden=8192, heads=64, ffn_hidden=28672, vocab=32000, ffn="swiglu")
+    assert largest_weight_params(m64) == 32000 * 8192
+    assert largest_weight_params(m64, tp=8) == max(4000 * 8192, 8192 * 28672 // 8)
+    llama = get_model("llama3-405b")
+    assert largest_weight_params(llama) == 128256 * 16384
+    assert largest_weight_params(llama, tp=8) == 16032 * 16384
+    assert largest_weight_params(replace(llama, vocab=32000), tp=8) == 16384 * 53248 // 8
+    ds = get_model("deepseek-v3")
+    assert largest_weight_params(ds) == 256 * 7168 * 2048
+    assert largest_weight_params(ds, ep=64) == max(4 * 7168 * 2048, 129280 * 7168)
 
 
 def test_rank_parameters_bad_layer():

@@ -289,30 +289,46 @@ def recomputed_kernel_names(training) -> frozenset:
 FSDP_GATHERED_UNITS = 2
 
 
+def grad_array_params(model: ModelSpec, layout: ParallelLayout, training) -> Optional[float]:
+    """The ``grad_array_params`` of :func:`sharding_buffer_bytes` for a training recipe:
+    the largest weight array with ``grad_reduce_granularity: tensor``, else None (whole
+    units)."""
+    if training.grad_reduce_granularity != "tensor":
+        return None
+    return float(parameters.largest_weight_params(model, layout.tp, layout.ep, layout.etp))
+
+
 def sharding_buffer_bytes(
     unit_params: "list[float] | tuple[float, ...]",
     zero: int,
     weight_dtype_bytes: int = 2,
     grad_dtype_bytes: int = 4,
     gathered_units: int = FSDP_GATHERED_UNITS,
+    grad_array_params: Optional[float] = None,
 ) -> float:
     """Peak bytes of the full-size transient buffers that ZeRO-2/3 add on one rank,
     for a rank holding units (layers, embedding, head: :func:`rank_parameter_units`)
     of ``unit_params`` parameters each (``dense + expert`` per rank):
 
-    * ZeRO-2: the unsharded gradient of the unit being reduce-scattered (the largest
-      unit), ``grad_dtype_bytes * max(unit)`` — the gradient is accumulated full-size
-      per bucket and only its reduce-scattered shard is kept;
+    * ZeRO-2: the unsharded gradient being reduce-scattered, ``grad_dtype_bytes *
+      max(unit)`` — the gradient is accumulated full-size per bucket and only its
+      reduce-scattered shard is kept; with ``grad_array_params`` (training
+      ``grad_reduce_granularity: tensor``, the largest weight array:
+      :func:`workloads.parameters.largest_weight_params`) one array at a time instead
+      of a whole unit;
     * ZeRO-3 / FSDP: that, plus the gathered weights of ``gathered_units`` units
-      (the one computing and the prefetched one): ``max(unit) * (gathered_units *
-      weight_dtype_bytes + grad_dtype_bytes)``;
+      (the one computing and the prefetched one): ``gathered_units *
+      weight_dtype_bytes * max(unit)``;
     * ZeRO-0/1: nothing (the full gradients and weights are persistent state).
     """
     if zero not in (0, 1, 2, 3):
         raise WorkloadError("parallel.zero", f"must be one of 0, 1, 2, 3, got {zero!r}")
     largest = float(max(unit_params, default=0.0))
+    grad_params = largest if grad_array_params is None else min(largest, float(grad_array_params))
     if zero == 2:
-        return grad_dtype_bytes * largest
+        return grad_dtype_bytes * grad_params
     if zero == 3:
-        return (gathered_units * weight_dtype_bytes + grad_dtype_bytes) * largest
+        if grad_params == largest:
+            return (gathered_units * weight_dtype_bytes + grad_dtype_bytes) * largest
+        return gathered_units * weight_dtype_bytes * largest + grad_dtype_bytes * grad_params
     return 0.0

@@ -149,3 +149,41 @@ def active_parameter_count(model: ModelSpec, include_mtp: bool = True) -> int:
     total = embedding_parameter_count(model) + head_parameter_count(model)
     total += sum(sum(_block_params(model, model.is_moe_layer(i), active=True)) for i in range(model.layers))
     return total + (_mtp_active(model) if include_mtp else 0)
+
+
+def largest_weight_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int = 1) -> int:
+    """Parameters of the largest single weight array one rank holds, every projection
+    counted as its own array: query, key, value and output (MLA: each down and up
+    projection), each FFN matrix (gate, up, down), the routed experts of a matrix stacked
+    into one array ``[local experts, fan_in, fan_out]``, and the vocabulary-parallel
+    embedding or output table. This is the unit JAX / MaxText parameters come in
+    (MaxText's ``Attention`` keeps query, key, value and out apart and ``MlpBlock`` one
+    array per gate without ``fused_mlp``; its ``MoeBlock`` stacks experts per matrix), and
+    the size of the full-size gradient that GSPMD reduce-scatters at a time (Xu et al.
+    2021, arXiv 2105.04663, §3.3: a dot contracting a sharded dimension is followed by
+    a reduce-scatter of its own result)."""
+    h = model.hidden
+    heads = _local_heads(model, tp)
+    arrays = [-(-model.vocab // tp) * h]
+    mla = model.attention
+    if mla is None:
+        arrays += [h * heads * model.head_dim, h * _local_kv_heads(model, tp) * model.head_dim]
+    else:
+        q_in = mla.q_lora_rank or h
+        arrays += [
+            q_in * heads * mla.qk_head_dim,
+            h * (mla.kv_lora_rank + mla.qk_rope_head_dim),
+            mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim),
+            heads * mla.v_head_dim * h,
+        ]
+        if mla.q_lora_rank:
+            arrays.append(h * mla.q_lora_rank)
+    if model.moe_layers < model.layers:  # some layers have a dense FFN
+        arrays.append(h * _split(model.ffn_hidden, tp, "ffn_hidden"))
+    m = model.moe
+    if m is not None:
+        if m.shared_experts:
+            arrays.append(h * _split(m.shared_experts * m.expert_ffn_hidden, tp, "the shared-expert width"))
+        local = _split(m.experts, ep, f"the {m.experts} routed experts", "parallel.ep")
+        arrays.append(local * h * _split(m.expert_ffn_hidden, etp, "expert_ffn_hidden", "parallel.etp"))
+    return max(arrays)

@@ -74,6 +74,12 @@ class TrainingSpec:
     # or "none": no separate copy, the weights themselves are kept in FP32 (4 bytes) and
     # cast to the compute dtype per matmul (JAX / MaxText weight_dtype float32).
     master_weights: Literal["fp32", "remainder", "none"] = "fp32"
+    # What ZeRO-2/3 reduce-scatters as one full-size gradient (workloads.memory,
+    # sharding_buffer_bytes): "unit", a whole layer, embedding or head (PyTorch FSDP's
+    # flat parameter per wrapped module, the trace's buckets) or "tensor", one weight
+    # array at a time (JAX / XLA GSPMD: each weight's gradient is reduce-scattered as its
+    # matmul produces it; workloads.parameters.largest_weight_params).
+    grad_reduce_granularity: Literal["unit", "tensor"] = "unit"
     # Megatron-Core's --recompute-modules under selective recompute (workloads.memory,
     # RECOMPUTE_MODULES): parts of each layer whose outputs are recomputed in the
     # backward pass instead of kept. Empty: the attention core only (Korthikanti's
@@ -95,6 +101,7 @@ class TrainingSpec:
             ("grad_dtype", ("fp32", "bf16")),
             ("optimizer_state_dtype", ("fp32", "bf16")),
             ("master_weights", ("fp32", "remainder", "none")),
+            ("grad_reduce_granularity", ("unit", "tensor")),
         ):
             if getattr(self, name) not in allowed:
                 raise WorkloadError(

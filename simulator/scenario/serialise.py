@@ -36,6 +36,7 @@ def _training_dict(t: TrainingSpec) -> dict:
         ("grad_dtype", "fp32"),
         ("optimizer_state_dtype", "fp32"),
         ("master_weights", "fp32"),
+        ("grad_reduce_granularity", "unit"),
     ):
         if d[key] == default:  # likewise
             del d[key]

@@ -312,6 +312,7 @@ class ParamOps:
             L.zero,
             weight_dtype_bytes=PARAM_BYTES,
             grad_dtype_bytes=t.grad_bytes,
+            grad_array_params=memory.grad_array_params(self.b.model, L, t),
         )
         return {
             "weights": s.weights,
