@@ -68,6 +68,27 @@ def test_resume_runs_nothing_twice(tmp_path):
     pd.testing.assert_frame_equal(t1, t3)
 
 
+def test_assemble_leaves_out_rows_of_an_earlier_map_file(tmp_path):
+    """A row the store kept from another map file (here: one point's row rewritten as if an
+    earlier system had made it, same layout label, another key and step time) is not a
+    simulation of today's cases: the table and status.json leave it out."""
+    import json
+
+    out = tmp_path / "out"
+    t1, c1 = run_map(tiny_map(), out, jobs=1)
+    store = out / "sims" / "rows.jsonl"
+    rows = [json.loads(line) for line in store.read_text().splitlines()]
+    stale = json.loads(json.dumps(rows[0]))
+    stale["key"] = "0" * 64
+    stale["summary"]["step_time_s"] = rows[0]["summary"]["step_time_s"] / 10
+    with store.open("a") as f:
+        f.write(json.dumps(stale) + "\n")
+    t2, c2 = assemble(tiny_map(), out)
+    pd.testing.assert_frame_equal(t1, t2)
+    assert len(c2) == len(c1)
+    assert json.loads((out / "status.json").read_text())["simulations_done"] == len(c1)
+
+
 def test_choose_takes_each_kind_and_distinct_schedules():
     spec = load_map(tiny_map(simulate={"with_pp": 2, "without_pp": 1}))
     pt = points(spec)[0]

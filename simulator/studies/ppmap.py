@@ -121,9 +121,11 @@ def with_fallbacks(chosen: list) -> list:
 
 
 def cases_of(spec: MapSpec, screens: Mapping[str, dict]) -> list[Case]:
-    """One sweep case per chosen layout of every point (axes: point + the layout keys)."""
+    """One sweep case per chosen layout of every screened point (axes: point + the layout keys)."""
     cases, seen = [], set()
     for pt in sorted(points(spec), key=lambda p: _priority(spec, p)):
+        if pt["id"] not in screens:
+            continue
         for p in with_fallbacks(screens[pt["id"]]["chosen"]):
             mapping = candidate_mapping(pt["scenario"], p, pt["id"])
             key, resolved, _, err = resolve(mapping)
@@ -206,6 +208,10 @@ def assemble(spec_or_path, out: Union[str, Path]) -> tuple[pd.DataFrame, pd.Data
     # read-only (RowStore.load would cut a torn last line, which may be a line a running
     # ``run_map`` is writing): a line that does not parse is left out
     screens, rows = _read_rows(out / SCREEN_FILE), _read_rows(out / "sims" / "rows.jsonl")
+    # only the rows of today's cases: a row the store kept from an earlier map file (another
+    # system, another screen's choice) has a key no case has now
+    current = {c.key for c in cases_of(spec, screens)}
+    rows = {k: r for k, r in rows.items() if k in current}
     by_point: dict[str, list] = {}
     for r in rows.values():
         ax = r.get("axes") or {}
