@@ -310,7 +310,7 @@ class TraceBuilder:
         return self._kern_cache[key]
 
     # ---- sizes ---------------------------------------------------------------
-    @property
+    @cached_property
     def hidden_bytes(self) -> float:
         """Activation tensor of one micro-batch at a layer boundary on one CP rank (all TP ranks)."""
         return self.shard.tokens * self.model.hidden * self.shard.act_bytes

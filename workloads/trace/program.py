@@ -35,15 +35,27 @@ class RankProgram(LayerOps, ParamOps):
         self.deferred_grads: list[tuple[str, int, int, bool]] = []  # reductions held back (no grad overlap)
         self.reduced: list[tuple[str, list[int]]] = []  # (unit, its final reduction's op ids) in issue order
         self.in_pair = False  # building an overlapped pair whose compute shares the SMs with all-to-alls
+        self._stage_ranks: dict[int, int] = {}  # pp rank -> this rank's peer there (rank_at_stage)
+        self._paths: dict[int, tuple] = {}  # micro-batch -> its path (path)
+        self._groups: dict[str, tuple] = {}  # axis -> this rank's group along it (collective)
 
     # ---- helpers ---------------------------------------------------------------
     def rank_at_stage(self, pp_rank: int) -> int:
-        c = self.c
-        return self.b.L.rank_of(tp=c["tp"], cp=c["cp"], dp=c["dp"], pp=pp_rank)
+        """The rank with this rank's tp, cp and dp coordinates in pipeline stage ``pp_rank``."""
+        hit = self._stage_ranks.get(pp_rank)
+        if hit is None:
+            c = self.c
+            hit = self._stage_ranks[pp_rank] = self.b.L.rank_of(tp=c["tp"], cp=c["cp"], dp=c["dp"], pp=pp_rank)
+        return hit
 
     def path(self, mb: int) -> tuple[tuple[int, int], ...]:
-        b = self.b
-        return sched.micro_batch_path(b.w.schedule, mb, b.m, b.L.pp, b.L.vpp)
+        """Micro-batch ``mb``'s ``(stage, chunk)`` path through the pipeline (one per micro-batch:
+        every action of it asks)."""
+        hit = self._paths.get(mb)
+        if hit is None:
+            b = self.b
+            hit = self._paths[mb] = tuple(sched.micro_batch_path(b.w.schedule, mb, b.m, b.L.pp, b.L.vpp))
+        return hit
 
     def chunk_index(self, local_chunk: int) -> int:
         """Model chunk (layer group) this rank holds as ``local_chunk``."""
@@ -51,7 +63,9 @@ class RankProgram(LayerOps, ParamOps):
         return sched.model_chunk(b.w.schedule, self.stage, local_chunk, b.L.pp, b.L.vpp)
 
     def compute(self, name, kernels, phase, mb, chunk, layer, deps=(), mem=(), recompute=False) -> Op:
-        op = self.b.add(
+        ops = self.b.ops  # TraceBuilder.add, inlined: a step has up to millions of compute ops
+        op = Op(
+            id=len(ops),
             rank=self.rank,
             stream="compute",
             kind="compute",
@@ -66,6 +80,7 @@ class RankProgram(LayerOps, ParamOps):
             recompute=recompute,
             comm_overlap=self.in_pair,
         )
+        ops.append(op)
         self.last_compute = op
         self.compute_history.append(op.id)
         return op
@@ -88,15 +103,21 @@ class RankProgram(LayerOps, ParamOps):
         group=None,
         scaleout_fraction: float = 1.0,
     ) -> Optional[Op]:
-        L = self.b.L
-        group = tuple(group) if group is not None else L.group(self.rank, axis)
+        if group is not None:
+            group = tuple(group)
+        else:
+            group = self._groups.get(axis)
+            if group is None:  # ParallelLayout.group hashes the layout on every call
+                group = self._groups[axis] = self.b.L.group(self.rank, axis)
         if len(group) <= 1 or size <= 0:
             return None
         key = f"{axis}:{group[0]}:{name}:{mb}:{chunk}:{phase}"
         if stream is None:
             # expert-TP collectives share the TP stream (tensor-parallel traffic of a block)
             stream = "tp" if axis == "etp" else axis if axis in ("tp", "cp", "ep") else "dp"
-        return self.b.add(
+        ops = self.b.ops  # TraceBuilder.add, inlined
+        op = Op(
+            id=len(ops),
             rank=self.rank,
             stream=stream,
             kind="collective",
@@ -113,6 +134,8 @@ class RankProgram(LayerOps, ParamOps):
             size_bytes=size,
             scaleout_fraction=scaleout_fraction,
         )
+        ops.append(op)
+        return op
 
     def all_to_all(self, size: float, name: str, phase: str, mb: int, k: int, l: int, deps):
         """An expert-parallel all-to-all of ``size`` bytes per rank (tokens x top_k x
