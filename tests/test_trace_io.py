@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -106,3 +107,29 @@ def test_mismatched_collective_order_is_a_deadlock_not_a_hang():
     tp1[0]["key"], tp1[1]["key"] = tp1[1]["key"], tp1[0]["key"]
     with pytest.raises(TraceError, match="deadlock"):
         simulate(sc, trace=trace_from_dict(d))
+
+
+def test_trace_check_names_each_kind_of_bad_dependency():
+    """The vectorised check (ids equal to positions) and the general one (ids out of order)
+    give the same messages: an unknown id, a negative id, a non-integer dependency, a
+    cycle through a later op, a cycle through stream order."""
+    from workloads.trace.ops import Op, Trace
+
+    def trace(*ops):
+        return Trace(ops=list(ops), ranks=(0,), weight={0: 1}, static_memory={0: {}}, world=1)
+
+    def op(i, deps, stream="compute"):
+        return Op(id=i, rank=0, stream=stream, kind="compute", name=f"o{i}", deps=tuple(deps))
+
+    trace(op(0, [2], "a"), op(1, [], "b"), op(2, [1], "b")).check()  # a later op, no cycle
+    trace(op(1, []), op(0, [1])).check()  # ids out of order
+    for ops, message in (
+        ((op(0, []), op(1, [5])), "op 1 (o1 on rank 0) depends on unknown op 5"),
+        ((op(0, []), op(1, [-1])), "depends on unknown op -1"),
+        ((op(0, []), op(1, [("F", 0, 0, 0)])), "depends on unknown op ('F', 0, 0, 0)"),
+        ((op(0, [1], "a"), op(1, [0], "b")), "cycle through ops 0 (o0 on rank 0), 1 (o1 on rank 0)"),
+        ((op(0, [], "a"), op(1, [2], "a"), op(2, [1], "b")), "cycle through ops 1 (o1 on rank 0), 2"),
+        ((op(0, []), op(0, [])), "duplicate op ids"),
+    ):
+        with pytest.raises(TraceError, match=re.escape(message)):
+            trace(*ops).check()

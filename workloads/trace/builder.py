@@ -420,7 +420,7 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
         p.build()
     # Cross-rank dependencies were recorded as tags; resolve them to op ids now.
     for op in b.ops:
-        if any(isinstance(d, tuple) for d in op.deps):
+        if tuple in map(type, op.deps):  # a tag (no subclass of tuple is used)
             resolved = []
             for d in op.deps:
                 if isinstance(d, tuple):

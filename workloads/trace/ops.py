@@ -15,11 +15,14 @@ from __future__ import annotations
 import itertools
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from stepsim_errors import StepsimError
 from workloads.counts import Kernel
 from workloads.errors import WorkloadError
+
+if TYPE_CHECKING:  # numpy is imported where the checks run (keeps `import workloads` light)
+    import numpy as np
 
 STREAMS = (
     "compute",
@@ -105,23 +108,31 @@ class Trace:
 
     def check(self) -> None:
         """Raise :class:`TraceError` for dangling or cyclic dependencies, naming them."""
-        # Ids equal to list positions and every dependency on an earlier op (the stream
-        # predecessor always is): no duplicate, nothing dangling, the list is a
-        # topological order. Traces built by workloads.trace.builder are such; a file may not
-        # be, and then gets the full check below.
-        if all(op.id == i for i, op in enumerate(self.ops)) and all(
-            0 <= d < i for i, op in enumerate(self.ops) for d in op.deps
-        ):
-            return
-        ids = {op.id: op for op in self.ops}
-        if len(ids) != len(self.ops):
-            raise TraceError("ops: duplicate op ids")
-        for op in self.ops:
-            for d in op.deps:
-                if d not in ids:
-                    raise TraceError(f"op {op.id} ({op.name} on rank {op.rank}) depends on unknown op {d}")
-        if self._acyclic():
-            return
+        import numpy as np
+
+        edges = self._dep_arrays()
+        if edges is not None:  # ids equal to list positions: no duplicate id
+            flat, dst = edges
+            bad = np.flatnonzero((flat < 0) | (flat >= len(self.ops)))
+            if bad.shape[0]:
+                op, d = self.ops[int(dst[bad[0]])], int(flat[bad[0]])
+                raise TraceError(f"op {op.id} ({op.name} on rank {op.rank}) depends on unknown op {d}")
+            # every dependency on an earlier op (the stream predecessor always is): the list
+            # is a topological order. Traces built by workloads.trace.builder without
+            # pipeline parallelism are such; the others get the cycle search below.
+            if bool((flat < dst).all()) or self._acyclic(flat, dst):
+                return
+            ids = {op.id: op for op in self.ops}
+        else:
+            ids = {op.id: op for op in self.ops}
+            if len(ids) != len(self.ops):
+                raise TraceError("ops: duplicate op ids")
+            for op in self.ops:
+                for d in op.deps:
+                    if d not in ids:
+                        raise TraceError(f"op {op.id} ({op.name} on rank {op.rank}) depends on unknown op {d}")
+            if self._acyclic():
+                return
         # Stream order adds implicit edges: previous op on the same (rank, stream).
         succ: dict[int, list[int]] = {i: [] for i in ids}
         indeg = {i: 0 for i in ids}
@@ -149,10 +160,29 @@ class Trace:
             names = ", ".join(f"{i} ({ids[i].name} on rank {ids[i].rank})" for i in stuck)
             raise TraceError(f"deps: the trace has a dependency cycle through ops {names}")
 
-    def _acyclic(self) -> bool:
+    def _dep_arrays(self) -> "Optional[tuple[np.ndarray, np.ndarray]]":
+        """``(flat, dst)``: every dependency as an edge ``flat[e] -> dst[e]`` between list
+        positions, in op order, when every op's id is its position and every dependency an
+        integer (else None)."""
+        import numpy as np
+
+        ops = self.ops
+        n = len(ops)
+        try:
+            if not np.array_equal(np.fromiter((op.id for op in ops), dtype=np.int64, count=n), np.arange(n)):
+                return None
+            lens = np.fromiter((len(op.deps) for op in ops), dtype=np.int64, count=n)
+            deps = itertools.chain.from_iterable(op.deps for op in ops)
+            flat = np.fromiter(deps, dtype=np.int64, count=int(lens.sum()))
+        except (TypeError, ValueError, OverflowError):
+            return None
+        return flat, np.repeat(np.arange(n, dtype=np.int64), lens)
+
+    def _acyclic(self, src: "Optional[np.ndarray]" = None, dst: "Optional[np.ndarray]" = None) -> bool:
         """Whether the dependency graph (deps plus stream order) has no cycle: no
         strongly connected component of two or more ops and no op depending on itself
-        (scipy's component search, vectorised; the caller names a cycle if there is one)."""
+        (scipy's component search, vectorised; the caller names a cycle if there is one).
+        ``src``/``dst``: the dependency edges between list positions, when known."""
         import numpy as np
         from scipy.sparse import coo_matrix
         from scipy.sparse.csgraph import connected_components
@@ -161,14 +191,12 @@ class Trace:
         n = len(ops)
         if n == 0:
             return True
-        lens = np.fromiter((len(op.deps) for op in ops), dtype=np.int64, count=n)
-        flat = itertools.chain.from_iterable(op.deps for op in ops)
-        if all(op.id == i for i, op in enumerate(ops)):
-            src = np.fromiter(flat, dtype=np.int64, count=int(lens.sum()))
-        else:
+        if src is None:
+            lens = np.fromiter((len(op.deps) for op in ops), dtype=np.int64, count=n)
             pos = {op.id: i for i, op in enumerate(ops)}
+            flat = itertools.chain.from_iterable(op.deps for op in ops)
             src = np.fromiter(map(pos.__getitem__, flat), dtype=np.int64, count=int(lens.sum()))
-        dst = np.repeat(np.arange(n, dtype=np.int64), lens)
+            dst = np.repeat(np.arange(n, dtype=np.int64), lens)
         # stream order: each op after the previous op of its (rank, stream)
         keys: dict[tuple[int, str], int] = {}
         stream = np.fromiter((keys.setdefault((op.rank, op.stream), len(keys)) for op in ops), dtype=np.int64, count=n)
