@@ -574,3 +574,58 @@ def test_reservation_during_latency_hands_over_to_an_earlier_arrival():
     # A from t = 0 (handed back at 1.5 ms), then B alone at its arrival (materialised
     # mid-flow when A's flows arrive)
     assert nf.stats.reserved_phases == 2
+
+
+def test_tiled_torus_numbering_fills_blocks_and_routes_as_the_plain_one():
+    """cluster.network.tile: devices 0-63 of an 8x8x8 torus numbered in 4x4x4 tiles are one
+    cube; the graph is the same torus (every device has its 6 neighbours), and a route
+    between two coordinates has the same length under either numbering."""
+    from topologies.builders import tiled_coords
+
+    coords = tiled_coords((8, 8, 8), (4, 4, 4))
+    assert sorted(coords) == sorted(tiled_coords((8, 8, 8)))  # a permutation of the devices
+    assert {c for c in coords[:64]} == {(x, y, z) for x in range(4) for y in range(4) for z in range(4)}
+    assert coords[64] == (4, 0, 0) and coords[128] == (0, 4, 0)
+    tiled, plain = Topology(torus((8, 8, 8), 45e9, 1e-6, tile=(4, 4, 4))), Topology(torus((8, 8, 8), 45e9, 1e-6))
+    assert all(tiled.graph.degree(n) == 6 for n in tiled.graph)
+    for a, b in (((0, 0, 0), (7, 7, 7)), ((1, 2, 3), (5, 1, 6)), ((3, 3, 3), (4, 3, 3))):
+        assert tiled.torus_coords(tiled.device_at(a)) == a
+        r_t = tiled.route(tiled.device_at(a), tiled.device_at(b))
+        r_p = plain.route(plain.device_at(a), plain.device_at(b))
+        assert len(r_t) == len(r_p) == sum(min(abs(p - q), 8 - abs(p - q)) for p, q in zip(a, b))
+
+
+@pytest.mark.parametrize(
+    "tile, message",
+    [([4, 4], "one block length per axis"), ([3, 4, 4], "must divide"), ([0, 4, 4], ">= 1")],
+)
+def test_bad_tile_names_the_field(tile, message):
+    from topologies.errors import TopologyError
+    from topologies.networks import TorusNetwork
+
+    with pytest.raises(TopologyError, match=f"cluster.network.tile.*{message}"):
+        TorusNetwork((8, 8, 8), 45e9, tile=tile)
+
+
+def test_tile_in_a_scenario_is_kept_in_its_dict_and_checked():
+    """cluster.network.tile resolves, is written back by scenario_to_dict (and left out when
+    not given, so sweep keys of other tori stay as they were), and a bad one is refused
+    naming the field."""
+    from simulator.scenario.loading import load_scenario
+    from simulator.scenario.schema import ScenarioError
+    from simulator.scenario.serialise import scenario_to_dict
+
+    base = {
+        "model": "llama3-8b",
+        "cluster": {"preset": "tpu-v5p", "devices": 128},
+        "parallel": {"dp": 128},
+        "training": {"seq_len": 1024, "global_batch_size": 128},
+    }
+    plain = scenario_to_dict(load_scenario(base))
+    assert "tile" not in plain["cluster"]["network"]
+    tiled = load_scenario({**base, "cluster": {**base["cluster"], "network": {"tile": [4, 4, 4]}}})
+    assert tiled.cluster.network.tile == (4, 4, 4)
+    assert scenario_to_dict(tiled)["cluster"]["network"]["tile"] == [4, 4, 4]
+    assert load_scenario(scenario_to_dict(tiled)).cluster.network.tile == (4, 4, 4)
+    with pytest.raises(ScenarioError, match="cluster.network.tile"):
+        load_scenario({**base, "cluster": {**base["cluster"], "network": {"tile": [3, 4, 4]}}})

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 import networkx as nx
 
 from .errors import TopologyError
-from .networks import PodsSpec, SwitchedNetwork, default_wrap
+from .networks import PodsSpec, SwitchedNetwork, check_tile, default_wrap
 
 
 def device_node(i: int) -> str:
@@ -32,12 +32,42 @@ def device_node(i: int) -> str:
     return f"d{i}"
 
 
+def tiled_coords(shape: Sequence[int], tile: Optional[Sequence[int]] = None) -> list[tuple[int, ...]]:
+    """Torus coordinates of devices ``0 .. prod(shape) - 1``.
+
+    Without ``tile``, axis 0 fastest: ``i = x0 + s0*(x1 + s1*(x2 + ...))``. With ``tile``
+    (block lengths dividing the axes), consecutive devices fill one block, axis 0 fastest
+    inside it, and the blocks follow one another axis 0 fastest: with ``tile = (4, 4, 4)``
+    devices 0-63 are one 4 x 4 x 4 cube, 64-127 the next along axis 0. Rank order then maps
+    groups of ``prod(tile)`` consecutive ranks, and their halves, quarters, ..., onto
+    compact blocks (a JAX device mesh lays its axes out on the slice's 4 x 4 x 4 cubes)."""
+    shape = tuple(int(n) for n in shape)
+    tile = shape if tile is None else tuple(int(t) for t in tile)
+    blocks = tuple(n // t for n, t in zip(shape, tile))
+    size = math.prod(tile)
+    out = []
+    for i in range(math.prod(shape)):
+        local, block = i % size, i // size
+        coords = []
+        for t, b in zip(tile, blocks):
+            local, c = divmod(local, t)
+            block, k = divmod(block, b)
+            coords.append(k * t + c)
+        out.append(tuple(coords))
+    return out
+
+
 def torus(
-    shape: Sequence[int], link_bw: float, latency: float = 1e-6, wrap: Optional[Sequence[bool]] = None
+    shape: Sequence[int],
+    link_bw: float,
+    latency: float = 1e-6,
+    wrap: Optional[Sequence[bool]] = None,
+    tile: Optional[Sequence[int]] = None,
 ) -> nx.Graph:
     """An n-D torus of devices, one scale-up domain.
 
-    Devices are numbered with axis 0 fastest: ``i = x0 + s0*(x1 + s1*(x2 + ...))``.
+    Devices are numbered with axis 0 fastest: ``i = x0 + s0*(x1 + s1*(x2 + ...))``, or in
+    blocks of ``tile`` (:func:`tiled_coords`).
     Axis ``a`` wraps when ``wrap[a]`` (default :func:`~topologies.networks.default_wrap`).
     A length-2 axis has a single link between its two devices, a length-1 axis none.
 
@@ -61,15 +91,11 @@ def torus(
             f"cluster.network.link_bw_bytes_per_s: must be > 0, got {link_bw!r}", "cluster.network.link_bw_bytes_per_s"
         )
     n = math.prod(shape)
-    strides = [math.prod(shape[:a]) for a in range(len(shape))]
+    if tile is not None:
+        tile = check_tile(shape, tile)
+    coords_of = tiled_coords(shape, tile)
+    index_of = {c: i for i, c in enumerate(coords_of)}
     G = nx.Graph(kind="torus", shape=shape, wrap=wrap, domain_size=n, nvls=False, sharp=False)
-    coords_of = []
-    for i in range(n):
-        rest, coords = i, []
-        for s in shape:
-            rest, c = divmod(rest, s)
-            coords.append(c)
-        coords_of.append(tuple(coords))
     G.add_nodes_from(
         (device_node(i), {"kind": "device", "index": i, "domain": 0, "pod": 0, "coords": coords_of[i]})
         for i in range(n)
@@ -79,9 +105,12 @@ def torus(
     for i, coords in enumerate(coords_of):
         for a, (length, c) in enumerate(zip(shape, coords)):
             if c + 1 < length:
-                edges.append((device_node(i), device_node(i + strides[a]), attrs))
+                j = index_of[coords[:a] + (c + 1,) + coords[a + 1 :]]
             elif wrap[a] and length > 2:  # the closing link of a ring; length 2 already has it
-                edges.append((device_node(i), device_node(i - c * strides[a]), attrs))
+                j = index_of[coords[:a] + (0,) + coords[a + 1 :]]
+            else:
+                continue
+            edges.append((device_node(i), device_node(j), attrs))
     G.add_edges_from(edges)
     return G
 

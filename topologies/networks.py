@@ -43,6 +43,35 @@ def _positive_int(value, field_name: str) -> None:
         raise TopologyError(f"{field_name}: must be an integer >= 1, got {value!r}", field_name)
 
 
+def check_tile(shape: tuple[int, ...], tile) -> tuple[int, ...]:
+    """``tile`` as a tuple of block lengths, one per axis of ``shape``, each dividing its axis.
+
+    Raises
+    ------
+    TopologyError
+        (field ``cluster.network.tile``) otherwise."""
+    try:
+        tile = tuple(tile)
+    except TypeError:
+        raise TopologyError(
+            f"cluster.network.tile: must be a list of block lengths, got {tile!r}", "cluster.network.tile"
+        ) from None
+    if len(tile) != len(shape):
+        raise TopologyError(
+            f"cluster.network.tile: needs one block length per axis of shape {list(shape)}, got {list(tile)}",
+            "cluster.network.tile",
+        )
+    for t, n in zip(tile, shape):
+        _positive_int(t, "cluster.network.tile")
+        if n % t:
+            raise TopologyError(
+                f"cluster.network.tile: block lengths must divide the axis lengths of shape {list(shape)}, "
+                f"got {list(tile)}",
+                "cluster.network.tile",
+            )
+    return tile
+
+
 def default_wrap(shape: tuple[int, ...]) -> tuple[bool, ...]:
     """Wrap-around rule of TPU v4/v5p slices: an axis wraps iff its length is a multiple of 4.
 
@@ -66,6 +95,9 @@ class TorusNetwork:
     link_bw_bytes_per_s: float
     link_latency_s: float = 1e-6
     wraparound: Optional[tuple[bool, ...]] = None
+    # Device numbering in blocks (topologies.builders.torus): consecutive devices fill one
+    # ``tile`` block (axis 0 fastest) before the next block; None numbers axis by axis.
+    tile: Optional[tuple[int, ...]] = None
 
     def __post_init__(self) -> None:
         try:
@@ -89,6 +121,8 @@ class TorusNetwork:
                     "cluster.network.wraparound",
                 )
             object.__setattr__(self, "wraparound", wrap)
+        if self.tile is not None:
+            object.__setattr__(self, "tile", check_tile(shape, self.tile))
 
     @property
     def wrap(self) -> tuple[bool, ...]:

@@ -352,7 +352,7 @@ def build_cluster(spec: ClusterSpec) -> Topology:
                 f"{list(net.shape)} x {spec.n_pods} pod(s)",
                 "cluster.devices",
             )
-        pod = torus(net.shape, net.link_bw_bytes_per_s, net.link_latency_s, net.wrap)
+        pod = torus(net.shape, net.link_bw_bytes_per_s, net.link_latency_s, net.wrap, net.tile)
     else:
         pod = switched(per_pod, net)
     graph = pod if spec.n_pods == 1 else join_pods([pod] * spec.n_pods, spec.pods)

@@ -196,6 +196,7 @@ class Topology:
             self.torus_shape: Optional[tuple] = tuple(int(n) for n in graph.graph["shape"])
             self.torus_wrap: Optional[tuple] = tuple(bool(w) for w in graph.graph["wrap"])
             self._coords = [tuple(int(c) for c in d["coords"]) for d in data]
+            self._local_of: Optional[dict] = None  # coords -> index in a pod (device_at), when asked
         else:
             self.torus_shape = self.torus_wrap = None
             self._coords = None
@@ -271,8 +272,10 @@ class Topology:
         coords = tuple(int(c) for c in coords)
         if len(coords) != len(self.torus_shape) or not all(0 <= c < n for c, n in zip(coords, self.torus_shape)):
             raise TopologyError(f"topology: coordinates {coords} are outside shape {self.torus_shape}", "topology")
-        local = sum(c * math.prod(self.torus_shape[:a]) for a, c in enumerate(coords))
-        return pod * math.prod(self.torus_shape) + local
+        if self._local_of is None:  # the pods share one numbering: the first pod's
+            per_pod = math.prod(self.torus_shape)
+            self._local_of = {c: i for i, c in enumerate(self._coords[:per_pod])}
+        return pod * math.prod(self.torus_shape) + self._local_of[coords]
 
     # ---- routing -----------------------------------------------------------------------
     def route(self, src: int, dst: int) -> tuple[int, ...]:
@@ -406,9 +409,9 @@ class Topology:
         if self.kind == "torus":
             shape, wrap = self.torus_shape, self.torus_wrap
             per_pod = math.prod(shape)
-            strides = [math.prod(shape[:a]) for a in range(len(shape))]
             plus = [[(-1, -1)] * n for _ in shape]
             minus = [[(-1, -1)] * n for _ in shape]
+            local_of = {c: k for k, c in enumerate(self._coords[:per_pod])}  # the pods share one numbering
             for i, coords in enumerate(self._coords):
                 base = self._pod[i] * per_pod
                 if len(coords) != len(shape) or i - base >= per_pod:
@@ -420,7 +423,10 @@ class Topology:
                             if not wrap[a]:
                                 continue
                             c2 %= length
-                        j = i + (c2 - c) * strides[a]
+                        k = local_of.get(coords[:a] + (c2,) + coords[a + 1 :])
+                        if k is None:
+                            return
+                        j = base + k
                         lk = link.get((idx[self.devices[i]], idx[self.devices[j]]), -1)
                         table[a][i] = (lk, j) if lk >= 0 else (-1, -1)
             self._struct = ("torus", plus, minus)

@@ -196,7 +196,7 @@ def _network(net) -> Union[TorusNetwork, SwitchedNetwork]:
             raise ScenarioError(
                 f"cluster.network.{k}", f"unknown key for a {kind} network; allowed: kind, {', '.join(allowed)}"
             )
-    for k in ("shape", "wraparound"):
+    for k in ("shape", "wraparound", "tile"):
         if k in net and isinstance(net[k], list):
             net[k] = tuple(net[k])
     missing = [

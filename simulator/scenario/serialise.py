@@ -55,6 +55,8 @@ def scenario_to_dict(s: Scenario) -> dict:
     c = s.cluster
     net = dataclasses.asdict(c.network)
     net = {"kind": c.network.kind, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in net.items()}}
+    if net.get("tile", 0) is None:  # as before the key existed: sweep and map keys stay stable
+        del net["tile"]
     cluster = {
         "name": c.name,
         "devices": c.devices,
