@@ -196,10 +196,12 @@ class Topology:
             self.torus_shape: Optional[tuple] = tuple(int(n) for n in graph.graph["shape"])
             self.torus_wrap: Optional[tuple] = tuple(bool(w) for w in graph.graph["wrap"])
             self._coords = [tuple(int(c) for c in d["coords"]) for d in data]
-            self._local_of: Optional[dict] = None  # coords -> index in a pod (device_at), when asked
+            # coords -> index inside a pod; the pods share the first pod's numbering
+            per_pod = math.prod(self.torus_shape)
+            self._local_of: Optional[dict] = {c: k for k, c in enumerate(self._coords[:per_pod])}
         else:
             self.torus_shape = self.torus_wrap = None
-            self._coords = None
+            self._coords = self._local_of = None
 
         self._route_cache: dict = {}
         self._sw_tables = None
@@ -272,9 +274,6 @@ class Topology:
         coords = tuple(int(c) for c in coords)
         if len(coords) != len(self.torus_shape) or not all(0 <= c < n for c, n in zip(coords, self.torus_shape)):
             raise TopologyError(f"topology: coordinates {coords} are outside shape {self.torus_shape}", "topology")
-        if self._local_of is None:  # the pods share one numbering: the first pod's
-            per_pod = math.prod(self.torus_shape)
-            self._local_of = {c: i for i, c in enumerate(self._coords[:per_pod])}
         return pod * math.prod(self.torus_shape) + self._local_of[coords]
 
     # ---- routing -----------------------------------------------------------------------
@@ -411,7 +410,7 @@ class Topology:
             per_pod = math.prod(shape)
             plus = [[(-1, -1)] * n for _ in shape]
             minus = [[(-1, -1)] * n for _ in shape]
-            local_of = {c: k for k, c in enumerate(self._coords[:per_pod])}  # the pods share one numbering
+            local_of = self._local_of
             for i, coords in enumerate(self._coords):
                 base = self._pod[i] * per_pod
                 if len(coords) != len(shape) or i - base >= per_pod:

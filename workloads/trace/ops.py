@@ -122,9 +122,8 @@ class Trace:
             # pipeline parallelism are such; the others get the cycle search below.
             if bool((flat < dst).all()) or self._acyclic(flat, dst):
                 return
-            ids = {op.id: op for op in self.ops}
-        else:
-            ids = {op.id: op for op in self.ops}
+        ids = {op.id: op for op in self.ops}
+        if edges is None:
             if len(ids) != len(self.ops):
                 raise TraceError("ops: duplicate op ids")
             for op in self.ops:
