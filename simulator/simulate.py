@@ -32,6 +32,7 @@ def simulate(
     twin_quotient: bool = True,
     chain_ops: bool = True,
     private_phases: bool = True,
+    steady_state: bool = False,
 ) -> Result:
     """Simulate one training step.
 
@@ -48,6 +49,11 @@ def simulate(
     ``chain_ops=False`` gives every op its own simpy event and ``private_phases=False``
     sends every communication op through the flow network (see
     :class:`simulator.engine.loop.Engine`): the same answer to the bit, slower.
+    ``steady_state=True`` extrapolates the step from three shorter ones where the
+    schedule's steady phase provably repeats (:mod:`simulator.steady`: the same summary
+    to ~1e-10, several times faster on long pipelines; no op-level tables), and simulates
+    every micro-batch where it does not; ``exact``, ``trace`` and ``topology`` imply the
+    full simulation.
 
     Raises :class:`ScenarioError` (a ``ValueError``) naming the offending field.
     """
@@ -61,6 +67,17 @@ def simulate(
     gc.disable()
     try:
         options = dict(twin_quotient=twin_quotient, chain_ops=chain_ops, private_phases=private_phases)
+        if steady_state and not exact and topology is None and trace is None:
+            from simulator.scenario.loading import load_scenario
+            from simulator.scenario.resolved import Scenario
+            from simulator.steady import simulate_steady
+
+            sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+            if not sc.perturbations:
+                res = simulate_steady(sc, progress, options)
+                if res is not None:
+                    return res
+            scenario = sc
         return _simulate(scenario, exact, topology, trace, progress, options)
     finally:
         if was_enabled:
@@ -68,8 +85,36 @@ def simulate(
 
 
 def _simulate(scenario, exact, topology, trace, progress, engine_options: Optional[Mapping] = None) -> Result:
-    # sim_wall_s counts the simulation from here on, not the one-time loading of the
-    # modules below (first call in a process only: ~0.7 s, scipy and networkx mostly)
+    t0 = _load_engine()
+    sc, topo, trace, raw, mem = _run(scenario, exact, topology, trace, progress, engine_options)
+    summary, per_stage = _summarise(sc, trace, raw, mem)
+    summary["sim_wall_s"] = time.perf_counter() - t0
+    # the events table is built from raw.records when first asked for
+    return Result(
+        summary=summary,
+        scenario=sc,
+        notes=list(trace.notes),
+        raw=raw,
+        trace=trace,
+        topology=topo,
+        columns={"memory": mem, "per_stage": per_stage},
+    )
+
+
+def _load_engine() -> float:
+    """Import the engine's modules (first call in a process only: ~0.7 s, scipy and networkx
+    mostly) and return the clock from which ``sim_wall_s`` counts, after them."""
+    import simulator.engine.loop  # noqa: F401
+    import simulator.scenario.checks  # noqa: F401
+    import simulator.scenario.loading  # noqa: F401
+    import topologies.presets  # noqa: F401
+    import workloads.trace.builder  # noqa: F401
+
+    return time.perf_counter()
+
+
+def _run(scenario, exact, topology, trace, progress, engine_options: Optional[Mapping] = None):
+    """Load, build and run one step: ``(scenario, topology, trace, raw run, memory columns)``."""
     from simulator.engine.compute import calibration_for
     from simulator.engine.loop import Engine
     from simulator.errors import StepsimError
@@ -80,7 +125,6 @@ def _simulate(scenario, exact, topology, trace, progress, engine_options: Option
     from topologies.presets import build_cluster
     from workloads.trace.builder import build_trace
 
-    t0 = time.perf_counter()
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     try:
         topo = topology if topology is not None else build_cluster(sc.cluster)
@@ -121,19 +165,7 @@ def _simulate(scenario, exact, topology, trace, progress, engine_options: Option
         **(engine_options or {}),
     )
     raw = engine.run()
-    mem = memory_columns(raw, trace, sc.layout)
-    summary, per_stage = _summarise(sc, trace, raw, mem)
-    summary["sim_wall_s"] = time.perf_counter() - t0
-    # the events table is built from raw.records when first asked for
-    return Result(
-        summary=summary,
-        scenario=sc,
-        notes=list(trace.notes),
-        raw=raw,
-        trace=trace,
-        topology=topo,
-        columns={"memory": mem, "per_stage": per_stage},
-    )
+    return sc, topo, trace, raw, memory_columns(raw, trace, sc.layout)
 
 
 def _needs_exact(sc: Scenario) -> bool:
@@ -222,12 +254,15 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns) -> tuple[dict, Columns]:
             "zero": L.zero,
         },
         "peak_memory_stage": int(L.stage_of(int(mem["rank"][i]))),
+        "peak_activation_bytes": float(mem["activations"].max()),
+        "peak_model_state_bytes": float((mem["weights"] + mem["gradients"] + mem["optimizer"]).max()),
         "bubble_time_per_stage_s": [float(x) for x in per_stage["bubble_s"]],
         "exposed_comm_time_per_stage_s": [float(x) for x in per_stage["exposed_comm_s"]],
         **_idle_accounting(acc, mean, top, step, per_stage),
         "simulated_ranks": len(trace.ranks),
         "exact": not trace.representative,
         "events_processed": raw.events_processed,
+        "steady_state": None,
         "notes": list(trace.notes),
         "stepsim_version": __version__,
         "sim_wall_s": 0.0,

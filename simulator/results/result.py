@@ -128,7 +128,18 @@ class Result:
     def table(self, name: str) -> Columns:
         """The columns of table ``name`` (``events``, ``memory``, ``per_stage``, ``idle``)
         as numpy arrays, without pandas. Once the table has been read as a DataFrame, the
-        frame is the table (edits to it reach the files :meth:`write` writes)."""
+        frame is the table (edits to it reach the files :meth:`write` writes).
+
+        A step extrapolated from its steady state (``simulate(..., steady_state=True)``,
+        ``summary["steady_state"]`` set) has the per-stage table only: the op-level tables
+        raise a ``KeyError`` that says so."""
+        if name in ("events", "memory", "idle") and self.summary.get("steady_state") and name not in self._frames:
+            raise KeyError(
+                f"{name}: this step was extrapolated from shorter runs of its steady state "
+                f"(micro-batches {self.summary['steady_state']['micro_batches_simulated']}), which "
+                "gives the summary and the per-stage table; simulate it with steady_state=False "
+                "for the op-level tables"
+            )
         if name == "idle":
             return idle_columns(getattr(self.raw, "idle_spans", ()), self._layout())
         if name in self._frames:

@@ -1,0 +1,158 @@
+"""Steady-state skipping (simulator/steady.py): the certified step against the full simulation of
+every micro-batch, the certificate's refusals, and what a skipped step's result offers."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from helpers import BALANCED_MODEL, SEARCH_MOE, scenario
+from simulator import simulate
+from simulator import steady
+from simulator.steady import certify, runs_for
+
+# 1F1B over two DGX H100 nodes: the pipeline sends and the DP all-reduce cross InfiniBand. Its
+# steady phase settles into a pattern two micro-batches long (0 and +1.32 us per micro-batch).
+DENSE_1F1B = scenario(
+    cluster={"preset": "dgx-h100", "devices": 16},
+    parallel={"tp": 2, "pp": 4, "dp": 2},
+    training={"global_batch_size": 128},
+)
+# ZB-H1 on the same GPUs: pipeline sends share NVLink with the TP collectives and overlap them
+# differently from one micro-batch to the next (a send takes 14.7 us in one and 24.6 us in
+# another); its step time departs from the affine line at isolated batch sizes (62 -> 64
+# micro-batches adds 9.96 us more than every step before), so no period can be certified.
+UNSETTLED_ZB = scenario(
+    model=copy.deepcopy(BALANCED_MODEL),
+    cluster={"preset": "dgx-h100", "devices": 16},
+    parallel={"tp": 2, "pp": 4, "dp": 2},
+    schedule="zb-h1",
+    training={"global_batch_size": 128},
+)
+# A small MoE whose expert all-to-alls cross nodes (EP8 over two nodes of 4 GPUs) and share NICs
+# with the pipeline sends: its step grows by 0.317-0.350 ms per micro-batch, with no period.
+UNSETTLED_MOE = scenario(
+    model=copy.deepcopy(SEARCH_MOE),
+    cluster={"preset": "dgx-h100", "devices": 32, "devices_per_domain": 4},
+    parallel={"tp": 1, "pp": 4, "dp": 8, "ep": 8},
+    training={"global_batch_size": 512},
+)
+
+
+def _numbers(summary: dict) -> dict:
+    """Every number of a summary, flattened (``key.sub[i]``), but the run's wall time."""
+    out = {}
+
+    def walk(key, v):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{key}.{k}", x)
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                walk(f"{key}[{i}]", x)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[key] = float(v)
+
+    for k, v in summary.items():
+        if k not in ("sim_wall_s", "steady_state"):
+            walk(k, v)
+    return out
+
+
+def test_a_certified_step_matches_every_micro_batch_simulated():
+    full = simulate(DENSE_1F1B).summary
+    res = simulate(DENSE_1F1B, steady_state=True)
+    ext = res.summary
+    assert full["steady_state"] is None
+    assert ext["steady_state"] == {"micro_batches_simulated": [12, 14], "period_micro_batches": 2}
+    a, b = _numbers(full), _numbers(ext)
+    assert a.keys() == b.keys()
+    step = full["step_time_s"]
+    for k in a:  # within 1e-9 of the step time (or of the figure, if larger)
+        assert abs(a[k] - b[k]) <= 1e-9 * max(abs(a[k]), step), k
+    assert ext["peak_memory_bytes"] == full["peak_memory_bytes"]
+    assert ext["memory_breakdown_bytes"] == full["memory_breakdown_bytes"]
+    assert ext["events_processed"] == full["events_processed"]
+    assert ext["micro_batches"] == full["micro_batches"] == 64
+    assert ext["notes"] == full["notes"]
+
+
+@pytest.mark.parametrize("sc", [UNSETTLED_ZB, UNSETTLED_MOE], ids=["zb-h1", "moe"])
+def test_a_step_whose_records_never_repeat_is_simulated_whole(sc):
+    ext = simulate(sc, steady_state=True).summary
+    full = simulate(sc).summary
+    assert ext["steady_state"] is None
+    assert {k: v for k, v in ext.items() if k != "sim_wall_s"} == {k: v for k, v in full.items() if k != "sim_wall_s"}
+
+
+def test_runs_per_schedule():
+    assert runs_for("1f1b", 4, 64) == [(12, 2)]
+    assert runs_for("1f1b", 64, 512) == [(72, 2)]
+    assert runs_for("zb-h1", 8, 128) == [(16, 2)]
+    assert runs_for("dualpipe", 4, 64) == [(16, 4)]
+    assert runs_for("interleaved-1f1b", 8, 248, vpp=2) == [(24, 16)]
+    assert runs_for("interleaved-1f1b", 8, 256, vpp=2) == []  # 256 - 24 is not a whole number of periods
+    assert runs_for("interleaved-1f1b", 64, 512, vpp=2) == []  # runs of 192 and 320 > 0.6 x 512
+    assert runs_for("gpipe", 4, 512) == []  # every micro-batch's activations at once
+    assert runs_for("1f1b", 4, 512, global_aux=True) == []  # all forwards first
+    assert runs_for("1f1b", 1, 512) == []  # no pipeline
+    assert runs_for("1f1b", 4, 24) == []  # too short to pay
+    assert runs_for("1f1b", 4, 63) == []  # 63 - 12 is not a whole number of periods
+
+
+def _periodic(n_periods: int, P: int, delta: float, lead: int = 2):
+    """One stream of ``lead`` warm-up ops, then ``n_periods`` periods of ``P`` ops, as
+    :func:`simulator.steady._streams` gives it (signatures, starts, ends)."""
+    sig = [("w", i) for i in range(lead)] + [("p", j) for _ in range(n_periods) for j in range(P)]
+    t = np.concatenate([np.arange(lead) * 0.1, lead * 0.1 + np.arange(n_periods * P) * (delta / P)])
+    return sig, t, t + 0.5 * delta / P
+
+
+def test_certify_accepts_exact_repetition_and_refuses_the_rest():
+    d = 1.0
+    short = {(0, "compute"): _periodic(5, 4, d), (0, "dp"): ([], np.zeros(0), np.zeros(0))}
+    long = {(0, "compute"): _periodic(6, 4, d), (0, "dp"): ([], np.zeros(0), np.zeros(0))}
+    assert certify(short, long, d, 1e-12)
+    # one op off by 1e-9 s in the middle of the stretch leaves less than two periods
+    sig, s0, e0 = short[(0, "compute")]
+    bad = s0.copy()
+    bad[2 + 9] += 1e-9
+    assert not certify({**short, (0, "compute"): (sig, bad, e0)}, long, d, 1e-12)
+    # a wrong shift
+    assert not certify(short, long, 1.001 * d, 1e-12)
+    # the longer run is not the shorter with a period inserted
+    sig2, s2, e2 = long[(0, "compute")]
+    assert not certify(short, {**long, (0, "compute"): (sig2[:-1] + [("x", 0)], s2, e2)}, d, 1e-12)
+    # a stream without a period running an op inside the window
+    busy = (["dp"], np.array([3.0]), np.array([3.1]))
+    assert not certify({**short, (0, "dp"): busy}, {**long, (0, "dp"): busy}, d, 1e-12)
+
+
+def test_a_skipped_step_has_no_op_level_tables():
+    res = simulate(DENSE_1F1B, steady_state=True)
+    assert res.summary["steady_state"] is not None
+    assert len(res.per_stage) == 4
+    for name in ("events", "memory", "idle"):
+        with pytest.raises(KeyError, match="steady_state=False"):
+            res.table(name)
+
+
+def test_validate_skips_by_default_and_full_simulates_every_micro_batch(monkeypatch):
+    from simulator.studies import validate as v
+
+    seen = []
+    real = steady.simulate_steady
+
+    def spy(sc, *a, **kw):
+        seen.append(sc.name)
+        return real(sc, *a, **kw)
+
+    monkeypatch.setattr(steady, "simulate_steady", spy)
+    case = [c for c in v.discover() if c.name == "narayanan21-7.5b"][0]
+    a = v.run_case(case)
+    assert len(seen) == 1
+    b = v.run_case(case, steady_state=False)
+    assert len(seen) == 1
+    assert a.simulated == b.simulated
