@@ -292,12 +292,7 @@ def _extend(sc, short, long, m: int, m1: int, k: int):
     )
     summary, per_stage = _summarise(sc, trace, raw, mem1)
     summary["steady_state"] = {"micro_batches_simulated": [m1, m1 + k], "period_micro_batches": k}
+    # no raw run nor trace: the op-level tables exist only for a full simulation
     return Result(
-        summary=summary,
-        scenario=sc,
-        notes=list(trace.notes),
-        raw=None,
-        trace=None,
-        topology=topo,
-        columns={"per_stage": per_stage},
+        summary=summary, scenario=sc, notes=list(trace.notes), topology=topo, columns={"per_stage": per_stage}
     )
