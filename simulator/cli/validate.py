@@ -157,8 +157,8 @@ def register(subparsers) -> None:
         "--full",
         action="store_true",
         help="simulate every micro-batch of every case; by default a long pipeline's step is "
-        "extrapolated from shorter ones where its steady phase bears that out (the same figures "
-        "to 1e-9, see simulator/steady.py)",
+        "skipped ahead from two shorter runs where its steady phase provably repeats (the same "
+        "figures to 1e-9; docs/design.md, 'Steady-state skipping')",
     )
     p.set_defaults(func=cmd_validate)
 
