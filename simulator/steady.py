@@ -43,15 +43,19 @@ import numpy as np
 
 #: Records repeat when their shifted times agree to this share of the step time.
 TIME_TOLERANCE = 1e-12
-#: The shorter runs may cost at most this share of the full step's micro-batches (a failed
-#: certificate then costs about this much on top of the full simulation).
+#: The two shorter runs may cost at most this share of the full step's micro-batches.
 MAX_SHARE = 0.6
+#: The first run, all that a try costs where its records have not settled, at most this share.
+FIRST_SHARE = 0.2
 
 
-def runs_for(schedule: str, pp: int, m: int, vpp: int = 1, global_aux: bool = False) -> list[tuple[int, int]]:
+def runs_for(
+    schedule: str, pp: int, m: int, vpp: int = 1, global_aux: bool = False, expert_parallel: bool = False
+) -> list[tuple[int, int]]:
     """The try: ``[(m1, k)]`` simulates ``m1`` and ``m1 + k`` micro-batches and certifies a period
-    of ``k``; empty where skipping does not apply or its runs would cost more than
-    :data:`MAX_SHARE` of ``m`` micro-batches.
+    of ``k``; empty where skipping does not apply or would cost too much: both runs together more
+    than :data:`MAX_SHARE` of ``m`` micro-batches, or the first run, which is all a try costs when
+    its records have not settled (:func:`_settled`), more than :data:`FIRST_SHARE`.
 
     ``k`` is twice the schedule's own period ``p`` in micro-batches (1, except for
     ``interleaved-1f1b``, which runs its micro-batches in groups of ``pp`` per chunk, and DualPipe,
@@ -61,10 +65,10 @@ def runs_for(schedule: str, pp: int, m: int, vpp: int = 1, global_aux: bool = Fa
     stage, past the warm-up (1F1B and ZB-H1: ``pp - 1`` forwards on stage 0; interleaved 1F1B: at
     most ``2(pp - 1) + (vpp - 1) pp`` forward chunks; DualPipe: ``m >= 2 pp``) and the time its
     records take to settle: ``pp + 8`` (1F1B, ZB-H1), ``3 pp`` (interleaved), ``2 pp + 8``
-    (DualPipe). One try only: where the first run's records have not settled (:func:`_settled`)
-    the try costs that run, ``m1 / m`` of the full step, and a later start would cost more still.
-    GPipe and an all-forward-first step hold every micro-batch's activations at once: no steady
-    phase."""
+    (DualPipe), and ``pp`` more with expert parallelism, whose all-to-alls settle later (the DGX
+    Cloud DeepSeek-V3 step on 512 H100, PP8: stage 0's records repeat at 24 micro-batches, not at
+    16; on 128 GB200, PP4, stage 0 still had not at 18). GPipe and an all-forward-first step hold
+    every micro-batch's activations at once: no steady phase."""
     if global_aux or pp < 2:
         return []
     if schedule in ("1f1b", "zb-h1"):
@@ -75,8 +79,10 @@ def runs_for(schedule: str, pp: int, m: int, vpp: int = 1, global_aux: bool = Fa
         p, m1 = 2, 2 * pp + 8
     else:
         return []
+    if expert_parallel:
+        m1 += pp
     k = 2 * p
-    if (m - m1) % k or m1 + k >= m or 2 * m1 + k > MAX_SHARE * m:
+    if (m - m1) % k or m1 + k >= m or 2 * m1 + k > MAX_SHARE * m or m1 > FIRST_SHARE * m:
         return []
     return [(m1, k)]
 
@@ -229,14 +235,10 @@ def simulate_steady(sc, progress=False, engine_options=None):
     t0 = _load_engine()
     L = sc.layout
     m = sc.training.micro_batches(L.dp)
-    if sc.model.is_moe and L.ep > 1:
-        # Expert all-to-alls share links with the pipeline sends and shift against them from one
-        # micro-batch to the next: no expert-parallel step measured settled (a 32-GPU test MoE, the
-        # DGX Cloud DeepSeek-V3 cases on 512 H100 and 128 GB200), so the first run would be wasted.
-        return None
     global_aux = sc.model.is_moe and sc.training.balance == "aux-loss-global"  # TraceBuilder.global_aux
     topo = None
-    for m1, k in runs_for(sc.schedule, L.pp, m, L.vpp, global_aux=global_aux):
+    ep = sc.model.is_moe and L.ep > 1
+    for m1, k in runs_for(sc.schedule, L.pp, m, L.vpp, global_aux=global_aux, expert_parallel=ep):
         a = _run(_with_micro_batches(sc, m1), False, topo, None, progress, engine_options)
         topo = a[1]  # the network does not depend on the batch: built once
         short = _streams(a[2], a[3])

@@ -91,7 +91,11 @@ def test_runs_per_schedule():
     assert runs_for("1f1b", 4, 64) == [(12, 2)]
     assert runs_for("1f1b", 64, 512) == [(72, 2)]
     assert runs_for("zb-h1", 8, 128) == [(16, 2)]
-    assert runs_for("dualpipe", 4, 64) == [(16, 4)]
+    assert runs_for("dualpipe", 4, 96) == [(16, 4)]
+    assert runs_for("dualpipe", 4, 64) == []  # the first run, 16, would be a quarter of the step
+    # expert all-to-alls settle later: pp micro-batches more
+    assert runs_for("1f1b", 8, 128, expert_parallel=True) == [(24, 2)]
+    assert runs_for("1f1b", 4, 64, expert_parallel=True) == []
     assert runs_for("interleaved-1f1b", 8, 248, vpp=2) == [(24, 16)]
     assert runs_for("interleaved-1f1b", 8, 256, vpp=2) == []  # 256 - 24 is not a whole number of periods
     assert runs_for("interleaved-1f1b", 64, 512, vpp=2) == []  # runs of 192 and 320 > 0.6 x 512
