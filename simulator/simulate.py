@@ -74,7 +74,12 @@ def simulate(
 
             sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
             if not sc.perturbations:
-                res = simulate_steady(sc, progress, options)
+                from simulator.errors import StepsimError
+
+                try:
+                    res = simulate_steady(sc, progress, options)
+                except StepsimError:  # a bad scenario: the full simulation names the field
+                    res = None
                 if res is not None:
                     return res
             scenario = sc

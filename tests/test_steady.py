@@ -160,3 +160,11 @@ def test_validate_skips_by_default_and_full_simulates_every_micro_batch(monkeypa
     b = v.run_case(case, steady_state=False)
     assert len(seen) == 1
     assert a.simulated == b.simulated
+
+
+def test_a_bad_scenario_names_its_field_with_skipping_asked_for_too():
+    from simulator import ScenarioError
+
+    bad = scenario(parallel={"tp": 1, "pp": 2, "dp": 4}, training={"global_batch_size": 30})
+    with pytest.raises(ScenarioError, match="training.global_batch_size"):
+        simulate(bad, steady_state=True)
