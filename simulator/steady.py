@@ -18,7 +18,9 @@ and every peak (memory per rank and category) that of the shorter run.
 
 :func:`simulate_steady` runs the two steps, checks the certificate (:func:`certify`: the
 records' repetition, and that the longer run's ops are the shorter run's with ``P_s`` ops
-inserted inside the repeating stretch, on every stream), and returns ``None`` where it fails,
+inserted inside the repeating stretch, on every stream; :func:`schedule_repeats`, before either
+run: every stage's action list for ``m`` micro-batches is the shorter run's with
+``(m - m1) / k`` periods inserted), and returns ``None`` where it fails,
 so that the caller simulates every micro-batch. Steps whose op timings never settle into an
 exact period are common: pipeline sends sharing NVLink links with tensor-parallel
 collectives overlap them differently from one micro-batch to the next (a ZB-H1 test step's
@@ -57,34 +59,64 @@ def runs_for(
     than :data:`MAX_SHARE` of ``m`` micro-batches, or the first run, which is all a try costs when
     its records have not settled (:func:`_settled`), more than :data:`FIRST_SHARE`.
 
-    ``k`` is twice the schedule's own period ``p`` in micro-batches (1, except for
-    ``interleaved-1f1b``, which runs its micro-batches in groups of ``pp`` per chunk, and DualPipe,
-    which takes them two at a time, one from each end): steady phases often settle into a pattern
-    two micro-batches long (a 1F1B test step alternates 0 and +1.32 us per micro-batch), and a
-    period of ``p`` is one of ``2p`` too. ``m1`` leaves a steady phase of several periods on every
-    stage, past the warm-up (1F1B and ZB-H1: ``pp - 1`` forwards on stage 0; interleaved 1F1B: at
-    most ``2(pp - 1) + (vpp - 1) pp`` forward chunks; DualPipe: ``m >= 2 pp``) and the time its
-    records take to settle: ``pp + 8`` (1F1B, ZB-H1), ``3 pp`` (interleaved), ``2 pp + 8``
-    (DualPipe), and ``pp`` more with expert parallelism, whose all-to-alls settle later (the DGX
+    ``k`` is twice the schedule's own period in micro-batches for 1F1B and ZB-H1 (1) and DualPipe
+    (2: one micro-batch from each end): steady phases often settle into a pattern two micro-batches
+    long (a 1F1B test step alternates 0 and +1.32 us per micro-batch), and a period of one is one of
+    two too; interleaved 1F1B's own, ``pp`` (it runs its micro-batches in groups of ``pp`` per
+    chunk; twice that would not fit two periods in a run). ``m1`` leaves a steady phase of several
+    periods on every stage, past the warm-up (1F1B and ZB-H1: ``pp - 1`` forwards on stage 0;
+    interleaved 1F1B: at most ``2(pp - 1) + (vpp - 1) pp`` forward chunks; DualPipe: ``m >= 2 pp``)
+    and the time its records take to settle: ``pp + 8`` (1F1B, ZB-H1), ``4 pp`` (interleaved),
+    ``2 pp + 8`` (DualPipe), and ``pp`` more with expert parallelism, whose all-to-alls settle later (the DGX
     Cloud DeepSeek-V3 step on 512 H100, PP8: stage 0's records repeat at 24 micro-batches, not at
     16; on 128 GB200, PP4, stage 0 still had not at 18). GPipe and an all-forward-first step hold
     every micro-batch's activations at once: no steady phase."""
     if global_aux or pp < 2:
         return []
     if schedule in ("1f1b", "zb-h1"):
-        p, m1 = 1, pp + 8
+        m1, k = pp + 8, 2
     elif schedule == "interleaved-1f1b":
-        p, m1 = pp, 3 * pp
+        m1, k = 4 * pp, pp
     elif schedule == "dualpipe":
-        p, m1 = 2, 2 * pp + 8
+        m1, k = 2 * pp + 8, 4
     else:
         return []
     if expert_parallel:
         m1 += pp
-    k = 2 * p
     if (m - m1) % k or m1 + k >= m or 2 * m1 + k > MAX_SHARE * m or m1 > FIRST_SHARE * m:
         return []
     return [(m1, k)]
+
+
+def schedule_repeats(schedule: str, pp: int, m1: int, m: int, k: int, vpp: int = 1) -> bool:
+    """Whether every stage's action list for ``m`` micro-batches is the one for ``m1`` with
+    ``(m - m1) / k`` copies of one period of its steady phase inserted (actions compared by kind
+    and chunk, steps as they are paired): the schedule's half of the claim that a longer run is
+    a shorter one with periods inserted (:func:`certify` checks the ops of two runs). Pure and
+    cheap: the lists only, no ops."""
+    from workloads import schedules as sched
+
+    n, rem = divmod(m - m1, k)
+    if rem or n < 1:
+        return False
+    for stage in range(pp):
+        a = [tuple((x.op, x.chunk) for x in st) for st in sched.schedule(schedule, stage, pp, m1, vpp)]
+        f = [tuple((x.op, x.chunk) for x in st) for st in sched.schedule(schedule, stage, pp, m, vpp)]
+        P, rem = divmod(len(f) - len(a), n)
+        if rem or P < 1 or len(a) < 2 * P:
+            return False
+        ok = np.fromiter((a[j] == a[j + P] for j in range(len(a) - P)), dtype=bool, count=len(a) - P)
+        # any stretch of at least a period will do (a 1F1B warm-up of pp - 1 forwards repeats too)
+        if not any(f == a[:b] + a[b - P : b] * n + a[b:] for b in _stretch_ends(ok, P)):
+            return False
+    return True
+
+
+def _stretch_ends(ok: np.ndarray, length: int) -> list[int]:
+    """The ends ``b`` of the stretches ``ok[a:b]`` of True at least ``length`` long."""
+    d = np.diff(np.r_[0, ok.astype(np.int8), 0])
+    starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+    return [int(e) for s, e in zip(starts, ends) if e - s >= length]
 
 
 def _streams(trace, raw) -> dict:
@@ -239,6 +271,8 @@ def simulate_steady(sc, progress=False, engine_options=None):
     topo = None
     ep = sc.model.is_moe and L.ep > 1
     for m1, k in runs_for(sc.schedule, L.pp, m, L.vpp, global_aux=global_aux, expert_parallel=ep):
+        if not schedule_repeats(sc.schedule, L.pp, m1, m, k, L.vpp):
+            continue
         a = _run(_with_micro_batches(sc, m1), False, topo, None, progress, engine_options)
         topo = a[1]  # the network does not depend on the batch: built once
         short = _streams(a[2], a[3])

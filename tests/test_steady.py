@@ -96,9 +96,9 @@ def test_runs_per_schedule():
     # expert all-to-alls settle later: pp micro-batches more
     assert runs_for("1f1b", 8, 128, expert_parallel=True) == [(24, 2)]
     assert runs_for("1f1b", 4, 64, expert_parallel=True) == []
-    assert runs_for("interleaved-1f1b", 8, 248, vpp=2) == [(24, 16)]
-    assert runs_for("interleaved-1f1b", 8, 256, vpp=2) == []  # 256 - 24 is not a whole number of periods
-    assert runs_for("interleaved-1f1b", 64, 512, vpp=2) == []  # runs of 192 and 320 > 0.6 x 512
+    assert runs_for("interleaved-1f1b", 8, 248, vpp=2) == [(32, 8)]
+    assert runs_for("interleaved-1f1b", 8, 128, vpp=2) == []  # the first run, 32, is a quarter
+    assert runs_for("interleaved-1f1b", 64, 512, vpp=2) == []  # runs of 256 and 320 > 0.6 x 512
     assert runs_for("gpipe", 4, 512) == []  # every micro-batch's activations at once
     assert runs_for("1f1b", 4, 512, global_aux=True) == []  # all forwards first
     assert runs_for("1f1b", 1, 512) == []  # no pipeline
@@ -112,6 +112,20 @@ def _periodic(n_periods: int, P: int, delta: float, lead: int = 2):
     sig = [("w", i) for i in range(lead)] + [("p", j) for _ in range(n_periods) for j in range(P)]
     t = np.concatenate([np.arange(lead) * 0.1, lead * 0.1 + np.arange(n_periods * P) * (delta / P)])
     return sig, t, t + 0.5 * delta / P
+
+
+def test_schedule_repeats_per_schedule():
+    """The action lists of the full step are the first run's with periods inserted."""
+    from simulator.steady import schedule_repeats
+
+    assert schedule_repeats("1f1b", 4, 12, 64, 2)
+    assert schedule_repeats("1f1b", 64, 72, 512, 2)  # past a warm-up of 63 forwards
+    assert schedule_repeats("zb-h1", 8, 16, 128, 2)
+    assert schedule_repeats("dualpipe", 4, 16, 96, 4)
+    assert schedule_repeats("interleaved-1f1b", 8, 32, 248, 8, vpp=2)
+    assert not schedule_repeats("interleaved-1f1b", 8, 24, 248, 16, vpp=2)  # not two periods in 24
+    assert not schedule_repeats("gpipe", 4, 12, 64, 2)  # all forwards, then all backwards
+    assert not schedule_repeats("1f1b", 4, 12, 63, 2)  # not a whole number of periods
 
 
 def test_certify_accepts_exact_repetition_and_refuses_the_rest():
