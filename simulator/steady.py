@@ -112,10 +112,15 @@ def schedule_repeats(schedule: str, pp: int, m1: int, m: int, k: int, vpp: int =
     return True
 
 
+def _stretches(ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and ends of the maximal stretches ``ok[a:b]`` of True."""
+    d = np.diff(np.r_[0, ok.astype(np.int8), 0])
+    return np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+
+
 def _stretch_ends(ok: np.ndarray, length: int) -> list[int]:
     """The ends ``b`` of the stretches ``ok[a:b]`` of True at least ``length`` long."""
-    d = np.diff(np.r_[0, ok.astype(np.int8), 0])
-    starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+    starts, ends = _stretches(ok)
     return [int(e) for s, e in zip(starts, ends) if e - s >= length]
 
 
@@ -213,8 +218,7 @@ def _longest_true(ok: np.ndarray) -> Optional[tuple[int, int]]:
     """``(a, b)`` of the longest stretch ``ok[a:b]`` of True (the first of equal length), or None."""
     if not ok.any():
         return None
-    d = np.diff(np.r_[0, ok.astype(np.int8), 0])
-    starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+    starts, ends = _stretches(ok)
     i = int(np.argmax(ends - starts))
     return int(starts[i]), int(ends[i])
 
