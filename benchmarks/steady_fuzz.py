@@ -1,0 +1,114 @@
+"""Random small pipeline steps, each simulated with steady-state skipping and in full: every
+step the certificate accepts must match its full simulation (simulator/steady.py).
+
+    python benchmarks/steady_fuzz.py --seed 1 --steps 40
+
+prints one line per certified step (schedule, layout, micro-batches, the two runs, the largest
+difference over the summary's numbers relative to the number or the step time) and a total.
+Exit status 1 if any certified step is off by more than 1e-9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import sys
+
+from simulator import simulate
+
+#: 8 layers, hidden 1024 (small), and 8 layers, hidden 4096 (milliseconds a layer).
+MODELS = {
+    "tiny8": {
+        "name": "tiny8",
+        "layers": 8,
+        "hidden": 1024,
+        "heads": 8,
+        "kv_heads": 8,
+        "ffn_hidden": 4096,
+        "ffn": "gelu",
+        "vocab": 8,
+        "tied_embeddings": False,
+    },
+    "balanced": {
+        "name": "balanced",
+        "layers": 8,
+        "hidden": 4096,
+        "heads": 32,
+        "kv_heads": 32,
+        "ffn_hidden": 16384,
+        "ffn": "gelu",
+        "vocab": 8,
+        "tied_embeddings": False,
+    },
+}
+
+
+def numbers(summary: dict) -> dict:
+    out = {}
+
+    def walk(key, v):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{key}.{k}", x)
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                walk(f"{key}[{i}]", x)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[key] = float(v)
+
+    for k, v in summary.items():
+        if k not in ("sim_wall_s", "steady_state"):
+            walk(k, v)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=40)
+    args = ap.parse_args(argv)
+    rng = random.Random(args.seed)
+    certified = bad = 0
+    for _ in range(args.steps):
+        sched = rng.choice(["1f1b", "zb-h1", "dualpipe", "interleaved-1f1b"])
+        par = {"tp": rng.choice([1, 2]), "pp": rng.choice([2, 4]), "dp": rng.choice([1, 2, 4])}
+        par["zero"] = rng.choice([0, 1, 3])
+        m = rng.choice([64, 80, 96, 120])
+        if sched == "interleaved-1f1b":
+            par["vpp"] = 2
+            m = m // par["pp"] * par["pp"]
+        overlap = rng.choice([True, False])
+        model = copy.deepcopy(MODELS[rng.choice(sorted(MODELS))])
+        sc = {
+            "name": "fuzz",
+            "model": model,
+            "cluster": {"preset": "dgx-h100", "devices": par["tp"] * par["pp"] * par["dp"]},
+            "parallel": par,
+            "schedule": sched,
+            "training": {
+                "seq_len": 1024,
+                "micro_batch_size": 1,
+                "global_batch_size": m * par["dp"],
+                "overlap_grad_reduce": overlap,
+            },
+        }
+        ext = simulate(sc, steady_state=True).summary
+        if ext["steady_state"] is None:
+            continue
+        certified += 1
+        full = simulate(sc).summary
+        a, b = numbers(full), numbers(ext)
+        step = full["step_time_s"]
+        worst, key = max((abs(a[k] - b[k]) / max(abs(a[k]), step), k) for k in a)
+        bad += worst > 1e-9
+        print(
+            f"{'BAD' if worst > 1e-9 else 'ok '} {sched} {par} m={m} overlap={overlap} {model['name']} "
+            f"runs={ext['steady_state']['micro_batches_simulated']} worst={worst:.1e} ({key})"
+        )
+    print(f"{certified} of {args.steps} steps certified, {bad} off by more than 1e-9")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
