@@ -15,52 +15,15 @@ import copy
 import random
 import sys
 
-from simulator import simulate
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' small models
+from helpers import BALANCED_MODEL, TINY_MODEL, summary_numbers  # noqa: E402
+
+from simulator import simulate  # noqa: E402
 
 #: 8 layers, hidden 1024 (small), and 8 layers, hidden 4096 (milliseconds a layer).
-MODELS = {
-    "tiny8": {
-        "name": "tiny8",
-        "layers": 8,
-        "hidden": 1024,
-        "heads": 8,
-        "kv_heads": 8,
-        "ffn_hidden": 4096,
-        "ffn": "gelu",
-        "vocab": 8,
-        "tied_embeddings": False,
-    },
-    "balanced": {
-        "name": "balanced",
-        "layers": 8,
-        "hidden": 4096,
-        "heads": 32,
-        "kv_heads": 32,
-        "ffn_hidden": 16384,
-        "ffn": "gelu",
-        "vocab": 8,
-        "tied_embeddings": False,
-    },
-}
-
-
-def numbers(summary: dict) -> dict:
-    out = {}
-
-    def walk(key, v):
-        if isinstance(v, dict):
-            for k, x in v.items():
-                walk(f"{key}.{k}", x)
-        elif isinstance(v, list):
-            for i, x in enumerate(v):
-                walk(f"{key}[{i}]", x)
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[key] = float(v)
-
-    for k, v in summary.items():
-        if k not in ("sim_wall_s", "steady_state"):
-            walk(k, v)
-    return out
+MODELS = {"tiny8": {**TINY_MODEL, "name": "tiny8", "layers": 8}, "balanced": BALANCED_MODEL}
 
 
 def main(argv=None) -> int:
@@ -98,7 +61,7 @@ def main(argv=None) -> int:
             continue
         certified += 1
         full = simulate(sc).summary
-        a, b = numbers(full), numbers(ext)
+        a, b = summary_numbers(full), summary_numbers(ext)
         step = full["step_time_s"]
         worst, key = max((abs(a[k] - b[k]) / max(abs(a[k]), step), k) for k in a)
         bad += worst > 1e-9

@@ -130,3 +130,24 @@ def rerun_engine(res, **options):
         **options,
     )
     return eng, eng.run()
+
+
+def summary_numbers(summary: dict) -> dict:
+    """Every number of a summary record, flattened (``key.sub[i]`` -> float), but the run's wall
+    time and the ``steady_state`` note: what two ways of simulating one step must agree on."""
+    out = {}
+
+    def walk(key, v):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{key}.{k}", x)
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                walk(f"{key}[{i}]", x)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[key] = float(v)
+
+    for k, v in summary.items():
+        if k not in ("sim_wall_s", "steady_state"):
+            walk(k, v)
+    return out

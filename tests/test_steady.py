@@ -8,7 +8,7 @@ import copy
 import numpy as np
 import pytest
 
-from helpers import BALANCED_MODEL, SEARCH_MOE, scenario
+from helpers import BALANCED_MODEL, SEARCH_MOE, scenario, summary_numbers
 from simulator import simulate
 from simulator import steady
 from simulator.steady import certify, runs_for
@@ -41,33 +41,13 @@ UNSETTLED_MOE = scenario(
 )
 
 
-def _numbers(summary: dict) -> dict:
-    """Every number of a summary, flattened (``key.sub[i]``), but the run's wall time."""
-    out = {}
-
-    def walk(key, v):
-        if isinstance(v, dict):
-            for k, x in v.items():
-                walk(f"{key}.{k}", x)
-        elif isinstance(v, list):
-            for i, x in enumerate(v):
-                walk(f"{key}[{i}]", x)
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[key] = float(v)
-
-    for k, v in summary.items():
-        if k not in ("sim_wall_s", "steady_state"):
-            walk(k, v)
-    return out
-
-
 def test_a_certified_step_matches_every_micro_batch_simulated():
     full = simulate(DENSE_1F1B).summary
     res = simulate(DENSE_1F1B, steady_state=True)
     ext = res.summary
     assert full["steady_state"] is None
     assert ext["steady_state"] == {"micro_batches_simulated": [12, 14], "period_micro_batches": 2}
-    a, b = _numbers(full), _numbers(ext)
+    a, b = summary_numbers(full), summary_numbers(ext)
     assert a.keys() == b.keys()
     step = full["step_time_s"]
     for k in a:  # within 1e-9 of the step time (or of the figure, if larger)
@@ -208,6 +188,6 @@ def test_certified_variants_match_the_full_step(parallel, micro_batches, overlap
     ext = simulate(sc, steady_state=True).summary
     assert ext["steady_state"] is not None
     full = simulate(sc).summary
-    a, b = _numbers(full), _numbers(ext)
+    a, b = summary_numbers(full), summary_numbers(ext)
     for k in a:
         assert abs(a[k] - b[k]) <= 1e-9 * max(abs(a[k]), full["step_time_s"]), k
