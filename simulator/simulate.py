@@ -49,9 +49,9 @@ def simulate(
     ``chain_ops=False`` gives every op its own simpy event and ``private_phases=False``
     sends every communication op through the flow network (see
     :class:`simulator.engine.loop.Engine`): the same answer to the bit, slower.
-    ``steady_state=True`` extrapolates the step from three shorter ones where the
-    schedule's steady phase provably repeats (:mod:`simulator.steady`: the same summary
-    to ~1e-10, several times faster on long pipelines; no op-level tables), and simulates
+    ``steady_state=True`` skips ahead from a shorter run where the schedule's steady phase
+    provably repeats (:mod:`simulator.steady`: the same summary to ~1e-12, several times
+    faster on long pipelines; no op-level tables), and simulates
     every micro-batch where it does not; ``exact``, ``trace`` and ``topology`` imply the
     full simulation.
 

@@ -1,32 +1,34 @@
-"""Steady-state skipping: a step of ``m`` micro-batches from two shorter runs that repeat.
+"""Steady-state skipping: a step of ``m`` micro-batches from a shorter run that provably repeats.
 
 A pipeline schedule's step is a warm-up, a steady phase in which every stage runs the same
-ops each ``k`` micro-batches, and a cool-down. A run of ``m1`` micro-batches and one of
-``m1 + k`` differ only in the steady phase, which the longer one holds one period (``P_s``
-ops on stream ``s``) more of. If, inside the shorter run, the engine's op records repeat
-exactly -- on every stream of every rank, every op in a window of time at least two
-periods long has a copy ``P_s`` ops later that starts and ends ``delta`` later, with one
-``delta`` for every stream, and a stream with no ops per period runs none in the window --
-then the relative state of the whole simulation (ops in flight, flows and the bytes they
-have left, who waits on whom) is the same at the window's start and one period later. The
-engine is deterministic and time-invariant, and what follows is the same ops (the rest of
-the steady phase, then the same cool-down), so from there on the run repeats the period
-until its cool-down: a run of ``m`` micro-batches is the shorter run with ``(m - m1) / k``
-periods inserted at the window. Every extensive figure (step time, each rank's compute,
-bubble and exposed seconds per axis, FLOPs, events) is then ``x(m1) + n (x(m1 + k) - x(m1))``
-and every peak (memory per rank and category) that of the shorter run.
+ops each ``k`` micro-batches, and a cool-down. Simulate the step with ``m1`` micro-batches
+instead. If, inside that run, the engine's op records repeat exactly -- on every stream of
+every simulated rank, every op in a window of time at least two periods long has a copy
+``P_s`` ops later (``P_s``: the ops ``k`` more micro-batches add to the stream) that starts
+and ends ``delta`` later, with one ``delta`` for every stream, and a stream with no ops per
+period runs none in the window -- then the relative state of the whole simulation (ops in
+flight, flows and the bytes they have left, who waits on whom) is the same at the window's
+start and one period later. The engine is deterministic and time-invariant, and what
+follows is the same ops (the rest of the steady phase, then the same cool-down), so the run
+repeats its period until the cool-down: the step of ``m`` micro-batches is the shorter run
+with ``n = (m - m1) / k`` periods inserted at the window.
 
-:func:`simulate_steady` runs the two steps, checks the certificate (:func:`certify`: the
-records' repetition, and that the longer run's ops are the shorter run's with ``P_s`` ops
-inserted inside the repeating stretch, on every stream; :func:`schedule_repeats`, before either
-run: every stage's action list for ``m`` micro-batches is the shorter run's with
-``(m - m1) / k`` periods inserted), and returns ``None`` where it fails,
-so that the caller simulates every micro-batch. Steps whose op timings never settle into an
-exact period are common: pipeline sends sharing NVLink links with tensor-parallel
-collectives overlap them differently from one micro-batch to the next (a ZB-H1 test step's
-sends take 14.7 us in one micro-batch and 24.6 us in another); their summaries are not
-affine in ``m`` to better than ~1e-5 (``benchmarks/README.md``), and the certificate refuses
-them.
+:func:`simulate_steady` checks the two halves of that claim -- the schedule's and the ops'
+(:func:`schedule_repeats`: every stage's action list for ``m`` is the one for ``m1`` with
+``n`` periods inserted; the trace of ``m1 + k`` micro-batches, built but not simulated, is
+the shorter one's with one period of ops inserted inside the repeating stretch, stream by
+stream) -- and the records' (:func:`certify`), and then builds the full step's busy
+intervals from the shorter run's: everything before the window's end, ``n`` copies of the
+window, the rest shifted by ``n delta``. The idle accounting runs on them as on a full
+run's; FLOPs and events add ``n`` windows' worth; peaks (memory) are the shorter run's,
+whose periods the inserted ones copy. Where a check fails it returns ``None`` and the
+caller simulates every micro-batch.
+
+Steps whose op timings never settle into an exact period are common: pipeline sends
+sharing NVLink links with tensor-parallel collectives overlap them differently from one
+micro-batch to the next (a ZB-H1 test step's sends take 14.7 us in one micro-batch and
+24.6 us in another); their summaries are not even affine in ``m`` to better than ~1e-5
+(``benchmarks/README.md``), and the certificate refuses them.
 
 What it gives is the summary record and the per-stage table; not the op-level tables
 (events, memory over time, idle spans), which only a full simulation has:
@@ -45,45 +47,42 @@ import numpy as np
 
 #: Records repeat when their shifted times agree to this share of the step time.
 TIME_TOLERANCE = 1e-12
-#: The two shorter runs may cost at most this share of the full step's micro-batches.
-MAX_SHARE = 0.6
-#: The first run, all that a try costs where its records have not settled, at most this share.
-FIRST_SHARE = 0.2
+#: The shorter run may cost at most this share of the full step's micro-batches (all a try
+#: costs on top of the full simulation where its records have not settled).
+MAX_SHARE = 0.4
 
 
 def runs_for(
     schedule: str, pp: int, m: int, vpp: int = 1, global_aux: bool = False, expert_parallel: bool = False
 ) -> list[tuple[int, int]]:
-    """The try: ``[(m1, k)]`` simulates ``m1`` and ``m1 + k`` micro-batches and certifies a period
-    of ``k``; empty where skipping does not apply or would cost too much: both runs together more
-    than :data:`MAX_SHARE` of ``m`` micro-batches, or the first run, which is all a try costs when
-    its records have not settled (:func:`_settled`), more than :data:`FIRST_SHARE`.
+    """The try: ``[(m1, k)]`` simulates ``m1`` micro-batches and certifies a period of ``k``; empty
+    where skipping does not apply or its run would cost more than :data:`MAX_SHARE` of ``m``.
 
     ``k`` is twice the schedule's own period in micro-batches for 1F1B and ZB-H1 (1) and DualPipe
     (2: one micro-batch from each end): steady phases often settle into a pattern two micro-batches
     long (a 1F1B test step alternates 0 and +1.32 us per micro-batch), and a period of one is one of
     two too; interleaved 1F1B's own, ``pp`` (it runs its micro-batches in groups of ``pp`` per
-    chunk; twice that would not fit two periods in a run). ``m1`` leaves a steady phase of several
-    periods on every stage, past the warm-up (1F1B and ZB-H1: ``pp - 1`` forwards on stage 0;
-    interleaved 1F1B: at most ``2(pp - 1) + (vpp - 1) pp`` forward chunks; DualPipe: ``m >= 2 pp``)
-    and the time its records take to settle: ``pp + 8`` (1F1B, ZB-H1), ``4 pp`` (interleaved),
-    ``2 pp + 8`` (DualPipe), and ``pp`` more with expert parallelism, whose all-to-alls settle later (the DGX
+    chunk). ``m1`` leaves a steady phase of several periods on every stage, past the warm-up (1F1B
+    and ZB-H1: ``pp - 1`` forwards on stage 0; interleaved 1F1B: at most ``2(pp - 1) + (vpp - 1)
+    pp`` forward chunks; DualPipe: ``m >= 2 pp``) and the time its records take to settle:
+    ``pp + 8`` (1F1B, ZB-H1), ``4 pp`` (interleaved), ``2 pp + 8`` (DualPipe), and with expert
+    parallelism, whose all-to-alls settle later, ``2 pp + 16``, ``5 pp`` and ``3 pp + 16`` (the DGX
     Cloud DeepSeek-V3 step on 512 H100, PP8: stage 0's records repeat at 24 micro-batches, not at
-    16; on 128 GB200, PP4, stage 0 still had not at 18). GPipe and an all-forward-first step hold
+    16; on 128 GB200, PP4, stage 0 had still not at 18). GPipe and an all-forward-first step hold
     every micro-batch's activations at once: no steady phase."""
     if global_aux or pp < 2:
         return []
     if schedule in ("1f1b", "zb-h1"):
-        m1, k = pp + 8, 2
+        m1, k, extra = pp + 8, 2, pp + 8
     elif schedule == "interleaved-1f1b":
-        m1, k = 4 * pp, pp
+        m1, k, extra = 4 * pp, pp, pp
     elif schedule == "dualpipe":
-        m1, k = 2 * pp + 8, 4
+        m1, k, extra = 2 * pp + 8, 4, pp + 8
     else:
         return []
     if expert_parallel:
-        m1 += pp
-    if (m - m1) % k or m1 + k >= m or 2 * m1 + k > MAX_SHARE * m or m1 > FIRST_SHARE * m:
+        m1 += extra
+    if (m - m1) % k or m1 + k >= m or m1 > MAX_SHARE * m:
         return []
     return [(m1, k)]
 
@@ -125,7 +124,7 @@ def _stretch_ends(ok: np.ndarray, length: int) -> list[int]:
 
 
 def _streams(trace, raw) -> dict:
-    """(rank, stream) -> (signatures, start_s, end_s) of its recorded ops in program order."""
+    """(rank, stream) -> (signatures, start_s, end_s, ops) of its recorded ops in program order."""
     by: dict = defaultdict(list)
     for rec in raw.records:
         op = rec.op
@@ -133,38 +132,56 @@ def _streams(trace, raw) -> dict:
     out = {}
     for key, rows in by.items():
         rows.sort(key=lambda r: r[0])
-        sig = [(o.kind, o.name, o.phase, o.chunk, o.layer, o.recompute, o.size_bytes, o.coll, o.axis) for *_, o in rows]
-        out[key] = (sig, np.array([r[1] for r in rows]), np.array([r[2] for r in rows]))
+        sig = [_signature(o) for *_, o in rows]
+        out[key] = (sig, np.array([r[1] for r in rows]), np.array([r[2] for r in rows]), [r[3] for r in rows])
     return out
 
 
-def certify(short, long, delta_s: float, tol_s: float) -> bool:
-    """Whether the shorter run's records repeat (see the module doc) with the longer run's extra
-    ops per stream as the period, and the longer run's ops are the shorter run's with one period
-    inserted inside the repeating stretch. ``short``, ``long``: :func:`_streams` of the two runs."""
-    if set(short) != set(long):
-        return False
-    period = {key: len(long[key][0]) - len(sig) for key, (sig, _, _) in short.items()}
+def _signatures(trace) -> dict:
+    """(rank, stream) -> the signatures of the ops that leave a record (:func:`_streams`), in
+    program order, of a trace built but not simulated."""
+    by: dict = defaultdict(list)
+    for op in trace.ops:
+        if op.kernels or op.kind != "compute":
+            by[(op.rank, op.stream)].append(_signature(op))
+    return dict(by)
+
+
+def _signature(o) -> tuple:
+    return (o.kind, o.name, o.phase, o.chunk, o.layer, o.recompute, o.size_bytes, o.coll, o.axis)
+
+
+def certify(short: dict, longer: dict, delta_s: float, tol_s: float) -> Optional[tuple[tuple, dict]]:
+    """``((lo, hi), {stream: ops of one period})``: the window over which the shorter run's records
+    repeat (see the module doc), with the ops one period longer adds to each stream as its period
+    and the longer step's ops the shorter one's with one period inserted inside the repeating
+    stretch, and each stream's ops of one period there; ``None`` if they do not. ``short``: :func:`_streams` of the run; ``longer``: :func:`_signatures` of the trace
+    ``k`` micro-batches longer."""
+    if set(short) != set(longer):
+        return None
+    period = {key: len(longer[key]) - len(v[0]) for key, v in short.items()}
     found = _repeats(short, period, delta_s, tol_s)
     if found is None:
-        return False
-    for key, b in found.items():  # the longer run: P ops inserted inside the stretch, at b
-        sig, sig2, P = short[key][0], long[key][0], period[key]
+        return None
+    ends, window = found
+    for key, b in ends.items():  # the longer trace: P ops inserted inside the stretch, at b
+        sig, sig2, P = short[key][0], longer[key], period[key]
         if sig2[:b] != sig[:b] or sig2[b + P :] != sig[b:]:
-            return False
-    return all(short[key][0] == long[key][0] for key, P in period.items() if P == 0)
+            return None
+    if any(short[key][0] != longer[key] for key, P in period.items() if P == 0):
+        return None
+    return window, {key: short[key][3][b - period[key] : b] for key, b in ends.items()}
 
 
-def _repeats(streams, period: dict, delta_s: float, tol_s: float) -> Optional[dict]:
-    """Where each stream's records repeat: ``{stream: b}`` (ops ``a .. b-1`` of the longest stretch
-    each have a copy ``period[stream]`` ops later, ``delta_s`` later to ``tol_s``), if every stream
-    with a period has a stretch of at least two periods, their stretches share a window of at least
-    two periods of time, and no stream without a period runs an op in that window or the period
-    after it; else ``None``."""
-    if delta_s <= 0:
+def _repeats(streams, period: dict, delta_s: float, tol_s: float) -> Optional[tuple[dict, tuple]]:
+    """Where each stream's records repeat: ``({stream: b}, (lo, hi))`` -- ops ``a .. b-1`` of each
+    stream's longest stretch have a copy ``period[stream]`` ops later, ``delta_s`` later to
+    ``tol_s``; the stretches share the window ``[lo, hi]``, at least two periods of time long; no
+    stream without a period runs an op in it or the period after -- or ``None``."""
+    if not delta_s > 0:
         return None
     lo, hi, found, idle = -np.inf, np.inf, {}, []
-    for key, (sig, s0, e0) in streams.items():
+    for key, (sig, s0, e0, *_) in streams.items():
         n, P = len(sig), period.get(key, 0)
         if P < 0:
             return None
@@ -186,32 +203,19 @@ def _repeats(streams, period: dict, delta_s: float, tol_s: float) -> Optional[di
     for s0, e0 in idle:
         if np.any((s0 < hi + delta_s) & (e0 > lo)):
             return None
-    return found
+    return found, (float(lo), float(hi))
 
 
-def _settled(trace, streams, k: int, tol_frac: float) -> bool:
-    """A cheap test of one run before the second is simulated: whether its records already repeat
-    with the period of ``k`` micro-batches, estimated from the run alone (each stream's ops of one
-    micro-batch from the middle of the steady phase, times ``k``; the shift from the last pipeline
-    stage's compute stream). The certificate proper (:func:`certify`) still decides."""
-    m = max((op.mb for op in trace.ops), default=-1) + 1
-    mid = m // 2
-    per_mb: dict = defaultdict(int)
-    for op in trace.ops:
-        if op.mb == mid and (op.kernels or op.kind != "compute"):  # ops that leave a record
-            per_mb[(op.rank, op.stream)] += 1
-    period = {key: k * per_mb.get(key, 0) for key in streams}
-    last = max(trace.ranks)
-    ref = streams.get((last, "compute"))
-    P = period.get((last, "compute"), 0)
-    if ref is None or P == 0 or len(ref[0]) < 3 * P:
-        return False
-    sig, s0, _ = ref
+def _shift(streams, period: dict, last_rank: int) -> float:
+    """The period's length in time, as the last simulated rank's compute stream shows it: the
+    median shift of its ops to their copies one period later (``nan`` if none); :func:`certify`
+    then requires every stream to agree with it."""
+    ref, P = streams.get((last_rank, "compute")), period.get((last_rank, "compute"), 0)
+    if ref is None or P <= 0:
+        return float("nan")
+    sig, s0 = ref[0], ref[1]
     shifts = [s0[j + P] - s0[j] for j in range(len(sig) - P) if sig[j] == sig[j + P]]
-    if not shifts:
-        return False
-    delta = float(np.median(shifts))
-    return _repeats(streams, period, delta, tol_frac * float(max(s0.max(), delta))) is not None
+    return float(np.median(shifts)) if shifts else float("nan")
 
 
 def _longest_true(ok: np.ndarray) -> Optional[tuple[int, int]]:
@@ -223,17 +227,6 @@ def _longest_true(ok: np.ndarray) -> Optional[tuple[int, int]]:
     return int(starts[i]), int(ends[i])
 
 
-class _Extend:
-    """Figures of the two runs extended to ``n`` periods past the shorter one."""
-
-    def __init__(self, n: float):
-        self.n = n
-
-    def __call__(self, a, b):
-        a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-        return a + self.n * (b - a)
-
-
 def _with_micro_batches(sc, m: int):
     """The scenario with ``m`` micro-batches per data-parallel replica (the global batch scaled)."""
     t = sc.training
@@ -242,97 +235,109 @@ def _with_micro_batches(sc, m: int):
     )
 
 
-def _peaks(mem) -> tuple:
-    """What the summary and the per-stage table read off the memory table: the global peak's row
-    (its value, rank and categories), each rank's peak, and the activation and model-state peaks."""
-    from workloads.trace.ops import MEMORY_CATEGORIES
-
-    i = int(mem["total"].argmax())
-    ranks = np.unique(mem["rank"])
-    per_rank = tuple(float(mem["total"][mem["rank"] == r].max()) for r in ranks)
-    return (
-        float(mem["total"][i]),
-        int(mem["rank"][i]),
-        tuple(float(mem[c][i]) for c in MEMORY_CATEGORIES),
-        tuple(int(r) for r in ranks),
-        per_rank,
-        float(mem["activations"].max()),
-        float((mem["weights"] + mem["gradients"] + mem["optimizer"]).max()),
-    )
-
-
 def simulate_steady(sc, progress=False, engine_options=None):
-    """The :class:`~simulator.results.result.Result` of ``sc`` (a resolved Scenario) from two
-    shorter runs whose steady phase provably repeats (see the module doc), or ``None`` where
-    skipping does not apply or no try's certificate holds (the caller then simulates every
-    micro-batch)."""
+    """The :class:`~simulator.results.result.Result` of ``sc`` (a resolved Scenario) from a shorter
+    run whose steady phase provably repeats (see the module doc), or ``None`` where skipping does
+    not apply or the certificate fails (the caller then simulates every micro-batch)."""
     from simulator.simulate import _load_engine, _run
+    from workloads.trace.builder import build_trace
 
     t0 = _load_engine()
     L = sc.layout
     m = sc.training.micro_batches(L.dp)
     global_aux = sc.model.is_moe and sc.training.balance == "aux-loss-global"  # TraceBuilder.global_aux
-    topo = None
     ep = sc.model.is_moe and L.ep > 1
     for m1, k in runs_for(sc.schedule, L.pp, m, L.vpp, global_aux=global_aux, expert_parallel=ep):
         if not schedule_repeats(sc.schedule, L.pp, m1, m, k, L.vpp):
             continue
-        a = _run(_with_micro_batches(sc, m1), False, topo, None, progress, engine_options)
-        topo = a[1]  # the network does not depend on the batch: built once
-        short = _streams(a[2], a[3])
-        if not _settled(a[2], short, k, TIME_TOLERANCE):
-            continue  # not repeating yet: spare the second run
-        b = _run(_with_micro_batches(sc, m1 + k), False, topo, None, progress, engine_options)
-        step_a, step_b = a[3].step_time_s, b[3].step_time_s
-        if certify(short, _streams(b[2], b[3]), step_b - step_a, TIME_TOLERANCE * step_b):
-            res = _extend(sc, a, b, m, m1, k)
-            if res is not None:
-                res.summary["sim_wall_s"] = time.perf_counter() - t0
-                return res
+        run = _run(_with_micro_batches(sc, m1), False, None, None, progress, engine_options)
+        trace, raw = run[2], run[3]
+        trace_k = build_trace(_with_micro_batches(sc, m1 + k).workload(), ranks=None)
+        longer = _signatures(trace_k)
+        short = _streams(trace, raw)
+        if set(short) != set(longer):
+            continue
+        period = {key: len(longer[key]) - len(v[0]) for key, v in short.items()}
+        delta = _shift(short, period, max(trace.ranks))
+        found = certify(short, longer, delta, TIME_TOLERANCE * raw.step_time_s)
+        if found is not None:
+            (cut, _), one_period = found
+            res = _extend(sc, run, trace_k, m, m1, k, delta, cut, one_period)
+            res.summary["sim_wall_s"] = time.perf_counter() - t0
+            return res
     return None
 
 
-def _extend(sc, short, long, m: int, m1: int, k: int):
-    """The Result of ``m`` micro-batches from certified runs at ``m1`` and ``m1 + k`` (``_run``'s
-    tuples), or ``None`` if their accounts or peaks do not line up."""
+def _extend(sc, run, trace_k, m: int, m1: int, k: int, delta: float, cut: float, one_period: dict):
+    """The Result of ``m`` micro-batches from the certified run of ``m1`` (``_run``'s tuple; the
+    trace ``k`` micro-batches longer, ``trace_k``; each stream's ops of one period, ``one_period``):
+    the run's busy intervals with ``n = (m - m1) / k`` copies of ``[cut, cut + delta)`` inserted,
+    and ``n`` periods' ops more counted."""
+    from simulator.engine.accounting import account_intervals, busy_intervals
     from simulator.results.result import Result
     from simulator.simulate import _summarise
-    from workloads.counts import model_flops_per_step
+    from workloads.counts import MATMUL_KINDS, model_flops_per_step
 
-    (_, topo, t1, r1, mem1), (_, _, t2, r2, mem2) = short, long
-    a1, a2 = r1.account, r2.account
-    if a1.axes != a2.axes or a1.ranks != a2.ranks or _peaks(mem1) != _peaks(mem2):
-        return None
-    if t1.notes != t2.notes or t1.weight != t2.weight:
-        return None
-    ext = _Extend((m - m1) / k)
-    step = float(ext(r1.step_time_s, r2.step_time_s))
-    fields = ("compute_s", "exposed_s", "offload_wait_s", "bubble_s", "offload_busy_s")
-    fields += ("busy_by_axis_s", "exposed_by_axis_s")
-    acc = dataclasses.replace(a1, step_s=step, spans=[], **{f: ext(getattr(a1, f), getattr(a2, f)) for f in fields})
-    keys = sorted(set(r1.matmul_flops) | set(r2.matmul_flops))
-    flops = ext([r1.matmul_flops.get(q, 0.0) for q in keys], [r2.matmul_flops.get(q, 0.0) for q in keys])
-    ukeys = sorted(set(t1.unexecuted_flops) | set(t2.unexecuted_flops))
-    unexec = ext([t1.unexecuted_flops.get(q, 0.0) for q in ukeys], [t2.unexecuted_flops.get(q, 0.0) for q in ukeys])
-    raw = dataclasses.replace(
-        r1,
+    _, topo, trace, raw, mem = run
+    n = (m - m1) // k
+    ranks = tuple(raw.account.ranks)
+    r, c, s, e, axes = busy_intervals(raw.records, ranks)
+    r, c, s, e = _insert_periods(r, c, s, e, cut, delta, n)
+    step = raw.step_time_s + n * delta
+    acc = account_intervals(r, c, s, e, axes, ranks, step)
+    flops = dict(raw.matmul_flops)
+    for ops in one_period.values():
+        for op in ops:
+            if op.kind == "compute":
+                f = sum(kn.flops for kn in op.kernels if kn.kind in MATMUL_KINDS)
+                flops[op.rank] = flops.get(op.rank, 0.0) + n * f
+    raw_full = dataclasses.replace(
+        raw,
         records=[],
         step_time_s=step,
         idle=acc.per_rank(),
         idle_spans=[],
-        account=acc,
+        account=dataclasses.replace(acc, spans=[]),
         mem_events=[],
-        matmul_flops={q: float(v) for q, v in zip(keys, flops)},
-        events_processed=int(round(float(ext(r1.events_processed, r2.events_processed)))),
+        matmul_flops=flops,
+        events_processed=raw.events_processed + n * sum(len(ops) for ops in one_period.values()),
     )
-    trace = dataclasses.replace(
-        t1,
+    # expert-load imbalance's extra work (timed, not executed): one period's more per period
+    u1, u2 = trace.unexecuted_flops, trace_k.unexecuted_flops
+    unexec = {q: u1.get(q, 0.0) + n * (u2.get(q, 0.0) - u1.get(q, 0.0)) for q in set(u1) | set(u2)}
+    full_trace = dataclasses.replace(
+        trace,
         model_flops=model_flops_per_step(sc.model, sc.training),
-        unexecuted_flops={q: float(v) for q, v in zip(ukeys, unexec) if v},
+        unexecuted_flops={q: v for q, v in sorted(unexec.items()) if v},
     )
-    summary, per_stage = _summarise(sc, trace, raw, mem1)
-    summary["steady_state"] = {"micro_batches_simulated": [m1, m1 + k], "period_micro_batches": k}
+    summary, per_stage = _summarise(sc, full_trace, raw_full, mem)
+    summary["steady_state"] = {"micro_batches_simulated": [m1], "period_micro_batches": k}
     # no raw run nor trace: the op-level tables exist only for a full simulation
     return Result(
         summary=summary, scenario=sc, notes=list(trace.notes), topology=topo, columns={"per_stage": per_stage}
     )
+
+
+def _insert_periods(r, c, s, e, cut: float, delta: float, n: int):
+    """Busy intervals ``(rank, channel, start, end)`` of a run whose timeline repeats over
+    ``[cut, cut + 2 delta]``, with ``n`` more periods: the run up to ``cut + delta``, ``n``
+    copies of its window ``[cut, cut + delta)`` shifted by ``delta, 2 delta, ...``, and the rest
+    shifted by ``n delta`` (intervals cut at the seams: busy time is a union, so pieces of one
+    interval count as the interval)."""
+    end = cut + delta
+    head = s < end
+    win = (s < end) & (e > cut)
+    tail = e > end
+    parts_r, parts_c = [r[head]], [c[head]]
+    parts_s, parts_e = [s[head]], [np.minimum(e[head], end)]
+    ws, we = np.maximum(s[win], cut), np.minimum(e[win], end)
+    for j in range(1, n + 1):
+        parts_r.append(r[win])
+        parts_c.append(c[win])
+        parts_s.append(ws + j * delta)
+        parts_e.append(we + j * delta)
+    parts_r.append(r[tail])
+    parts_c.append(c[tail])
+    parts_s.append(np.maximum(s[tail], end) + n * delta)
+    parts_e.append(e[tail] + n * delta)
+    return (np.concatenate(parts_r), np.concatenate(parts_c), np.concatenate(parts_s), np.concatenate(parts_e))

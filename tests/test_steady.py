@@ -46,7 +46,7 @@ def test_a_certified_step_matches_every_micro_batch_simulated():
     res = simulate(DENSE_1F1B, steady_state=True)
     ext = res.summary
     assert full["steady_state"] is None
-    assert ext["steady_state"] == {"micro_batches_simulated": [12, 14], "period_micro_batches": 2}
+    assert ext["steady_state"] == {"micro_batches_simulated": [12], "period_micro_batches": 2}
     a, b = summary_numbers(full), summary_numbers(ext)
     assert a.keys() == b.keys()
     step = full["step_time_s"]
@@ -71,14 +71,14 @@ def test_runs_per_schedule():
     assert runs_for("1f1b", 4, 64) == [(12, 2)]
     assert runs_for("1f1b", 64, 512) == [(72, 2)]
     assert runs_for("zb-h1", 8, 128) == [(16, 2)]
-    assert runs_for("dualpipe", 4, 96) == [(16, 4)]
-    assert runs_for("dualpipe", 4, 64) == []  # the first run, 16, would be a quarter of the step
-    # expert all-to-alls settle later: pp micro-batches more
-    assert runs_for("1f1b", 8, 128, expert_parallel=True) == [(24, 2)]
-    assert runs_for("1f1b", 4, 64, expert_parallel=True) == []
+    assert runs_for("dualpipe", 4, 64) == [(16, 4)]
+    assert runs_for("dualpipe", 4, 32) == []  # the run, 16, would be half the step
+    # expert all-to-alls settle later: pp + 8 micro-batches more
+    assert runs_for("1f1b", 8, 128, expert_parallel=True) == [(32, 2)]
+    assert runs_for("1f1b", 4, 64, expert_parallel=True) == [(24, 2)]
     assert runs_for("interleaved-1f1b", 8, 248, vpp=2) == [(32, 8)]
-    assert runs_for("interleaved-1f1b", 8, 128, vpp=2) == []  # the first run, 32, is a quarter
-    assert runs_for("interleaved-1f1b", 64, 512, vpp=2) == []  # runs of 256 and 320 > 0.6 x 512
+    assert runs_for("interleaved-1f1b", 8, 64, vpp=2) == []  # the run, 32, would be half the step
+    assert runs_for("interleaved-1f1b", 64, 512, vpp=2) == []  # a run of 256 > 0.4 x 512
     assert runs_for("gpipe", 4, 512) == []  # every micro-batch's activations at once
     assert runs_for("1f1b", 4, 512, global_aux=True) == []  # all forwards first
     assert runs_for("1f1b", 1, 512) == []  # no pipeline
@@ -88,44 +88,33 @@ def test_runs_per_schedule():
 
 def _periodic(n_periods: int, P: int, delta: float, lead: int = 2):
     """One stream of ``lead`` warm-up ops, then ``n_periods`` periods of ``P`` ops, as
-    :func:`simulator.steady._streams` gives it (signatures, starts, ends)."""
+    :func:`simulator.steady._streams` gives it (signatures, starts, ends, ops)."""
     sig = [("w", i) for i in range(lead)] + [("p", j) for _ in range(n_periods) for j in range(P)]
     t = np.concatenate([np.arange(lead) * 0.1, lead * 0.1 + np.arange(n_periods * P) * (delta / P)])
-    return sig, t, t + 0.5 * delta / P
-
-
-def test_schedule_repeats_per_schedule():
-    """The action lists of the full step are the first run's with periods inserted."""
-    from simulator.steady import schedule_repeats
-
-    assert schedule_repeats("1f1b", 4, 12, 64, 2)
-    assert schedule_repeats("1f1b", 64, 72, 512, 2)  # past a warm-up of 63 forwards
-    assert schedule_repeats("zb-h1", 8, 16, 128, 2)
-    assert schedule_repeats("dualpipe", 4, 16, 96, 4)
-    assert schedule_repeats("interleaved-1f1b", 8, 32, 248, 8, vpp=2)
-    assert not schedule_repeats("interleaved-1f1b", 8, 24, 248, 16, vpp=2)  # not two periods in 24
-    assert not schedule_repeats("gpipe", 4, 12, 64, 2)  # all forwards, then all backwards
-    assert not schedule_repeats("1f1b", 4, 12, 63, 2)  # not a whole number of periods
+    return sig, t, t + 0.5 * delta / P, list(range(len(sig)))
 
 
 def test_certify_accepts_exact_repetition_and_refuses_the_rest():
     d = 1.0
-    short = {(0, "compute"): _periodic(5, 4, d), (0, "dp"): ([], np.zeros(0), np.zeros(0))}
-    long = {(0, "compute"): _periodic(6, 4, d), (0, "dp"): ([], np.zeros(0), np.zeros(0))}
-    assert certify(short, long, d, 1e-12)
+    empty = ([], np.zeros(0), np.zeros(0), [])
+    short = {(0, "compute"): _periodic(5, 4, d), (0, "dp"): empty}
+    longer = {(0, "compute"): _periodic(6, 4, d)[0], (0, "dp"): []}  # the longer trace's signatures
+    found = certify(short, longer, d, 1e-12)
+    assert found is not None
+    (lo, hi), one_period = found
+    assert hi - lo >= 2 * d and len(one_period[(0, "compute")]) == 4
     # one op off by 1e-9 s in the middle of the stretch leaves less than two periods
-    sig, s0, e0 = short[(0, "compute")]
+    sig, s0, e0, ops = short[(0, "compute")]
     bad = s0.copy()
     bad[2 + 9] += 1e-9
-    assert not certify({**short, (0, "compute"): (sig, bad, e0)}, long, d, 1e-12)
+    assert certify({**short, (0, "compute"): (sig, bad, e0, ops)}, longer, d, 1e-12) is None
     # a wrong shift
-    assert not certify(short, long, 1.001 * d, 1e-12)
-    # the longer run is not the shorter with a period inserted
-    sig2, s2, e2 = long[(0, "compute")]
-    assert not certify(short, {**long, (0, "compute"): (sig2[:-1] + [("x", 0)], s2, e2)}, d, 1e-12)
+    assert certify(short, longer, 1.001 * d, 1e-12) is None
+    # the longer trace is not the shorter with a period inserted
+    assert certify(short, {**longer, (0, "compute"): longer[(0, "compute")][:-1] + [("x", 0)]}, d, 1e-12) is None
     # a stream without a period running an op inside the window
-    busy = (["dp"], np.array([3.0]), np.array([3.1]))
-    assert not certify({**short, (0, "dp"): busy}, {**long, (0, "dp"): busy}, d, 1e-12)
+    busy = (["dp"], np.array([3.0]), np.array([3.1]), ["dp"])
+    assert certify({**short, (0, "dp"): busy}, {**longer, (0, "dp"): ["dp"]}, d, 1e-12) is None
 
 
 def test_a_skipped_step_has_no_op_level_tables():

@@ -157,7 +157,7 @@ def register(subparsers) -> None:
         "--full",
         action="store_true",
         help="simulate every micro-batch of every case; by default a long pipeline's step is "
-        "skipped ahead from two shorter runs where its steady phase provably repeats (the same "
+        "skipped ahead from a shorter run where its steady phase provably repeats (the same "
         "figures to 1e-9; docs/design.md, 'Steady-state skipping')",
     )
     p.set_defaults(func=cmd_validate)

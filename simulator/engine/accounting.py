@@ -82,8 +82,14 @@ def account(records, ranks, step_s: float) -> IdleAccount:
     ``records``: the engine's :class:`~simulator.engine.loop.OpRecord` list; ``ranks``: the
     simulated ranks; ``step_s``: the step time (every record ends by then)."""
     ranks = tuple(ranks)
+    return account_intervals(*busy_intervals(records, ranks), ranks, step_s)
+
+
+def account_intervals(r, c, s, e, axes: tuple, ranks: tuple, step_s: float) -> IdleAccount:
+    """:func:`account` from the busy intervals as :func:`busy_intervals` gives them (rank index,
+    channel, start, end; the axes of channels 2, 3, ...): what a timeline built from another
+    run's intervals (:mod:`simulator.steady`) is accounted by."""
     n = len(ranks)
-    r, c, s, e, axes = _intervals(records, ranks)
     t, seg_r, seg, ec, ed = _segments(r, c, s, e, n, step_s)
 
     def busy(k: int) -> np.ndarray:
@@ -120,7 +126,7 @@ def account(records, ranks, step_s: float) -> IdleAccount:
     )
 
 
-def _intervals(records, ranks: tuple) -> tuple:
+def busy_intervals(records, ranks: tuple) -> tuple:
     """The busy intervals of the records, as columns ``(rank index, channel, start,
     end, axes)``: compute, host and one channel per communication axis (numbered in
     sorted-axis order after the two, so that outputs do not depend on record order);

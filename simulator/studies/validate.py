@@ -266,8 +266,8 @@ def _matches(case: Case, pattern: str, base: Path) -> bool:
 
 
 def run_case(case: Case, compute: Optional[Mapping[str, float]] = None, steady_state: bool = True) -> CaseResult:
-    """Simulate one case and read its metric off the summary. ``steady_state``: extrapolate a
-    long pipeline's step from shorter ones where its steady phase bears it out
+    """Simulate one case and read its metric off the summary. ``steady_state``: skip ahead in a
+    long pipeline's step from a shorter run where its steady phase provably repeats
     (:mod:`simulator.steady`; the same figures to 1e-9); ``False`` simulates every micro-batch."""
     from simulator import simulate
     from simulator.scenario.loading import load_scenario
