@@ -66,14 +66,14 @@ def runs_for(
     and ZB-H1: ``pp - 1`` forwards on stage 0; interleaved 1F1B: at most ``2(pp - 1) + (vpp - 1)
     pp`` forward chunks; DualPipe: ``m >= 2 pp``) and the time its records take to settle:
     ``pp + 8`` (1F1B, ZB-H1), ``4 pp`` (interleaved), ``2 pp + 8`` (DualPipe), and with expert
-    parallelism, whose all-to-alls settle later, ``2 pp + 16``, ``5 pp`` and ``3 pp + 16`` (the DGX
-    Cloud DeepSeek-V3 step on 512 H100, PP8: stage 0's records repeat at 24 micro-batches, not at
-    16; on 128 GB200, PP4, stage 0 had still not at 18). GPipe and an all-forward-first step hold
+    parallelism, whose all-to-alls settle later, ``2 pp + 12``, ``5 pp`` and ``3 pp + 16`` (the DGX
+    Cloud DeepSeek-V3 step on 512 H100, PP8: stage 0's records repeat at 24 and 28 micro-batches,
+    not at 16; on 128 GB200, PP4, at 20 and 22, not at 18). GPipe and an all-forward-first step hold
     every micro-batch's activations at once: no steady phase."""
     if global_aux or pp < 2:
         return []
     if schedule in ("1f1b", "zb-h1"):
-        m1, k, extra = pp + 8, 2, pp + 8
+        m1, k, extra = pp + 8, 2, pp + 4
     elif schedule == "interleaved-1f1b":
         m1, k, extra = 4 * pp, pp, pp
     elif schedule == "dualpipe":
