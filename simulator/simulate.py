@@ -68,14 +68,13 @@ def simulate(
     try:
         options = dict(twin_quotient=twin_quotient, chain_ops=chain_ops, private_phases=private_phases)
         if steady_state and not exact and topology is None and trace is None:
+            from simulator.errors import StepsimError
             from simulator.scenario.loading import load_scenario
             from simulator.scenario.resolved import Scenario
             from simulator.steady import simulate_steady
 
             sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
             if not sc.perturbations:
-                from simulator.errors import StepsimError
-
                 try:
                     res = simulate_steady(sc, progress, options)
                 except StepsimError:  # a bad scenario: the full simulation names the field

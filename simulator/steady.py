@@ -104,11 +104,24 @@ def schedule_repeats(schedule: str, pp: int, m1: int, m: int, k: int, vpp: int =
         P, rem = divmod(len(f) - len(a), n)
         if rem or P < 1 or len(a) < 2 * P:
             return False
-        ok = np.fromiter((a[j] == a[j + P] for j in range(len(a) - P)), dtype=bool, count=len(a) - P)
+        ok = _same_later(a, P)
         # any stretch of at least a period will do (a 1F1B warm-up of pp - 1 forwards repeats too)
         if not any(f == a[:b] + a[b - P : b] * n + a[b:] for b in _stretch_ends(ok, P)):
             return False
     return True
+
+
+def _same_later(seq: list, P: int) -> np.ndarray:
+    """``out[j] = seq[j] == seq[j + P]`` for every ``j`` with a ``j + P``."""
+    return np.fromiter((seq[j] == seq[j + P] for j in range(len(seq) - P)), dtype=bool, count=max(len(seq) - P, 0))
+
+
+def _periods(short: dict, longer: dict) -> Optional[dict]:
+    """Each stream's period in ops: what the trace ``k`` micro-batches longer has more; ``None``
+    if the two do not have the same streams."""
+    if set(short) != set(longer):
+        return None
+    return {key: len(longer[key]) - len(v[0]) for key, v in short.items()}
 
 
 def _stretches(ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -155,11 +168,12 @@ def certify(short: dict, longer: dict, delta_s: float, tol_s: float) -> Optional
     """``((lo, hi), {stream: ops of one period})``: the window over which the shorter run's records
     repeat (see the module doc), with the ops one period longer adds to each stream as its period
     and the longer step's ops the shorter one's with one period inserted inside the repeating
-    stretch, and each stream's ops of one period there; ``None`` if they do not. ``short``: :func:`_streams` of the run; ``longer``: :func:`_signatures` of the trace
-    ``k`` micro-batches longer."""
-    if set(short) != set(longer):
+    stretch, and each stream's ops of one period there; ``None`` if they do not. ``short``:
+    :func:`_streams` of the run; ``longer``: :func:`_signatures` of the trace ``k`` micro-batches
+    longer."""
+    period = _periods(short, longer)
+    if period is None:
         return None
-    period = {key: len(longer[key]) - len(v[0]) for key, v in short.items()}
     found = _repeats(short, period, delta_s, tol_s)
     if found is None:
         return None
@@ -190,8 +204,11 @@ def _repeats(streams, period: dict, delta_s: float, tol_s: float) -> Optional[tu
             continue
         if n < 3 * P:
             return None
-        same = np.fromiter((sig[j] == sig[j + P] for j in range(n - P)), dtype=bool, count=n - P)
-        ok = same & (np.abs(s0[P:] - s0[:-P] - delta_s) <= tol_s) & (np.abs(e0[P:] - e0[:-P] - delta_s) <= tol_s)
+        ok = (
+            _same_later(sig, P)
+            & (np.abs(s0[P:] - s0[:-P] - delta_s) <= tol_s)
+            & (np.abs(e0[P:] - e0[:-P] - delta_s) <= tol_s)
+        )
         run = _longest_true(ok)
         if run is None or run[1] - run[0] < 2 * P:
             return None
@@ -214,8 +231,8 @@ def _shift(streams, period: dict, last_rank: int) -> float:
     if ref is None or P <= 0:
         return float("nan")
     sig, s0 = ref[0], ref[1]
-    shifts = [s0[j + P] - s0[j] for j in range(len(sig) - P) if sig[j] == sig[j + P]]
-    return float(np.median(shifts)) if shifts else float("nan")
+    same = _same_later(sig, P)
+    return float(np.median((s0[P:] - s0[:-P])[same])) if same.any() else float("nan")
 
 
 def _longest_true(ok: np.ndarray) -> Optional[tuple[int, int]]:
@@ -255,9 +272,9 @@ def simulate_steady(sc, progress=False, engine_options=None):
         trace_k = build_trace(_with_micro_batches(sc, m1 + k).workload(), ranks=None)
         longer = _signatures(trace_k)
         short = _streams(trace, raw)
-        if set(short) != set(longer):
+        period = _periods(short, longer)
+        if period is None:
             continue
-        period = {key: len(longer[key]) - len(v[0]) for key, v in short.items()}
         delta = _shift(short, period, max(trace.ranks))
         found = certify(short, longer, delta, TIME_TOLERANCE * raw.step_time_s)
         if found is not None:
@@ -276,7 +293,7 @@ def _extend(sc, run, trace_k, m: int, m1: int, k: int, delta: float, cut: float,
     from simulator.engine.accounting import account_intervals, busy_intervals
     from simulator.results.result import Result
     from simulator.simulate import _summarise
-    from workloads.counts import MATMUL_KINDS, model_flops_per_step
+    from workloads.counts import matmul_flops, model_flops_per_step
 
     _, topo, trace, raw, mem = run
     n = (m - m1) // k
@@ -289,8 +306,7 @@ def _extend(sc, run, trace_k, m: int, m1: int, k: int, delta: float, cut: float,
     for ops in one_period.values():
         for op in ops:
             if op.kind == "compute":
-                f = sum(kn.flops for kn in op.kernels if kn.kind in MATMUL_KINDS)
-                flops[op.rank] = flops.get(op.rank, 0.0) + n * f
+                flops[op.rank] = flops.get(op.rank, 0.0) + n * matmul_flops(op.kernels)
     raw_full = dataclasses.replace(
         raw,
         records=[],

@@ -433,7 +433,9 @@ def mtp_kernels(model: ModelSpec, shard: Shard, expert_tokens: Optional[float] =
 # ---------------------------------------------------------------------------
 
 
-def _matmul_flops(kernels: list[Kernel]) -> float:
+def matmul_flops(kernels) -> float:
+    """FLOPs of the matmul kinds (GEMMs and attention products) among ``kernels``: what model
+    FLOPs, HFU and the engine's per-rank tally count."""
     return sum(k.flops for k in kernels if k.kind in MATMUL_KINDS)
 
 
@@ -445,10 +447,10 @@ def forward_flops_per_token(model: ModelSpec, seq_len: int, include_mtp: bool = 
         raise WorkloadError("training.seq_len", f"must be a positive integer, got {seq_len!r}")
     # One token: a sequence cut over seq_len context-parallel ranks (one query, every key).
     one = Shard(micro_batch_size=1, seq_len=seq_len, cp=seq_len)
-    total = sum(_matmul_flops(layer_kernels(model, i, one)) for i in range(model.layers))
-    total += _matmul_flops(head_kernels(model, one))
+    total = sum(matmul_flops(layer_kernels(model, i, one)) for i in range(model.layers))
+    total += matmul_flops(head_kernels(model, one))
     if include_mtp:
-        total += _matmul_flops(mtp_kernels(model, one))
+        total += matmul_flops(mtp_kernels(model, one))
     return total
 
 

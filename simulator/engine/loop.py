@@ -69,7 +69,7 @@ from simulator.engine.lowering import Lowering
 from simulator.engine.private import PrivateBook, absorb, private_ops
 from simulator.network.flows import FlowNetwork
 from topologies.chips import ChipSpec
-from workloads.counts import MATMUL_KINDS
+from workloads.counts import matmul_flops
 from topologies.topology import Topology
 from workloads.layout import ParallelLayout
 from workloads.trace.ops import Op, Trace, TraceError
@@ -408,7 +408,7 @@ class Engine:
             hit = self._dur_cache[id(kernels)] = (
                 kernels,
                 kernels_time_s(kernels, self.chip, self.cal, self.dtype),
-                sum(k.flops for k in kernels if k.kind in MATMUL_KINDS),
+                matmul_flops(kernels),
             )
         return hit
 

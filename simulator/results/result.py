@@ -130,12 +130,12 @@ class Result:
         as numpy arrays, without pandas. Once the table has been read as a DataFrame, the
         frame is the table (edits to it reach the files :meth:`write` writes).
 
-        A step extrapolated from its steady state (``simulate(..., steady_state=True)``,
+        A step skipped ahead through its steady state (``simulate(..., steady_state=True)``,
         ``summary["steady_state"]`` set) has the per-stage table only: the op-level tables
         raise a ``KeyError`` that says so."""
         if name in ("events", "memory", "idle") and self.summary.get("steady_state") and name not in self._frames:
             raise KeyError(
-                f"{name}: this step was extrapolated from shorter runs of its steady state "
+                f"{name}: this step was skipped ahead from a shorter run whose steady phase repeats "
                 f"(micro-batches {self.summary['steady_state']['micro_batches_simulated']}), which "
                 "gives the summary and the per-stage table; simulate it with steady_state=False "
                 "for the op-level tables"
