@@ -3,21 +3,24 @@
 A pipeline schedule's step is a warm-up, a steady phase in which every stage runs the same
 ops each ``k`` micro-batches, and a cool-down. Simulate the step with ``m1`` micro-batches
 instead. If, inside that run, the engine's op records repeat exactly -- on every stream of
-every simulated rank, every op in a window of time at least two periods long has a copy
-``P_s`` ops later (``P_s``: the ops ``k`` more micro-batches add to the stream) that starts
-and ends ``delta`` later, with one ``delta`` for every stream, and a stream with no ops per
-period runs none in the window -- then the relative state of the whole simulation (ops in
+every simulated rank, every op in a window of time at least a period and the longest op long
+has a copy ``P_s`` ops later (``P_s``: the ops ``k`` more micro-batches add to the stream) that
+starts and ends ``delta`` later, with one ``delta`` for every stream, and a stream with no ops
+per period runs none in the window -- then the relative state of the whole simulation (ops in
 flight, flows and the bytes they have left, who waits on whom) is the same at the window's
-start and one period later. The engine is deterministic and time-invariant, and what
+start and one period later. (Every op in flight after the window's start is one of the
+repeating ops, on every stream, since a stream runs its ops one at a time; so the ops in flight,
+and with them the flows' max-min rates, repeat over the window; an op in flight at its start
+ends inside it, and its copy ends ``delta`` later: the bytes each had left at the start and one
+period later, the integral of the same rates to the same end, are the same.) The engine is deterministic and time-invariant, and what
 follows is the same ops (the rest of the steady phase, then the same cool-down), so the run
 repeats its period until the cool-down: the step of ``m`` micro-batches is the shorter run
 with ``n = (m - m1) / k`` periods inserted at the window.
 
 :func:`simulate_steady` checks the two halves of that claim -- the schedule's and the ops'
 (:func:`schedule_repeats`: every stage's action list for ``m`` is the one for ``m1`` with
-``n`` periods inserted; the trace of ``m1 + k`` micro-batches, built but not simulated, is
-the shorter one's with one period of ops inserted inside the repeating stretch, stream by
-stream) -- and the records' (:func:`certify`), and then builds the full step's busy
+``n`` periods inserted; the run's trace is the one of ``m1 - k`` micro-batches, built but not
+simulated, with one period of ops inserted inside the repeating stretch, stream by stream) -- and the records' (:func:`certify`), and then builds the full step's busy
 intervals from the shorter run's: everything before the window's end, ``n`` copies of the
 window, the rest shifted by ``n delta``. The idle accounting runs on them as on a full
 run's; FLOPs and events add ``n`` windows' worth; peaks (memory) are the shorter run's,
@@ -50,6 +53,7 @@ TIME_TOLERANCE = 1e-12
 #: The shorter run may cost at most this share of the full step's micro-batches (all a try
 #: costs on top of the full simulation where its records have not settled).
 MAX_SHARE = 0.4
+MIN_STRETCH = 1
 
 
 def runs_for(
@@ -116,12 +120,12 @@ def _same_later(seq: list, P: int) -> np.ndarray:
     return np.fromiter((seq[j] == seq[j + P] for j in range(len(seq) - P)), dtype=bool, count=max(len(seq) - P, 0))
 
 
-def _periods(short: dict, longer: dict) -> Optional[dict]:
-    """Each stream's period in ops: what the trace ``k`` micro-batches longer has more; ``None``
-    if the two do not have the same streams."""
-    if set(short) != set(longer):
+def _periods(run: dict, shorter: dict) -> Optional[dict]:
+    """Each stream's period in ops: what the run has more than the trace ``k`` micro-batches
+    shorter; ``None`` if the two do not have the same streams."""
+    if set(run) != set(shorter):
         return None
-    return {key: len(longer[key]) - len(v[0]) for key, v in short.items()}
+    return {key: len(v[0]) - len(shorter[key]) for key, v in run.items()}
 
 
 def _stretches(ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -137,16 +141,22 @@ def _stretch_ends(ok: np.ndarray, length: int) -> list[int]:
 
 
 def _streams(trace, raw) -> dict:
-    """(rank, stream) -> (signatures, start_s, end_s, ops) of its recorded ops in program order."""
+    """(rank, stream) -> (signatures, start_s, end_s, ops) of its recorded ops in program order
+    (the trace's order; times looked up by op id, ids being unique: :meth:`Trace.check`)."""
+    recs = raw.records
+    ids = np.fromiter((r.op.id for r in recs), dtype=np.int64, count=len(recs))
+    n = int(ids.max()) + 1 if len(ids) else 0
+    start, end = np.full(n, np.nan), np.full(n, np.nan)
+    start[ids] = np.fromiter((r.start_s for r in recs), dtype=float, count=len(recs))
+    end[ids] = np.fromiter((r.end_s for r in recs), dtype=float, count=len(recs))
     by: dict = defaultdict(list)
-    for rec in raw.records:
-        op = rec.op
-        by[(op.rank, op.stream)].append((op.id, rec.start_s, rec.end_s, op))
+    for op in trace.ops:
+        if op.kernels or op.kind != "compute":  # the ops that leave a record (as _signatures)
+            by[(op.rank, op.stream)].append(op)
     out = {}
-    for key, rows in by.items():
-        rows.sort(key=lambda r: r[0])
-        sig = [_signature(o) for *_, o in rows]
-        out[key] = (sig, np.array([r[1] for r in rows]), np.array([r[2] for r in rows]), [r[3] for r in rows])
+    for key, ops in by.items():
+        at = np.fromiter((o.id for o in ops), dtype=np.int64, count=len(ops))
+        out[key] = ([_signature(o) for o in ops], start[at], end[at], ops)
     return out
 
 
@@ -164,37 +174,39 @@ def _signature(o) -> tuple:
     return (o.kind, o.name, o.phase, o.chunk, o.layer, o.recompute, o.size_bytes, o.coll, o.axis)
 
 
-def certify(short: dict, longer: dict, delta_s: float, tol_s: float) -> Optional[tuple[tuple, dict]]:
-    """``((lo, hi), {stream: ops of one period})``: the window over which the shorter run's records
-    repeat (see the module doc), with the ops one period longer adds to each stream as its period
-    and the longer step's ops the shorter one's with one period inserted inside the repeating
-    stretch, and each stream's ops of one period there; ``None`` if they do not. ``short``:
-    :func:`_streams` of the run; ``longer``: :func:`_signatures` of the trace ``k`` micro-batches
-    longer."""
-    period = _periods(short, longer)
+def certify(run: dict, shorter: dict, delta_s: float, tol_s: float) -> Optional[tuple[tuple, dict]]:
+    """``((lo, hi), {stream: ops of one period})``: the window over which the run's records repeat
+    (see the module doc), with the ops the run has more than the trace ``k`` micro-batches
+    shorter as each stream's period and the run's ops that trace's with one period inserted
+    inside the repeating stretch, and each stream's ops of one period there; ``None`` if they do
+    not. ``run``: :func:`_streams` of the run; ``shorter``: :func:`_signatures` of the trace ``k``
+    micro-batches shorter."""
+    period = _periods(run, shorter)
     if period is None:
         return None
-    found = _repeats(short, period, delta_s, tol_s)
+    found = _repeats(run, period, delta_s, tol_s)
     if found is None:
         return None
     ends, window = found
-    for key, b in ends.items():  # the longer trace: P ops inserted inside the stretch, at b
-        sig, sig2, P = short[key][0], longer[key], period[key]
-        if sig2[:b] != sig[:b] or sig2[b + P :] != sig[b:]:
+    for key, b in ends.items():  # the run: the shorter trace with its P ops [b - P, b) inserted
+        sig, sig0, P = run[key][0], shorter[key], period[key]
+        if sig0[: b - P] != sig[: b - P] or sig0[b - P :] != sig[b:]:
             return None
-    if any(short[key][0] != longer[key] for key, P in period.items() if P == 0):
+    if any(run[key][0] != shorter[key] for key, P in period.items() if P == 0):
         return None
-    return window, {key: short[key][3][b - period[key] : b] for key, b in ends.items()}
+    return window, {key: run[key][3][b - period[key] : b] for key, b in ends.items()}
 
 
 def _repeats(streams, period: dict, delta_s: float, tol_s: float) -> Optional[tuple[dict, tuple]]:
     """Where each stream's records repeat: ``({stream: b}, (lo, hi))`` -- ops ``a .. b-1`` of each
     stream's longest stretch have a copy ``period[stream]`` ops later, ``delta_s`` later to
-    ``tol_s``; the stretches share the window ``[lo, hi]``, at least two periods of time long; no
-    stream without a period runs an op in it or the period after -- or ``None``."""
+    ``tol_s``; the stretches share the window ``[lo, hi]``, at least ``delta_s`` and the longest op
+    of the stretches long (see the module doc); no stream without a period runs an op in it or the
+    period after -- or ``None``."""
     if not delta_s > 0:
         return None
     lo, hi, found, idle = -np.inf, np.inf, {}, []
+    longest = 0.0  # the longest op of the stretches
     for key, (sig, s0, e0, *_) in streams.items():
         n, P = len(sig), period.get(key, 0)
         if P < 0:
@@ -210,12 +222,13 @@ def _repeats(streams, period: dict, delta_s: float, tol_s: float) -> Optional[tu
             & (np.abs(e0[P:] - e0[:-P] - delta_s) <= tol_s)
         )
         run = _longest_true(ok)
-        if run is None or run[1] - run[0] < 2 * P:
+        if run is None or run[1] - run[0] < MIN_STRETCH * P:
             return None
         a, b = run
         found[key] = b
         lo, hi = max(lo, s0[a]), min(hi, e0[b - 1])
-    if not found or hi - lo < 2 * delta_s:
+        longest = max(longest, float(np.max(e0[a:b] - s0[a:b])))
+    if not found or hi - lo < delta_s + longest:
         return None
     for s0, e0 in idle:
         if np.any((s0 < hi + delta_s) & (e0 > lo)):
@@ -267,16 +280,18 @@ def simulate_steady(sc, progress=False, engine_options=None):
     for m1, k in runs_for(sc.schedule, L.pp, m, L.vpp, global_aux=global_aux, expert_parallel=ep):
         if not schedule_repeats(sc.schedule, L.pp, m1, m, k, L.vpp):
             continue
-        run = _run(_with_micro_batches(sc, m1), False, None, None, progress, engine_options)
+        # the run's idle time is accounted on the full timeline, periods inserted (_extend)
+        opts = {**(engine_options or {}), "account_idle": False}
+        run = _run(_with_micro_batches(sc, m1), False, None, None, progress, opts)
         trace, raw = run[2], run[3]
-        trace_k = build_trace(_with_micro_batches(sc, m1 + k).workload(), ranks=None)
-        longer = _signatures(trace_k)
+        trace_k = build_trace(_with_micro_batches(sc, m1 - k).workload(), ranks=None)
+        shorter = _signatures(trace_k)
         short = _streams(trace, raw)
-        period = _periods(short, longer)
+        period = _periods(short, shorter)
         if period is None:
             continue
         delta = _shift(short, period, max(trace.ranks))
-        found = certify(short, longer, delta, TIME_TOLERANCE * raw.step_time_s)
+        found = certify(short, shorter, delta, TIME_TOLERANCE * raw.step_time_s)
         if found is not None:
             (cut, _), one_period = found
             res = _extend(sc, run, trace_k, m, m1, k, delta, cut, one_period)
@@ -287,7 +302,7 @@ def simulate_steady(sc, progress=False, engine_options=None):
 
 def _extend(sc, run, trace_k, m: int, m1: int, k: int, delta: float, cut: float, one_period: dict):
     """The Result of ``m`` micro-batches from the certified run of ``m1`` (``_run``'s tuple; the
-    trace ``k`` micro-batches longer, ``trace_k``; each stream's ops of one period, ``one_period``):
+    trace ``k`` micro-batches shorter, ``trace_k``; each stream's ops of one period, ``one_period``):
     the run's busy intervals with ``n = (m - m1) / k`` copies of ``[cut, cut + delta)`` inserted,
     and ``n`` periods' ops more counted."""
     from simulator.engine.accounting import account_intervals, busy_intervals
@@ -297,7 +312,7 @@ def _extend(sc, run, trace_k, m: int, m1: int, k: int, delta: float, cut: float,
 
     _, topo, trace, raw, mem = run
     n = (m - m1) // k
-    ranks = tuple(raw.account.ranks)
+    ranks = tuple(trace.ranks)  # as Engine.run accounts them
     r, c, s, e, axes = busy_intervals(raw.records, ranks)
     r, c, s, e = _insert_periods(r, c, s, e, cut, delta, n)
     step = raw.step_time_s + n * delta
@@ -319,8 +334,8 @@ def _extend(sc, run, trace_k, m: int, m1: int, k: int, delta: float, cut: float,
         events_processed=raw.events_processed + n * sum(len(ops) for ops in one_period.values()),
     )
     # expert-load imbalance's extra work (timed, not executed): one period's more per period
-    u1, u2 = trace.unexecuted_flops, trace_k.unexecuted_flops
-    unexec = {q: u1.get(q, 0.0) + n * (u2.get(q, 0.0) - u1.get(q, 0.0)) for q in set(u1) | set(u2)}
+    u0, u1 = trace_k.unexecuted_flops, trace.unexecuted_flops
+    unexec = {q: u1.get(q, 0.0) + n * (u1.get(q, 0.0) - u0.get(q, 0.0)) for q in set(u0) | set(u1)}
     full_trace = dataclasses.replace(
         trace,
         model_flops=model_flops_per_step(sc.model, sc.training),

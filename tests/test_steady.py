@@ -97,24 +97,25 @@ def _periodic(n_periods: int, P: int, delta: float, lead: int = 2):
 def test_certify_accepts_exact_repetition_and_refuses_the_rest():
     d = 1.0
     empty = ([], np.zeros(0), np.zeros(0), [])
-    short = {(0, "compute"): _periodic(5, 4, d), (0, "dp"): empty}
-    longer = {(0, "compute"): _periodic(6, 4, d)[0], (0, "dp"): []}  # the longer trace's signatures
-    found = certify(short, longer, d, 1e-12)
+    run = {(0, "compute"): _periodic(3, 4, d), (0, "dp"): empty}
+    shorter = {(0, "compute"): _periodic(2, 4, d)[0], (0, "dp"): []}  # the shorter trace's signatures
+    found = certify(run, shorter, d, 1e-12)
     assert found is not None
     (lo, hi), one_period = found
-    assert hi - lo >= 2 * d and len(one_period[(0, "compute")]) == 4
-    # one op off by 1e-9 s in the middle of the stretch leaves less than two periods
-    sig, s0, e0, ops = short[(0, "compute")]
+    # the window: a period and the longest op (d / 8) at least
+    assert hi - lo >= d + d / 8 and len(one_period[(0, "compute")]) == 4
+    # one op off by 1e-9 s in the middle of the stretch leaves no stretch of a period
+    sig, s0, e0, ops = run[(0, "compute")]
     bad = s0.copy()
-    bad[2 + 9] += 1e-9
-    assert certify({**short, (0, "compute"): (sig, bad, e0, ops)}, longer, d, 1e-12) is None
+    bad[2 + 6] += 1e-9
+    assert certify({**run, (0, "compute"): (sig, bad, e0, ops)}, shorter, d, 1e-12) is None
     # a wrong shift
-    assert certify(short, longer, 1.001 * d, 1e-12) is None
-    # the longer trace is not the shorter with a period inserted
-    assert certify(short, {**longer, (0, "compute"): longer[(0, "compute")][:-1] + [("x", 0)]}, d, 1e-12) is None
+    assert certify(run, shorter, 1.001 * d, 1e-12) is None
+    # the run is not the shorter trace with a period inserted
+    assert certify(run, {**shorter, (0, "compute"): shorter[(0, "compute")][:-1] + [("x", 0)]}, d, 1e-12) is None
     # a stream without a period running an op inside the window
-    busy = (["dp"], np.array([3.0]), np.array([3.1]), ["dp"])
-    assert certify({**short, (0, "dp"): busy}, {**longer, (0, "dp"): ["dp"]}, d, 1e-12) is None
+    busy = (["dp"], np.array([2.0]), np.array([2.1]), ["dp"])
+    assert certify({**run, (0, "dp"): busy}, {**shorter, (0, "dp"): ["dp"]}, d, 1e-12) is None
 
 
 def test_a_skipped_step_has_no_op_level_tables():

@@ -127,6 +127,7 @@ class Engine:
         private_phases: bool = True,
         reserve_isolated: bool = True,
         a2a_quotient: bool = True,
+        account_idle: bool = True,
     ):
         if layout.world > topo.n_devices:
             raise TraceError(f"parallel: the layout needs {layout.world} devices, the cluster has {topo.n_devices}")
@@ -145,6 +146,9 @@ class Engine:
         # durations (see :mod:`simulator.engine.private`); False sends every op through
         # the network.
         self.private_phases = private_phases
+        # Attribute idle time when the run ends (False: the caller accounts the records itself,
+        # as steady-state skipping does for a timeline with periods inserted).
+        self.account_idle = account_idle
         self.env = _Environment()
         self.net = FlowNetwork(self.env, topo, network_cal, reserve_isolated=reserve_isolated)
         # What a collective or send runs on the network: plan, twins, quotient, merge.
@@ -211,7 +215,7 @@ class Engine:
                 "collectives must be reached in the same order by every member of their group"
             )
         step = max(self.end_time.values()) if self.end_time else 0.0
-        acc = account(self.records, self.trace.ranks, step)
+        acc = account(self.records, self.trace.ranks, step) if self.account_idle else None
         flops: dict[int, float] = defaultdict(float)
         stats = self._kernel_stats
         for op in [rec.op for rec in self.records]:  # in record order: the same sums
@@ -220,8 +224,8 @@ class Engine:
         return RawRun(
             records=self.records,
             step_time_s=step,
-            idle=acc.per_rank(),
-            idle_spans=acc.spans,
+            idle=acc.per_rank() if acc is not None else {},
+            idle_spans=acc.spans if acc is not None else [],
             account=acc,
             mem_events=self.mem_events,
             matmul_flops=dict(flops),
