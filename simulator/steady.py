@@ -9,22 +9,24 @@ starts and ends ``delta`` later, with one ``delta`` for every stream, and a stre
 per period runs none in the window -- then the relative state of the whole simulation (ops in
 flight, flows and the bytes they have left, who waits on whom) is the same at the window's
 start and one period later. (Every op in flight after the window's start is one of the
-repeating ops, on every stream, since a stream runs its ops one at a time; so the ops in flight,
-and with them the flows' max-min rates, repeat over the window; an op in flight at its start
-ends inside it, and its copy ends ``delta`` later: the bytes each had left at the start and one
-period later, the integral of the same rates to the same end, are the same.) The engine is deterministic and time-invariant, and what
-follows is the same ops (the rest of the steady phase, then the same cool-down), so the run
-repeats its period until the cool-down: the step of ``m`` micro-batches is the shorter run
-with ``n = (m - m1) / k`` periods inserted at the window.
+repeating ops, on every stream, since a stream runs its ops one at a time; so the ops in
+flight, and with them the flows' max-min rates, repeat over the window; an op in flight at its
+start ends inside it, and its copy ends ``delta`` later: the bytes each had left at the start
+and one period later, the integral of the same rates to the same end, are the same.) The
+engine is deterministic and time-invariant, and what follows is the same ops (the rest of the
+steady phase, then the same cool-down), so the run repeats its period until the cool-down:
+the step of ``m`` micro-batches is the shorter run with ``n = (m - m1) / k`` periods inserted
+at the window.
 
 :func:`simulate_steady` checks the two halves of that claim -- the schedule's and the ops'
 (:func:`schedule_repeats`: every stage's action list for ``m`` is the one for ``m1`` with
 ``n`` periods inserted; the run's trace is the one of ``m1 - k`` micro-batches, built but not
-simulated, with one period of ops inserted inside the repeating stretch, stream by stream) -- and the records' (:func:`certify`), and then builds the full step's busy
-intervals from the shorter run's: everything before the window's end, ``n`` copies of the
-window, the rest shifted by ``n delta``. The idle accounting runs on them as on a full
-run's; FLOPs and events add ``n`` windows' worth; peaks (memory) are the shorter run's,
-whose periods the inserted ones copy. Where a check fails it returns ``None`` and the
+simulated, with one period of ops inserted inside the repeating stretch, stream by stream) --
+and the records' (:func:`certify`), and then builds the full step's busy intervals from the
+shorter run's: everything before the window's end, ``n`` copies of the window, the rest
+shifted by ``n delta``. The idle accounting runs on them as on a full run's; FLOPs and events
+add ``n`` windows' worth; peaks (memory) are the shorter run's, whose periods the inserted ones
+copy. Where a check fails it returns ``None`` and the
 caller simulates every micro-batch.
 
 Steps whose op timings never settle into an exact period are common: pipeline sends
@@ -53,7 +55,6 @@ TIME_TOLERANCE = 1e-12
 #: The shorter run may cost at most this share of the full step's micro-batches (all a try
 #: costs on top of the full simulation where its records have not settled).
 MAX_SHARE = 0.4
-MIN_STRETCH = 1
 
 
 def runs_for(
@@ -149,25 +150,27 @@ def _streams(trace, raw) -> dict:
     start, end = np.full(n, np.nan), np.full(n, np.nan)
     start[ids] = np.fromiter((r.start_s for r in recs), dtype=float, count=len(recs))
     end[ids] = np.fromiter((r.end_s for r in recs), dtype=float, count=len(recs))
-    by: dict = defaultdict(list)
-    for op in trace.ops:
-        if op.kernels or op.kind != "compute":  # the ops that leave a record (as _signatures)
-            by[(op.rank, op.stream)].append(op)
     out = {}
-    for key, ops in by.items():
+    for key, ops in _recorded(trace).items():
         at = np.fromiter((o.id for o in ops), dtype=np.int64, count=len(ops))
         out[key] = ([_signature(o) for o in ops], start[at], end[at], ops)
     return out
 
 
 def _signatures(trace) -> dict:
-    """(rank, stream) -> the signatures of the ops that leave a record (:func:`_streams`), in
-    program order, of a trace built but not simulated."""
+    """(rank, stream) -> the signatures of the ops that leave a record, in program order, of a
+    trace built but not simulated."""
+    return {key: [_signature(o) for o in ops] for key, ops in _recorded(trace).items()}
+
+
+def _recorded(trace) -> dict:
+    """(rank, stream) -> the trace's ops that leave an engine record (all but compute ops without
+    kernels), in program order."""
     by: dict = defaultdict(list)
     for op in trace.ops:
         if op.kernels or op.kind != "compute":
-            by[(op.rank, op.stream)].append(_signature(op))
-    return dict(by)
+            by[(op.rank, op.stream)].append(op)
+    return by
 
 
 def _signature(o) -> tuple:
@@ -222,7 +225,7 @@ def _repeats(streams, period: dict, delta_s: float, tol_s: float) -> Optional[tu
             & (np.abs(e0[P:] - e0[:-P] - delta_s) <= tol_s)
         )
         run = _longest_true(ok)
-        if run is None or run[1] - run[0] < MIN_STRETCH * P:
+        if run is None or run[1] - run[0] < P:
             return None
         a, b = run
         found[key] = b
