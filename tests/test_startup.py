@@ -60,7 +60,9 @@ def test_run_out_writes_every_file_without_pandas(tmp_path):
     loaded = _loaded_after(
         f"from simulator.cli.app import main\nassert main(['run', 'quickstart', '--out', {str(out)!r}]) == 0"
     )
-    assert "pandas" not in loaded and "matplotlib" in loaded
+    # matplotlib is loaded where the figures are drawn: here, or in the child that
+    # Result.write forks for them (simulator.results.beside)
+    assert "pandas" not in loaded
     assert {p.name for p in out.iterdir()} >= {
         "summary.json",
         "scenario.json",

@@ -13,6 +13,6 @@ A new command goes in the module of its family and is registered in
 :func:`.app.build_parser`. ``python -m simulator.cli ARGS`` is ``stepsim ARGS``.
 """
 
-from simulator.cli.app import main
+from simulator.cli.app import console, main
 
-__all__ = ["main"]
+__all__ = ["console", "main"]

@@ -108,6 +108,19 @@ class _Environment(simpy.Environment):
         return ev
 
 
+def _progress_bar():
+    """``tqdm.auto``'s bar (a widget in a notebook, with ipywidgets; text elsewhere)
+    without tqdm's monitor thread, which would outlive the run and keep
+    :meth:`~simulator.results.result.Result.write` from forking (the bar updates
+    every op, so the monitor's nudge for stalled bars has nothing to do)."""
+    from tqdm.auto import tqdm
+
+    class Bar(tqdm):
+        monitor_interval = 0
+
+    return Bar
+
+
 class Engine:
     def __init__(
         self,
@@ -185,9 +198,7 @@ class Engine:
             if ops:
                 self.env.process(self._stream(rank, stream, ops))
         if self.progress is not False:
-            from tqdm.auto import tqdm  # a widget in a notebook (with ipywidgets), text elsewhere
-
-            self._bar = tqdm(
+            self._bar = _progress_bar()(
                 total=len(self.trace.ops),
                 unit="op",
                 desc="simulating",

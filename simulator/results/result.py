@@ -205,10 +205,15 @@ class Result:
     def summary_json(self) -> str:
         return json.dumps(_jsonable(self.summary), indent=2, sort_keys=False) + "\n"
 
-    def write(self, out_dir, plots: bool = True) -> dict[str, Path]:
+    def write(self, out_dir, plots: bool = True, parallel: Optional[bool] = None) -> dict[str, Path]:
         """Write summary.json, scenario.json, trace.json, events.csv, events.parquet,
         memory.csv, idle.csv, timeline.png and memory.png into ``out_dir`` (what
-        ``stepsim report`` reads back); returns the paths."""
+        ``stepsim run`` reads back); returns the paths.
+
+        ``parallel``: render the figures in a forked child while this process writes the
+        rest (:mod:`simulator.results.beside`); ``None`` (the default) does so where that
+        is safe and gains something (:func:`~simulator.results.beside.can_fork`), False
+        never. The files are the same either way."""
         from simulator.results import export
 
         out = Path(out_dir)
@@ -221,6 +226,13 @@ class Result:
             "memory_csv": out / "memory.csv",
             "idle_csv": out / "idle.csv",
         }
+        figures = {"timeline": out / "timeline.png", "memory_plot": out / "memory.png"} if plots else {}
+        beside = None
+        if figures and parallel is not False:
+            from simulator.results.beside import Beside, can_fork
+
+            if can_fork():
+                beside = Beside(lambda: self._write_figures(figures))
         # Writing allocates millions of short-lived strings and no reference cycles: the
         # cyclic collector would only walk the run's records again and again.
         with _gc_paused():
@@ -236,14 +248,19 @@ class Result:
             export.write_events_parquet(events, paths["events_parquet"])  # key-value metadata stepsim_version
             export.write_csv(self.table("memory"), paths["memory_csv"])
             export.write_csv(self.table("idle"), paths["idle_csv"])
-            if plots:
-                from simulator.results import plots as plotmod
-
-                paths["timeline"] = out / "timeline.png"
-                paths["memory_plot"] = out / "memory.png"
-                plotmod.plot_timeline(self, paths["timeline"])
-                plotmod.plot_memory(self, paths["memory_plot"])
+            if beside is not None:
+                beside.wait()
+            elif figures:
+                self._write_figures(figures)
+        paths.update(figures)
         return paths
+
+    def _write_figures(self, figures: dict[str, Path]) -> None:
+        from simulator.results import plots as plotmod
+
+        with _gc_paused():
+            plotmod.plot_timeline(self, figures["timeline"])
+            plotmod.plot_memory(self, figures["memory_plot"])
 
     def to_chrome_trace(self, path) -> None:
         from simulator.results import export
