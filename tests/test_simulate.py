@@ -226,3 +226,27 @@ def test_ring_attention_overlaps_the_kv_exchange():
     assert ring.summary["mfu"] > gather.summary["mfu"]
     exact = simulate(base, exact=True)
     assert exact.summary["step_time_s"] == pytest.approx(ring.summary["step_time_s"], rel=1e-9)
+
+
+def test_the_run_leaves_the_collector_on_with_its_objects_long_lived():
+    # simulate() pauses the cyclic collector, then moves what it tracks to the oldest
+    # generation: the first young collection afterwards need not walk the whole run
+    import gc
+
+    assert gc.isenabled()
+    simulate("quickstart")
+    assert gc.isenabled()
+    assert gc.get_count()[0] < 1000  # young objects: only those made since, not the run's
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_run_leaves_the_callers_frozen_objects_frozen():
+    import gc
+
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        simulate("quickstart")
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
