@@ -218,3 +218,27 @@ def test_docs_name_every_builtin_scenario_and_table_column():
     for col in ("rank", "stage", "time_s", *MEMORY_CATEGORIES, "total"):
         assert f"`{col}`" in memory, col
     assert "`stepsim_version`" in root.joinpath("docs", "scenario.md").read_text()
+
+
+@pytest.mark.parametrize("command", ["run", "trace"])
+def test_console_quick_exit_flushes_everything_first(command, tmp_path):
+    # `stepsim run` / `trace` end with os._exit: the output must be complete all the same
+    args = (
+        ["run", "quickstart", "--json"]
+        if command == "run"
+        else ["trace", "quickstart", "--out", str(tmp_path / "t.json")]
+    )
+    p = subprocess.run([sys.executable, "-m", "simulator.cli", *args], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    if args[0] == "run":
+        assert json.loads(p.stdout)["name"].startswith("quickstart")
+    else:
+        assert (tmp_path / "t.json").stat().st_size > 0
+
+
+def test_console_quick_exit_keeps_the_exit_code_of_bad_input():
+    p = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", "run", "no-such-scenario"], capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 2
+    assert p.stderr.startswith("stepsim: error:") and "Traceback" not in p.stderr
