@@ -93,7 +93,7 @@ def test_wheel_holds_every_module_the_cases_py_typed_and_the_license(wheel):
     assert meta["License-Expression"] == "Apache-2.0" and meta["License"] is None  # SPDX (PEP 639), no {text=}
     classifiers = meta.get_all("Classifier")
     assert "Typing :: Typed" in classifiers and not any(c.startswith("License ::") for c in classifiers)
-    assert "stepsim = simulator.cli:main" in zipfile.ZipFile(wheel).read(f"{dist}/entry_points.txt").decode()
+    assert "stepsim = simulator.cli:console" in zipfile.ZipFile(wheel).read(f"{dist}/entry_points.txt").decode()
 
 
 def test_the_installed_layout_runs_from_outside_the_repository(wheel, tmp_path):

@@ -347,8 +347,6 @@ def fit_network(timings: Sequence[CollectiveTiming], cluster: str, family: Optio
     CalibrationInputError
         Unknown cluster, or fewer than two rows.
     """
-    from scipy.optimize import least_squares
-
     from simulator.studies.bench import collective_time_s
     from simulator.network.calibration import default_calibration
     from topologies.presets import CLUSTER_PRESETS, build_cluster, cluster_preset
@@ -390,6 +388,21 @@ def fit_network(timings: Sequence[CollectiveTiming], cluster: str, family: Optio
     x0 = np.array([v for kind in kinds for v in (base.efficiency_of(kind), base.overhead_of(kind) * 1e6)])
     lo = np.array([v for _ in kinds for v in (0.05, 0.0)])
     hi = np.array([v for _ in kinds for v in (1.0, 1000.0)])
+    sol = _multi_start_fit(resid, x0, lo, hi)
+    rel = np.exp(resid(sol.x)) - 1.0
+    links = []
+    for i, kind in enumerate(kinds):
+        rows = [j for j, t in enumerate(timings) if _kind_for(topo, t.devices, domain) == kind]
+        err = float(np.sqrt(np.mean(rel[rows] ** 2))) if rows else float(np.sqrt(np.mean(rel**2)))
+        links.append(LinkFit(kind, float(sol.x[2 * i]), float(sol.x[2 * i + 1]) * 1e-6, len(rows), err))
+    return NetworkFit(cluster, links)
+
+
+def _multi_start_fit(resid, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+    """:func:`scipy.optimize.least_squares` of ``resid`` (efficiency, overhead in us per
+    link group) from ``x0`` and three other starts; the solution of least cost."""
+    from scipy.optimize import least_squares
+
     # Collective times are a max over link groups (a ring across nodes is bound by NVLink or
     # by the NICs), so a group that does not bind at the start has no gradient: start also
     # from half the default efficiencies and keep the better fit.
@@ -398,28 +411,21 @@ def fit_network(timings: Sequence[CollectiveTiming], cluster: str, family: Optio
     # every overhead at 10 us (above typical values; each kind then falls to its own).
     x1 = x0.copy()
     x1[0::2] *= 0.5
+    x2 = x0.copy()
+    x2[1::2] = 10.0
     # And both at once: from full efficiencies and 10 us, the fit of a 16-GPU DGX H100 rail
     # ring can still settle where the NICs never bind (tests/test_calibrate.py: NIC 0.94,
     # NVLink 0.63 for a true 0.6 and 0.7, on one machine's BLAS and not another's); from half
     # the efficiencies and 10 us it finds the true ones.
-    x2 = x0.copy()
-    x2[1::2] = 10.0
     x3 = x1.copy()
     x3[1::2] = 10.0
-    sol = min(
+    return min(
         (
             least_squares(resid, np.clip(x, lo, hi), bounds=(lo, hi), diff_step=1e-3, max_nfev=200)
             for x in (x0, x1, x2, x3)
         ),
         key=lambda r: r.cost,
     )
-    rel = np.exp(resid(sol.x)) - 1.0
-    links = []
-    for i, kind in enumerate(kinds):
-        rows = [j for j, t in enumerate(timings) if _kind_for(topo, t.devices, domain) == kind]
-        err = float(np.sqrt(np.mean(rel[rows] ** 2))) if rows else float(np.sqrt(np.mean(rel**2)))
-        links.append(LinkFit(kind, float(sol.x[2 * i]), float(sol.x[2 * i + 1]) * 1e-6, len(rows), err))
-    return NetworkFit(cluster, links)
 
 
 #: Link kinds that share one fitted efficiency and overhead.
