@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
+from functools import cache
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -108,6 +109,7 @@ class _Environment(simpy.Environment):
         return ev
 
 
+@cache
 def _progress_bar():
     """``tqdm.auto``'s bar (a widget in a notebook, with ipywidgets; text elsewhere)
     without tqdm's monitor thread, which would outlive the run and keep

@@ -208,7 +208,7 @@ class Result:
     def write(self, out_dir, plots: bool = True, parallel: Optional[bool] = None) -> dict[str, Path]:
         """Write summary.json, scenario.json, trace.json, events.csv, events.parquet,
         memory.csv, idle.csv, timeline.png and memory.png into ``out_dir`` (what
-        ``stepsim run`` reads back); returns the paths.
+        ``stepsim report`` reads back); returns the paths.
 
         ``parallel``: render the figures in a forked child while this process writes the
         rest (:mod:`simulator.results.beside`); ``None`` (the default) does so where that
@@ -227,15 +227,16 @@ class Result:
             "idle_csv": out / "idle.csv",
         }
         figures = {"timeline": out / "timeline.png", "memory_plot": out / "memory.png"} if plots else {}
-        beside = None
-        if figures and parallel is not False:
-            from simulator.results.beside import Beside, can_fork
-
-            if can_fork():
-                beside = Beside(lambda: self._write_figures(figures))
         # Writing allocates millions of short-lived strings and no reference cycles: the
-        # cyclic collector would only walk the run's records again and again.
+        # cyclic collector would only walk the run's records again and again (a child
+        # forked for the figures inherits the pause).
         with _gc_paused():
+            beside = None
+            if figures and parallel is not False:
+                from simulator.results.beside import Beside, can_fork
+
+                if can_fork():
+                    beside = Beside(lambda: self._write_figures(figures))
             paths["summary"].write_text(self.summary_json())
             if self.scenario is not None:
                 from simulator.scenario.serialise import scenario_to_dict
@@ -258,9 +259,8 @@ class Result:
     def _write_figures(self, figures: dict[str, Path]) -> None:
         from simulator.results import plots as plotmod
 
-        with _gc_paused():
-            plotmod.plot_timeline(self, figures["timeline"])
-            plotmod.plot_memory(self, figures["memory_plot"])
+        plotmod.plot_timeline(self, figures["timeline"])
+        plotmod.plot_memory(self, figures["memory_plot"])
 
     def to_chrome_trace(self, path) -> None:
         from simulator.results import export

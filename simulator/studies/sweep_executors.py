@@ -6,7 +6,6 @@ check that every worker runs this process's stepsim version (:class:`WorkerVersi
 from __future__ import annotations
 
 import json
-import os
 from concurrent.futures import as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Iterator, Optional, Sequence
@@ -76,10 +75,9 @@ def _failed_row(p: tuple, err: BaseException) -> dict:
 
 
 def default_jobs() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover — not Linux
-        return max(1, os.cpu_count() or 1)
+    from simulator.results.beside import usable_cpus
+
+    return max(1, usable_cpus())
 
 
 def execute(payloads: Sequence[tuple], client=None, jobs: Optional[int] = None, executor=None) -> Iterator[dict]:
