@@ -84,6 +84,25 @@ class Op:
         return sum(k.bytes for k in self.kernels)
 
 
+# The trace builder makes up to millions of ops; a call with the fields in order costs half one
+# with keywords (0.9 against 1.9 us for a compute op, 1.0 against 2.8 us for a collective,
+# Python 3.11). The two constructors below keep that order in one place, beside the class
+# (tests/test_trace_ops.py checks them against keyword construction).
+
+
+def compute_op(id, rank, name, phase, mb, chunk, layer, deps, kernels, mem, recompute, comm_overlap) -> Op:
+    """A compute op (``deps``, ``kernels`` and ``mem`` tuples)."""
+    return Op(id, rank, "compute", "compute", name, phase, mb, chunk, layer, deps, kernels, recompute, comm_overlap,
+              "", "", (), "", 0.0, 1.0, -1, mem)  # fmt: skip
+
+
+def collective_op(id, rank, stream, name, phase, mb, chunk, layer, deps, coll, axis, group, key, size_bytes,
+                  scaleout_fraction) -> Op:  # fmt: skip
+    """One rank's part of a collective (``deps`` and ``group`` tuples)."""
+    return Op(id, rank, stream, "collective", name, phase, mb, chunk, layer, deps, (), False, False, coll, axis,
+              group, key, size_bytes, scaleout_fraction)  # fmt: skip
+
+
 @dataclass
 class Trace:
     """Ops of the simulated ranks plus the static memory of each rank.

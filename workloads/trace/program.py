@@ -11,7 +11,7 @@ from typing import Optional
 
 
 from workloads import schedules as sched
-from workloads.trace.ops import Op
+from workloads.trace.ops import Op, collective_op, compute_op
 from workloads.trace.program_layers import LayerOps
 from workloads.trace.program_params import ParamOps
 from workloads.trace.builder import (
@@ -64,21 +64,19 @@ class RankProgram(LayerOps, ParamOps):
 
     def compute(self, name, kernels, phase, mb, chunk, layer, deps=(), mem=(), recompute=False) -> Op:
         ops = self.b.ops  # TraceBuilder.add, inlined: a step has up to millions of compute ops
-        op = Op(
-            id=len(ops),
-            rank=self.rank,
-            stream="compute",
-            kind="compute",
-            name=name,
-            phase=phase,
-            mb=mb,
-            chunk=chunk,
-            layer=layer,
-            deps=tuple(deps),
-            kernels=tuple(kernels),
-            mem=tuple(mem),
-            recompute=recompute,
-            comm_overlap=self.in_pair,
+        op = compute_op(
+            len(ops),
+            self.rank,
+            name,
+            phase,
+            mb,
+            chunk,
+            layer,
+            tuple(deps),
+            tuple(kernels),
+            tuple(mem),
+            recompute,
+            self.in_pair,
         )
         ops.append(op)
         self.last_compute = op
@@ -116,23 +114,22 @@ class RankProgram(LayerOps, ParamOps):
             # expert-TP collectives share the TP stream (tensor-parallel traffic of a block)
             stream = "tp" if axis == "etp" else axis if axis in ("tp", "cp", "ep") else "dp"
         ops = self.b.ops  # TraceBuilder.add, inlined
-        op = Op(
-            id=len(ops),
-            rank=self.rank,
-            stream=stream,
-            kind="collective",
-            name=name,
-            phase=phase,
-            mb=mb,
-            chunk=chunk,
-            layer=layer,
-            deps=tuple(deps),
-            coll=coll,
-            axis=axis,
-            group=group,
-            key=key,
-            size_bytes=size,
-            scaleout_fraction=scaleout_fraction,
+        op = collective_op(
+            len(ops),
+            self.rank,
+            stream,
+            name,
+            phase,
+            mb,
+            chunk,
+            layer,
+            tuple(deps),
+            coll,
+            axis,
+            group,
+            key,
+            size,
+            scaleout_fraction,
         )
         ops.append(op)
         return op
