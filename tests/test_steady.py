@@ -72,17 +72,20 @@ def test_runs_per_schedule():
     assert runs_for("1f1b", 64, 512) == [(72, 2)]
     assert runs_for("zb-h1", 8, 128) == [(16, 2)]
     assert runs_for("dualpipe", 4, 64) == [(16, 4)]
-    assert runs_for("dualpipe", 4, 32) == []  # the run, 16, would be half the step
+    assert runs_for("dualpipe", 4, 32) == [(16, 4)]  # the run is half the step: the most allowed
+    assert runs_for("dualpipe", 4, 28) == []  # the run, 16, would be more than half
     # expert all-to-alls settle later: pp + 4 micro-batches more
     assert runs_for("1f1b", 8, 128, expert_parallel=True) == [(28, 2)]
     assert runs_for("1f1b", 4, 64, expert_parallel=True) == [(20, 2)]
     assert runs_for("interleaved-1f1b", 8, 248, vpp=2) == [(32, 8)]
-    assert runs_for("interleaved-1f1b", 8, 64, vpp=2) == []  # the run, 32, would be half the step
-    assert runs_for("interleaved-1f1b", 64, 512, vpp=2) == []  # a run of 256 > 0.4 x 512
+    assert runs_for("interleaved-1f1b", 8, 64, vpp=2) == [(32, 8)]  # m = 8 pp, as Megatron runs often are
+    assert runs_for("interleaved-1f1b", 64, 512, vpp=2) == [(256, 64)]
+    assert runs_for("interleaved-1f1b", 8, 56, vpp=2) == []  # a run of 32 > 0.5 x 56
     assert runs_for("gpipe", 4, 512) == []  # every micro-batch's activations at once
     assert runs_for("1f1b", 4, 512, global_aux=True) == []  # all forwards first
     assert runs_for("1f1b", 1, 512) == []  # no pipeline
-    assert runs_for("1f1b", 4, 24) == []  # too short to pay
+    assert runs_for("1f1b", 4, 24) == [(12, 2)]
+    assert runs_for("1f1b", 4, 22) == []  # too short to pay
     assert runs_for("1f1b", 4, 63) == []  # 63 - 12 is not a whole number of periods
 
 
