@@ -55,7 +55,7 @@ TIME_TOLERANCE = 1e-12
 #: The shorter run may cost at most this share of the full step's micro-batches (all a try
 #: costs on top of the full simulation where its records have not settled). Half lets
 #: interleaved 1F1B skip at ``m = 8 pp``, the common Megatron setting (its run is ``4 pp``):
-#: 14 more validation cases, every one certified, 1.1-1.6x faster (``benchmarks/README.md``).
+#: 14 more validation cases, every one certified, 1.1-2.1x faster (``benchmarks/README.md``).
 MAX_SHARE = 0.5
 #: The same with expert parallelism, whose certificates fail more often (all-to-alls sharing
 #: NICs overlap differently from one micro-batch to the next: mbridge-qwen3-235b-256xh100-fp8

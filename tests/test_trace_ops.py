@@ -1,11 +1,11 @@
-"""The positional op constructors (:func:`workloads.trace.ops.compute_op`, ``collective_op``) build
+"""The positional op constructors (:func:`workloads.trace.ops.compute_op`, ``collective_op``, ``send_op``) build
 the op keyword construction builds: a reordered or added ``Op`` field fails here, not as a
 silently shifted field in every trace."""
 
 import dataclasses
 
 from workloads.counts import Kernel
-from workloads.trace.ops import Op, collective_op, compute_op
+from workloads.trace.ops import Op, collective_op, compute_op, send_op
 
 
 def _fields(op: Op) -> dict:
@@ -28,5 +28,14 @@ def test_collective_op_is_keyword_construction():
     want = Op(
         id=9, rank=2, stream="tp", kind="collective", name="L0.mlp.out", phase="B", mb=4, chunk=0, layer=0,
         deps=(8,), coll="all-reduce", axis="tp", group=(0, 1), key="tp:0:x", size_bytes=5e6, scaleout_fraction=0.5,
+    )  # fmt: skip
+    assert _fields(got) == _fields(want)
+
+
+def test_send_op_is_keyword_construction():
+    got = send_op(3, 1, "pp", "send.F", "F", 6, 2, (2,), "pp", "pp:1->5:F:6:2", 8e6, 5)
+    want = Op(
+        id=3, rank=1, stream="pp", kind="send", name="send.F", phase="F", mb=6, chunk=2, deps=(2,), axis="pp",
+        key="pp:1->5:F:6:2", size_bytes=8e6, peer=5,
     )  # fmt: skip
     assert _fields(got) == _fields(want)

@@ -11,7 +11,7 @@ from typing import Optional
 
 
 from workloads import schedules as sched
-from workloads.trace.ops import Op, collective_op, compute_op
+from workloads.trace.ops import Op, collective_op, compute_op, send_op
 from workloads.trace.program_layers import LayerOps
 from workloads.trace.program_params import ParamOps
 from workloads.trace.builder import (
@@ -64,20 +64,8 @@ class RankProgram(LayerOps, ParamOps):
 
     def compute(self, name, kernels, phase, mb, chunk, layer, deps=(), mem=(), recompute=False) -> Op:
         ops = self.b.ops  # TraceBuilder.add, inlined: a step has up to millions of compute ops
-        op = compute_op(
-            len(ops),
-            self.rank,
-            name,
-            phase,
-            mb,
-            chunk,
-            layer,
-            tuple(deps),
-            tuple(kernels),
-            tuple(mem),
-            recompute,
-            self.in_pair,
-        )
+        op = compute_op(len(ops), self.rank, name, phase, mb, chunk, layer, tuple(deps), tuple(kernels), tuple(mem),
+                        recompute, self.in_pair)  # fmt: skip
         ops.append(op)
         self.last_compute = op
         self.compute_history.append(op.id)
@@ -114,23 +102,8 @@ class RankProgram(LayerOps, ParamOps):
             # expert-TP collectives share the TP stream (tensor-parallel traffic of a block)
             stream = "tp" if axis == "etp" else axis if axis in ("tp", "cp", "ep") else "dp"
         ops = self.b.ops  # TraceBuilder.add, inlined
-        op = collective_op(
-            len(ops),
-            self.rank,
-            stream,
-            name,
-            phase,
-            mb,
-            chunk,
-            layer,
-            tuple(deps),
-            coll,
-            axis,
-            group,
-            key,
-            size,
-            scaleout_fraction,
-        )
+        op = collective_op(len(ops), self.rank, stream, name, phase, mb, chunk, layer, tuple(deps), coll, axis, group,
+                           key, size, scaleout_fraction)  # fmt: skip
         ops.append(op)
         return op
 
@@ -237,18 +210,8 @@ class RankProgram(LayerOps, ParamOps):
             b.tags[tag] = after.id
             return
         size = b.hidden_bytes / (L.tp if L.sequence_parallel else 1)
-        op = b.add(
-            rank=self.rank,
-            stream="pp",
-            kind="send",
-            name=f"send.{kind}",
-            phase=kind,
-            mb=mb,
-            chunk=pos,
-            deps=(after.id,),
-            peer=dst,
-            size_bytes=size,
-            axis="pp",
-            key=f"pp:{self.rank}->{dst}:{kind}:{mb}:{pos}",
-        )
+        ops = b.ops  # TraceBuilder.add, inlined
+        key = f"pp:{self.rank}->{dst}:{kind}:{mb}:{pos}"
+        op = send_op(len(ops), self.rank, "pp", f"send.{kind}", kind, mb, pos, (after.id,), "pp", key, size, dst)
+        ops.append(op)
         b.tags[tag] = op.id
