@@ -187,3 +187,21 @@ def test_certified_variants_match_the_full_step(parallel, micro_batches, overlap
     a, b = summary_numbers(full), summary_numbers(ext)
     for k in a:
         assert abs(a[k] - b[k]) <= 1e-9 * max(abs(a[k]), full["step_time_s"]), k
+
+
+def test_an_interleaved_step_of_eight_micro_batches_per_stage_skips():
+    """Interleaved 1F1B runs ``4 pp`` micro-batches (its period is ``pp``), half of Megatron's
+    common ``m = 8 pp``: :data:`steady.MAX_SHARE` lets it try, and the certificate holds."""
+    sc = scenario(
+        model=copy.deepcopy(BALANCED_MODEL),
+        cluster={"preset": "dgx-h100", "devices": 4},
+        parallel={"tp": 1, "pp": 4, "dp": 1, "vpp": 2},
+        schedule="interleaved-1f1b",
+        training={"global_batch_size": 32},
+    )
+    ext = simulate(sc, steady_state=True).summary
+    assert ext["steady_state"] == {"micro_batches_simulated": [16], "period_micro_batches": 4}
+    full = simulate(sc).summary
+    a, b = summary_numbers(full), summary_numbers(ext)
+    for k in a:
+        assert abs(a[k] - b[k]) <= 1e-9 * max(abs(a[k]), full["step_time_s"]), k
