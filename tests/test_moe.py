@@ -140,13 +140,42 @@ def test_node_limited_quotient_agrees_with_the_full_plan():
     assert pieces.step_time_s == fast.summary["step_time_s"]
     assert pieces.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
     assert pieces.network_stats["flows_started"] < 0.5 * full.network_stats["flows_started"]
-    # one phase of 2 steps: 2 (m-1) = 2 rail flows and k-1 = 7 NVLink flows, instead of the
-    # full plan's 16 x 15 = 240 (2 x 8 rail + 2 x 56 NVLink in each stage's EP group)
+    # one phase of 2 steps: 2 (m-1) = 2 rail flows and the k-1 = 7 NVLink sends, whose images
+    # load the same links, as one flow of weight 7, instead of the full plan's 16 x 15 = 240
+    # (2 x 8 rail + 2 x 56 NVLink in each stage's EP group)
     eng = Engine(fast.trace, fast.topology, fast.scenario.layout, chip, calibration_for(chip, {}))
     op = next(op for op in fast.trace.ops if op.coll == "all-to-all")
     ((transfers, steps, _),) = eng.lowering.collective_phases(op)
-    assert steps == 2 and len(transfers) == 9
+    assert steps == 2 and len(transfers) == 3
     assert sum(t.src // 8 != t.dst // 8 for t in transfers) == 2
+    (nvlink,) = [t for t in transfers if t.src // 8 == t.dst // 8]
+    assert nvlink.weight == 7 and {m for _, m in nvlink.incidence} == {1.0}
+
+
+def test_all_to_all_inside_one_domain_runs_as_its_quotient():
+    """A direct expert all-to-all inside one NVLink domain (EP8 of a GB200 rack, beside
+    tensor-parallel collectives and pipeline sends on the same GPU links) runs as the
+    representative's 7 receives and its 7 sends bundled into one flow: n + 1 flows instead
+    of n (n - 1), and the step of the full plan."""
+    sc = moe_scenario(
+        cluster={"preset": "gb200-nvl72", "devices": 32, "network": {"domain_size": 32}},
+        parallel={"tp": 2, "pp": 2, "dp": 8, "ep": 8, "sequence_parallel": True},
+        training={"global_batch_size": 64},
+    )
+    fast = simulate(sc)
+    (_, quotient), (_, full) = rerun_engine(fast), rerun_engine(fast, a2a_quotient=False)
+    assert quotient.step_time_s == fast.summary["step_time_s"]
+    assert quotient.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
+    assert quotient.network_stats["flows_started"] < 0.5 * full.network_stats["flows_started"]
+    eng, _ = rerun_engine(fast)
+    op = next(op for op in fast.trace.ops if op.coll == "all-to-all")
+    ((transfers, steps, _),) = eng.lowering.collective_phases(op)
+    assert steps == 1 and len(transfers) == 8
+    (sends,) = [t for t in transfers if t.weight > 1]
+    assert sends.src == op.rank and sends.weight == 7
+    # each send's 7 images (the 8th lands in the representative: a receive of its own) cross
+    # 7 uplinks and 7 downlinks once each
+    assert sum(sends.weight * m for _, m in sends.incidence) == pytest.approx(7 * (7 + 7))
 
 
 def test_deepseek_v3_activation_savings_in_the_trace():

@@ -44,8 +44,13 @@ An expert all-to-all planned as ``hierarchical-a2a`` (across scale-up domains, w
 without node-limited routing) is quotiented further, inside its own group: its rail and
 NVLink pieces are direct all-to-alls whose members all belong to the representative's
 stage, so each transfer is the image of one of the representative's under a rotation
-of its group's members (``Lowering._hierarchical_a2a_pieces``; ``Engine(...,
-a2a_quotient=False)`` runs the full plan instead).
+of its group's members (``Lowering._hierarchical_a2a_pieces``). So is a direct
+all-to-all inside one scale-up domain, whose twins are left out but whose members are
+the representative's stage (``Lowering._domain_a2a_quotient``). A quotient's sends
+whose images load the same links alike run as one flow of their summed weight
+(:func:`~simulator.engine.quotient.bundle`): an all-to-all of ``n`` members in one
+domain is ``n + 1`` flows. ``Engine(..., a2a_quotient=False)`` runs the full plans
+instead.
 
 What a collective or send runs on the network -- plan, twin injection, symmetry
 quotient, merge into network phases -- is one call to :class:`~simulator.engine.lowering.Lowering`;

@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from simulator.engine.quotient import SMALL_TWINS, image_quotient, quotient_phase, quotient_plan
+from simulator.engine.quotient import SMALL_TWINS, bundle, image_quotient, quotient_phase, quotient_plan
 from simulator.network import collectives as coll_mod
 from simulator.network.flows import FlowNetwork, Transfer
 from topologies.topology import Topology
@@ -71,6 +71,8 @@ class Lowering:
         not line up with it, every twin's plan."""
         if op.coll == "all-to-all" and self.trace.representative and self.twin_quotient and self.a2a_quotient:
             pieces = self._hierarchical_a2a_pieces(op)
+            if pieces is None:
+                pieces = self._domain_a2a_quotient(op)
             if pieces is not None:
                 return pieces
         groups = self._groups_on_network(op)
@@ -135,17 +137,46 @@ class Lowering:
             )
             if q is None:
                 return None
-            transfers.extend(q)
+            transfers.extend(_bundled(q, len(rail) - 1))
         local = L.ep_subgroup(op.rank, "intra", D)
         if len(local) > 1:
             q = self._rotation_quotient(op.rank, local, op.size_bytes / len(local))
             if q is None:
                 return None
-            transfers.extend(q)
+            transfers.extend(_bundled(q, len(q)))
         if not transfers:
             return None
         phase = coll_mod.Phase(tuple(transfers), steps=2)
         return [coll_mod.CollectivePlan(op.coll, "hierarchical-a2a", op.group, op.size_bytes, (phase,))]
+
+    def _domain_a2a_quotient(self, op: Op) -> Optional[list]:
+        """An expert all-to-all planned ``direct`` inside one scale-up domain of a switched
+        network, as the quotient of its ``n (n - 1)`` transfers by the rotations of its
+        members (every member belongs to the representative's stage: under the
+        representative assumption each runs at its image's rate): the representative's
+        ``n - 1`` receives as flows of their own, so that they meet whatever else arrives
+        on its links, and its ``n - 1`` sends, each loading the links its images cross
+        (:meth:`_rail_quotient` over the one group), bundled into one flow of weight
+        ``n - 1`` (:func:`~simulator.engine.quotient.bundle`): the sends' images differ
+        only in which other member's uplink they leave out (the one whose send lands in
+        the representative, a receive of its own), so where the traffic is symmetric they
+        share one rate. ``n + 1`` flows of ``3 n`` link crossings instead of the plan's
+        ``n (n - 1)`` flows (DGX Cloud DeepSeek-V3 on 128 GB200: EP32, 992 flows of 2
+        links each). None where the group is not the layout's EP group, spans domains or
+        is planned otherwise: the full plan runs."""
+        L, topo = self.layout, self.topo
+        if topo.kind != "switched" or op.group != L.group(op.rank, "ep"):
+            return None
+        if len({topo.domain_of(r) for r in op.group}) != 1:
+            return None
+        plan = self._plan(op.coll, op.group, op.size_bytes, op.scaleout_fraction)
+        if plan.algorithm != "direct" or len(plan.phases) != 1:
+            return None
+        q = self._rail_quotient(op.rank, op.group, [op.group], op.size_bytes / len(op.group))
+        if q is None:
+            return None
+        phase = coll_mod.Phase(_bundled(q, len(op.group) - 1), steps=plan.phases[0].steps)
+        return [coll_mod.CollectivePlan(op.coll, "direct", op.group, op.size_bytes, (phase,))]
 
     def _rail_quotient(self, rank: int, rail: tuple, groups: list, chunk: float) -> Optional[tuple]:
         """Quotient of the direct all-to-alls of ``chunk`` per pair over the rail groups
@@ -275,3 +306,12 @@ class Lowering:
         pp_stride = L.rank_of(pp=1) if L.pp > 1 else 0
         shift = np.array([(L.stage_of(r) - stage) * pp_stride for r in group], dtype=np.int64)
         return np.array(L.stage_ranks(stage), dtype=np.int64)[:, None] + shift[None, :]
+
+
+def _bundled(transfers: tuple, k: int) -> tuple:
+    """``transfers`` with its first ``k`` (a quotient's sends, of one size) as one flow
+    (:func:`~simulator.engine.quotient.bundle`); as they are where one of them is its
+    route once (no incidence) or there is nothing to bundle."""
+    if k < 2 or any(t.incidence is None for t in transfers[:k]):
+        return tuple(transfers)
+    return (bundle(transfers[:k]), *transfers[k:])

@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from simulator.network.flows import FlowNetwork
+from simulator.network.flows import FlowNetwork, Transfer
 
 #: Twin sends quotiented through :func:`quotient_phase` (Transfer objects) up to this
 #: many pairs; more go straight from the pair arrays (``Lowering._pair_quotient``).
@@ -164,3 +164,16 @@ def image_quotient(
         inc += tuple((lk, float(x)) for lk, x in of.items() if lk not in route)
         out.append(replace(t, incidence=inc))
     return tuple(out)
+
+
+def bundle(transfers: tuple) -> Transfer:
+    """One flow for ``transfers`` (of one size and one latency) that the max-min problem
+    gives one rate: weight the sum of theirs, each link loaded as all of them load it at
+    that rate (multiplicity: their summed ``weight x multiplicity`` over the new weight);
+    ``src -> dst`` the first's."""
+    w = sum(t.weight for t in transfers)
+    load: dict = {}
+    for t in transfers:
+        for lk, m in t.incidence:
+            load[lk] = load.get(lk, 0.0) + t.weight * m
+    return replace(transfers[0], weight=w, incidence=tuple((lk, x / w) for lk, x in load.items()))
