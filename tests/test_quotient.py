@@ -232,3 +232,31 @@ def test_quotient_equals_injecting_every_twin(name):
     assert np.allclose(a["end_s"].to_numpy(), b["end_s"].to_numpy(), rtol=1e-9, atol=0.0)
     fq, ff = quot.raw.network_stats["flows_started"], full.raw.network_stats["flows_started"]
     assert fq < 0.6 * ff, (fq, ff)
+
+
+def test_sends_whose_twins_cross_a_leaf_boundary_fold_by_latency_class():
+    """Stage 0 on nodes 0-2 sends to stage 1 on nodes 3-5, leaves of 4 nodes: the
+    representative's pair (node 0 -> 3) stays in its leaf, 16 of its 24 twin pairs cross
+    the spine (another path latency), so the twins are no single image set. Each latency
+    class folds into one flow of its own (2 flows, not 24) and the step is the one with
+    every twin injected."""
+    sc = scenario(
+        cluster={"preset": "dgx-h100", "devices": 48, "network": {"domains_per_leaf": 4}},
+        parallel={"tp": 8, "pp": 2, "dp": 3},
+        training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 12},
+    )
+    quot, full = simulate(sc), simulate(sc, twin_quotient=False)
+    assert quot.summary["step_time_s"] == pytest.approx(full.summary["step_time_s"], rel=1e-9)
+    a = quot.events.sort_values(["rank", "stream", "start_s"])
+    b = full.events.sort_values(["rank", "stream", "start_s"])
+    assert np.allclose(a["end_s"].to_numpy(), b["end_s"].to_numpy(), rtol=1e-9, atol=0.0)
+    from tests.helpers import rerun_engine
+
+    eng, _ = rerun_engine(quot)
+    op = next(op for op in quot.trace.ops if op.kind == "send")
+    transfers = eng.lowering.send_transfers(op)
+    assert len(transfers) == 2 and transfers[0].src == op.rank and transfers[0].dst == op.peer
+    assert eng.lowering.twin_stats["partial"] >= 1
+    assert eng.net.phase_latency_s(transfers) == eng.net.phase_latency_s(
+        [Transfer(a, b, op.size_bytes) for a, b in eng.lowering._twin_rows(op, pair=(op.rank, op.peer)).tolist()]
+    )

@@ -45,7 +45,7 @@ class Lowering:
         self.algorithms = algorithms or {}
         self.twin_quotient = twin_quotient
         self.a2a_quotient = a2a_quotient
-        self.twin_stats = {"quotient": 0, "fallback": 0}  # phases quotiented / fallbacks
+        self.twin_stats = {"quotient": 0, "fallback": 0, "partial": 0}  # quotiented / fallbacks / by class
         self._twin_cache: dict = {}
         self._plan_cache: dict = {}
         self._net_phase_cache: dict = {}  # (coll, group, size, axis, rank) -> network phases
@@ -251,10 +251,38 @@ class Lowering:
                     )
                 else:
                     self.twin_stats["fallback"] += 1
+                if hit is None and mine.size:
+                    hit = self._partial_pair_quotient(own, pairs, mine[0])
             if hit is None:
                 hit = own if len(pairs) == 1 else tuple(Transfer(a, b, op.size_bytes) for a, b in pairs.tolist())
             self._send_cache[key] = hit
         return hit
+
+    def _partial_pair_quotient(self, own: tuple, pairs: np.ndarray, mine: int) -> Optional[tuple]:
+        """A send whose twin pairs do not all have its path latency (some cross a leaf
+        boundary of a fat-tree that the representative's pair does not: narayanan21-529.6b's
+        stages of 9 nodes against leaves of 32), quotiented class by class: the pairs of
+        each latency folded into one of them (the representative's own for its class) by
+        :meth:`_pair_quotient`, a class that does not fold injected whole. The phase keeps
+        the full plan's latency (its largest) and every pair's links; None where every
+        pair has one latency (the whole quotient failed for another reason) or the
+        representative's class is itself alone."""
+        _, lat = self.net.routes(pairs[:, 0], pairs[:, 1])
+        values = np.unique(lat)
+        if values.size < 2 or (lat == lat[mine]).sum() < 2:
+            return None
+        size = own[0].size_bytes
+        out: list = []
+        for v in [lat[mine], *[x for x in values.tolist() if x != lat[mine]]]:
+            cls = pairs[lat == v]
+            if v == lat[mine]:
+                rep = own
+            else:
+                rep = (Transfer(int(cls[0, 0]), int(cls[0, 1]), size),)
+            q = self._pair_quotient(rep, cls) if len(cls) > 1 else rep
+            out.extend(q if q is not None else (Transfer(a, b, size) for a, b in cls.tolist()))
+        self.twin_stats["partial"] += 1
+        return tuple(out)
 
     def _pair_quotient(self, own: tuple, pairs: np.ndarray) -> Optional[tuple]:
         """:func:`~simulator.engine.quotient.quotient_phase` of a send ``own`` over its twin ``pairs`` (rows
