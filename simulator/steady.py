@@ -327,7 +327,7 @@ def _extend(sc, run, trace_k, m: int, m1: int, k: int, delta: float, cut: float,
     r, c, s, e, axes = busy_intervals(raw.records, ranks)
     r, c, s, e = _insert_periods(r, c, s, e, cut, delta, n)
     step = raw.step_time_s + n * delta
-    acc = account_intervals(r, c, s, e, axes, ranks, step)
+    acc = account_intervals(r, c, s, e, axes, ranks, step, with_spans=False)
     flops = dict(raw.matmul_flops)
     for ops in one_period.values():
         for op in ops:
@@ -339,7 +339,7 @@ def _extend(sc, run, trace_k, m: int, m1: int, k: int, delta: float, cut: float,
         step_time_s=step,
         idle=acc.per_rank(),
         idle_spans=[],
-        account=dataclasses.replace(acc, spans=[]),
+        account=acc,
         mem_events=[],
         matmul_flops=flops,
         events_processed=raw.events_processed + n * sum(len(ops) for ops in one_period.values()),

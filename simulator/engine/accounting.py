@@ -85,10 +85,13 @@ def account(records, ranks, step_s: float) -> IdleAccount:
     return account_intervals(*busy_intervals(records, ranks), ranks, step_s)
 
 
-def account_intervals(r, c, s, e, axes: tuple, ranks: tuple, step_s: float) -> IdleAccount:
+def account_intervals(
+    r, c, s, e, axes: tuple, ranks: tuple, step_s: float, with_spans: bool = True
+) -> IdleAccount:
     """:func:`account` from the busy intervals as :func:`busy_intervals` gives them (rank index,
     channel, start, end; the axes of channels 2, 3, ...): what a timeline built from another
-    run's intervals (:mod:`simulator.steady`) is accounted by."""
+    run's intervals (:mod:`simulator.steady`) is accounted by. ``with_spans=False`` leaves
+    :attr:`IdleAccount.spans` empty (a skipped step has no op-level tables)."""
     n = len(ranks)
     t, seg_r, seg, ec, ed = _segments(r, c, s, e, n, step_s)
 
@@ -122,7 +125,7 @@ def account_intervals(r, c, s, e, axes: tuple, ranks: tuple, step_s: float) -> I
         offload_busy_s=per_rank(np.where(host, seg, 0.0)),
         busy_by_axis_s=busy_ax,
         exposed_by_axis_s=exp_ax,
-        spans=_spans(ranks, axes, t, seg_r, seg, comp, host, act, n_act),
+        spans=_spans(ranks, axes, t, seg_r, seg, comp, host, act, n_act) if with_spans else [],
     )
 
 
