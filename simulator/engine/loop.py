@@ -37,7 +37,8 @@ the representative's transfers cross (images' other links are images of these,
 carrying the same load). :func:`~simulator.engine.quotient.quotient_phase` builds them once per plan (per pair
 and size for sends); where the twins' plans do not line up with the
 representative's (other phase or transfer counts, sizes, weights or latency) every
-twin is injected as before. ``Engine(..., twin_quotient=False)`` (``simulate(...,
+twin is injected as before; a send's twin pairs that differ only in path latency fold
+class by class instead (``Lowering._partial_pair_quotient``). ``Engine(..., twin_quotient=False)`` (``simulate(...,
 twin_quotient=False)``) always injects every twin (tests compare the two).
 
 An expert all-to-all planned as ``hierarchical-a2a`` (across scale-up domains, with or
