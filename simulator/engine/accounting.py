@@ -85,9 +85,7 @@ def account(records, ranks, step_s: float) -> IdleAccount:
     return account_intervals(*busy_intervals(records, ranks), ranks, step_s)
 
 
-def account_intervals(
-    r, c, s, e, axes: tuple, ranks: tuple, step_s: float, with_spans: bool = True
-) -> IdleAccount:
+def account_intervals(r, c, s, e, axes: tuple, ranks: tuple, step_s: float, with_spans: bool = True) -> IdleAccount:
     """:func:`account` from the busy intervals as :func:`busy_intervals` gives them (rank index,
     channel, start, end; the axes of channels 2, 3, ...): what a timeline built from another
     run's intervals (:mod:`simulator.steady`) is accounted by. ``with_spans=False`` leaves
