@@ -419,19 +419,18 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
     for p in programs.values():
         p.build()
     # Cross-rank dependencies were recorded as tags; resolve them to op ids now.
-    for op in b.ops:
-        if tuple in map(type, op.deps):  # a tag (no subclass of tuple is used)
-            resolved = []
-            for d in op.deps:
-                if isinstance(d, tuple):
-                    if d not in b.tags:
-                        raise TraceError(
-                            f"op {op.id} ({op.name} on rank {op.rank}) waits for {d}, which no simulated rank produces"
-                        )
-                    resolved.append(b.tags[d])
-                else:
-                    resolved.append(d)
-            op.deps = tuple(resolved)
+    for op in _with_tags(b.ops):
+        resolved = []
+        for d in op.deps:
+            if isinstance(d, tuple):
+                if d not in b.tags:
+                    raise TraceError(
+                        f"op {op.id} ({op.name} on rank {op.rank}) waits for {d}, which no simulated rank produces"
+                    )
+                resolved.append(b.tags[d])
+            else:
+                resolved.append(d)
+        op.deps = tuple(resolved)
     weight = {r: (L.world // L.pp if rep else 1) for r in sim_ranks}
     static = {r: programs[r].static_memory() for r in sim_ranks}
     return Trace(
@@ -445,3 +444,19 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
         representative=rep,
         unexecuted_flops=b.unexecuted_flops(),
     )
+
+
+def _with_tags(ops: list) -> list:
+    """The ops among ``ops`` with a tag (a tuple; no subclass of tuple is used) among their
+    deps, in order: one pass over all deps at once instead of one per op."""
+    import itertools
+
+    lens = list(map(len, (op.deps for op in ops)))
+    flat = list(itertools.chain.from_iterable(op.deps for op in ops))
+    at = [i for i, d in enumerate(flat) if d.__class__ is tuple]
+    if not at:
+        return []
+    import numpy as np
+
+    owner = np.searchsorted(np.cumsum(lens), at, side="right")
+    return [ops[i] for i in np.unique(owner).tolist()]

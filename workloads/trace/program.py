@@ -37,6 +37,7 @@ class RankProgram(LayerOps, ParamOps):
         self.in_pair = False  # building an overlapped pair whose compute shares the SMs with all-to-alls
         self._stage_ranks: dict[int, int] = {}  # pp rank -> this rank's peer there (rank_at_stage)
         self._paths: dict[int, tuple] = {}  # micro-batch -> its path (path)
+        self._positions: dict[tuple, int] = {}  # (id(path), local chunk) -> this rank's position on it
         self._groups: dict[str, tuple] = {}  # axis -> this rank's group along it (collective)
 
     # ---- helpers ---------------------------------------------------------------
@@ -180,7 +181,10 @@ class RankProgram(LayerOps, ParamOps):
 
     def action_ops(self, a):
         path = self.path(a.mb)
-        pos = path.index((self.stage, a.chunk))
+        key = (id(path), a.chunk)  # paths are kept in self._paths: ids stay theirs
+        pos = self._positions.get(key)
+        if pos is None:
+            pos = self._positions[key] = path.index((self.stage, a.chunk))
         layers = self.b.chunks[self.chunk_index(a.chunk)]
         is_last_grad = self.last_grad.get(a.chunk) == self.action_index[id(a)]
         if a.op == "F":
