@@ -131,3 +131,23 @@ def test_each_choice_is_defined_once_and_offered_everywhere():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     op = next(a for a in sub.choices["collective"]._actions if a.dest == "op")
     assert tuple(op.choices) == enums.COLLECTIVE_OPS
+
+
+def test_a_dependency_on_a_rank_not_simulated_is_named():
+    """Cross-rank dependencies are tags resolved once every program is built; a stage built
+    without the one it receives from waits for a tag nobody defines."""
+    from helpers import scenario
+    from simulator.scenario.loading import load_scenario
+    from workloads.trace.builder import build_trace
+    from workloads.trace.ops import TraceError
+
+    sc = load_scenario(
+        scenario(
+            cluster={"preset": "dgx-h100", "devices": 16},
+            parallel={"tp": 8, "pp": 2, "dp": 1},
+            training={"global_batch_size": 4},
+        )
+    )
+    assert build_trace(sc.workload(), ranks=[0, 8]).ops  # both stages: every tag resolves
+    with pytest.raises(TraceError, match=r"on rank 8\) waits for \('F', 0, 0, 0\), which no simulated rank"):
+        build_trace(sc.workload(), ranks=[8])
