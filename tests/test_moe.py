@@ -155,7 +155,7 @@ def test_node_limited_quotient_agrees_with_the_full_plan():
 def test_all_to_all_inside_one_domain_runs_as_its_quotient():
     """A direct expert all-to-all inside one NVLink domain (EP8 of a GB200 rack, beside
     tensor-parallel collectives and pipeline sends on the same GPU links) runs as the
-    representative's 7 receives and its 7 sends bundled into one flow: n + 1 flows instead
+    representative's 7 receives and its 7 sends bundled into one flow: n flows instead
     of n (n - 1), and the step of the full plan."""
     sc = moe_scenario(
         cluster={"preset": "gb200-nvl72", "devices": 32, "network": {"domain_size": 32}},
@@ -176,6 +176,10 @@ def test_all_to_all_inside_one_domain_runs_as_its_quotient():
     # each send's 7 images (the 8th lands in the representative: a receive of its own) cross
     # 7 uplinks and 7 downlinks once each
     assert sum(sends.weight * m for _, m in sends.incidence) == pytest.approx(7 * (7 + 7))
+    # on 2 n - 1 = 15 links (every uplink, every downlink but the representative's); with the
+    # receives' 2 each, 4 n - 3 = 29 link crossings instead of 2 n (n - 1) = 112
+    assert len(sends.incidence) == 15
+    assert sum(len(t.incidence) if t.incidence else 2 for t in transfers) == 29
 
 
 def test_deepseek_v3_activation_savings_in_the_trace():

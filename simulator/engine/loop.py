@@ -50,7 +50,7 @@ all-to-all inside one scale-up domain, whose twins are left out but whose member
 the representative's stage (``Lowering._domain_a2a_quotient``). A quotient's sends
 whose images load the same links alike run as one flow of their summed weight
 (:func:`~simulator.engine.quotient.bundle`): an all-to-all of ``n`` members in one
-domain is ``n + 1`` flows. ``Engine(..., a2a_quotient=False)`` runs the full plans
+domain is ``n`` flows. ``Engine(..., a2a_quotient=False)`` runs the full plans
 instead.
 
 What a collective or send runs on the network -- plan, twin injection, symmetry
