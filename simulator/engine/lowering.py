@@ -347,4 +347,3 @@ class Lowering:
         pp_stride = L.rank_of(pp=1) if L.pp > 1 else 0
         shift = np.array([(L.stage_of(r) - stage) * pp_stride for r in group], dtype=np.int64)
         return np.array(L.stage_ranks(stage), dtype=np.int64)[:, None] + shift[None, :]
-
