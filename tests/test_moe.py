@@ -155,8 +155,8 @@ def test_node_limited_quotient_agrees_with_the_full_plan():
 def test_all_to_all_inside_one_domain_runs_as_its_quotient():
     """A direct expert all-to-all inside one NVLink domain (EP8 of a GB200 rack, beside
     tensor-parallel collectives and pipeline sends on the same GPU links) runs as the
-    representative's 7 receives and its 7 sends bundled into one flow: n flows instead
-    of n (n - 1), and the step of the full plan."""
+    representative's 7 sends bundled into one flow and its 7 receives into another: 2 flows
+    instead of n (n - 1) = 56, and the step of the full plan."""
     sc = moe_scenario(
         cluster={"preset": "gb200-nvl72", "devices": 32, "network": {"domain_size": 32}},
         parallel={"tp": 2, "pp": 2, "dp": 8, "ep": 8, "sequence_parallel": True},
@@ -170,16 +170,16 @@ def test_all_to_all_inside_one_domain_runs_as_its_quotient():
     eng, _ = rerun_engine(fast)
     op = next(op for op in fast.trace.ops if op.coll == "all-to-all")
     ((transfers, steps, _),) = eng.lowering.collective_phases(op)
-    assert steps == 1 and len(transfers) == 8
-    (sends,) = [t for t in transfers if t.weight > 1]
-    assert sends.src == op.rank and sends.weight == 7
+    assert steps == 1 and len(transfers) == 2
+    sends, receives = transfers
+    assert sends.src == op.rank and sends.weight == 7 and receives.dst == op.rank and receives.weight == 7
     # each send's 7 images (the 8th lands in the representative: a receive of its own) cross
-    # 7 uplinks and 7 downlinks once each
+    # 7 uplinks and 7 downlinks once each, over 2 n - 1 = 15 links (every uplink, every
+    # downlink but the representative's); the receives cross their 7 uplinks and the
+    # representative's downlink: 3 n - 1 = 23 link crossings instead of 2 n (n - 1) = 112
     assert sum(sends.weight * m for _, m in sends.incidence) == pytest.approx(7 * (7 + 7))
-    # on 2 n - 1 = 15 links (every uplink, every downlink but the representative's); with the
-    # receives' 2 each, 4 n - 3 = 29 link crossings instead of 2 n (n - 1) = 112
-    assert len(sends.incidence) == 15
-    assert sum(len(t.incidence) if t.incidence else 2 for t in transfers) == 29
+    assert sum(receives.weight * m for _, m in receives.incidence) == pytest.approx(7 * 2)
+    assert len(sends.incidence) == 15 and len(receives.incidence) == 8
 
 
 def test_deepseek_v3_activation_savings_in_the_trace():

@@ -47,10 +47,10 @@ NVLink pieces are direct all-to-alls whose members all belong to the representat
 stage, so each transfer is the image of one of the representative's under a rotation
 of its group's members (``Lowering._hierarchical_a2a_pieces``). So is a direct
 all-to-all inside one scale-up domain, whose twins are left out but whose members are
-the representative's stage (``Lowering._domain_a2a_quotient``). A quotient's sends
-whose images load the same links alike run as one flow of their summed weight
-(:func:`~simulator.engine.quotient.bundle`): an all-to-all of ``n`` members in one
-domain is ``n`` flows. ``Engine(..., a2a_quotient=False)`` runs the full plans
+the representative's stage (``Lowering._domain_a2a_quotient``). A quotient's sends,
+and its receives, run as one flow each of their summed weight, loading each link as
+they all do at one rate (:func:`~simulator.engine.quotient.bundle`; where the traffic is
+symmetric they share one rate): an all-to-all of ``n`` members in one domain is 2 flows. ``Engine(..., a2a_quotient=False)`` runs the full plans
 instead.
 
 What a collective or send runs on the network -- plan, twin injection, symmetry

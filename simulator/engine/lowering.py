@@ -11,6 +11,7 @@ See :mod:`simulator.engine.loop` for the representative assumption and the quoti
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
@@ -137,13 +138,14 @@ class Lowering:
             )
             if q is None:
                 return None
-            transfers.extend(self._bundled(q, len(rail) - 1))
+            k = len(rail) - 1  # the representative's sends, then its receives
+            transfers.extend(self._bundled(q[:k]) + self._bundled(q[k:]))
         local = L.ep_subgroup(op.rank, "intra", D)
         if len(local) > 1:
             q = self._rotation_quotient(op.rank, local, op.size_bytes / len(local))
             if q is None:
                 return None
-            transfers.extend(self._bundled(q, len(q)))
+            transfers.extend(self._bundled(q))
         if not transfers:
             return None
         phase = coll_mod.Phase(tuple(transfers), steps=2)
@@ -154,15 +156,16 @@ class Lowering:
         network, as the quotient of its ``n (n - 1)`` transfers by the rotations of its
         members (every member belongs to the representative's stage: under the
         representative assumption each runs at its image's rate): the representative's
-        ``n - 1`` receives as flows of their own, so that they meet whatever else arrives
-        on its links, and its ``n - 1`` sends, each loading the links its images cross
-        (:meth:`_rail_quotient` over the one group), bundled into one flow of weight
-        ``n - 1`` (:func:`~simulator.engine.quotient.bundle`): the sends' images differ
-        only in which other member's uplink they leave out (the one whose send lands in
-        the representative, a receive of its own), so where the traffic is symmetric they
-        share one rate. ``n`` flows of ``4 n - 3`` link crossings instead of the plan's
-        ``n (n - 1)`` flows of ``2 n (n - 1)`` (DGX Cloud DeepSeek-V3 on 128 GB200: EP32,
-        32 flows of 125 crossings instead of 992 of 1,984). None where the group is not the layout's EP group, spans domains or
+        ``n - 1`` receives, which load its own downlink, so that they meet whatever else
+        arrives on its links, and its ``n - 1`` sends, each loading the links its images
+        cross (:meth:`_rail_quotient` over the one group). Each set runs as one flow of
+        weight ``n - 1`` (:func:`~simulator.engine.quotient.bundle`): the sends' images
+        differ only in which other member's uplink they leave out (the one whose send
+        lands in the representative, a receive of its own), the receives only in the
+        uplink they leave, so where the traffic is symmetric each set shares one rate.
+        2 flows of ``3 n - 1`` link crossings instead of the plan's ``n (n - 1)`` flows of
+        ``2 n (n - 1)`` (DGX Cloud DeepSeek-V3 on 128 GB200: EP32, 2 flows of 95 crossings
+        instead of 992 of 1,984). None where the group is not the layout's EP group, spans domains or
         is planned otherwise: the full plan runs."""
         L, topo = self.layout, self.topo
         if topo.kind != "switched" or op.group != L.group(op.rank, "ep"):
@@ -175,21 +178,26 @@ class Lowering:
         q = self._rail_quotient(op.rank, op.group, [op.group], op.size_bytes / len(op.group))
         if q is None:
             return None
-        phase = coll_mod.Phase(self._bundled(q, len(op.group) - 1), steps=plan.phases[0].steps)
+        k = len(op.group) - 1  # the representative's sends, then its receives
+        phase = coll_mod.Phase(self._bundled(q[:k]) + self._bundled(q[k:]), steps=plan.phases[0].steps)
         return [coll_mod.CollectivePlan(op.coll, "direct", op.group, op.size_bytes, (phase,))]
 
-    def _bundled(self, transfers: tuple, k: int) -> tuple:
-        """``transfers`` with its first ``k`` (a quotient's sends) as one flow
-        (:func:`~simulator.engine.quotient.bundle`); as they are where one of them is its
-        route once (no incidence), their sizes or path latencies differ (the phase keeps
+    def _bundled(self, transfers: tuple) -> tuple:
+        """``transfers`` (a quotient's sends, or its receives) as one flow
+        (:func:`~simulator.engine.quotient.bundle`; a transfer without incidence loads its
+        route once); as they are where their sizes or path latencies differ (the phase keeps
         its latency) or there is nothing to bundle."""
-        head = transfers[:k]
-        if k < 2 or any(t.incidence is None or t.size_bytes != head[0].size_bytes for t in head):
-            return tuple(transfers)
-        _, lat = self.net.routes(np.array([t.src for t in head]), np.array([t.dst for t in head]))
+        transfers = tuple(transfers)
+        if len(transfers) < 2 or any(t.size_bytes != transfers[0].size_bytes for t in transfers):
+            return transfers
+        routes, lat = self.net.routes(np.array([t.src for t in transfers]), np.array([t.dst for t in transfers]))
         if (lat != lat[0]).any():
-            return tuple(transfers)
-        return (bundle(head), *transfers[k:])
+            return transfers
+        with_incidence = tuple(
+            t if t.incidence is not None else replace(t, incidence=tuple((lk, 1.0) for lk in row[row >= 0].tolist()))
+            for t, row in zip(transfers, routes)
+        )
+        return (bundle(with_incidence),)
 
     def _rail_quotient(self, rank: int, rail: tuple, groups: list, chunk: float) -> Optional[tuple]:
         """Quotient of the direct all-to-alls of ``chunk`` per pair over the rail groups
