@@ -55,8 +55,10 @@ def _wrap(times: dict, module: str, attr: str, label: str) -> None:
 
 
 def _scenario(name: str):
+    if Path(name).exists():  # a scenario file (rglob takes no absolute pattern)
+        return name
     cases = sorted((ROOT / "validation").rglob(f"{name}.yaml"))
-    if cases and not Path(name).exists():
+    if cases:
         from simulator.studies.validate import load_case
 
         return load_case(cases[0]).scenario_with()
