@@ -38,8 +38,9 @@ carrying the same load). :func:`~simulator.engine.quotient.quotient_phase` build
 and size for sends); where the twins' plans do not line up with the
 representative's (other phase or transfer counts, sizes, weights or latency) every
 twin is injected as before; a send's twin pairs that differ only in path latency fold
-class by class instead (``Lowering._partial_pair_quotient``). ``Engine(..., twin_quotient=False)`` (``simulate(...,
-twin_quotient=False)``) always injects every twin (tests compare the two).
+class by class instead (``Lowering._partial_pair_quotient``). ``Engine(...,
+twin_quotient=False)`` (``simulate(..., twin_quotient=False)``) always injects every
+twin (tests compare the two).
 
 An expert all-to-all planned as ``hierarchical-a2a`` (across scale-up domains, with or
 without node-limited routing) is quotiented further, inside its own group: its rail and
@@ -49,9 +50,9 @@ of its group's members (``Lowering._hierarchical_a2a_pieces``). So is a direct
 all-to-all inside one scale-up domain, whose twins are left out but whose members are
 the representative's stage (``Lowering._domain_a2a_quotient``). A quotient's sends,
 and its receives, run as one flow each of their summed weight, loading each link as
-they all do at one rate (:func:`~simulator.engine.quotient.bundle`; where the traffic is
-symmetric they share one rate): an all-to-all of ``n`` members in one domain is 2 flows. ``Engine(..., a2a_quotient=False)`` runs the full plans
-instead.
+they all do at one rate (:func:`~simulator.engine.quotient.bundle`; where the traffic
+is symmetric they share one rate): an all-to-all of ``n`` members in one domain is 2
+flows. ``Engine(..., a2a_quotient=False)`` runs the full plans instead.
 
 What a collective or send runs on the network -- plan, twin injection, symmetry
 quotient, merge into network phases -- is one call to :class:`~simulator.engine.lowering.Lowering`;

@@ -138,14 +138,13 @@ class Lowering:
             )
             if q is None:
                 return None
-            k = len(rail) - 1  # the representative's sends, then its receives
-            transfers.extend(self._bundled(q[:k]) + self._bundled(q[k:]))
+            transfers.extend(q)
         local = L.ep_subgroup(op.rank, "intra", D)
         if len(local) > 1:
             q = self._rotation_quotient(op.rank, local, op.size_bytes / len(local))
             if q is None:
                 return None
-            transfers.extend(self._bundled(q))
+            transfers.extend(q)
         if not transfers:
             return None
         phase = coll_mod.Phase(tuple(transfers), steps=2)
@@ -165,8 +164,8 @@ class Lowering:
         uplink they leave, so where the traffic is symmetric each set shares one rate.
         2 flows of ``3 n - 1`` link crossings instead of the plan's ``n (n - 1)`` flows of
         ``2 n (n - 1)`` (DGX Cloud DeepSeek-V3 on 128 GB200: EP32, 2 flows of 95 crossings
-        instead of 992 of 1,984). None where the group is not the layout's EP group, spans domains or
-        is planned otherwise: the full plan runs."""
+        instead of 992 of 1,984). None where the group is not the layout's EP group, spans
+        domains or is planned otherwise: the full plan runs."""
         L, topo = self.layout, self.topo
         if topo.kind != "switched" or op.group != L.group(op.rank, "ep"):
             return None
@@ -178,8 +177,7 @@ class Lowering:
         q = self._rail_quotient(op.rank, op.group, [op.group], op.size_bytes / len(op.group))
         if q is None:
             return None
-        k = len(op.group) - 1  # the representative's sends, then its receives
-        phase = coll_mod.Phase(self._bundled(q[:k]) + self._bundled(q[k:]), steps=plan.phases[0].steps)
+        phase = coll_mod.Phase(q, steps=plan.phases[0].steps)
         return [coll_mod.CollectivePlan(op.coll, "direct", op.group, op.size_bytes, (phase,))]
 
     def _bundled(self, transfers: tuple) -> tuple:
@@ -207,10 +205,10 @@ class Lowering:
         of the representative's send to ``p + s``). A transfer loads a link in ``U``
         (the links the representative's transfers cross) once per such image crossing
         it; links outside ``U`` carry images of ``U``'s loads and are dropped. Unlike a
-        quotient of the sends alone, every flow into the representative stays a flow
-        of its own, so it meets whatever else arrives on the representative's links.
-        None where the groups differ in size or an image's latency exceeds the
-        representative transfers' (the full plan runs)."""
+        quotient of the sends alone, the flows into the representative load its own
+        links, so they meet whatever else arrives there. The sends run as one flow and
+        the receives as another (:meth:`_bundled`). None where the groups differ in size
+        or an image's latency exceeds the representative transfers' (the full plan runs)."""
         m = len(rail)
         if rail not in groups or any(len(g) != m for g in groups):
             return None
@@ -232,12 +230,14 @@ class Lowering:
             dst.ravel(),
             latency="at-most",
         )
-        return None if q is None else tuple(q)
+        if q is None:
+            return None
+        return self._bundled(q[: m - 1]) + self._bundled(q[m - 1 :])  # sends, receives
 
     def _rotation_quotient(self, rank: int, group: tuple, chunk: float) -> Optional[tuple]:
         """Quotient of the direct all-to-all of ``chunk`` per pair over ``group`` by the
         rotations of its members: ``rank``'s own sends, with the multiplicities of their
-        images (None where the images' latencies differ)."""
+        images, as one flow (:meth:`_bundled`; None where the images' latencies differ)."""
         m = len(group)
         p = group.index(rank)
 
@@ -245,7 +245,8 @@ class Lowering:
             return tuple(Transfer(group[q], group[(q + s) % m], chunk) for s in range(1, m))
 
         rep = sends(p)
-        return self.quotient_phase(rep, [rep if q == p else sends(q) for q in range(m)])
+        q = self.quotient_phase(rep, [rep if q == p else sends(q) for q in range(m)])
+        return None if q is None else self._bundled(q)
 
     def send_transfers(self, op: Op) -> tuple:
         """The network transfers of a send (one tuple per pair and size, so that the

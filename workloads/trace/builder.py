@@ -37,6 +37,7 @@ Modelling choices (each documented where it is made):
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Optional, Sequence
@@ -449,14 +450,10 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
 def _with_tags(ops: list) -> list:
     """The ops among ``ops`` with a tag (a tuple; no subclass of tuple is used) among their
     deps, in order: one pass over all deps at once instead of one per op."""
-    import itertools
-
     lens = list(map(len, (op.deps for op in ops)))
     flat = list(itertools.chain.from_iterable(op.deps for op in ops))
     at = [i for i, d in enumerate(flat) if d.__class__ is tuple]
     if not at:
         return []
-    import numpy as np
-
     owner = np.searchsorted(np.cumsum(lens), at, side="right")
     return [ops[i] for i in np.unique(owner).tolist()]
