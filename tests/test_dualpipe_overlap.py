@@ -14,6 +14,7 @@ import pytest
 
 from helpers import FAST_SWITCHED, IDEAL_CHIP, ideal_scenario
 from simulator import simulate
+from simulator.network.calibration import HOPPER_A2A_EFFICIENCY
 from simulator.engine.compute import calibration_for, kernels_time_s, overlap_slowdown
 from test_moe import TINY_MOE, moe_scenario
 from workloads.schedules import schedule
@@ -40,7 +41,8 @@ def overlap_scenario(**over) -> dict:
         ffn_hidden=16384,
         moe={"experts": 8, "top_k": 2, "expert_ffn_hidden": 4096, "shared_experts": 0, "dense_layers": 0},
     )
-    net = dict(FAST_SWITCHED, domain_bw_bytes_per_s=5.5e10)
+    # 55 GB/s as all-to-all kernels reach it (calibration.a2a_efficiency)
+    net = dict(FAST_SWITCHED, domain_bw_bytes_per_s=5.5e10 / HOPPER_A2A_EFFICIENCY["nvlink"])
     sc = ideal_scenario(
         8,
         model=moe,

@@ -16,6 +16,28 @@ throughput is limited by something other than link protocol overhead (in-switch
 reduction ALUs): :func:`simulator.network.collectives.run_collective` divides the bytes of
 such a plan by it.
 
+``a2a_efficiency`` (per link kind) is the share of the bulk-copy rate above that
+all-to-all kernels reach: many small per-peer messages at once, and (DeepEP) a few SMs
+driving them. Every transfer of an all-to-all plan (``direct``, ``hierarchical-a2a``) is
+divided by the value of the least efficient kind of link it loads. Each default is the
+mean of the published measurements of its family, each expressed as stepsim's time with
+bulk rates alone over the measured time for the same traffic on the same machine
+(``tests/test_a2a_measured.py`` rebuilds each benchmark's traffic from its script):
+
+* Hopper NVLink, 0.855: DeepEP V1 intranode EP 8 on H800, dispatch 153 GB/s and combine
+  158 GB/s "bottleneck bandwidth" at 24 SMs (deepseek-ai/DeepEP, docs/legacy.md): 0.817
+  and 0.844; NCCL ``alltoall_perf`` on 4 x H100, 334.90 GB/s busbw at 500 MiB
+  (NVIDIA/nccl issue #2169): 334.90 / 370 = 0.905.
+* InfiniBand NIC and fabric, 0.913 (Hopper; carried over to Ampere and Blackwell, an
+  assumption): DeepEP V1 internode EP 32 and 64 on H800 with 400 Gb/s CX7, dispatch 58
+  / 51 and combine 57 / 50 GB/s, RDMA-bound: 0.910, 0.894, 0.933, 0.915.
+* Blackwell NVLink, 0.823: DeepEP V2 intranode EP 8 on B200 (README), dispatch 726 / 643
+  GB/s and combine 740 / 675 GB/s at 64 / 24 SMs: 0.858, 0.760, 0.875, 0.798.
+* Ampere NVLink: Hopper's fraction carried over (an assumption); TPU: none (1.0).
+
+With them the DeepEP and NCCL figures are matched within 6 % except DeepEP's EP 16 on 2
+nodes (NVLink-bound by its forwarding: stepsim 12 % faster).
+
 Defaults per chip family, with the measurement each number comes from:
 
 * NVLink (Hopper): nccl-tests busbw of about 370 GB/s on 8 x H100 against a
@@ -81,6 +103,20 @@ NVLS_RELATIVE_EFFICIENCY = (275.0 * 9.0 / 8.0 / 450.0) / NVLINK_EFFICIENCY
 #: rack at 4 GiB, each GPU moving S (n+1)/n = 73/72 S per direction, of 900 GB/s line rate.
 BLACKWELL_NVLS_RELATIVE_EFFICIENCY = (425.49 * 73.0 / 72.0 / 900.0) / NVLINK_EFFICIENCY
 
+#: All-to-all kernels against bulk copies, per link kind: the means of the published
+#: measurements in the module doc (DeepEP V1 on H800 and NCCL on H100 for NVLink; DeepEP V1
+#: internode on H800 for InfiniBand; DeepEP V2 on B200 for Blackwell NVLink).
+HOPPER_A2A_EFFICIENCY = {
+    "nvlink": round((0.817 + 0.844 + 0.905) / 3, 3),
+    "nic": round((0.910 + 0.894 + 0.933 + 0.915) / 4, 3),
+    "fabric": round((0.910 + 0.894 + 0.933 + 0.915) / 4, 3),
+}
+BLACKWELL_A2A_EFFICIENCY = {
+    "nvlink": round((0.858 + 0.760 + 0.875 + 0.798) / 4, 3),
+    "nic": HOPPER_A2A_EFFICIENCY["nic"],
+    "fabric": HOPPER_A2A_EFFICIENCY["fabric"],
+}
+
 
 class CalibrationError(NetworkError):
     """A calibration table with a bad entry, or an unknown chip family."""
@@ -113,10 +149,12 @@ class NetCalibration:
     efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
     message_overhead_s: Mapping[str, float] = field(default_factory=dict, hash=False)
     algorithm_efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
+    a2a_efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
     source: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "efficiency", _frozen(self.efficiency, "efficiency", 1.0))
+        object.__setattr__(self, "a2a_efficiency", _frozen(self.a2a_efficiency, "a2a_efficiency", 1.0))
         object.__setattr__(self, "message_overhead_s", _frozen(self.message_overhead_s, "message_overhead_s", None))
         object.__setattr__(
             self, "algorithm_efficiency", _frozen(self.algorithm_efficiency, "algorithm_efficiency", 1.0)
@@ -131,12 +169,16 @@ class NetCalibration:
     def algorithm_efficiency_of(self, algorithm: str) -> float:
         return self.algorithm_efficiency.get(algorithm, 1.0)
 
+    def a2a_efficiency_of(self, kind: str) -> float:
+        return self.a2a_efficiency.get(kind, 1.0)
+
     def with_overrides(
         self,
         *,
         efficiency: Mapping[str, float] | None = None,
         message_overhead_s: Mapping[str, float] | None = None,
         algorithm_efficiency: Mapping[str, float] | None = None,
+        a2a_efficiency: Mapping[str, float] | None = None,
     ) -> "NetCalibration":
         """A copy with some entries replaced (others kept)."""
         return replace(
@@ -144,6 +186,7 @@ class NetCalibration:
             efficiency={**self.efficiency, **(efficiency or {})},
             message_overhead_s={**self.message_overhead_s, **(message_overhead_s or {})},
             algorithm_efficiency={**self.algorithm_efficiency, **(algorithm_efficiency or {})},
+            a2a_efficiency={**self.a2a_efficiency, **(a2a_efficiency or {})},
         )
 
 
@@ -163,8 +206,10 @@ _DEFAULTS = {
         },
         message_overhead_s=_ZERO_OVERHEAD,
         algorithm_efficiency={"nvls": NVLS_RELATIVE_EFFICIENCY},
+        a2a_efficiency=HOPPER_A2A_EFFICIENCY,
         source="NVLink: nccl-tests #212 (370/450 GB/s); NVLS: nccl-tests #212 (algbw 275 GB/s); "
-        "IB: nccl-tests #29 (48/50 GB/s); latency on links (DeepSeek ISCA'25)",
+        "IB: nccl-tests #29 (48/50 GB/s); all-to-all: DeepEP V1 on H800, nccl #2169; "
+        "latency on links (DeepSeek ISCA'25)",
     ),
     "ampere": NetCalibration(
         efficiency={
@@ -175,6 +220,7 @@ _DEFAULTS = {
             "ici": 1.0,
         },
         message_overhead_s=_ZERO_OVERHEAD,
+        a2a_efficiency=HOPPER_A2A_EFFICIENCY,
         source="NVLink fraction carried over from Hopper (assumption); IB: nccl-tests #29",
     ),
     "blackwell": NetCalibration(
@@ -187,9 +233,11 @@ _DEFAULTS = {
         },
         message_overhead_s=_ZERO_OVERHEAD,
         algorithm_efficiency={"nvls": BLACKWELL_NVLS_RELATIVE_EFFICIENCY},
+        a2a_efficiency=BLACKWELL_A2A_EFFICIENCY,
         source="NVLink fraction carried over from Hopper (assumption; GB200 nvbandwidth "
         "770/900 GB/s, Azure/AI-benchmarking-guide #7); NVLS: GB200 NVL72 rack algbw "
-        "425 GB/s (coreweave/nccl-tests PR #43); IB: nccl-tests #29",
+        "425 GB/s (coreweave/nccl-tests PR #43); IB: nccl-tests #29; all-to-all: DeepEP V2 on B200, "
+        "IB as Hopper's",
     ),
     "tpu": NetCalibration(
         efficiency={"ici": 1.0, "dcn": 1.0, "nic": 1.0, "fabric": 1.0, "nvlink": 1.0},

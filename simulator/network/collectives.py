@@ -437,6 +437,26 @@ def run_merged(network: FlowNetwork, phases: Sequence[tuple], reduction_bytes_pe
             yield network.env.timeout(compute / reduction_bytes_per_s)
 
 
+#: Algorithms of all-to-alls, whose transfers run at the calibration's ``a2a_efficiency``.
+A2A_ALGORITHMS = ("direct", "hierarchical-a2a")
+
+
+def _a2a_scaled(network: FlowNetwork, transfers: tuple) -> tuple:
+    """An all-to-all's ``transfers`` with each size divided by the calibration's
+    ``a2a_efficiency`` of the least efficient kind of link it loads (its incidence, else its
+    route): the share of a link's bulk rate that all-to-all kernels reach."""
+    cal, kind = network.calibration, network.topo.link_kind
+    out = []
+    for t in transfers:
+        if t.src == t.dst or t.size_bytes <= 0:
+            out.append(t)
+            continue
+        links = [lk for lk, _ in t.incidence] if t.incidence is not None else network.route(t.src, t.dst)[0]
+        eff = min((cal.a2a_efficiency_of(kind[lk]) for lk in links), default=1.0)
+        out.append(t if eff == 1.0 else replace(t, size_bytes=t.size_bytes / eff))
+    return tuple(out)
+
+
 #: Merged phases remembered per network (``FlowNetwork.memo``) before it is cleared.
 _MERGED_CACHE_MAX = 4096
 
@@ -464,7 +484,9 @@ def _merged_phase(network: FlowNetwork, plans: Sequence[CollectivePlan], i: int)
         steps = max(steps, ph.steps)
         compute = max(compute, ph.compute_bytes)
         scale = 1.0 / cal.algorithm_efficiency_of(p.algorithm) if ph.in_network else 1.0
-        if scale == 1.0:
+        if p.algorithm in A2A_ALGORITHMS and cal.a2a_efficiency:
+            parts.append(_a2a_scaled(network, ph.transfers))
+        elif scale == 1.0:
             parts.append(ph.transfers)
         else:
             parts.append(tuple(replace(t, size_bytes=t.size_bytes * scale) for t in ph.transfers))

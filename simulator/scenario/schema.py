@@ -226,6 +226,7 @@ class NetCalIn(_Strict):
     efficiency: dict[_LinkKind, Annotated[float, Field(gt=0, le=1)]] = {}
     message_overhead_s: dict[_LinkKind, Annotated[float, Field(ge=0, le=1e-2)]] = {}
     algorithm_efficiency: dict[str, Annotated[float, Field(gt=0, le=1)]] = {}
+    a2a_efficiency: dict[_LinkKind, Annotated[float, Field(gt=0, le=1)]] = {}
 
 
 class ScenarioIn(_Strict):

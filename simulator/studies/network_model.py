@@ -55,6 +55,11 @@ class NetModel:
         pods = cluster.pods
         self.dcn_bw = pods.dcn_bw_bytes_per_s * ncal.efficiency_of("dcn") if pods is not None else None
         self.dcn_latency_s = pods.dcn_latency_s if pods is not None else 0.0
+        # all-to-all kernels reach these shares of the bulk rates (calibration.a2a_efficiency)
+        self.a2a_up = ncal.a2a_efficiency_of("nvlink")
+        self.a2a_out = min(ncal.a2a_efficiency_of("nic"), ncal.a2a_efficiency_of("fabric"))
+        self.a2a_ici = ncal.a2a_efficiency_of("ici")
+        self.a2a_dcn = ncal.a2a_efficiency_of("dcn")
         if self.kind == "switched":
             self.domain = min(net.domain_size, self.per_pod)
             self.up_bw = net.domain_bw_bytes_per_s * ncal.efficiency_of("nvlink")
@@ -118,6 +123,8 @@ class NetModel:
         if self.dcn_bw is not None and len(np.unique(arr // self.per_pod)) > 1:
             out_bw = min(out_bw, self.dcn_bw)
         up, up_a, out_a = self.up_bw, self.up_latency_s, self.out_latency_s
+        if op == "all-to-all":
+            up, out_bw = up * self.a2a_up, out_bw * self.a2a_out
         if nd == 1:
             if op == "all-to-all":
                 return (n - 1) / n / up, up_a
@@ -160,7 +167,7 @@ class NetModel:
         npods, k = len(pods), int(counts.max())
         intra = self._torus(op, (arr[arr // self.per_pod == pods[0]] % self.per_pod)) if k > 1 else (0.0, 0.0)
         if op == "all-to-all":
-            return max(intra[0], (npods - 1) / npods / self.dcn_bw), intra[1] + self.dcn_latency_s
+            return max(intra[0], (npods - 1) / npods / (self.dcn_bw * self.a2a_dcn)), intra[1] + self.dcn_latency_s
         f = 2 if op == "all-reduce" else 1
         # Hierarchical: the pod part on the full buffer, then the S/k shard across pods.
         return intra[0] + f * (npods - 1) / npods / k / self.dcn_bw, intra[1] + f * (npods - 1) * self.dcn_latency_s
@@ -179,6 +186,7 @@ class NetModel:
         box = box and math.prod(extents) == n
         B, a = self.link_bw, self.link_latency_s
         if op == "all-to-all":
+            B *= self.a2a_ici
             worst = 0.0
             for c, e_full, w in zip(coords, self.shape, self.wrap):
                 e = int(c.max() - c.min() + 1)  # bounding extent: twin groups fill the gaps
