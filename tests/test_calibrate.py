@@ -145,6 +145,41 @@ def test_network_fit_recovers_link_efficiency_and_overhead(tmp_path):
     assert by["nvlink"].message_overhead_s == pytest.approx(4e-6, rel=0.2)
 
 
+def test_network_fit_takes_all_to_alls_as_their_own_efficiency():
+    """alltoall_perf rows fit ``a2a_efficiency`` on top of the bulk rates fitted from the
+    other rows (here all-gathers), not the bulk efficiency itself: synthetic timings at a
+    known truth (bulk NVLink 0.7, all-to-all 0.6 of it inside a node, 0.8 across nodes)."""
+    spec = cluster_preset("dgx-h100", devices=16)
+    topo = build_cluster(spec)
+    true = default_calibration("hopper").with_overrides(
+        efficiency={"nvlink": 0.7},
+        message_overhead_s={"nvlink": 4e-6},
+        a2a_efficiency={"nvlink": 0.6, "nic": 0.8, "fabric": 0.8},
+    )
+    rows = []
+    for size in (1 << 20, 1 << 24, 1 << 28):
+        rows.append(
+            c.CollectiveTiming(
+                "all-gather", 8, size, collective_time_s("all-gather", topo, list(range(8)), size, calibration=true)[0]
+            )
+        )
+        for n in (8, 16):
+            t, _ = collective_time_s("all-to-all", topo, list(range(n)), size, calibration=true)
+            rows.append(c.CollectiveTiming("all-to-all", n, size, t))
+    fit = c.fit_network(rows, "dgx-h100")
+    assert [l.kind for l in fit.links] == ["nvlink"] and fit.links[0].efficiency == pytest.approx(0.7, rel=0.02)
+    by = {a.kind: a for a in fit.a2a}
+    assert by["nvlink"].a2a_efficiency == pytest.approx(0.6, rel=0.02) and by["nvlink"].rows == 3
+    assert by["nic"].a2a_efficiency == pytest.approx(0.8, rel=0.02) and by["nic"].rows == 3
+    got = c.network_overrides(fit)
+    assert got["a2a_efficiency"] == {
+        "fabric": pytest.approx(0.8, rel=0.02),
+        "nic": pytest.approx(0.8, rel=0.02),
+        "nvlink": pytest.approx(0.6, rel=0.02),
+    }
+    assert "a2a_efficiency" in c.scenario_block(network=fit) and "all-to-all" in fit.describe()
+
+
 # ---- real formats: Kineto traces and nccl-tests logs --------------------------------------
 
 import importlib.util

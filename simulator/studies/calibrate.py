@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
@@ -312,12 +312,23 @@ class LinkFit:
 
 
 @dataclass
+class A2AFit:
+    """``a2a_efficiency`` of one link group, fitted from all-to-all timings."""
+
+    kind: str
+    a2a_efficiency: float
+    rows: int
+    rms_rel_error: float
+
+
+@dataclass
 class NetworkFit:
     cluster: str
     links: list[LinkFit]
+    a2a: list[A2AFit] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {"cluster": self.cluster, "links": [asdict(l) for l in self.links]}
+        return {"cluster": self.cluster, "links": [asdict(l) for l in self.links], "a2a": [asdict(a) for a in self.a2a]}
 
     def describe(self) -> str:
         lines = [
@@ -327,27 +338,36 @@ class NetworkFit:
         ovh = {k: float(f"{l.message_overhead_s:.3g}") for l in self.links for k in _LINK_GROUPS.get(l.kind, (l.kind,))}
         lines.append(f"efficiency={eff}")
         lines.append(f"message_overhead_s={ovh}")
+        if self.a2a:
+            a2a = {k: round(a.a2a_efficiency, 4) for a in self.a2a for k in _LINK_GROUPS.get(a.kind, (a.kind,))}
+            lines.append(f"a2a_efficiency={a2a}")
         for l in self.links:
             lines.append(f"#   {l.kind}: {l.rows} rows, rms relative error {l.rms_rel_error:.1%}")
+        for a in self.a2a:
+            lines.append(f"#   {a.kind} all-to-all: {a.rows} rows, rms relative error {a.rms_rel_error:.1%}")
         return "\n".join(lines)
 
 
 def fit_network(timings: Sequence[CollectiveTiming], cluster: str, family: Optional[str] = None) -> NetworkFit:
-    """Fit link efficiency and per-step message overhead per link kind.
+    """Fit link efficiency and per-step message overhead per link kind, then the all-to-all
+    efficiency of each link group from the all-to-all rows.
 
     Each row is simulated on the named cluster (``bench.collective_time_s``) under
     a candidate :class:`~simulator.network.calibration.NetCalibration`; ``scipy``'s bounded
     least squares adjusts, per link group the rows use (``nvlink``; ``nic`` with
     the ``fabric`` links behind it; ``ici``), the efficiency in (0.05, 1] and the
     overhead in [0, 1 ms] to minimise ``log(simulated / measured)``. Groups no
-    row crosses are left out.
+    row crosses are left out. All-to-all rows (``alltoall_perf``) do not enter that fit:
+    they run at ``a2a_efficiency`` of the bulk rate, which is fitted on them afterwards, per
+    group, in (0.05, 1], with the bulk efficiency and overhead just fitted (the family's
+    where no other row informs them: from all-to-all timings alone the two cannot be told
+    apart).
 
     Raises
     ------
     CalibrationInputError
         Unknown cluster, or fewer than two rows.
     """
-    from simulator.studies.bench import collective_time_s
     from simulator.network.calibration import default_calibration
     from topologies.presets import CLUSTER_PRESETS, build_cluster, cluster_preset
 
@@ -359,6 +379,18 @@ def fit_network(timings: Sequence[CollectiveTiming], cluster: str, family: Optio
     topo = build_cluster(spec)
     base = default_calibration(family or spec.chip.family)
     domain = getattr(topo, "domain_size", None)
+    everything = list(timings)
+    timings = [t for t in everything if t.op != "all-to-all"]
+    links = _fit_links(timings, topo, base, domain) if timings else []
+    bulk = base.with_overrides(**network_overrides(NetworkFit(cluster, links))) if links else base
+    a2a = [t for t in everything if t.op == "all-to-all"]
+    return NetworkFit(cluster, links, _fit_a2a(a2a, topo, bulk, domain) if a2a else [])
+
+
+def _fit_links(timings: Sequence[CollectiveTiming], topo, base, domain) -> list[LinkFit]:
+    """:func:`fit_network`'s bulk fit: efficiency and overhead per link group."""
+    from simulator.studies.bench import collective_time_s
+
     present = set(topo.link_kind)
     groups: dict[str, tuple[str, ...]] = {}
     for t in timings:
@@ -395,7 +427,36 @@ def fit_network(timings: Sequence[CollectiveTiming], cluster: str, family: Optio
         rows = [j for j, t in enumerate(timings) if _kind_for(topo, t.devices, domain) == kind]
         err = float(np.sqrt(np.mean(rel[rows] ** 2))) if rows else float(np.sqrt(np.mean(rel**2)))
         links.append(LinkFit(kind, float(sol.x[2 * i]), float(sol.x[2 * i + 1]) * 1e-6, len(rows), err))
-    return NetworkFit(cluster, links)
+    return links
+
+
+def _fit_a2a(timings: Sequence[CollectiveTiming], topo, bulk, domain) -> list[A2AFit]:
+    """:func:`fit_network`'s all-to-all fit: ``a2a_efficiency`` per link group (NVLink for
+    groups inside one scale-up domain, the NICs and fabric behind them for larger ones)
+    under the ``bulk`` calibration."""
+    from scipy.optimize import least_squares
+
+    from simulator.studies.bench import collective_time_s
+
+    present = set(topo.link_kind)
+    kind_of = [_kind_for(topo, t.devices, domain) for t in timings]
+    kinds = sorted(set(kind_of))
+    measured = np.array([t.time_s for t in timings])
+
+    def resid(x):
+        a2a = {k: float(x[i]) for i, kind in enumerate(kinds) for k in _LINK_GROUPS[kind] if k in present}
+        cal = bulk.with_overrides(a2a_efficiency=a2a)
+        sim = [collective_time_s(t.op, topo, list(range(t.devices)), t.size_bytes, calibration=cal)[0] for t in timings]
+        return np.log(np.array(sim) / measured)
+
+    x0 = np.array([bulk.a2a_efficiency_of(_LINK_GROUPS[kind][0]) for kind in kinds])
+    sol = least_squares(resid, x0, bounds=(np.full(len(kinds), 0.05), np.ones(len(kinds))), diff_step=1e-3)
+    rel = np.exp(resid(sol.x)) - 1.0
+    out = []
+    for i, kind in enumerate(kinds):
+        rows = [j for j, k in enumerate(kind_of) if k == kind]
+        out.append(A2AFit(kind, float(sol.x[i]), len(rows), float(np.sqrt(np.mean(rel[rows] ** 2)))))
+    return out
 
 
 def _multi_start_fit(resid, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray):
@@ -449,12 +510,18 @@ FAMILY_CLUSTER = {"ampere": "dgx-a100", "hopper": "dgx-h100", "blackwell": "dgx-
 def network_overrides(fit: NetworkFit) -> dict:
     """The ``network_calibration`` mapping of a scenario for ``fit``: efficiency and
     per-step overhead of every link kind of each fitted group (``nic`` also sets ``fabric``)."""
-    eff, ovh = {}, {}
+    eff, ovh, a2a = {}, {}, {}
     for l in fit.links:
         for k in _LINK_GROUPS.get(l.kind, (l.kind,)):
             eff[k] = float(f"{l.efficiency:.4g}")
             ovh[k] = float(f"{l.message_overhead_s:.3g}")
-    return {"efficiency": dict(sorted(eff.items())), "message_overhead_s": dict(sorted(ovh.items()))}
+    for a in fit.a2a:
+        for k in _LINK_GROUPS.get(a.kind, (a.kind,)):
+            a2a[k] = float(f"{a.a2a_efficiency:.4g}")
+    out = {"efficiency": dict(sorted(eff.items())), "message_overhead_s": dict(sorted(ovh.items()))}
+    if a2a:
+        out["a2a_efficiency"] = dict(sorted(a2a.items()))
+    return {k: v for k, v in out.items() if v}
 
 
 def scenario_block(
@@ -471,6 +538,8 @@ def scenario_block(
         lines.append(f"# network fit on {network.cluster} (link efficiency and per-step software latency):")
         for l in network.links:
             lines.append(f"#   {l.kind}: {l.rows} timings, rms relative error {l.rms_rel_error:.1%}")
+        for a in network.a2a:
+            lines.append(f"#   {a.kind} all-to-all: {a.rows} timings, rms relative error {a.rms_rel_error:.1%}")
         lines.append(
             yaml.safe_dump(
                 {"network_calibration": network_overrides(network)}, sort_keys=False, default_flow_style=False
