@@ -20,6 +20,7 @@ import pytest
 import simpy
 
 from simulator.network.calibration import default_calibration
+from simulator.studies.bench import collective_time_s
 from simulator.network.collectives import plan_collective, run_collective
 from simulator.network.flows import FlowNetwork
 from topologies.presets import build_cluster, cluster_preset
@@ -55,14 +56,12 @@ def _simulated_s(preset: str, ranks: int, size: float, scaleout_fraction: float 
     """One all-to-all of ``size`` bytes per rank over ranks 0..ranks-1 of ``preset``, alone,
     with the family's default calibration; stepsim's own choice of algorithm."""
     spec = cluster_preset(preset, ranks)
-    topo = build_cluster(spec)
-    plan = plan_collective("all-to-all", range(ranks), size, topo, scaleout_fraction=scaleout_fraction)
-    assert plan.algorithm == ("direct" if ranks <= 8 else "hierarchical-a2a")
-    env = simpy.Environment()
-    net = FlowNetwork(env, topo, default_calibration(spec.chip.family))
-    env.process(run_collective(net, plan))
-    env.run()
-    return env.now
+    cal = default_calibration(spec.chip.family)
+    t, algorithm = collective_time_s(
+        "all-to-all", build_cluster(spec), range(ranks), size, calibration=cal, scaleout_fraction=scaleout_fraction
+    )
+    assert algorithm == ("direct" if ranks <= 8 else "hierarchical-a2a")
+    return t
 
 
 def _deepep_ratio(ranks: int, combine: bool) -> float:

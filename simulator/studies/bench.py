@@ -70,9 +70,11 @@ def collective_time_s(
     size_bytes: float,
     algorithm: Optional[str] = None,
     calibration: Optional[NetCalibration] = None,
+    scaleout_fraction: float = 1.0,
 ) -> tuple[float, str]:
-    """(seconds, algorithm) of one collective alone on an idle network."""
-    plan = plan_collective(op, devices, size_bytes, topo, algorithm)
+    """(seconds, algorithm) of one collective alone on an idle network (``scaleout_fraction``:
+    a node-limited all-to-all's, as :func:`~simulator.network.collectives.plan_collective`)."""
+    plan = plan_collective(op, devices, size_bytes, topo, algorithm, scaleout_fraction=scaleout_fraction)
     env = simpy.Environment()
     network = FlowNetwork(env, topo, calibration)
     env.process(run_collective(network, plan))
