@@ -260,3 +260,22 @@ def test_sends_whose_twins_cross_a_leaf_boundary_fold_by_latency_class():
     assert eng.net.phase_latency_s(transfers) == eng.net.phase_latency_s(
         [Transfer(a, b, op.size_bytes) for a, b in eng.lowering._twin_rows(op, pair=(op.rank, op.peer)).tolist()]
     )
+
+
+def test_expert_groups_straddling_domains_unevenly():
+    """TP2 x EP8 groups span 16 ranks of 12-GPU domains, so a stage's expert groups split 6 + 2,
+    4 + 4 and 2 + 6 over two domains: the groups of a stage are not alike and ranks not
+    simulated would not run as the representatives do. The gap this leaves against ``--exact``
+    is the one README's *Known limits* gives (2.3 % with PP2, 0.05 % without PP); a change to
+    it must change that text too."""
+
+    def step(pp, **kw):
+        sc = moe_scenario(
+            cluster={"preset": "dgx-h100", "devices": 48 * pp, "network": {"domain_size": 12}},
+            parallel={"tp": 2, "pp": pp, "dp": 24, "ep": 8},
+            training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 48},
+        )
+        return simulate(sc, **kw).summary["step_time_s"]
+
+    assert 1.018 < step(2) / step(2, exact=True) < 1.028
+    assert abs(step(1) / step(1, exact=True) - 1) < 1e-3
