@@ -98,13 +98,13 @@ def simulate(
 def _simulate(scenario, exact, topology, trace, progress, engine_options: Optional[Mapping] = None) -> Result:
     t0 = _load_engine()
     sc, topo, trace, raw, mem = _run(scenario, exact, topology, trace, progress, engine_options)
-    summary, per_stage = _summarise(sc, trace, raw, mem)
+    summary, per_stage = _summarise(sc, trace, raw, mem, topo)
     summary["sim_wall_s"] = time.perf_counter() - t0
     # the events table is built from raw.records when first asked for
     return Result(
         summary=summary,
         scenario=sc,
-        notes=list(trace.notes),
+        notes=list(summary["notes"]),
         raw=raw,
         trace=trace,
         topology=topo,
@@ -212,8 +212,11 @@ def _link_hint(topo: Topology, u, v) -> str:
     )
 
 
-def _summarise(sc: Scenario, trace, raw, mem: Columns) -> tuple[dict, Columns]:
-    """The summary record (``docs/scenario.md``, key order as written) and the per-stage table."""
+def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] = None) -> tuple[dict, Columns]:
+    """The summary record (``docs/scenario.md``, key order as written) and the per-stage table.
+    With ``topo``, a representative run's notes say where its groups break the symmetry it
+    assumes (:func:`~simulator.engine.symmetry.symmetry_note`)."""
+    from simulator.engine.symmetry import symmetry_note
     from workloads import parameters
 
     L, chip, t = sc.layout, sc.cluster.chip, sc.training
@@ -274,7 +277,8 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns) -> tuple[dict, Columns]:
         "exact": not trace.representative,
         "events_processed": raw.events_processed,
         "steady_state": None,
-        "notes": list(trace.notes),
+        "notes": list(trace.notes)
+        + (symmetry_note(sc.layout, topo) if topo is not None and trace.representative else []),
         "stepsim_version": __version__,
         "sim_wall_s": 0.0,
     }

@@ -352,11 +352,11 @@ def _extend(sc, run, trace_k, m: int, m1: int, k: int, delta: float, cut: float,
         model_flops=model_flops_per_step(sc.model, sc.training),
         unexecuted_flops={q: v for q, v in sorted(unexec.items()) if v},
     )
-    summary, per_stage = _summarise(sc, full_trace, raw_full, mem)
+    summary, per_stage = _summarise(sc, full_trace, raw_full, mem, topo)
     summary["steady_state"] = {"micro_batches_simulated": [m1], "period_micro_batches": k}
     # no raw run nor trace: the op-level tables exist only for a full simulation
     return Result(
-        summary=summary, scenario=sc, notes=list(trace.notes), topology=topo, columns={"per_stage": per_stage}
+        summary=summary, scenario=sc, notes=list(summary["notes"]), topology=topo, columns={"per_stage": per_stage}
     )
 
 
