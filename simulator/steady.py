@@ -295,7 +295,9 @@ def simulate_steady(sc, progress=False, engine_options=None):
         opts = {**(engine_options or {}), "account_idle": False}
         run = _run(_with_micro_batches(sc, m1), False, None, None, progress, opts)
         trace, raw = run[2], run[3]
-        trace_k = build_trace(_with_micro_batches(sc, m1 - k).workload(), ranks=None)
+        trace_k = build_trace(
+            _with_micro_batches(sc, m1 - k).workload(), position=min(trace.ranks)
+        )  # the run's representatives
         shorter = _signatures(trace_k)
         short = _streams(trace, raw)
         period = _periods(short, shorter)

@@ -115,7 +115,13 @@ def cmd_trace(args) -> int:
 
     sc = load_scenario(resolve_scenario_path(args.scenario))
     try:
-        tr = build_trace(sc.workload(), ranks=list(range(sc.layout.world)) if args.exact else None)
+        if args.exact:
+            tr = build_trace(sc.workload(), ranks=list(range(sc.layout.world)))
+        else:  # the representatives `stepsim run` would simulate
+            from simulator.engine.symmetry import representative_position
+            from topologies.presets import build_cluster
+
+            tr = build_trace(sc.workload(), position=representative_position(sc.layout, build_cluster(sc.cluster)))
     except WorkloadError as err:
         raise ScenarioError.from_error(err) from None
     write_trace(tr, args.out, scenario=sc, format=args.format)

@@ -138,9 +138,14 @@ def optimizer_kernels(params: float, zero: int, dp_shards: float, optimizer: str
     return (counts.Kernel("optimizer_step", "elementwise", 10.0 * local, OPTIMIZER_BYTES_PER_PARAM[optimizer] * local),)
 
 
-def representative_ranks(layout: ParallelLayout) -> list[int]:
-    """One rank per pipeline stage: the one at tp = cp = dp = 0."""
-    return [layout.rank_of(pp=s) for s in range(layout.pp)]
+def representative_ranks(layout: ParallelLayout, position: int = 0) -> list[int]:
+    """One rank per pipeline stage: the one ``position`` ranks into it (0: tp = cp = dp = 0;
+    another where the groups of a stage are unlike one another, see
+    :func:`simulator.engine.symmetry.representative_position`)."""
+    per_stage = layout.world // layout.pp
+    if not 0 <= position < per_stage:
+        raise TraceError(f"ranks: representative position {position} is outside 0..{per_stage - 1}")
+    return [layout.rank_of(pp=s) + position for s in range(layout.pp)]
 
 
 def chunk_layer_ranges(model: ModelSpec, layout: ParallelLayout, schedule: str) -> list[range]:
@@ -391,15 +396,16 @@ def estimated_ops(w: Workload, n_ranks: int) -> float:
     return n_ranks * m * passes * (layers_per_rank + 2) * 12
 
 
-def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None) -> Trace:
-    """Build the step's trace for ``ranks`` (default: one representative per stage).
+def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None, position: int = 0) -> Trace:
+    """Build the step's trace for ``ranks`` (default: one representative per stage, ``position``
+    ranks into it: :func:`representative_ranks`).
 
     Raises :class:`LayoutError` / :class:`ScheduleError` / ``ValueError`` naming the
     scenario field when the workload cannot be laid out."""
     b = TraceBuilder(w)
     L = b.L
     rep = ranks is None
-    sim_ranks = representative_ranks(L) if rep else sorted(set(ranks))
+    sim_ranks = representative_ranks(L, position) if rep else sorted(set(ranks))
     n_est = estimated_ops(w, len(sim_ranks))
     if n_est > MAX_TRACE_OPS:
         raise WorkloadError(
