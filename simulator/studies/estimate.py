@@ -22,6 +22,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from simulator.engine.symmetry import representative_position
 from simulator.studies.dualpipe_pairs import dualpipe_busy
 from simulator.studies.layer_costs import StepCosts
 from simulator.studies.network_model import NetModel
@@ -217,7 +218,10 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
     sum is only roughly the step time, since DualPipe's pairs overlap some of them)."""
     c = StepCosts(sc, net)
     pp, m, name, n_local = c.pp, c.m, c.name, c.n_local
-    ranks_of = [c.L.rank_of(pp=s) for s in range(pp)]
+    # the ranks the simulation would run (where a stage's groups are unlike, the one sending most
+    # across domains: simulator.engine.symmetry)
+    pos = representative_position(c.L, c.net) if c.net.kind == "switched" else 0
+    ranks_of = [c.L.rank_of(pp=s) + pos for s in range(pp)]
     ranks = [_rank_costs(c, s, ranks_of) for s in range(pp)]
 
     # -- the pipeline --------------------------------------------------------------------

@@ -79,6 +79,10 @@ class NetModel:
             self.link_latency_s = net.link_latency_s
         self._cache: dict = {}
 
+    def domains_of(self, ranks) -> np.ndarray:
+        """Scale-up domain of each device (switched networks; as :meth:`Topology.domains_of`)."""
+        return np.asarray(ranks, dtype=np.int64) // self.domain
+
     def time_s(self, op: str, group, size_bytes: float, scaleout_fraction: float = 1.0) -> float:
         """Seconds for ``op`` (all-reduce | all-gather | reduce-scatter | all-to-all) of
         ``size_bytes`` (nccl-tests convention, as ``simulator.network.collectives``) over ``group``.
