@@ -44,7 +44,7 @@ def uneven_groups(layout: ParallelLayout, topo: Topology) -> dict[str, list[tupl
     if topo.kind != "switched":
         return {}
     out: dict[str, list[tuple[int, ...]]] = {}
-    stride = layout.rank_of(pp=1) if layout.pp > 1 else layout.world
+    per_stage = layout.world // layout.pp  # stages are the outermost mesh axis
     for axis in AXES:
         table = layout.group_table(axis)
         if table.shape[1] < 2:
@@ -53,7 +53,7 @@ def uneven_groups(layout: ParallelLayout, topo: Topology) -> dict[str, list[tupl
         rel = doms - doms[:, :1]
         if (rel == rel[0]).all():  # every group the image of the first: alike (the common case)
             continue
-        stages = (table[:, 0] // stride) % layout.pp if layout.pp > 1 else np.zeros(len(table), dtype=np.int64)
+        stages = table[:, 0] // per_stage
         splits: list[tuple[int, ...]] = []
         for stage in np.unique(stages).tolist():
             mine = sorted({_split(row) for row in doms[stages == stage]})
@@ -78,7 +78,11 @@ def representative_position(layout: ParallelLayout, topo: Topology) -> int:
     that keep more inside a domain run faster, and the step waits for the slowest (the data-
     parallel synchronisation), so the group with the most traffic across domains is the one
     to simulate (EP48 on 144 GB200: the group 24 + 24, rank 48)."""
-    axes = uneven_groups(layout, topo)
+    return _position(layout, topo, uneven_groups(layout, topo))
+
+
+def _position(layout: ParallelLayout, topo: Topology, axes: dict) -> int:
+    """:func:`representative_position` given :func:`uneven_groups`' answer ``axes``."""
     if not axes:
         return 0
     per_stage = layout.world // layout.pp
@@ -97,7 +101,7 @@ def symmetry_note(layout: ParallelLayout, topo: Topology) -> list[str]:
     axes = uneven_groups(layout, topo)
     if not axes:
         return notes
-    pos = representative_position(layout, topo)
+    pos = _position(layout, topo, axes)
     for axis, splits in axes.items():
         shown = ", ".join(" + ".join(map(str, s)) for s in splits[:4]) + (", ..." if len(splits) > 4 else "")
         mine = layout.group_table(axis)[layout.group_index(axis)[pos]]

@@ -220,7 +220,7 @@ def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
     pp, m, name, n_local = c.pp, c.m, c.name, c.n_local
     # the ranks the simulation would run (where a stage's groups are unlike, the one sending most
     # across domains: simulator.engine.symmetry)
-    pos = representative_position(c.L, c.net) if c.net.kind == "switched" else 0
+    pos = representative_position(c.L, c.net)  # 0 on a torus
     ranks_of = [c.L.rank_of(pp=s) + pos for s in range(pp)]
     ranks = [_rank_costs(c, s, ranks_of) for s in range(pp)]
 
