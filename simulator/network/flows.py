@@ -222,8 +222,8 @@ class FlowNetwork(Reservations, FlowSlots):
             # Alone on its links already: reserve them from now, through the latency.
             # The reservation's timer is the phase's event (one simpy event, not two)
             # unless the phase is materialised (see :meth:`_materialise`).
-            links, link_list, iso = self.isolation(prep)
-            if iso is not None and self._reserved_on[links].max() < 0 and self._free_of_flows(link_list):
+            _, link_list, iso = self.isolation(prep)
+            if iso is not None and self._free_of_reservations(link_list) and self._free_of_flows(link_list):
                 timer = self._reserve_phase(pid, prep, iso, latency)
                 self._phase_event[pid] = timer
                 return timer
@@ -237,11 +237,11 @@ class FlowNetwork(Reservations, FlowSlots):
         """The phase's latency has elapsed: reserve its links if it is alone on them,
         else its flows enter the network (materialising reserved phases in the way)."""
         if self._reserve:
-            links, link_list, iso = self.isolation(prep)
-            hit = self._reserved_on[links]
-            if hit.max() >= 0:
-                for other in sorted(set(hit[hit >= 0].tolist())):
-                    self._materialise(other)
+            _, link_list, iso = self.isolation(prep)
+            on = self._reserved_on
+            hit = {on[link] for link in link_list if link in on}
+            for other in sorted(hit):
+                self._materialise(other)
             if iso is not None and self._free_of_flows(link_list):
                 self._reserve_phase(pid, prep, iso)
                 return

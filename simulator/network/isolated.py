@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from functools import partial
+from itertools import repeat
 from typing import Optional
 
 import numpy as np
@@ -108,7 +109,9 @@ class Reservations:
 
     def _init_reservations(self, reserve_isolated: bool) -> None:
         self._reserve = bool(reserve_isolated)
-        self._reserved_on = np.full(self.n_links, -1, dtype=np.int64)  # link -> phase id
+        # link -> id of the reserved phase on it (a link holds at most one); a dict, as
+        # phases touch a handful of links and membership tests beat numpy's per-call cost
+        self._reserved_on: dict[int, int] = {}
         # phase id -> (prepared, IsolatedEvolution, arrival of its flows, token, timer, finish)
         self._reserved: dict[int, tuple] = {}
         self._next_token = 0
@@ -117,6 +120,10 @@ class Reservations:
     def _free_of_flows(self, link_list: list) -> bool:
         """Whether no flow of the flow-by-flow path is on any of these links."""
         return not any(map(self._link_flows.__contains__, link_list))
+
+    def _free_of_reservations(self, link_list: list) -> bool:
+        """Whether no reserved phase holds any of these links."""
+        return not any(map(self._reserved_on.__contains__, link_list))
 
     def isolation(self, prep: "PreparedPhase") -> tuple:
         """``(distinct links as array, as list, isolated evolution or None)`` of a
@@ -139,7 +146,7 @@ class Reservations:
         """Run a phase alone on its links: one timer for its cached evolution. With
         ``latency_s`` the reservation starts now and the flows enter the links (in the
         evolution's terms) that much later."""
-        self._reserved_on[iso.links] = pid
+        self._reserved_on.update(zip(iso.link_list, repeat(pid)))
         token = self._next_token = self._next_token + 1
         timer = self.env.timeout(latency_s + iso.duration_s)
         finish = partial(self._finish_reserved, pid, token)
@@ -163,7 +170,9 @@ class Reservations:
     def _unreserve(self, pid: int) -> tuple:
         """Drop phase ``pid``'s reservation: ``(prepared, IsolatedEvolution, arrival)``."""
         prep, iso, t_arr, _, timer, finish = self._reserved.pop(pid)
-        self._reserved_on[iso.links] = -1
+        on = self._reserved_on
+        for link in iso.link_list:
+            del on[link]
         self._n_active -= len(prep.links)
         return prep, iso, t_arr, timer, finish
 
