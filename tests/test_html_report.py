@@ -15,7 +15,7 @@ from simulator import simulate
 from simulator.cli.app import main
 from simulator.results.html_data import exposed_by_axis_stage, load_run_dir, run_data
 from simulator.results.html_report import render_report
-from simulator.results.html_timeline import merge_bars
+from simulator.results.html_timeline import bin_bars
 from simulator.results.plots import PHASE_COLOURS
 
 pytest.importorskip("plotly")
@@ -102,12 +102,37 @@ def test_exposed_comm_by_axis_and_stage_adds_up_to_the_accounting(quick):
         assert table[axis].mean() == pytest.approx(v, rel=1e-9)
 
 
-def test_merge_bars_joins_bars_closer_than_the_gap():
-    x0, x1, y = merge_bars([5, 0, 1.5, 0.2], [6, 1, 2, 0.5], [0, 0, 0, 1], gap=0.6)
-    # row 0: [0,1] and [1.5,2] are 0.5 apart (joined), [5,6] is 3 away; row 1 stays alone
-    assert x0.tolist() == [0, 5, 0.2] and x1.tolist() == [2, 6, 0.5] and y.tolist() == [0, 0, 1]
-    x0, x1, y = merge_bars([0, 1.5], [1, 2], [0, 0], gap=0.4)
-    assert x0.tolist() == [0, 1.5]
+def _pixels(boxes) -> list[int]:
+    """Whole pixels (bins of width 1) each group's boxes fill."""
+    return [int(round(float(np.sum(x1 - x0)))) for x0, x1, _ in boxes]
+
+
+def test_bin_bars_gives_each_group_its_share_of_the_pixels():
+    # 100 pixels, each holding a 0.3-pixel bar of A then a 0.7-pixel bar of B: A gets 30, not
+    # the 100 that drawing each bar a pixel wide (A on top) would give
+    a0 = np.arange(100.0)
+    a = (a0, a0 + 0.3, np.zeros(100))
+    b = (a0 + 0.3, a0 + 1.0, np.zeros(100))
+    got = _pixels(bin_bars([a, b], 1, 0.0, 100.0, 100))
+    assert abs(got[0] - 30) <= 1 and abs(got[1] - 70) <= 1, got
+    # recompute-like: a 0.05-pixel bar of A before each 0.95 of B (5 % of the time)
+    a = (a0, a0 + 0.05, np.zeros(100))
+    b = (a0 + 0.05, a0 + 1.0, np.zeros(100))
+    got = _pixels(bin_bars([a, b], 1, 0.0, 100.0, 100))
+    assert abs(got[0] - 5) <= 1 and abs(got[1] - 95) <= 1, got
+
+
+def test_bin_bars_keeps_wide_bars_in_place_and_lone_thin_ones_visible():
+    wide = (np.array([10.2, 40.0]), np.array([20.7, 40.1]), np.array([0.0, 1.0]))
+    other = (np.array([20.7]), np.array([30.0]), np.array([0.0]))
+    (x0, x1, y), (o0, o1, oy) = bin_bars([wide, other], 2, 0.0, 50.0, 50)
+    # row 0: [10.2, 20.7] fills pixels 10..20 (the half-empty pixel 10 is touched by it alone;
+    # pixel 20 holds 0.7 of it against 0.3 of the other group); row 1: a 0.1-pixel bar, one pixel
+    assert list(zip(x0, x1, y)) == [(10.0, 21.0, 0.0), (40.0, 41.0, 1.0)]
+    assert list(zip(o0, o1, oy)) == [(21.0, 30.0, 0.0)]
+    # the range and pixel count scale the boxes: nothing outside [lo, hi] is drawn
+    (x0, x1, _), _ = bin_bars([wide, other], 2, 15.0, 25.0, 10)
+    assert (x0.tolist(), x1.tolist()) == ([15.0], [21.0])
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
@@ -256,3 +281,70 @@ def test_browser_opens_the_compare_page(browser, tmp_path):
         "  return r.width * r.height; });"
     )
     assert all(s > 10_000 for s in sizes), sizes
+
+
+def _phase_pixel_shares(browser, path) -> dict:
+    """Share of each phase colour among the phase-coloured pixels of the timeline's plot area
+    (backward and input-grad share a colour), from a screenshot."""
+    from matplotlib.image import imread
+
+    left, top, width, height = browser.execute_script(
+        "var gd = document.getElementById('timeline'); gd.scrollIntoView();"
+        "var r = gd.querySelector('.nsewdrag').getBoundingClientRect();"
+        "return [r.left, r.top, r.width, r.height];"
+    )
+    browser.save_screenshot(str(path))
+    plot = imread(str(path))[..., :3][int(top) : int(top + height), int(left) : int(left + width)]
+    counts = {
+        p: float((np.abs(plot - _rgb(PHASE_COLOURS[p])).max(axis=2) < 0.03).sum()) for p in ("F", "B", "W", "R", "opt")
+    }
+    total = sum(counts.values())
+    assert total > 5000, counts
+    return {p: c / total for p, c in counts.items()}
+
+
+def _time_shares(ev, lo_s: float, hi_s: float) -> dict:
+    """Share of each phase in the compute time between ``lo_s`` and ``hi_s`` (I counted as B)."""
+    c = ev[ev["stream"] == "compute"]
+    t = (np.minimum(c["end_s"], hi_s) - np.maximum(c["start_s"], lo_s)).clip(lower=0)
+    by = t.groupby(c["phase"].replace({"I": "B"})).sum()
+    return {p: float(by.get(p, 0.0) / by.sum()) for p in ("F", "B", "W", "R", "opt")}
+
+
+@pytest.mark.slow
+def test_browser_timeline_colours_follow_the_time_shares(browser, tmp_path):
+    """Thousands of ops a few pixels wide, recompute and weight-grad ops between the
+    backward ones: each phase's share of the screenshot's phase-coloured pixels is its share
+    of the compute time, at the default zoom and zoomed in (the page's reduction)."""
+    import copy
+
+    from helpers import SEARCH_MOE, scenario
+
+    model = copy.deepcopy(SEARCH_MOE)
+    model["layers"] = 8
+    res = simulate(
+        scenario(
+            model=model,
+            cluster={"devices": 16},
+            parallel={"tp": 1, "pp": 2, "dp": 8, "ep": 8},
+            schedule="zb-h1",
+            training={"recompute": "full", "global_batch_size": 64, "seq_len": 2048},
+        )
+    )
+    d = tmp_path / "run"
+    res.write(d, plots=False)
+    assert main(["report", str(d), "--html"]) == 0
+    browser.get((d / "report.html").as_uri())
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+    ev, step = res.events, res.summary["step_time_s"]
+    want = _time_shares(ev, 0.0, step)
+    assert want["R"] > 0.1 and want["W"] > 0.05  # the test means something
+    got = _phase_pixel_shares(browser, tmp_path / "all.png")
+    assert max(abs(got[p] - want[p]) for p in want) < 0.03, (got, want)
+    # zoomed to the middle fifth of the step (ms on the axis)
+    lo, hi = 0.4 * step, 0.6 * step
+    browser.execute_script(f"Plotly.relayout('timeline', {{'xaxis.range': [{lo * 1e3}, {hi * 1e3}]}})")
+    browser.execute_script("return new Promise(r => setTimeout(r, 300))")
+    want = _time_shares(ev, lo, hi)
+    got = _phase_pixel_shares(browser, tmp_path / "zoom.png")
+    assert max(abs(got[p] - want[p]) for p in want) < 0.03, (got, want)

@@ -3,8 +3,10 @@ coloured by phase; idle spans marked as bubble, exposed communication or offload
 below it a row per communication stream (bars coloured by axis), in the colours of the PNG
 figures (:mod:`simulator.results.plots`).
 
-Thousands of bars are drawn as one polygon per legend entry; the page's script
-(:data:`_LOD_JS`) re-merges the bars of the visible range at every zoom (:func:`merge_bars`).
+Thousands of bars are drawn as one polygon per legend entry, reduced to the pixels of the
+time axis so that each colour's share of a row's pixels follows its share of the time at
+every zoom (:func:`bin_bars`); the page's script (:data:`_LOD_JS`) redoes the reduction for
+the visible range at load, after every zoom and after a legend click.
 """
 
 from __future__ import annotations
@@ -54,22 +56,61 @@ def _boxes(x0, x1, y, half=0.4):
     return xs, ys
 
 
-def merge_bars(x0, x1, y, gap):
-    """Bars of one row joined where they are at most ``gap`` apart: ``(x0, x1, y)`` of
-    the joined bars, by row then time. What a screen shows where bars lie closer than a
-    pixel; the page redoes it for the visible range at every zoom (:data:`_LOD_JS`)."""
-    x0, x1, y = (np.asarray(v, dtype=float) for v in (x0, x1, y))
-    if not len(x0):
-        return x0, x1, y
-    order = np.lexsort((x0, y))
-    x0, x1, y = x0[order], x1[order], y[order]
-    # running end within a row: rows are shifted apart so that one row's ends never reach the next
-    shift = y * (float(np.max(np.abs(x1))) * 2 + 1)
-    reach = np.maximum.accumulate(x1 + shift) - shift
-    new = np.ones(len(x0), dtype=bool)
-    new[1:] = (y[1:] != y[:-1]) | (x0[1:] - reach[:-1] > gap)
-    idx = np.flatnonzero(new)
-    return x0[idx], np.maximum.reduceat(x1, idx), y[idx]
+def bin_coverage(groups, n_rows: int, lo: float, hi: float, n_bins: int) -> np.ndarray:
+    """Time each group's bars cover in each of ``n_bins`` equal bins of ``[lo, hi]`` on each
+    row, in bins: an array ``[row, group, bin]`` of values in [0, 1] (more where a group's bars
+    overlap). ``groups``: ``(x0, x1, y)`` arrays per group, ``y`` a row index."""
+    acc = np.zeros((n_rows, len(groups), n_bins + 1))
+    full = np.zeros_like(acc)  # difference array of the bins a bar covers whole
+    w = (hi - lo) / n_bins
+    for g, (x0, x1, y) in enumerate(groups):
+        a = np.clip((np.asarray(x0, dtype=float) - lo) / w, 0, n_bins)
+        b = np.clip((np.asarray(x1, dtype=float) - lo) / w, 0, n_bins)
+        keep = b > a
+        a, b, y = a[keep], b[keep], np.asarray(y, dtype=np.int64)[keep]
+        ia, ib = np.floor(a).astype(np.int64), np.floor(b).astype(np.int64)
+        one = ia == ib
+        np.add.at(acc, (y[one], g, ia[one]), b[one] - a[one])
+        m = ~one
+        np.add.at(acc, (y[m], g, ia[m]), ia[m] + 1 - a[m])
+        np.add.at(acc, (y[m], g, ib[m]), b[m] - ib[m])
+        np.add.at(full, (y[m], g, ia[m] + 1), 1.0)
+        np.add.at(full, (y[m], g, ib[m]), -1.0)
+    return (acc + np.cumsum(full, axis=2))[:, :, :n_bins]
+
+
+def bin_bars(groups, n_rows: int, lo: float, hi: float, n_bins: int) -> list:
+    """What a screen ``n_bins`` pixels wide shows of the bars of ``groups`` between ``lo`` and
+    ``hi``: each pixel of a row that some bar touches is filled in one group's colour, chosen
+    so that every group's share of a row's pixels follows its share of the time (error
+    diffusion: the pixel goes to the group with the most time owed, time in the pixels so far
+    less pixels given, among the groups present in it). A bar wider than a pixel keeps its
+    colour at its place, bars narrower than a pixel show in proportion, and a lone bar under a
+    pixel wide is a pixel wide. The page does the same for the visible range at every zoom
+    (:data:`_LOD_JS`). Returns ``(x0, x1, y)`` of each group's boxes, by row then time."""
+    n_bins = max(1, int(n_bins))
+    cov = bin_coverage(groups, n_rows, lo, hi, n_bins)
+    owed = np.zeros(cov.shape[:2])
+    winner = np.full((n_rows, n_bins), -1, dtype=np.int64)
+    rows = np.arange(n_rows)
+    for i in range(n_bins):
+        c = cov[:, :, i]
+        present = c > 0
+        owed += c
+        best = np.argmax(np.where(present, owed, -np.inf), axis=1)
+        hit = present.any(axis=1)
+        winner[hit, i] = best[hit]
+        owed[rows[hit], best[hit]] -= 1.0
+    w = (hi - lo) / n_bins
+    out = []
+    for g in range(len(groups)):
+        on = np.zeros((n_rows, n_bins + 2), dtype=np.int8)
+        on[:, 1:-1] = winner == g
+        step = np.diff(on, axis=1)
+        r0, s = np.nonzero(step == 1)
+        _, e = np.nonzero(step == -1)
+        out.append((lo + s * w, lo + e * w, r0.astype(float)))
+    return out
 
 
 def _b64(a, dtype) -> str:
@@ -79,26 +120,28 @@ def _b64(a, dtype) -> str:
 
 
 class _Bars:
-    """The bars of one timeline: plotly traces plus, for each filled group, its bars,
-    which the page's script re-merges for the visible range at every zoom."""
+    """The bars of one timeline: plotly traces plus, for each filled group, its bars, which
+    :meth:`finish` reduces to pixels (:func:`bin_bars`) and the page's script reduces again
+    for the visible range at every zoom."""
 
-    #: Initial merging: bars closer than 1/_PIXELS of the time axis are drawn joined.
+    #: Pixels of the time axis the figure is reduced to before the page redoes it at its
+    #: real width (and what a viewer without the page's script shows).
     _PIXELS = 2000
 
     def __init__(self, go, fig, x_max):
         self.go, self.fig, self.x_max = go, fig, x_max
         self.groups: list[dict] = []
+        self._bars: list[tuple] = []
         self._named: set = set()
 
     def add(self, name, colour, x0, x1, y, hover, pattern="", rank=1000):
-        """One legend entry: the filled boxes (no hover) and an invisible point at the
-        middle of each box that carries its hover text."""
+        """One legend entry: the filled boxes (no hover; drawn by :meth:`finish`) and an
+        invisible point at the middle of each bar that carries its hover text."""
         go = self.go
         x0, x1, y = (np.asarray(v, dtype=float) for v in (x0, x1, y))
         order = np.lexsort((x0, y))
         x0, x1, y = x0[order], x1[order], y[order]
         hover = [hover[i] for i in order]
-        xs, ys = _boxes(*merge_bars(x0, x1, y, self.x_max / self._PIXELS))
         fill = dict(fillcolor=colour)
         if pattern:
             fill = dict(
@@ -107,14 +150,15 @@ class _Bars:
         self.groups.append(
             {"trace": len(self.fig.data), "y": _b64(y, "<i4"), "x0": _b64(x0, "<f8"), "x1": _b64(x1, "<f8")}
         )
-        # an outline in the fill colour keeps bars narrower than a pixel visible when zoomed out
+        self._bars.append((x0, x1, y))
+        # boxes are whole pixels of one colour (bin_bars): no outline, which would widen them
         self.fig.add_trace(
             go.Scatter(
-                x=xs,
-                y=ys,
+                x=[np.nan],
+                y=[np.nan],
                 mode="lines",
                 fill="toself",
-                line=dict(width=0.5 if pattern else 1, color=colour),
+                line=dict(width=0, color=colour),
                 hoverinfo="skip",
                 name=name,
                 legendgroup=name,
@@ -138,19 +182,28 @@ class _Bars:
             )
         )
 
+    def finish(self, n_rows: int) -> None:
+        """Fill each group's trace with its boxes at :data:`_PIXELS` pixels (:func:`bin_bars`)."""
+        self.n_rows = n_rows
+        binned = bin_bars(self._bars, n_rows, 0.0, self.x_max, self._PIXELS)
+        for g, (x0, x1, y) in zip(self.groups, binned):
+            xs, ys = _boxes(x0, x1, y) if len(x0) else ([np.nan], [np.nan])
+            self.fig.data[g["trace"]].update(x=xs, y=ys)
+
     def script(self) -> str:
-        """The page script (``post_script`` of plotly's ``to_html``) that keeps the bars
-        merged at the resolution of the visible range."""
-        return _LOD_JS.replace("__GROUPS__", json.dumps(self.groups))
+        """The page script (``post_script`` of plotly's ``to_html``) that reduces the bars to
+        the pixels of the visible range at load and after every zoom or legend click."""
+        return _LOD_JS.replace("__GROUPS__", json.dumps(self.groups)).replace("__ROWS__", str(self.n_rows))
 
 
-# Level of detail: on load and after every zoom, each filled group is rebuilt from its bars
-# in the visible range, joining bars less than half a pixel apart; at most a few thousand
-# shapes are drawn, however many ops the run has. "{plot_id}" is filled in by plotly.
+# Level of detail: on load, after every zoom and after a legend click, each filled group is
+# rebuilt from its bars in the visible range, reduced to the pixels of the axis as bin_bars
+# does (the same error diffusion); at most a few shapes per pixel column are drawn, however
+# many ops the run has. "{plot_id}" is filled in by plotly.
 _LOD_JS = """
 (function () {
   var gd = document.getElementById('{plot_id}');
-  var groups = __GROUPS__;
+  var groups = __GROUPS__, nRows = __ROWS__;
   function dec(b64, T) {
     var s = atob(b64), n = s.length, u = new Uint8Array(n);
     for (var i = 0; i < n; i++) u[i] = s.charCodeAt(i);
@@ -158,31 +211,64 @@ _LOD_JS = """
   }
   groups.forEach(function (g) { g.y = dec(g.y, Int32Array); g.x0 = dec(g.x0, Float64Array);
                                 g.x1 = dec(g.x1, Float64Array); });
-  var busy = false;
+  var busy = false, again = false;
+  function shown(g) { var v = gd.data[g.trace].visible; return v === undefined || v === true; }
   function redraw() {
     var xa = gd._fullLayout && gd._fullLayout.xaxis;
-    if (!xa || busy) return;
-    var lo = xa.range[0], hi = xa.range[1], gap = 0.5 * (hi - lo) / Math.max(100, xa._length || 1000);
-    var xs = [], ys = [], idx = [];
-    groups.forEach(function (g) {
-      var X = [], Y = [], n = g.x0.length, i = 0;
-      while (i < n) {
-        if (g.x1[i] < lo || g.x0[i] > hi) { i++; continue; }
-        var a = g.x0[i], b = g.x1[i], row = g.y[i];
-        i++;
-        while (i < n && g.y[i] === row && g.x0[i] - b <= gap && g.x0[i] <= hi) { if (g.x1[i] > b) b = g.x1[i]; i++; }
-        X.push(a, a, b, b, NaN); Y.push(row - 0.4, row + 0.4, row + 0.4, row - 0.4, NaN);
+    if (!xa) return;
+    if (busy) { again = true; return; }
+    var lo = xa.range[0], hi = xa.range[1], B = Math.max(1, Math.round(xa._length || 1000));
+    var w = (hi - lo) / B, G = groups.length, acc = new Float64Array(nRows * G * B);
+    groups.forEach(function (g, k) {
+      if (!shown(g)) return;
+      for (var i = 0, n = g.x0.length; i < n; i++) {
+        var a = Math.max(0, (g.x0[i] - lo) / w), b = Math.min(B, (g.x1[i] - lo) / w);
+        if (!(b > a)) continue;
+        var ia = Math.floor(a), ib = Math.floor(b), base = (g.y[i] * G + k) * B;
+        if (ia === ib) { acc[base + ia] += b - a; continue; }
+        acc[base + ia] += ia + 1 - a;
+        for (var j = ia + 1; j < ib; j++) acc[base + j] += 1;
+        if (ib < B) acc[base + ib] += b - ib;
       }
-      if (!X.length) { X.push(NaN); Y.push(NaN); }   // an empty trace would drop out of the legend
-      xs.push(X); ys.push(Y); idx.push(g.trace);
     });
+    var X = groups.map(function () { return []; }), Y = groups.map(function () { return []; });
+    var owed = new Float64Array(G);
+    function flush(k, row, s, e) {
+      var a = lo + s * w, b = lo + e * w;
+      X[k].push(a, a, b, b, NaN); Y[k].push(row - 0.4, row + 0.4, row + 0.4, row - 0.4, NaN);
+    }
+    for (var row = 0; row < nRows; row++) {
+      owed.fill(0);
+      var run = -1, runStart = 0;
+      for (var i = 0; i <= B; i++) {
+        var best = -1, bv = -Infinity;
+        if (i < B) {
+          for (var k = 0; k < G; k++) {
+            var c = acc[(row * G + k) * B + i];
+            if (c > 0) { owed[k] += c; if (owed[k] > bv) { bv = owed[k]; best = k; } }
+          }
+          if (best >= 0) owed[best] -= 1;
+        }
+        if (best !== run) {
+          if (run >= 0) flush(run, row, runStart, i);
+          run = best; runStart = i;
+        }
+      }
+    }
+    var idx = groups.map(function (g) { return g.trace; });
+    X.forEach(function (x) { if (!x.length) x.push(NaN); });   // an empty trace would drop out of the legend
+    Y.forEach(function (y) { if (!y.length) y.push(NaN); });
     busy = true;
-    Promise.resolve(Plotly.restyle(gd, {x: xs, y: ys}, idx)).then(function () { busy = false; },
-                                                                 function () { busy = false; });
+    function done() { busy = false; if (again) { again = false; redraw(); } }
+    Promise.resolve(Plotly.restyle(gd, {x: X, y: Y}, idx)).then(done, done);
   }
   gd.on('plotly_relayout', function (ev) {
-    if (ev && Object.keys(ev).some(function (k) { return k.indexOf('xaxis') === 0; })) redraw();
+    if (ev && Object.keys(ev).some(function (k) { return k.indexOf('xaxis') === 0 || k === 'autosize'; })) redraw();
   });
+  gd.on('plotly_restyle', function (ev) {
+    if (ev && ev[0] && 'visible' in ev[0]) redraw();
+  });
+  redraw();
 })();
 """
 
@@ -235,6 +321,7 @@ def timeline_with_bars(
     # wide, and compute drawn over idle time keeps the row's proportions
     _add_idle_bars(bars, data.idle, index, k, unit)
     _add_op_bars(bars, data.events, index, k, unit)
+    bars.finish(len(rows))
     _lay_out(fig, data, rows, title, step, k, unit, x_max)
     return fig, bars
 
