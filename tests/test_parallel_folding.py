@@ -55,19 +55,36 @@ def test_folded_expert_nesting_follows_order():
     assert L.group(0, "edp") == (0, 1)
 
 
-def test_layouts_carved_out_of_dp_map_as_before():
-    # ep | dp*cp and etp in (1, tp): the EP group is carved out of the data-parallel
-    # ranks at the same TP coordinate (tp innermost, so ranks tp apart), as before folding.
-    L = ParallelLayout(tp=2, dp=8, ep=4)
+def test_deepspeed_mapping_carves_ep_out_of_dp():
+    # expert_mapping deepspeed (deepspeed/utils/groups.py, _get_expert_parallel_ranks,
+    # deepspeedai/DeepSpeed edaa7221): the EP group is carved out of the data-parallel ranks
+    # at the same TP coordinate (tp innermost, so ranks tp apart).
+    L = ParallelLayout(tp=2, dp=8, ep=4, expert_mapping="deepspeed")
     assert not L.folded
     assert L.group(0, "ep") == (0, 2, 4, 6) and L.group(1, "ep") == (1, 3, 5, 7)
     # etp = 1: both TP ranks at an EP position hold the same full-width experts, so the
-    # expert gradient is summed over tp * dp*cp/ep = 4 ranks (Megatron-Core's
-    # expert_data_parallel_size = world / (etp * ep * pp)).
+    # expert gradient is summed over tp * dp*cp/ep = 4 ranks.
     assert L.edp == 4 and L.group(0, "edp") == L.group(1, "edp") == (0, 1, 8, 9)
-    T = ParallelLayout(tp=2, dp=8, ep=4, etp=2)
+    T = ParallelLayout(tp=2, dp=8, ep=4, etp=2, expert_mapping="deepspeed")
     assert not T.folded and T.group(0, "etp") == T.group(0, "tp") == (0, 1)
     assert T.edp == 2 and T.group(0, "edp") == (0, 8)
+    # DeepSpeed's docstring example: world 16, model degree 2, expert degree 4.
+    D = ParallelLayout(tp=2, dp=8, ep=4, etp=2, expert_mapping="deepspeed")
+    assert D.groups("ep") == [(0, 2, 4, 6), (1, 3, 5, 7), (8, 10, 12, 14), (9, 11, 13, 15)]
+    assert D.groups("edp") == [(0, 8), (1, 9), (2, 10), (3, 11), (4, 12), (5, 13), (6, 14), (7, 15)]
+    with pytest.raises(LayoutError) as e:
+        ParallelLayout(tp=2, dp=4, ep=8, expert_mapping="deepspeed")
+    assert e.value.field == "parallel.ep"
+
+
+def test_megatron_core_folds_ep_over_tp_with_etp_1():
+    # The same layout under Megatron-Core (the default): tp2 etp1 ep4 gives EP groups of 4
+    # consecutive ranks (across the attention's TP pairs); with etp = tp the EP group is the
+    # ranks tp apart, as carved out of DP.
+    L = ParallelLayout(tp=2, dp=8, ep=4)
+    assert L.folded and L.group(0, "ep") == (0, 1, 2, 3) and L.group(0, "edp") == (0, 4, 8, 12)
+    T = ParallelLayout(tp=2, dp=8, ep=4, etp=2)
+    assert not T.folded and T.group(0, "ep") == (0, 2, 4, 6) and T.group(0, "edp") == (0, 8)
 
 
 @pytest.mark.parametrize(

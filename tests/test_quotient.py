@@ -272,7 +272,7 @@ def test_expert_groups_straddling_domains_unevenly():
     def step(pp, **kw):
         sc = moe_scenario(
             cluster={"preset": "dgx-h100", "devices": 48 * pp, "network": {"domain_size": 12}},
-            parallel={"tp": 2, "pp": pp, "dp": 24, "ep": 8},
+            parallel={"tp": 2, "pp": pp, "dp": 24, "ep": 8, "expert_mapping": "deepspeed"},
             training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 48},
         )
         return simulate(sc, **kw).summary["step_time_s"]

@@ -234,6 +234,8 @@ def _two_nodes(nic_bw_bytes_per_s=5e9, devices=16):
 
 
 def _estimate(base, **layout):
+    if "etp" in layout:  # a search keeps etp = tp where the scenario has it so
+        base = {**base, "parallel": {"tp": layout["tp"], "etp": layout.pop("etp")}}
     p = {
         "tp": 1,
         "pp": 1,
@@ -253,7 +255,9 @@ def _estimate(base, **layout):
     "layout, axis",
     [
         ({"dp": 16}, "dp_s"),  # dense gradients reduced across the two nodes
-        ({"tp": 2, "dp": 8, "ep": 8}, "ep_s"),  # expert all-to-all across the nodes
+        # expert all-to-all across the nodes: with etp = tp the EP group is the ranks tp apart
+        # (0, 2, ..., 14); with etp 1 it would be 8 consecutive ranks, one node (Megatron-Core)
+        ({"tp": 2, "dp": 8, "ep": 8, "etp": 2}, "ep_s"),
         ({"dp": 16, "ep": 8, "zero": 3}, "fsdp_s"),  # ZeRO-3 gathers across the nodes
         ({"dp": 8, "pp": 2}, "pp_send_s"),  # pipeline stages on different nodes
     ],

@@ -35,7 +35,9 @@ def test_groups_that_straddle_domains_unevenly_are_found():
     assert _uneven(_moe(48, nvl, {"tp": 1, "pp": 1, "dp": 144, "ep": 48}, 144)) == {"ep": [(24, 24), (48,)]}
     # TP2 x EP8 spans 16 ranks of 12-GPU domains: 6 + 2, 4 + 4, 2 + 6 (a group and its mirror alike)
     h12 = {"preset": "dgx-h100", "devices": 48, "network": {"domain_size": 12}}
-    assert _uneven(_moe(16, h12, {"tp": 2, "pp": 1, "dp": 24, "ep": 8}, 48)) == {"ep": [(4, 4), (6, 2)]}
+    assert _uneven(_moe(16, h12, {"tp": 2, "pp": 1, "dp": 24, "ep": 8, "expert_mapping": "deepspeed"}, 48)) == {
+        "ep": [(4, 4), (6, 2)]
+    }
     # aligned: EP8 x TP2 = two whole 8-GPU domains; EP72 = one NVL72 domain; a torus has no domains
     h8 = {"preset": "dgx-h100", "devices": 64}
     assert _uneven(_moe(16, h8, {"tp": 2, "pp": 2, "dp": 16, "ep": 8}, 32)) == {}

@@ -7,30 +7,31 @@ consecutive). ``order`` lists the mesh axes innermost first: with the default
 ``tp-cp-ep-dp-pp`` the TP ranks of one group are consecutive, so they land in the
 same NVLink domain, and pipeline stages are the outermost (farthest apart) axis.
 
-Expert layout. Two mappings, as Megatron-Core has them (``megatron/core/transformer/
-moe/README.md``, "MoE Parallel Folding"; Liu et al. 2025, arXiv 2504.14960):
+Expert layout (``expert_mapping``). Which ranks hold which experts is the framework's
+choice; stepsim builds the groups as the framework's own code does:
 
-* **Carved out of data parallelism** (the traditional mapping, where "the EP group
-  in MoE is a sub-group of DP in Attention"): when ``ep`` divides ``dp*cp`` and
-  ``etp`` is 1 or ``tp``. The ``dp*cp`` ranks with equal (tp, pp) coordinates,
-  taken in mesh order, are cut into consecutive blocks of ``ep`` ranks, one EP
-  group each; ranks at the same position of different blocks hold the same
-  experts and form the expert-data-parallel group that reduces expert gradients —
-  with ``etp = 1 < tp``, the same positions at every TP coordinate too (each TP
-  rank then holds the full-width experts). With ``etp = tp`` the TP group is the
-  expert-tensor-parallel group.
-* **Folded** (every other layout with ``ep*etp`` dividing ``tp*cp*dp``): the
-  attention layout (TP x CP x DP) and the expert layout (ETP x EP x EDP) are two
-  decompositions of the same ranks of a pipeline stage, so that "the EPxTP group
-  in MoE is a sub-group of DPxCPxTP in Attention" and EP may span the TP (and CP)
-  ranks. The stage's ``tp*cp*dp`` ranks in ascending order (the mesh order of tp,
-  cp and dp) are cut into an ``etp x ep x edp`` mesh, ``edp = tp*cp*dp /
-  (ep*etp)``, nested as ``order`` nests tp, ep and dp (the default
-  ``tp-cp-ep-dp-pp``: etp innermost, then ep, then edp) — what Megatron-Core's
-  ``initialize_model_parallel`` builds with its second, expert ``RankGenerator``
-  (``tp=etp, ep=ep, dp=edp, cp=1`` over the same ``order`` string;
-  ``expert_data_parallel_size = world / (etp * ep * pp)``), whose pipeline groups
-  must equal the attention generator's.
+* ``"megatron-core"`` (the default): Megatron-Core's two rank generators over the same
+  ranks (``megatron/core/parallel_state.py`` at NVIDIA/Megatron-LM commit d98e8a64,
+  ``initialize_model_parallel`` and ``RankGenerator``; "MoE Parallel Folding", Liu et al.
+  2025, arXiv 2504.14960). The attention generator decomposes a rank over ``order`` with
+  sizes ``tp, cp, ep=1, dp, pp``; the expert generator over the same ``order`` with sizes
+  ``tp->etp, cp->1, ep->ep, dp->edp, pp->pp`` where ``edp = world / (etp*ep*pp)``. A group
+  along one axis is the ranks that differ only in that axis's digit, in order of it. With
+  ``tp: 2, etp: 1, ep: 8`` the EP group is 8 consecutive ranks (one NVLink node), spanning
+  the attention's TP ranks ("folded"); with ``etp = tp`` it is the ranks ``tp`` apart, the
+  same ranks as carving EP out of data parallelism. Megatron-Core refuses an ``order``
+  whose last axis is not ``pp`` when ``pp > 1`` and ``edp != dp``, and expert pipeline
+  groups that differ from the attention's; so does stepsim (``parallel.order``).
+* ``"deepspeed"``: EP carved out of data parallelism, as DeepSpeed's
+  ``deepspeed/utils/groups.py`` (``_get_expert_parallel_ranks``, deepspeedai/DeepSpeed
+  commit edaa7221) builds it: the ``dp*cp`` ranks with equal (tp, pp) coordinates, in mesh
+  order, cut into consecutive blocks of ``ep``; ranks at the same position of different
+  blocks hold the same experts (their expert-data-parallel group, with ``etp = 1`` at
+  every TP coordinate too). Needs ``ep`` dividing ``dp*cp`` and ``etp`` 1 or ``tp``.
+
+:attr:`ParallelLayout.folded` says which MoE dispatcher the trace runs: tokens leave the
+attention's TP layout for the experts (all-to-all over EP, all-gather over ETP) when the
+expert tensor-parallel group is not the attention's TP group.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from workloads.errors import WorkloadError
 MESH_AXES = ("tp", "cp", "dp", "pp")
 ORDER_AXES = ("tp", "cp", "ep", "dp", "pp")
 GROUP_AXES = ("tp", "cp", "dp", "pp", "ep", "edp", "etp", "dp_cp")
-EXPERT_AXES = {"tp": "etp", "ep": "ep", "dp": "edp"}  # order names -> folded expert mesh axes
+EXPERT_AXES = {"tp": "etp", "ep": "ep", "dp": "edp"}  # order names -> the expert generator's axes
+EXPERT_MAPPINGS = ("megatron-core", "deepspeed")  # parallel.expert_mapping (module doc)
 
 
 class LayoutError(WorkloadError):
@@ -68,6 +70,7 @@ class ParallelLayout:
     sequence_parallel: bool = True
     order: tuple[str, ...] = ORDER_AXES
     pipeline_layers: Optional[Union[tuple[int, ...], str]] = None  # per chunk, or "auto"
+    expert_mapping: str = "megatron-core"  # whose rank generator builds the expert groups
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "pp", "dp", "ep", "vpp", "etp"):
@@ -96,6 +99,42 @@ class ParallelLayout:
             )
         if self.vpp > 1 and self.pp == 1:
             raise LayoutError("parallel.vpp", "virtual stages need pp > 1")
+        if self.expert_mapping not in EXPERT_MAPPINGS:
+            raise LayoutError(
+                "parallel.expert_mapping",
+                f"must be one of {', '.join(EXPERT_MAPPINGS)}, got {self.expert_mapping!r}",
+            )
+        if self.expert_mapping == "deepspeed":
+            if (self.dp * self.cp) % self.ep:
+                raise LayoutError(
+                    "parallel.ep",
+                    f"with expert_mapping deepspeed, ep must divide dp*cp = {self.dp * self.cp} (EP is carved out "
+                    f"of data parallelism), got {self.ep}",
+                )
+            if self.etp not in (1, self.tp):
+                raise LayoutError(
+                    "parallel.etp",
+                    f"with expert_mapping deepspeed, etp must be 1 or tp = {self.tp}, got {self.etp}",
+                )
+        elif self.pp > 1 and self._expert_mesh_stride("pp") != self._strides["pp"]:
+            # parallel_state.py (d98e8a64) asserts "Pipeline parallel groups are expected to
+            # be the same for Non-Expert and Expert part"
+            raise LayoutError(
+                "parallel.order",
+                f"puts pp after axes whose expert sizes (etp = {self.etp}, ep = {self.ep}, edp = {self.edp}) "
+                f"differ from their attention sizes (tp = {self.tp}, cp = {self.cp}, dp = {self.dp}), so the "
+                f"expert layers' pipeline groups would differ from the attention's, which Megatron-Core refuses; "
+                f"got {'-'.join(self.order)} (put pp last)",
+            )
+        elif self.pp > 1 and self.order[-1] != "pp" and self.edp != self.dp:
+            # megatron/core/parallel_state.py (d98e8a64), initialize_model_parallel: "When not
+            # using pp-last rank ordering, the data parallel size of the attention and moe
+            # layers must be the same"
+            raise LayoutError(
+                "parallel.order",
+                f"with pp > 1 and an expert data-parallel size (edp = {self.edp}) other than dp = {self.dp}, "
+                f"the last (outermost) axis must be pp, as Megatron-Core requires; got {'-'.join(self.order)}",
+            )
 
     # ---- sizes ---------------------------------------------------------------
     @property
@@ -104,10 +143,11 @@ class ParallelLayout:
 
     @property
     def folded(self) -> bool:
-        """Whether the expert layout is folded over the stage's ranks (see the module
-        doc) rather than carved out of ``dp*cp``: ``ep`` does not divide ``dp*cp``,
-        or ``etp`` is neither 1 nor ``tp``."""
-        return (self.dp * self.cp) % self.ep != 0 or self.etp not in (1, self.tp)
+        """Whether MoE tokens leave the attention's tensor-parallel layout for the
+        experts (the module doc): under Megatron-Core whenever the expert tensor-parallel
+        group is not the attention's TP group (``etp != tp``); under DeepSpeed's mapping
+        never (EP is carved out of data parallelism at each TP coordinate)."""
+        return self.expert_mapping == "megatron-core" and self.etp != self.tp
 
     @property
     def edp(self) -> int:
@@ -142,10 +182,9 @@ class ParallelLayout:
         if not 0 <= rank < self.world:
             raise IndexError(f"rank {rank} outside 0..{self.world - 1}")
         c = {a: (rank // self._strides[a]) % getattr(self, a) for a in self._mesh_order}
-        if self.folded:
-            pos = self._stage_pos(c)
+        if self.expert_mapping == "megatron-core":
             for a, (size, stride) in self._expert_mesh.items():
-                c[a] = (pos // stride) % size
+                c[a] = (rank // stride) % size
             return c
         flat = self._dpcp_index(c)
         c["ep"] = flat % self.ep
@@ -153,32 +192,34 @@ class ParallelLayout:
         c["etp"] = c["tp"] if self.etp == self.tp else 0
         return c
 
-    # ---- the folded expert mesh ----------------------------------------------
+    # ---- Megatron-Core's expert rank generator ----------------------------------
     @cached_property
-    def _stage_strides(self) -> dict[str, int]:
-        """Strides of tp, cp and dp in a rank's position among its stage's ranks."""
-        strides, s = {}, 1
-        for a in self._mesh_order:
-            if a != "pp":
-                strides[a] = s
-                s *= getattr(self, a)
-        return strides
+    def _expert_sizes(self) -> tuple[int, ...]:
+        """Sizes of the expert generator's axes in ``order`` (innermost first):
+        tp -> etp, cp -> 1, ep -> ep, dp -> edp, pp -> pp (megatron/core/parallel_state.py,
+        d98e8a64: ``RankGenerator(tp=expert_tensor_parallel_size, ep=..., dp=
+        expert_data_parallel_size, pp=..., cp=1, order=order)``)."""
+        sizes = {"tp": self.etp, "cp": 1, "ep": self.ep, "dp": self.edp, "pp": self.pp}
+        return tuple(sizes[a] for a in self.order)
 
-    def _stage_pos(self, c: dict[str, int]) -> int:
-        """Position of a rank among its stage's ranks in ascending order."""
-        return sum(c[a] * s for a, s in self._stage_strides.items())
+    def _expert_mesh_stride(self, axis: str) -> int:
+        """Stride of order axis ``axis`` in a rank's number under the expert generator."""
+        s = 1
+        for a, size in zip(self.order, self._expert_sizes):
+            if a == axis:
+                return s
+            s *= size
+        raise ValueError(axis)
 
     @cached_property
     def _expert_mesh(self) -> dict[str, tuple[int, int]]:
-        """Folded layout: ``axis -> (size, stride)`` of etp, ep and edp over the
-        stage positions, nested as ``order`` nests tp, ep and dp."""
+        """``axis -> (size, stride)`` of etp, ep and edp in a rank's number under the
+        expert generator."""
         out, s = {}, 1
-        for a in self.order:
+        for a, size in zip(self.order, self._expert_sizes):
             if a in EXPERT_AXES:
-                name = EXPERT_AXES[a]
-                size = getattr(self, name)
-                out[name] = (size, s)
-                s *= size
+                out[EXPERT_AXES[a]] = (size, s)
+            s *= size
         return out
 
     def rank_of(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
@@ -231,28 +272,19 @@ class ParallelLayout:
         ranks = self._rank_mesh().transpose([self._mesh_axis(a) for a in ("pp", "tp", outer, inner)])
         return ranks.reshape(self.pp, self.tp, self.dp * self.cp)
 
-    def _stage_table(self) -> "np.ndarray":
-        """``ranks[pp, pos]``: the rank at position ``pos`` of each pipeline stage (the
-        stage's ranks in ascending order)."""
-        return np.moveaxis(self._rank_mesh(), self._mesh_axis("pp"), 0).reshape(self.pp, -1)
-
     def _group_rows(self, axis: str) -> "np.ndarray":
         """The groups along ``axis`` as rows in ring order, rows in no particular order
         (the module doc gives the mappings)."""
         if axis in MESH_AXES:
             ranks = self._rank_mesh()
             return np.moveaxis(ranks, self._mesh_axis(axis), -1).reshape(-1, getattr(self, axis))
-        if axis == "etp" and not self.folded:
-            return self._group_rows("tp") if self.etp == self.tp else np.arange(self.world).reshape(-1, 1)
-        if axis in ("ep", "edp", "etp") and self.folded:
-            # Positions of a stage as an array over the expert mesh, outermost first.
-            mesh = list(self._expert_mesh.items())  # innermost first
-            pos = np.arange(self.tp * self.cp * self.dp).reshape([size for _, (size, _) in reversed(mesh)])
-            at = len(mesh) - 1 - [name for name, _ in mesh].index(axis)
-            rows = np.moveaxis(pos, at, -1).reshape(-1, self._expert_mesh[axis][0])
-            return self._stage_table()[:, rows].reshape(-1, rows.shape[1])
         if axis not in GROUP_AXES:
             raise ValueError(f"unknown group axis {axis!r}; expected one of {GROUP_AXES}")
+        if axis in ("ep", "edp", "etp") and self.expert_mapping == "megatron-core":
+            token = {"etp": "tp", "ep": "ep", "edp": "dp"}[axis]
+            return orthogonal_groups(self._expert_sizes, (self.order.index(token),))
+        if axis == "etp":
+            return self._group_rows("tp") if self.etp == self.tp else np.arange(self.world).reshape(-1, 1)
         members = self._dpcp_table()  # [pp, tp, dp*cp]
         n = self.dp * self.cp
         if axis == "dp_cp":
@@ -357,6 +389,23 @@ class ParallelLayout:
             out.append(range(start, start + n))
             start += n
         return out
+
+
+def orthogonal_groups(sizes: tuple[int, ...], axes: tuple[int, ...]) -> "np.ndarray":
+    """The rank groups of a mixed-radix mesh: ranks numbered with ``sizes`` digits
+    (innermost first), one group per setting of the digits not in ``axes``, each row the
+    ranks that differ only in the ``axes`` digits, in order of their number along those
+    axes (the first of ``axes`` fastest). Rows come in order of the other digits'
+    number. This is what Megatron-Core's ``generate_masked_orthogonal_rank_groups``
+    returns for the mask that selects ``axes`` (megatron/core/parallel_state.py,
+    NVIDIA/Megatron-LM d98e8a64)."""
+    n = len(sizes)
+    # numpy's C order has the last axis fastest: reverse the digits, outermost first.
+    ranks = np.arange(int(np.prod(sizes))).reshape(sizes[::-1])
+    inside = [n - 1 - a for a in sorted(axes, reverse=True)]  # masked, outermost first
+    outside = [j for j in range(n) if j not in inside]
+    size = int(np.prod([sizes[a] for a in axes]))
+    return ranks.transpose(outside + inside).reshape(-1, size)
 
 
 def auto_layer_split(layers: int, chunks: int) -> list[int]:

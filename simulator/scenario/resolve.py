@@ -253,6 +253,7 @@ def resolve_layout(p: ParallelIn, devices: int) -> ParallelLayout:
             zero=p.zero,
             sequence_parallel=p.sequence_parallel,
             order=order,
+            expert_mapping=p.expert_mapping,
             pipeline_layers=(p.pipeline_layers if p.pipeline_layers in (None, "auto") else tuple(p.pipeline_layers)),
         )
     except LayoutError as err:

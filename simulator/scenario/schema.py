@@ -21,7 +21,7 @@ from simulator.errors import StepsimError
 from simulator.network.calibration import LINK_KINDS
 from topologies.chips import FAMILIES, ChipSpec, ComputeCalibration
 from workloads.enums import Schedule, TraceCollectiveOp
-from workloads.layout import ORDER_AXES, ParallelLayout
+from workloads.layout import EXPERT_MAPPINGS, ORDER_AXES, ParallelLayout
 from workloads.model import MLASpec, ModelSpec, MoESpec
 from workloads.moe_load import ExpertLoad
 from workloads.training import TrainingSpec
@@ -177,8 +177,22 @@ ParallelIn = from_spec(
         "pipeline_layers": (Optional[Union[list[SInt], Literal["auto"]]], None),
         "zero": (Literal[0, 1, 2, 3], 1),
         "order": (str, "-".join(ORDER_AXES)),
+        "expert_mapping": (Literal[EXPERT_MAPPINGS], "megatron-core"),
     },
-    order=("tp", "cp", "pp", "dp", "ep", "vpp", "pipeline_layers", "etp", "zero", "sequence_parallel", "order"),
+    order=(
+        "tp",
+        "cp",
+        "pp",
+        "dp",
+        "ep",
+        "vpp",
+        "pipeline_layers",
+        "etp",
+        "zero",
+        "sequence_parallel",
+        "order",
+        "expert_mapping",
+    ),
     validators={"_zero_not_bool": field_validator("zero", mode="before")(classmethod(_zero_not_bool))},
 )
 

@@ -86,6 +86,7 @@ def scenario_to_dict(s: Scenario) -> dict:
         "zero": L.zero,
         "sequence_parallel": L.sequence_parallel,
         "order": "-".join(L.order),
+        "expert_mapping": L.expert_mapping,
         "pipeline_layers": (L.pipeline_layers if L.pipeline_layers in (None, "auto") else list(L.pipeline_layers)),
     }
     out = {
