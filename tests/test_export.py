@@ -53,7 +53,8 @@ def _drawn_bars(fig):
 def test_timeline_draws_every_bar(pipelined, tmp_path):
     from matplotlib.colors import to_rgba
 
-    from simulator.results.plots import AXIS_COLOURS, PHASE_COLOURS, _time_unit, devices_label
+    from simulator.results.plots import AXIS_COLOURS, PHASE_COLOURS, _time_unit
+    from simulator.results.report import stage_labels
 
     fig = pipelined.plot_timeline(max_ranks=64)
     drawn = _drawn_bars(fig)
@@ -62,7 +63,7 @@ def test_timeline_draws_every_bar(pipelined, tmp_path):
     # bars of one style closer than half a pixel are drawn as one; none is lost
     assert 0 < len(drawn) <= n_bars
     rows, rank = {}, None
-    label_rank = {devices_label(pipelined, r): r for r in set(ev["rank"])}
+    label_rank = {v: r for r, v in stage_labels(pipelined).items()}
     for y, t in enumerate(fig.axes[0].get_yticklabels()):
         text = t.get_text()
         if text in label_rank:
@@ -149,14 +150,17 @@ def _enclosing(slices, e):
 def test_process_names_say_which_devices_a_rank_stands_for(quick):
     events = chrome_trace(quick)["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    labels = {e["pid"]: e["args"]["labels"] for e in events if e.get("ph") == "M" and e["name"] == "process_labels"}
     # TP4 x DP2 = 8 devices per stage; order tp-cp-ep-dp-pp puts stage s on ranks 8s..8s+7
-    assert names == {
-        0: "stage 0: device 0, standing for 8 devices (ranks 0–7)",
-        8: "stage 1: device 8, standing for 8 devices (ranks 8–15)",
+    assert names == {0: "stage 0 (device 0, ×8)", 8: "stage 1 (device 8, ×8)"}
+    assert labels == {
+        0: "standing for 8 devices: ranks 0–7",
+        8: "standing for 8 devices: ranks 8–15",
     }
     exact = chrome_trace(simulate("quickstart", exact=True))["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in exact if e.get("ph") == "M" and e["name"] == "process_name"}
-    assert len(names) == 16 and names[13] == "stage 1: device 13"
+    assert len(names) == 16 and names[13] == "stage 1 (device 13)"
+    assert not [e for e in exact if e.get("name") == "process_labels"]
 
 
 def test_compact_ranks_in_words():

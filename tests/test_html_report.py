@@ -66,7 +66,7 @@ def test_report_from_the_run_directory_is_the_report_of_the_result(quick, report
     assert render_report(run_data(quick)) == from_dir
     data = load_run_dir(report_dir)
     assert data.missing == ()
-    assert data.labels[8] == "stage 1: device 8, standing for 8 devices (ranks 8–15)"
+    assert data.labels[8] == "stage 1 (device 8, ×8)"
     for needle in (
         "Timeline",
         "Memory",
@@ -84,7 +84,7 @@ def test_old_run_directory_reports_what_it_lacks(quick, tmp_path):
     (tmp_path / "scenario.json").unlink()
     data = load_run_dir(tmp_path)
     assert data.missing == ("idle.csv", "scenario.json")
-    assert data.labels[8] == "stage 1: device 8"
+    assert data.labels[8] == "stage 1 (device 8)"
     assert "idle.csv was not in the run directory" in render_report(data)
 
 

@@ -23,8 +23,6 @@ from simulator.results.plots import (
     MIN_FONT_PT,
     PHASE_COLOURS,
     SLIDE_WIDTH_IN,
-    _ranges,
-    devices_label,
     plot_memory,
     plot_timeline,
 )
@@ -248,26 +246,46 @@ def test_a_new_idle_cause_gets_its_own_hue_and_legend_entry(piped):
 
 
 def test_timeline_rows_name_the_devices_they_stand_for(piped):
-    assert devices_label(piped, 0) == "stage 0: ranks 0–1, ×4 replicas"
-    assert devices_label(piped, 8) == "stage 1: ranks 8–9, ×4 replicas"
+    from simulator.results.report import stage_labels
+
+    # TP2 x DP4: each stage's simulated device stands for 8
+    assert stage_labels(piped) == {0: "stage 0 (device 0, ×8)", 8: "stage 1 (device 8, ×8)"}
     fig = plot_timeline(piped, show_comm=False)
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == [
-        "stage 0: ranks 0–1, ×4 replicas",
-        "stage 1: ranks 8–9, ×4 replicas",
+        "stage 0 (device 0, ×8)",
+        "stage 1 (device 8, ×8)",
     ]
     exact = simulate(scenario(cluster={"devices": 4}, parallel={"tp": 2, "pp": 2, "dp": 1}), exact=True)
-    assert [devices_label(exact, r) for r in range(4)] == [
-        "stage 0: rank 0",
-        "stage 0: rank 1",
-        "stage 1: rank 2",
-        "stage 1: rank 3",
+    assert list(stage_labels(exact).values()) == [
+        "stage 0 (device 0)",
+        "stage 0 (device 1)",
+        "stage 1 (device 2)",
+        "stage 1 (device 3)",
     ]
 
 
-def test_rank_ranges():
-    assert _ranges([0, 1, 2, 3]) == "0–3"
-    assert _ranges([0, 1, 2, 3, 8]) == "0–3, 8"
-    assert _ranges([0, 4, 8, 12, 16]) == "0, 4, 8, … (5 ranks)"
+def test_one_label_per_stage_in_every_output(piped, tmp_path):
+    """The PNG timeline's rows, the memory figure's curves, the HTML timeline's rows, the HTML
+    memory figure's curves and the Perfetto trace's processes name a stage alike."""
+    pytest.importorskip("plotly")
+    from simulator.results.export import chrome_trace
+    from simulator.results.html_data import load_run_dir, run_data
+    from simulator.results.html_report import memory_figure
+    from simulator.results.html_timeline import timeline_figure
+
+    want = ["stage 0 (device 0, ×8)", "stage 1 (device 8, ×8)"]
+    png = [t.get_text() for t in plot_timeline(piped).axes[0].get_yticklabels() if t.get_text().startswith("stage")]
+    mem = [t.get_text() for t in plot_memory(piped).axes[0].get_legend().get_texts()]
+    html = [t for t in timeline_figure(run_data(piped)).layout.yaxis.ticktext if t.startswith("stage")]
+    trace = chrome_trace(piped)["traceEvents"]
+    perfetto = [e["args"]["name"] for e in trace if e.get("ph") == "M" and e["name"] == "process_name"]
+    assert png == html == perfetto == want
+    assert [m for m in mem if m.startswith("stage")] == want
+    html_mem = [t.name for t in memory_figure(run_data(piped)).data if (t.name or "").startswith("stage")]
+    assert html_mem == want
+    # read back from a run directory, the report names them alike too
+    piped.write(tmp_path / "run", plots=False)
+    assert [load_run_dir(tmp_path / "run").labels[r] for r in (0, 8)] == want
 
 
 # ---- progress bars ---------------------------------------------------------------------------------

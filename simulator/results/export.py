@@ -1,9 +1,10 @@
 """Exporters: Chrome Trace Event JSON (opens in Perfetto UI and chrome://tracing).
 
 Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
-(the Trace Event Format). One process per simulated device (``pid`` = rank), named
-after the devices it stands for (``stage 3: device 384, standing for 128 devices
-(ranks 384–511)``), one thread per stream; complete events (``ph: "X"``) with
+(the Trace Event Format). One process per simulated device (``pid`` = rank), named as
+its rows are in every figure (``stage 3 (device 384, ×128)``,
+:func:`~simulator.results.report.stage_label`) and labelled with the devices it stands
+for (``standing for 128 devices: ranks 384–511``), one thread per stream; complete events (``ph: "X"``) with
 microsecond timestamps; idle spans on the compute thread are named ``bubble``,
 ``exposed comm`` (``waiting_for``: the axes busy, e.g. ``ep_inter+ep_intra``) or
 ``offload wait`` (see :mod:`simulator.engine.accounting`; a cause not listed in ``_IDLE_STYLE``
@@ -75,17 +76,23 @@ def _ints(a) -> list[int]:
 
 
 def _process_name_lines(result, ranks, js: _Strings) -> list[str]:
-    from simulator.results.report import stands_for
+    from simulator.results.report import rank_weight, stage_label, stands_for
 
     layout = result.scenario.layout if result.scenario is not None else None
-    weight = (result.trace.weight if result.trace is not None else None) or {}
+    weights = (result.trace.weight if result.trace is not None else None) or {}
+    exact = bool(result.summary.get("exact", False))
     out = []
     for r in ranks:
         r = int(r)
+        w = rank_weight(layout, r, weights, exact)
         out.append(
-            f'{{"ph": "M", "pid": {r}, "name": "process_name", '
-            f'"args": {{"name": {js[stands_for(layout, r, int(weight.get(r, 1)))]}}}}}'
+            f'{{"ph": "M", "pid": {r}, "name": "process_name", "args": {{"name": {js[stage_label(layout, r, w)]}}}}}'
         )
+        if w > 1:
+            out.append(
+                f'{{"ph": "M", "pid": {r}, "name": "process_labels", '
+                f'"args": {{"labels": {js[stands_for(layout, r, w)]}}}}}'
+            )
         out.append(f'{{"ph": "M", "pid": {r}, "name": "process_sort_index", "args": {{"sort_index": {r}}}}}')
         for i, s in enumerate(STREAMS):
             out.append(f'{{"ph": "M", "pid": {r}, "tid": {i}, "name": "thread_name", "args": {{"name": {js[s]}}}}}')

@@ -45,25 +45,22 @@ class RunData:
     memory: pd.DataFrame
     idle: pd.DataFrame  # simulator.results.result.idle_frame
     scenario: Optional[dict]  # simulator.scenario.serialise.scenario_to_dict, None if not recorded
-    labels: dict  # rank -> what the simulated rank stands for (report.stands_for)
+    labels: dict  # rank -> its name in every output (report.stage_label)
     missing: tuple[str, ...] = ()  # files of the run directory that were not there
 
 
 def run_data(result) -> RunData:
     """A :class:`RunData` from a :class:`~simulator.results.result.Result` in memory."""
-    from simulator.results.report import stands_for
+    from simulator.results.report import stage_labels
     from simulator.scenario.serialise import scenario_to_dict
 
-    layout = result.scenario.layout if result.scenario is not None else None
-    weight = (result.trace.weight if result.trace is not None else None) or {}
-    ranks = sorted(set(result.memory["rank"].tolist()) | set(result.events["rank"].tolist()))
     return RunData(
         summary=result.summary,
         events=result.events,
         memory=result.memory,
         idle=result.idle,
         scenario=scenario_to_dict(result.scenario) if result.scenario is not None else None,
-        labels={r: stands_for(layout, r, int(weight.get(r, 1))) for r in ranks},
+        labels=stage_labels(result),
     )
 
 
@@ -116,8 +113,9 @@ def load_run_dir(path) -> RunData:
 
 
 def _labels_from_scenario(scenario, summary, stages: dict) -> dict:
-    """rank -> what it stands for; without a scenario, only its stage (``stages``) is known."""
-    from simulator.results.report import stands_for
+    """rank -> its name (:func:`~simulator.results.report.stage_label`); without a scenario,
+    only its stage (``stages``) is known."""
+    from simulator.results.report import rank_weight, stage_label
 
     layout = None
     if isinstance(scenario, dict):
@@ -128,14 +126,9 @@ def _labels_from_scenario(scenario, summary, stages: dict) -> dict:
         except (ValueError, KeyError, TypeError):
             layout = None
     if layout is None:
-        return {r: f"stage {st}: device {r}" for r, st in sorted(stages.items())}
-    out = {}
-    for r in sorted(stages):
-        w = 1
-        if not summary.get("exact", True):
-            w = len(layout.stage_ranks(layout.stage_of(int(r))))
-        out[r] = stands_for(layout, int(r), w)
-    return out
+        return {r: f"stage {st} (device {r})" for r, st in sorted(stages.items())}
+    exact = bool(summary.get("exact", True))
+    return {r: stage_label(layout, int(r), rank_weight(layout, int(r), {}, exact)) for r in sorted(stages)}
 
 
 # ---- tables ------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ def memory_figure(data: RunData):
                 y=np.append(tot, tot[-1]),
                 mode="lines",
                 line=dict(shape="hv", width=1.5),
-                name=f"stage {int(df['stage'].iloc[0])} (device {rank})",
+                name=data.labels.get(rank, f"device {rank}"),
                 hovertemplate="%{y:.2f} GB at %{x:.4g} " + unit + "<extra>%{fullData.name}</extra>",
             ),
             row=1,

@@ -385,7 +385,7 @@ def _lay_out(fig, data: RunData, rows: list, title: Optional[str], step: float, 
     s = data.summary
     ticks = []
     for r, st in rows:
-        ticks.append(_row_label(data, r) if st == "compute" else f"{st}")
+        ticks.append(data.labels.get(r, f"device {r}") if st == "compute" else f"{st}")
     fig.update_layout(
         title=dict(
             text=title
@@ -413,12 +413,3 @@ def _lay_out(fig, data: RunData, rows: list, title: Optional[str], step: float, 
             automargin=True,
         ),
     )
-
-
-def _row_label(data: RunData, rank: int) -> str:
-    text = data.labels.get(rank, f"device {rank}")
-    # "stage 3: device 384, standing for 128 devices (ranks 384–511)" -> one row-high line
-    head, _, rest = text.partition(", ")
-    if "(ranks " in rest:
-        return f"{head} (for {rest[rest.index('(ranks ') + 1 : -1]})"
-    return head

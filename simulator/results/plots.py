@@ -18,6 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path
 
+from simulator.results.report import stage_labels
+
 #: No text below this size (points, at the saved size).
 MIN_FONT_PT = 10
 #: Width of a 16:9 slide (PowerPoint's and Google Slides' default, 13.333 x 7.5 in):
@@ -196,37 +198,6 @@ def _bar_path(ax, x0: np.ndarray, x1: np.ndarray, y: np.ndarray, **style) -> Non
     ax.update_datalim([(x0.min(), y.min() - 0.4), (x1.max(), y.max() + 0.4)])
 
 
-def _ranges(ranks: list[int], max_parts: int = 3) -> str:
-    """``[0, 1, 2, 3, 8]`` -> ``"0–3, 8"``; more than ``max_parts`` runs are cut short."""
-    parts, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            parts.append(str(r) if start == r else f"{start}–{r}")
-            start = None
-    if len(parts) > max_parts:
-        return ", ".join(parts[:max_parts]) + f", … ({len(ranks)} ranks)"
-    return ", ".join(parts)
-
-
-def devices_label(result, rank: int) -> str:
-    """Which devices a simulated rank's row stands for: ``"stage 3: ranks 24–31, ×128
-    replicas"`` for a representative (it runs the program of every device of its stage:
-    its tensor- and context-parallel group, in each data-parallel replica), ``"stage 3:
-    rank 27"`` in an exact run."""
-    layout = result.scenario.layout if result.scenario is not None else None
-    if layout is None:
-        return f"rank {rank}"
-    stage = layout.stage_of(rank)
-    if result.summary.get("exact", False):
-        return f"stage {stage}: rank {rank}"
-    c = layout.coords(rank)
-    group = sorted(layout.rank_of(tp=t, cp=k, dp=c["dp"], pp=stage) for t in range(layout.tp) for k in range(layout.cp))
-    text = f"stage {stage}: " + (f"rank {group[0]}" if len(group) == 1 else f"ranks {_ranges(group)}")
-    return text + (f", ×{layout.dp} replicas" if layout.dp > 1 else "")
-
-
 #: Bars of one style on one row that touch or overlap are drawn as one: bar edges are
 #: rounded to whole pixels, so the union of touching bars covers the same pixels as the
 #: bars do one by one.
@@ -271,7 +242,8 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
     fig, ax = new_figure((width_in, max(3.0, 0.3 * len(rows) + 2.2)), layout="constrained")
     x_max = step * k * 1.01
     _draw_timeline_bars(ax, *bars, x_max=x_max, width_in=width_in, dpi=dpi)
-    labels = [devices_label(result, r) if s == "compute" else f"{s} comm" for r, s in rows]
+    names = stage_labels(result)
+    labels = [names.get(r, f"device {r}") if s == "compute" else f"{s} comm" for r, s in rows]
     ax.set_yticks(range(len(rows)), labels)
     for tick, (_, s) in zip(ax.get_yticklabels(), rows):
         if s != "compute":
@@ -391,11 +363,12 @@ def plot_memory(result, path=None, stacked_stage=None):
     time_s, total = np.asarray(mem["time_s"], dtype=float), np.asarray(mem["total"], dtype=float)
     ranks = sorted(set(rank.tolist()))
     n_lines = len(ranks)
+    names = stage_labels(result)
     for r in ranks:
         m = rank == r
         t = np.append(time_s[m] * k, step * k)
         y = np.append(total[m] / 1e9, total[m][-1] / 1e9)
-        ax.step(t, y, where="post", label=devices_label(result, int(r)), linewidth=1.4)
+        ax.step(t, y, where="post", label=names.get(int(r), f"device {r}"), linewidth=1.4)
     ax.axhline(s["hbm_bytes"] / 1e9, color="red", linestyle="--", linewidth=1.2, label="HBM capacity")
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel("memory in use (GB)")

@@ -75,17 +75,47 @@ def _ordinal_suffix(n: int) -> str:
 
 
 def stands_for(layout, rank: int, weight: int = 1) -> str:
-    """What simulated rank ``rank`` stands for, in words: ``"stage 3: device 384, standing
-    for 128 devices (ranks 384–511)"`` in the representative mode (``weight`` devices,
-    those of its pipeline stage), ``"stage 0: device 5"`` when every device is simulated.
-    ``layout`` may be None (then only the rank is known)."""
-    if layout is None:
-        return f"device {rank}" + (f", standing for {weight} devices" if weight > 1 else "")
-    stage = layout.stage_of(int(rank))
-    head = f"stage {stage}: device {rank}"
+    """Which devices simulated rank ``rank`` stands for, in words, beside its
+    :func:`stage_label`: ``"standing for 128 devices: ranks 384–511"`` in the representative
+    mode (``weight`` devices, those of its pipeline stage), ``""`` when it stands for itself
+    alone. ``layout`` may be None (then only the count is known)."""
     if weight <= 1:
-        return head
-    members = layout.stage_ranks(stage)
-    if len(members) == weight:
-        return f"{head}, standing for {weight} devices (ranks {compact_ranks(members)})"
-    return f"{head}, standing for {weight} devices"
+        return ""
+    text = f"standing for {weight} devices"
+    if layout is None:
+        return text
+    members = layout.stage_ranks(layout.stage_of(int(rank)))
+    return f"{text}: ranks {compact_ranks(members)}" if len(members) == weight else text
+
+
+def stage_label(layout, rank: int, weight: int = 1) -> str:
+    """The one name of simulated rank ``rank`` in every output: its rows of the PNG and HTML
+    timelines, its curve of the memory figures and its process in the Perfetto trace.
+    ``"stage 3 (device 384, ×128)"``: the pipeline stage, the device simulated and, in the
+    representative mode, how many devices it stands for (those of its stage; the trace's
+    process labels list them, :func:`stands_for`); ``"stage 1 (device 13)"`` when every
+    device is simulated; ``"device 13"`` without a layout."""
+    head = f"device {int(rank)}" + (f", ×{int(weight)}" if weight > 1 else "")
+    if layout is None:
+        return head if weight <= 1 else f"device {int(rank)} (×{int(weight)})"
+    return f"stage {layout.stage_of(int(rank))} ({head})"
+
+
+def rank_weight(layout, rank: int, weights: dict, exact: bool) -> int:
+    """How many devices simulated rank ``rank`` stands for: the trace's ``weights`` when
+    recorded, else (representative mode) the devices of its stage, else 1."""
+    if rank in weights:
+        return int(weights[rank])
+    if layout is None or exact:
+        return 1
+    return len(layout.stage_ranks(layout.stage_of(int(rank))))
+
+
+def stage_labels(result, ranks=None) -> dict:
+    """rank -> :func:`stage_label` of each simulated rank of ``result`` (or of ``ranks``)."""
+    layout = result.scenario.layout if result.scenario is not None else None
+    weights = (result.trace.weight if result.trace is not None else None) or {}
+    exact = bool(result.summary.get("exact", False))
+    if ranks is None:
+        ranks = sorted(set(result.events["rank"].tolist()) | set(result.memory["rank"].tolist()))
+    return {int(r): stage_label(layout, int(r), rank_weight(layout, int(r), weights, exact)) for r in ranks}
