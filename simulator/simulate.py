@@ -222,6 +222,7 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] 
     With ``topo``, a representative run's notes say where its groups break the symmetry it
     assumes (:func:`~simulator.engine.symmetry.symmetry_note`)."""
     from simulator.engine.symmetry import symmetry_note
+    from topologies.placement import domain_usage
     from workloads import parameters
 
     L, chip, t = sc.layout, sc.cluster.chip, sc.training
@@ -236,6 +237,7 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] 
     i = int(mem["total"].argmax())
     peak = float(mem["total"][i])
     per_stage = _per_stage(acc, L, mem, step)
+    usage = domain_usage(sc.cluster)
     summary = {
         "schema_version": SCHEMA_VERSION,
         "name": sc.name,
@@ -272,6 +274,13 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] 
             "etp": L.etp,
             "zero": L.zero,
         },
+        # Scale-up domains used and the devices left idle in them (switched networks; None on
+        # a torus), and the throughput per domain used: a layout that leaves 8 of an NVL72
+        # rack's 72 GPUs idle is compared per rack as well as per GPU.
+        "placement": usage.as_dict() if usage is not None else None,
+        "tokens_per_s_per_domain": (
+            t.tokens_per_step / step / usage.domains if usage is not None and step > 0 else None
+        ),
         "peak_memory_stage": int(L.stage_of(int(mem["rank"][i]))),
         "peak_activation_bytes": float(mem["activations"].max()),
         "peak_model_state_bytes": float((mem["weights"] + mem["gradients"] + mem["optimizer"]).max()),

@@ -84,7 +84,8 @@ def ideal_scenario(devices: int, **over) -> dict:
         model=copy.deepcopy(BALANCED_MODEL),
         cluster={"chip": dict(IDEAL_CHIP), "devices": devices, "network": dict(FAST_SWITCHED)},
         compute=dict(IDEAL_COMPUTE),
-        training={"seq_len": 4096, "micro_batch_size": 1, "global_batch_size": 8},
+        # an ideal host: never behind the GPU (simulator.engine.host)
+        training={"seq_len": 4096, "micro_batch_size": 1, "global_batch_size": 8, "host_launch_s": 0.0},
     )
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(s.get(k), dict):
@@ -127,7 +128,7 @@ def rerun_engine(res, **options):
         compute_scale=scale,
         algorithms=dict(sc.algorithms),
         host_bw_bytes_per_s=sc.cluster.host_bw_bytes_per_s,
-        **options,
+        **{"host_launch_s": sc.training.host_launch_s, **options},
     )
     return eng, eng.run()
 

@@ -105,7 +105,7 @@ def test_search_prunes_by_memory_and_finds_best_and_best_without_pp(tmp_path):
     csv = pd.read_csv(tmp_path / "search.csv")
     assert len(csv) == 12 and set(csv["status"]) == {"ok", "pruned"}
     best = json.loads((tmp_path / "best.json").read_text())
-    assert set(best) == {"best", "best_without_pp", "gap"}
+    assert set(best) == {"best", "best_without_pp", "gap", "best_per_domain", "best_per_domain_without_pp"}
     for k in ("best", "best_without_pp"):
         sc = load_scenario(best[k]["scenario"])  # a full scenario that loads as it is
         assert sc.cluster.chip.hbm_bytes == hbm
@@ -133,7 +133,13 @@ def test_max_candidates_simulates_only_the_best_ranked_and_nothing_fits_gives_nu
         jobs=1,
     )
     assert res.best is None and res.best_without_pp is None and res.gap is None
-    assert json.loads((tmp_path / "best.json").read_text()) == {"best": None, "best_without_pp": None, "gap": None}
+    assert json.loads((tmp_path / "best.json").read_text()) == {
+        "best": None,
+        "best_without_pp": None,
+        "gap": None,
+        "best_per_domain": None,
+        "best_per_domain_without_pp": None,
+    }
     assert "no layout fits" in res.to_text()
 
 

@@ -234,6 +234,9 @@ class ClusterSpec:
     pods: Optional[PodsSpec] = None
     host_bw_bytes_per_s: float = 32e9
     devices_per_domain: Optional[int] = None
+    # Devices one scale-up domain holds (switched networks): the network's domain_size
+    # before a partial fill replaced it by the devices used; set at construction.
+    domain_capacity: Optional[int] = None
 
     def __post_init__(self) -> None:
         _positive_int(self.devices, "cluster.devices")
@@ -268,6 +271,14 @@ class ClusterSpec:
                     "cluster.devices",
                 )
             return
+        if self.domain_capacity is None:
+            object.__setattr__(self, "domain_capacity", net.domain_size)
+        elif self.domain_capacity < net.domain_size:
+            raise TopologyError(
+                f"cluster.network.domain_size: at most the domain's capacity {self.domain_capacity}, "
+                f"got {net.domain_size}",
+                "cluster.network.domain_size",
+            )
         used = partial_domain_fill(per_pod, net.domain_size, self.devices_per_domain)
         if used is not None and used != net.domain_size:
             object.__setattr__(self, "network", dataclasses.replace(net, domain_size=used))

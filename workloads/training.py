@@ -22,14 +22,33 @@ Optimizer = Literal["adam", "muon", "sgd"]
 # Megatron-Core's --recompute-modules, plus "matmul_outputs": JAX's
 # checkpoint_dots_with_no_batch_dims policy (MaxText remat_policy "minimal"), which keeps
 # only matmul outputs and the layer input (workloads.memory, "Recompute policies").
+# Upper bounds (docs/scenario.md, "Physical ranges"): 16 Mi tokens per sequence, 16 Mi
+# sequences per batch; the step's size (simulator.scenario.checks) bounds their product.
+MAX_SEQ_LEN = 2**24
+MAX_BATCH = 2**24
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "matmul_outputs")
+
+#: Host (CPU) seconds to issue one kernel in PyTorch eager mode: the CUDA launch call plus
+#: PyTorch's per-op dispatch, not fitted to any validation row.
+#: * CUDA launch: a raw cuLaunchKernel costs 3.0 us (no arguments) to 3.3 us (19 arguments)
+#:   of host time on GB200 (meta-pytorch/tritonbench pull request #1017, 2026-04-14, its
+#:   per-kernel overhead table: "cuLaunchKernel 3.0us (irreducible CUDA driver cost)").
+#: * PyTorch eager dispatch before it (Python binding, autograd node, ATen dispatcher,
+#:   backend selection): ~5-25 us of CPU per op for a bf16 matmul on H100 ("From PyTorch
+#:   op to kernel launch", jiahuanglin.xyz/all_lessons/gpu_kernel_serving/18_pytorch_to_kernel.html,
+#:   its per-layer cost table); a model "completely dispatch bound" on A100 with PyTorch 1.12
+#:   measured ~4 us per op on CUDA with no autograd (pytorch/pytorch issue #82793).
+#: 10 us = the 3 us launch plus the low end of the eager dispatch range. One launch per
+#: kernel the trace models (a modelled kernel may stand for several framework ops, so this
+#: is a lower bound on the host's work); simulator.engine.host.
+HOST_LAUNCH_S = 10e-6
 
 
 @dataclass(frozen=True)
 class TrainingSpec:
-    seq_len: int = field(default=4096, metadata={"ge": 1})
-    micro_batch_size: int = field(default=1, metadata={"ge": 1})  # sequences per micro-batch
-    global_batch_size: int = field(default=1, metadata={"ge": 1})  # sequences per optimizer step
+    seq_len: int = field(default=4096, metadata={"ge": 1, "le": MAX_SEQ_LEN})
+    micro_batch_size: int = field(default=1, metadata={"ge": 1, "le": MAX_BATCH})  # sequences per micro-batch
+    global_batch_size: int = field(default=1, metadata={"ge": 1, "le": MAX_BATCH})  # sequences per optimizer step
     dtype: Dtype = "bf16"
     recompute: Recompute = "none"
     balance: Balance = "aux-free"
@@ -90,6 +109,35 @@ class TrainingSpec:
     # kept for the backward (Korthikanti et al. 2022 §4.1). Memory only; the dropout
     # kernels are not timed. Modern LLMs train without it.
     dropout: bool = False
+    # ---- the host side (simulator.engine.host) ----
+    # Host (CPU) seconds to issue one kernel: PyTorch eager dispatch plus the CUDA launch
+    # call, on the host stream each simulated rank has (simulator.engine.host). The GPU
+    # cannot start a kernel before it is issued, so the host's time is exposed where
+    # kernels are shorter than it. Default: simulator.engine.host.HOST_LAUNCH_S (sources
+    # there). 0: the host is never behind (no host stream).
+    host_launch_s: float = field(default=HOST_LAUNCH_S, metadata={"ge": 0, "le": 1e-3})
+    # CUDA graphs (Megatron --cuda-graph-impl / --cuda-graph-modules): "none" (eager, the
+    # Megatron default), "per-layer" (each transformer layer's forward and backward
+    # replayed as graphs, one launch each; under a blocking MoE sync only the part up to
+    # it, Megatron's scope attn + moe_router + moe_preprocess) or "full" (the whole step,
+    # --cuda-graph-impl full_iteration; needs a sync-free MoE dispatcher).
+    cuda_graphs: Literal["none", "per-layer", "full"] = "none"
+    # The MoE dispatcher copies token counts to the host and blocks on them once per MoE
+    # layer forward (Megatron-Core's dropless alltoall dispatcher, token_dispatcher.py
+    # _maybe_dtoh_and_synchronize; DeepEP's normal-mode dispatch): the host waits until
+    # the GPU has run the router. False: a sync-free dispatcher (drop-and-pad to capacity,
+    # --moe-pad-expert-input-to-capacity).
+    moe_host_sync: bool = True
+    # Tensor-parallel communication overlapped with the GEMMs it feeds or follows
+    # (Transformer Engine userbuffers, Megatron --tp-comm-overlap; default off).
+    tp_comm_overlap: bool = False
+    # Megatron-Core's batch-level overlap of the expert all-to-all (--overlap-moe-expert-
+    # parallel-comm, 0.14): the forward of one micro-batch and the backward of another run
+    # as one overlapped pair, each one's all-to-alls in flight while the other computes.
+    overlap_moe_expert_parallel_comm: bool = False
+    # Shared experts computed while the dispatch all-to-all is in flight (Megatron
+    # --moe-shared-expert-overlap; default off: they run before the router).
+    moe_shared_expert_overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.activation_saving not in ("none", "deepseek-v3"):
@@ -102,6 +150,7 @@ class TrainingSpec:
             ("optimizer_state_dtype", ("fp32", "bf16")),
             ("master_weights", ("fp32", "remainder", "none")),
             ("grad_reduce_granularity", ("unit", "tensor")),
+            ("cuda_graphs", ("none", "per-layer", "full")),
         ):
             if getattr(self, name) not in allowed:
                 raise WorkloadError(
@@ -117,6 +166,18 @@ class TrainingSpec:
                 "training.recompute_modules",
                 "needs training.recompute: selective (Megatron-Core "
                 f"recomputes modules only under selective granularity), got {self.recompute!r}",
+            )
+        if self.overlap_moe_expert_parallel_comm and self.recompute == "full":
+            raise WorkloadError(
+                "training.overlap_moe_expert_parallel_comm",
+                "needs recompute other than full (Megatron-Core's TransformerConfig refuses full "
+                "recomputation with the expert all-to-all overlap)",
+            )
+        if self.overlap_moe_expert_parallel_comm and self.moe_shared_expert_overlap:
+            raise WorkloadError(
+                "training.moe_shared_expert_overlap",
+                "cannot be combined with overlap_moe_expert_parallel_comm (Megatron-Core's "
+                "TransformerConfig refuses the two together)",
             )
         if self.activation_saving == "deepseek-v3" and self.dtype != "fp8":
             raise WorkloadError(

@@ -71,7 +71,8 @@ import simpy
 
 from simulator.network import collectives as coll_mod
 from simulator.engine.accounting import IdleAccount, account
-from simulator.engine.compute import kernels_time_s, overlap_slowdown
+from simulator.engine.compute import kernel_time_s, kernels_time_s, overlap_slowdown
+from simulator.engine.host import HostTimeline
 from topologies.chips import ComputeCalibration
 from simulator.engine.lowering import Lowering
 from simulator.engine.private import PrivateBook, absorb, private_ops
@@ -102,6 +103,10 @@ class RawRun:
     idle_spans: list[tuple[int, float, float, str, str]] = field(default_factory=list)
     # (rank, start_s, end_s, cause 'bubble' | 'exposed_comm' | 'offload_wait', axes busy or 'offload')
     account: Optional[IdleAccount] = None  # the per-rank attribution behind idle and idle_spans
+    # (rank, layer) -> seconds the GPU waited for its host to issue that layer's ops (layer -1:
+    # outside the layers); empty without a host stream (simulator.engine.host)
+    host_delay_s: dict = field(default_factory=dict)
+    host: Optional[HostTimeline] = None  # the host stream's issue times and busy / sync-wait seconds
 
 
 class _Environment(simpy.Environment):
@@ -150,6 +155,7 @@ class Engine:
         reserve_isolated: bool = True,
         a2a_quotient: bool = True,
         account_idle: bool = True,
+        host_launch_s: float = 0.0,
     ):
         if layout.world > topo.n_devices:
             raise TraceError(f"parallel: the layout needs {layout.world} devices, the cluster has {topo.n_devices}")
@@ -187,6 +193,11 @@ class Engine:
         #: Private ops run as known durations (:func:`~simulator.engine.private.private_ops`).
         self.private_ops_run = 0
         self._book: Optional[PrivateBook] = None
+        # The host stream (simulator.engine.host): seconds per host launch; 0 = none.
+        self.host_launch_s = host_launch_s
+        self._host: Optional[HostTimeline] = None
+        self.host_delay: dict[tuple[int, int], float] = defaultdict(float)
+        self._times_cache: dict = {}
 
     # ---- public -----------------------------------------------------------------
     def run(self) -> RawRun:
@@ -203,6 +214,10 @@ class Engine:
         if self._known:
             absorb(streams, self._known)
         self._external = self._external_targets(streams)
+        if self.host_launch_s > 0:
+            self._host = HostTimeline(self.trace.ops, self.trace.ranks, self.host_launch_s)
+            # a host blocked after a sync op waits on its end: always an event
+            self._external.update(op.id for op in self.trace.ops if op.host_sync)
         for (rank, stream), ops in sorted(streams.items()):
             if ops:
                 self.env.process(self._stream(rank, stream, ops))
@@ -251,6 +266,8 @@ class Engine:
             matmul_flops=dict(flops),
             network_stats=self._net_stats(),
             events_processed=len(self.records),
+            host_delay_s=dict(self.host_delay),
+            host=self._host,
         )
 
     def _external_targets(self, streams: dict) -> set[int]:
@@ -290,6 +307,7 @@ class Engine:
         end_time, done = self.end_time, self.done
         known = self._known
         bar = self._bar
+        host = self._host
         i, n = 0, len(ops)
         while i < n:
             op = ops[i]
@@ -299,6 +317,16 @@ class Engine:
                     yield pending[0]
                 elif pending:
                     yield env.all_of(pending)
+            if host is not None:  # wait until the host can issue it (past any sync before it)
+                start, sync = host.issue_start(op.id, end_time)
+                while start is None:
+                    yield done.get(sync) or self._done_event(sync)
+                    start, sync = host.issue_start(op.id, end_time)
+                if op.kind != "compute" and op.id not in known:
+                    ready = host.ready(op, start)
+                    if ready > env.now:
+                        self.host_delay[(op.rank, op.layer)] += ready - env.now
+                        yield env.timeout_at(ready)
             if op.kind == "compute" or op.id in known:
                 i, op, t = self._chain(ops, i)
                 if t != env.now:
@@ -328,6 +356,7 @@ class Engine:
         external, known, chain = self._external, self._known, self.chain_ops
         dur_cache, slowdown, scales = self._dur_cache, self._overlap_slowdown, self.compute_scale
         bar, log = self._bar, self._log
+        host = self._host
         n = len(ops)
         op = ops[i]
         t = self.env.now
@@ -344,10 +373,23 @@ class Engine:
                 dur = hit[1]
                 if op.comm_overlap:
                     dur *= slowdown
+                if op.sm_held:
+                    dur /= 1.0 - op.sm_held
                 if scales:
                     sc = scales.get(op.rank)
                     if sc:
                         dur = dur / sc
+                if host is not None:
+                    issued = host.issue_start(op.id, end_time)[0]
+                    if host.issue_end(op, issued) > start:  # the GPU may catch up with the host
+                        ratio = dur / hit[1] if hit[1] > 0 else 1.0
+                        e = host.compute_end(op, issued, start, self._kernel_times(kern), ratio)
+                        late = e - (start + dur)
+                        if late > 0:
+                            self.host_delay[(op.rank, op.layer)] += late
+                            start = max(start, host.ready(op, issued))
+                            t = e
+                            dur = 0.0
                 if dur > 0:
                     t = start + dur
                 if op.mem:
@@ -357,6 +399,11 @@ class Engine:
             else:  # a private op: its phases' seconds one after another (see PrivateBook)
                 durs, code, most, now = known[op.id]
                 log(code)
+                if host is not None:
+                    ready = host.ready(op, host.issue_start(op.id, end_time)[0])
+                    if ready > t:
+                        self.host_delay[(op.rank, op.layer)] += ready - t
+                        start = t = ready
                 for d in durs:
                     t = t + d
                 if most:
@@ -379,6 +426,8 @@ class Engine:
             if (nxt.kind != "compute" and nxt.id not in known) or (
                 nxt.deps and not all(map(end_time.__contains__, nxt.deps))
             ):
+                return i, op, t
+            if host is not None and host.issue_start(nxt.id, end_time)[0] is None:
                 return i, op, t
             if bar is not None:
                 bar.update()
@@ -436,10 +485,22 @@ class Engine:
             )
         return hit
 
+    def _kernel_times(self, kernels: tuple) -> tuple:
+        """Each kernel's roofline time (the host stream's per-kernel issue, simulator.engine.host)."""
+        hit = self._times_cache.get(id(kernels))
+        if hit is None or hit[0] is not kernels:
+            hit = self._times_cache[id(kernels)] = (
+                kernels,
+                tuple(kernel_time_s(k, self.chip, self.cal, self.dtype) for k in kernels),
+            )
+        return hit[1]
+
     def _duration(self, op: Op) -> float:
         d = self._kernel_stats(op.kernels)[1]
         if op.comm_overlap:
             d *= self._overlap_slowdown
+        if op.sm_held:
+            d /= 1.0 - op.sm_held
         scale = self.compute_scale.get(op.rank)
         return d / scale if scale else d
 

@@ -76,7 +76,7 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
     except ValidationError as err:
         raise error_from_pydantic(err, "") from None
     model = resolve_model(sc.model, base_dir)
-    cluster = resolve_cluster(sc.cluster)
+    cluster = resolve_cluster(sc.cluster, sc.placement)
     layout = resolve_layout(sc.parallel, cluster.devices)
     training = resolve_training(sc.training, layout)
     check_dense(model, sc)

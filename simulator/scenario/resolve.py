@@ -91,7 +91,7 @@ def _preset_model(name: str, field: str = "model") -> ModelSpec:
 # ---- cluster -------------------------------------------------------------------------------
 
 
-def resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
+def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
     if isinstance(spec, str):
         spec = {"preset": spec}
     spec = dict(spec)
@@ -143,6 +143,43 @@ def resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
         raise ScenarioError.from_error(err, "cluster") from None
     except TypeError as err:
         raise ScenarioError("cluster", str(err)) from None
+
+
+# Where each placement key lands in the cluster mapping (docs/scenario.md, "Placement").
+_PLACEMENT_KEYS = {"devices_per_domain": ("devices_per_domain",), "tile": ("network", "tile")}
+
+
+def resolve_cluster(spec: Union[str, dict], placement=None) -> ClusterSpec:
+    """The cluster section as a :class:`ClusterSpec`, with the scenario's ``placement`` block
+    (``PlacementIn`` or None) applied: ``placement.devices_per_domain`` is ``cluster.devices_per_domain`` and
+    ``placement.tile`` is ``cluster.network.tile``; a key given in both places with
+    different values is refused, and errors about a placed key name ``placement.*``."""
+    given = {} if placement is None else {k: v for k, v in placement.model_dump().items() if v is not None}
+    if not given:
+        return _resolve_cluster(spec)
+    spec = {"preset": spec} if isinstance(spec, str) else dict(spec)
+    for key, value in given.items():
+        path = _PLACEMENT_KEYS[key]
+        parent = spec
+        for part in path[:-1]:
+            child = parent[part] = dict(parent.get(part) or {})
+            parent = child
+        if path[-1] in parent and parent[path[-1]] != value:
+            raise ScenarioError(
+                f"placement.{key}",
+                f"{value!r} differs from cluster.{'.'.join(path)} = {parent[path[-1]]!r}; give it in one place",
+            )
+        parent[path[-1]] = value
+    try:
+        return _resolve_cluster(spec)
+    except ScenarioError as err:
+        for key, path in _PLACEMENT_KEYS.items():
+            if key in given and err.field == "cluster." + ".".join(path):
+                message = str(err).split(": ", 1)[-1]
+                if key == "tile" and message.startswith("unknown key"):
+                    message = "applies to a torus (TPU slices); on a switched network use placement.devices_per_domain"
+                raise ScenarioError(f"placement.{key}", message) from None
+        raise
 
 
 def _resolve_chip(chip) -> Optional[ChipSpec]:

@@ -243,6 +243,15 @@ class NetCalIn(_Strict):
     a2a_efficiency: dict[_LinkKind, Annotated[float, Field(gt=0, le=1)]] = {}
 
 
+class PlacementIn(_Strict):
+    """How ranks land on devices (docs/scenario.md, "Placement"): devices used per scale-up
+    domain on a switched network (Slurm topology/block with ``--segment``), block lengths on
+    a torus (a JAX mesh filling a slice's cubes)."""
+
+    devices_per_domain: Optional[SInt] = Field(None, ge=1)
+    tile: Optional[list[SInt]] = None
+
+
 class ScenarioIn(_Strict):
     name: Optional[str] = None
     model: Union[str, dict]
@@ -254,6 +263,7 @@ class ScenarioIn(_Strict):
     compute: ComputeCalIn = ComputeCalIn()
     network_calibration: NetCalIn = NetCalIn()
     algorithms: dict[TraceCollectiveOp, str] = {}
+    placement: Optional[PlacementIn] = None
 
 
 def error_from_pydantic(err: ValidationError, prefix: str) -> ScenarioError:

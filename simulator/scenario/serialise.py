@@ -74,6 +74,8 @@ def scenario_to_dict(s: Scenario) -> dict:
         cluster["pods"] = dataclasses.asdict(c.pods)
     if c.devices_per_domain is not None:
         cluster["devices_per_domain"] = c.devices_per_domain
+        if c.domain_capacity is not None:  # the hardware's domain; devices_per_domain says how many are used
+            net["domain_size"] = c.domain_capacity
     L = s.layout
     parallel = {
         "tp": L.tp,

@@ -105,6 +105,10 @@ class SearchResult:
     hbm_bytes: float
     name: str = ""
     paths: dict = field(default_factory=dict)
+    # the layout with the most tokens/s per scale-up domain used (switched networks; with the
+    # spare devices of a partly used domain counted against it), and the same without PP
+    best_per_domain: Optional[dict] = None
+    best_per_domain_without_pp: Optional[dict] = None
 
     @property
     def gap(self) -> Optional[float]:
@@ -120,7 +124,13 @@ class SearchResult:
 
     def best_json(self) -> dict:
         strip = lambda b: None if b is None else {"scenario": b["scenario"], "summary": b["summary"]}
-        return {"best": strip(self.best), "best_without_pp": strip(self.best_without_pp), "gap": self.gap}
+        return {
+            "best": strip(self.best),
+            "best_without_pp": strip(self.best_without_pp),
+            "gap": self.gap,
+            "best_per_domain": strip(self.best_per_domain),
+            "best_per_domain_without_pp": strip(self.best_per_domain_without_pp),
+        }
 
     def to_text(self, top: int = 10) -> str:
         t = self.table
@@ -147,7 +157,16 @@ class SearchResult:
                 lines.append(f"{title:<16} none")
             else:
                 s = b["summary"]
-                lines.append(f"{title:<16} {b['label']}: {s['step_time_s']:.4g} s/step, MFU {s['mfu']:.1%}")
+                lines.append(
+                    f"{title:<16} {b['label']}: {s['step_time_s']:.4g} s/step, MFU {s['mfu']:.1%}{_per_domain(s)}"
+                )
+        for title, b in (
+            ("best per domain", self.best_per_domain),
+            ("  without pp", self.best_per_domain_without_pp),
+        ):
+            if b is not None:
+                s = b["summary"]
+                lines.append(f"{title:<16} {b['label']}: {s['step_time_s']:.4g} s/step{_per_domain(s)}")
         if self.gap is not None:
             lines.append(
                 f"pipeline parallelism gains {self.gap:.1%} (best without pp is {1 + self.gap:.3f}x slower)"
@@ -193,19 +212,44 @@ def search(
     _copy_duplicates(records, dedupe.dropped)
     table = _table(records)
 
-    def pick(mask) -> Optional[dict]:
+    def pick(mask, per_domain: bool = False) -> Optional[dict]:
         ok = table[(table["status"] == "ok") & mask]
+        if per_domain:
+            ok = ok[ok["tokens_per_s_per_domain"].notna()]
         if ok.empty:
             return None
-        i = int(ok.sort_values(["step_time_s", "candidate"], kind="stable").iloc[0]["candidate"])
+        by = (
+            (["tokens_per_s_per_domain", "candidate"], [False, True])
+            if per_domain
+            else (["step_time_s", "candidate"], True)
+        )
+        i = int(ok.sort_values(by[0], ascending=by[1], kind="stable").iloc[0]["candidate"])
         return {"scenario": records[i]["_mapping"], "summary": summaries[i], "label": records[i]["label"]}
 
     result = SearchResult(
-        table=table, best=pick(table["pp"] > 0), best_without_pp=pick(table["pp"] == 1), hbm_bytes=hbm, name=sc0.name
+        table=table,
+        best=pick(table["pp"] > 0),
+        best_without_pp=pick(table["pp"] == 1),
+        hbm_bytes=hbm,
+        name=sc0.name,
+        best_per_domain=pick(table["pp"] > 0, per_domain=True),
+        best_per_domain_without_pp=pick(table["pp"] == 1, per_domain=True),
     )
     if out is not None:
         result.paths = _write_outputs(result, Path(out))
     return result
+
+
+def _per_domain(s: Mapping) -> str:
+    """``", 64/72 per domain, 1.2e+05 tokens/s per domain"`` for a switched cluster's summary."""
+    place = s.get("placement")
+    if not place or s.get("tokens_per_s_per_domain") is None:
+        return ""
+    spare = f", {place['spare_devices']} idle" if place["spare_devices"] else ""
+    return (
+        f", {place['devices_per_domain']}/{place['domain_capacity']} per domain on {place['domains']} domains{spare}, "
+        f"{s['tokens_per_s_per_domain']:,.0f} tokens/s per domain"
+    )
 
 
 def _base_mapping(scenario) -> dict:

@@ -5,17 +5,36 @@ a cluster within them (:func:`enumerate_layouts`), their labels and the scenario
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from simulator.scenario.schema import ScenarioError
 from simulator.studies.sweep_spec import set_dotted
 from topologies.networks import SwitchedNetwork
+from topologies.placement import aligned_devices_per_domain, groups_aligned
+from workloads.layout import LayoutError, ParallelLayout
 from workloads import memory
 from workloads import schedules as sched
 from workloads.enums import RECOMPUTE_MODES
 
-LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "schedule", "zero", "micro_batch_size", "recompute")
+LAYOUT_KEYS = (
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "ep",
+    "vpp",
+    "schedule",
+    "zero",
+    "micro_batch_size",
+    "recompute",
+    "devices_per_domain",
+)
+# The groups a placement aligns with the scale-up domains: the latency-bound collectives of
+# every layer (TP, CP) and the expert all-to-all (EP, ETP). DP and EDP reduce once a step
+# and span domains anyway.
+ALIGNED_AXES = ("tp", "cp", "ep", "etp")
 # A layout is pruned only when its memory estimate exceeds the chip's memory by more than
 # this share: the closed forms and the trace's accounting differ by well under 0.1 % on
 # the test scenarios (tests/test_search.py), so nothing that would fit is dropped.
@@ -57,6 +76,7 @@ class SearchBounds:
     recompute: tuple[str, ...] = RECOMPUTE_MODES
     max_candidates: Optional[int] = None
     estimate_margin: Optional[float] = ESTIMATE_MARGIN
+    placements: bool = True  # also try the devices per domain that align each layout's groups
 
     def __post_init__(self) -> None:
         for name in ("max_tp", "max_pp", "max_ep", "max_candidates"):
@@ -113,7 +133,46 @@ def label(p: Mapping) -> str:
         if p[k] > 1:
             parts.append(f"{k}{p[k]}")
     parts += [p["schedule"], f"z{p['zero']}", f"mb{p['micro_batch_size']}", p["recompute"]]
+    if p.get("devices_per_domain") is not None:
+        parts.append(f"{p['devices_per_domain']}perdomain")
     return "-".join(parts)
+
+
+def expert_tp(scenario_layout, tp: int) -> int:
+    """The expert tensor-parallel degree a candidate with ``tp`` gets: ``tp`` where the
+    scenario splits experts as wide as its TP (``etp == tp > 1``), else 1."""
+    L = scenario_layout
+    return tp if L.etp > 1 and L.etp == L.tp else 1
+
+
+def aligned_placement(sc, p: Mapping) -> Optional[int]:
+    """Devices per scale-up domain that align layout ``p``'s TP, CP, EP and ETP groups with
+    the domains of ``sc``'s switched network (:func:`topologies.placement.aligned_devices_per_domain`),
+    where the scenario's own placement leaves some group straddling domains unevenly;
+    ``None`` where it does not, on a torus, or where no count aligns them."""
+    c = sc.cluster
+    if not isinstance(c.network, SwitchedNetwork):
+        return None
+    try:
+        L = ParallelLayout(
+            tp=p["tp"],
+            cp=p["cp"],
+            pp=p["pp"],
+            dp=p["dp"],
+            ep=p["ep"],
+            vpp=p["vpp"],
+            etp=expert_tp(sc.layout, p["tp"]),
+            order=sc.layout.order,
+            expert_mapping=sc.layout.expert_mapping,
+        )
+    except LayoutError:
+        return None
+    tables = [L.group_table(a) for a in ALIGNED_AXES]
+    used = c.network.domain_size
+    if groups_aligned(tables, used):
+        return None
+    d = aligned_devices_per_domain(tables, c.domain_capacity or used, c.devices_per_pod)
+    return d if d is not None and d != used else None
 
 
 def enumerate_layouts(sc, bounds: SearchBounds) -> list[dict]:
@@ -126,6 +185,7 @@ def enumerate_layouts(sc, bounds: SearchBounds) -> list[dict]:
     zeros = bounds.zero if bounds.zero is not None else (sc.layout.zero,)
     mbs = bounds.micro_batch_sizes if bounds.micro_batch_sizes is not None else (sc.training.micro_batch_size,)
     out = []
+    aligned_by_shape: dict[tuple, Optional[int]] = {}
     for tp in _divisors(n):
         if tp > max_tp:
             continue
@@ -138,9 +198,12 @@ def enumerate_layouts(sc, bounds: SearchBounds) -> list[dict]:
                 dp = n // (tp * cp * pp)
                 eps = [1]
                 if model.is_moe:
+                    # Megatron-Core folds EP over the stage's tp*cp*dp ranks (etp 1); DeepSpeed carves
+                    # it out of dp*cp, as does an expert TP as wide as the attention's.
+                    folds = sc.layout.expert_mapping == "megatron-core" and expert_tp(sc.layout, tp) == 1
                     eps = [
                         e
-                        for e in _divisors(dp * cp)
+                        for e in _divisors(dp * cp * (tp if folds else 1))
                         if model.moe.experts % e == 0 and (bounds.max_ep is None or e <= bounds.max_ep)
                     ]
                 for ep in eps:
@@ -156,23 +219,26 @@ def enumerate_layouts(sc, bounds: SearchBounds) -> list[dict]:
                                 continue
                             vpps = [1]
                         for vpp in vpps:
-                            for zero in zeros:
-                                for mb in mbs:
-                                    for rc in bounds.recompute:
-                                        out.append(
-                                            {
-                                                "tp": tp,
-                                                "pp": pp,
-                                                "dp": dp,
-                                                "cp": cp,
-                                                "ep": ep,
-                                                "vpp": vpp,
-                                                "schedule": schedule,
-                                                "zero": zero,
-                                                "micro_batch_size": mb,
-                                                "recompute": rc,
-                                            }
-                                        )
+                            shape = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "vpp": vpp}
+                            places = [None]
+                            if bounds.placements:
+                                key = (tp, cp, pp, dp, ep)  # vpp changes no group
+                                if key not in aligned_by_shape:
+                                    aligned_by_shape[key] = aligned_placement(sc, shape)
+                                aligned = aligned_by_shape[key]
+                                if aligned is not None:
+                                    places.append(aligned)
+                            for zero, mb, rc, place in itertools.product(zeros, mbs, bounds.recompute, places):
+                                out.append(
+                                    {
+                                        **shape,
+                                        "schedule": schedule,
+                                        "zero": zero,
+                                        "micro_batch_size": mb,
+                                        "recompute": rc,
+                                        "devices_per_domain": place,
+                                    }
+                                )
     return out
 
 
@@ -181,7 +247,7 @@ def candidate_mapping(base: Mapping, p: Mapping, name: str) -> dict:
     parallel layout, schedule, micro-batch size and recompute mode replaced; every other
     field (model, cluster, sequence length, batch, dtype, ...) kept as it was."""
     par = dict(base.get("parallel") or {})
-    etp = p["tp"] if par.get("etp", 1) > 1 and par.get("etp") == par.get("tp") else 1
+    etp = p["tp"] if par.get("etp", 1) > 1 and par.get("etp") == par.get("tp") else 1  # as expert_tp()
     par.update(
         tp=p["tp"],
         pp=p["pp"],
@@ -197,4 +263,8 @@ def candidate_mapping(base: Mapping, p: Mapping, name: str) -> dict:
     out = set_dotted(out, "schedule", p["schedule"])
     out = set_dotted(out, "training.micro_batch_size", p["micro_batch_size"])
     out = set_dotted(out, "training.recompute", p["recompute"])
+    if p.get("devices_per_domain") is not None:
+        given_in_placement = (base.get("placement") or {}).get("devices_per_domain") is not None
+        key = "placement.devices_per_domain" if given_in_placement else "cluster.devices_per_domain"
+        out = set_dotted(out, key, p["devices_per_domain"])
     return set_dotted(out, "name", f"{name}:{label(p)}")

@@ -21,6 +21,7 @@ SUMMARY_COLUMNS = (
     "peak_memory_bytes",
     "bubble_fraction",
     "exposed_comm_fraction",
+    "tokens_per_s_per_domain",
 )
 
 

@@ -438,6 +438,9 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None, position: in
             else:
                 resolved.append(d)
         op.deps = tuple(resolved)
+    from workloads.trace.graphs import apply_cuda_graphs
+
+    apply_cuda_graphs(b.ops, w.training.cuda_graphs, w.training.moe_shared_expert_overlap)
     weight = {r: (L.world // L.pp if rep else 1) for r in sim_ranks}
     static = {r: programs[r].static_memory() for r in sim_ranks}
     return Trace(

@@ -31,6 +31,11 @@ Format (JSON, optionally gzip-compressed when the name ends in ``.gz``)::
       ]
     }
 
+Any op may carry ``"host_sync": true`` (absent = false: the host blocks after issuing it
+until it has ended, a device-to-host read) and ``"launches": n`` (absent: its kernels, or 1
+for communication; 0 inside a replayed CUDA graph), what issuing it costs the host stream
+(:mod:`simulator.engine.host`); a compute op ``"sm_held": f`` (absent = 0, ``0 <= f < 1``):
+communication kernels hold that share of the SMs beside it (tensor-parallel overlap).
 A compute op may carry ``"comm_overlap": true`` (absent = false): it belongs to an
 overlapped forward/backward pair (DualPipe) and runs on the SMs the all-to-all
 kernels leave free (:attr:`topologies.chips.ComputeCalibration.comm_sm_fraction`).
@@ -115,6 +120,12 @@ def trace_to_dict(trace: Trace) -> dict:
             d["group"] = list(op.group)
             if op.scaleout_fraction != 1.0:
                 d["scaleout_fraction"] = op.scaleout_fraction
+        if op.host_sync:
+            d["host_sync"] = True
+        if op.launches >= 0:
+            d["launches"] = op.launches
+        if op.sm_held:
+            d["sm_held"] = op.sm_held
         if op.kind == "send":
             d["peer"] = op.peer
         if op.kind == "host" and op.rate_bytes_per_s:
@@ -388,8 +399,27 @@ def _op_from_dict(i: int, d, world: int, rankset: set) -> Op:
         axis=str(d.get("axis", "")),
         key=str(d.get("key", f"op{i}")),
         mem=mem,
+        host_sync=bool(d.get("host_sync", False)),
+        launches=_launches(d, where),
+        sm_held=_sm_held(d, where),
         **transfer,
     )
+
+
+def _launches(d: dict, where: str) -> int:
+    """``launches`` (absent: -1, counted from the op): host launches issuing the op."""
+    v = d.get("launches", -1)
+    if isinstance(v, bool) or not isinstance(v, int) or v < -1 or v > 1_000_000:
+        raise TraceError(f"{where}.launches: expected an integer from 0 to 1000000, got {v!r}")
+    return v
+
+
+def _sm_held(d: dict, where: str) -> float:
+    """``sm_held`` (absent: 0): share of the SMs communication kernels hold beside the op."""
+    v = d.get("sm_held", 0.0)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+        raise TraceError(f"{where}.sm_held: expected a number in [0, 1), got {v!r}")
+    return float(v)
 
 
 def _kernel_from_dict(k: dict, kw: str) -> Kernel:

@@ -74,6 +74,16 @@ class Op:
     peer: int = -1  # send: destination rank
     mem: tuple[tuple[str, float, str], ...] = ()
     rate_bytes_per_s: float = 0.0  # host ops: 0 = the device's host link; else this rate (CPU work)
+    # the host (CPU) blocks after issuing this op until it has ended: a device-to-host
+    # read of its result (the MoE dispatcher's token counts, simulator.engine.host)
+    host_sync: bool = False
+    # host launches issuing this op costs (simulator.engine.host): -1 = its kernels
+    # (compute) or 1 (communication); 0 inside a replayed CUDA graph
+    launches: int = -1
+    # share of the SMs communication kernels hold while this compute op runs beside them
+    # (tensor-parallel overlap, Transformer Engine userbuffers): it takes 1 / (1 - share)
+    # as long
+    sm_held: float = 0.0
 
     @property
     def flops(self) -> float:

@@ -99,8 +99,12 @@ class LayerOps:
             deps = [ag.id] if ag else deps
         op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
         if expert:
+            overlap = b.t.moe_shared_expert_overlap
+            if shared and not overlap:  # Megatron's default: the shared experts before the dispatch
+                op = self.compute(f"L{l}.shared.{phase}", shared, phase, mb, k, l, recompute=recompute)
+            self._host_sync(op)
             d = self.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id])
-            if shared:  # shared experts run while the dispatch is in flight
+            if shared and overlap:  # --moe-shared-expert-overlap: while the dispatch is in flight
                 self.compute(f"L{l}.shared.{phase}", shared, phase, mb, k, l, recompute=recompute)
             if d:
                 handed += 1
@@ -124,6 +128,20 @@ class LayerOps:
             self.compute(f"L{l}.join", (), phase, mb, k, l, deps=[out.id])
         self._offload_stash(l, mb, k, recompute)
         return handed
+
+    def _host_sync(self, op: Op) -> None:
+        """Mark ``op``, the last compute op before a MoE layer's dispatch, as a blocking
+        device-to-host read (``training.moe_host_sync``, :mod:`simulator.engine.host`):
+        Megatron-Core's all-to-all dispatcher copies the token counts to the host on a side
+        stream after the router and synchronises on them before the expert all-to-all
+        (megatron/core/transformer/moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher
+        ``_maybe_dtoh_and_synchronize``, ``self.d2h_event.synchronize()`` at
+        ``cuda_sync_point`` "before_ep_alltoall"; NVIDIA/Megatron-LM commit d98e8a6), unless
+        the experts are padded to capacity (``drop_and_pad``). The host blocks until the GPU
+        has run everything issued before (the stream is in order), shared experts included
+        where they run before the router."""
+        if self.b.t.moe_host_sync:
+            op.host_sync = True
 
     def _offload_stash(self, l: int, mb: int, k: int, recompute: bool) -> None:
         """Activation offload: copy layer ``l``'s stash to the host after its forward."""
@@ -167,9 +185,19 @@ class LayerOps:
         _, pre, shared, expert, post = b.layer_parts(l)
         h, handed = b.hidden_bytes, 0
         op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
-        d = self.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id])
+        overlap = b.t.moe_shared_expert_overlap
+        first: list = []  # the shared experts' output, before the dispatch (Megatron's default)
+        if shared and not overlap:
+            ag = self.collective("all-gather", "tp", h, f"L{l}.shared.ag", phase, mb, k, l, [op.id])
+            op = self.compute(
+                f"L{l}.shared.{phase}", shared, phase, mb, k, l, deps=[ag.id] if ag else [], recompute=recompute
+            )
+            rs = self.collective("reduce-scatter", "tp", h, f"L{l}.shared.rs", phase, mb, k, l, [op.id])
+            first = [rs.id] if rs else []
+        self._host_sync(op)
+        d = self.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id] + first)
         wait = [d.id] if d else []
-        if shared:  # shared experts run while the dispatch is in flight
+        if shared and overlap:  # --moe-shared-expert-overlap: while the dispatch is in flight
             ag = self.collective("all-gather", "tp", h, f"L{l}.shared.ag", phase, mb, k, l, [op.id])
             sh = self.compute(
                 f"L{l}.shared.{phase}", shared, phase, mb, k, l, deps=[ag.id] if ag else [], recompute=recompute
@@ -200,9 +228,17 @@ class LayerOps:
         _, pre, shared, expert, post = b.layer_parts(l)
         h, handed = b.hidden_bytes, 0
         op = self.compute(f"L{l}.moe_out.{part}", self.b.bwd(post, part), part, mb, k, l, deps=deps)
-        c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
+        first: list = []
+        if shared and not b.t.moe_shared_expert_overlap:  # before the combine's gradient
+            ag = self.collective("all-gather", "tp", h, f"L{l}.shared.rs.bwd", part, mb, k, l, [op.id])
+            op = self.compute(
+                f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l, deps=[ag.id] if ag else []
+            )
+            rs = self.collective("reduce-scatter", "tp", h, f"L{l}.shared.ag.bwd", part, mb, k, l, [op.id])
+            first = [rs.id] if rs else []
+        c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id] + first)
         wait = [c.id] if c else []
-        if shared:  # overlaps the combine's backward all-to-all
+        if shared and b.t.moe_shared_expert_overlap:  # overlaps the combine's backward all-to-all
             ag = self.collective("all-gather", "tp", h, f"L{l}.shared.rs.bwd", part, mb, k, l, [op.id])
             sh = self.compute(
                 f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l, deps=[ag.id] if ag else []
@@ -376,8 +412,11 @@ class LayerOps:
             deps = [ag.id] if ag else deps
         if expert:
             op = self.compute(f"L{l}.moe_out.{part}", self.b.bwd(post, part), part, mb, k, l, deps=deps)
+            overlap = b.t.moe_shared_expert_overlap
+            if shared and not overlap:  # before the combine's gradient (no overlap)
+                op = self.compute(f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l)
             c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
-            if shared:  # overlaps the combine's backward all-to-all
+            if shared and overlap:  # overlaps the combine's backward all-to-all
                 self.compute(f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l)
             if c:
                 handed += 1
