@@ -16,7 +16,7 @@ import pytest
 from matplotlib.colors import to_rgb
 from matplotlib.text import Text
 
-from helpers import scenario
+from helpers import TINY_MODEL, scenario
 from simulator import simulate
 from simulator.results.plots import (
     IDLE_COLOURS,
@@ -303,3 +303,132 @@ def test_progress_true_shows_a_bar_even_off_a_terminal(capfd):
     assert "bar: 100%" in capfd.readouterr().err
     sweep(spec, progress=None, jobs=1)
     assert "bar:" not in capfd.readouterr().err
+
+
+# ---- figures a slide can hold, legends clear of the data ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def long_pipe():
+    # 16 pipeline stages, 2 data-parallel replicas: 16 compute rows and their communication rows
+    model = copy.deepcopy(TINY_MODEL)
+    model["layers"] = 16
+    return simulate(
+        scenario(
+            model=model,
+            cluster={"devices": 32},
+            parallel={"tp": 1, "pp": 16, "dp": 2},
+            training={"global_batch_size": 32},
+        )
+    )
+
+
+def _legend_overlaps(fig) -> list[str]:
+    """Drawn data (lines, fills, bars) that a legend of ``fig`` covers, in display
+    coordinates: each legend's window extent, clipped to an axes' plot area, against the
+    paths of that axes' lines (as drawn: steps), collections and patches."""
+    from matplotlib import cbook
+    from matplotlib.path import Path as MplPath
+    from matplotlib.transforms import Bbox
+
+    fig.draw_without_rendering()
+    renderer = fig._get_renderer()
+    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    hits = []
+    for leg in legends:
+        box = leg.get_window_extent(renderer)
+        for ax in fig.axes:
+            area = Bbox.intersection(box, ax.get_window_extent(renderer))
+            if area is None or area.width <= 0 or area.height <= 0:
+                continue
+            for line in ax.get_lines():
+                x, y = line.get_data()
+                style = line.get_drawstyle()
+                if style in cbook.STEP_LOOKUP_MAP and style != "default":
+                    x, y = cbook.STEP_LOOKUP_MAP[style](np.asarray(x, float), np.asarray(y, float))
+                xy = line.get_transform().transform(np.column_stack([np.asarray(x, float), np.asarray(y, float)]))
+                if MplPath(xy).intersects_bbox(area, filled=False):
+                    hits.append(f"{leg.get_texts()[0].get_text()!r} legend covers line {line.get_label()!r}")
+            for coll in ax.collections:
+                tr = coll.get_transform()
+                if any(p.transformed(tr).intersects_bbox(area) for p in coll.get_paths()):
+                    hits.append(f"legend covers {type(coll).__name__}")
+            for patch in ax.patches:
+                if patch.get_path().transformed(patch.get_transform()).intersects_bbox(area):
+                    hits.append(f"legend covers {type(patch).__name__}")
+    return hits
+
+
+def test_the_legend_check_sees_a_legend_over_a_line():
+    from simulator.results.plots import new_figure
+
+    fig, ax = new_figure((6, 4))
+    ax.step([0, 0.1, 0.9], [0, 1, 1], where="post", label="step")  # up at x = 0.1, then flat
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.legend(loc="upper left")  # over the rise at x = 0.1
+    assert _legend_overlaps(fig)
+    ax.legend(loc="lower right")
+    assert not _legend_overlaps(fig)
+
+
+def test_png_legends_cover_no_data(piped, long_pipe):
+    for name, fig in [
+        ("timeline", plot_timeline(piped)),
+        ("memory", plot_memory(piped)),
+        ("long timeline", plot_timeline(long_pipe)),
+        ("long memory", plot_memory(long_pipe)),
+    ]:
+        assert _legend_overlaps(fig) == [], name
+
+
+def test_memory_curves_have_distinct_colours_and_few_legend_entries(piped, long_pipe):
+    from matplotlib.colors import to_hex
+
+    from simulator.results.plots import HBM_COLOUR, MAX_LEGEND_CURVES
+
+    for res, n in ((piped, 2), (long_pipe, 16)):
+        fig = plot_memory(res)
+        ax = fig.axes[0]
+        curves = [line for line in ax.get_lines() if line.get_label() != "HBM capacity" and len(line.get_xdata()) > 2]
+        colours = [to_hex(line.get_color()) for line in curves]
+        assert len(curves) == n and len(set(colours)) == n, colours
+        assert all(_delta_e(c, HBM_COLOUR) >= 15 for c in colours)
+        texts = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert len(texts) <= MAX_LEGEND_CURVES + 1, texts
+        _check_slide(fig, "memory")
+    # 16 stages: coloured along a colour bar of the stages, the legend names the HBM line only
+    assert [t.get_text() for t in plot_memory(long_pipe).axes[0].get_legend().get_texts()] == ["HBM capacity"]
+
+
+def test_long_pipelines_fold_into_a_slide(long_pipe, tmp_path):
+    from PIL import Image
+
+    from simulator.results.plots import MAX_TIMELINE_ROWS
+    from simulator.results.report import stage_labels
+
+    fig = plot_timeline(long_pipe, tmp_path / "t.png")
+    ticks = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert len(ticks) <= MAX_TIMELINE_ROWS
+    # every stage's compute row, the first device's communication rows, and a note saying so
+    assert [t for t in ticks if t.startswith("stage")] == list(stage_labels(long_pipe).values())
+    assert "pp comm" in ticks[:4]
+    assert "communication rows of the first device only" in fig.axes[0].get_title()
+    w, h = Image.open(tmp_path / "t.png").size
+    assert w <= 1600 and h <= 1400, (w, h)
+    # every row when asked for
+    assert len(plot_timeline(long_pipe, max_rows=1000).axes[0].get_yticklabels()) > 2 * 16
+
+
+def test_more_devices_than_rows_show_one_per_stage():
+    from simulator.results.plots import _timeline_rows
+
+    # 64 devices, 2 per stage, each with a tp stream: one row per stage's first device
+    rank = np.repeat(np.arange(64), 2)
+    stream = np.array(["compute", "tp"] * 64, dtype=object)
+    stages = {r: r // 2 for r in range(64)}
+    rows, note = _timeline_rows(rank, stream, 64, True, 24, stages)
+    assert len(rows) == 24 and rows[:2] == [(0, "compute"), (0, "tp")]
+    shown = [r for r, s in rows if s == "compute"]
+    assert shown[0] == 0 and shown[-1] == 62 and all(r % 2 == 0 for r in shown)
+    assert "23 of 32 stages (their first device)" in note

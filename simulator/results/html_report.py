@@ -33,7 +33,14 @@ import pandas as pd
 
 from simulator.results.html_data import RunData, exposed_by_axis_stage, load_run_dir, require_plotly, run_data
 from simulator.results.html_timeline import axis_colour, time_unit, timeline_with_bars
-from simulator.results.plots import AXIS_LABELS, PHASE_COLOURS
+from simulator.results.plots import (
+    AXIS_LABELS,
+    CATEGORY_COLOURS,
+    HBM_COLOUR,
+    PHASE_COLOURS,
+    colour_for,
+    curve_colours,
+)
 from workloads.trace.ops import MEMORY_CATEGORIES
 
 
@@ -43,7 +50,6 @@ def memory_figure(data: RunData):
     that peaks."""
     go = require_plotly()
     from plotly.subplots import make_subplots
-    import matplotlib.colors
 
     s = data.summary
     step = float(s["step_time_s"])
@@ -56,7 +62,9 @@ def memory_figure(data: RunData):
         horizontal_spacing=0.07,
         subplot_titles=("memory in use per pipeline stage", f"breakdown, stage {s.get('peak_memory_stage', 0)}"),
     )
-    for rank, df in mem.groupby("rank", sort=True):
+    groups = list(mem.groupby("rank", sort=True))
+    # the PNG figure's curve colours: distinct hues for a few stages, a colour map for many
+    for (rank, df), colour in zip(groups, curve_colours(len(groups))):
         t = np.append(df["time_s"].to_numpy() * k, step * k)
         tot = df["total"].to_numpy() / 1e9
         fig.add_trace(
@@ -64,7 +72,7 @@ def memory_figure(data: RunData):
                 x=t,
                 y=np.append(tot, tot[-1]),
                 mode="lines",
-                line=dict(shape="hv", width=1.5),
+                line=dict(shape="hv", width=1.5, color=colour),
                 name=data.labels.get(rank, f"device {rank}"),
                 hovertemplate="%{y:.2f} GB at %{x:.4g} " + unit + "<extra>%{fullData.name}</extra>",
             ),
@@ -75,7 +83,7 @@ def memory_figure(data: RunData):
     for col in (1, 2):
         fig.add_hline(
             y=hbm,
-            line=dict(color="red", dash="dash", width=1),
+            line=dict(color=HBM_COLOUR, dash="dash", width=1),
             row=1,
             col=col,
             annotation_text=f"HBM {hbm:.0f} GB" if col == 1 else None,
@@ -84,9 +92,9 @@ def memory_figure(data: RunData):
     df = mem[mem["stage"] == stage]
     df = df[df["rank"] == df["rank"].min()]
     t = np.append(df["time_s"].to_numpy() * k, step * k)
-    # the colours of simulator.results.plots.plot_memory's stack (matplotlib's default cycle)
-    cycle = [matplotlib.colors.to_hex(c) for c in matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]]
-    for i, c in enumerate(MEMORY_CATEGORIES):
+    # the colours of simulator.results.plots.plot_memory's stack
+    spare: dict = {}
+    for c in MEMORY_CATEGORIES:
         v = df[c].to_numpy() / 1e9
         fig.add_trace(
             go.Scatter(
@@ -94,7 +102,7 @@ def memory_figure(data: RunData):
                 y=np.append(v, v[-1]) if len(v) else v,
                 mode="lines",
                 stackgroup="mem",
-                line=dict(shape="hv", width=0.5, color=cycle[i % len(cycle)]),
+                line=dict(shape="hv", width=0.5, color=colour_for(c, CATEGORY_COLOURS, spare)),
                 name=c,
                 hovertemplate="%{y:.2f} GB<extra>" + c + "</extra>",
             ),

@@ -224,22 +224,37 @@ def _first_seen(values: list) -> list:
     return list(dict.fromkeys(values))
 
 
-def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True, dpi: int = 130):
+#: Most rows a PNG timeline draws (a slide holds about this many 10-pt rows); longer
+#: pipelines are folded (:func:`_timeline_rows`), report.html and the trace keep every row.
+MAX_TIMELINE_ROWS = 24
+
+
+def plot_timeline(
+    result,
+    path=None,
+    max_ranks: int = 32,
+    show_comm: bool = True,
+    dpi: int = 130,
+    max_rows: int = MAX_TIMELINE_ROWS,
+):
     """Gantt chart: per simulated device a compute row (coloured by phase, idle spans
     drawn as bubbles (hatched) or in the colour of their cause: exposed communication,
     offload wait, ...) and, below it, one row per busy communication stream. Each compute
-    row names the devices it stands for. Bars of one kind less than half a pixel apart (at
-    ``dpi``) are drawn as one (:func:`merge_bars`). Returns the figure (saved to ``path``
-    if given)."""
+    row names the devices it stands for. At most ``max_rows`` rows: a longer pipeline shows
+    every stage's compute row but the communication rows of its first device only, and more
+    devices than rows are sampled evenly (:func:`_timeline_rows`; the figure says so). Bars
+    of one kind less than half a pixel apart (at ``dpi``) are drawn as one
+    (:func:`merge_bars`). Returns the figure (saved to ``path`` if given)."""
     ev = result.table("events")
     step = result.summary["step_time_s"]
     k, unit = _time_unit(step)
     rank_col, stream_col = np.asarray(ev["rank"]), np.asarray(ev["stream"], dtype=object)
-    rows = _timeline_rows(rank_col, stream_col, max_ranks, show_comm)
+    stages = dict(zip(rank_col.tolist(), np.asarray(ev["stage"]).tolist())) if "stage" in ev else {}
+    rows, folded = _timeline_rows(rank_col, stream_col, max_ranks, show_comm, max_rows, stages)
     index = {row: i for i, row in enumerate(rows)}
     bars, phases, axes_used, causes = _timeline_bars(ev, rank_col, stream_col, index, k, result.raw)
     width_in = 12
-    fig, ax = new_figure((width_in, max(3.0, 0.3 * len(rows) + 2.2)), layout="constrained")
+    fig, ax = new_figure((width_in, max(3.0, 0.3 * len(rows) + 2.2 + 0.2 * bool(folded))), layout="constrained")
     x_max = step * k * 1.01
     _draw_timeline_bars(ax, *bars, x_max=x_max, width_in=width_in, dpi=dpi)
     names = stage_labels(result)
@@ -256,7 +271,8 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
     ax.set_title(
         f"{s['name']}: step {s['step_time_s'] * k:.1f} {unit}, MFU {100 * s['mfu']:.1f}%, "
         f"bubble {100 * s['bubble_fraction']:.1f}%, exposed comm {100 * s['exposed_comm_fraction']:.1f}%"
-        + (f", offload wait {100 * s['offload_wait_fraction']:.1f}%" if s.get("offload_wait_fraction") else ""),
+        + (f", offload wait {100 * s['offload_wait_fraction']:.1f}%" if s.get("offload_wait_fraction") else "")
+        + (f"\n{folded}" if folded else ""),
         fontsize=11,
     )
     order = list(AXIS_COLOURS)
@@ -272,22 +288,48 @@ def plot_timeline(result, path=None, max_ranks: int = 32, show_comm: bool = True
     return finish(fig, path, dpi=dpi)
 
 
-def _timeline_rows(rank_col, stream_col, max_ranks: int, show_comm: bool) -> list[tuple[int, str]]:
+def _timeline_rows(
+    rank_col, stream_col, max_ranks: int, show_comm: bool, max_rows: int = MAX_TIMELINE_ROWS, stages=None
+) -> tuple[list[tuple[int, str]], str]:
     """``(rank, stream)`` rows: per simulated device (the first ``max_ranks``) its compute
-    row, then each communication stream it used (those of :data:`COMM_STREAMS` first)."""
+    row, then each communication stream it used (those of :data:`COMM_STREAMS` first); and
+    a note, empty unless the rows were folded to fit ``max_rows``: then only the first
+    device keeps its communication rows, and if the compute rows are still too many, the
+    first device of each pipeline stage (``stages``: rank -> stage) is drawn, of an even
+    sample of the stages (the first and the last among them) if need be."""
     ranks = sorted(set(rank_col.tolist()))[:max_ranks]
     used_by_rank: dict = {}
     if show_comm:
         comm = stream_col != "compute"
         for r, s in set(zip(rank_col[comm].tolist(), stream_col[comm].tolist())):
             used_by_rank.setdefault(r, set()).add(s)
-    rows = []
-    for r in ranks:
-        rows.append((r, "compute"))
+
+    def comm_rows(r):
         used = used_by_rank.get(r, set())
-        rows += [(r, s) for s in COMM_STREAMS if s in used]
-        rows += [(r, s) for s in sorted(used - set(COMM_STREAMS))]
-    return rows
+        return [(r, s) for s in COMM_STREAMS if s in used] + [(r, s) for s in sorted(used - set(COMM_STREAMS))]
+
+    full = [row for r in ranks for row in [(r, "compute")] + comm_rows(r)]
+    if len(full) <= max_rows or not ranks:
+        return full, ""
+    first = comm_rows(ranks[0])
+    room = max(1, max_rows - len(first))
+    shown, note = ranks, []
+    if len(ranks) > room:
+        stages = stages or {}
+        heads = list({stages.get(r, r): r for r in reversed(ranks)}.values())[::-1]  # first rank per stage
+        shown = heads
+        if len(heads) > room:
+            pick = np.unique(np.round(np.linspace(0, len(heads) - 1, room)).astype(int))
+            shown = [heads[i] for i in pick]
+        one = len(heads) == len(ranks)
+        if len(shown) < len(heads):
+            note.append(f"{len(shown)} of {len(heads)} " + ("devices" if one else "stages (their first device)"))
+        else:
+            note.append("one row per stage (its first device)")
+    rows = [(shown[0], "compute")] + first + [(r, "compute") for r in shown[1:]]
+    if first:
+        note.append("communication rows of the first device only")
+    return rows, "; ".join(note) + " (report.html and trace.json have every row)"
 
 
 def _timeline_bars(ev, rank_col, stream_col, index: dict, k: float, raw):
@@ -348,10 +390,43 @@ def _draw_timeline_bars(ax, bar_y, bar_x0, bar_w, bar_style, x_max: float, width
             _bar_path(ax, bx0[m], bx1[m], by[m], facecolor=c, linewidth=0)
 
 
+#: Up to this many memory curves get a legend entry each, in the hues of :data:`STAGE_HUES`;
+#: more are coloured along :data:`STAGE_COLORMAP` by stage, with a colour bar for a key.
+MAX_LEGEND_CURVES = 8
+#: Tableau 10 without its red (the HBM capacity line is red): distinct hues for a few stages.
+STAGE_HUES = ("#4E79A7", "#F28E2B", "#59A14F", "#B07AA1", "#76B7B2", "#EDC948", "#9C755F", "#FF9DA7")
+#: A perceptually uniform map with no red: stage 0 dark blue to the last stage yellow.
+STAGE_COLORMAP = "viridis"
+#: Memory categories' colours in the breakdown (the order of workloads.trace.ops.MEMORY_CATEGORIES).
+CATEGORY_COLOURS = {
+    "weights": "#4E79A7",
+    "gradients": "#F28E2B",
+    "optimizer": "#59A14F",
+    "activations": "#B07AA1",
+    "buffers": "#BAB0AC",
+}
+HBM_COLOUR = "#D62728"
+
+
+def curve_colours(n: int) -> list[str]:
+    """``n`` distinct colours for curves in stage order: :data:`STAGE_HUES` for up to
+    :data:`MAX_LEGEND_CURVES`, else ``n`` evenly spaced values of :data:`STAGE_COLORMAP`
+    (its last 15 % left out: pale yellow on white)."""
+    import matplotlib
+    from matplotlib.colors import to_hex
+
+    if n <= MAX_LEGEND_CURVES:
+        return list(STAGE_HUES[:n])
+    cmap = matplotlib.colormaps[STAGE_COLORMAP]
+    return [to_hex(cmap(v)) for v in np.linspace(0.0, 0.85, n)]
+
+
 def plot_memory(result, path=None, stacked_stage=None):
     """Memory in use over the step, one line per pipeline stage (the representative
     device of each), with the chip's HBM capacity; a stacked breakdown of the stage
-    that peaks. Returns the figure (saved to ``path`` if given)."""
+    that peaks. Legends sit below the axes, clear of the data: up to
+    :data:`MAX_LEGEND_CURVES` curves are named there, more are coloured by stage along a
+    colour bar. Returns the figure (saved to ``path`` if given)."""
     from workloads.trace.ops import MEMORY_CATEGORIES
 
     mem = result.table("memory")
@@ -362,22 +437,37 @@ def plot_memory(result, path=None, stacked_stage=None):
     rank = np.asarray(mem["rank"])
     time_s, total = np.asarray(mem["time_s"], dtype=float), np.asarray(mem["total"], dtype=float)
     ranks = sorted(set(rank.tolist()))
-    n_lines = len(ranks)
     names = stage_labels(result)
-    for r in ranks:
+    colours = curve_colours(len(ranks))
+    many = len(ranks) > MAX_LEGEND_CURVES
+    for r, colour in zip(ranks, colours):
         m = rank == r
         t = np.append(time_s[m] * k, step * k)
         y = np.append(total[m] / 1e9, total[m][-1] / 1e9)
-        ax.step(t, y, where="post", label=names.get(int(r), f"device {r}"), linewidth=1.4)
-    ax.axhline(s["hbm_bytes"] / 1e9, color="red", linestyle="--", linewidth=1.2, label="HBM capacity")
+        ax.step(t, y, where="post", label=names.get(int(r), f"device {r}"), linewidth=1.4, color=colour)
+    hbm = s["hbm_bytes"] / 1e9
+    ax.axhline(hbm, color=HBM_COLOUR, linestyle="--", linewidth=1.2, label="HBM capacity")
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel("memory in use (GB)")
     ax.set_title(
         f"{s['name']}: memory per pipeline stage (peak {s['peak_memory_bytes'] / 1e9:.1f} GB)", fontsize=11, loc="left"
     )
     ax.set_xlim(0, step * k)
-    ax.set_ylim(0, s["hbm_bytes"] / 1e9 * 1.3)
-    ax.legend(ncol=2 if n_lines > 4 else 1, loc="upper left")
+    top = max(hbm, float(total.max()) / 1e9 if len(total) else 0.0) * 1.1
+    ax.set_ylim(0, top)
+    if many:
+        _stage_colour_bar(fig, ax, result, ranks)
+        handles = [h for h in ax.get_legend_handles_labels()[0] if h.get_label() == "HBM capacity"]
+    else:
+        handles = ax.get_legend_handles_labels()[0]
+    ax.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(0, -0.13),
+        ncol=min(3, len(handles)),
+        frameon=False,
+        borderaxespad=0,
+    )
     stage = s.get("peak_memory_stage", 0) if stacked_stage is None else stacked_stage
     in_stage = np.asarray(mem["stage"]) == stage
     m = in_stage & (rank == rank[in_stage].min())
@@ -386,11 +476,33 @@ def plot_memory(result, path=None, stacked_stage=None):
     ys = [
         np.append(np.asarray(mem[c], dtype=float)[m] / 1e9, np.asarray(mem[c], dtype=float)[m][-1] / 1e9) for c in cats
     ]
-    ax2.stackplot(t, ys, labels=cats, step="post", alpha=0.85)
-    ax2.axhline(s["hbm_bytes"] / 1e9, color="red", linestyle="--", linewidth=1.2)
+    spare: dict = {}
+    ax2.stackplot(
+        t, ys, labels=cats, step="post", alpha=0.85, colors=[colour_for(c, CATEGORY_COLOURS, spare) for c in cats]
+    )
+    ax2.axhline(hbm, color=HBM_COLOUR, linestyle="--", linewidth=1.2)
     ax2.set_xlabel(f"time ({unit})")
-    ax2.set_title(f"breakdown, stage {stage}", fontsize=11)
+    ax2.set_title(
+        f"breakdown, {names.get(int(rank[m][0]), f'stage {stage}') if m.any() else f'stage {stage}'}", fontsize=11
+    )
     ax2.set_xlim(0, step * k)
-    ax2.set_ylim(0, s["hbm_bytes"] / 1e9 * 1.3)
-    ax2.legend(loc="upper left", ncol=3)
+    ax2.set_ylim(0, top)
+    ax2.legend(loc="upper left", bbox_to_anchor=(0, -0.13), ncol=3, frameon=False, borderaxespad=0)
     return finish(fig, path)
+
+
+def _stage_colour_bar(fig, ax, result, ranks) -> None:
+    """The key of many memory curves: a colour bar of the stages beside ``ax``."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    layout = result.scenario.layout if result.scenario is not None else None
+    stages = [layout.stage_of(int(r)) if layout is not None else int(r) for r in ranks]
+    n = len(ranks)
+    cmap = ListedColormap(curve_colours(n))
+    sm = ScalarMappable(norm=BoundaryNorm(np.arange(n + 1) - 0.5, n), cmap=cmap)
+    bar = fig.colorbar(sm, ax=ax, pad=0.01, fraction=0.04)
+    step = max(1, int(np.ceil(n / 16)))
+    ticks = list(range(0, n, step))
+    bar.set_ticks(ticks, labels=[str(stages[i]) for i in ticks])
+    bar.set_label("pipeline stage" if layout is not None else "device", fontsize=MIN_FONT_PT)
