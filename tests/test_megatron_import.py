@@ -186,3 +186,37 @@ def test_cli_writes_yaml_with_the_lists(tmp_path, capsys):
     assert main(["run", str(out), "--json"]) == 0
     assert main(["import", "megatron", str(args), "--cluster", "no-such-cluster"]) == 2
     assert "cluster" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        ("", {}),
+        ("--cuda-graph-impl local", {"cuda_graphs": "per-layer"}),
+        ("--cuda-graph-impl transformer_engine", {"cuda_graphs": "per-layer"}),
+        ("--enable-cuda-graph", {"cuda_graphs": "per-layer"}),
+        (
+            "--cuda-graph-impl full_iteration --moe-pad-expert-input-to-capacity",
+            {"cuda_graphs": "full", "moe_host_sync": False},
+        ),
+        ("--moe-shared-expert-overlap", {"moe_shared_expert_overlap": True}),
+    ],
+)
+def test_host_side_arguments_round_trip(extra, expected):
+    """The host-side arguments land on their scenario keys, the scenario loads with them and
+    a missing argument leaves Megatron's default (eager, dropless with a host sync, no
+    shared-expert overlap)."""
+    text = (
+        "pretrain_gpt.py --num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 1024 --vocab-size 32000 "
+        "--micro-batch-size 1 --global-batch-size 16 --num-experts 8 --moe-router-topk 2 "
+        "--moe-shared-expert-intermediate-size 4096 --expert-model-parallel-size 8 --data-parallel-size 8 " + extra
+    )
+    res = import_megatron(text, "dgx-h100")
+    tr = res.scenario["training"]
+    for key in ("cuda_graphs", "moe_host_sync", "moe_shared_expert_overlap"):
+        assert tr.get(key) == expected.get(key), key
+    assert not [u for u in res.unmapped if "graph" in u or "shared-expert" in u or "capacity" in u]
+    spec = load_scenario(res.scenario).training
+    assert spec.cuda_graphs == expected.get("cuda_graphs", "none")
+    assert spec.moe_host_sync == expected.get("moe_host_sync", True)
+    assert spec.moe_shared_expert_overlap == expected.get("moe_shared_expert_overlap", False)

@@ -128,13 +128,6 @@ class TrainingSpec:
     # the GPU has run the router. False: a sync-free dispatcher (drop-and-pad to capacity,
     # --moe-pad-expert-input-to-capacity).
     moe_host_sync: bool = True
-    # Tensor-parallel communication overlapped with the GEMMs it feeds or follows
-    # (Transformer Engine userbuffers, Megatron --tp-comm-overlap; default off).
-    tp_comm_overlap: bool = False
-    # Megatron-Core's batch-level overlap of the expert all-to-all (--overlap-moe-expert-
-    # parallel-comm, 0.14): the forward of one micro-batch and the backward of another run
-    # as one overlapped pair, each one's all-to-alls in flight while the other computes.
-    overlap_moe_expert_parallel_comm: bool = False
     # Shared experts computed while the dispatch all-to-all is in flight (Megatron
     # --moe-shared-expert-overlap; default off: they run before the router).
     moe_shared_expert_overlap: bool = False
@@ -166,18 +159,6 @@ class TrainingSpec:
                 "training.recompute_modules",
                 "needs training.recompute: selective (Megatron-Core "
                 f"recomputes modules only under selective granularity), got {self.recompute!r}",
-            )
-        if self.overlap_moe_expert_parallel_comm and self.recompute == "full":
-            raise WorkloadError(
-                "training.overlap_moe_expert_parallel_comm",
-                "needs recompute other than full (Megatron-Core's TransformerConfig refuses full "
-                "recomputation with the expert all-to-all overlap)",
-            )
-        if self.overlap_moe_expert_parallel_comm and self.moe_shared_expert_overlap:
-            raise WorkloadError(
-                "training.moe_shared_expert_overlap",
-                "cannot be combined with overlap_moe_expert_parallel_comm (Megatron-Core's "
-                "TransformerConfig refuses the two together)",
             )
         if self.activation_saving == "deepseek-v3" and self.dtype != "fp8":
             raise WorkloadError(

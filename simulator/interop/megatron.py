@@ -269,7 +269,53 @@ class _Mapping:
         tr["recompute"] = self.recompute(layers, par)
         tr["overlap_grad_reduce"] = self.overlap_grad_reduce()
         tr["flash_attention"] = self.flash_attention()
+        tr.update(self.host_side())
         return tr
+
+    def host_side(self) -> dict:
+        """The host side (simulator.engine.host) and the shared-expert overlap: CUDA graphs
+        (``--cuda-graph-impl`` none / local / transformer_engine / full_iteration, the older
+        ``--enable-cuda-graph`` / ``--external-cuda-graph``), the MoE dispatcher's blocking
+        host read (none under ``--moe-pad-expert-input-to-capacity``) and
+        ``--moe-shared-expert-overlap``; Megatron's defaults (eager, dropless, no overlap)
+        where absent (megatron/training/arguments.py, NVIDIA/Megatron-LM d98e8a6)."""
+        args, out = self.args, {}
+        impl = args.get("cuda-graph-impl")
+        if impl is None and "enable-cuda-graph" in args:
+            impl = "local"
+            self.take("enable-cuda-graph", "training.cuda_graphs", "per-layer")
+        if impl is None and "external-cuda-graph" in args:
+            impl = "transformer_engine"
+            self.take("external-cuda-graph", "training.cuda_graphs", "per-layer")
+        scope = " ".join(str(args.get(a) or "") for a in ("cuda-graph-modules", "cuda-graph-scope"))
+        if "full_iteration" in scope:
+            impl = "full_iteration"
+        if impl is not None:
+            graphs = {"none": "none", "local": "per-layer", "transformer_engine": "per-layer"}.get(
+                str(impl), "full" if impl == "full_iteration" else None
+            )
+            if graphs is None:
+                raise ScenarioError(
+                    "--cuda-graph-impl", f"none, local, transformer_engine or full_iteration, got {impl!r}"
+                )
+            if "cuda-graph-impl" in args:
+                self.take("cuda-graph-impl", "training.cuda_graphs", graphs)
+            out["cuda_graphs"] = graphs
+        for a in ("cuda-graph-modules", "cuda-graph-scope"):
+            if args.get(a) is not None:
+                self.take(a, "training.cuda_graphs", out.get("cuda_graphs", "none"))
+                if "full_iteration" not in scope:
+                    self.assume(
+                        f"--{a} {args[a]}: per-layer graphs of whole layers, up to the MoE dispatcher's host sync "
+                        "where it has one (stepsim does not capture a subset of a layer's modules)"
+                    )
+        if "moe-pad-expert-input-to-capacity" in args:
+            self.take("moe-pad-expert-input-to-capacity", "training.moe_host_sync", False)
+            out["moe_host_sync"] = False
+        if "moe-shared-expert-overlap" in args:
+            self.take("moe-shared-expert-overlap", "training.moe_shared_expert_overlap", True)
+            out["moe_shared_expert_overlap"] = True
+        return out
 
     def dtype(self) -> str:
         args = self.args
