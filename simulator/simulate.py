@@ -296,7 +296,38 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] 
         "stepsim_version": __version__,
         "sim_wall_s": 0.0,
     }
+    terms = _host_and_overlap_terms(trace, raw)
+    if terms:  # per MoE layer and micro-batch (docs/formats.md), beside other engineers' terms
+        summary.setdefault("moe_terms_s", {}).update(terms)
     return summary, per_stage
+
+
+def _host_and_overlap_terms(trace, raw) -> dict:
+    """Per MoE layer and micro-batch (a forward dispatch of a rank), means over the simulated
+    ranks: ``host_exposed`` the seconds the GPU waited for its host to issue that layer's ops
+    (forward, recomputation and backward; simulator.engine.host) and ``ep_comm_hidden`` the
+    seconds of the rank's expert all-to-alls that ran while its compute stream was busy (busy
+    minus exposed over the ``ep*`` axes: what the overlaps in force hide). Empty without
+    expert all-to-alls."""
+    acc = raw.account
+    layers: dict[int, set] = {}
+    for op in trace.ops:
+        if op.kind == "collective" and op.phase == "F" and op.name.endswith(".dispatch"):
+            layers.setdefault(op.rank, set()).add((op.layer, op.mb, op.chunk))
+    if not layers or acc is None:
+        return {}
+    host, hidden = [], []
+    for i, r in enumerate(acc.ranks):
+        n = len(layers.get(r, ()))
+        if not n:
+            continue
+        moe = {l for l, _, _ in layers[r]}
+        host.append(sum(v for (rr, l), v in raw.host_delay_s.items() if rr == r and l in moe) / n)
+        cols = [j for j, a in enumerate(acc.axes) if a.startswith("ep")]
+        hidden.append(float(sum(acc.busy_by_axis_s[i, j] - acc.exposed_by_axis_s[i, j] for j in cols)) / n)
+    if not host:
+        return {}
+    return {"host_exposed": sum(host) / len(host), "ep_comm_hidden": sum(hidden) / len(hidden)}
 
 
 def _executed_flops(trace, raw) -> float:
