@@ -432,3 +432,33 @@ def test_more_devices_than_rows_show_one_per_stage():
     shown = [r for r, s in rows if s == "compute"]
     assert shown[0] == 0 and shown[-1] == 62 and all(r % 2 == 0 for r in shown)
     assert "23 of 32 stages (their first device)" in note
+
+
+@pytest.mark.parametrize("preset, devices", [("gb200-nvl72", 576), ("dgx-h100", 1024)])
+def test_topology_boxes_and_labels_do_not_overlap(preset, devices):
+    """Switched topologies are drawn as boxes side by side, one row per layer: no box over
+    another, every label inside its own box, overlapping no other label, and said once."""
+    from topologies import build_cluster, plot_topology
+    from topologies.presets import cluster_preset
+
+    fig = plot_topology(build_cluster(cluster_preset(preset, devices)))
+    fig.draw_without_rendering()
+    renderer = fig._get_renderer()
+    ax = fig.axes[0]
+    boxes = [p.get_window_extent(renderer) for p in ax.patches if str(p.get_gid()).startswith("node:")]
+    labels = [t for t in ax.texts if t.get_gid() == "label"]
+    extents = [t.get_window_extent(renderer) for t in labels]
+    assert len(boxes) == len(labels) >= 10  # domains, leaf groups, spine
+    for (i, a), (j, b) in itertools.combinations(enumerate(boxes), 2):
+        assert not a.overlaps(b), (labels[i].get_text(), labels[j].get_text())
+    for (i, a), (j, b) in itertools.combinations(enumerate(extents), 2):
+        assert not a.overlaps(b), (labels[i].get_text(), labels[j].get_text())
+    for text, ext in zip(labels, extents):
+        assert any(box.x0 <= ext.x0 and ext.x1 <= box.x1 and box.y0 <= ext.y0 and ext.y1 <= box.y1 for box in boxes), (
+            text.get_text()
+        )
+    names = [t.get_text() for t in labels]
+    assert len(set(names)) == len(names), names
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert not any(legend.overlaps(b) for b in boxes)
+    _check_slide(fig, preset)

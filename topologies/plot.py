@@ -2,11 +2,12 @@
 
 Tori are drawn as their lattice: axes 0 and 1 as a grid of devices (the plane at
 index 0 of the higher axes), wrap-around links as dashed arcs, the rest of the
-shape and the pods stated in the title. Switched and custom graphs are drawn in
-layers: scale-up domains at the bottom (a device and its NVSwitch count as its
-domain), then switches by their hop distance from the devices. Any layer with
-more than ``max_per_layer`` items is summarised into consecutive groups, and
-edges carry the total bandwidth between the items they join.
+shape and the pods stated in the title. Switched and custom graphs are drawn as a
+hierarchy of boxes, none over another, each labelled once: scale-up domains along
+the bottom (a domain's box holds its devices, and strips for its NVLink switch and
+its NICs, keyed by the legend), then scale-out switches by their hop distance from
+the devices. A row of more than ``max_per_layer`` items is summarised into
+consecutive groups (``leaf0.r0–r8``, 9 switches).
 
 Text is at least 10 pt at the saved size (fit for a slide). New figures are drawn
 on the Agg canvas directly (no pyplot, no global backend change), so this works
@@ -18,10 +19,11 @@ figure when it is a cell's value. matplotlib is imported by :func:`plot_topology
 from __future__ import annotations
 
 import math
-import os
+import re
 from collections import defaultdict
 
 import networkx as nx
+import numpy as np
 
 from .topology import Topology
 
@@ -42,7 +44,7 @@ def plot_topology(topo: Topology, path=None, ax=None, max_per_layer: int = 8):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
-        fig = Figure(figsize=(11, 6.5))
+        fig = Figure(figsize=(12, 6.5))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
     else:
@@ -108,10 +110,33 @@ def _draw_torus(topo: Topology, ax) -> None:
     ax.margins(0.1)
 
 
-def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
+#: Colours of the drawing: a domain's box, and in it its devices, its scale-up switch and
+#: its NICs; scale-out switches.
+_DOMAIN_FILL, _DEVICE, _NVSWITCH, _NIC, _SWITCH = "#F4F4F4", "#F28E2B", "#4E79A7", "#59A14F", "#A0CBE8"
+
+
+def _group_name(names: list) -> str:
+    """Switches ``p0.leaf0.r0`` ... ``p0.leaf0.r8`` -> ``leaf0.r0–r8``: the last dotted parts
+    that differ, once."""
+    if len(names) == 1:
+        return str(names[0]).split(".", 1)[-1] if "." in str(names[0]) else str(names[0])
+    first, last = str(names[0]).split("."), str(names[-1]).split(".")
+    k = 0
+    while k < min(len(first), len(last)) - 1 and first[k] == last[k]:
+        k += 1
+    head = ".".join(first[max(0, k - 1) : k])  # the part just above where they differ
+    a, b = ".".join(first[k:]), ".".join(last[k:])
+    return f"{head + '.' if head else ''}{a}–{b}"
+
+
+def _layers(topo: Topology, max_per_layer: int):
+    """The drawing's boxes and edges. Units: a domain (its devices with the switch(es) only
+    they reach over NVLink) or a scale-out switch; layers: domains at 0, switches at their
+    hop distance from the devices; a layer of more than ``max_per_layer`` units is summarised
+    into consecutive groups. Returns ``{group: (layer, index, count, label, info)}`` and
+    ``{(group, group): total bandwidth}``."""
     G = topo.graph
     device_nodes = set(topo.devices)
-    # Unit of each node: a domain (device + its NVSwitch) or the switch itself.
     unit = {d: ("domain", topo.domain_of(i)) for i, d in enumerate(topo.devices)}
     for u, v, k in G.edges(data="kind"):
         if k == "nvlink":
@@ -122,13 +147,19 @@ def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
     for node in G:
         unit.setdefault(node, ("switch", str(node)))
         layers[0 if unit[node][0] == "domain" else level[node]].add(unit[node])
-    # Summarise crowded layers into consecutive groups.
-    group_of, label, pos = {}, {}, {}
-    domain_devices = defaultdict(int)
+    domain_devices, domain_switches, domain_nics = defaultdict(int), defaultdict(int), defaultdict(int)
     for i in range(topo.n_devices):
         domain_devices[topo.domain_of(i)] += 1
+    for node in G:
+        if node not in device_nodes and unit[node][0] == "domain":
+            domain_switches[unit[node][1]] += 1
+    for u, v in G.edges():
+        for a, b in ((u, v), (v, u)):
+            if a in device_nodes and unit[b][0] == "switch":
+                domain_nics[unit[a][1]] += 1
+    group_of, boxes = {}, {}
     for lv, items in sorted(layers.items()):
-        items = sorted(items, key=lambda it: (it[1] if it[0] == "domain" else 0, str(it[1])))
+        items = sorted(items, key=lambda it: (it[1] if it[0] == "domain" else 0, _natural(str(it[1]))))
         per = math.ceil(len(items) / max_per_layer)
         chunks = [items[k : k + per] for k in range(0, len(items), per)]
         for c, chunk in enumerate(chunks):
@@ -136,28 +167,127 @@ def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
             for it in chunk:
                 group_of[it] = gid
             if chunk[0][0] == "domain":
-                devs = sum(domain_devices[it[1]] for it in chunk)
-                name = f"domain {chunk[0][1]}" if len(chunk) == 1 else f"domains {chunk[0][1]}-{chunk[-1][1]}"
-                label[gid] = f"{name}\n{devs} dev"
+                ids = [it[1] for it in chunk]
+                name = f"domain {ids[0]}" if len(ids) == 1 else f"domains\n{ids[0]}–{ids[-1]}"
+                info = {
+                    "domains": len(ids),
+                    "devices": sum(domain_devices[d] for d in ids),
+                    "switches": sum(domain_switches[d] for d in ids),
+                    "nics": sum(domain_nics[d] for d in ids),
+                }
+                label = f"{name}\n{info['devices']} devices"
             else:
                 names = [it[1] for it in chunk]
-                label[gid] = names[0] if len(chunk) == 1 else (f"{os.path.commonprefix(names)}*\n{len(chunk)} switches")
-            # crowded layers alternate up and down so that 10-pt labels do not collide
-            pos[gid] = ((c + 0.5) / len(chunks), lv + (0.25 if len(chunks) > 5 and c % 2 else 0.0))
+                info = {"switches": len(chunk)}
+                label = _group_name(names) + (f"\n{len(chunk)} switches" if len(chunk) > 1 else "")
+            boxes[gid] = (lv, c, len(chunks), label, info)
     bw = defaultdict(float)
     for u, v, d in G.edges(data=True):
         a, b = group_of[unit[u]], group_of[unit[v]]
         if a != b:
             bw[tuple(sorted((a, b)))] += d["bw_bytes_per_s"]
-    S = nx.Graph()
-    S.add_nodes_from(pos)
-    S.add_edges_from(bw)
-    nx.draw_networkx_edges(S, pos, ax=ax, edge_color="tab:gray", width=0.8)
-    colours = ["tab:orange" if gid[0] == 0 else "tab:blue" for gid in S]
-    nx.draw_networkx_nodes(S, pos, ax=ax, node_color=colours, node_size=2200, alpha=0.85)
-    nx.draw_networkx_labels(S, pos, labels={g: label[g] for g in S}, ax=ax, font_size=10)
-    if len(bw) <= 16:
-        nx.draw_networkx_edge_labels(S, pos, edge_labels={e: _gbps(b) for e, b in bw.items()}, ax=ax, font_size=10)
+    return boxes, bw
+
+
+def _natural(name: str) -> tuple:
+    """``"r10"`` after ``"r9"``: digits compared as numbers."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
+    """Switched and custom graphs as a hierarchy of boxes: one row per layer (domains at
+    the bottom, scale-out switches above by hop distance), each row's boxes side by side
+    with a gap, each labelled once; a domain's box holds strips for its devices, its NVLink
+    switch and its NICs, keyed by the legend below. Edges join boxes' centres behind them."""
+    from matplotlib.patches import FancyBboxPatch, Patch
+
+    boxes, bw = _layers(topo, max_per_layer)
+    row_gap = 1.0  # data units between layers
+    dom_h, sw_h = 0.62, 0.36
+    geom = {}
+    for gid, (lv, c, n, label, info) in boxes.items():
+        slot = 1.0 / n
+        w = min(slot * 0.88, 0.22)
+        x0 = c * slot + (slot - w) / 2
+        h = dom_h if gid[0] == 0 and "devices" in info else sw_h
+        y0 = lv * row_gap - h / 2
+        geom[gid] = (x0, y0, w, h)
+    # edges, behind the boxes: from the top of the lower box to the bottom of the upper one;
+    # boxes of one layer are joined by an arc under the row
+    below = 0.0
+    for a, b in sorted(bw):
+        (ax0, ay0, aw, _), (bx0, _, bw_, _) = geom[a], geom[b]
+        if a[0] == b[0]:
+            xa, xb, y = ax0 + aw / 2, bx0 + bw_ / 2, ay0
+            t = np.linspace(0.0, 1.0, 30)
+            dip = 0.3 * min(1.0, abs(xb - xa) * 3)
+            ax.plot(xa + (xb - xa) * t, y - 4 * dip * t * (1 - t), color="#9A9A9A", lw=0.8, zorder=1)
+            below = max(below, dip) if a[0] == 0 else below
+            continue
+        lo, hi = (a, b) if a[0] < b[0] else (b, a)
+        (lx, ly, lw_, lh), (hx, hy, hw, _) = geom[lo], geom[hi]
+        ax.plot([lx + lw_ / 2, hx + hw / 2], [ly + lh, hy], color="#9A9A9A", lw=0.8, zorder=1)
+    legend = {}
+    for gid, (lv, c, n, label, info) in sorted(boxes.items()):
+        x0, y0, w, h = geom[gid]
+        is_domain = "devices" in info
+        ax.add_patch(
+            FancyBboxPatch(
+                (x0, y0),
+                w,
+                h,
+                boxstyle="round,pad=0,rounding_size=0.02",
+                facecolor=_DOMAIN_FILL if is_domain else _SWITCH,
+                edgecolor="#555555",
+                lw=1.0,
+                zorder=2,
+                gid=f"node:{label}",
+            )
+        )
+        if is_domain:
+            # strips: NICs along the top (to the scale-out switches), the devices, the NVLink
+            # switch along the bottom
+            strip = 0.07
+            parts = [(y0 + h - strip - 0.02, _NIC, "nics"), (y0 + 0.02, _NVSWITCH, "switches")]
+            for yy, colour, key in parts:
+                if info[key]:
+                    ax.add_patch(
+                        FancyBboxPatch(
+                            (x0 + 0.1 * w, yy),
+                            0.8 * w,
+                            strip,
+                            boxstyle="square,pad=0",
+                            facecolor=colour,
+                            lw=0,
+                            zorder=3,
+                        )
+                    )
+            ax.text(x0 + w / 2, y0 + h / 2, label, ha="center", va="center", fontsize=10, zorder=4, gid="label")
+            for key, colour in (("nics", _NIC), ("switches", _NVSWITCH)):
+                if info[key]:
+                    legend.setdefault(key, (colour, set()))[1].add(info[key] // info["domains"])
+        else:
+            ax.text(x0 + w / 2, y0 + h / 2, label, ha="center", va="center", fontsize=10, zorder=4, gid="label")
+    handles = [Patch(facecolor=_DOMAIN_FILL, edgecolor="#555555", label="scale-up domain (its devices)")]
+    what = {"nics": "NICs", "switches": "NVLink switches"}
+    for key, (colour, per) in legend.items():
+        count = f"{per.pop()} per domain" if len(per) == 1 else "per domain"
+        handles.append(Patch(color=colour, label=f"{what[key]} ({count})"))
+    if any("devices" not in info for *_, info in boxes.values()):
+        handles.append(Patch(facecolor=_SWITCH, edgecolor="#555555", label="scale-out switches"))
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=min(4, len(handles)),
+        frameon=False,
+        fontsize=10,
+    )
+    ax.set_xlim(-0.01, 1.01)
+    lo = min(y0 for _, y0, _, _ in geom.values()) - below - 0.05
+    hi = max(y0 + h for _, y0, _, h in geom.values()) + 0.05
+    pad = max(0.0, 2.6 - (hi - lo)) / 2  # a layer is as tall in a one- or two-layer drawing
+    ax.set_ylim(lo - pad, hi + pad)
     extra = f", {topo.n_pods} pods" if topo.n_pods > 1 else ""
     per_kind = {}
     for cap, kind in zip(topo.link_capacity, topo.link_kind):
@@ -167,8 +297,6 @@ def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
     )
     ax.set_title(
         f"{topo.name or topo.kind}: {topo.n_devices} devices, {topo.kind}, domain size "
-        f"{topo.domain_size}{extra}\nlinks per direction: {links}"
-        + ("\nedge labels: total bandwidth per direction" if len(bw) <= 16 else ""),
+        f"{topo.domain_size}{extra}\nlinks per direction: {links}",
         fontsize=11,
     )
-    ax.margins(0.08)
