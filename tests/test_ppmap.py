@@ -141,3 +141,21 @@ def test_fallback_halves_the_micro_batch_without_pp_only():
     assert [(p["pp"], p["micro_batch_size"]) for p in got] == [(2, 1), (1, 4), (1, 2)]
     assert got[2]["label"].endswith("z3-mb2-full")
     assert with_fallbacks([{**base, "pp": 1, "micro_batch_size": 1, "label": "c"}])[-1]["label"] == "c"
+
+
+def test_adaptive_map_finds_the_best_layouts_simulating_all_would(tmp_path):
+    """Without simulate.with_pp / without_pp a point simulates as `stepsim search` does, in
+    rounds until no layout left can win; its best layouts with and without PP equal those of
+    simulating every candidate that fits."""
+    m = tiny_map()
+    m.pop("simulate")
+    assert load_map(m).adaptive
+    table, cands = run_map(m, tmp_path / "adaptive", jobs=1)
+    everything, all_cands = run_map(tiny_map(simulate={"with_pp": 99, "without_pp": 99}), tmp_path / "all", jobs=1)
+    assert (table["simulated"] < everything["simulated"]).any()  # the rounds stopped early somewhere
+    for col in ("best_pp_label", "best_nopp_label", "ratio"):
+        assert list(table[col]) == list(everything[col]), col
+    assert set(cands["status"]) <= {"ok", "oom"} and (table["best_pp_label"].notna()).all()
+    bad = tiny_map(simulate={"adaptive": "yes"})
+    with pytest.raises(ScenarioError, match="simulate.adaptive"):
+        load_map(bad)

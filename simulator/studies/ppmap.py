@@ -11,9 +11,15 @@ points of their own (any cluster mapping, a TPU torus included). At every point:
    memory does not depend on the network), and every one that fits gets the analytic
    step-time estimate (:func:`simulator.studies.estimate.proxy_cost`) -- the same rules
    :func:`simulator.studies.search.search` applies;
-2. **choose** -- the ``simulate.with_pp`` best-estimated layouts with ``pp > 1`` (distinct
-   schedules first, so that an estimate that under-rates DualPipe's overlap still gets
-   DualPipe simulated) and the ``simulate.without_pp`` best with ``pp == 1``;
+2. **choose** -- by default every layout that fits and whose estimate is within
+   :data:`~simulator.studies.ppmap_screen.ADAPTIVE_SCREEN_SHARE` of the best estimate of its
+   kind (with PP, without) is a candidate, and the point simulates them as ``stepsim
+   search`` does: in rounds, best estimates first, until no candidate left can beat the best
+   simulated step with PP or without
+   (:func:`simulator.studies.search_rounds.adaptive_rounds`, the same bounds and
+   ``estimate_margin``). With ``simulate: {with_pp: k, without_pp: n}`` only the ``k``
+   best-estimated layouts with ``pp > 1`` (distinct schedules first) and the ``n`` best with
+   ``pp == 1`` are simulated;
 3. **simulate** -- every chosen layout of every point through the sweep executor
    (:func:`simulator.studies.sweep.run_cases`): local processes, any ``concurrent.futures``
    executor or a Dask cluster, one resumable row store ``OUT/sims/rows.jsonl`` for the
@@ -26,11 +32,9 @@ screen again. :func:`assemble` turns screen and rows into the map table (one row
 point: best layout with PP and without, ``ratio = best without PP / best``, the
 estimate's ratio, the memory side, the roofline); :func:`simulator.studies.ppmap_plot.plot_map` draws it.
 
-Why not ``search`` itself at each point: its ``max_candidates`` keeps one layout without
-PP and fills the rest by the estimate, and screens every layout again at every point
-(about 30 s of CPU per DeepSeek-V3 point); the map needs k layouts of each kind and
-reuses the memory screen across its 30 grid points of one chip. Both could be options of
-``search`` (a per-kind cap; a memory-estimate cache).
+Why not ``search`` itself at each point: the map screens with one memory cache across the
+points of one chip (memory does not depend on the network) and keeps one resumable row
+store for the whole map; the rounds and their stopping rule are the search's own.
 
 Map file::
 
@@ -49,11 +53,12 @@ Map file::
     search: {max_tp: 8, pp: [1, 2, 4, 8, 16], max_ep: 64, schedules: [1f1b, interleaved-1f1b, dualpipe],
              zero: [1, 3], recompute: [none, selective, full], max_vpp: 2,
              nopp_micro_batch_sizes: [1, 2, 4, 8]}   # pp = 1 also with larger micro-batches
-    simulate: {with_pp: 2, without_pp: 1}
+    simulate: {adaptive: true}         # default; or {with_pp: 2, without_pp: 1}
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -80,6 +85,7 @@ from simulator.studies.search_layouts import (
     candidate_mapping,
     label,
 )
+from simulator.studies.search_rounds import adaptive_rounds
 from simulator.studies.sweep import run_cases
 from simulator.studies.sweep_cases import resolve
 from simulator.studies.sweep_spec import Case
@@ -126,7 +132,9 @@ def cases_of(spec: MapSpec, screens: Mapping[str, dict]) -> list[Case]:
     for pt in sorted(points(spec), key=lambda p: _priority(spec, p)):
         if pt["id"] not in screens:
             continue
-        for p in with_fallbacks(screens[pt["id"]]["chosen"]):
+        chosen = screens[pt["id"]]["chosen"]
+        # an adaptive point's candidates hold every micro-batch size that fits by the estimate
+        for p in chosen if spec.adaptive else with_fallbacks(chosen):
             mapping = candidate_mapping(pt["scenario"], p, pt["id"])
             key, resolved, _, err = resolve(mapping)
             if err is not None or key in seen:
@@ -160,23 +168,31 @@ def run_map(
     t0 = time.perf_counter()
     screens = run_screens(spec, out, progress=bool(progress))
     cases = cases_of(spec, screens)
-    run_cases(
-        cases,
-        ("point", *LAYOUT_KEYS),
-        out=out / "sims",
-        client=client,
-        jobs=jobs,
-        executor=executor,
-        progress=progress,
-        desc=f"ppmap {spec.name}",
-    )
+
+    def run(batch: list) -> dict:
+        return run_cases(
+            batch,
+            ("point", *LAYOUT_KEYS),
+            out=out / "sims",
+            client=client,
+            jobs=jobs,
+            executor=executor,
+            progress=progress,
+            desc=f"ppmap {spec.name}",
+        )[1]
+
+    if spec.adaptive:
+        simulated = _run_adaptive(spec, screens, cases, run, jobs, client)
+    else:
+        run(cases)
+        simulated = len(cases)
     table, cands = assemble(spec, out)
     (out / "run.json").write_text(
         json.dumps(
             {
                 "name": spec.name,
                 "points": len(screens),
-                "simulations": len(cases),
+                "simulations": simulated,
                 "wall_s": round(time.perf_counter() - t0, 1),
             },
             indent=2,
@@ -184,6 +200,50 @@ def run_map(
         + "\n"
     )
     return table, cands
+
+
+class _NoDedupe:
+    """The map simulates every layout its rounds choose (no trace comparison)."""
+
+    dropped: dict = {}
+
+    def is_duplicate(self, case) -> bool:
+        return False
+
+
+def _run_adaptive(spec: MapSpec, screens: Mapping, cases: list, run, jobs: Optional[int], client) -> int:
+    """Simulate each point as :func:`simulator.studies.search.search` does: in rounds, best
+    estimates first, until no layout left can beat the best simulated one with PP and
+    without (:func:`simulator.studies.search_rounds.adaptive_rounds`, with the map's search
+    bounds and their ``estimate_margin``). Returns how many layouts were simulated."""
+    from simulator.studies.search import _workers
+
+    width = max(2, _workers(jobs, client))
+    by_point: dict[str, list] = {}
+    for c in cases:
+        by_point.setdefault(c.axes["point"], []).append(c)
+    simulated = 0
+    for point, group in by_point.items():
+        est = {p["label"]: p["est_step_time_s"] for p in screens[point]["chosen"]}
+        records, local = [], []
+        for c in group:
+            records.append({**c.axes, "est_step_time_s": est[label(c.axes)], "status": None, "reason": None})
+            local.append(dataclasses.replace(c, index=len(records) - 1))
+
+        def run_round(batch: list) -> None:
+            rows = run(batch)
+            for c in batch:
+                r, row = records[c.index], rows.get(c.key) or {}
+                summary = row.get("summary") or {}
+                if row.get("status") != "ok":
+                    r.update(status="failed", reason=row.get("error"))
+                    continue
+                r.update(status="oom" if summary.get("oom") else "ok", step_time_s=summary.get("step_time_s"))
+
+        before = sum(1 for r in records if r["status"] is not None)
+        adaptive_rounds(local, records, spec.bounds, _NoDedupe(), run_round, width)
+        simulated += sum(1 for r in records if r["status"] in ("ok", "oom", "failed")) - before
+    return simulated
 
 
 def _read_rows(path: Path) -> dict[str, dict]:

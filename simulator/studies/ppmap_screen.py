@@ -103,6 +103,31 @@ def choose(table: pd.DataFrame, with_pp: int, without_pp: int) -> list[dict]:
     return [{k: r[k] for k in ("label", *LAYOUT_KEYS, "est_memory_bytes", "est_step_time_s")} for r in picks]
 
 
+# An adaptive map keeps, of each point's screen, the layouts whose estimate is within this
+# share of the best estimate of their kind (with PP, without): the adaptive rounds stop far
+# below it (the allowance is the largest error seen in a family plus 5 %; the DeepSeek-V3
+# searches saw errors of -4 .. +6 %), and the store stays small.
+ADAPTIVE_SCREEN_SHARE = 1.0
+
+
+def candidates(table: pd.DataFrame) -> list[dict]:
+    """The layouts an adaptive map point may simulate, best estimates first: every layout that
+    fits by the memory estimate and is within :data:`ADAPTIVE_SCREEN_SHARE` of the best
+    estimate with PP (for pp > 1) or without (for pp = 1)."""
+    t = table[table["est_memory_bytes"] <= table["hbm_bytes"]]
+    keep = []
+    for part in (t[t["pp"] > 1], t[t["pp"] == 1]):
+        if len(part):
+            top = float(part["est_step_time_s"].min())
+            keep.append(part[part["est_step_time_s"] <= top * (1 + ADAPTIVE_SCREEN_SHARE)])
+    if not keep:
+        return []
+    t = pd.concat(keep).sort_values(["est_step_time_s", "label"], kind="stable")
+    return [
+        {k: r[k] for k in ("label", *LAYOUT_KEYS, "est_memory_bytes", "est_step_time_s")} for r in t.to_dict("records")
+    ]
+
+
 def memory_facts(table: pd.DataFrame) -> dict:
     """Does a layout without PP fit (by the estimate) at all, without ZeRO-3, without
     recomputation, without either?"""
@@ -125,7 +150,9 @@ def run_screens(spec: MapSpec, out: Path, progress: bool = False) -> dict[str, d
     """Screen every point not yet in ``OUT/screen.jsonl``; returns screens by point id."""
     store = RowStore(out)
     store.path = out / SCREEN_FILE
-    done = {k: v for k, v in store.load().items()}
+    mode = "adaptive" if spec.adaptive else "fixed"
+    # a point screened for the other mode is screened again (its "chosen" list means another thing)
+    done = {k: v for k, v in store.load().items() if v.get("mode", "fixed") == mode}
     mem_cache: dict = {}
     for pt in points(spec):
         if pt["id"] in done:
@@ -134,7 +161,8 @@ def run_screens(spec: MapSpec, out: Path, progress: bool = False) -> dict[str, d
         table = screen(pt, spec, mem_cache)
         rec = {
             "key": pt["id"],
-            "chosen": choose(table, spec.with_pp, spec.without_pp),
+            "mode": mode,
+            "chosen": candidates(table) if spec.adaptive else choose(table, spec.with_pp, spec.without_pp),
             "est_best_pp": _best_est(table, True),
             "est_best_nopp": _best_est(table, False),
             "layouts_fit": int(len(table)),

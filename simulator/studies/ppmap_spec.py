@@ -55,6 +55,9 @@ class MapSpec:
     with_pp: int
     without_pp: int
     marks: tuple = ()  # (label, domain, nic GB/s): today's systems' places on the grid
+    # simulate as ``stepsim search`` does (adaptive rounds until no layout left can win); with
+    # ``simulate: {with_pp: k, without_pp: n}`` the k + n best-estimated layouts only
+    adaptive: bool = True
 
 
 def _pos_int(v, field: str) -> int:
@@ -103,6 +106,11 @@ def load_map(spec: Union[str, Path, Mapping]) -> MapSpec:
     except TypeError as err:
         raise ScenarioError("search", str(err)) from None
     sim = data.get("simulate") or {}
+    if not isinstance(sim, Mapping) or set(sim) - {"with_pp", "without_pp", "adaptive"}:
+        raise ScenarioError("simulate", "a mapping of adaptive (true/false), with_pp, without_pp")
+    adaptive = sim.get("adaptive", "with_pp" not in sim and "without_pp" not in sim)
+    if not isinstance(adaptive, bool):
+        raise ScenarioError("simulate.adaptive", f"must be true or false, got {adaptive!r}")
     marks = data.get("marks") or {}
     if not isinstance(marks, Mapping) or any(not isinstance(v, list) or len(v) != 2 for v in marks.values()):
         raise ScenarioError("marks", "a mapping of label -> [domain size, NIC GB/s]")
@@ -121,6 +129,7 @@ def load_map(spec: Union[str, Path, Mapping]) -> MapSpec:
         nopp_micro_batch_sizes=nopp_mbs,
         with_pp=_pos_int(sim.get("with_pp", 2), "simulate.with_pp"),
         without_pp=_pos_int(sim.get("without_pp", 1), "simulate.without_pp"),
+        adaptive=adaptive,
     )
 
 
