@@ -116,17 +116,18 @@ _DOMAIN_FILL, _DEVICE, _NVSWITCH, _NIC, _SWITCH = "#F4F4F4", "#F28E2B", "#4E79A7
 
 
 def _group_name(names: list) -> str:
-    """Switches ``p0.leaf0.r0`` ... ``p0.leaf0.r8`` -> ``leaf0.r0–r8``: the last dotted parts
-    that differ, once."""
+    """A group of switches named by its first and last: ``p0.leaf0.r0`` ... ``p0.leaf0.r8``
+    -> ``leaf0.r0–r8``; ``p0.leaf0.r6`` ... ``p0.leaf1.r3`` -> ``leaf0.r6 –`` / ``leaf1.r3`` on
+    two lines."""
     if len(names) == 1:
         return str(names[0]).split(".", 1)[-1] if "." in str(names[0]) else str(names[0])
     first, last = str(names[0]).split("."), str(names[-1]).split(".")
     k = 0
     while k < min(len(first), len(last)) - 1 and first[k] == last[k]:
         k += 1
-    head = ".".join(first[max(0, k - 1) : k])  # the part just above where they differ
-    a, b = ".".join(first[k:]), ".".join(last[k:])
-    return f"{head + '.' if head else ''}{a}–{b}"
+    if k == len(first) - 1 == len(last) - 1:  # only the last part differs
+        return ".".join(first[max(0, k - 1) :]) + f"–{last[k]}"
+    return f"{'.'.join(first[k:])} –\n{'.'.join(last[k:])}"
 
 
 def _layers(topo: Topology, max_per_layer: int):
@@ -201,7 +202,9 @@ def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
     switch and its NICs, keyed by the legend below. Edges join boxes' centres behind them."""
     from matplotlib.patches import FancyBboxPatch, Patch
 
-    boxes, bw = _layers(topo, max_per_layer)
+    # as many boxes side by side as 10-pt labels fit: one per ~1.15 in of the axes' width
+    width_in = ax.get_position().width * ax.figure.get_figwidth()
+    boxes, bw = _layers(topo, max(2, min(max_per_layer, int(width_in / 1.15))))
     row_gap = 1.0  # data units between layers
     dom_h, sw_h = 0.62, 0.36
     geom = {}
@@ -279,7 +282,7 @@ def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
         handles=handles,
         loc="upper center",
         bbox_to_anchor=(0.5, 0.0),
-        ncol=min(4, len(handles)),
+        ncol=max(1, min(4, len(handles), int(width_in / 2.6))),
         frameon=False,
         fontsize=10,
     )
