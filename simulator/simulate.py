@@ -296,6 +296,12 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] 
         "stepsim_version": __version__,
         "sim_wall_s": 0.0,
     }
+    from simulator.engine.compute import calibration_for
+    from simulator.results.moe_terms import moe_compute_terms
+
+    terms = moe_compute_terms(trace, chip, calibration_for(chip, dict(sc.compute_overrides)), t.dtype)
+    if terms:  # routing, permutation, grouped-GEMM shape loss per MoE layer and micro-batch
+        summary.setdefault("moe_terms_s", {}).update(terms)
     terms = _host_and_overlap_terms(trace, raw)
     if terms:  # per MoE layer and micro-batch (docs/formats.md), beside other engineers' terms
         summary.setdefault("moe_terms_s", {}).update(terms)

@@ -26,7 +26,9 @@ routing probability at ``1/k`` (a token picks expert ``e`` with probability
 their popularity); an expert whose draw still exceeds ``T`` keeps ``T`` and the
 surplus is spread the same way. With ``capacity_factor`` each expert keeps at
 most ``capacity_factor * tokens * top_k / experts`` of them (the rest are
-dropped, GShard-style). Each EP rank holds ``experts / ep`` consecutive
+dropped, GShard-style); with ``pad_to_capacity`` as well, every expert computes exactly its
+capacity (drop-and-pad: padded rows are computed and sent too), so every rank's load factor
+is the capacity over the mean. Each EP rank holds ``experts / ep`` consecutive
 experts; its *load factor* is its assignments over the mean per rank.
 
 An expert-parallel all-to-all and the expert GEMMs are synchronous across the EP
@@ -41,6 +43,7 @@ of them over its stage's layers (:func:`hottest_rank`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -61,6 +64,11 @@ class ExpertLoad:
     skew: float = field(default=1.0, metadata={"gt": 0})
     capacity_factor: Optional[float] = field(default=None, metadata={"ge": 1})
     seed: int = 0
+    # Drop-and-pad (Megatron --moe-pad-expert-input-to-capacity, with a capacity factor):
+    # every expert computes exactly its capacity, padded rows included, so the expert GEMMs
+    # and the all-to-alls are sized by capacity_factor x the balanced rows, whatever the
+    # routing (token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess, drop_and_pad).
+    pad_to_capacity: bool = False
 
     def __post_init__(self) -> None:
         if self.distribution not in DISTRIBUTIONS:
@@ -72,6 +80,11 @@ class ExpertLoad:
             raise WorkloadError("training.expert_load.skew", f"must be > 0, got {self.skew!r}")
         if self.capacity_factor is not None and not self.capacity_factor >= 1:
             raise WorkloadError("training.expert_load.capacity_factor", f"must be >= 1, got {self.capacity_factor!r}")
+        if self.pad_to_capacity and self.capacity_factor is None:
+            raise WorkloadError(
+                "training.expert_load.pad_to_capacity",
+                "needs a capacity_factor (Megatron pads each expert's input to its capacity)",
+            )
 
 
 def expert_popularity(load: ExpertLoad, experts: int, rng: np.random.Generator) -> np.ndarray:
@@ -137,6 +150,10 @@ def rank_load_factors(load: ExpertLoad, experts: int, top_k: int, ep: int, token
     out = np.ones((layers, ep))
     if load.distribution == "balanced" and load.capacity_factor is None:
         return out
+    if load.pad_to_capacity:
+        # every expert holds its capacity, ceil(cf * T * k / E) rows (moe_utils.get_capacity)
+        capacity = math.ceil(load.capacity_factor * mean_per_expert)
+        return np.full((layers, ep), capacity * (experts // ep) / (assignments / ep))
     rng = np.random.default_rng(load.seed)
     for l in range(layers):
         p = _cap_shares(expert_popularity(load, experts, rng), 1.0 / top_k)

@@ -82,6 +82,11 @@ class TrainingSpec:
     # expert output is scaled when tokens are un-permuted, so its BF16 copy is kept for the
     # gate gradient).
     moe_gate_weighting: Literal["activation", "combine"] = "activation"
+    # The MoE router's logits dtype (Megatron --moe-router-dtype; default None there, the
+    # input's BF16): "fp32" writes FP32 logits from the BF16 router GEMM and runs its two
+    # gradient GEMMs on FP32 operands (TF32 tensor cores under Transformer Engine),
+    # workloads.counts.MoEOptions.
+    moe_router_dtype: Literal["bf16", "fp32"] = "bf16"
     # Bytes per element of the gradient buffer (Megatron-LM / NeMo keep FP32 main gradients;
     # "bf16" = Megatron --grad-reduce-in-bf16 / NeMo optim.grad_sync_dtype: bf16) and of the
     # Adam / Muon moments ("bf16": DeepSeek-V3 §3.3.3, low-precision optimizer states).
@@ -139,6 +144,7 @@ class TrainingSpec:
             )
         for name, allowed in (
             ("moe_gate_weighting", ("activation", "combine")),
+            ("moe_router_dtype", ("bf16", "fp32")),
             ("grad_dtype", ("fp32", "bf16")),
             ("optimizer_state_dtype", ("fp32", "bf16")),
             ("master_weights", ("fp32", "remainder", "none")),

@@ -6,7 +6,10 @@ where it has them (a causal flash-attention kernel, counted in FlashAttention's
 convention: see :mod:`workloads.counts`). ``eff`` depends on the kernel kind and, for GEMMs, on the
 shape: small dimensions under-fill the tensor cores, modelled by a saturating
 factor ``d / (d + gemm_dim_half)`` per GEMM dimension (a documented smooth
-stand-in for tile quantisation; ``gemm_dim_half`` = 0 disables it).
+stand-in for tile quantisation; ``gemm_dim_half`` = 0 disables it). A grouped GEMM
+(the routed experts) takes, on its token dimension (rows per expert), the published
+grouped-GEMM efficiency of :mod:`simulator.engine.grouped_gemm` instead (DeepGEMM's H800
+figures, scaled to other chips and dtypes by their ridge point).
 
 Efficiencies are per chip *family*, never per scenario: one table for Ampere,
 Hopper, Blackwell and TPU, documented in :data:`DEFAULT_COMPUTE_CALIBRATION` and
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
+from simulator.engine import grouped_gemm
 from topologies.chips import ChipSpec, ComputeCalibration
 from workloads.counts import Kernel
 
@@ -185,26 +189,73 @@ def overlap_slowdown(cal: ComputeCalibration) -> float:
     return 1.0 / (1.0 - cal.comm_sm_fraction)
 
 
-def gemm_shape_factor(k: Kernel, dim_half: float) -> float:
-    if dim_half <= 0:
+def token_dim(k: Kernel) -> int:
+    """The dimension of a grouped GEMM that counts one group's token rows: M of the forward
+    and input-gradient products, K of the weight gradient (``dW = X^T dY`` reduces over
+    the rows, :func:`workloads.counts.backward_kernels`)."""
+    return k.k if k.name.endswith(".wgrad") else k.m
+
+
+def grouped_shape_factor(k: Kernel, chip: ChipSpec | None, dtype: str = "bf16") -> float:
+    """Grouped-GEMM efficiency by rows per group (:mod:`simulator.engine.grouped_gemm`,
+    DeepGEMM's H800 figures, rows scaled to ``chip`` and ``dtype`` by the ridge point); 1 for
+    a plain GEMM or without a chip."""
+    if k.groups <= 1 or chip is None:
         return 1.0
+    t = token_dim(k)
+    if t <= 0:
+        return 1.0
+    others = (k.n, k.m) if k.name.endswith(".wgrad") else (k.n, k.k)
+    rows = grouped_gemm.equivalent_rows(t, chip.peak(dtype), chip.hbm_bw_bytes_per_s, dtype)
+    return grouped_gemm.grouped_gemm_efficiency(rows, others)
+
+
+def gemm_shape_factor(
+    k: Kernel, dim_half: float, chip: ChipSpec | None = None, dtype: str = "bf16", grouped: bool = True
+) -> float:
+    """Shape factor on the large-GEMM efficiency: ``d / (d + dim_half)`` per dimension (a
+    smooth stand-in for tile quantisation); for a grouped GEMM (``groups > 1``) given a
+    ``chip``, its token dimension takes the published grouped-GEMM factor instead
+    (:func:`grouped_shape_factor`), 1 with ``grouped=False`` (the large-shape rate the
+    summary's shape loss is measured against)."""
+    is_grouped = k.groups > 1 and chip is not None
+    tdim = token_dim(k) if is_grouped else None
     f = 1.0
-    for d in (k.m, k.n, k.k):
-        if d > 0:
-            f *= d / (d + dim_half)
+    if dim_half > 0:
+        dims = [k.m, k.n, k.k]
+        if is_grouped:  # the token dimension's loss is the table's
+            dims.remove(tdim)
+        for d in dims:
+            if d > 0:
+                f *= d / (d + dim_half)
+    if is_grouped and grouped:
+        f *= grouped_shape_factor(k, chip, dtype)
     return f
 
 
-def kernel_time_s(k: Kernel, chip: ChipSpec, cal: ComputeCalibration, dtype: str = "bf16") -> float:
-    """Roofline time of one kernel on one chip."""
+def _gemm_rate(k: Kernel, chip: ChipSpec, cal: ComputeCalibration, dtype: str) -> tuple[float, float, str]:
+    """Peak, large-shape efficiency and math dtype of a GEMM kernel: its own ``math_dtype``
+    where it has one (the MoE router in BF16 within an FP8 step; ``"tf32"``: FP32 operands on
+    tensor cores at half the BF16 rate, NVIDIA A100 / H100 SXM / B200 datasheets: 156 / 495 /
+    1100 against 312 / 989 / 2250 dense TFLOP/s), else the step's."""
+    dt = k.math_dtype or dtype
+    if dt == "fp8":
+        return chip.peak("fp8"), cal.fp8_gemm_efficiency, "fp8"
+    if dt == "tf32":
+        return chip.peak("bf16") / 2.0, cal.gemm_efficiency, "tf32"
+    return chip.peak("bf16"), cal.gemm_efficiency, "bf16"
+
+
+def kernel_time_s(
+    k: Kernel, chip: ChipSpec, cal: ComputeCalibration, dtype: str = "bf16", grouped_shape: bool = True
+) -> float:
+    """Roofline time of one kernel on one chip (``grouped_shape=False``: a grouped GEMM at
+    the large-shape rate, for the summary's shape loss)."""
     t_math = 0.0
     if k.flops > 0:
         if k.kind == "gemm":
-            if dtype == "fp8":
-                peak, eff = chip.peak("fp8"), cal.fp8_gemm_efficiency
-            else:
-                peak, eff = chip.peak("bf16"), cal.gemm_efficiency
-            eff *= gemm_shape_factor(k, cal.gemm_dim_half)
+            peak, eff, dt = _gemm_rate(k, chip, cal, dtype)
+            eff *= gemm_shape_factor(k, cal.gemm_dim_half, chip, dt, grouped_shape)
         elif k.kind == "attention":
             peak, eff = chip.peak("bf16"), cal.attention_efficiency
         else:
@@ -212,6 +263,14 @@ def kernel_time_s(k: Kernel, chip: ChipSpec, cal: ComputeCalibration, dtype: str
         t_math = (k.flops if k.executed_flops is None else k.executed_flops) / (peak * eff)
     t_mem = k.bytes / (chip.hbm_bw_bytes_per_s * cal.memory_efficiency) if k.bytes > 0 else 0.0
     return max(t_math, t_mem) + cal.launch_overhead_s
+
+
+def grouped_gemm_shape_loss_s(k: Kernel, chip: ChipSpec, cal: ComputeCalibration, dtype: str = "bf16") -> float:
+    """Time a grouped GEMM loses to its small per-group shape: its time at the shape's
+    efficiency minus its time at the large-shape efficiency (0 for other kernels)."""
+    if k.kind != "gemm" or k.groups <= 1:
+        return 0.0
+    return kernel_time_s(k, chip, cal, dtype) - kernel_time_s(k, chip, cal, dtype, grouped_shape=False)
 
 
 def kernels_time_s(kernels: Iterable[Kernel], chip: ChipSpec, cal: ComputeCalibration, dtype: str = "bf16") -> float:

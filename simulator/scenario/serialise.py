@@ -33,6 +33,7 @@ def _training_dict(t: TrainingSpec) -> dict:
         del d["activation_saving"]
     for key, default in (
         ("moe_gate_weighting", "activation"),
+        ("moe_router_dtype", "bf16"),
         ("grad_dtype", "fp32"),
         ("optimizer_state_dtype", "fp32"),
         ("master_weights", "fp32"),

@@ -38,7 +38,7 @@ Modelling choices (each documented where it is made):
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Optional, Sequence
 
@@ -166,6 +166,8 @@ class TraceBuilder:
         self.n_chunks = len(self.chunks)
         self.shard = Shard.of(L, t)  # one rank's slice of one micro-batch
         self.policy = ActivationPolicy.of(t)  # what its layers keep for the backward
+        # how the kernels around the routed experts run (router dtype, balance, capacity)
+        self.moe_options = counts.MoEOptions.of(t, w.expert_load)
         self.ops: list[Op] = []
         self.notes: list[str] = []
         self._kern_cache: dict = {}
@@ -227,7 +229,12 @@ class TraceBuilder:
         if key not in self._kern_cache:
             expert_tokens = self.expert_assignments(factor) if moe and factor != 1.0 else None
             ks = counts.layer_kernels(
-                self.model, layer, self.shard, expert_tokens=expert_tokens, flash_attention=self.t.flash_attention
+                self.model,
+                layer,
+                self.shard,
+                expert_tokens=expert_tokens,
+                flash_attention=self.t.flash_attention,
+                moe_options=self.moe_options,
             )
             self._kern_cache[key] = split_layer_kernels(ks)
         return self._kern_cache[key]
@@ -276,19 +283,10 @@ class TraceBuilder:
         key = ("scaled", id(kernel), f)
         if key not in self._kern_cache:
             executed = None if kernel.executed_flops is None else kernel.executed_flops * f
+            bwd = None if kernel.bwd_bytes is None else kernel.bwd_bytes * f
             self._kern_cache[key] = (
                 kernel,
-                counts.Kernel(
-                    kernel.name,
-                    kernel.kind,
-                    kernel.flops * f,
-                    kernel.bytes * f,
-                    kernel.m,
-                    kernel.n,
-                    kernel.k,
-                    kernel.groups,
-                    executed,
-                ),
+                replace(kernel, flops=kernel.flops * f, bytes=kernel.bytes * f, executed_flops=executed, bwd_bytes=bwd),
             )
         return self._kern_cache[key][1]
 
@@ -311,7 +309,7 @@ class TraceBuilder:
         if key not in self._kern_cache:
             ks = list(counts.head_kernels(self.model, self.shard))
             if self.model.mtp_depth:
-                ks += counts.mtp_kernels(self.model, self.shard)
+                ks += counts.mtp_kernels(self.model, self.shard, moe_options=self.moe_options)
             self._kern_cache[key] = tuple(ks)
         return self._kern_cache[key]
 
