@@ -4,9 +4,14 @@ Every file stepsim reads (scenario, sweep, cluster, topology, trace, Hugging Fac
 ``config.json``) goes through :func:`read_text` (or :func:`read_bytes`), and every
 YAML document through :func:`load_yaml`:
 
+* only a regular file is read: a directory, a FIFO (which would block), a device
+  (``/dev/zero``), a socket, a broken link or a symbolic-link loop is refused at once,
+  saying which it is (:func:`check_regular_file`);
 * at most ``limit_bytes`` are read (16 MiB by default; traces and topologies
-  allow more), so ``/dev/zero`` or a runaway file is refused, not slurped;
+  allow more), so a runaway file is refused, not slurped;
 * binary input (a NUL byte, or bytes that are not UTF-8) is refused naming the file;
+  UTF-16 and UTF-32 text (a byte-order mark, or a NUL beside every ASCII character) is
+  named as such; a UTF-8 byte-order mark is skipped;
 * YAML numbers follow YAML 1.2: ``5e9``, ``1e-6``, ``6.25e9``, ``.5`` and
   ``-1E3`` are floats (PyYAML's YAML 1.1 rules read ``5e9`` as the string ``'5e9'``);
 * a key given twice in one mapping is refused, naming the key and its line;
@@ -21,9 +26,13 @@ whose message starts with the file name.
 
 from __future__ import annotations
 
+import codecs
+import errno
 import gzip
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -49,12 +58,40 @@ def _fmt_size(n: int) -> str:
     return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n:,} bytes"
 
 
-def read_bytes(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "file") -> bytes:
-    """At most ``limit_bytes`` of ``path`` (gunzipped when it ends in ``.gz``); larger is refused."""
+_NOT_REGULAR = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def check_regular_file(path: Union[str, Path], what: str = "file") -> None:
+    """Refuse, naming ``path``, anything but a regular file (or a link to one): a missing
+    file, a broken link, a symbolic-link loop, a directory, a FIFO, a device or a socket.
+    Checked before opening, so a FIFO never blocks and ``/dev/zero`` is never read."""
     p = Path(path)
     try:
-        if p.is_dir():
-            raise InputFileError(p, f"is a directory, not a {what}")
+        mode = os.stat(p).st_mode
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise InputFileError(p, f"a symbolic-link loop (a link that leads back to itself), not a {what}") from None
+        if err.errno == errno.ENOENT:
+            broken = os.path.islink(p)
+            raise InputFileError(p, f"cannot read {what}: " + ("a broken symbolic link" if broken else "no such file")) from None
+        raise InputFileError(p, f"cannot read {what}: {err.strerror or err}") from None
+    for test, kind in _NOT_REGULAR:
+        if test(mode):
+            raise InputFileError(p, f"is {kind}, not a regular file; a {what} must be a regular file")
+
+
+def read_bytes(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "file") -> bytes:
+    """At most ``limit_bytes`` of the regular file ``path`` (gunzipped when it ends in
+    ``.gz``); larger, or not a regular file (:func:`check_regular_file`), is refused."""
+    p = Path(path)
+    check_regular_file(p, what)
+    try:
         opener = gzip.open if p.suffix == ".gz" else open
         with opener(p, "rb") as f:
             data = f.read(limit_bytes + 1)
@@ -70,6 +107,11 @@ def read_bytes(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, w
 def read_text(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "file") -> str:
     """The UTF-8 text of ``path`` (see :func:`read_bytes`); binary input is refused naming the file."""
     data = read_bytes(path, limit_bytes, what)
+    wide = _utf16_or_32(data)
+    if wide:
+        raise InputFileError(path, f"{wide} text; a {what} must be UTF-8 (re-save it as UTF-8)")
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
     nul = data.find(b"\0")
     if nul >= 0:
         raise InputFileError(path, f"binary data (a NUL byte at offset {nul:,}), not a text {what}")
@@ -79,6 +121,27 @@ def read_text(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, wh
         raise InputFileError(
             path, f"not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start:,}); a {what} must be UTF-8 text"
         ) from None
+
+
+def _utf16_or_32(data: bytes) -> str:
+    """``"UTF-16"`` / ``"UTF-32"`` (with the byte order) when ``data`` starts with its
+    byte-order mark, or has a NUL beside every character of its first line as ASCII text
+    written in UTF-16 has; else ``""``."""
+    for bom, name in (
+        (codecs.BOM_UTF32_LE, "UTF-32 (little-endian)"),
+        (codecs.BOM_UTF32_BE, "UTF-32 (big-endian)"),
+        (codecs.BOM_UTF16_LE, "UTF-16 (little-endian)"),
+        (codecs.BOM_UTF16_BE, "UTF-16 (big-endian)"),
+    ):
+        if data.startswith(bom):
+            return name
+    head = data[:64]
+    if len(head) >= 4 and len(head) % 2 == 0:
+        if not any(head[1::2]) and all(head[0::2]):
+            return "UTF-16 (little-endian, no byte-order mark)"
+        if not any(head[0::2]) and all(head[1::2]):
+            return "UTF-16 (big-endian, no byte-order mark)"
+    return ""
 
 
 # ---- YAML -------------------------------------------------------------------------------

@@ -99,6 +99,9 @@ def _simulate(scenario, exact, topology, trace, progress, engine_options: Option
     t0 = _load_engine()
     sc, topo, trace, raw, mem = _run(scenario, exact, topology, trace, progress, engine_options)
     summary, per_stage = _summarise(sc, trace, raw, mem, topo)
+    from simulator.scenario.checks import check_step_time
+
+    check_step_time(summary["step_time_s"])
     summary["sim_wall_s"] = time.perf_counter() - t0
     # the events table is built from raw.records when first asked for
     return Result(
@@ -139,6 +142,12 @@ def _run(scenario, exact, topology, trace, progress, engine_options: Optional[Ma
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     try:
         topo = topology if topology is not None else build_cluster(sc.cluster)
+        if topo.n_devices < sc.layout.world:
+            raise ScenarioError(
+                "topology",
+                f"{topo.path or repr(topo.name)} has {topo.n_devices:,} devices; the scenario's layout needs "
+                f"{sc.layout.world:,} (tp*cp*pp*dp)",
+            )
         topo = _perturb_links(topo, sc)
         workload = sc.workload()
         if trace is None:

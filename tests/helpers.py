@@ -38,7 +38,7 @@ IDEAL_CHIP = {
     "name": "ideal",
     "peak_flops_per_s": {"bf16": 1e15, "fp8": 2e15},
     "hbm_bytes": 80e9,
-    "hbm_bw_bytes_per_s": 1e21,
+    "hbm_bw_bytes_per_s": 1e18,
     "family": "hopper",
 }
 IDEAL_COMPUTE = {

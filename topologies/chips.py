@@ -22,6 +22,16 @@ FAMILIES = ("ampere", "hopper", "blackwell", "tpu")
 
 GiB = 2**30
 
+# Physical ranges (docs/scenario.md, "Physical ranges"); the chip input model and the
+# networks (topologies.networks) check against them. Bandwidths per direction, bytes/s.
+MIN_BW_BYTES_PER_S = 1e6  # 1 MB/s: far below any NIC or data-centre share
+MAX_BW_BYTES_PER_S = 1e18  # 1 EB/s: 100 x any HBM (an "ideal", free memory or network as a what-if)
+MIN_PEAK_FLOPS_PER_S = 1e9  # 1 GFLOP/s
+MAX_PEAK_FLOPS_PER_S = 1e18  # 1 EFLOP/s per chip
+MIN_HBM_BYTES = 1e6  # 1 MB
+MAX_HBM_BYTES = 1e15  # 1 PB
+MIN_EFFICIENCY = 1e-3  # achieved fraction of a peak: at least 0.1 %
+
 
 @dataclass(frozen=True)
 class ComputeCalibration:
@@ -31,17 +41,17 @@ class ComputeCalibration:
     ``simulator.engine.compute.DEFAULT_COMPUTE_CALIBRATION``."""
 
     # large bf16 GEMM, fraction of dense peak
-    gemm_efficiency: float = field(default=0.75, metadata={"gt": 0, "le": 1})
+    gemm_efficiency: float = field(default=0.75, metadata={"ge": MIN_EFFICIENCY, "le": 1})
     # large fp8 GEMM, fraction of the fp8 peak
-    fp8_gemm_efficiency: float = field(default=0.60, metadata={"gt": 0, "le": 1})
+    fp8_gemm_efficiency: float = field(default=0.60, metadata={"ge": MIN_EFFICIENCY, "le": 1})
     # GEMM dimension at which the shape factor is 1/2
-    gemm_dim_half: float = field(default=64.0, metadata={"ge": 0})
+    gemm_dim_half: float = field(default=64.0, metadata={"ge": 0, "le": 1e6})
     # fused (flash) attention, FlashAttention's FLOP convention, fraction of bf16 peak
-    attention_efficiency: float = field(default=0.55, metadata={"gt": 0, "le": 1})
+    attention_efficiency: float = field(default=0.55, metadata={"ge": MIN_EFFICIENCY, "le": 1})
     # achieved fraction of HBM bandwidth for streaming kernels
-    memory_efficiency: float = field(default=0.85, metadata={"gt": 0, "le": 1})
+    memory_efficiency: float = field(default=0.85, metadata={"ge": MIN_EFFICIENCY, "le": 1})
     # per kernel: launch + tail effects
-    launch_overhead_s: float = field(default=4e-6, metadata={"ge": 0})
+    launch_overhead_s: float = field(default=4e-6, metadata={"ge": 0, "le": 1e-2})
     # Share of the compute units held by communication kernels while an overlapped
     # forward/backward pair (DualPipe) computes: its compute ops take 1 / (1 - share)
     # as long (``simulator.engine.compute.overlap_slowdown``).
@@ -65,8 +75,8 @@ class ChipSpec:
     peak_flops_per_s: Mapping[str, float] = field(hash=False)
     # constraints in metadata (pydantic's gt/ge/...): the scenario schema's chip input model
     # is built from these fields (simulator.scenario.schema)
-    hbm_bytes: float = field(metadata={"gt": 0})
-    hbm_bw_bytes_per_s: float = field(metadata={"gt": 0})
+    hbm_bytes: float = field(metadata={"ge": MIN_HBM_BYTES, "le": MAX_HBM_BYTES})
+    hbm_bw_bytes_per_s: float = field(metadata={"ge": MIN_BW_BYTES_PER_S, "le": MAX_BW_BYTES_PER_S})
     family: str
     source: str = ""
 
@@ -78,17 +88,23 @@ class ChipSpec:
                 "cluster.chip.peak_flops_per_s",
             )
         for dtype, value in peaks.items():
-            if not value > 0:
+            if not (_is_number(value) and MIN_PEAK_FLOPS_PER_S <= value <= MAX_PEAK_FLOPS_PER_S):
                 raise TopologyError(
-                    f"cluster.chip.peak_flops_per_s.{dtype}: must be > 0 FLOP/s, got {value!r}",
+                    f"cluster.chip.peak_flops_per_s.{dtype}: must be from {MIN_PEAK_FLOPS_PER_S:g} to "
+                    f"{MAX_PEAK_FLOPS_PER_S:g} FLOP/s, got {value!r}",
                     f"cluster.chip.peak_flops_per_s.{dtype}",
                 )
         peaks = {k: float(v) for k, v in sorted(peaks.items())}
         object.__setattr__(self, "peak_flops_per_s", peaks)
-        for name in ("hbm_bytes", "hbm_bw_bytes_per_s"):
+        for name, low, high in (
+            ("hbm_bytes", MIN_HBM_BYTES, MAX_HBM_BYTES),
+            ("hbm_bw_bytes_per_s", MIN_BW_BYTES_PER_S, MAX_BW_BYTES_PER_S),
+        ):
             value = getattr(self, name)
-            if not value > 0:
-                raise TopologyError(f"cluster.chip.{name}: must be > 0, got {value!r}", f"cluster.chip.{name}")
+            if not (_is_number(value) and low <= value <= high):
+                raise TopologyError(
+                    f"cluster.chip.{name}: must be from {low:g} to {high:g}, got {value!r}", f"cluster.chip.{name}"
+                )
         if self.family not in FAMILIES:
             raise TopologyError(
                 f"cluster.chip.family: {self.family!r} is not a calibration family; allowed: {', '.join(FAMILIES)}",
@@ -98,6 +114,10 @@ class ChipSpec:
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; the BF16 peak for a dtype not listed."""
         return self.peak_flops_per_s.get(dtype, self.peak_flops_per_s["bf16"])
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _chip(name, bf16_tflops, fp8_tflops, hbm_bytes, hbm_bw, family, source) -> ChipSpec:

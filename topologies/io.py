@@ -138,9 +138,11 @@ def load_topology(path: Union[str, Path]) -> Topology:
     for node, data in G.nodes(data=True):
         _decode_tuples(data, f"node {node!r}")
     try:
-        return Topology(G, name)
+        topo = Topology(G, name)
     except TopologyError as err:
         raise TopologyError(f"{path}: {err}", err.field) from err
+    topo.path = str(path)
+    return topo
 
 
 def _from_json(doc):

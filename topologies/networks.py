@@ -20,27 +20,55 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Union
 
-from .chips import ChipSpec
+from .chips import MAX_BW_BYTES_PER_S, MIN_BW_BYTES_PER_S, ChipSpec
 from .errors import TopologyError
 
 NVLINK_LATENCY_S = 3.33e-6 / 2  # ISCA'25 NVLink 3.33 us over two links
 IB_NIC_LATENCY_S = 2.8e-6 / 2  # ISCA'25 IB same-leaf 2.8 us over two NIC links
 IB_SWITCH_LATENCY_S = (3.7e-6 - 2.8e-6) / 2  # ISCA'25 IB cross-leaf 3.7 us: two more links
 
+# Physical ranges of a cluster's numbers (docs/scenario.md, "Physical ranges"): anything
+# outside is refused naming the key, so that no bandwidth, latency or count the simulation
+# sees is non-finite or absurd. Bandwidths per direction: 1 MB/s (far below any NIC or DCN
+# share) to 1 EB/s (100 x any HBM: an "ideal" free network as a what-if; topologies.chips); latencies per link at most 1 s (networks
+# are microseconds); counts (devices per domain, axis lengths, pods) at most MAX_COUNT.
+MAX_LATENCY_S = 1.0
+MAX_OVERSUBSCRIPTION = 1e3
+MAX_COUNT = 262_144
+MAX_NAME_CHARS = 200
 
-def _positive(value, field_name: str) -> None:
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)):
-        raise TopologyError(f"{field_name}: must be a finite number > 0, got {value!r}", field_name)
+
+def is_number(value) -> bool:
+    """A real number that is not a boolean or a string (YAML's ``"5e9"`` in quotes is a string)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _non_negative(value, field_name: str) -> None:
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 and math.isfinite(value)):
-        raise TopologyError(f"{field_name}: must be a finite number >= 0, got {value!r}", field_name)
+def check_bw(value, field_name: str) -> None:
+    """A bandwidth in bytes/s within [:data:`MIN_BW_BYTES_PER_S`, :data:`MAX_BW_BYTES_PER_S`]."""
+    if not (is_number(value) and MIN_BW_BYTES_PER_S <= value <= MAX_BW_BYTES_PER_S):
+        raise TopologyError(
+            f"{field_name}: must be a bandwidth from {MIN_BW_BYTES_PER_S:g} to {MAX_BW_BYTES_PER_S:g} bytes/s, "
+            f"got {value!r}",
+            field_name,
+        )
+
+
+def check_latency(value, field_name: str) -> None:
+    """A latency in seconds within [0, :data:`MAX_LATENCY_S`]."""
+    if not (is_number(value) and 0 <= value <= MAX_LATENCY_S):
+        raise TopologyError(f"{field_name}: must be a latency from 0 to {MAX_LATENCY_S:g} s, got {value!r}", field_name)
+
+
+def check_flag(value, field_name: str) -> None:
+    """``true`` or ``false``: a string (``"false"``, ``"no"``) or a number is refused, not read as a flag."""
+    if not isinstance(value, bool):
+        quoted = " (in quotes it is a string)" if isinstance(value, str) else ""
+        raise TopologyError(f"{field_name}: must be true or false{quoted}, got {value!r}", field_name)
 
 
 def _positive_int(value, field_name: str) -> None:
-    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        raise TopologyError(f"{field_name}: must be an integer >= 1, got {value!r}", field_name)
+    if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_COUNT):
+        raise TopologyError(f"{field_name}: must be an integer >= 1 (at most {MAX_COUNT:,}), got {value!r}", field_name)
 
 
 def check_tile(shape: tuple[int, ...], tile) -> tuple[int, ...]:
@@ -111,10 +139,18 @@ class TorusNetwork:
         for n in shape:
             _positive_int(n, "cluster.network.shape")
         object.__setattr__(self, "shape", shape)
-        _positive(self.link_bw_bytes_per_s, "cluster.network.link_bw_bytes_per_s")
-        _non_negative(self.link_latency_s, "cluster.network.link_latency_s")
+        check_bw(self.link_bw_bytes_per_s, "cluster.network.link_bw_bytes_per_s")
+        check_latency(self.link_latency_s, "cluster.network.link_latency_s")
         if self.wraparound is not None:
-            wrap = tuple(bool(w) for w in self.wraparound)
+            try:
+                wrap = tuple(self.wraparound)
+            except TypeError:
+                raise TopologyError(
+                    f"cluster.network.wraparound: must be a list of true/false, one per axis, got {self.wraparound!r}",
+                    "cluster.network.wraparound",
+                ) from None
+            for w in wrap:
+                check_flag(w, "cluster.network.wraparound")
             if len(wrap) != len(shape):
                 raise TopologyError(
                     f"cluster.network.wraparound: needs one flag per axis of shape {shape}, got {self.wraparound!r}",
@@ -163,21 +199,19 @@ class SwitchedNetwork:
 
     def __post_init__(self) -> None:
         _positive_int(self.domain_size, "cluster.network.domain_size")
-        _positive(self.domain_bw_bytes_per_s, "cluster.network.domain_bw_bytes_per_s")
-        _positive(self.nic_bw_bytes_per_s, "cluster.network.nic_bw_bytes_per_s")
-        if not (
-            isinstance(self.oversubscription, (int, float))
-            and self.oversubscription >= 1
-            and math.isfinite(self.oversubscription)
-        ):
+        check_bw(self.domain_bw_bytes_per_s, "cluster.network.domain_bw_bytes_per_s")
+        check_bw(self.nic_bw_bytes_per_s, "cluster.network.nic_bw_bytes_per_s")
+        if not (is_number(self.oversubscription) and 1 <= self.oversubscription <= MAX_OVERSUBSCRIPTION):
             raise TopologyError(
-                f"cluster.network.oversubscription: must be a number >= 1 (1 = full bisection), "
-                f"got {self.oversubscription!r}",
+                f"cluster.network.oversubscription: must be a number from 1 (full bisection) to "
+                f"{MAX_OVERSUBSCRIPTION:g}, got {self.oversubscription!r}",
                 "cluster.network.oversubscription",
             )
         for name in ("domain_latency_s", "nic_latency_s", "switch_latency_s"):
-            _non_negative(getattr(self, name), f"cluster.network.{name}")
+            check_latency(getattr(self, name), f"cluster.network.{name}")
         _positive_int(self.domains_per_leaf, "cluster.network.domains_per_leaf")
+        for name in ("rails", "nvls", "sharp"):
+            check_flag(getattr(self, name), f"cluster.network.{name}")
 
 
 @dataclass(frozen=True)
@@ -195,8 +229,8 @@ class PodsSpec:
 
     def __post_init__(self) -> None:
         _positive_int(self.count, "cluster.pods.count")
-        _positive(self.dcn_bw_bytes_per_s, "cluster.pods.dcn_bw_bytes_per_s")
-        _non_negative(self.dcn_latency_s, "cluster.pods.dcn_latency_s")
+        check_bw(self.dcn_bw_bytes_per_s, "cluster.pods.dcn_bw_bytes_per_s")
+        check_latency(self.dcn_latency_s, "cluster.pods.dcn_latency_s")
 
 
 Network = Union[TorusNetwork, SwitchedNetwork]
@@ -240,6 +274,11 @@ class ClusterSpec:
 
     def __post_init__(self) -> None:
         _positive_int(self.devices, "cluster.devices")
+        if not (isinstance(self.name, str) and len(self.name) <= MAX_NAME_CHARS):
+            shown = repr(self.name) if len(repr(self.name)) <= 80 else f"{len(self.name):,} characters"
+            raise TopologyError(
+                f"cluster.name: must be a name of at most {MAX_NAME_CHARS} characters, got {shown}", "cluster.name"
+            )
         if not isinstance(self.chip, ChipSpec):
             raise TopologyError(f"cluster.chip: expected a ChipSpec, got {self.chip!r}", "cluster.chip")
         if not isinstance(self.network, (TorusNetwork, SwitchedNetwork)):
@@ -249,7 +288,7 @@ class ClusterSpec:
             )
         if self.pods is not None and not isinstance(self.pods, PodsSpec):
             raise TopologyError(f"cluster.pods: expected a PodsSpec or None, got {self.pods!r}", "cluster.pods")
-        _positive(self.host_bw_bytes_per_s, "cluster.host_bw_bytes_per_s")
+        check_bw(self.host_bw_bytes_per_s, "cluster.host_bw_bytes_per_s")
         n_pods = self.n_pods
         if self.devices % n_pods:
             raise TopologyError(

@@ -252,7 +252,7 @@ def _merge(base, override, cls, field: str):
         raise TopologyError(f"{field}: {err}; fields: {', '.join(allowed)}", field) from err
 
 
-def cluster_preset(name: str, devices: Optional[int] = None, **overrides) -> ClusterSpec:
+def cluster_preset(name: str, /, devices: Optional[int] = None, **overrides) -> ClusterSpec:
     """The preset ``name`` sized to ``devices`` (default: the preset's own count).
 
     ``overrides`` take the :class:`ClusterSpec` field names: ``name``,

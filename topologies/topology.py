@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import heapq
 import math
-import operator
 from typing import Optional
 
 import networkx as nx
 import numpy as np
 
+from .chips import MAX_BW_BYTES_PER_S, MIN_BW_BYTES_PER_S
 from .errors import TopologyError
+from .graph_checks import graph_flag, main_component, validate_graph
 
 _ROUTE_CACHE_MAX = 1 << 20  # routes kept before the cache is cleared
 _TREE_CACHE_MAX = 64  # shortest-path trees kept for the generic router
@@ -39,91 +40,6 @@ def _node_key(node, data) -> tuple:
     if data.get("kind") == "device":
         return (0, data["index"], "")
     return (1, 0, str(node))
-
-
-_MISSING = object()
-
-
-def _edges_look_valid(edges: list) -> bool:
-    """Whether every ``(u, v, bw, latency, kind)`` row passes :func:`_check_edges`,
-    tested on whole columns."""
-    if not edges:
-        return True
-    us, vs, bw, lat, kinds = zip(*edges)
-    if any(map(operator.eq, us, vs)) or kinds.count(_MISSING):
-        return False
-    number = (int, float)
-    if not all(issubclass(t, number) for t in set(map(type, bw)) | set(map(type, lat))):
-        return False
-    bw, lat = np.array(bw, dtype=np.float64), np.array(lat, dtype=np.float64)
-    return bool((np.isfinite(bw) & (bw > 0)).all() and (np.isfinite(lat) & (lat >= 0)).all())
-
-
-def _check_edges(G) -> None:
-    """Raise :class:`TopologyError` for the first edge that is a self-loop, lacks an
-    attribute or has a bad bandwidth or latency."""
-    for u, v, data in G.edges(data=True):
-        if u == v:
-            raise TopologyError(f"topology: self-loop on {u!r}", "topology")
-        for attr in ("bw_bytes_per_s", "latency_s", "kind"):
-            if attr not in data:
-                raise TopologyError(f"topology: edge ({u!r}, {v!r}) lacks the {attr!r} attribute", "topology")
-        bw, lat = data["bw_bytes_per_s"], data["latency_s"]
-        if not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
-            raise TopologyError(
-                f"topology: edge ({u!r}, {v!r}) has bw_bytes_per_s={bw!r}; must be a finite number > 0", "topology"
-            )
-        if not (isinstance(lat, (int, float)) and math.isfinite(lat) and lat >= 0):
-            raise TopologyError(
-                f"topology: edge ({u!r}, {v!r}) has latency_s={lat!r}; must be a finite number >= 0", "topology"
-            )
-
-
-def _validate(G) -> tuple[list, list]:
-    """Check ``G`` and return its device node ids ordered by index and its edges as
-    ``(u, v, bw_bytes_per_s, latency_s, kind)`` rows."""
-    if not isinstance(G, nx.Graph) or G.is_directed() or G.is_multigraph():
-        raise TopologyError(f"topology: expected an undirected networkx.Graph, got {type(G).__name__}", "topology")
-    devices = {}
-    for node, data in G.nodes(data=True):
-        if "kind" not in data:
-            raise TopologyError(
-                f"topology: node {node!r} lacks the 'kind' attribute ('device' or 'switch')", "topology"
-            )
-        if data["kind"] == "device":
-            index = data.get("index")
-            if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or index < 0:
-                raise TopologyError(
-                    f"topology: device {node!r} needs an integer 'index' >= 0, got {index!r}", "topology"
-                )
-            if index in devices:
-                raise TopologyError(
-                    f"topology: devices {devices[index]!r} and {node!r} share index {index}", "topology"
-                )
-            devices[int(index)] = node
-    if not devices:
-        raise TopologyError("topology: the graph has no node with kind='device'", "topology")
-    missing = [i for i in range(len(devices)) if i not in devices]
-    if missing:
-        raise TopologyError(
-            f"topology: device indices must be 0..{len(devices) - 1}; index {missing[0]} is missing", "topology"
-        )
-    edges = [
-        (u, v, d.get("bw_bytes_per_s", _MISSING), d.get("latency_s", _MISSING), d.get("kind", _MISSING))
-        for u, v, d in G.edges(data=True)
-    ]
-    if not _edges_look_valid(edges):
-        _check_edges(G)  # raises, naming the first bad edge
-    edges = [(u, v, bw, lat, str(kind)) for u, v, bw, lat, kind in edges]
-    ordered = [devices[i] for i in range(len(devices))]
-    if not nx.is_connected(G):
-        reached = nx.node_connected_component(G, ordered[0])
-        lost = next((d for d in ordered if d not in reached), None)
-        if lost is None:
-            lost = next(n for n in G if n not in reached)
-            raise TopologyError(f"topology: node {lost!r} is not connected to the devices", "topology")
-        raise TopologyError(f"topology: device {lost!r} is unreachable from device {ordered[0]!r}", "topology")
-    return ordered, edges
 
 
 class Topology:
@@ -146,10 +62,10 @@ class Topology:
     """
 
     def __init__(self, graph: nx.Graph, name: str = "", *, _base: Optional["Topology"] = None):
-        devices, edge_rows = _validate(graph)
+        devices, edge_rows = validate_graph(graph)
         self.devices: tuple = tuple(devices)
         self.graph = nx.freeze(graph)
-        self.name = name
+        self.name, self.path = name, None  # path: the file it was read from (topologies.io.load_topology)
         kind = graph.graph.get("kind", "custom")
         self.kind: str = kind if kind in ("torus", "switched") else "custom"
         self.n_devices = len(self.devices)
@@ -182,8 +98,8 @@ class Topology:
         self._domain = [int(d.get("domain", 0)) for d in data]
         self._pod = [int(d.get("pod", 0)) for d in data]
         self.domain_size: int = int(graph.graph.get("domain_size") or max(np.bincount(self._domain)))
-        self.nvls: bool = bool(graph.graph.get("nvls", False))
-        self.sharp: bool = bool(graph.graph.get("sharp", False))
+        self.nvls: bool = graph_flag(graph.graph, "nvls")
+        self.sharp: bool = graph_flag(graph.graph, "sharp")
         self.n_pods: int = max(self._pod) + 1
         if self.kind == "torus":
             missing = [k for k in ("shape", "wrap") if k not in graph.graph]
@@ -194,7 +110,7 @@ class Topology:
                     "topology",
                 )
             self.torus_shape: Optional[tuple] = tuple(int(n) for n in graph.graph["shape"])
-            self.torus_wrap: Optional[tuple] = tuple(bool(w) for w in graph.graph["wrap"])
+            self.torus_wrap: Optional[tuple] = tuple(graph_flag({"wrap": w}, "wrap") for w in graph.graph["wrap"])
             self._coords = [tuple(int(c) for c in d["coords"]) for d in data]
             # coords -> index inside a pod; the pods share the first pod's numbering
             per_pod = math.prod(self.torus_shape)
@@ -559,7 +475,14 @@ class Topology:
                 "perturbations.bw_scale",
             )
         G = self.graph.copy()
-        G.edges[u, v]["bw_bytes_per_s"] *= bw_scale
+        scaled = G.edges[u, v]["bw_bytes_per_s"] * bw_scale
+        if not MIN_BW_BYTES_PER_S <= scaled <= MAX_BW_BYTES_PER_S:
+            raise TopologyError(
+                f"perturbations.bw_scale: {bw_scale!r} takes link ({u!r}, {v!r}) to {scaled:g} bytes/s, outside "
+                f"{MIN_BW_BYTES_PER_S:g} to {MAX_BW_BYTES_PER_S:g} (use failed: true to remove a link)",
+                "perturbations.bw_scale",
+            )
+        G.edges[u, v]["bw_bytes_per_s"] = scaled
         return Topology(G, self.name, _base=self._base)
 
     def without_link(self, u, v) -> "Topology":
@@ -576,7 +499,7 @@ class Topology:
         u, v = self._edge(u, v)
         G = self.graph.copy()
         G.remove_edge(u, v)
-        reached = nx.node_connected_component(G, self.devices[0])
+        reached = main_component(G, self.devices)
         lost = next((d for d in self.devices if d not in reached), None)
         if lost is not None:
             raise TopologyError(

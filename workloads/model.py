@@ -17,6 +17,14 @@ from typing import Literal, Optional
 
 FfnKind = Literal["swiglu", "gelu"]
 
+# Upper bounds of the sizes (docs/scenario.md, "Physical ranges"), far above any published
+# model (hidden 16,384 to 53,248; vocab 256,000; 384 experts): each a power of two.
+# ``layers`` has none of its own: the step's size (simulator.scenario.checks.check_size) bounds it.
+MAX_WIDTH = 2**20  # hidden size, MLA ranks
+MAX_HEADS = 2**16  # heads, head dimensions, experts, top_k
+MAX_FFN = 2**24  # feed-forward widths
+MAX_VOCAB = 2**24
+
 
 @dataclass(frozen=True)
 class MLASpec:
@@ -27,11 +35,11 @@ class MLASpec:
     and a decoupled RoPE part of ``qk_rope_head_dim`` (shared across heads for K).
     """
 
-    q_lora_rank: int = field(default=1536, metadata={"ge": 0})
-    kv_lora_rank: int = field(default=512, metadata={"ge": 1})
-    qk_rope_head_dim: int = field(default=64, metadata={"ge": 0})
-    qk_nope_head_dim: int = field(default=128, metadata={"ge": 1})
-    v_head_dim: int = field(default=128, metadata={"ge": 1})
+    q_lora_rank: int = field(default=1536, metadata={"ge": 0, "le": MAX_WIDTH})
+    kv_lora_rank: int = field(default=512, metadata={"ge": 1, "le": MAX_WIDTH})
+    qk_rope_head_dim: int = field(default=64, metadata={"ge": 0, "le": MAX_HEADS})
+    qk_nope_head_dim: int = field(default=128, metadata={"ge": 1, "le": MAX_HEADS})
+    v_head_dim: int = field(default=128, metadata={"ge": 1, "le": MAX_HEADS})
 
     @property
     def qk_head_dim(self) -> int:
@@ -49,14 +57,14 @@ class MoESpec:
     an MoE layer, the others dense (1 = every layer).
     """
 
-    experts: int = field(metadata={"ge": 1})
-    top_k: int = field(metadata={"ge": 1})
-    expert_ffn_hidden: int = field(metadata={"ge": 1})
-    shared_experts: int = field(default=0, metadata={"ge": 0})
+    experts: int = field(metadata={"ge": 1, "le": MAX_HEADS})
+    top_k: int = field(metadata={"ge": 1, "le": MAX_HEADS})
+    expert_ffn_hidden: int = field(metadata={"ge": 1, "le": MAX_FFN})
+    shared_experts: int = field(default=0, metadata={"ge": 0, "le": MAX_HEADS})
     dense_layers: int = field(default=0, metadata={"ge": 0})
-    layer_freq: int = field(default=1, metadata={"ge": 1})
+    layer_freq: int = field(default=1, metadata={"ge": 1, "le": MAX_HEADS})
     # DeepSeek-V3 node-limited routing (M = 4)
-    max_nodes_per_token: Optional[int] = field(default=None, metadata={"ge": 1})
+    max_nodes_per_token: Optional[int] = field(default=None, metadata={"ge": 1, "le": MAX_HEADS})
 
 
 @dataclass(frozen=True)
@@ -70,18 +78,18 @@ class ModelSpec:
 
     name: str
     layers: int = field(metadata={"ge": 1})
-    hidden: int = field(metadata={"ge": 1})
-    heads: int = field(metadata={"ge": 1})
-    ffn_hidden: int = field(metadata={"ge": 1})
-    vocab: int = field(metadata={"ge": 1})
-    kv_heads: Optional[int] = field(default=None, metadata={"ge": 1})
-    head_dim: Optional[int] = field(default=None, metadata={"ge": 1})
+    hidden: int = field(metadata={"ge": 1, "le": MAX_WIDTH})
+    heads: int = field(metadata={"ge": 1, "le": MAX_HEADS})
+    ffn_hidden: int = field(metadata={"ge": 1, "le": MAX_FFN})
+    vocab: int = field(metadata={"ge": 1, "le": MAX_VOCAB})
+    kv_heads: Optional[int] = field(default=None, metadata={"ge": 1, "le": MAX_HEADS})
+    head_dim: Optional[int] = field(default=None, metadata={"ge": 1, "le": MAX_HEADS})
     ffn: FfnKind = "swiglu"
     tied_embeddings: bool = False
     parallel_block: bool = False
     attention: Optional[MLASpec] = None
     moe: Optional[MoESpec] = None
-    mtp_depth: int = field(default=0, metadata={"ge": 0})  # multi-token-prediction modules (DeepSeek-V3: 1)
+    mtp_depth: int = field(default=0, metadata={"ge": 0, "le": 64})  # multi-token-prediction modules (DeepSeek-V3: 1)
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     bias: bool = False  # linear-layer biases (GPT-2/3 style)
     source: str = ""  # citation for the numbers

@@ -61,9 +61,9 @@ class ExpertLoad:
     Constraints in ``metadata`` (pydantic's ``gt``/``ge``) are what the scenario schema checks."""
 
     distribution: Distribution = "balanced"
-    skew: float = field(default=1.0, metadata={"gt": 0})
-    capacity_factor: Optional[float] = field(default=None, metadata={"ge": 1})
-    seed: int = 0
+    skew: float = field(default=1.0, metadata={"gt": 0, "le": 100})
+    capacity_factor: Optional[float] = field(default=None, metadata={"ge": 1, "le": 1e3})
+    seed: int = field(default=0, metadata={"ge": 0, "le": 2**63 - 1})
     # Drop-and-pad (Megatron --moe-pad-expert-input-to-capacity, with a capacity factor):
     # every expert computes exactly its capacity, padded rows included, so the expert GEMMs
     # and the all-to-alls are sized by capacity_factor x the balanced rows, whatever the

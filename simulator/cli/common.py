@@ -49,7 +49,7 @@ def resolve_scenario_path(arg: str) -> Path:
     from simulator.scenario.loading import builtin_scenarios
 
     p = Path(arg)
-    if p.exists():
+    if p.exists() or p.is_symlink():  # a broken link or a link loop: reading it says which
         return p
     built = builtin_scenarios()
     if arg in built:

@@ -112,7 +112,7 @@ def cmd_sweep(args) -> int:
     from simulator.studies.sweep import sweep
     from simulator.studies.sweep_rows import CSV_FILE, PARQUET_FILE
 
-    if not Path(args.sweep).exists():
+    if not (Path(args.sweep).exists() or Path(args.sweep).is_symlink()):  # a link loop: reading it says so
         raise CliError(f"sweep: no file {args.sweep!r}")
     with _executor(args.executor, _jobs(args), args.dask) as ex, _dask_client(args.dask) as client:
         frame = sweep(

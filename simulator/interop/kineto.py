@@ -204,7 +204,25 @@ def load_events(path: Union[str, Path]) -> list[dict]:
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
         raise KinetoTraceError(f"{p}: not a Chrome trace: expected a 'traceEvents' list")
-    return [e for e in events if isinstance(e, dict)]
+    out = [e for e in events if isinstance(e, dict) and "ph" in e]
+    if not out:
+        what = "a 'traceEvents' list" if isinstance(doc, dict) else "a JSON list"
+        raise KinetoTraceError(
+            f"{p}: not a Chrome trace: {what} of {len(events):,} items, none a trace event "
+            "(an object with 'ph', 'ts' and 'dur'); profile with torch.profiler and export_chrome_trace"
+        )
+    return out
+
+
+def _bad_durations(events: Sequence[dict]) -> int:
+    """Complete events (``ph: X``) whose ``ts`` or ``dur`` is missing, not finite or negative:
+    left out, and counted so that the refusal says so."""
+    bad = 0
+    for e in events:
+        if e.get("ph") == "X":
+            ts, dur = _num(e.get("ts")), _num(e.get("dur"))
+            bad += ts is None or dur is None or dur < 0
+    return bad
 
 
 def _num(v) -> Optional[float]:
@@ -435,7 +453,11 @@ def read_kineto(paths: Union[str, Path, Iterable[Union[str, Path]]], device: Opt
     used = 0
     per_call: dict = {}
     for p in paths:
-        for k, op, thread in _link(load_events(p)):
+        events = load_events(p)
+        bad = _bad_durations(events)
+        if bad:
+            skipped["(negative, missing or non-finite ts/dur)"] += bad
+        for k, op, thread in _link(events):
             if device is not None and k["args"].get("device") not in (device, str(device)):
                 continue
             if op is None:

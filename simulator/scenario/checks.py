@@ -25,6 +25,14 @@ MAX_DEVICES = 262_144
 # full recompute) 4,718,592. The limit admits it with ~25% room (~6 GB at the measured rate).
 MAX_ESTIMATED_OPS = 6_000_000
 BYTES_PER_ESTIMATED_OP = 1_000
+# The step's model FLOPs at every device's dense BF16 peak: above this many seconds of ideal
+# compute (11.6 days) per step the scenario is refused before anything is built. Real steps
+# take seconds (Llama 3 405B on 16,384 H100: 2.5 s ideal); one H100 running a 70B model on a
+# million tokens: 440 s.
+MAX_IDEAL_COMPUTE_S = 1e6
+# A simulated step longer than this (116 days) comes from inputs outside any physical range
+# and is refused rather than reported (simulator.simulate, check_step_time).
+MAX_STEP_TIME_S = 1e7
 
 
 def check_size(
@@ -52,6 +60,45 @@ def check_size(
         "use fewer layers, fewer micro-batches (a larger micro_batch_size) or, with --exact, "
         "fewer devices",
     )
+
+
+def check_work(model: ModelSpec, training: TrainingSpec, devices: int, peak_flops_per_s: float) -> None:
+    """Refuse a step whose model FLOPs would take more than :data:`MAX_IDEAL_COMPUTE_S` on
+    ``devices`` chips at their dense BF16 peak, before anything is built (call after
+    :func:`check_size`, which bounds the layers)."""
+    from workloads.counts import model_flops_per_step
+
+    ideal_s = model_flops_per_step(model, training) / (devices * peak_flops_per_s)
+    if ideal_s > MAX_IDEAL_COMPUTE_S:
+        raise ScenarioError(
+            "training.global_batch_size",
+            f"the step's {model_flops_per_step(model, training):.3g} model FLOPs would take {ideal_s:.3g} s at the "
+            f"peak of {devices:,} devices; the limit is {MAX_IDEAL_COMPUTE_S:g} s: use fewer tokens per step "
+            "(global_batch_size x seq_len), a smaller model or more devices",
+        )
+
+
+def check_context_parallel(layout: ParallelLayout, training: TrainingSpec) -> None:
+    """Load-balanced causal context parallelism cuts each sequence into ``2 * cp`` chunks
+    (rank ``r`` holds chunks ``r`` and ``2cp - 1 - r``, as Megatron-Core and Transformer
+    Engine do): ``seq_len`` must be a multiple of ``2 * cp``."""
+    if layout.cp > 1 and training.seq_len % (2 * layout.cp):
+        raise ScenarioError(
+            "training.seq_len",
+            f"must be a multiple of 2 * parallel.cp = {2 * layout.cp} (context parallelism cuts each sequence "
+            f"into 2 * cp chunks), got {training.seq_len:,}",
+        )
+
+
+def check_step_time(step_time_s: float) -> None:
+    """A simulated step that is not finite or longer than :data:`MAX_STEP_TIME_S` is refused:
+    bounded inputs do not produce one, so it is reported rather than summarised."""
+    if not (0 <= step_time_s <= MAX_STEP_TIME_S):
+        raise ScenarioError(
+            "step_time_s",
+            f"the simulated step takes {step_time_s:.3g} s, outside 0..{MAX_STEP_TIME_S:g} s: the scenario's "
+            "bandwidths, efficiencies or perturbations are outside any physical range",
+        )
 
 
 def check_algorithms(algorithms: Mapping[str, str]) -> None:

@@ -17,11 +17,13 @@ from pydantic import ValidationError
 
 from simulator.scenario.checks import (
     check_algorithms,
+    check_context_parallel,
     check_dense,
     check_moe_layout,
     check_network_algorithms,
     check_perturbations,
     check_size,
+    check_work,
 )
 from simulator.scenario.resolve import resolve_cluster, resolve_layout, resolve_model, resolve_training
 from simulator.scenario.resolved import Scenario
@@ -83,6 +85,8 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
     check_moe_layout(model, layout)
     check_algorithms(sc.algorithms)
     check_size(model, layout, training, sc.schedule)
+    check_work(model, training, cluster.devices, cluster.chip.peak("bf16"))
+    check_context_parallel(layout, training)
     check_perturbations(sc.perturbations, cluster.devices)
     check_network_algorithms(sc.network_calibration)
     return Scenario(

@@ -19,7 +19,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from simulator.errors import StepsimError
 from simulator.network.calibration import LINK_KINDS
-from topologies.chips import FAMILIES, ChipSpec, ComputeCalibration
+from topologies.chips import (
+    FAMILIES,
+    MAX_PEAK_FLOPS_PER_S,
+    MIN_EFFICIENCY,
+    MIN_PEAK_FLOPS_PER_S,
+    ChipSpec,
+    ComputeCalibration,
+)
 from workloads.enums import Schedule, TraceCollectiveOp
 from workloads.layout import EXPERT_MAPPINGS, ORDER_AXES, ParallelLayout
 from workloads.model import MLASpec, ModelSpec, MoESpec
@@ -35,7 +42,7 @@ class ScenarioError(StepsimError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True, allow_inf_nan=False)
 
 
 def _integer(v):
@@ -47,6 +54,35 @@ def _integer(v):
 
 
 SInt = Annotated[int, BeforeValidator(_integer)]
+
+
+def _real(v):
+    """Number fields take finite numbers only (an integer or a float, not a boolean or a
+    string): `hbm_bytes: .inf`, `compute_scale: "0.5"` or `bw_scale: true` is refused."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError("must be a number" + (", not a boolean" if isinstance(v, bool) else ""))
+    try:
+        x = float(v)
+    except OverflowError:
+        x = math.inf
+    if not math.isfinite(x):
+        raise ValueError("must be a finite number")
+    return x
+
+
+def _flag(v):
+    """Flags take ``true`` or ``false`` only: `nvls: "false"` or `"no"` is a string, refused
+    (pydantic would read "no" as false but "false" in quotes was echoed as a string)."""
+    if not isinstance(v, bool):
+        raise ValueError("must be true or false" + (" (in quotes it is a string)" if isinstance(v, str) else ""))
+    return v
+
+
+SFloat = Annotated[float, BeforeValidator(_real)]
+SBool = Annotated[bool, BeforeValidator(_flag)]
+#: Longest name (scenario, model, chip, cluster) accepted: a label, not a document.
+MAX_NAME_CHARS = 200
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
 
 def from_spec(
@@ -93,6 +129,12 @@ def _input_type(ann):
     """A spec annotation as the input model reads it: ``int`` strict, nested specs as input models."""
     if ann is int:
         return SInt
+    if ann is float:
+        return SFloat
+    if ann is bool:
+        return SBool
+    if ann is str:
+        return Name
     if ann in _INPUT_OF:
         return _INPUT_OF[ann]
     if typing.get_origin(ann) is Union:
@@ -111,8 +153,8 @@ MoEIn = _INPUT_OF[MoESpec] = from_spec("MoEIn", MoESpec)
 ModelIn = from_spec(
     "ModelIn",
     ModelSpec,
-    replace={"name": (Optional[str], None)},
-    last={"preset": (Optional[str], None), "hf_config": (Optional[str], None)},
+    replace={"name": (Optional[Name], None)},
+    last={"preset": (Optional[Name], None), "hf_config": (Optional[Annotated[str, Field(max_length=4096)]], None)},
     order=(
         "name",
         "preset",
@@ -141,8 +183,8 @@ def _peaks(cls, v):
     if "bf16" not in v:
         raise ValueError("needs a 'bf16' entry (dense peak FLOP/s)")
     for k, x in v.items():
-        if not (x > 0 and math.isfinite(x)):
-            raise ValueError(f"{k} must be a finite number > 0")
+        if not MIN_PEAK_FLOPS_PER_S <= x <= MAX_PEAK_FLOPS_PER_S:
+            raise ValueError(f"{k} must be from {MIN_PEAK_FLOPS_PER_S:g} to {MAX_PEAK_FLOPS_PER_S:g} FLOP/s")
     return v
 
 
@@ -152,8 +194,8 @@ ChipIn = from_spec(
     "ChipIn",
     ChipSpec,
     replace={
-        "name": (str, "custom"),
-        "peak_flops_per_s": (dict[Literal["bf16", "fp8"], float], ...),
+        "name": (Name, "custom"),
+        "peak_flops_per_s": (dict[Literal["bf16", "fp8"], SFloat], ...),
         "family": (Literal[FAMILIES], "hopper"),
     },
     validators={"_peaks": field_validator("peak_flops_per_s")(classmethod(_peaks))},
@@ -198,8 +240,8 @@ ParallelIn = from_spec(
 
 
 class OffloadIn(_Strict):
-    optimizer: bool = False
-    activations: bool = False
+    optimizer: SBool = False
+    activations: SBool = False
 
 
 ExpertLoadIn = from_spec("ExpertLoadIn", ExpertLoad)
@@ -219,12 +261,16 @@ TrainingIn = from_spec(
 )
 
 
+#: Range of a perturbation's ``compute_scale`` and ``bw_scale``: 1/1000 to 1000 times.
+MIN_SCALE, MAX_SCALE = 1e-3, 1e3
+
+
 class PerturbationIn(_Strict):
-    devices: Optional[list[SInt]] = None
-    compute_scale: Optional[float] = Field(None, gt=0)
-    link: Optional[list[str]] = Field(None, min_length=2, max_length=2)
-    bw_scale: Optional[float] = Field(None, gt=0)
-    failed: bool = False
+    devices: Optional[list[SInt]] = Field(None, max_length=262_144)
+    compute_scale: Optional[SFloat] = Field(None, ge=MIN_SCALE, le=MAX_SCALE)
+    link: Optional[list[Name]] = Field(None, min_length=2, max_length=2)
+    bw_scale: Optional[SFloat] = Field(None, ge=MIN_SCALE, le=MAX_SCALE)
+    failed: SBool = False
 
 
 # The file's ``compute:`` section: entries replacing those of the chip family's calibration.
@@ -237,10 +283,10 @@ class NetCalIn(_Strict):
     """``network_calibration``: entries replacing those of the chip family's
     :class:`simulator.network.calibration.NetCalibration` (``stepsim calibrate --nccl-tests`` prints them)."""
 
-    efficiency: dict[_LinkKind, Annotated[float, Field(gt=0, le=1)]] = {}
-    message_overhead_s: dict[_LinkKind, Annotated[float, Field(ge=0, le=1e-2)]] = {}
-    algorithm_efficiency: dict[str, Annotated[float, Field(gt=0, le=1)]] = {}
-    a2a_efficiency: dict[_LinkKind, Annotated[float, Field(gt=0, le=1)]] = {}
+    efficiency: dict[_LinkKind, Annotated[SFloat, Field(ge=MIN_EFFICIENCY, le=1)]] = {}
+    message_overhead_s: dict[_LinkKind, Annotated[SFloat, Field(ge=0, le=1e-2)]] = {}
+    algorithm_efficiency: dict[Name, Annotated[SFloat, Field(ge=MIN_EFFICIENCY, le=1)]] = {}
+    a2a_efficiency: dict[_LinkKind, Annotated[SFloat, Field(ge=MIN_EFFICIENCY, le=1)]] = {}
 
 
 class PlacementIn(_Strict):
@@ -253,9 +299,9 @@ class PlacementIn(_Strict):
 
 
 class ScenarioIn(_Strict):
-    name: Optional[str] = None
-    model: Union[str, dict]
-    cluster: Union[str, dict]
+    name: Optional[Name] = None
+    model: Union[Name, dict]
+    cluster: Union[Name, dict]
     parallel: ParallelIn = ParallelIn()
     schedule: Schedule = "1f1b"
     training: TrainingIn
@@ -268,10 +314,12 @@ class ScenarioIn(_Strict):
 
 def error_from_pydantic(err: ValidationError, prefix: str) -> ScenarioError:
     e = err.errors()[0]
-    loc = [str(x) for x in e["loc"] if not str(x).startswith(("function-", "literal["))]
+    loc = [x for x in e["loc"] if not str(x).startswith(("function-", "literal[", "constrained-str"))]
     # Union members show up in loc (e.g. 'str', 'dict[any,any]'): drop them.
     loc = [x for x in loc if x not in ("str", "dict[any,any]", "int", "float")]
-    field = ".".join(([prefix] if prefix else []) + loc)
+    field = prefix or ""
+    for x in loc:  # list positions as [i]: perturbations[0].compute_scale
+        field += f"[{x}]" if isinstance(x, int) else f".{x}" if field else str(x)
     msg = e["msg"].removeprefix("Value error, ")
     if e["type"] == "extra_forbidden":
         parent = field.rsplit(".", 1)[0] if "." in field else "the scenario"
@@ -283,7 +331,8 @@ def error_from_pydantic(err: ValidationError, prefix: str) -> ScenarioError:
         msg = "required key is missing"
     got = e.get("input")
     if e["type"] not in ("missing", "extra_forbidden") and not isinstance(got, (dict, list)):
-        msg += f" (got {got!r})"
+        shown = repr(got)
+        msg += f" (got {shown if len(shown) <= 80 else shown[:60] + f'... ({len(shown):,} characters)'})"
     return ScenarioError(field, msg)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from simulator.scenario.loading import read_mapping
-from simulator.scenario.schema import ScenarioError
+from simulator.scenario.schema import MAX_NAME_CHARS, ScenarioError
 from workloads.enums import TRACE_COLLECTIVE_OPS
 
 SWEEP_KEYS = ("name", "base", "grid", "cases", "skip_invalid", "where")
@@ -55,7 +55,8 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
     """Parse a sweep file (YAML/JSON path) or mapping. Raises :class:`ScenarioError`
     naming the sweep key at fault."""
     data, sweep_dir, default_name = _read_sweep(spec_or_path)
-    base, base_dir = _load_base(data, sweep_dir)
+    sweep_file = Path(spec_or_path) if isinstance(spec_or_path, (str, Path)) else None
+    base, base_dir = _load_base(data, sweep_dir, sweep_file)
     grid_rows = _grid_rows(data)
     case_rows = _case_rows(data)
     if data.get("grid") is None and data.get("cases") is None:
@@ -69,8 +70,11 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
     skip = data.get("skip_invalid", False)
     if not isinstance(skip, bool):
         raise ScenarioError("skip_invalid", f"must be true or false, got {skip!r}")
+    name = str(data.get("name") or default_name)
+    if len(name) > MAX_NAME_CHARS:
+        raise ScenarioError("name", f"at most {MAX_NAME_CHARS} characters, got {len(name):,}")
     return SweepSpec(
-        name=str(data.get("name") or default_name),
+        name=name,
         base=base,
         assignments=assignments,
         axes=tuple(axes),
@@ -100,9 +104,11 @@ def _read_sweep(spec_or_path) -> tuple[dict, Optional[Path], str]:
     return data, sweep_dir, default_name
 
 
-def _load_base(data: Mapping, sweep_dir: Optional[Path]) -> tuple[dict, Optional[Path]]:
+def _load_base(
+    data: Mapping, sweep_dir: Optional[Path], sweep_file: Optional[Path] = None
+) -> tuple[dict, Optional[Path]]:
     """The base scenario mapping (read from its file when a path) and the folder its relative
-    paths are resolved in."""
+    paths are resolved in; a base naming the sweep file itself is refused."""
     if "base" not in data:
         raise ScenarioError("base", "required: a scenario path (relative to the sweep file) or mapping")
     base, base_dir = data["base"], sweep_dir
@@ -110,11 +116,20 @@ def _load_base(data: Mapping, sweep_dir: Optional[Path]) -> tuple[dict, Optional
         p = Path(base)
         if not p.is_absolute() and sweep_dir is not None:
             p = sweep_dir / p
+        if sweep_file is not None and _same_file(p, sweep_file):
+            raise ScenarioError("base", f"names the sweep file itself ({base}); give a scenario file or mapping")
         base = read_mapping(p)
         base_dir = p.resolve().parent
     elif not isinstance(base, Mapping):
         raise ScenarioError("base", f"must be a scenario path or mapping, got {type(base).__name__}")
     return copy.deepcopy(dict(base)), base_dir
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:  # either missing or unreadable: reading it says so
+        return False
 
 
 def _grid_rows(data: Mapping) -> list[dict]:
@@ -151,6 +166,10 @@ def _case_rows(data: Mapping) -> list[dict]:
         return [{}]
     if not isinstance(cases, list) or not cases:
         raise ScenarioError("cases", "must be a non-empty list of mappings {dotted key: value}")
+    if len(cases) > MAX_SWEEP_CASES:
+        raise ScenarioError(
+            "cases", f"{len(cases):,} cases; the limit is {MAX_SWEEP_CASES:,}: split the sweep into several files"
+        )
     case_rows = []
     for i, c in enumerate(cases):
         if not isinstance(c, Mapping):

@@ -138,7 +138,7 @@ def main() -> None:
     case("top_level_scalar", "llama3-8b\n", ["top_level_scalar.yaml", "got str"])
     case("json_invalid", '{"model": "llama3-8b",}', ["json_invalid.json:1:", "not valid JSON"], ext=".json")
     case("json_top_level_number", "42", ["json_top_level_number.json", "got int"], ext=".json")
-    case("dev_zero_scenario", None, ["/dev/zero", "limit"], args=["run", "/dev/zero"], subprocess=True)
+    case("dev_zero_scenario", None, ["/dev/zero", "regular file"], args=["run", "/dev/zero"], subprocess=True)
     case("directory_scenario", None, ["directory"], args=["run", "{dir}"])
     case("missing_scenario", None, ["no file"], args=["run", "{dir}/no-such-file.yaml"])
 
@@ -203,7 +203,7 @@ def main() -> None:
     case(
         "hf_config_dev_zero",
         sc(model={"hf_config": "/dev/zero"}),
-        ["model.hf_config", "/dev/zero", "limit"],
+        ["model.hf_config", "/dev/zero", "regular file"],
         subprocess=True,
     )
     case(
@@ -413,7 +413,7 @@ def main() -> None:
         args=sweep_args,
     )
     case("sweep_axis_bad_format", {**base_sweep, "grid": {"parallel..pp": [1]}}, "grid", args=sweep_args)
-    case("sweep_dev_zero", None, ["/dev/zero", "limit"], args=["sweep", "/dev/zero", "--out", "{out}"])
+    case("sweep_dev_zero", None, ["/dev/zero", "regular file"], args=["sweep", "/dev/zero", "--out", "{out}"])
     case("sweep_binary", b"\x00" * 64, ["sweep_binary.yaml", "binary"], args=sweep_args)
 
     # ---- traces (run base.yaml --trace FILE) ----------------------------------------------
@@ -464,7 +464,7 @@ def main() -> None:
         args=trace_args,
         ext=".json.gz",
     )
-    case("trace_dev_zero", None, ["/dev/zero", "limit"], args=["run", "{dir}/base.yaml", "--trace", "/dev/zero"])
+    case("trace_dev_zero", None, ["/dev/zero", "regular file"], args=["run", "{dir}/base.yaml", "--trace", "/dev/zero"])
 
     # ---- topologies ------------------------------------------------------------------------
     topo_args = ["run", "{dir}/base.yaml", "--no-plots", "--topology", "{file}"]
@@ -554,12 +554,164 @@ def main() -> None:
         args=coll_args,
     )
 
+    physical_ranges(good, trace_args, topo_args, sweep_args, base_sweep)
+
     header = (
         "# Hostile and mistaken inputs, written by tests/hostile/make_corpus.py (read its docstring).\n"
         "# name: {file (in files/), args (default: [run, '{file}']), exit, msg: substrings, subprocess}\n"
     )
     (HERE / "cases.yaml").write_text(header + yaml.safe_dump(cases, sort_keys=False, width=120))
     print(f"wrote {len(cases)} cases and {sum(1 for _ in FILES.iterdir())} files")
+
+
+def physical_ranges(good: dict, trace_args, topo_args, sweep_args, base_sweep) -> None:
+    """Issue 41: numbers outside their physical range (docs/scenario.md, "Physical ranges"),
+    strings given for flags, special files and the weak messages it listed."""
+    inf, nan = float("inf"), float("nan")
+    h100 = {"preset": "dgx-h100", "devices": 8}
+    case("hbm_bytes_inf", sc(cluster={**h100, "chip": {"preset": "h100", "hbm_bytes": inf}}), "cluster.chip.hbm_bytes")
+    case("hbm_bw_tiny", sc(cluster={**h100, "chip": {"preset": "h100", "hbm_bw_bytes_per_s": 1e-300}}), "hbm_bw")
+    case(
+        "peak_flops_huge", sc(cluster={**h100, "chip": {"preset": "h100", "peak_flops_per_s": {"bf16": 1e300}}}), "peak"
+    )
+    case("compute_scale_inf", sc(perturbations=[{"devices": [0], "compute_scale": inf}]), "compute_scale")
+    case("compute_scale_tiny", sc(perturbations=[{"devices": [0], "compute_scale": 1e-300}]), "compute_scale")
+    case("compute_scale_nan", sc(perturbations=[{"devices": [0], "compute_scale": nan}]), "compute_scale")
+    case("bw_scale_tiny", sc(perturbations=[{"link": ["d0", "p0.nvsw0"], "bw_scale": 1e-300}]), "bw_scale")
+    case("bw_scale_string", sc(perturbations=[{"link": ["d0", "p0.nvsw0"], "bw_scale": "0.5"}]), "bw_scale")
+    case("failed_string", sc(perturbations=[{"link": ["d0", "p0.nvsw0"], "failed": "yes"}]), "failed")
+    case("host_bw_tiny", sc(cluster={**h100, "host_bw_bytes_per_s": 1e-300}), "cluster.host_bw_bytes_per_s")
+    case("nic_bw_huge", sc(cluster={**h100, "network": {"nic_bw_bytes_per_s": 1e300}}), "nic_bw_bytes_per_s")
+    quoted = yaml.safe_dump(sc(cluster={**h100, "network": {"nic_bw_bytes_per_s": 5e10}}), sort_keys=False)
+    assert "nic_bw_bytes_per_s: 50000000000.0" in quoted
+    quoted = quoted.replace("nic_bw_bytes_per_s: 50000000000.0", "nic_bw_bytes_per_s: '50e9'")
+    case("nic_bw_quoted", quoted, ["cluster.network.nic_bw_bytes_per_s", "'50e9'"])
+    case("latency_huge", sc(cluster={**h100, "network": {"domain_latency_s": 1e300}}), "domain_latency_s")
+    case("oversubscription_huge", sc(cluster={**h100, "network": {"oversubscription": 1e300}}), "oversubscription")
+    case(
+        "nvls_string_false",
+        sc(cluster={**h100, "network": {"nvls": "false"}}),
+        ["cluster.network.nvls", "true or false"],
+    )
+    case("nvls_string_no", sc(cluster={**h100, "network": {"nvls": "no"}}), "cluster.network.nvls")
+    case("sharp_string", sc(cluster={**h100, "network": {"sharp": "true"}}), "cluster.network.sharp")
+    case("rails_number", sc(cluster={**h100, "network": {"rails": 1}}), "cluster.network.rails")
+    case("dcn_bw_tiny", sc(cluster={**h100, "pods": {"count": 2, "dcn_bw_bytes_per_s": 1e-300}}), "dcn_bw_bytes_per_s")
+    case("tied_embeddings_string", sc(model__tied_embeddings="false"), "model.tied_embeddings")
+    case("offload_string", sc(training__offload={"optimizer": "no"}), "training.offload.optimizer")
+    case("flash_attention_number", sc(training__flash_attention=0), "training.flash_attention")
+    case("gemm_efficiency_tiny", sc(compute={"gemm_efficiency": 1e-300}), "compute.gemm_efficiency")
+    case("launch_overhead_huge", sc(compute={"launch_overhead_s": 1e300}), "compute.launch_overhead_s")
+    case(
+        "net_efficiency_tiny", sc(network_calibration={"efficiency": {"nic": 1e-300}}), "network_calibration.efficiency"
+    )
+    case("seq_len_huge", sc(training__seq_len=10**15), "training.seq_len")
+    case("hidden_huge", sc(model__hidden=10**12), "model.hidden")
+    case("vocab_huge", sc(model__vocab=10**12), "model.vocab")
+    case(
+        "ideal_compute_too_long",
+        sc(
+            model={**TINY_MODEL, "hidden": 65536, "heads": 64, "ffn_hidden": 262144},
+            training__seq_len=2**20,
+            training__global_batch_size=2**22,
+            training__micro_batch_size=2**20,
+        ),
+        ["training.global_batch_size", "model FLOPs"],
+    )
+    case(
+        "cp_seq_len",
+        sc(parallel={"cp": 8, "tp": 1, "pp": 1}, training__seq_len=100),
+        ["training.seq_len", "2 * parallel.cp"],
+    )
+    case("name_long", sc(name="x" * 10_000), ["name", "200 characters"])
+    case("model_name_long", sc(model__name="m" * 10_000), ["model.name", "200 characters"])
+    case("cluster_name_long", sc(cluster={**h100, "name": "c" * 10_000}), ["cluster.name", "200 characters"])
+    # files: UTF-16 with and without a byte-order mark, a symbolic-link loop, a broken link
+    case("utf16_bom", BASE_TEXT.encode("utf-16"), ["utf16_bom.yaml", "UTF-16", "UTF-8"])
+    case("utf16_no_bom", BASE_TEXT.encode("utf-16-le"), ["utf16_no_bom.yaml", "UTF-16", "UTF-8"])
+    for name, target in (
+        ("symlink_loop_a.yaml", "symlink_loop_b.yaml"),
+        ("symlink_loop_b.yaml", "symlink_loop_a.yaml"),
+    ):
+        (FILES / name).unlink(missing_ok=True)
+        (FILES / name).symlink_to(target)
+    case("symlink_loop", None, ["symlink_loop_a.yaml", "symbolic-link loop"], args=["run", "{dir}/symlink_loop_a.yaml"])
+    (FILES / "symlink_broken.yaml").unlink(missing_ok=True)
+    (FILES / "symlink_broken.yaml").symlink_to("no-such-target.yaml")
+    case(
+        "symlink_broken",
+        None,
+        ["symlink_broken.yaml", "broken symbolic link"],
+        args=["run", "{dir}/symlink_broken.yaml"],
+    )
+    case(
+        "trace_symlink_loop",
+        None,
+        ["symlink_loop_a.yaml", "loop"],
+        args=["run", "{dir}/base.yaml", "--trace", "{dir}/symlink_loop_a.yaml"],
+    )
+    # sweeps
+    case(
+        "sweep_base_itself",
+        {**base_sweep, "base": "sweep_base_itself.yaml", "grid": {"parallel.pp": [1]}},
+        ["base", "itself"],
+        args=sweep_args,
+    )
+    case(
+        "sweep_name_long",
+        {**base_sweep, "name": "s" * 1000, "grid": {"parallel.pp": [1]}},
+        ["name", "200"],
+        args=sweep_args,
+    )
+    # traces: amounts out of range
+    big = copy.deepcopy(good)
+    i = next(k for k, op in enumerate(big["ops"]) if op.get("size_bytes"))
+    big["ops"][i]["size_bytes"] = 1e300
+    case("trace_size_huge", json.dumps(big), f"ops[{i}].size_bytes", args=trace_args, ext=".json")
+    nan_flops = copy.deepcopy(good)
+    j = next(k for k, op in enumerate(nan_flops["ops"]) if op.get("kernels"))
+    nan_flops["ops"][j]["kernels"][0]["flops"] = nan
+    case("trace_flops_nan", json.dumps(nan_flops), f"ops[{j}].kernels[0].flops", args=trace_args, ext=".json")
+    neg_mem = copy.deepcopy(good)
+    neg_mem["model_flops"] = inf
+    case("trace_model_flops_inf", json.dumps(neg_mem), "trace.model_flops", args=trace_args, ext=".json")
+    # topologies: too few devices (names the file), a string flag, a bandwidth out of range
+    from topologies.io import save_topology
+    from topologies.presets import build_cluster, cluster_preset
+
+    save_topology(build_cluster(cluster_preset("dgx-h100", 4)), FILES / "topology_four_devices.json")
+    case(
+        "topology_too_few_devices",
+        None,
+        ["topology_four_devices.json", "4 devices", "needs 8"],
+        args=["run", "{dir}/base.yaml", "--no-plots", "--topology", "{dir}/topology_four_devices.json"],
+    )
+    doc = json.loads((FILES / "topology_four_devices.json").read_text())
+    case(
+        "topology_nvls_string",
+        json.dumps({**doc, "graph": {**doc["graph"], "nvls": "false"}}),
+        ["topology_nvls_string.json", "nvls"],
+        args=topo_args,
+        ext=".json",
+    )
+    edge_bw = copy.deepcopy(doc)
+    edge_bw["edges"][0]["bw_bytes_per_s"] = 1e300
+    case(
+        "topology_edge_bw_huge",
+        json.dumps(edge_bw),
+        ["topology_edge_bw_huge.json", "bw_bytes_per_s"],
+        args=topo_args,
+        ext=".json",
+    )
+    # Kineto traces (stepsim calibrate --kineto): a bare JSON list, negative durations
+    kineto_args = ["calibrate", "--kineto", "{file}"]
+    case(
+        "kineto_json_list", "[1, 2, 3]", ["kineto_json_list.json", "not a Chrome trace"], args=kineto_args, ext=".json"
+    )
+    neg = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "sm90_gemm", "ts": 10, "dur": -5, "pid": 0, "tid": 1}]}
+    case(
+        "kineto_negative_dur", json.dumps(neg), ["kineto_negative_dur.json", "negative"], args=kineto_args, ext=".json"
+    )
 
 
 def _tiny_trace(scenario: dict) -> dict:

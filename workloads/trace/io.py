@@ -49,7 +49,9 @@ Ops on one ``(rank, stream)`` run in file order; ``deps`` are op ids. ``kind`` i
 ``send`` (``size_bytes`` to rank ``peer``) or ``host`` (``size_bytes`` over the
 device's host link, or at ``rate_bytes_per_s`` when given: activation offload and
 reload on the ``offload`` stream). ``mem`` entries change memory in use
-by ``delta`` bytes at the op's ``start`` or ``end``. Reading checks every field and
+by ``delta`` bytes at the op's ``start`` or ``end``. Every amount is a finite number in a
+physical range (:data:`MAX_AMOUNT_BYTES` bytes, :data:`MAX_KERNEL_FLOPS` FLOPs, a host rate
+of at most :data:`MAX_RATE_BYTES_PER_S`). Reading checks every field and
 the dependency graph: a dangling or cyclic dependency is reported by op id and
 name (:class:`workloads.trace.ops.TraceError`), never a hang. A trace with no ops, or over
 :data:`MAX_TRACE_FILE_BYTES`, is refused. Simulating a trace under a scenario checks that
@@ -76,6 +78,20 @@ FORMAT = "stepsim-trace"
 VERSION = 1
 _KINDS = ("compute", "collective", "send", "host")
 _COLLS = TRACE_COLLECTIVE_OPS
+# Physical ranges of a trace's amounts (docs/formats.md): 1 PB per op or memory change (a
+# whole cluster's HBM is less), 1e21 FLOPs per kernel (1,000 s at 1 EFLOP/s), model FLOPs
+# per step 1e30 and host rates up to 1 EB/s (topologies.chips.MAX_BW_BYTES_PER_S).
+MAX_AMOUNT_BYTES = 1e15
+MAX_KERNEL_FLOPS = 1e21
+MAX_STEP_FLOPS = 1e30
+MAX_RATE_BYTES_PER_S = 1e18
+
+
+def _amount(v, where: str, high: float, low: float = 0.0) -> float:
+    """``v`` as a float in ``[low, high]`` (a number, not a boolean; NaN and infinities refused)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= high:
+        raise TraceError(f"{where}: must be a number from {low:g} to {high:g}, got {v!r}")
+    return float(v)
 
 
 def trace_to_dict(trace: Trace) -> dict:
@@ -300,9 +316,7 @@ def _unexecuted(data: dict, ranks: set) -> dict[int, float]:
             raise TraceError(f"trace.unexecuted_flops: {k!r} is not a rank") from None
         if r not in ranks:
             raise TraceError(f"trace.unexecuted_flops: {r} is not among trace.ranks")
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
-            raise TraceError(f"trace.unexecuted_flops.{k}: must be a number >= 0, got {v!r}")
-        out[r] = float(v)
+        out[r] = _amount(v, f"trace.unexecuted_flops.{k}", MAX_STEP_FLOPS)
     return out
 
 
@@ -325,7 +339,7 @@ def trace_from_dict(data: dict) -> Trace:
         static_memory=static,
         world=world,
         notes=list(data.get("notes", [])),
-        model_flops=float(data.get("model_flops", 0.0)),
+        model_flops=_amount(data.get("model_flops", 0.0), "trace.model_flops", MAX_STEP_FLOPS),
         representative=bool(data.get("representative", False)),
         unexecuted_flops=_unexecuted(data, rankset),
     )
@@ -351,7 +365,7 @@ def _ranks_of(data: dict) -> tuple[int, tuple, dict, dict]:
     ranks = tuple(_need(data, "ranks", list, "trace"))
     weight = {int(k): int(v) for k, v in _need(data, "weight", dict, "trace").items()}
     static = {
-        int(k): {c: float(v.get(c, 0.0)) for c in MEMORY_CATEGORIES}
+        int(k): {c: _amount(v.get(c, 0.0), f"trace.static_memory.{k}.{c}", MAX_AMOUNT_BYTES) for c in MEMORY_CATEGORIES}
         for k, v in _need(data, "static_memory", dict, "trace").items()
     }
     for r in ranks:
@@ -427,14 +441,11 @@ def _kernel_from_dict(k: dict, kw: str) -> Kernel:
     kk = _need(k, "kind", str, kw)
     if kk not in KERNEL_KINDS:
         raise TraceError(f"{kw}.kind: must be one of {', '.join(KERNEL_KINDS)}, got {kk!r}")
-    flops, nbytes = float(_need(k, "flops", (int, float), kw)), float(_need(k, "bytes", (int, float), kw))
-    if flops < 0 or nbytes < 0:
-        raise TraceError(f"{kw}: flops and bytes must be >= 0")
+    flops = _amount(_need(k, "flops", (int, float), kw), f"{kw}.flops", MAX_KERNEL_FLOPS)
+    nbytes = _amount(_need(k, "bytes", (int, float), kw), f"{kw}.bytes", MAX_AMOUNT_BYTES)
     executed = k.get("executed_flops")
-    if executed is not None and (
-        not isinstance(executed, (int, float)) or isinstance(executed, bool) or not executed >= 0
-    ):
-        raise TraceError(f"{kw}.executed_flops: must be a number >= 0, got {executed!r}")
+    if executed is not None:
+        executed = _amount(executed, f"{kw}.executed_flops", MAX_KERNEL_FLOPS)
     return Kernel(
         str(k.get("name", "")),
         kk,
@@ -461,7 +472,7 @@ def _mem_entry(m, where: str) -> tuple:
             f"{where}: expected [category, delta_bytes, 'start'|'end'] with category in "
             f"{', '.join(MEMORY_CATEGORIES)}, got {m!r}"
         )
-    return (m[0], float(m[1]), m[2])
+    return (m[0], _amount(m[1], f"{where}.delta_bytes", MAX_AMOUNT_BYTES, -MAX_AMOUNT_BYTES), m[2])
 
 
 def _transfer_fields(d: dict, kind: str, world: int, where: str) -> dict:
@@ -470,9 +481,7 @@ def _transfer_fields(d: dict, kind: str, world: int, where: str) -> dict:
     coll = d.get("coll", "")
     if kind == "collective" and coll not in _COLLS:
         raise TraceError(f"{where}.coll: must be one of {', '.join(_COLLS)}, got {coll!r}")
-    size = float(d.get("size_bytes", 0.0))
-    if size < 0:
-        raise TraceError(f"{where}.size_bytes: must be >= 0, got {size}")
+    size = _amount(d.get("size_bytes", 0.0), f"{where}.size_bytes", MAX_AMOUNT_BYTES)
     group = tuple(int(x) for x in d.get("group", ()))
     if kind == "collective" and any(not 0 <= g < world for g in group):
         raise TraceError(f"{where}.group: ranks must be in 0..{world - 1}")
@@ -488,9 +497,15 @@ def _transfer_fields(d: dict, kind: str, world: int, where: str) -> dict:
     if kind == "send" and not 0 <= peer < world:
         raise TraceError(f"{where}.peer: must be a rank in 0..{world - 1}, got {peer}")
     rate = d.get("rate_bytes_per_s", 0.0)
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate >= 0 or (rate and kind != "host"):
+    if (
+        isinstance(rate, bool)
+        or not isinstance(rate, (int, float))
+        or not (rate == 0 or 1e6 <= rate <= MAX_RATE_BYTES_PER_S)
+        or (rate and kind != "host")
+    ):
         raise TraceError(
-            f"{where}.rate_bytes_per_s: a number >= 0, on host ops only (0 = the device's host link), got {rate!r}"
+            f"{where}.rate_bytes_per_s: 0 (the device's host link) or from 1e6 to {MAX_RATE_BYTES_PER_S:g} bytes/s, "
+            f"on host ops only, got {rate!r}"
         )
     return {
         "coll": coll,
