@@ -242,10 +242,15 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] 
     acc = raw.account
     mean, top = _device_mean_and_max(acc, trace)
     bubble, exposed = mean(acc.bubble_s), mean(acc.exposed_s)
-    # Peak memory over devices and time.
+    # Peak memory over devices and time: allocated, and reserved with the caching allocator's
+    # reserve on the bytes allocated and freed within the step (workloads.memory, "Memory as
+    # allocated"); out of memory is judged on the reserved peak.
     i = int(mem["total"].argmax())
     peak = float(mem["total"][i])
     per_stage = _per_stage(acc, L, mem, step)
+    reserve_fraction = t.reserve_fraction(chip.family)
+    reserve = reserve_fraction * (np.asarray(mem["activations"], dtype=float) + np.asarray(mem["buffers"], dtype=float))
+    reserved = float((np.asarray(mem["total"], dtype=float) + reserve).max()) if len(reserve) else peak
     usage = domain_usage(sc.cluster)
     summary = {
         "schema_version": SCHEMA_VERSION,
@@ -263,9 +268,12 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] 
         "bubble_fraction": bubble / step if step > 0 else 0.0,
         "exposed_comm_fraction": exposed / step if step > 0 else 0.0,
         "peak_memory_bytes": peak,
-        "memory_breakdown_bytes": {c: float(mem[c][i]) for c in MEMORY_CATEGORIES},
+        "memory_breakdown_bytes": {
+            **{c: float(mem[c][i]) for c in MEMORY_CATEGORIES},
+            "allocator_reserve": float(reserve[i]) if len(reserve) else 0.0,
+        },
         "hbm_bytes": chip.hbm_bytes,
-        "oom": bool(peak > chip.hbm_bytes),
+        "oom": bool(reserved > chip.hbm_bytes),
         # --- extensions (format version 1 allows added keys) ---
         "mtp_parameters": int(
             parameters.parameter_count(sc.model) - parameters.parameter_count(sc.model, include_mtp=False)
@@ -292,6 +300,10 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] 
         ),
         "peak_memory_stage": int(L.stage_of(int(mem["rank"][i]))),
         "peak_activation_bytes": float(mem["activations"].max()),
+        # the caching allocator's reserve (training.allocator_reserve_fraction) on top of the
+        # allocated bytes; oom compares this with hbm_bytes
+        "reserved_memory_bytes": reserved,
+        "allocator_reserve_fraction": reserve_fraction,
         "peak_model_state_bytes": float((mem["weights"] + mem["gradients"] + mem["optimizer"]).max()),
         "bubble_time_per_stage_s": [float(x) for x in per_stage["bubble_s"]],
         "exposed_comm_time_per_stage_s": [float(x) for x in per_stage["exposed_comm_s"]],

@@ -234,7 +234,7 @@ def test_master_weight_remainders():
     t = TrainingSpec(master_weights="remainder")
     assert memory.training_state_bytes(1.0, 0, ParallelLayout(zero=0), t).optimizer == 10
     with pytest.raises(ValueError, match="training.master_weights"):
-        TrainingSpec(master_weights="fp16")
+        TrainingSpec(master_weights="fp8")
 
 
 def test_fp32_weights_are_their_own_master():

@@ -41,7 +41,14 @@ def test_summary_has_every_documented_key():
     for k in SUMMARY_KEYS:
         assert k in res.summary, k
     assert res.summary["schema_version"] == 1
-    assert set(res.summary["memory_breakdown_bytes"]) == {"weights", "gradients", "optimizer", "activations", "buffers"}
+    assert set(res.summary["memory_breakdown_bytes"]) == {
+        "weights",
+        "gradients",
+        "optimizer",
+        "activations",
+        "buffers",
+        "allocator_reserve",
+    }
     assert res.summary["oom"] == (res.summary["peak_memory_bytes"] > res.summary["hbm_bytes"])
     assert res.summary["tokens_per_s"] == pytest.approx(16 * 1024 / res.summary["step_time_s"])
 

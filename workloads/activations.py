@@ -83,6 +83,19 @@ DeepSeek-V3's list of cached tensors (§3.3.2) holds no expert output, so its pr
 uses ``moe_gate_weighting="activation"``; it also keeps the AdamW moments in BF16
 (§3.3.3, "low-precision optimizer states": ``TrainingSpec.optimizer_state_dtype``).
 
+Distributed saved activations
+-----------------------------
+Under full recompute a layer keeps only its input, ``2sbh`` (``2sbh/t`` with sequence
+parallelism). Megatron-LM's ``--distribute-saved-activations`` (``TransformerConfig.
+distribute_saved_activations``) splits that saved input into ``t`` equal 1-D chunks, each TP
+rank keeping one, and all-gathers it before the layer's recompute
+(``megatron/core/tensor_parallel/random.py``, ``CheckpointFunction``: ``split_tensor_into_1d_
+equal_chunks`` in the forward, ``gather_split_1d_tensor`` in the backward; NVIDIA/Megatron-LM
+commit d98e8a64), so each rank keeps ``2sbh/t`` as sequence parallelism would. Megatron allows
+it only with full recompute, ``t > 1`` and no sequence parallelism; so does stepsim
+(``training.distribute_saved_activations``). The gathered input lives only during the
+layer's recompute, where the rebuilt layer's activations (which contain it) are counted.
+
 Recompute policies
 ------------------
 Under ``recompute="selective"``, ``recompute_modules`` names what is recomputed instead
@@ -145,6 +158,7 @@ class ActivationPolicy:
     activation_saving: str = "none"
     moe_gate_weighting: str = "activation"
     recompute_modules: tuple = ()
+    distribute_saved_activations: bool = False
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -178,6 +192,7 @@ class ActivationPolicy:
             activation_saving=training.activation_saving,
             moe_gate_weighting=training.moe_gate_weighting,
             recompute_modules=training.recompute_modules,
+            distribute_saved_activations=training.distribute_saved_activations,
         )
 
 
@@ -201,6 +216,24 @@ def activation_bytes_per_layer(
     if not 0 <= layer < model.layers:
         raise IndexError(f"layer {layer} outside 0..{model.layers - 1} of {model.name!r}")
     return _block_activation_bytes(model, model.is_moe_layer(layer), shard, policy, expert_tokens)
+
+
+def _saved_input_rows(shard: Shard, policy: ActivationPolicy) -> float:
+    """Token rows of the layer input full recompute keeps on one rank: ``s/cp`` per sequence,
+    split by ``tp`` under sequence parallelism or ``distribute_saved_activations`` (which
+    Megatron allows only with ``tp > 1`` and without sequence parallelism: refused otherwise,
+    naming the field)."""
+    rows = shard.sp_rows(_tokens(shard))
+    if not policy.distribute_saved_activations:
+        return rows
+    if shard.tp == 1 or shard.sequence_parallel:
+        raise WorkloadError(
+            "training.distribute_saved_activations",
+            "needs parallel.tp > 1 without parallel.sequence_parallel (Megatron-LM asserts both: "
+            f"megatron/training/arguments.py, TransformerConfig); got tp {shard.tp}, "
+            f"sequence_parallel {shard.sequence_parallel}",
+        )
+    return rows / shard.tp
 
 
 @dataclass(frozen=True)
@@ -235,7 +268,9 @@ def _block_activation_bytes(
     model: ModelSpec, moe: bool, shard: Shard, policy: ActivationPolicy, expert_tokens: Optional[float]
 ) -> float:
     if policy.recompute == "full":
-        return shard.act_bytes * shard.sp_rows(_tokens(shard)) * model.hidden  # the layer input (Korthikanti §5: 2sbh)
+        # the layer input (Korthikanti §5: 2sbh), split over TP by sequence parallelism or by
+        # --distribute-saved-activations (module notes, "Distributed saved activations")
+        return shard.act_bytes * _saved_input_rows(shard, policy) * model.hidden
     kept = _Kept.of(policy, shard.act_bytes)
     total = _attention_activation_bytes(model, shard, policy, kept)
     total = _ffn_activation_bytes(model, moe, shard, policy, kept, expert_tokens, total)

@@ -201,30 +201,45 @@ def state_bytes(
     )
 
 
+#: Bytes per parameter of the optimizer's master copy of the weights, by
+#: ``training.master_weights``, and of the weights the model computes with:
+#:
+#: * ``fp32``: a 4-byte master beside 2-byte BF16 weights (mixed-precision Adam, ZeRO's
+#:   ``K = 12``; Megatron-LM's default ``--main-params-dtype fp32``);
+#: * ``remainder``: the 16 low bits of the FP32 master beside the BF16 weight, its high bits
+#:   (Apex DistributedFusedAdam ``store_param_remainders``, NeMo 1.0 for BF16 models);
+#: * ``fp16``: a 2-byte FP16 master (Megatron ``--use-precision-aware-optimizer
+#:   --main-params-dtype fp16``, Transformer Engine's FusedAdam keeps it;
+#:   megatron/training/arguments.py and megatron/core/optimizer/optimizer_config.py at
+#:   NVIDIA/Megatron-LM d98e8a64);
+#: * ``none``: no copy, the weights themselves are FP32 and cast per matmul (JAX / MaxText
+#:   ``weight_dtype: float32``): 4-byte weights;
+#: * ``bf16``: no copy, the optimizer updates the 2-byte BF16 weights in place (pure BF16
+#:   AdamW: BF16 parameters handed to the optimizer, as torchao.optim's AdamW variants
+#:   with ``bf16_stochastic_round=True`` in pytorch/ao take them).
+#:
+#: Mixed-precision Adam with FP32 moments and gradients thus costs 2 + 4 + 4 + 8 = 18 bytes
+#: per parameter with ``fp32``, 16 with ``fp16`` or ``remainder``, 14 with ``bf16``.
+MASTER_BYTES = {"fp32": _FP32_BYTES, "remainder": 2, "fp16": 2, "none": 0, "bf16": 0}
+WEIGHT_BYTES = {"fp32": 2, "remainder": 2, "fp16": 2, "none": _FP32_BYTES, "bf16": 2}
+
+
 def training_state_bytes(params_dense: float, params_expert: float, layout: ParallelLayout, training) -> StateBytes:
     """:func:`state_bytes` with the dtypes a :class:`workloads.training.TrainingSpec`
-    names (gradient buffer ``grad_dtype``, optimizer moments ``optimizer_state_dtype``)."""
-    if training.master_weights == "none":  # FP32 weights that are their own master (JAX / MaxText)
-        return state_bytes(
-            params_dense,
-            params_expert,
-            layout,
-            dtype=training.dtype,
-            optimizer=training.optimizer,
-            master_weights=False,
-            grad_dtype_bytes=training.grad_bytes,
-            moment_dtype_bytes=training.moment_bytes,
-            weight_dtype_bytes=_FP32_BYTES,
-        )
+    names (gradient buffer ``grad_dtype``, optimizer moments ``optimizer_state_dtype``,
+    master copy ``master_weights``: :data:`MASTER_BYTES`)."""
+    master = MASTER_BYTES[training.master_weights]
     return state_bytes(
         params_dense,
         params_expert,
         layout,
         dtype=training.dtype,
         optimizer=training.optimizer,
+        master_weights=master > 0,
         grad_dtype_bytes=training.grad_bytes,
         moment_dtype_bytes=training.moment_bytes,
-        master_bytes=2 if training.master_weights == "remainder" else _FP32_BYTES,
+        weight_dtype_bytes=WEIGHT_BYTES[training.master_weights],
+        master_bytes=master or _FP32_BYTES,
     )
 
 
@@ -286,6 +301,7 @@ def recomputed_kernel_names(training) -> frozenset:
 # current instance running computation and the next instance whose all-gather is
 # prefetched)", torch.distributed.fsdp.FullyShardedDataParallel docs; Zhao et al. 2023,
 # arXiv 2304.11277, the "rate limiter"). The trace gathers one unit ahead likewise.
+# training.fsdp_prefetch_units (default 1) sets the prefetched units: 1 + it are gathered.
 FSDP_GATHERED_UNITS = 2
 
 
@@ -298,6 +314,27 @@ def grad_array_params(model: ModelSpec, layout: ParallelLayout, training) -> Opt
     return float(parameters.largest_weight_params(model, layout.tp, layout.ep, layout.etp))
 
 
+def training_sharding_buffer_bytes(
+    model: ModelSpec,
+    layout: ParallelLayout,
+    training,
+    unit_params: "list[float] | tuple[float, ...]",
+    weight_dtype_bytes: int = 2,
+) -> float:
+    """:func:`sharding_buffer_bytes` under a :class:`workloads.training.TrainingSpec`: the
+    gradient dtype, ``grad_reduce_granularity``, ``fsdp_prefetch_units`` (units gathered at
+    once: the computing one plus that many prefetched) and ``reshard_after_forward``."""
+    return sharding_buffer_bytes(
+        unit_params,
+        layout.zero,
+        weight_dtype_bytes=weight_dtype_bytes,
+        grad_dtype_bytes=training.grad_bytes,
+        gathered_units=1 + training.fsdp_prefetch_units,
+        grad_array_params=grad_array_params(model, layout, training),
+        reshard_after_forward=training.reshard_after_forward,
+    )
+
+
 def sharding_buffer_bytes(
     unit_params: "list[float] | tuple[float, ...]",
     zero: int,
@@ -305,6 +342,7 @@ def sharding_buffer_bytes(
     grad_dtype_bytes: int = 4,
     gathered_units: int = FSDP_GATHERED_UNITS,
     grad_array_params: Optional[float] = None,
+    reshard_after_forward: bool = True,
 ) -> float:
     """Peak bytes of the full-size transient buffers that ZeRO-2/3 add on one rank,
     for a rank holding units (layers, embedding, head: :func:`rank_parameter_units`)
@@ -317,18 +355,29 @@ def sharding_buffer_bytes(
       :func:`workloads.parameters.largest_weight_params`) one array at a time instead
       of a whole unit;
     * ZeRO-3 / FSDP: that, plus the gathered weights of ``gathered_units`` units
-      (the one computing and the prefetched one): ``gathered_units *
-      weight_dtype_bytes * max(unit)``;
+      (the one computing and the prefetched ones, each counted as the largest): ``gathered_units *
+      weight_dtype_bytes * max(unit)``; without ``reshard_after_forward`` every unit's
+      gathered weights stay from its forward to its backward, so at the turn from the
+      last forward to the first backward all of them are held: ``weight_dtype_bytes *
+      sum(unit)`` (FSDP2 ``fully_shard(reshard_after_forward=False)``: "keeps the unsharded
+      parameters in memory after forward and avoids the all-gather in backward",
+      torch.distributed.fsdp.fully_shard docs, docs.pytorch.org/docs/stable/
+      distributed.fsdp.fully_shard.html);
     * ZeRO-0/1: nothing (the full gradients and weights are persistent state).
     """
     if zero not in (0, 1, 2, 3):
         raise WorkloadError("parallel.zero", f"must be one of 0, 1, 2, 3, got {zero!r}")
-    largest = float(max(unit_params, default=0.0))
+    if gathered_units < 1:
+        raise ValueError(f"gathered_units must be at least 1 (the computing unit), got {gathered_units!r}")
+    units = [float(u) for u in unit_params]
+    largest = max(units, default=0.0)
     grad_params = largest if grad_array_params is None else min(largest, float(grad_array_params))
     if zero == 2:
         return grad_dtype_bytes * grad_params
     if zero == 3:
-        if grad_params == largest:
-            return (gathered_units * weight_dtype_bytes + grad_dtype_bytes) * largest
-        return gathered_units * weight_dtype_bytes * largest + grad_dtype_bytes * grad_params
+        if reshard_after_forward:
+            gathered = gathered_units * largest
+        else:
+            gathered = sum(units)
+        return weight_dtype_bytes * gathered + grad_dtype_bytes * grad_params
     return 0.0

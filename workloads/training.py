@@ -8,7 +8,7 @@ from :class:`TrainingSpec`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Optional
 
 from workloads.enums import Balance, Recompute
 from workloads.errors import WorkloadError
@@ -42,6 +42,28 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "matmul
 #: kernel the trace models (a modelled kernel may stand for several framework ops, so this
 #: is a lower bound on the host's work); simulator.engine.host.
 HOST_LAUNCH_S = 10e-6
+
+#: The CUDA caching allocator's reserve, as a fraction of the transient bytes (activations
+#: and communication buffers: what is allocated and freed within a step) held on top of
+#: the allocated bytes (TrainingSpec.allocator_reserve_fraction; workloads.memory,
+#: "Memory as allocated"). 0.0145: a Megatron-Core training run on an A100 80 GB printed
+#: torch.cuda.memory_reserved() 44,926 MB against memory_allocated() 44,283.33 MB at its
+#: highest point in the attention forward (NVIDIA/Megatron-LM issue #965, 2024-08-05:
+#: +643 MB, 1.45 % of what was allocated; the gap stayed 0.56-0.64 GB while allocations
+#: grew from 36.7 to 44.3 GB, so it is charged to what varies, not to the persistent state,
+#: which Megatron allocates once in large contiguous buffers). Larger figures are published
+#: for other workloads and are the option's range: 6.6 % reserved over allocated at a NeMo
+#: Qwen3-30B-A3B H100 step's peak (github.com/NVIDIA-NeMo/Speech/issues/14850: max_memory_reserved
+#: 57,466,159,104 vs max_memory_allocated 53,930,270,720), of which the allocator returns
+#: the unsplit cached segments before it reports out of memory (c10/cuda/
+#: CUDACachingAllocator.cpp, DeviceCachingAllocator::malloc: "Free all non-split cached
+#: blocks and retry alloc"); GMLake (Guo et al., ASPLOS'24, arXiv 2401.08156) measures 15 %
+#: average (up to 33 %) fragmentation on eight LLMs fine-tuned on A100 80 GB with
+#: recomputation, offloading and LoRA under DeepSpeed, FSDP and Colossal-AI.
+ALLOCATOR_RESERVE_FRACTION = 0.0145
+#: XLA (TPU) assigns buffers when it compiles the step, with no caching allocator: the
+#: default reserve on the "tpu" chip family.
+XLA_ALLOCATOR_RESERVE_FRACTION = 0.0
 
 
 @dataclass(frozen=True)
@@ -91,13 +113,19 @@ class TrainingSpec:
     # "bf16" = Megatron --grad-reduce-in-bf16 / NeMo optim.grad_sync_dtype: bf16) and of the
     # Adam / Muon moments ("bf16": DeepSeek-V3 §3.3.3, low-precision optimizer states).
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
-    optimizer_state_dtype: Literal["fp32", "bf16"] = "fp32"
+    # "fp16" and "fp8" as Megatron's precision-aware optimizer stores them (--exp-avg-dtype /
+    # --exp-avg-sq-dtype, choices fp32, fp16, bf16, fp8: megatron/training/arguments.py at
+    # NVIDIA/Megatron-LM d98e8a64; one dtype here for both moments).
+    optimizer_state_dtype: Literal["fp32", "bf16", "fp16", "fp8"] = "fp32"
     # The optimizer's master copy of the weights: "fp32" (4 bytes) or "remainder": only
     # the 16 low bits of the FP32 master, the BF16 weight being its high bits (Apex
     # DistributedFusedAdam store_param_remainders, which NeMo 1.0 turns on for BF16 models),
     # or "none": no separate copy, the weights themselves are kept in FP32 (4 bytes) and
-    # cast to the compute dtype per matmul (JAX / MaxText weight_dtype float32).
-    master_weights: Literal["fp32", "remainder", "none"] = "fp32"
+    # cast to the compute dtype per matmul (JAX / MaxText weight_dtype float32), or "fp16":
+    # a 2-byte master (Megatron --use-precision-aware-optimizer --main-params-dtype fp16,
+    # megatron/training/arguments.py at d98e8a64), or "bf16": no master at all, the optimizer
+    # updates the BF16 weights themselves (pure BF16 AdamW; workloads.memory.MASTER_BYTES).
+    master_weights: Literal["fp32", "remainder", "none", "fp16", "bf16"] = "fp32"
     # What ZeRO-2/3 reduce-scatters as one full-size gradient (workloads.memory,
     # sharding_buffer_bytes): "unit", a whole layer, embedding or head (PyTorch FSDP's
     # flat parameter per wrapped module, the trace's buckets) or "tensor", one weight
@@ -136,6 +164,26 @@ class TrainingSpec:
     # Shared experts computed while the dispatch all-to-all is in flight (Megatron
     # --moe-shared-expert-overlap; default off: they run before the router).
     moe_shared_expert_overlap: bool = False
+    # ---- memory as allocated (workloads.memory, "Memory as allocated") ----
+    # Megatron --distribute-saved-activations: under full recompute each layer's saved
+    # input is split over the TP group and all-gathered before the layer is recomputed
+    # (megatron/core/tensor_parallel/random.py CheckpointFunction at d98e8a64). Needs
+    # recompute: full, tp > 1 and no sequence parallelism, as Megatron asserts. Default off.
+    distribute_saved_activations: bool = False
+    # ZeRO-3 / FSDP: units (layers) whose all-gather runs ahead of the one computing, each
+    # holding its unsharded weights: 1 (default) is PyTorch FSDP's limit_all_gathers and
+    # FSDP2's implicit prefetch, two units gathered at once (workloads.memory). Memory only.
+    fsdp_prefetch_units: int = field(default=1, metadata={"ge": 0, "le": 64})
+    # ZeRO-3 / FSDP: free the unsharded weights after each unit's forward and gather them
+    # again for its backward (FSDP2 fully_shard(reshard_after_forward=True), the default);
+    # False keeps every unit's unsharded weights from its forward to its backward. Memory only.
+    reshard_after_forward: bool = True
+    # The CUDA caching allocator's reserve, as a fraction of the transient bytes
+    # (activations and communication buffers) it allocates and frees during the step:
+    # reserved = allocated + fraction x (activations + buffers), summary.json's
+    # reserved_memory_bytes, on which oom is judged. None (default): ALLOCATOR_RESERVE_FRACTION
+    # (sources there) on GPUs, XLA_ALLOCATOR_RESERVE_FRACTION on TPUs.
+    allocator_reserve_fraction: Optional[float] = field(default=None, metadata={"ge": 0, "le": 1})
 
     def __post_init__(self) -> None:
         if self.activation_saving not in ("none", "deepseek-v3"):
@@ -146,8 +194,8 @@ class TrainingSpec:
             ("moe_gate_weighting", ("activation", "combine")),
             ("moe_router_dtype", ("bf16", "fp32")),
             ("grad_dtype", ("fp32", "bf16")),
-            ("optimizer_state_dtype", ("fp32", "bf16")),
-            ("master_weights", ("fp32", "remainder", "none")),
+            ("optimizer_state_dtype", ("fp32", "bf16", "fp16", "fp8")),
+            ("master_weights", ("fp32", "remainder", "none", "fp16", "bf16")),
             ("grad_reduce_granularity", ("unit", "tensor")),
             ("cuda_graphs", ("none", "per-layer", "full")),
         ):
@@ -166,6 +214,12 @@ class TrainingSpec:
                 "needs training.recompute: selective (Megatron-Core "
                 f"recomputes modules only under selective granularity), got {self.recompute!r}",
             )
+        if self.distribute_saved_activations and self.recompute != "full":
+            raise WorkloadError(
+                "training.distribute_saved_activations",
+                f"needs training.recompute: full (Megatron distributes only the inputs full recompute saves), "
+                f"got {self.recompute!r}",
+            )
         if self.activation_saving == "deepseek-v3" and self.dtype != "fp8":
             raise WorkloadError(
                 "training.activation_saving",
@@ -179,8 +233,15 @@ class TrainingSpec:
 
     @property
     def moment_bytes(self) -> int:
-        """Bytes per optimizer-moment element (4 for fp32, 2 for bf16)."""
-        return 2 if self.optimizer_state_dtype == "bf16" else 4
+        """Bytes per optimizer-moment element (4 for fp32, 2 for bf16 / fp16, 1 for fp8)."""
+        return {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[self.optimizer_state_dtype]
+
+    def reserve_fraction(self, family: str) -> float:
+        """The allocator's reserve on a chip of ``family`` (``allocator_reserve_fraction`` or
+        its default: 0 on TPUs, whose XLA assigns buffers at compile time)."""
+        if self.allocator_reserve_fraction is not None:
+            return float(self.allocator_reserve_fraction)
+        return XLA_ALLOCATOR_RESERVE_FRACTION if family == "tpu" else ALLOCATOR_RESERVE_FRACTION
 
     @property
     def tokens_per_step(self) -> int:

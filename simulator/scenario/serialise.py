@@ -38,6 +38,10 @@ def _training_dict(t: TrainingSpec) -> dict:
         ("optimizer_state_dtype", "fp32"),
         ("master_weights", "fp32"),
         ("grad_reduce_granularity", "unit"),
+        ("distribute_saved_activations", False),
+        ("fsdp_prefetch_units", 1),
+        ("reshard_after_forward", True),
+        ("allocator_reserve_fraction", None),
     ):
         if d[key] == default:  # likewise
             del d[key]

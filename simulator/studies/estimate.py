@@ -118,12 +118,7 @@ def estimate_memory(sc) -> dict:
         units = memory.rank_parameter_units(model, L, layers, has_embedding=0 in own, has_head=len(chunks) - 1 in own)
         dense, expert = sum(u[1] for u in units), sum(u[2] for u in units)
         state = memory.training_state_bytes(dense, expert, L, t)
-        buffers = memory.sharding_buffer_bytes(
-            [d + e for _, d, e in units],
-            L.zero,
-            grad_dtype_bytes=t.grad_bytes,
-            grad_array_params=memory.grad_array_params(model, L, t),
-        )
+        buffers = memory.training_sharding_buffer_bytes(model, L, t, [d + e for _, d, e in units])
         chunk_bytes = []
         for k in own:
             total = 0.0

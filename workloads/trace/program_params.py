@@ -307,12 +307,8 @@ class ParamOps:
         L, t = self.b.L, self.b.t
         dense, expert = self.local_params()
         s = memory.training_state_bytes(dense, expert, L, t)
-        buffers = memory.sharding_buffer_bytes(
-            [d + e for d, e in self.units.values()],
-            L.zero,
-            weight_dtype_bytes=PARAM_BYTES,
-            grad_dtype_bytes=t.grad_bytes,
-            grad_array_params=memory.grad_array_params(self.b.model, L, t),
+        buffers = memory.training_sharding_buffer_bytes(
+            self.b.model, L, t, [d + e for d, e in self.units.values()], weight_dtype_bytes=PARAM_BYTES
         )
         return {
             "weights": s.weights,
