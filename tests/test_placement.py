@@ -82,7 +82,8 @@ def test_domains_used_spare_devices_and_throughput_per_domain():
 def test_scenario_json_keeps_the_racks_capacity():
     sc = load_scenario({**DENSE, "placement": {"devices_per_domain": 32}})
     d = scenario_to_dict(sc)
-    assert d["cluster"]["network"]["domain_size"] == 72 and d["cluster"]["devices_per_domain"] == 32
+    assert d["cluster"]["network"]["domain_size"] == 32 and d["cluster"]["devices_per_domain"] == 32
+    assert d["cluster"]["domain_capacity"] == 72
     again = load_scenario({**d, "name": "again"})
     assert (again.cluster.domain_capacity, again.cluster.network.domain_size) == (72, 32)
 

@@ -312,7 +312,7 @@ class ClusterSpec:
             return
         if self.domain_capacity is None:
             object.__setattr__(self, "domain_capacity", net.domain_size)
-        elif self.domain_capacity < net.domain_size:
+        elif _positive_int(self.domain_capacity, "cluster.domain_capacity") or self.domain_capacity < net.domain_size:
             raise TopologyError(
                 f"cluster.network.domain_size: at most the domain's capacity {self.domain_capacity}, "
                 f"got {net.domain_size}",

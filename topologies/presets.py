@@ -260,7 +260,9 @@ def cluster_preset(name: str, /, devices: Optional[int] = None, **overrides) -> 
     mapping of ChipSpec fields applied over the preset chip), ``network`` (a
     network object, or a mapping applied field by field over the preset's
     network), ``pods`` (``None``, a :class:`PodsSpec` or a mapping) and
-    ``devices_per_domain`` (devices used per scale-up domain, for partly filled racks;
+    ``domain_capacity`` (devices a domain holds, when ``network.domain_size`` is already the
+    devices used, as a resolved scenario writes it), ``devices_per_domain`` (devices used per
+    scale-up domain, for partly filled racks;
     see :class:`~topologies.networks.ClusterSpec`).
 
     Raises
@@ -274,7 +276,7 @@ def cluster_preset(name: str, /, devices: Optional[int] = None, **overrides) -> 
     if key not in CLUSTER_PRESETS:
         raise UnknownPresetError("cluster preset", name, CLUSTER_PRESETS, "cluster.preset")
     preset = CLUSTER_PRESETS[key]
-    allowed = ("name", "chip", "network", "pods", "host_bw_bytes_per_s", "devices_per_domain")
+    allowed = ("name", "chip", "network", "pods", "host_bw_bytes_per_s", "devices_per_domain", "domain_capacity")
     for k in overrides:
         if k not in allowed:
             raise TopologyError(
@@ -331,6 +333,7 @@ def cluster_preset(name: str, /, devices: Optional[int] = None, **overrides) -> 
         pods=pods,
         host_bw_bytes_per_s=overrides.get("host_bw_bytes_per_s", preset.host_bw_bytes_per_s),
         devices_per_domain=overrides.get("devices_per_domain"),
+        domain_capacity=overrides.get("domain_capacity"),
     )
 
 

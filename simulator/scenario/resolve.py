@@ -95,7 +95,17 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
     if isinstance(spec, str):
         spec = {"preset": spec}
     spec = dict(spec)
-    allowed = ("preset", "devices", "chip", "network", "pods", "name", "host_bw_bytes_per_s", "devices_per_domain")
+    allowed = (
+        "preset",
+        "devices",
+        "chip",
+        "network",
+        "pods",
+        "name",
+        "host_bw_bytes_per_s",
+        "devices_per_domain",
+        "domain_capacity",
+    )
     for k in spec:
         if k not in allowed:
             raise ScenarioError(f"cluster.{k}", f"unknown key; allowed: {', '.join(allowed)}")
@@ -114,7 +124,7 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
                 )
             over = {
                 k: spec[k]
-                for k in ("network", "pods", "name", "host_bw_bytes_per_s", "devices_per_domain")
+                for k in ("network", "pods", "name", "host_bw_bytes_per_s", "devices_per_domain", "domain_capacity")
                 if k in spec
             }
             if chip is not None:
@@ -138,6 +148,7 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
             pods=pods,
             host_bw_bytes_per_s=spec.get("host_bw_bytes_per_s", 32e9),
             devices_per_domain=spec.get("devices_per_domain"),
+            domain_capacity=spec.get("domain_capacity"),
         )
     except TopologyError as err:
         raise ScenarioError.from_error(err, "cluster") from None

@@ -79,8 +79,8 @@ def scenario_to_dict(s: Scenario) -> dict:
         cluster["pods"] = dataclasses.asdict(c.pods)
     if c.devices_per_domain is not None:
         cluster["devices_per_domain"] = c.devices_per_domain
-        if c.domain_capacity is not None:  # the hardware's domain; devices_per_domain says how many are used
-            net["domain_size"] = c.domain_capacity
+    if c.domain_capacity is not None and c.domain_capacity != c.network.domain_size:
+        cluster["domain_capacity"] = c.domain_capacity  # devices a domain holds (network.domain_size: used)
     L = s.layout
     parallel = {
         "tp": L.tp,
