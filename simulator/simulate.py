@@ -186,6 +186,7 @@ def _run(scenario, exact, topology, trace, progress, engine_options: Optional[Ma
         compute_scale=scale,
         algorithms=dict(sc.algorithms),
         host_bw_bytes_per_s=sc.cluster.host_bw_bytes_per_s,
+        host_launch_s=sc.training.host_launch_s,
         progress=progress,
         **(engine_options or {}),
     )
