@@ -10,6 +10,38 @@ parameters in mixed-precision Adam a rank keeps ``2Ψ`` 16-bit weights, ``2Ψ``
 momentum, variance). Stage 1 shards the optimizer states over the ``N_d``
 data-parallel ranks, stage 2 also the gradients, stage 3 also the weights. See
 :func:`state_bytes` for the dtypes actually used by Megatron-LM and DeepSeek-V3.
+
+Memory as allocated
+-------------------
+What a framework allocates besides the formulas above, each a ``training`` option with the
+framework's default (docs/scenario.md):
+
+* **Distributed saved activations** (``distribute_saved_activations``, Megatron
+  ``--distribute-saved-activations``): under full recompute the saved layer input is split
+  over the TP group (:mod:`workloads.activations`, "Distributed saved activations").
+* **FSDP's gather and reduce-scatter buffers** (ZeRO-3): the unsharded weights of the unit
+  computing and of ``fsdp_prefetch_units`` prefetched ones, or of every unit from its
+  forward to its backward without ``reshard_after_forward``, plus one unit's unsharded
+  gradient being reduce-scattered (:func:`sharding_buffer_bytes`).
+* **Optimizers without FP32 master weights** (``master_weights``: :data:`MASTER_BYTES`;
+  ``optimizer_state_dtype`` down to FP8 moments).
+* **The caching allocator's reserve** (``allocator_reserve_fraction``): PyTorch's CUDA
+  caching allocator keeps freed blocks cached and splits segments, so the bytes it holds
+  (``torch.cuda.memory_reserved``) exceed those allocated (``memory_allocated``). The reserve
+  is charged to what is allocated and freed within the step, the activations and the
+  communication buffers, not to the persistent state that Megatron allocates once in large
+  contiguous buffers: ``reserved = allocated + fraction x (activations + buffers)``, at every
+  instant on every device. ``peak_memory_bytes`` stays the allocated peak (what the
+  frameworks' ``max_memory_allocated`` reports); ``reserved_memory_bytes`` is the reserved
+  peak, and ``oom`` compares it with the chip's ``hbm_bytes``: a run fits when what the
+  allocator holds fits. The default fraction and its sources:
+  :data:`workloads.training.ALLOCATOR_RESERVE_FRACTION` (0 on TPUs, where XLA assigns
+  buffers when it compiles the step). The catalogue's 80 GB GPUs hold ``80e9`` bytes, below
+  the 79.17 GiB (85.0e9 B) PyTorch reports as their total capacity ("79.17 GiB total
+  capacity" in an A100 80 GB out-of-memory report, facebookresearch/metaseq pull request
+  #314; "a total capacity of 79.18 GiB", vllm-project/compressed-tensors pull request #587);
+  the difference stands for what neither term models (the CUDA context, NCCL's and
+  cuBLAS's buffers).
 """
 
 from __future__ import annotations
