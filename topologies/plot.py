@@ -198,94 +198,15 @@ def _natural(name: str) -> tuple:
 def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
     """Switched and custom graphs as a hierarchy of boxes: one row per layer (domains at
     the bottom, scale-out switches above by hop distance), each row's boxes side by side
-    with a gap, each labelled once; a domain's box holds strips for its devices, its NVLink
-    switch and its NICs, keyed by the legend below. Edges join boxes' centres behind them."""
-    from matplotlib.patches import FancyBboxPatch, Patch
-
+    with a gap, each labelled once; a domain's box holds strips for its NICs and its NVLink
+    switch, keyed by the legend below. Edges join the boxes, behind them."""
     # as many boxes side by side as 10-pt labels fit: one per ~1.15 in of the axes' width
     width_in = ax.get_position().width * ax.figure.get_figwidth()
     boxes, bw = _layers(topo, max(2, min(max_per_layer, int(width_in / 1.15))))
-    row_gap = 1.0  # data units between layers
-    dom_h, sw_h = 0.62, 0.36
-    geom = {}
-    for gid, (lv, c, n, label, info) in boxes.items():
-        slot = 1.0 / n
-        w = min(slot * 0.88, 0.22)
-        x0 = c * slot + (slot - w) / 2
-        h = dom_h if gid[0] == 0 and "devices" in info else sw_h
-        y0 = lv * row_gap - h / 2
-        geom[gid] = (x0, y0, w, h)
-    # edges, behind the boxes: from the top of the lower box to the bottom of the upper one;
-    # boxes of one layer are joined by an arc under the row
-    below = 0.0
-    for a, b in sorted(bw):
-        (ax0, ay0, aw, _), (bx0, _, bw_, _) = geom[a], geom[b]
-        if a[0] == b[0]:
-            xa, xb, y = ax0 + aw / 2, bx0 + bw_ / 2, ay0
-            t = np.linspace(0.0, 1.0, 30)
-            dip = 0.3 * min(1.0, abs(xb - xa) * 3)
-            ax.plot(xa + (xb - xa) * t, y - 4 * dip * t * (1 - t), color="#9A9A9A", lw=0.8, zorder=1)
-            below = max(below, dip) if a[0] == 0 else below
-            continue
-        lo, hi = (a, b) if a[0] < b[0] else (b, a)
-        (lx, ly, lw_, lh), (hx, hy, hw, _) = geom[lo], geom[hi]
-        ax.plot([lx + lw_ / 2, hx + hw / 2], [ly + lh, hy], color="#9A9A9A", lw=0.8, zorder=1)
-    legend = {}
-    for gid, (lv, c, n, label, info) in sorted(boxes.items()):
-        x0, y0, w, h = geom[gid]
-        is_domain = "devices" in info
-        ax.add_patch(
-            FancyBboxPatch(
-                (x0, y0),
-                w,
-                h,
-                boxstyle="round,pad=0,rounding_size=0.02",
-                facecolor=_DOMAIN_FILL if is_domain else _SWITCH,
-                edgecolor="#555555",
-                lw=1.0,
-                zorder=2,
-                gid=f"node:{label}",
-            )
-        )
-        if is_domain:
-            # strips: NICs along the top (to the scale-out switches), the devices, the NVLink
-            # switch along the bottom
-            strip = 0.07
-            parts = [(y0 + h - strip - 0.02, _NIC, "nics"), (y0 + 0.02, _NVSWITCH, "switches")]
-            for yy, colour, key in parts:
-                if info[key]:
-                    ax.add_patch(
-                        FancyBboxPatch(
-                            (x0 + 0.1 * w, yy),
-                            0.8 * w,
-                            strip,
-                            boxstyle="square,pad=0",
-                            facecolor=colour,
-                            lw=0,
-                            zorder=3,
-                        )
-                    )
-            ax.text(x0 + w / 2, y0 + h / 2, label, ha="center", va="center", fontsize=10, zorder=4, gid="label")
-            for key, colour in (("nics", _NIC), ("switches", _NVSWITCH)):
-                if info[key]:
-                    legend.setdefault(key, (colour, set()))[1].add(info[key] // info["domains"])
-        else:
-            ax.text(x0 + w / 2, y0 + h / 2, label, ha="center", va="center", fontsize=10, zorder=4, gid="label")
-    handles = [Patch(facecolor=_DOMAIN_FILL, edgecolor="#555555", label="scale-up domain (its devices)")]
-    what = {"nics": "NICs", "switches": "NVLink switches"}
-    for key, (colour, per) in legend.items():
-        count = f"{per.pop()} per domain" if len(per) == 1 else "per domain"
-        handles.append(Patch(color=colour, label=f"{what[key]} ({count})"))
-    if any("devices" not in info for *_, info in boxes.values()):
-        handles.append(Patch(facecolor=_SWITCH, edgecolor="#555555", label="scale-out switches"))
-    ax.legend(
-        handles=handles,
-        loc="upper center",
-        bbox_to_anchor=(0.5, 0.0),
-        ncol=max(1, min(4, len(handles), int(width_in / 2.6))),
-        frameon=False,
-        fontsize=10,
-    )
+    geom = _box_geometry(boxes)
+    below = _draw_edges(ax, geom, bw)
+    per_domain = _draw_boxes(ax, boxes, geom)
+    _box_legend(ax, per_domain, any("devices" not in info for *_, info in boxes.values()), width_in)
     ax.set_xlim(-0.01, 1.01)
     lo = min(y0 for _, y0, _, _ in geom.values()) - below - 0.05
     hi = max(y0 + h for _, y0, _, h in geom.values()) + 0.05
@@ -302,4 +223,99 @@ def _draw_layers(topo: Topology, ax, max_per_layer: int) -> None:
         f"{topo.name or topo.kind}: {topo.n_devices} devices, {topo.kind}, domain size "
         f"{topo.domain_size}{extra}\nlinks per direction: {links}",
         fontsize=11,
+    )
+
+
+#: Height of a domain's box and of a switch group's, in layers (one layer apart is 1).
+_DOMAIN_H, _SWITCH_H = 0.62, 0.36
+
+
+def _box_geometry(boxes: dict) -> dict:
+    """group -> ``(x0, y0, width, height)``: a layer's boxes in equal slots across [0, 1]
+    (at most 0.22 wide), centred on the layer's height."""
+    geom = {}
+    for gid, (lv, c, n, _label, info) in boxes.items():
+        slot = 1.0 / n
+        w = min(slot * 0.88, 0.22)
+        h = _DOMAIN_H if "devices" in info else _SWITCH_H
+        geom[gid] = (c * slot + (slot - w) / 2, lv - h / 2, w, h)
+    return geom
+
+
+def _draw_edges(ax, geom: dict, bw: dict) -> float:
+    """Edges behind the boxes: from the top of the lower box to the bottom of the upper one;
+    boxes of one layer joined by an arc under the row. Returns how far the arcs under the
+    bottom row reach below it."""
+    below = 0.0
+    for a, b in sorted(bw):
+        (ax0, ay0, aw, _), (bx0, _, bw_, _) = geom[a], geom[b]
+        if a[0] == b[0]:
+            xa, xb = ax0 + aw / 2, bx0 + bw_ / 2
+            t = np.linspace(0.0, 1.0, 30)
+            dip = 0.3 * min(1.0, abs(xb - xa) * 3)
+            ax.plot(xa + (xb - xa) * t, ay0 - 4 * dip * t * (1 - t), color="#9A9A9A", lw=0.8, zorder=1)
+            below = max(below, dip) if a[0] == 0 else below
+            continue
+        lo, hi = (a, b) if a[0] < b[0] else (b, a)
+        (lx, ly, lw_, lh), (hx, hy, hw, _) = geom[lo], geom[hi]
+        ax.plot([lx + lw_ / 2, hx + hw / 2], [ly + lh, hy], color="#9A9A9A", lw=0.8, zorder=1)
+    return below
+
+
+def _draw_boxes(ax, boxes: dict, geom: dict) -> dict:
+    """Each group's box and label (``gid`` ``"node:…"`` and ``"label"``); a domain's box with
+    a strip for its NICs along the top and one for its NVLink switch along the bottom.
+    Returns ``{"nics" | "switches": (colour, {count per domain})}`` for the legend."""
+    from matplotlib.patches import FancyBboxPatch
+
+    per_domain: dict = {}
+    for gid, (_lv, _c, _n, label, info) in sorted(boxes.items()):
+        x0, y0, w, h = geom[gid]
+        is_domain = "devices" in info
+        ax.add_patch(
+            FancyBboxPatch(
+                (x0, y0),
+                w,
+                h,
+                boxstyle="round,pad=0,rounding_size=0.02",
+                facecolor=_DOMAIN_FILL if is_domain else _SWITCH,
+                edgecolor="#555555",
+                lw=1.0,
+                zorder=2,
+                gid=f"node:{label}",
+            )
+        )
+        ax.text(x0 + w / 2, y0 + h / 2, label, ha="center", va="center", fontsize=10, zorder=4, gid="label")
+        if not is_domain:
+            continue
+        strip = 0.07
+        for yy, colour, key in ((y0 + h - strip - 0.02, _NIC, "nics"), (y0 + 0.02, _NVSWITCH, "switches")):
+            if info[key]:
+                ax.add_patch(
+                    FancyBboxPatch(
+                        (x0 + 0.1 * w, yy), 0.8 * w, strip, boxstyle="square,pad=0", facecolor=colour, lw=0, zorder=3
+                    )
+                )
+                per_domain.setdefault(key, (colour, set()))[1].add(info[key] // info["domains"])
+    return per_domain
+
+
+def _box_legend(ax, per_domain: dict, switches: bool, width_in: float) -> None:
+    """The key of the boxes and strips, below the axes."""
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=_DOMAIN_FILL, edgecolor="#555555", label="scale-up domain (its devices)")]
+    what = {"nics": "NICs", "switches": "NVLink switches"}
+    for key, (colour, per) in per_domain.items():
+        count = f"{per.pop()} per domain" if len(per) == 1 else "per domain"
+        handles.append(Patch(color=colour, label=f"{what[key]} ({count})"))
+    if switches:
+        handles.append(Patch(facecolor=_SWITCH, edgecolor="#555555", label="scale-out switches"))
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=max(1, min(4, len(handles), int(width_in / 2.6))),
+        frameon=False,
+        fontsize=10,
     )
