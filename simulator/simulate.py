@@ -154,10 +154,10 @@ def _run(scenario, exact, topology, trace, progress, engine_options: Optional[Ma
             ranks = list(range(sc.layout.world)) if exact or _needs_exact(sc) else None
             if ranks is not None:
                 check_size(sc.model, sc.layout, sc.training, sc.schedule, ranks=len(ranks))
-            if ranks is None:  # where a stage's groups are unlike, the one sending most across domains
-                from simulator.engine.symmetry import representative_position
+            if ranks is None:  # where a stage's groups are unlike, one rank per class of them
+                from simulator.engine.symmetry import representative_trace
 
-                trace = build_trace(workload, position=representative_position(sc.layout, topo))
+                trace = representative_trace(workload, sc.layout, topo)
             else:
                 trace = build_trace(workload, ranks=ranks)
         else:

@@ -295,9 +295,13 @@ def simulate_steady(sc, progress=False, engine_options=None):
         opts = {**(engine_options or {}), "account_idle": False}
         run = _run(_with_micro_batches(sc, m1), False, None, None, progress, opts)
         trace, raw = run[2], run[3]
-        trace_k = build_trace(
-            _with_micro_batches(sc, m1 - k).workload(), position=min(trace.ranks)
-        )  # the run's representatives
+        w_k = _with_micro_batches(sc, m1 - k).workload()
+        if len(trace.ranks) > L.pp:  # one rank per class (simulator.engine.symmetry.rank_classes)
+            trace_k = dataclasses.replace(
+                build_trace(w_k, ranks=trace.ranks), representative=True, weight=dict(trace.weight)
+            )
+        else:
+            trace_k = build_trace(w_k, position=min(trace.ranks))  # the run's representatives
         shorter = _signatures(trace_k)
         short = _streams(trace, raw)
         period = _periods(short, shorter)

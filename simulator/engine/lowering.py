@@ -51,6 +51,15 @@ class Lowering:
         self._plan_cache: dict = {}
         self._net_phase_cache: dict = {}  # (coll, group, size, axis, rank) -> network phases
         self._send_cache: dict = {}  # (rank, peer, size, axis) -> transfers tuple
+        # Several simulated ranks per stage (symmetry.rank_classes): each rank's class, and
+        # whether it is simulated; None with one simulated rank per stage.
+        self._cls = self._sim = None
+        if trace.representative and len(trace.ranks) > layout.pp:
+            from simulator.engine.symmetry import rank_classes
+
+            self._cls = rank_classes(layout, topo)
+            self._sim = np.zeros(layout.world, dtype=bool)
+            self._sim[list(trace.ranks)] = True
 
     def quotient_phase(self, rep: tuple, twins: list) -> Optional[tuple]:
         """:func:`~simulator.engine.quotient.quotient_phase` on this network, counted in
@@ -70,7 +79,13 @@ class Lowering:
         """What ``op`` runs on the network: its own plan, or in representative mode
         its quotient plan (see :func:`~simulator.engine.quotient.quotient_phase`), or, where the twin plans do
         not line up with it, every twin's plan."""
-        if op.coll == "all-to-all" and self.trace.representative and self.twin_quotient and self.a2a_quotient:
+        if (
+            op.coll == "all-to-all"
+            and self.trace.representative
+            and self.twin_quotient
+            and self.a2a_quotient
+            and self._cls is None
+        ):
             pieces = self._hierarchical_a2a_pieces(op)
             if pieces is None:
                 pieces = self._domain_a2a_quotient(op)
@@ -339,8 +354,26 @@ class Lowering:
         key = (op.axis, stage, group)
         twins = self._twin_cache.get(key)
         if twins is None:
-            twins = self._twin_cache[key] = self._twins(op.axis, stage, group)
+            twins = self._twins(op.axis, stage, group)
+            if self._cls is not None:
+                twins = self._class_twins(twins, group)
+            self._twin_cache[key] = twins
         return twins
+
+    def _class_twins(self, rows, group: tuple) -> list:
+        """With one simulated rank per class (:func:`~simulator.engine.symmetry.rank_classes`),
+        the twins ``group`` stands for among ``rows`` (every group of its stage along its axis):
+        the groups whose members are of the same classes (as a multiset) and none of them
+        simulated, when ``group`` is the first simulated group of those classes; else ``group``
+        alone (a simulated group runs its own collective, and groups of other classes are
+        stood for by theirs)."""
+        cls, sim = self._cls, self._sim
+        rows = [tuple(g) for g in (rows if isinstance(rows, list) else rows.tolist())]
+        mine = sorted(cls[list(group)].tolist())
+        same = [g for g in rows if sorted(cls[list(g)].tolist()) == mine]
+        issuer = next(g for g in same if sim[list(g)].any())
+        out = [g for g in same if g == issuer or not sim[list(g)].any()] if issuer == tuple(group) else [issuer]
+        return np.array(out, dtype=np.int64) if len({len(g) for g in out}) == 1 else out
 
     def _twins(self, axis: str, stage: int, group: tuple[int, ...]):
         """Every group of ``stage`` along ``axis`` (``group`` among them), rows of an

@@ -22,6 +22,8 @@ against 40 % averaged over every device by ``--exact``).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from topologies.topology import Topology
@@ -95,12 +97,131 @@ def _position(layout: ParallelLayout, topo: Topology, axes: dict) -> int:
     return int(np.argmax(score))
 
 
-def symmetry_note(layout: ParallelLayout, topo: Topology) -> list[str]:
-    """A summary note for each axis :func:`uneven_groups` finds (none where it finds none)."""
-    notes = []
+def rank_classes(layout: ParallelLayout, topo: Topology) -> Optional[np.ndarray]:
+    """The class of each rank (an array over ranks; ``None`` where :func:`uneven_groups` finds
+    no axis): ranks of one pipeline stage whose position in it (ranks into the stage) has
+    the same groups' splits over the scale-up domains (members per domain, largest first)
+    along every uneven axis, in every stage, are of one class. Representative mode then
+    simulates one rank per class and stage (:func:`class_ranks`) instead of one per stage,
+    each standing for the ranks of its class: EP48 on 144 GB200 (groups 48, 24 + 24, 48) has
+    two classes per stage, ranks 0-47 and 96-143, and 48-95. Class ids ascend with the first
+    rank of each class."""
     axes = uneven_groups(layout, topo)
     if not axes:
-        return notes
+        return None
+    base = np.array([layout.rank_of(pp=s) for s in range(layout.pp)], dtype=np.int64)
+    positions = np.array(layout.stage_ranks(0), dtype=np.int64) - base[0]
+    sig: dict[int, tuple] = {int(p): () for p in positions.tolist()}
+    for axis in axes:
+        table = layout.group_table(axis)
+        index = layout.group_index(axis)
+        splits = [_split(row) for row in topo.domains_of(table)]
+        for p in sig:
+            sig[p] += tuple(splits[index[int(b) + p]] for b in base.tolist())
+    ids: dict[tuple, int] = {}
+    of_position = np.array([ids.setdefault(sig[p], len(ids)) for p in sorted(sig)], dtype=np.int64)
+    out = np.empty(layout.world, dtype=np.int64)
+    for s, b in enumerate(base.tolist()):
+        out[b + np.sort(positions)] = s * len(ids) + of_position
+    refined = _refine(layout, topo, out)
+    if len(np.unique(refined)) <= MAX_CLASSES * layout.pp:
+        out = refined
+    return np.unique(out, return_inverse=True)[1].astype(np.int64)
+
+
+#: At most this many classes per stage from :func:`_refine`; more, and the classes are the
+#: coarser ones of the splits alone.
+MAX_CLASSES = 16
+
+
+def _leaves(topo: Topology) -> np.ndarray:
+    """Each device's switch outside its domain (its NIC's leaf, or rail), -1 where none."""
+    G, out = topo.graph, np.full(topo.n_devices, -1, dtype=np.int64)
+    names: dict = {}
+    for i, dev in enumerate(topo.devices):
+        for nb, data in G[dev].items():
+            if data.get("kind") == "nic":
+                out[i] = names.setdefault(nb, len(names))
+    return out
+
+
+def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray) -> np.ndarray:
+    """``classes`` refined until stable (colour refinement): two ranks stay of one class when,
+    along every axis, their groups hold the same classes in the same relations to them (same
+    device, same scale-up domain, same leaf switch, other), and so do their ranks at the same
+    position in the other stages."""
+    dom, leaf = topo.domains_of(np.arange(layout.world)), _leaves(topo)[: layout.world]
+    tables = [layout.group_table(axis) for axis in AXES]
+    tables = [t for t in tables if t.shape[1] > 1]
+    rels = []
+    for t in tables:
+        d, lf = dom[t], leaf[t]
+        rel = np.where(d[:, :, None] == d[:, None, :], 1, np.where(lf[:, :, None] == lf[:, None, :], 2, 3))
+        k = t.shape[1]
+        rel[:, np.arange(k), np.arange(k)] = 0
+        rels.append(rel)
+    base = np.array([layout.rank_of(pp=s) for s in range(layout.pp)], dtype=np.int64)
+    pos = np.arange(layout.world) - base[np.searchsorted(base, np.arange(layout.world), side="right") - 1]
+    n = len(np.unique(classes))
+    while True:
+        cols = [classes[:, None]]
+        for t, rel in zip(tables, rels):
+            code = np.sort(classes[t][:, None, :] * 4 + rel, axis=2)  # [group, member, others]
+            row = np.empty((layout.world, t.shape[1]), dtype=np.int64)
+            row[t.ravel()] = code.reshape(-1, t.shape[1])
+            cols.append(row)
+        stage_cols = np.stack([classes[base[s] + pos] for s in range(layout.pp)], axis=1)
+        cols.append(stage_cols)
+        new = np.unique(np.concatenate(cols, axis=1), axis=0, return_inverse=True)[1].ravel()
+        m = len(np.unique(new))
+        classes = new.astype(np.int64)
+        if m == n or m > MAX_CLASSES * layout.pp:  # stable, or too many to simulate: the caller checks
+            return classes
+        n = m
+
+
+def class_ranks(layout: ParallelLayout, classes: np.ndarray) -> tuple[list[int], dict[int, int]]:
+    """The simulated ranks of :func:`rank_classes`' ``classes``: the first rank of each class
+    (each stage's classes in the same positions), and the devices each stands for."""
+    first: dict[int, int] = {}
+    for r, c in enumerate(classes.tolist()):
+        first.setdefault(c, r)
+    counts = np.bincount(classes)
+    ranks = sorted(first.values())
+    return ranks, {r: int(counts[classes[r]]) for r in ranks}
+
+
+def representative_trace(workload, layout: ParallelLayout, topo: Topology):
+    """The trace representative mode simulates: one rank per pipeline stage (position 0) where
+    every group of a stage splits over the scale-up domains alike, else one rank per class of
+    :func:`rank_classes`, each weighted by the devices of its class."""
+    from dataclasses import replace
+
+    from workloads.trace.builder import build_trace
+
+    classes = rank_classes(layout, topo)
+    if classes is None:
+        return build_trace(workload)
+    ranks, weight = class_ranks(layout, classes)
+    return replace(build_trace(workload, ranks=ranks), representative=True, weight=weight)
+
+
+def symmetry_note(layout: ParallelLayout, topo: Topology) -> list[str]:
+    """A summary note for each axis :func:`uneven_groups` finds (none where it finds none)."""
+    axes = uneven_groups(layout, topo)
+    if not axes:
+        return []
+    ranks, _ = class_ranks(layout, rank_classes(layout, topo))
+    notes = []
+    for axis, splits in axes.items():
+        shown = ", ".join(" + ".join(map(str, s)) for s in splits[:4]) + (", ..." if len(splits) > 4 else "")
+        notes.append(
+            f"representative ranks: the {axis} groups of a stage straddle scale-up domains unevenly "
+            f"(members per domain: {shown}); {len(ranks)} ranks are simulated ({', '.join(map(str, ranks[:8]))}"
+            f"{', ...' if len(ranks) > 8 else ''}), one per class of ranks whose groups lie alike, each standing "
+            f"for its class; `stepsim run --exact` checks it"
+        )
+    return notes
     pos = _position(layout, topo, axes)
     for axis, splits in axes.items():
         shown = ", ".join(" + ".join(map(str, s)) for s in splits[:4]) + (", ..." if len(splits) > 4 else "")
