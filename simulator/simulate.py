@@ -330,13 +330,14 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] 
     return summary, per_stage
 
 
-def _host_and_overlap_terms(trace, raw) -> dict:
+def _host_and_overlap_terms(trace, raw, extra: Optional[dict] = None) -> dict:
     """Per MoE layer and micro-batch (a forward dispatch of a rank), means over the simulated
     ranks: ``host_exposed`` the seconds the GPU waited for its host to issue that layer's ops
     (forward, recomputation and backward; simulator.engine.host) and ``ep_comm_hidden`` the
     seconds of the rank's expert all-to-alls that ran while its compute stream was busy (busy
     minus exposed over the ``ep*`` axes: what the overlaps in force hide). Empty without
-    expert all-to-alls."""
+    expert all-to-alls. ``extra``: rank -> forward dispatches a step has beyond the trace's (a
+    steady-state step's inserted periods)."""
     acc = raw.account
     layers: dict[int, set] = {}
     for op in trace.ops:
@@ -346,7 +347,7 @@ def _host_and_overlap_terms(trace, raw) -> dict:
         return {}
     host, hidden = [], []
     for i, r in enumerate(acc.ranks):
-        n = len(layers.get(r, ()))
+        n = len(layers.get(r, ())) + (extra or {}).get(r, 0)
         if not n:
             continue
         moe = {l for l, _, _ in layers[r]}

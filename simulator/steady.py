@@ -308,13 +308,49 @@ def simulate_steady(sc, progress=False, engine_options=None):
         if period is None:
             continue
         delta = _shift(short, period, max(trace.ranks))
-        found = certify(short, shorter, delta, TIME_TOLERANCE * raw.step_time_s)
+        tol = TIME_TOLERANCE * raw.step_time_s
+        found = certify(short, shorter, delta, tol)
+        if found is not None and not host_repeats(raw, short, period, found, delta, tol):
+            found = None
         if found is not None:
             (cut, _), one_period = found
             res = _extend(sc, run, trace_k, m, m1, k, delta, cut, one_period)
             res.summary["sim_wall_s"] = time.perf_counter() - t0
             return res
     return None
+
+
+def host_repeats(raw, streams: dict, period: dict, found: tuple, delta_s: float, tol_s: float) -> bool:
+    """The host stream's half of the certificate (:mod:`simulator.engine.host`): the host's
+    issue times are state the op records do not show. On every simulated rank, over one period
+    of each stream's repeating stretch (ops ``j`` in ``[b - P, b)`` against their copies ``j +
+    P``), either the host issues every op exactly ``delta_s`` later (to ``tol_s``): its state
+    repeats as the GPU's does (a host-bound step, or a sync re-aligning it each period); or it
+    issues every copy at most ``delta_s`` later (its lead over the GPU does not shrink) and the
+    GPU waited for the host on no op starting at or after the window's start: the host then
+    binds nowhere in the periods inserted or after them, in the shorter run and
+    the full one alike. Else the step is simulated whole."""
+    host = raw.host
+    if host is None:
+        return True
+    (lo, _), one_period = found
+    issue = host._start
+    exact, ahead = defaultdict(lambda: True), defaultdict(lambda: True)
+    for key, ops in one_period.items():
+        P = period[key]
+        allops = streams[key][3]
+        b = next((i for i, o in enumerate(allops) if o is ops[0]), 0) + P if ops else 0
+        for j in range(b - P, b):
+            s0, s1 = issue.get(allops[j].id), issue.get(allops[j + P].id)
+            if s0 is None or s1 is None:
+                return False
+            d = s1 - s0
+            exact[key[0]] &= abs(d - delta_s) <= tol_s
+            ahead[key[0]] &= d <= delta_s + tol_s
+    waited = raw.host_delay_by_op_s  # ops the GPU waited for the host to issue
+    late = {rec.op.rank for rec in raw.records if rec.start_s >= lo - tol_s and waited.get(rec.op.id, 0.0) > 0}
+    ranks = set(exact) | set(ahead)
+    return all(exact[r] or (ahead[r] and r not in late) for r in ranks)
 
 
 def _extend(sc, run, trace_k, m: int, m1: int, k: int, delta: float, cut: float, one_period: dict):
@@ -324,7 +360,7 @@ def _extend(sc, run, trace_k, m: int, m1: int, k: int, delta: float, cut: float,
     and ``n`` periods' ops more counted."""
     from simulator.engine.accounting import account_intervals, busy_intervals
     from simulator.results.result import Result
-    from simulator.simulate import _summarise
+    from simulator.simulate import _host_and_overlap_terms, _summarise
     from workloads.counts import matmul_flops, model_flops_per_step
 
     _, topo, trace, raw, mem = run
@@ -339,8 +375,16 @@ def _extend(sc, run, trace_k, m: int, m1: int, k: int, delta: float, cut: float,
         for op in ops:
             if op.kind == "compute":
                 flops[op.rank] = flops.get(op.rank, 0.0) + n * matmul_flops(op.kernels)
+    # the host's waits repeat with the periods (host_repeats): one period's more per period
+    host_delay = dict(raw.host_delay_s)
+    for ops in one_period.values():
+        for op in ops:
+            late = raw.host_delay_by_op_s.get(op.id)
+            if late:
+                host_delay[(op.rank, op.layer)] = host_delay.get((op.rank, op.layer), 0.0) + n * late
     raw_full = dataclasses.replace(
         raw,
+        host_delay_s=host_delay,
         records=[],
         step_time_s=step,
         idle=acc.per_rank(),
@@ -359,6 +403,14 @@ def _extend(sc, run, trace_k, m: int, m1: int, k: int, delta: float, cut: float,
         unexecuted_flops={q: v for q, v in sorted(unexec.items()) if v},
     )
     summary, per_stage = _summarise(sc, full_trace, raw_full, mem, topo)
+    extra: dict = defaultdict(int)  # forward dispatches of the inserted periods, by rank
+    for ops in one_period.values():
+        for op in ops:
+            if op.kind == "collective" and op.phase == "F" and op.name.endswith(".dispatch"):
+                extra[op.rank] += n
+    terms = _host_and_overlap_terms(full_trace, raw_full, extra)
+    if terms:
+        summary["moe_terms_s"].update(terms)
     summary["steady_state"] = {"micro_batches_simulated": [m1], "period_micro_batches": k}
     # no raw run nor trace: the op-level tables exist only for a full simulation
     return Result(

@@ -117,6 +117,7 @@ def test_lone_forward_exposes_its_all_to_alls(run):
     a2a = ops[ops["coll"] == "all-to-all"]
     assert len(a2a) == 2
     start = comp[comp["name"].str.contains("attn")]["start_s"].min()
+    comp = comp[comp["start_s"] >= start]  # not the embedding before it (memory-bound, ~1e-10 s)
     span_s = comp["end_s"].max() - start
     assert span_s == pytest.approx(comp["duration_s"].sum() + a2a["duration_s"].sum(), rel=1e-9)
 

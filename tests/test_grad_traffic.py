@@ -182,6 +182,7 @@ def test_dualpipe_mirror_sum_overlaps_the_backward():
     """The pair's sums start unit by unit while the backward is still running: the first
     one starts before the rank's last backward compute ends."""
     sc = _scenario(pp=4, dp=2, schedule="dualpipe")
+    sc["training"]["host_launch_s"] = 0.0  # the tiny step is host-bound: issued in program order
     res = simulate(sc)
     ev = res.events
     for r in ev["rank"].unique():

@@ -15,10 +15,13 @@ from simulator.steady import certify, runs_for
 
 # 1F1B over two DGX H100 nodes: the pipeline sends and the DP all-reduce cross InfiniBand. Its
 # steady phase settles into a pattern two micro-batches long (0 and +1.32 us per micro-batch).
+# These tiny steps are host-bound at 10 us a launch; the host is switched off where a test is
+# about the op records' half of the certificate (the host's half: test_a_host_bound_step_...).
+NO_HOST = {"host_launch_s": 0.0}
 DENSE_1F1B = scenario(
     cluster={"preset": "dgx-h100", "devices": 16},
     parallel={"tp": 2, "pp": 4, "dp": 2},
-    training={"global_batch_size": 128},
+    training={"global_batch_size": 128, **NO_HOST},
 )
 # ZB-H1 on the same GPUs: pipeline sends share NVLink with the TP collectives and overlap them
 # differently from one micro-batch to the next (a send takes 14.7 us in one and 24.6 us in
@@ -29,7 +32,7 @@ UNSETTLED_ZB = scenario(
     cluster={"preset": "dgx-h100", "devices": 16},
     parallel={"tp": 2, "pp": 4, "dp": 2},
     schedule="zb-h1",
-    training={"global_batch_size": 128},
+    training={"global_batch_size": 128, **NO_HOST},
 )
 # A small MoE whose expert all-to-alls cross nodes (EP8 over two nodes of 4 GPUs) and share NICs
 # with the pipeline sends: its step grows by 0.317-0.350 ms per micro-batch, with no period.
@@ -37,7 +40,7 @@ UNSETTLED_MOE = scenario(
     model=copy.deepcopy(SEARCH_MOE),
     cluster={"preset": "dgx-h100", "devices": 32, "devices_per_domain": 4},
     parallel={"tp": 1, "pp": 4, "dp": 8, "ep": 8},
-    training={"global_batch_size": 512},
+    training={"global_batch_size": 512, **NO_HOST},
 )
 
 
@@ -57,6 +60,42 @@ def test_a_certified_step_matches_every_micro_batch_simulated():
     assert ext["events_processed"] == full["events_processed"]
     assert ext["micro_batches"] == full["micro_batches"] == 64
     assert ext["notes"] == full["notes"]
+
+
+def test_a_host_bound_step_is_certified_with_its_host():
+    """With its host on (10 us a launch) the small MoE step above is host-bound: the host issues
+    each period's ops exactly one period later, so its state repeats with the records' and the
+    step is certified (simulator.steady.host_repeats), to 1e-9 of the full simulation, the host's
+    waits per MoE layer included; with the host lead shrinking it would be simulated whole."""
+    sc = copy.deepcopy(UNSETTLED_MOE)
+    sc["training"].pop("host_launch_s")
+    full = simulate(sc).summary
+    ext = simulate(sc, steady_state=True).summary
+    assert ext["steady_state"] == {"micro_batches_simulated": [20], "period_micro_batches": 2}
+    assert full["moe_terms_s"]["host_exposed"] > 0  # the host binds
+    a, b = summary_numbers(full), summary_numbers(ext)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert abs(a[k] - b[k]) <= 1e-9 * max(abs(a[k]), full["step_time_s"]), k
+
+
+def test_the_host_half_refuses_a_host_that_falls_behind(monkeypatch):
+    """The records repeat, but the host's issue times do not, and the GPU waited for it after
+    the window's start: refused (simulated whole), not extrapolated."""
+    sc = copy.deepcopy(UNSETTLED_MOE)
+    sc["training"].pop("host_launch_s")
+    real = steady.host_repeats
+    seen = []
+
+    def spy(raw, *args):
+        ok = real(raw, *args)
+        seen.append(ok)
+        raw.host._start = {i: t * 1.001 for i, t in raw.host._start.items()}  # issue times drift
+        return real(raw, *args)
+
+    monkeypatch.setattr(steady, "host_repeats", spy)
+    ext = simulate(sc, steady_state=True).summary
+    assert seen == [True] and ext["steady_state"] is None
 
 
 @pytest.mark.parametrize("sc", [UNSETTLED_ZB, UNSETTLED_MOE], ids=["zb-h1", "moe"])

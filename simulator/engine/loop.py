@@ -107,6 +107,9 @@ class RawRun:
     # outside the layers); empty without a host stream (simulator.engine.host)
     host_delay_s: dict = field(default_factory=dict)
     host: Optional[HostTimeline] = None  # the host stream's issue times and busy / sync-wait seconds
+    # op id -> seconds the GPU waited for the host to issue that op (the same waits as
+    # host_delay_s, by op: steady-state skipping repeats one period's of them)
+    host_delay_by_op_s: dict = field(default_factory=dict)
 
 
 class _Environment(simpy.Environment):
@@ -197,6 +200,7 @@ class Engine:
         self.host_launch_s = host_launch_s
         self._host: Optional[HostTimeline] = None
         self.host_delay: dict[tuple[int, int], float] = defaultdict(float)
+        self.host_delay_by_op: dict[int, float] = defaultdict(float)
         self._times_cache: dict = {}
 
     # ---- public -----------------------------------------------------------------
@@ -268,6 +272,7 @@ class Engine:
             events_processed=len(self.records),
             host_delay_s=dict(self.host_delay),
             host=self._host,
+            host_delay_by_op_s=dict(self.host_delay_by_op),
         )
 
     def _external_targets(self, streams: dict) -> set[int]:
@@ -325,7 +330,7 @@ class Engine:
                 if op.kind != "compute" and op.id not in known:
                     ready = host.ready(op, start)
                     if ready > env.now:
-                        self.host_delay[(op.rank, op.layer)] += ready - env.now
+                        self._host_late(op, ready - env.now)
                         yield env.timeout_at(ready)
             if op.kind == "compute" or op.id in known:
                 i, op, t = self._chain(ops, i)
@@ -380,16 +385,7 @@ class Engine:
                     if sc:
                         dur = dur / sc
                 if host is not None:
-                    issued = host.issue_start(op.id, end_time)[0]
-                    if host.issue_end(op, issued) > start:  # the GPU may catch up with the host
-                        ratio = dur / hit[1] if hit[1] > 0 else 1.0
-                        e = host.compute_end(op, issued, start, self._kernel_times(kern), ratio)
-                        late = e - (start + dur)
-                        if late > 0:
-                            self.host_delay[(op.rank, op.layer)] += late
-                            start = max(start, host.ready(op, issued))
-                            t = e
-                            dur = 0.0
+                    start, t, dur = self._host_compute(op, start, t, dur, hit[1])
                 if dur > 0:
                     t = start + dur
                 if op.mem:
@@ -402,7 +398,7 @@ class Engine:
                 if host is not None:
                     ready = host.ready(op, host.issue_start(op.id, end_time)[0])
                     if ready > t:
-                        self.host_delay[(op.rank, op.layer)] += ready - t
+                        self._host_late(op, ready - t)
                         start = t = ready
                 for d in durs:
                     t = t + d
@@ -432,6 +428,27 @@ class Engine:
             if bar is not None:
                 bar.update()
             op = nxt
+
+    def _host_late(self, op: Op, seconds: float) -> None:
+        """Count ``seconds`` the GPU waited for the host to issue ``op``."""
+        self.host_delay[(op.rank, op.layer)] += seconds
+        self.host_delay_by_op[op.id] += seconds
+
+    def _host_compute(self, op: Op, start: float, t: float, dur: float, base: float) -> tuple[float, float, float]:
+        """A compute op the GPU could start at ``start`` for ``dur`` seconds (``base`` unscaled),
+        with its kernels issued by the host: ``(start, t, dur)`` unchanged while the host is
+        ahead; else its start, end and ``0.0`` (its end ``t`` is then the host-bound one)."""
+        host = self._host
+        issued = host.issue_start(op.id, self.end_time)[0]
+        if host.issue_end(op, issued) <= start:  # issued before the GPU gets to it
+            return start, t, dur
+        ratio = dur / base if base > 0 else 1.0
+        e = host.compute_end(op, issued, start, self._kernel_times(op.kernels), ratio)
+        late = e - (start + dur)
+        if late <= 0:
+            return start, t, dur
+        self._host_late(op, late)
+        return max(start, host.ready(op, issued)), e, 0.0
 
     def _communicate(self, op: Op):
         """simpy process body: run a collective, send or host op through the network (or
