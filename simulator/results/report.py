@@ -23,7 +23,9 @@ def format_summary(result) -> str:
         f"  pipeline bubble    {100 * s['bubble_fraction']:.1f} % of the step",
         f"  exposed comm       {100 * s['exposed_comm_fraction']:.1f} % of the step",
         f"  peak memory        {_b(s['peak_memory_bytes'])} of {_b(s['hbm_bytes'])}"
-        f"  (stage {s.get('peak_memory_stage')})" + ("   ** OUT OF MEMORY **" if s["oom"] else ""),
+        f"  (stage {s.get('peak_memory_stage')})"
+        + (f", {_b(s['reserved_memory_bytes'])} reserved" if s.get("reserved_memory_bytes") is not None else "")
+        + ("   ** OUT OF MEMORY **" if s["oom"] else ""),
         "    " + "  ".join(f"{k} {_b(v)}" for k, v in s["memory_breakdown_bytes"].items()),
     ]
     for n in s.get("notes", []):

@@ -289,6 +289,7 @@ def run_case(case: Case, compute: Optional[Mapping[str, float]] = None, steady_s
             "bubble_fraction",
             "exposed_comm_fraction",
             "peak_memory_bytes",
+            "reserved_memory_bytes",
             "peak_activation_bytes",
             "model_state_bytes",
             "memory_breakdown_bytes",
