@@ -34,8 +34,8 @@ class StepsimError(ValueError):
     """
 
     def __init__(self, message: str, field: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.field = field
+        super().__init__(_one_line(message))
+        self.field = _one_line(field) if field else field
 
     @property
     def reason(self) -> str:
@@ -56,6 +56,16 @@ class StepsimError(ValueError):
         # Subclasses keep their own constructor signatures, so rebuild through the base
         # (errors cross process boundaries in sweeps and validation runs).
         return _restore, (type(self), str(self.args[0]) if self.args else "", self.field), self.__dict__
+
+
+def _one_line(text: str) -> str:
+    """``text`` with its non-printable characters escaped (a newline as ``\\n``, a
+    right-to-left override as ``\\u202e``): a key or value from a file cannot break the
+    message over lines or reorder it on the terminal."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _restore(cls: type, message: str, field: Optional[str]) -> StepsimError:

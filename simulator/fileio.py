@@ -74,12 +74,16 @@ def check_regular_file(path: Union[str, Path], what: str = "file") -> None:
     p = Path(path)
     try:
         mode = os.stat(p).st_mode
+    except ValueError:  # a NUL character in the name
+        raise InputFileError(repr(str(p)), f"not a valid file name (a NUL character), not a {what}") from None
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise InputFileError(p, f"a symbolic-link loop (a link that leads back to itself), not a {what}") from None
         if err.errno == errno.ENOENT:
             broken = os.path.islink(p)
-            raise InputFileError(p, f"cannot read {what}: " + ("a broken symbolic link" if broken else "no such file")) from None
+            raise InputFileError(
+                p, f"cannot read {what}: " + ("a broken symbolic link" if broken else "no such file")
+            ) from None
         raise InputFileError(p, f"cannot read {what}: {err.strerror or err}") from None
     for test, kind in _NOT_REGULAR:
         if test(mode):

@@ -150,7 +150,7 @@ def _set(d, path, value) -> None:
             node = node[k]
         else:
             return
-    if isinstance(node, dict) or isinstance(node, list) and path[-1] < len(node):
+    if isinstance(node, dict) or isinstance(node, list) and isinstance(path[-1], int) and path[-1] < len(node):
         node[path[-1]] = value
 
 

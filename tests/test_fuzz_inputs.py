@@ -83,7 +83,8 @@ def test_the_summary_check_catches_a_non_finite_or_absurd_figure():
 
 def test_the_refusal_check_wants_one_line_naming_a_field():
     fz.check_refusal(StepsimError("training.seq_len: must be >= 1", "training.seq_len"))
-    for bad in (StepsimError("something went wrong"), StepsimError("a: b\nc: d", "a")):
+    assert str(StepsimError("a: b\nc: d", "a")) == "a: b\\nc: d"  # one line whatever the input
+    for bad in (StepsimError("something went wrong"), StepsimError("a: " + "x" * 4000, "a")):
         with pytest.raises(AssertionError):
             fz.check_refusal(bad)
 
@@ -179,3 +180,49 @@ def test_failing_the_only_link_of_device_0_names_device_0():
         G.add_edge(f"d{i}", "s", bw_bytes_per_s=1e9, latency_s=1e-6, kind="nic")
     with pytest.raises(TopologyError, match="disconnects device 'd0'"):
         Topology(G, "star").without_link("d0", "s")
+
+
+# ---- what the fuzzer found (each an internal error before) --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path, value, field",
+    [
+        (("cluster", "chip", "preset"), None, None),  # a chip without a preset: its own keys
+        (("model", "layers"), 10**400, "model.layers"),  # OverflowError estimating the ops
+        (("parallel", "t\np\u202e"), 2, "parallel.t\\np\\u202e"),  # a key that broke the line
+    ],
+)
+def test_fuzzer_findings_are_refused_naming_the_field_or_load(path, value, field):
+    from simulator import load_scenario
+
+    d = copy.deepcopy(fz.SWITCHED)
+    fz._set(d, path, value)
+    if field is None:
+        load_scenario(d)
+        return
+    with pytest.raises(StepsimError) as err:
+        load_scenario(d)
+    assert str(err.value).startswith(field) and "\n" not in str(err.value)
+
+
+def test_fewer_tokens_than_experts_over_the_capacity_factor_keep_one_row_per_expert():
+    from simulator import simulate
+
+    d = copy.deepcopy(fz.MOE)
+    d["model"]["moe"]["experts"] = 4000  # 256 assignments per micro-batch: capacity 1.5 * 0.064 < 1
+    fz.check_summary(simulate(d).summary)
+
+
+def test_a_nul_in_a_file_name_or_a_huge_integer_bandwidth_is_refused(tmp_path):
+    from simulator.fileio import read_text
+    from topologies.io import load_topology
+
+    with pytest.raises(StepsimError, match="NUL"):
+        read_text("a\0b.yaml")
+    doc = copy.deepcopy(TOPOLOGY)
+    doc["edges"][0]["bw_bytes_per_s"] = 10**400
+    p = tmp_path / "t.json"
+    p.write_text(__import__("json").dumps(doc))
+    with pytest.raises(StepsimError, match="bw_bytes_per_s"):
+        load_topology(p)

@@ -30,7 +30,10 @@ def edges_look_valid(edges: list) -> bool:
     number = (int, float)
     if not all(issubclass(t, number) for t in set(map(type, bw)) | set(map(type, lat))):
         return False
-    bw, lat = np.array(bw, dtype=np.float64), np.array(lat, dtype=np.float64)
+    try:
+        bw, lat = np.array(bw, dtype=np.float64), np.array(lat, dtype=np.float64)
+    except OverflowError:  # an integer beyond any float: check_edges names the edge
+        return False
     return bool(
         ((bw >= MIN_BW_BYTES_PER_S) & (bw <= MAX_BW_BYTES_PER_S)).all() and ((lat >= 0) & (lat <= MAX_LATENCY_S)).all()
     )

@@ -163,7 +163,9 @@ def rank_load_factors(load: ExpertLoad, experts: int, top_k: int, ep: int, token
         else:
             counts = p * assignments
         if load.capacity_factor is not None:
-            counts = np.minimum(counts, np.floor(load.capacity_factor * mean_per_expert))
+            # at least one row per expert: fewer tokens than experts / capacity_factor would
+            # otherwise drop every token and leave no rank any load
+            counts = np.minimum(counts, max(1.0, np.floor(load.capacity_factor * mean_per_expert)))
         per_rank = counts.reshape(ep, experts // ep).sum(axis=1)
         out[l] = per_rank / (assignments / ep)
     return out

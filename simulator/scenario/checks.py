@@ -8,6 +8,7 @@ TP, unknown collective algorithms and perturbations naming devices the cluster l
 
 from __future__ import annotations
 
+import math
 from typing import Mapping, Optional, Sequence
 
 from simulator.scenario.schema import NetCalIn, PerturbationIn, ScenarioError, ScenarioIn
@@ -45,8 +46,11 @@ def check_size(
 
     n_ranks = layout.pp if ranks is None else ranks
     try:
-        n = estimated_ops(Workload(model, layout, training, schedule), n_ranks)
         m = training.micro_batches(layout.dp)
+        try:
+            n = estimated_ops(Workload(model, layout, training, schedule), n_ranks)
+        except OverflowError:  # layers beyond any float (10**400)
+            n = math.inf
     except ValueError:
         return  # an invalid layout or schedule: building reports it, naming the field
     if n <= MAX_ESTIMATED_OPS:

@@ -203,7 +203,7 @@ def _resolve_chip(chip) -> Optional[ChipSpec]:
             raise ScenarioError("cluster.chip", f"unknown chip {chip!r}; allowed: {', '.join(sorted(CHIPS))}") from None
     if isinstance(chip, dict):
         base = {}
-        if "preset" in chip:
+        if chip.get("preset") is not None:
             c = _resolve_chip(chip["preset"])
             base = {
                 "name": c.name,

@@ -128,7 +128,7 @@ def _load_base(
 def _same_file(a: Path, b: Path) -> bool:
     try:
         return a.samefile(b)
-    except OSError:  # either missing or unreadable: reading it says so
+    except (OSError, ValueError):  # either missing or unreadable: reading it says so
         return False
 
 
