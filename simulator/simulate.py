@@ -243,15 +243,8 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] 
     acc = raw.account
     mean, top = _device_mean_and_max(acc, trace)
     bubble, exposed = mean(acc.bubble_s), mean(acc.exposed_s)
-    # Peak memory over devices and time: allocated, and reserved with the caching allocator's
-    # reserve on the bytes allocated and freed within the step (workloads.memory, "Memory as
-    # allocated"); out of memory is judged on the reserved peak.
-    i = int(mem["total"].argmax())
-    peak = float(mem["total"][i])
+    i, memory_keys, reserved_keys = _memory_keys(mem, chip, t)
     per_stage = _per_stage(acc, L, mem, step)
-    reserve_fraction = t.reserve_fraction(chip.family)
-    reserve = reserve_fraction * (np.asarray(mem["activations"], dtype=float) + np.asarray(mem["buffers"], dtype=float))
-    reserved = float((np.asarray(mem["total"], dtype=float) + reserve).max()) if len(reserve) else peak
     usage = domain_usage(sc.cluster)
     summary = {
         "schema_version": SCHEMA_VERSION,
@@ -268,13 +261,7 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] 
         "model_tflops_per_device": model_flops / devices / step / 1e12 if step > 0 else float("nan"),
         "bubble_fraction": bubble / step if step > 0 else 0.0,
         "exposed_comm_fraction": exposed / step if step > 0 else 0.0,
-        "peak_memory_bytes": peak,
-        "memory_breakdown_bytes": {
-            **{c: float(mem[c][i]) for c in MEMORY_CATEGORIES},
-            "allocator_reserve": float(reserve[i]) if len(reserve) else 0.0,
-        },
-        "hbm_bytes": chip.hbm_bytes,
-        "oom": bool(reserved > chip.hbm_bytes),
+        **memory_keys,  # peak_memory_bytes, memory_breakdown_bytes, hbm_bytes, oom
         # --- extensions (format version 1 allows added keys) ---
         "mtp_parameters": int(
             parameters.parameter_count(sc.model) - parameters.parameter_count(sc.model, include_mtp=False)
@@ -282,16 +269,7 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] 
         "schedule": sc.schedule,
         "schedule_enforced": "all-forward-first" if any("all-forward-first" in n for n in trace.notes) else None,
         "micro_batches": t.micro_batches(L.dp),
-        "layout": {
-            "tp": L.tp,
-            "cp": L.cp,
-            "pp": L.pp,
-            "dp": L.dp,
-            "ep": L.ep,
-            "vpp": L.vpp,
-            "etp": L.etp,
-            "zero": L.zero,
-        },
+        "layout": {k: getattr(L, k) for k in ("tp", "cp", "pp", "dp", "ep", "vpp", "etp", "zero")},
         # Scale-up domains used and the devices left idle in them (switched networks; None on
         # a torus), and the throughput per domain used: a layout that leaves 8 of an NVL72
         # rack's 72 GPUs idle is compared per rack as well as per GPU.
@@ -300,11 +278,8 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] 
             t.tokens_per_step / step / usage.domains if usage is not None and step > 0 else None
         ),
         "peak_memory_stage": int(L.stage_of(int(mem["rank"][i]))),
+        **reserved_keys,  # reserved_memory_bytes, allocator_reserve_fraction
         "peak_activation_bytes": float(mem["activations"].max()),
-        # the caching allocator's reserve (training.allocator_reserve_fraction) on top of the
-        # allocated bytes; oom compares this with hbm_bytes
-        "reserved_memory_bytes": reserved,
-        "allocator_reserve_fraction": reserve_fraction,
         "peak_model_state_bytes": float((mem["weights"] + mem["gradients"] + mem["optimizer"]).max()),
         "bubble_time_per_stage_s": [float(x) for x in per_stage["bubble_s"]],
         "exposed_comm_time_per_stage_s": [float(x) for x in per_stage["exposed_comm_s"]],
@@ -328,6 +303,27 @@ def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] 
     if terms:  # per MoE layer and micro-batch (docs/formats.md), beside other engineers' terms
         summary.setdefault("moe_terms_s", {}).update(terms)
     return summary, per_stage
+
+
+def _memory_keys(mem: Columns, chip, t) -> tuple[int, dict, dict]:
+    """The memory table's row of the allocated peak (over devices and time), the summary's
+    memory keys at it, and the reserved peak's keys: reserved = allocated + the caching
+    allocator's reserve on the bytes allocated and freed within the step (workloads.memory,
+    "Memory as allocated"); out of memory is judged on the reserved peak."""
+    i = int(mem["total"].argmax())
+    fraction = t.reserve_fraction(chip.family)
+    reserve = fraction * (np.asarray(mem["activations"], dtype=float) + np.asarray(mem["buffers"], dtype=float))
+    reserved = float((np.asarray(mem["total"], dtype=float) + reserve).max())
+    keys = {
+        "peak_memory_bytes": float(mem["total"][i]),
+        "memory_breakdown_bytes": {
+            **{c: float(mem[c][i]) for c in MEMORY_CATEGORIES},
+            "allocator_reserve": float(reserve[i]),
+        },
+        "hbm_bytes": chip.hbm_bytes,
+        "oom": bool(reserved > chip.hbm_bytes),
+    }
+    return i, keys, {"reserved_memory_bytes": reserved, "allocator_reserve_fraction": fraction}
 
 
 def _host_and_overlap_terms(trace, raw, extra: Optional[dict] = None) -> dict:
