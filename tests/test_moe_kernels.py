@@ -1,4 +1,4 @@
-"""The kernels around the routed experts (workloads.counts._moe_kernels) and the grouped
+"""The kernels around the routed experts (workloads.moe_kernels.moe_kernels) and the grouped
 GEMMs' efficiency by shape (simulator.engine.grouped_gemm), against closed forms and the
 published figures they come from."""
 
@@ -16,7 +16,8 @@ from simulator.engine.compute import (
 )
 from test_moe import moe_scenario
 from topologies.chips import get_chip
-from workloads.counts import Kernel, MoEOptions, backward_kernels, layer_kernels
+from workloads.counts import Kernel, backward_kernels, layer_kernels
+from workloads.moe_kernels import MoEOptions
 from workloads.moe_load import ExpertLoad, rank_load_factors
 from workloads.presets import get_model
 from workloads.shard import Shard

@@ -300,21 +300,7 @@ def cluster_preset(name: str, /, devices: Optional[int] = None, **overrides) -> 
         pods = None if pods_override in ({}, None) else _merge(None, pods_override, PodsSpec, "cluster.pods")
     else:
         rule = preset.tpu
-        if isinstance(net_override, TorusNetwork):
-            network = net_override
-        else:
-            net_map = dict(net_override) if isinstance(net_override, Mapping) else net_override
-            if isinstance(net_map, dict) and "shape" in net_map:
-                shape = tuple(net_map["shape"])
-            else:
-                count = None
-                if isinstance(pods_override, PodsSpec):
-                    count = pods_override.count
-                elif isinstance(pods_override, Mapping) and "count" in pods_override:
-                    count = pods_override["count"]
-                shape = _tpu_layout(devices, rule, count)[1]
-            base = TorusNetwork(shape, rule.link_bw_bytes_per_s, ICI_HOP_LATENCY_S, rule.wrap(shape))
-            network = _merge(base, net_map, TorusNetwork, "cluster.network")
+        network = _tpu_network(rule, devices, net_override, pods_override)
         n_pods = max(1, devices // network.devices)
         default_pods = PodsSpec(n_pods, rule.dcn_bw_bytes_per_s) if n_pods > 1 else None
         if pods_override is None:
@@ -335,6 +321,25 @@ def cluster_preset(name: str, /, devices: Optional[int] = None, **overrides) -> 
         devices_per_domain=overrides.get("devices_per_domain"),
         domain_capacity=overrides.get("domain_capacity"),
     )
+
+
+def _tpu_network(rule, devices: int, net_override, pods_override) -> TorusNetwork:
+    """A TPU preset's torus: the override itself, or the preset's layout for ``devices``
+    (over the pods the override asks for) with the override's fields applied."""
+    if isinstance(net_override, TorusNetwork):
+        return net_override
+    net_map = dict(net_override) if isinstance(net_override, Mapping) else net_override
+    if isinstance(net_map, dict) and "shape" in net_map:
+        shape = tuple(net_map["shape"])
+    else:
+        count = None
+        if isinstance(pods_override, PodsSpec):
+            count = pods_override.count
+        elif isinstance(pods_override, Mapping) and "count" in pods_override:
+            count = pods_override["count"]
+        shape = _tpu_layout(devices, rule, count)[1]
+    base = TorusNetwork(shape, rule.link_bw_bytes_per_s, ICI_HOP_LATENCY_S, rule.wrap(shape))
+    return _merge(base, net_map, TorusNetwork, "cluster.network")
 
 
 def build_cluster(spec: ClusterSpec) -> Topology:

@@ -67,13 +67,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from workloads.errors import WorkloadError
 from workloads.model import ModelSpec
 from workloads.shard import Shard
 from workloads.shapes import _local_heads, _local_kv_heads, _split, _ffn_up_width, _mtp_block_is_moe
 from workloads.training import TrainingSpec
+
+if TYPE_CHECKING:  # workloads.moe_kernels builds on this module's kernels
+    from workloads.moe_kernels import MoEOptions
 
 KERNEL_KINDS = ("gemm", "attention", "elementwise", "norm", "embedding")
 # FlashAttention's FLOP convention (Dao 2023, arXiv 2307.08691 §4.1; Shah et al. 2024,
@@ -315,221 +318,6 @@ def _attention_kernels(model: ModelSpec, shard: Shard, norm_rows: float, flash_a
 
 # ---------------------------------------------------------------------------
 # The kernels around the routed experts (Megatron-Core's MoE layer)
-# ---------------------------------------------------------------------------
-# What Megatron-Core runs besides the expert GEMMs, per MoE layer and micro-batch, read
-# from NVIDIA/Megatron-LM at commit d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22):
-# megatron/core/transformer/moe/router.py (TopKRouter.gating / routing), moe_utils.py
-# (router_gating_linear, topk_routing_with_score_function, compute_routing_scores_for_aux_loss,
-# apply_router_token_dropping, permute / unpermute, sort_chunks_by_idxs), token_dispatcher.py
-# (MoEAlltoAllTokenDispatcher.preprocess / dispatch_preprocess / dispatch_postprocess /
-# combine_preprocess / combine_postprocess) and experts.py (the gate weight multiplied
-# inside the expert activation). The permutations are counted as the fused Transformer
-# Engine kernels that --moe-permute-fusion selects (the NeMo / Megatron-Bridge MoE recipes
-# set it): NVIDIA/TransformerEngine transformer_engine/common/triton/permutation.py (commit
-# de379b9647472c9bd575658133cf4f46c2eb9df9): _permute_kernel runs one program per source
-# token, which reads its row once and stores it to each of its routed rows; _unpermute_kernel
-# one per output token, which reads its routed rows, optionally scales them by the merging
-# probabilities in FP32 and writes one row; _sort_chunks_by_map_kernel reads and writes
-# every row once. All of them are memory-bound: bytes are HBM reads + writes, the FLOPs
-# rough operation counts that never decide their time (as for the norms above).
-# T = the tokens a rank routes (its sequence-parallel shard), E experts, k = top_k,
-# h = hidden, S = T*k rows it permutes (times the capacity factor under drop-and-pad),
-# A = token-expert rows its local experts receive (A = S*etp when balanced).
-_ROUTER_SCORE_FLOPS_PER_ELEMENT = 8.0  # score function (exp, add, divide) + top-k compares
-_INDEX_BYTES = 4  # int32 row maps (TE's row_id_map) and FP32 routing probabilities
-_MAP_BYTES = 1  # bool routing map [T, E]
-_COUNT_BYTES = 8  # int64 tokens_per_expert
-
-
-@dataclass(frozen=True)
-class MoEOptions:
-    """How the framework runs the kernels around the routed experts (from the scenario's
-    training settings; :func:`MoEOptions.of`).
-
-    * ``router_dtype``: ``"bf16"`` (Megatron's default ``moe_router_dtype: None``) or
-      ``"fp32"`` (``--moe-router-dtype fp32``): the router GEMM takes BF16 operands and
-      writes FP32 logits, its gradients are FP32 GEMMs, which Transformer Engine runs as
-      TF32 (``CUBLAS_COMPUTE_32F_FAST_TF32``: "default to tf32", TransformerEngine
-      transformer_engine/common/gemm/cublaslt_gemm.cu, commit 0143a5e04dcb), half the BF16
-      tensor rate (H100 SXM datasheet: 494.7 vs 989.4 dense TFLOP/s).
-    * ``balance``: ``"aux-free"`` (the expert-bias update counts the routed tokens per
-      expert: ``TopKRouter._apply_expert_bias``) or an auxiliary loss (``aux-loss-local`` /
-      ``aux-loss-global``: scores recomputed for the loss, its token counts and the
-      probabilities' sums, ``compute_routing_scores_for_aux_loss`` and
-      ``switch_load_balancing_loss_func``).
-    * ``gate_weighting``: where the routing weight multiplies, ``"activation"`` (inside the
-      expert activation, experts.py ``bias_act_func``) or ``"combine"`` (in the unpermutation,
-      Megatron-Core <= 0.12: ``unpermute(..., probs=...)``).
-    * ``capacity_factor``: token dropping (``--moe-expert-capacity-factor``; None: dropless);
-      ``pad_factor``: the rows every expert computes relative to the dropless mean, the
-      capacity factor under ``--moe-pad-expert-input-to-capacity``, else 1.
-    """
-
-    router_dtype: str = "bf16"
-    balance: str = "aux-free"
-    gate_weighting: str = "activation"
-    capacity_factor: Optional[float] = None
-    pad_factor: float = 1.0
-
-    @classmethod
-    def of(cls, training, expert_load=None) -> "MoEOptions":
-        """The options of a :class:`~workloads.training.TrainingSpec` and its
-        :class:`~workloads.moe_load.ExpertLoad` (None: balanced, dropless)."""
-        cf = None if expert_load is None else expert_load.capacity_factor
-        pad = bool(expert_load is not None and expert_load.pad_to_capacity and cf is not None)
-        return cls(
-            router_dtype=getattr(training, "moe_router_dtype", "bf16"),
-            balance=training.balance,
-            gate_weighting=training.moe_gate_weighting,
-            capacity_factor=cf,
-            pad_factor=float(cf) if pad else 1.0,
-        )
-
-
-#: Names of the kernels around the experts, by the term the summary reports them under
-#: (``simulator.results.moe_terms``): routing (router GEMM, score function and top-k, balance
-#: statistics, capacity dropping, the token-count histogram), permutation (before the
-#: dispatch, and the sort by local expert after it) and unpermutation (the reverse).
-MOE_TERM_KERNELS = {
-    "routing": ("router", "moe_router_topk", "moe_router_stats", "moe_capacity_drop", "moe_tokens_per_expert"),
-    "permutation": ("moe_permute", "expert_sort_chunks"),
-    "unpermutation": ("expert_unsort_chunks", "moe_unpermute"),
-}
-
-
-def _moe_kernels(
-    model: ModelSpec,
-    shard: Shard,
-    routed_rows: float,
-    assignments: float,
-    local_experts: int,
-    width: int,
-    opts: MoEOptions,
-) -> list[Kernel]:
-    """Forward kernels of one MoE layer from the router to the unpermutation (the shared
-    experts and the residual are the caller's), in Megatron-Core's order. Notes above."""
-    m, h, act = model.moe, model.hidden, shard.act_bytes
-    T, E, k = routed_rows, m.experts, m.top_k
-    S = T * k * opts.pad_factor  # rows permuted on this rank before the dispatch
-    A = assignments
-    logit_bytes = _FP32_BYTES if opts.router_dtype == "fp32" else act
-    out: list[Kernel] = []
-    # Router GEMM (router.py TopKRouter.gating -> moe_utils.router_gating_linear): X[T, h] W^T[h, E],
-    # BF16 operands, logits in the router dtype. Its FP32 gradients read and write FP32 operands.
-    router = _gemm("router", T, E, h, act)
-    out.append(
-        replace(
-            router,
-            bytes=act * (T * h + E * h) + logit_bytes * T * E,
-            math_dtype="bf16",
-            grad_math_dtype="tf32" if opts.router_dtype == "fp32" else "bf16",
-            bwd_bytes=2 * _FP32_BYTES * (T * E + E * h + T * h) if opts.router_dtype == "fp32" else None,
-        )
-    )
-    # Score function (softmax, or sigmoid for DeepSeek-V3 / Kimi K2) and top-k, group-limited
-    # where routing is node-limited (moe_utils.topk_routing_with_score_function; fused with
-    # --moe-router-fusion into Transformer Engine's fused_topk_with_score_function, one pass):
-    # reads the [T, E] logits, writes the [T, E] routing probabilities and the bool routing map.
-    # The score function and the grouping change operation counts, not this traffic.
-    out.append(
-        Kernel(
-            "moe_router_topk",
-            "elementwise",
-            _ROUTER_SCORE_FLOPS_PER_ELEMENT * T * E,
-            T * E * (2 * logit_bytes + _MAP_BYTES),
-        )
-    )
-    # Load-balancing statistics (router.py TopKRouter.routing): aux-loss-free balancing adds the
-    # routing map's column sums to local_tokens_per_expert (_apply_expert_bias; the bias itself is
-    # updated once per step, moe_utils.get_updated_expert_bias: E values, not counted): reads
-    # the [T, E] map, no gradient. An auxiliary loss recomputes the scores over all experts
-    # (compute_routing_scores_for_aux_loss: reads the logits, writes FP32 scores, top-k reads
-    # them and writes a map), sums the map (tokens per expert) and the scores (the switch loss):
-    # T*E*(logit + 4 + 4 + 1 + 1 + 4) bytes; its gradient writes the FP32 score gradient and
-    # runs the score function's backward (reads the scores, writes a logit gradient).
-    if opts.balance == "aux-free":
-        stats = Kernel("moe_router_stats", "elementwise", T * E, _MAP_BYTES * T * E, bwd_bytes=0.0)
-    else:
-        stats = Kernel(
-            "moe_router_stats",
-            "elementwise",
-            _ROUTER_SCORE_FLOPS_PER_ELEMENT * T * E,
-            T * E * (logit_bytes + 3 * _FP32_BYTES + 2 * _MAP_BYTES),
-            bwd_bytes=T * E * (2 * _FP32_BYTES + logit_bytes),
-        )
-    out.append(stats)
-    # Capacity (moe_utils.apply_router_token_dropping, --moe-expert-capacity-factor): a top-k
-    # over the tokens of each expert's column of probabilities (reads [T, E]), a scatter into
-    # a capacity mask and the masked probabilities and map (writes [T, E] twice, 1 + logit B).
-    if opts.capacity_factor is not None:
-        out.append(
-            Kernel(
-                "moe_capacity_drop",
-                "elementwise",
-                T * E * math.log2(max(2.0, T)),
-                T * E * (2 * logit_bytes + 2 * _MAP_BYTES),
-                bwd_bytes=T * E * 2 * logit_bytes,
-            )
-        )
-    # tokens_per_expert (token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess:
-    # routing_map.sum(dim=0)), the counts the all-to-all splits and the grouped GEMM need
-    # (and, dropless, the host reads back). Drop-and-pad fills fixed counts instead.
-    if opts.pad_factor == 1.0:
-        out.append(
-            Kernel("moe_tokens_per_expert", "elementwise", T * E, _MAP_BYTES * T * E + _COUNT_BYTES * E, bwd_bytes=0.0)
-        )
-    # Permutation 1 (dispatch_preprocess -> moe_utils.permute, TE _permute_kernel): reads each of
-    # the T token rows once and writes its S rows, with the routing probabilities alongside
-    # (read and written, FP32); TE first builds the row map in three passes over the routing
-    # map (reads [T, E] bool, writes int32 [T, 2E + 1]) and the kernel reads each token's
-    # 2k + 1 entries. Backward: the rows' gradients gathered back into T rows (read S, write T)
-    # and the probabilities' gradient.
-    row_map = _MAP_BYTES * T * E + _INDEX_BYTES * T * (2 * E + 1) + _INDEX_BYTES * T * (2 * k + 1)
-    out.append(
-        Kernel(
-            "moe_permute",
-            "elementwise",
-            0.0,
-            act * (T * h + S * h) + 2 * _INDEX_BYTES * S + row_map,
-            bwd_bytes=act * (S * h + T * h) + 2 * _INDEX_BYTES * S + _INDEX_BYTES * T * (2 * k + 1),
-        )
-    )
-    # Permutation 2 (dispatch_postprocess, more than one local expert: sort_chunks_by_idxs, TE
-    # _sort_chunks_by_map_kernel; under drop-and-pad a transpose copy): the A received rows
-    # regrouped by local expert, read and written once, probabilities alongside. The backward
-    # moves them back the same way.
-    chunks = 2 * act * A * h + 3 * _INDEX_BYTES * A
-    if local_experts > 1:
-        out.append(Kernel("expert_sort_chunks", "elementwise", 0.0, chunks, bwd_bytes=chunks))
-    ffn = _ffn(model, "expert", A, width, act, groups=local_experts)
-    if opts.gate_weighting == "activation":
-        # experts.py bias_act_func: the activation's output times its row's FP32 routing weight
-        # (Megatron's fused weighted SwiGLU): one more multiply per element, one weight per row.
-        ffn[1] = replace(ffn[1], flops=ffn[1].flops + A * width, bytes=ffn[1].bytes + _FP32_BYTES * A)
-    out += ffn
-    # combine_preprocess: the expert outputs restored to the order the all-to-all sends.
-    if local_experts > 1:
-        out.append(Kernel("expert_unsort_chunks", "elementwise", 0.0, chunks, bwd_bytes=chunks))
-    # Unpermutation 1 (combine_postprocess -> moe_utils.unpermute, TE _unpermute_kernel): each
-    # output row sums its routed rows (reads S rows, writes T), scaled by the FP32 merging
-    # probabilities where the weight multiplies here ("combine"). Backward: the output gradient
-    # scattered to the S rows (read T, write S); with merging probabilities also the forward
-    # inputs read again for the probabilities' gradient (TE _unpermute_bwd_with_merging_probs_kernel).
-    combine = opts.gate_weighting == "combine"
-    out.append(
-        Kernel(
-            "moe_unpermute",
-            "elementwise",
-            (2.0 if combine else 1.0) * S * h,
-            act * (S * h + T * h) + _INDEX_BYTES * T * (2 * k + 1) + (_FP32_BYTES * S if combine else 0.0),
-            bwd_bytes=act * (T * h + S * h * (2 if combine else 1))
-            + _INDEX_BYTES * T * (2 * k + 1)
-            + (2 * _FP32_BYTES * S if combine else 0.0),
-        )
-    )
-    return out
-
-
 def _block_kernels(
     model: ModelSpec,
     moe: bool,
@@ -538,6 +326,8 @@ def _block_kernels(
     flash_attention: bool = True,
     opts: Optional["MoEOptions"] = None,
 ) -> list[Kernel]:
+    from workloads.moe_kernels import MoEOptions, moe_kernels  # it builds on this module's kernels
+
     opts = opts or MoEOptions()
     h, tokens, tp, act_bytes = model.hidden, shard.tokens, shard.tp, shard.act_bytes
     norm_rows = shard.sp_rows(tokens)  # norms, residuals and dropout see tokens/tp under SP
@@ -565,7 +355,7 @@ def _block_kernels(
         assignments = balanced if expert_tokens is None else float(expert_tokens)
         if assignments < 0:
             raise ValueError(f"expert_tokens: must be non-negative, got {expert_tokens!r}")
-        out += _moe_kernels(model, shard, routed_rows, assignments, local_experts, width, opts)
+        out += moe_kernels(model, shard, routed_rows, assignments, local_experts, width, opts)
         if m.shared_experts:
             shared_width = _split(m.shared_experts * m.expert_ffn_hidden, tp, "the shared-expert width")
             out += _ffn(model, "shared", tokens, shared_width, act_bytes)
@@ -592,9 +382,9 @@ def layer_kernels(
     routed experts as grouped GEMMs over ``experts / ep`` local experts of width
     ``expert_ffn_hidden / etp`` processing ``expert_tokens`` token-expert assignments
     (default: the balanced ``tokens/tp * top_k * etp``), and the shared experts split by
-    ``tp``; around the experts, the kernels Megatron-Core runs (:func:`_moe_kernels`:
+    ``tp``; around the experts, the kernels Megatron-Core runs (:func:`workloads.moe_kernels.moe_kernels`:
     router, top-k, balance statistics, token-count histogram, permutations), per
-    ``moe_options`` (:class:`MoEOptions`). ``parallel_block`` changes ordering, not kernels or FLOPs. Without
+    ``moe_options`` (:class:`workloads.moe_kernels.MoEOptions`). ``parallel_block`` changes ordering, not kernels or FLOPs. Without
     ``flash_attention`` the materialised scores add an ``attn_scores`` memory-bound
     kernel (softmax, dropout, their reads and writes).
 

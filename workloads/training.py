@@ -107,7 +107,7 @@ class TrainingSpec:
     # The MoE router's logits dtype (Megatron --moe-router-dtype; default None there, the
     # input's BF16): "fp32" writes FP32 logits from the BF16 router GEMM and runs its two
     # gradient GEMMs on FP32 operands (TF32 tensor cores under Transformer Engine),
-    # workloads.counts.MoEOptions.
+    # workloads.moe_kernels.MoEOptions.
     moe_router_dtype: Literal["bf16", "fp32"] = "bf16"
     # Bytes per element of the gradient buffer (Megatron-LM / NeMo keep FP32 main gradients;
     # "bf16" = Megatron --grad-reduce-in-bf16 / NeMo optim.grad_sync_dtype: bf16) and of the

@@ -402,15 +402,8 @@ class Engine:
                         start = t = ready
                 for d in durs:
                     t = t + d
-                if most:
-                    net = self.net
-                    if active < 0:
-                        active = net.active_flows
-                    if active + most > net.stats.max_concurrent_flows:
-                        net.stats.max_concurrent_flows = active + most
-                if now is not None:
-                    for links, added in now:
-                        self.net.stats.link_bytes[links] += added
+                if most or now is not None:
+                    active = self._private_stats(most, now, active)
                 if op.mem:
                     self._mem_at(op, "end", t)
                 record(OpRecord(op, start, t))
@@ -428,6 +421,21 @@ class Engine:
             if bar is not None:
                 bar.update()
             op = nxt
+
+    def _private_stats(self, most: int, now, active: int) -> int:
+        """Count a private op's flows in the network's statistics: its ``most`` concurrent
+        flows on top of the ``active`` ones (read once per chain; -1: not yet) and the bytes
+        ``now`` puts on links. Returns ``active``."""
+        net = self.net
+        if most:
+            if active < 0:
+                active = net.active_flows
+            if active + most > net.stats.max_concurrent_flows:
+                net.stats.max_concurrent_flows = active + most
+        if now is not None:
+            for links, added in now:
+                net.stats.link_bytes[links] += added
+        return active
 
     def _host_late(self, op: Op, seconds: float) -> None:
         """Count ``seconds`` the GPU waited for the host to issue ``op``."""

@@ -4,7 +4,7 @@ docs/formats.md, docs/moe.md).
 
 Each term is the roofline seconds (:func:`simulator.engine.compute.kernel_time_s`, launch
 overhead included, before any sharing of the SMs with communication kernels) of the
-kernels it names (:data:`workloads.counts.MOE_TERM_KERNELS`) in every phase a rank runs
+kernels it names (:data:`workloads.moe_kernels.MOE_TERM_KERNELS`) in every phase a rank runs
 them (forward, recomputation, backward), summed over the rank's compute ops and divided by
 the MoE layer forwards it runs (one per MoE layer, MTP block included, chunk and
 micro-batch), then averaged over the simulated ranks:
@@ -22,7 +22,7 @@ micro-batch), then averaged over the simulated ranks:
 from __future__ import annotations
 
 from simulator.engine.compute import grouped_gemm_shape_loss_s, kernel_time_s
-from workloads.counts import MOE_TERM_KERNELS
+from workloads.moe_kernels import MOE_TERM_KERNELS
 
 _SUFFIXES = (".bwd", ".dgrad", ".wgrad")
 _TERM_OF = {name: term for term, names in MOE_TERM_KERNELS.items() for name in names}

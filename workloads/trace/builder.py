@@ -44,7 +44,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from workloads import counts, memory
+from workloads import counts, memory, moe_kernels
 from workloads import parameters
 from workloads import schedules as sched
 from workloads.errors import WorkloadError
@@ -167,7 +167,7 @@ class TraceBuilder:
         self.shard = Shard.of(L, t)  # one rank's slice of one micro-batch
         self.policy = ActivationPolicy.of(t)  # what its layers keep for the backward
         # how the kernels around the routed experts run (router dtype, balance, capacity)
-        self.moe_options = counts.MoEOptions.of(t, w.expert_load)
+        self.moe_options = moe_kernels.MoEOptions.of(t, w.expert_load)
         self.ops: list[Op] = []
         self.notes: list[str] = []
         self._kern_cache: dict = {}
