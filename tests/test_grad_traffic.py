@@ -229,15 +229,16 @@ def test_zero2_and_zero3_spend_longer_on_gradients_than_zero1():
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_sharding_buffers_follow_the_closed_form(zero):
-    """The `buffers` memory category: 0 for ZeRO-0/1; ZeRO-2 holds the largest unit's
-    unsharded fp32 gradient (4W); ZeRO-3 / FSDP also the bf16 weights of two gathered units —
-    the one computing and the prefetched one (PyTorch FSDP limit_all_gathers: "GPU memory
-    usage from only two consecutive FSDP instances"): 2 x 2W + 4W. The largest unit of the
-    small model is the 32,000 x 512 head (table + final norm), larger than a layer."""
+    """The `buffers` memory category: 0 for ZeRO-0/1; ZeRO-2 holds two units' unsharded fp32
+    gradients, the one being reduce-scattered and the next (training.fsdp_grad_units, 2 x 4W);
+    ZeRO-3 / FSDP also the bf16 weights of two gathered units — the one computing and the
+    prefetched one (PyTorch FSDP limit_all_gathers: "GPU memory usage from only two
+    consecutive FSDP instances"): 2 x 2W + 2 x 4W. The largest unit of the small model is
+    the 32,000 x 512 head (table + final norm), larger than a layer."""
     res = simulate(_scenario(tp=1, pp=2, dp=4, zero=zero))
     w = _table(1) + H
     assert w > _layer(1)
-    expect = {0: 0.0, 1: 0.0, 2: 4 * w, 3: (2 * 2 + 4) * w}[zero]
+    expect = {0: 0.0, 1: 0.0, 2: 2 * 4 * w, 3: (2 * 2 + 2 * 4) * w}[zero]
     assert res.summary["memory_breakdown_bytes"]["buffers"] == expect
 
 

@@ -128,23 +128,33 @@ def test_fsdp_buffers_closed_form():
     assert memory.sharding_buffer_bytes(units, 3, reshard_after_forward=False) == w * sum(units) + g * LAYER_PARAMS
     assert memory.sharding_buffer_bytes(units, 2, reshard_after_forward=False) == g * LAYER_PARAMS
     assert memory.sharding_buffer_bytes(units, 1, gathered_units=5) == 0.0
+    # two units' unsharded gradients, one being reduce-scattered while the next is produced
+    # (Megatron-FSDP's double buffer); at most as many as there are units
+    assert memory.sharding_buffer_bytes(units, 3, grad_units=2) == (2 * w + 2 * g) * LAYER_PARAMS
+    assert memory.sharding_buffer_bytes(units, 2, grad_units=2) == 2 * g * LAYER_PARAMS
+    assert memory.sharding_buffer_bytes([5.0], 2, grad_units=3) == g * 5.0
+    # one weight array at a time under grad_reduce_granularity tensor, whatever grad_units says
+    assert memory.sharding_buffer_bytes(units, 2, grad_units=2, grad_array_params=7.0) == g * 7.0
     with pytest.raises(ValueError):
         memory.sharding_buffer_bytes(units, 3, gathered_units=0)
 
 
 @pytest.mark.parametrize(
-    "training, gathered",
+    "training, gathered, grads",
     [
-        ({}, 2 * LAYER_PARAMS),
-        ({"fsdp_prefetch_units": 0}, LAYER_PARAMS),
-        ({"fsdp_prefetch_units": 2}, 3 * LAYER_PARAMS),
-        ({"reshard_after_forward": False}, 4 * LAYER_PARAMS + 8 * H + 9 * H),
+        ({}, 2 * LAYER_PARAMS, 2 * LAYER_PARAMS),
+        ({"fsdp_prefetch_units": 0}, LAYER_PARAMS, 2 * LAYER_PARAMS),
+        ({"fsdp_prefetch_units": 2}, 3 * LAYER_PARAMS, 2 * LAYER_PARAMS),
+        ({"reshard_after_forward": False}, 4 * LAYER_PARAMS + 8 * H + 9 * H, 2 * LAYER_PARAMS),
+        ({"fsdp_grad_units": 1}, 2 * LAYER_PARAMS, LAYER_PARAMS),
     ],
 )
-def test_simulated_fsdp_buffers(training, gathered):
+def test_simulated_fsdp_buffers(training, gathered, grads):
+    """BF16 gathered weights (2 B) and FP32 unsharded gradients (4 B) of the tiny model's
+    layers (its largest units) on a ZeRO-3 rank."""
     sc = scenario(parallel={"tp": 1, "pp": 1, "dp": 8, "zero": 3}, training=training)
     s = simulate(load_scenario(sc)).summary
-    assert s["memory_breakdown_bytes"]["buffers"] == pytest.approx(2 * gathered + 4 * LAYER_PARAMS, rel=1e-12)
+    assert s["memory_breakdown_bytes"]["buffers"] == pytest.approx(2 * gathered + 4 * grads, rel=1e-12)
 
 
 def test_fsdp_options_are_bounded():
@@ -152,6 +162,8 @@ def test_fsdp_options_are_bounded():
         load_scenario(scenario(training={"fsdp_prefetch_units": -1}))
     with pytest.raises(ScenarioError, match="training.fsdp_prefetch_units"):
         load_scenario(scenario(training={"fsdp_prefetch_units": 65}))
+    with pytest.raises(ScenarioError, match="training.fsdp_grad_units"):
+        load_scenario(scenario(training={"fsdp_grad_units": 0}))
 
 
 # ---- the caching allocator's reserve ---------------------------------------------------

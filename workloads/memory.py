@@ -19,10 +19,11 @@ framework's default (docs/scenario.md):
 * **Distributed saved activations** (``distribute_saved_activations``, Megatron
   ``--distribute-saved-activations``): under full recompute the saved layer input is split
   over the TP group (:mod:`workloads.activations`, "Distributed saved activations").
-* **FSDP's gather and reduce-scatter buffers** (ZeRO-3): the unsharded weights of the unit
-  computing and of ``fsdp_prefetch_units`` prefetched ones, or of every unit from its
-  forward to its backward without ``reshard_after_forward``, plus one unit's unsharded
-  gradient being reduce-scattered (:func:`sharding_buffer_bytes`).
+* **FSDP's gather and reduce-scatter buffers** (ZeRO-2/3): the unsharded weights of the
+  unit computing and of ``fsdp_prefetch_units`` prefetched ones, or of every unit from its
+  forward to its backward without ``reshard_after_forward`` (ZeRO-3), plus the unsharded
+  gradients of ``fsdp_grad_units`` units: the one being reduce-scattered and the one whose
+  backward produces the next (:func:`sharding_buffer_bytes`).
 * **Optimizers without FP32 master weights** (``master_weights``: :data:`MASTER_BYTES`;
   ``optimizer_state_dtype`` down to FP8 moments).
 * **The caching allocator's reserve** (``allocator_reserve_fraction``): PyTorch's CUDA
@@ -355,7 +356,8 @@ def training_sharding_buffer_bytes(
 ) -> float:
     """:func:`sharding_buffer_bytes` under a :class:`workloads.training.TrainingSpec`: the
     gradient dtype, ``grad_reduce_granularity``, ``fsdp_prefetch_units`` (units gathered at
-    once: the computing one plus that many prefetched) and ``reshard_after_forward``."""
+    once: the computing one plus that many prefetched), ``reshard_after_forward`` and
+    ``fsdp_grad_units`` (full-size unit gradients held at once)."""
     return sharding_buffer_bytes(
         unit_params,
         layout.zero,
@@ -364,6 +366,7 @@ def training_sharding_buffer_bytes(
         gathered_units=1 + training.fsdp_prefetch_units,
         grad_array_params=grad_array_params(model, layout, training),
         reshard_after_forward=training.reshard_after_forward,
+        grad_units=training.fsdp_grad_units,
     )
 
 
@@ -375,6 +378,7 @@ def sharding_buffer_bytes(
     gathered_units: int = FSDP_GATHERED_UNITS,
     grad_array_params: Optional[float] = None,
     reshard_after_forward: bool = True,
+    grad_units: int = 1,
 ) -> float:
     """Peak bytes of the full-size transient buffers that ZeRO-2/3 add on one rank,
     for a rank holding units (layers, embedding, head: :func:`rank_parameter_units`)
@@ -382,10 +386,12 @@ def sharding_buffer_bytes(
 
     * ZeRO-2: the unsharded gradient being reduce-scattered, ``grad_dtype_bytes *
       max(unit)`` — the gradient is accumulated full-size per bucket and only its
-      reduce-scattered shard is kept; with ``grad_array_params`` (training
+      reduce-scattered shard is kept; ``grad_units`` such unit gradients at once (2 to
+      overlap one unit's reduce-scatter with the next unit's backward: training
+      ``fsdp_grad_units``); with ``grad_array_params`` (training
       ``grad_reduce_granularity: tensor``, the largest weight array:
       :func:`workloads.parameters.largest_weight_params`) one array at a time instead
-      of a whole unit;
+      of whole units (XLA reduce-scatters each array as its matmul produces it);
     * ZeRO-3 / FSDP: that, plus the gathered weights of ``gathered_units`` units
       (the one computing and the prefetched ones, each counted as the largest): ``gathered_units *
       weight_dtype_bytes * max(unit)``; without ``reshard_after_forward`` every unit's
@@ -401,9 +407,14 @@ def sharding_buffer_bytes(
         raise WorkloadError("parallel.zero", f"must be one of 0, 1, 2, 3, got {zero!r}")
     if gathered_units < 1:
         raise ValueError(f"gathered_units must be at least 1 (the computing unit), got {gathered_units!r}")
+    if grad_units < 1:
+        raise ValueError(f"grad_units must be at least 1, got {grad_units!r}")
     units = [float(u) for u in unit_params]
     largest = max(units, default=0.0)
-    grad_params = largest if grad_array_params is None else min(largest, float(grad_array_params))
+    if grad_array_params is None:  # whole units, grad_units of them (at most every unit)
+        grad_params = largest * min(grad_units, max(len(units), 1))
+    else:
+        grad_params = min(largest, float(grad_array_params))
     if zero == 2:
         return grad_dtype_bytes * grad_params
     if zero == 3:

@@ -174,6 +174,13 @@ class TrainingSpec:
     # holding its unsharded weights: 1 (default) is PyTorch FSDP's limit_all_gathers and
     # FSDP2's implicit prefetch, two units gathered at once (workloads.memory). Memory only.
     fsdp_prefetch_units: int = field(default=1, metadata={"ge": 0, "le": 64})
+    # ZeRO-2/3 / FSDP with grad_reduce_granularity unit: units whose full-size gradient is
+    # held at once, the one being reduce-scattered and the one whose backward produces the
+    # next (Megatron-FSDP: "To overlap gradient reduce-scatter with wgrad computation, at
+    # least two FSDP units worth of un-sharded gradient memory is required",
+    # docs/user-guide/features/megatron_fsdp.md at NVIDIA/Megatron-LM d98e8a64; its double
+    # buffer holds two). Memory only: the trace reduce-scatters one unit at a time.
+    fsdp_grad_units: int = field(default=2, metadata={"ge": 1, "le": 64})
     # ZeRO-3 / FSDP: free the unsharded weights after each unit's forward and gather them
     # again for its backward (FSDP2 fully_shard(reshard_after_forward=True), the default);
     # False keeps every unit's unsharded weights from its forward to its backward. Memory only.

@@ -40,6 +40,7 @@ def _training_dict(t: TrainingSpec) -> dict:
         ("grad_reduce_granularity", "unit"),
         ("distribute_saved_activations", False),
         ("fsdp_prefetch_units", 1),
+        ("fsdp_grad_units", 2),
         ("reshard_after_forward", True),
         ("allocator_reserve_fraction", None),
     ):
