@@ -23,6 +23,7 @@ from types import SimpleNamespace
 from typing import Optional, Sequence
 
 # The exit codes are re-exported: simulator.cli.app is where scripts have always found them.
+from simulator.cli import limits
 from simulator.cli.common import (  # noqa: F401
     EXIT_BAD_INPUT,
     EXIT_CASES_FAILED,
@@ -30,11 +31,14 @@ from simulator.cli.common import (  # noqa: F401
     EXIT_INTERNAL,
     EXIT_OFF_TARGET,
     EXIT_OK,
+    MAX_DEVICES_FLAG,
     CliError,
+    int_flag,
     new_parser,
     resolve_scenario_path,
     run,
 )
+from simulator.cli.limits import check_collective_work, check_finite_summary
 from workloads.enums import BALANCE_MODES, COLLECTIVE_OPS, RECOMPUTE_MODES, SCHEDULES
 
 
@@ -43,8 +47,14 @@ from workloads.enums import BALANCE_MODES, COLLECTIVE_OPS, RECOMPUTE_MODES, SCHE
 
 def cmd_run(args) -> int:
     from simulator import simulate
+    from simulator.results.outdir import check_output_dir, check_output_file, staged_dir, staged_file
+    from simulator.results.result import RUN_OUTPUTS
 
     path = resolve_scenario_path(args.scenario)
+    if args.out:  # the output paths are checked before simulating
+        check_output_dir(args.out, "--out")
+    if args.perfetto:
+        check_output_file(args.perfetto, "--perfetto", within=args.out)
     topology = None
     if args.topology:
         from topologies.io import load_topology
@@ -66,14 +76,17 @@ def cmd_run(args) -> int:
         # Machine-dependent figures left out, so that the same scenario gives a
         # byte-identical summary.json.
         result.summary["sim_wall_s"] = None
-    if args.out:
-        paths = result.write(args.out, plots=not args.no_plots)
-        if args.html:
-            from simulator.results.html_report import write_report
+    if args.out:  # every file written, then moved into --out together
+        with staged_dir(args.out, RUN_OUTPUTS, "--out") as tmp:
+            paths = result.write(tmp, plots=not args.no_plots)
+            if args.html:
+                from simulator.results.html_report import write_report
 
-            paths["report"] = write_report(result, Path(args.out) / "report.html")
+                paths["report"] = write_report(result, tmp / "report.html")
+        paths = {k: Path(args.out) / p.name for k, p in paths.items()}
     if args.perfetto:
-        result.to_chrome_trace(args.perfetto)
+        with staged_file(args.perfetto, "--perfetto") as tmp:
+            result.to_chrome_trace(tmp)
     if args.json:
         sys.stdout.write(result.summary_json())
     else:
@@ -90,23 +103,29 @@ def cmd_report(args) -> int:
     from simulator.results.html_report import write_report
     from simulator.results.report import format_summary
 
+    from simulator.results.outdir import check_output_file, staged_file
+
     if args.output and not args.html:
         raise CliError("--output: only with --html")
+    out = Path(args.output) if args.output else Path(args.dir) / "report.html"
     if args.html:
         from simulator.results.html_data import require_plotly
 
         require_plotly()
+        check_output_file(out, "--output" if args.output else "--html")
     data = load_run_dir(args.dir)
+    check_finite_summary(data.summary, Path(args.dir) / "summary.json")
     if not args.html:
         print(format_summary(SimpleNamespace(summary=data.summary)))  # it reads .summary only
         return EXIT_OK
-    out = Path(args.output) if args.output else Path(args.dir) / "report.html"
-    write_report(data, out)
+    with staged_file(out, "--output" if args.output else "--html") as tmp:
+        write_report(data, tmp)
     print(f"wrote {out}")
     return EXIT_OK
 
 
 def cmd_trace(args) -> int:
+    from simulator.results.outdir import check_output_dir, check_output_file, staged_dir, staged_file
     from simulator.scenario.loading import load_scenario
     from simulator.scenario.schema import ScenarioError
     from workloads.errors import WorkloadError
@@ -114,6 +133,7 @@ def cmd_trace(args) -> int:
     from workloads.trace.io import write_trace
 
     sc = load_scenario(resolve_scenario_path(args.scenario))
+    (check_output_dir if args.format == "chakra" else check_output_file)(args.out, "--out")
     try:
         if args.exact:
             tr = build_trace(sc.workload(), ranks=list(range(sc.layout.world)))
@@ -124,7 +144,16 @@ def cmd_trace(args) -> int:
             tr = build_trace(sc.workload(), position=representative_position(sc.layout, build_cluster(sc.cluster)))
     except WorkloadError as err:
         raise ScenarioError.from_error(err) from None
-    write_trace(tr, args.out, scenario=sc, format=args.format)
+    if args.format == "chakra":
+        from workloads.trace.chakra import PREFIX
+
+        # An earlier trace's ET files of ranks this one has not are stale.
+        old = [p.name for p in Path(args.out).glob(f"{PREFIX}.*.et")] if Path(args.out).is_dir() else []
+        with staged_dir(args.out, [*old, "comm_group.json"], "--out") as tmp:
+            write_trace(tr, tmp, scenario=sc, format=args.format)
+    else:
+        with staged_file(args.out, "--out") as tmp:
+            write_trace(tr, tmp, scenario=sc, format=args.format)
     print(f"wrote {len(tr.ops):,} ops of {len(tr.ranks)} ranks to {args.out}")
     if args.format == "chakra":
         from workloads.trace.chakra import PREFIX
@@ -141,10 +170,14 @@ def cmd_trace(args) -> int:
 def cmd_compare(args) -> int:
     from simulator.studies.compare import compare_schedules, format_table, plot_comparison
 
+    from simulator.results.outdir import check_output_dir, staged_dir
+
     path = resolve_scenario_path(args.scenario)
     schedules = [x.strip() for x in args.schedules.split(",") if x.strip()]
     if args.html and not args.out:
         raise CliError("--html: give --out DIR too (the report is written to DIR/compare.html)")
+    if args.out:
+        check_output_dir(args.out, "--out")
     if args.html:
         from simulator.results.html_data import require_plotly
 
@@ -152,16 +185,21 @@ def cmd_compare(args) -> int:
     table, results = compare_schedules(path, schedules, vpp=args.vpp)
     print(format_table(table))
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        table.to_csv(out / "compare.csv", index=False)
-        plot_comparison(table, results, out / "compare.png")
-        print(f"wrote compare.csv and compare.png to {out}")
-        if args.html:
-            from simulator.results.html_report import write_compare_report
+        with staged_dir(args.out, COMPARE_OUTPUTS, "--out") as out:
+            table.to_csv(out / "compare.csv", index=False)
+            plot_comparison(table, results, out / "compare.png")
+            if args.html:
+                from simulator.results.html_report import write_compare_report
 
-            print(f"wrote {write_compare_report(table, results, out / 'compare.html')}")
+                write_compare_report(table, results, out / "compare.html")
+        print(f"wrote compare.csv and compare.png to {args.out}")
+        if args.html:
+            print(f"wrote {Path(args.out) / 'compare.html'}")
     return EXIT_OK
+
+
+#: What ``stepsim compare --out DIR`` writes (those a run does not write are removed from DIR).
+COMPARE_OUTPUTS = ("compare.csv", "compare.png", "compare.html")
 
 
 def cmd_presets(args) -> int:
@@ -275,21 +313,27 @@ def _network_calibration(arg: str, family: str):
 
 
 def cmd_collective(args) -> int:
+    from simulator.results.outdir import check_output_file, staged_file
     from simulator.studies import bench
     from topologies.presets import build_cluster
 
-    spec = _cluster_from_arg(args.cluster, args.devices)
-    topo = build_cluster(spec)
-    n = args.devices or spec.devices
-    if n > topo.n_devices:
-        raise CliError(f"--devices: {n} is more than the cluster's {topo.n_devices}")
     try:
         lo, hi = bench.parse_size(args.min_bytes), bench.parse_size(args.max_bytes)
     except ValueError as err:
         raise CliError(f"--min-bytes/--max-bytes: {err}") from None
     if lo <= 0 or hi < lo:
         raise CliError(f"--min-bytes/--max-bytes: need 0 < min <= max, got {lo} and {hi}")
+    if hi > limits.MAX_COLLECTIVE_BYTES:
+        raise CliError(f"--max-bytes: at most {limits.MAX_COLLECTIVE_BYTES:,} bytes (1 PiB), got {hi:,}", "--max-bytes")
+    if args.plot:
+        check_output_file(args.plot, "--plot")
+    spec = _cluster_from_arg(args.cluster, args.devices)
+    n = args.devices or spec.devices
     sizes = bench.size_range(lo, hi)
+    check_collective_work(args.op, n, len(sizes))  # before building a network of n devices
+    topo = build_cluster(spec)
+    if n > topo.n_devices:
+        raise CliError(f"--devices: {n} is more than the cluster's {topo.n_devices}")
     rows = bench.collective_sweep(
         args.op,
         topo,
@@ -314,13 +358,19 @@ def cmd_collective(args) -> int:
         print(f"# stepsim collective {args.op} on {spec.name} ({n} devices)")
         print(bench.format_table(rows))
     if args.plot:
-        bench.plot_busbw(rows, args.plot)
+        with staged_file(args.plot, "--plot") as tmp:
+            bench.plot_busbw(rows, tmp)
     return EXIT_OK
 
 
 def cmd_topology(args) -> int:
+    from simulator.results.outdir import check_output_file, staged_file
     from topologies.io import load_topology, save_topology
     from topologies.presets import build_cluster
+
+    for flag, value in (("--save", args.save), ("--plot", args.plot)):
+        if value:
+            check_output_file(value, flag)
 
     if (
         Path(args.cluster).suffix.lower() in (".graphml", ".json")
@@ -339,12 +389,14 @@ def cmd_topology(args) -> int:
         f"({', '.join(f'{k} {v // 2}' for k, v in sorted(kinds.items()))})"
     )
     if args.save:
-        save_topology(topo, args.save)
+        with staged_file(args.save, "--save") as tmp:
+            save_topology(topo, tmp)
         print(f"wrote {args.save}")
     if args.plot:
         from topologies.plot import plot_topology
 
-        plot_topology(topo, args.plot)
+        with staged_file(args.plot, "--plot") as tmp:
+            plot_topology(topo, tmp)
         print(f"wrote {args.plot}")
     return EXIT_OK
 
@@ -436,7 +488,7 @@ def _add_compare(sub) -> None:
     p = sub.add_parser("compare", help="run a scenario under several pipeline schedules, side by side")
     p.add_argument("scenario", help="scenario file or built-in scenario name")
     p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b,zb-h1,dualpipe")
-    p.add_argument("--vpp", type=int, default=2, help="virtual stages for interleaved-1f1b (default 2)")
+    p.add_argument("--vpp", type=int_flag(1, 1024), default=2, help="virtual stages for interleaved-1f1b (default 2)")
     p.add_argument("--out", help="directory for compare.csv and compare.png")
     p.add_argument("--html", action="store_true", help="also write --out DIR/compare.html (needs plotly)")
     p.set_defaults(func=cmd_compare)
@@ -454,7 +506,9 @@ def _add_collective(sub) -> None:
     p = sub.add_parser("collective", help="nccl-tests-style collective benchmark on a simulated cluster")
     p.add_argument("op", choices=COLLECTIVE_OPS)
     p.add_argument("--cluster", required=True, help="cluster preset name or a file holding a `cluster` mapping")
-    p.add_argument("--devices", type=int, help="devices taking part (default: the whole cluster)")
+    p.add_argument(
+        "--devices", type=int_flag(1, MAX_DEVICES_FLAG), help="devices taking part (default: the whole cluster)"
+    )
     p.add_argument("--algorithm", help="collective algorithm (default: chosen per topology)")
     p.add_argument("--min-bytes", default="8")
     p.add_argument("--max-bytes", default="8G")
@@ -479,7 +533,7 @@ def _add_topology(sub) -> None:
     """The ``topology`` command's arguments."""
     p = sub.add_parser("topology", help="describe, save or draw a cluster topology")
     p.add_argument("cluster", help="cluster preset name, a scenario/cluster file, or a topology file")
-    p.add_argument("--devices", type=int)
+    p.add_argument("--devices", type=int_flag(1, MAX_DEVICES_FLAG))
     p.add_argument("--plot", help="write a picture of the topology (PNG/SVG)")
     p.add_argument("--save", help="save the topology as JSON or GraphML (by extension)")
     p.set_defaults(func=cmd_topology)

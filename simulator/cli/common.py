@@ -13,35 +13,89 @@ Exit codes (the same for every command; README.md and docs/formats.md list them)
   :class:`stepsim_errors.StepsimError` or an ``OSError``;
 * 3: ``stepsim validate --max-error F``: a case is off by more than ``F``;
 * 4: ``sweep``, ``search`` or ``validate`` ran, but some of its cases failed (the
-  command says how many; the others' results are written as usual).
+  command says how many; the others' results are written as usual);
+* 130 / 143: ended by SIGINT (Ctrl-C) / SIGTERM (one line, no traceback; worker processes
+  ended, outputs left as they were before the command: :mod:`simulator.cli.interrupts`).
+
+Output text that the terminal's encoding cannot show (``PYTHONIOENCODING=ascii`` and a
+non-ASCII scenario name) is written with backslash escapes, and an ``MPLBACKEND`` that
+matplotlib does not know is replaced by Agg (with a line saying so): stepsim only writes
+figures to files.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
+from simulator.cli.interrupts import EXIT_SIGINT, EXIT_SIGTERM, Interrupted, handled
 from stepsim_errors import StepsimError
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_OFF_TARGET, EXIT_CASES_FAILED = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED, EXIT_TERMINATED = EXIT_SIGINT, EXIT_SIGTERM  # 130, 143
 
 #: The exit codes as ``--help`` prints them.
 EXIT_CODES_HELP = (
     f"exit codes: {EXIT_OK} success, {EXIT_INTERNAL} internal error, {EXIT_BAD_INPUT} bad input, "
     f"{EXIT_OFF_TARGET} validate --max-error exceeded, {EXIT_CASES_FAILED} some cases of a sweep, "
-    "search or validate failed"
+    f"search or validate failed, {EXIT_INTERRUPTED} interrupted (SIGINT), {EXIT_TERMINATED} terminated (SIGTERM)"
 )
 
-#: Set (to anything) for the traceback of an error.
+#: Set to 1 (or true, yes, on) for the traceback of an error; 0, false, no, off or empty: none.
 DEBUG_ENV = "STEPSIM_DEBUG"
+
+
+def debug_enabled() -> bool:
+    """Whether :data:`DEBUG_ENV` asks for tracebacks (a true value: 1, true, yes, on)."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class CliError(StepsimError):
     """Bad input detected by the command line itself (``field``: the flag or argument)."""
+
+
+#: The most devices a flag may name (the largest cluster a scenario may have).
+MAX_DEVICES_FLAG = 262_144
+#: The most worker processes ``--jobs`` may start.
+MAX_JOBS = 1024
+
+
+def int_flag(lo: int, hi: int, what: str = "an integer") -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``[lo, hi]``; argparse names the flag when it refuses."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} from {lo:,} to {hi:,}, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{what} from {lo:,} to {hi:,}, got {value:,}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def float_flag(lo: float, hi: float = math.inf, what: str = "a finite number") -> Callable[[str], float]:
+    """An argparse ``type``: a finite number in ``[lo, hi]`` (no NaN, no infinity)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and lo <= value <= hi):
+            bound = f">= {lo:g}" if hi == math.inf else f"from {lo:g} to {hi:g}"
+            raise argparse.ArgumentTypeError(f"{what} {bound}, got {text!r}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
 
 
 def resolve_scenario_path(arg: str) -> Path:
@@ -76,25 +130,66 @@ def new_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
 
 def run(ap: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> int:
     """Parse ``argv``, run the command and return its exit code: a :class:`StepsimError` or an
-    ``OSError`` is bad input (exit 2, its one-line message); anything else is an internal
-    error (exit 1, a one-line hint; the traceback with ``STEPSIM_DEBUG=1``)."""
+    ``OSError`` is bad input (exit 2, its one-line message); SIGINT / SIGTERM end it with one
+    line (exit 130 / 143); anything else is an internal error (exit 1, a one-line hint; the
+    traceback with ``STEPSIM_DEBUG=1``)."""
+    _tolerant_output()
+    with handled():
+        try:
+            try:
+                args = ap.parse_args(argv)
+            except SystemExit as e:  # argparse: usage errors exit 2 already
+                return int(e.code or 0)
+            _usable_matplotlib_backend()
+            return args.func(args)
+        except KeyboardInterrupt as err:  # Interrupted (SIGINT, SIGTERM), or a KeyboardInterrupt raised elsewhere
+            code = err.exit_code if isinstance(err, Interrupted) else EXIT_INTERRUPTED
+            print(f"stepsim: {err if isinstance(err, Interrupted) else 'interrupted (SIGINT)'}", file=sys.stderr)
+            return code
+        except (StepsimError, OSError) as err:
+            print(f"stepsim: error: {err}", file=sys.stderr)
+            if debug_enabled():
+                traceback.print_exc()
+            return EXIT_BAD_INPUT
+        except Exception as err:  # noqa: BLE001 — an internal bug: say so, no traceback unless asked
+            print(
+                f"stepsim: internal error: {type(err).__name__}: {err} (a bug in stepsim; set {DEBUG_ENV}=1 for "
+                "a traceback)",
+                file=sys.stderr,
+            )
+            if debug_enabled():
+                traceback.print_exc()
+            return EXIT_INTERNAL
+
+
+def _tolerant_output() -> None:
+    """stdout and stderr write what their encoding cannot show as backslash escapes (a
+    non-ASCII scenario name under ``PYTHONIOENCODING=ascii``) instead of failing."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a stream that cannot change: leave it
+                pass
+
+
+def _usable_matplotlib_backend() -> None:
+    """An ``MPLBACKEND`` matplotlib refuses becomes Agg, with a line saying so (stepsim draws
+    into files only). Looked at only when set: matplotlib is not imported otherwise."""
+    value = os.environ.get("MPLBACKEND")
+    if not value or "matplotlib" in sys.modules:
+        return
+    del os.environ["MPLBACKEND"]  # matplotlib reads it on import and refuses a bad one there
     try:
-        args = ap.parse_args(argv)
-    except SystemExit as e:  # argparse: usage errors exit 2 already
-        return int(e.code or 0)
+        import matplotlib
+        from matplotlib import rcsetup
+    except ImportError:  # no matplotlib: nothing will draw
+        os.environ["MPLBACKEND"] = value
+        return
     try:
-        return args.func(args)
-    except (StepsimError, OSError) as err:
-        print(f"stepsim: error: {err}", file=sys.stderr)
-        if os.environ.get(DEBUG_ENV):
-            traceback.print_exc()
-        return EXIT_BAD_INPUT
-    except Exception as err:  # noqa: BLE001 — an internal bug: say so, no traceback unless asked
-        print(
-            f"stepsim: internal error: {type(err).__name__}: {err} (a bug in stepsim; set {DEBUG_ENV}=1 for "
-            "a traceback)",
-            file=sys.stderr,
-        )
-        if os.environ.get(DEBUG_ENV):
-            traceback.print_exc()
-        return EXIT_INTERNAL
+        rcsetup.validate_backend(value)
+    except ValueError:
+        print(f"stepsim: MPLBACKEND={value!r} is not a matplotlib backend; drawing with Agg", file=sys.stderr)
+        value = "Agg"
+    os.environ["MPLBACKEND"] = value
+    matplotlib.rcParams["backend"] = value

@@ -7,12 +7,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from simulator.cli.common import MAX_DEVICES_FLAG, int_flag
+
 
 def cmd_import(args) -> int:
     from simulator.fileio import read_text
     from simulator.interop.megatron import import_megatron, to_yaml
+    from simulator.results.outdir import check_output_file, staged_file
     from simulator.scenario.loading import load_scenario
 
+    if args.out:
+        check_output_file(args.out, "--out")
     path = Path(args.args_file)
     text = read_text(path, 1 << 20, what="argument file")
     name = args.name or path.stem
@@ -20,7 +25,8 @@ def cmd_import(args) -> int:
     load_scenario(res.scenario)  # refuse what would not run, naming the key
     out = to_yaml(res, str(path))
     if args.out:
-        Path(args.out).write_text(out)
+        with staged_file(args.out, "--out") as tmp:
+            tmp.write_text(out, encoding="utf-8")
         print(
             f"wrote {args.out}: {len(res.mapped)} arguments mapped, {len(res.unmapped)} not mapped, "
             f"{len(res.ignored)} ignored (no effect on a step)"
@@ -49,7 +55,7 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--devices",
-        type=int,
+        type=int_flag(1, MAX_DEVICES_FLAG),
         help="GPUs (default: from the torchrun line, --num-gpus, or tp*pp*cp*dp with --data-parallel-size)",
     )
     p.add_argument("--name", help="scenario name (default: the file's name)")

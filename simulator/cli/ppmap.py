@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simulator.cli.common import CliError
+from simulator.cli.common import MAX_JOBS, CliError, int_flag
 
 
 def register(subparsers) -> None:
@@ -15,7 +15,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="directory: screen.jsonl, sims/ (resumable), map.csv, candidates.csv")
     p.add_argument("--plot", help="write the heat map to this PNG")
     p.add_argument("--assemble-only", action="store_true", help="simulate nothing: tables from what --out holds")
-    p.add_argument("--jobs", type=int, help="local worker processes (default: every core; 1: in this process)")
+    p.add_argument(
+        "--jobs", type=int_flag(1, MAX_JOBS), help="local worker processes (default: every core; 1: in this process)"
+    )
     p.add_argument("--dask", metavar="ADDRESS", help="run the simulations on the Dask scheduler at ADDRESS")
     p.set_defaults(func=cmd_ppmap)
 
@@ -26,10 +28,13 @@ def cmd_ppmap(args) -> int:
     from simulator.studies.ppmap_plot import plot_map
     from simulator.studies.ppmap_spec import CANDIDATES_CSV, MAP_CSV, load_map
 
+    from simulator.results.outdir import check_output_dir, check_output_file, staged_file
+
     if not Path(args.map).exists():
         raise CliError(f"ppmap: no file {args.map!r}")
-    if args.jobs is not None and args.jobs < 1:
-        raise CliError(f"--jobs: must be >= 1, got {args.jobs}")
+    check_output_dir(args.out, "--out")  # resumable: its files are added to as it goes
+    if args.plot:
+        check_output_file(args.plot, "--plot", within=args.out)
     spec = load_map(args.map)
     if args.assemble_only:
         table, cands = assemble(spec, args.out)
@@ -42,6 +47,7 @@ def cmd_ppmap(args) -> int:
         f"{len(cands)} layouts simulated; wrote {MAP_CSV}, {CANDIDATES_CSV} to {args.out}"
     )
     if args.plot and len(table):
-        plot_map(table, args.plot, markers={m[0]: m[1:] for m in spec.marks}, title=spec.name)
+        with staged_file(args.plot, "--plot", within=args.out) as tmp:
+            plot_map(table, tmp, markers={m[0]: m[1:] for m in spec.marks}, title=spec.name)
         print(f"  figure: {args.plot}")
     return 0

@@ -19,11 +19,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from simulator.cli.common import EXIT_CASES_FAILED, EXIT_OK, CliError, new_parser, run
+from simulator.cli.common import (
+    EXIT_CASES_FAILED,
+    EXIT_OK,
+    MAX_DEVICES_FLAG,
+    MAX_JOBS,
+    CliError,
+    int_flag,
+    new_parser,
+    run,
+)
 
 COMMANDS = ("sweep", "search", "sweep-plot")
 
@@ -96,24 +106,48 @@ def _executor(spec: Optional[str], jobs: Optional[int], dask: Optional[str]):
         raise CliError(f"--executor: cannot import {mod_name!r}: {err}") from None
     except AttributeError:
         raise CliError(f"--executor: {mod_name!r} has no {attr!r}") from None
-    ex = factory(**({"max_workers": jobs} if jobs is not None else {}))
-    if not callable(getattr(ex, "submit", None)):
-        raise CliError(f"--executor: {spec} returned a {type(ex).__name__}, not a concurrent.futures.Executor")
+    ex = _make_executor(spec, factory, jobs)
     try:
         yield ex
     finally:
         ex.shutdown(wait=True)
 
 
+def _make_executor(spec: str, factory, jobs: Optional[int]):
+    """The executor ``factory`` returns, or a :class:`CliError` naming ``--executor``: the
+    factory must be callable, return without error, and give an object whose ``submit``
+    and ``shutdown`` are implemented (not :class:`concurrent.futures.Executor`'s own
+    abstract ones)."""
+    from concurrent.futures import Executor
+
+    if not callable(factory):
+        raise CliError(f"--executor: {spec} is a {type(factory).__name__}, not a callable returning an executor")
+    kwargs = {"max_workers": jobs} if jobs is not None else {}
+    try:
+        ex = factory(**kwargs)
+    except Exception as err:  # noqa: BLE001 — any failure of the user's callable is bad input
+        call = f"{spec}({', '.join(f'{k}={v}' for k, v in kwargs.items())})"
+        raise CliError(f"--executor: calling {call} failed: {type(err).__name__}: {err}") from None
+    submit, shutdown = getattr(type(ex), "submit", None), getattr(type(ex), "shutdown", None)
+    if not callable(submit) or not callable(shutdown) or submit is Executor.submit:
+        raise CliError(
+            f"--executor: {spec} returned a {type(ex).__name__}, not a usable concurrent.futures.Executor "
+            "(one that implements submit and shutdown)"
+        )
+    return ex
+
+
 # ---- commands ------------------------------------------------------------------------------
 
 
 def cmd_sweep(args) -> int:
+    from simulator.results.outdir import check_output_dir
     from simulator.studies.sweep import sweep
     from simulator.studies.sweep_rows import CSV_FILE, PARQUET_FILE
 
-    if not (Path(args.sweep).exists() or Path(args.sweep).is_symlink()):  # a link loop: reading it says so
+    if not Path(args.sweep).exists():
         raise CliError(f"sweep: no file {args.sweep!r}")
+    check_output_dir(args.out, "--out")  # resumable: rows.jsonl is appended to as cases end
     with _executor(args.executor, _jobs(args), args.dask) as ex, _dask_client(args.dask) as client:
         frame = sweep(
             args.sweep,
@@ -131,8 +165,10 @@ def cmd_sweep(args) -> int:
             extra.append(f"{len(frame.attrs[k])} {what}")
     if frame.attrs.get("filtered"):
         extra.append(f"{frame.attrs['filtered']} left out by where")
+    reused = frame.attrs.get("reused", 0)
+    runs = f" ({len(frame) - reused} run now, {reused} reused from {args.out}/rows.jsonl)" if reused else ""
     print(
-        f"sweep {frame.attrs.get('name', '')}: {len(frame)} cases, {counts.get('ok', 0)} ok, "
+        f"sweep {frame.attrs.get('name', '')}: {len(frame)} cases{runs}, {counts.get('ok', 0)} ok, "
         f"{counts.get('failed', 0)} failed" + (f" ({', '.join(extra)})" if extra else "")
     )
     print(f"  wrote {PARQUET_FILE}, {CSV_FILE}, rows.jsonl to {args.out}")
@@ -172,18 +208,21 @@ def _margin(text: str):
         value = float(text)
     except ValueError:
         raise CliError(f"--estimate-margin: expected a number >= 0 or 'none', got {text!r}") from None
-    if not value >= 0:
-        raise CliError(f"--estimate-margin: expected a number >= 0 or 'none', got {text!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise CliError(f"--estimate-margin: expected a finite number >= 0 or 'none', got {text!r}")
     return value
 
 
 def cmd_search(args) -> int:
     from simulator.cli.common import resolve_scenario_path
+    from simulator.results.outdir import check_output_dir
     from simulator.studies.search import search
     from simulator.studies.search_layouts import SearchBounds
     from workloads.enums import RECOMPUTE_MODES, SCHEDULES
 
     path = resolve_scenario_path(args.scenario)
+    if args.out:
+        check_output_dir(args.out, "--out")  # resumable, as a sweep's
     bounds = SearchBounds(
         max_tp=args.max_tp,
         max_pp=args.max_pp,
@@ -242,7 +281,9 @@ def cmd_sweep_plot(args) -> int:
 
 
 def _executor_flags(p) -> None:
-    p.add_argument("--jobs", type=int, help="local worker processes (default: every core; 1: in this process)")
+    p.add_argument(
+        "--jobs", type=int_flag(1, MAX_JOBS), help="local worker processes (default: every core; 1: in this process)"
+    )
     p.add_argument("--dask", metavar="ADDRESS", help="run on the Dask scheduler at ADDRESS (e.g. tcp://host:8786)")
     p.add_argument(
         "--executor",
@@ -279,11 +320,21 @@ def register(subparsers) -> None:
     )
     p.add_argument("scenario", help="scenario file (YAML/JSON) or a built-in scenario name")
     p.add_argument("--out", help="directory for search.csv and best.json")
-    p.add_argument("--max-tp", type=int, help="largest tensor parallelism (default: the scale-up domain)")
-    p.add_argument("--max-pp", type=int, help="largest pipeline parallelism (default: the layer count)")
-    p.add_argument("--max-cp", type=int, default=1, help="largest context parallelism (default 1)")
-    p.add_argument("--max-ep", type=int, help="largest expert parallelism (MoE; default: no bound)")
-    p.add_argument("--max-vpp", type=int, default=4, help="largest virtual stages for interleaved-1f1b (default 4)")
+    p.add_argument(
+        "--max-tp", type=int_flag(1, MAX_DEVICES_FLAG), help="largest tensor parallelism (default: the scale-up domain)"
+    )
+    p.add_argument(
+        "--max-pp", type=int_flag(1, MAX_DEVICES_FLAG), help="largest pipeline parallelism (default: the layer count)"
+    )
+    p.add_argument(
+        "--max-cp", type=int_flag(1, MAX_DEVICES_FLAG), default=1, help="largest context parallelism (default 1)"
+    )
+    p.add_argument(
+        "--max-ep", type=int_flag(1, MAX_DEVICES_FLAG), help="largest expert parallelism (MoE; default: no bound)"
+    )
+    p.add_argument(
+        "--max-vpp", type=int_flag(1, 1024), default=4, help="largest virtual stages for interleaved-1f1b (default 4)"
+    )
     p.add_argument(
         "--schedules",
         default="gpipe,1f1b,interleaved-1f1b,zb-h1,dualpipe",
@@ -294,7 +345,7 @@ def register(subparsers) -> None:
     p.add_argument("--recompute", default="none,selective,full", help="comma-separated recompute modes")
     p.add_argument(
         "--max-candidates",
-        type=int,
+        type=int_flag(1, 10**7),
         help="simulate at most N layouts (ranked by the analytic step-time estimate, column est_step_time_s)",
     )
     p.add_argument(
@@ -305,7 +356,7 @@ def register(subparsers) -> None:
         "simulated one unless its estimate errs by more than the largest error seen plus X "
         "(default 0.05); 'none': simulate every layout that fits",
     )
-    p.add_argument("--top", type=int, default=10, help="rows of the runner-up table (default 10)")
+    p.add_argument("--top", type=int_flag(0, 10**7), default=10, help="rows of the runner-up table (default 10)")
     p.add_argument("--json", action="store_true", help="print best.json instead of the table")
     _executor_flags(p)
     p.set_defaults(func=cmd_search)

@@ -22,18 +22,30 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from simulator.cli.common import EXIT_CASES_FAILED, EXIT_OFF_TARGET, EXIT_OK, CliError, new_parser, run
+from simulator.cli.common import (
+    EXIT_CASES_FAILED,
+    EXIT_OFF_TARGET,
+    EXIT_OK,
+    MAX_DEVICES_FLAG,
+    MAX_JOBS,
+    CliError,
+    float_flag,
+    int_flag,
+    new_parser,
+    run,
+)
 
 COMMANDS = ("validate", "calibrate")
 
 
 def cmd_validate(args) -> int:
+    from simulator.results.outdir import check_output_dir, staged_dir
     from simulator.studies import validate as v
 
+    if args.out:
+        check_output_dir(args.out, "--out")
     cases = v.discover(args.cases, root=args.suite)
-    jobs = args.jobs if args.jobs is not None else min(len(cases), os.cpu_count() or 1)
-    if jobs < 1:
-        raise CliError(f"--jobs: must be >= 1, got {jobs}")
+    jobs = args.jobs if args.jobs is not None else max(1, min(len(cases), os.cpu_count() or 1))
     t0 = time.perf_counter()
 
     def progress(r):
@@ -47,10 +59,11 @@ def cmd_validate(args) -> int:
         print(v.format_table(results))
     print(f"total wall time {wall:.1f} s with {jobs} job(s)")
     if results and args.out:
+        with staged_dir(args.out, ("validation.csv", "parity.png"), "--out") as tmp:
+            v.write_csv(results, tmp / "validation.csv")
+            v.plot_parity(results, tmp / "parity.png")
         out = Path(args.out)
-        csv_path = v.write_csv(results, out / "validation.csv")
-        png = v.plot_parity(results, out / "parity.png")
-        print(f"wrote {csv_path} and {png}")
+        print(f"wrote {out / 'validation.csv'} and {out / 'parity.png'}")
     code = EXIT_OK
     memory_failed = [r for r in results if r.failure]
     if memory_failed:  # a run the source made must fit (and an oom case must agree)
@@ -73,8 +86,11 @@ def cmd_validate(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    from simulator.results.outdir import check_output_file, staged_file
     from simulator.studies import calibrate as c
 
+    if args.out:
+        check_output_file(args.out, "--out")
     report, notes = {}, []
     kernels = c.read_kernels(args.kernels) if args.kernels else []
     if args.kineto:
@@ -115,16 +131,19 @@ def cmd_calibrate(args) -> int:
     print(block, end="")
     if args.out:
         out = Path(args.out)
-        if out.suffix.lower() == ".json":
-            out.write_text(json.dumps(report, indent=2) + "\n")
-        else:
-            out.write_text(block)
+        with staged_file(out, "--out") as tmp:
+            tmp.write_text(json.dumps(report, indent=2) + "\n" if out.suffix.lower() == ".json" else block)
         print(f"# wrote {out}")
     return EXIT_OK
 
 
 def register(subparsers) -> None:
     """Add ``validate`` and ``calibrate`` to an argparse subparsers action."""
+    _add_validate(subparsers)
+    _add_calibrate(subparsers)
+
+
+def _add_validate(subparsers) -> None:
     p = subparsers.add_parser(
         "validate",
         help="simulate the published runs of validation/ and compare",
@@ -145,10 +164,10 @@ def register(subparsers) -> None:
         "repository, installed as package data)",
     )
     p.add_argument("--out", help="write DIR/validation.csv and DIR/parity.png")
-    p.add_argument("--jobs", type=int, help="worker processes (default: one per CPU)")
+    p.add_argument("--jobs", type=int_flag(1, MAX_JOBS), help="worker processes (default: one per CPU)")
     p.add_argument(
         "--max-error",
-        type=float,
+        type=float_flag(0.0),
         metavar="F",
         help=f"exit {EXIT_OFF_TARGET} when a case is off by more than this fraction (e.g. 0.2)",
     )
@@ -162,6 +181,8 @@ def register(subparsers) -> None:
     )
     p.set_defaults(func=cmd_validate)
 
+
+def _add_calibrate(subparsers) -> None:
     p = subparsers.add_parser(
         "calibrate",
         help="fit compute (and network) efficiencies to measured kernel/collective timings",
@@ -190,7 +211,11 @@ def register(subparsers) -> None:
         help="the collective of --nccl-tests logs that do not name their binary "
         "(all-reduce, all-gather, reduce-scatter, all-to-all, broadcast, send-recv)",
     )
-    p.add_argument("--devices", type=int, help="device count of --nccl-tests logs that list no '# Rank' lines")
+    p.add_argument(
+        "--devices",
+        type=int_flag(1, MAX_DEVICES_FLAG),
+        help="device count of --nccl-tests logs that list no '# Rank' lines",
+    )
     p.add_argument("--family", default="hopper", help="chip family whose defaults seed the fit and fill gaps")
     p.add_argument("--chip", help="chip preset giving peak FLOP/s and HBM bandwidth (default: the family's usual chip)")
     p.add_argument("--collectives", help="CSV: op,devices,size_bytes,time_s (nccl-tests style)")

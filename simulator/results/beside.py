@@ -11,12 +11,17 @@ Forking is safe only where the child cannot inherit a lock another thread holds,
 Jupyter kernel has several: it writes in turn), the ``fork`` start method (Linux; not
 Windows, nor macOS's default) and a second usable CPU (one core gains nothing). Where
 it says no, the caller runs the function itself: the files are the same either way.
+
+The child ignores SIGINT and dies on SIGTERM (:func:`child_signal_defaults`); a caller
+leaving early (an exception, an interrupt) ends it with :meth:`Beside.stop`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
 import threading
 import traceback
 from typing import Callable
@@ -35,6 +40,32 @@ def can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods() and usable_cpus() > 1 and threading.active_count() == 1
 
 
+def child_signal_defaults() -> None:
+    """In a child process: SIGINT ignored (Ctrl-C reaches the whole process group; the
+    parent, which handles it, ends its children) and SIGTERM ending it at once (not the
+    parent's handler, inherited through ``fork``). Pool workers call it too
+    (:mod:`simulator.studies.workers`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+
+
+_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def _signals_blocked():
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - Windows
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class Beside:
     """``fn()`` running in a forked child from construction until :meth:`wait`."""
 
@@ -42,7 +73,8 @@ class Beside:
         ctx = multiprocessing.get_context("fork")
         self._recv, send = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=_child, args=(fn, send), daemon=True)
-        self._proc.start()
+        with _signals_blocked():  # the child unblocks them once its own handlers are set
+            self._proc.start()
         send.close()  # the child holds its own end: EOF here once it exits
 
     def wait(self) -> None:
@@ -52,9 +84,11 @@ class Beside:
             outcome = self._recv.recv()
         except EOFError:
             outcome = None
-        finally:
-            self._recv.close()
-            self._proc.join()
+        except BaseException:  # interrupted while waiting: the child's work is not wanted
+            self.stop()
+            raise
+        self._recv.close()
+        self._proc.join()
         if outcome is None:
             raise RuntimeError(f"the child process writing beside stepsim ended with exit code {self._proc.exitcode}")
         if outcome[0] == "error":
@@ -63,8 +97,16 @@ class Beside:
                 raise err
             raise RuntimeError(f"the child process writing beside stepsim failed:\n{text}")
 
+    def stop(self) -> None:
+        """End the child now (the caller is leaving early and will not wait for it)."""
+        if self._proc.is_alive():
+            self._proc.terminate()
+        self._proc.join()
+        self._recv.close()
+
 
 def _child(fn: Callable[[], object], send) -> None:
+    child_signal_defaults()
     try:
         fn()
     except BaseException as err:  # noqa: BLE001 - everything goes back to the parent

@@ -19,7 +19,9 @@ name ends in ``.gz`` (Perfetto and ``chrome://tracing`` open both).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
 import math
 from itertools import chain
@@ -273,13 +275,15 @@ def write_chrome_trace(result, path) -> Path:
     """Write the trace to ``path`` (gzip-compressed when it ends in ``.gz``), streaming:
     one event per line, a section (ops, idle spans, flows, counters) at a time."""
     path = Path(path)
-    # level 6: within a few % of 9's size, several times faster
-    f = (
-        gzip.open(path, "wt", encoding="utf-8", compresslevel=6)
-        if path.suffix == ".gz"
-        else path.open("w", encoding="utf-8")
-    )
-    with f:
+    with contextlib.ExitStack() as stack:
+        if path.suffix == ".gz":
+            raw = stack.enter_context(path.open("wb"))
+            # level 6: within a few % of 9's size, several times faster. No file name in the
+            # header: the file is written under a staging name, then renamed (outdir.staged_file).
+            gz = stack.enter_context(gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6))
+            f = stack.enter_context(io.TextIOWrapper(gz, encoding="utf-8"))
+        else:
+            f = stack.enter_context(path.open("w", encoding="utf-8"))
         f.write('{"displayTimeUnit": "ms", "otherData": ')
         f.write(json.dumps(_other_data(result)))
         f.write(', "traceEvents": [\n')

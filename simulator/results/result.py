@@ -57,6 +57,22 @@ MEMORY_COLUMNS = ["rank", "stage", "time_s", *MEMORY_CATEGORIES, "total"]
 IDLE_COLUMNS = ["rank", "stage", "start_s", "end_s", "duration_s", "cause", "waiting_for"]
 PER_STAGE_COLUMNS = ["stage", "bubble_s", "exposed_comm_s", "peak_memory_bytes", "compute_s", "offload_wait_s"]
 
+#: Every file :meth:`Result.write` may write: those it does not write in a call are removed
+#: from the folder (``report.html``: ``stepsim run --html`` and ``stepsim report --html``
+#: write it beside them, from the same run).
+RUN_OUTPUTS = (
+    "summary.json",
+    "scenario.json",
+    "trace.json",
+    "events.csv",
+    "events.parquet",
+    "memory.csv",
+    "idle.csv",
+    "timeline.png",
+    "memory.png",
+    "report.html",
+)
+
 #: A table as numpy arrays by column name, in column order (int64, float64, or object
 #: arrays of ``str`` for text): what the CSV writer, the Chrome trace and the plots read.
 Columns = dict[str, np.ndarray]
@@ -213,11 +229,21 @@ class Result:
         ``parallel``: render the figures in a forked child while this process writes the
         rest (:mod:`simulator.results.beside`); ``None`` (the default) does so where that
         is safe and gains something (:func:`~simulator.results.beside.can_fork`), False
-        never. The files are the same either way."""
+        never. The files are the same either way.
+
+        The files are written into a staging folder and moved into ``out_dir`` only once all
+        are written (:func:`simulator.results.outdir.staged_dir`); the files of
+        :data:`RUN_OUTPUTS` already in ``out_dir`` that this call does not write (the
+        figures, with ``plots=False``) are removed. A failure leaves ``out_dir`` as it was."""
+        from simulator.results.outdir import staged_dir
+
+        with staged_dir(out_dir, RUN_OUTPUTS, flag="out_dir") as tmp:
+            paths = self._write_into(tmp, plots, parallel)
+        return {k: Path(out_dir) / p.name for k, p in paths.items()}
+
+    def _write_into(self, out: Path, plots: bool, parallel: Optional[bool]) -> dict[str, Path]:
         from simulator.results import export
 
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
         paths = {
             "summary": out / "summary.json",
             "trace": out / "trace.json",
@@ -237,22 +263,28 @@ class Result:
 
                 if can_fork():
                     beside = Beside(lambda: self._write_figures(figures))
-            paths["summary"].write_text(self.summary_json())
-            if self.scenario is not None:
-                from simulator.scenario.serialise import scenario_to_dict
+            try:
+                paths["summary"].write_text(self.summary_json())
+                if self.scenario is not None:
+                    from simulator.scenario.serialise import scenario_to_dict
 
-                paths["scenario"] = out / "scenario.json"
-                paths["scenario"].write_text(json.dumps(_jsonable(scenario_to_dict(self.scenario)), indent=2) + "\n")
-            export.write_chrome_trace(self, paths["trace"])
-            events = self.table("events")
-            export.write_csv(events, paths["events_csv"])
-            export.write_events_parquet(events, paths["events_parquet"])  # key-value metadata stepsim_version
-            export.write_csv(self.table("memory"), paths["memory_csv"])
-            export.write_csv(self.table("idle"), paths["idle_csv"])
-            if beside is not None:
-                beside.wait()
-            elif figures:
-                self._write_figures(figures)
+                    paths["scenario"] = out / "scenario.json"
+                    text = json.dumps(_jsonable(scenario_to_dict(self.scenario)), indent=2) + "\n"
+                    paths["scenario"].write_text(text)
+                export.write_chrome_trace(self, paths["trace"])
+                events = self.table("events")
+                export.write_csv(events, paths["events_csv"])
+                export.write_events_parquet(events, paths["events_parquet"])  # key-value metadata stepsim_version
+                export.write_csv(self.table("memory"), paths["memory_csv"])
+                export.write_csv(self.table("idle"), paths["idle_csv"])
+                if beside is not None:
+                    beside.wait()
+                    beside = None
+                elif figures:
+                    self._write_figures(figures)
+            finally:
+                if beside is not None:  # left early: the figures are not wanted
+                    beside.stop()
         paths.update(figures)
         return paths
 

@@ -42,7 +42,8 @@ parentheses; nothing else (no calls, no attribute access beyond dotted keys).
 A dotted key is looked up in the case's axis values, then in its scenario
 mapping, then in the resolved scenario (presets expanded, so ``model.layers``
 and ``cluster.devices`` work); an unknown key is an error. Cases failing a
-``where`` are not part of the sweep at all.
+``where`` are not part of the sweep at all. A sweep that keeps no case (``where`` and
+``skip_invalid`` leave out every one) is refused before anything is written.
 
 ``skip_invalid: true`` leaves out the cases whose scenario is refused before
 any simulation: it does not load (:func:`simulator.load_scenario`, e.g. a layout
@@ -101,6 +102,7 @@ from typing import Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
+from simulator.scenario.schema import ScenarioError
 from simulator.studies.sweep_cases import canonical_json, expand
 from simulator.studies.sweep_executors import execute
 from simulator.studies.sweep_rows import META_FILE, RowStore, _atomic_write, rows_frame, write_tables
@@ -130,7 +132,7 @@ def run_cases(
         rows = {k: r for k, r in rows.items() if r.get("status") != "failed"}
     wanted = {c.key for c in cases}
     todo = [c for c in cases if c.key not in rows]
-    done_before = sum(1 for k in rows if k in wanted)
+    done_before = sum(1 for k in rows if k in wanted)  # reused: finished in an earlier run
     by_key = {c.key: c for c in cases}
     # progress=True: shown (in a notebook too, where stderr is no terminal); None: only on a terminal
     bar = tqdm(
@@ -161,6 +163,7 @@ def run_cases(
         frame = rows_frame(cases, rows, axes)
         if store is not None:
             write_tables(frame, store.dir)
+    frame.attrs["reused"] = done_before
     return frame, rows
 
 
@@ -181,9 +184,15 @@ def sweep(
     when stderr is a terminal.
 
     ``DataFrame.attrs`` holds ``skipped`` (invalid cases left out by ``skip_invalid``),
-    ``filtered`` (cases removed by ``where``) and ``duplicates``."""
+    ``filtered`` (cases removed by ``where``), ``duplicates`` and ``reused`` (cases whose
+    rows an earlier run left in ``out``: not run again).
+
+    A sweep that keeps no case (``where`` and ``skip_invalid`` leave out every one) raises a
+    :class:`~simulator.scenario.schema.ScenarioError` before anything is written."""
     spec = load_sweep(spec_or_path)
     exp = expand(spec)
+    if not exp.cases:  # refused before anything is written
+        raise _nothing_to_run(exp)
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
         meta = {
@@ -210,3 +219,19 @@ def sweep(
         skipped=exp.skipped, filtered=exp.filtered, duplicates=exp.duplicates, axes=list(spec.axes), name=spec.name
     )
     return frame
+
+
+def _nothing_to_run(exp) -> ScenarioError:
+    """The error for a sweep that keeps no case: what left them out (``where``, ``skip_invalid``)."""
+    total = exp.filtered + len(exp.skipped)
+    if not exp.skipped:
+        return ScenarioError("where", f"keeps none of the sweep's {total} cases; nothing to run")
+    first = exp.skipped[0]["reason"]
+    if not exp.filtered:
+        return ScenarioError(
+            "skip_invalid", f"all {total} cases of the sweep are invalid and were left out (the first: {first})"
+        )
+    return ScenarioError(
+        "where",
+        f"no case left to run: where left out {exp.filtered} and skip_invalid {len(exp.skipped)} (the first: {first})",
+    )

@@ -74,6 +74,20 @@ def _failed_row(p: tuple, err: BaseException) -> dict:
     return {"case": p[0], "key": p[1], "status": "failed", "error": f"{type(err).__name__}: {err}", "summary": None}
 
 
+class ExecutorError(StudyError):
+    """An executor that cannot run the sweep's first task (asking a worker's stepsim version)."""
+
+
+def _first_task(submit, fn) -> object:
+    """``submit(fn).result()``; an executor that cannot do that much is not one to use."""
+    try:
+        return submit(fn).result()
+    except Exception as err:  # noqa: BLE001 — the executor's own failure, before any case ran
+        raise ExecutorError(
+            f"executor: its first task (asking a worker's stepsim version) failed: {type(err).__name__}: {err}"
+        ) from None
+
+
 def default_jobs() -> int:
     from simulator.results.beside import usable_cpus
 
@@ -98,7 +112,7 @@ def execute(payloads: Sequence[tuple], client=None, jobs: Optional[int] = None, 
             raise ValueError(
                 f"executor: expected a concurrent.futures.Executor (with submit), got {type(executor).__name__}"
             )
-        _check_version(executor.submit(worker_version).result(), "a worker")
+        _check_version(_first_task(executor.submit, worker_version), "a worker")
         futs = {executor.submit(run_case, p): p for p in payloads}
         try:
             for f in as_completed(futs):
@@ -118,7 +132,7 @@ def execute(payloads: Sequence[tuple], client=None, jobs: Optional[int] = None, 
     if client is not None:
         from distributed import as_completed as dask_completed
 
-        _check_version(client.submit(worker_version, pure=False).result(), "a Dask worker")
+        _check_version(_first_task(lambda fn: client.submit(fn, pure=False), worker_version), "a Dask worker")
         futures = client.map(run_case, list(payloads), pure=False)
         by_future = dict(zip(futures, payloads))
         try:

@@ -257,12 +257,18 @@ def _finish(ax, x: str, ylabel: str, cats: Optional[list], legend: bool, xs=None
 
 
 def _save(fig, stem: Path, formats: Sequence[str]) -> list[Path]:
+    """``fig`` as ``stem.<fmt>`` for each format, each written whole or not at all."""
+    from simulator.results.outdir import staged_file
+
     paths = []
-    for fmt in formats:
-        p = stem.with_name(f"{stem.name}.{fmt}")
-        fig.savefig(p, dpi=120)
-        paths.append(p)
-    plt.close(fig)
+    try:
+        for fmt in formats:
+            p = stem.with_name(f"{stem.name}.{fmt}")
+            with staged_file(p, "plots") as tmp:
+                fig.savefig(tmp, dpi=120, format=fmt)
+            paths.append(p)
+    finally:
+        plt.close(fig)
     return paths
 
 

@@ -10,6 +10,11 @@ starts every worker with a watchdog thread that checks, every
 once (``os._exit``) when it is not. Workers send their results back to the parent
 and write no files, so nothing is lost that the parent could still use.
 
+An interrupt of the parent (SIGINT, SIGTERM: ``stepsim`` turns both into a
+``KeyboardInterrupt``) shuts the pool down on its way out: :class:`WorkerPool` then ends
+its workers at once rather than waiting for their cases. Workers ignore SIGINT, which
+Ctrl-C sends the whole process group, so that only the parent reports it.
+
 "Still there" is two checks, so that every start method is covered: the worker's
 parent process id has not changed (a dead parent's children are handed to init or
 to a sub-reaper at once), and the process that created the pool still exists
@@ -19,9 +24,13 @@ parent that died before the watchdog started is caught too).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor
+
+from simulator.results.beside import child_signal_defaults
 
 #: How often a worker checks on its parent (seconds). A check is two system calls.
 WATCH_INTERVAL_S = 0.2
@@ -55,7 +64,33 @@ def watch_parent(creator_pid: int, interval_s: float = WATCH_INTERVAL_S) -> None
     ).start()
 
 
-def process_pool(max_workers: int) -> ProcessPoolExecutor:
-    """A :class:`ProcessPoolExecutor` of ``max_workers`` processes that exit when this
-    process dies (see the module notes)."""
-    return ProcessPoolExecutor(max_workers=max_workers, initializer=watch_parent, initargs=(os.getpid(),))
+def _init_worker(creator_pid: int) -> None:
+    """A worker's start: SIGINT ignored and SIGTERM fatal (the parent handles the command's
+    interrupt and ends its workers), and the watchdog on its parent."""
+    child_signal_defaults()
+    watch_parent(creator_pid)
+
+
+class WorkerPool(ProcessPoolExecutor):
+    """A :class:`ProcessPoolExecutor` whose workers exit when this process dies, and which
+    ends them at once (SIGTERM) when it is shut down while an interrupt (``KeyboardInterrupt``,
+    SIGINT / SIGTERM in ``stepsim``) or ``SystemExit`` unwinds, instead of waiting for the
+    cases they are simulating: workers write no files, so nothing is lost."""
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit)):
+            self.terminate_workers()
+            cancel_futures = True
+        super().shutdown(wait=wait, cancel_futures=cancel_futures)
+
+    def terminate_workers(self) -> None:
+        """Send every worker SIGTERM (each dies at once: :func:`_init_worker`)."""
+        for proc in list((getattr(self, "_processes", None) or {}).values()):
+            with contextlib.suppress(Exception):
+                proc.terminate()
+
+
+def process_pool(max_workers: int) -> WorkerPool:
+    """A :class:`WorkerPool` of ``max_workers`` processes that exit when this process dies
+    (see the module notes) or the pool is shut down by an interrupt."""
+    return WorkerPool(max_workers=max_workers, initializer=_init_worker, initargs=(os.getpid(),))
