@@ -54,6 +54,8 @@ def cmd_run(args) -> int:
     if args.out:  # the output paths are checked before simulating
         check_output_dir(args.out, "--out")
     if args.perfetto:
+        if args.out and Path(args.perfetto).resolve() == Path(args.out).resolve():
+            raise CliError(f"--perfetto: {args.perfetto} is the --out folder; give a file name", "--perfetto")
         check_output_file(args.perfetto, "--perfetto", within=args.out)
     topology = None
     if args.topology:
@@ -103,7 +105,7 @@ def cmd_report(args) -> int:
     from simulator.results.html_report import write_report
     from simulator.results.report import format_summary
 
-    from simulator.results.outdir import check_output_file, staged_file
+    from simulator.results.outdir import staged_file
 
     if args.output and not args.html:
         raise CliError("--output: only with --html")
@@ -112,8 +114,7 @@ def cmd_report(args) -> int:
         from simulator.results.html_data import require_plotly
 
         require_plotly()
-        check_output_file(out, "--output" if args.output else "--html")
-    data = load_run_dir(args.dir)
+    data = load_run_dir(args.dir)  # the output path is checked as the page is staged, before it is drawn
     check_finite_summary(data.summary, Path(args.dir) / "summary.json")
     if not args.html:
         print(format_summary(SimpleNamespace(summary=data.summary)))  # it reads .summary only
