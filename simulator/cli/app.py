@@ -10,7 +10,8 @@ The exit codes, :class:`CliError` and the mapping of errors to exit codes are in
 * 2: bad input (one line naming the field and what is allowed, no traceback);
 * 3: ``stepsim validate --max-error F``: a case is off by more than ``F``;
 * 4: ``sweep``, ``search`` or ``validate`` ran, but some of its cases failed (the
-  command says how many; the others' results are written as usual).
+  command says how many; the others' results are written as usual);
+* 130 / 143: interrupted by SIGINT / SIGTERM (one line; outputs left as they were).
 """
 
 from __future__ import annotations
