@@ -139,6 +139,28 @@ def test_sweep_interrupted_ends_its_workers(tmp_path, sig, code):
     assert not (tmp_path / "o" / "rows.jsonl").exists() or (tmp_path / "o" / "rows.jsonl").read_text().endswith("\n")
 
 
+@pytest.mark.parametrize(
+    "executor", ["concurrent.futures:ThreadPoolExecutor", "concurrent.futures:ProcessPoolExecutor"]
+)
+def test_sweep_on_a_given_executor_does_not_wait_for_its_cases(tmp_path, executor):
+    from simulator.scenario.loading import builtin_scenarios
+
+    base = str(builtin_scenarios()["deepseek-v3-2048xh800"])
+    sweep = {"base": base, "grid": {"training.seq_len": [1024, 2048, 4096, 8192]}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(sweep))
+    argv = ["sweep", "s.yaml", "--out", "o", "--jobs", "2", "--no-progress", "--executor", executor]
+    proc = _start(argv, tmp_path)
+    if "Process" in executor:
+        _wait_for(lambda: len(_children(proc.pid)) >= 2, proc)
+    else:
+        _wait_for(lambda: (tmp_path / "o" / "sweep.json").exists(), proc)
+    time.sleep(0.5)  # the cases are running (each takes seconds)
+    t0 = time.monotonic()
+    kids = _send(proc, signal.SIGTERM)
+    _check_ended(proc, kids, EXIT_SIGTERM, signal.SIGTERM)
+    assert time.monotonic() - t0 < 3, "waited for the running cases"
+
+
 def test_handled_restores_the_handlers_and_maps_signals():
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Interrupted) as e:

@@ -30,8 +30,10 @@ from simulator.cli.common import (  # noqa: F401
     EXIT_CASES_FAILED,
     EXIT_CODES_HELP,
     EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
     EXIT_OFF_TARGET,
     EXIT_OK,
+    EXIT_TERMINATED,
     MAX_DEVICES_FLAG,
     CliError,
     int_flag,
@@ -576,9 +578,11 @@ def console() -> None:
     ``sys.argv``, then exit with its code. After a command of :data:`QUICK_EXIT_COMMANDS`
     the process ends at once (``os._exit``, its output flushed first): freeing a large
     step's millions of objects one by one takes longer than writing some of its files
-    (0.6 s for ``deepseek-v3-2048xh800``), and nothing needs it."""
+    (0.6 s for ``deepseek-v3-2048xh800``), and nothing needs it. So does any command ended
+    by SIGINT or SIGTERM, once its clean-up has run: the exit handlers left would only wait
+    for threads of an executor still running a case."""
     code = main()
-    if len(sys.argv) > 1 and sys.argv[1] in QUICK_EXIT_COMMANDS:
+    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED) or (len(sys.argv) > 1 and sys.argv[1] in QUICK_EXIT_COMMANDS):
         import os
 
         for stream in (sys.stdout, sys.stderr):

@@ -8,7 +8,10 @@ processes (:mod:`simulator.studies.workers`), a sweep's rows finished so far sta
 ``rows.jsonl``. A second signal while the first unwinds ends the process at once (exit code
 of that signal): the way out of a clean-up that hangs.
 
-Child processes (pool workers, the figure writer of :mod:`simulator.results.beside`) call
+A child forked while the handlers are installed (the workers of an executor given with
+``--executor``) ends at once on either signal, as without them, rather than raising in its
+task. Child processes of stepsim's own (pool workers, the figure writer of
+:mod:`simulator.results.beside`) call
 :func:`simulator.results.beside.child_signal_defaults`: they ignore SIGINT (Ctrl-C reaches
 the whole process group; the parent ends them) and die at once on SIGTERM.
 """
@@ -54,8 +57,13 @@ def handled() -> Iterator[None]:
         yield
         return
     first: list[int] = []
+    pid = os.getpid()
 
     def on_signal(signum, _frame):
+        if os.getpid() != pid:  # a child forked with this handler (an executor's worker): die quietly
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         if first:  # the first one is unwinding: end now
             with contextlib.suppress(OSError):
                 os.write(

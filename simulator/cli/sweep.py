@@ -107,10 +107,19 @@ def _executor(spec: Optional[str], jobs: Optional[int], dask: Optional[str]):
     except AttributeError:
         raise CliError(f"--executor: {mod_name!r} has no {attr!r}") from None
     ex = _make_executor(spec, factory, jobs)
+    interrupted = False
     try:
         yield ex
+    except KeyboardInterrupt:  # SIGINT / SIGTERM: not waiting for the cases it runs
+        interrupted = True
+        raise
     finally:
-        ex.shutdown(wait=True)
+        if interrupted:
+            from simulator.studies.workers import abandon
+
+            abandon(ex)
+        else:
+            ex.shutdown(wait=True)
 
 
 def _make_executor(spec: str, factory, jobs: Optional[int]):

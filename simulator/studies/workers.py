@@ -85,9 +85,27 @@ class WorkerPool(ProcessPoolExecutor):
 
     def terminate_workers(self) -> None:
         """Send every worker SIGTERM (each dies at once: :func:`_init_worker`)."""
-        for proc in list((getattr(self, "_processes", None) or {}).values()):
+        terminate_processes(self)
+
+
+def terminate_processes(executor) -> None:
+    """SIGTERM to every worker process of ``executor`` if it is a
+    :class:`ProcessPoolExecutor` (a :class:`WorkerPool`, or one given with ``--executor``);
+    nothing for other executors, whose workers this process cannot reach."""
+    if isinstance(executor, ProcessPoolExecutor):
+        for proc in list((getattr(executor, "_processes", None) or {}).values()):
             with contextlib.suppress(Exception):
                 proc.terminate()
+
+
+def abandon(executor) -> None:
+    """Shut ``executor`` down without waiting for the tasks it runs (an interrupt is
+    unwinding): its process workers terminated, queued tasks cancelled."""
+    terminate_processes(executor)
+    try:
+        executor.shutdown(wait=False, cancel_futures=True)
+    except TypeError:  # an executor without cancel_futures (Python < 3.9's signature)
+        executor.shutdown(wait=False)
 
 
 def process_pool(max_workers: int) -> WorkerPool:
