@@ -97,7 +97,8 @@ def adaptive_rounds(cases: list, records: list, bounds: SearchBounds, dedupe, ru
     """Simulate in rounds, best estimates first, until no layout left can beat the best
     simulated one, with and without pipeline parallelism (:func:`bounds_from_simulated`).
     The first round runs the best-estimated layout of each :func:`family` (within
-    :data:`FAMILY_SAMPLE_SHARE` of the best estimate) and with pp = 1; each later round the
+    :data:`FAMILY_SAMPLE_SHARE` of the best estimate), with pp = 1, and of each placement
+    (``devices_per_domain``) with and without PP; each later round the
     next ``width`` that could still win. At most ``bounds.max_candidates`` are simulated.
     What is left gets status ``skipped``."""
     rec = lambda c: records[c.index]  # noqa: E731
@@ -123,6 +124,15 @@ def adaptive_rounds(cases: list, records: list, bounds: SearchBounds, dedupe, ru
         no_pp = [c for c in pending if rec(c)["pp"] == 1]
         if no_pp and no_pp[0] not in first:
             first.append(no_pp[0])
+        # each placement's best-estimated layout with PP and without, so that the layouts are
+        # compared per scale-up domain as well as per device (a placement leaving GPUs idle)
+        seen = set()
+        for c in pending:
+            key = (rec(c).get("devices_per_domain"), rec(c)["pp"] == 1)
+            if key not in seen:
+                seen.add(key)
+                if c not in first:
+                    first.append(c)
     while pending and simulated < cap:
         if first:
             eligible, first = first, []
