@@ -341,3 +341,29 @@ def test_resumed_sweep_says_it_reused_the_rows(tmp_path, capsys):
     assert "2 cases, 2 ok" in first and "reused" not in first
     assert main(argv) == 0
     assert "2 cases (0 run now, 2 reused from" in capsys.readouterr().out
+
+
+# ---- stdout ------------------------------------------------------------------------------------
+
+
+def test_stdout_on_a_full_disk_is_named(tmp_path):
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(
+            [sys.executable, "-m", "simulator.cli", "presets", "--json"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            timeout=60,
+        )
+    assert r.returncode == 2
+    assert r.stderr.decode().strip() == "stepsim: error: stdout: cannot write: No space left on device"
+
+
+def test_stdout_closed_by_its_reader_ends_quietly(capsys, monkeypatch):
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone, as after `| head -1`
+    with open(write_end, "w") as stream:
+        monkeypatch.setattr(sys, "stdout", stream)
+        assert main(["presets", "--json"]) == 0
+        monkeypatch.undo()
+    assert capsys.readouterr().err == ""

@@ -26,6 +26,7 @@ figures to files.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import sys
@@ -134,6 +135,15 @@ def run(ap: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> in
     line (exit 130 / 143); anything else is an internal error (exit 1, a one-line hint; the
     traceback with ``STEPSIM_DEBUG=1``)."""
     _tolerant_output()
+    stdout = sys.stdout
+    sys.stdout = _CheckedStdout(stdout)
+    try:
+        return _run(ap, argv)
+    finally:
+        sys.stdout = stdout
+
+
+def _run(ap: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> int:
     with handled():
         try:
             try:
@@ -141,12 +151,19 @@ def run(ap: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> in
             except SystemExit as e:  # argparse: usage errors exit 2 already
                 return int(e.code or 0)
             _usable_matplotlib_backend()
-            return args.func(args)
+            code = args.func(args)
+            sys.stdout.flush()  # a full disk or closed pipe is reported here, not at exit
+            return code
         except KeyboardInterrupt as err:  # Interrupted (SIGINT, SIGTERM), or a KeyboardInterrupt raised elsewhere
             code = err.exit_code if isinstance(err, Interrupted) else EXIT_INTERRUPTED
             print(f"stepsim: {err if isinstance(err, Interrupted) else 'interrupted (SIGINT)'}", file=sys.stderr)
             return code
         except (StepsimError, OSError) as err:
+            if isinstance(err, StdoutError):
+                _silence_stdout()
+                if err.errno == errno.EPIPE:
+                    return EXIT_OK  # the reader stopped reading (`| head`): nothing to say, no one to say it to
+                err = f"stdout: cannot write: {err.strerror}"
             print(f"stepsim: error: {err}", file=sys.stderr)
             if debug_enabled():
                 traceback.print_exc()
@@ -160,6 +177,44 @@ def run(ap: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> in
             if debug_enabled():
                 traceback.print_exc()
             return EXIT_INTERNAL
+
+
+class StdoutError(OSError):
+    """Writing stdout failed: a closed pipe (``| head``), a full disk (``> /dev/full``)."""
+
+
+class _CheckedStdout:
+    """``sys.stdout`` while a command runs: an ``OSError`` writing it becomes a
+    :class:`StdoutError`, so that the message says it was stdout."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as err:
+            raise StdoutError(err.errno, err.strerror) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as err:
+            raise StdoutError(err.errno, err.strerror) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at the null device: what is still buffered for a reader that is gone is
+    dropped, instead of failing again when the interpreter flushes it on exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test's capture)
+        pass
 
 
 def _tolerant_output() -> None:
