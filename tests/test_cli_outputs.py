@@ -243,6 +243,13 @@ def test_numeric_flags_finite_and_in_range(capsys, argv, flag):
     assert f"argument {flag}" in err and "Traceback" not in err
 
 
+def test_device_flags_allow_the_largest_cluster_a_scenario_may_have():
+    from simulator.cli.common import MAX_DEVICES_FLAG
+    from simulator.scenario.checks import MAX_DEVICES
+
+    assert MAX_DEVICES_FLAG == MAX_DEVICES
+
+
 def test_estimate_margin_must_be_finite(capsys):
     assert main(["search", "quickstart", "--estimate-margin", "inf"]) == 2
     assert "--estimate-margin" in capsys.readouterr().err

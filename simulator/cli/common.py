@@ -60,7 +60,9 @@ class CliError(StepsimError):
     """Bad input detected by the command line itself (``field``: the flag or argument)."""
 
 
-#: The most devices a flag may name (the largest cluster a scenario may have).
+#: The most devices a flag may name: the largest cluster a scenario may have
+#: (``simulator.scenario.checks.MAX_DEVICES``, not imported here: it would load the scenario
+#: package on every command's start).
 MAX_DEVICES_FLAG = 262_144
 #: The most worker processes ``--jobs`` may start.
 MAX_JOBS = 1024
