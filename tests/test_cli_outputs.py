@@ -199,6 +199,16 @@ def test_compare_out_naming_a_file_refused_before_simulating(tmp_path, capsys, m
     assert "--out: " in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["sweep", "search"])
+def test_sweep_and_search_out_naming_a_file_refused_before_work(tmp_path, capsys, command):
+    (tmp_path / "f").write_text("x")
+    source = str(_sweep_file(tmp_path)) if command == "sweep" else str(_write(tmp_path, QUICK))
+    assert main([command, source, "--out", str(tmp_path / "f"), "--jobs", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out: {tmp_path / 'f'}: exists and is a file" in err and "Errno" not in err
+    assert (tmp_path / "f").read_text() == "x"
+
+
 # ---- stepsim report ---------------------------------------------------------------------------
 
 
