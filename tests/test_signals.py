@@ -158,7 +158,7 @@ def test_sweep_on_a_given_executor_does_not_wait_for_its_cases(tmp_path, executo
     t0 = time.monotonic()
     kids = _send(proc, signal.SIGTERM)
     _check_ended(proc, kids, EXIT_SIGTERM, signal.SIGTERM)
-    assert time.monotonic() - t0 < 3, "waited for the running cases"
+    assert time.monotonic() - t0 < 5, "waited for the running cases (each takes over 7 s)"
 
 
 def test_handled_restores_the_handlers_and_maps_signals():
