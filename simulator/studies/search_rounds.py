@@ -93,6 +93,32 @@ def bounds_from_simulated(records: Sequence[Mapping], margin: float):
 FAMILY_SAMPLE_SHARE = 0.5
 
 
+def _first_round(pending: list, rec) -> list:
+    """The first round of :func:`adaptive_rounds` from ``pending`` (best estimates first):
+    the best-estimated layout of each :func:`family` within :data:`FAMILY_SAMPLE_SHARE` of
+    the best estimate, the best with pp = 1, and each placement's (``devices_per_domain``)
+    best with PP and without, so that layouts are compared per scale-up domain as well as
+    per device (a placement that leaves GPUs idle)."""
+    first: list = []
+    if not pending:
+        return first
+    top = rec(pending[0])["est_step_time_s"]
+    fams = set()
+    for c in pending:
+        f = family(rec(c))
+        if f not in fams and rec(c)["est_step_time_s"] <= top * (1 + FAMILY_SAMPLE_SHARE):
+            fams.add(f)
+            first.append(c)
+    seen = set()
+    for c in pending:
+        for key in ("no-pp" if rec(c)["pp"] == 1 else None, (rec(c).get("devices_per_domain"), rec(c)["pp"] == 1)):
+            if key is not None and key not in seen:
+                seen.add(key)
+                if c not in first:
+                    first.append(c)
+    return first
+
+
 def adaptive_rounds(cases: list, records: list, bounds: SearchBounds, dedupe, run, width: int) -> None:
     """Simulate in rounds, best estimates first, until no layout left can beat the best
     simulated one, with and without pipeline parallelism (:func:`bounds_from_simulated`).
@@ -112,27 +138,7 @@ def adaptive_rounds(cases: list, records: list, bounds: SearchBounds, dedupe, ru
         e, a = r["est_step_time_s"], allowance(r)
         return e < best * (1 + a) or (r["pp"] == 1 and e < best_no_pp * (1 + a))
 
-    first = []
-    if pending:
-        top = rec(pending[0])["est_step_time_s"]
-        fams = set()
-        for c in pending:
-            f = family(rec(c))
-            if f not in fams and rec(c)["est_step_time_s"] <= top * (1 + FAMILY_SAMPLE_SHARE):
-                fams.add(f)
-                first.append(c)
-        no_pp = [c for c in pending if rec(c)["pp"] == 1]
-        if no_pp and no_pp[0] not in first:
-            first.append(no_pp[0])
-        # each placement's best-estimated layout with PP and without, so that the layouts are
-        # compared per scale-up domain as well as per device (a placement leaving GPUs idle)
-        seen = set()
-        for c in pending:
-            key = (rec(c).get("devices_per_domain"), rec(c)["pp"] == 1)
-            if key not in seen:
-                seen.add(key)
-                if c not in first:
-                    first.append(c)
+    first = _first_round(pending, rec)
     while pending and simulated < cap:
         if first:
             eligible, first = first, []
