@@ -6,6 +6,8 @@
 * :mod:`.phases` — :class:`~simulator.network.phases.Transfer` and a phase's routing,
   validation and merging into a prepared phase;
 * :mod:`.isolated` — phases alone on their links, run from their cached evolution;
+* :mod:`.ratememo` — large max-min solutions remembered by the flows solved (a repeated
+  phase passes through the same flow sets);
 * :mod:`.flowslots`, :mod:`.stats` — the in-flight flows' slot arrays, the counters;
 * :mod:`.collectives` — planning a collective (algorithm choice, :func:`plan_collective`)
   and running its phases; the algorithms by family in :mod:`.plans` (phases, combinators,

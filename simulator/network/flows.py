@@ -63,6 +63,7 @@ from simulator.network.flowslots import _SCALAR_MAX, FlowSlots
 from simulator.network.isolated import Reservations
 from simulator.network.maxmin import DONE_RTOL, fill_arrays, fill_components, fill_small
 from simulator.network.phases import PhasePreparer, PreparedPhase, Transfer
+from simulator.network.ratememo import MEMO_MIN_FLOWS, RateMemo
 from simulator.network.stats import NetworkStats
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -138,6 +139,8 @@ class FlowNetwork(Reservations, FlowSlots):
         self._phase_event: dict[int, simpy.Event] = {}
         self._init_reservations(reserve_isolated)
         self._fills: dict[tuple, list] = {}  # component -> fill_small rates
+        self._memo = RateMemo()  # large solves and splits by flow identities
+        self._split_of: Optional[tuple] = None  # (slots, batch) of the one component completing
 
     # -- public ------------------------------------------------------------
 
@@ -273,6 +276,10 @@ class FlowNetwork(Reservations, FlowSlots):
         links = self._links
         phases = self._new_phases
         self._new_phases = []
+        split, self._split_of = self._split_of, None
+        if split is not None and not self._new and not phases and self._split_update(split, seeds):
+            self._schedule_wake()
+            return
         if not seeds and len(phases) == 1 and self._isolated(phases[0][0]):
             # a big phase on links nobody else uses: its own components, known in advance
             prep, sl = phases[0]
@@ -288,6 +295,31 @@ class FlowNetwork(Reservations, FlowSlots):
         if comps or singles:
             self._recompute(comps, singles)
         self._schedule_wake()
+
+    def _split_update(self, split: tuple, seeds: list[int]) -> bool:
+        """The update after completions in one component only (``split``: its slots and
+        batch): its survivors are the flows to re-solve (every other batch is link-disjoint
+        from it, so the seeds reach nothing else), split into components and solved as
+        the last time the same flows survived (:class:`~simulator.network.ratememo.RateMemo`),
+        or found and solved and remembered. False (the caller does the general update)
+        where the survivors are too few to be worth a key."""
+        sl, bid = split
+        rest = sl[self._batch[sl] == bid]  # survivors, in arrival order
+        if rest.shape[0] < MEMO_MIN_FLOWS:
+            return False
+        fids = self._fid[rest]
+        hit = self._memo.split(fids)
+        if hit is not None:
+            pos, lens, n_single, rates = hit
+            flat = rest[pos]
+            bounds = np.cumsum(lens).tolist()
+            comps = [flat[a:b].tolist() for a, b in zip([0] + bounds[:-1], bounds)]
+            self._recompute(comps, flat[flat.shape[0] - n_single :].tolist() if n_single else [], rates)
+            return True
+        comps, singles = self._components(seeds)
+        rates = self._recompute(comps, singles) if comps or singles else None
+        self._memo.keep_split(fids, self._seq[rest], comps, singles, self._seq, rates)
+        return True
 
     def _isolated(self, prep: "PreparedPhase") -> bool:
         """Whether the (big) phase just arrived is alone on every one of its links."""
@@ -311,11 +343,13 @@ class FlowNetwork(Reservations, FlowSlots):
         comp_start = np.searchsorted(link_comp, np.arange(len(lens) + 1))
         return fill_components(owner, local, w, self.capacity[used], link_comp, comp_start, mult)
 
-    def _recompute(self, comps: list[list[int]], singles: list[int]) -> None:
+    def _recompute(self, comps: list[list[int]], singles: list[int], rates=None) -> Optional[np.ndarray]:
         """Solve each component alone; keep the segment of flows whose rate is unchanged.
 
         Each component becomes one heap entry (a batch); all single-flow components
-        of this instant share one (a *group* batch, whose flows complete one by one)."""
+        of this instant share one (a *group* batch, whose flows complete one by one).
+        ``rates``: the rates solved (remembered), in the order of ``comps`` then
+        ``singles``. Returns the rates in that order (None for a handful of flows)."""
         now = self.env.now
         stats = self.stats
         stats.recomputations += 1
@@ -328,14 +362,16 @@ class FlowNetwork(Reservations, FlowSlots):
         stats.flows_recomputed += total
         if total <= _SCALAR_MAX:
             self._recompute_scalar(comps, bool(singles), now)
-            return
+            return None
         sl = np.fromiter(itertools.chain.from_iterable(comps), dtype=np.int64, count=total)
         w = self._w[sl]
         wl = w.tolist()
         links = self._links
         n_multi = len(comps) - bool(singles)
         pos = sum(lens[:n_multi])
-        if n_multi == 0:
+        if rates is not None:
+            r = rates
+        elif n_multi == 0:
             r = np.zeros(0)
         elif pos <= SMALL_COMPONENT:
             parts: list = []
@@ -350,8 +386,8 @@ class FlowNetwork(Reservations, FlowSlots):
                 at += n
             r = np.array(parts)
         else:
-            r = self._fill_big(sl[:pos], w[:pos], lens[:n_multi])
-        if singles:  # alone on their links: the tightest one (routes are simple paths)
+            r = self._fill_remembered(sl[:pos], w[:pos], lens[:n_multi])
+        if singles and rates is None:  # alone on their links: the tightest one (routes are simple paths)
             single = sl[pos:]
             if self._any_mult:
                 alone = (self._cap_pad[self._tab[single]] / (w[pos:, None] * self._mtab[single])).min(axis=1)
@@ -386,6 +422,18 @@ class FlowNetwork(Reservations, FlowSlots):
         for i, (first, start, n) in enumerate(zip(firsts, starts, lens)):
             batches[b0 + i] = (sl[start : start + n], bool(singles) and i == last)
             heapq.heappush(heap, (first, b0 + i))
+        return r
+
+    def _fill_remembered(self, sl: np.ndarray, w: np.ndarray, lens: list[int]) -> np.ndarray:
+        """:meth:`_fill_big`, remembered by the flows' identities where they are many."""
+        if sl.shape[0] < MEMO_MIN_FLOWS:
+            return self._fill_big(sl, w, lens)
+        fids, key = self._fid[sl], tuple(lens)
+        r = self._memo.rates(fids, key)
+        if r is None:
+            r = self._fill_big(sl, w, lens)
+            self._memo.keep_rates(fids, key, r)
+        return r
 
     def _fill_memo(self, flow_links: list, w: list, mults: Optional[list]) -> list[float]:
         """:func:`fill_small` on this network's capacities, remembered per component
@@ -488,7 +536,7 @@ class FlowNetwork(Reservations, FlowSlots):
         self.stats.wakeups += 1
         heap, batches = self._heap, self._batches
         end, t0, batch = self._end, self._t0, self._batch
-        comps, keys, done, regroup = [], [], [], []
+        comps, keys, done, regroup, bids = [], [], [], [], []
         while heap and heap[0][0] <= t:
             key, bid = heapq.heappop(heap)
             sl, group = batches.pop(bid)
@@ -502,6 +550,7 @@ class FlowNetwork(Reservations, FlowSlots):
             elif batch[sl[0]] == bid:
                 comps.append(sl)
                 keys.append(key)
+                bids.append(bid)
         for rest, ends, bid in regroup:
             batches[bid] = (rest, True)
             heapq.heappush(heap, (float(ends.min()), bid))
@@ -519,6 +568,7 @@ class FlowNetwork(Reservations, FlowSlots):
         if done:
             finished = done[0] if len(done) == 1 else np.concatenate(done)
             if finished.shape[0]:
+                self._split_of = (np.asarray(comps[0]), bids[0]) if len(comps) == 1 else None
                 self._complete(finished)
                 self._request_update()
                 return

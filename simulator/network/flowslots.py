@@ -13,7 +13,7 @@ import itertools
 
 import numpy as np
 
-from simulator.network.phases import _SMALL_BATCH, PreparedPhase
+from simulator.network.phases import _PREPARED_MAX, _SMALL_BATCH, PreparedPhase
 
 #: Updates touching at most this many flows use scalar (not vectorised) state access.
 _SCALAR_MAX = 4
@@ -38,19 +38,22 @@ class FlowSlots:
         self._seq = np.zeros(0, dtype=np.int64)  # arrival order: canonical order
         self._batch = np.zeros(0, dtype=np.int64)  # component solved in; -1 free
         self._pid = np.zeros(0, dtype=np.int64)
+        self._fid = np.zeros(0, dtype=np.int64)  # flow identity (:meth:`_flow_ids`)
         self._tab = np.full((0, 1), -1, dtype=np.int32)  # links, padded with -1
         self._mtab = np.ones((0, 1))  # their multiplicities, padded with 1 (once _any_mult)
         self._free: list[int] = []
         self._n_active = 0
         self._next_seq = 0
         self._link_flows: dict[int, set[int]] = {}  # link -> active slots on it
+        self._fid_of: dict[tuple, int] = {}  # (links, weight, multiplicities) -> flow identity
+        self._fids: dict[int, tuple] = {}  # id(prepared phase) -> (it, its flows' identities)
 
     def _grow(self, need: int, width: int) -> None:
         """Room for ``need`` slots and routes of ``width`` hops."""
         cap = self._cap_slots
         if need > cap:
             cap = max(need, 2 * cap, 64)
-            for name in ("_w", "_size", "_rem", "_t0", "_rate", "_end", "_seq", "_batch", "_pid"):
+            for name in ("_w", "_size", "_rem", "_t0", "_rate", "_end", "_seq", "_batch", "_pid", "_fid"):
                 old = getattr(self, name)
                 arr = np.zeros(cap, dtype=old.dtype)
                 arr[: old.shape[0]] = old
@@ -148,6 +151,7 @@ class FlowSlots:
             self._seq[sl] = np.arange(self._next_seq, self._next_seq + k)
             self._batch[sl] = -2
             self._pid[sl] = pid
+        self._fid[sl] = self._flow_ids(prep)
         self._next_seq += k
         width = prep.table.shape[1]
         self._tab[sl, :width] = prep.table
@@ -160,6 +164,28 @@ class FlowSlots:
                 self._mtab[sl, :width] = prep.mtable
                 if width < self._mtab.shape[1]:
                     self._mtab[sl, width:] = 1.0
+
+    def _flow_ids(self, prep: "PreparedPhase", ids=None) -> np.ndarray:
+        """The identity of each flow of ``prep``: one integer per distinct (links, weight,
+        multiplicities), the whole input of the rate solvers for that flow, so two
+        component states with the same identities in the same order have the same max-min
+        rates (:mod:`simulator.network.ratememo`). Cached per prepared phase; ``ids`` gives
+        them (a materialised phase's, taken from its whole phase's)."""
+        hit = self._fids.get(id(prep))
+        if hit is not None and hit[0] is prep:
+            return hit[1]
+        if ids is None:
+            of = self._fid_of
+            mults = prep.mults if prep.mults is not None else itertools.repeat(None)
+            ids = np.fromiter(
+                (of.setdefault(key, len(of)) for key in zip(prep.links, prep.weights.tolist(), mults)),
+                dtype=np.int64,
+                count=len(prep.links),
+            )
+        if len(self._fids) >= _PREPARED_MAX:
+            self._fids.clear()
+        self._fids[id(prep)] = (prep, ids)
+        return ids
 
     def _index_links(self, prep: "PreparedPhase", slots: list[int], sl: np.ndarray) -> None:
         """Add the flows in ``slots`` to the link -> flows index."""

@@ -210,6 +210,7 @@ class Reservations:
                 moved = moved * prep.mtable[rows][mask]
             np.add.at(self.stats.link_bytes, sub[mask].astype(np.int64), moved)
             al = alive.tolist()
+            whole = self._flow_ids(prep)
             prep = PreparedPhase(
                 len(al),
                 int(prep.weights[alive].sum()),
@@ -222,6 +223,7 @@ class Reservations:
                 None if prep.mults is None else [prep.mults[j] for j in al],
                 None if prep.mtable is None else prep.mtable[alive],
             )
+            self._flow_ids(prep, whole[alive])
         self._phase_left[pid] = alive.shape[0]
         sl = self._insert(pid, prep)
         t0 = t_arr + iso.seg_start[i]
