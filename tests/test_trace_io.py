@@ -133,3 +133,23 @@ def test_trace_check_names_each_kind_of_bad_dependency():
     ):
         with pytest.raises(TraceError, match=re.escape(message)):
             trace(*ops).check()
+
+
+def test_moe_kernel_fields_survive_a_trace_file_and_bad_ones_are_named(tmp_path):
+    """The router's own math dtype (BF16 in an FP8 step, TF32 gradients with an FP32 router) and
+    the permutations' backward bytes are written and read back, so the step is the same."""
+    from test_moe import moe_scenario
+
+    sc = moe_scenario(training={"dtype": "fp8", "moe_router_dtype": "fp32"})
+    tr = _trace(sc)
+    d = trace_to_dict(tr)
+    router = next(k for o in d["ops"] if o["kind"] == "compute" for k in o["kernels"] if k["name"] == "router")
+    assert router["math_dtype"] == "bf16" and router["grad_math_dtype"] == "tf32"
+    assert any("bwd_bytes" in k for o in d["ops"] if o["kind"] == "compute" for k in o["kernels"])
+    write_trace(tr, tmp_path / "t.json")
+    a = simulate(sc).summary
+    b = simulate(sc, trace=read_trace(tmp_path / "t.json")).summary
+    assert a["step_time_s"] == b["step_time_s"]
+    router["math_dtype"] = "fp4"
+    with pytest.raises(TraceError, match=r"math_dtype: must be one of bf16, fp8, tf32"):
+        trace_from_dict(d)

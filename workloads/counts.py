@@ -79,6 +79,7 @@ if TYPE_CHECKING:  # workloads.moe_kernels builds on this module's kernels
     from workloads.moe_kernels import MoEOptions
 
 KERNEL_KINDS = ("gemm", "attention", "elementwise", "norm", "embedding")
+MATH_DTYPES = ("bf16", "fp8", "tf32")  # a GEMM kernel's own math dtype (Kernel.math_dtype)
 # FlashAttention's FLOP convention (Dao 2023, arXiv 2307.08691 §4.1; Shah et al. 2024,
 # arXiv 2407.08608 §4.1, and benchmarks/benchmark_flash_attention.py of
 # Dao-AILab/flash-attention): a causal mask halves the forward's 4*s^2*heads*d FLOPs

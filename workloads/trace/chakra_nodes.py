@@ -10,7 +10,7 @@ import dataclasses
 import math
 from typing import Callable
 
-from workloads.counts import KERNEL_KINDS, Kernel
+from workloads.counts import KERNEL_KINDS, MATH_DTYPES, Kernel
 from workloads.trace.ops import MEMORY_CATEGORIES, TraceError
 from workloads.trace.chakra import _CHAKRA_TO_COLL, _SUPPORTED_TYPES, COMM_GROUP_FILE
 
@@ -83,6 +83,11 @@ def _common_fields(n, at: dict, tname: str, where: str) -> dict:
         f["phase"] = str(at["stepsim.phase"])
     if "stepsim.algorithm" in at:
         f["algorithm"] = str(at["stepsim.algorithm"])
+    f["host_sync"] = bool(at.get("stepsim.host_sync", False))
+    launches, held = at.get("stepsim.launches", -1), at.get("stepsim.sm_held", 0.0)
+    if not (isinstance(launches, int) and -1 <= launches <= 1_000_000) or not 0 <= held < 1:
+        raise TraceError(f"{where}: malformed stepsim.launches / stepsim.sm_held")
+    f["launches"], f["sm_held"] = int(launches), float(held)
     if "stepsim.mem_category" in at:
         cats, deltas, when = (
             at["stepsim.mem_category"],
@@ -157,6 +162,23 @@ def _stepsim_kernels(at: dict, where: str) -> tuple[Kernel, ...]:
         if len(ex) != len(ks) or any(x < 0 for x in ex if not math.isnan(x)):
             raise TraceError(f"{where}: malformed stepsim.kernel_executed_flops")
         ks = [k if math.isnan(x) else dataclasses.replace(k, executed_flops=float(x)) for k, x in zip(ks, ex)]
+    return _kernel_options(at, ks, where)
+
+
+def _kernel_options(at: dict, ks: list, where: str) -> tuple[Kernel, ...]:
+    """The optional kernel fields stepsim writes (math dtypes, backward bytes) applied to ``ks``."""
+    for f in ("math_dtype", "grad_math_dtype"):
+        vals = at.get(f"stepsim.kernel_{f}")
+        if vals is None:
+            continue
+        if len(vals) != len(ks) or any(v not in ("", *MATH_DTYPES) for v in vals):
+            raise TraceError(f"{where}: malformed stepsim.kernel_{f} (one of {', '.join(MATH_DTYPES)} or '' a kernel)")
+        ks = [dataclasses.replace(k, **{f: v}) if v else k for k, v in zip(ks, vals)]
+    bwd = at.get("stepsim.kernel_bwd_bytes")
+    if bwd is not None:
+        if len(bwd) != len(ks) or any(not math.isnan(x) and not 0 <= x < math.inf for x in bwd):
+            raise TraceError(f"{where}: malformed stepsim.kernel_bwd_bytes")
+        ks = [k if math.isnan(x) else dataclasses.replace(k, bwd_bytes=float(x)) for k, x in zip(ks, bwd)]
     return tuple(ks)
 
 

@@ -334,6 +334,9 @@ def _op(op_id: int, rank: int, f: dict, deps: tuple, key: str, kernels: tuple) -
         mem=f.get("mem", ()),
         rate_bytes_per_s=f.get("rate", 0.0),
         scaleout_fraction=f.get("scaleout_fraction", 1.0),
+        host_sync=f.get("host_sync", False),
+        launches=f.get("launches", -1),
+        sm_held=f.get("sm_held", 0.0),
     )
 
 

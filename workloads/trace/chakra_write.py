@@ -28,6 +28,13 @@ def _common_attrs(pb, op: Op) -> list:
     if op.phase:
         a.append(_attr(pb, "stepsim.phase", string_val=op.phase))
     a.append(_attr(pb, "stepsim.labels", int64_list=pb.Int64List(values=[op.mb, op.chunk, op.layer])))
+    # the host stream's fields (simulator.engine.host), where they differ from the defaults
+    if op.host_sync:
+        a.append(_attr(pb, "stepsim.host_sync", bool_val=True))
+    if op.launches >= 0:
+        a.append(_attr(pb, "stepsim.launches", int64_val=op.launches))
+    if op.sm_held:
+        a.append(_attr(pb, "stepsim.sm_held", double_val=op.sm_held))
     if op.mem:
         a.append(_attr(pb, "stepsim.mem_category", string_list=pb.StringList(values=[m[0] for m in op.mem])))
         a.append(_attr(pb, "stepsim.mem_delta_bytes", double_list=pb.DoubleList(values=[m[1] for m in op.mem])))
@@ -63,6 +70,13 @@ def _comp_node(pb, node, op: Op) -> None:
                 ),
             )
         )
+    for f in ("math_dtype", "grad_math_dtype"):  # "": the step's
+        if any(getattr(k, f) is not None for k in op.kernels):
+            values = [getattr(k, f) or "" for k in op.kernels]
+            node.attr.append(_attr(pb, f"stepsim.kernel_{f}", string_list=pb.StringList(values=values)))
+    if any(k.bwd_bytes is not None for k in op.kernels):  # NaN: twice the forward's
+        values = [float("nan") if k.bwd_bytes is None else k.bwd_bytes for k in op.kernels]
+        node.attr.append(_attr(pb, "stepsim.kernel_bwd_bytes", double_list=pb.DoubleList(values=values)))
     if op.recompute:
         node.attr.append(_attr(pb, "stepsim.recompute", bool_val=True))
     if op.comm_overlap:

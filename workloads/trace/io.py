@@ -21,7 +21,9 @@ Format (JSON, optionally gzip-compressed when the name ends in ``.gz``)::
          "kernels": [{"name": "qkv_proj", "kind": "gemm", "flops": 1e12, "bytes": 3e8,
                       "m": 4096, "n": 6144, "k": 4096, "groups": 1}, ...],
                      # optional per kernel: "executed_flops" (timed instead of "flops",
-                     # e.g. a causal flash-attention kernel's half square)
+                     # e.g. a causal flash-attention kernel's half square), "math_dtype" /
+                     # "grad_math_dtype" (bf16 | fp8 | tf32: a GEMM's own, e.g. the MoE
+                     # router's), "bwd_bytes" (a backward pass's bytes, not twice its own)
          "recompute": false,
          "mem": [["activations", 1.5e8, "end"]]},
         {"id": 5, "rank": 0, "stream": "tp", "kind": "collective", "name": "L0.attn.out",
@@ -70,7 +72,11 @@ import math
 from pathlib import Path
 from typing import Union
 
-from workloads.counts import KERNEL_KINDS, Kernel
+from workloads.counts import KERNEL_KINDS, MATH_DTYPES, Kernel
+
+# Kernel fields written only where set: the math dtype of a GEMM (and of its gradients) where it
+# is not the step's, and the bytes of a backward pass that is not twice its forward's.
+KERNEL_OPTIONAL = ("math_dtype", "grad_math_dtype", "bwd_bytes")
 from workloads.enums import TRACE_COLLECTIVE_OPS
 from workloads.trace.ops import MEMORY_CATEGORIES, STREAMS, Op, Trace, TraceError
 
@@ -121,6 +127,7 @@ def trace_to_dict(trace: Trace) -> dict:
                     "k": k.k,
                     "groups": k.groups,
                     **({} if k.executed_flops is None else {"executed_flops": k.executed_flops}),
+                    **{f: getattr(k, f) for f in KERNEL_OPTIONAL if getattr(k, f) is not None},
                 }
                 for k in op.kernels
             ]
@@ -446,6 +453,15 @@ def _kernel_from_dict(k: dict, kw: str) -> Kernel:
     executed = k.get("executed_flops")
     if executed is not None:
         executed = _amount(executed, f"{kw}.executed_flops", MAX_KERNEL_FLOPS)
+    dtypes = {}
+    for f in ("math_dtype", "grad_math_dtype"):
+        v = k.get(f)
+        if v is not None and v not in MATH_DTYPES:
+            raise TraceError(f"{kw}.{f}: must be one of {', '.join(MATH_DTYPES)}, got {v!r}")
+        dtypes[f] = v
+    bwd = k.get("bwd_bytes")
+    if bwd is not None:
+        bwd = float(_amount(bwd, f"{kw}.bwd_bytes", MAX_AMOUNT_BYTES))
     return Kernel(
         str(k.get("name", "")),
         kk,
@@ -456,6 +472,8 @@ def _kernel_from_dict(k: dict, kw: str) -> Kernel:
         int(k.get("k", 0)),
         int(k.get("groups", 1)),
         None if executed is None else float(executed),
+        bwd_bytes=bwd,
+        **dtypes,
     )
 
 
