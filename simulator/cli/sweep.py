@@ -154,7 +154,7 @@ def cmd_sweep(args) -> int:
     from simulator.studies.sweep import sweep
     from simulator.studies.sweep_rows import CSV_FILE, PARQUET_FILE
 
-    if not Path(args.sweep).exists():
+    if not (Path(args.sweep).exists() or Path(args.sweep).is_symlink()):  # a link loop: reading it says so
         raise CliError(f"sweep: no file {args.sweep!r}")
     check_output_dir(args.out, "--out")  # resumable: rows.jsonl is appended to as cases end
     with _executor(args.executor, _jobs(args), args.dask) as ex, _dask_client(args.dask) as client:
