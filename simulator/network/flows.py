@@ -311,10 +311,7 @@ class FlowNetwork(Reservations, FlowSlots):
         hit = self._memo.split(fids)
         if hit is not None:
             pos, lens, n_single, rates = hit
-            flat = rest[pos]
-            bounds = np.cumsum(lens).tolist()
-            comps = [flat[a:b].tolist() for a, b in zip([0] + bounds[:-1], bounds)]
-            self._recompute(comps, flat[flat.shape[0] - n_single :].tolist() if n_single else [], rates)
+            self._recompute_slots(rest[pos], list(lens), n_single, rates)
             return True
         comps, singles = self._components(seeds)
         rates = self._recompute(comps, singles) if comps or singles else None
@@ -350,25 +347,33 @@ class FlowNetwork(Reservations, FlowSlots):
         of this instant share one (a *group* batch, whose flows complete one by one).
         ``rates``: the rates solved (remembered), in the order of ``comps`` then
         ``singles``. Returns the rates in that order (None for a handful of flows)."""
+        lens = [len(c) for c in comps]
+        total = sum(lens) + len(singles)
+        if total <= _SCALAR_MAX:
+            stats = self.stats
+            stats.recomputations += 1
+            stats.components_solved += len(comps) + len(singles)
+            stats.flows_recomputed += total
+            self._recompute_scalar(comps + [singles] if singles else comps, bool(singles), self.env.now)
+            return None
+        sl = np.fromiter(itertools.chain(*comps, singles), dtype=np.int64, count=total)
+        return self._recompute_slots(sl, lens, len(singles), rates)
+
+    def _recompute_slots(self, sl: np.ndarray, lens: list[int], n_single: int, rates=None) -> np.ndarray:
+        """:meth:`_recompute` of more than a handful of flows given as slots ``sl``: the
+        components back to back (sizes ``lens``), then ``n_single`` lone flows."""
         now = self.env.now
         stats = self.stats
         stats.recomputations += 1
-        stats.components_solved += len(comps) + len(singles)
-        lens = [len(c) for c in comps]
+        stats.components_solved += len(lens) + n_single
+        stats.flows_recomputed += sl.shape[0]
+        n_multi = len(lens)
+        pos = sum(lens)
+        singles = n_single > 0
         if singles:
-            comps = comps + [singles]
-            lens.append(len(singles))
-        total = sum(lens)
-        stats.flows_recomputed += total
-        if total <= _SCALAR_MAX:
-            self._recompute_scalar(comps, bool(singles), now)
-            return None
-        sl = np.fromiter(itertools.chain.from_iterable(comps), dtype=np.int64, count=total)
+            lens = lens + [n_single]
+        n_comps = len(lens)
         w = self._w[sl]
-        wl = w.tolist()
-        links = self._links
-        n_multi = len(comps) - bool(singles)
-        pos = sum(lens[:n_multi])
         if rates is not None:
             r = rates
         elif n_multi == 0:
@@ -376,8 +381,11 @@ class FlowNetwork(Reservations, FlowSlots):
         elif pos <= SMALL_COMPONENT:
             parts: list = []
             at = 0
+            wl, links = w.tolist(), self._links
             mults = self._mults if self._any_mult else None
-            for comp, n in zip(comps[:n_multi], lens):
+            flat = sl[:pos].tolist()
+            for n in lens[:n_multi]:
+                comp = flat[at : at + n]
                 parts.extend(
                     self._fill_memo(
                         [links[s] for s in comp], wl[at : at + n], None if mults is None else [mults[s] for s in comp]
@@ -409,18 +417,18 @@ class FlowNetwork(Reservations, FlowSlots):
         self._rate[sl] = r
         self._end[sl] = end
         b0 = self._next_bid
-        self._next_bid += len(comps)
-        self._batch[sl] = np.repeat(np.arange(b0, b0 + len(comps)), lens)
-        if len(comps) == 1:
+        self._next_bid += n_comps
+        self._batch[sl] = np.repeat(np.arange(b0, b0 + n_comps), lens)
+        if n_comps == 1:
             firsts, starts = [float(end.min())], [0]
         else:
             starts = np.cumsum(lens) - lens
             firsts = np.minimum.reduceat(end, starts).tolist()
             starts = starts.tolist()
         heap, batches = self._heap, self._batches
-        last = len(comps) - 1
+        last = n_comps - 1
         for i, (first, start, n) in enumerate(zip(firsts, starts, lens)):
-            batches[b0 + i] = (sl[start : start + n], bool(singles) and i == last)
+            batches[b0 + i] = (sl[start : start + n], singles and i == last)
             heapq.heappush(heap, (first, b0 + i))
         return r
 
