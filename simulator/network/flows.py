@@ -37,7 +37,10 @@ Solvers: a flow alone gets its tightest link; a few small components go through
 components of the instant go through one
 :func:`~simulator.network.maxmin.fill_components` call (numpy), which fills every
 component's lowest level per iteration. All three give the same bits as solving
-each component alone with :func:`~simulator.network.maxmin.fill_arrays`.
+each component alone with :func:`~simulator.network.maxmin.fill_arrays`. Large solves,
+and the split of a component's survivors after completions in it, are remembered by
+the identities of the flows solved (:mod:`simulator.network.ratememo`): a phase that
+repeats beside the same traffic re-uses them, with the same bits.
 
 Scalar twins: updates of at most a few flows (``_recompute_scalar``,
 ``_complete_scalar``, the short branch of ``_write_rows``) repeat the vectorised
