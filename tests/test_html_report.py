@@ -348,3 +348,25 @@ def test_browser_timeline_colours_follow_the_time_shares(browser, tmp_path):
     want = _time_shares(ev, lo, hi)
     got = _phase_pixel_shares(browser, tmp_path / "zoom.png")
     assert max(abs(got[p] - want[p]) for p in want) < 0.03, (got, want)
+
+
+def test_moe_terms_and_placement_are_in_the_report():
+    """A MoE run's report has the terms around the experts per layer and micro-batch, in ms, as
+    the summary holds them, and the devices card says how the racks are used."""
+    from simulator.results.html_report import MOE_TERMS, headline_cards, moe_terms_table
+    from test_moe import moe_scenario
+
+    res = simulate(moe_scenario(cluster={"preset": "gb200-nvl72", "devices": 16}))
+    s = res.summary
+    table = moe_terms_table(s)
+    for key, value in s["moe_terms_s"].items():
+        assert html_escape(MOE_TERMS[key]) in table and f"{1e3 * value:.3f}" in table
+    assert "Around the experts" in render_report(run_data(res))
+    assert "16/72 a domain, 56 idle" in headline_cards(s)
+    assert moe_terms_table({"moe_terms_s": {}}) == ""
+
+
+def html_escape(text: str) -> str:
+    import html
+
+    return html.escape(text)

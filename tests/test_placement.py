@@ -77,6 +77,13 @@ def test_domains_used_spare_devices_and_throughput_per_domain():
         {**DENSE, "cluster": {"preset": "tpu-v5p", "devices": 64}, "parallel": {"tp": 4}, "name": "tpu"}
     )
     assert domain_usage(tpu.cluster) is None
+    small = load_scenario({**DENSE, "cluster": {"preset": "gb200-nvl72", "devices": 16}, "parallel": {"tp": 8}})
+    assert domain_usage(small.cluster).as_dict() == {
+        "devices_per_domain": 16,
+        "domain_capacity": 72,
+        "domains": 1,
+        "spare_devices": 56,
+    }
 
 
 def test_scenario_json_keeps_the_racks_capacity():

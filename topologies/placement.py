@@ -53,9 +53,11 @@ def domain_usage(cluster: ClusterSpec) -> Optional[DomainUsage]:
     net = cluster.network
     if not isinstance(net, SwitchedNetwork):
         return None
-    used = net.domain_size  # after a partial fill, the devices used per domain
-    capacity = cluster.domain_capacity or used
     per_pod = cluster.devices_per_pod
+    # after a partial fill, network.domain_size is the devices used per domain; a pod of
+    # fewer devices than one domain uses that many of it
+    used = min(net.domain_size, per_pod)
+    capacity = cluster.domain_capacity or net.domain_size
     domains_per_pod = -(-per_pod // used)
     domains = domains_per_pod * cluster.n_pods
     return DomainUsage(used, capacity, domains, domains * capacity - cluster.devices)

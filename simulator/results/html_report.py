@@ -193,7 +193,7 @@ def headline_cards(s: dict) -> str:
             f"{s['peak_memory_bytes'] / 1e9:.1f} of {s['hbm_bytes'] / 1e9:.0f} GB",
             bad=bool(s.get("oom")),
         ),
-        _card("devices", f"{s.get('devices', 0):,}"),
+        _card("devices", f"{s.get('devices', 0):,}" + _placement_text(s.get("placement"))),
         _card(
             "layout",
             " ".join(f"{a}{lay[a]}" for a in ("tp", "cp", "pp", "dp", "ep", "vpp") if a in lay)
@@ -211,6 +211,36 @@ def headline_cards(s: dict) -> str:
         ),
     ]
     return '<div class="cards">' + "".join(cards) + "</div>"
+
+
+def _placement_text(place) -> str:
+    """`` · 64/72 a domain, 288 idle`` for a summary's placement (switched networks)."""
+    if not place:
+        return ""
+    idle = f", {place['spare_devices']:,} idle" if place.get("spare_devices") else ""
+    return f" · {place['devices_per_domain']}/{place['domain_capacity']} a domain{idle}"
+
+
+#: The summary's MoE terms (``moe_terms_s``, docs/formats.md) as the report names them.
+MOE_TERMS = {
+    "routing": "routing (router GEMM, score and top-k, balance statistics, token counts)",
+    "permutation": "permutation before the dispatch",
+    "unpermutation": "unpermutation after the combine",
+    "grouped_gemm": "expert grouped GEMMs",
+    "grouped_gemm_shape_loss": "of which lost to small per-expert shapes",
+    "host_exposed": "GPU waiting for the host to issue (launches, syncs)",
+    "ep_comm_hidden": "expert all-to-all hidden behind compute",
+}
+
+
+def moe_terms_table(s: dict) -> str:
+    """The MoE terms of a summary, in milliseconds per MoE layer and micro-batch ('' without)."""
+    terms = s.get("moe_terms_s") or {}
+    if not terms:
+        return ""
+    rows = [(MOE_TERMS.get(k, k), v) for k, v in terms.items()]
+    body = "".join(f"<tr><td>{html.escape(name)}</td><td>{1e3 * v:.3f}</td></tr>" for name, v in rows)
+    return f'<table class="t"><tr><th>term</th><th>ms per MoE layer and micro-batch</th></tr>{body}</table>'
 
 
 def _table(df: pd.DataFrame, fmt, index_name: str) -> str:
@@ -303,6 +333,14 @@ def render_report(data: RunData, max_ranks: int = 32) -> str:
         page.add(_table(shown * 1e3, lambda v: f"{v:.3f}", "stage \\ axis (ms)"))
     elif len(data.idle) or "idle.csv" not in data.missing:
         page.add("<p>No communication is exposed: the compute streams never wait on it.</p>")
+    moe = moe_terms_table(s)
+    if moe:
+        page.add("<h2>Around the experts</h2>")
+        page.add(
+            '<p class="meta">Per MoE layer and micro-batch, averaged over the simulated devices '
+            "(summary.json <code>moe_terms_s</code>; sources in docs/moe.md).</p>"
+        )
+        page.add(moe)
     page.add("<h2>Scenario</h2>")
     if data.scenario is not None:
         page.add(f"<pre>{html.escape(yaml.safe_dump(data.scenario, sort_keys=False, allow_unicode=True))}</pre>")
