@@ -200,12 +200,13 @@ def test_cli_writes_yaml_with_the_lists(tmp_path, capsys):
             {"cuda_graphs": "full", "moe_host_sync": False},
         ),
         ("--moe-shared-expert-overlap", {"moe_shared_expert_overlap": True}),
+        ("--tp-comm-overlap", {"tp_comm_overlap": True}),
     ],
 )
 def test_host_side_arguments_round_trip(extra, expected):
     """The host-side arguments land on their scenario keys, the scenario loads with them and
     a missing argument leaves Megatron's default (eager, dropless with a host sync, no
-    shared-expert overlap)."""
+    shared-expert or TP communication overlap)."""
     text = (
         "pretrain_gpt.py --num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 1024 --vocab-size 32000 "
         "--micro-batch-size 1 --global-batch-size 16 --num-experts 8 --moe-router-topk 2 "
@@ -213,10 +214,11 @@ def test_host_side_arguments_round_trip(extra, expected):
     )
     res = import_megatron(text, "dgx-h100")
     tr = res.scenario["training"]
-    for key in ("cuda_graphs", "moe_host_sync", "moe_shared_expert_overlap"):
+    for key in ("cuda_graphs", "moe_host_sync", "moe_shared_expert_overlap", "tp_comm_overlap"):
         assert tr.get(key) == expected.get(key), key
-    assert not [u for u in res.unmapped if "graph" in u or "shared-expert" in u or "capacity" in u]
+    assert not [u for u in res.unmapped if "graph" in u or "overlap" in u or "capacity" in u]
     spec = load_scenario(res.scenario).training
     assert spec.cuda_graphs == expected.get("cuda_graphs", "none")
     assert spec.moe_host_sync == expected.get("moe_host_sync", True)
     assert spec.moe_shared_expert_overlap == expected.get("moe_shared_expert_overlap", False)
+    assert spec.tp_comm_overlap == expected.get("tp_comm_overlap", False)

@@ -164,6 +164,11 @@ class TrainingSpec:
     # Shared experts computed while the dispatch all-to-all is in flight (Megatron
     # --moe-shared-expert-overlap; default off: they run before the router).
     moe_shared_expert_overlap: bool = False
+    # Tensor-parallel communication overlap (Megatron --tp-comm-overlap, Transformer Engine
+    # userbuffers; default off, Megatron's): the sequence-parallel all-gather and
+    # reduce-scatter around attention and dense-MLP blocks chunked beside their GEMMs
+    # (workloads.trace.program_tp_overlap). Needs sequence parallelism, as Megatron asserts.
+    tp_comm_overlap: bool = False
     # ---- memory as allocated (workloads.memory, "Memory as allocated") ----
     # Megatron --distribute-saved-activations: under full recompute each layer's saved
     # input is split over the TP group and all-gathered before the layer is recomputed

@@ -277,7 +277,8 @@ class _Mapping:
         (``--cuda-graph-impl`` none / local / transformer_engine / full_iteration, the older
         ``--enable-cuda-graph`` / ``--external-cuda-graph``), the MoE dispatcher's blocking
         host read (none under ``--moe-pad-expert-input-to-capacity``) and
-        ``--moe-shared-expert-overlap``; Megatron's defaults (eager, dropless, no overlap)
+        ``--moe-shared-expert-overlap`` and ``--tp-comm-overlap``; Megatron's defaults (eager,
+        dropless, no overlap)
         where absent (megatron/training/arguments.py, NVIDIA/Megatron-LM d98e8a6)."""
         args, out = self.args, {}
         impl = args.get("cuda-graph-impl")
@@ -315,6 +316,9 @@ class _Mapping:
         if "moe-shared-expert-overlap" in args:
             self.take("moe-shared-expert-overlap", "training.moe_shared_expert_overlap", True)
             out["moe_shared_expert_overlap"] = True
+        if "tp-comm-overlap" in args:  # Transformer Engine userbuffers (workloads.trace.program_tp_overlap)
+            self.take("tp-comm-overlap", "training.tp_comm_overlap", True)
+            out["tp_comm_overlap"] = True
         return out
 
     def dtype(self) -> str:

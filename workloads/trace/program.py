@@ -14,12 +14,13 @@ from workloads import schedules as sched
 from workloads.trace.ops import Op, collective_op, compute_op, send_op
 from workloads.trace.program_layers import LayerOps
 from workloads.trace.program_params import ParamOps
+from workloads.trace.program_tp_overlap import TpOverlapOps
 from workloads.trace.builder import (
     TraceBuilder,
 )
 
 
-class RankProgram(LayerOps, ParamOps):
+class RankProgram(LayerOps, ParamOps, TpOverlapOps):
     """The ops of one rank, generated from its schedule's action list."""
 
     def __init__(self, b: TraceBuilder, rank: int):

@@ -72,12 +72,12 @@ class LayerOps:
         attn, pre, shared, expert, post = b.layer_parts(l)
         phase = "R" if recompute else "F"
         sp = L.sequence_parallel
-        h = b.hidden_bytes
         deps = list(deps)
         # Attention block: [TP all-gather] [CP K/V all-gather] compute, TP reduce-scatter/all-reduce.
+        beside: list = []  # TP all-gather chunks beside the block (program_tp_overlap)
         if sp:
-            ag = self.collective("all-gather", "tp", h, f"L{l}.attn.ag", phase, mb, k, l, deps + self.after_compute())
-            deps = [ag.id] if ag else deps
+            wait, beside = self.tp_gather(f"L{l}.attn.ag", phase, mb, k, l, deps + self.after_compute())
+            deps = wait or deps
         if recompute:
             mem = (("activations", self._recompute_transient(l), "start"),)
         else:
@@ -86,17 +86,15 @@ class LayerOps:
             op = self.cp_attention(l, attn, phase, mb, k, deps, mem, recompute)
         else:
             op = self.compute(f"L{l}.attn.{phase}", attn, phase, mb, k, l, deps=deps, mem=mem, recompute=recompute)
-        out = self.collective(
-            "reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.attn.out", phase, mb, k, l, [op.id]
-        )
-        deps = [out.id] if out else []
+        out = self.tp_scatter("reduce-scatter" if sp else "all-reduce", f"L{l}.attn.out", phase, mb, k, l, op, beside)
+        deps, beside = ([out.id] if out else []), []
         if expert and L.folded:
             handed = yield from self.folded_moe_forward(l, mb, k, deps, phase, recompute)
             self._offload_stash(l, mb, k, recompute)
             return handed
         if sp and out:
-            ag = self.collective("all-gather", "tp", h, f"L{l}.mlp.ag", phase, mb, k, l, deps)
-            deps = [ag.id] if ag else deps
+            wait, beside = self.tp_gather(f"L{l}.mlp.ag", phase, mb, k, l, deps, overlap=not expert)
+            deps = wait or deps
         op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
         if expert:
             overlap = b.t.moe_shared_expert_overlap
@@ -119,9 +117,8 @@ class LayerOps:
             op = self.compute(
                 f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute
             )
-        out = self.collective(
-            "reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.out", phase, mb, k, l, [op.id]
-        )
+        coll = "reduce-scatter" if sp else "all-reduce"
+        out = self.tp_scatter(coll, f"L{l}.mlp.out", phase, mb, k, l, op, beside, overlap=not expert)
         if out:
             # The next layer's compute waits for this collective: a zero-cost join on
             # the compute stream carries the dependency in stream order.
@@ -386,7 +383,6 @@ class LayerOps:
         handed = 0
         attn, pre, shared, expert, post = b.layer_parts(l)
         sp = L.sequence_parallel
-        h = b.hidden_bytes
         deps = list(deps)
         if part in ("B", "I") and b.recomputed_names:
             # the norms, MLA up-projections and SwiGLUs whose outputs were not kept
@@ -397,19 +393,15 @@ class LayerOps:
         # Reverse of the forward: the gradient of a reduce-scatter is an all-gather and vice versa.
         if expert and L.folded:
             handed += yield from self.folded_moe_backward(l, mb, k, deps + self.after_compute(), part)
-            ag = (
-                self.collective("all-gather", "tp", h, f"L{l}.attn.out.bwd", part, mb, k, l, self.after_compute())
-                if sp
-                else None
+            wait, beside = (
+                self.tp_gather(f"L{l}.attn.out.bwd", part, mb, k, l, self.after_compute()) if sp else ([], [])
             )
-            deps = [ag.id] if ag else []
-            self._attention_backward(l, mb, k, deps, part, attn, is_last_grad)
+            self._attention_backward(l, mb, k, wait, part, attn, is_last_grad, beside)
             return handed
+        beside: list = []
         if sp:
-            ag = self.collective(
-                "all-gather", "tp", h, f"L{l}.mlp.out.bwd", part, mb, k, l, deps + self.after_compute()
-            )
-            deps = [ag.id] if ag else deps
+            wait, beside = self.tp_gather(f"L{l}.mlp.out.bwd", part, mb, k, l, deps + self.after_compute(), not expert)
+            deps = wait or deps
         if expert:
             op = self.compute(f"L{l}.moe_out.{part}", self.b.bwd(post, part), part, mb, k, l, deps=deps)
             overlap = b.t.moe_shared_expert_overlap
@@ -443,21 +435,21 @@ class LayerOps:
                 handed += 1
                 yield
         op = self.compute(f"L{l}.mlp.{part}", self.b.bwd(pre, part), part, mb, k, l, deps=deps)
-        out = self.collective(
-            "reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.mlp.ag.bwd", part, mb, k, l, [op.id]
-        )
-        deps = [out.id] if out else []
+        coll = "reduce-scatter" if sp else "all-reduce"
+        out = self.tp_scatter(coll, f"L{l}.mlp.ag.bwd", part, mb, k, l, op, beside, overlap=not expert)
+        deps, beside = ([out.id] if out else []), []
         if sp and out:
-            ag = self.collective("all-gather", "tp", h, f"L{l}.attn.out.bwd", part, mb, k, l, deps)
-            deps = [ag.id] if ag else deps
-        self._attention_backward(l, mb, k, deps, part, attn, is_last_grad)
+            wait, beside = self.tp_gather(f"L{l}.attn.out.bwd", part, mb, k, l, deps)
+            deps = wait or deps
+        self._attention_backward(l, mb, k, deps, part, attn, is_last_grad, beside)
         return handed
 
-    def _attention_backward(self, l, mb, k, deps, part, attn, is_last_grad):
+    def _attention_backward(self, l, mb, k, deps, part, attn, is_last_grad, beside):
         """The attention block's backward (after the gradient reached the block's
-        output, ``deps``) and the layer's gradient hand-off."""
+        output, ``deps``; ``beside``: TP all-gather chunks beside it) and the layer's
+        gradient hand-off."""
         b, L, t = self.b, self.b.L, self.b.t
-        sp, h = L.sequence_parallel, b.hidden_bytes
+        sp = L.sequence_parallel
         free = -self._stash(l)
         if part == "I":
             free *= INPUT_GRAD_FREED_FRACTION
@@ -467,9 +459,8 @@ class LayerOps:
         op = self.compute(f"L{l}.attn.{part}", self.b.bwd(attn, part), part, mb, k, l, deps=deps, mem=tuple(mem))
         if L.cp > 1:
             self.collective("reduce-scatter", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.dkv_rs", part, mb, k, l, [op.id])
-        out = self.collective(
-            "reduce-scatter" if sp else "all-reduce", "tp", h, f"L{l}.attn.ag.bwd", part, mb, k, l, [op.id]
-        )
+        coll = "reduce-scatter" if sp else "all-reduce"
+        out = self.tp_scatter(coll, f"L{l}.attn.ag.bwd", part, mb, k, l, op, beside)
         if out:
             self.compute(f"L{l}.join", (), part, mb, k, l, deps=[out.id])
         if part == "B":

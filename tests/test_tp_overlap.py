@@ -1,0 +1,97 @@
+"""Tensor-parallel communication overlap (``training.tp_comm_overlap``,
+workloads.trace.program_tp_overlap): closed forms on an ideal chip, the option's scope, and
+the fast path against the exact simulation with it on."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import FAST_SWITCHED, ideal_scenario, scenario
+from simulator import simulate
+from test_moe import moe_scenario
+from workloads.trace.program_tp_overlap import RS_SM_HELD, RS_SPLITS
+
+TP = 2
+
+
+def _tp2(overlap: bool, **parallel) -> dict:
+    """TP 2 alone on an ideal chip, a link slow enough that TP traffic counts (no DP, no PP)."""
+    net = {**FAST_SWITCHED, "domain_bw_bytes_per_s": 4e11}
+    return ideal_scenario(
+        TP,
+        parallel={"tp": TP, "pp": 1, "dp": 1, **parallel},
+        cluster={"network": net},
+        training={"tp_comm_overlap": overlap},
+    )
+
+
+def _rank0(res):
+    ev = res.events
+    return ev[ev["rank"] == 0]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return simulate(_tp2(False)), simulate(_tp2(True))
+
+
+def test_overlap_leaves_one_chunk_of_each_collective_exposed(runs):
+    """Off: every TP collective is exposed. On: each all-gather's first 1/tp and each
+    reduce-scatter's last 1/4 (TE's pipeline splits) are, the rest runs beside the block
+    (longer here), and nothing else waits: the exposed TP time is (1/tp + 1/4) / 2 of it."""
+    off, on = runs
+    e0, e1 = _rank0(off), _rank0(on)
+    tp0 = e0[e0["axis"] == "tp"]
+    assert set(tp0["coll"]) == {"all-gather", "reduce-scatter"}
+    full = float(tp0["duration_s"].iloc[0])
+    assert tp0["duration_s"].to_numpy() == pytest.approx(full, rel=1e-12)  # one hidden-size collective each
+    exposed_off = off.summary["exposed_comm_by_axis_s"]["tp"]
+    assert exposed_off == pytest.approx(tp0["duration_s"].sum(), rel=1e-9)
+    tp1 = e1[e1["axis"] == "tp"]
+    last = tp1[~tp1["name"].str.endswith(".rest")]
+    ag, rs = last[last["coll"] == "all-gather"], last[last["coll"] == "reduce-scatter"]
+    assert ag["duration_s"].to_numpy() == pytest.approx(full / TP, rel=1e-9)
+    assert rs["duration_s"].to_numpy() == pytest.approx(full / RS_SPLITS, rel=1e-9)
+    assert on.summary["exposed_comm_by_axis_s"]["tp"] == pytest.approx(
+        exposed_off * (1 / TP + 1 / RS_SPLITS) / 2, rel=1e-9
+    )
+    step_on = on.summary["step_time_s"]
+    compute_on = e1[e1["kind"] == "compute"]["duration_s"].sum()
+    assert step_on == pytest.approx(compute_on + on.summary["exposed_comm_by_axis_s"]["tp"], rel=1e-9)
+
+
+def test_overlapped_blocks_give_the_collectives_their_sms(runs):
+    """The attention and MLP blocks run on 116 of 132 SMs: 1 / (1 - 16/132) as long."""
+    off, on = runs
+    c0 = _rank0(off).set_index(["name", "mb"])["duration_s"]
+    c1 = _rank0(on).set_index(["name", "mb"])["duration_s"]
+    for name in ("L1.attn.F", "L1.mlp.F", "L1.attn.B", "L1.mlp.B"):
+        assert c1[(name, 0)] == pytest.approx(c0[(name, 0)] / (1 - RS_SM_HELD), rel=1e-9)
+    assert c1[("embed.F", 0)] == pytest.approx(c0[("embed.F", 0)], rel=1e-12)
+
+
+def test_off_and_out_of_scope_change_nothing():
+    """The option needs sequence parallelism (Megatron asserts it): without it, or off, the
+    step is today's to the last bit; MoE blocks keep their TP collectives whole."""
+    base = simulate(_tp2(False, sequence_parallel=False)).summary
+    on = simulate(_tp2(True, sequence_parallel=False)).summary
+    assert on["step_time_s"] == base["step_time_s"]
+    assert on["exposed_comm_by_axis_s"] == base["exposed_comm_by_axis_s"]
+    moe = moe_scenario(parallel={"tp": 2, "pp": 1, "dp": 8, "ep": 8, "sequence_parallel": True})
+    moe["training"] = {**moe["training"], "tp_comm_overlap": True}
+    ev = simulate(moe).events
+    names = set(ev["name"])
+    dense = [l for l in range(moe["model"]["layers"]) if f"L{l}.experts.F" not in names]
+    split = {n for n in names if n.endswith(".rest")}
+    assert split and all(n.split(".")[1] == "attn" or int(n.split(".")[0][1:]) in dense for n in split)
+
+
+def test_fast_path_equals_exact_with_tp_overlap():
+    sc = scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4})
+    sc["training"] = {**sc["training"], "tp_comm_overlap": True}
+    fast = simulate(sc)
+    exact = simulate(sc, exact=True)
+    assert fast.summary["simulated_ranks"] < exact.summary["simulated_ranks"]
+    assert fast.summary["step_time_s"] == pytest.approx(exact.summary["step_time_s"], rel=1e-9)
+    off = simulate(scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4}))
+    assert fast.summary["step_time_s"] != off.summary["step_time_s"]
