@@ -85,7 +85,7 @@ class LayerOps:
         if L.cp > 1:
             op = self.cp_attention(l, attn, phase, mb, k, deps, mem, recompute)
         else:
-            op = self.compute(f"L{l}.attn.{phase}", attn, phase, mb, k, l, deps=deps, mem=mem, recompute=recompute)
+            op = self.tp_block(f"L{l}.attn.{phase}", attn, phase, mb, k, l, deps, mem, recompute)
         out = self.tp_scatter("reduce-scatter" if sp else "all-reduce", f"L{l}.attn.out", phase, mb, k, l, op, beside)
         deps, beside = ([out.id] if out else []), []
         if expert and L.folded:
@@ -95,7 +95,7 @@ class LayerOps:
         if sp and out:
             wait, beside = self.tp_gather(f"L{l}.mlp.ag", phase, mb, k, l, deps, overlap=not expert)
             deps = wait or deps
-        op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
+        op = self.tp_block(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps, (), recompute, overlap=not expert)
         if expert:
             overlap = b.t.moe_shared_expert_overlap
             if shared and not overlap:  # Megatron's default: the shared experts before the dispatch
@@ -434,7 +434,7 @@ class LayerOps:
             if d:
                 handed += 1
                 yield
-        op = self.compute(f"L{l}.mlp.{part}", self.b.bwd(pre, part), part, mb, k, l, deps=deps)
+        op = self.tp_block(f"L{l}.mlp.{part}", pre, part, mb, k, l, deps, overlap=not expert)
         coll = "reduce-scatter" if sp else "all-reduce"
         out = self.tp_scatter(coll, f"L{l}.mlp.ag.bwd", part, mb, k, l, op, beside, overlap=not expert)
         deps, beside = ([out.id] if out else []), []
@@ -456,7 +456,7 @@ class LayerOps:
         mem = [("activations", free, "end")]
         if t.recompute == "full":
             mem.append(("activations", -self._recompute_transient(l), "end"))
-        op = self.compute(f"L{l}.attn.{part}", self.b.bwd(attn, part), part, mb, k, l, deps=deps, mem=tuple(mem))
+        op = self.tp_block(f"L{l}.attn.{part}", attn, part, mb, k, l, deps, tuple(mem))
         if L.cp > 1:
             self.collective("reduce-scatter", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.dkv_rs", part, mb, k, l, [op.id])
         coll = "reduce-scatter" if sp else "all-reduce"

@@ -14,13 +14,18 @@ up (``set_sm_margin``); the backward's reduce-scatters (``qkv_dgrad``, ``fc1_dgr
 
 * all-gather: its first chunk (1/tp of the bytes) before the block, which waits for it;
   the other (tp-1)/tp on the TP stream beside the block;
-* reduce-scatter: (n-1)/n of it beside the block (from the block's start), the last 1/n
-  after it (n = 4, TE's pipeline splits; the backward's bulk overlap is modelled alike);
-  the block holds 16 of the GPU's SMs for it (``Op.sm_held``, 16/132, an H100's or
-  H800's count, on every GPU as :mod:`simulator.engine.compute` does DeepSeek's 20 SMs);
+* reduce-scatter: (n-1)/n of it beside the block's GEMM it overlaps, the last 1/n after
+  the block (n = 4, TE's pipeline splits). The block is two ops: in the forward the
+  row-parallel GEMM (``out_proj``, ``mlp_down``) and what follows it is the second; in the
+  backward the gradient of the block's first GEMM (``qkv_proj``, ``mlp_up``: the bulk
+  reduce-scatter overlaps its weight gradient), modelled like the forward's pipeline. That
+  op gives up 16 of the GPU's SMs (``Op.sm_held``, 16/132, an H100's or H800's count, on
+  every GPU as :mod:`simulator.engine.compute` does DeepSeek's 20 SMs);
 * the block's successors wait for the last chunk (a zero-cost join where none follows).
 
-Exposed per block with the block at least as long as what runs beside it: AG/tp + RS/4.
+Exposed per block with the GEMMs at least as long as what runs beside them: AG/tp + RS/4.
+Under context parallelism the forward attention stays one op (no SMs given up) and the
+reduce-scatter runs beside its last part.
 Megatron asserts sequence parallelism under ``--tp-comm-overlap``
 (megatron/training/arguments.py, NVIDIA/Megatron-LM commit d98e8a6); without it (the
 all-reduce) nothing is overlapped. MoE blocks, shared experts and the expert-TP
@@ -65,7 +70,32 @@ class TpOverlapOps:
             return self.collective(coll, "tp", h, name, phase, mb, k, l, [op.id])
         rest = self.collective(
             "reduce-scatter", "tp", h * (RS_SPLITS - 1) / RS_SPLITS, f"{name}.rest", phase, mb, k, l, list(op.deps)
-        )
-        op.sm_held = RS_SM_HELD
+        )  # from the start of op, the block's second part (tp_block)
         deps = [op.id, rest.id] + list(beside)
         return self.collective("reduce-scatter", "tp", h / RS_SPLITS, name, phase, mb, k, l, deps)
+
+    def tp_block(self, name, fwd, part, mb, k, l, deps, mem=(), recompute=False, overlap=True) -> Op:
+        """An attention or dense-MLP block's compute (forward kernels ``fwd``; ``part`` F / R
+        or a backward part); under the overlap as two ops, the second holding the SMs (module
+        notes). ``mem``: ``start`` entries on the first op, ``end`` on the last."""
+        kernels = fwd if part in ("F", "R") else self.b.bwd(fwd, part)
+        names = [x.name for x in fwd]
+        cut = -1
+        if overlap and self.tp_overlap():
+            if part in ("F", "R"):
+                cut = next((i for i, n in enumerate(names) if n in ("out_proj", "mlp_down")), -1)
+            elif any(n in ("qkv_proj", "mlp_up") for n in names):
+                cut = next(i for i, n in enumerate(names) if n in ("qkv_proj", "mlp_up"))
+        if cut < 0 or (cut == 0 and part in ("F", "R")):
+            return self.compute(name, kernels, part, mb, k, l, deps=deps, mem=mem, recompute=recompute)
+        if part in ("F", "R"):
+            body, tail = fwd[:cut], fwd[cut:]
+        else:
+            body = self.b.bwd(fwd[:cut] + fwd[cut + 1 :], part)
+            tail = self.b.bwd(fwd[cut : cut + 1], part)
+        start = tuple(m for m in mem if m[2] == "start")
+        end = tuple(m for m in mem if m[2] != "start")
+        first = self.compute(f"{name}.body", body, part, mb, k, l, deps=deps, mem=start, recompute=recompute)
+        op = self.compute(name, tail, part, mb, k, l, deps=[first.id], mem=end, recompute=recompute)
+        op.sm_held = RS_SM_HELD
+        return op
