@@ -65,16 +65,37 @@ def _number(x) -> str:
     return json.dumps(x)
 
 
+class _Numbers(dict):
+    """number -> its JSON text, each distinct number encoded once (ranks, micro-batches)."""
+
+    def __missing__(self, x):
+        self[x] = v = json.dumps(x)
+        return v
+
+
+def _each(a: np.ndarray, fmt) -> list:
+    """``fmt`` of each element of ``a`` (a numeric column), in order; where the column holds
+    few distinct values (sizes, FLOPs, durations, ranks), each is formatted once and
+    repeated. ``-0.0`` and ``0.0``, which ``np.unique`` merges, keep their own texts."""
+    n = len(a)
+    if n >= 1024 and not (a.dtype.kind == "f" and (np.signbit(a) & (a == 0)).any()):
+        u, inv = np.unique(a, return_inverse=True)
+        if 4 * len(u) <= n:
+            text = np.empty(len(u), dtype=object)
+            text[:] = list(map(fmt, u.tolist()))
+            return text[inv.reshape(-1)].tolist()
+    return list(map(fmt, a.tolist()))
+
+
 def _floats(a: np.ndarray) -> list[str]:
     """JSON text of each float of ``a``."""
     a = np.asarray(a, dtype=float)
-    if np.isfinite(a).all():
-        return list(map(float.__repr__, a.tolist()))
-    return list(map(_number, a.tolist()))
+    return _each(a, float.__repr__ if np.isfinite(a).all() else _number)
 
 
 def _ints(a) -> list[int]:
-    return np.asarray(a).astype(np.int64).tolist()
+    a = np.asarray(a).astype(np.int64)
+    return _each(a, int) if len(a) >= 1024 else a.tolist()
 
 
 def _process_name_lines(result, ranks, js: _Strings) -> list[str]:
@@ -202,20 +223,33 @@ def flows(raw) -> list[tuple[str, object, object]]:
 def _flow_lines(raw, tids, js: _Strings) -> list[str]:
     # Each end is put in the middle of its slice, with "bp": "e" on the finish, so that
     # both bind to the enclosing slice (Perfetto's and chrome://tracing's rule for v1 flows).
+    found = flows(raw)
+    if not found:
+        return []
+    names, srcs, dsts = zip(*found)
+    numbers = _Numbers()
+
+    def ends(recs):
+        ops = list(map(attrgetter("op"), recs))
+        start = np.fromiter(map(attrgetter("start_s"), recs), dtype=float, count=len(recs))
+        end = np.fromiter(map(attrgetter("end_s"), recs), dtype=float, count=len(recs))
+        ts = _floats((start + end) / 2 * _US)
+        tid = [tids.get(op.stream, len(tids)) for op in ops]
+        return ops, list(map(numbers.__getitem__, map(attrgetter("rank"), ops))), tid, ts
+
+    s_ops, s_pid, s_tid, s_ts = ends(srcs)
+    d_ops, d_pid, d_tid, d_ts = ends(dsts)
     out = []
-    for i, (name, src, dst) in enumerate(flows(raw)):
-        s, d = src.op, dst.op
-        args = f'{{"from": {js[s.name]}, "to": {js[d.name]}, "mb": {_number(s.mb)}}}'
-        n = js[name]
+    for i, n in enumerate(map(js.__getitem__, names)):
+        s, d = s_ops[i], d_ops[i]
+        args = f'{{"from": {js[s.name]}, "to": {js[d.name]}, "mb": {numbers[s.mb]}}}'
         out.append(
-            f'{{"ph": "s", "id": {i}, "cat": "flow", "name": {n}, "pid": {_number(s.rank)}, '
-            f'"tid": {tids.get(s.stream, len(tids))}, "ts": {_number((src.start_s + src.end_s) / 2 * _US)}, '
-            f'"args": {args}}}'
+            f'{{"ph": "s", "id": {i}, "cat": "flow", "name": {n}, "pid": {s_pid[i]}, '
+            f'"tid": {s_tid[i]}, "ts": {s_ts[i]}, "args": {args}}}'
         )
         out.append(
-            f'{{"ph": "f", "bp": "e", "id": {i}, "cat": "flow", "name": {n}, "pid": {_number(d.rank)}, '
-            f'"tid": {tids.get(d.stream, len(tids))}, "ts": {_number((dst.start_s + dst.end_s) / 2 * _US)}, '
-            f'"args": {args}}}'
+            f'{{"ph": "f", "bp": "e", "id": {i}, "cat": "flow", "name": {n}, "pid": {d_pid[i]}, '
+            f'"tid": {d_tid[i]}, "ts": {d_ts[i]}, "args": {args}}}'
         )
     return out
 
@@ -307,18 +341,20 @@ def _csv_text(values: list[str]) -> list[str]:
     return list(map(quoted.__getitem__, values))
 
 
+def _csv_float(x: float) -> str:
+    return "" if x != x else float.__repr__(x)
+
+
 def _csv_column(a: np.ndarray) -> list[str]:
     """One column's fields as ``DataFrame.to_csv`` writes them: numbers as ``repr`` writes
     them (pandas writes numpy's ``astype(str)``: the same shortest text that reads back to
     the same value), NaN and None as empty fields, text quoted only where it must be."""
     a = np.asarray(a)
     if a.dtype.kind == "f":
-        text = list(map(float.__repr__, a.astype(float).tolist()))
-        for i in np.flatnonzero(np.isnan(a)).tolist():
-            text[i] = ""
-        return text
+        a = a.astype(float)
+        return _each(a, float.__repr__ if not np.isnan(a).any() else _csv_float)
     if a.dtype.kind in "iu":
-        return list(map(str, a.tolist()))
+        return _each(a, str)
     values = a.tolist()
     if not all(type(v) is str for v in set(values)):
         values = ["" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v) for v in values]

@@ -38,36 +38,58 @@ def _base(name: str) -> str:
     return name
 
 
+def _kernel_terms(k, chip, cal, dtype) -> tuple[str, float, float]:
+    """``(term, seconds, shape loss)`` of one kernel; ``term`` empty where it counts in none."""
+    base = _base(k.name)
+    term = _TERM_OF.get(base)
+    grouped = k.kind == "gemm" and k.groups > 1
+    if term is None and not grouped:
+        return ("", 0.0, 0.0)
+    t = kernel_time_s(k, chip, cal, dtype)
+    loss = grouped_gemm_shape_loss_s(k, chip, cal, dtype) if grouped else 0.0
+    return (term or "grouped_gemm", t, loss)
+
+
+def _group_terms(kernels, cache: dict, chip, cal, dtype) -> tuple[list, int]:
+    """Of one kernel group (shared by many ops): its counted kernels' ``(term, seconds, shape
+    loss)`` in order, and how many of its kernels are routers."""
+    terms, routers = [], 0
+    for k in kernels:
+        hit = cache.get(id(k))
+        if hit is None or hit[0] is not k:
+            hit = cache[id(k)] = (k, _kernel_terms(k, chip, cal, dtype))
+        if hit[1][0]:
+            terms.append(hit[1])
+        routers += k.name.split(".")[-1] == "router"
+    return terms, routers
+
+
 def moe_compute_terms(trace, chip, cal, dtype: str) -> dict:
     """``{routing, permutation, unpermutation, grouped_gemm, grouped_gemm_shape_loss}`` in
-    seconds per MoE layer and micro-batch (module notes); empty for a dense model."""
+    seconds per MoE layer and micro-batch (module notes); empty for a dense model.
+
+    Ops share kernel groups: each group's terms are worked out once, then added op by op in
+    kernel order (the same additions as one kernel at a time)."""
     per_rank: dict[int, dict[str, float]] = {}
     layers: dict[int, int] = {}
-    cache: dict[int, tuple[str, float, float]] = {}
+    cache: dict[int, tuple] = {}  # id(kernel) -> (kernel, its terms)
+    groups: dict[int, tuple] = {}  # id(kernel group) -> (group, its terms, its routers)
     for op in trace.ops:
-        if op.kind != "compute" or not op.kernels:
+        kernels = op.kernels
+        if op.kind != "compute" or not kernels:
             continue
-        acc = per_rank.setdefault(op.rank, dict.fromkeys((*MOE_TERM_KERNELS, "grouped_gemm"), 0.0))
-        acc.setdefault("grouped_gemm_shape_loss", 0.0)
-        for k in op.kernels:
-            hit = cache.get(id(k))
-            if hit is None:
-                base = _base(k.name)
-                term = _TERM_OF.get(base)
-                grouped = k.kind == "gemm" and k.groups > 1
-                if term is None and not grouped:
-                    hit = ("", 0.0, 0.0)
-                else:
-                    t = kernel_time_s(k, chip, cal, dtype)
-                    loss = grouped_gemm_shape_loss_s(k, chip, cal, dtype) if grouped else 0.0
-                    hit = (term or "grouped_gemm", t, loss)
-                cache[id(k)] = hit
-            term, t, loss = hit
-            if term:
-                acc[term] += t
-                acc["grouped_gemm_shape_loss"] += loss
-            if k.name.split(".")[-1] == "router" and op.phase == "F" and not op.recompute:
-                layers[op.rank] = layers.get(op.rank, 0) + 1
+        acc = per_rank.get(op.rank)
+        if acc is None:
+            acc = per_rank[op.rank] = dict.fromkeys((*MOE_TERM_KERNELS, "grouped_gemm"), 0.0)
+            acc.setdefault("grouped_gemm_shape_loss", 0.0)
+        g = groups.get(id(kernels))
+        if g is None or g[0] is not kernels:
+            g = groups[id(kernels)] = (kernels, *_group_terms(kernels, cache, chip, cal, dtype))
+        for term, t, loss in g[1]:
+            acc[term] += t
+            acc["grouped_gemm_shape_loss"] += loss
+        if g[2] and op.phase == "F" and not op.recompute:
+            layers[op.rank] = layers.get(op.rank, 0) + g[2]
     rows = [{t: v / layers[r] for t, v in acc.items()} for r, acc in per_rank.items() if layers.get(r)]
     if not rows:
         return {}

@@ -119,5 +119,9 @@ def stage_labels(result, ranks=None) -> dict:
     weights = (result.trace.weight if result.trace is not None else None) or {}
     exact = bool(result.summary.get("exact", False))
     if ranks is None:
-        ranks = sorted(set(result.events["rank"].tolist()) | set(result.memory["rank"].tolist()))
+        import numpy as np
+
+        # the tables' columns, not their DataFrames: no pandas for the figures of a run
+        found = (np.unique(result.table(t)["rank"]).tolist() for t in ("events", "memory"))
+        ranks = sorted(set().union(*found))
     return {int(r): stage_label(layout, int(r), rank_weight(layout, int(r), weights, exact)) for r in ranks}

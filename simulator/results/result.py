@@ -257,6 +257,8 @@ class Result:
         # cyclic collector would only walk the run's records again and again (a child
         # forked for the figures inherits the pause).
         with _gc_paused():
+            # built once, before forking: the figures, the trace and the tables all read it
+            events = self.table("events")
             beside = None
             if figures and parallel is not False:
                 from simulator.results.beside import Beside, can_fork
@@ -272,7 +274,6 @@ class Result:
                     text = json.dumps(_jsonable(scenario_to_dict(self.scenario)), indent=2) + "\n"
                     paths["scenario"].write_text(text)
                 export.write_chrome_trace(self, paths["trace"])
-                events = self.table("events")
                 export.write_csv(events, paths["events_csv"])
                 export.write_events_parquet(events, paths["events_parquet"])  # key-value metadata stepsim_version
                 export.write_csv(self.table("memory"), paths["memory_csv"])
