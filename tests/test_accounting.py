@@ -14,7 +14,7 @@ from simulator.engine.loop import OpRecord
 from test_moe import moe_scenario
 from workloads import parameters
 from workloads.trace.ops import Op
-from workloads.trace.builder import GRAD_REDUCE_BYTES, HOST_UPDATE_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM, PARAM_BYTES
+from workloads.trace.builder import HOST_UPDATE_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM, PARAM_BYTES
 
 _ids = iter(range(10**9))
 
@@ -189,7 +189,7 @@ def test_optimizer_offload_with_one_stage_is_offload_wait_not_bubble(dp):
     p = parameters.parameter_count(res.scenario.model)
     host_bw = res.scenario.cluster.host_bw_bytes_per_s
     expected = (
-        p * (GRAD_REDUCE_BYTES + PARAM_BYTES) / host_bw
+        p * (res.scenario.training.grad_bytes + PARAM_BYTES) / host_bw
         + p * OPTIMIZER_BYTES_PER_PARAM["adam"] / HOST_UPDATE_BYTES_PER_S
     )
     s = res.summary

@@ -271,12 +271,12 @@ def test_one_label_per_stage_in_every_output(piped, tmp_path):
     from simulator.results.export import chrome_trace
     from simulator.results.html_data import load_run_dir, run_data
     from simulator.results.html_report import memory_figure
-    from simulator.results.html_timeline import timeline_figure
+    from simulator.results.html_timeline import timeline_with_bars
 
     want = ["stage 0 (device 0, ×8)", "stage 1 (device 8, ×8)"]
     png = [t.get_text() for t in plot_timeline(piped).axes[0].get_yticklabels() if t.get_text().startswith("stage")]
     mem = [t.get_text() for t in plot_memory(piped).axes[0].get_legend().get_texts()]
-    html = [t for t in timeline_figure(run_data(piped)).layout.yaxis.ticktext if t.startswith("stage")]
+    html = [t for t in timeline_with_bars(run_data(piped))[0].layout.yaxis.ticktext if t.startswith("stage")]
     trace = chrome_trace(piped)["traceEvents"]
     perfetto = [e["args"]["name"] for e in trace if e.get("ph") == "M" and e["name"] == "process_name"]
     assert png == html == perfetto == want

@@ -16,9 +16,6 @@ import pandas as pd
 
 from simulator.errors import ReportError
 
-#: Files of a ``stepsim run --out`` directory that a report reads.
-RUN_FILES = ("summary.json", "events.parquet", "events.csv", "memory.csv", "idle.csv", "scenario.json")
-
 
 def require_plotly():
     """The ``plotly`` package, or a :class:`ReportError` saying how to install it."""
@@ -43,7 +40,7 @@ class RunData:
     summary: dict
     events: pd.DataFrame
     memory: pd.DataFrame
-    idle: pd.DataFrame  # simulator.results.result.idle_frame
+    idle: pd.DataFrame  # simulator.results.result.idle_columns
     scenario: Optional[dict]  # simulator.scenario.serialise.scenario_to_dict, None if not recorded
     labels: dict  # rank -> its name in every output (report.stage_label)
     missing: tuple[str, ...] = ()  # files of the run directory that were not there

@@ -286,17 +286,6 @@ def timeline_rows(data: RunData, max_ranks: int = 32, show_comm: bool = True) ->
     return rows
 
 
-def timeline_figure(
-    data: RunData,
-    max_ranks: int = 32,
-    show_comm: bool = True,
-    title: Optional[str] = None,
-    x_max_s: Optional[float] = None,
-):
-    """The step's timeline (:func:`timeline_with_bars`) as a plotly figure."""
-    return timeline_with_bars(data, max_ranks, show_comm, title, x_max_s)[0]
-
-
 def timeline_with_bars(
     data: RunData,
     max_ranks: int = 32,

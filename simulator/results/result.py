@@ -209,7 +209,7 @@ class Result:
 
     @property
     def idle(self) -> pd.DataFrame:
-        """The idle spans of the compute streams (:func:`idle_frame`)."""
+        """The idle spans of the compute streams (:func:`idle_columns`)."""
         import pandas as pd
 
         return pd.DataFrame(self.table("idle"))
@@ -457,13 +457,6 @@ def memory_columns(raw: RawRun, trace: Trace, layout) -> Columns:
     return {c: cols[c] for c in MEMORY_COLUMNS}
 
 
-def memory_frame(raw: RawRun, trace: Trace, layout) -> pd.DataFrame:
-    """:func:`memory_columns` as a DataFrame."""
-    import pandas as pd
-
-    return pd.DataFrame(memory_columns(raw, trace, layout))
-
-
 def idle_columns(spans, layout) -> Columns:
     """Idle spans of each simulated device's compute stream, one row per maximal span of
     one cause (``bubble``, ``exposed_comm``, ``offload_wait``; :mod:`simulator.engine.accounting`)
@@ -484,10 +477,3 @@ def idle_columns(spans, layout) -> Columns:
     }
     order = np.lexsort((start, rank))
     return {c: cols[c][order] for c in IDLE_COLUMNS}
-
-
-def idle_frame(spans, layout) -> pd.DataFrame:
-    """:func:`idle_columns` as a DataFrame."""
-    import pandas as pd
-
-    return pd.DataFrame(idle_columns(spans, layout))

@@ -59,7 +59,6 @@ from workloads.training import TrainingSpec
 # A trace larger than this is refused rather than simulated for hours: it means a
 # scenario with (micro-batches x layers per rank x simulated ranks) in the billions.
 MAX_TRACE_OPS = 20_000_000
-GRAD_REDUCE_BYTES = 4  # fp32 main gradients (Megatron-LM default, no --grad-reduce-in-bf16); TrainingSpec.grad_bytes
 PARAM_BYTES = 2  # bf16 parameter storage (also under FP8 training: FP8 casts are transient)
 
 
