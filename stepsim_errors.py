@@ -8,7 +8,7 @@ errors share one base without the packages importing each other. The tree::
     ├── TopologyError                 topologies.errors (UnknownPresetError: also a KeyError)
     ├── WorkloadError                 workloads.errors (LayoutError, ScheduleError, TraceError)
     ├── ScenarioError                 simulator.scenario.schema (the scenario file and what it resolves to)
-    ├── InputFileError                simulator.fileio (a file that cannot be read as what it should be)
+    ├── InputFileError                stepsim_fileio (a file that cannot be read as what it should be)
     ├── NetworkError                  simulator.errors (CollectiveError, CalibrationError, BenchError)
     ├── ReportError                   simulator.errors (PlotError: a report or plot that cannot be drawn)
     ├── StudyError                    simulator.errors (ValidationError, WorkerVersionError,

@@ -6,7 +6,7 @@ the bases of the simulator's layers that several modules raise — the network m
 (:class:`NetworkError`), results and reports (:class:`ReportError`) and the studies
 (:class:`StudyError`) — so that a module can raise them without importing another's
 code; the scenario's (``simulator.scenario.schema.ScenarioError``) and the input files'
-(``simulator.fileio.InputFileError``) live beside the code that raises them. Each
+(``stepsim_fileio.InputFileError``) live beside the code that raises them. Each
 class is also importable from its old module (``simulator.network.flows.NetworkError``...).
 """
 

@@ -90,7 +90,7 @@ def test_calibrate_command_prints_a_compute_mapping_a_scenario_accepts(tmp_path,
     out = tmp_path / "cal.json"
     assert cli_main(["calibrate", str(path), "--family", "hopper", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    from simulator.fileio import load_yaml  # as a scenario file is read (YAML 1.2 numbers: 6e-06)
+    from stepsim_fileio import load_yaml  # as a scenario file is read (YAML 1.2 numbers: 6e-06)
 
     mapping = load_yaml(text[text.index("compute:") :].split("\n#")[0])
     sc = load_scenario(

@@ -172,7 +172,7 @@ def test_mangled_yaml_text_exits_0_or_2(tmp_path_factory, capsys, edits):
 def test_yaml_numbers_in_any_notation_are_floats(x, style, sign):
     """YAML 1.2 floats (issue 14 item 2): 5e9, 1E-6, 6.25e+09, 1e-06, ... read as the number
     Python's float() gives for the same text; PyYAML's YAML 1.1 rules read 5e9 as a string."""
-    from simulator.fileio import load_yaml
+    from stepsim_fileio import load_yaml
 
     text = sign + style.format(x)
     value = load_yaml(f"v: {text}\n")["v"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.fileio import load_yaml
+from stepsim_fileio import load_yaml
 from simulator.scenario.loading import load_scenario
 from simulator.studies.sweep_cases import expand
 from simulator.studies.sweep_spec import load_sweep

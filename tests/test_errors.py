@@ -20,7 +20,7 @@ ERROR_CLASSES = [
     ("workloads.schedules", "ScheduleError"),
     ("workloads.trace.ops", "TraceError"),
     ("simulator.scenario.schema", "ScenarioError"),
-    ("simulator.fileio", "InputFileError"),
+    ("stepsim_fileio", "InputFileError"),
     ("simulator.network.flows", "NetworkError"),
     ("simulator.network.collectives", "CollectiveError"),
     ("simulator.network.calibration", "CalibrationError"),

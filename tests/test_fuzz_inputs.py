@@ -145,7 +145,7 @@ def test_a_sweep_whose_base_is_itself_is_refused(tmp_path):
 def test_special_files_are_refused_at_once_naming_the_file(tmp_path):
     import os
 
-    from simulator.fileio import read_text
+    from stepsim_fileio import read_text
 
     fifo = tmp_path / "pipe.yaml"
     os.mkfifo(fifo)  # reading it would block forever
@@ -215,7 +215,7 @@ def test_fewer_tokens_than_experts_over_the_capacity_factor_keep_one_row_per_exp
 
 
 def test_a_nul_in_a_file_name_or_a_huge_integer_bandwidth_is_refused(tmp_path):
-    from simulator.fileio import read_text
+    from stepsim_fileio import read_text
     from topologies.io import load_topology
 
     with pytest.raises(StepsimError, match="NUL"):

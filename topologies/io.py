@@ -111,7 +111,7 @@ def load_topology(path: Union[str, Path]) -> Topology:
         For an unreadable or malformed file, a missing attribute, a non-positive
         bandwidth or a disconnected graph; the message names the file and element.
     """
-    from simulator.fileio import InputFileError, load_json, read_text
+    from stepsim_fileio import InputFileError, load_json, read_text
 
     path = Path(path)
     fmt = _format_of(path)

@@ -89,7 +89,7 @@ class _Config:
 def _load(path_or_dict: Union[str, PathLike, Mapping[str, Any]]) -> Mapping[str, Any]:
     if isinstance(path_or_dict, Mapping):
         return path_or_dict
-    from simulator.fileio import load_json, read_text
+    from stepsim_fileio import load_json, read_text
 
     path = Path(path_or_dict)
     # At most 16 MiB (a config.json is a few kB); binary or non-JSON input is refused naming the

@@ -408,7 +408,7 @@ def cmd_topology(args) -> int:
 def _looks_like_topology(p: Path) -> bool:
     if p.suffix.lower() == ".graphml":
         return True
-    from simulator.fileio import load_json, read_text
+    from stepsim_fileio import load_json, read_text
 
     try:
         doc = load_json(read_text(p, 64 * 2**20), str(p))  # capped, like every input file

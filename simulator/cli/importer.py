@@ -11,7 +11,7 @@ from simulator.cli.common import MAX_DEVICES_FLAG, int_flag
 
 
 def cmd_import(args) -> int:
-    from simulator.fileio import read_text
+    from stepsim_fileio import read_text
     from simulator.interop.megatron import import_megatron, to_yaml
     from simulator.results.outdir import check_output_file, staged_file
     from simulator.scenario.loading import load_scenario

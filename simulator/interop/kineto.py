@@ -197,7 +197,7 @@ class KinetoKernels:
 def load_events(path: Union[str, Path]) -> list[dict]:
     """The ``traceEvents`` list of a Chrome trace file (``.json`` or ``.json.gz``; a bare
     list of events is accepted too)."""
-    from simulator.fileio import load_json, read_text
+    from stepsim_fileio import load_json, read_text
 
     p = Path(path)
     doc = load_json(read_text(p, MAX_TRACE_BYTES, what="profiler trace"), str(p))

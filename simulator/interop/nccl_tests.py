@@ -150,7 +150,7 @@ def read_nccl_tests(
     NcclTestsError
         Naming the file (and line) and what is wrong.
     """
-    from simulator.fileio import read_text
+    from stepsim_fileio import read_text
 
     p = Path(path)
     text = read_text(p, 256 * 2**20, what="nccl-tests log")

@@ -66,7 +66,7 @@ def load_run_dir(path) -> RunData:
     (``events.parquet`` or ``events.csv``) and ``memory.csv`` are required; without
     ``idle.csv`` or ``scenario.json`` (directories of older versions) the report says
     what it cannot show."""
-    from simulator.fileio import load_json, read_text
+    from stepsim_fileio import load_json, read_text
     from simulator.results.result import IDLE_COLUMNS
 
     d = Path(path)

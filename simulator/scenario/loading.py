@@ -33,9 +33,9 @@ from workloads.moe_load import ExpertLoad
 
 def read_mapping(path: Union[str, Path], what: str = "scenario") -> dict:
     """A scenario-like file (YAML, or JSON by extension) as a mapping, read through
-    :mod:`simulator.fileio` (YAML 1.2 floats, duplicate keys, size, depth and alias caps).
+    :mod:`stepsim_fileio` (YAML 1.2 floats, duplicate keys, size, depth and alias caps).
     Every failure is a :class:`ScenarioError` naming the file."""
-    from simulator.fileio import InputFileError, load_file
+    from stepsim_fileio import InputFileError, load_file
 
     p = Path(path)
     try:

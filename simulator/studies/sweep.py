@@ -21,7 +21,7 @@ Every axis is a *dotted scenario key*: ``parallel.pp`` sets ``base["parallel"]["
 Axes are checked against the scenario's keys (:func:`~simulator.studies.sweep_spec.scenario_key_tree`) when the sweep
 is loaded: a misspelled one (``parallel.ppp``) is refused, naming the closest valid key.
 A sweep of more than :data:`~simulator.studies.sweep_spec.MAX_SWEEP_CASES` cases (before ``where``) is refused before
-it is expanded. Sweep files are read like scenario files (:mod:`simulator.fileio`).
+it is expanded. Sweep files are read like scenario files (:mod:`stepsim_fileio`).
 Missing intermediate mappings are created; an intermediate that is a preset name
 (``model: llama3-8b``) becomes ``{preset: llama3-8b}`` so that ``model.layers`` or
 ``cluster.devices`` override the preset field by field, as in a scenario file. A

@@ -284,7 +284,7 @@ def read_trace(path: Union[str, Path]) -> Trace:
         return read_chakra(p)
     if p.is_dir():
         raise TraceError(f"trace: {p} is a directory without Chakra ET files (<prefix>.<rank>.et)")
-    from simulator.fileio import InputFileError, load_json, read_text
+    from stepsim_fileio import InputFileError, load_json, read_text
 
     try:
         data = load_json(read_text(p, MAX_TRACE_FILE_BYTES, what="trace file"), str(p))
