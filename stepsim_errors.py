@@ -12,7 +12,9 @@ errors share one base without the packages importing each other. The tree::
     ├── NetworkError                  simulator.errors (CollectiveError, CalibrationError, BenchError)
     ├── ReportError                   simulator.errors (PlotError: a report or plot that cannot be drawn)
     ├── StudyError                    simulator.errors (ValidationError, WorkerVersionError,
-    │                                   CalibrationInputError, KinetoTraceError, NcclTestsError)
+    │                                   WorkerLostError, ExecutorError, CalibrationInputError,
+    │                                   KinetoTraceError, NcclTestsError)
+    ├── OutputPathError               simulator.results.outdir (an output path that cannot be written)
     └── CliError                      simulator.cli.common (flags the command line checks itself)
 
 The command line turns a :class:`StepsimError` (and an ``OSError``) into exit 2 with its

@@ -30,6 +30,9 @@ ERROR_CLASSES = [
     ("simulator.errors", "StudyError"),
     ("simulator.studies.validate", "ValidationError"),
     ("simulator.studies.sweep_executors", "WorkerVersionError"),
+    ("simulator.studies.sweep_executors", "WorkerLostError"),
+    ("simulator.studies.sweep_executors", "ExecutorError"),
+    ("simulator.results.outdir", "OutputPathError"),
     ("simulator.studies.calibrate", "CalibrationInputError"),
     ("simulator.interop.kineto", "KinetoTraceError"),
     ("simulator.interop.nccl_tests", "NcclTestsError"),
@@ -44,6 +47,42 @@ def test_every_error_class_is_a_stepsim_error_and_a_value_error(module, name):
 
     cls = getattr(importlib.import_module(module), name)
     assert issubclass(cls, StepsimError) and issubclass(cls, ValueError)
+
+
+def _all_error_classes() -> set[type]:
+    """Every subclass of StepsimError defined in stepsim's own modules (all imported)."""
+    import importlib
+    import pkgutil
+
+    for package in ("simulator", "topologies", "workloads"):
+        root = importlib.import_module(package)
+        for info in pkgutil.walk_packages(root.__path__, f"{package}."):
+            if info.name.endswith("__main__"):  # running it is the command line
+                continue
+            try:
+                importlib.import_module(info.name)
+            except ImportError:  # an optional dependency (plotly) that is not installed
+                continue
+    found, todo = set(), [StepsimError]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub.__module__.split(".")[0] in ("simulator", "topologies", "workloads", "stepsim_fileio"):
+                found.add(sub)
+            todo.append(sub)
+    return found
+
+
+def test_every_error_class_is_in_the_documented_tree():
+    """The tree in stepsim_errors' docstring names every StepsimError subclass, and this
+    file's ERROR_CLASSES lists each one: a new error class is documented where users look."""
+    import stepsim_errors
+
+    classes = _all_error_classes()
+    assert len(classes) >= 20
+    tree = stepsim_errors.__doc__
+    assert sorted(c.__name__ for c in classes if c.__name__ not in tree) == []
+    listed = {name for _, name in ERROR_CLASSES}
+    assert sorted(c.__name__ for c in classes if c.__name__ not in listed) == []
 
 
 def test_an_error_keeps_its_field_across_layers_and_processes():
