@@ -54,6 +54,7 @@ def _all_error_classes() -> set[type]:
     import importlib
     import pkgutil
 
+    importlib.import_module("stepsim_fileio")
     for package in ("simulator", "topologies", "workloads"):
         root = importlib.import_module(package)
         for info in pkgutil.walk_packages(root.__path__, f"{package}."):
