@@ -12,6 +12,13 @@ summary record are specified in ``docs/scenario.md``, the other file formats in
 ``stepsim --help`` and a bare import start in a fraction of a second: the engine and the
 scenario schema load when :func:`simulate` first runs or a schema name is first used
 (PEP 562), pandas when a table is asked for, matplotlib when a figure is.
+
+The layers, bottom up (``docs/design.md``; ``tests/test_architecture.py`` holds them):
+:mod:`.errors` and :mod:`.version` (the base), :mod:`.network` (flows over links),
+:mod:`.scenario` (the validated scenario), :mod:`.engine` (the event loop),
+:mod:`.results` (tables, figures, reports), :mod:`.simulate` with :mod:`.steady` (one step,
+and steady-state skipping), :mod:`.studies` (sweeps, search, the map, validation),
+:mod:`.interop` (other tools' files) and :mod:`.cli` (the command line).
 """
 
 from __future__ import annotations

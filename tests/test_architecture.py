@@ -345,3 +345,33 @@ def test_the_size_rule_catches_long_modules_and_functions():
     # a long table of constants is not a function
     table = "TABLE = {\n" + "".join(f"    {i}: {i},\n" for i in range(200)) + "}\n"
     assert not size_violations("pkg/table.py", table, max_module=600, max_function=5)
+
+
+def unnamed_modules(package_dir: Path) -> list[str]:
+    """The modules and sub-packages of ``package_dir`` that its ``__init__`` docstring does
+    not name (as ``:mod:`.name``` or the bare name as a word)."""
+    import re
+
+    doc = ast.get_docstring(ast.parse((package_dir / "__init__.py").read_text())) or ""
+    names = [p.stem for p in package_dir.glob("*.py") if p.stem != "__init__"]
+    names += [p.name for p in package_dir.iterdir() if (p / "__init__.py").exists()]
+    return sorted(n for n in names if not re.search(rf"(?<!\w){re.escape(n)}(?!\w)", doc))
+
+
+def test_every_module_is_named_in_its_package_docstring():
+    """A newcomer reads a package's ``__init__`` first: it names every module beside it
+    (and every sub-package), each with its job."""
+    found = []
+    for pkg in PACKAGES:
+        for init in sorted((ROOT / pkg).rglob("__init__.py")):
+            missing = unnamed_modules(init.parent)
+            if missing:
+                found.append(f"{init.parent.relative_to(ROOT).as_posix()}: {', '.join(missing)}")
+    assert not found, "\n".join(found)
+
+
+def test_the_docstring_rule_catches_an_unnamed_module(tmp_path):
+    (tmp_path / "__init__.py").write_text('"""* :mod:`.named` — a module."""\n')
+    (tmp_path / "named.py").write_text("")
+    (tmp_path / "forgotten.py").write_text("")
+    assert unnamed_modules(tmp_path) == ["forgotten"]

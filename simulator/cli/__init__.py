@@ -8,6 +8,10 @@ prints, and turns a :class:`~stepsim_errors.StepsimError` into exit code 2.
 * :mod:`.ppmap` — ``ppmap``, the map of where pipeline parallelism pays;
 * :mod:`.importer` — ``import megatron``, a scenario from a Megatron-LM / NeMo argument list;
 * :mod:`.common` — what they share: the error-to-exit-code mapping, progress, output.
+* :mod:`.limits` — what is refused before work starts beyond each flag's own range (a
+  benchmark too large to run);
+* :mod:`.interrupts` — SIGINT and SIGTERM: one line and exit 130 or 143, workers ended;
+* :mod:`.__main__` — ``python -m simulator.cli ARGS`` is ``stepsim ARGS``.
 
 A new command goes in the module of its family and is registered in
 :func:`.app.build_parser`. ``python -m simulator.cli ARGS`` is ``stepsim ARGS``.

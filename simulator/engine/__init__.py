@@ -9,6 +9,9 @@
   chip (roofline with calibrated efficiencies);
 * :mod:`.accounting` — idle attribution: which wait on which stream was exposed
   communication, pipeline bubble or imbalance.
+* :mod:`.grouped_gemm` — grouped-GEMM efficiency by shape (few tokens per expert);
+* :mod:`.host` — the host side: one CPU stream per simulated rank issuing its kernels
+  (launch cost, blocking syncs, CUDA graphs).
 
 A new kind of compute op gets its cost in :mod:`.compute`; a new collective algorithm goes
 in :mod:`simulator.network`, not here.

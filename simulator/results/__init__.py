@@ -10,6 +10,11 @@
   the data it draws (from a Result or a run directory);
 * :mod:`.report` — the text summary ``stepsim run`` prints, and how a simulated rank
   is described (which ranks it stands for).
+* :mod:`.moe_terms` — the summary's MoE compute terms per MoE layer and micro-batch
+  (``moe_terms_s``);
+* :mod:`.outdir` — output folders and files written whole or not at all;
+* :mod:`.beside` — one function run in a forked child beside the caller (figures drawn
+  while the tables are written).
 
 A new output file or figure goes here; the figures it needs come from the Result.
 """

@@ -9,5 +9,14 @@
   fits the compute and network calibrations to measurements;
 * :mod:`.compare` — two runs side by side; :mod:`.bench` — one collective on a topology.
 
+Their parts: the sweep's file (:mod:`.sweep_spec`), cases and their keys
+(:mod:`.sweep_cases`), executors (:mod:`.sweep_executors`) and row store
+(:mod:`.sweep_rows`); the search's layouts and bounds (:mod:`.search_layouts`) and its
+adaptive rounds (:mod:`.search_rounds`); the map's file (:mod:`.ppmap_spec`), screen
+(:mod:`.ppmap_screen`), closed-form columns (:mod:`.ppmap_roofline`) and figure
+(:mod:`.ppmap_plot`); the estimate's per-layer costs (:mod:`.layer_costs`), collective
+times alone on the network (:mod:`.network_model`) and DualPipe's overlapped pairs
+(:mod:`.dualpipe_pairs`).
+
 A new study is a module here and a command in :mod:`simulator.cli`.
 """

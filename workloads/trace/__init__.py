@@ -8,6 +8,9 @@
   sends and receives), with :mod:`.program_layers` (per-layer forward / backward ops: TP,
   CP and EP collectives, MoE, recomputation, activation offload) and :mod:`.program_params`
   (data-parallel gradient and parameter traffic, ZeRO, the optimizer, static memory);
+* :mod:`.program_tp_overlap` — tensor-parallel communication overlap
+  (``training.tp_comm_overlap``, Transformer Engine userbuffers);
+* :mod:`.graphs` — CUDA graphs: which ops the host issues as one graph replay;
 * :mod:`.ops` — :class:`~workloads.trace.ops.Op` and :class:`~workloads.trace.ops.Trace`,
   the plain data the engine runs;
 * :mod:`.io` — stepsim's own trace file (JSON), written and read back;
