@@ -494,3 +494,40 @@ def test_collective_on_a_calibrated_scenario_reproduces_the_log(tmp_path, capsys
     simulated = {r.size_bytes: r.time_s for r in nccl_tests_io.read_nccl_tests(sim).rows}
     for r in measured:
         assert simulated[r.size_bytes] == pytest.approx(r.time_s, rel=5e-3), r.size_bytes
+
+
+def test_family_calibrations_are_data_with_a_source_for_every_value():
+    """Issue 42: each chip family's calibration is a data file giving every field its value,
+    its source and the validation figure it was checked against."""
+    import dataclasses
+    import json
+
+    from simulator.engine.compute import CALIBRATION_DIR, DEFAULT_COMPUTE_CALIBRATION, calibration_from_document
+    from topologies.chips import ComputeCalibration
+
+    names = {f.name for f in dataclasses.fields(ComputeCalibration)} - {"source"}
+    for family, cal in DEFAULT_COMPUTE_CALIBRATION.items():
+        doc = json.loads((CALIBRATION_DIR / f"compute-{family}.json").read_text())
+        assert doc["family"] == family and set(doc["values"]) == names, family
+        for name, entry in doc["values"].items():
+            assert entry["source"].strip() and entry["checked_against"].strip(), (family, name)
+            assert getattr(cal, name) == entry["value"], (family, name)
+        assert calibration_from_document(doc, family) == cal
+    with pytest.raises(ValueError, match="not a compute calibration"):
+        calibration_from_document({"values": {}}, "x.json")
+    with pytest.raises(ValueError, match="values must be a mapping of"):
+        calibration_from_document({"schema": doc["schema"], "values": {"gemm_eff": {"value": 1}}}, "x.json")
+
+
+def test_calibrate_writes_the_family_files_schema():
+    """``stepsim calibrate --out X.json``'s compute report reads back as a calibration: the
+    fitted fields as fitted, the rest the family's."""
+    from simulator.engine.compute import DEFAULT_COMPUTE_CALIBRATION, calibration_from_document
+    from simulator.interop.kineto import read_kineto
+    from simulator.studies.calibrate import fit_compute
+
+    fit = fit_compute(read_kineto(DATA / "kineto" / "h100_llama_layer.json").timings, "hopper")
+    back = calibration_from_document(fit.as_dict(), "report")
+    assert back.with_(source="") == fit.calibration.with_(source="")
+    base = DEFAULT_COMPUTE_CALIBRATION["hopper"]
+    assert back.comm_sm_fraction == base.comm_sm_fraction and back.gemm_efficiency != base.gemm_efficiency

@@ -38,7 +38,7 @@ class ComputeCalibration:
     """Achieved fractions of datasheet peaks for one chip family. The constraints in ``metadata``
     (pydantic's ``gt``/``ge``/``le``/``lt``) are what the scenario's ``compute:`` overrides are checked
     against (``simulator.scenario.schema.ComputeCalIn``); the values per family, with their sources, are
-    ``simulator.engine.compute.DEFAULT_COMPUTE_CALIBRATION``."""
+    the data files ``simulator/calibration/compute-<family>.json``."""
 
     # large bf16 GEMM, fraction of dense peak
     gemm_efficiency: float = field(default=0.75, metadata={"ge": MIN_EFFICIENCY, "le": 1})

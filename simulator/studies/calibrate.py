@@ -58,13 +58,14 @@ from __future__ import annotations
 
 import csv
 import math
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from simulator.engine.compute import DEFAULT_COMPUTE_CALIBRATION, kernel_time_s
+from simulator.engine.compute import COMPUTE_SCHEMA, DEFAULT_COMPUTE_CALIBRATION, kernel_time_s
 from topologies.chips import ComputeCalibration
 from simulator.errors import StudyError
 from workloads.counts import KERNEL_KINDS, Kernel
@@ -193,6 +194,29 @@ class ComputeFit:
         return {k: float(getattr(self.calibration, k)) for k in self.fitted}
 
     def as_dict(self) -> dict:
+        """The fit report; its ``schema``, ``summary`` and ``values`` keys are a compute
+        calibration document, the format of ``simulator/calibration/compute-<family>.json``
+        (:func:`simulator.engine.compute.calibration_from_document` reads either)."""
+        checked = (
+            f"{self.rows} kernel timings: rms relative error {self.rms_log_error:.1%}, worst {self.max_abs_error:.1%}"
+        )
+        base = DEFAULT_COMPUTE_CALIBRATION[self.family]
+        values = {
+            k: (
+                {
+                    "value": float(getattr(self.calibration, k)),
+                    "source": "stepsim calibrate",
+                    "checked_against": checked,
+                }
+                if k in self.fitted
+                else {
+                    "value": float(getattr(base, k)),
+                    "source": f"the {self.family} family's calibration",
+                    "checked_against": "not informed by these timings",
+                }
+            )
+            for k in (f.name for f in dataclasses.fields(ComputeCalibration) if f.name != "source")
+        }
         return {
             "family": self.family,
             "chip": self.chip,
@@ -201,6 +225,9 @@ class ComputeFit:
             "rows": self.rows,
             "rms_log_error": self.rms_log_error,
             "max_abs_error": self.max_abs_error,
+            "schema": COMPUTE_SCHEMA,
+            "summary": f"stepsim calibrate: {self.family} fitted on {self.chip} kernel timings",
+            "values": values,
         }
 
     def describe(self) -> str:
