@@ -69,7 +69,6 @@ class Topology:
         kind = graph.graph.get("kind", "custom")
         self.kind: str = kind if kind in ("torus", "switched") else "custom"
         self.n_devices = len(self.devices)
-        self._dev_index = {node: i for i, node in enumerate(self.devices)}
 
         nodes = sorted(graph.nodes(data=True), key=lambda nd: _node_key(*nd))
         self._nodes = [n for n, _ in nodes]

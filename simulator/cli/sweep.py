@@ -35,9 +35,6 @@ from simulator.cli.common import (
     run,
 )
 
-COMMANDS = ("sweep", "search", "sweep-plot")
-
-
 # ---- argument helpers ----------------------------------------------------------------------
 
 

@@ -35,8 +35,6 @@ from simulator.cli.common import (
     run,
 )
 
-COMMANDS = ("validate", "calibrate")
-
 
 def cmd_validate(args) -> int:
     from simulator.results.outdir import check_output_dir, staged_dir

@@ -69,9 +69,6 @@ def _load_family(family: str) -> ComputeCalibration:
 
 DEFAULT_COMPUTE_CALIBRATION: Mapping[str, ComputeCalibration] = {f: _load_family(f) for f in FAMILY_FILES}
 
-#: DeepSeek-V3's communication SM reservation: 20 of the H800's 132 SMs (arXiv 2412.19437 §3.5.1).
-DEEPSEEK_COMM_SM_FRACTION = DEFAULT_COMPUTE_CALIBRATION["hopper"].comm_sm_fraction
-
 
 def calibration_for(chip: ChipSpec, overrides: Mapping[str, float] | None = None) -> ComputeCalibration:
     cal = DEFAULT_COMPUTE_CALIBRATION.get(chip.family, DEFAULT_COMPUTE_CALIBRATION["hopper"])
