@@ -127,7 +127,7 @@ def account_intervals(r, c, s, e, axes: tuple, ranks: tuple, step_s: float, with
     )
 
 
-def busy_intervals(records, ranks: tuple) -> tuple:
+def busy_intervals(records, ranks: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple]:
     """The busy intervals of the records, as columns ``(rank index, channel, start,
     end, axes)``: compute, host and one channel per communication axis (numbered in
     sorted-axis order after the two, so that outputs do not depend on record order);

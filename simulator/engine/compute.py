@@ -113,12 +113,11 @@ def gemm_shape_factor(
     (:func:`grouped_shape_factor`), 1 with ``grouped=False`` (the large-shape rate the
     summary's shape loss is measured against)."""
     is_grouped = k.groups > 1 and chip is not None
-    tdim = token_dim(k) if is_grouped else None
     f = 1.0
     if dim_half > 0:
         dims = [k.m, k.n, k.k]
         if is_grouped:  # the token dimension's loss is the table's
-            dims.remove(tdim)
+            dims.remove(token_dim(k))
         for d in dims:
             if d > 0:
                 f *= d / (d + dim_half)
