@@ -254,15 +254,15 @@ def _subpackages(root: Path = ROOT) -> set[str]:
     return {p.parent.name for p in (root / "simulator").glob("*/__init__.py")}
 
 
-def test_the_design_doc_and_readme_map_every_sub_package():
-    """docs/design.md's layer table and the README's code layout name exactly the simulator's
+def test_the_design_doc_and_architecture_page_map_every_sub_package():
+    """docs/design.md's layer table and docs/architecture.md's package table name exactly the simulator's
     sub-packages on disk, and each sub-package is a layer of :data:`LAYERS`: the map a
     newcomer reads matches the tree."""
     import re
 
     on_disk = _subpackages()
     assert on_disk, "no sub-packages found under simulator/"
-    for doc in ("docs/design.md", "README.md"):
+    for doc in ("docs/design.md", "docs/architecture.md"):
         named = set(re.findall(r"^\s*\| (?:\w+ \| )?`simulator/(\w+)/`", (ROOT / doc).read_text(), re.M))
         assert named == on_disk, f"{doc}: the table names {sorted(named)}, the tree has {sorted(on_disk)}"
     assert {m.split(".")[1] for m in LAYERS if m.count(".") == 1 and m.startswith("simulator.")} >= on_disk

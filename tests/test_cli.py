@@ -198,7 +198,7 @@ def test_version_and_exit_codes_in_help(capsys):
 
 
 def test_docs_name_every_builtin_scenario_and_table_column():
-    # README's list of built-in scenarios and docs/formats.md's column tables must not go stale.
+    # docs/usage.md's list of built-in scenarios and docs/formats.md's column tables must not go stale.
     from pathlib import Path
 
     from simulator.results.result import EVENT_COLUMNS
@@ -206,8 +206,8 @@ def test_docs_name_every_builtin_scenario_and_table_column():
     from workloads.trace.ops import MEMORY_CATEGORIES, STREAMS
 
     root = Path(__file__).resolve().parent.parent
-    readme = root.joinpath("README.md").read_text()
-    assert [name for name in builtin_scenarios() if f"`{name}`" not in readme] == []
+    usage = root.joinpath("docs", "usage.md").read_text()
+    assert [name for name in builtin_scenarios() if f"`{name}`" not in usage] == []
     formats = root.joinpath("docs", "formats.md").read_text()
     events = formats[formats.index("## Events table") : formats.index("## Memory table")]
     memory = formats[formats.index("## Memory table") : formats.index("## Chrome trace")]
