@@ -289,7 +289,7 @@ def sweeps(draw) -> dict:
 
 
 def check_sweep(d: dict) -> str:
-    from simulator.studies.sweep_spec import load_sweep
+    from simulator.studies.sweep.spec import load_sweep
 
     try:
         spec = load_sweep(d)

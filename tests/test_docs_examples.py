@@ -16,8 +16,8 @@ import pytest
 
 from stepsim_fileio import load_yaml
 from simulator.scenario.loading import load_scenario
-from simulator.studies.sweep_cases import expand
-from simulator.studies.sweep_spec import load_sweep
+from simulator.studies.sweep.cases import expand
+from simulator.studies.sweep.spec import load_sweep
 from topologies.presets import build_cluster
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -126,7 +126,7 @@ def test_context_parallelism_needs_a_sequence_of_2cp_chunks():
 
 
 def test_a_sweep_over_the_case_cap_is_refused_before_it_is_expanded():
-    from simulator.studies.sweep_spec import MAX_SWEEP_CASES, load_sweep
+    from simulator.studies.sweep.spec import MAX_SWEEP_CASES, load_sweep
 
     case = {"parallel.pp": 2}
     with pytest.raises(StepsimError, match=r"^cases: 100,001 cases; the limit is 100,000"):
@@ -134,7 +134,7 @@ def test_a_sweep_over_the_case_cap_is_refused_before_it_is_expanded():
 
 
 def test_a_sweep_whose_base_is_itself_is_refused(tmp_path):
-    from simulator.studies.sweep_spec import load_sweep
+    from simulator.studies.sweep.spec import load_sweep
 
     p = tmp_path / "s.yaml"
     p.write_text("base: s.yaml\ngrid: {parallel.pp: [1, 2]}\n")

@@ -82,7 +82,7 @@ def test_library_never_switches_the_backend(tmp_path):
     code = f"""
 import matplotlib
 matplotlib.use("svg")
-import simulator, simulator.results.plots, simulator.studies.compare, simulator.studies.sweep_plots, simulator.studies.validate, simulator.studies.bench
+import simulator, simulator.results.plots, simulator.studies.compare, simulator.studies.sweep.plots, simulator.studies.validate, simulator.studies.bench
 import topologies.plot
 from simulator import simulate
 from simulator.studies.compare import compare_schedules, plot_comparison
@@ -163,7 +163,7 @@ def _sweep_frame() -> pd.DataFrame:
 
 
 def test_sweep_plots_words_integer_ticks_and_10pt_text(tmp_path):
-    from simulator.studies.sweep_plots import plot_heatmap, plot_memory as sweep_memory, plot_metric
+    from simulator.studies.sweep.plots import plot_heatmap, plot_memory as sweep_memory, plot_metric
 
     f = _sweep_frame()
     fig = plot_metric(f, "parallel.pp", "step_time_s", hue="parallel.tp")

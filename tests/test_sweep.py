@@ -16,9 +16,9 @@ import yaml
 from helpers import scenario
 from simulator.scenario.schema import ScenarioError
 from simulator.studies.sweep import sweep
-from simulator.studies.sweep_cases import expand
-from simulator.studies.sweep_rows import RowStore
-from simulator.studies.sweep_spec import eval_where, load_sweep, set_dotted
+from simulator.studies.sweep.cases import expand
+from simulator.studies.sweep.rows import RowStore
+from simulator.studies.sweep.spec import eval_where, load_sweep, set_dotted
 
 
 def _base():
@@ -213,7 +213,7 @@ def test_local_processes_and_dask_give_identical_tables(tmp_path):
     b = pd.read_parquet(tmp_path / "dask" / "results.parquet").drop(columns="sim_wall_s")
     pd.testing.assert_frame_equal(a, b)
 
-    from simulator.studies.sweep_plots import plot_sweep
+    from simulator.studies.sweep.plots import plot_sweep
 
     paths = plot_sweep(tmp_path / "local", y="mfu")
     names = {p.name for p in paths}
@@ -458,7 +458,7 @@ def test_workers_of_another_version_are_refused(tmp_path, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
     import simulator.version
-    from simulator.studies import sweep_executors as sweep_mod
+    from simulator.studies.sweep import executors as sweep_mod
 
     spec = {"base": _base(), "cases": [{"parallel.pp": 1}, {"parallel.pp": 2}]}
     # every worker on another version: the first (probe) task says so, before any case runs
@@ -525,7 +525,7 @@ def test_a_lost_worker_is_a_stepsim_error_that_says_the_rows_are_saved():
     from concurrent.futures.process import BrokenProcessPool
 
     from simulator.errors import StudyError
-    from simulator.studies.sweep_executors import execute, worker_version
+    from simulator.studies.sweep.executors import execute, worker_version
 
     class DyingPool:
         def submit(self, fn, *args):

@@ -49,9 +49,9 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from simulator.studies.sweep import sweep  # noqa: E402
-from simulator.studies.sweep_cases import expand  # noqa: E402
-from simulator.studies.sweep_rows import RowStore, flatten  # noqa: E402
-from simulator.studies.sweep_spec import load_sweep  # noqa: E402
+from simulator.studies.sweep.cases import expand  # noqa: E402
+from simulator.studies.sweep.rows import RowStore, flatten  # noqa: E402
+from simulator.studies.sweep.spec import load_sweep  # noqa: E402
 
 SEQ_LEN = 4096
 SEQS_PER_DEVICE = 8

@@ -149,7 +149,7 @@ def _make_executor(spec: str, factory, jobs: Optional[int]):
 def cmd_sweep(args) -> int:
     from simulator.results.outdir import check_output_dir
     from simulator.studies.sweep import sweep
-    from simulator.studies.sweep_rows import CSV_FILE, PARQUET_FILE
+    from simulator.studies.sweep.rows import CSV_FILE, PARQUET_FILE
 
     if not (Path(args.sweep).exists() or Path(args.sweep).is_symlink()):  # a link loop: reading it says so
         raise CliError(f"sweep: no file {args.sweep!r}")
@@ -179,7 +179,7 @@ def cmd_sweep(args) -> int:
     )
     print(f"  wrote {PARQUET_FILE}, {CSV_FILE}, rows.jsonl to {args.out}")
     if args.plot:
-        from simulator.studies.sweep_plots import PlotError, plot_sweep
+        from simulator.studies.sweep.plots import PlotError, plot_sweep
 
         try:
             paths = plot_sweep(args.out)
@@ -272,7 +272,7 @@ def cmd_search(args) -> int:
 
 
 def cmd_sweep_plot(args) -> int:
-    from simulator.studies.sweep_plots import PlotError, plot_sweep
+    from simulator.studies.sweep.plots import PlotError, plot_sweep
 
     try:
         paths = plot_sweep(args.dir, x=args.x, y=args.y, hue=args.hue, heatmap=args.heatmap)

@@ -1,7 +1,7 @@
 """Studies: many simulations, or a simulation held against something else.
 
-* :mod:`.sweep` — a grid of scenario overrides, run on processes or Dask, resumable;
-  :mod:`.sweep_plots` its figures; :mod:`.workers` the worker pools;
+* :mod:`.sweep` — a grid of scenario overrides, run on processes or Dask, resumable (a
+  sub-package: its file, cases, executors, rows and figures); :mod:`.workers` the worker pools;
 * :mod:`.search` — every layout that fits, ranked by :mod:`.estimate` (the analytic step
   time), the best simulated;
 * :mod:`.ppmap` — the map of where pipeline parallelism pays, a search per grid point;
@@ -9,9 +9,7 @@
   fits the compute and network calibrations to measurements;
 * :mod:`.compare` — two runs side by side; :mod:`.bench` — one collective on a topology.
 
-Their parts: the sweep's file (:mod:`.sweep_spec`), cases and their keys
-(:mod:`.sweep_cases`), executors (:mod:`.sweep_executors`) and row store
-(:mod:`.sweep_rows`); the search's layouts and bounds (:mod:`.search_layouts`) and its
+Their parts: the search's layouts and bounds (:mod:`.search_layouts`) and its
 adaptive rounds (:mod:`.search_rounds`); the map's file (:mod:`.ppmap_spec`), screen
 (:mod:`.ppmap_screen`), closed-form columns (:mod:`.ppmap_roofline`) and figure
 (:mod:`.ppmap_plot`); the estimate's per-layer costs (:mod:`.layer_costs`), collective

@@ -87,8 +87,8 @@ from simulator.studies.search_layouts import (
 )
 from simulator.studies.search_rounds import adaptive_rounds
 from simulator.studies.sweep import run_cases
-from simulator.studies.sweep_cases import resolve
-from simulator.studies.sweep_spec import Case
+from simulator.studies.sweep.cases import resolve
+from simulator.studies.sweep.spec import Case
 
 # ---- the whole run -------------------------------------------------------------------------------
 

@@ -25,8 +25,8 @@ from simulator.studies.search_layouts import (
     enumerate_layouts,
     label,
 )
-from simulator.studies.sweep_cases import check_scenario, plain_json
-from simulator.studies.sweep_rows import RowStore
+from simulator.studies.sweep.cases import check_scenario, plain_json
+from simulator.studies.sweep.rows import RowStore
 
 
 def _layouts(sc0, spec: MapSpec):

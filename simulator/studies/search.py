@@ -14,7 +14,7 @@ within :class:`~simulator.studies.search_layouts.SearchBounds`:
 
 Every other scenario field (model, cluster, sequence length, global batch, dtype,
 perturbations, ...) is kept. Each layout is checked structurally
-(:func:`simulator.studies.sweep_cases.check_scenario`: status ``invalid`` with the reason) and
+(:func:`simulator.studies.sweep.cases.check_scenario`: status ``invalid`` with the reason) and
 its memory estimated with the closed forms of :mod:`workloads.memory`
 (:func:`simulator.studies.estimate.estimate_memory`: weights, gradients and optimizer states via
 ``state_bytes``, plus the activations each pipeline rank stashes at the peak of
@@ -71,9 +71,9 @@ from simulator.studies.search_layouts import (
 )
 from simulator.studies.search_rounds import SUMMARY_COLUMNS, Dedupe, _resolved_key, adaptive_rounds, cap_candidates
 from simulator.studies.sweep import run_cases
-from simulator.studies.sweep_cases import _absolutise, check_scenario, resolve
-from simulator.studies.sweep_rows import _atomic_write
-from simulator.studies.sweep_spec import Case
+from simulator.studies.sweep.cases import absolutise, check_scenario, resolve
+from simulator.studies.sweep.rows import atomic_write
+from simulator.studies.sweep.spec import Case
 
 STATUSES = ("ok", "oom", "failed", "pruned", "invalid", "skipped", "duplicate")
 SEARCH_CSV, BEST_JSON = "search.csv", "best.json"
@@ -84,7 +84,7 @@ def _workers(jobs: Optional[int], client) -> int:
     if client is not None:
         return 8
     if jobs is None:
-        from simulator.studies.sweep_executors import default_jobs
+        from simulator.studies.sweep.executors import default_jobs
 
         return default_jobs()
     return max(1, jobs)
@@ -255,7 +255,7 @@ def _per_domain(s: Mapping) -> str:
 def _base_mapping(scenario) -> dict:
     """The base scenario mapping of a path (its relative paths made absolute) or mapping."""
     if isinstance(scenario, (str, Path)):
-        return _absolutise(read_mapping(scenario), Path(scenario).resolve().parent)
+        return absolutise(read_mapping(scenario), Path(scenario).resolve().parent)
     if isinstance(scenario, Mapping):
         return copy.deepcopy(dict(scenario))
     raise ScenarioError("", f"expected a scenario path or mapping, got {type(scenario).__name__}")
@@ -404,6 +404,6 @@ def _write_outputs(result: SearchResult, out: Path) -> dict:
     """Write ``search.csv`` and ``best.json`` into ``out`` atomically; their paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out / SEARCH_CSV, "best": out / BEST_JSON}
-    _atomic_write(paths["csv"], lambda p: result.table.to_csv(p, index=False))
-    _atomic_write(paths["best"], lambda p: p.write_text(json.dumps(result.best_json(), indent=2, default=str) + "\n"))
+    atomic_write(paths["csv"], lambda p: result.table.to_csv(p, index=False))
+    atomic_write(paths["best"], lambda p: p.write_text(json.dumps(result.best_json(), indent=2, default=str) + "\n"))
     return paths

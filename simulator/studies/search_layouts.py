@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from simulator.scenario.schema import ScenarioError
-from simulator.studies.sweep_spec import set_dotted
+from simulator.studies.sweep.spec import set_dotted
 from topologies.networks import SwitchedNetwork
 from topologies.placement import aligned_devices_per_domain, groups_aligned
 from workloads.layout import LayoutError, ParallelLayout

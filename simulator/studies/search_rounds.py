@@ -12,7 +12,7 @@ import pickle
 from typing import Mapping, Optional, Sequence
 
 from simulator.studies.search_layouts import SearchBounds
-from simulator.studies.sweep_cases import canonical_json
+from simulator.studies.sweep.cases import canonical_json
 
 SUMMARY_COLUMNS = (
     "step_time_s",

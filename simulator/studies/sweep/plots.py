@@ -28,7 +28,7 @@ from matplotlib.ticker import MaxNLocator, NullLocator
 
 from simulator.errors import ReportError
 from simulator.results.plots import new_figure
-from simulator.studies.sweep_rows import META_FILE, PARQUET_FILE
+from simulator.studies.sweep.rows import META_FILE, PARQUET_FILE
 
 HIGHER_IS_BETTER = ("mfu", "hfu", "tokens_per_s", "model_tflops_per_device")
 LABELS = {

@@ -14,8 +14,8 @@ from typing import Mapping, Optional, Sequence, Union
 import pandas as pd
 
 from simulator.results.parquet import write_parquet
-from simulator.studies.sweep_cases import canonical_json, plain_json
-from simulator.studies.sweep_spec import Case
+from simulator.studies.sweep.cases import canonical_json, plain_json
+from simulator.studies.sweep.spec import Case
 
 ROWS_FILE, PARQUET_FILE, CSV_FILE, META_FILE = "rows.jsonl", "results.parquet", "results.csv", "sweep.json"
 
@@ -70,7 +70,7 @@ class RowStore:
             os.fsync(f.fileno())
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     write(tmp)
     with open(tmp, "rb") as f:
@@ -83,8 +83,8 @@ def write_tables(frame: pd.DataFrame, out: Union[str, Path]) -> dict[str, Path]:
     ``results.csv`` atomically."""
     out = Path(out)
     paths = {"parquet": out / PARQUET_FILE, "csv": out / CSV_FILE}
-    _atomic_write(paths["parquet"], lambda p: write_parquet(_parquet_safe(frame), p))
-    _atomic_write(paths["csv"], lambda p: frame.to_csv(p, index=False))
+    atomic_write(paths["parquet"], lambda p: write_parquet(_parquet_safe(frame), p))
+    atomic_write(paths["csv"], lambda p: frame.to_csv(p, index=False))
     return paths
 
 

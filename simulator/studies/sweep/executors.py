@@ -12,7 +12,7 @@ from typing import Iterator, Optional, Sequence
 
 from simulator.errors import StudyError
 from simulator.scenario.schema import ScenarioError
-from simulator.studies.sweep_cases import plain_json
+from simulator.studies.sweep.cases import plain_json
 from simulator.studies.workers import process_pool
 from simulator.version import __version__
 

@@ -18,9 +18,9 @@ A sweep file (YAML or JSON) names a ``base`` scenario and the axes to vary::
 Axes
 ----
 Every axis is a *dotted scenario key*: ``parallel.pp`` sets ``base["parallel"]["pp"]``.
-Axes are checked against the scenario's keys (:func:`~simulator.studies.sweep_spec.scenario_key_tree`) when the sweep
+Axes are checked against the scenario's keys (:func:`~simulator.studies.sweep.spec.scenario_key_tree`) when the sweep
 is loaded: a misspelled one (``parallel.ppp``) is refused, naming the closest valid key.
-A sweep of more than :data:`~simulator.studies.sweep_spec.MAX_SWEEP_CASES` cases (before ``where``) is refused before
+A sweep of more than :data:`~simulator.studies.sweep.spec.MAX_SWEEP_CASES` cases (before ``where``) is refused before
 it is expanded. Sweep files are read like scenario files (:mod:`stepsim_fileio`).
 Missing intermediate mappings are created; an intermediate that is a preset name
 (``model: llama3-8b``) becomes ``{preset: llama3-8b}`` so that ``model.layers`` or
@@ -48,7 +48,7 @@ and ``cluster.devices`` work); an unknown key is an error. Cases failing a
 ``skip_invalid: true`` leaves out the cases whose scenario is refused before
 any simulation: it does not load (:func:`simulator.load_scenario`, e.g. a layout
 that does not divide the devices) or fails the structural checks of
-:func:`~simulator.studies.sweep_cases.check_scenario` (batch split, schedule rules, layers over pipeline
+:func:`~simulator.studies.sweep.cases.check_scenario` (batch split, schedule rules, layers over pipeline
 chunks, heads / experts over tp / ep). Without it those cases are run and
 recorded as ``failed`` with their error. Skipped cases are listed in
 ``DataFrame.attrs["skipped"]``.
@@ -82,12 +82,12 @@ Cases run in local processes (:class:`concurrent.futures.ProcessPoolExecutor`,
 ``jobs`` of them, default every core; ``jobs=1`` runs them in this process), on
 any :class:`concurrent.futures.Executor` given as ``executor`` (a thread pool,
 loky's ``get_reusable_executor()``, Ray's, ``mpi4py.futures.MPIPoolExecutor``; the
-sweep submits :func:`~simulator.studies.sweep_executors.run_case` with a picklable payload and leaves the executor
+sweep submits :func:`~simulator.studies.sweep.executors.run_case` with a picklable payload and leaves the executor
 running), or on a Dask cluster when a ``dask.distributed.Client`` is given. Local
 workers end when the process that started them dies, killed or not
 (:mod:`simulator.studies.workers`). On an executor or Dask, a first task asks a worker for its
 stepsim version, and every row carries the version that ran it: a worker running
-another version than this process stops the sweep with :class:`~simulator.studies.sweep_executors.WorkerVersionError`
+another version than this process stops the sweep with :class:`~simulator.studies.sweep.executors.WorkerVersionError`
 (rows finished before are kept).
 
 The file formats (sweep file, ``rows.jsonl``, the tables, ``sweep.json``) are
@@ -103,10 +103,10 @@ from typing import Mapping, Optional, Sequence, Union
 import pandas as pd
 
 from simulator.scenario.schema import ScenarioError
-from simulator.studies.sweep_cases import canonical_json, expand
-from simulator.studies.sweep_executors import execute
-from simulator.studies.sweep_rows import META_FILE, RowStore, _atomic_write, rows_frame, write_tables
-from simulator.studies.sweep_spec import Case, load_sweep
+from simulator.studies.sweep.cases import canonical_json, expand
+from simulator.studies.sweep.executors import execute
+from simulator.studies.sweep.rows import META_FILE, RowStore, atomic_write, rows_frame, write_tables
+from simulator.studies.sweep.spec import Case, load_sweep
 
 TABLE_REWRITE_INTERVAL_S = 10.0  # how often the tables are rewritten from rows.jsonl while running
 
@@ -203,7 +203,7 @@ def sweep(
             "filtered": exp.filtered,
             "duplicates": exp.duplicates,
         }
-        _atomic_write(Path(out) / META_FILE, lambda p: p.write_text(canonical_json(meta)))
+        atomic_write(Path(out) / META_FILE, lambda p: p.write_text(canonical_json(meta)))
     frame, _ = run_cases(
         exp.cases,
         spec.axes,

@@ -1,6 +1,6 @@
 """A sweep's cases: the key of each (the SHA-256 of its resolved scenario's canonical JSON,
 :func:`resolve`), the structural checks ``skip_invalid`` applies (:func:`check_scenario`) and the
-expansion of a :class:`~simulator.studies.sweep_spec.SweepSpec` into cases (:func:`expand`).
+expansion of a :class:`~simulator.studies.sweep.spec.SweepSpec` into cases (:func:`expand`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 from simulator.scenario.loading import load_scenario
 from simulator.scenario.schema import ScenarioError
 from simulator.scenario.serialise import scenario_to_dict
-from simulator.studies.sweep_spec import _MISSING, Case, SweepSpec, eval_where, get_dotted, set_dotted
+from simulator.studies.sweep.spec import _MISSING, Case, SweepSpec, eval_where, get_dotted, set_dotted
 from workloads.errors import WorkloadError
 
 
@@ -70,7 +70,7 @@ def check_scenario(sc) -> None:
         raise ScenarioError.from_error(err) from None
 
 
-def _absolutise(mapping: dict, base_dir: Optional[Path]) -> dict:
+def absolutise(mapping: dict, base_dir: Optional[Path]) -> dict:
     """Relative ``model.hf_config`` paths are relative to the file the base came from."""
     model = mapping.get("model")
     if base_dir is not None and isinstance(model, dict) and isinstance(model.get("hf_config"), str):
@@ -97,7 +97,7 @@ def expand(spec: SweepSpec) -> Expansion:
         mapping = spec.base
         for k, v in assign.items():
             mapping = set_dotted(mapping, k, v)
-        mapping = _absolutise(mapping, spec.base_dir)
+        mapping = absolutise(mapping, spec.base_dir)
         key, resolved, sc, error = resolve(mapping)
         if spec.where:
 
