@@ -7,7 +7,7 @@ errors share one base without the packages importing each other. The tree::
     StepsimError                      stepsim_errors (here)
     ├── TopologyError                 topologies.errors (UnknownPresetError: also a KeyError)
     ├── WorkloadError                 workloads.errors (LayoutError, ScheduleError, TraceError)
-    ├── ScenarioError                 simulator.scenario.schema (the scenario file and what it resolves to)
+    ├── ScenarioError                 simulator.scenario.errors (the scenario file and what it resolves to)
     ├── InputFileError                stepsim_fileio (a file that cannot be read as what it should be)
     ├── NetworkError                  simulator.errors (CollectiveError, CalibrationError, BenchError)
     ├── ReportError                   simulator.errors (PlotError: a report or plot that cannot be drawn)
@@ -16,6 +16,11 @@ errors share one base without the packages importing each other. The tree::
     │                                   KinetoTraceError, NcclTestsError)
     ├── OutputPathError               simulator.results.outdir (an output path that cannot be written)
     └── CliError                      simulator.cli.common (flags the command line checks itself)
+
+Every class is built the same way, ``Error(message, *, field=None)`` (a class may add
+keyword-only arguments, as :class:`~stepsim_fileio.InputFileError`'s ``path``);
+:class:`ScenarioError` and :class:`WorkloadError` put the field in front of the message
+(``parallel.tp: must divide ...``), the others are given the whole line.
 
 The command line turns a :class:`StepsimError` (and an ``OSError``) into exit 2 with its
 one-line message; anything else is an internal error (exit 1).
@@ -35,7 +40,7 @@ class StepsimError(ValueError):
     :class:`ValueError`, so that code catching ``ValueError`` keeps working.
     """
 
-    def __init__(self, message: str, field: Optional[str] = None) -> None:
+    def __init__(self, message: str, *, field: Optional[str] = None) -> None:
         super().__init__(_one_line(message))
         self.field = _one_line(field) if field else field
 
@@ -72,5 +77,5 @@ def _one_line(text: str) -> str:
 
 def _restore(cls: type, message: str, field: Optional[str]) -> StepsimError:
     out = cls.__new__(cls)
-    StepsimError.__init__(out, message, field)
+    StepsimError.__init__(out, message, field=field)
     return out

@@ -49,9 +49,9 @@ MAX_JSON_DEPTH = 64
 class InputFileError(StepsimError):
     """An input file that cannot be read as what it should be; ``field`` names the file."""
 
-    def __init__(self, path: Union[str, Path], message: str, field: str = ""):
+    def __init__(self, message: str, *, path: Union[str, Path], field: Optional[str] = None) -> None:
         self.path = str(path)
-        super().__init__(f"{path}: {message}", field)
+        super().__init__(f"{path}: {message}", field=field)
 
 
 def _fmt_size(n: int) -> str:
@@ -75,19 +75,21 @@ def check_regular_file(path: Union[str, Path], what: str = "file") -> None:
     try:
         mode = os.stat(p).st_mode
     except ValueError:  # a NUL character in the name
-        raise InputFileError(repr(str(p)), f"not a valid file name (a NUL character), not a {what}") from None
+        raise InputFileError(f"not a valid file name (a NUL character), not a {what}", path=repr(str(p))) from None
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise InputFileError(p, f"a symbolic-link loop (a link that leads back to itself), not a {what}") from None
+            raise InputFileError(
+                f"a symbolic-link loop (a link that leads back to itself), not a {what}", path=p
+            ) from None
         if err.errno == errno.ENOENT:
             broken = os.path.islink(p)
             raise InputFileError(
-                p, f"cannot read {what}: " + ("a broken symbolic link" if broken else "no such file")
+                f"cannot read {what}: " + ("a broken symbolic link" if broken else "no such file"), path=p
             ) from None
-        raise InputFileError(p, f"cannot read {what}: {err.strerror or err}") from None
+        raise InputFileError(f"cannot read {what}: {err.strerror or err}", path=p) from None
     for test, kind in _NOT_REGULAR:
         if test(mode):
-            raise InputFileError(p, f"is {kind}, not a regular file; a {what} must be a regular file")
+            raise InputFileError(f"is {kind}, not a regular file; a {what} must be a regular file", path=p)
 
 
 def read_bytes(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "file") -> bytes:
@@ -102,9 +104,9 @@ def read_bytes(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, w
     except InputFileError:
         raise
     except (OSError, EOFError) as err:  # gzip.BadGzipFile is an OSError
-        raise InputFileError(p, f"cannot read {what}: {getattr(err, 'strerror', None) or err}") from None
+        raise InputFileError(f"cannot read {what}: {getattr(err, 'strerror', None) or err}", path=p) from None
     if len(data) > limit_bytes:
-        raise InputFileError(p, f"{what} larger than the {_fmt_size(limit_bytes)} limit; is this the right file?")
+        raise InputFileError(f"{what} larger than the {_fmt_size(limit_bytes)} limit; is this the right file?", path=p)
     return data
 
 
@@ -113,17 +115,18 @@ def read_text(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, wh
     data = read_bytes(path, limit_bytes, what)
     wide = _utf16_or_32(data)
     if wide:
-        raise InputFileError(path, f"{wide} text; a {what} must be UTF-8 (re-save it as UTF-8)")
+        raise InputFileError(f"{wide} text; a {what} must be UTF-8 (re-save it as UTF-8)", path=path)
     if data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8) :]
     nul = data.find(b"\0")
     if nul >= 0:
-        raise InputFileError(path, f"binary data (a NUL byte at offset {nul:,}), not a text {what}")
+        raise InputFileError(f"binary data (a NUL byte at offset {nul:,}), not a text {what}", path=path)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise InputFileError(
-            path, f"not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start:,}); a {what} must be UTF-8 text"
+            f"not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start:,}); a {what} must be UTF-8 text",
+            path=path,
         ) from None
 
 
@@ -248,24 +251,24 @@ def load_yaml(text: str, name: str = "<string>") -> Any:
         n = _expanded_nodes(root, MAX_YAML_NODES)
         if n > MAX_YAML_NODES:
             raise InputFileError(
-                name,
                 f"YAML aliases expand to more than {MAX_YAML_NODES:,} nodes (an alias bomb?); write the values out",
+                path=name,
             )
         return loader.construct_document(root)
     except yaml.MarkedYAMLError as err:
         problem = err.problem or err.context or "invalid YAML"
         if err.problem and err.context:
             problem += f" ({err.context})"
-        raise InputFileError(f"{name}{_mark(err)}", f"not valid YAML: {problem}") from None
+        raise InputFileError(f"not valid YAML: {problem}", path=f"{name}{_mark(err)}") from None
     except yaml.reader.ReaderError as err:  # a non-printable character
         raise InputFileError(
-            name,
             f"not valid YAML: character {err.character!r} at offset {err.position:,} is not allowed (binary data?)",
+            path=name,
         ) from None
     except yaml.YAMLError as err:
-        raise InputFileError(name, f"not valid YAML: {str(err).splitlines()[0]}") from None
+        raise InputFileError(f"not valid YAML: {str(err).splitlines()[0]}", path=name) from None
     except RecursionError:
-        raise InputFileError(name, f"YAML nested too deeply (at most {MAX_YAML_DEPTH} levels)") from None
+        raise InputFileError(f"YAML nested too deeply (at most {MAX_YAML_DEPTH} levels)", path=name) from None
     finally:
         if loader is not None:
             loader.dispose()
@@ -276,13 +279,13 @@ def load_json(text: str, name: str = "<string>") -> Any:
     try:
         data = json.loads(text, object_pairs_hook=_no_duplicates)
     except _DuplicateKey as err:
-        raise InputFileError(name, f"not valid JSON: duplicate key {err.args[0]!r}") from None
+        raise InputFileError(f"not valid JSON: duplicate key {err.args[0]!r}", path=name) from None
     except json.JSONDecodeError as err:
-        raise InputFileError(f"{name}:{err.lineno}:{err.colno}", f"not valid JSON: {err.msg}") from None
+        raise InputFileError(f"not valid JSON: {err.msg}", path=f"{name}:{err.lineno}:{err.colno}") from None
     except RecursionError:
-        raise InputFileError(name, f"JSON nested too deeply (at most {MAX_JSON_DEPTH} levels)") from None
+        raise InputFileError(f"JSON nested too deeply (at most {MAX_JSON_DEPTH} levels)", path=name) from None
     if _depth(data) > MAX_JSON_DEPTH:
-        raise InputFileError(name, f"JSON nested too deeply (at most {MAX_JSON_DEPTH} levels)")
+        raise InputFileError(f"JSON nested too deeply (at most {MAX_JSON_DEPTH} levels)", path=name)
     return data
 
 

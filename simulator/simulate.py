@@ -144,9 +144,9 @@ def _run(scenario, exact, topology, trace, progress, engine_options: Optional[Ma
         topo = topology if topology is not None else build_cluster(sc.cluster)
         if topo.n_devices < sc.layout.world:
             raise ScenarioError(
-                "topology",
                 f"{topo.path or repr(topo.name)} has {topo.n_devices:,} devices; the scenario's layout needs "
                 f"{sc.layout.world:,} (tp*cp*pp*dp)",
+                field="topology",
             )
         topo = _perturb_links(topo, sc)
         workload = sc.workload()
@@ -210,7 +210,7 @@ def _perturb_links(topo: Topology, sc: Scenario) -> Topology:
         try:
             topo = topo.without_link(u, v) if p.failed else topo.with_link_scaled(u, v, p.bw_scale)
         except TopologyError as err:
-            raise ScenarioError(f"perturbations[{i}].link", err.reason + _link_hint(topo, u, v)) from None
+            raise ScenarioError(err.reason + _link_hint(topo, u, v), field=f"perturbations[{i}].link") from None
     return topo
 
 

@@ -104,7 +104,7 @@ def test_an_error_keeps_its_field_across_layers_and_processes():
 def test_from_error_names_the_field_once():
     from workloads.errors import WorkloadError
 
-    err = ScenarioError.from_error(WorkloadError("training.seq_len", "must be > 0"))
+    err = ScenarioError.from_error(WorkloadError("must be > 0", field="training.seq_len"))
     assert (
         str(err) == "training.seq_len: must be > 0" and err.field == "training.seq_len" and err.reason == "must be > 0"
     )
@@ -121,7 +121,7 @@ def _failing_command(exc):
 @pytest.mark.parametrize(
     "exc,code",
     [
-        (ScenarioError("parallel.tp", "bad"), 2),
+        (ScenarioError("bad", field="parallel.tp"), 2),
         (OSError("disk full"), 2),
         (ValueError("a bug"), 1),
         (KeyError("a bug"), 1),
@@ -191,3 +191,43 @@ def test_a_dependency_on_a_rank_not_simulated_is_named():
     assert build_trace(sc.workload(), ranks=[0, 8]).ops  # both stages: every tag resolves
     with pytest.raises(TraceError, match=r"on rank 8\) waits for \('F', 0, 0, 0\), which no simulated rank"):
         build_trace(sc.workload(), ranks=[8])
+
+
+def signature_faults(cls: type) -> list[str]:
+    """How ``cls.__init__`` departs from the one signature ``(message, *, field=None, ...)``:
+    one positional parameter, ``message`` (it may have a default), then keyword-only ones,
+    among them ``field`` defaulting to None."""
+    import inspect
+
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    faults = []
+    if [p.name for p in positional] != ["message"]:
+        faults.append(f"{cls.__name__}: positional parameters {[p.name for p in positional]}, want ['message']")
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        faults.append(f"{cls.__name__}: *args")
+    field = next((p for p in params if p.name == "field"), None)
+    if field is None or field.kind is not field.KEYWORD_ONLY or field.default is not None:
+        faults.append(f"{cls.__name__}: field must be keyword-only, default None")
+    return faults
+
+
+def test_every_error_has_the_one_signature():
+    """Issue 42: ``(message, *, field=None)`` everywhere, so a call reads the same for every
+    class (ScenarioError and WorkloadError put the field in front of the message)."""
+    assert [f for cls in sorted(_all_error_classes(), key=lambda c: c.__name__) for f in signature_faults(cls)] == []
+    assert signature_faults(StepsimError) == []
+
+
+def test_the_signature_rule_catches_the_old_forms():
+    class FieldFirst(StepsimError):
+        def __init__(self, field, message):
+            super().__init__(message, field=field)
+
+    class PositionalField(StepsimError):
+        def __init__(self, message, field=None):
+            super().__init__(message, field=field)
+
+    assert signature_faults(FieldFirst) and signature_faults(PositionalField)
+    err = ScenarioError("must be > 0", field="parallel.tp")
+    assert str(err) == "parallel.tp: must be > 0" and err.field == "parallel.tp"

@@ -82,9 +82,9 @@ def test_the_summary_check_catches_a_non_finite_or_absurd_figure():
 
 
 def test_the_refusal_check_wants_one_line_naming_a_field():
-    fz.check_refusal(StepsimError("training.seq_len: must be >= 1", "training.seq_len"))
-    assert str(StepsimError("a: b\nc: d", "a")) == "a: b\\nc: d"  # one line whatever the input
-    for bad in (StepsimError("something went wrong"), StepsimError("a: " + "x" * 4000, "a")):
+    fz.check_refusal(StepsimError("training.seq_len: must be >= 1", field="training.seq_len"))
+    assert str(StepsimError("a: b\nc: d", field="a")) == "a: b\\nc: d"  # one line whatever the input
+    for bad in (StepsimError("something went wrong"), StepsimError("a: " + "x" * 4000, field="a")):
         with pytest.raises(AssertionError):
             fz.check_refusal(bad)
 

@@ -79,16 +79,18 @@ def torus(
     shape = tuple(int(n) for n in shape)
     if not shape or any(n < 1 for n in shape):
         raise TopologyError(
-            f"cluster.network.shape: axis lengths must be >= 1, got {list(shape)}", "cluster.network.shape"
+            f"cluster.network.shape: axis lengths must be >= 1, got {list(shape)}", field="cluster.network.shape"
         )
     wrap = default_wrap(shape) if wrap is None else tuple(bool(w) for w in wrap)
     if len(wrap) != len(shape):
         raise TopologyError(
-            f"cluster.network.wraparound: needs {len(shape)} flags, got {list(wrap)}", "cluster.network.wraparound"
+            f"cluster.network.wraparound: needs {len(shape)} flags, got {list(wrap)}",
+            field="cluster.network.wraparound",
         )
     if not link_bw > 0:
         raise TopologyError(
-            f"cluster.network.link_bw_bytes_per_s: must be > 0, got {link_bw!r}", "cluster.network.link_bw_bytes_per_s"
+            f"cluster.network.link_bw_bytes_per_s: must be > 0, got {link_bw!r}",
+            field="cluster.network.link_bw_bytes_per_s",
         )
     n = math.prod(shape)
     if tile is not None:
@@ -137,12 +139,12 @@ def switched(devices: int, net: SwitchedNetwork) -> nx.Graph:
         If ``devices`` exceeds one domain but is not a multiple of ``domain_size``.
     """
     if not (isinstance(devices, int) and devices >= 1):
-        raise TopologyError(f"cluster.devices: must be an integer >= 1, got {devices!r}", "cluster.devices")
+        raise TopologyError(f"cluster.devices: must be an integer >= 1, got {devices!r}", field="cluster.devices")
     size = net.domain_size
     if devices > size and devices % size:
         raise TopologyError(
             f"cluster.devices: {devices} devices is neither at most one domain nor a multiple of domain_size {size}",
-            "cluster.devices",
+            field="cluster.devices",
         )
     n_domains = max(1, devices // size)
     G = nx.Graph(kind="switched", domain_size=size, nvls=bool(net.nvls), sharp=bool(net.sharp))
@@ -198,7 +200,8 @@ def join_pods(pod_graphs: Sequence[nx.Graph], pods: PodsSpec) -> nx.Graph:
     """
     if len(pod_graphs) != pods.count:
         raise TopologyError(
-            f"cluster.pods.count: {pods.count} pods declared, {len(pod_graphs)} pod graphs given", "cluster.pods.count"
+            f"cluster.pods.count: {pods.count} pods declared, {len(pod_graphs)} pod graphs given",
+            field="cluster.pods.count",
         )
     sizes = {sum(1 for _, k in g.nodes(data="kind") if k == "device") for g in pod_graphs}
     kinds = {g.graph.get("kind") for g in pod_graphs}
@@ -206,7 +209,7 @@ def join_pods(pod_graphs: Sequence[nx.Graph], pods: PodsSpec) -> nx.Graph:
         raise TopologyError(
             "cluster.pods: all pods must have the same kind and device count, got "
             f"sizes {sorted(sizes)} and kinds {sorted(map(str, kinds))}",
-            "cluster.pods",
+            field="cluster.pods",
         )
     n = sizes.pop()
     per_link_latency = pods.dcn_latency_s / 4

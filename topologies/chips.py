@@ -85,14 +85,14 @@ class ChipSpec:
         if "bf16" not in peaks:
             raise TopologyError(
                 f"cluster.chip.peak_flops_per_s: chip {self.name!r} needs a 'bf16' peak; got keys {sorted(peaks)}",
-                "cluster.chip.peak_flops_per_s",
+                field="cluster.chip.peak_flops_per_s",
             )
         for dtype, value in peaks.items():
             if not (_is_number(value) and MIN_PEAK_FLOPS_PER_S <= value <= MAX_PEAK_FLOPS_PER_S):
                 raise TopologyError(
                     f"cluster.chip.peak_flops_per_s.{dtype}: must be from {MIN_PEAK_FLOPS_PER_S:g} to "
                     f"{MAX_PEAK_FLOPS_PER_S:g} FLOP/s, got {value!r}",
-                    f"cluster.chip.peak_flops_per_s.{dtype}",
+                    field=f"cluster.chip.peak_flops_per_s.{dtype}",
                 )
         peaks = {k: float(v) for k, v in sorted(peaks.items())}
         object.__setattr__(self, "peak_flops_per_s", peaks)
@@ -103,12 +103,13 @@ class ChipSpec:
             value = getattr(self, name)
             if not (_is_number(value) and low <= value <= high):
                 raise TopologyError(
-                    f"cluster.chip.{name}: must be from {low:g} to {high:g}, got {value!r}", f"cluster.chip.{name}"
+                    f"cluster.chip.{name}: must be from {low:g} to {high:g}, got {value!r}",
+                    field=f"cluster.chip.{name}",
                 )
         if self.family not in FAMILIES:
             raise TopologyError(
                 f"cluster.chip.family: {self.family!r} is not a calibration family; allowed: {', '.join(FAMILIES)}",
-                "cluster.chip.family",
+                field="cluster.chip.family",
             )
 
     def peak(self, dtype: str) -> float:
@@ -203,4 +204,4 @@ def get_chip(name: str) -> ChipSpec:
     try:
         return CHIPS[key]
     except KeyError:
-        raise UnknownPresetError("chip", name, CHIPS, "cluster.chip") from None
+        raise UnknownPresetError.named("chip", name, CHIPS, "cluster.chip") from None

@@ -18,9 +18,6 @@ class TopologyError(StepsimError):
     ``cluster.network.shape``...) or, for graphs and files, ``topology``.
     """
 
-    def __init__(self, message: str, field: Optional[str] = None) -> None:
-        super().__init__(message, field)
-
 
 class UnknownPresetError(TopologyError, KeyError):
     """A chip or cluster preset name that is not in the catalogue.
@@ -30,10 +27,15 @@ class UnknownPresetError(TopologyError, KeyError):
     keeps working.
     """
 
-    def __init__(self, what: str, name: object, allowed: Iterable[str], field: str) -> None:
+    def __init__(self, message: str, *, field: Optional[str] = None, allowed: Iterable[str] = ()) -> None:
         self.allowed = tuple(sorted(allowed))
-        message = f"{field}: unknown {what} {name!r}; allowed: {', '.join(self.allowed)}"
-        super().__init__(message, field)
+        super().__init__(message, field=field)
+
+    @classmethod
+    def named(cls, what: str, name: object, allowed: Iterable[str], field: str) -> "UnknownPresetError":
+        """``field: unknown <what> <name>; allowed: ...`` (``allowed`` sorted)."""
+        allowed = tuple(sorted(allowed))
+        return cls(f"{field}: unknown {what} {name!r}; allowed: {', '.join(allowed)}", field=field, allowed=allowed)
 
     def __str__(self) -> str:  # KeyError would quote the whole message
         return str(self.args[0])

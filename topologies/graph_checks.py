@@ -44,23 +44,23 @@ def check_edges(G) -> None:
     attribute or has a bad bandwidth or latency."""
     for u, v, data in G.edges(data=True):
         if u == v:
-            raise TopologyError(f"topology: self-loop on {u!r}", "topology")
+            raise TopologyError(f"topology: self-loop on {u!r}", field="topology")
         for attr in ("bw_bytes_per_s", "latency_s", "kind"):
             if attr not in data:
-                raise TopologyError(f"topology: edge ({u!r}, {v!r}) lacks the {attr!r} attribute", "topology")
+                raise TopologyError(f"topology: edge ({u!r}, {v!r}) lacks the {attr!r} attribute", field="topology")
         bw, lat = data["bw_bytes_per_s"], data["latency_s"]
         number = (int, float, np.integer, np.floating)
         if not (isinstance(bw, number) and not isinstance(bw, bool) and MIN_BW_BYTES_PER_S <= bw <= MAX_BW_BYTES_PER_S):
             raise TopologyError(
                 f"topology: edge ({u!r}, {v!r}) has bw_bytes_per_s={bw!r}; must be a finite number > 0, "
                 f"from {MIN_BW_BYTES_PER_S:g} to {MAX_BW_BYTES_PER_S:g} bytes/s",
-                "topology",
+                field="topology",
             )
         if not (isinstance(lat, number) and not isinstance(lat, bool) and 0 <= lat <= MAX_LATENCY_S):
             raise TopologyError(
                 f"topology: edge ({u!r}, {v!r}) has latency_s={lat!r}; must be a finite number >= 0, "
                 f"at most {MAX_LATENCY_S:g} s",
-                "topology",
+                field="topology",
             )
 
 
@@ -69,7 +69,7 @@ def graph_flag(attrs, key: str) -> bool:
     string such as ``"false"`` is refused rather than read as true."""
     value = attrs.get(key, False)
     if not isinstance(value, (bool, np.bool_)):
-        raise TopologyError(f"topology: graph attribute {key!r} must be true or false, got {value!r}", "topology")
+        raise TopologyError(f"topology: graph attribute {key!r} must be true or false, got {value!r}", field="topology")
     return bool(value)
 
 
@@ -77,30 +77,32 @@ def validate_graph(G) -> tuple[list, list]:
     """Check ``G`` and return its device node ids ordered by index and its edges as
     ``(u, v, bw_bytes_per_s, latency_s, kind)`` rows."""
     if not isinstance(G, nx.Graph) or G.is_directed() or G.is_multigraph():
-        raise TopologyError(f"topology: expected an undirected networkx.Graph, got {type(G).__name__}", "topology")
+        raise TopologyError(
+            f"topology: expected an undirected networkx.Graph, got {type(G).__name__}", field="topology"
+        )
     devices = {}
     for node, data in G.nodes(data=True):
         if "kind" not in data:
             raise TopologyError(
-                f"topology: node {node!r} lacks the 'kind' attribute ('device' or 'switch')", "topology"
+                f"topology: node {node!r} lacks the 'kind' attribute ('device' or 'switch')", field="topology"
             )
         if data["kind"] == "device":
             index = data.get("index")
             if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or index < 0:
                 raise TopologyError(
-                    f"topology: device {node!r} needs an integer 'index' >= 0, got {index!r}", "topology"
+                    f"topology: device {node!r} needs an integer 'index' >= 0, got {index!r}", field="topology"
                 )
             if index in devices:
                 raise TopologyError(
-                    f"topology: devices {devices[index]!r} and {node!r} share index {index}", "topology"
+                    f"topology: devices {devices[index]!r} and {node!r} share index {index}", field="topology"
                 )
             devices[int(index)] = node
     if not devices:
-        raise TopologyError("topology: the graph has no node with kind='device'", "topology")
+        raise TopologyError("topology: the graph has no node with kind='device'", field="topology")
     missing = [i for i in range(len(devices)) if i not in devices]
     if missing:
         raise TopologyError(
-            f"topology: device indices must be 0..{len(devices) - 1}; index {missing[0]} is missing", "topology"
+            f"topology: device indices must be 0..{len(devices) - 1}; index {missing[0]} is missing", field="topology"
         )
     edges = [
         (u, v, d.get("bw_bytes_per_s", _MISSING), d.get("latency_s", _MISSING), d.get("kind", _MISSING))
@@ -116,8 +118,8 @@ def validate_graph(G) -> tuple[list, list]:
         lost = next((d for d in ordered if d not in reached), None)
         if lost is None:
             lost = next(n for n in G if n not in reached)
-            raise TopologyError(f"topology: node {lost!r} is not connected to the devices", "topology")
-        raise TopologyError(f"topology: device {lost!r} is unreachable from device {ordered[0]!r}", "topology")
+            raise TopologyError(f"topology: node {lost!r} is not connected to the devices", field="topology")
+        raise TopologyError(f"topology: device {lost!r} is unreachable from device {ordered[0]!r}", field="topology")
     return ordered, edges
 
 
@@ -145,7 +147,7 @@ def _count(value, what: str, low: int = 0) -> None:
         isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and low <= value <= MAX_COUNT
     ):
         raise TopologyError(
-            f"topology: {what} must be an integer from {low} to {MAX_COUNT:,}, got {value!r}", "topology"
+            f"topology: {what} must be an integer from {low} to {MAX_COUNT:,}, got {value!r}", field="topology"
         )
 
 
@@ -164,20 +166,22 @@ def check_structure(G, devices: list) -> None:
     shape, wrap = G.graph.get("shape"), G.graph.get("wrap")
     for key, value in (("shape", shape), ("wrap", wrap)):
         if value is not None and not isinstance(value, (list, tuple)):
-            raise TopologyError(f"topology: graph attribute {key!r} must be a list, got {value!r}", "topology")
+            raise TopologyError(f"topology: graph attribute {key!r} must be a list, got {value!r}", field="topology")
     for n in shape or ():
         _count(n, "graph attribute 'shape'", 1)
     if shape is not None and (wrap is not None and len(wrap) != len(shape) or math.prod(shape) > MAX_COUNT):
-        raise TopologyError(f"topology: a torus needs one 'wrap' flag per axis of 'shape' {list(shape)}", "topology")
+        raise TopologyError(
+            f"topology: a torus needs one 'wrap' flag per axis of 'shape' {list(shape)}", field="topology"
+        )
     for d in devices:
         coords = G.nodes[d].get("coords", ())
         if not isinstance(coords, (list, tuple)) or shape is not None and len(coords) != len(shape):
             raise TopologyError(
-                f"topology: device {d!r} needs 'coords', one per axis of 'shape', got {coords!r}", "topology"
+                f"topology: device {d!r} needs 'coords', one per axis of 'shape', got {coords!r}", field="topology"
             )
         for c, n in zip(coords, shape or coords):
             _count(c, f"device {d!r} coords", 0)
             if shape is not None and c >= n:
                 raise TopologyError(
-                    f"topology: device {d!r} coords {list(coords)} outside shape {list(shape)}", "topology"
+                    f"topology: device {d!r} coords {list(coords)} outside shape {list(shape)}", field="topology"
                 )

@@ -47,7 +47,9 @@ def _format_of(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix in (".json", ".graphml"):
         return suffix[1:]
-    raise TopologyError(f"topology: {path}: unknown extension {path.suffix!r}; allowed: .json, .graphml", "topology")
+    raise TopologyError(
+        f"topology: {path}: unknown extension {path.suffix!r}; allowed: .json, .graphml", field="topology"
+    )
 
 
 def _plain(value):
@@ -96,7 +98,7 @@ def _decode_tuples(attrs: dict, where: str) -> None:
                 value = json.loads(value)
             except (json.JSONDecodeError, RecursionError):
                 raise TopologyError(
-                    f"topology: {where}: attribute {key!r} is not a list: {value!r}", "topology"
+                    f"topology: {where}: attribute {key!r} is not a list: {value!r}", field="topology"
                 ) from None
         if isinstance(value, list):
             attrs[key] = tuple(value)
@@ -121,18 +123,18 @@ def load_topology(path: Union[str, Path]) -> Topology:
             G, name = _from_json(load_json(text, str(path)))
         else:
             if "<!DOCTYPE" in text or "<!ENTITY" in text:
-                raise TopologyError("topology: GraphML with a DOCTYPE or entities is not accepted", "topology")
+                raise TopologyError("topology: GraphML with a DOCTYPE or entities is not accepted", field="topology")
             G = nx.parse_graphml(text)
             name = str(G.graph.pop("name", ""))
     except InputFileError as err:
-        raise TopologyError(f"topology: {err}", "topology") from None
+        raise TopologyError(f"topology: {err}", field="topology") from None
     except TopologyError as err:
-        raise TopologyError(f"{path}: {err}", err.field) from None
+        raise TopologyError(f"{path}: {err}", field=err.field) from None
     except Exception as err:  # noqa: BLE001 -- XML parse errors (a SyntaxError), NetworkXError, ...
         raise TopologyError(
             f"topology: {path} is not a readable {fmt.upper() if fmt == 'json' else 'GraphML'} "
             f"topology ({type(err).__name__}: {err})",
-            "topology",
+            field="topology",
         ) from None
     _decode_tuples(G.graph, "graph")
     for node, data in G.nodes(data=True):
@@ -140,30 +142,32 @@ def load_topology(path: Union[str, Path]) -> Topology:
     try:
         topo = Topology(G, name)
     except TopologyError as err:
-        raise TopologyError(f"{path}: {err}", err.field) from err
+        raise TopologyError(f"{path}: {err}", field=err.field) from err
     topo.path = str(path)
     return topo
 
 
 def _from_json(doc):
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise TopologyError(f'topology: expected an object with "format": "{FORMAT}"', "topology")
+        raise TopologyError(f'topology: expected an object with "format": "{FORMAT}"', field="topology")
     if doc.get("version") != VERSION:
-        raise TopologyError(f"topology: unsupported version {doc.get('version')!r}; allowed: {VERSION}", "topology")
+        raise TopologyError(
+            f"topology: unsupported version {doc.get('version')!r}; allowed: {VERSION}", field="topology"
+        )
     for key in ("nodes", "edges"):
         if not isinstance(doc.get(key), list):
-            raise TopologyError(f"topology: missing list {key!r}", "topology")
+            raise TopologyError(f"topology: missing list {key!r}", field="topology")
     G = nx.Graph(**dict(doc.get("graph") or {}))
     for k, node in enumerate(doc["nodes"]):
         if not isinstance(node, dict) or "id" not in node:
-            raise TopologyError(f"topology: nodes[{k}] lacks 'id'", "topology")
+            raise TopologyError(f"topology: nodes[{k}] lacks 'id'", field="topology")
         attrs = {a: v for a, v in node.items() if a != "id"}
         G.add_node(node["id"], **attrs)
     for k, edge in enumerate(doc["edges"]):
         if not isinstance(edge, dict) or "source" not in edge or "target" not in edge:
-            raise TopologyError(f"topology: edges[{k}] lacks 'source' or 'target'", "topology")
+            raise TopologyError(f"topology: edges[{k}] lacks 'source' or 'target'", field="topology")
         for end in (edge["source"], edge["target"]):
             if end not in G:
-                raise TopologyError(f"topology: edges[{k}] names unknown node {end!r}", "topology")
+                raise TopologyError(f"topology: edges[{k}] names unknown node {end!r}", field="topology")
         G.add_edge(edge["source"], edge["target"], **{a: v for a, v in edge.items() if a not in ("source", "target")})
     return G, str(doc.get("name", ""))

@@ -49,26 +49,30 @@ def check_bw(value, field_name: str) -> None:
         raise TopologyError(
             f"{field_name}: must be a bandwidth from {MIN_BW_BYTES_PER_S:g} to {MAX_BW_BYTES_PER_S:g} bytes/s, "
             f"got {value!r}",
-            field_name,
+            field=field_name,
         )
 
 
 def check_latency(value, field_name: str) -> None:
     """A latency in seconds within [0, :data:`MAX_LATENCY_S`]."""
     if not (is_number(value) and 0 <= value <= MAX_LATENCY_S):
-        raise TopologyError(f"{field_name}: must be a latency from 0 to {MAX_LATENCY_S:g} s, got {value!r}", field_name)
+        raise TopologyError(
+            f"{field_name}: must be a latency from 0 to {MAX_LATENCY_S:g} s, got {value!r}", field=field_name
+        )
 
 
 def check_flag(value, field_name: str) -> None:
     """``true`` or ``false``: a string (``"false"``, ``"no"``) or a number is refused, not read as a flag."""
     if not isinstance(value, bool):
         quoted = " (in quotes it is a string)" if isinstance(value, str) else ""
-        raise TopologyError(f"{field_name}: must be true or false{quoted}, got {value!r}", field_name)
+        raise TopologyError(f"{field_name}: must be true or false{quoted}, got {value!r}", field=field_name)
 
 
 def _positive_int(value, field_name: str) -> None:
     if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_COUNT):
-        raise TopologyError(f"{field_name}: must be an integer >= 1 (at most {MAX_COUNT:,}), got {value!r}", field_name)
+        raise TopologyError(
+            f"{field_name}: must be an integer >= 1 (at most {MAX_COUNT:,}), got {value!r}", field=field_name
+        )
 
 
 def check_tile(shape: tuple[int, ...], tile) -> tuple[int, ...]:
@@ -82,12 +86,12 @@ def check_tile(shape: tuple[int, ...], tile) -> tuple[int, ...]:
         tile = tuple(tile)
     except TypeError:
         raise TopologyError(
-            f"cluster.network.tile: must be a list of block lengths, got {tile!r}", "cluster.network.tile"
+            f"cluster.network.tile: must be a list of block lengths, got {tile!r}", field="cluster.network.tile"
         ) from None
     if len(tile) != len(shape):
         raise TopologyError(
             f"cluster.network.tile: needs one block length per axis of shape {list(shape)}, got {list(tile)}",
-            "cluster.network.tile",
+            field="cluster.network.tile",
         )
     for t, n in zip(tile, shape):
         _positive_int(t, "cluster.network.tile")
@@ -95,7 +99,7 @@ def check_tile(shape: tuple[int, ...], tile) -> tuple[int, ...]:
             raise TopologyError(
                 f"cluster.network.tile: block lengths must divide the axis lengths of shape {list(shape)}, "
                 f"got {list(tile)}",
-                "cluster.network.tile",
+                field="cluster.network.tile",
             )
     return tile
 
@@ -132,10 +136,11 @@ class TorusNetwork:
             shape = tuple(self.shape)
         except TypeError:
             raise TopologyError(
-                f"cluster.network.shape: must be a list of axis lengths, got {self.shape!r}", "cluster.network.shape"
+                f"cluster.network.shape: must be a list of axis lengths, got {self.shape!r}",
+                field="cluster.network.shape",
             ) from None
         if not shape:
-            raise TopologyError("cluster.network.shape: needs at least one axis", "cluster.network.shape")
+            raise TopologyError("cluster.network.shape: needs at least one axis", field="cluster.network.shape")
         for n in shape:
             _positive_int(n, "cluster.network.shape")
         object.__setattr__(self, "shape", shape)
@@ -147,14 +152,14 @@ class TorusNetwork:
             except TypeError:
                 raise TopologyError(
                     f"cluster.network.wraparound: must be a list of true/false, one per axis, got {self.wraparound!r}",
-                    "cluster.network.wraparound",
+                    field="cluster.network.wraparound",
                 ) from None
             for w in wrap:
                 check_flag(w, "cluster.network.wraparound")
             if len(wrap) != len(shape):
                 raise TopologyError(
                     f"cluster.network.wraparound: needs one flag per axis of shape {shape}, got {self.wraparound!r}",
-                    "cluster.network.wraparound",
+                    field="cluster.network.wraparound",
                 )
             object.__setattr__(self, "wraparound", wrap)
         if self.tile is not None:
@@ -205,7 +210,7 @@ class SwitchedNetwork:
             raise TopologyError(
                 f"cluster.network.oversubscription: must be a number from 1 (full bisection) to "
                 f"{MAX_OVERSUBSCRIPTION:g}, got {self.oversubscription!r}",
-                "cluster.network.oversubscription",
+                field="cluster.network.oversubscription",
             )
         for name in ("domain_latency_s", "nic_latency_s", "switch_latency_s"):
             check_latency(getattr(self, name), f"cluster.network.{name}")
@@ -277,22 +282,24 @@ class ClusterSpec:
         if not (isinstance(self.name, str) and len(self.name) <= MAX_NAME_CHARS):
             shown = repr(self.name) if len(repr(self.name)) <= 80 else f"{len(self.name):,} characters"
             raise TopologyError(
-                f"cluster.name: must be a name of at most {MAX_NAME_CHARS} characters, got {shown}", "cluster.name"
+                f"cluster.name: must be a name of at most {MAX_NAME_CHARS} characters, got {shown}",
+                field="cluster.name",
             )
         if not isinstance(self.chip, ChipSpec):
-            raise TopologyError(f"cluster.chip: expected a ChipSpec, got {self.chip!r}", "cluster.chip")
+            raise TopologyError(f"cluster.chip: expected a ChipSpec, got {self.chip!r}", field="cluster.chip")
         if not isinstance(self.network, (TorusNetwork, SwitchedNetwork)):
             raise TopologyError(
                 f"cluster.network: expected a TorusNetwork or SwitchedNetwork, got {type(self.network).__name__}",
-                "cluster.network",
+                field="cluster.network",
             )
         if self.pods is not None and not isinstance(self.pods, PodsSpec):
-            raise TopologyError(f"cluster.pods: expected a PodsSpec or None, got {self.pods!r}", "cluster.pods")
+            raise TopologyError(f"cluster.pods: expected a PodsSpec or None, got {self.pods!r}", field="cluster.pods")
         check_bw(self.host_bw_bytes_per_s, "cluster.host_bw_bytes_per_s")
         n_pods = self.n_pods
         if self.devices % n_pods:
             raise TopologyError(
-                f"cluster.devices: {self.devices} devices do not split evenly into {n_pods} pods", "cluster.devices"
+                f"cluster.devices: {self.devices} devices do not split evenly into {n_pods} pods",
+                field="cluster.devices",
             )
         per_pod = self.devices // n_pods
         net = self.network
@@ -301,13 +308,13 @@ class ClusterSpec:
                 raise TopologyError(
                     "cluster.devices_per_domain: applies to switched networks (NVLink domains); "
                     "a torus is sized by its shape",
-                    "cluster.devices_per_domain",
+                    field="cluster.devices_per_domain",
                 )
             if per_pod != net.devices:
                 raise TopologyError(
                     f"cluster.devices: {self.devices} devices do not fit torus shape "
                     f"{list(net.shape)} x {n_pods} pod(s) = {net.devices * n_pods} devices",
-                    "cluster.devices",
+                    field="cluster.devices",
                 )
             return
         if self.domain_capacity is None:
@@ -316,7 +323,7 @@ class ClusterSpec:
             raise TopologyError(
                 f"cluster.network.domain_size: at most the domain's capacity {self.domain_capacity}, "
                 f"got {net.domain_size}",
-                "cluster.network.domain_size",
+                field="cluster.network.domain_size",
             )
         used = partial_domain_fill(per_pod, net.domain_size, self.devices_per_domain)
         if used is not None and used != net.domain_size:
@@ -340,13 +347,13 @@ def partial_domain_fill(per_pod: int, domain_size: int, devices_per_domain: Opti
     if devices_per_domain is not None:
         _positive_int(devices_per_domain, field)
         if devices_per_domain > domain_size:
-            raise TopologyError(f"{field}: at most domain_size {domain_size}, got {devices_per_domain}", field)
+            raise TopologyError(f"{field}: at most domain_size {domain_size}, got {devices_per_domain}", field=field)
         if per_pod > devices_per_domain and per_pod % devices_per_domain:
             raise TopologyError(
                 f"{field}: {per_pod} devices per pod do not fill domains of {devices_per_domain} equally; "
                 f"allowed: a divisor of {per_pod} up to {domain_size} "
                 f"({', '.join(map(str, _divisors_up_to(per_pod, domain_size)[-4:]))})",
-                field,
+                field=field,
             )
         return devices_per_domain
     if per_pod <= domain_size or per_pod % domain_size == 0:
@@ -360,7 +367,7 @@ def partial_domain_fill(per_pod: int, domain_size: int, devices_per_domain: Opti
         f"{n_domains} domains equally; set cluster.devices_per_domain to a divisor of {per_pod} up to "
         f"{domain_size} (largest: {best}, on {per_pod // best} domains) or use a multiple of "
         f"{domain_size} devices",
-        "cluster.devices",
+        field="cluster.devices",
     )
 
 

@@ -172,9 +172,9 @@ def torus_shape_for(devices: int, dims: int, max_axis: Optional[int] = None) -> 
         (field ``cluster.devices``) when no factorisation fits ``max_axis``.
     """
     if not (isinstance(devices, int) and devices >= 1):
-        raise TopologyError(f"cluster.devices: must be an integer >= 1, got {devices!r}", "cluster.devices")
+        raise TopologyError(f"cluster.devices: must be an integer >= 1, got {devices!r}", field="cluster.devices")
     if not (isinstance(dims, int) and dims >= 1):
-        raise TopologyError(f"cluster.network.shape: dims must be >= 1, got {dims!r}", "cluster.network.shape")
+        raise TopologyError(f"cluster.network.shape: dims must be >= 1, got {dims!r}", field="cluster.network.shape")
     limit = devices if max_axis is None else max_axis
 
     def factorisations(n: int, k: int, lowest: int):
@@ -197,7 +197,7 @@ def torus_shape_for(devices: int, dims: int, max_axis: Optional[int] = None) -> 
     if not shapes:
         raise TopologyError(
             f"cluster.devices: {devices} devices cannot form a {dims}-D torus with every axis <= {max_axis}",
-            "cluster.devices",
+            field="cluster.devices",
         )
     return min(shapes, key=score)
 
@@ -222,7 +222,7 @@ def _tpu_layout(devices: int, rule: TpuSliceRule, pod_count: Optional[int]):
         f"cluster.devices: {devices} devices cannot be split into equal pods of at most "
         f"{rule.pod_devices} chips made of whole {rule.chips_per_host}-chip hosts, each a "
         f"{rule.dims}-D torus with axes <= {rule.max_axis}",
-        "cluster.devices",
+        field="cluster.devices",
     )
 
 
@@ -231,7 +231,7 @@ def _merge(base, override, cls, field: str):
     if isinstance(override, cls):
         return override
     if not isinstance(override, Mapping):
-        raise TopologyError(f"{field}: expected a mapping or {cls.__name__}, got {override!r}", field)
+        raise TopologyError(f"{field}: expected a mapping or {cls.__name__}, got {override!r}", field=field)
     allowed = [f.name for f in dataclasses.fields(cls)]
     values = {k: v for k, v in override.items() if k != "kind"}
     if "kind" in override and override["kind"] != getattr(cls, "kind", override["kind"]):
@@ -239,17 +239,17 @@ def _merge(base, override, cls, field: str):
             f"{field}.kind: this preset's network is {cls.kind!r}, got "
             f"{override['kind']!r}; give the whole network without a preset "
             "to change its kind",
-            f"{field}.kind",
+            field=f"{field}.kind",
         )
     unknown = sorted(set(values) - set(allowed))
     if unknown:
         raise TopologyError(
-            f"{field}.{unknown[0]}: unknown key; allowed: {', '.join(allowed)}", f"{field}.{unknown[0]}"
+            f"{field}.{unknown[0]}: unknown key; allowed: {', '.join(allowed)}", field=f"{field}.{unknown[0]}"
         )
     try:
         return dataclasses.replace(base, **values) if base is not None else cls(**values)
     except TypeError as err:  # a required field missing
-        raise TopologyError(f"{field}: {err}; fields: {', '.join(allowed)}", field) from err
+        raise TopologyError(f"{field}: {err}; fields: {', '.join(allowed)}", field=field) from err
 
 
 def cluster_preset(name: str, /, devices: Optional[int] = None, **overrides) -> ClusterSpec:
@@ -274,17 +274,17 @@ def cluster_preset(name: str, /, devices: Optional[int] = None, **overrides) -> 
     """
     key = str(name).strip().lower()
     if key not in CLUSTER_PRESETS:
-        raise UnknownPresetError("cluster preset", name, CLUSTER_PRESETS, "cluster.preset")
+        raise UnknownPresetError.named("cluster preset", name, CLUSTER_PRESETS, "cluster.preset")
     preset = CLUSTER_PRESETS[key]
     allowed = ("name", "chip", "network", "pods", "host_bw_bytes_per_s", "devices_per_domain", "domain_capacity")
     for k in overrides:
         if k not in allowed:
             raise TopologyError(
-                f"cluster.{k}: unknown key; allowed: devices, preset, {', '.join(allowed)}", f"cluster.{k}"
+                f"cluster.{k}: unknown key; allowed: devices, preset, {', '.join(allowed)}", field=f"cluster.{k}"
             )
     devices = preset.default_devices if devices is None else devices
     if not (isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1):
-        raise TopologyError(f"cluster.devices: must be an integer >= 1, got {devices!r}", "cluster.devices")
+        raise TopologyError(f"cluster.devices: must be an integer >= 1, got {devices!r}", field="cluster.devices")
 
     chip: Union[ChipSpec, str, Mapping] = overrides.get("chip", preset.chip)
     if isinstance(chip, str):
@@ -358,7 +358,7 @@ def build_cluster(spec: ClusterSpec) -> Topology:
             raise TopologyError(
                 f"cluster.devices: {spec.devices} devices do not fit torus shape "
                 f"{list(net.shape)} x {spec.n_pods} pod(s)",
-                "cluster.devices",
+                field="cluster.devices",
             )
         pod = torus(net.shape, net.link_bw_bytes_per_s, net.link_latency_s, net.wrap, net.tile)
     else:

@@ -106,7 +106,7 @@ class Topology:
             if missing:
                 raise TopologyError(
                     f"topology: a torus graph needs the {missing[0]!r} attribute (graph: shape, wrap; devices: coords)",
-                    "topology",
+                    field="topology",
                 )
             self.torus_shape: Optional[tuple] = tuple(int(n) for n in graph.graph["shape"])
             self.torus_wrap: Optional[tuple] = tuple(graph_flag({"wrap": w}, "wrap") for w in graph.graph["wrap"])
@@ -147,7 +147,7 @@ class Topology:
         try:
             return self._link_of[(self._node_index[u], self._node_index[v])]
         except KeyError:
-            raise TopologyError(f"topology: no link from {u!r} to {v!r}", "topology") from None
+            raise TopologyError(f"topology: no link from {u!r} to {v!r}", field="topology") from None
 
     def link_endpoints(self, link: int) -> tuple:
         """``(u, v)`` node ids of directed link ``link``."""
@@ -157,7 +157,9 @@ class Topology:
     # ---- devices -----------------------------------------------------------------------
     def _check_device(self, dev: int) -> int:
         if not (isinstance(dev, (int, np.integer)) and 0 <= dev < self.n_devices):
-            raise TopologyError(f"topology: device index must be in 0..{self.n_devices - 1}, got {dev!r}", "topology")
+            raise TopologyError(
+                f"topology: device index must be in 0..{self.n_devices - 1}, got {dev!r}", field="topology"
+            )
         return int(dev)
 
     def domain_of(self, dev: int) -> int:
@@ -179,16 +181,18 @@ class Topology:
     def torus_coords(self, dev: int) -> tuple:
         """Coordinates of device ``dev`` inside its pod's torus."""
         if self._coords is None:
-            raise TopologyError(f"topology: {self.kind} topology has no torus coordinates", "topology")
+            raise TopologyError(f"topology: {self.kind} topology has no torus coordinates", field="topology")
         return self._coords[self._check_device(dev)]
 
     def device_at(self, coords, pod: int = 0) -> int:
         """Index of the device at torus ``coords`` in ``pod``."""
         if self.torus_shape is None:
-            raise TopologyError(f"topology: {self.kind} topology has no torus coordinates", "topology")
+            raise TopologyError(f"topology: {self.kind} topology has no torus coordinates", field="topology")
         coords = tuple(int(c) for c in coords)
         if len(coords) != len(self.torus_shape) or not all(0 <= c < n for c, n in zip(coords, self.torus_shape)):
-            raise TopologyError(f"topology: coordinates {coords} are outside shape {self.torus_shape}", "topology")
+            raise TopologyError(
+                f"topology: coordinates {coords} are outside shape {self.torus_shape}", field="topology"
+            )
         return pod * math.prod(self.torus_shape) + self._local_of[coords]
 
     # ---- routing -----------------------------------------------------------------------
@@ -460,7 +464,8 @@ class Topology:
         v = self.devices[v] if isinstance(v, (int, np.integer)) else v
         if not self.graph.has_edge(u, v):
             raise TopologyError(
-                f"perturbations.link: no link between {u!r} and {v!r} in topology {self.name!r}", "perturbations.link"
+                f"perturbations.link: no link between {u!r} and {v!r} in topology {self.name!r}",
+                field="perturbations.link",
             )
         return u, v
 
@@ -471,7 +476,7 @@ class Topology:
             raise TopologyError(
                 f"perturbations.bw_scale: must be a finite number > 0 (use "
                 f"failed: true to remove a link), got {bw_scale!r}",
-                "perturbations.bw_scale",
+                field="perturbations.bw_scale",
             )
         G = self.graph.copy()
         scaled = G.edges[u, v]["bw_bytes_per_s"] * bw_scale
@@ -479,7 +484,7 @@ class Topology:
             raise TopologyError(
                 f"perturbations.bw_scale: {bw_scale!r} takes link ({u!r}, {v!r}) to {scaled:g} bytes/s, outside "
                 f"{MIN_BW_BYTES_PER_S:g} to {MAX_BW_BYTES_PER_S:g} (use failed: true to remove a link)",
-                "perturbations.bw_scale",
+                field="perturbations.bw_scale",
             )
         G.edges[u, v]["bw_bytes_per_s"] = scaled
         return Topology(G, self.name, _base=self._base)
@@ -502,7 +507,8 @@ class Topology:
         lost = next((d for d in self.devices if d not in reached), None)
         if lost is not None:
             raise TopologyError(
-                f"perturbations.link: failing link ({u!r}, {v!r}) disconnects device {lost!r}", "perturbations.link"
+                f"perturbations.link: failing link ({u!r}, {v!r}) disconnects device {lost!r}",
+                field="perturbations.link",
             )
         G.remove_nodes_from([n for n in list(G) if n not in reached])
         return Topology(G, self.name, _base=self._base)

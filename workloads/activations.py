@@ -163,22 +163,23 @@ class ActivationPolicy:
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
             raise WorkloadError(
-                "training.recompute", f"must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}"
+                f"must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}", field="training.recompute"
             )
         if self.moe_gate_weighting not in MOE_GATE_WEIGHTINGS:
             raise WorkloadError(
-                "training.moe_gate_weighting",
                 f"must be one of {', '.join(MOE_GATE_WEIGHTINGS)}, got {self.moe_gate_weighting!r}",
+                field="training.moe_gate_weighting",
             )
         if self.activation_saving not in ACTIVATION_SAVINGS:
             raise WorkloadError(
-                "training.activation_saving",
                 f"must be one of {', '.join(ACTIVATION_SAVINGS)}, got {self.activation_saving!r}",
+                field="training.activation_saving",
             )
         for mod in self.recompute_modules:
             if mod not in RECOMPUTE_MODULES:
                 raise WorkloadError(
-                    "training.recompute_modules", f"{mod!r} not allowed; choose from {', '.join(RECOMPUTE_MODULES)}"
+                    f"{mod!r} not allowed; choose from {', '.join(RECOMPUTE_MODULES)}",
+                    field="training.recompute_modules",
                 )
 
     @classmethod
@@ -228,10 +229,10 @@ def _saved_input_rows(shard: Shard, policy: ActivationPolicy) -> float:
         return rows
     if shard.tp == 1 or shard.sequence_parallel:
         raise WorkloadError(
-            "training.distribute_saved_activations",
             "needs parallel.tp > 1 without parallel.sequence_parallel (Megatron-LM asserts both: "
             f"megatron/training/arguments.py, TransformerConfig); got tp {shard.tp}, "
             f"sequence_parallel {shard.sequence_parallel}",
+            field="training.distribute_saved_activations",
         )
     return rows / shard.tp
 
@@ -359,9 +360,9 @@ def _ffn_activation_bytes(
     m = model.moe
     if shard.tp > 1 and not shard.sequence_parallel:
         raise WorkloadError(
-            "parallel.sequence_parallel",
             "MoE layers with tp > 1 need sequence parallelism "
             "(Megatron-Core routes the sequence-parallel shard of tokens)",
+            field="parallel.sequence_parallel",
         )
     shapes._split(m.experts, shard.ep, f"the {m.experts} routed experts", "parallel.ep")
     f = shapes._split(m.expert_ffn_hidden, shard.etp, "expert_ffn_hidden", "parallel.etp")

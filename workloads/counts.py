@@ -340,9 +340,9 @@ def _block_kernels(
         m = model.moe
         if tp > 1 and not shard.sequence_parallel:
             raise WorkloadError(
-                "parallel.sequence_parallel",
                 "MoE layers with tp > 1 need sequence parallelism "
                 "(Megatron-Core routes the sequence-parallel shard of tokens)",
+                field="parallel.sequence_parallel",
             )
         local_experts = _split(m.experts, shard.ep, f"the {m.experts} routed experts", "parallel.ep")
         width = _split(m.expert_ffn_hidden, shard.etp, "expert_ffn_hidden", "parallel.etp")
@@ -473,7 +473,7 @@ def forward_flops_per_token(model: ModelSpec, seq_len: int, include_mtp: bool = 
     default) the MTP modules, with the attention convention of the module notes.
     Computed from the same kernels the simulator runs, at one token, ``tp=1``."""
     if seq_len < 1:
-        raise WorkloadError("training.seq_len", f"must be a positive integer, got {seq_len!r}")
+        raise WorkloadError(f"must be a positive integer, got {seq_len!r}", field="training.seq_len")
     # One token: a sequence cut over seq_len context-parallel ranks (one query, every key).
     one = Shard(micro_batch_size=1, seq_len=seq_len, cp=seq_len)
     total = sum(matmul_flops(layer_kernels(model, i, one)) for i in range(model.layers))

@@ -18,5 +18,5 @@ class WorkloadError(StepsimError):
     (``training.micro_batch_size``, ``parallel.tp``...); the message is
     ``"<field>: <message>"``."""
 
-    def __init__(self, field: Optional[str], message: str) -> None:
-        super().__init__(f"{field}: {message}" if field else message, field or None)
+    def __init__(self, message: str, *, field: Optional[str] = None) -> None:
+        super().__init__(f"{field}: {message}" if field else message, field=field or None)

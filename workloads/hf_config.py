@@ -71,10 +71,10 @@ class _Config:
         value = self.data.get(key)
         if value is None:
             if default is None:
-                raise WorkloadError(f"hf_config.{key}", "missing required key")
+                raise WorkloadError("missing required key", field=f"hf_config.{key}")
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise WorkloadError(f"hf_config.{key}", f"must be an integer >= {minimum}, got {value!r}")
+            raise WorkloadError(f"must be an integer >= {minimum}, got {value!r}", field=f"hf_config.{key}")
         return value
 
     def bool(self, key: str, default: bool) -> bool:
@@ -82,7 +82,7 @@ class _Config:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise WorkloadError(f"hf_config.{key}", f"must be true or false, got {value!r}")
+            raise WorkloadError(f"must be true or false, got {value!r}", field=f"hf_config.{key}")
         return value
 
 
@@ -96,7 +96,7 @@ def _load(path_or_dict: Union[str, PathLike, Mapping[str, Any]]) -> Mapping[str,
     # file (an InputFileError; the scenario reports it as model.hf_config: FILE: ...).
     data = load_json(read_text(path, what="Hugging Face config.json"), str(path))
     if not isinstance(data, dict):
-        raise WorkloadError("hf_config", f"{path} must hold a JSON object, got {type(data).__name__}")
+        raise WorkloadError(f"{path} must hold a JSON object, got {type(data).__name__}", field="hf_config")
     return data
 
 
@@ -154,10 +154,13 @@ def _leading_dense_layers(mlp_only_layers: list) -> int:
     """Qwen3-MoE's ``mlp_only_layers`` as a count of leading dense layers (the
     only pattern :class:`MoESpec` expresses)."""
     if not isinstance(mlp_only_layers, list) or not all(isinstance(i, int) for i in mlp_only_layers):
-        raise WorkloadError("hf_config.mlp_only_layers", f"must be a list of layer indices, got {mlp_only_layers!r}")
+        raise WorkloadError(
+            f"must be a list of layer indices, got {mlp_only_layers!r}", field="hf_config.mlp_only_layers"
+        )
     if sorted(mlp_only_layers) != list(range(len(mlp_only_layers))):
         raise WorkloadError(
-            "hf_config.mlp_only_layers", f"only leading dense layers (0, 1, ...) are supported, got {mlp_only_layers}"
+            f"only leading dense layers (0, 1, ...) are supported, got {mlp_only_layers}",
+            field="hf_config.mlp_only_layers",
         )
     return len(mlp_only_layers)
 
@@ -167,17 +170,17 @@ def _family(raw: Mapping[str, Any]) -> tuple[str, bool, str, bool]:
     norm and tied-embedding default; the activation function is checked against the family's."""
     model_type = raw.get("model_type")
     if model_type is None:
-        raise WorkloadError("hf_config.model_type", "missing required key")
+        raise WorkloadError("missing required key", field="hf_config.model_type")
     if model_type not in _FAMILIES:
         raise WorkloadError(
-            "hf_config.model_type", f"unsupported {model_type!r}; allowed: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"unsupported {model_type!r}; allowed: {', '.join(SUPPORTED_MODEL_TYPES)}", field="hf_config.model_type"
         )
     gated, norm, acts, tie_default = _FAMILIES[model_type]
     act_key = "activation_function" if model_type == "gpt2" else "hidden_act"
     act = raw.get(act_key, acts[0])
     if act not in acts:
         raise WorkloadError(
-            f"hf_config.{act_key}", f"{act!r} is not supported for {model_type}; allowed: {', '.join(acts)}"
+            f"{act!r} is not supported for {model_type}; allowed: {', '.join(acts)}", field=f"hf_config.{act_key}"
         )
     return model_type, gated, norm, tie_default
 

@@ -76,64 +76,64 @@ class ParallelLayout:
         for name in ("tp", "cp", "pp", "dp", "ep", "vpp", "etp"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
-                raise LayoutError(f"parallel.{name}", f"must be a positive integer, got {v!r}")
+                raise LayoutError(f"must be a positive integer, got {v!r}", field=f"parallel.{name}")
         if self.zero not in (0, 1, 2, 3):
-            raise LayoutError("parallel.zero", f"must be one of 0, 1, 2, 3, got {self.zero!r}")
+            raise LayoutError(f"must be one of 0, 1, 2, 3, got {self.zero!r}", field="parallel.zero")
         n = self.tp * self.cp * self.dp
         if n % self.etp:
             raise LayoutError(
-                "parallel.etp",
                 f"must divide tp*cp*dp = {n} (the ranks of a pipeline stage, which the expert layout "
                 f"etp x ep x edp reuses), got {self.etp}",
+                field="parallel.etp",
             )
         if n % (self.ep * self.etp):
             raise LayoutError(
-                "parallel.ep",
                 f"ep*etp = {self.ep}*{self.etp} must divide tp*cp*dp = {n} (the ranks of a pipeline stage, "
                 f"which the expert layout etp x ep x edp reuses), got ep = {self.ep}",
+                field="parallel.ep",
             )
         if sorted(self.order) != sorted(ORDER_AXES):
             raise LayoutError(
-                "parallel.order",
                 f"must name each of {', '.join(ORDER_AXES)} once (innermost first), got {'-'.join(self.order)}",
+                field="parallel.order",
             )
         if self.vpp > 1 and self.pp == 1:
-            raise LayoutError("parallel.vpp", "virtual stages need pp > 1")
+            raise LayoutError("virtual stages need pp > 1", field="parallel.vpp")
         if self.expert_mapping not in EXPERT_MAPPINGS:
             raise LayoutError(
-                "parallel.expert_mapping",
                 f"must be one of {', '.join(EXPERT_MAPPINGS)}, got {self.expert_mapping!r}",
+                field="parallel.expert_mapping",
             )
         if self.expert_mapping == "deepspeed":
             if (self.dp * self.cp) % self.ep:
                 raise LayoutError(
-                    "parallel.ep",
                     f"with expert_mapping deepspeed, ep must divide dp*cp = {self.dp * self.cp} (EP is carved out "
                     f"of data parallelism), got {self.ep}",
+                    field="parallel.ep",
                 )
             if self.etp not in (1, self.tp):
                 raise LayoutError(
-                    "parallel.etp",
                     f"with expert_mapping deepspeed, etp must be 1 or tp = {self.tp}, got {self.etp}",
+                    field="parallel.etp",
                 )
         elif self.pp > 1 and self._expert_mesh_stride("pp") != self._strides["pp"]:
             # parallel_state.py (d98e8a64) asserts "Pipeline parallel groups are expected to
             # be the same for Non-Expert and Expert part"
             raise LayoutError(
-                "parallel.order",
                 f"puts pp after axes whose expert sizes (etp = {self.etp}, ep = {self.ep}, edp = {self.edp}) "
                 f"differ from their attention sizes (tp = {self.tp}, cp = {self.cp}, dp = {self.dp}), so the "
                 f"expert layers' pipeline groups would differ from the attention's, which Megatron-Core refuses; "
                 f"got {'-'.join(self.order)} (put pp last)",
+                field="parallel.order",
             )
         elif self.pp > 1 and self.order[-1] != "pp" and self.edp != self.dp:
             # megatron/core/parallel_state.py (d98e8a64), initialize_model_parallel: "When not
             # using pp-last rank ordering, the data parallel size of the attention and moe
             # layers must be the same"
             raise LayoutError(
-                "parallel.order",
                 f"with pp > 1 and an expert data-parallel size (edp = {self.edp}) other than dp = {self.dp}, "
                 f"the last (outermost) axis must be pp, as Megatron-Core requires; got {'-'.join(self.order)}",
+                field="parallel.order",
             )
 
     # ---- sizes ---------------------------------------------------------------
@@ -366,19 +366,19 @@ class ParallelLayout:
             pl = list(self.pipeline_layers)
             if len(pl) != n:
                 raise LayoutError(
-                    "parallel.pipeline_layers", f"needs {n} entries (one per model chunk: {what}), got {len(pl)}"
+                    f"needs {n} entries (one per model chunk: {what}), got {len(pl)}", field="parallel.pipeline_layers"
                 )
             if any((not isinstance(x, int)) or x < 0 for x in pl) or sum(pl) != layers:
                 raise LayoutError(
-                    "parallel.pipeline_layers",
                     f"must be non-negative integers summing to the model's {layers} layers, got {pl}",
+                    field="parallel.pipeline_layers",
                 )
             return pl
         if layers % n:
             raise LayoutError(
-                "parallel.pp",
                 f"{layers} layers do not split evenly over {n} model chunks ({what}); choose sizes dividing "
                 "the layer count, or give parallel.pipeline_layers (a list, or auto)",
+                field="parallel.pp",
             )
         return [layers // n] * n
 
@@ -414,8 +414,8 @@ def auto_layer_split(layers: int, chunks: int) -> list[int]:
     embedding) and the last (the LM head and loss) get the fewer — as Llama 3 does."""
     if chunks > layers:
         raise LayoutError(
-            "parallel.pipeline_layers",
             f"{chunks} model chunks for {layers} layers: every chunk needs at least one layer",
+            field="parallel.pipeline_layers",
         )
     base, rem = divmod(layers, chunks)
     split = [base] * chunks

@@ -212,9 +212,9 @@ def state_bytes(
     persistent shards; the transient full-size gradient bucket is a buffer.
     """
     if dtype not in DTYPES:
-        raise WorkloadError("training.dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise WorkloadError(f"must be one of {', '.join(DTYPES)}, got {dtype!r}", field="training.dtype")
     if optimizer not in OPTIMIZERS:
-        raise WorkloadError("training.optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+        raise WorkloadError(f"must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}", field="training.optimizer")
     if params_dense < 0 or params_expert < 0:
         raise ValueError(f"parameter counts must be non-negative, got {params_dense!r}, {params_expert!r}")
     zero = layout.zero
@@ -404,7 +404,7 @@ def sharding_buffer_bytes(
     * ZeRO-0/1: nothing (the full gradients and weights are persistent state).
     """
     if zero not in (0, 1, 2, 3):
-        raise WorkloadError("parallel.zero", f"must be one of 0, 1, 2, 3, got {zero!r}")
+        raise WorkloadError(f"must be one of 0, 1, 2, 3, got {zero!r}", field="parallel.zero")
     if gathered_units < 1:
         raise ValueError(f"gathered_units must be at least 1 (the computing unit), got {gathered_units!r}")
     if grad_units < 1:

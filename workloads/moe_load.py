@@ -73,17 +73,19 @@ class ExpertLoad:
     def __post_init__(self) -> None:
         if self.distribution not in DISTRIBUTIONS:
             raise WorkloadError(
-                "training.expert_load.distribution",
                 f"must be one of {', '.join(DISTRIBUTIONS)}, got {self.distribution!r}",
+                field="training.expert_load.distribution",
             )
         if not self.skew > 0:
-            raise WorkloadError("training.expert_load.skew", f"must be > 0, got {self.skew!r}")
+            raise WorkloadError(f"must be > 0, got {self.skew!r}", field="training.expert_load.skew")
         if self.capacity_factor is not None and not self.capacity_factor >= 1:
-            raise WorkloadError("training.expert_load.capacity_factor", f"must be >= 1, got {self.capacity_factor!r}")
+            raise WorkloadError(
+                f"must be >= 1, got {self.capacity_factor!r}", field="training.expert_load.capacity_factor"
+            )
         if self.pad_to_capacity and self.capacity_factor is None:
             raise WorkloadError(
-                "training.expert_load.pad_to_capacity",
                 "needs a capacity_factor (Megatron pads each expert's input to its capacity)",
+                field="training.expert_load.pad_to_capacity",
             )
 
 
@@ -142,9 +144,9 @@ def rank_load_factors(load: ExpertLoad, experts: int, top_k: int, ep: int, token
     above :func:`max_rank_load_factor`. ``tokens``: the tokens the EP group routes
     in one micro-batch."""
     if experts % ep:
-        raise WorkloadError("parallel.ep", f"must divide the {experts} experts, got {ep}")
+        raise WorkloadError(f"must divide the {experts} experts, got {ep}", field="parallel.ep")
     if not 1 <= top_k <= experts:
-        raise WorkloadError("model.moe.top_k", f"must be in 1..{experts}, got {top_k}")
+        raise WorkloadError(f"must be in 1..{experts}, got {top_k}", field="model.moe.top_k")
     assignments = int(tokens) * top_k
     mean_per_expert = assignments / experts
     out = np.ones((layers, ep))

@@ -234,4 +234,4 @@ def get_model(name: str) -> ModelSpec:
         return MODEL_PRESETS[name]
     except (KeyError, TypeError):
         allowed = ", ".join(sorted(MODEL_PRESETS))
-        raise WorkloadError("model", f"unknown preset {name!r}; allowed: {allowed}") from None
+        raise WorkloadError(f"unknown preset {name!r}; allowed: {allowed}", field="model") from None

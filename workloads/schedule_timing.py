@@ -110,11 +110,12 @@ class _Passes:
     def key(self, a: Action, rank: int) -> tuple[int, int]:
         m = self.m
         if not 0 <= a.mb < m:
-            raise ScheduleError("schedule", f"rank {rank}: {a!r} names micro-batch {a.mb} outside 0..{m - 1}")
+            raise ScheduleError(f"rank {rank}: {a!r} names micro-batch {a.mb} outside 0..{m - 1}", field="schedule")
         s = self.pos[a.mb].get((rank, a.chunk))
         if s is None:
             raise ScheduleError(
-                "schedule", f"rank {rank}: {a!r}: micro-batch {a.mb} never visits local chunk {a.chunk} of rank {rank}"
+                f"rank {rank}: {a!r}: micro-batch {a.mb} never visits local chunk {a.chunk} of rank {rank}",
+                field="schedule",
             )
         return a.mb, s
 
@@ -198,7 +199,7 @@ def run_schedule(
                 for a in step:
                     for k in produces(a, r):
                         if k in done:
-                            raise ScheduleError("schedule", f"rank {r}: {a!r} runs a pass that already ran")
+                            raise ScheduleError(f"rank {r}: {a!r} runs a pass that already ran", field="schedule")
                         done[k] = end
                     timed[r].append(TimedAction(a, start, end))
                 free[r] = end
@@ -207,7 +208,9 @@ def run_schedule(
                 remaining -= 1
                 progressed = True
         if not progressed:
-            raise ScheduleError("schedule", "deadlock: " + "; ".join(_stuck(steps_per_rank, nxt, needs, done, paths)))
+            raise ScheduleError(
+                "deadlock: " + "; ".join(_stuck(steps_per_rank, nxt, needs, done, paths)), field="schedule"
+            )
 
     makespan = max(free, default=0.0)
     bubble = 1.0 - sum(busy) / (pp * makespan) if makespan > 0 else 0.0

@@ -93,7 +93,7 @@ Step = tuple[Action, ...]
 # ---------------------------------------------------------------------------
 def _positive_int(value: object, field: str, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ScheduleError(field, f"{what} must be a positive integer, got {value!r}")
+        raise ScheduleError(f"{what} must be a positive integer, got {value!r}", field=field)
 
 
 def validate_schedule_args(name: str, pp: int, m: int, vpp: int = 1) -> None:
@@ -113,34 +113,34 @@ def validate_schedule_args(name: str, pp: int, m: int, vpp: int = 1) -> None:
       reference implementation).
     """
     if name not in SCHEDULES:
-        raise ScheduleError("schedule", f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}")
+        raise ScheduleError(f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}", field="schedule")
     _positive_int(pp, "parallel.pp", "pipeline size pp")
     _positive_int(m, "training.global_batch_size", "micro-batches per pipeline m")
     _positive_int(vpp, "parallel.vpp", "virtual stages vpp")
     if name == "interleaved-1f1b":
         if vpp < 2:
-            raise ScheduleError("parallel.vpp", f"interleaved-1f1b needs vpp >= 2 chunks per rank, got {vpp}")
+            raise ScheduleError(f"interleaved-1f1b needs vpp >= 2 chunks per rank, got {vpp}", field="parallel.vpp")
         if pp < 2:
-            raise ScheduleError("parallel.pp", f"interleaved-1f1b needs pp >= 2, got {pp}")
+            raise ScheduleError(f"interleaved-1f1b needs pp >= 2, got {pp}", field="parallel.pp")
         if m % pp:
             raise ScheduleError(
-                "training.global_batch_size",
                 f"interleaved-1f1b needs the micro-batches per pipeline (m = {m}) to be a multiple of "
                 f"pp = {pp}; m = global_batch_size / (micro_batch_size * dp)",
+                field="training.global_batch_size",
             )
         return
     if vpp != 1:
         raise ScheduleError(
-            "parallel.vpp", f"{name} needs vpp == 1 (only interleaved-1f1b has virtual stages), got {vpp}"
+            f"{name} needs vpp == 1 (only interleaved-1f1b has virtual stages), got {vpp}", field="parallel.vpp"
         )
     if name == "dualpipe":
         if pp % 2:
-            raise ScheduleError("parallel.pp", f"dualpipe needs an even pp >= 2, got {pp}")
+            raise ScheduleError(f"dualpipe needs an even pp >= 2, got {pp}", field="parallel.pp")
         if m % 2 or m < 2 * pp:
             raise ScheduleError(
-                "training.global_batch_size",
                 f"dualpipe needs an even number of micro-batches per pipeline m >= 2*pp = {2 * pp}, got "
                 f"m = {m}; m = global_batch_size / (micro_batch_size * dp)",
+                field="training.global_batch_size",
             )
 
 
@@ -167,7 +167,7 @@ def weight_copies(name: str) -> int:
     DeepSeek-V3 Table 2 lists "Parameter 2x". Activations are not duplicated —
     each micro-batch uses one copy. Every other schedule: 1."""
     if name not in SCHEDULES:
-        raise ScheduleError("schedule", f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}")
+        raise ScheduleError(f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}", field="schedule")
     return 2 if name == "dualpipe" else 1
 
 

@@ -12,12 +12,14 @@ from workloads.model import ModelSpec
 def _check_positive(**degrees: int) -> None:
     for name, v in degrees.items():
         if not isinstance(v, int) or v < 1:
-            raise WorkloadError(f"parallel.{name}", f"must be a positive integer, got {v!r}")
+            raise WorkloadError(f"must be a positive integer, got {v!r}", field=f"parallel.{name}")
 
 
 def _local_heads(model: ModelSpec, tp: int) -> int:
     if model.heads % tp:
-        raise WorkloadError("parallel.tp", f"{tp} does not divide the {model.heads} attention heads of {model.name!r}")
+        raise WorkloadError(
+            f"{tp} does not divide the {model.heads} attention heads of {model.name!r}", field="parallel.tp"
+        )
     return model.heads // tp
 
 
@@ -30,12 +32,14 @@ def _local_kv_heads(model: ModelSpec, tp: int) -> int:
         return kv // tp
     if tp % kv == 0:
         return 1
-    raise WorkloadError("parallel.tp", f"{tp} neither divides nor is a multiple of the {kv} KV heads of {model.name!r}")
+    raise WorkloadError(
+        f"{tp} neither divides nor is a multiple of the {kv} KV heads of {model.name!r}", field="parallel.tp"
+    )
 
 
 def _split(size: int, degree: int, what: str, field: str = "parallel.tp") -> int:
     if size % degree:
-        raise WorkloadError(field, f"{degree} does not divide {what} ({size})")
+        raise WorkloadError(f"{degree} does not divide {what} ({size})", field=field)
     return size // degree
 
 

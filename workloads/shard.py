@@ -48,8 +48,8 @@ class Shard:
         shapes._check_positive(tp=self.tp, cp=self.cp, ep=self.ep, etp=self.etp)
         if self.micro_batch_size < 1 or self.seq_len < 1:
             raise WorkloadError(
-                "training",
                 f"micro_batch_size and seq_len must be positive, got {self.micro_batch_size!r}, {self.seq_len!r}",
+                field="training",
             )
 
     @classmethod

@@ -200,7 +200,7 @@ class TrainingSpec:
     def __post_init__(self) -> None:
         if self.activation_saving not in ("none", "deepseek-v3"):
             raise WorkloadError(
-                "training.activation_saving", f"must be none or deepseek-v3, got {self.activation_saving!r}"
+                f"must be none or deepseek-v3, got {self.activation_saving!r}", field="training.activation_saving"
             )
         for name, allowed in (
             ("moe_gate_weighting", ("activation", "combine")),
@@ -213,29 +213,29 @@ class TrainingSpec:
         ):
             if getattr(self, name) not in allowed:
                 raise WorkloadError(
-                    f"training.{name}", f"must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                    f"must be one of {', '.join(allowed)}, got {getattr(self, name)!r}", field=f"training.{name}"
                 )
         for m in self.recompute_modules:
             if m not in RECOMPUTE_MODULES:
                 raise WorkloadError(
-                    "training.recompute_modules", f"{m!r} not allowed; choose from {', '.join(RECOMPUTE_MODULES)}"
+                    f"{m!r} not allowed; choose from {', '.join(RECOMPUTE_MODULES)}", field="training.recompute_modules"
                 )
         if self.recompute_modules and self.recompute != "selective":
             raise WorkloadError(
-                "training.recompute_modules",
                 "needs training.recompute: selective (Megatron-Core "
                 f"recomputes modules only under selective granularity), got {self.recompute!r}",
+                field="training.recompute_modules",
             )
         if self.distribute_saved_activations and self.recompute != "full":
             raise WorkloadError(
-                "training.distribute_saved_activations",
                 f"needs training.recompute: full (Megatron distributes only the inputs full recompute saves), "
                 f"got {self.recompute!r}",
+                field="training.distribute_saved_activations",
             )
         if self.activation_saving == "deepseek-v3" and self.dtype != "fp8":
             raise WorkloadError(
-                "training.activation_saving",
                 f"deepseek-v3 caches activations in FP8 and needs training.dtype: fp8, got {self.dtype}",
+                field="training.activation_saving",
             )
 
     @property
@@ -266,16 +266,16 @@ class TrainingSpec:
         per_replica, rem = divmod(self.global_batch_size, dp)
         if rem:
             raise WorkloadError(
-                "training.global_batch_size",
                 f"{self.global_batch_size} sequences do not split over "
                 f"dp = {dp} data-parallel replicas; use a multiple of {dp}",
+                field="training.global_batch_size",
             )
         m, rem = divmod(per_replica, self.micro_batch_size)
         if rem or m == 0:
             raise WorkloadError(
-                "training.micro_batch_size",
                 f"{self.micro_batch_size} does not divide the "
                 f"{per_replica} sequences of each data-parallel replica "
                 f"(global_batch_size {self.global_batch_size} / dp {dp})",
+                field="training.micro_batch_size",
             )
         return m

@@ -58,7 +58,7 @@ def cmd_run(args) -> int:
         check_output_dir(args.out, "--out")
     if args.perfetto:
         if args.out and Path(args.perfetto).resolve() == Path(args.out).resolve():
-            raise CliError(f"--perfetto: {args.perfetto} is the --out folder; give a file name", "--perfetto")
+            raise CliError(f"--perfetto: {args.perfetto} is the --out folder; give a file name", field="--perfetto")
         check_output_file(args.perfetto, "--perfetto", within=args.out)
     topology = None
     if args.topology:
@@ -328,7 +328,9 @@ def cmd_collective(args) -> int:
     if lo <= 0 or hi < lo:
         raise CliError(f"--min-bytes/--max-bytes: need 0 < min <= max, got {lo} and {hi}")
     if hi > limits.MAX_COLLECTIVE_BYTES:
-        raise CliError(f"--max-bytes: at most {limits.MAX_COLLECTIVE_BYTES:,} bytes (1 PiB), got {hi:,}", "--max-bytes")
+        raise CliError(
+            f"--max-bytes: at most {limits.MAX_COLLECTIVE_BYTES:,} bytes (1 PiB), got {hi:,}", field="--max-bytes"
+        )
     if args.plot:
         check_output_file(args.plot, "--plot")
     spec = _cluster_from_arg(args.cluster, args.devices)

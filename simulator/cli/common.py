@@ -112,7 +112,8 @@ def resolve_scenario_path(arg: str) -> Path:
     if arg in built:
         return built[arg]
     raise CliError(
-        f"scenario: no file {arg!r} and no built-in scenario of that name; built-in: {', '.join(built)}", "scenario"
+        f"scenario: no file {arg!r} and no built-in scenario of that name; built-in: {', '.join(built)}",
+        field="scenario",
     )
 
 

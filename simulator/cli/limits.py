@@ -30,14 +30,14 @@ def check_collective_work(op: str, n: int, sizes: int) -> None:
         raise CliError(
             f"--devices: an all-to-all over {n:,} devices is {per_size:,} transfers per message size, more "
             f"than the {MAX_COLLECTIVE_FLOWS_PER_SIZE:,} one command holds in memory; give fewer --devices",
-            "--devices",
+            field="--devices",
         )
     if per_size * sizes > MAX_COLLECTIVE_WORK:
         raise CliError(
             f"--devices: {op} over {n:,} devices at {sizes} message sizes is about {per_size * sizes:,.0f} "
             f"units of work, more than the {MAX_COLLECTIVE_WORK:,} (about 2 minutes) one command does; give "
             "fewer --devices or a narrower --min-bytes..--max-bytes",
-            "--devices",
+            field="--devices",
         )
 
 
@@ -53,6 +53,8 @@ def check_finite_summary(summary, path: Path) -> None:
             for i, v in enumerate(x):
                 walk(v, f"{key}[{i}]")
         elif isinstance(x, float) and not math.isfinite(x):
-            raise CliError(f"{path}: {key} is {x}, not a finite number; not the summary of a finished run", str(path))
+            raise CliError(
+                f"{path}: {key} is {x}, not a finite number; not the summary of a finished run", field=str(path)
+            )
 
     walk(summary, "")

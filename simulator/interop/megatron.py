@@ -76,7 +76,7 @@ class _Mapping:
         args = self.args
         for req in ("num-layers", "hidden-size", "num-attention-heads"):
             if args.get(req) is None:
-                raise ScenarioError(f"--{req}", "required: the model's shape is not complete without it")
+                raise ScenarioError("required: the model's shape is not complete without it", field=f"--{req}")
         layers, hidden, heads = (
             self.integer("num-layers"),
             self.integer("hidden-size"),
@@ -128,7 +128,7 @@ class _Mapping:
             )
         norm = str(args.get("normalization") or "LayerNorm")
         if norm not in ("LayerNorm", "RMSNorm"):
-            raise ScenarioError("--normalization", f"LayerNorm or RMSNorm, got {norm!r}")
+            raise ScenarioError(f"LayerNorm or RMSNorm, got {norm!r}", field="--normalization")
         model["norm"] = "rmsnorm" if norm == "RMSNorm" else "layernorm"
         if "normalization" in args:
             self.take("normalization", "model.norm", model["norm"])
@@ -158,9 +158,9 @@ class _Mapping:
             self.take("vocab-file", "model.vocab", f"{GPT2_VOCAB} (GPT-2 BPE)")
         else:
             raise ScenarioError(
-                "--vocab-size",
                 "the vocabulary size is not in the arguments (a tokenizer stepsim "
                 "cannot read): add --vocab-size N (or --padded-vocab-size N)",
+                field="--vocab-size",
             )
         model["vocab"] = -(-raw // multiple) * multiple
         self.assume(
@@ -186,9 +186,9 @@ class _Mapping:
         if shared:
             if shared % moe["expert_ffn_hidden"]:
                 raise ScenarioError(
-                    "--moe-shared-expert-intermediate-size",
                     f"{shared} is not a multiple of the expert FFN width {moe['expert_ffn_hidden']}; "
                     "stepsim counts shared experts of that width",
+                    field="--moe-shared-expert-intermediate-size",
                 )
             moe["shared_experts"] = shared // moe["expert_ffn_hidden"]
             self.take("moe-shared-expert-intermediate-size", "model.moe.shared_experts", moe["shared_experts"])
@@ -237,8 +237,8 @@ class _Mapping:
             per = self.integer("num-layers-per-virtual-pipeline-stage")
             if per <= 0 or layers % (pp * per):
                 raise ScenarioError(
-                    "--num-layers-per-virtual-pipeline-stage",
                     f"{layers} layers do not split into {pp} stages of chunks of {per}",
+                    field="--num-layers-per-virtual-pipeline-stage",
                 )
             vpp = layers // (pp * per)
             self.take("num-layers-per-virtual-pipeline-stage", "parallel.vpp", vpp)
@@ -255,11 +255,11 @@ class _Mapping:
         args = self.args
         seq_arg = "seq-length" if args.get("seq-length") is not None else "encoder-seq-length"
         if args.get(seq_arg) is None:
-            raise ScenarioError("--seq-length", "required: tokens per sequence")
+            raise ScenarioError("required: tokens per sequence", field="--seq-length")
         tr: dict = {"seq_len": self.integer(seq_arg)}
         self.take(seq_arg, "training.seq_len")
         if args.get("micro-batch-size") is None:
-            raise ScenarioError("--micro-batch-size", "required: sequences per micro-batch")
+            raise ScenarioError("required: sequences per micro-batch", field="--micro-batch-size")
         tr["micro_batch_size"] = self.integer("micro-batch-size")
         self.take("micro-batch-size", "training.micro_batch_size")
         if args.get("global-batch-size") is not None:
@@ -297,7 +297,7 @@ class _Mapping:
             )
             if graphs is None:
                 raise ScenarioError(
-                    "--cuda-graph-impl", f"none, local, transformer_engine or full_iteration, got {impl!r}"
+                    f"none, local, transformer_engine or full_iteration, got {impl!r}", field="--cuda-graph-impl"
                 )
             if "cuda-graph-impl" in args:
                 self.take("cuda-graph-impl", "training.cuda_graphs", graphs)
@@ -352,7 +352,7 @@ class _Mapping:
             self.take("recompute-activations", "training.recompute", "selective")
         elif gran is not None:
             if gran not in ("full", "selective"):
-                raise ScenarioError("--recompute-granularity", f"full or selective, got {gran!r}")
+                raise ScenarioError(f"full or selective, got {gran!r}", field="--recompute-granularity")
             recompute = gran
             self.take("recompute-granularity", "training.recompute", gran)
         elif args.get("recompute-method") is not None or "checkpoint-activations" in args:
@@ -439,9 +439,9 @@ class _Mapping:
             self.assume(f"cluster.devices = {n_dev}: tp x pp x cp x dp")
         else:
             raise ScenarioError(
-                "--devices",
                 "the arguments do not say how many GPUs ran: give --devices N (or "
                 "--data-parallel-size, or the torchrun line's --nnodes/--nproc-per-node)",
+                field="--devices",
             )
         return n_dev
 

@@ -8,13 +8,7 @@ from __future__ import annotations
 import shlex
 from typing import Optional
 
-
-def ScenarioError(field: str, message: str):  # noqa: N802 - stands for the class it returns
-    """A :class:`simulator.scenario.schema.ScenarioError`; the schema (pydantic) is imported only
-    when an error is raised, so that registering this command keeps ``stepsim --help`` light."""
-    from simulator.scenario.schema import ScenarioError as error
-
-    return error(field, message)
+from simulator.scenario.errors import ScenarioError
 
 
 # GPT-2's BPE vocabulary (Radford et al. 2019; gpt2-vocab.json, the file Megatron's GPT
@@ -184,7 +178,7 @@ def parse_arg_text(text: str) -> dict[str, Optional[str]]:
     try:
         tokens = shlex.split(joined, comments=True)
     except ValueError as err:
-        raise ScenarioError("args", f"cannot split the argument list ({err})") from None
+        raise ScenarioError(f"cannot split the argument list ({err})", field="args") from None
     out: dict[str, Optional[str]] = {}
     i = 0
     while i < len(tokens):
@@ -227,4 +221,4 @@ def arg_int(args: dict, name: str, default=None) -> Optional[int]:
     try:
         return int(str(v))
     except ValueError:
-        raise ScenarioError(f"--{name}", f"expected an integer, got {v!r}") from None
+        raise ScenarioError(f"expected an integer, got {v!r}", field=f"--{name}") from None

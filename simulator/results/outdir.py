@@ -58,7 +58,7 @@ def _nearest_existing(path: Path) -> Path:
 
 
 def _refuse(flag: str, path: Path, why: str) -> OutputPathError:
-    return OutputPathError(f"{flag}: {path}: {why}", flag)
+    return OutputPathError(f"{flag}: {path}: {why}", field=flag)
 
 
 def _check_parent(path: Path, flag: str) -> Path:
@@ -170,7 +170,7 @@ def _os_error(flag: str, path: Path, err: OSError) -> OutputPathError:
     what = err.strerror or str(err)
     if err.filename is not None and not _same_path(Path(str(err.filename)), path):
         what += f" ({Path(str(err.filename)).name})"
-    return OutputPathError(f"{flag}: {path}: cannot write: {what}", flag)
+    return OutputPathError(f"{flag}: {path}: cannot write: {what}", field=flag)
 
 
 @contextlib.contextmanager

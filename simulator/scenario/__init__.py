@@ -2,7 +2,8 @@
 validated, immutable value.
 
 * :mod:`.schema` — the pydantic models of the scenario file (``docs/scenario.md``) and how
-  their failures read (:class:`~.schema.ScenarioError`, the dotted key at fault first);
+  their failures read;
+* :mod:`.errors` — :class:`~.errors.ScenarioError`, the dotted key at fault first (no pydantic);
 * :mod:`.loading` — ``load_scenario``: reading YAML/JSON or a mapping, built-in scenario names;
 * :mod:`.resolve` — presets and overrides into the frozen specs of :mod:`workloads` and
   :mod:`topologies` that every later layer reads;

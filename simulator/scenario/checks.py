@@ -57,12 +57,12 @@ def check_size(
         return
     field = "model.layers" if model.layers >= m else "training.global_batch_size"
     raise ScenarioError(
-        field,
         f"the step would need about {n:,.0f} operations (~{n * BYTES_PER_ESTIMATED_OP / 1e9:.1f} GB): "
         f"{model.layers:,} layers x {m:,} micro-batches x {n_ranks:,} simulated ranks; the limit "
         f"is {MAX_ESTIMATED_OPS:,} (~{MAX_ESTIMATED_OPS * BYTES_PER_ESTIMATED_OP / 1e9:.0f} GB): "
         "use fewer layers, fewer micro-batches (a larger micro_batch_size) or, with --exact, "
         "fewer devices",
+        field=field,
     )
 
 
@@ -75,10 +75,10 @@ def check_work(model: ModelSpec, training: TrainingSpec, devices: int, peak_flop
     ideal_s = model_flops_per_step(model, training) / (devices * peak_flops_per_s)
     if ideal_s > MAX_IDEAL_COMPUTE_S:
         raise ScenarioError(
-            "training.global_batch_size",
             f"the step's {model_flops_per_step(model, training):.3g} model FLOPs would take {ideal_s:.3g} s at the "
             f"peak of {devices:,} devices; the limit is {MAX_IDEAL_COMPUTE_S:g} s: use fewer tokens per step "
             "(global_batch_size x seq_len), a smaller model or more devices",
+            field="training.global_batch_size",
         )
 
 
@@ -88,9 +88,9 @@ def check_context_parallel(layout: ParallelLayout, training: TrainingSpec) -> No
     Engine do): ``seq_len`` must be a multiple of ``2 * cp``."""
     if layout.cp > 1 and training.seq_len % (2 * layout.cp):
         raise ScenarioError(
-            "training.seq_len",
             f"must be a multiple of 2 * parallel.cp = {2 * layout.cp} (context parallelism cuts each sequence "
             f"into 2 * cp chunks), got {training.seq_len:,}",
+            field="training.seq_len",
         )
 
 
@@ -99,9 +99,9 @@ def check_step_time(step_time_s: float) -> None:
     bounded inputs do not produce one, so it is reported rather than summarised."""
     if not (0 <= step_time_s <= MAX_STEP_TIME_S):
         raise ScenarioError(
-            "step_time_s",
             f"the simulated step takes {step_time_s:.3g} s, outside 0..{MAX_STEP_TIME_S:g} s: the scenario's "
             "bandwidths, efficiencies or perturbations are outside any physical range",
+            field="step_time_s",
         )
 
 
@@ -111,7 +111,8 @@ def check_algorithms(algorithms: Mapping[str, str]) -> None:
     for op, alg in algorithms.items():
         if alg not in VALID_ALGORITHMS[op]:
             raise ScenarioError(
-                f"algorithms.{op}", f"unknown algorithm {alg!r} for {op}; allowed: {', '.join(VALID_ALGORITHMS[op])}"
+                f"unknown algorithm {alg!r} for {op}; allowed: {', '.join(VALID_ALGORITHMS[op])}",
+                field=f"algorithms.{op}",
             )
 
 
@@ -122,10 +123,10 @@ def check_moe_layout(model: ModelSpec, layout: ParallelLayout) -> None:
     has_moe_layer = model.moe is not None and model.moe.dense_layers < model.layers  # layer dense_layers is MoE
     if has_moe_layer and layout.tp > 1 and not layout.sequence_parallel:
         raise ScenarioError(
-            "parallel.sequence_parallel",
             "MoE layers with tp > 1 need sequence parallelism "
             "(Megatron-Core routes the sequence-parallel shard of "
             "tokens); set it to true or use tp: 1",
+            field="parallel.sequence_parallel",
         )
 
 
@@ -135,20 +136,20 @@ def check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
         return
     dense = f"the model {model.name!r} is dense (no model.moe)"
     if sc.parallel.ep > 1:
-        raise ScenarioError("parallel.ep", f"expert parallelism needs a MoE model; {dense}: use ep: 1")
+        raise ScenarioError(f"expert parallelism needs a MoE model; {dense}: use ep: 1", field="parallel.ep")
     if sc.parallel.etp > 1:
-        raise ScenarioError("parallel.etp", f"expert tensor parallelism needs a MoE model; {dense}: use etp: 1")
+        raise ScenarioError(f"expert tensor parallelism needs a MoE model; {dense}: use etp: 1", field="parallel.etp")
     if sc.training.balance != "aux-free":  # the default, which resolved scenarios spell out
         raise ScenarioError(
-            "training.balance",
             f"load balancing applies to MoE models only; {dense}: leave it out (got {sc.training.balance!r})",
+            field="training.balance",
         )
     if sc.training.expert_load is not None:
-        raise ScenarioError("training.expert_load", f"applies to MoE models only; {dense}: leave it out")
+        raise ScenarioError(f"applies to MoE models only; {dense}: leave it out", field="training.expert_load")
     if sc.training.moe_gate_weighting != "activation":  # the default
-        raise ScenarioError("training.moe_gate_weighting", f"applies to MoE models only; {dense}: leave it out")
+        raise ScenarioError(f"applies to MoE models only; {dense}: leave it out", field="training.moe_gate_weighting")
     if "moe_act" in (sc.training.recompute_modules or ()):
-        raise ScenarioError("training.recompute_modules", f"moe_act applies to MoE models only; {dense}")
+        raise ScenarioError(f"moe_act applies to MoE models only; {dense}", field="training.recompute_modules")
 
 
 def check_perturbations(perturbations: Sequence[PerturbationIn], devices: int) -> None:
@@ -157,15 +158,18 @@ def check_perturbations(perturbations: Sequence[PerturbationIn], devices: int) -
     for i, p in enumerate(perturbations):
         if p.devices is None and p.link is None:
             raise ScenarioError(
-                f"perturbations[{i}]", "needs 'devices' (with compute_scale) or 'link' (with bw_scale or failed: true)"
+                "needs 'devices' (with compute_scale) or 'link' (with bw_scale or failed: true)",
+                field=f"perturbations[{i}]",
             )
         for d in p.devices or []:
             if not 0 <= d < devices:
-                raise ScenarioError(f"perturbations[{i}].devices", f"device {d} outside 0..{devices - 1}")
+                raise ScenarioError(f"device {d} outside 0..{devices - 1}", field=f"perturbations[{i}].devices")
         if p.devices is not None and p.compute_scale is None:
-            raise ScenarioError(f"perturbations[{i}].compute_scale", "needed with 'devices' (e.g. 0.8 = 80% speed)")
+            raise ScenarioError(
+                "needed with 'devices' (e.g. 0.8 = 80% speed)", field=f"perturbations[{i}].compute_scale"
+            )
         if p.link is not None and p.bw_scale is None and not p.failed:
-            raise ScenarioError(f"perturbations[{i}]", "a link perturbation needs bw_scale or failed: true")
+            raise ScenarioError("a link perturbation needs bw_scale or failed: true", field=f"perturbations[{i}]")
 
 
 def check_network_algorithms(cal: NetCalIn) -> None:
@@ -175,6 +179,6 @@ def check_network_algorithms(cal: NetCalIn) -> None:
 
         if alg not in ALGORITHMS:
             raise ScenarioError(
-                f"network_calibration.algorithm_efficiency.{alg}",
                 f"unknown algorithm; allowed: {', '.join(ALGORITHMS)}",
+                field=f"network_calibration.algorithm_efficiency.{alg}",
             )

@@ -41,13 +41,13 @@ def read_mapping(path: Union[str, Path], what: str = "scenario") -> dict:
     try:
         data = load_file(p, what=f"{what} file")
     except InputFileError as err:
-        raise ScenarioError("", str(err)) from None
+        raise ScenarioError(str(err), field="") from None
     if not isinstance(data, dict):
         raise ScenarioError(
-            "",
             f"{p}: a {what} is a mapping with keys "
             f"{'model, cluster, parallel, schedule, training' if what == 'scenario' else 'name, base, grid, cases'}"
             f"; got {type(data).__name__}",
+            field="",
         )
     data.setdefault("name", p.stem)
     return data
@@ -72,7 +72,7 @@ def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
     elif isinstance(source, Mapping):
         data = dict(source)
     else:
-        raise ScenarioError("", f"expected a path or a mapping, got {type(source).__name__}")
+        raise ScenarioError(f"expected a path or a mapping, got {type(source).__name__}", field="")
     try:
         sc = ScenarioIn.model_validate(data)
     except ValidationError as err:

@@ -41,7 +41,7 @@ def resolve_model(spec: Union[str, dict], base_dir: Optional[Path]) -> ModelSpec
         from workloads.hf_config import model_from_hf_config
 
         if not isinstance(spec["hf_config"], str):
-            raise ScenarioError("model.hf_config", f"must be a path to a config.json, got {spec['hf_config']!r}")
+            raise ScenarioError(f"must be a path to a config.json, got {spec['hf_config']!r}", field="model.hf_config")
 
         path = Path(spec["hf_config"])
         if not path.is_absolute() and base_dir is not None:
@@ -49,7 +49,7 @@ def resolve_model(spec: Union[str, dict], base_dir: Optional[Path]) -> ModelSpec
         try:
             base = model_dict(model_from_hf_config(path, name=spec.get("name")))
         except (OSError, ValueError, KeyError) as err:
-            raise ScenarioError("model.hf_config", str(err)) from None
+            raise ScenarioError(str(err), field="model.hf_config") from None
     if spec.get("preset") is not None:
         base = model_dict(_preset_model(spec["preset"], field="model.preset"))
     merged = {**base, **{k: v for k, v in spec.items() if k not in ("preset", "hf_config")}}
@@ -71,13 +71,15 @@ def resolve_model(spec: Union[str, dict], base_dir: Optional[Path]) -> ModelSpec
             moe=MoESpec(**moe) if moe else None,
         )
     except (TypeError, ValueError) as err:
-        raise ScenarioError("model", str(err)) from None
+        raise ScenarioError(str(err), field="model") from None
     if model.heads % model.kv_heads:
-        raise ScenarioError("model.kv_heads", f"must divide heads ({model.heads}), got {model.kv_heads}")
+        raise ScenarioError(f"must divide heads ({model.heads}), got {model.kv_heads}", field="model.kv_heads")
     if model.moe and model.moe.top_k > model.moe.experts:
-        raise ScenarioError("model.moe.top_k", f"must be at most experts ({model.moe.experts}), got {model.moe.top_k}")
+        raise ScenarioError(
+            f"must be at most experts ({model.moe.experts}), got {model.moe.top_k}", field="model.moe.top_k"
+        )
     if model.moe and model.moe.dense_layers > model.layers:
-        raise ScenarioError("model.moe.dense_layers", f"must be at most layers ({model.layers})")
+        raise ScenarioError(f"must be at most layers ({model.layers})", field="model.moe.dense_layers")
     return model
 
 
@@ -85,7 +87,9 @@ def _preset_model(name: str, field: str = "model") -> ModelSpec:
     try:
         return get_model(name)
     except (KeyError, ValueError):
-        raise ScenarioError(field, f"unknown preset {name!r}; allowed: {', '.join(sorted(MODEL_PRESETS))}") from None
+        raise ScenarioError(
+            f"unknown preset {name!r}; allowed: {', '.join(sorted(MODEL_PRESETS))}", field=field
+        ) from None
 
 
 # ---- cluster -------------------------------------------------------------------------------
@@ -108,19 +112,19 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
     )
     for k in spec:
         if k not in allowed:
-            raise ScenarioError(f"cluster.{k}", f"unknown key; allowed: {', '.join(allowed)}")
+            raise ScenarioError(f"unknown key; allowed: {', '.join(allowed)}", field=f"cluster.{k}")
     devices = spec.get("devices")
     if devices is not None and (not isinstance(devices, int) or isinstance(devices, bool) or devices < 1):
-        raise ScenarioError("cluster.devices", f"must be an integer >= 1, got {devices!r}")
+        raise ScenarioError(f"must be an integer >= 1, got {devices!r}", field="cluster.devices")
     if devices is not None and devices > MAX_DEVICES:
-        raise ScenarioError("cluster.devices", f"at most {MAX_DEVICES:,} devices are supported, got {devices:,}")
+        raise ScenarioError(f"at most {MAX_DEVICES:,} devices are supported, got {devices:,}", field="cluster.devices")
     try:
         chip = _resolve_chip(spec.get("chip"))
         if spec.get("preset") is not None:
             if not isinstance(spec["preset"], str):
                 raise ScenarioError(
-                    "cluster.preset",
                     f"must be a preset name, got {spec['preset']!r}; allowed: {', '.join(sorted(CLUSTER_PRESETS))}",
+                    field="cluster.preset",
                 )
             over = {
                 k: spec[k]
@@ -132,12 +136,13 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
             return cluster_preset(spec["preset"], devices, **over)
         if chip is None:
             raise ScenarioError(
-                "cluster.chip", f"required without a preset; a chip preset ({', '.join(sorted(CHIPS))}) or a mapping"
+                f"required without a preset; a chip preset ({', '.join(sorted(CHIPS))}) or a mapping",
+                field="cluster.chip",
             )
         if "network" not in spec:
-            raise ScenarioError("cluster.network", "required without a preset (kind: torus | switched)")
+            raise ScenarioError("required without a preset (kind: torus | switched)", field="cluster.network")
         if devices is None:
-            raise ScenarioError("cluster.devices", "required without a preset")
+            raise ScenarioError("required without a preset", field="cluster.devices")
         network = _network(spec["network"])
         pods = _pods(spec.get("pods"))
         return ClusterSpec(
@@ -153,7 +158,7 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
     except TopologyError as err:
         raise ScenarioError.from_error(err, "cluster") from None
     except TypeError as err:
-        raise ScenarioError("cluster", str(err)) from None
+        raise ScenarioError(str(err), field="cluster") from None
 
 
 # Where each placement key lands in the cluster mapping (docs/scenario.md, "Placement").
@@ -177,8 +182,8 @@ def resolve_cluster(spec: Union[str, dict], placement=None) -> ClusterSpec:
             parent = child
         if path[-1] in parent and parent[path[-1]] != value:
             raise ScenarioError(
-                f"placement.{key}",
                 f"{value!r} differs from cluster.{'.'.join(path)} = {parent[path[-1]]!r}; give it in one place",
+                field=f"placement.{key}",
             )
         parent[path[-1]] = value
     try:
@@ -189,7 +194,7 @@ def resolve_cluster(spec: Union[str, dict], placement=None) -> ClusterSpec:
                 message = str(err).split(": ", 1)[-1]
                 if key == "tile" and message.startswith("unknown key"):
                     message = "applies to a torus (TPU slices); on a switched network use placement.devices_per_domain"
-                raise ScenarioError(f"placement.{key}", message) from None
+                raise ScenarioError(message, field=f"placement.{key}") from None
         raise
 
 
@@ -200,7 +205,9 @@ def _resolve_chip(chip) -> Optional[ChipSpec]:
         try:
             return get_chip(chip)
         except (KeyError, ValueError):
-            raise ScenarioError("cluster.chip", f"unknown chip {chip!r}; allowed: {', '.join(sorted(CHIPS))}") from None
+            raise ScenarioError(
+                f"unknown chip {chip!r}; allowed: {', '.join(sorted(CHIPS))}", field="cluster.chip"
+            ) from None
     if isinstance(chip, dict):
         base = {}
         if chip.get("preset") is not None:
@@ -226,23 +233,23 @@ def _resolve_chip(chip) -> Optional[ChipSpec]:
             family=c.family,
             source=c.source,
         )
-    raise ScenarioError("cluster.chip", f"a chip preset name or a mapping, got {chip!r}")
+    raise ScenarioError(f"a chip preset name or a mapping, got {chip!r}", field="cluster.chip")
 
 
 def _network(net) -> Union[TorusNetwork, SwitchedNetwork]:
     if not isinstance(net, dict):
-        raise ScenarioError("cluster.network", f"must be a mapping with a kind (torus | switched), got {net!r}")
+        raise ScenarioError(f"must be a mapping with a kind (torus | switched), got {net!r}", field="cluster.network")
     net = dict(net)
     kind = net.pop("kind", None)
     classes = {"torus": TorusNetwork, "switched": SwitchedNetwork}
     if kind not in classes:
-        raise ScenarioError("cluster.network.kind", f"must be one of torus, switched; got {kind!r}")
+        raise ScenarioError(f"must be one of torus, switched; got {kind!r}", field="cluster.network.kind")
     cls = classes[kind]
     allowed = [f.name for f in dataclasses.fields(cls)]
     for k in net:
         if k not in allowed:
             raise ScenarioError(
-                f"cluster.network.{k}", f"unknown key for a {kind} network; allowed: kind, {', '.join(allowed)}"
+                f"unknown key for a {kind} network; allowed: kind, {', '.join(allowed)}", field=f"cluster.network.{k}"
             )
     for k in ("shape", "wraparound", "tile"):
         if k in net and isinstance(net[k], list):
@@ -253,7 +260,7 @@ def _network(net) -> Union[TorusNetwork, SwitchedNetwork]:
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in net
     ]
     if missing:
-        raise ScenarioError(f"cluster.network.{missing[0]}", f"required for a {kind} network")
+        raise ScenarioError(f"required for a {kind} network", field=f"cluster.network.{missing[0]}")
     return cls(**net)
 
 
@@ -261,13 +268,13 @@ def _pods(p) -> Optional[PodsSpec]:
     if p is None:
         return None
     if not isinstance(p, dict):
-        raise ScenarioError("cluster.pods", f"must be a mapping {{count, dcn_bw_bytes_per_s}}, got {p!r}")
+        raise ScenarioError(f"must be a mapping {{count, dcn_bw_bytes_per_s}}, got {p!r}", field="cluster.pods")
     allowed = [f.name for f in dataclasses.fields(PodsSpec)]
     for k in p:
         if k not in allowed:
-            raise ScenarioError(f"cluster.pods.{k}", f"unknown key; allowed: {', '.join(allowed)}")
+            raise ScenarioError(f"unknown key; allowed: {', '.join(allowed)}", field=f"cluster.pods.{k}")
     if "count" not in p or "dcn_bw_bytes_per_s" not in p:
-        raise ScenarioError("cluster.pods", "needs count and dcn_bw_bytes_per_s")
+        raise ScenarioError("needs count and dcn_bw_bytes_per_s", field="cluster.pods")
     return PodsSpec(**p)
 
 
@@ -280,13 +287,13 @@ def resolve_layout(p: ParallelIn, devices: int) -> ParallelLayout:
     if dp is None:
         if devices % model_par:
             raise ScenarioError(
-                "parallel", f"tp*cp*pp = {p.tp}*{p.cp}*{p.pp} = {model_par} does not divide the {devices} devices"
+                f"tp*cp*pp = {p.tp}*{p.cp}*{p.pp} = {model_par} does not divide the {devices} devices", field="parallel"
             )
         dp = devices // model_par
     if model_par * dp != devices:
         raise ScenarioError(
-            "parallel",
             f"tp*cp*pp*dp = {p.tp}*{p.cp}*{p.pp}*{dp} = {model_par * dp} must equal cluster.devices = {devices}",
+            field="parallel",
         )
     order = tuple(x.strip() for x in p.order.split("-"))
     try:

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from simulator.errors import StepsimError
+from simulator.scenario.errors import ScenarioError
 from simulator.network.calibration import LINK_KINDS
 from topologies.chips import (
     FAMILIES,
@@ -32,13 +32,6 @@ from workloads.layout import EXPERT_MAPPINGS, ORDER_AXES, ParallelLayout
 from workloads.model import MLASpec, ModelSpec, MoESpec
 from workloads.moe_load import ExpertLoad
 from workloads.training import TrainingSpec
-
-
-class ScenarioError(StepsimError):
-    """A scenario that cannot be simulated; ``field`` is the dotted key at fault."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}" if field else message, field)
 
 
 class _Strict(BaseModel):
@@ -333,7 +326,7 @@ def error_from_pydantic(err: ValidationError, prefix: str) -> ScenarioError:
     if e["type"] not in ("missing", "extra_forbidden") and not isinstance(got, (dict, list)):
         shown = repr(got)
         msg += f" (got {shown if len(shown) <= 80 else shown[:60] + f'... ({len(shown):,} characters)'})"
-    return ScenarioError(field, msg)
+    return ScenarioError(msg, field=field)
 
 
 def _allowed_keys(err: ValidationError, e) -> list[str]:

@@ -41,7 +41,7 @@ def compare_schedules(scenario, schedules: Sequence[str] = SCHEDULES, vpp: int =
     rows, results = [], {}
     for name in schedules:
         if name not in SCHEDULES:
-            raise ScenarioError("schedules", f"unknown schedule {name!r}; allowed: {', '.join(SCHEDULES)}")
+            raise ScenarioError(f"unknown schedule {name!r}; allowed: {', '.join(SCHEDULES)}", field="schedules")
         sc = copy.deepcopy(base)
         sc["schedule"] = name
         par = dict(sc.get("parallel") or {})

@@ -62,7 +62,7 @@ class MapSpec:
 
 def _pos_int(v, field: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ScenarioError(field, f"must be a positive integer, got {v!r}")
+        raise ScenarioError(f"must be a positive integer, got {v!r}", field=field)
     return v
 
 
@@ -71,27 +71,27 @@ def load_map(spec: Union[str, Path, Mapping]) -> MapSpec:
     data = read_mapping(spec, what="map") if isinstance(spec, (str, Path)) else dict(spec)
     for k in data:
         if k not in MAP_KEYS:
-            raise ScenarioError(k, f"unknown map key; allowed: {', '.join(MAP_KEYS)}")
+            raise ScenarioError(f"unknown map key; allowed: {', '.join(MAP_KEYS)}", field=k)
     devices = _pos_int(data.get("devices"), "devices")
     models = data.get("models")
     if not isinstance(models, list) or not models:
-        raise ScenarioError("models", "a non-empty list of model presets or mappings")
+        raise ScenarioError("a non-empty list of model presets or mappings", field="models")
     training = {**TRAINING_DEFAULTS, **(data.get("training") or {})}
     grid = data.get("grid") or {}
     systems = data.get("systems") or {}
     if not grid and not systems:
-        raise ScenarioError("grid", "a map needs a grid and/or systems")
+        raise ScenarioError("a map needs a grid and/or systems", field="grid")
     doms = tuple(_pos_int(d, "grid.domain_sizes") for d in grid.get("domain_sizes", ())) if grid else ()
     for d in doms:
         if devices % d:
-            raise ScenarioError("grid.domain_sizes", f"{d} does not divide devices = {devices}")
+            raise ScenarioError(f"{d} does not divide devices = {devices}", field="grid.domain_sizes")
     nics = tuple(float(x) for x in grid.get("nic_gbps", ())) if grid else ()
     if grid and (not doms or not nics or any(x <= 0 for x in nics)):
-        raise ScenarioError("grid", "needs non-empty domain_sizes and positive nic_gbps")
+        raise ScenarioError("needs non-empty domain_sizes and positive nic_gbps", field="grid")
     if not isinstance(systems, Mapping) or any(
         not isinstance(v, Mapping) or "cluster" not in v for v in systems.values()
     ):
-        raise ScenarioError("systems", "a mapping of label -> {cluster: ..., training: ...}")
+        raise ScenarioError("a mapping of label -> {cluster: ..., training: ...}", field="systems")
     s = dict(data.get("search") or {})
     pp_degrees = s.pop("pp", None)
     nopp_mbs = tuple(_pos_int(b, "search.nopp_micro_batch_sizes") for b in s.pop("nopp_micro_batch_sizes", ()))
@@ -104,16 +104,16 @@ def load_map(spec: Union[str, Path, Mapping]) -> MapSpec:
     try:
         bounds = SearchBounds(**s)
     except TypeError as err:
-        raise ScenarioError("search", str(err)) from None
+        raise ScenarioError(str(err), field="search") from None
     sim = data.get("simulate") or {}
     if not isinstance(sim, Mapping) or set(sim) - {"with_pp", "without_pp", "adaptive"}:
-        raise ScenarioError("simulate", "a mapping of adaptive (true/false), with_pp, without_pp")
+        raise ScenarioError("a mapping of adaptive (true/false), with_pp, without_pp", field="simulate")
     adaptive = sim.get("adaptive", "with_pp" not in sim and "without_pp" not in sim)
     if not isinstance(adaptive, bool):
-        raise ScenarioError("simulate.adaptive", f"must be true or false, got {adaptive!r}")
+        raise ScenarioError(f"must be true or false, got {adaptive!r}", field="simulate.adaptive")
     marks = data.get("marks") or {}
     if not isinstance(marks, Mapping) or any(not isinstance(v, list) or len(v) != 2 for v in marks.values()):
-        raise ScenarioError("marks", "a mapping of label -> [domain size, NIC GB/s]")
+        raise ScenarioError("a mapping of label -> [domain size, NIC GB/s]", field="marks")
     return MapSpec(
         marks=tuple((str(k), int(v[0]), float(v[1])) for k, v in marks.items()),
         name=str(data.get("name") or "ppmap"),

@@ -258,7 +258,7 @@ def _base_mapping(scenario) -> dict:
         return absolutise(read_mapping(scenario), Path(scenario).resolve().parent)
     if isinstance(scenario, Mapping):
         return copy.deepcopy(dict(scenario))
-    raise ScenarioError("", f"expected a scenario path or mapping, got {type(scenario).__name__}")
+    raise ScenarioError(f"expected a scenario path or mapping, got {type(scenario).__name__}", field="")
 
 
 def _screen(base: dict, sc0, bounds: SearchBounds) -> tuple[list, list]:

@@ -82,33 +82,33 @@ class SearchBounds:
         for name in ("max_tp", "max_pp", "max_ep", "max_candidates"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ScenarioError(f"bounds.{name}", f"must be a positive integer or None, got {v!r}")
+                raise ScenarioError(f"must be a positive integer or None, got {v!r}", field=f"bounds.{name}")
         for name in ("max_cp", "max_vpp"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ScenarioError(f"bounds.{name}", f"must be a positive integer, got {v!r}")
+                raise ScenarioError(f"must be a positive integer, got {v!r}", field=f"bounds.{name}")
         m = self.estimate_margin
         if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not m >= 0):
-            raise ScenarioError("bounds.estimate_margin", f"must be a number >= 0 or None, got {m!r}")
+            raise ScenarioError(f"must be a number >= 0 or None, got {m!r}", field="bounds.estimate_margin")
         if not self.schedules or any(s not in sched.SCHEDULES for s in self.schedules):
             raise ScenarioError(
-                "bounds.schedules",
                 f"must be a non-empty list of {', '.join(sched.SCHEDULES)}; got {list(self.schedules)}",
+                field="bounds.schedules",
             )
         if self.zero is not None and (not self.zero or any(z not in (0, 1, 2, 3) for z in self.zero)):
-            raise ScenarioError("bounds.zero", f"must be a non-empty list of 0, 1, 2, 3; got {list(self.zero)}")
+            raise ScenarioError(f"must be a non-empty list of 0, 1, 2, 3; got {list(self.zero)}", field="bounds.zero")
         if self.micro_batch_sizes is not None and (
             not self.micro_batch_sizes
             or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.micro_batch_sizes)
         ):
             raise ScenarioError(
-                "bounds.micro_batch_sizes",
                 f"must be a non-empty list of positive integers; got {list(self.micro_batch_sizes)}",
+                field="bounds.micro_batch_sizes",
             )
         if not self.recompute or any(r not in memory.RECOMPUTE_MODES for r in self.recompute):
             raise ScenarioError(
-                "bounds.recompute",
                 f"must be a non-empty list of {', '.join(memory.RECOMPUTE_MODES)}; got {list(self.recompute)}",
+                field="bounds.recompute",
             )
 
 

@@ -406,10 +406,10 @@ def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None, position: in
     n_est = estimated_ops(w, len(sim_ranks))
     if n_est > MAX_TRACE_OPS:
         raise WorkloadError(
-            "training.global_batch_size",
             f"the step would need about {n_est:,.0f} operations "
             f"({b.m} micro-batches x {w.model.layers} layers over {len(sim_ranks)} simulated ranks); "
             f"the limit is {MAX_TRACE_OPS:,}: use fewer micro-batches (larger micro_batch_size) or fewer layers",
+            field="training.global_batch_size",
         )
     for r in sim_ranks:
         if not 0 <= r < L.world:

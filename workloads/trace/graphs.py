@@ -39,9 +39,9 @@ def apply_cuda_graphs(ops: list[Op], mode: str, shared_overlap: bool) -> None:
         sync = next((op for op in ops if op.host_sync), None)
         if sync is not None:
             raise WorkloadError(
-                "training.cuda_graphs",
                 f"full needs a sync-free MoE dispatcher: op {sync.name} blocks the host on the token "
                 "counts (set training.moe_host_sync: false, as with experts padded to capacity)",
+                field="training.cuda_graphs",
             )
         first: set[int] = set()
         for op in ops:
@@ -52,7 +52,7 @@ def apply_cuda_graphs(ops: list[Op], mode: str, shared_overlap: bool) -> None:
                 op.launches = 0
         return
     if mode != "per-layer":
-        raise WorkloadError("training.cuda_graphs", f"must be none, per-layer or full, got {mode!r}")
+        raise WorkloadError(f"must be none, per-layer or full, got {mode!r}", field="training.cuda_graphs")
     eager_parts = _AFTER_SYNC + ((".shared",) if shared_overlap else ())
     synced = {(op.rank, op.layer) for op in ops if op.host_sync}
     last: dict[int, tuple] = {}  # rank -> the graph its previous captured op belonged to

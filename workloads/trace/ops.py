@@ -17,7 +17,6 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from stepsim_errors import StepsimError
 from workloads.counts import Kernel
 from workloads.errors import WorkloadError
 
@@ -40,9 +39,6 @@ MEMORY_CATEGORIES = ("weights", "gradients", "optimizer", "activations", "buffer
 
 class TraceError(WorkloadError):
     """A trace that cannot be executed (cycle, dangling dependency, bad field)."""
-
-    def __init__(self, message: str, field: Optional[str] = None) -> None:
-        StepsimError.__init__(self, message, field)
 
 
 @dataclass(eq=False, slots=True)

@@ -54,11 +54,13 @@ class WorkerLostError(StudyError):
     """A worker process died (killed, or out of memory) mid-sweep: not a bug in the sweep, and
     not lost work — the rows finished so far are saved and the same sweep resumes."""
 
-    def __init__(self) -> None:
-        super().__init__(
-            "executor: a worker process died (killed, or out of memory); the rows finished so far are saved - "
-            "run the same sweep again to resume (with jobs=1 to find the case at fault)"
-        )
+    MESSAGE = (
+        "executor: a worker process died (killed, or out of memory); the rows finished so far are saved - "
+        "run the same sweep again to resume (with jobs=1 to find the case at fault)"
+    )
+
+    def __init__(self, message: str = MESSAGE, *, field: Optional[str] = None) -> None:
+        super().__init__(message, field=field)
 
 
 def _check_version(version, who: str) -> None:

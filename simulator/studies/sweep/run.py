@@ -225,13 +225,13 @@ def _nothing_to_run(exp) -> ScenarioError:
     """The error for a sweep that keeps no case: what left them out (``where``, ``skip_invalid``)."""
     total = exp.filtered + len(exp.skipped)
     if not exp.skipped:
-        return ScenarioError("where", f"keeps none of the sweep's {total} cases; nothing to run")
+        return ScenarioError(f"keeps none of the sweep's {total} cases; nothing to run", field="where")
     first = exp.skipped[0]["reason"]
     if not exp.filtered:
         return ScenarioError(
-            "skip_invalid", f"all {total} cases of the sweep are invalid and were left out (the first: {first})"
+            f"all {total} cases of the sweep are invalid and were left out (the first: {first})", field="skip_invalid"
         )
     return ScenarioError(
-        "where",
         f"no case left to run: where left out {exp.filtered} and skip_invalid {len(exp.skipped)} (the first: {first})",
+        field="where",
     )

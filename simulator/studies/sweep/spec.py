@@ -60,7 +60,7 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
     grid_rows = _grid_rows(data)
     case_rows = _case_rows(data)
     if data.get("grid") is None and data.get("cases") is None:
-        raise ScenarioError("grid", "a sweep needs 'grid' and/or 'cases'")
+        raise ScenarioError("a sweep needs 'grid' and/or 'cases'", field="grid")
     assignments = tuple({**c, **g} for c in case_rows for g in grid_rows)
     axes: dict[str, None] = {}
     for a in assignments:
@@ -69,10 +69,10 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
     where = _where_list(data)
     skip = data.get("skip_invalid", False)
     if not isinstance(skip, bool):
-        raise ScenarioError("skip_invalid", f"must be true or false, got {skip!r}")
+        raise ScenarioError(f"must be true or false, got {skip!r}", field="skip_invalid")
     name = str(data.get("name") or default_name)
     if len(name) > MAX_NAME_CHARS:
-        raise ScenarioError("name", f"at most {MAX_NAME_CHARS} characters, got {len(name):,}")
+        raise ScenarioError(f"at most {MAX_NAME_CHARS} characters, got {len(name):,}", field="name")
     return SweepSpec(
         name=name,
         base=base,
@@ -97,10 +97,10 @@ def _read_sweep(spec_or_path) -> tuple[dict, Optional[Path], str]:
         data = dict(spec_or_path)
         default_name = "sweep"
     else:
-        raise ScenarioError("", f"a sweep is a path or a mapping, got {type(spec_or_path).__name__}")
+        raise ScenarioError(f"a sweep is a path or a mapping, got {type(spec_or_path).__name__}", field="")
     for k in data:
         if k not in SWEEP_KEYS:
-            raise ScenarioError(k, f"unknown sweep key; allowed: {', '.join(SWEEP_KEYS)}")
+            raise ScenarioError(f"unknown sweep key; allowed: {', '.join(SWEEP_KEYS)}", field=k)
     return data, sweep_dir, default_name
 
 
@@ -110,18 +110,18 @@ def _load_base(
     """The base scenario mapping (read from its file when a path) and the folder its relative
     paths are resolved in; a base naming the sweep file itself is refused."""
     if "base" not in data:
-        raise ScenarioError("base", "required: a scenario path (relative to the sweep file) or mapping")
+        raise ScenarioError("required: a scenario path (relative to the sweep file) or mapping", field="base")
     base, base_dir = data["base"], sweep_dir
     if isinstance(base, str):
         p = Path(base)
         if not p.is_absolute() and sweep_dir is not None:
             p = sweep_dir / p
         if sweep_file is not None and _same_file(p, sweep_file):
-            raise ScenarioError("base", f"names the sweep file itself ({base}); give a scenario file or mapping")
+            raise ScenarioError(f"names the sweep file itself ({base}); give a scenario file or mapping", field="base")
         base = read_mapping(p)
         base_dir = p.resolve().parent
     elif not isinstance(base, Mapping):
-        raise ScenarioError("base", f"must be a scenario path or mapping, got {type(base).__name__}")
+        raise ScenarioError(f"must be a scenario path or mapping, got {type(base).__name__}", field="base")
     return copy.deepcopy(dict(base)), base_dir
 
 
@@ -139,22 +139,22 @@ def _grid_rows(data: Mapping) -> list[dict]:
     if grid is None:
         return [{}]
     if not isinstance(grid, Mapping) or not grid:
-        raise ScenarioError("grid", "must be a non-empty mapping of dotted scenario keys to value lists")
+        raise ScenarioError("must be a non-empty mapping of dotted scenario keys to value lists", field="grid")
     for k, v in grid.items():
         _check_axis_key(k, "grid")
         if not isinstance(v, list) or not v:
-            raise ScenarioError(f"grid.{k}", f"must be a non-empty list of values, got {v!r}")
+            raise ScenarioError(f"must be a non-empty list of values, got {v!r}", field=f"grid.{k}")
     keys = list(grid)
     n_grid = math.prod(len(grid[k]) for k in keys) * (
         len(data["cases"]) if isinstance(data.get("cases"), list) and data["cases"] else 1
     )
     if n_grid > MAX_SWEEP_CASES:
         raise ScenarioError(
-            "grid",
             f"the sweep would have {n_grid:,} cases "
             f"({' x '.join(str(len(grid[k])) for k in keys)}"
             f"{' x cases' if data.get('cases') else ''}); the limit is "
             f"{MAX_SWEEP_CASES:,}: split it or use `where`",
+            field="grid",
         )
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
@@ -165,15 +165,15 @@ def _case_rows(data: Mapping) -> list[dict]:
     if cases is None:
         return [{}]
     if not isinstance(cases, list) or not cases:
-        raise ScenarioError("cases", "must be a non-empty list of mappings {dotted key: value}")
+        raise ScenarioError("must be a non-empty list of mappings {dotted key: value}", field="cases")
     if len(cases) > MAX_SWEEP_CASES:
         raise ScenarioError(
-            "cases", f"{len(cases):,} cases; the limit is {MAX_SWEEP_CASES:,}: split the sweep into several files"
+            f"{len(cases):,} cases; the limit is {MAX_SWEEP_CASES:,}: split the sweep into several files", field="cases"
         )
     case_rows = []
     for i, c in enumerate(cases):
         if not isinstance(c, Mapping):
-            raise ScenarioError(f"cases[{i}]", f"must be a mapping of dotted keys to values, got {c!r}")
+            raise ScenarioError(f"must be a mapping of dotted keys to values, got {c!r}", field=f"cases[{i}]")
         for k in c:
             _check_axis_key(k, f"cases[{i}]")
         case_rows.append(dict(c))
@@ -186,7 +186,7 @@ def _where_list(data: Mapping) -> list[str]:
     if isinstance(where, str):
         where = [where]
     if not isinstance(where, list) or not all(isinstance(w, str) for w in where):
-        raise ScenarioError("where", f"must be an expression or a list of expressions, got {where!r}")
+        raise ScenarioError(f"must be an expression or a list of expressions, got {where!r}", field="where")
     for i, w in enumerate(where):
         _parse_where(w, f"where[{i}]")
     return where
@@ -194,14 +194,14 @@ def _where_list(data: Mapping) -> list[str]:
 
 def _check_axis_key(k, where: str) -> None:
     if not isinstance(k, str) or not k or any(not part for part in k.split(".")):
-        raise ScenarioError(where, f"axis keys are dotted scenario keys such as parallel.pp, got {k!r}")
+        raise ScenarioError(f"axis keys are dotted scenario keys such as parallel.pp, got {k!r}", field=where)
     node = scenario_key_tree()
     parts = k.split(".")
     for i, part in enumerate(parts):
         if not isinstance(node, dict) or part not in node:
             prefix = ".".join(parts[:i])
             if not isinstance(node, dict):
-                raise ScenarioError(f"{where}.{k}", f"{prefix} takes a value, not keys inside it")
+                raise ScenarioError(f"{prefix} takes a value, not keys inside it", field=f"{where}.{k}")
             sibling = difflib.get_close_matches(part, sorted(node), n=1, cutoff=0.5)
             if sibling:
                 close = ".".join(parts[:i] + sibling)
@@ -211,9 +211,9 @@ def _check_axis_key(k, where: str) -> None:
                 )
             hint = f" (did you mean {close}?)" if close else ""
             raise ScenarioError(
-                f"{where}.{k}",
                 f"no scenario key {part!r} in {prefix or 'the scenario'}{hint}; "
                 f"allowed there: {', '.join(sorted(node))}",
+                field=f"{where}.{k}",
             )
         node = node[part]
 
@@ -287,7 +287,7 @@ def set_dotted(mapping: Mapping, key: str, value: Any) -> dict:
         elif isinstance(nxt, str):
             nxt = {"preset": nxt}
         elif not isinstance(nxt, dict):
-            raise ScenarioError(key, f"cannot set a key inside {'.'.join(parts[: i + 1])} = {nxt!r}")
+            raise ScenarioError(f"cannot set a key inside {'.'.join(parts[: i + 1])} = {nxt!r}", field=key)
         node[part] = nxt = dict(nxt)
         node = nxt
     node[parts[-1]] = copy.deepcopy(value)
@@ -336,7 +336,7 @@ def _parse_where(expr: str, field: str) -> ast.Expression:
     try:
         tree = ast.parse(expr, mode="eval")
     except SyntaxError as err:
-        raise ScenarioError(field, f"not a valid expression {expr!r}: {err.msg}") from None
+        raise ScenarioError(f"not a valid expression {expr!r}: {err.msg}", field=field) from None
     for node in ast.walk(tree):
         ok = (
             isinstance(
@@ -365,9 +365,9 @@ def _parse_where(expr: str, field: str) -> ast.Expression:
         )
         if not ok:
             raise ScenarioError(
-                field,
                 f"{type(node).__name__} not allowed in {expr!r}; use literals, dotted keys, "
                 "arithmetic, comparisons, and/or/not",
+                field=field,
             )
     return tree
 
@@ -393,11 +393,11 @@ def eval_where(expr: str, lookup, field: str = "where") -> bool:
         if isinstance(node, (ast.Name, ast.Attribute)):
             name = _dotted_name(node)
             if name is None:
-                raise ScenarioError(field, f"only dotted keys may be looked up in {expr!r}")
+                raise ScenarioError(f"only dotted keys may be looked up in {expr!r}", field=field)
             try:
                 return lookup(name)
             except KeyError:
-                raise ScenarioError(field, f"unknown key {name!r} in {expr!r}") from None
+                raise ScenarioError(f"unknown key {name!r} in {expr!r}", field=field) from None
         if isinstance(node, (ast.List, ast.Tuple)):
             return [ev(e) for e in node.elts]
         if isinstance(node, ast.BoolOp):
@@ -416,11 +416,11 @@ def eval_where(expr: str, lookup, field: str = "where") -> bool:
                     return False
                 left = right
             return True
-        raise ScenarioError(field, f"{type(node).__name__} not allowed in {expr!r}")  # pragma: no cover
+        raise ScenarioError(f"{type(node).__name__} not allowed in {expr!r}", field=field)  # pragma: no cover
 
     try:
         return bool(ev(tree))
     except ScenarioError:
         raise
     except (TypeError, ZeroDivisionError, ValueError) as err:
-        raise ScenarioError(field, f"cannot evaluate {expr!r}: {err}") from None
+        raise ScenarioError(f"cannot evaluate {expr!r}: {err}", field=field) from None
