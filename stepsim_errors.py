@@ -28,8 +28,6 @@ one-line message; anything else is an internal error (exit 1).
 
 from __future__ import annotations
 
-from typing import Optional
-
 
 class StepsimError(ValueError):
     """Bad input: one line that names what is at fault and what is allowed.
@@ -40,7 +38,7 @@ class StepsimError(ValueError):
     :class:`ValueError`, so that code catching ``ValueError`` keeps working.
     """
 
-    def __init__(self, message: str, *, field: Optional[str] = None) -> None:
+    def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(_one_line(message))
         self.field = _one_line(field) if field else field
 
@@ -53,7 +51,7 @@ class StepsimError(ValueError):
         return message[len(head) :] if head and message.startswith(head) else message
 
     @classmethod
-    def from_error(cls, err: StepsimError, field: Optional[str] = None):
+    def from_error(cls, err: StepsimError, field: str | None = None):
         """``err`` as this class: the same field (``field`` when ``err`` names none) and
         message, which starts with the field."""
         name = err.field or field
@@ -75,7 +73,7 @@ def _one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _restore(cls: type, message: str, field: Optional[str]) -> StepsimError:
+def _restore(cls: type, message: str, field: str | None) -> StepsimError:
     out = cls.__new__(cls)
     StepsimError.__init__(out, message, field=field)
     return out

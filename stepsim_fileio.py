@@ -34,7 +34,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 import yaml
 
@@ -49,7 +49,7 @@ MAX_JSON_DEPTH = 64
 class InputFileError(StepsimError):
     """An input file that cannot be read as what it should be; ``field`` names the file."""
 
-    def __init__(self, message: str, *, path: Union[str, Path], field: Optional[str] = None) -> None:
+    def __init__(self, message: str, *, path: str | Path, field: str | None = None) -> None:
         self.path = str(path)
         super().__init__(f"{path}: {message}", field=field)
 
@@ -67,7 +67,7 @@ _NOT_REGULAR = (
 )
 
 
-def check_regular_file(path: Union[str, Path], what: str = "file") -> None:
+def check_regular_file(path: str | Path, what: str = "file") -> None:
     """Refuse, naming ``path``, anything but a regular file (or a link to one): a missing
     file, a broken link, a symbolic-link loop, a directory, a FIFO, a device or a socket.
     Checked before opening, so a FIFO never blocks and ``/dev/zero`` is never read."""
@@ -92,7 +92,7 @@ def check_regular_file(path: Union[str, Path], what: str = "file") -> None:
             raise InputFileError(f"is {kind}, not a regular file; a {what} must be a regular file", path=p)
 
 
-def read_bytes(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "file") -> bytes:
+def read_bytes(path: str | Path, limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "file") -> bytes:
     """At most ``limit_bytes`` of the regular file ``path`` (gunzipped when it ends in
     ``.gz``); larger, or not a regular file (:func:`check_regular_file`), is refused."""
     p = Path(path)
@@ -110,7 +110,7 @@ def read_bytes(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, w
     return data
 
 
-def read_text(path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "file") -> str:
+def read_text(path: str | Path, limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "file") -> str:
     """The UTF-8 text of ``path`` (see :func:`read_bytes`); binary input is refused naming the file."""
     data = read_bytes(path, limit_bytes, what)
     wide = _utf16_or_32(data)
@@ -318,7 +318,7 @@ def _depth(obj, level: int = 1) -> int:
 
 
 def load_file(
-    path: Union[str, Path], limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "file", fmt: Optional[str] = None
+    path: str | Path, limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "file", fmt: str | None = None
 ) -> Any:
     """Read and parse ``path``: JSON for ``.json`` / ``.json.gz`` (or ``fmt='json'``), else YAML."""
     p = Path(path)

@@ -41,8 +41,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as a plain script from anywhere
     sys.path.append(ROOT)
 
-from simulator.network.collectives import plan_collective, run_collective  # noqa: E402
 from simulator.network.calibration import default_calibration  # noqa: E402
+from simulator.network.collectives import plan_collective, run_collective  # noqa: E402
 from simulator.network.flows import FlowNetwork, Transfer  # noqa: E402
 from topologies.presets import build_cluster, cluster_preset  # noqa: E402
 

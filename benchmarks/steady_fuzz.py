@@ -14,7 +14,6 @@ import argparse
 import copy
 import random
 import sys
-
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' small models

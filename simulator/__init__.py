@@ -26,9 +26,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from simulator.version import __version__
 from simulator.results.result import Result
 from simulator.simulate import simulate
+from simulator.version import __version__
 
 __all__ = ["simulate", "load_scenario", "Scenario", "ScenarioError", "Result", "__version__"]
 

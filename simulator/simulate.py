@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Optional, Union
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simulator.version import __version__
 from simulator.results.result import PER_STAGE_COLUMNS, SCHEMA_VERSION, Columns, Result, memory_columns
+from simulator.version import __version__
 from workloads.trace.ops import MEMORY_CATEGORIES
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
@@ -24,11 +25,11 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only
 
 
 def simulate(
-    scenario: Union[Scenario, str, Path, Mapping],
+    scenario: Scenario | str | Path | Mapping,
     exact: bool = False,
-    topology: Optional[Topology] = None,
+    topology: Topology | None = None,
     trace=None,
-    progress: Optional[bool] = False,
+    progress: bool | None = False,
     twin_quotient: bool = True,
     chain_ops: bool = True,
     private_phases: bool = True,
@@ -95,7 +96,7 @@ def simulate(
             gc.enable()
 
 
-def _simulate(scenario, exact, topology, trace, progress, engine_options: Optional[Mapping] = None) -> Result:
+def _simulate(scenario, exact, topology, trace, progress, engine_options: Mapping | None = None) -> Result:
     t0 = _load_engine()
     sc, topo, trace, raw, mem = _run(scenario, exact, topology, trace, progress, engine_options)
     summary, per_stage = _summarise(sc, trace, raw, mem, topo)
@@ -127,7 +128,7 @@ def _load_engine() -> float:
     return time.perf_counter()
 
 
-def _run(scenario, exact, topology, trace, progress, engine_options: Optional[Mapping] = None):
+def _run(scenario, exact, topology, trace, progress, engine_options: Mapping | None = None):
     """Load, build and run one step: ``(scenario, topology, trace, raw run, memory columns)``."""
     from simulator.engine.compute import calibration_for
     from simulator.engine.loop import Engine
@@ -227,7 +228,7 @@ def _link_hint(topo: Topology, u, v) -> str:
     )
 
 
-def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Optional[Topology] = None) -> tuple[dict, Columns]:
+def _summarise(sc: Scenario, trace, raw, mem: Columns, topo: Topology | None = None) -> tuple[dict, Columns]:
     """The summary record (``docs/scenario.md``, key order as written) and the per-stage table.
     With ``topo``, a representative run's notes say where its groups break the symmetry it
     assumes (:func:`~simulator.engine.symmetry.symmetry_note`)."""
@@ -326,7 +327,7 @@ def _memory_keys(mem: Columns, chip, t) -> tuple[int, dict, dict]:
     return i, keys, {"reserved_memory_bytes": reserved, "allocator_reserve_fraction": fraction}
 
 
-def _host_and_overlap_terms(trace, raw, extra: Optional[dict] = None) -> dict:
+def _host_and_overlap_terms(trace, raw, extra: dict | None = None) -> dict:
     """Per MoE layer and micro-batch (a forward dispatch of a rank), means over the simulated
     ranks: ``host_exposed`` the seconds the GPU waited for its host to issue that layer's ops
     (forward, recomputation and backward; simulator.engine.host) and ``ep_comm_hidden`` the

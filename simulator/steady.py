@@ -46,7 +46,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
-from typing import Optional
 
 import numpy as np
 
@@ -129,7 +128,7 @@ def _same_later(seq: list, P: int) -> np.ndarray:
     return np.fromiter((seq[j] == seq[j + P] for j in range(len(seq) - P)), dtype=bool, count=max(len(seq) - P, 0))
 
 
-def _periods(run: dict, shorter: dict) -> Optional[dict]:
+def _periods(run: dict, shorter: dict) -> dict | None:
     """Each stream's period in ops: what the run has more than the trace ``k`` micro-batches
     shorter; ``None`` if the two do not have the same streams."""
     if set(run) != set(shorter):
@@ -185,7 +184,7 @@ def _signature(o) -> tuple:
     return (o.kind, o.name, o.phase, o.chunk, o.layer, o.recompute, o.size_bytes, o.coll, o.axis)
 
 
-def certify(run: dict, shorter: dict, delta_s: float, tol_s: float) -> Optional[tuple[tuple, dict]]:
+def certify(run: dict, shorter: dict, delta_s: float, tol_s: float) -> tuple[tuple, dict] | None:
     """``((lo, hi), {stream: ops of one period})``: the window over which the run's records repeat
     (see the module doc), with the ops the run has more than the trace ``k`` micro-batches
     shorter as each stream's period and the run's ops that trace's with one period inserted
@@ -208,7 +207,7 @@ def certify(run: dict, shorter: dict, delta_s: float, tol_s: float) -> Optional[
     return window, {key: run[key][3][b - period[key] : b] for key, b in ends.items()}
 
 
-def _repeats(streams, period: dict, delta_s: float, tol_s: float) -> Optional[tuple[dict, tuple]]:
+def _repeats(streams, period: dict, delta_s: float, tol_s: float) -> tuple[dict, tuple] | None:
     """Where each stream's records repeat: ``({stream: b}, (lo, hi))`` -- ops ``a .. b-1`` of each
     stream's longest stretch have a copy ``period[stream]`` ops later, ``delta_s`` later to
     ``tol_s``; the stretches share the window ``[lo, hi]``, at least ``delta_s`` and the longest op
@@ -259,7 +258,7 @@ def _shift(streams, period: dict, last_rank: int) -> float:
     return float(np.median((s0[P:] - s0[:-P])[same])) if same.any() else float("nan")
 
 
-def _longest_true(ok: np.ndarray) -> Optional[tuple[int, int]]:
+def _longest_true(ok: np.ndarray) -> tuple[int, int] | None:
     """``(a, b)`` of the longest stretch ``ok[a:b]`` of True (the first of equal length), or None."""
     if not ok.any():
         return None

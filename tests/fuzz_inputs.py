@@ -21,7 +21,7 @@ import json
 import math
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -218,7 +218,7 @@ def _numbers(obj, where="") -> list[tuple[str, float]]:
     return []
 
 
-def check_summary(summary: dict, scenario: Optional[dict] = None) -> None:
+def check_summary(summary: dict, scenario: dict | None = None) -> None:
     """Every figure finite; the step in (0, 1e7] s; fractions in [0, 1]; MFU at most the
     fastest device's speed-up; memory >= 0."""
     from simulator.scenario.checks import MAX_STEP_TIME_S
@@ -232,7 +232,7 @@ def check_summary(summary: dict, scenario: Optional[dict] = None) -> None:
             assert -1e-9 <= summary[key] <= 1 + 1e-9, (key, summary[key])
     speedup = max([1.0] + [p.get("compute_scale", 1.0) for p in (scenario or {}).get("perturbations", [])])
     assert 0 <= summary["mfu"] <= speedup * (1 + 1e-6), summary["mfu"]
-    assert 0 <= summary["peak_memory_bytes"] and summary["hbm_bytes"] > 0
+    assert summary["peak_memory_bytes"] >= 0 and summary["hbm_bytes"] > 0
 
 
 def check_scenario(d: dict, simulate_it: bool = False) -> str:

@@ -20,9 +20,9 @@ import pytest
 import simpy
 
 from simulator.network.calibration import default_calibration
-from simulator.studies.bench import collective_time_s
 from simulator.network.collectives import plan_collective, run_collective
 from simulator.network.flows import FlowNetwork
+from simulator.studies.bench import collective_time_s
 from topologies.presets import build_cluster, cluster_preset
 
 HIDDEN, TOP_K, EXPERTS = 7168, 8, 256

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from helpers import ideal_scenario, scenario
+from test_moe import moe_scenario
+
 from simulator import simulate
 from simulator.engine.accounting import account
 from simulator.engine.loop import OpRecord
-from test_moe import moe_scenario
 from workloads import parameters
-from workloads.trace.ops import Op
 from workloads.trace.builder import HOST_UPDATE_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM, PARAM_BYTES
+from workloads.trace.ops import Op
 
 _ids = iter(range(10**9))
 

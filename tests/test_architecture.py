@@ -22,8 +22,8 @@ scan stay as they are.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What is scanned: the packages, and the top-level modules beside them.
@@ -83,10 +83,10 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     **{layer: _below(layer) for layer in _ORDER[3:]},
 }
 
-Edge = tuple[str, str, Optional[str], int]  # (importer, imported module, name or None, line)
+Edge = tuple[str, str, str | None, int]  # (importer, imported module, name or None, line)
 
 
-def layer_of(module: str, layers: Mapping[str, str] = LAYERS) -> Optional[str]:
+def layer_of(module: str, layers: Mapping[str, str] = LAYERS) -> str | None:
     best = max((p for p in layers if module == p or module.startswith(p + ".")), key=len, default=None)
     return None if best is None else layers[best]
 
@@ -102,7 +102,7 @@ def _modules(root: Path = ROOT) -> dict[str, Path]:
     return out
 
 
-def _imports(module: str, path: Path) -> Iterator[tuple[str, Optional[str], int]]:
+def _imports(module: str, path: Path) -> Iterator[tuple[str, str | None, int]]:
     """``(module imported, name or None, line)`` for each import in ``path``."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):

@@ -99,6 +99,7 @@ def test_executed_flops_survive_context_parallel_split_and_trace_files(tmp_path)
     """Ring attention splits the core by cp (both counts scale); a written and re-read
     trace keeps the executed FLOPs."""
     from helpers import scenario
+
     from simulator import load_scenario
     from workloads.trace.builder import build_trace
     from workloads.trace.io import read_trace, write_trace

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import yaml
 
-from simulator.studies import calibrate as c
-from simulator.studies.bench import collective_time_s
 from simulator.cli.validate import main as cli_main
 from simulator.engine.compute import DEFAULT_COMPUTE_CALIBRATION, kernel_time_s
 from simulator.network.calibration import default_calibration
 from simulator.scenario.loading import load_scenario
+from simulator.studies import calibrate as c
+from simulator.studies.bench import collective_time_s
 from topologies.chips import get_chip
 from topologies.presets import build_cluster, cluster_preset
 from workloads.counts import Kernel
@@ -188,8 +188,9 @@ import importlib.util
 import json
 from pathlib import Path
 
-from simulator.interop import kineto as kineto_io, nccl_tests as nccl_tests_io
 from simulator.cli.app import main as stepsim
+from simulator.interop import kineto as kineto_io
+from simulator.interop import nccl_tests as nccl_tests_io
 
 DATA = Path(__file__).parent / "data"
 KINETO = DATA / "kineto" / "h100_llama_layer.json"

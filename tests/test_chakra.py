@@ -14,14 +14,14 @@ pytest.importorskip("chakra.schema.protobuf.et_def_pb2")
 
 from chakra.schema.protobuf import et_def_pb2 as pb  # noqa: E402
 from chakra.src.third_party.utils import protolib  # noqa: E402
-
 from helpers import ideal_scenario, scenario  # noqa: E402
+
 from simulator import simulate  # noqa: E402
 from simulator.cli.app import main  # noqa: E402
 from simulator.scenario.loading import load_scenario  # noqa: E402
-from workloads.trace.ops import TraceError  # noqa: E402
 from workloads.trace.builder import build_trace  # noqa: E402
 from workloads.trace.io import read_trace, write_trace  # noqa: E402
+from workloads.trace.ops import TraceError  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "chakra"
 MOE = {

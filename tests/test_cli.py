@@ -9,8 +9,8 @@ import sys
 import pandas as pd
 import pytest
 import yaml
-
 from helpers import scenario
+
 from simulator.cli.app import main
 
 

@@ -13,10 +13,10 @@ import signal
 
 import pytest
 import yaml
+from helpers import scenario
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import scenario
 from simulator.cli.app import main
 
 BASE = scenario(
@@ -80,7 +80,7 @@ def _run_exits_0_or_2(args, capsys, what) -> tuple[int, str]:
     try:
         code = main(args)
     except _Timeout:
-        raise AssertionError(f"hang (> 60 s) on {what}")
+        raise AssertionError(f"hang (> 60 s) on {what}") from None
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)

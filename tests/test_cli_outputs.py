@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import scenario
+
 from simulator.cli.app import main
 from simulator.results.outdir import STAGING_PREFIX, OutputPathError, check_output_file, staged_dir
 
@@ -73,20 +73,18 @@ def test_staged_dir_failure_leaves_previous_contents(tmp_path):
     dest = tmp_path / "d"
     dest.mkdir()
     (dest / "summary.json").write_text("old")
-    with pytest.raises(KeyboardInterrupt):
-        with staged_dir(dest, ("summary.json", "trace.json")) as tmp:
-            (tmp / "summary.json").write_text("new")
-            (tmp / "trace.json").write_text("[{")
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), staged_dir(dest, ("summary.json", "trace.json")) as tmp:
+        (tmp / "summary.json").write_text("new")
+        (tmp / "trace.json").write_text("[{")
+        raise KeyboardInterrupt
     assert [p.name for p in dest.iterdir()] == ["summary.json"]
     assert (dest / "summary.json").read_text() == "old"
     assert not _staging(tmp_path)
 
 
 def test_staged_dir_names_flag_and_path_on_a_write_error(tmp_path):
-    with pytest.raises(OutputPathError) as e:
-        with staged_dir(tmp_path / "d", flag="--out"):
-            raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(OutputPathError) as e, staged_dir(tmp_path / "d", flag="--out"):
+        raise OSError(errno.ENOSPC, "No space left on device")
     assert str(e.value).startswith("--out: ") and str(tmp_path / "d") in str(e.value)
     assert "No space left" in str(e.value) and not (tmp_path / "d").exists()
 

@@ -6,7 +6,7 @@ import time
 import pytest
 import simpy
 
-from simulator.studies.bench import BenchError, collective_sweep, format_table, parse_size, plot_busbw, size_range
+from simulator.network.calibration import default_calibration
 from simulator.network.collectives import (
     ALGORITHMS,
     OPS,
@@ -18,8 +18,8 @@ from simulator.network.collectives import (
     plan_collective,
     run_collective,
 )
-from simulator.network.calibration import default_calibration
 from simulator.network.flows import FlowNetwork, Transfer
+from simulator.studies.bench import BenchError, collective_sweep, format_table, parse_size, plot_busbw, size_range
 from topologies.builders import switched, torus
 from topologies.networks import IB_NIC_LATENCY_S, NVLINK_LATENCY_S, SwitchedNetwork
 from topologies.presets import build_cluster, cluster_preset

@@ -6,17 +6,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workloads.parameters import (
-    _block_params,
-    active_parameter_count,
-    embedding_parameter_count,
-    expert_parameter_count,
-    head_extra_parameter_count,
-    head_parameter_count,
-    layer_parameter_count,
-    mtp_parameter_count,
-    parameter_count,
-)
 from workloads.counts import (
     KERNEL_KINDS,
     MATMUL_KINDS,
@@ -31,7 +20,18 @@ from workloads.counts import (
     model_flops_per_token,
     mtp_kernels,
 )
-from workloads.model import MLASpec, MoESpec, ModelSpec
+from workloads.model import MLASpec, ModelSpec, MoESpec
+from workloads.parameters import (
+    _block_params,
+    active_parameter_count,
+    embedding_parameter_count,
+    expert_parameter_count,
+    head_extra_parameter_count,
+    head_parameter_count,
+    layer_parameter_count,
+    mtp_parameter_count,
+    parameter_count,
+)
 from workloads.presets import get_model
 from workloads.shard import Shard
 from workloads.training import TrainingSpec

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from stepsim_fileio import load_yaml
 from simulator.scenario.loading import load_scenario
 from simulator.studies.sweep.cases import expand
 from simulator.studies.sweep.spec import load_sweep
+from stepsim_fileio import load_yaml
 from topologies.presets import build_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +29,7 @@ def _blocks():
     out = []
     for doc in DOCS:
         text = doc.read_text()
-        for i, m in enumerate(_BLOCK.finditer(text)):
+        for _i, m in enumerate(_BLOCK.finditer(text)):
             line = text[: m.start(2)].count("\n") + 1
             out.append(pytest.param(m.group(1), m.group(2), id=f"{doc.name}:{line}"))
     return out

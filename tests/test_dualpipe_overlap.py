@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-
 from helpers import FAST_SWITCHED, IDEAL_CHIP, ideal_scenario
-from simulator import simulate
-from simulator.network.calibration import HOPPER_A2A_EFFICIENCY
-from simulator.engine.compute import calibration_for, kernels_time_s, overlap_slowdown
 from test_moe import TINY_MOE, moe_scenario
+
+from simulator import simulate
+from simulator.engine.compute import calibration_for, kernels_time_s, overlap_slowdown
+from simulator.network.calibration import HOPPER_A2A_EFFICIENCY
 from workloads.schedules import schedule
 from workloads.trace.builder import build_trace
 from workloads.trace.io import trace_from_dict, trace_to_dict

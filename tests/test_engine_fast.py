@@ -6,10 +6,10 @@ its own event and the network, on small scenarios of every schedule."""
 from __future__ import annotations
 
 import pytest
-
 from helpers import rerun_engine, scenario
-from simulator import simulate
 from test_exact import CASES
+
+from simulator import simulate
 
 #: Summary keys that describe the run, not the step.
 RUN_KEYS = {"sim_wall_s", "stepsim_version", "events_processed"}

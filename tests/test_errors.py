@@ -7,7 +7,8 @@ import pickle
 
 import pytest
 
-from simulator.cli import app as cli, common as cli_common
+from simulator.cli import app as cli
+from simulator.cli import common as cli_common
 from simulator.scenario.loading import load_scenario
 from simulator.scenario.schema import ScenarioError
 from stepsim_errors import StepsimError
@@ -153,9 +154,9 @@ def test_each_choice_is_defined_once_and_offered_everywhere():
     trace files hold and the command line offers."""
     import typing
 
+    from simulator.cli.app import build_parser
     from simulator.network import collectives
     from simulator.scenario import schema
-    from simulator.cli.app import build_parser
     from workloads import enums, memory, schedules
     from workloads.trace import io as trace_io
 
@@ -177,6 +178,7 @@ def test_a_dependency_on_a_rank_not_simulated_is_named():
     """Cross-rank dependencies are tags resolved once every program is built; a stage built
     without the one it receives from waits for a tag nobody defines."""
     from helpers import scenario
+
     from simulator.scenario.loading import load_scenario
     from workloads.trace.builder import build_trace
     from workloads.trace.ops import TraceError

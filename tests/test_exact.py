@@ -4,10 +4,10 @@ network) against the full per-device simulation, and symmetry broken on purpose.
 from __future__ import annotations
 
 import pytest
-
 from helpers import ideal_scenario, scenario
-from simulator import simulate
 from test_moe import moe_scenario
+
+from simulator import simulate
 from workloads.schedules import schedule
 
 CASES = {

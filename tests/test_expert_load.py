@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from helpers import scenario
+
 from simulator import simulate
 from workloads.moe_load import ExpertLoad, hottest_rank, max_expert_load_factor, max_rank_load_factor, rank_load_factors
 
@@ -104,8 +104,8 @@ def test_hfu_does_not_rise_as_imbalance_slows_the_step():
 def test_hfu_counts_only_the_tokens_kept_under_capacity_dropping():
     """With a capacity factor, dropped assignments are not computed: the hardware FLOPs
     fall by the dropped share of the routed-expert GEMMs."""
-    from workloads.trace.builder import TraceBuilder, build_trace
     from simulator import load_scenario
+    from workloads.trace.builder import TraceBuilder, build_trace
 
     sc = load_scenario(
         moe_scenario(

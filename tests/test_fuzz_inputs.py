@@ -12,11 +12,11 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import fuzz_inputs as fz
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import fuzz_inputs as fz
 from simulator.errors import StepsimError
 
 FIXED = settings(derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))

@@ -7,11 +7,10 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from helpers import scenario
+
 from simulator import load_scenario, simulate
-from workloads import counts, memory
-from workloads import parameters
+from workloads import counts, memory, parameters
 from workloads.schedules import SCHEDULES
 from workloads.trace.builder import build_trace
 

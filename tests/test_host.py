@@ -5,9 +5,9 @@ shared experts (workloads.trace.program_layers)."""
 from __future__ import annotations
 
 import pytest
-
 from helpers import scenario
 from test_moe import TINY_MOE
+
 from simulator import simulate
 from simulator.engine.compute import calibration_for, kernel_time_s
 from simulator.engine.loop import Engine

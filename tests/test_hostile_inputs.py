@@ -70,7 +70,7 @@ def test_hostile_input_in_process(name, tmp_path, capsys, monkeypatch):
     try:
         code = main(_argv(spec, tmp_path / "out"))
     except _Hang:
-        raise AssertionError(f"{name}: no answer within {TIMEOUT_S} s")
+        raise AssertionError(f"{name}: no answer within {TIMEOUT_S} s") from None
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)

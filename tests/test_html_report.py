@@ -353,8 +353,9 @@ def test_browser_timeline_colours_follow_the_time_shares(browser, tmp_path):
 def test_moe_terms_and_placement_are_in_the_report():
     """A MoE run's report has the terms around the experts per layer and micro-batch, in ms, as
     the summary holds them, and the devices card says how the racks are used."""
-    from simulator.results.html_report import MOE_TERMS, headline_cards, moe_terms_table
     from test_moe import moe_scenario
+
+    from simulator.results.html_report import MOE_TERMS, headline_cards, moe_terms_table
 
     res = simulate(moe_scenario(cluster={"preset": "gb200-nvl72", "devices": 16}))
     s = res.summary

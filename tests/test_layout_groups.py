@@ -109,7 +109,11 @@ def reference_ep_subgroups(L: ParallelLayout, kind: str, stage: int, domain: int
     out = set()
     for r in (r for r in range(L.world) if L.stage_of(r) == stage):
         g = reference_group(L, r, "ep")
-        same = (lambda x: x % domain == r % domain) if kind == "inter" else (lambda x: x // domain == r // domain)
+        same = (
+            (lambda x, r=r: x % domain == r % domain)
+            if kind == "inter"
+            else (lambda x, r=r: x // domain == r // domain)
+        )
         out.add(tuple(x for x in g if same(x)))
     return sorted(out, key=min)
 

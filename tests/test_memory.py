@@ -4,8 +4,6 @@ from dataclasses import replace
 
 import pytest
 
-from workloads.parameters import _block_params, parameter_count, expert_parameter_count, largest_weight_params
-from workloads.layout import ParallelLayout
 from workloads.activations import (
     ActivationPolicy,
     activation_bytes_per_layer,
@@ -13,6 +11,7 @@ from workloads.activations import (
     head_activation_bytes,
     mtp_activation_bytes,
 )
+from workloads.layout import ParallelLayout
 from workloads.memory import (
     StateBytes,
     rank_parameter_counts,
@@ -21,6 +20,7 @@ from workloads.memory import (
     state_bytes,
 )
 from workloads.model import ModelSpec
+from workloads.parameters import _block_params, expert_parameter_count, largest_weight_params, parameter_count
 from workloads.presets import get_model
 from workloads.shard import Shard
 

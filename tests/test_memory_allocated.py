@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from helpers import scenario
+
 from simulator import simulate
 from simulator.scenario.loading import load_scenario
 from simulator.scenario.schema import ScenarioError

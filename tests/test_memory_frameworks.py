@@ -12,12 +12,11 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from simulator.studies import validate as v
 from simulator.cli.validate import main as cli_main
 from simulator.scenario.loading import load_scenario
 from simulator.scenario.schema import ScenarioError
-from workloads import memory
-from workloads import activations
+from simulator.studies import validate as v
+from workloads import activations, memory
 from workloads.activations import ActivationPolicy
 from workloads.layout import ParallelLayout
 from workloads.presets import get_model

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from helpers import rerun_engine, scenario
+
 from simulator import simulate
 from workloads.moe_load import ExpertLoad, rank_load_factors
 
@@ -104,8 +104,8 @@ def test_node_limited_dispatch_is_two_hops_and_cuts_scale_out_traffic():
     exact = simulate(sc, exact=True)
     assert exact.summary["step_time_s"] == pytest.approx(res.summary["step_time_s"], rel=1e-9)
     # trace files keep the fraction (and reject one outside (0, 1])
-    from workloads.trace.ops import TraceError
     from workloads.trace.io import trace_from_dict, trace_to_dict
+    from workloads.trace.ops import TraceError
 
     data = trace_to_dict(res.trace)
     back = trace_from_dict(data)

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from test_moe import moe_scenario
 
 from simulator import simulate
 from simulator.engine import grouped_gemm as gg
@@ -14,7 +15,6 @@ from simulator.engine.compute import (
     grouped_gemm_shape_loss_s,
     kernel_time_s,
 )
-from test_moe import moe_scenario
 from topologies.chips import get_chip
 from workloads.counts import Kernel, backward_kernels, layer_kernels
 from workloads.moe_kernels import MoEOptions

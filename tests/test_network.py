@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from simulator.network.calibration import (
     IDEAL,
+    NVLINK_EFFICIENCY,
     CalibrationError,
     NetCalibration,
-    NVLINK_EFFICIENCY,
     default_calibration,
 )
 from simulator.network.flows import FlowNetwork, NetworkError, Transfer
@@ -259,8 +259,8 @@ def test_small_message_latency_matches_deepseek(src, dst, expected):
     topo = build_cluster(spec)
     finish, _ = run_phases(topo, [(0, [Transfer(src, dst, 64)], 1)], default_calibration("hopper"))
     assert finish[0] == pytest.approx(expected, rel=0.01)
-    assert NVLINK_LATENCY_S * 2 == pytest.approx(3.33e-6)
-    assert 2 * IB_NIC_LATENCY_S + 2 * IB_SWITCH_LATENCY_S == pytest.approx(3.7e-6)
+    assert pytest.approx(3.33e-6) == NVLINK_LATENCY_S * 2
+    assert pytest.approx(3.7e-6) == 2 * IB_NIC_LATENCY_S + 2 * IB_SWITCH_LATENCY_S
 
 
 def test_switched_capacity_uses_kind_efficiency():

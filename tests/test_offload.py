@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers import scenario
+
 from simulator import simulate
 
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 import copy
 
 import pytest
+from test_moe import TINY_MOE, moe_scenario
 
 from simulator import simulate
 from simulator.scenario.loading import load_scenario
 from simulator.scenario.schema import ScenarioError
-from test_moe import TINY_MOE, moe_scenario
-from workloads import memory
-from workloads import parameters
+from workloads import memory, parameters
 from workloads.layout import LayoutError, ParallelLayout
 from workloads.presets import get_model
 from workloads.trace.builder import build_trace

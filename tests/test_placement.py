@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_moe import TINY_MOE, moe_scenario
 
 from simulator import simulate
 from simulator.scenario.loading import load_scenario
@@ -12,7 +13,6 @@ from simulator.scenario.schema import ScenarioError
 from simulator.scenario.serialise import scenario_to_dict
 from simulator.studies.search import search
 from simulator.studies.search_layouts import SearchBounds, aligned_placement, enumerate_layouts
-from test_moe import TINY_MOE, moe_scenario
 from topologies.placement import aligned_devices_per_domain, domain_usage, groups_aligned
 from workloads.layout import ParallelLayout
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import TINY_MODEL, scenario
 from matplotlib.colors import to_rgb
 from matplotlib.text import Text
 
-from helpers import TINY_MODEL, scenario
 from simulator import simulate
 from simulator.results.plots import (
     IDLE_COLOURS,
@@ -163,7 +163,8 @@ def _sweep_frame() -> pd.DataFrame:
 
 
 def test_sweep_plots_words_integer_ticks_and_10pt_text(tmp_path):
-    from simulator.studies.sweep.plots import plot_heatmap, plot_memory as sweep_memory, plot_metric
+    from simulator.studies.sweep.plots import plot_heatmap, plot_metric
+    from simulator.studies.sweep.plots import plot_memory as sweep_memory
 
     f = _sweep_frame()
     fig = plot_metric(f, "parallel.pp", "step_time_s", hue="parallel.tp")

@@ -2,16 +2,16 @@
 
 import pandas as pd
 import pytest
+from helpers import SEARCH_MOE as TINY_MOE
 
 from simulator.cli import app as cli
+from simulator.scenario.loading import load_scenario
+from simulator.scenario.schema import ScenarioError
 from simulator.studies.ppmap import assemble, run_map
 from simulator.studies.ppmap_plot import plot_map
 from simulator.studies.ppmap_roofline import dp_traffic_s
 from simulator.studies.ppmap_screen import choose, screen
 from simulator.studies.ppmap_spec import load_map, points
-from simulator.scenario.loading import load_scenario
-from simulator.scenario.schema import ScenarioError
-from helpers import SEARCH_MOE as TINY_MOE
 
 
 def tiny_map(**over):

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from workloads.parameters import active_parameter_count, parameter_count
 from workloads.counts import model_flops_per_token
 from workloads.hf_config import SUPPORTED_MODEL_TYPES, model_from_hf_config
 from workloads.model import ModelSpec
+from workloads.parameters import active_parameter_count, parameter_count
 from workloads.presets import MODEL_PRESETS, get_model
 
 DATA = Path(__file__).parent / "data"
@@ -34,7 +34,7 @@ REQUIRED = {
 
 
 def test_presets_present_named_and_sourced():
-    assert REQUIRED <= set(MODEL_PRESETS)
+    assert set(MODEL_PRESETS) >= REQUIRED
     for name, m in MODEL_PRESETS.items():
         assert isinstance(m, ModelSpec) and m.name == name
         assert m.source, name

@@ -10,16 +10,15 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import simpy
-
 from helpers import scenario
+from test_moe import moe_scenario
+
 from simulator import simulate
 from simulator.engine.quotient import quotient_phase
 from simulator.network.flows import FlowNetwork, NetworkError, Transfer
 from simulator.network.maxmin import fill_arrays, fill_components, fill_small, maxmin_rates
-from test_moe import moe_scenario
 from topologies.builders import torus
 from topologies.topology import Topology
-
 
 # ------------------------------------------------------ weighted progressive filling
 

@@ -107,7 +107,7 @@ def check_invariants(name, pp, m, vpp):
     # runs to completion (raises on deadlock), with and without the aux-loss constraint
     t = run_schedule(steps, UNIT, m, name=name, vpp=vpp)
     assert t.makespan > 0 and 0 <= t.bubble_fraction < 1
-    for r, timed in enumerate(t.ranks):
+    for timed in t.ranks:
         starts = [x.start for x in timed]
         assert starts == sorted(starts)
     afa = [all_forward_first(s) for s in steps]

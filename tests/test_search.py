@@ -8,9 +8,9 @@ import json
 import pandas as pd
 import pytest
 import yaml
-
 from helpers import SEARCH_MOE as TINY_MOE
 from helpers import scenario
+
 from simulator import load_scenario, simulate
 from simulator.scenario.schema import ScenarioError
 from simulator.studies.estimate import estimate_memory, estimate_step_time
@@ -360,7 +360,7 @@ def test_duplicates_are_dropped_only_when_they_simulate_identically():
     assert dup["reason"].str.contains("simulates identically to candidate").all()
     assert (t.loc[t["recompute"] == "full", "status"] == "ok").all()
     base = _tiny()
-    for i, r in dup.iterrows():
+    for _i, r in dup.iterrows():
         j = int(r["reason"].split("candidate ")[1].split(" ")[0])
         assert t.loc[j, "status"] == "ok" and t.loc[j, "recompute"] in ("none", "selective")
         p = {

@@ -163,10 +163,9 @@ def test_sweep_on_a_given_executor_does_not_wait_for_its_cases(tmp_path, executo
 
 def test_handled_restores_the_handlers_and_maps_signals():
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(Interrupted) as e:
-        with handled():
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(1)  # the handler raises here
+    with pytest.raises(Interrupted) as e, handled():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler raises here
     assert e.value.exit_code == 143 and str(e.value) == "terminated (SIGTERM)"
     assert signal.getsignal(signal.SIGTERM) == before
     assert isinstance(e.value, KeyboardInterrupt)
@@ -176,13 +175,12 @@ def test_worker_pool_ends_its_workers_on_an_interrupt():
     from simulator.studies.workers import process_pool
 
     t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        with process_pool(2) as pool:
-            futs = [pool.submit(time.sleep, 60) for _ in range(2)]
-            while not all(f.running() for f in futs):
-                time.sleep(0.01)
-            procs = list(pool._processes.values())
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), process_pool(2) as pool:
+        futs = [pool.submit(time.sleep, 60) for _ in range(2)]
+        while not all(f.running() for f in futs):
+            time.sleep(0.01)
+        procs = list(pool._processes.values())
+        raise KeyboardInterrupt
     assert time.monotonic() - t0 < 20  # not the minute the tasks would take
     for p in procs:
         p.join(5)

@@ -6,8 +6,8 @@ import copy
 import json
 
 import pytest
-
 from helpers import ideal_scenario, scenario
+
 from simulator import simulate
 from workloads import activations
 from workloads.activations import ActivationPolicy

@@ -7,10 +7,9 @@ import copy
 
 import numpy as np
 import pytest
-
 from helpers import BALANCED_MODEL, SEARCH_MOE, scenario, summary_numbers
-from simulator import simulate
-from simulator import steady
+
+from simulator import simulate, steady
 from simulator.steady import certify, runs_for
 
 # 1F1B over two DGX H100 nodes: the pipeline sends and the DP all-reduce cross InfiniBand. Its

@@ -12,8 +12,8 @@ import time
 import pandas as pd
 import pytest
 import yaml
-
 from helpers import scenario
+
 from simulator.scenario.schema import ScenarioError
 from simulator.studies.sweep import sweep
 from simulator.studies.sweep.cases import expand
@@ -476,9 +476,11 @@ def test_workers_of_another_version_are_refused(tmp_path, monkeypatch):
                 return super().submit(lambda p: {**fn(p), "stepsim_version": "0.0.1"}, *args, **kwargs)
             return super().submit(fn, *args, **kwargs)
 
-    with MixedWorkers(max_workers=1) as ex:
-        with pytest.raises(sweep_mod.WorkerVersionError, match="the worker that ran case 0 runs stepsim 0.0.1"):
-            sweep(spec, out=tmp_path / "b", executor=ex)
+    with (
+        MixedWorkers(max_workers=1) as ex,
+        pytest.raises(sweep_mod.WorkerVersionError, match="the worker that ran case 0 runs stepsim 0.0.1"),
+    ):
+        sweep(spec, out=tmp_path / "b", executor=ex)
     assert not (tmp_path / "b" / "rows.jsonl").exists()
     with pytest.raises(ValueError, match="either a Dask client or an executor"):
         sweep(spec, executor=object(), client=object())

@@ -3,13 +3,13 @@ the scale-up domains (simulator.engine.symmetry), found, noted, and measured aga
 
 from __future__ import annotations
 
-from helpers import scenario
-from simulator import simulate
 import pytest
+from helpers import scenario
+from test_moe import TINY_MOE
 
+from simulator import simulate
 from simulator.engine.symmetry import class_ranks, rank_classes, representative_position, uneven_groups
 from simulator.scenario.loading import load_scenario
-from test_moe import TINY_MOE
 from topologies.presets import build_cluster
 from workloads.trace.builder import build_trace
 

@@ -7,13 +7,13 @@ it, the fewest domains filled equally) sets how many devices of each domain are 
 from __future__ import annotations
 
 import pytest
-
 from helpers import scenario
+
 from simulator import simulate
-from simulator.studies.bench import collective_time_s
 from simulator.scenario.loading import load_scenario
 from simulator.scenario.schema import ScenarioError
 from simulator.scenario.serialise import scenario_to_dict
+from simulator.studies.bench import collective_time_s
 from topologies import TopologyError
 from topologies.presets import build_cluster, cluster_preset
 

@@ -5,10 +5,10 @@ the fast path against the exact simulation with it on."""
 from __future__ import annotations
 
 import pytest
-
 from helpers import FAST_SWITCHED, ideal_scenario, scenario
-from simulator import simulate
 from test_moe import moe_scenario
+
+from simulator import simulate
 from workloads.trace.program_tp_overlap import RS_SM_HELD, RS_SPLITS
 
 TP = 2

@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 import yaml
 
-from simulator.engine import compute as compute_mod
-from simulator.studies import validate as v
 from simulator.cli.validate import main as cli_main
+from simulator.engine import compute as compute_mod
 from simulator.scenario.loading import load_scenario
+from simulator.studies import validate as v
 
 # Three tiny validation-style cases: two on A100s (one pipelined), one on H100s.
 _GPT = {"preset": "megatron-gpt-1.7b", "layers": 4, "vocab": 1024}
@@ -200,7 +200,7 @@ def test_the_built_in_suite_is_found_in_a_checkout():
     # (tests/test_packaging.py checks that one).
     import pathlib
 
-    assert v.SUITE_DIR == pathlib.Path(v.__file__).resolve().parents[3] / "validation"
+    assert pathlib.Path(v.__file__).resolve().parents[3] / "validation" == v.SUITE_DIR
     assert [c.name for c in v.discover(["korthikanti2022/*"])] == [
         "korthikanti22-175b",
         "korthikanti22-1t",

@@ -19,7 +19,7 @@ Conventions shared by every builder
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import networkx as nx
 
@@ -32,7 +32,7 @@ def device_node(i: int) -> str:
     return f"d{i}"
 
 
-def tiled_coords(shape: Sequence[int], tile: Optional[Sequence[int]] = None) -> list[tuple[int, ...]]:
+def tiled_coords(shape: Sequence[int], tile: Sequence[int] | None = None) -> list[tuple[int, ...]]:
     """Torus coordinates of devices ``0 .. prod(shape) - 1``.
 
     Without ``tile``, axis 0 fastest: ``i = x0 + s0*(x1 + s1*(x2 + ...))``. With ``tile``
@@ -61,8 +61,8 @@ def torus(
     shape: Sequence[int],
     link_bw: float,
     latency: float = 1e-6,
-    wrap: Optional[Sequence[bool]] = None,
-    tile: Optional[Sequence[int]] = None,
+    wrap: Sequence[bool] | None = None,
+    tile: Sequence[int] | None = None,
 ) -> nx.Graph:
     """An n-D torus of devices, one scale-up domain.
 
@@ -219,7 +219,7 @@ def join_pods(pod_graphs: Sequence[nx.Graph], pods: PodsSpec) -> nx.Graph:
     for p, pg in enumerate(pod_graphs):
         n_domains = 1 + max(d.get("domain", 0) for _, d in pg.nodes(data=True) if d.get("kind") == "device")
 
-        def rename(node, p=p):
+        def rename(node, p=p, pg=pg):
             if pg.nodes[node].get("kind") == "device":
                 return device_node(p * n + pg.nodes[node]["index"])
             name = str(node)

@@ -12,8 +12,8 @@ BF16 rate.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Mapping
 
 from .errors import TopologyError, UnknownPresetError
 
@@ -58,7 +58,7 @@ class ComputeCalibration:
     comm_sm_fraction: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
     source: str = ""
 
-    def with_(self, **changes) -> "ComputeCalibration":
+    def with_(self, **changes) -> ComputeCalibration:
         return replace(self, **changes)
 
 

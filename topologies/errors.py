@@ -6,7 +6,7 @@ allowed, so a user can fix the input without reading the code.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from stepsim_errors import StepsimError
 
@@ -27,12 +27,12 @@ class UnknownPresetError(TopologyError, KeyError):
     keeps working.
     """
 
-    def __init__(self, message: str, *, field: Optional[str] = None, allowed: Iterable[str] = ()) -> None:
+    def __init__(self, message: str, *, field: str | None = None, allowed: Iterable[str] = ()) -> None:
         self.allowed = tuple(sorted(allowed))
         super().__init__(message, field=field)
 
     @classmethod
-    def named(cls, what: str, name: object, allowed: Iterable[str], field: str) -> "UnknownPresetError":
+    def named(cls, what: str, name: object, allowed: Iterable[str], field: str) -> UnknownPresetError:
         """``field: unknown <what> <name>; allowed: ...`` (``allowed`` sorted)."""
         allowed = tuple(sorted(allowed))
         return cls(f"{field}: unknown {what} {name!r}; allowed: {', '.join(allowed)}", field=field, allowed=allowed)

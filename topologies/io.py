@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Union
 
 import networkx as nx
 
@@ -61,7 +60,7 @@ def _plain(value):
     return value
 
 
-def save_topology(topo: Topology, path: Union[str, Path]) -> None:
+def save_topology(topo: Topology, path: str | Path) -> None:
     """Write ``topo`` to ``path`` as JSON (``.json``) or GraphML (``.graphml``)."""
     path = Path(path)
     fmt = _format_of(path)
@@ -104,7 +103,7 @@ def _decode_tuples(attrs: dict, where: str) -> None:
             attrs[key] = tuple(value)
 
 
-def load_topology(path: Union[str, Path]) -> Topology:
+def load_topology(path: str | Path) -> Topology:
     """Read a topology written by :func:`save_topology` (or by hand in the same layout).
 
     Raises

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Optional, Union
+from typing import ClassVar
 
 from .chips import MAX_BW_BYTES_PER_S, MIN_BW_BYTES_PER_S, ChipSpec
 from .errors import TopologyError
@@ -126,10 +126,10 @@ class TorusNetwork:
     shape: tuple[int, ...]
     link_bw_bytes_per_s: float
     link_latency_s: float = 1e-6
-    wraparound: Optional[tuple[bool, ...]] = None
+    wraparound: tuple[bool, ...] | None = None
     # Device numbering in blocks (topologies.builders.torus): consecutive devices fill one
     # ``tile`` block (axis 0 fastest) before the next block; None numbers axis by axis.
-    tile: Optional[tuple[int, ...]] = None
+    tile: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -238,7 +238,7 @@ class PodsSpec:
         check_latency(self.dcn_latency_s, "cluster.pods.dcn_latency_s")
 
 
-Network = Union[TorusNetwork, SwitchedNetwork]
+Network = TorusNetwork | SwitchedNetwork
 
 
 @dataclass(frozen=True)
@@ -270,12 +270,12 @@ class ClusterSpec:
     devices: int
     chip: ChipSpec
     network: Network
-    pods: Optional[PodsSpec] = None
+    pods: PodsSpec | None = None
     host_bw_bytes_per_s: float = 32e9
-    devices_per_domain: Optional[int] = None
+    devices_per_domain: int | None = None
     # Devices one scale-up domain holds (switched networks): the network's domain_size
     # before a partial fill replaced it by the devices used; set at construction.
-    domain_capacity: Optional[int] = None
+    domain_capacity: int | None = None
 
     def __post_init__(self) -> None:
         _positive_int(self.devices, "cluster.devices")
@@ -339,7 +339,7 @@ class ClusterSpec:
         return self.devices // self.n_pods
 
 
-def partial_domain_fill(per_pod: int, domain_size: int, devices_per_domain: Optional[int]) -> Optional[int]:
+def partial_domain_fill(per_pod: int, domain_size: int, devices_per_domain: int | None) -> int | None:
     """Devices used per scale-up domain (see :class:`ClusterSpec`), or ``None`` for whole
     domains. Raises :class:`TopologyError` naming ``cluster.devices_per_domain`` or
     ``cluster.devices`` when the devices cannot be placed."""

@@ -16,8 +16,8 @@ rows are groups of ranks), so it knows nothing of parallel layouts.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional
 
 import numpy as np
 
@@ -47,7 +47,7 @@ class DomainUsage:
         return f"{self.devices_per_domain}/{self.domain_capacity} per domain"
 
 
-def domain_usage(cluster: ClusterSpec) -> Optional[DomainUsage]:
+def domain_usage(cluster: ClusterSpec) -> DomainUsage | None:
     """The domains ``cluster`` uses and the devices it leaves idle in them; ``None`` on a
     torus (a TPU slice is allocated whole: its devices are all the job's)."""
     net = cluster.network
@@ -82,7 +82,7 @@ def groups_aligned(tables: Iterable[np.ndarray], devices_per_domain: int) -> boo
     return True
 
 
-def aligned_devices_per_domain(tables: list[np.ndarray], capacity: int, devices_per_pod: int) -> Optional[int]:
+def aligned_devices_per_domain(tables: list[np.ndarray], capacity: int, devices_per_pod: int) -> int | None:
     """The most devices per domain, at most ``capacity``, that a cluster of
     ``devices_per_pod`` devices per pod can be placed with (every domain used equally) and
     under which every group of ``tables`` is aligned (:func:`groups_aligned`); ``None``

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional, Union
 
 from .builders import join_pods, switched, torus
 from .chips import ChipSpec, get_chip
@@ -44,10 +44,10 @@ class TpuSliceRule:
     pod_devices: int
     chips_per_host: int
     dcn_bw_bytes_per_s: float
-    max_axis: Optional[int] = None
-    wrap_length: Optional[int] = None
+    max_axis: int | None = None
+    wrap_length: int | None = None
 
-    def wrap(self, shape: tuple[int, ...]) -> Optional[tuple[bool, ...]]:
+    def wrap(self, shape: tuple[int, ...]) -> tuple[bool, ...] | None:
         if self.wrap_length is None:
             return None
         return tuple(n == self.wrap_length for n in shape)
@@ -61,8 +61,8 @@ class ClusterPreset:
     default_devices: int
     host_bw_bytes_per_s: float
     source: str
-    network: Optional[SwitchedNetwork] = None
-    tpu: Optional[TpuSliceRule] = None
+    network: SwitchedNetwork | None = None
+    tpu: TpuSliceRule | None = None
 
 
 PCIE4_X16 = 32e9  # PCIe Gen4 x16, per direction
@@ -158,7 +158,7 @@ CLUSTER_PRESETS: dict[str, ClusterPreset] = {
 }
 
 
-def torus_shape_for(devices: int, dims: int, max_axis: Optional[int] = None) -> tuple[int, ...]:
+def torus_shape_for(devices: int, dims: int, max_axis: int | None = None) -> tuple[int, ...]:
     """A near-cubic ``dims``-axis torus shape holding exactly ``devices`` devices.
 
     Among all factorisations with every axis at most ``max_axis``, the chosen
@@ -202,7 +202,7 @@ def torus_shape_for(devices: int, dims: int, max_axis: Optional[int] = None) -> 
     return min(shapes, key=score)
 
 
-def _tpu_layout(devices: int, rule: TpuSliceRule, pod_count: Optional[int]):
+def _tpu_layout(devices: int, rule: TpuSliceRule, pod_count: int | None):
     """(pods, per-pod shape) for ``devices`` chips under ``rule``."""
     if pod_count is not None:
         candidates = [pod_count]
@@ -252,7 +252,7 @@ def _merge(base, override, cls, field: str):
         raise TopologyError(f"{field}: {err}; fields: {', '.join(allowed)}", field=field) from err
 
 
-def cluster_preset(name: str, /, devices: Optional[int] = None, **overrides) -> ClusterSpec:
+def cluster_preset(name: str, /, devices: int | None = None, **overrides) -> ClusterSpec:
     """The preset ``name`` sized to ``devices`` (default: the preset's own count).
 
     ``overrides`` take the :class:`ClusterSpec` field names: ``name``,
@@ -286,7 +286,7 @@ def cluster_preset(name: str, /, devices: Optional[int] = None, **overrides) -> 
     if not (isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1):
         raise TopologyError(f"cluster.devices: must be an integer >= 1, got {devices!r}", field="cluster.devices")
 
-    chip: Union[ChipSpec, str, Mapping] = overrides.get("chip", preset.chip)
+    chip: ChipSpec | str | Mapping = overrides.get("chip", preset.chip)
     if isinstance(chip, str):
         chip = get_chip(chip)
     elif not isinstance(chip, ChipSpec):
@@ -294,7 +294,7 @@ def cluster_preset(name: str, /, devices: Optional[int] = None, **overrides) -> 
 
     net_override = overrides.get("network", {})
     pods_override = overrides.get("pods", {})
-    pods: Optional[PodsSpec]
+    pods: PodsSpec | None
     if preset.tpu is None:
         network = _merge(preset.network, net_override, SwitchedNetwork, "cluster.network")
         pods = None if pods_override in ({}, None) else _merge(None, pods_override, PodsSpec, "cluster.pods")

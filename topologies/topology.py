@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Optional
 
 import networkx as nx
 import numpy as np
@@ -61,7 +60,7 @@ class Topology:
         bandwidth or a device index gap; the message names the element.
     """
 
-    def __init__(self, graph: nx.Graph, name: str = "", *, _base: Optional["Topology"] = None):
+    def __init__(self, graph: nx.Graph, name: str = "", *, _base: Topology | None = None):
         devices, edge_rows = validate_graph(graph)
         self.devices: tuple = tuple(devices)
         self.graph = nx.freeze(graph)
@@ -108,12 +107,12 @@ class Topology:
                     f"topology: a torus graph needs the {missing[0]!r} attribute (graph: shape, wrap; devices: coords)",
                     field="topology",
                 )
-            self.torus_shape: Optional[tuple] = tuple(int(n) for n in graph.graph["shape"])
-            self.torus_wrap: Optional[tuple] = tuple(graph_flag({"wrap": w}, "wrap") for w in graph.graph["wrap"])
+            self.torus_shape: tuple | None = tuple(int(n) for n in graph.graph["shape"])
+            self.torus_wrap: tuple | None = tuple(graph_flag({"wrap": w}, "wrap") for w in graph.graph["wrap"])
             self._coords = [tuple(int(c) for c in d["coords"]) for d in data]
             # coords -> index inside a pod; the pods share the first pod's numbering
             per_pod = math.prod(self.torus_shape)
-            self._local_of: Optional[dict] = {c: k for k, c in enumerate(self._coords[:per_pod])}
+            self._local_of: dict | None = {c: k for k, c in enumerate(self._coords[:per_pod])}
         else:
             self.torus_shape = self.torus_wrap = None
             self._coords = self._local_of = None
@@ -171,7 +170,7 @@ class Topology:
             self._domain_arr = np.array(self._domain, dtype=np.int64)
             self._pod_arr = np.array(self._pod, dtype=np.int64)
         devices = np.asarray(devices, dtype=np.int64)
-        if devices.size and not (0 <= devices.min() and devices.max() < self.n_devices):
+        if devices.size and not (devices.min() >= 0 and devices.max() < self.n_devices):
             self._check_device(int(next(d for d in devices.ravel() if not 0 <= d < self.n_devices)))
         return (self._pod_arr if by_pod else self._domain_arr)[devices]
 
@@ -222,7 +221,7 @@ class Topology:
         src = np.asarray(src, dtype=np.int64).ravel()
         dst = np.asarray(dst, dtype=np.int64).ravel()
         n = src.shape[0]
-        if n and not (0 <= min(src.min(), dst.min()) and max(src.max(), dst.max()) < self.n_devices):
+        if n and not (min(src.min(), dst.min()) >= 0 and max(src.max(), dst.max()) < self.n_devices):
             bad = next(int(d) for d in np.r_[src, dst] if not 0 <= d < self.n_devices)
             self._check_device(bad)
         out = np.full((n, 4), -1, dtype=np.int64)
@@ -469,7 +468,7 @@ class Topology:
             )
         return u, v
 
-    def with_link_scaled(self, u, v, bw_scale: float) -> "Topology":
+    def with_link_scaled(self, u, v, bw_scale: float) -> Topology:
         """A copy in which the link ``u``-``v`` (both directions) has ``bw_scale`` x bandwidth."""
         u, v = self._edge(u, v)
         if not (isinstance(bw_scale, (int, float)) and math.isfinite(bw_scale) and bw_scale > 0):
@@ -489,7 +488,7 @@ class Topology:
         G.edges[u, v]["bw_bytes_per_s"] = scaled
         return Topology(G, self.name, _base=self._base)
 
-    def without_link(self, u, v) -> "Topology":
+    def without_link(self, u, v) -> Topology:
         """A copy with the link ``u``-``v`` failed; routes that used it go around it.
 
         Switches left with no path to the devices are dropped. Link ids are

@@ -119,7 +119,6 @@ layer's backward. Routed experts keep their up outputs only
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from workloads import shapes
 from workloads.enums import RECOMPUTE_MODES
@@ -183,7 +182,7 @@ class ActivationPolicy:
                 )
 
     @classmethod
-    def of(cls, training: TrainingSpec) -> "ActivationPolicy":
+    def of(cls, training: TrainingSpec) -> ActivationPolicy:
         """The policy a :class:`~workloads.training.TrainingSpec` sets (one place for the trace
         and the search's estimate)."""
         return cls(
@@ -207,7 +206,7 @@ def activation_bytes_per_layer(
     layer: int,
     shard: Shard,
     policy: ActivationPolicy = ActivationPolicy(),
-    expert_tokens: Optional[float] = None,
+    expert_tokens: float | None = None,
 ) -> float:
     """Bytes transformer layer ``layer`` keeps on the rank of ``shard`` from its forward until
     its backward, for one micro-batch, under ``policy`` (see the module notes for the
@@ -248,7 +247,7 @@ class _Kept:
     latent_norm_out: float  # MLA's normed latents
 
     @classmethod
-    def of(cls, policy: ActivationPolicy, act_bytes: int) -> "_Kept":
+    def of(cls, policy: ActivationPolicy, act_bytes: int) -> _Kept:
         # Under DeepSeek-V3's savings a norm's output (a GEMM input) is recomputed from the
         # norm's input, MLA's up-projections from their latents, SwiGLU from its FP8 input;
         # Megatron-Core's recompute modules drop the same tensors one group at a time.
@@ -266,7 +265,7 @@ class _Kept:
 
 
 def _block_activation_bytes(
-    model: ModelSpec, moe: bool, shard: Shard, policy: ActivationPolicy, expert_tokens: Optional[float]
+    model: ModelSpec, moe: bool, shard: Shard, policy: ActivationPolicy, expert_tokens: float | None
 ) -> float:
     if policy.recompute == "full":
         # the layer input (Korthikanti §5: 2sbh), split over TP by sequence parallelism or by
@@ -337,7 +336,7 @@ def _ffn_activation_bytes(
     shard: Shard,
     policy: ActivationPolicy,
     kept: _Kept,
-    expert_tokens: Optional[float],
+    expert_tokens: float | None,
     total: float,
 ) -> float:
     """``total`` plus the feed-forward block's share: its norm and GEMM inputs and the
@@ -407,7 +406,7 @@ def mtp_activation_bytes(
     model: ModelSpec,
     shard: Shard,
     policy: ActivationPolicy = ActivationPolicy(),
-    expert_tokens: Optional[float] = None,
+    expert_tokens: float | None = None,
 ) -> float:
     """Bytes the MTP modules (DeepSeek-V3 §2.2) keep: per depth, the two norm
     inputs and the ``2h`` projection input, one transformer block and an output

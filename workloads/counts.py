@@ -67,12 +67,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from workloads.errors import WorkloadError
 from workloads.model import ModelSpec
+from workloads.shapes import _ffn_up_width, _local_heads, _local_kv_heads, _mtp_block_is_moe, _split
 from workloads.shard import Shard
-from workloads.shapes import _local_heads, _local_kv_heads, _split, _ffn_up_width, _mtp_block_is_moe
 from workloads.training import TrainingSpec
 
 if TYPE_CHECKING:  # workloads.moe_kernels builds on this module's kernels
@@ -146,16 +146,16 @@ class Kernel:
     n: int = 0
     k: int = 0
     groups: int = 1
-    executed_flops: Optional[float] = None
+    executed_flops: float | None = None
     # The math dtype where it is not the step's GEMM dtype (None: the step's): the MoE
     # router runs in BF16 in an FP8 step (a plain linear, not a Transformer Engine FP8
     # module), "tf32" for FP32 operands on tensor cores (the FP32 router's gradients).
-    math_dtype: Optional[str] = None
+    math_dtype: str | None = None
     # The math dtype of its gradient GEMMs (None: ``math_dtype``).
-    grad_math_dtype: Optional[str] = None
+    grad_math_dtype: str | None = None
     # HBM bytes of its backward kernel where that is not 2x the forward's (a permutation
     # moves the same rows back; 0: no backward kernel, e.g. the token-count histogram).
-    bwd_bytes: Optional[float] = None
+    bwd_bytes: float | None = None
 
 
 def backward_flops_factor() -> float:
@@ -323,9 +323,9 @@ def _block_kernels(
     model: ModelSpec,
     moe: bool,
     shard: Shard,
-    expert_tokens: Optional[float],
+    expert_tokens: float | None,
     flash_attention: bool = True,
-    opts: Optional["MoEOptions"] = None,
+    opts: MoEOptions | None = None,
 ) -> list[Kernel]:
     from workloads.moe_kernels import MoEOptions, moe_kernels  # it builds on this module's kernels
 
@@ -368,9 +368,9 @@ def layer_kernels(
     model: ModelSpec,
     layer: int,
     shard: Shard,
-    expert_tokens: Optional[float] = None,
+    expert_tokens: float | None = None,
     flash_attention: bool = True,
-    moe_options: Optional["MoEOptions"] = None,
+    moe_options: MoEOptions | None = None,
 ) -> list[Kernel]:
     """Forward kernels of transformer layer ``layer`` (0-based) on the rank of ``shard``.
 
@@ -432,7 +432,7 @@ def head_kernels(model: ModelSpec, shard: Shard) -> list[Kernel]:
 
 
 def mtp_kernels(
-    model: ModelSpec, shard: Shard, expert_tokens: Optional[float] = None, moe_options: Optional["MoEOptions"] = None
+    model: ModelSpec, shard: Shard, expert_tokens: float | None = None, moe_options: MoEOptions | None = None
 ) -> list[Kernel]:
     """Forward kernels of the multi-token-prediction modules (DeepSeek-V3,
     arXiv 2412.19437 §2.2), in order; empty when ``mtp_depth == 0``.

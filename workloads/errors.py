@@ -8,8 +8,6 @@ cannot be laid out or run, and traces that cannot be executed.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from stepsim_errors import StepsimError
 
 
@@ -18,5 +16,5 @@ class WorkloadError(StepsimError):
     (``training.micro_batch_size``, ``parallel.tp``...); the message is
     ``"<field>: <message>"``."""
 
-    def __init__(self, message: str, *, field: Optional[str] = None) -> None:
+    def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(f"{field}: {message}" if field else message, field=field or None)

@@ -31,12 +31,13 @@ A missing required key, an unknown ``model_type`` or an unsupported value raises
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from os import PathLike
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any
 
 from workloads.errors import WorkloadError
-from workloads.model import MLASpec, MoESpec, ModelSpec
+from workloads.model import MLASpec, ModelSpec, MoESpec
 
 _GATED_ACTS = ("silu", "swish")
 _PLAIN_ACTS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "relu2")
@@ -67,7 +68,7 @@ class _Config:
     def has(self, key: str) -> bool:
         return self.data.get(key) is not None
 
-    def int(self, key: str, default: Optional[int] = None, minimum: int = 1) -> int:
+    def int(self, key: str, default: int | None = None, minimum: int = 1) -> int:
         value = self.data.get(key)
         if value is None:
             if default is None:
@@ -86,7 +87,7 @@ class _Config:
         return value
 
 
-def _load(path_or_dict: Union[str, PathLike, Mapping[str, Any]]) -> Mapping[str, Any]:
+def _load(path_or_dict: str | PathLike | Mapping[str, Any]) -> Mapping[str, Any]:
     if isinstance(path_or_dict, Mapping):
         return path_or_dict
     from stepsim_fileio import load_json, read_text
@@ -100,9 +101,7 @@ def _load(path_or_dict: Union[str, PathLike, Mapping[str, Any]]) -> Mapping[str,
     return data
 
 
-def model_from_hf_config(
-    path_or_dict: Union[str, PathLike, Mapping[str, Any]], name: Optional[str] = None
-) -> ModelSpec:
+def model_from_hf_config(path_or_dict: str | PathLike | Mapping[str, Any], name: str | None = None) -> ModelSpec:
     """A :class:`ModelSpec` from a Hugging Face ``config.json`` (a path, or the
     parsed mapping). ``name`` defaults to the config's ``_name_or_path`` or its
     ``model_type``."""
@@ -187,7 +186,7 @@ def _family(raw: Mapping[str, Any]) -> tuple[str, bool, str, bool]:
 
 def _attention_moe_mtp(
     model_type: str, c: _Config, raw: Mapping[str, Any], ffn_hidden: int
-) -> tuple[Optional[MLASpec], Optional[MoESpec], int]:
+) -> tuple[MLASpec | None, MoESpec | None, int]:
     """The MLA attention (None: standard attention), the MoE block (None: dense) and the MTP depth of
     a config of ``model_type``."""
     attention = None

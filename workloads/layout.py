@@ -38,7 +38,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Optional, Union
 
 import numpy as np
 
@@ -69,7 +68,7 @@ class ParallelLayout:
     zero: int = 1
     sequence_parallel: bool = True
     order: tuple[str, ...] = ORDER_AXES
-    pipeline_layers: Optional[Union[tuple[int, ...], str]] = None  # per chunk, or "auto"
+    pipeline_layers: tuple[int, ...] | str | None = None  # per chunk, or "auto"
     expert_mapping: str = "megatron-core"  # whose rank generator builds the expert groups
 
     def __post_init__(self) -> None:
@@ -240,22 +239,22 @@ class ParallelLayout:
         their index along that axis (ring order)."""
         return _cached_group(self, rank, axis)
 
-    def groups(self, axis: str, stage: Optional[int] = None) -> list[tuple[int, ...]]:
+    def groups(self, axis: str, stage: int | None = None) -> list[tuple[int, ...]]:
         """Every distinct group along ``axis`` (optionally only those in pipeline
         ``stage``), in ascending order of their first rank."""
         return list(_cached_groups(self, axis, stage))
 
-    def group_table(self, axis: str) -> "np.ndarray":
+    def group_table(self, axis: str) -> np.ndarray:
         """Every group along ``axis`` as the rows of one read-only ``(groups, size)``
         array, each row in ring order (as :meth:`group` gives it), rows in ascending
         order of their smallest rank. Every axis partitions the ranks."""
         return _group_tables(self, axis)[0]
 
-    def group_index(self, axis: str) -> "np.ndarray":
+    def group_index(self, axis: str) -> np.ndarray:
         """Row of :meth:`group_table` holding each rank (read-only, length ``world``)."""
         return _group_tables(self, axis)[1]
 
-    def _rank_mesh(self) -> "np.ndarray":
+    def _rank_mesh(self) -> np.ndarray:
         """``ranks[pp, ..., tp]``: the ranks as an array over the mesh axes, one numpy
         axis per mesh axis, the innermost (fastest-varying) last."""
         return np.arange(self.world).reshape([getattr(self, a) for a in reversed(self._mesh_order)])
@@ -264,7 +263,7 @@ class ParallelLayout:
         """Numpy axis of mesh axis ``axis`` in :meth:`_rank_mesh`."""
         return len(self._mesh_order) - 1 - self._mesh_order.index(axis)
 
-    def _dpcp_table(self) -> "np.ndarray":
+    def _dpcp_table(self) -> np.ndarray:
         """``members[pp, tp, i]``: the dp*cp ranks of each (pp, tp) slice in mesh order
         (position ``i = inner + inner_size * outer``, inner the one of cp and dp nearer
         the front of ``order``)."""
@@ -272,7 +271,7 @@ class ParallelLayout:
         ranks = self._rank_mesh().transpose([self._mesh_axis(a) for a in ("pp", "tp", outer, inner)])
         return ranks.reshape(self.pp, self.tp, self.dp * self.cp)
 
-    def _group_rows(self, axis: str) -> "np.ndarray":
+    def _group_rows(self, axis: str) -> np.ndarray:
         """The groups along ``axis`` as rows in ring order, rows in no particular order
         (the module doc gives the mappings)."""
         if axis in MESH_AXES:
@@ -298,7 +297,7 @@ class ParallelLayout:
         rows = blocks.transpose(0, 3, 1, 2).reshape(self.pp * self.ep, -1)
         return np.sort(rows, axis=1)
 
-    def _groups(self, axis: str, stage: Optional[int]) -> tuple[tuple[int, ...], ...]:
+    def _groups(self, axis: str, stage: int | None) -> tuple[tuple[int, ...], ...]:
         table = self.group_table(axis)
         if stage is not None and axis != "pp":  # every other group lies in one stage
             table = table[(table[:, 0] // self._strides["pp"]) % self.pp == stage]
@@ -350,7 +349,7 @@ class ParallelLayout:
         return list(_cached_stage_ranks(self, stage))
 
     # ---- layers onto stages -------------------------------------------------
-    def layers_per_chunk(self, layers: int, chunks: Optional[int] = None, what: str = "") -> list[int]:
+    def layers_per_chunk(self, layers: int, chunks: int | None = None, what: str = "") -> list[int]:
         """Transformer layers held by each of ``chunks`` model chunks (default
         ``pp * vpp``), in pipeline order: from ``pipeline_layers`` (explicit, or
         ``"auto"``: as even as possible with lighter first and last chunks), else an
@@ -382,7 +381,7 @@ class ParallelLayout:
             )
         return [layers // n] * n
 
-    def chunk_layer_ranges(self, layers: int, chunks: Optional[int] = None, what: str = "") -> list[range]:
+    def chunk_layer_ranges(self, layers: int, chunks: int | None = None, what: str = "") -> list[range]:
         """Global layer indices of each model chunk, in pipeline order."""
         out, start = [], 0
         for n in self.layers_per_chunk(layers, chunks, what):
@@ -391,7 +390,7 @@ class ParallelLayout:
         return out
 
 
-def orthogonal_groups(sizes: tuple[int, ...], axes: tuple[int, ...]) -> "np.ndarray":
+def orthogonal_groups(sizes: tuple[int, ...], axes: tuple[int, ...]) -> np.ndarray:
     """The rank groups of a mixed-radix mesh: ranks numbered with ``sizes`` digits
     (innermost first), one group per setting of the digits not in ``axes``, each row the
     ranks that differ only in the ``axes`` digits, in order of their number along those
@@ -466,5 +465,5 @@ def _cached_ep_subgroups(
 
 
 @lru_cache(maxsize=1024)
-def _cached_groups(layout: ParallelLayout, axis: str, stage: Optional[int]) -> tuple[tuple[int, ...], ...]:
+def _cached_groups(layout: ParallelLayout, axis: str, stage: int | None) -> tuple[tuple[int, ...], ...]:
     return layout._groups(axis, stage)

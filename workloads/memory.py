@@ -49,11 +49,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
-from workloads import enums
-from workloads import shapes
-from workloads import parameters
+from workloads import enums, parameters, shapes
 from workloads.errors import WorkloadError
 from workloads.layout import ParallelLayout
 from workloads.model import ModelSpec
@@ -75,7 +72,7 @@ def rank_parameter_counts(
     stage_layers: range,
     has_embedding: bool,
     has_head: bool,
-    has_mtp: Optional[bool] = None,
+    has_mtp: bool | None = None,
 ) -> tuple[int, int]:
     """``(dense, expert)`` parameters one rank holds for the transformer layers
     ``stage_layers`` (plus embedding / head / MTP when it holds them).
@@ -102,7 +99,7 @@ def rank_parameter_units(
     stage_layers,
     has_embedding: bool,
     has_head: bool,
-    has_mtp: Optional[bool] = None,
+    has_mtp: bool | None = None,
 ) -> list[tuple[str, int, int]]:
     """The parameters one rank holds, cut into the units the trace reduces, gathers
     and shards as one bucket each: ``(name, dense, expert)`` with name ``"L<i>"``
@@ -338,7 +335,7 @@ def recomputed_kernel_names(training) -> frozenset:
 FSDP_GATHERED_UNITS = 2
 
 
-def grad_array_params(model: ModelSpec, layout: ParallelLayout, training) -> Optional[float]:
+def grad_array_params(model: ModelSpec, layout: ParallelLayout, training) -> float | None:
     """The ``grad_array_params`` of :func:`sharding_buffer_bytes` for a training recipe:
     the largest weight array with ``grad_reduce_granularity: tensor``, else None (whole
     units)."""
@@ -351,7 +348,7 @@ def training_sharding_buffer_bytes(
     model: ModelSpec,
     layout: ParallelLayout,
     training,
-    unit_params: "list[float] | tuple[float, ...]",
+    unit_params: list[float] | tuple[float, ...],
     weight_dtype_bytes: int = 2,
 ) -> float:
     """:func:`sharding_buffer_bytes` under a :class:`workloads.training.TrainingSpec`: the
@@ -371,12 +368,12 @@ def training_sharding_buffer_bytes(
 
 
 def sharding_buffer_bytes(
-    unit_params: "list[float] | tuple[float, ...]",
+    unit_params: list[float] | tuple[float, ...],
     zero: int,
     weight_dtype_bytes: int = 2,
     grad_dtype_bytes: int = 4,
     gathered_units: int = FSDP_GATHERED_UNITS,
-    grad_array_params: Optional[float] = None,
+    grad_array_params: float | None = None,
     reshard_after_forward: bool = True,
     grad_units: int = 1,
 ) -> float:

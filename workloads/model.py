@@ -13,7 +13,7 @@ Each field is written once, here: its name, type, default and (in ``metadata``, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal, Optional
+from typing import Literal
 
 FfnKind = Literal["swiglu", "gelu"]
 
@@ -64,7 +64,7 @@ class MoESpec:
     dense_layers: int = field(default=0, metadata={"ge": 0})
     layer_freq: int = field(default=1, metadata={"ge": 1, "le": MAX_HEADS})
     # DeepSeek-V3 node-limited routing (M = 4)
-    max_nodes_per_token: Optional[int] = field(default=None, metadata={"ge": 1, "le": MAX_HEADS})
+    max_nodes_per_token: int | None = field(default=None, metadata={"ge": 1, "le": MAX_HEADS})
 
 
 @dataclass(frozen=True)
@@ -82,13 +82,13 @@ class ModelSpec:
     heads: int = field(metadata={"ge": 1, "le": MAX_HEADS})
     ffn_hidden: int = field(metadata={"ge": 1, "le": MAX_FFN})
     vocab: int = field(metadata={"ge": 1, "le": MAX_VOCAB})
-    kv_heads: Optional[int] = field(default=None, metadata={"ge": 1, "le": MAX_HEADS})
-    head_dim: Optional[int] = field(default=None, metadata={"ge": 1, "le": MAX_HEADS})
+    kv_heads: int | None = field(default=None, metadata={"ge": 1, "le": MAX_HEADS})
+    head_dim: int | None = field(default=None, metadata={"ge": 1, "le": MAX_HEADS})
     ffn: FfnKind = "swiglu"
     tied_embeddings: bool = False
     parallel_block: bool = False
-    attention: Optional[MLASpec] = None
-    moe: Optional[MoESpec] = None
+    attention: MLASpec | None = None
+    moe: MoESpec | None = None
     mtp_depth: int = field(default=0, metadata={"ge": 0, "le": 64})  # multi-token-prediction modules (DeepSeek-V3: 1)
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     bias: bool = False  # linear-layer biases (GPT-2/3 style)
@@ -116,5 +116,5 @@ class ModelSpec:
     def moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.layers))
 
-    def with_(self, **changes) -> "ModelSpec":
+    def with_(self, **changes) -> ModelSpec:
         return replace(self, **changes)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional
 
 from workloads.counts import _FP32_BYTES, Kernel, _ffn, _gemm
 from workloads.model import ModelSpec
@@ -69,11 +68,11 @@ class MoEOptions:
     router_dtype: str = "bf16"
     balance: str = "aux-free"
     gate_weighting: str = "activation"
-    capacity_factor: Optional[float] = None
+    capacity_factor: float | None = None
     pad_factor: float = 1.0
 
     @classmethod
-    def of(cls, training, expert_load=None) -> "MoEOptions":
+    def of(cls, training, expert_load=None) -> MoEOptions:
         """The options of a :class:`~workloads.training.TrainingSpec` and its
         :class:`~workloads.moe_load.ExpertLoad` (None: balanced, dropless)."""
         cf = None if expert_load is None else expert_load.capacity_factor

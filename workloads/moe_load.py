@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 import numpy as np
 
@@ -62,7 +62,7 @@ class ExpertLoad:
 
     distribution: Distribution = "balanced"
     skew: float = field(default=1.0, metadata={"gt": 0, "le": 100})
-    capacity_factor: Optional[float] = field(default=None, metadata={"ge": 1, "le": 1e3})
+    capacity_factor: float | None = field(default=None, metadata={"ge": 1, "le": 1e3})
     seed: int = field(default=0, metadata={"ge": 0, "le": 2**63 - 1})
     # Drop-and-pad (Megatron --moe-pad-expert-input-to-capacity, with a capacity factor):
     # every expert computes exactly its capacity, padded rows included, so the expert GEMMs

@@ -5,7 +5,7 @@ against published totals). Pure functions of the model spec."""
 from __future__ import annotations
 
 from workloads.model import ModelSpec
-from workloads.shapes import _local_heads, _local_kv_heads, _split, _ffn_up_width, _mtp_block_is_moe
+from workloads.shapes import _ffn_up_width, _local_heads, _local_kv_heads, _mtp_block_is_moe, _split
 
 
 def _norm_params(model: ModelSpec, width: int) -> int:

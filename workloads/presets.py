@@ -9,7 +9,7 @@ checks every preset's parameter count against the published total.
 from __future__ import annotations
 
 from workloads.errors import WorkloadError
-from workloads.model import MLASpec, MoESpec, ModelSpec
+from workloads.model import MLASpec, ModelSpec, MoESpec
 
 _NARAYANAN = "Narayanan et al. 2021, arXiv 2104.04473, Table 1 (V = 51,200, s = 2048, FFN 4h)"
 _KORTHIKANTI = "Korthikanti et al. 2022, arXiv 2205.05198, Table 3 (V = 51,200, s = 2048, FFN 4h)"

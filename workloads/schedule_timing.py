@@ -27,17 +27,20 @@ each stuck rank, the step it is blocked on and the missing predecessor.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Union, Literal, Mapping, NamedTuple, Sequence
+from typing import Literal, NamedTuple
 
 from workloads.schedules import (
     Action,
     ScheduleError,
     Step,
-    all_forward_first as _all_forward_first,
     in_flight_profile,
     micro_batch_path,
     schedule,
+)
+from workloads.schedules import (
+    all_forward_first as _all_forward_first,
 )
 
 PairCost = Literal["sum", "max"]
@@ -88,7 +91,7 @@ def _durations(durations: Mapping[str, float]) -> dict[str, float]:
 
 
 def _per_rank_durations(
-    durations: Union[Mapping[str, float], Sequence[Mapping[str, float]]], pp: int
+    durations: Mapping[str, float] | Sequence[Mapping[str, float]], pp: int
 ) -> list[dict[str, float]]:
     """One mapping for every rank, or one per rank (e.g. a straggler's stage slower), checked."""
     per_rank = (
@@ -144,7 +147,7 @@ class _Passes:
 
 def run_schedule(
     steps_per_rank: Sequence[Sequence[Step]],
-    durations: Union[Mapping[str, float], Sequence[Mapping[str, float]]],
+    durations: Mapping[str, float] | Sequence[Mapping[str, float]],
     m: int,
     name: str = "1f1b",
     vpp: int = 1,

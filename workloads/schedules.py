@@ -50,9 +50,10 @@ has ``2*pp`` distinct chunks and no duplication, is not implemented here.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Literal, Sequence
+from typing import Literal
 
 from workloads import enums
 from workloads.errors import WorkloadError

@@ -53,7 +53,7 @@ class Shard:
             )
 
     @classmethod
-    def of(cls, layout: ParallelLayout, training: TrainingSpec) -> "Shard":
+    def of(cls, layout: ParallelLayout, training: TrainingSpec) -> Shard:
         """The shard of a rank of ``layout`` running one micro-batch of ``training``."""
         return cls(
             micro_batch_size=training.micro_batch_size,

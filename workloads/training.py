@@ -8,7 +8,7 @@ from :class:`TrainingSpec`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 from workloads.enums import Balance, Recompute
 from workloads.errors import WorkloadError
@@ -195,7 +195,7 @@ class TrainingSpec:
     # reserved = allocated + fraction x (activations + buffers), summary.json's
     # reserved_memory_bytes, on which oom is judged. None (default): ALLOCATOR_RESERVE_FRACTION
     # (sources there) on GPUs, XLA_ALLOCATOR_RESERVE_FRACTION on TPUs.
-    allocator_reserve_fraction: Optional[float] = field(default=None, metadata={"ge": 0, "le": 1})
+    allocator_reserve_fraction: float | None = field(default=None, metadata={"ge": 0, "le": 1})
 
     def __post_init__(self) -> None:
         if self.activation_saving not in ("none", "deepseek-v3"):

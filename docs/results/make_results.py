@@ -34,8 +34,8 @@ more candidates; it takes hours on a laptop.
 from __future__ import annotations
 
 import argparse
-import os
 import json
+import os
 import platform
 import shutil
 import sys

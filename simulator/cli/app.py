@@ -17,11 +17,12 @@ The exit codes, :class:`CliError` and the mapping of errors to exit codes are in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Optional, Sequence
 
 # The exit codes are re-exported: simulator.cli.app is where scripts have always found them.
 from simulator.cli import limits
@@ -43,7 +44,6 @@ from simulator.cli.common import (  # noqa: F401
 )
 from simulator.cli.limits import check_collective_work, check_finite_summary
 from workloads.enums import BALANCE_MODES, COLLECTIVE_OPS, RECOMPUTE_MODES, SCHEDULES
-
 
 # ---- commands -------------------------------------------------------------------------
 
@@ -106,9 +106,8 @@ def cmd_run(args) -> int:
 def cmd_report(args) -> int:
     from simulator.results.html_data import load_run_dir
     from simulator.results.html_report import write_report
-    from simulator.results.report import format_summary
-
     from simulator.results.outdir import staged_file
+    from simulator.results.report import format_summary
 
     if args.output and not args.html:
         raise CliError("--output: only with --html")
@@ -172,9 +171,8 @@ def cmd_trace(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from simulator.studies.compare import compare_schedules, format_table, plot_comparison
-
     from simulator.results.outdir import check_output_dir, staged_dir
+    from simulator.studies.compare import compare_schedules, format_table, plot_comparison
 
     path = resolve_scenario_path(args.scenario)
     schedules = [x.strip() for x in args.schedules.split(",") if x.strip()]
@@ -276,7 +274,7 @@ def cmd_presets(args) -> int:
     return EXIT_OK
 
 
-def _cluster_from_arg(arg: str, devices: Optional[int]):
+def _cluster_from_arg(arg: str, devices: int | None):
     from simulator.scenario.loading import read_mapping
     from simulator.scenario.resolve import resolve_cluster
 
@@ -298,7 +296,7 @@ def _network_calibration(arg: str, family: str):
     against the nccl-tests logs it was fitted to)."""
     from simulator.network.calibration import default_calibration
     from simulator.scenario.loading import read_mapping
-    from simulator.scenario.schema import error_from_pydantic, NetCalIn
+    from simulator.scenario.schema import NetCalIn, error_from_pydantic
 
     cal = default_calibration(family)
     p = Path(arg)
@@ -556,7 +554,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_collective(sub)
     _add_topology(sub)
 
-    from simulator.cli import importer as cli_import, ppmap as cli_ppmap, sweep as cli_sweep, validate as cli_validate
+    from simulator.cli import importer as cli_import
+    from simulator.cli import ppmap as cli_ppmap
+    from simulator.cli import sweep as cli_sweep
+    from simulator.cli import validate as cli_validate
 
     cli_sweep.register(sub)
     cli_ppmap.register(sub)
@@ -565,7 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``stepsim ARGV``: the exit code (:func:`simulator.cli.common.run`)."""
     return run(build_parser(), argv)
 
@@ -588,10 +589,8 @@ def console() -> None:
         import os
 
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):  # a closed pipe (``| head``): nothing to flush to
                 stream.flush()
-            except (OSError, ValueError):  # a closed pipe (``| head``) or stream: nothing to flush to
-                pass
         os._exit(code)
     sys.exit(code)
 

@@ -26,13 +26,14 @@ figures to files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import math
 import os
 import sys
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 from simulator.cli.interrupts import EXIT_SIGINT, EXIT_SIGTERM, Interrupted, handled
 from stepsim_errors import StepsimError
@@ -132,7 +133,7 @@ def new_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     return ap, sub
 
 
-def run(ap: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> int:
+def run(ap: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, run the command and return its exit code: a :class:`StepsimError` or an
     ``OSError`` is bad input (exit 2, its one-line message); SIGINT / SIGTERM end it with one
     line (exit 130 / 143); anything else is an internal error (exit 1, a one-line hint; the
@@ -146,7 +147,7 @@ def run(ap: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> in
         sys.stdout = stdout
 
 
-def _run(ap: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> int:
+def _run(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     with handled():
         try:
             try:
@@ -225,10 +226,8 @@ def _tolerant_output() -> None:
     non-ASCII scenario name under ``PYTHONIOENCODING=ascii``) instead of failing."""
     for stream in (sys.stdout, sys.stderr):
         if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
-            try:
+            with contextlib.suppress(ValueError, OSError):  # a stream that cannot change: leave it
                 stream.reconfigure(errors="backslashreplace")
-            except (ValueError, OSError):  # a stream that cannot change: leave it
-                pass
 
 
 def _usable_matplotlib_backend() -> None:

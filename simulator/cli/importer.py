@@ -11,10 +11,10 @@ from simulator.cli.common import MAX_DEVICES_FLAG, int_flag
 
 
 def cmd_import(args) -> int:
-    from stepsim_fileio import read_text
     from simulator.interop.megatron import import_megatron, to_yaml
     from simulator.results.outdir import check_output_file, staged_file
     from simulator.scenario.loading import load_scenario
+    from stepsim_fileio import read_text
 
     if args.out:
         check_output_file(args.out, "--out")

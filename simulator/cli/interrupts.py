@@ -22,7 +22,7 @@ import contextlib
 import os
 import signal
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 #: Exit codes of a command ended by SIGINT and SIGTERM (the shells' 128 + signal number).
 EXIT_SIGINT = 128 + int(signal.SIGINT)

@@ -21,8 +21,8 @@ import contextlib
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from simulator.cli.common import (
     EXIT_CASES_FAILED,
@@ -56,14 +56,14 @@ def _str_list(flag: str, text: str, allowed: Sequence[str]) -> tuple[str, ...]:
     return vals
 
 
-def _jobs(args) -> Optional[int]:
+def _jobs(args) -> int | None:
     if args.jobs is not None and args.jobs < 1:
         raise CliError(f"--jobs: must be >= 1, got {args.jobs}")
     return args.jobs
 
 
 @contextlib.contextmanager
-def _dask_client(address: Optional[str]):
+def _dask_client(address: str | None):
     if not address:
         yield None
         return
@@ -82,7 +82,7 @@ def _dask_client(address: Optional[str]):
 
 
 @contextlib.contextmanager
-def _executor(spec: Optional[str], jobs: Optional[int], dask: Optional[str]):
+def _executor(spec: str | None, jobs: int | None, dask: str | None):
     """``--executor MODULE:CALLABLE``: the callable's result (``max_workers=--jobs`` when given),
     shut down at the end."""
     if not spec:
@@ -119,7 +119,7 @@ def _executor(spec: Optional[str], jobs: Optional[int], dask: Optional[str]):
             ex.shutdown(wait=True)
 
 
-def _make_executor(spec: str, factory, jobs: Optional[int]):
+def _make_executor(spec: str, factory, jobs: int | None):
     """The executor ``factory`` returns, or a :class:`CliError` naming ``--executor``: the
     factory must be callable, return without error, and give an object whose ``submit``
     and ``shutdown`` are implemented (not :class:`concurrent.futures.Executor`'s own
@@ -376,7 +376,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_sweep_plot)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """These commands on their own, as ``stepsim`` runs them (the same parser options and
     exit codes): ``python -m simulator.cli.sweep sweep ...`` is ``stepsim sweep ...``."""
     ap, sub = new_parser()

@@ -19,8 +19,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from simulator.cli.common import (
     EXIT_CASES_FAILED,
@@ -228,7 +228,7 @@ def _add_calibrate(subparsers) -> None:
     p.set_defaults(func=cmd_calibrate)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """These commands on their own, as ``stepsim`` runs them (the same parser options and
     exit codes): ``python -m simulator.cli.validate validate ...`` is ``stepsim validate ...``."""
     ap, sub = new_parser()

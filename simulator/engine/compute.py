@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from simulator.engine import grouped_gemm
 from topologies.chips import ChipSpec, ComputeCalibration
 from workloads.counts import Kernel
-
 
 # One calibration per chip family (reference-data.md: "keep one calibration per chip family,
 # never a per-case knob"), as data: simulator/calibration/compute-<family>.json gives each

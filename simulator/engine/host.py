@@ -34,7 +34,6 @@ and the engine waits on that sync's end only where a stream reaches an op beyond
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Optional
 
 from workloads.trace.ops import Op
 
@@ -70,7 +69,7 @@ class HostTimeline:
         #: rank -> seconds of host time issuing ops
         self.busy_s: dict[int, float] = defaultdict(float)
 
-    def issue_start(self, op_id: int, end_time: dict) -> tuple[Optional[float], Optional[int]]:
+    def issue_start(self, op_id: int, end_time: dict) -> tuple[float | None, int | None]:
         hit = self._start.get(op_id)
         if hit is not None:
             return hit, None

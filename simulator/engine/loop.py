@@ -63,23 +63,21 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from functools import cache
 from dataclasses import dataclass, field
-from typing import Optional
+from functools import cache
 
 import simpy
 
-from simulator.network import collectives as coll_mod
 from simulator.engine.accounting import IdleAccount, account
 from simulator.engine.compute import kernel_time_s, kernels_time_s, overlap_slowdown
 from simulator.engine.host import HostTimeline
-from topologies.chips import ComputeCalibration
 from simulator.engine.lowering import Lowering
 from simulator.engine.private import PrivateBook, absorb, private_ops
+from simulator.network import collectives as coll_mod
 from simulator.network.flows import FlowNetwork
-from topologies.chips import ChipSpec
-from workloads.counts import matmul_flops
+from topologies.chips import ChipSpec, ComputeCalibration
 from topologies.topology import Topology
+from workloads.counts import matmul_flops
 from workloads.layout import ParallelLayout
 from workloads.trace.ops import Op, Trace, TraceError
 
@@ -102,11 +100,11 @@ class RawRun:
     events_processed: int
     idle_spans: list[tuple[int, float, float, str, str]] = field(default_factory=list)
     # (rank, start_s, end_s, cause 'bubble' | 'exposed_comm' | 'offload_wait', axes busy or 'offload')
-    account: Optional[IdleAccount] = None  # the per-rank attribution behind idle and idle_spans
+    account: IdleAccount | None = None  # the per-rank attribution behind idle and idle_spans
     # (rank, layer) -> seconds the GPU waited for its host to issue that layer's ops (layer -1:
     # outside the layers); empty without a host stream (simulator.engine.host)
     host_delay_s: dict = field(default_factory=dict)
-    host: Optional[HostTimeline] = None  # the host stream's issue times and busy / sync-wait seconds
+    host: HostTimeline | None = None  # the host stream's issue times and busy / sync-wait seconds
     # op id -> seconds the GPU waited for the host to issue that op (the same waits as
     # host_delay_s, by op: steady-state skipping repeats one period's of them)
     host_delay_by_op_s: dict = field(default_factory=dict)
@@ -148,10 +146,10 @@ class Engine:
         compute_cal: ComputeCalibration,
         network_cal=None,
         dtype: str = "bf16",
-        compute_scale: Optional[dict[int, float]] = None,
-        algorithms: Optional[dict[str, str]] = None,
+        compute_scale: dict[int, float] | None = None,
+        algorithms: dict[str, str] | None = None,
         host_bw_bytes_per_s: float = 32e9,
-        progress: Optional[bool] = False,
+        progress: bool | None = False,
         twin_quotient: bool = True,
         chain_ops: bool = True,
         private_phases: bool = True,
@@ -195,10 +193,10 @@ class Engine:
         self._dur_cache: dict = {}
         #: Private ops run as known durations (:func:`~simulator.engine.private.private_ops`).
         self.private_ops_run = 0
-        self._book: Optional[PrivateBook] = None
+        self._book: PrivateBook | None = None
         # The host stream (simulator.engine.host): seconds per host launch; 0 = none.
         self.host_launch_s = host_launch_s
-        self._host: Optional[HostTimeline] = None
+        self._host: HostTimeline | None = None
         self.host_delay: dict[tuple[int, int], float] = defaultdict(float)
         self.host_delay_by_op: dict[int, float] = defaultdict(float)
         self._times_cache: dict = {}

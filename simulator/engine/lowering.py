@@ -12,7 +12,6 @@ See :mod:`simulator.engine.loop` for the representative assumption and the quoti
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
 
 import numpy as np
 
@@ -38,7 +37,7 @@ class Lowering:
         topo: Topology,
         layout: ParallelLayout,
         net: FlowNetwork,
-        algorithms: Optional[dict[str, str]] = None,
+        algorithms: dict[str, str] | None = None,
         twin_quotient: bool = True,
         a2a_quotient: bool = True,
     ) -> None:
@@ -61,7 +60,7 @@ class Lowering:
             self._sim = np.zeros(layout.world, dtype=bool)
             self._sim[list(trace.ranks)] = True
 
-    def quotient_phase(self, rep: tuple, twins: list) -> Optional[tuple]:
+    def quotient_phase(self, rep: tuple, twins: list) -> tuple | None:
         """:func:`~simulator.engine.quotient.quotient_phase` on this network, counted in
         :attr:`twin_stats`."""
         return quotient_phase(self.net, rep, twins, self.twin_stats)
@@ -112,7 +111,7 @@ class Lowering:
             self._plan_cache[key] = p
         return p
 
-    def _hierarchical_a2a_pieces(self, op: Op) -> Optional[list]:
+    def _hierarchical_a2a_pieces(self, op: Op) -> list | None:
         """An expert all-to-all planned as ``hierarchical-a2a`` (``scaleout_fraction``
         below 1 under node-limited routing) over the representative's EP group, as the
         quotient of its two hops' pieces, of which
@@ -165,7 +164,7 @@ class Lowering:
         phase = coll_mod.Phase(tuple(transfers), steps=2)
         return [coll_mod.CollectivePlan(op.coll, "hierarchical-a2a", op.group, op.size_bytes, (phase,))]
 
-    def _domain_a2a_quotient(self, op: Op) -> Optional[list]:
+    def _domain_a2a_quotient(self, op: Op) -> list | None:
         """An expert all-to-all planned ``direct`` inside one scale-up domain of a switched
         network, as the quotient of its ``n (n - 1)`` transfers by the rotations of its
         members (every member belongs to the representative's stage: under the
@@ -212,7 +211,7 @@ class Lowering:
         )
         return (bundle(with_incidence),)
 
-    def _rail_quotient(self, rank: int, rail: tuple, groups: list, chunk: float) -> Optional[tuple]:
+    def _rail_quotient(self, rank: int, rail: tuple, groups: list, chunk: float) -> tuple | None:
         """Quotient of the direct all-to-alls of ``chunk`` per pair over the rail groups
         ``groups`` (``rail``, the representative's, among them): the representative's
         sends and receives, every other transfer folded into the send it is the image
@@ -249,7 +248,7 @@ class Lowering:
             return None
         return self._bundled(q[: m - 1]) + self._bundled(q[m - 1 :])  # sends, receives
 
-    def _rotation_quotient(self, rank: int, group: tuple, chunk: float) -> Optional[tuple]:
+    def _rotation_quotient(self, rank: int, group: tuple, chunk: float) -> tuple | None:
         """Quotient of the direct all-to-all of ``chunk`` per pair over ``group`` by the
         rotations of its members: ``rank``'s own sends, with the multiplicities of their
         images, as one flow (:meth:`_bundled`; None where the images' latencies differ)."""
@@ -295,7 +294,7 @@ class Lowering:
             self._send_cache[key] = hit
         return hit
 
-    def _partial_pair_quotient(self, own: tuple, pairs: np.ndarray, mine: int) -> Optional[tuple]:
+    def _partial_pair_quotient(self, own: tuple, pairs: np.ndarray, mine: int) -> tuple | None:
         """A send whose twin pairs do not all have its path latency (some cross a leaf
         boundary of a fat-tree that the representative's pair does not: narayanan21-529.6b's
         stages of 9 nodes against leaves of 32), quotiented class by class: the pairs of
@@ -321,7 +320,7 @@ class Lowering:
         self.twin_stats["partial"] += 1
         return tuple(out)
 
-    def _pair_quotient(self, own: tuple, pairs: np.ndarray) -> Optional[tuple]:
+    def _pair_quotient(self, own: tuple, pairs: np.ndarray) -> tuple | None:
         """:func:`~simulator.engine.quotient.quotient_phase` of a send ``own`` over its twin ``pairs`` (rows
         ``(src, dst)``, ``own``'s among them), straight from the arrays."""
         q = image_quotient(
@@ -336,12 +335,12 @@ class Lowering:
         self.twin_stats["fallback" if q is None else "quotient"] += 1
         return q
 
-    def _groups_on_network(self, op: Op, pair: Optional[tuple[int, int]] = None) -> list[tuple[int, ...]]:
+    def _groups_on_network(self, op: Op, pair: tuple[int, int] | None = None) -> list[tuple[int, ...]]:
         """The group itself plus, in representative mode, its twins (see module doc)."""
         rows = self._twin_rows(op, pair)
         return rows if isinstance(rows, list) else list(map(tuple, rows.tolist()))
 
-    def _twin_rows(self, op: Op, pair: Optional[tuple[int, int]] = None):
+    def _twin_rows(self, op: Op, pair: tuple[int, int] | None = None):
         """:meth:`_groups_on_network` as an array of one row per group (a list of
         groups where they differ in size), cached per (axis, stage, group)."""
         group = pair if pair is not None else op.group

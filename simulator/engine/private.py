@@ -11,7 +11,6 @@ event. ``Engine(..., private_phases=False)`` sends every op through the network.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Optional
 
 import numpy as np
 
@@ -22,7 +21,7 @@ from workloads.trace.ops import Trace
 
 def private_ops(
     trace: Trace, lowering: Lowering, sim_ranks: set, members: dict
-) -> tuple[dict[int, tuple], "PrivateBook"]:
+) -> tuple[dict[int, tuple], PrivateBook]:
     """Communication ops whose timing is known when they start, and the book of what
     they put on the network: ``({op id: (durations, code, most flows, links now)}, book)``
     (see :class:`PrivateBook`).
@@ -161,7 +160,7 @@ def phase_info(net: FlowNetwork, phases: tuple) -> tuple:
     """``(links loaded, per-phase (prepared, evolution, seconds) or None)`` of merged
     network phases; None where a phase has no cached isolated evolution."""
     links: set[int] = set()
-    info: Optional[list] = []
+    info: list | None = []
     for transfers, steps, _compute in phases:
         prep = net.prepared(transfers)
         if prep is None:

@@ -6,7 +6,6 @@ transfers and the network's routes."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
 
 import numpy as np
 
@@ -43,7 +42,7 @@ def quotient_plan(net: FlowNetwork, rep, twins: list, stats: dict):
     return replace(rep, phases=tuple(phases))
 
 
-def quotient_phase(net: FlowNetwork, rep: tuple, twins: list, stats: dict) -> Optional[tuple]:
+def quotient_phase(net: FlowNetwork, rep: tuple, twins: list, stats: dict) -> tuple | None:
     """The symmetry quotient of one phase issued by every twin group at once.
 
     ``twins`` lists every twin's transfers of the phase (``rep`` among them), the
@@ -101,8 +100,8 @@ def image_quotient(
     src: np.ndarray,
     dst: np.ndarray,
     latency: str,
-    image_of: Optional[np.ndarray] = None,
-) -> Optional[tuple]:
+    image_of: np.ndarray | None = None,
+) -> tuple | None:
     """``rep``'s transfers, each with incidence counting the images of it that cross
     the links ``U`` its transfers cross (see :func:`quotient_phase`).
 

@@ -22,8 +22,6 @@ against 40 % averaged over every device by ``--exact``).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 from topologies.topology import Topology
@@ -97,7 +95,7 @@ def _position(layout: ParallelLayout, topo: Topology, axes: dict) -> int:
     return int(np.argmax(score))
 
 
-def rank_classes(layout: ParallelLayout, topo: Topology) -> Optional[np.ndarray]:
+def rank_classes(layout: ParallelLayout, topo: Topology) -> np.ndarray | None:
     """The class of each rank (an array over ranks; ``None`` where :func:`uneven_groups` finds
     no axis): ranks of one pipeline stage whose position in it (ranks into the stage) has
     the same groups' splits over the scale-up domains (members per domain, largest first)

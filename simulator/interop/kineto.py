@@ -51,9 +51,9 @@ import bisect
 import math
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Union
 
 from simulator.errors import StudyError
 from workloads.counts import Kernel, backward_kernels
@@ -194,7 +194,7 @@ class KinetoKernels:
         return "\n".join(lines)
 
 
-def load_events(path: Union[str, Path]) -> list[dict]:
+def load_events(path: str | Path) -> list[dict]:
     """The ``traceEvents`` list of a Chrome trace file (``.json`` or ``.json.gz``; a bare
     list of events is accepted too)."""
     from stepsim_fileio import load_json, read_text
@@ -225,7 +225,7 @@ def _bad_durations(events: Sequence[dict]) -> int:
     return bad
 
 
-def _num(v) -> Optional[float]:
+def _num(v) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     return float(v) if math.isfinite(v) else None
@@ -237,7 +237,7 @@ class _Thread:
     def __init__(self, ops: list[dict]):
         self.ops = sorted(ops, key=lambda e: (e["ts"], -e["dur"]))
         self.starts = [e["ts"] for e in self.ops]
-        self.parent: dict[int, Optional[dict]] = {}
+        self.parent: dict[int, dict | None] = {}
         stack: list[dict] = []
         for e in self.ops:
             while stack and stack[-1]["ts"] + stack[-1]["dur"] < e["ts"] + e["dur"] - 1e-9:
@@ -245,7 +245,7 @@ class _Thread:
             self.parent[id(e)] = stack[-1] if stack else None
             stack.append(e)
 
-    def around(self, t: float) -> Optional[dict]:
+    def around(self, t: float) -> dict | None:
         """The innermost operator running at time ``t``: from the last one started by
         then, out through its parents."""
         i = bisect.bisect_right(self.starts, t) - 1
@@ -432,7 +432,7 @@ def kernel_of(op_name: str, args: dict):
     return None
 
 
-def read_kineto(paths: Union[str, Path, Iterable[Union[str, Path]]], device: Optional[int] = None) -> KinetoKernels:
+def read_kineto(paths: str | Path | Iterable[str | Path], device: int | None = None) -> KinetoKernels:
     """Kernel timings (:class:`simulator.studies.calibrate.KernelTiming`, one per distinct shape:
     the median duration) from one or more Kineto traces. ``device``: only kernels of that
     GPU index (default: every device in the trace).

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from simulator.interop.megatron_args import GPT2_VOCAB, NO_STEP_EFFECT, ScenarioError, arg_int, parse_arg_text
 
@@ -55,7 +54,7 @@ class _Mapping:
         self.name = name
         self.tp = 1
 
-    def integer(self, name: str, default=None) -> Optional[int]:
+    def integer(self, name: str, default=None) -> int | None:
         return arg_int(self.args, name, default)
 
     def take(self, arg: str, key: str, shown=None) -> None:
@@ -418,7 +417,7 @@ class _Mapping:
 
     # ---- devices and the rest ------------------------------------------------------------
 
-    def devices(self, devices: Optional[int], par: dict) -> int:
+    def devices(self, devices: int | None, par: dict) -> int:
         """The GPU count: given, from the launcher, ``--num-gpus`` or tp x pp x cp x dp."""
         args = self.args
         if devices is not None:
@@ -457,9 +456,7 @@ class _Mapping:
                 self.res.unmapped.append(shown)
 
 
-def import_megatron(
-    text: str, cluster: str, devices: Optional[int] = None, name: str = "megatron-import"
-) -> ImportResult:
+def import_megatron(text: str, cluster: str, devices: int | None = None, name: str = "megatron-import") -> ImportResult:
     """Map an argument list onto a scenario mapping (see the module notes)."""
     m = _Mapping(parse_arg_text(text), name)
     model = m.model()

@@ -6,10 +6,8 @@ arguments onto a scenario."""
 from __future__ import annotations
 
 import shlex
-from typing import Optional
 
 from simulator.scenario.errors import ScenarioError
-
 
 # GPT-2's BPE vocabulary (Radford et al. 2019; gpt2-vocab.json, the file Megatron's GPT
 # examples pass as --vocab-file): 50,257 tokens.
@@ -170,7 +168,7 @@ _FLAGS = (
 )
 
 
-def parse_arg_text(text: str) -> dict[str, Optional[str]]:
+def parse_arg_text(text: str) -> dict[str, str | None]:
     """``name -> value`` (``None`` for a bare flag) of an argument list; the launcher
     (tokens before the ``*.py`` script) contributes its ``--nnodes`` / ``--nproc-per-node``."""
     lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
@@ -179,7 +177,7 @@ def parse_arg_text(text: str) -> dict[str, Optional[str]]:
         tokens = shlex.split(joined, comments=True)
     except ValueError as err:
         raise ScenarioError(f"cannot split the argument list ({err})", field="args") from None
-    out: dict[str, Optional[str]] = {}
+    out: dict[str, str | None] = {}
     i = 0
     while i < len(tokens):
         tok = tokens[i]
@@ -213,7 +211,7 @@ def parse_arg_text(text: str) -> dict[str, Optional[str]]:
     return out
 
 
-def arg_int(args: dict, name: str, default=None) -> Optional[int]:
+def arg_int(args: dict, name: str, default=None) -> int | None:
     """The argument ``--name`` as an integer (``default`` when absent)."""
     v = args.get(name, default)
     if v is None or isinstance(v, int):

@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Union
 
 from simulator.errors import StudyError
 
@@ -97,7 +97,7 @@ class NcclTestsRow:
     time_s: float  # out-of-place
     algbw_bytes_per_s: float
     busbw_bytes_per_s: float
-    in_place_time_s: Optional[float] = None
+    in_place_time_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def _strip(line: str) -> str:
     return _PREFIX_RE.sub("", line.rstrip("\r\n"), count=1)
 
 
-def _op_from(text: str, name: str) -> Optional[str]:
+def _op_from(text: str, name: str) -> str | None:
     found = {m.group(1) for m in _BINARY_RE.finditer(text)}
     if len(found) == 1:
         return OP_OF_BINARY[found.pop() + "_perf"]
@@ -134,10 +134,10 @@ def _op_from(text: str, name: str) -> Optional[str]:
 
 
 def read_nccl_tests(
-    path: Union[str, Path],
-    op: Optional[str] = None,
-    devices: Optional[int] = None,
-    default_devices: Optional[int] = None,
+    path: str | Path,
+    op: str | None = None,
+    devices: int | None = None,
+    default_devices: int | None = None,
 ) -> NcclTestsLog:
     """Read an nccl-tests log (see the module notes).
 
@@ -172,7 +172,7 @@ def read_nccl_tests(
                 f"the op (--nccl-op; one of {', '.join(BINARY_OF_OP)})"
             )
     ranks: set[int] = set()
-    header: Optional[list[str]] = None
+    header: list[str] | None = None
     rows: list[NcclTestsRow] = []
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = _strip(raw)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from simulator.network.phases import Transfer
 from simulator.network.plans import CollectiveError, Phase, equal_split

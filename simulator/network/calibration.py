@@ -80,9 +80,9 @@ Defaults per chip family, with the measurement each number comes from:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Mapping
 
 from simulator.errors import NetworkError
 
@@ -179,7 +179,7 @@ class NetCalibration:
         message_overhead_s: Mapping[str, float] | None = None,
         algorithm_efficiency: Mapping[str, float] | None = None,
         a2a_efficiency: Mapping[str, float] | None = None,
-    ) -> "NetCalibration":
+    ) -> NetCalibration:
         """A copy with some entries replaced (others kept)."""
         return replace(
             self,

@@ -137,8 +137,9 @@ Algorithm choice (:func:`choose_algorithm`), in order:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Optional, Sequence, Union
+from typing import TYPE_CHECKING
 
 from simulator.network.alltoall import direct_a2a, hierarchical_a2a
 from simulator.network.flows import FlowNetwork, Transfer
@@ -238,7 +239,7 @@ def _is_pow2(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
-def choose_algorithm(op: str, group: Sequence[int], topo: "Topology") -> str:
+def choose_algorithm(op: str, group: Sequence[int], topo: Topology) -> str:
     """Default algorithm for ``op`` on ``group`` (rule in the module docstring)."""
     _check_op(op)
     group = tuple(group)
@@ -271,8 +272,8 @@ def plan_collective(
     op: str,
     group: Sequence[int],
     size_bytes: float,
-    topo: "Topology",
-    algorithm: Optional[str] = None,
+    topo: Topology,
+    algorithm: str | None = None,
     scaleout_fraction: float = 1.0,
 ) -> CollectivePlan:
     """Compile ``op`` over ``group`` (ranks in order) into phases of routed transfers.
@@ -309,7 +310,7 @@ def plan_collective(
     return CollectivePlan(op, algorithm, group, size, tuple(phases))
 
 
-def _checked_group(group: Sequence[int], topo: "Topology") -> tuple[int, ...]:
+def _checked_group(group: Sequence[int], topo: Topology) -> tuple[int, ...]:
     """``group`` as a tuple of ints, checked non-empty, without repeats, on ``topo``."""
     group = tuple(int(d) for d in group)
     if not group:
@@ -323,7 +324,7 @@ def _checked_group(group: Sequence[int], topo: "Topology") -> tuple[int, ...]:
 
 
 def _resolved_algorithm(
-    op: str, group: tuple[int, ...], topo: "Topology", algorithm: Optional[str], scaleout_fraction: float
+    op: str, group: tuple[int, ...], topo: Topology, algorithm: str | None, scaleout_fraction: float
 ) -> str:
     """The algorithm :func:`plan_collective` runs: ``algorithm``, or the default
     (``hierarchical-a2a`` under node-limited routing across equal domains), checked
@@ -353,7 +354,7 @@ def _resolved_algorithm(
 
 
 def _algorithm_phases(
-    op: str, algorithm: str, group: tuple[int, ...], size: float, topo: "Topology", scaleout_fraction: float
+    op: str, algorithm: str, group: tuple[int, ...], size: float, topo: Topology, scaleout_fraction: float
 ) -> list[Phase]:
     """The phases of ``algorithm`` running ``op`` over ``group`` (two or more members,
     ``size > 0``)."""
@@ -385,7 +386,7 @@ def _algorithm_phases(
     raise CollectiveError(f"algorithm {algorithm!r} cannot run {op!r}")  # pragma: no cover
 
 
-def _in_switch_phases(op: str, algorithm: str, group: tuple[int, ...], size: float, topo: "Topology") -> list[Phase]:
+def _in_switch_phases(op: str, algorithm: str, group: tuple[int, ...], size: float, topo: Topology) -> list[Phase]:
     """The phases of the in-network reductions: ``nvls`` (NVLink SHARP inside one domain)
     and ``sharp`` (the scale-out fabric's, between domains)."""
     if algorithm == "nvls":
@@ -402,8 +403,8 @@ def _in_switch_phases(op: str, algorithm: str, group: tuple[int, ...], size: flo
 
 def run_collective(
     network: FlowNetwork,
-    plan: Union[CollectivePlan, Sequence[CollectivePlan]],
-    reduction_bytes_per_s: Optional[float] = None,
+    plan: CollectivePlan | Sequence[CollectivePlan],
+    reduction_bytes_per_s: float | None = None,
 ):
     """simpy process body: run the phases of ``plan`` one after another.
 
@@ -429,7 +430,7 @@ def merged_phases(network: FlowNetwork, plans: Sequence[CollectivePlan]) -> tupl
     return tuple(_merged_phase(network, plans, i) for i in range(n_phases))
 
 
-def run_merged(network: FlowNetwork, phases: Sequence[tuple], reduction_bytes_per_s: Optional[float] = None):
+def run_merged(network: FlowNetwork, phases: Sequence[tuple], reduction_bytes_per_s: float | None = None):
     """simpy process body: run :func:`merged_phases` one after another."""
     for transfers, steps, compute in phases:
         yield network.transfer(transfers, steps)

@@ -19,7 +19,6 @@ one found them never shows in the rates solved from them.
 from __future__ import annotations
 
 import itertools
-from typing import Optional
 
 import numpy as np
 import scipy.sparse as sp
@@ -49,7 +48,7 @@ def canonical(comps: list, singles: list, seq: np.ndarray) -> tuple[list[list[in
 
 def bounded_search(
     link_flows: dict, links: list, seeds: list[int], budget: int = SEARCH_BUDGET
-) -> Optional[tuple[list, list]]:
+) -> tuple[list, list] | None:
     """Components of the active flows on ``seeds`` (links) by breadth-first search over
     ``link_flows`` (link -> set of active slots), unordered; ``None`` as soon as the
     flows gathered exceed ``budget`` (a large component: use :func:`components_of`)."""
@@ -131,8 +130,8 @@ def components_of(
 
 
 def number_links(
-    flat: np.ndarray, entry_comp: Optional[np.ndarray], scratch: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    flat: np.ndarray, entry_comp: np.ndarray | None, scratch: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Local numbers of the links that entries ``flat`` cross, component by component.
 
     ``entry_comp[e]`` is entry e's component (None: one component); components share no

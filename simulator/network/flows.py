@@ -53,15 +53,16 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
 
 from simulator.errors import NetworkError
 from simulator.network.calibration import NetCalibration
-from simulator.network.components import number_links, bounded_search, canonical, components_of
+from simulator.network.components import bounded_search, canonical, components_of, number_links
 from simulator.network.flowslots import _SCALAR_MAX, FlowSlots
 from simulator.network.isolated import Reservations
 from simulator.network.maxmin import DONE_RTOL, fill_arrays, fill_components, fill_small
@@ -101,8 +102,8 @@ class FlowNetwork(Reservations, FlowSlots):
     def __init__(
         self,
         env: simpy.Environment,
-        topo: "Topology",
-        calibration: Optional[NetCalibration] = None,
+        topo: Topology,
+        calibration: NetCalibration | None = None,
         reserve_isolated: bool = True,
     ) -> None:
         self.env = env
@@ -143,7 +144,7 @@ class FlowNetwork(Reservations, FlowSlots):
         self._init_reservations(reserve_isolated)
         self._fills: dict[tuple, list] = {}  # component -> fill_small rates
         self._memo = RateMemo()  # large solves and splits by flow identities
-        self._split_of: Optional[tuple] = None  # (slots, batch) of the one component completing
+        self._split_of: tuple | None = None  # (slots, batch) of the one component completing
 
     # -- public ------------------------------------------------------------
 
@@ -183,7 +184,7 @@ class FlowNetwork(Reservations, FlowSlots):
         ``(links padded with -1, latency_s)`` of every ``src[i] -> dst[i]``."""
         return self.phases.routes(src, dst)
 
-    def prepared(self, transfers: Sequence[Transfer]) -> Optional[PreparedPhase]:
+    def prepared(self, transfers: Sequence[Transfer]) -> PreparedPhase | None:
         """The validated, merged and routed form of a phase (None: nothing to send), cached."""
         return self.phases.prepare(transfers)
 
@@ -239,7 +240,7 @@ class FlowNetwork(Reservations, FlowSlots):
 
     # -- event handling ------------------------------------------------------
 
-    def _arrive(self, pid: int, prep: "PreparedPhase", _ev=None) -> None:
+    def _arrive(self, pid: int, prep: PreparedPhase, _ev=None) -> None:
         """The phase's latency has elapsed: reserve its links if it is alone on them,
         else its flows enter the network (materialising reserved phases in the way)."""
         if self._reserve:
@@ -321,7 +322,7 @@ class FlowNetwork(Reservations, FlowSlots):
         self._memo.keep_split(fids, self._seq[rest], comps, singles, self._seq, rates)
         return True
 
-    def _isolated(self, prep: "PreparedPhase") -> bool:
+    def _isolated(self, prep: PreparedPhase) -> bool:
         """Whether the (big) phase just arrived is alone on every one of its links."""
         if prep.by_link is None:
             return False
@@ -343,7 +344,7 @@ class FlowNetwork(Reservations, FlowSlots):
         comp_start = np.searchsorted(link_comp, np.arange(len(lens) + 1))
         return fill_components(owner, local, w, self.capacity[used], link_comp, comp_start, mult)
 
-    def _recompute(self, comps: list[list[int]], singles: list[int], rates=None) -> Optional[np.ndarray]:
+    def _recompute(self, comps: list[list[int]], singles: list[int], rates=None) -> np.ndarray | None:
         """Solve each component alone; keep the segment of flows whose rate is unchanged.
 
         Each component becomes one heap entry (a batch); all single-flow components
@@ -446,7 +447,7 @@ class FlowNetwork(Reservations, FlowSlots):
             self._memo.keep_rates(fids, key, r)
         return r
 
-    def _fill_memo(self, flow_links: list, w: list, mults: Optional[list]) -> list[float]:
+    def _fill_memo(self, flow_links: list, w: list, mults: list | None) -> list[float]:
         """:func:`fill_small` on this network's capacities, remembered per component
         (routes, weights and multiplicities, in order): the components of a repeated
         phase mix recur every micro-batch, and the rates are a pure function of them."""

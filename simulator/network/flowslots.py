@@ -71,7 +71,7 @@ class FlowSlots:
                 newm[: mt.shape[0], : mt.shape[1]] = mt
                 self._mtab = newm
 
-    def _insert(self, pid: int, prep: "PreparedPhase") -> np.ndarray:
+    def _insert(self, pid: int, prep: PreparedPhase) -> np.ndarray:
         """A phase's flows enter the flow arrays (rate to be solved); returns their
         slots."""
         k = len(prep.links)
@@ -91,7 +91,7 @@ class FlowSlots:
         self._request_update()
         return sl
 
-    def _take_slots(self, prep: "PreparedPhase") -> list[int]:
+    def _take_slots(self, prep: PreparedPhase) -> list[int]:
         """Slots for a phase's flows, free ones first (last freed first), with their
         routes and multiplicities recorded."""
         links = prep.links
@@ -122,7 +122,7 @@ class FlowSlots:
             self._mults.extend(itertools.repeat(None, k - reuse) if pm is None else pm[reuse:])
         return slots
 
-    def _write_rows(self, pid: int, prep: "PreparedPhase", slots: list[int], sl: np.ndarray) -> None:
+    def _write_rows(self, pid: int, prep: PreparedPhase, slots: list[int], sl: np.ndarray) -> None:
         """The flows' state at arrival (whole size left, no rate yet) and their link
         tables, in ``slots`` (a list) / ``sl`` (the same as an array)."""
         now = self.env.now
@@ -165,7 +165,7 @@ class FlowSlots:
                 if width < self._mtab.shape[1]:
                     self._mtab[sl, width:] = 1.0
 
-    def _flow_ids(self, prep: "PreparedPhase", ids=None) -> np.ndarray:
+    def _flow_ids(self, prep: PreparedPhase, ids=None) -> np.ndarray:
         """The identity of each flow of ``prep``: one integer per distinct (links, weight,
         multiplicities), the whole input of the rate solvers for that flow, so two
         component states with the same identities in the same order have the same max-min
@@ -187,7 +187,7 @@ class FlowSlots:
         self._fids[id(prep)] = (prep, ids)
         return ids
 
-    def _index_links(self, prep: "PreparedPhase", slots: list[int], sl: np.ndarray) -> None:
+    def _index_links(self, prep: PreparedPhase, slots: list[int], sl: np.ndarray) -> None:
         """Add the flows in ``slots`` to the link -> flows index."""
         lf = self._link_flows
         if prep.by_link is None:

@@ -24,7 +24,6 @@ import bisect
 from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
-from typing import Optional
 
 import numpy as np
 
@@ -59,7 +58,7 @@ class IsolatedEvolution:
 
 def isolated_evolution(
     prep: PreparedPhase, capacity: np.ndarray, max_segments: int = _ISOLATED_MAX_SEGMENTS
-) -> Optional[IsolatedEvolution]:
+) -> IsolatedEvolution | None:
     """The :class:`IsolatedEvolution` evolution of ``prep`` on links of ``capacity`` (bytes/s,
     calibrated), or None when it has more than ``max_segments`` completion instants.
 
@@ -125,7 +124,7 @@ class Reservations:
         """Whether no reserved phase holds any of these links."""
         return not any(map(self._reserved_on.__contains__, link_list))
 
-    def isolation(self, prep: "PreparedPhase") -> tuple:
+    def isolation(self, prep: PreparedPhase) -> tuple:
         """``(distinct links as array, as list, isolated evolution or None)`` of a
         prepared phase, cached."""
         hit = self._isolation_of.get(id(prep))
@@ -142,7 +141,7 @@ class Reservations:
         self._isolation_of[id(prep)] = (prep, links, link_list, iso)
         return links, link_list, iso
 
-    def _reserve_phase(self, pid: int, prep: "PreparedPhase", iso: IsolatedEvolution, latency_s: float = 0.0) -> None:
+    def _reserve_phase(self, pid: int, prep: PreparedPhase, iso: IsolatedEvolution, latency_s: float = 0.0) -> None:
         """Run a phase alone on its links: one timer for its cached evolution. With
         ``latency_s`` the reservation starts now and the flows enter the links (in the
         evolution's terms) that much later."""

@@ -16,7 +16,7 @@ the engine's symmetry quotient of twin traffic relies on it).
 from __future__ import annotations
 
 import itertools
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -34,7 +34,7 @@ DONE_RTOL = 1e-9
 _INF = float("inf")
 
 
-def maxmin_rates(incidence: sp.spmatrix, capacity: np.ndarray, weights: Optional[np.ndarray] = None) -> np.ndarray:
+def maxmin_rates(incidence: sp.spmatrix, capacity: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """Max-min fair rate of every flow, by progressive filling.
 
     Parameters
@@ -124,7 +124,7 @@ def fill_components(
     cap: np.ndarray,
     link_comp: np.ndarray,
     comp_start: np.ndarray,
-    mult: Optional[np.ndarray] = None,
+    mult: np.ndarray | None = None,
 ) -> np.ndarray:
     """:func:`fill_arrays` on several independent components at once (numpy).
 
@@ -157,8 +157,8 @@ def _fill(
     use: np.ndarray,
     cap: np.ndarray,
     n_flows: int,
-    link_comp: Optional[np.ndarray] = None,
-    starts: Optional[np.ndarray] = None,
+    link_comp: np.ndarray | None = None,
+    starts: np.ndarray | None = None,
 ) -> np.ndarray:
     """Progressive filling of :func:`fill_arrays` (one component: ``link_comp`` None) and
     :func:`fill_components` (``link_comp[l]`` link l's component, ``starts`` each
@@ -219,7 +219,7 @@ def fill_small(
     flow_links: Sequence[Sequence[int]],
     w: Sequence[float],
     cap: Sequence[float],
-    mults: Optional[Sequence[Optional[Sequence[float]]]] = None,
+    mults: Sequence[Sequence[float] | None] | None = None,
 ) -> list[float]:
     """Progressive filling in plain Python, for a few flows.
 

@@ -18,8 +18,9 @@ the same tuple for every repetition of a phase).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
@@ -60,7 +61,7 @@ class Transfer:
     dst: int
     size_bytes: float
     weight: int = 1
-    incidence: Optional[tuple[tuple[int, float], ...]] = None
+    incidence: tuple[tuple[int, float], ...] | None = None
 
 
 def _own_components(owner: np.ndarray, link: np.ndarray, n_flows: int):
@@ -92,11 +93,11 @@ class PreparedPhase:
     sizes: np.ndarray  # per flow: bytes
     weights: np.ndarray  # per flow: weight
     table: np.ndarray  # per flow: link ids padded with -1 (flows x hops)
-    by_link: Optional[tuple]  # big phases: (flows sorted by link, [(link, a, b)],
+    by_link: tuple | None  # big phases: (flows sorted by link, [(link, a, b)],
     #                                      (its own components, its flows alone))
-    mults: Optional[list] = None  # per flow: multiplicities aligned with links, or
+    mults: list | None = None  # per flow: multiplicities aligned with links, or
     #                                      None (each link once); None: no flow has any
-    mtable: Optional[np.ndarray] = None  # the same padded with 1.0, like ``table``
+    mtable: np.ndarray | None = None  # the same padded with 1.0, like ``table``
 
 
 class PhasePreparer:
@@ -106,7 +107,7 @@ class PhasePreparer:
     its largest path latency plus its largest per-link overhead.
     """
 
-    def __init__(self, topo: "Topology", link_latency: np.ndarray, link_overhead: np.ndarray) -> None:
+    def __init__(self, topo: Topology, link_latency: np.ndarray, link_overhead: np.ndarray) -> None:
         self.topo = topo
         self.n_links = link_latency.shape[0]
         self.link_latency = link_latency
@@ -231,7 +232,7 @@ class PhasePreparer:
         idx = first[by_first]
         return (n_net, src[idx].tolist(), dst[idx].tolist(), size[idx].tolist(), wsum[by_first].tolist())
 
-    def prepare(self, transfers: Sequence[Transfer]) -> Optional[PreparedPhase]:
+    def prepare(self, transfers: Sequence[Transfer]) -> PreparedPhase | None:
         """Validated, merged and routed form of a phase (None: nothing to send).
 
         Cached by identity for tuples (immutable; the collective planner hands the
@@ -247,7 +248,7 @@ class PhasePreparer:
             n, merged = self._merged(transfers)
             if merged:
                 links, sizes, weights = [], [], []
-                mults: Optional[list] = [] if with_inc else None
+                mults: list | None = [] if with_inc else None
                 lat = ovh = 0.0
                 for (s, d, size, inc), w in merged.items():
                     lk, la, ov = self.route(s, d)
@@ -282,7 +283,7 @@ class PhasePreparer:
         return prep
 
     def _prepared_from(
-        self, n: int, links: list, sizes: list, weights: list, latency: float, mults: Optional[list], big: bool
+        self, n: int, links: list, sizes: list, weights: list, latency: float, mults: list | None, big: bool
     ) -> PreparedPhase:
         """The :class:`PreparedPhase` of merged flows (``links`` per flow, distinct links);
         ``big`` phases also get their per-link index and own components."""

@@ -5,8 +5,9 @@ structure the algorithms split on (domains, torus grids). Pure functions, no sim
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -96,7 +97,7 @@ def as_pipeline(phases: Sequence[Phase]) -> list[Phase]:
     ]
 
 
-def split_by_domain(group: Sequence[int], topo: "Topology", by_pod: bool = False) -> list[list[int]]:
+def split_by_domain(group: Sequence[int], topo: Topology, by_pod: bool = False) -> list[list[int]]:
     """Members grouped by domain (or pod), domains in order of first appearance."""
     keys = topo.domains_of(group, by_pod=by_pod)
     if keys.size <= FEW_MEMBERS:
@@ -116,7 +117,7 @@ def equal_split(parts: list[list[int]]) -> bool:
     return len({len(p) for p in parts}) == 1
 
 
-def torus_grid(group: Sequence[int], topo: "Topology") -> Optional[list[tuple[int, ...]]]:
+def torus_grid(group: Sequence[int], topo: Topology) -> list[tuple[int, ...]] | None:
     """Per axis, the sorted coordinates of ``group`` if it is a *grid* of one pod's torus:
     the Cartesian product of one evenly spaced set of coordinates per axis (a box when
     every spacing is 1; e.g. every other row of a plane). ``None`` otherwise."""

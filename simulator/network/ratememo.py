@@ -19,8 +19,6 @@ with their rates (:meth:`split`), which also spares the search for the component
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 #: Solutions remembered per network (each holds one float per flow solved); the memo
@@ -45,7 +43,7 @@ class RateMemo:
         if len(table) >= self._max:
             table.clear()
 
-    def rates(self, fids: np.ndarray, lens: tuple) -> Optional[np.ndarray]:
+    def rates(self, fids: np.ndarray, lens: tuple) -> np.ndarray | None:
         """The rates solved for components of flows ``fids`` (back to back, sizes
         ``lens``), or None."""
         hit = self._rates.get((fids.tobytes(), lens))
@@ -59,7 +57,7 @@ class RateMemo:
         self._room(self._rates)
         self._rates[(fids.tobytes(), lens)] = rates
 
-    def split(self, fids: np.ndarray) -> Optional[tuple]:
+    def split(self, fids: np.ndarray) -> tuple | None:
         """``(positions, lens, n_singles, rates)`` remembered for survivors ``fids``
         (in arrival order): the survivors' positions component by component (components
         of two or more flows, sizes ``lens``, then the ``n_singles`` lone flows) and the

@@ -7,7 +7,8 @@ halving-doubling, hierarchical (rails between domains) and in-network reduction
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from simulator.network.phases import Transfer
 from simulator.network.plans import CollectiveError, Phase, as_pipeline, bundle, equal_split, merge_parallel, torus_grid
@@ -42,7 +43,7 @@ def ring_phases(op: str, members: Sequence[int], size: float, bidir: bool = Fals
     return [Phase(bundle(transfers), steps, compute)]
 
 
-def intra_domain(op: str, members: Sequence[int], size: float, topo: "Topology") -> list[Phase]:
+def intra_domain(op: str, members: Sequence[int], size: float, topo: Topology) -> list[Phase]:
     """Reduce-scatter / all-gather inside one domain: torus grid if possible, else ring."""
     if len(members) > 1 and torus_grid(members, topo) is not None:
         return torus_phases(op, members, size, topo)
@@ -80,7 +81,7 @@ def rail_ring_phases(op: str, parts: list[list[int]], size: float) -> list[Phase
 
 
 def hierarchical_phases(
-    op: str, parts: list[list[int]], size: float, topo: "Topology", inter: str = "ring", pipelined: bool = False
+    op: str, parts: list[list[int]], size: float, topo: Topology, inter: str = "ring", pipelined: bool = False
 ) -> list[Phase]:
     if not equal_split(parts):
         raise CollectiveError(

@@ -4,7 +4,8 @@ all axes at once (see :mod:`simulator.network.collectives` for the cost model)."
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from simulator.network.phases import Transfer
 from simulator.network.plans import CollectiveError, Phase, bundle, merge_parallel, torus_grid
@@ -43,7 +44,7 @@ def axis_phase(op: str, lines: Sequence[Sequence[int]], ring: bool, data: float)
     return Phase(bundle(transfers), m - 1, compute)
 
 
-def torus_phases(op: str, members: Sequence[int], size: float, topo: "Topology") -> list[Phase]:
+def torus_phases(op: str, members: Sequence[int], size: float, topo: Topology) -> list[Phase]:
     grid = torus_grid(members, topo)
     if grid is None:
         raise CollectiveError(

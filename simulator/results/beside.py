@@ -24,7 +24,7 @@ import os
 import signal
 import threading
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 
 def usable_cpus() -> int:

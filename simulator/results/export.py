@@ -24,10 +24,10 @@ import gzip
 import io
 import json
 import math
+from collections.abc import Iterator
 from itertools import chain
 from operator import attrgetter
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -151,7 +151,7 @@ def _op_lines(ev, tids, js: _Strings) -> list[str]:
         if not mask.any():
             continue
 
-        def text(c):
+        def text(c, mask=mask):
             return list(map(js.__getitem__, np.asarray(ev[c], dtype=object)[mask].tolist()))
 
         cols = [
@@ -382,8 +382,8 @@ def write_events_parquet(columns, path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from simulator.version import __version__
     from simulator.results.parquet import VERSION_KEY
+    from simulator.version import __version__
 
     def strings(values: list) -> pa.Array:
         encoded = [str(x).encode("utf-8") for x in values]

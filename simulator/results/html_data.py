@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 
@@ -41,7 +40,7 @@ class RunData:
     events: pd.DataFrame
     memory: pd.DataFrame
     idle: pd.DataFrame  # simulator.results.result.idle_columns
-    scenario: Optional[dict]  # simulator.scenario.serialise.scenario_to_dict, None if not recorded
+    scenario: dict | None  # simulator.scenario.serialise.scenario_to_dict, None if not recorded
     labels: dict  # rank -> its name in every output (report.stage_label)
     missing: tuple[str, ...] = ()  # files of the run directory that were not there
 
@@ -66,8 +65,8 @@ def load_run_dir(path) -> RunData:
     (``events.parquet`` or ``events.csv``) and ``memory.csv`` are required; without
     ``idle.csv`` or ``scenario.json`` (directories of older versions) the report says
     what it cannot show."""
-    from stepsim_fileio import load_json, read_text
     from simulator.results.result import IDLE_COLUMNS
+    from stepsim_fileio import load_json, read_text
 
     d = Path(path)
     if not d.is_dir():

@@ -26,7 +26,6 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -263,7 +262,7 @@ class _Page:
     def add(self, markup: str) -> None:
         self.parts.append(markup)
 
-    def figure(self, fig, div_id: str, post_script: Optional[str] = None) -> None:
+    def figure(self, fig, div_id: str, post_script: str | None = None) -> None:
         import plotly.io as pio
 
         self.parts.append(

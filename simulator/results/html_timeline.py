@@ -12,7 +12,6 @@ the visible range at load, after every zoom and after a legend click.
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import numpy as np
 
@@ -290,8 +289,8 @@ def timeline_with_bars(
     data: RunData,
     max_ranks: int = 32,
     show_comm: bool = True,
-    title: Optional[str] = None,
-    x_max_s: Optional[float] = None,
+    title: str | None = None,
+    x_max_s: float | None = None,
 ):
     """The step's timeline and its :class:`_Bars` (whose :meth:`_Bars.script` the page embeds):
     a row per device's compute stream (bars coloured by phase; idle spans marked as bubble,
@@ -315,7 +314,7 @@ def timeline_with_bars(
     return fig, bars
 
 
-def _add_idle_bars(bars: "_Bars", idle, index: dict, k: float, unit: str) -> None:
+def _add_idle_bars(bars: _Bars, idle, index: dict, k: float, unit: str) -> None:
     """The idle spans of the compute rows, one legend entry per cause, bubbles first."""
     if not len(idle):
         return
@@ -340,7 +339,7 @@ def _add_idle_bars(bars: "_Bars", idle, index: dict, k: float, unit: str) -> Non
         bars.add(label, colour, a, b, iy[m], hover, pattern=pattern, rank=2000)
 
 
-def _add_op_bars(bars: "_Bars", ev, index: dict, k: float, unit: str) -> None:
+def _add_op_bars(bars: _Bars, ev, index: dict, k: float, unit: str) -> None:
     """The ops of the shown rows: compute coloured by phase, communication by axis, one
     legend entry each, in the order of the PNG figures' colour tables."""
     ev = ev[ev["duration_s"] > 0]
@@ -369,7 +368,7 @@ def _add_op_bars(bars: "_Bars", ev, index: dict, k: float, unit: str) -> None:
         bars.add(label, colour, start[m], end[m], y[m], hover)
 
 
-def _lay_out(fig, data: RunData, rows: list, title: Optional[str], step: float, k: float, unit: str, x_max) -> None:
+def _lay_out(fig, data: RunData, rows: list, title: str | None, step: float, k: float, unit: str, x_max) -> None:
     """Title (the headline figures unless given), size, legend and the two axes."""
     s = data.summary
     ticks = []

@@ -30,8 +30,8 @@ import os
 import shutil
 import signal
 import stat
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Union
 
 from stepsim_errors import StepsimError
 
@@ -41,7 +41,7 @@ STAGING_PREFIX = ".stepsim-partial-"
 #: Written last and removed first when moving a folder in place: its presence says "finished".
 FINISHED_MARKER = "summary.json"
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 
 class OutputPathError(StepsimError):
@@ -86,7 +86,7 @@ def check_output_dir(path: PathLike, flag: str = "--out") -> Path:
     return p
 
 
-def check_output_file(path: PathLike, flag: str, within: Optional[PathLike] = None) -> Path:
+def check_output_file(path: PathLike, flag: str, within: PathLike | None = None) -> Path:
     """Refuse, before any work, an output file that cannot be written: a folder or device
     (``/dev/full``) at the path, a parent folder that does not exist (unless it is ``within``,
     a folder the same command creates), or that cannot be written. Returns the path."""
@@ -225,7 +225,7 @@ def _move_into(tmp: Path, dest: Path, outputs: Iterable[str]) -> None:
 
 
 @contextlib.contextmanager
-def staged_file(path: PathLike, flag: str, within: Optional[PathLike] = None) -> Iterator[Path]:
+def staged_file(path: PathLike, flag: str, within: PathLike | None = None) -> Iterator[Path]:
     """A hidden file beside ``path`` to write into (its name ends with ``path``'s, so that
     suffixes such as ``.json.gz`` keep their meaning); renamed over ``path`` when the block
     ends without an exception, removed otherwise."""

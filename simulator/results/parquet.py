@@ -10,7 +10,7 @@ metadata ``stepsim_version`` (the version that wrote the file) beside pandas' ow
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover - pandas is imported by whoever hands in a frame
     import pandas as pd
@@ -21,7 +21,7 @@ from simulator.version import __version__
 VERSION_KEY = "stepsim_version"
 
 
-def write_parquet(frame: pd.DataFrame, path: Union[str, Path], **metadata: str) -> Path:
+def write_parquet(frame: pd.DataFrame, path: str | Path, **metadata: str) -> Path:
     """``frame.to_parquet(path, index=False)`` with ``stepsim_version`` and ``metadata``
     (strings) added to the file's key-value metadata. Reads back as the same frame."""
     import pyarrow as pa
@@ -36,7 +36,7 @@ def write_parquet(frame: pd.DataFrame, path: Union[str, Path], **metadata: str) 
     return Path(path)
 
 
-def read_metadata(path: Union[str, Path]) -> dict[str, str]:
+def read_metadata(path: str | Path) -> dict[str, str]:
     """A Parquet file's key-value metadata as text, pandas' own ``pandas`` key left out."""
     import pyarrow.parquet as pq
 

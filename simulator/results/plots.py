@@ -119,11 +119,13 @@ def idle_label(cause: str) -> str:
     return cause.replace("_", " ")
 
 
-def legend_handles(phases: dict, causes: dict, axes: dict = {}) -> list[Patch]:
+def legend_handles(phases: dict, causes: dict, axes: dict = None) -> list[Patch]:
     """Legend entries for what a timeline drew: compute ``phases`` (phase -> colour, in
     :data:`PHASE_COLOURS` order, then any other), idle ``causes`` (cause -> colour, None =
     hatched bubble) and communication ``axes`` (axis -> colour). Phases sharing a label
     (B and I) get one entry."""
+    if axes is None:
+        axes = {}
     order = list(PHASE_COLOURS)
     out, seen = [], set()
     for p in sorted(phases, key=lambda p: (order.index(p) if p in order else len(order), str(p))):

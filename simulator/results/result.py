@@ -18,7 +18,7 @@ import math
 from contextlib import contextmanager
 from operator import attrgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -102,15 +102,15 @@ class Result:
     def __init__(
         self,
         summary: dict[str, Any],
-        events: Optional[pd.DataFrame] = None,
-        memory: Optional[pd.DataFrame] = None,
-        per_stage: Optional[pd.DataFrame] = None,
-        scenario: Optional[Scenario] = None,
-        notes: Optional[list[str]] = None,
-        raw: Optional[RawRun] = None,
-        trace: Optional[Trace] = None,
-        topology: Optional[Topology] = None,
-        columns: Optional[dict[str, Columns]] = None,
+        events: pd.DataFrame | None = None,
+        memory: pd.DataFrame | None = None,
+        per_stage: pd.DataFrame | None = None,
+        scenario: Scenario | None = None,
+        notes: list[str] | None = None,
+        raw: RawRun | None = None,
+        trace: Trace | None = None,
+        topology: Topology | None = None,
+        columns: dict[str, Columns] | None = None,
     ):
         self.summary = summary
         self.scenario = scenario
@@ -221,7 +221,7 @@ class Result:
     def summary_json(self) -> str:
         return json.dumps(_jsonable(self.summary), indent=2, sort_keys=False) + "\n"
 
-    def write(self, out_dir, plots: bool = True, parallel: Optional[bool] = None) -> dict[str, Path]:
+    def write(self, out_dir, plots: bool = True, parallel: bool | None = None) -> dict[str, Path]:
         """Write summary.json, scenario.json, trace.json, events.csv, events.parquet,
         memory.csv, idle.csv, timeline.png and memory.png into ``out_dir`` (what
         ``stepsim report`` reads back); returns the paths.
@@ -241,7 +241,7 @@ class Result:
             paths = self._write_into(tmp, plots, parallel)
         return {k: Path(out_dir) / p.name for k, p in paths.items()}
 
-    def _write_into(self, out: Path, plots: bool, parallel: Optional[bool]) -> dict[str, Path]:
+    def _write_into(self, out: Path, plots: bool, parallel: bool | None) -> dict[str, Path]:
         from simulator.results import export
 
         paths = {
@@ -368,7 +368,7 @@ def _order(*keys: np.ndarray) -> np.ndarray:
     return np.lexsort(coded[::-1])
 
 
-def event_columns(raw: Optional[RawRun], layout) -> Columns:
+def event_columns(raw: RawRun | None, layout) -> Columns:
     """The events table (``docs/formats.md``) of the engine's records, sorted by ``rank``,
     ``start_s``, ``stream``, ``name``."""
     recs = list(raw.records) if raw is not None else []

@@ -9,7 +9,7 @@ TP, unknown collective algorithms and perturbations naming devices the cluster l
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 from simulator.scenario.schema import NetCalIn, PerturbationIn, ScenarioError, ScenarioIn
 from workloads.layout import ParallelLayout
@@ -37,7 +37,7 @@ MAX_STEP_TIME_S = 1e7
 
 
 def check_size(
-    model: ModelSpec, layout: ParallelLayout, training: TrainingSpec, schedule: str, ranks: Optional[int] = None
+    model: ModelSpec, layout: ParallelLayout, training: TrainingSpec, schedule: str, ranks: int | None = None
 ) -> None:
     """Refuse a step too large to simulate before building it: the estimated op count
     (layers x micro-batches x passes over ``ranks`` simulated ranks, default one per

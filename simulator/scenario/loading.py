@@ -10,8 +10,8 @@ key at fault and says what is allowed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Union
 
 from pydantic import ValidationError
 
@@ -31,7 +31,7 @@ from simulator.scenario.schema import ScenarioError, ScenarioIn, error_from_pyda
 from workloads.moe_load import ExpertLoad
 
 
-def read_mapping(path: Union[str, Path], what: str = "scenario") -> dict:
+def read_mapping(path: str | Path, what: str = "scenario") -> dict:
     """A scenario-like file (YAML, or JSON by extension) as a mapping, read through
     :mod:`stepsim_fileio` (YAML 1.2 floats, duplicate keys, size, depth and alias caps).
     Every failure is a :class:`ScenarioError` naming the file."""
@@ -61,7 +61,7 @@ def builtin_scenarios() -> dict[str, Path]:
     return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.yaml"))}
 
 
-def load_scenario(source: Union[str, Path, Mapping]) -> Scenario:
+def load_scenario(source: str | Path | Mapping) -> Scenario:
     """Validate a scenario given as a path (YAML/JSON), a built-in scenario name, or a mapping."""
     base_dir = None
     if isinstance(source, str) and not Path(source).exists() and source in builtin_scenarios():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Optional, Union
 
 from pydantic import ValidationError
 
@@ -32,7 +31,7 @@ from workloads.training import TrainingSpec
 # ---- model -------------------------------------------------------------------------------
 
 
-def resolve_model(spec: Union[str, dict], base_dir: Optional[Path]) -> ModelSpec:
+def resolve_model(spec: str | dict, base_dir: Path | None) -> ModelSpec:
     if isinstance(spec, str):
         return _preset_model(spec)
     spec = dict(spec)
@@ -95,7 +94,7 @@ def _preset_model(name: str, field: str = "model") -> ModelSpec:
 # ---- cluster -------------------------------------------------------------------------------
 
 
-def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
+def _resolve_cluster(spec: str | dict) -> ClusterSpec:
     if isinstance(spec, str):
         spec = {"preset": spec}
     spec = dict(spec)
@@ -165,7 +164,7 @@ def _resolve_cluster(spec: Union[str, dict]) -> ClusterSpec:
 _PLACEMENT_KEYS = {"devices_per_domain": ("devices_per_domain",), "tile": ("network", "tile")}
 
 
-def resolve_cluster(spec: Union[str, dict], placement=None) -> ClusterSpec:
+def resolve_cluster(spec: str | dict, placement=None) -> ClusterSpec:
     """The cluster section as a :class:`ClusterSpec`, with the scenario's ``placement`` block
     (``PlacementIn`` or None) applied: ``placement.devices_per_domain`` is ``cluster.devices_per_domain`` and
     ``placement.tile`` is ``cluster.network.tile``; a key given in both places with
@@ -198,7 +197,7 @@ def resolve_cluster(spec: Union[str, dict], placement=None) -> ClusterSpec:
         raise
 
 
-def _resolve_chip(chip) -> Optional[ChipSpec]:
+def _resolve_chip(chip) -> ChipSpec | None:
     if chip is None:
         return None
     if isinstance(chip, str):
@@ -236,7 +235,7 @@ def _resolve_chip(chip) -> Optional[ChipSpec]:
     raise ScenarioError(f"a chip preset name or a mapping, got {chip!r}", field="cluster.chip")
 
 
-def _network(net) -> Union[TorusNetwork, SwitchedNetwork]:
+def _network(net) -> TorusNetwork | SwitchedNetwork:
     if not isinstance(net, dict):
         raise ScenarioError(f"must be a mapping with a kind (torus | switched), got {net!r}", field="cluster.network")
     net = dict(net)
@@ -264,7 +263,7 @@ def _network(net) -> Union[TorusNetwork, SwitchedNetwork]:
     return cls(**net)
 
 
-def _pods(p) -> Optional[PodsSpec]:
+def _pods(p) -> PodsSpec | None:
     if p is None:
         return None
     if not isinstance(p, dict):

@@ -8,7 +8,7 @@ overrides, and builds the :class:`workloads.trace.builder.Workload` it describes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from simulator.scenario.schema import PerturbationIn
 from topologies.networks import ClusterSpec
@@ -32,7 +32,7 @@ class Scenario:
     compute_overrides: tuple[tuple[str, float], ...] = ()
     network_overrides: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()  # network_calibration
     algorithms: tuple[tuple[str, str], ...] = ()
-    expert_load: Optional[ExpertLoad] = None
+    expert_load: ExpertLoad | None = None
     source: Any = None  # the raw mapping it was loaded from
 
     @property

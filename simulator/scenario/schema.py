@@ -12,13 +12,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import types
 import typing
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from simulator.scenario.errors import ScenarioError
 from simulator.network.calibration import LINK_KINDS
+from simulator.scenario.errors import ScenarioError
 from topologies.chips import (
     FAMILIES,
     MAX_PEAK_FLOPS_PER_S,
@@ -82,12 +83,12 @@ def from_spec(
     name: str,
     spec: type,
     *,
-    first: Optional[dict] = None,
-    replace: Optional[dict] = None,
+    first: dict | None = None,
+    replace: dict | None = None,
     exclude: tuple[str, ...] = (),
-    last: Optional[dict] = None,
-    order: Optional[tuple[str, ...]] = None,
-    validators: Optional[dict] = None,
+    last: dict | None = None,
+    order: tuple[str, ...] | None = None,
+    validators: dict | None = None,
     overrides: bool = False,
 ) -> type[BaseModel]:
     """The input model of a frozen spec dataclass: each field of ``spec`` with its name, type,
@@ -130,7 +131,7 @@ def _input_type(ann):
         return Name
     if ann in _INPUT_OF:
         return _INPUT_OF[ann]
-    if typing.get_origin(ann) is Union:
+    if typing.get_origin(ann) in (Union, types.UnionType):  # Optional[X], X | None
         return Union[tuple(_input_type(a) for a in typing.get_args(ann))]
     return ann
 
@@ -209,7 +210,7 @@ ParallelIn = from_spec(
     ParallelLayout,
     replace={
         "dp": (Optional[SInt], Field(None, ge=1)),
-        "pipeline_layers": (Optional[Union[list[SInt], Literal["auto"]]], None),
+        "pipeline_layers": (Optional[list[SInt] | Literal["auto"]], None),
         "zero": (Literal[0, 1, 2, 3], 1),
         "order": (str, "-".join(ORDER_AXES)),
         "expert_mapping": (Literal[EXPERT_MAPPINGS], "megatron-core"),
@@ -259,10 +260,10 @@ MIN_SCALE, MAX_SCALE = 1e-3, 1e3
 
 
 class PerturbationIn(_Strict):
-    devices: Optional[list[SInt]] = Field(None, max_length=262_144)
-    compute_scale: Optional[SFloat] = Field(None, ge=MIN_SCALE, le=MAX_SCALE)
-    link: Optional[list[Name]] = Field(None, min_length=2, max_length=2)
-    bw_scale: Optional[SFloat] = Field(None, ge=MIN_SCALE, le=MAX_SCALE)
+    devices: list[SInt] | None = Field(None, max_length=262_144)
+    compute_scale: SFloat | None = Field(None, ge=MIN_SCALE, le=MAX_SCALE)
+    link: list[Name] | None = Field(None, min_length=2, max_length=2)
+    bw_scale: SFloat | None = Field(None, ge=MIN_SCALE, le=MAX_SCALE)
     failed: SBool = False
 
 
@@ -287,14 +288,14 @@ class PlacementIn(_Strict):
     domain on a switched network (Slurm topology/block with ``--segment``), block lengths on
     a torus (a JAX mesh filling a slice's cubes)."""
 
-    devices_per_domain: Optional[SInt] = Field(None, ge=1)
-    tile: Optional[list[SInt]] = None
+    devices_per_domain: SInt | None = Field(None, ge=1)
+    tile: list[SInt] | None = None
 
 
 class ScenarioIn(_Strict):
-    name: Optional[Name] = None
-    model: Union[Name, dict]
-    cluster: Union[Name, dict]
+    name: Name | None = None
+    model: Name | dict
+    cluster: Name | dict
     parallel: ParallelIn = ParallelIn()
     schedule: Schedule = "1f1b"
     training: TrainingIn
@@ -302,7 +303,7 @@ class ScenarioIn(_Strict):
     compute: ComputeCalIn = ComputeCalIn()
     network_calibration: NetCalIn = NetCalIn()
     algorithms: dict[TraceCollectiveOp, str] = {}
-    placement: Optional[PlacementIn] = None
+    placement: PlacementIn | None = None
 
 
 def error_from_pydantic(err: ValidationError, prefix: str) -> ScenarioError:

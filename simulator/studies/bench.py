@@ -9,13 +9,14 @@ numbers ``all_reduce_perf`` and friends print. GB/s are 1e9 bytes/s, as there.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import simpy
 
 from simulator.errors import NetworkError
-from simulator.network.collectives import bus_bandwidth_factor, plan_collective, run_collective
 from simulator.network.calibration import NetCalibration
+from simulator.network.collectives import bus_bandwidth_factor, plan_collective, run_collective
 from simulator.network.flows import FlowNetwork
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,11 +66,11 @@ def size_range(min_bytes: int | str, max_bytes: int | str, factor: int = 2) -> l
 
 def collective_time_s(
     op: str,
-    topo: "Topology",
+    topo: Topology,
     devices: Sequence[int],
     size_bytes: float,
-    algorithm: Optional[str] = None,
-    calibration: Optional[NetCalibration] = None,
+    algorithm: str | None = None,
+    calibration: NetCalibration | None = None,
     scaleout_fraction: float = 1.0,
 ) -> tuple[float, str]:
     """(seconds, algorithm) of one collective alone on an idle network (``scaleout_fraction``:
@@ -84,11 +85,11 @@ def collective_time_s(
 
 def collective_sweep(
     op: str,
-    topo: "Topology",
+    topo: Topology,
     devices: Sequence[int],
     sizes: Sequence[float],
-    algorithm: Optional[str] = None,
-    calibration: Optional[NetCalibration] = None,
+    algorithm: str | None = None,
+    calibration: NetCalibration | None = None,
 ) -> list[dict]:
     """One row per size: ``size_bytes``, ``time_s``, ``algbw_bytes_per_s``,
     ``busbw_bytes_per_s``, ``algorithm``, ``op``, ``n_ranks``."""

@@ -57,17 +57,17 @@ timings; ``stepsim calibrate --kineto TRACE.json --nccl-tests LOG.txt`` fits bot
 from __future__ import annotations
 
 import csv
-import math
 import dataclasses
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from simulator.engine.compute import COMPUTE_SCHEMA, DEFAULT_COMPUTE_CALIBRATION, kernel_time_s
-from topologies.chips import ComputeCalibration
 from simulator.errors import StudyError
+from topologies.chips import ComputeCalibration
 from workloads.counts import KERNEL_KINDS, Kernel
 
 #: Fitted compute parameters with their bounds (physically meaningful ranges).
@@ -103,7 +103,7 @@ class CollectiveTiming:
     time_s: float
 
 
-def _num(row: Mapping, col: str, where: str, default: Optional[float] = None) -> float:
+def _num(row: Mapping, col: str, where: str, default: float | None = None) -> float:
     raw = (row.get(col) or "").strip()
     if raw == "":
         if default is None:
@@ -118,7 +118,7 @@ def _num(row: Mapping, col: str, where: str, default: Optional[float] = None) ->
     return v
 
 
-def _rows(path: Union[str, Path], required: Sequence[str]) -> list[tuple[str, dict]]:
+def _rows(path: str | Path, required: Sequence[str]) -> list[tuple[str, dict]]:
     p = Path(path)
     try:
         with p.open(newline="") as f:
@@ -139,7 +139,7 @@ def _rows(path: Union[str, Path], required: Sequence[str]) -> list[tuple[str, di
     return out
 
 
-def read_kernels(path: Union[str, Path]) -> list[KernelTiming]:
+def read_kernels(path: str | Path) -> list[KernelTiming]:
     """Kernel timings from a CSV (format in the module docstring)."""
     out = []
     for where, row in _rows(path, ("kind", "time_s")):
@@ -161,7 +161,7 @@ def read_kernels(path: Union[str, Path]) -> list[KernelTiming]:
     return out
 
 
-def read_collectives(path: Union[str, Path]) -> list[CollectiveTiming]:
+def read_collectives(path: str | Path) -> list[CollectiveTiming]:
     """Collective timings from a CSV ``op,devices,size_bytes,time_s``."""
     out = []
     for where, row in _rows(path, ("op", "devices", "size_bytes", "time_s")):
@@ -266,7 +266,7 @@ def _informed(timings: Sequence[KernelTiming]) -> list[str]:
     return out
 
 
-def fit_compute(timings: Sequence[KernelTiming], family: str = "hopper", chip: Optional[str] = None) -> ComputeFit:
+def fit_compute(timings: Sequence[KernelTiming], family: str = "hopper", chip: str | None = None) -> ComputeFit:
     """Least-squares fit of the roofline parameters to ``timings``.
 
     The residual of a row is ``log(model time / measured time)``, so a 1 us and a
@@ -375,7 +375,7 @@ class NetworkFit:
         return "\n".join(lines)
 
 
-def fit_network(timings: Sequence[CollectiveTiming], cluster: str, family: Optional[str] = None) -> NetworkFit:
+def fit_network(timings: Sequence[CollectiveTiming], cluster: str, family: str | None = None) -> NetworkFit:
     """Fit link efficiency and per-step message overhead per link kind, then the all-to-all
     efficiency of each link group from the all-to-all rows.
 
@@ -520,7 +520,7 @@ def _multi_start_fit(resid, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray):
 _LINK_GROUPS = {"nvlink": ("nvlink",), "nic": ("nic", "fabric"), "ici": ("ici",)}
 
 
-def _kind_for(topo, devices: int, domain: Optional[int]) -> str:
+def _kind_for(topo, devices: int, domain: int | None) -> str:
     kinds = set(topo.link_kind)
     if "ici" in kinds:
         return "ici"
@@ -552,7 +552,7 @@ def network_overrides(fit: NetworkFit) -> dict:
 
 
 def scenario_block(
-    compute: Optional[ComputeFit] = None, network: Optional[NetworkFit] = None, notes: Sequence[str] = ()
+    compute: ComputeFit | None = None, network: NetworkFit | None = None, notes: Sequence[str] = ()
 ) -> str:
     """The fits as a YAML block to paste into a scenario (``compute:`` and/or
     ``network_calibration:``), with ``#`` comments saying what was fitted and how well."""

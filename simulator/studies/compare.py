@@ -10,12 +10,11 @@ compute timeline per schedule (bubbles hatched) and bars of the three figures.
 from __future__ import annotations
 
 import copy
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
 from simulator.results.plots import (
-    span_bars,
     BUBBLE_EDGE,
     IDLE_COLOURS,
     PHASE_COLOURS,
@@ -23,6 +22,7 @@ from simulator.results.plots import (
     colour_for,
     finish,
     legend_handles,
+    span_bars,
 )
 from simulator.scenario.loading import builtin_scenarios, read_mapping
 from simulator.scenario.schema import ScenarioError
@@ -77,7 +77,7 @@ def format_table(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def plot_comparison(table: pd.DataFrame, results: dict, path: Optional[str] = None):
+def plot_comparison(table: pd.DataFrame, results: dict, path: str | None = None):
     """Left: one compute timeline per schedule (pipeline stages as rows; bubbles hatched,
     other idle time in its cause's colour) on a shared time axis. Right: step time,
     bubble and peak memory per schedule. A legend of everything drawn. Sized for a 16:9
@@ -92,7 +92,7 @@ def plot_comparison(table: pd.DataFrame, results: dict, path: Optional[str] = No
     t_max = max(r.summary["step_time_s"] for r in results.values())
     spare: dict = {}
     phases: dict[str, str] = {}
-    causes: dict[str, Optional[str]] = {}
+    causes: dict[str, str | None] = {}
     first = None
     for i, (name, res) in enumerate(results.items()):
         ax = fig.add_subplot(left[i], sharex=first)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Mapping, Optional
 
 import numpy as np
 
@@ -26,13 +26,11 @@ from simulator.engine.symmetry import representative_position
 from simulator.studies.dualpipe_pairs import dualpipe_busy
 from simulator.studies.layer_costs import StepCosts
 from simulator.studies.network_model import NetModel
-from workloads import memory
-from workloads import activations
-from workloads.activations import ActivationPolicy
+from workloads import activations, memory
 from workloads import schedules as sched
+from workloads.activations import ActivationPolicy
 from workloads.shard import Shard
 from workloads.trace.builder import INPUT_GRAD_FREED_FRACTION, chunk_layer_ranges
-
 
 # ---- memory estimate -----------------------------------------------------------------------
 
@@ -180,7 +178,7 @@ def estimate_memory(sc) -> dict:
 # shared experts run during a dispatch), so they count whole, less the shared-expert overlap.
 
 
-def estimate_step_time(sc, net: Optional[NetModel] = None) -> dict:
+def estimate_step_time(sc, net: NetModel | None = None) -> dict:
     """Analytic step time of a loaded scenario, in seconds, and its parts.
 
     Per pipeline rank and micro-batch, per layer: compute from the trace's own kernels
@@ -466,7 +464,7 @@ def _data_parallel_tail(c: StepCosts, ranks: list) -> tuple:
     return start, dp_end, tied, opt
 
 
-def proxy_cost(p: Mapping, micro_batches: int, sc, net: Optional[NetModel] = None) -> float:
+def proxy_cost(p: Mapping, micro_batches: int, sc, net: NetModel | None = None) -> float:
     """The ranking key of ``max_candidates``: lower is better. :func:`estimate_step_time`
     in seconds of ``sc``, the loaded scenario of layout ``p`` (``net`` reuses one
     :class:`NetModel` across candidates); ``p`` and ``micro_batches`` are the search's

@@ -9,8 +9,6 @@ traffic.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from simulator.studies.network_model import NetModel
 from workloads import memory
 from workloads import schedules as sched
@@ -19,7 +17,7 @@ from workloads import schedules as sched
 class StepCosts:
     """The shared state of one step-time estimate of scenario ``sc`` and its cached costs."""
 
-    def __init__(self, sc, net: Optional[NetModel] = None):
+    def __init__(self, sc, net: NetModel | None = None):
         from simulator.engine.compute import calibration_for, kernels_time_s, overlap_slowdown
         from workloads.trace.builder import TraceBuilder
 

@@ -182,7 +182,7 @@ class NetModel:
             return 0.0, 0.0
         coords = self._coords(local)
         extents, box = [], True
-        for c, e in zip(coords, self.shape):
+        for c in coords:
             vals = np.unique(c)
             extents.append(len(vals))
             if vals[-1] - vals[0] + 1 != len(vals):

@@ -62,8 +62,8 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional, Union
 
 import pandas as pd
 
@@ -154,11 +154,11 @@ def cases_of(spec: MapSpec, screens: Mapping[str, dict]) -> list[Case]:
 
 def run_map(
     spec_or_path,
-    out: Union[str, Path],
+    out: str | Path,
     client=None,
-    jobs: Optional[int] = None,
+    jobs: int | None = None,
     executor=None,
-    progress: Optional[bool] = False,
+    progress: bool | None = False,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Screen, simulate and assemble the map into ``out`` (resumable). Returns
     ``(map table, candidates table)``, also written as ``OUT/map.csv`` and ``OUT/candidates.csv``."""
@@ -211,7 +211,7 @@ class _NoDedupe:
         return False
 
 
-def _run_adaptive(spec: MapSpec, screens: Mapping, cases: list, run, jobs: Optional[int], client) -> int:
+def _run_adaptive(spec: MapSpec, screens: Mapping, cases: list, run, jobs: int | None, client) -> int:
     """Simulate each point as :func:`simulator.studies.search.search` does: in rounds, best
     estimates first, until no layout left can beat the best simulated one with PP and
     without (:func:`simulator.studies.search_rounds.adaptive_rounds`, with the map's search
@@ -230,7 +230,7 @@ def _run_adaptive(spec: MapSpec, screens: Mapping, cases: list, run, jobs: Optio
             records.append({**c.axes, "est_step_time_s": est[label(c.axes)], "status": None, "reason": None})
             local.append(dataclasses.replace(c, index=len(records) - 1))
 
-        def run_round(batch: list) -> None:
+        def run_round(batch: list, records=records) -> None:
             rows = run(batch)
             for c in batch:
                 r, row = records[c.index], rows.get(c.key) or {}
@@ -260,7 +260,7 @@ def _read_rows(path: Path) -> dict[str, dict]:
     return rows
 
 
-def assemble(spec_or_path, out: Union[str, Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def assemble(spec_or_path, out: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The map table from what ``out`` holds so far (points with no finished simulation
     have empty figures): also works on a partial run."""
     spec = spec_or_path if isinstance(spec_or_path, MapSpec) else load_map(spec_or_path)

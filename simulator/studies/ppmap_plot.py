@@ -5,20 +5,17 @@ contour and today's systems in a strip below.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional, Union
 
 import pandas as pd
 
 from simulator.studies.ppmap_spec import RATIO_CONTOUR
 
-
 _PLOT_VMAX = 2.0  # ratios from here up (and "PP needed") share the darkest colour
 
 
-def plot_map(
-    table: pd.DataFrame, path: Union[str, Path], markers: Optional[Mapping[str, tuple]] = None, title: str = ""
-):
+def plot_map(table: pd.DataFrame, path: str | Path, markers: Mapping[str, tuple] | None = None, title: str = ""):
     """Heat map per model of ``ratio`` (best without PP / best) over domain size (rows) and
     NIC bandwidth per GPU (columns), the 1.10 contour, today's systems as annotated cells
     in a strip below (``markers``: system label -> (domain, nic GB/s) also marks it on the

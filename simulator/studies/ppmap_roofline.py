@@ -5,7 +5,7 @@ costs (:func:`roofline`, :func:`dp_traffic_s`).
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from simulator.scenario.loading import load_scenario
 from simulator.studies.estimate import estimate_memory
@@ -18,7 +18,7 @@ from workloads import memory
 # ---- the memory side: a batch-global auxiliary loss ------------------------------------------
 
 
-def aux_global_memory(point: Mapping, best_pp: Optional[Mapping]) -> dict:
+def aux_global_memory(point: Mapping, best_pp: Mapping | None) -> dict:
     """For the best PP layout: its estimated peak memory under a batch-global auxiliary
     loss (``balance: aux-loss-global``: every forward before any backward, so every
     micro-batch's activations are stashed at once) against auxiliary-loss-free balancing
@@ -40,7 +40,7 @@ def aux_global_memory(point: Mapping, best_pp: Optional[Mapping]) -> dict:
 # ---- the roofline ------------------------------------------------------------------------------
 
 
-def dp_traffic_s(sc, net: Optional[NetModel] = None) -> float:
+def dp_traffic_s(sc, net: NetModel | None = None) -> float:
     """Seconds one step's data-parallel traffic takes alone on the network, no overlap
     ("How to Scale Your Model"'s DP term): each gradient reduction (fp32; all-reduce under
     ZeRO-0, reduce-scatter otherwise; once a step, every micro-batch under ZeRO-2/3) and
@@ -63,7 +63,7 @@ def dp_traffic_s(sc, net: Optional[NetModel] = None) -> float:
     return total
 
 
-def roofline(point: Mapping, best_pp: Optional[Mapping], best_nopp: Optional[Mapping]) -> dict:
+def roofline(point: Mapping, best_pp: Mapping | None, best_nopp: Mapping | None) -> dict:
     """The roofline view of the two best layouts: per layout, compute per step (the
     estimate's roofline compute of the slowest rank plus its closed-form bubble) against
     the DP traffic alone (:func:`dp_traffic_s`); the roofline step is their maximum, and

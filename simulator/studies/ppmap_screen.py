@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
 
 import pandas as pd
 
@@ -43,7 +43,7 @@ def _layouts(sc0, spec: MapSpec):
                     yield {**p, "micro_batch_size": mb}
 
 
-def screen(point: Mapping, spec: MapSpec, mem_cache: Optional[dict] = None) -> pd.DataFrame:
+def screen(point: Mapping, spec: MapSpec, mem_cache: dict | None = None) -> pd.DataFrame:
     """Every layout of the point that loads and fits by the memory estimate, with its
     estimated step time (columns: label, the layout keys, est_memory_bytes, est_step_time_s,
     hbm_bytes). ``mem_cache`` (a dict) keeps memory estimates across points."""
@@ -140,7 +140,7 @@ def memory_facts(table: pd.DataFrame) -> dict:
     }
 
 
-def _best_est(table: pd.DataFrame, pp: bool) -> Optional[dict]:
+def _best_est(table: pd.DataFrame, pp: bool) -> dict | None:
     t = table[(table["pp"] > 1) if pp else (table["pp"] == 1)]
     t = t[t["est_memory_bytes"] <= t["hbm_bytes"]]
     return None if t.empty else {"label": t.iloc[0]["label"], "est_step_time_s": float(t.iloc[0]["est_step_time_s"])}

@@ -6,9 +6,9 @@ sizes and scale-out bandwidths of every model, and today's systems.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Union
 
 from simulator.scenario.loading import read_mapping
 from simulator.scenario.schema import ScenarioError
@@ -50,7 +50,7 @@ class MapSpec:
     nic_gbps: tuple[float, ...]
     systems: dict
     bounds: SearchBounds
-    pp_degrees: Optional[tuple[int, ...]]
+    pp_degrees: tuple[int, ...] | None
     nopp_micro_batch_sizes: tuple[int, ...]
     with_pp: int
     without_pp: int
@@ -66,7 +66,7 @@ def _pos_int(v, field: str) -> int:
     return v
 
 
-def load_map(spec: Union[str, Path, Mapping]) -> MapSpec:
+def load_map(spec: str | Path | Mapping) -> MapSpec:
     """Parse a map file or mapping; :class:`ScenarioError` names the key at fault."""
     data = read_mapping(spec, what="map") if isinstance(spec, (str, Path)) else dict(spec)
     for k in data:

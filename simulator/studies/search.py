@@ -51,9 +51,9 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Union
 
 import pandas as pd
 
@@ -79,7 +79,7 @@ STATUSES = ("ok", "oom", "failed", "pruned", "invalid", "skipped", "duplicate")
 SEARCH_CSV, BEST_JSON = "search.csv", "best.json"
 
 
-def _workers(jobs: Optional[int], client) -> int:
+def _workers(jobs: int | None, client) -> int:
     """How many layouts one round of the adaptive search simulates at once."""
     if client is not None:
         return 8
@@ -100,18 +100,18 @@ class SearchResult:
     ``best_without_pp`` step time / ``best`` step time - 1 (None without both)."""
 
     table: pd.DataFrame
-    best: Optional[dict]
-    best_without_pp: Optional[dict]
+    best: dict | None
+    best_without_pp: dict | None
     hbm_bytes: float
     name: str = ""
     paths: dict = field(default_factory=dict)
     # the layout with the most tokens/s per scale-up domain used (switched networks; with the
     # spare devices of a partly used domain counted against it), and the same without PP
-    best_per_domain: Optional[dict] = None
-    best_per_domain_without_pp: Optional[dict] = None
+    best_per_domain: dict | None = None
+    best_per_domain_without_pp: dict | None = None
 
     @property
-    def gap(self) -> Optional[float]:
+    def gap(self) -> float | None:
         if self.best is None or self.best_without_pp is None:
             return None
         return self.best_without_pp["summary"]["step_time_s"] / self.best["summary"]["step_time_s"] - 1.0
@@ -177,11 +177,11 @@ class SearchResult:
 
 
 def search(
-    scenario: Union[str, Path, Mapping],
-    out: Optional[Union[str, Path]] = None,
-    bounds: Optional[SearchBounds] = None,
+    scenario: str | Path | Mapping,
+    out: str | Path | None = None,
+    bounds: SearchBounds | None = None,
     client=None,
-    jobs: Optional[int] = None,
+    jobs: int | None = None,
     progress: bool = False,
     executor=None,
 ) -> SearchResult:
@@ -212,7 +212,7 @@ def search(
     _copy_duplicates(records, dedupe.dropped)
     table = _table(records)
 
-    def pick(mask, per_domain: bool = False) -> Optional[dict]:
+    def pick(mask, per_domain: bool = False) -> dict | None:
         ok = table[(table["status"] == "ok") & mask]
         if per_domain:
             ok = ok[ok["tokens_per_s_per_domain"].notna()]
@@ -285,7 +285,7 @@ def _screen(base: dict, sc0, bounds: SearchBounds) -> tuple[list, list]:
     return records, cases
 
 
-def _screen_one(rec: dict, p: dict, mapping: dict, hbm: float, by_key: dict, net, est_cache: dict) -> Optional[Case]:
+def _screen_one(rec: dict, p: dict, mapping: dict, hbm: float, by_key: dict, net, est_cache: dict) -> Case | None:
     """Check, memory-estimate and rank candidate ``rec`` (layout ``p``); its case when it is to
     be simulated, else None (its status says why)."""
     i = rec["candidate"]

@@ -6,17 +6,17 @@ a cluster within them (:func:`enumerate_layouts`), their labels and the scenario
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
 
 from simulator.scenario.schema import ScenarioError
 from simulator.studies.sweep.spec import set_dotted
 from topologies.networks import SwitchedNetwork
 from topologies.placement import aligned_devices_per_domain, groups_aligned
-from workloads.layout import LayoutError, ParallelLayout
 from workloads import memory
 from workloads import schedules as sched
 from workloads.enums import RECOMPUTE_MODES
+from workloads.layout import LayoutError, ParallelLayout
 
 LAYOUT_KEYS = (
     "tp",
@@ -65,17 +65,17 @@ class SearchBounds:
     analytic estimate is within this share of the best estimate (see
     :data:`ESTIMATE_MARGIN`)."""
 
-    max_tp: Optional[int] = None
-    max_pp: Optional[int] = None
+    max_tp: int | None = None
+    max_pp: int | None = None
     max_cp: int = 1
-    max_ep: Optional[int] = None
+    max_ep: int | None = None
     max_vpp: int = 4
     schedules: tuple[str, ...] = tuple(sched.SCHEDULES)
-    zero: Optional[tuple[int, ...]] = None
-    micro_batch_sizes: Optional[tuple[int, ...]] = None
+    zero: tuple[int, ...] | None = None
+    micro_batch_sizes: tuple[int, ...] | None = None
     recompute: tuple[str, ...] = RECOMPUTE_MODES
-    max_candidates: Optional[int] = None
-    estimate_margin: Optional[float] = ESTIMATE_MARGIN
+    max_candidates: int | None = None
+    estimate_margin: float | None = ESTIMATE_MARGIN
     placements: bool = True  # also try the devices per domain that align each layout's groups
 
     def __post_init__(self) -> None:
@@ -145,7 +145,7 @@ def expert_tp(scenario_layout, tp: int) -> int:
     return tp if L.etp > 1 and L.etp == L.tp else 1
 
 
-def aligned_placement(sc, p: Mapping) -> Optional[int]:
+def aligned_placement(sc, p: Mapping) -> int | None:
     """Devices per scale-up domain that align layout ``p``'s TP, CP, EP and ETP groups with
     the domains of ``sc``'s switched network (:func:`topologies.placement.aligned_devices_per_domain`),
     where the scenario's own placement leaves some group straddling domains unevenly;
@@ -185,7 +185,7 @@ def enumerate_layouts(sc, bounds: SearchBounds) -> list[dict]:
     zeros = bounds.zero if bounds.zero is not None else (sc.layout.zero,)
     mbs = bounds.micro_batch_sizes if bounds.micro_batch_sizes is not None else (sc.training.micro_batch_size,)
     out = []
-    aligned_by_shape: dict[tuple, Optional[int]] = {}
+    aligned_by_shape: dict[tuple, int | None] = {}
     for tp in _divisors(n):
         if tp > max_tp:
             continue

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 import pickle
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 from simulator.studies.search_layouts import SearchBounds
 from simulator.studies.sweep.cases import canonical_json
@@ -234,7 +234,7 @@ class Dedupe:
         rs = {k: v for k, v in r["_resolved"].items() if k not in ("name", "schedule")}
         return _resolved_key(rs, recompute=None), r["est_step_time_s"], canonical_json(r["_memory"])
 
-    def _fingerprint(self, i: int) -> Optional[str]:
+    def _fingerprint(self, i: int) -> str | None:
         if i not in self.fingerprints:
             from workloads.trace.builder import build_trace
 

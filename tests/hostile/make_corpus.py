@@ -42,7 +42,7 @@ def case(name: str, content, msg, args=None, ext=".yaml", subprocess=False, bina
     if content is not None:
         fname = name + ext
         p = FILES / fname
-        if isinstance(content, dict) or isinstance(content, list):
+        if isinstance(content, (dict, list)):
             content = yaml.safe_dump(content, sort_keys=False)
         if isinstance(content, str):
             content = content.encode()

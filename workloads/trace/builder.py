@@ -38,20 +38,19 @@ Modelling choices (each documented where it is made):
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Optional, Sequence
 
 import numpy as np
 
-from workloads import counts, memory, moe_kernels
-from workloads import parameters
+from workloads import counts, memory, moe_kernels, parameters
 from workloads import schedules as sched
+from workloads.activations import ActivationPolicy
 from workloads.errors import WorkloadError
 from workloads.layout import ParallelLayout
-from workloads.activations import ActivationPolicy
-from workloads.moe_load import ExpertLoad, hottest_rank, rank_load_factors
 from workloads.model import ModelSpec
+from workloads.moe_load import ExpertLoad, hottest_rank, rank_load_factors
 from workloads.shard import Shard
 from workloads.trace.ops import Op, Trace, TraceError
 from workloads.training import TrainingSpec
@@ -68,7 +67,7 @@ class Workload:
     layout: ParallelLayout
     training: TrainingSpec
     schedule: str = "1f1b"
-    expert_load: Optional[ExpertLoad] = None  # routing imbalance (None = perfectly balanced)
+    expert_load: ExpertLoad | None = None  # routing imbalance (None = perfectly balanced)
     domain_size: int = 0  # devices per scale-up domain (switched networks), 0 = unknown / not switched
 
 
@@ -336,7 +335,7 @@ class TraceBuilder:
         tokens = self.shard.tokens / (self.L.tp if self.L.sequence_parallel else 1)
         return tokens * moe.top_k * self.model.hidden * per * self.load_factor.get(layer, 1.0)
 
-    def node_limited(self) -> Optional[tuple[float, int]]:
+    def node_limited(self) -> tuple[float, int] | None:
         """DeepSeek-V3 node-limited routing (§2.1.2, M = 4 nodes per token) when the
         EP group spans several scale-up domains: ``(expected distinct nodes per token,
         nodes spanned)``, else ``None``. With k of the group's experts chosen
@@ -345,7 +344,7 @@ class TraceBuilder:
         return self._node_limited
 
     @cached_property
-    def _node_limited(self) -> Optional[tuple[float, int]]:
+    def _node_limited(self) -> tuple[float, int] | None:
         moe, D = self.model.moe, self.w.domain_size
         if moe is None or not moe.max_nodes_per_token or D <= 0 or self.L.ep <= 1:
             return None
@@ -393,7 +392,7 @@ def estimated_ops(w: Workload, n_ranks: int) -> float:
     return n_ranks * m * passes * (layers_per_rank + 2) * 12
 
 
-def build_trace(w: Workload, ranks: Optional[Sequence[int]] = None, position: int = 0) -> Trace:
+def build_trace(w: Workload, ranks: Sequence[int] | None = None, position: int = 0) -> Trace:
     """Build the step's trace for ``ranks`` (default: one representative per stage, ``position``
     ranks into it: :func:`representative_ranks`).
 

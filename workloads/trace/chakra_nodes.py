@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from workloads.counts import KERNEL_KINDS, MATH_DTYPES, Kernel
-from workloads.trace.ops import MEMORY_CATEGORIES, TraceError
 from workloads.trace.chakra import _CHAKRA_TO_COLL, _SUPPORTED_TYPES, COMM_GROUP_FILE
+from workloads.trace.ops import MEMORY_CATEGORIES, TraceError
 
 
 def _attrs(msg) -> dict:

@@ -8,9 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
-from typing import Union
 
-from workloads.trace.ops import MEMORY_CATEGORIES, Op, Trace, TraceError
 from workloads.trace.chakra import (
     _ET_NAME,
     COMM_GROUP_FILE,
@@ -19,9 +17,10 @@ from workloads.trace.chakra import (
     _chakra,
 )
 from workloads.trace.chakra_nodes import _attrs, _node_fields
+from workloads.trace.ops import MEMORY_CATEGORIES, Op, Trace, TraceError
 
 
-def is_chakra_path(path: Union[str, Path]) -> bool:
+def is_chakra_path(path: str | Path) -> bool:
     """Whether ``path`` names a Chakra trace: a directory of ``*.<rank>.et`` files or an
     ET prefix (``DIR/trace`` for ``DIR/trace.0.et``, ...), or one ``.et`` file's directory."""
     p = Path(path)
@@ -123,7 +122,7 @@ def _read_comm_groups(folder: Path) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def read_chakra(path: Union[str, Path]) -> Trace:
+def read_chakra(path: str | Path) -> Trace:
     """Read the Chakra trace at ``path`` (a directory, an ET prefix or one of its ET
     files). Every problem is a :class:`TraceError` naming the file and node."""
     pb, _ = _chakra()
@@ -209,7 +208,7 @@ def _node_info(pb, files, nodes, world: int, groups) -> tuple[dict, dict]:
 
 def _check_deps(info: dict) -> None:
     """Every ``data_deps`` entry names a node of the same file."""
-    for (r, nid), f in info.items():
+    for (r, _nid), f in info.items():
         for d in f["deps"]:
             if (r, d) not in info:
                 raise TraceError(f"{f['where']}: depends on node {d}, which is not in the file")

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional, Union
 
-from workloads.trace.ops import MEMORY_CATEGORIES, Op, Trace, TraceError
 from workloads.trace.chakra import (
     _COLL_TO_CHAKRA,
     COMM_GROUP_FILE,
@@ -17,6 +15,7 @@ from workloads.trace.chakra import (
     VERSION,
     _chakra,
 )
+from workloads.trace.ops import MEMORY_CATEGORIES, Op, Trace, TraceError
 
 
 def _attr(pb, name: str, **value):
@@ -97,7 +96,7 @@ def _comm_attrs(pb, op: Op) -> list:
 
 
 def write_chakra(
-    trace: Trace, out_dir: Union[str, Path], scenario_record: Optional[dict] = None, prefix: str = PREFIX
+    trace: Trace, out_dir: str | Path, scenario_record: dict | None = None, prefix: str = PREFIX
 ) -> list[Path]:
     """Write ``trace`` to directory ``out_dir``: ``<prefix>.<rank>.et`` for every rank of
     the trace and ``comm_group.json``. ``scenario_record`` (see
@@ -135,7 +134,7 @@ def _comm_groups(trace: Trace) -> dict[tuple, int]:
     return groups
 
 
-def _header_attrs(pb, trace: Trace, scenario_record: Optional[dict]) -> list:
+def _header_attrs(pb, trace: Trace, scenario_record: dict | None) -> list:
     """The ``GlobalMetadata`` attributes every rank's file shares: the format and the trace's header."""
     header = [
         _attr(pb, "stepsim.format", string_val=FORMAT),

@@ -70,7 +70,6 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Union
 
 from workloads.counts import KERNEL_KINDS, MATH_DTYPES, Kernel
 
@@ -248,7 +247,7 @@ def check_trace_for(trace: Trace, sc) -> None:
 TRACE_FORMATS = ("json", "chakra")
 
 
-def write_trace(trace: Trace, path: Union[str, Path], scenario=None, format: str = "json") -> None:
+def write_trace(trace: Trace, path: str | Path, scenario=None, format: str = "json") -> None:
     """Write ``trace`` to ``path``; with ``scenario`` (the :class:`Scenario` it was built
     from) the file records it (``"scenario"``: names, layout, fingerprint), so that
     running it under another scenario is refused. ``format``: ``json`` (this module's
@@ -273,7 +272,7 @@ def write_trace(trace: Trace, path: Union[str, Path], scenario=None, format: str
         p.write_text(data)
 
 
-def read_trace(path: Union[str, Path]) -> Trace:
+def read_trace(path: str | Path) -> Trace:
     """Read a trace file (at most :data:`MAX_TRACE_FILE_BYTES` uncompressed), or a
     Chakra trace (a directory of ET files or their prefix: :mod:`workloads.trace.chakra`);
     every problem is a :class:`TraceError` naming the file or the field."""

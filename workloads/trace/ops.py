@@ -13,9 +13,8 @@ Memory effects ride on ops: ``mem`` lists ``(category, delta_bytes, at)`` with
 from __future__ import annotations
 
 import itertools
-
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from workloads.counts import Kernel
 from workloads.errors import WorkloadError
@@ -190,7 +189,7 @@ class Trace:
             names = ", ".join(f"{i} ({ids[i].name} on rank {ids[i].rank})" for i in stuck)
             raise TraceError(f"deps: the trace has a dependency cycle through ops {names}")
 
-    def _dep_arrays(self) -> "Optional[tuple[np.ndarray, np.ndarray]]":
+    def _dep_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
         """``(flat, dst)``: every dependency as an edge ``flat[e] -> dst[e]`` between list
         positions, in op order, when every op's id is its position and every dependency an
         integer (else None)."""
@@ -208,7 +207,7 @@ class Trace:
             return None
         return flat, np.repeat(np.arange(n, dtype=np.int64), lens)
 
-    def _acyclic(self, src: "Optional[np.ndarray]" = None, dst: "Optional[np.ndarray]" = None) -> bool:
+    def _acyclic(self, src: np.ndarray | None = None, dst: np.ndarray | None = None) -> bool:
         """Whether the dependency graph (deps plus stream order) has no cycle: no
         strongly connected component of two or more ops and no op depending on itself
         (scipy's component search, vectorised; the caller names a cycle if there is one).

@@ -7,17 +7,14 @@ runs one program per simulated rank."""
 
 from __future__ import annotations
 
-from typing import Optional
-
-
 from workloads import schedules as sched
+from workloads.trace.builder import (
+    TraceBuilder,
+)
 from workloads.trace.ops import Op, collective_op, compute_op, send_op
 from workloads.trace.program_layers import LayerOps
 from workloads.trace.program_params import ParamOps
 from workloads.trace.program_tp_overlap import TpOverlapOps
-from workloads.trace.builder import (
-    TraceBuilder,
-)
 
 
 class RankProgram(LayerOps, ParamOps, TpOverlapOps):
@@ -29,7 +26,7 @@ class RankProgram(LayerOps, ParamOps, TpOverlapOps):
         self.c = L.coords(rank)
         self.stage = L.stage_of(rank)
         self.n_local = sched.local_chunks(b.w.schedule, L.vpp)
-        self.last_compute: Optional[Op] = None
+        self.last_compute: Op | None = None
         self.grad_ops: list[int] = []
         self.param_gather: dict[str, int] = {}  # unit -> op id of its ZeRO-1/2 parameter all-gather
         self.compute_history: list[int] = []  # compute op ids in stream order (ZeRO-3 prefetch window)
@@ -90,7 +87,7 @@ class RankProgram(LayerOps, ParamOps, TpOverlapOps):
         stream=None,
         group=None,
         scaleout_fraction: float = 1.0,
-    ) -> Optional[Op]:
+    ) -> Op | None:
         if group is not None:
             group = tuple(group)
         else:
@@ -201,7 +198,7 @@ class RankProgram(LayerOps, ParamOps, TpOverlapOps):
         src_rank = self.rank_at_stage(path[src_pos][0])
         deps.append((kind, src_pos, mb, src_rank))
 
-    def _send(self, kind: str, path, pos: int, mb: int, after: Optional[Op] = None) -> None:
+    def _send(self, kind: str, path, pos: int, mb: int, after: Op | None = None) -> None:
         """Send the chunk's output on; ``after``: the chunk's own last compute op (in an
         overlapped pair the stream's last op may be the other half's)."""
         b, L = self.b, self.b.L

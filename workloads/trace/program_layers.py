@@ -6,14 +6,12 @@ passes (fused ``B`` or split ``I`` / ``W``). Mixed into :class:`~workloads.trace
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
-
 
 from workloads import activations
-from workloads.trace.ops import Op
 from workloads.trace.builder import (
     INPUT_GRAD_FREED_FRACTION,
 )
+from workloads.trace.ops import Op
 
 
 class LayerOps:
@@ -305,7 +303,7 @@ class LayerOps:
             b._stash_cache[key] = self._stash_uncached(l)
         return b._stash_cache[key]
 
-    def _expert_tokens(self, l: int) -> Optional[float]:
+    def _expert_tokens(self, l: int) -> float | None:
         """Routed-token assignments layer ``l``'s activations hold on the stage's most
         loaded device under expert-load imbalance (None: balanced)."""
         f = self.b._memory_load.get(l)

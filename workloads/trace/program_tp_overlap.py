@@ -33,8 +33,6 @@ collectives are not userbuffers layers and stay as they are."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 from workloads.trace.ops import Op
 
 #: Transformer Engine's pipelined reduce-scatter: chunks (``num_splits`` 4) and the SMs it
@@ -62,7 +60,7 @@ class TpOverlapOps:
         rest = self.collective("all-gather", "tp", h * (tp - 1) / tp, f"{name}.rest", phase, mb, k, l, [first.id])
         return [first.id], [rest.id]
 
-    def tp_scatter(self, coll, name, phase, mb, k, l, op: Op, beside: list, overlap=True) -> Optional[Op]:
+    def tp_scatter(self, coll, name, phase, mb, k, l, op: Op, beside: list, overlap=True) -> Op | None:
         """The TP collective after block ``op`` (``coll``: reduce-scatter, or all-reduce
         without sequence parallelism); under the overlap its last chunk, after ``beside``."""
         h = self.b.hidden_bytes

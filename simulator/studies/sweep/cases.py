@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from simulator.scenario.loading import load_scenario
 from simulator.scenario.schema import ScenarioError
@@ -37,7 +38,7 @@ def _jsonable(x):
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
-def resolve(mapping: Mapping) -> tuple[str, Optional[dict], Optional[Any], Optional[str]]:
+def resolve(mapping: Mapping) -> tuple[str, dict | None, Any | None, str | None]:
     """``(key, resolved dict or None, Scenario or None, error or None)`` for a scenario mapping."""
     try:
         sc = load_scenario(mapping)
@@ -70,7 +71,7 @@ def check_scenario(sc) -> None:
         raise ScenarioError.from_error(err) from None
 
 
-def absolutise(mapping: dict, base_dir: Optional[Path]) -> dict:
+def absolutise(mapping: dict, base_dir: Path | None) -> dict:
     """Relative ``model.hf_config`` paths are relative to the file the base came from."""
     model = mapping.get("model")
     if base_dir is not None and isinstance(model, dict) and isinstance(model.get("hf_config"), str):

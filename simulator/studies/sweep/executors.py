@@ -6,9 +6,9 @@ check that every worker runs this process's stepsim version (:class:`WorkerVersi
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from concurrent.futures import as_completed
 from concurrent.futures.process import BrokenProcessPool
-from typing import Iterator, Optional, Sequence
 
 from simulator.errors import StudyError
 from simulator.scenario.schema import ScenarioError
@@ -59,7 +59,7 @@ class WorkerLostError(StudyError):
         "run the same sweep again to resume (with jobs=1 to find the case at fault)"
     )
 
-    def __init__(self, message: str = MESSAGE, *, field: Optional[str] = None) -> None:
+    def __init__(self, message: str = MESSAGE, *, field: str | None = None) -> None:
         super().__init__(message, field=field)
 
 
@@ -96,7 +96,7 @@ def default_jobs() -> int:
     return max(1, usable_cpus())
 
 
-def execute(payloads: Sequence[tuple], client=None, jobs: Optional[int] = None, executor=None) -> Iterator[dict]:
+def execute(payloads: Sequence[tuple], client=None, jobs: int | None = None, executor=None) -> Iterator[dict]:
     """Run :func:`run_case` over ``payloads``, yielding rows as they finish (any order).
 
     ``executor``: any :class:`concurrent.futures.Executor` (a thread or process pool, loky's,

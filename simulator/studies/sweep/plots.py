@@ -18,8 +18,8 @@ more), and at whole numbers for an axis of whole numbers.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence, Union
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -106,7 +106,7 @@ class PlotError(ReportError):
     """A plot that cannot be drawn from this table (unknown column, nothing to draw)."""
 
 
-def load_results(out_dir: Union[str, Path]) -> tuple[pd.DataFrame, dict]:
+def load_results(out_dir: str | Path) -> tuple[pd.DataFrame, dict]:
     """``(table, meta)`` of a sweep directory (``results.parquet``, ``sweep.json``)."""
     d = Path(out_dir)
     p = d / PARQUET_FILE
@@ -125,7 +125,7 @@ def load_results(out_dir: Union[str, Path]) -> tuple[pd.DataFrame, dict]:
     return frame, meta
 
 
-def _check(frame: pd.DataFrame, *cols: Optional[str]) -> None:
+def _check(frame: pd.DataFrame, *cols: str | None) -> None:
     for c in cols:
         if c is not None and c not in frame.columns:
             raise PlotError(f"no column {c!r}; columns: {', '.join(map(str, frame.columns))}")
@@ -138,7 +138,7 @@ def _ok(frame: pd.DataFrame) -> pd.DataFrame:
     return ok
 
 
-def _positions(values: pd.Series) -> tuple[np.ndarray, Optional[list]]:
+def _positions(values: pd.Series) -> tuple[np.ndarray, list | None]:
     """Numeric x positions (in the column's display unit), and tick labels when the
     values are categorical."""
     num = pd.to_numeric(values, errors="coerce")
@@ -156,7 +156,7 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def _hue_labels(frame: pd.DataFrame, hue: Optional[Union[str, Sequence[str]]]) -> pd.Series:
+def _hue_labels(frame: pd.DataFrame, hue: str | Sequence[str] | None) -> pd.Series:
     if hue is None or (not isinstance(hue, str) and not hue):
         return pd.Series(["all"] * len(frame), index=frame.index)
     cols = [hue] if isinstance(hue, str) else list(hue)
@@ -243,7 +243,7 @@ def _value_ticks(ax, xs: np.ndarray) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _finish(ax, x: str, ylabel: str, cats: Optional[list], legend: bool, xs=None) -> None:
+def _finish(ax, x: str, ylabel: str, cats: list | None, legend: bool, xs=None) -> None:
     if cats is not None:
         ax.set_xticks(range(len(cats)), cats, rotation=30, ha="right")
     elif xs is not None:
@@ -273,11 +273,11 @@ def _save(fig, stem: Path, formats: Sequence[str]) -> list[Path]:
 
 
 def plot_sweep(
-    out_dir: Union[str, Path],
-    x: Optional[str] = None,
+    out_dir: str | Path,
+    x: str | None = None,
     y: str = "step_time_s",
-    hue: Optional[str] = None,
-    heatmap: Optional[str] = None,
+    hue: str | None = None,
+    heatmap: str | None = None,
     formats: Sequence[str] = FORMATS,
 ) -> list[Path]:
     """Draw a sweep directory's plots into ``DIR/plots``: ``y`` against ``x`` (default: the

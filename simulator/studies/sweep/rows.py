@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
@@ -26,7 +26,7 @@ ROWS_FILE, PARQUET_FILE, CSV_FILE, META_FILE = "rows.jsonl", "results.parquet", 
 class RowStore:
     """``DIR/rows.jsonl``: one finished case a line, appended, flushed and fsynced."""
 
-    def __init__(self, out: Union[str, Path]):
+    def __init__(self, out: str | Path):
         self.dir = Path(out)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / ROWS_FILE
@@ -78,7 +78,7 @@ def atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def write_tables(frame: pd.DataFrame, out: Union[str, Path]) -> dict[str, Path]:
+def write_tables(frame: pd.DataFrame, out: str | Path) -> dict[str, Path]:
     """Write ``results.parquet`` (with the key-value metadata ``stepsim_version``) and
     ``results.csv`` atomically."""
     out = Path(out)
@@ -104,7 +104,7 @@ def _parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:
 # ---- the table -------------------------------------------------------------------------------
 
 
-def flatten(summary: Optional[Mapping], prefix: str = "") -> dict:
+def flatten(summary: Mapping | None, prefix: str = "") -> dict:
     """A summary record as flat columns: nested mappings dotted, lists JSON-encoded."""
     out: dict = {}
     for k, v in (summary or {}).items():

@@ -97,8 +97,8 @@ also documented in ``docs/formats.md``; the scenario keys in ``docs/scenario.md`
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
@@ -114,10 +114,10 @@ TABLE_REWRITE_INTERVAL_S = 10.0  # how often the tables are rewritten from rows.
 def run_cases(
     cases: Sequence[Case],
     axes: Sequence[str],
-    out: Optional[Union[str, Path]] = None,
+    out: str | Path | None = None,
     client=None,
-    jobs: Optional[int] = None,
-    progress: Optional[bool] = False,
+    jobs: int | None = None,
+    progress: bool | None = False,
     retry_failed: bool = False,
     desc: str = "sweep",
     executor=None,
@@ -168,11 +168,11 @@ def run_cases(
 
 
 def sweep(
-    spec_or_path: Union[str, Path, Mapping],
-    out: Optional[Union[str, Path]] = None,
+    spec_or_path: str | Path | Mapping,
+    out: str | Path | None = None,
     client=None,
-    jobs: Optional[int] = None,
-    progress: Optional[bool] = False,
+    jobs: int | None = None,
+    progress: bool | None = False,
     retry_failed: bool = False,
     executor=None,
 ) -> pd.DataFrame:

@@ -12,9 +12,10 @@ import difflib
 import itertools
 import math
 import operator
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any
 
 from simulator.scenario.loading import read_mapping
 from simulator.scenario.schema import MAX_NAME_CHARS, ScenarioError
@@ -37,7 +38,7 @@ class SweepSpec:
     axes: tuple[str, ...]  # every dotted key, in order of first appearance
     skip_invalid: bool = False
     where: tuple[str, ...] = ()
-    base_dir: Optional[Path] = None  # where relative paths inside the base are resolved
+    base_dir: Path | None = None  # where relative paths inside the base are resolved
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,10 @@ class Case:
     axes: dict
     scenario: dict
     key: str
-    resolved: Optional[dict] = None  # scenario_to_dict of the loaded scenario; None if it does not load
+    resolved: dict | None = None  # scenario_to_dict of the loaded scenario; None if it does not load
 
 
-def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
+def load_sweep(spec_or_path: str | Path | Mapping) -> SweepSpec:
     """Parse a sweep file (YAML/JSON path) or mapping. Raises :class:`ScenarioError`
     naming the sweep key at fault."""
     data, sweep_dir, default_name = _read_sweep(spec_or_path)
@@ -84,7 +85,7 @@ def load_sweep(spec_or_path: Union[str, Path, Mapping]) -> SweepSpec:
     )
 
 
-def _read_sweep(spec_or_path) -> tuple[dict, Optional[Path], str]:
+def _read_sweep(spec_or_path) -> tuple[dict, Path | None, str]:
     """The sweep's mapping, the folder of its file (None for a mapping) and its default name;
     refuses unknown sweep keys."""
     sweep_dir = None
@@ -104,9 +105,7 @@ def _read_sweep(spec_or_path) -> tuple[dict, Optional[Path], str]:
     return data, sweep_dir, default_name
 
 
-def _load_base(
-    data: Mapping, sweep_dir: Optional[Path], sweep_file: Optional[Path] = None
-) -> tuple[dict, Optional[Path]]:
+def _load_base(data: Mapping, sweep_dir: Path | None, sweep_file: Path | None = None) -> tuple[dict, Path | None]:
     """The base scenario mapping (read from its file when a path) and the folder its relative
     paths are resolved in; a base naming the sweep file itself is refused."""
     if "base" not in data:
@@ -225,7 +224,7 @@ def _all_paths(tree: dict, prefix: str = ""):
             yield from _all_paths(v, prefix + k + ".")
 
 
-_KEY_TREE: Optional[dict] = None
+_KEY_TREE: dict | None = None
 
 
 def scenario_key_tree() -> dict:
@@ -372,7 +371,7 @@ def _parse_where(expr: str, field: str) -> ast.Expression:
     return tree
 
 
-def _dotted_name(node) -> Optional[str]:
+def _dotted_name(node) -> str | None:
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Attribute):

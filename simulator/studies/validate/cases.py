@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import copy
 import fnmatch
-from importlib import resources
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence, Union
 
 from simulator.errors import StudyError
 from simulator.scenario.loading import read_mapping
@@ -99,7 +99,7 @@ class Case:
     """One published run: a scenario and the figure to compare with."""
 
     name: str
-    path: Optional[Path]
+    path: Path | None
     scenario: Mapping
     metric: str
     published: float
@@ -107,7 +107,7 @@ class Case:
     source: str
     assumptions: tuple[str, ...] = ()
 
-    def scenario_with(self, compute: Optional[Mapping[str, float]] = None) -> dict:
+    def scenario_with(self, compute: Mapping[str, float] | None = None) -> dict:
         """The scenario mapping, with ``compute`` overrides merged over the case's own."""
         sc = copy.deepcopy(dict(self.scenario))
         if compute:
@@ -149,7 +149,7 @@ class CaseResult:
         return self.case.metric not in BOOLEAN_METRICS and self.case.metric not in MEMORY_METRICS
 
     @property
-    def failure(self) -> Optional[str]:
+    def failure(self) -> str | None:
         """Why the case fails on memory, or None: a run the source made whose simulated
         peak does not fit, or an ``oom`` case the simulator gets wrong."""
         peak, hbm = self.peak_memory_bytes / 1e9, self.summary.get("hbm_bytes", float("nan")) / 1e9
@@ -167,7 +167,7 @@ class CaseResult:
         return None
 
 
-def load_case(source: Union[str, Path, Mapping], name: Optional[str] = None) -> Case:
+def load_case(source: str | Path | Mapping, name: str | None = None) -> Case:
     """A case from a YAML/JSON file or a mapping.
 
     Raises
@@ -213,7 +213,7 @@ def load_case(source: Union[str, Path, Mapping], name: Optional[str] = None) -> 
     return Case(case_name, path, data, metric, value, str(pub.get("unit", "")), str(pub["source"]), tuple(assumptions))
 
 
-def discover(patterns: Optional[Sequence[str]] = None, root: Union[str, Path, None] = None) -> list[Case]:
+def discover(patterns: Sequence[str] | None = None, root: str | Path | None = None) -> list[Case]:
     """The suite's cases (sorted by path), or those matching any of ``patterns``.
 
     A pattern is a glob matched against the case name, the file's path relative to

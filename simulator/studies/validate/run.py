@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Optional
 
 from simulator.scenario.schema import ScenarioError
 from simulator.studies.validate.cases import METRICS, Case, CaseResult, ValidationError
 
 
-def run_case(case: Case, compute: Optional[Mapping[str, float]] = None, steady_state: bool = True) -> CaseResult:
+def run_case(case: Case, compute: Mapping[str, float] | None = None, steady_state: bool = True) -> CaseResult:
     """Simulate one case and read its metric off the summary. ``steady_state``: skip ahead in a
     long pipeline's step from a shorter run where its steady phase provably repeats
     (:mod:`simulator.steady`; the same figures to 1e-9); ``False`` simulates every micro-batch."""
@@ -55,10 +55,10 @@ class CaseFailure:
 
 def run_suite(
     cases: Iterable[Case],
-    compute: Optional[Mapping[str, float]] = None,
+    compute: Mapping[str, float] | None = None,
     jobs: int = 1,
-    progress: Optional[Callable[[CaseResult], None]] = None,
-    failures: Optional[list] = None,
+    progress: Callable[[CaseResult], None] | None = None,
+    failures: list | None = None,
     steady_state: bool = True,
 ) -> list[CaseResult]:
     """Run ``cases`` (``jobs`` worker processes, which end if this process dies); results
@@ -71,7 +71,7 @@ def run_suite(
     from simulator.studies.workers import process_pool
 
     cases = list(cases)
-    results: list[Optional[CaseResult]] = [None] * len(cases)
+    results: list[CaseResult | None] = [None] * len(cases)
 
     def take(i: int, get: Callable[[], CaseResult]) -> None:
         try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import csv
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, Union
 
 from simulator.studies.validate.cases import BOOLEAN_METRICS, CaseResult
 
@@ -78,7 +78,7 @@ def _fmt(x: float) -> str:
 CSV_COLUMNS = ("case", "metric", "published", "simulated", "error", "source", "peak_memory_bytes", "oom", "family")
 
 
-def write_csv(results: Sequence[CaseResult], path: Union[str, Path]) -> Path:
+def write_csv(results: Sequence[CaseResult], path: str | Path) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     with p.open("w", newline="") as f:
@@ -101,7 +101,7 @@ def write_csv(results: Sequence[CaseResult], path: Union[str, Path]) -> Path:
     return p
 
 
-def plot_parity(results: Sequence[CaseResult], path: Union[str, Path], band: float = 0.10) -> Path:
+def plot_parity(results: Sequence[CaseResult], path: str | Path, band: float = 0.10) -> Path:
     """Simulated vs published, one panel per chip family (the unit of calibration), log
     axes, a ±``band`` band, one marker per metric (each scaled by the geometric mean of its
     published values in the panel); each panel's title gives its speed cases' median and
@@ -114,7 +114,7 @@ def plot_parity(results: Sequence[CaseResult], path: Union[str, Path], band: flo
     return plot_parity_rows(rows, path, band)
 
 
-def plot_parity_rows(rows, path: Union[str, Path], band: float = 0.10) -> Path:
+def plot_parity_rows(rows, path: str | Path, band: float = 0.10) -> Path:
     """:func:`plot_parity` from plain rows ``(family, metric, published, simulated, error,
     is_timing)`` (what ``validation.csv`` holds, so the notebook can draw the committed run)."""
     import matplotlib.pyplot as plt  # no backend chosen here: Agg headless, the notebook's in a notebook

@@ -23,9 +23,11 @@ from chakra.schema.protobuf.et_def_pb2 import (
     COMP_NODE,
     MEM_STORE_NODE,
     METADATA_NODE,
-    AttributeProto as A,
     GlobalMetadata,
     Node,
+)
+from chakra.schema.protobuf.et_def_pb2 import (
+    AttributeProto as A,
 )
 from chakra.src.third_party.utils.protolib import encodeMessage
 

@@ -288,7 +288,7 @@ def build() -> dict:
         [BF16, I64, "Scalar", "Scalar", "Scalar"],
         [(EMB_K, w.time_s(_mem("embedding", 2 * T * H * 2 + T * 8, T * H)), [T, 1, 1], [128, 1, 1])],
     )
-    for layer, scale in enumerate((1.00, 1.01, 0.99)):
+    for _layer, scale in enumerate((1.00, 1.01, 0.99)):
         ew(
             "aten::native_layer_norm",
             [x, [H], [H], [H], []],
@@ -345,7 +345,7 @@ def build() -> dict:
                 scale=scale,
             )
     # autograd thread: backward GEMMs (kernels carry only the correlation), flash backward (three kernels)
-    for layer, scale in enumerate((1.00, 1.01, 0.99)):
+    for _layer, scale in enumerate((1.00, 1.01, 0.99)):
         bwd = lambda t, s=scale: w.op(
             "aten::_flash_attention_backward",
             [[1, T, HQ, D], [1, T, HQ, D], [1, T, HKV, D], [1, T, HKV, D], [1, T, HQ, D], [1, HQ, T], [], [], [], []],

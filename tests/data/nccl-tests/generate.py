@@ -34,8 +34,8 @@ def true_calibration():
 
 
 def render(op: str, devices: int, hosts, tagged: bool, lo: int, hi: int) -> str:
-    from simulator.studies.bench import collective_sweep, size_range
     from simulator.interop.nccl_tests import BINARY_OF_OP, _fmt_time
+    from simulator.studies.bench import collective_sweep, size_range
     from topologies.presets import build_cluster, cluster_preset
 
     topo = build_cluster(cluster_preset("dgx-h100", devices=devices))
