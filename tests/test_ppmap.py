@@ -151,7 +151,7 @@ def test_adaptive_map_finds_the_best_layouts_simulating_all_would(tmp_path):
     m.pop("simulate")
     assert load_map(m).adaptive
     table, cands = run_map(m, tmp_path / "adaptive", jobs=1)
-    everything, all_cands = run_map(tiny_map(simulate={"with_pp": 99, "without_pp": 99}), tmp_path / "all", jobs=1)
+    everything, _ = run_map(tiny_map(simulate={"with_pp": 99, "without_pp": 99}), tmp_path / "all", jobs=1)
     assert (table["simulated"] < everything["simulated"]).any()  # the rounds stopped early somewhere
     for col in ("best_pp_label", "best_nopp_label", "ratio"):
         assert list(table[col]) == list(everything[col]), col

@@ -369,7 +369,7 @@ class Engine:
             if op.mem:
                 self._mem_at(op, "start", start)
             if op.kind == "compute":
-                kern = op.kernels  # self._duration(op), inlined
+                kern = op.kernels  # the op's duration, inlined
                 hit = dur_cache.get(id(kern))
                 if hit is None or hit[0] is not kern:
                     hit = self._kernel_stats(kern)
@@ -517,15 +517,6 @@ class Engine:
                 tuple(kernel_time_s(k, self.chip, self.cal, self.dtype) for k in kernels),
             )
         return hit[1]
-
-    def _duration(self, op: Op) -> float:
-        d = self._kernel_stats(op.kernels)[1]
-        if op.comm_overlap:
-            d *= self._overlap_slowdown
-        if op.sm_held:
-            d /= 1.0 - op.sm_held
-        scale = self.compute_scale.get(op.rank)
-        return d / scale if scale else d
 
     # ---- communication -----------------------------------------------------------------
     def _collective(self, op: Op):

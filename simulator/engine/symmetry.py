@@ -220,14 +220,3 @@ def symmetry_note(layout: ParallelLayout, topo: Topology) -> list[str]:
             f"for its class; `stepsim run --exact` checks it"
         )
     return notes
-    pos = _position(layout, topo, axes)
-    for axis, splits in axes.items():
-        shown = ", ".join(" + ".join(map(str, s)) for s in splits[:4]) + (", ..." if len(splits) > 4 else "")
-        mine = layout.group_table(axis)[layout.group_index(axis)[pos]]
-        notes.append(
-            f"representative ranks: the {axis} groups of a stage straddle scale-up domains unevenly "
-            f"(members per domain: {shown}); each stage is represented by its rank {pos}, whose group "
-            f"({' + '.join(map(str, _split(topo.domains_of(mine))))}) sends the most across domains, and "
-            f"the groups that keep more inside a domain are taken to run as it does; `stepsim run --exact` checks it"
-        )
-    return notes

@@ -1,0 +1,46 @@
+"""``simulator.interop.megatron_args.MAPPED`` is the table docs and users read of which
+Megatron-LM argument sets which scenario key: every argument ``stepsim import megatron``
+maps says the key the table gives it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from simulator.interop.megatron import import_megatron
+from simulator.interop.megatron_args import MAPPED
+
+DATA = Path(__file__).resolve().parent / "data" / "megatron"
+
+MOE_ARGS = """
+torchrun --nnodes 2 --nproc_per_node 8 pretrain_gpt.py \\
+  --num-layers 16 --hidden-size 2048 --num-attention-heads 16 \\
+  --group-query-attention --num-query-groups 4 --ffn-hidden-size 8192 --swiglu \\
+  --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights \\
+  --vocab-size 32001 --seq-length 4096 --micro-batch-size 1 --global-batch-size 64 \\
+  --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --context-parallel-size 1 \\
+  --num-layers-per-virtual-pipeline-stage 4 --expert-model-parallel-size 4 --num-experts 8 \\
+  --moe-router-topk 2 --moe-ffn-hidden-size 1024 --sequence-parallel --use-distributed-optimizer \\
+  --recompute-granularity selective --bf16 --overlap-grad-reduce --moe-aux-loss-coeff 0.01
+"""
+
+
+def _mapped(text: str, cluster: str) -> list[tuple[str, str]]:
+    out = []
+    for line in import_megatron(text, cluster).mapped:
+        m = re.match(r"--([\w-]+).* -> ([\w.\[\]]+)", line)
+        assert m, line
+        out.append((m.group(1), m.group(2)))
+    return out
+
+
+@pytest.mark.parametrize(
+    "text,cluster",
+    [(p.read_text(), "dgx-a100") for p in sorted(DATA.glob("*.args"))] + [(MOE_ARGS, "dgx-h100")],
+)
+def test_every_mapped_argument_is_in_the_table_with_its_key(text, cluster):
+    pairs = _mapped(text, cluster)
+    assert pairs
+    assert [(arg, key, MAPPED.get(arg)) for arg, key in pairs if MAPPED.get(arg) != key] == []
