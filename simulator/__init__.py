@@ -16,8 +16,8 @@ scenario schema load when :func:`simulate` first runs or a schema name is first 
 The layers, bottom up (``docs/design.md``; ``tests/test_architecture.py`` holds them):
 :mod:`.errors` and :mod:`.version` (the base), :mod:`.network` (flows over links),
 :mod:`.scenario` (the validated scenario), :mod:`.engine` (the event loop),
-:mod:`.results` (tables, figures, reports), :mod:`.simulate` with :mod:`.steady` (one step,
-and steady-state skipping), :mod:`.studies` (sweeps, search, the map, validation),
+:mod:`.results` (tables, figures, reports, the summary record), :mod:`.simulate` (the entry
+point) with :mod:`.step` (one step run) and :mod:`.steady` (steady-state skipping), :mod:`.studies` (sweeps, search, the map, validation),
 :mod:`.interop` (other tools' files) and :mod:`.cli` (the command line).
 """
 

@@ -279,10 +279,10 @@ def simulate_steady(sc, progress=False, engine_options=None):
     """The :class:`~simulator.results.result.Result` of ``sc`` (a resolved Scenario) from a shorter
     run whose steady phase provably repeats (see the module doc), or ``None`` where skipping does
     not apply or the certificate fails (the caller then simulates every micro-batch)."""
-    from simulator.simulate import _load_engine, _run
+    from simulator.step import load_engine, run_step
     from workloads.trace.builder import build_trace
 
-    t0 = _load_engine()
+    t0 = load_engine()
     L = sc.layout
     m = sc.training.micro_batches(L.dp)
     global_aux = sc.model.is_moe and sc.training.balance == "aux-loss-global"  # TraceBuilder.global_aux
@@ -292,7 +292,7 @@ def simulate_steady(sc, progress=False, engine_options=None):
             continue
         # the run's idle time is accounted on the full timeline, periods inserted (_extend)
         opts = {**(engine_options or {}), "account_idle": False}
-        run = _run(_with_micro_batches(sc, m1), False, None, None, progress, opts)
+        run = run_step(_with_micro_batches(sc, m1), False, None, None, progress, opts)
         trace, raw = run[2], run[3]
         w_k = _with_micro_batches(sc, m1 - k).workload()
         if len(trace.ranks) > L.pp:  # one rank per class (simulator.engine.symmetry.rank_classes)
@@ -359,7 +359,7 @@ def _extend(sc, run, trace_k, m: int, m1: int, k: int, delta: float, cut: float,
     and ``n`` periods' ops more counted."""
     from simulator.engine.accounting import account_intervals, busy_intervals
     from simulator.results.result import Result
-    from simulator.simulate import _host_and_overlap_terms, _summarise
+    from simulator.results.summary import host_and_overlap_terms, summarise
     from workloads.counts import matmul_flops, model_flops_per_step
 
     _, topo, trace, raw, mem = run
@@ -401,13 +401,13 @@ def _extend(sc, run, trace_k, m: int, m1: int, k: int, delta: float, cut: float,
         model_flops=model_flops_per_step(sc.model, sc.training),
         unexecuted_flops={q: v for q, v in sorted(unexec.items()) if v},
     )
-    summary, per_stage = _summarise(sc, full_trace, raw_full, mem, topo)
+    summary, per_stage = summarise(sc, full_trace, raw_full, mem, topo)
     extra: dict = defaultdict(int)  # forward dispatches of the inserted periods, by rank
     for ops in one_period.values():
         for op in ops:
             if op.kind == "collective" and op.phase == "F" and op.name.endswith(".dispatch"):
                 extra[op.rank] += n
-    terms = _host_and_overlap_terms(full_trace, raw_full, extra)
+    terms = host_and_overlap_terms(full_trace, raw_full, extra)
     if terms:
         summary["moe_terms_s"].update(terms)
     summary["steady_state"] = {"micro_batches_simulated": [m1], "period_micro_batches": k}

@@ -13,8 +13,8 @@ from simulator import simulate
 from simulator.engine.accounting import account
 from simulator.engine.loop import OpRecord
 from workloads import parameters
-from workloads.trace.builder import HOST_UPDATE_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM, PARAM_BYTES
 from workloads.trace.ops import Op
+from workloads.trace.shared import HOST_UPDATE_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM, PARAM_BYTES
 
 _ids = iter(range(10**9))
 

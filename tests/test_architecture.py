@@ -203,6 +203,12 @@ def test_no_private_name_is_imported_from_another_package():
     assert not private_violations(EDGES, MODULES), "\n".join(private_violations(EDGES, MODULES))
 
 
+def test_no_module_imports_itself_in_a_circle():
+    """No import circle anywhere in the packages (imports inside functions included): a module
+    that needs another's names takes them from a module below both."""
+    assert cycles(EDGES, set(MODULES)) == []
+
+
 def test_the_command_line_modules_import_each_other_without_a_cycle():
     cli = {m for m in MODULES if layer_of(m) == "cli"}
     assert len(cli) >= 4 and not cycles(EDGES, cli), cycles(EDGES, cli)

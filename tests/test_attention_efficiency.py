@@ -14,7 +14,8 @@ import pytest
 
 from simulator.engine.compute import DEFAULT_COMPUTE_CALIBRATION, kernel_time_s
 from topologies.chips import get_chip
-from workloads.counts import backward_kernels, layer_kernels
+from workloads.counts import layer_kernels
+from workloads.kernels import backward_kernels
 from workloads.presets import get_model
 from workloads.shard import Shard
 

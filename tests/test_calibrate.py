@@ -16,7 +16,7 @@ from simulator.studies import calibrate as c
 from simulator.studies.bench import collective_time_s
 from topologies.chips import get_chip
 from topologies.presets import build_cluster, cluster_preset
-from workloads.counts import Kernel
+from workloads.kernels import Kernel
 
 TRUE = DEFAULT_COMPUTE_CALIBRATION["hopper"].with_(
     gemm_efficiency=0.66, gemm_dim_half=180.0, attention_efficiency=0.47, memory_efficiency=0.81, launch_overhead_s=6e-6

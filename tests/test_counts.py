@@ -7,11 +7,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workloads.counts import (
-    KERNEL_KINDS,
-    MATMUL_KINDS,
-    Kernel,
-    backward_flops_factor,
-    backward_kernels,
     embedding_kernels,
     forward_flops_per_token,
     head_kernels,
@@ -20,6 +15,7 @@ from workloads.counts import (
     model_flops_per_token,
     mtp_kernels,
 )
+from workloads.kernels import KERNEL_KINDS, MATMUL_KINDS, Kernel, backward_flops_factor, backward_kernels
 from workloads.model import MLASpec, ModelSpec, MoESpec
 from workloads.parameters import (
     _block_params,

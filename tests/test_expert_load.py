@@ -105,7 +105,8 @@ def test_hfu_counts_only_the_tokens_kept_under_capacity_dropping():
     """With a capacity factor, dropped assignments are not computed: the hardware FLOPs
     fall by the dropped share of the routed-expert GEMMs."""
     from simulator import load_scenario
-    from workloads.trace.builder import TraceBuilder, build_trace
+    from workloads.trace.builder import build_trace
+    from workloads.trace.shared import TraceBuilder
 
     sc = load_scenario(
         moe_scenario(
@@ -166,7 +167,7 @@ def test_builtin_scenarios_hardware_flops_at_least_model_flops(imbalance):
     where both numerators come from; the simulated HFU is hardware / model x MFU."""
     from simulator import load_scenario
     from simulator.scenario.loading import builtin_scenarios, read_mapping
-    from workloads.counts import MATMUL_KINDS
+    from workloads.kernels import MATMUL_KINDS
     from workloads.trace.builder import build_trace
 
     for name, path in sorted(builtin_scenarios().items()):

@@ -11,7 +11,7 @@ from test_moe import TINY_MOE
 from simulator import simulate
 from simulator.engine.compute import calibration_for, kernel_time_s
 from simulator.engine.loop import Engine
-from workloads.counts import Kernel
+from workloads.kernels import Kernel
 from workloads.trace.ops import Op, Trace
 
 H = 10e-6  # host seconds per launch in these tests

@@ -203,7 +203,7 @@ def test_deepseek_v3_activation_savings_in_the_trace():
     assert not a.events["name"].str.endswith(".recompute.R").any()
     assert b.summary["step_time_s"] > a.summary["step_time_s"]
     # what is run again on an MLA + MoE layer: every norm, the up-projections, the SwiGLUs
-    from workloads.trace.builder import TraceBuilder
+    from workloads.trace.shared import TraceBuilder
 
     ds = load_scenario("deepseek-v3-2048xh800")
     names = [k.name for k in TraceBuilder(ds.workload()).saved_recompute_kernels(5)]

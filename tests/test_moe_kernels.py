@@ -16,7 +16,8 @@ from simulator.engine.compute import (
     kernel_time_s,
 )
 from topologies.chips import get_chip
-from workloads.counts import Kernel, backward_kernels, layer_kernels
+from workloads.counts import layer_kernels
+from workloads.kernels import Kernel, backward_kernels
 from workloads.moe_kernels import MoEOptions
 from workloads.moe_load import ExpertLoad, rank_load_factors
 from workloads.presets import get_model

@@ -12,9 +12,10 @@ from helpers import scenario
 from simulator import simulate
 from simulator.cli.app import main
 from simulator.scenario.loading import load_scenario
-from workloads.trace.builder import Workload, build_trace
+from workloads.trace.builder import build_trace
 from workloads.trace.io import read_trace, trace_from_dict, trace_to_dict, write_trace
 from workloads.trace.ops import TraceError
+from workloads.trace.shared import Workload
 
 
 def _trace(sc):

@@ -4,7 +4,7 @@ silently shifted field in every trace."""
 
 import dataclasses
 
-from workloads.counts import Kernel
+from workloads.kernels import Kernel
 from workloads.trace.ops import Op, collective_op, compute_op, send_op
 
 

@@ -11,7 +11,9 @@ Plain data and pure functions; nothing here imports the simulator.
   reference executor of them;
 * :mod:`.shapes` and :mod:`.shard` — tensor widths on one TP rank, one rank's shard of a
   micro-batch;
-* :mod:`.counts` and :mod:`.parameters` — FLOP and parameter counts;
+* :mod:`.kernels` — a kernel's FLOPs and bytes as plain data, and the constructors of the
+  common ones; :mod:`.counts` the kernels of a layer and the model FLOPs; :mod:`.parameters`
+  parameter counts;
 * :mod:`.memory` and :mod:`.activations` — model states, buffers and activation memory;
 * :mod:`.moe_kernels` and :mod:`.moe_load` — the kernels around the routed experts and how
   unevenly tokens land on them;

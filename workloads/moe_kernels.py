@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from workloads.counts import _FP32_BYTES, Kernel, _ffn, _gemm
+from workloads.kernels import _FP32_BYTES, Kernel, _ffn, _gemm
 from workloads.model import ModelSpec
 from workloads.shard import Shard
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from simulator.engine import grouped_gemm
 from topologies.chips import ChipSpec, ComputeCalibration
-from workloads.counts import Kernel
+from workloads.kernels import Kernel
 
 # One calibration per chip family (reference-data.md: "keep one calibration per chip family,
 # never a per-case knob"), as data: simulator/calibration/compute-<family>.json gives each
@@ -85,7 +85,7 @@ def overlap_slowdown(cal: ComputeCalibration) -> float:
 def token_dim(k: Kernel) -> int:
     """The dimension of a grouped GEMM that counts one group's token rows: M of the forward
     and input-gradient products, K of the weight gradient (``dW = X^T dY`` reduces over
-    the rows, :func:`workloads.counts.backward_kernels`)."""
+    the rows, :func:`workloads.kernels.backward_kernels`)."""
     return k.k if k.name.endswith(".wgrad") else k.m
 
 

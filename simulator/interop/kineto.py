@@ -31,7 +31,7 @@ one this module knows gives the kernel's shape:
   ``flash_attn::_flash_attn_forward`` (``[batch, seq, heads, head_dim]``) and their
   ``_backward`` operators. FLOPs and bytes as :mod:`workloads.counts` counts them (the
   non-causal ``4 b s_q s_k h d`` forward; the backward 2x, see
-  :func:`workloads.counts.backward_kernels`), so the fitted ``attention_efficiency`` is the
+  :func:`workloads.kernels.backward_kernels`), so the fitted ``attention_efficiency`` is the
   one the simulator's attention kernels need.
 * Norms (``aten::native_layer_norm``, ``aten::rms_norm``, ``aten::_fused_rms_norm`` and
   backwards), the embedding (``aten::embedding``, ``aten::embedding_dense_backward``) and
@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from simulator.errors import StudyError
-from workloads.counts import Kernel, backward_kernels
+from workloads.kernels import Kernel, backward_kernels
 
 #: ``Input type`` strings of the profiler and their element sizes in bytes.
 ELEMENT_BYTES = {

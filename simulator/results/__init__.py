@@ -10,6 +10,8 @@
   the data it draws (from a Result or a run directory);
 * :mod:`.report` — the text summary ``stepsim run`` prints, and how a simulated rank
   is described (which ranks it stands for).
+* :mod:`.summary` — the summary record of one step and the per-stage table, from the
+  engine's raw run;
 * :mod:`.moe_terms` — the summary's MoE compute terms per MoE layer and micro-batch
   (``moe_terms_s``);
 * :mod:`.outdir` — output folders and files written whole or not at all;

@@ -42,7 +42,8 @@ def check_size(
     """Refuse a step too large to simulate before building it: the estimated op count
     (layers x micro-batches x passes over ``ranks`` simulated ranks, default one per
     pipeline stage) above :data:`MAX_ESTIMATED_OPS`, quoting the estimate and the field."""
-    from workloads.trace.builder import Workload, estimated_ops
+    from workloads.trace.builder import estimated_ops
+    from workloads.trace.shared import Workload
 
     n_ranks = layout.pp if ranks is None else ranks
     try:

@@ -2,7 +2,7 @@
 
 :func:`simulator.scenario.loading.load_scenario` builds it from a validated file; it holds
 the specs of :mod:`workloads` and :mod:`topologies` plus the scenario's calibration
-overrides, and builds the :class:`workloads.trace.builder.Workload` it describes.
+overrides, and builds the :class:`workloads.trace.shared.Workload` it describes.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ class Scenario:
         return cal.with_overrides(**{k: dict(v) for k, v in self.network_overrides}) if self.network_overrides else cal
 
     def workload(self):
-        """The :class:`workloads.trace.builder.Workload` this scenario describes."""
-        from workloads.trace.builder import Workload
+        """The :class:`workloads.trace.shared.Workload` this scenario describes."""
+        from workloads.trace.shared import Workload
 
         net = self.cluster.network
         domain = net.domain_size if getattr(net, "kind", "") == "switched" else 0

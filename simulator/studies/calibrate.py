@@ -68,7 +68,7 @@ import numpy as np
 from simulator.engine.compute import COMPUTE_SCHEMA, DEFAULT_COMPUTE_CALIBRATION, kernel_time_s
 from simulator.errors import StudyError
 from topologies.chips import ComputeCalibration
-from workloads.counts import KERNEL_KINDS, Kernel
+from workloads.kernels import KERNEL_KINDS, Kernel
 
 #: Fitted compute parameters with their bounds (physically meaningful ranges).
 COMPUTE_PARAMS: dict[str, tuple[float, float]] = {

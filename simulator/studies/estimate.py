@@ -9,7 +9,7 @@
 
 This module assembles the step from a rank's per-layer costs
 (:class:`~simulator.studies.layer_costs.StepCosts`) and DualPipe's overlapped pairs
-(:mod:`simulator.studies.dualpipe_pairs`). Both are built from the trace builder's own sizes (:class:`workloads.trace.builder.TraceBuilder`)
+(:mod:`simulator.studies.dualpipe_pairs`). Both are built from the trace builder's own sizes (:class:`workloads.trace.shared.TraceBuilder`)
 so that they describe the step the simulator would run.
 """
 
@@ -30,7 +30,7 @@ from workloads import activations, memory
 from workloads import schedules as sched
 from workloads.activations import ActivationPolicy
 from workloads.shard import Shard
-from workloads.trace.builder import INPUT_GRAD_FREED_FRACTION, chunk_layer_ranges
+from workloads.trace.shared import INPUT_GRAD_FREED_FRACTION, chunk_layer_ranges
 
 # ---- memory estimate -----------------------------------------------------------------------
 
@@ -414,7 +414,7 @@ def _bubble(c: StepCosts, ranks: list) -> float:
 
 def _optimizer_s(c: StepCosts, r: dict) -> float:
     """Seconds of rank ``r``'s optimizer step (or its host offload)."""
-    from workloads.trace.builder import (
+    from workloads.trace.shared import (
         HOST_UPDATE_BYTES_PER_S,
         OPTIMIZER_BYTES_PER_PARAM,
         PARAM_BYTES,

@@ -19,7 +19,7 @@ class StepCosts:
 
     def __init__(self, sc, net: NetModel | None = None):
         from simulator.engine.compute import calibration_for, kernels_time_s, overlap_slowdown
-        from workloads.trace.builder import TraceBuilder
+        from workloads.trace.shared import TraceBuilder
 
         self.sc = sc
         self.L, self.t, self.model, self.name = sc.layout, sc.training, sc.model, sc.schedule
@@ -65,7 +65,7 @@ class StepCosts:
 
     def gather_s(self, rank: int, dense: float, exp: float) -> float:
         """One all-gather of a unit's bf16 parameters."""
-        from workloads.trace.builder import PARAM_BYTES
+        from workloads.trace.shared import PARAM_BYTES
 
         return self.net.time_s("all-gather", self.L.group(rank, "dp_cp"), dense * PARAM_BYTES) + self.net.time_s(
             "all-gather", self.L.group(rank, "edp"), exp * PARAM_BYTES

@@ -2,8 +2,10 @@
 
 * :mod:`.builder` — :func:`~workloads.trace.builder.build_trace`: the model, training and
   layout into a per-rank program of compute ops and collectives, stage by stage of the
-  pipeline schedule; its :class:`~workloads.trace.builder.TraceBuilder` holds the sizes
-  and kernels every rank's program shares and makes the ops;
+  pipeline schedule, the programs' cross-rank dependencies resolved into one trace;
+* :mod:`.shared` — what the programs share: the step's constants, :class:`~.shared.Workload`
+  and :class:`~.shared.TraceBuilder`, which holds the sizes and kernels of every rank's
+  program and makes the ops;
 * :mod:`.program` — one rank's program from its schedule's actions (op helpers, pipeline
   sends and receives), with :mod:`.program_layers` (per-layer forward / backward ops: TP,
   CP and EP collectives, MoE, recomputation, activation offload) and :mod:`.program_params`

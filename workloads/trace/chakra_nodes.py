@@ -10,7 +10,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from workloads.counts import KERNEL_KINDS, MATH_DTYPES, Kernel
+from workloads.kernels import KERNEL_KINDS, MATH_DTYPES, Kernel
 from workloads.trace.chakra import _CHAKRA_TO_COLL, _SUPPORTED_TYPES, COMM_GROUP_FILE
 from workloads.trace.ops import MEMORY_CATEGORIES, TraceError
 

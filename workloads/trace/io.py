@@ -71,7 +71,7 @@ import json
 import math
 from pathlib import Path
 
-from workloads.counts import KERNEL_KINDS, MATH_DTYPES, Kernel
+from workloads.kernels import KERNEL_KINDS, MATH_DTYPES, Kernel
 
 # Kernel fields written only where set: the math dtype of a GEMM (and of its gradients) where it
 # is not the step's, and the bytes of a backward pass that is not twice its forward's.

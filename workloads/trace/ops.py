@@ -16,8 +16,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from workloads.counts import Kernel
 from workloads.errors import WorkloadError
+from workloads.kernels import Kernel
 
 if TYPE_CHECKING:  # numpy is imported where the checks run (keeps `import workloads` light)
     import numpy as np

@@ -8,13 +8,13 @@ runs one program per simulated rank."""
 from __future__ import annotations
 
 from workloads import schedules as sched
-from workloads.trace.builder import (
-    TraceBuilder,
-)
 from workloads.trace.ops import Op, collective_op, compute_op, send_op
 from workloads.trace.program_layers import LayerOps
 from workloads.trace.program_params import ParamOps
 from workloads.trace.program_tp_overlap import TpOverlapOps
+from workloads.trace.shared import (
+    TraceBuilder,
+)
 
 
 class RankProgram(LayerOps, ParamOps, TpOverlapOps):

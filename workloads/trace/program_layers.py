@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from workloads import activations
-from workloads.trace.builder import (
+from workloads.trace.ops import Op
+from workloads.trace.shared import (
     INPUT_GRAD_FREED_FRACTION,
 )
-from workloads.trace.ops import Op
 
 
 class LayerOps:

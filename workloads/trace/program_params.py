@@ -11,13 +11,13 @@ from functools import cached_property
 
 from workloads import memory
 from workloads import schedules as sched
-from workloads.trace.builder import (
+from workloads.trace.ops import Op
+from workloads.trace.shared import (
     HOST_UPDATE_BYTES_PER_S,
     OPTIMIZER_BYTES_PER_PARAM,
     PARAM_BYTES,
     optimizer_kernels,
 )
-from workloads.trace.ops import Op
 
 
 class ParamOps:

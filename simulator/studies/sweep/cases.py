@@ -59,7 +59,7 @@ def check_scenario(sc) -> None:
     Raises :class:`ScenarioError` naming the field."""
     from workloads import memory
     from workloads.schedules import validate_schedule_args
-    from workloads.trace.builder import chunk_layer_ranges
+    from workloads.trace.shared import chunk_layer_ranges
 
     L, t, model = sc.layout, sc.training, sc.model
     try:

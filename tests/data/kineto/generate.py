@@ -58,7 +58,7 @@ NCCL_K = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096
 
 
 def _gemm(m, n, k, ta=BF16, out=2, batch=1):
-    from workloads.counts import Kernel
+    from workloads.kernels import Kernel
 
     return Kernel(
         "g",
@@ -73,7 +73,7 @@ def _gemm(m, n, k, ta=BF16, out=2, batch=1):
 
 
 def _flash(b, hq, hkv, s, d, backward=False):
-    from workloads.counts import Kernel
+    from workloads.kernels import Kernel
 
     flops = 4.0 * b * s * s * hq * d  # non-causal 2 products x 2 FLOPs, workloads/counts.py
     nbytes = 2.0 * (b * s * hq * d + b * s * hkv * 2 * d + b * s * hq * d) + 4.0 * b * s * hq
@@ -82,7 +82,7 @@ def _flash(b, hq, hkv, s, d, backward=False):
 
 
 def _mem(kind, nbytes, elems):
-    from workloads.counts import Kernel
+    from workloads.kernels import Kernel
 
     return Kernel("m", kind, float(elems), float(nbytes))
 
