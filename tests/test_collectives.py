@@ -369,7 +369,7 @@ def test_node_limited_a2a_costs_the_slower_hop_not_the_sum(m, frac, bound):
 def test_node_limited_a2a_estimate_matches_simulation(devices, frac):
     """estimate.NetModel's closed form for the pipelined two-hop all-to-all (max of the IB
     and NVLink legs) against the simulated plan on dgx-h100 with its calibration."""
-    from simulator.studies.network_model import NetModel
+    from simulator.studies.search.network_model import NetModel
 
     spec = cluster_preset("dgx-h100", devices)
     topo = build_cluster(spec)

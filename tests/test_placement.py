@@ -12,7 +12,7 @@ from simulator.scenario.loading import load_scenario
 from simulator.scenario.schema import ScenarioError
 from simulator.scenario.serialise import scenario_to_dict
 from simulator.studies.search import search
-from simulator.studies.search_layouts import SearchBounds, aligned_placement, enumerate_layouts
+from simulator.studies.search.layouts import SearchBounds, aligned_placement, enumerate_layouts
 from topologies.placement import aligned_devices_per_domain, domain_usage, groups_aligned
 from workloads.layout import ParallelLayout
 

@@ -8,10 +8,10 @@ from simulator.cli import app as cli
 from simulator.scenario.loading import load_scenario
 from simulator.scenario.schema import ScenarioError
 from simulator.studies.ppmap import assemble, run_map
-from simulator.studies.ppmap_plot import plot_map
-from simulator.studies.ppmap_roofline import dp_traffic_s
-from simulator.studies.ppmap_screen import choose, screen
-from simulator.studies.ppmap_spec import load_map, points
+from simulator.studies.ppmap.plot import plot_map
+from simulator.studies.ppmap.roofline import dp_traffic_s
+from simulator.studies.ppmap.screen import choose, screen
+from simulator.studies.ppmap.spec import load_map, points
 
 
 def tiny_map(**over):

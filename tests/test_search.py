@@ -13,16 +13,16 @@ from helpers import scenario
 
 from simulator import load_scenario, simulate
 from simulator.scenario.schema import ScenarioError
-from simulator.studies.estimate import estimate_memory, estimate_step_time
 from simulator.studies.search import search
-from simulator.studies.search_layouts import (
+from simulator.studies.search.estimate import estimate_memory, estimate_step_time
+from simulator.studies.search.layouts import (
     ESTIMATE_MARGIN,
     SearchBounds,
     candidate_mapping,
     enumerate_layouts,
     label,
 )
-from simulator.studies.search_rounds import bounds_from_simulated
+from simulator.studies.search.rounds import bounds_from_simulated
 
 
 def _tiny(hbm_bytes=None):
@@ -399,11 +399,11 @@ def test_estimate_of_each_schedule_and_option_is_finite_and_positive():
 
 
 def test_dualpipe_pair_time_closed_forms():
-    """One overlapped forward/backward pair (simulator.studies.dualpipe_pairs.pair_time): without
+    """One overlapped forward/backward pair (simulator.studies.search.dualpipe_pairs.pair_time): without
     all-to-alls the halves' compute adds up, slowed by the SMs given to communication;
     all-to-alls shorter than the compute they hide behind cost nothing; all-to-alls far
     longer than the compute are serial on their stream and set the pair's time."""
-    from simulator.studies.dualpipe_pairs import pair_time
+    from simulator.studies.search.dualpipe_pairs import pair_time
 
     f = [(1.0, 0.0, 0.0, 0.0, 0.0, 0.0)] * 3  # dense layers: one op each
     b = [(2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)] * 3

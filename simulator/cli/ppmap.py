@@ -26,8 +26,8 @@ def cmd_ppmap(args) -> int:
     from simulator.cli.sweep import _dask_client
     from simulator.results.outdir import check_output_dir, check_output_file, staged_file
     from simulator.studies.ppmap import assemble, run_map
-    from simulator.studies.ppmap_plot import plot_map
-    from simulator.studies.ppmap_spec import CANDIDATES_CSV, MAP_CSV, load_map
+    from simulator.studies.ppmap.plot import plot_map
+    from simulator.studies.ppmap.spec import CANDIDATES_CSV, MAP_CSV, load_map
 
     if not Path(args.map).exists():
         raise CliError(f"ppmap: no file {args.map!r}")

@@ -223,7 +223,7 @@ def cmd_search(args) -> int:
     from simulator.cli.common import resolve_scenario_path
     from simulator.results.outdir import check_output_dir
     from simulator.studies.search import search
-    from simulator.studies.search_layouts import SearchBounds
+    from simulator.studies.search.layouts import SearchBounds
     from workloads.enums import RECOMPUTE_MODES, SCHEDULES
 
     path = resolve_scenario_path(args.scenario)

@@ -1,7 +1,7 @@
 """Layout search: the fastest way to train a scenario's model on its cluster.
 
 :func:`search` enumerates every layout of the scenario's model on its cluster
-within :class:`~simulator.studies.search_layouts.SearchBounds`:
+within :class:`~simulator.studies.search.layouts.SearchBounds`:
 
 * ``tp`` dividing the devices, at most the scale-up domain (``domain_size`` of a
   switched network; a torus pod is one ICI domain) unless ``max_tp`` says;
@@ -16,7 +16,7 @@ Every other scenario field (model, cluster, sequence length, global batch, dtype
 perturbations, ...) is kept. Each layout is checked structurally
 (:func:`simulator.studies.sweep.cases.check_scenario`: status ``invalid`` with the reason) and
 its memory estimated with the closed forms of :mod:`workloads.memory`
-(:func:`simulator.studies.estimate.estimate_memory`: weights, gradients and optimizer states via
+(:func:`simulator.studies.search.estimate.estimate_memory`: weights, gradients and optimizer states via
 ``state_bytes``, plus the activations each pipeline rank stashes at the peak of
 its schedule, ``activation_bytes_per_layer`` per layer and micro-batch in flight).
 Layouts whose estimate exceeds the chip's memory (by more than ``PRUNE_TOLERANCE``)
@@ -31,11 +31,11 @@ those that fit (status ``ok``; ``oom`` when the simulated peak exceeds the chip)
 the gap between them.
 
 Every layout that is simulated or could be also gets an analytic step-time estimate
-(:func:`simulator.studies.estimate.estimate_step_time`, column ``est_step_time_s``): compute on the roofline, the
+(:func:`simulator.studies.search.estimate.estimate_step_time`, column ``est_step_time_s``): compute on the roofline, the
 schedule's bubble in closed form, and the communication of each parallel axis at the
 bandwidth its group sees (scale-up links inside a domain, NICs across domains, the
 ICI links of a torus box). ``max_candidates`` caps how many layouts are simulated:
-the candidates are then ranked by that estimate (:func:`simulator.studies.estimate.proxy_cost`), the best-ranked
+the candidates are then ranked by that estimate (:func:`simulator.studies.search.estimate.proxy_cost`), the best-ranked
 layout without pipeline parallelism is kept among them (when the cap is at least 2),
 and the rest get status ``skipped``.
 
@@ -59,9 +59,8 @@ import pandas as pd
 
 from simulator.scenario.loading import load_scenario, read_mapping
 from simulator.scenario.schema import ScenarioError
-from simulator.studies.estimate import estimate_memory, proxy_cost
-from simulator.studies.network_model import NetModel
-from simulator.studies.search_layouts import (
+from simulator.studies.search.estimate import estimate_memory, proxy_cost
+from simulator.studies.search.layouts import (
     LAYOUT_KEYS,
     PRUNE_TOLERANCE,
     SearchBounds,
@@ -69,7 +68,8 @@ from simulator.studies.search_layouts import (
     enumerate_layouts,
     label,
 )
-from simulator.studies.search_rounds import SUMMARY_COLUMNS, Dedupe, _resolved_key, adaptive_rounds, cap_candidates
+from simulator.studies.search.network_model import NetModel
+from simulator.studies.search.rounds import SUMMARY_COLUMNS, Dedupe, _resolved_key, adaptive_rounds, cap_candidates
 from simulator.studies.sweep import run_cases
 from simulator.studies.sweep.cases import absolutise, check_scenario, resolve
 from simulator.studies.sweep.rows import atomic_write
@@ -79,7 +79,7 @@ STATUSES = ("ok", "oom", "failed", "pruned", "invalid", "skipped", "duplicate")
 SEARCH_CSV, BEST_JSON = "search.csv", "best.json"
 
 
-def _workers(jobs: int | None, client) -> int:
+def worker_count(jobs: int | None, client) -> int:
     """How many layouts one round of the adaptive search simulates at once."""
     if client is not None:
         return 8
@@ -318,7 +318,7 @@ def _screen_one(rec: dict, p: dict, mapping: dict, hbm: float, by_key: dict, net
         rec.update(status="invalid", reason=f"same scenario as candidate {by_key[key]}")
         return None
     by_key[key] = i
-    # The estimate reads training.recompute only as "full or not" (simulator.studies.estimate):
+    # The estimate reads training.recompute only as "full or not" (simulator.studies.search.estimate):
     # layouts differing only in none / selective share one evaluation.
     ekey = _resolved_key(resolved, recompute="full" if p["recompute"] == "full" else "not-full")
     if ekey not in est_cache:
@@ -351,7 +351,7 @@ def _record_rows(batch: list, rows: Mapping, records: list, summaries: dict, hbm
 
 def _simulate(cases: list, records: list, bounds: SearchBounds, dedupe, run, jobs, client, executor) -> None:
     """Simulate the cases: all of them (up to ``max_candidates``) without an estimate margin,
-    else in adaptive rounds (:func:`~simulator.studies.search_rounds.adaptive_rounds`)."""
+    else in adaptive rounds (:func:`~simulator.studies.search.rounds.adaptive_rounds`)."""
     if bounds.estimate_margin is None:
         batch = []
         for c in cap_candidates(cases, records, bounds):
@@ -361,7 +361,7 @@ def _simulate(cases: list, records: list, bounds: SearchBounds, dedupe, run, job
         return
     own_pool = None
     ex = executor
-    width = _workers(jobs, client)
+    width = worker_count(jobs, client)
     if ex is None and client is None and width > 1:
         from simulator.studies.workers import process_pool
 

@@ -4,12 +4,12 @@
   model (used to prune layouts that cannot fit before simulating them);
 * :func:`estimate_step_time` -- a closed-form step time: compute on the roofline, the
   schedule's bubble in closed form and each parallel axis's communication at the
-  bandwidth its group sees (:class:`~simulator.studies.network_model.NetModel`), used by
+  bandwidth its group sees (:class:`~simulator.studies.search.network_model.NetModel`), used by
   :mod:`simulator.studies.search` to rank layouts when only some can be simulated (:func:`proxy_cost`).
 
 This module assembles the step from a rank's per-layer costs
-(:class:`~simulator.studies.layer_costs.StepCosts`) and DualPipe's overlapped pairs
-(:mod:`simulator.studies.dualpipe_pairs`). Both are built from the trace builder's own sizes (:class:`workloads.trace.shared.TraceBuilder`)
+(:class:`~simulator.studies.search.layer_costs.StepCosts`) and DualPipe's overlapped pairs
+(:mod:`simulator.studies.search.dualpipe_pairs`). Both are built from the trace builder's own sizes (:class:`workloads.trace.shared.TraceBuilder`)
 so that they describe the step the simulator would run.
 """
 
@@ -23,9 +23,9 @@ from dataclasses import replace
 import numpy as np
 
 from simulator.engine.symmetry import representative_position
-from simulator.studies.dualpipe_pairs import dualpipe_busy
-from simulator.studies.layer_costs import StepCosts
-from simulator.studies.network_model import NetModel
+from simulator.studies.search.dualpipe_pairs import dualpipe_busy
+from simulator.studies.search.layer_costs import StepCosts
+from simulator.studies.search.network_model import NetModel
 from workloads import activations, memory
 from workloads import schedules as sched
 from workloads.activations import ActivationPolicy

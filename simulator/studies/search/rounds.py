@@ -11,7 +11,7 @@ import math
 import pickle
 from collections.abc import Mapping, Sequence
 
-from simulator.studies.search_layouts import SearchBounds
+from simulator.studies.search.layouts import SearchBounds
 from simulator.studies.sweep.cases import canonical_json
 
 SUMMARY_COLUMNS = (

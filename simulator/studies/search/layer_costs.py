@@ -1,4 +1,4 @@
-"""Per-layer costs of the analytic step-time estimate (:mod:`simulator.studies.estimate`).
+"""Per-layer costs of the analytic step-time estimate (:mod:`simulator.studies.search.estimate`).
 
 :class:`StepCosts` holds what every part of the estimate shares -- the scenario, its trace
 builder (whose sizes the estimate reuses, so that no formula is repeated), the network model and
@@ -9,7 +9,7 @@ traffic.
 
 from __future__ import annotations
 
-from simulator.studies.network_model import NetModel
+from simulator.studies.search.network_model import NetModel
 from workloads import memory
 from workloads import schedules as sched
 
@@ -101,7 +101,7 @@ class StepCosts:
 
     def layer_segments(self, parts, rc: float, c_f: float, c_bB: float, a2as: tuple) -> tuple:
         """DualPipe's overlapped pairs: the layer's compute in the order the trace runs it and its
-        all-to-alls (raw), forward and backward, for :func:`~simulator.studies.dualpipe_pairs.pair_time`."""
+        all-to-alls (raw), forward and backward, for :func:`~simulator.studies.search.dualpipe_pairs.pair_time`."""
         attn, pre, shared, expert, post = parts
         b, kt = self.b, self.kt
         disp, comb, comb_b = a2as

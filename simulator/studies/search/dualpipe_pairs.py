@@ -1,6 +1,6 @@
 """DualPipe's overlapped forward/backward pairs, costed on one compute stream.
 
-Part of the analytic step-time estimate (:mod:`simulator.studies.estimate`): a DualPipe rank's
+Part of the analytic step-time estimate (:mod:`simulator.studies.search.estimate`): a DualPipe rank's
 schedule has steps that run a forward and a backward of two micro-batches interleaved layer by
 layer, their expert all-to-alls hidden behind the other half's compute. :func:`pair_time` costs
 one such pair, :func:`dualpipe_busy` a rank's whole schedule.
@@ -60,7 +60,7 @@ def pair_time(f_layers, b_layers, slowdown: float) -> float:
 
 def dualpipe_busy(sched_counts, own, chunks, layer, seg, extras, n_chunks, send_f, send_b, slowdown):
     """A DualPipe rank's busy time over the step and its mean pair time: every step of its
-    schedule (``sched_counts``, :func:`simulator.studies.estimate.schedule_counts`) costed on its own chunk — a lone
+    schedule (``sched_counts``, :func:`simulator.studies.search.estimate.schedule_counts`) costed on its own chunk — a lone
     ``F`` / ``B`` / ``I`` / ``W`` as without overlap, an ``F`` + ``B`` pair by
     :func:`pair_time` plus what blocks the stream in both halves (TP, CP, ZeRO-3 gathers)
     and both halves' embedding / head compute (slowed) and pipeline sends."""

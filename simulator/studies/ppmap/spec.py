@@ -12,7 +12,7 @@ from pathlib import Path
 
 from simulator.scenario.loading import read_mapping
 from simulator.scenario.schema import ScenarioError
-from simulator.studies.search_layouts import (
+from simulator.studies.search.layouts import (
     SearchBounds,
 )
 

@@ -5,18 +5,18 @@ scale-up domain size (``cluster.network.domain_size``) and scale-out bandwidth p
 (``cluster.network.nic_bw_bytes_per_s``) are varied over a grid, and today's systems as
 points of their own (any cluster mapping, a TPU torus included). At every point:
 
-1. **screen** -- every layout of :func:`simulator.studies.search_layouts.enumerate_layouts` within the
+1. **screen** -- every layout of :func:`simulator.studies.search.layouts.enumerate_layouts` within the
    map's search bounds (pipeline degrees restricted to ``search.pp``) is checked and its
-   memory estimated (:func:`simulator.studies.estimate.estimate_memory`, cached per model and chip:
+   memory estimated (:func:`simulator.studies.search.estimate.estimate_memory`, cached per model and chip:
    memory does not depend on the network), and every one that fits gets the analytic
-   step-time estimate (:func:`simulator.studies.estimate.proxy_cost`) -- the same rules
+   step-time estimate (:func:`simulator.studies.search.estimate.proxy_cost`) -- the same rules
    :func:`simulator.studies.search.search` applies;
 2. **choose** -- by default every layout that fits and whose estimate is within
-   :data:`~simulator.studies.ppmap_screen.ADAPTIVE_SCREEN_SHARE` of the best estimate of its
+   :data:`~simulator.studies.ppmap.screen.ADAPTIVE_SCREEN_SHARE` of the best estimate of its
    kind (with PP, without) is a candidate, and the point simulates them as ``stepsim
    search`` does: in rounds, best estimates first, until no candidate left can beat the best
    simulated step with PP or without
-   (:func:`simulator.studies.search_rounds.adaptive_rounds`, the same bounds and
+   (:func:`simulator.studies.search.rounds.adaptive_rounds`, the same bounds and
    ``estimate_margin``). With ``simulate: {with_pp: k, without_pp: n}`` only the ``k``
    best-estimated layouts with ``pp > 1`` (distinct schedules first) and the ``n`` best with
    ``pp == 1`` are simulated;
@@ -30,7 +30,7 @@ points of their own (any cluster mapping, a TPU torus included). At every point:
 the estimated best with and without PP, the memory facts), so a resumed run does not
 screen again. :func:`assemble` turns screen and rows into the map table (one row per
 point: best layout with PP and without, ``ratio = best without PP / best``, the
-estimate's ratio, the memory side, the roofline); :func:`simulator.studies.ppmap_plot.plot_map` draws it.
+estimate's ratio, the memory side, the roofline); :func:`simulator.studies.ppmap.plot.plot_map` draws it.
 
 Why not ``search`` itself at each point: the map screens with one memory cache across the
 points of one chip (memory does not depend on the network) and keeps one resumable row
@@ -67,9 +67,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.studies.ppmap_roofline import aux_global_memory, roofline
-from simulator.studies.ppmap_screen import run_screens
-from simulator.studies.ppmap_spec import (
+from simulator.studies.ppmap.roofline import aux_global_memory, roofline
+from simulator.studies.ppmap.screen import run_screens
+from simulator.studies.ppmap.spec import (
     CANDIDATES_CSV,
     MAP_CSV,
     SCREEN_FILE,
@@ -80,12 +80,12 @@ from simulator.studies.ppmap_spec import (
     model_name,
     points,
 )
-from simulator.studies.search_layouts import (
+from simulator.studies.search.layouts import (
     LAYOUT_KEYS,
     candidate_mapping,
     label,
 )
-from simulator.studies.search_rounds import adaptive_rounds
+from simulator.studies.search.rounds import adaptive_rounds
 from simulator.studies.sweep import run_cases
 from simulator.studies.sweep.cases import resolve
 from simulator.studies.sweep.spec import Case
@@ -214,11 +214,11 @@ class _NoDedupe:
 def _run_adaptive(spec: MapSpec, screens: Mapping, cases: list, run, jobs: int | None, client) -> int:
     """Simulate each point as :func:`simulator.studies.search.search` does: in rounds, best
     estimates first, until no layout left can beat the best simulated one with PP and
-    without (:func:`simulator.studies.search_rounds.adaptive_rounds`, with the map's search
+    without (:func:`simulator.studies.search.rounds.adaptive_rounds`, with the map's search
     bounds and their ``estimate_margin``). Returns how many layouts were simulated."""
-    from simulator.studies.search import _workers
+    from simulator.studies.search.run import worker_count
 
-    width = max(2, _workers(jobs, client))
+    width = max(2, worker_count(jobs, client))
     by_point: dict[str, list] = {}
     for c in cases:
         by_point.setdefault(c.axes["point"], []).append(c)

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from simulator.scenario.loading import load_scenario
-from simulator.studies.estimate import estimate_memory
-from simulator.studies.network_model import NetModel
-from simulator.studies.search_layouts import (
+from simulator.studies.search.estimate import estimate_memory
+from simulator.studies.search.layouts import (
     candidate_mapping,
 )
+from simulator.studies.search.network_model import NetModel
 from workloads import memory
 
 # ---- the memory side: a batch-global auxiliary loss ------------------------------------------
@@ -22,7 +22,7 @@ def aux_global_memory(point: Mapping, best_pp: Mapping | None) -> dict:
     """For the best PP layout: its estimated peak memory under a batch-global auxiliary
     loss (``balance: aux-loss-global``: every forward before any backward, so every
     micro-batch's activations are stashed at once) against auxiliary-loss-free balancing
-    (the map's own runs). Closed form (:func:`simulator.studies.estimate.estimate_memory`): the
+    (the map's own runs). Closed form (:func:`simulator.studies.search.estimate.estimate_memory`): the
     simulator refuses ``aux-loss-global`` with DualPipe."""
     if best_pp is None:
         return {"aux_free_peak_bytes": None, "aux_global_peak_bytes": None, "aux_global_fits": None}
@@ -68,7 +68,7 @@ def roofline(point: Mapping, best_pp: Mapping | None, best_nopp: Mapping | None)
     estimate's roofline compute of the slowest rank plus its closed-form bubble) against
     the DP traffic alone (:func:`dp_traffic_s`); the roofline step is their maximum, and
     ``roof_ratio`` the no-PP layout's roofline step over the better of the two."""
-    from simulator.studies.estimate import estimate_step_time
+    from simulator.studies.search.estimate import estimate_step_time
 
     rec = {}
     steps = {}

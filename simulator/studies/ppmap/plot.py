@@ -1,5 +1,5 @@
 """The map figure (:func:`plot_map`): per model a heat map of ``ratio`` (best without PP / best)
-over scale-up domain size and scale-out bandwidth, with the :data:`~simulator.studies.ppmap_spec.RATIO_CONTOUR`
+over scale-up domain size and scale-out bandwidth, with the :data:`~simulator.studies.ppmap.spec.RATIO_CONTOUR`
 contour and today's systems in a strip below.
 """
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.studies.ppmap_spec import RATIO_CONTOUR
+from simulator.studies.ppmap.spec import RATIO_CONTOUR
 
 _PLOT_VMAX = 2.0  # ratios from here up (and "PP needed") share the darkest colour
 

@@ -15,16 +15,16 @@ import pandas as pd
 
 from simulator.scenario.loading import load_scenario
 from simulator.scenario.schema import ScenarioError
-from simulator.studies.estimate import estimate_memory, proxy_cost
-from simulator.studies.network_model import NetModel
-from simulator.studies.ppmap_spec import SCREEN_FILE, MapSpec, points
-from simulator.studies.search_layouts import (
+from simulator.studies.ppmap.spec import SCREEN_FILE, MapSpec, points
+from simulator.studies.search.estimate import estimate_memory, proxy_cost
+from simulator.studies.search.layouts import (
     LAYOUT_KEYS,
     PRUNE_TOLERANCE,
     candidate_mapping,
     enumerate_layouts,
     label,
 )
+from simulator.studies.search.network_model import NetModel
 from simulator.studies.sweep.cases import check_scenario, plain_json
 from simulator.studies.sweep.rows import RowStore
 

@@ -1,6 +1,6 @@
 """Closed-form time of one collective on a cluster, alone on the network (:class:`NetModel`).
 
-The communication costs of the analytic step-time estimate (:mod:`simulator.studies.estimate`):
+The communication costs of the analytic step-time estimate (:mod:`simulator.studies.search.estimate`):
 each parallel axis's collectives costed at the bandwidth its group sees on the cluster's
 switched (NVLink domains + fat-tree) or torus network.
 """

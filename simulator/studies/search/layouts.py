@@ -46,7 +46,7 @@ PRUNE_TOLERANCE = 0.01
 # the layouts simulated so far, at least 0) + ESTIMATE_MARGIN (the same with pp = 1 for the
 # best layout without pipeline parallelism). The margin covers the errors of layouts not
 # yet simulated beyond those seen. Measured on the 32 layouts simulated in the DeepSeek-V3
-# searches of docs/results/search (with the DualPipe pair model of simulator.studies.estimate):
+# searches of docs/results/search (with the DualPipe pair model of simulator.studies.search.estimate):
 # e in -4.1 .. +2.9 % on 2,048 H800, -0.9 .. +6.1 % on 2,304 GB200, so the largest error of
 # a search exceeds the smallest by 7 %; the layouts simulated first are those the estimate
 # ranks best, which are also those it most underestimates, so the allowance must reach
