@@ -81,18 +81,14 @@ def runs_for(
     Cloud DeepSeek-V3 step on 512 H100, PP8: stage 0's records repeat at 24 and 28 micro-batches,
     not at 16; on 128 GB200, PP4, at 20 and 22, not at 18). GPipe and an all-forward-first step hold
     every micro-batch's activations at once: no steady phase."""
+    from workloads.pipeline import get_schedule
+
     if global_aux or pp < 2:
         return []
-    if schedule in ("1f1b", "zb-h1"):
-        m1, k, extra = pp + 8, 2, pp + 4
-    elif schedule == "interleaved-1f1b":
-        m1, k, extra = 4 * pp, pp, pp
-    elif schedule == "dualpipe":
-        m1, k, extra = 2 * pp + 8, 4, pp + 8
-    else:
+    run = get_schedule(schedule).steady_run(pp, vpp, expert_parallel)
+    if run is None:
         return []
-    if expert_parallel:
-        m1 += extra
+    m1, k = run
     share = MAX_SHARE_EXPERT_PARALLEL if expert_parallel else MAX_SHARE
     if (m - m1) % k or m1 + k >= m or m1 > share * m:
         return []

@@ -381,3 +381,43 @@ def test_the_docstring_rule_catches_an_unnamed_module(tmp_path):
     (tmp_path / "named.py").write_text("")
     (tmp_path / "forgotten.py").write_text("")
     assert unnamed_modules(tmp_path) == ["forgotten"]
+
+
+# ---- schedules: one module each (workloads/pipeline/), no name compared elsewhere -----------
+
+
+def schedule_name_comparisons(module: str, source: str) -> list[str]:
+    """``module:line`` of each comparison of a schedule's name (``== "dualpipe"``,
+    ``in ("gpipe", "1f1b")``) in ``source``: a schedule's behaviour belongs to its own
+    module of :mod:`workloads.pipeline`, asked through its hooks."""
+    from workloads.enums import SCHEDULES
+
+    def names(node) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in SCHEDULES
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(names(e) for e in node.elts)
+        return False
+
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(names(x) for x in (node.left, *node.comparators)):
+            out.append(f"{module}:{node.lineno}")
+        elif isinstance(node, ast.match_case) and names(getattr(node.pattern, "value", None)):
+            out.append(f"{module}:{node.pattern.lineno}")
+    return out
+
+
+def test_no_schedule_name_is_compared_outside_its_module():
+    found = []
+    for module, path in MODULES.items():
+        if module.startswith("workloads.pipeline") or module == "workloads.enums":
+            continue
+        found += schedule_name_comparisons(module, path.read_text())
+    assert found == []
+
+
+def test_the_schedule_rule_catches_a_comparison():
+    src = 'def f(name):\n    if name == "dualpipe":\n        return 1\n    return 2 if name in ("gpipe", "x") else 3\n'
+    assert schedule_name_comparisons("m", src) == ["m:2", "m:4"]
+    assert schedule_name_comparisons("m", 'x = {"schedule": "1f1b"}\n') == []

@@ -424,3 +424,57 @@ def test_pair_cost_and_default_b():
     assert pairs and all(x.action.op in "FB" for x in pairs)
     t = simulate("dualpipe", 2, 4, {"F": 1, "I": 1, "W": 1}, pair_cost="max")
     assert sum(t.busy) < 2 * 4 * 3
+
+
+# ---- schedules as objects (workloads.pipeline) ------------------------------------------------
+
+
+def test_every_registered_schedule_implements_every_hook():
+    """Each schedule of the scenario's enum is a registered PipelineSchedule whose hooks all
+    answer for a small case (a hook left out of a subclass falls to the base's Megatron
+    default or, for the abstract ones, makes the class impossible to instantiate)."""
+    import inspect
+
+    from workloads import enums
+    from workloads.pipeline import REGISTRY, get_schedule
+    from workloads.pipeline.base import PipelineSchedule
+
+    assert tuple(REGISTRY) == tuple(enums.SCHEDULES)
+    abstract = set(PipelineSchedule.__abstractmethods__)
+    assert abstract == {"validate", "steps", "bubble_s"}
+    hooks = [n for n, v in inspect.getmembers(PipelineSchedule) if not n.startswith("_") and n != "name"]
+    for name, s in REGISTRY.items():
+        assert get_schedule(name) is s and s.name == name
+        for hook in hooks:
+            assert hasattr(s, hook), (name, hook)
+        vpp = 2 if s.virtual_stages else 1
+        s.validate(4, 8, vpp)
+        assert s.model_chunks(4, vpp) >= 4 and s.local_chunks(vpp) >= 1 and s.weight_copies() in (1, 2)
+        assert len(s.steps(0, 4, 8, vpp)) > 0
+        assert s.bubble_s(4, lambda k: 1.0, None) >= 0.0
+        run = s.steady_run(4, vpp, False)
+        assert run is None or (run[0] > 0 and run[1] > 0)
+
+
+def test_a_schedule_missing_a_hook_cannot_be_made():
+    from workloads.pipeline.base import PipelineSchedule
+
+    class NoBubble(PipelineSchedule):
+        name = "made-up"
+
+        def validate(self, pp, m, vpp):
+            pass
+
+        def steps(self, rank, pp, m, vpp):
+            return []
+
+    with pytest.raises(TypeError, match="bubble_s"):
+        NoBubble()
+
+
+def test_an_unknown_schedule_is_refused_naming_the_field():
+    from workloads.pipeline import get_schedule
+
+    with pytest.raises(ScheduleError, match="schedule: unknown schedule 'zb-v'; expected one of gpipe") as e:
+        get_schedule("zb-v")
+    assert e.value.field == "schedule"

@@ -7,8 +7,9 @@ Plain data and pure functions; nothing here imports the simulator.
 * :mod:`.training` — the training settings of one step; :mod:`.enums` every named choice;
 * :mod:`.layout` — the parallel layout and its communication groups (Megatron-Core's
   rank generators);
-* :mod:`.schedules` — pipeline schedules as pure functions; :mod:`.schedule_timing` a tiny
-  reference executor of them;
+* :mod:`.pipeline` — the pipeline schedules as objects, one module each, and their registry;
+  :mod:`.schedules` the same as pure functions of the schedule's name; :mod:`.schedule_timing`
+  a tiny reference executor of them;
 * :mod:`.shapes` and :mod:`.shard` — tensor widths on one TP rank, one rank's shard of a
   micro-batch;
 * :mod:`.kernels` — a kernel's FLOPs and bytes as plain data, and the constructors of the

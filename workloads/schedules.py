@@ -1,4 +1,5 @@
-"""Pipeline-parallel schedules as pure functions.
+"""Pipeline-parallel schedules as pure functions of the schedule's name (each schedule is an
+object of :mod:`workloads.pipeline`; these functions look it up and ask it).
 
 A schedule says, for one pipeline rank, the order in which that rank runs the
 forward and backward passes of its model chunks over the micro-batches of one
@@ -49,44 +50,35 @@ has ``2*pp`` distinct chunks and no duplication, is not implemented here.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Literal
 
 from workloads import enums
-from workloads.errors import WorkloadError
+from workloads.pipeline import get_schedule
+from workloads.pipeline.base import OPS, Action, OpKind, ScheduleError, Step, single
 
-OpKind = Literal["F", "B", "I", "W"]
-OPS: tuple[str, ...] = ("F", "B", "I", "W")
+__all__ = [
+    "OPS",
+    "SCHEDULES",
+    "Action",
+    "OpKind",
+    "ScheduleError",
+    "Step",
+    "all_forward_first",
+    "chunk_owner",
+    "in_flight_profile",
+    "local_chunks",
+    "micro_batch_direction",
+    "micro_batch_path",
+    "model_chunk",
+    "model_chunks",
+    "peak_in_flight",
+    "schedule",
+    "validate_schedule_args",
+    "weight_copies",
+]
+
 SCHEDULES = enums.SCHEDULES
-
-
-class ScheduleError(WorkloadError):
-    """A schedule that cannot be built or run. ``field`` names the offending
-    scenario key (``schedule``, ``parallel.pp``, ``parallel.vpp``,
-    ``training.global_batch_size``), or ``schedule`` for a step list that
-    cannot execute."""
-
-
-@dataclass(frozen=True)
-class Action:
-    """One pass of micro-batch ``mb`` through local model chunk ``chunk``."""
-
-    op: OpKind
-    mb: int
-    chunk: int = 0
-
-    def __post_init__(self) -> None:
-        if self.op not in OPS:
-            raise ValueError(f"Action.op must be one of {OPS}, got {self.op!r}")
-
-    def __repr__(self) -> str:  # compact: F3.1 = forward of micro-batch 3, chunk 1
-        return f"{self.op}{self.mb}.{self.chunk}"
-
-
-Step = tuple[Action, ...]
 
 
 # ---------------------------------------------------------------------------
@@ -113,36 +105,11 @@ def validate_schedule_args(name: str, pp: int, m: int, vpp: int = 1) -> None:
       ``m/2 - pp + 1 >= 1`` rounds on the outermost ranks; the same check as the
       reference implementation).
     """
-    if name not in SCHEDULES:
-        raise ScheduleError(f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}", field="schedule")
+    sched = get_schedule(name)
     _positive_int(pp, "parallel.pp", "pipeline size pp")
     _positive_int(m, "training.global_batch_size", "micro-batches per pipeline m")
     _positive_int(vpp, "parallel.vpp", "virtual stages vpp")
-    if name == "interleaved-1f1b":
-        if vpp < 2:
-            raise ScheduleError(f"interleaved-1f1b needs vpp >= 2 chunks per rank, got {vpp}", field="parallel.vpp")
-        if pp < 2:
-            raise ScheduleError(f"interleaved-1f1b needs pp >= 2, got {pp}", field="parallel.pp")
-        if m % pp:
-            raise ScheduleError(
-                f"interleaved-1f1b needs the micro-batches per pipeline (m = {m}) to be a multiple of "
-                f"pp = {pp}; m = global_batch_size / (micro_batch_size * dp)",
-                field="training.global_batch_size",
-            )
-        return
-    if vpp != 1:
-        raise ScheduleError(
-            f"{name} needs vpp == 1 (only interleaved-1f1b has virtual stages), got {vpp}", field="parallel.vpp"
-        )
-    if name == "dualpipe":
-        if pp % 2:
-            raise ScheduleError(f"dualpipe needs an even pp >= 2, got {pp}", field="parallel.pp")
-        if m % 2 or m < 2 * pp:
-            raise ScheduleError(
-                f"dualpipe needs an even number of micro-batches per pipeline m >= 2*pp = {2 * pp}, got "
-                f"m = {m}; m = global_batch_size / (micro_batch_size * dp)",
-                field="training.global_batch_size",
-            )
+    sched.validate(pp, m, vpp)
 
 
 # ---------------------------------------------------------------------------
@@ -151,12 +118,12 @@ def validate_schedule_args(name: str, pp: int, m: int, vpp: int = 1) -> None:
 def model_chunks(name: str, pp: int, vpp: int = 1) -> int:
     """Number of distinct model chunks the layers are cut into: ``pp * vpp``;
     DualPipe ``pp`` (each held on two ranks, see the module docstring)."""
-    return pp if name == "dualpipe" else pp * vpp
+    return get_schedule(name).model_chunks(pp, vpp)
 
 
 def local_chunks(name: str, vpp: int = 1) -> int:
     """Model chunks held by each rank: ``vpp``; DualPipe 2."""
-    return 2 if name == "dualpipe" else vpp
+    return get_schedule(name).local_chunks(vpp)
 
 
 def weight_copies(name: str) -> int:
@@ -167,17 +134,13 @@ def weight_copies(name: str) -> int:
     (without ZeRO sharding across the pipeline) optimizer states are doubled:
     DeepSeek-V3 Table 2 lists "Parameter 2x". Activations are not duplicated —
     each micro-batch uses one copy. Every other schedule: 1."""
-    if name not in SCHEDULES:
-        raise ScheduleError(f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}", field="schedule")
-    return 2 if name == "dualpipe" else 1
+    return get_schedule(name).weight_copies()
 
 
 def micro_batch_direction(name: str, mb: int, m: int) -> int:
     """0 if micro-batch ``mb`` flows rank 0 -> pp-1, 1 if it flows the other way
     (DualPipe's second half of the micro-batches)."""
-    if name == "dualpipe":
-        return 0 if mb < m // 2 else 1
-    return 0
+    return get_schedule(name).micro_batch_direction(mb, m)
 
 
 def chunk_owner(name: str, model_chunk: int, pp: int, vpp: int = 1, direction: int = 0) -> tuple[int, int]:
@@ -189,11 +152,7 @@ def chunk_owner(name: str, model_chunk: int, pp: int, vpp: int = 1, direction: i
     n = model_chunks(name, pp, vpp)
     if not 0 <= model_chunk < n:
         raise IndexError(f"model chunk {model_chunk} outside 0..{n - 1}")
-    if name == "dualpipe":
-        if direction not in (0, 1):
-            raise ValueError(f"direction must be 0 or 1, got {direction!r}")
-        return (model_chunk, 0) if direction == 0 else (pp - 1 - model_chunk, 1)
-    return model_chunk % pp, model_chunk // pp
+    return get_schedule(name).chunk_owner(model_chunk, pp, vpp, direction)
 
 
 def model_chunk(name: str, rank: int, local_chunk: int, pp: int, vpp: int = 1) -> int:
@@ -204,9 +163,7 @@ def model_chunk(name: str, rank: int, local_chunk: int, pp: int, vpp: int = 1) -
     nl = local_chunks(name, vpp)
     if not 0 <= local_chunk < nl:
         raise IndexError(f"local chunk {local_chunk} outside 0..{nl - 1}")
-    if name == "dualpipe":
-        return rank if local_chunk == 0 else pp - 1 - rank
-    return local_chunk * pp + rank
+    return get_schedule(name).model_chunk(rank, local_chunk, pp, vpp)
 
 
 @lru_cache(maxsize=1 << 14)
@@ -228,177 +185,7 @@ def schedule(name: str, rank: int, pp: int, m: int, vpp: int = 1) -> list[Step]:
     validate_schedule_args(name, pp, m, vpp)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < pp:
         raise IndexError(f"rank {rank!r} outside 0..{pp - 1}")
-    if name == "gpipe":
-        return _gpipe(m)
-    if name == "1f1b":
-        return _one_f_one_b(rank, pp, m)
-    if name == "interleaved-1f1b":
-        return _interleaved(rank, pp, m, vpp)
-    if name == "zb-h1":
-        return _zb_h1(rank, pp, m)
-    return _dualpipe(rank, pp, m)
-
-
-def _single(actions: Iterable[Action]) -> list[Step]:
-    return [(a,) for a in actions]
-
-
-def _gpipe(m: int) -> list[Step]:
-    """All forwards, then all backwards, both in micro-batch order (GPipe,
-    Huang et al. 2019; "all-forward-all-backward")."""
-    return _single([Action("F", j) for j in range(m)] + [Action("B", j) for j in range(m)])
-
-
-def _one_f_one_b(rank: int, pp: int, m: int) -> list[Step]:
-    """Megatron's non-interleaved 1F1B (PipeDream-Flush; Narayanan et al. 2021
-    §2.2.1): ``pp-rank-1`` warm-up forwards, then alternate one forward and one
-    backward, then drain the remaining backwards."""
-    warmup = min(pp - rank - 1, m)
-    out = [Action("F", j) for j in range(warmup)]
-    for i in range(m - warmup):
-        out += [Action("F", warmup + i), Action("B", i)]
-    out += [Action("B", j) for j in range(m - warmup, m)]
-    return _single(out)
-
-
-def _interleaved_unit(k: int, pp: int, vpp: int, forward: bool) -> tuple[int, int]:
-    """Megatron's k-th virtual micro-batch -> (micro-batch, local chunk).
-
-    Micro-batches go through the chunks in groups of ``pp``: first micro-batches
-    ``0..pp-1`` on chunk 0, then the same group on chunk 1, ..., then the next
-    group. Backwards walk the chunks from the last one down."""
-    group, within = divmod(k, pp * vpp)
-    chunk = within // pp
-    if not forward:
-        chunk = vpp - 1 - chunk
-    return group * pp + within % pp, chunk
-
-
-def _interleaved(rank: int, pp: int, m: int, vpp: int) -> list[Step]:
-    """Megatron interleaved 1F1B (Narayanan et al. 2021 §2.2.2).
-
-    ``total = m * vpp`` forward and backward units. Warm-up runs
-    ``2*(pp-rank-1) + (vpp-1)*pp`` forwards (all of them when ``m == pp``, as
-    Megatron does), the steady phase alternates one forward and one backward,
-    the cool-down drains the backwards."""
-    total = m * vpp
-    if m == pp:
-        warmup = total
-    else:
-        warmup = min(2 * (pp - rank - 1) + (vpp - 1) * pp, total)
-    fwd = [Action("F", *_interleaved_unit(k, pp, vpp, True)) for k in range(total)]
-    bwd = [Action("B", *_interleaved_unit(k, pp, vpp, False)) for k in range(total)]
-    out = fwd[:warmup]
-    for i in range(total - warmup):
-        out += [fwd[warmup + i], bwd[i]]
-    out += bwd[total - warmup :]
-    return _single(out)
-
-
-def _zb_h1(rank: int, pp: int, m: int) -> list[Step]:
-    """ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR'24, §3.1).
-
-    1F1B with the backward split into ``I`` (input gradient, on the critical
-    path) and ``W`` (weight gradient, deferrable). Warm-up and the F/I order are
-    1F1B's; rank ``r`` holds back its first ``r`` weight passes, so after each
-    ``I`` of the steady phase it runs the ``W`` of ``r`` micro-batches earlier,
-    and the held-back ``W``s fill the cool-down bubble. Activations are freed at
-    ``W``, so rank ``r`` holds at most ``(pp-r-1) + 1 + r = pp`` micro-batches —
-    1F1B's peak (reached on rank 0 in 1F1B, on every rank here)."""
-    warmup = min(pp - rank - 1, m)
-    lag = rank
-    out: list[Action] = [Action("F", j) for j in range(warmup)]
-    next_w = 0
-
-    def backward(i: int) -> None:
-        nonlocal next_w
-        out.append(Action("I", i))
-        if i - lag >= next_w:
-            out.append(Action("W", next_w))
-            next_w += 1
-
-    for i in range(m - warmup):
-        out.append(Action("F", warmup + i))
-        backward(i)
-    for i in range(m - warmup, m):
-        backward(i)
-    out += [Action("W", j) for j in range(next_w, m)]
-    return _single(out)
-
-
-def _dualpipe(rank: int, pp: int, m: int) -> list[Step]:
-    """DualPipe (DeepSeek-V3, arXiv 2412.19437 §3.2.1, Fig. 5), in the phase
-    structure of the reference implementation.
-
-    ``h = min(rank, pp-1-rank)`` is the distance to the nearer pipeline end,
-    ``half = pp/2``, ``M = m/2`` micro-batches per direction. *near* is the
-    direction entering at the nearer end (0 on the first half of the ranks, 1 on
-    the second), *far* the other. ``B`` is a full backward; ``I``/``W`` a split
-    one whose ``W`` is queued and run later (first in, first out). Phases:
-
-    1. ``2*(half-h-1)`` forwards of *near*.
-    2. ``h+1`` times: forward *near*, forward *far*.
-    3. ``half-h-1`` times: ``I`` *far*, its ``W``, forward *far* (zero-bubble
-       split so the next forward starts sooner).
-    4. ``M-pp+h+1`` times (the steady state): pair (F *near*, B *far*), pair
-       (F *far*, B *near*). On the two middle ranks the very first pair is run
-       as two separate steps, F then B, which shortens the critical path.
-    5. ``half-h-1`` times: B *far*, pair (F *far*, B *near*).
-    6. ``h+1`` times: backward *far*, backward *near*; from the middle of this
-       phase on the backwards are split (``I`` now, ``W`` queued).
-    7. ``half-h-1`` times: a queued ``W``, then ``I`` *near* (its ``W`` queued).
-    8. ``h+1`` queued ``W``s.
-    """
-    half, big_m = pp // 2, m // 2
-    h = min(rank, pp - 1 - rank)
-    near = 0 if rank < half else 1
-    far = 1 - near
-    middle = h == half - 1
-    first_mb = (0, big_m)  # first micro-batch id of each direction
-    next_f, next_b = [0, 0], [0, 0]
-    wq: deque[Action] = deque()
-
-    def f(d: int) -> Action:
-        a = Action("F", first_mb[d] + next_f[d], d)
-        next_f[d] += 1
-        return a
-
-    def b(d: int, split: bool = False) -> Action:
-        mb = first_mb[d] + next_b[d]
-        next_b[d] += 1
-        if split:
-            wq.append(Action("W", mb, d))
-            return Action("I", mb, d)
-        return Action("B", mb, d)
-
-    steps: list[Step] = []
-    for _ in range(2 * (half - h - 1)):  # 1
-        steps.append((f(near),))
-    for _ in range(h + 1):  # 2
-        steps += [(f(near),), (f(far),)]
-    for _ in range(half - h - 1):  # 3
-        steps += [(b(far, True),), (wq.popleft(),), (f(far),)]
-    for i in range(big_m - pp + h + 1):  # 4
-        if i == 0 and middle:
-            steps += [(f(near),), (b(far),)]
-        else:
-            steps.append((f(near), b(far)))
-        steps.append((f(far), b(near)))
-    for _ in range(half - h - 1):  # 5
-        steps += [(b(far),), (f(far), b(near))]
-    split = False  # 6
-    for i in range(h + 1):
-        if i == (h + 1) // 2 and h % 2 == 1:
-            split = True
-        steps.append((b(far, split),))
-        if i == (h + 1) // 2 and h % 2 == 0:
-            split = True
-        steps.append((b(near, split),))
-    for _ in range(half - h - 1):  # 7
-        steps += [(wq.popleft(),), (b(near, True),)]
-    while wq:  # 8
-        steps.append((wq.popleft(),))
-    return steps
+    return get_schedule(name).steps(rank, pp, m, vpp)
 
 
 # ---------------------------------------------------------------------------
@@ -414,7 +201,7 @@ def all_forward_first(steps: Sequence[Step]) -> list[Step]:
     the input is: the input's execution order, forwards first, is a valid
     execution order of the output."""
     actions = [a for st in steps for a in st]
-    return _single([a for a in actions if a.op == "F"] + [a for a in actions if a.op != "F"])
+    return single([a for a in actions if a.op == "F"] + [a for a in actions if a.op != "F"])
 
 
 def in_flight_profile(steps: Sequence[Step]) -> list[int]:

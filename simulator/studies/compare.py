@@ -27,6 +27,7 @@ from simulator.results.plots import (
 from simulator.scenario.loading import builtin_scenarios, read_mapping
 from simulator.scenario.schema import ScenarioError
 from simulator.simulate import simulate
+from workloads.pipeline import get_schedule
 from workloads.schedules import SCHEDULES
 
 
@@ -45,7 +46,7 @@ def compare_schedules(scenario, schedules: Sequence[str] = SCHEDULES, vpp: int =
         sc = copy.deepcopy(base)
         sc["schedule"] = name
         par = dict(sc.get("parallel") or {})
-        par["vpp"] = vpp if name == "interleaved-1f1b" else 1
+        par["vpp"] = vpp if get_schedule(name).virtual_stages else 1
         sc["parallel"] = par
         res = simulate(sc)
         results[name] = res

@@ -19,6 +19,7 @@ from workloads.activations import ActivationPolicy
 from workloads.layout import ParallelLayout
 from workloads.model import ModelSpec
 from workloads.moe_load import ExpertLoad, hottest_rank, rank_load_factors
+from workloads.pipeline import get_schedule
 from workloads.shard import Shard
 from workloads.trace.ops import Op, TraceError
 from workloads.training import TrainingSpec
@@ -159,14 +160,15 @@ class TraceBuilder:
             self.load_factor = {l: float(f[i].max()) for i, l in enumerate(moe_layers)}
             self.load_mean = {l: float(f[i].mean()) for i, l in enumerate(moe_layers)}
         self._memory_load: dict[int, float] = {}  # layer -> load factor of its stage's hottest device
-        if self.global_aux and w.schedule != "gpipe":
+        schedule = get_schedule(w.schedule)
+        if self.global_aux and not schedule.forwards_all_first:
             self.notes.append(
                 f"balance aux-loss-global: every forward must finish before the first backward "
                 f"(batch-level routing statistics); schedule {w.schedule} was run all-forward-first"
                 + (
                     "; DualPipe's overlapped forward/backward pairs cannot form (no backward runs while a "
                     "forward is left), so no all-to-all hides behind the other direction's compute"
-                    if w.schedule == "dualpipe"
+                    if schedule.overlapped_pairs
                     else ""
                 )
             )
@@ -174,7 +176,7 @@ class TraceBuilder:
         self.ep_overlap = self.model.is_moe and L.ep > 1
         # forward kernels rerun before each layer's backward (memory.recomputed_kernel_names)
         self.recomputed_names = memory.recomputed_kernel_names(self.t)
-        self.dualpipe_ep = self.ep_overlap and w.schedule == "dualpipe"
+        self.dualpipe_ep = self.ep_overlap and schedule.overlapped_pairs
 
     # ---- kernels -------------------------------------------------------------
     def saved_recompute_kernels(self, layer: int) -> tuple:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from simulator.studies.ppmap.spec import RATIO_CONTOUR
+from workloads.enums import SCHEDULES
 
 _PLOT_VMAX = 2.0  # ratios from here up (and "PP needed") share the darkest colour
 
@@ -148,9 +149,7 @@ def _draw_systems(sx, table: pd.DataFrame, model: str, systems: list, cmap) -> N
         txt = x + "\n" + ("—" if not ok else ("est " if not sim else "") + ("PP needed" if np.isinf(v) else f"{v:.2f}"))
         if sim and isinstance(r["best_label"], str):
             parts = r["best_label"].split("-")
-            txt += "\n" + " ".join(
-                x for x in parts if x[:2] in ("pp", "ep") or x in ("1f1b", "dualpipe", "interleaved")
-            )
+            txt += "\n" + " ".join(x for x in parts if x[:2] in ("pp", "ep") or x in SCHEDULES or x == "interleaved")
         texts.append((txt, sim))
     sx.imshow(np.array([vals]), cmap=cmap, vmin=1.0, vmax=vmax, aspect="auto")
     for k, (txt, sim) in enumerate(texts):

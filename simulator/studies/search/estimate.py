@@ -29,6 +29,7 @@ from simulator.studies.search.network_model import NetModel
 from workloads import activations, memory
 from workloads import schedules as sched
 from workloads.activations import ActivationPolicy
+from workloads.pipeline import get_schedule
 from workloads.shard import Shard
 from workloads.trace.shared import INPUT_GRAD_FREED_FRACTION, chunk_layer_ranges
 
@@ -228,7 +229,7 @@ def estimate_step_time(sc, net: NetModel | None = None) -> dict:
     start, dp_end, tied, opt = _data_parallel_tail(c, ranks)
     step = makespan + start + max(0.0, dp_end) + tied + opt
     tot = ranks[slow]["tot"]
-    share = m * (0.5 if name == "dualpipe" else 1.0)  # a DualPipe micro-batch visits one of two chunks
+    share = m * (0.5 if get_schedule(name).bidirectional else 1.0)  # a DualPipe micro-batch visits one of two chunks
     return {
         "step_time_s": step,
         **{f"{k_}_s": share * tot[k_] for k_ in ("compute", "tp", "cp", "ep", "fsdp")},
@@ -283,10 +284,10 @@ def _pipeline_sends(c: StepCosts, s: int, ranks_of: list) -> tuple:
     pp, name, rank = c.pp, c.name, ranks_of[s]
     send_bytes = c.b.hidden_bytes / (c.L.tp if c.L.sequence_parallel else 1)
     nb = [
-        ranks_of[(s + 1) % pp] if (s + 1 < pp or name == "interleaved-1f1b") else None,
-        ranks_of[s - 1] if (s > 0 or name == "interleaved-1f1b") else None,
+        ranks_of[(s + 1) % pp] if (s + 1 < pp or get_schedule(name).wraps_stages) else None,
+        ranks_of[s - 1] if (s > 0 or get_schedule(name).wraps_stages) else None,
     ]
-    if name == "dualpipe":  # chunk 0 flows down the stages, chunk 1 up: half each way
+    if get_schedule(name).bidirectional:  # chunk 0 flows down the stages, chunk 1 up: half each way
         send_f = send_b = sum(c.net.p2p_s(rank, x, send_bytes) for x in nb if x is not None) / 2
     else:
         send_f = c.net.p2p_s(rank, nb[0], send_bytes) if nb[0] is not None else 0.0
@@ -298,7 +299,7 @@ def _mirror_s(c: StepCosts, s: int, ranks_of: list, all_units) -> float:
     """DualPipe: the two ranks holding a stage sum each unit's gradients (the shard under
     ZeRO) after its data-parallel reduction, overlapping the backward like it."""
     L, pp = c.L, c.pp
-    if not (c.name == "dualpipe" and pp > 1):
+    if not (get_schedule(c.name).weight_copies() == 2 and pp > 1):
         return 0.0
     pair = tuple(sorted((ranks_of[s], ranks_of[pp - 1 - s])))
     shard = (lambda d, e: d / (L.dp * L.cp) + e / L.edp) if L.zero >= 1 else (lambda d, e: d + e)
@@ -347,12 +348,12 @@ def _rank_costs(c: StepCosts, s: int, ranks_of: list) -> dict:
         act["B"] += send_b
         act["I"] += send_b
         tot["pp_send"] = (send_f + send_b) * n_local
-    mb_work = (act["F"] + act["B"]) * (1 if name == "dualpipe" else n_local)
+    mb_work = (act["F"] + act["B"]) * (1 if get_schedule(name).bidirectional else n_local)
     pair_mean = None
     # DualPipe's forward/backward pairs overlap the expert all-to-alls with the other half's
     # compute (the trace's ``ep_overlap``), every compute op of a pair on the SMs the
     # communication kernels leave free (``simulator.engine.compute.overlap_slowdown``).
-    if name == "dualpipe" and b.dualpipe_ep and not c.global_aux and pp > 1:
+    if get_schedule(name).overlapped_pairs and b.dualpipe_ep and not c.global_aux and pp > 1:
         busy_s, pair_mean = dualpipe_busy(
             sched_counts=schedule_counts(name, s, pp, m, c.vpp, c.global_aux),
             own=own,
@@ -395,21 +396,10 @@ def _bubble(c: StepCosts, ranks: list) -> float:
 
     if pp == 1:
         return 0.0
-    if c.global_aux or name in ("gpipe", "1f1b", "interleaved-1f1b"):
-        # Per action = one micro-batch through one local chunk: (pp-1)(F+B) for GPipe / 1F1B,
-        # (pp-1)(F+B)/vpp of a rank's work per micro-batch when interleaved.
+    if c.global_aux:  # all forwards first: GPipe's (pp - 1)(F + B), whatever the schedule
         return (pp - 1) * (mean("F") + mean("B"))
-    if name == "zb-h1":
-        return max(0.0, (pp - 1) * (mean("F") + mean("I") - mean("W")))
-    # dualpipe:
-    # An overlapped pair F&B costs F + B: the simulator interleaves the two halves layer
-    # by layer on one in-order compute stream, so a blocking all-to-all of one half still
-    # stalls the stream (measured: DeepSeek-V3 on H800, pp8/pp16 DualPipe, simulated step
-    # times within 2 % of F + B with no pair overlap).
-    # DualPipe (DeepSeek-V3 §3.2.1, Table 2): (pp/2 - 1)(F&B + B - 3W), F&B the time of an
-    # overlapped forward/backward pair (F + B when the pairs do not overlap).
-    fb = sum(r["pair"] for r in ranks) / pp if all(r["pair"] is not None for r in ranks) else mean("F") + mean("B")
-    return max(0.0, (pp / 2 - 1) * (fb + mean("B") - 3 * mean("W")))
+    pair = sum(r["pair"] for r in ranks) / pp if all(r["pair"] is not None for r in ranks) else None
+    return get_schedule(name).bubble_s(pp, mean, pair)
 
 
 def _optimizer_s(c: StepCosts, r: dict) -> float:
@@ -444,14 +434,16 @@ def _data_parallel_tail(c: StepCosts, ranks: list) -> tuple:
     f_act = _mean(ranks, "F")
     # ZeRO-2/3 reduce-scatter every micro-batch's gradients (the trace's ``_grads_ready``);
     # a DualPipe micro-batch passes through one of the rank's two chunks.
-    n_reductions = (m // 2 if name == "dualpipe" else m) if L.zero >= 2 else 1
+    n_reductions = (m // 2 if get_schedule(name).bidirectional else m) if L.zero >= 2 else 1
     for s, r in enumerate(ranks):
         tot = r["tot"]
         R = tot["grad"] + r["mirror"]  # the last micro-batch's reductions
         total = n_reductions * tot["grad"] + r["mirror"]
         if t.overlap_grad_reduce:
-            window = r["act"]["B"] * n_local / (2 if name == "dualpipe" else 1)  # the last micro-batch's backward
-            slack = (min(s, pp - 1 - s) if name == "dualpipe" else s) * b_act
+            window = (
+                r["act"]["B"] * n_local / (2 if get_schedule(name).bidirectional else 1)
+            )  # the last micro-batch's backward
+            slack = (min(s, pp - 1 - s) if get_schedule(name).bidirectional else s) * b_act
             exposed = max(R / r["layers"], R - window, total - m * r["work"]) - slack
         else:
             exposed = total

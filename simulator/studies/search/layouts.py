@@ -17,6 +17,7 @@ from workloads import memory
 from workloads import schedules as sched
 from workloads.enums import RECOMPUTE_MODES
 from workloads.layout import LayoutError, ParallelLayout
+from workloads.pipeline import get_schedule
 
 LAYOUT_KEYS = (
     "tp",
@@ -208,7 +209,7 @@ def enumerate_layouts(sc, bounds: SearchBounds) -> list[dict]:
                     ]
                 for ep in eps:
                     for schedule in bounds.schedules:
-                        if schedule == "interleaved-1f1b":
+                        if get_schedule(schedule).virtual_stages:
                             if pp < 2:
                                 continue
                             # Uneven splits are fine (pipeline_layers: auto), but every
