@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 import simpy
+from simpy.events import NORMAL
 
 from simulator.engine.accounting import IdleAccount, account
 from simulator.engine.compute import kernel_time_s, kernels_time_s, overlap_slowdown
@@ -118,7 +119,7 @@ class _Environment(simpy.Environment):
         ev = simpy.Event(self)
         ev._ok = True
         ev._value = None
-        heapq.heappush(self._queue, (t, simpy.events.NORMAL, next(self._eid), ev))
+        heapq.heappush(self._queue, (t, NORMAL, next(self._eid), ev))
         return ev
 
 
@@ -323,7 +324,7 @@ class Engine:
             if host is not None:  # wait until the host can issue it (past any sync before it)
                 start, sync = host.issue_start(op.id, end_time)
                 while start is None:
-                    yield done.get(sync) or self._done_event(sync)
+                    yield done.get(sync) or self._done_event(sync)  # pyright: ignore[reportArgumentType]  (no start: a sync op id)
                     start, sync = host.issue_start(op.id, end_time)
                 if op.kind != "compute" and op.id not in known:
                     ready = host.ready(op, start)
@@ -392,9 +393,9 @@ class Engine:
                     record(OpRecord(op, start, t))
             else:  # a private op: its phases' seconds one after another (see PrivateBook)
                 durs, code, most, now = known[op.id]
-                log(code)
+                log(code)  # pyright: ignore[reportOptionalCall]  (a private op: the book logs)
                 if host is not None:
-                    ready = host.ready(op, host.issue_start(op.id, end_time)[0])
+                    ready = host.ready(op, host.issue_start(op.id, end_time)[0])  # pyright: ignore[reportArgumentType]  (issued)
                     if ready > t:
                         self._host_late(op, ready - t)
                         start = t = ready
@@ -445,7 +446,9 @@ class Engine:
         with its kernels issued by the host: ``(start, t, dur)`` unchanged while the host is
         ahead; else its start, end and ``0.0`` (its end ``t`` is then the host-bound one)."""
         host = self._host
+        assert host is not None  # called only with a host stream
         issued = host.issue_start(op.id, self.end_time)[0]
+        assert issued is not None  # the op's turn on the host has come (_stream waited for it)
         if host.issue_end(op, issued) <= start:  # issued before the GPU gets to it
             return start, t, dur
         ratio = dur / base if base > 0 else 1.0

@@ -268,7 +268,7 @@ class Lowering:
         key = (op.rank, op.peer, op.size_bytes, op.axis)
         hit = self._send_cache.get(key)
         if hit is None:
-            pairs = self._twin_rows(op, pair=(op.rank, op.peer))
+            pairs = np.asarray(self._twin_rows(op, pair=(op.rank, op.peer)), dtype=np.int64)
             own = (Transfer(op.rank, op.peer, op.size_bytes),)
             hit = None
             if len(pairs) > 1 and self.twin_quotient:
@@ -359,7 +359,7 @@ class Lowering:
             self._twin_cache[key] = twins
         return twins
 
-    def _class_twins(self, rows, group: tuple) -> list:
+    def _class_twins(self, rows, group: tuple) -> np.ndarray | list:
         """With one simulated rank per class (:func:`~simulator.engine.symmetry.rank_classes`),
         the twins ``group`` stands for among ``rows`` (every group of its stage along its axis):
         the groups whose members are of the same classes (as a multiset) and none of them
@@ -367,6 +367,7 @@ class Lowering:
         alone (a simulated group runs its own collective, and groups of other classes are
         stood for by theirs)."""
         cls, sim = self._cls, self._sim
+        assert cls is not None and sim is not None  # called only with one rank per class
         rows = [tuple(g) for g in (rows if isinstance(rows, list) else rows.tolist())]
         mine = sorted(cls[list(group)].tolist())
         same = [g for g in rows if sorted(cls[list(g)].tolist()) == mine]

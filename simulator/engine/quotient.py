@@ -129,6 +129,7 @@ def image_quotient(
         if (img_lat > lat).any():
             return None
     else:
+        assert image_of is not None, 'latency "equal" needs image_of'
         worst = np.zeros(int(image_of.max()) + 1 if image_of.size else 0)
         np.maximum.at(worst, image_of[live], img_lat)
         if (worst != lat).any():

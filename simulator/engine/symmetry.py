@@ -207,9 +207,10 @@ def representative_trace(workload, layout: ParallelLayout, topo: Topology):
 def symmetry_note(layout: ParallelLayout, topo: Topology) -> list[str]:
     """A summary note for each axis :func:`uneven_groups` finds (none where it finds none)."""
     axes = uneven_groups(layout, topo)
-    if not axes:
+    classes = rank_classes(layout, topo)
+    if not axes or classes is None:
         return []
-    ranks, _ = class_ranks(layout, rank_classes(layout, topo))
+    ranks, _ = class_ranks(layout, classes)
     notes = []
     for axis, splits in axes.items():
         shown = ", ".join(" + ".join(map(str, s)) for s in splits[:4]) + (", ..." if len(splits) > 4 else "")

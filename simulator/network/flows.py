@@ -134,7 +134,8 @@ class FlowNetwork(Reservations, FlowSlots):
         self._dirty: list[int] = []  # links of flows completed since the last update
         self._update_pending = False
         self._heap: list[tuple[float, int]] = []  # (earliest completion, batch id)
-        self._batches: dict[int, np.ndarray] = {}  # batch id -> its slots
+        # batch id -> (its slots, whether they complete one by one)
+        self._batches: dict[int, tuple[np.ndarray | list[int], bool]] = {}
         self._next_bid = 0
         self._wake_at = _INF
         self._gen = 0
@@ -341,6 +342,7 @@ class FlowNetwork(Reservations, FlowSlots):
             return fill_arrays(owner, local, np.ones(flat.shape[0]) if mult is None else mult, w, self.capacity[used])
         comp = np.repeat(np.arange(len(lens)), lens)[owner]
         used, local, link_comp = number_links(flat, comp, self._link_scratch)
+        assert link_comp is not None  # components given, components returned
         comp_start = np.searchsorted(link_comp, np.arange(len(lens) + 1))
         return fill_components(owner, local, w, self.capacity[used], link_comp, comp_start, mult)
 
@@ -427,7 +429,7 @@ class FlowNetwork(Reservations, FlowSlots):
             firsts, starts = [float(end.min())], [0]
         else:
             starts = np.cumsum(lens) - lens
-            firsts = np.minimum.reduceat(end, starts).tolist()
+            firsts = np.minimum.reduceat(end, starts).tolist()  # pyright: ignore[reportArgumentType]  (int starts)
             starts = starts.tolist()
         heap, batches = self._heap, self._batches
         last = n_comps - 1

@@ -13,6 +13,7 @@ import itertools
 
 import numpy as np
 
+from simulator.network.flowstate import FlowState
 from simulator.network.phases import _PREPARED_MAX, _SMALL_BATCH, PreparedPhase
 
 #: Updates touching at most this many flows use scalar (not vectorised) state access.
@@ -21,7 +22,7 @@ _SCALAR_MAX = 4
 _INF = float("inf")
 
 
-class FlowSlots:
+class FlowSlots(FlowState):
     """Slot storage of in-flight flows (a mixin of :class:`~simulator.network.flows.FlowNetwork`)."""
 
     def _init_slots(self) -> None:

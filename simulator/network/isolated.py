@@ -26,7 +26,9 @@ from functools import partial
 from itertools import repeat
 
 import numpy as np
+import simpy
 
+from simulator.network.flowstate import FlowState
 from simulator.network.maxmin import DONE_RTOL, fill_arrays
 from simulator.network.phases import _PREPARED_MAX, PreparedPhase
 
@@ -101,7 +103,7 @@ def isolated_evolution(
     return IsolatedEvolution(t, uniq, uniq.tolist(), link_bytes, starts, flows, rems, rates_seg)
 
 
-class Reservations:
+class Reservations(FlowState):
     """Reserved (isolated) phases of a :class:`~simulator.network.flows.FlowNetwork`
     (a mixin: it uses the network's simpy environment, stats, flow index and phase
     events)."""
@@ -141,7 +143,9 @@ class Reservations:
         self._isolation_of[id(prep)] = (prep, links, link_list, iso)
         return links, link_list, iso
 
-    def _reserve_phase(self, pid: int, prep: PreparedPhase, iso: IsolatedEvolution, latency_s: float = 0.0) -> None:
+    def _reserve_phase(
+        self, pid: int, prep: PreparedPhase, iso: IsolatedEvolution, latency_s: float = 0.0
+    ) -> simpy.Event:
         """Run a phase alone on its links: one timer for its cached evolution. With
         ``latency_s`` the reservation starts now and the flows enter the links (in the
         evolution's terms) that much later."""

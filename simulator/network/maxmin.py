@@ -69,7 +69,7 @@ def maxmin_rates(incidence: sp.spmatrix, capacity: np.ndarray, weights: np.ndarr
     if a.nnz and not np.all(a.data):
         a = a.copy()
         a.eliminate_zeros()
-    n_flows, n_links = a.shape
+    n_flows, n_links = a.shape  # pyright: ignore[reportGeneralTypeIssues]  (a 2-d matrix)
     cap = np.asarray(capacity, dtype=float).reshape(-1)
     if cap.shape[0] != n_links:
         raise NetworkError(f"capacity has {cap.shape[0]} entries but incidence has {n_links} links")
@@ -196,13 +196,13 @@ def _fill(
             level_l = level
             sat = np.flatnonzero(share <= level * thr)
         else:
-            level = np.minimum.reduceat(share, starts)  # per component
+            level = np.minimum.reduceat(share, starts)  # pyright: ignore[reportArgumentType]  per component
             level_l = level[link_comp]
             sat = np.flatnonzero(used & (share <= level_l * thr))
         cand = owner[by_link[_ranges(link_start[sat], link_start[sat + 1])]]
         fixed = np.unique(cand[~done[cand]])
         done[fixed] = True
-        rates[fixed] = level if link_comp is None else level[flow_comp[fixed]]
+        rates[fixed] = level if link_comp is None else level[flow_comp[fixed]]  # pyright: ignore[reportOptionalSubscript]
         n_active -= fixed.shape[0]
         hit = _ranges(flow_start[fixed], flow_start[fixed + 1])  # their entries, flow-major
         links = link[hit]

@@ -155,6 +155,8 @@ class PhasePreparer:
 
     def _check_incidence(self, t: Transfer) -> None:
         inc = t.incidence
+        if inc is None:
+            return
         try:
             links = [int(lk) for lk, _ in inc]
             ok = (
@@ -258,7 +260,7 @@ class PhasePreparer:
                         ovh = ov
                     if inc is not None:
                         lk = tuple(int(x) for x, _ in inc)
-                        mults.append(tuple(float(m) for _, m in inc))
+                        mults.append(tuple(float(m) for _, m in inc))  # pyright: ignore[reportOptionalMemberAccess]  (with_inc)
                     elif mults is not None:
                         mults.append(None)
                     links.append(lk)

@@ -128,11 +128,11 @@ def torus_grid(group: Sequence[int], topo: Topology) -> list[tuple[int, ...]] | 
     coords = [topo.torus_coords(d) for d in group]
     grid = []
     for a in range(len(topo.torus_shape)):
-        values = tuple(sorted({c[a] for c in coords}))
+        values = sorted({int(c[a]) for c in coords})
         step = values[1] - values[0] if len(values) > 1 else 1
-        if values != tuple(range(values[0], values[0] + step * len(values), step)):
+        if values != list(range(values[0], values[0] + step * len(values), step)):
             return None
-        grid.append(values)
+        grid.append(tuple(values))
     if math.prod(len(v) for v in grid) != len(set(group)):
         return None
     return grid

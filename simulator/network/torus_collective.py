@@ -52,6 +52,7 @@ def torus_phases(op: str, members: Sequence[int], size: float, topo: Topology) -
         )
     pod = topo.pod_of(members[0])
     shape, wrap = topo.torus_shape, topo.torus_wrap
+    assert shape is not None and wrap is not None  # a torus (torus_grid checked it)
     axes = [a for a, v in enumerate(grid) if len(v) > 1]
 
     def lines_along(a: int) -> list[list[int]]:
@@ -97,7 +98,7 @@ def torus_phases(op: str, members: Sequence[int], size: float, topo: Topology) -
     return ag
 
 
-def grid_product(ranges: Sequence[range]) -> list[tuple[int, ...]]:
+def grid_product(ranges: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
     out: list[tuple[int, ...]] = [()]
     for r in ranges:
         out = [t + (v,) for t in out for v in r]
