@@ -40,3 +40,27 @@ def hierarchical_a2a(parts: list[list[int]], size: float, scaleout_fraction: flo
                 if j != i:
                     transfers.append(Transfer(src, dst, m * chunk))  # own + forwarded
     return [Phase(tuple(transfers), 2)]
+
+
+# ---- closed forms: one all-to-all alone on the network (see reductions.py's) ----------------
+
+
+def direct_a2a_time(
+    n: int, k_min: int, k_max: int, up_bw: float, out_bw: float, latency_s: float, scaleout_fraction: float = 1.0
+) -> tuple[float, float]:
+    """:func:`direct_a2a` over ``n`` members, ``k_min`` to ``k_max`` in one scale-up domain: a
+    device in the smallest part sends ``(n-k_min)/n`` of its buffer over its NIC
+    (``scaleout_fraction`` of it under node-limited routing), one in the largest ``(k_max-1)/n``
+    over the domain links, all at once, so the slowest leg sets the time (``k_min = n``: inside
+    one domain)."""
+    if k_min >= n:
+        return (n - 1) / n / up_bw, latency_s
+    return max(scaleout_fraction * (n - k_min) / n / out_bw, (k_max - 1) / n / up_bw), latency_s
+
+
+def hierarchical_a2a_time(
+    nd: int, k: int, up_bw: float, out_bw: float, latency_s: float, scaleout_fraction: float = 1.0
+) -> tuple[float, float]:
+    """:func:`hierarchical_a2a` over ``nd`` domains of ``k``: the rail leg (``(nd-1)/nd`` of the
+    buffer, ``scaleout_fraction`` of it) and the domain fan-out (``(k-1)/k``) in one phase."""
+    return max(scaleout_fraction * (nd - 1) / nd / out_bw, (k - 1) / k / up_bw), latency_s

@@ -176,6 +176,7 @@ __all__ = [
     "Phase",
     "bus_bandwidth_factor",
     "choose_algorithm",
+    "default_algorithm",
     "merged_phases",
     "plan_collective",
     "run_collective",
@@ -239,33 +240,58 @@ def _is_pow2(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
-def choose_algorithm(op: str, group: Sequence[int], topo: Topology) -> str:
-    """Default algorithm for ``op`` on ``group`` (rule in the module docstring)."""
+def default_algorithm(
+    op: str,
+    kind: str,
+    domain_counts: Sequence[int],
+    nvls: bool = False,
+    sharp: bool = False,
+    grid: bool = False,
+    pod_counts: Sequence[int] = (),
+) -> str:
+    """The rule of :func:`choose_algorithm` (in the module docstring) on what it reads of a
+    group: the topology's ``kind``, the group's members per scale-up domain (per pod on a
+    torus: ``pod_counts``), whether the domain has NVLS and the fabric SHARP, and whether the
+    group is a grid of one pod's torus. The analytic estimate
+    (:class:`simulator.studies.search.network_model.NetModel`) asks the same rule."""
     _check_op(op)
-    group = tuple(group)
     if op == "send-recv":
         return "p2p"
     if op == "broadcast":
         return "ring"
-    domains = split_by_domain(group, topo)
+    equal = len(set(domain_counts)) == 1
     if op == "all-to-all":
-        if topo.kind == "switched" and len(domains) > 1 and equal_split(domains) and len(domains[0]) > 1:
+        if kind == "switched" and len(domain_counts) > 1 and equal and domain_counts[0] > 1:
             return "hierarchical-a2a"
         return "direct"
-    if topo.kind == "torus":
-        if torus_grid(group, topo) is not None:
+    if kind == "torus":
+        if grid:
             return "torus"
-        pods = split_by_domain(group, topo, by_pod=True)
-        if len(pods) > 1 and equal_split(pods):
+        if len(pod_counts) > 1 and len(set(pod_counts)) == 1:
             return "hierarchical"
         return "ring"
-    if len(domains) == 1:
-        return "nvls" if (topo.nvls and op == "all-reduce" and len(group) > 1) else "ring"
-    if not equal_split(domains):
+    if len(domain_counts) == 1:
+        return "nvls" if (nvls and op == "all-reduce" and domain_counts[0] > 1) else "ring"
+    if not equal:
         return "ring"
-    if topo.sharp and op == "all-reduce":
+    if sharp and op == "all-reduce":
         return "sharp"
-    return "rail-ring" if len(domains[0]) > 1 else "ring"
+    return "rail-ring" if domain_counts[0] > 1 else "ring"
+
+
+def choose_algorithm(op: str, group: Sequence[int], topo: Topology) -> str:
+    """Default algorithm for ``op`` on ``group`` (rule in the module docstring,
+    :func:`default_algorithm`)."""
+    _check_op(op)
+    group = tuple(group)
+    if op in ("send-recv", "broadcast"):
+        return default_algorithm(op, topo.kind, (len(group),))
+    counts = [len(d) for d in split_by_domain(group, topo)]
+    if topo.kind == "torus" and op != "all-to-all":
+        grid = torus_grid(group, topo) is not None
+        pods = [] if grid else [len(p) for p in split_by_domain(group, topo, by_pod=True)]
+        return default_algorithm(op, "torus", counts, grid=grid, pod_counts=pods)
+    return default_algorithm(op, topo.kind, counts, nvls=bool(topo.nvls), sharp=bool(topo.sharp))
 
 
 def plan_collective(

@@ -167,3 +167,35 @@ def halving_doubling_phases(op: str, members: Sequence[int], size: float) -> lis
     fold = [Phase(bundle(Transfer(extra[i], core[i], size) for i in range(len(extra))), 1, size)]
     unfold = [Phase(bundle(Transfer(core[i], extra[i], size) for i in range(len(extra))), 1)]
     return (fold if extra else []) + rs + ag + (unfold if extra else [])
+
+
+# ---- closed forms: one collective alone on the network (simulator.studies.search.network_model) ----
+# Each returns (seconds per byte of the collective's size, latency seconds), per device and
+# direction at the link bandwidths given (already scaled by their efficiencies); the tests
+# (tests/test_closed_forms.py) hold each against its plan above, simulated alone.
+
+
+def ring_time(op: str, n: int, bw: float, hop_s: float) -> tuple[float, float]:
+    """:func:`ring_phases`: ``(n-1)/n`` of the buffer per step over ``n-1`` steps (twice for an
+    all-reduce), each step a hop's latency."""
+    f = 2 if op == "all-reduce" else 1
+    return f * (n - 1) / n / bw, f * (n - 1) * hop_s
+
+
+def nvls_time(n: int, bw: float, hop_s: float, efficiency: float) -> tuple[float, float]:
+    """NVLink SHARP all-reduce inside one domain (:func:`in_network_phases`, 2 steps): each
+    link carries ``S (n+1)/n`` once, at the calibration's NVLS efficiency."""
+    return (n + 1) / n / (bw * efficiency), 2 * hop_s
+
+
+def rail_ring_time(op: str, n: int, k: int, up_bw: float, out_bw: float, hop_s: float) -> tuple[float, float]:
+    """:func:`rail_ring_phases`: NCCL's ring, one channel per rail: the whole ring load on the
+    domain links and ``1/k`` of it on each NIC, at once."""
+    f = 2 if op == "all-reduce" else 1
+    return f * (n - 1) / n * max(1 / up_bw, 1 / (k * out_bw)), f * (n - 1) * hop_s
+
+
+def sharp_time(k: int, up_bw: float, out_bw: float, hop_s: float) -> tuple[float, float]:
+    """SHARP all-reduce across domains of ``k`` (:func:`in_network_phases` beside the domain
+    reduce-scatter and all-gather, pipelined): the domain legs and ``S/k`` into the switch."""
+    return max(2 * (k - 1) / k / up_bw, 1 / k / out_bw), (2 * (k - 1) + 1) * hop_s

@@ -48,7 +48,7 @@ def dp_traffic_s(sc, net: NetModel | None = None) -> float:
     micro-batch under ZeRO-3) of the parameters rank 0 holds, over its dense (``dp_cp``)
     and expert (``edp``) groups, costed by the estimate's :class:`NetModel`."""
     L, t, model = sc.layout, sc.training, sc.model
-    net = net if net is not None else NetModel(sc.cluster, sc.network_calibration())
+    net = net if net is not None else NetModel(sc.cluster, sc.network_calibration(), sc.algorithms)
     dense, expert = memory.rank_parameter_counts(model, L, range(model.layers), True, True)
     dense, expert = dense / L.pp, expert / L.pp  # one stage's share
     m = t.micro_batches(L.dp)

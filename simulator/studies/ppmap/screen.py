@@ -57,7 +57,7 @@ def screen(point: Mapping, spec: MapSpec, mem_cache: dict | None = None) -> pd.D
         json.dumps(base["training"], sort_keys=True),
     )
     mem_cache = {} if mem_cache is None else mem_cache
-    net = NetModel(sc0.cluster, sc0.network_calibration())
+    net = NetModel(sc0.cluster, sc0.network_calibration(), sc0.algorithms)
     recs = []
     for p in _layouts(sc0, spec):
         key = (chip_key, label(p))

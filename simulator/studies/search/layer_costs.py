@@ -24,7 +24,7 @@ class StepCosts:
         self.sc = sc
         self.L, self.t, self.model, self.name = sc.layout, sc.training, sc.model, sc.schedule
         self.chip = sc.cluster.chip
-        self.net = net if net is not None else NetModel(sc.cluster, sc.network_calibration())
+        self.net = net if net is not None else NetModel(sc.cluster, sc.network_calibration(), sc.algorithms)
         self.cal = calibration_for(self.chip, dict(sc.compute_overrides))
         self._kernels_time_s = kernels_time_s
         # The trace builder's sizes, so that the estimate and the simulated trace agree on

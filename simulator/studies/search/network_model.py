@@ -8,9 +8,13 @@ switched (NVLink domains + fat-tree) or torus network.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
+from simulator.network.alltoall import direct_a2a_time, hierarchical_a2a_time
+from simulator.network.collectives import default_algorithm
+from simulator.network.reductions import nvls_time, rail_ring_time, ring_time, sharp_time
 from topologies.networks import SwitchedNetwork
 
 
@@ -21,9 +25,13 @@ class NetModel:
     device and direction, times the link efficiency of the chip family's network
     calibration (``simulator.network.calibration``: NVLink 370/450, InfiniBand 48/50, ICI 1.0).
 
-    * Switched (NVLink domains + fat-tree): a group inside one domain runs on the domain
+    * Switched (NVLink domains + fat-tree): the algorithm is the network's own choice
+      (:func:`simulator.network.collectives.default_algorithm`, or the scenario's
+      ``algorithms``) and its time the closed form beside its plan
+      (``simulator/network/reductions.py``, ``alltoall.py``; ``tests/test_closed_forms.py``
+      holds each against the plan simulated alone). A group inside one domain runs on the domain
       link (NVLS for all-reduce when the domain has it); across domains with ``k > 1``
-      members per domain the algorithms ``simulator.network.collectives`` picks: the rail-ring
+      members per domain: the rail-ring
       (NCCL's ring, one channel per rail: the whole ring load on NVLink and ``1/k`` of it on
       each NIC, at once), the pipelined SHARP all-reduce when the fabric has it (NVLink
       reduce-scatter + all-gather beside ``S/k`` into the switch), and the DeepSeek-style
@@ -44,10 +52,11 @@ class NetModel:
 
     Each step of a ring pays the per-hop latency. Results are cached per (op, group)."""
 
-    def __init__(self, cluster, calibration=None):
+    def __init__(self, cluster, calibration=None, algorithms: Mapping[str, str] | None = None):
         from simulator.network.calibration import default_calibration  # lazy: search imports stay light
 
         self.cluster = cluster
+        self.algorithms = dict(algorithms or {})  # the scenario's ``algorithms``: op -> algorithm
         ncal = calibration if calibration is not None else default_calibration(cluster.chip.family)
         net = cluster.network
         self.kind = "switched" if isinstance(net, SwitchedNetwork) else "torus"
@@ -118,9 +127,15 @@ class NetModel:
 
     # -- switched ---------------------------------------------------------------------------
     def _switched(self, op: str, arr, scaleout_fraction: float = 1.0) -> tuple[float, float]:
+        """The algorithm the network would run (the scenario's ``algorithms`` first, else
+        :func:`~simulator.network.collectives.default_algorithm`) costed by the closed form
+        beside its plan (``simulator/network/reductions.py``, ``alltoall.py``)."""
         n = len(arr)
         _, counts = np.unique(arr // self.domain, return_counts=True)
         nd, k = len(counts), int(counts.max())
+        alg = self.algorithms.get(op) if scaleout_fraction == 1.0 else None
+        if alg is None:
+            alg = default_algorithm(op, "switched", counts.tolist(), nvls=self.nvls, sharp=self.sharp)
         out_bw = self.out_bw
         if nd > self.domains_per_leaf:
             out_bw /= self.oversubscription
@@ -129,28 +144,25 @@ class NetModel:
         up, up_a, out_a = self.up_bw, self.up_latency_s, self.out_latency_s
         if op == "all-to-all":
             up, out_bw = up * self.a2a_up, out_bw * self.a2a_out
+            if alg == "hierarchical-a2a" and nd > 1 and int(counts.min()) == k:
+                return hierarchical_a2a_time(nd, k, up, out_bw, out_a + up_a, scaleout_fraction)
+            # direct (or a hierarchical one the group cannot run)
+            k_min = int(counts.min()) if nd > 1 else n
+            return direct_a2a_time(n, k_min, k, up, out_bw, up_a if nd == 1 else out_a, scaleout_fraction)
         if nd == 1:
-            if op == "all-to-all":
-                return (n - 1) / n / up, up_a
-            if op == "all-reduce":
-                if self.nvls:
-                    return (n + 1) / n / (up * self.nvls_efficiency), 2 * up_a
-                return 2 * (n - 1) / n / up, 2 * (n - 1) * up_a
-            return (n - 1) / n / up, (n - 1) * up_a
+            if alg == "nvls":
+                return nvls_time(n, up, up_a, self.nvls_efficiency)
+            return ring_time(op, n, up, up_a)
         if k == 1 or int(counts.min()) != k:  # one member per domain (or uneven): over the NICs
-            if op == "all-to-all":
-                return scaleout_fraction * (n - k) / n / out_bw + (k - 1) / n / up, out_a
-            f = 2 if op == "all-reduce" else 1
-            return f * (n - 1) / n / out_bw, f * (n - 1) * out_a
-        if op == "all-to-all":  # hierarchical: rail and NVLink legs in one phase
-            return max(scaleout_fraction * (nd - 1) / nd / out_bw, (k - 1) / k / up), out_a + up_a
+            return ring_time(op, n, out_bw, out_a)
         alpha = max(up_a, out_a)
-        if op == "all-reduce" and self.sharp:  # pipelined: NVLink RS + AG beside the switch
-            return max(2 * (k - 1) / k / up, 1 / k / out_bw), (2 * (k - 1) + 1) * alpha
-        # rail-ring (NCCL's ring, one channel per rail): the whole ring load on NVLink, 1/k
-        # of it on each NIC, at once
-        f = 2 if op == "all-reduce" else 1
-        return f * (n - 1) / n * max(1 / up, 1 / (k * out_bw)), f * (n - 1) * alpha
+        if alg == "sharp" and op == "all-reduce":
+            return sharp_time(k, up, out_bw, alpha)
+        if alg == "rail-ring":
+            return rail_ring_time(op, n, k, up, out_bw, alpha)
+        # a ring in group order: every hop over the NIC when the domains are cut alike, and
+        # algorithms without a closed form here (tree, halving-doubling, ring-bidir) costed so
+        return ring_time(op, n, min(up, out_bw), alpha)
 
     # -- torus ------------------------------------------------------------------------------
     def _coords(self, local):
@@ -187,7 +199,7 @@ class NetModel:
             extents.append(len(vals))
             if vals[-1] - vals[0] + 1 != len(vals):
                 box = False
-        box = box and math.prod(extents) == n
+        box = box and math.prod(extents) == n and self.algorithms.get(op) != "ring"  # a ring asked for
         B, a = self.link_bw, self.link_latency_s
         if op == "all-to-all":
             B *= self.a2a_ici

@@ -265,7 +265,8 @@ def _screen(base: dict, sc0, bounds: SearchBounds) -> tuple[list, list]:
     """Every layout within ``bounds``: its record (``invalid`` / ``pruned`` with the reason, or
     estimated) and, for each one left to simulate, its sweep case."""
     records, cases, by_key = [], [], {}
-    net = NetModel(sc0.cluster, sc0.network_calibration())  # one cache of collective times for every candidate
+    # one cache of collective times for every candidate (the scenario's algorithms honoured)
+    net = NetModel(sc0.cluster, sc0.network_calibration(), sc0.algorithms)
     est_cache: dict = {}
     for i, p in enumerate(enumerate_layouts(sc0, bounds)):
         mapping = candidate_mapping(base, p, sc0.name)
