@@ -44,3 +44,15 @@ def test_every_mapped_argument_is_in_the_table_with_its_key(text, cluster):
     pairs = _mapped(text, cluster)
     assert pairs
     assert [(arg, key, MAPPED.get(arg)) for arg, key in pairs if MAPPED.get(arg) != key] == []
+
+
+def test_the_expert_all_to_all_overlap_is_imported():
+    text = MOE_ARGS.replace("--pipeline-model-parallel-size 2", "--pipeline-model-parallel-size 1").replace(
+        "--num-layers-per-virtual-pipeline-stage 4 ", ""
+    )
+    text += " --overlap-moe-expert-parallel-comm --delay-wgrad-compute"
+    res = import_megatron(text, "dgx-h100")
+    assert res.scenario["training"]["overlap_moe_expert_parallel_comm"] is True
+    assert ("overlap-moe-expert-parallel-comm", "training.overlap_moe_expert_parallel_comm") in _mapped(
+        text, "dgx-h100"
+    )

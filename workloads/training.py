@@ -169,6 +169,12 @@ class TrainingSpec:
     # reduce-scatter around attention and dense-MLP blocks chunked beside their GEMMs
     # (workloads.trace.program_tp_overlap). Needs sequence parallelism, as Megatron asserts.
     tp_comm_overlap: bool = False
+    # Megatron-Core's batch-level overlap of the expert all-to-all (--overlap-moe-expert-parallel-comm,
+    # Megatron-Core 0.14; megatron/core/pipeline_parallel/combined_1f1b.py at d98e8a64): each
+    # backward runs beside the next micro-batch's forward as one combined step, layer by layer,
+    # so one's all-to-alls hide behind the other's compute (workloads.pipeline.ep_overlap).
+    # Default off, Megatron's; the checks Megatron asserts are simulator.scenario.checks.check_ep_overlap.
+    overlap_moe_expert_parallel_comm: bool = False
     # ---- memory as allocated (workloads.memory, "Memory as allocated") ----
     # Megatron --distribute-saved-activations: under full recompute each layer's saved
     # input is split over the TP group and all-gathered before the layer is recomputed

@@ -315,6 +315,11 @@ class _Mapping:
         if "moe-shared-expert-overlap" in args:
             self.take("moe-shared-expert-overlap", "training.moe_shared_expert_overlap", True)
             out["moe_shared_expert_overlap"] = True
+        if "overlap-moe-expert-parallel-comm" in args:  # the combined 1F1B (workloads.pipeline.ep_overlap)
+            self.take("overlap-moe-expert-parallel-comm", "training.overlap_moe_expert_parallel_comm", True)
+            out["overlap_moe_expert_parallel_comm"] = True
+            if "delay-wgrad-compute" in args:
+                self.take("delay-wgrad-compute", "training.overlap_moe_expert_parallel_comm", True)
         if "tp-comm-overlap" in args:  # Transformer Engine userbuffers (workloads.trace.program_tp_overlap)
             self.take("tp-comm-overlap", "training.tp_comm_overlap", True)
             out["tp_comm_overlap"] = True

@@ -67,6 +67,10 @@ MAPPED = {
     "moe-pad-expert-input-to-capacity": "training.moe_host_sync",
     "moe-shared-expert-overlap": "training.moe_shared_expert_overlap",
     "tp-comm-overlap": "training.tp_comm_overlap",
+    "overlap-moe-expert-parallel-comm": "training.overlap_moe_expert_parallel_comm",
+    # the paired backward's weight gradient after its input gradient (stepsim splits a paired
+    # MLP backward so whenever the overlap is on)
+    "delay-wgrad-compute": "training.overlap_moe_expert_parallel_comm",
     "DDP-impl": "training.overlap_grad_reduce",
     "use-flash-attn": "training.flash_attention",
     "attention-backend": "training.flash_attention",

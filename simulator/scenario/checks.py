@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from simulator.scenario.schema import NetCalIn, PerturbationIn, ScenarioError, ScenarioIn
 from workloads.layout import ParallelLayout
 from workloads.model import ModelSpec
+from workloads.pipeline import get_schedule
 from workloads.training import TrainingSpec
 
 MAX_DEVICES = 262_144
@@ -128,6 +129,38 @@ def check_moe_layout(model: ModelSpec, layout: ParallelLayout) -> None:
             "(Megatron-Core routes the sequence-parallel shard of "
             "tokens); set it to true or use tp: 1",
             field="parallel.sequence_parallel",
+        )
+
+
+def check_ep_overlap(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec, schedule: str) -> None:
+    """``training.overlap_moe_expert_parallel_comm`` where Megatron-Core runs it
+    (``megatron/core/transformer/transformer_config.py`` ``__post_init__`` at d98e8a64): expert
+    parallelism, no pipeline or an interleaved one, no full recomputation, shared experts not
+    overlapped with the dispatch (``moe_shared_expert_overlap``); and where stepsim can pair the
+    passes: not under DualPipe (which pairs its own) or a batch-global auxiliary loss (every
+    forward first)."""
+    if not training.overlap_moe_expert_parallel_comm:
+        return
+    field = "training.overlap_moe_expert_parallel_comm"
+    if model.moe is None or layout.ep < 2:
+        raise ScenarioError(
+            "needs a MoE model and parallel.ep > 1 (Megatron-Core asserts expert parallelism)", field=field
+        )
+    if layout.pp > 1 and not get_schedule(schedule).virtual_stages:
+        raise ScenarioError(
+            f"needs parallel.pp: 1 or schedule: interleaved-1f1b (Megatron-Core's combined 1F1B runs without a "
+            f"pipeline or with virtual stages), got pp {layout.pp} with {schedule}",
+            field=field,
+        )
+    if training.recompute == "full":
+        raise ScenarioError("cannot run with training.recompute: full (Megatron-Core asserts it)", field=field)
+    if training.moe_shared_expert_overlap:
+        raise ScenarioError(
+            "cannot run with training.moe_shared_expert_overlap (Megatron-Core asserts it)", field=field
+        )
+    if training.balance == "aux-loss-global":
+        raise ScenarioError(
+            "cannot pair passes under balance: aux-loss-global (every forward runs before any backward)", field=field
         )
 
 

@@ -19,6 +19,7 @@ from simulator.scenario.checks import (
     check_algorithms,
     check_context_parallel,
     check_dense,
+    check_ep_overlap,
     check_moe_layout,
     check_network_algorithms,
     check_perturbations,
@@ -83,6 +84,7 @@ def load_scenario(source: str | Path | Mapping) -> Scenario:
     training = resolve_training(sc.training, layout)
     check_dense(model, sc)
     check_moe_layout(model, layout)
+    check_ep_overlap(model, layout, training, sc.schedule)
     check_algorithms(sc.algorithms)
     check_size(model, layout, training, sc.schedule)
     check_work(model, training, cluster.devices, cluster.chip.peak("bf16"))

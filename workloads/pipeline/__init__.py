@@ -8,7 +8,9 @@ registry :data:`REGISTRY` keyed by the scenario's ``schedule`` value.
 * :mod:`.one_f_one_b` — Megatron's 1F1B;
 * :mod:`.interleaved` — Megatron's interleaved 1F1B (virtual stages);
 * :mod:`.zb_h1` — ZB-H1, 1F1B with split backwards;
-* :mod:`.dualpipe` — DualPipe, both directions and overlapped forward/backward pairs.
+* :mod:`.dualpipe` — DualPipe, both directions and overlapped forward/backward pairs;
+* :mod:`.ep_overlap` — Megatron-Core's combined 1F1B: a schedule's backward and next forward
+  paired (``training.overlap_moe_expert_parallel_comm``).
 
 A new schedule is a module here with a :class:`~.base.PipelineSchedule` subclass and a line in
 :data:`REGISTRY` (and its name in :data:`workloads.enums.SCHEDULES`).

@@ -8,6 +8,7 @@ runs one program per simulated rank."""
 from __future__ import annotations
 
 from workloads import schedules as sched
+from workloads.pipeline.ep_overlap import combine_forward_backward
 from workloads.trace.ops import Op, collective_op, compute_op, send_op
 from workloads.trace.program_layers import LayerOps
 from workloads.trace.program_params import ParamOps
@@ -126,6 +127,8 @@ class RankProgram(LayerOps, ParamOps, TpOverlapOps):
         steps = sched.schedule(b.w.schedule, self.stage, L.pp, b.m, L.vpp)
         if b.global_aux:
             steps = sched.all_forward_first(steps)
+        elif b.t.overlap_moe_expert_parallel_comm:  # Megatron-Core's combined 1F1B
+            steps = combine_forward_backward(steps)
         flat = [a for st in steps for a in st]
         # The last action touching each local chunk's weight gradients triggers its DP reduction.
         self.last_grad: dict[int, int] = {}

@@ -176,7 +176,9 @@ class TraceBuilder:
         self.ep_overlap = self.model.is_moe and L.ep > 1
         # forward kernels rerun before each layer's backward (memory.recomputed_kernel_names)
         self.recomputed_names = memory.recomputed_kernel_names(self.t)
-        self.dualpipe_ep = self.ep_overlap and schedule.overlapped_pairs
+        # paired passes split their MLP backward (input then weight gradient; Megatron-Core's
+        # --delay-wgrad-compute beside --overlap-moe-expert-parallel-comm)
+        self.dualpipe_ep = self.ep_overlap and (schedule.overlapped_pairs or self.t.overlap_moe_expert_parallel_comm)
 
     # ---- kernels -------------------------------------------------------------
     def saved_recompute_kernels(self, layer: int) -> tuple:
