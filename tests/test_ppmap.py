@@ -159,3 +159,52 @@ def test_adaptive_map_finds_the_best_layouts_simulating_all_would(tmp_path):
     bad = tiny_map(simulate={"adaptive": "yes"})
     with pytest.raises(ScenarioError, match="simulate.adaptive"):
         load_map(bad)
+
+
+def test_the_map_tries_placements_and_names_them_per_cell(tmp_path):
+    """Issue 39: with 6-GPU scale-up domains an EP4 group of 12 GPUs straddles two domains
+    (ranks 4-7); the map, like the search, also tries 4 devices per domain (three domains, two
+    GPUs each idle), and each cell names the placement of both layouts it compares and their
+    throughput per domain."""
+    m = tiny_map(
+        devices=12,
+        grid={"cluster": {"preset": "dgx-h100"}, "domain_sizes": [6], "nic_gbps": [5]},
+        marks={},
+        search={"max_tp": 1, "pp": [1, 2], "max_ep": 4, "schedules": ["1f1b"], "zero": [1], "recompute": ["none"]},
+    )
+    m["training"] = {"seq_len": 512, "sequences_per_device": 4, "dtype": "bf16"}
+    m.pop("simulate")
+    table, cands = run_map(m, tmp_path / "placed", jobs=1)
+    assert 4.0 in set(cands["devices_per_domain"].dropna())
+    row = table.iloc[0]
+    for tag in ("best_pp", "best_nopp"):
+        assert f"{tag}_devices_per_domain" in table.columns and row[f"{tag}_tokens_per_s_per_domain"] > 0
+    assert row["ratio_per_domain"] >= 1.0
+    per_domain = cands[cands["status"] == "ok"]["tokens_per_s_per_domain"]
+    assert row["ratio_per_domain"] == pytest.approx(
+        per_domain.max() / cands[(cands["status"] == "ok") & (cands["pp"] == 1)]["tokens_per_s_per_domain"].max()
+    )
+
+
+def test_a_layout_that_does_not_fit_is_never_a_best():
+    from simulator.studies.ppmap.run import _map_record
+
+    pt = {"id": "p", "model": "m", "system": "grid", "domain": 8, "nic_gbps": 50.0, "scenario": {}}
+    scr = {"chosen": [], "layouts_fit": 2, "nopp_fits": True, "nopp_fits_without_zero3": True,
+           "nopp_fits_without_recompute": True, "nopp_fits_without_either": True}  # fmt: skip
+    base = {"peak_memory_bytes": 1.0, "mfu": 0.5, "devices_per_domain": None, "tokens_per_s_per_domain": 1.0}
+    sims = [
+        {**base, "label": "fast-but-oom", "pp": 2, "status": "oom", "step_time_s": 1.0},
+        {**base, "label": "pp-fits", "pp": 2, "status": "ok", "step_time_s": 3.0},
+        {**base, "label": "nopp-fits", "pp": 1, "status": "ok", "step_time_s": 2.0},
+    ]
+    import simulator.studies.ppmap.run as run_mod
+
+    rec = {}
+    orig_aux, orig_roof = run_mod.aux_global_memory, run_mod.roofline
+    run_mod.aux_global_memory, run_mod.roofline = (lambda *a: {}), (lambda *a: {})
+    try:
+        rec = _map_record(pt, scr, sims)
+    finally:
+        run_mod.aux_global_memory, run_mod.roofline = orig_aux, orig_roof
+    assert rec["best_label"] == "nopp-fits" and rec["best_pp_label"] == "pp-fits" and rec["ratio"] == 1.0

@@ -364,8 +364,21 @@ def _map_record(pt: Mapping, scr: Mapping, sims: list) -> dict:
         "layouts_fit": scr["layouts_fit"],
     }
     for tag, b in (("best", best), ("best_pp", bp), ("best_nopp", bn)):
-        for k in ("label", "step_time_s", "mfu", "peak_memory_bytes"):
-            rec[f"{tag}_{k}"] = None if b is None else b[k]
+        for k in ("label", "step_time_s", "mfu", "peak_memory_bytes", "devices_per_domain", "tokens_per_s_per_domain"):
+            rec[f"{tag}_{k}"] = None if b is None else b.get(k)
+    # per scale-up domain: a placement that leaves devices of each domain idle uses more domains
+    # for the same devices, so it is compared on tokens/s per domain too (higher is better)
+    per_domain = [c for c in ok if c.get("tokens_per_s_per_domain") is not None]
+    dp_ = max((c for c in per_domain if c["pp"] > 1), key=lambda c: c["tokens_per_s_per_domain"], default=None)
+    dn_ = max((c for c in per_domain if c["pp"] == 1), key=lambda c: c["tokens_per_s_per_domain"], default=None)
+    for tag, b in (("best_pp_per_domain", dp_), ("best_nopp_per_domain", dn_)):
+        rec[f"{tag}_label"] = None if b is None else b["label"]
+        rec[f"{tag}_tokens_per_s"] = None if b is None else b["tokens_per_s_per_domain"]
+    rec["ratio_per_domain"] = (
+        max(dp_["tokens_per_s_per_domain"], dn_["tokens_per_s_per_domain"]) / dn_["tokens_per_s_per_domain"]
+        if dp_ is not None and dn_ is not None
+        else None
+    )
     # ratio: how much slower the best layout without PP is; inf when none fits (PP needed)
     rec["ratio"] = (
         bn["step_time_s"] / best["step_time_s"]

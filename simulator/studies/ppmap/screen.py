@@ -100,7 +100,7 @@ def choose(table: pd.DataFrame, with_pp: int, without_pp: int) -> list[dict]:
     rest = pp[~pp.index.isin(first.index)]
     picks += pd.concat([first, rest]).head(with_pp).to_dict("records")
     picks += t[t["pp"] == 1].head(without_pp).to_dict("records")
-    return [{k: r[k] for k in ("label", *LAYOUT_KEYS, "est_memory_bytes", "est_step_time_s")} for r in picks]
+    return [_layout_record(r) for r in picks]
 
 
 # An adaptive map keeps, of each point's screen, the layouts whose estimate is within this
@@ -123,9 +123,16 @@ def candidates(table: pd.DataFrame) -> list[dict]:
     if not keep:
         return []
     t = pd.concat(keep).sort_values(["est_step_time_s", "label"], kind="stable")
-    return [
-        {k: r[k] for k in ("label", *LAYOUT_KEYS, "est_memory_bytes", "est_step_time_s")} for r in t.to_dict("records")
-    ]
+    return [_layout_record(r) for r in t.to_dict("records")]
+
+
+def _layout_record(r: dict) -> dict:
+    """A screen row as the layout it chose: a placement the table held as NaN (a float column
+    with no value: the layout's own devices per domain) is None again."""
+    out = {k: r[k] for k in ("label", *LAYOUT_KEYS, "est_memory_bytes", "est_step_time_s")}
+    dpd = out.get("devices_per_domain")
+    out["devices_per_domain"] = None if dpd is None or dpd != dpd else int(dpd)
+    return out
 
 
 def memory_facts(table: pd.DataFrame) -> dict:

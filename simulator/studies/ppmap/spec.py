@@ -28,6 +28,7 @@ SIM_KEYS = (
     "exposed_comm_fraction",
     "sim_wall_s",
     "micro_batches",
+    "tokens_per_s_per_domain",
 )
 RATIO_CONTOUR = 1.10  # "PP pays": the best layout without PP is at least 10 % slower
 TRAINING_DEFAULTS = {

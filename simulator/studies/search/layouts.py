@@ -134,9 +134,17 @@ def label(p: Mapping) -> str:
         if p[k] > 1:
             parts.append(f"{k}{p[k]}")
     parts += [p["schedule"], f"z{p['zero']}", f"mb{p['micro_batch_size']}", p["recompute"]]
-    if p.get("devices_per_domain") is not None:
-        parts.append(f"{p['devices_per_domain']}perdomain")
+    dpd = devices_per_domain_of(p)
+    if dpd is not None:
+        parts.append(f"{dpd}perdomain")
     return "-".join(parts)
+
+
+def devices_per_domain_of(p: Mapping) -> int | None:
+    """Layout ``p``'s devices per scale-up domain, or None for the scenario's own placement
+    (also where a table held it as NaN)."""
+    dpd = p.get("devices_per_domain")
+    return None if dpd is None or dpd != dpd else int(dpd)
 
 
 def expert_tp(scenario_layout, tp: int) -> int:
@@ -264,8 +272,9 @@ def candidate_mapping(base: Mapping, p: Mapping, name: str) -> dict:
     out = set_dotted(out, "schedule", p["schedule"])
     out = set_dotted(out, "training.micro_batch_size", p["micro_batch_size"])
     out = set_dotted(out, "training.recompute", p["recompute"])
-    if p.get("devices_per_domain") is not None:
+    dpd = devices_per_domain_of(p)
+    if dpd is not None:
         given_in_placement = (base.get("placement") or {}).get("devices_per_domain") is not None
         key = "placement.devices_per_domain" if given_in_placement else "cluster.devices_per_domain"
-        out = set_dotted(out, key, p["devices_per_domain"])
+        out = set_dotted(out, key, dpd)
     return set_dotted(out, "name", f"{name}:{label(p)}")
