@@ -13,7 +13,7 @@ errors share one base without the packages importing each other. The tree::
     ├── ReportError                   simulator.errors (PlotError: a report or plot that cannot be drawn)
     ├── StudyError                    simulator.errors (ValidationError, WorkerVersionError,
     │                                   WorkerLostError, ExecutorError, CalibrationInputError,
-    │                                   KinetoTraceError, NcclTestsError)
+    │                                   KinetoTraceError, NcclTestsError, GoodputError)
     ├── OutputPathError               simulator.results.outdir (an output path that cannot be written)
     └── CliError                      simulator.cli.common (flags the command line checks itself)
 

@@ -35,6 +35,7 @@ ERROR_CLASSES = [
     ("simulator.studies.sweep.executors", "ExecutorError"),
     ("simulator.results.outdir", "OutputPathError"),
     ("simulator.studies.calibrate", "CalibrationInputError"),
+    ("simulator.studies.goodput", "GoodputError"),
     ("simulator.interop.kineto", "KinetoTraceError"),
     ("simulator.interop.nccl_tests", "NcclTestsError"),
     ("simulator.cli.common", "CliError"),

@@ -273,6 +273,10 @@ class ClusterSpec:
     pods: PodsSpec | None = None
     host_bw_bytes_per_s: float = 32e9
     devices_per_domain: int | None = None
+    # Aggregate bandwidth of the storage checkpoints are written to and read from (bytes/s,
+    # the whole cluster): Meta's Tectonic for Llama 3, "2 TB/s sustained" (arXiv 2407.21783
+    # §3.3.1). Read by the goodput study (simulator.studies.goodput), not by the step.
+    storage_bw_bytes_per_s: float = 2e12
     # Devices one scale-up domain holds (switched networks): the network's domain_size
     # before a partial fill replaced it by the devices used; set at construction.
     domain_capacity: int | None = None
@@ -295,6 +299,7 @@ class ClusterSpec:
         if self.pods is not None and not isinstance(self.pods, PodsSpec):
             raise TopologyError(f"cluster.pods: expected a PodsSpec or None, got {self.pods!r}", field="cluster.pods")
         check_bw(self.host_bw_bytes_per_s, "cluster.host_bw_bytes_per_s")
+        check_bw(self.storage_bw_bytes_per_s, "cluster.storage_bw_bytes_per_s")
         n_pods = self.n_pods
         if self.devices % n_pods:
             raise TopologyError(

@@ -276,7 +276,16 @@ def cluster_preset(name: str, /, devices: int | None = None, **overrides) -> Clu
     if key not in CLUSTER_PRESETS:
         raise UnknownPresetError.named("cluster preset", name, CLUSTER_PRESETS, "cluster.preset")
     preset = CLUSTER_PRESETS[key]
-    allowed = ("name", "chip", "network", "pods", "host_bw_bytes_per_s", "devices_per_domain", "domain_capacity")
+    allowed = (
+        "name",
+        "chip",
+        "network",
+        "pods",
+        "host_bw_bytes_per_s",
+        "storage_bw_bytes_per_s",
+        "devices_per_domain",
+        "domain_capacity",
+    )
     for k in overrides:
         if k not in allowed:
             raise TopologyError(
@@ -318,6 +327,7 @@ def cluster_preset(name: str, /, devices: int | None = None, **overrides) -> Clu
         network=network,
         pods=pods,
         host_bw_bytes_per_s=overrides.get("host_bw_bytes_per_s", preset.host_bw_bytes_per_s),
+        storage_bw_bytes_per_s=overrides.get("storage_bw_bytes_per_s", 2e12),  # ClusterSpec's default, cited there
         devices_per_domain=overrides.get("devices_per_domain"),
         domain_capacity=overrides.get("domain_capacity"),
     )

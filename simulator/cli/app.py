@@ -554,15 +554,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_collective(sub)
     _add_topology(sub)
 
+    from simulator.cli import goodput as cli_goodput
     from simulator.cli import importer as cli_import
     from simulator.cli import ppmap as cli_ppmap
     from simulator.cli import sweep as cli_sweep
     from simulator.cli import validate as cli_validate
 
-    cli_sweep.register(sub)
-    cli_ppmap.register(sub)
-    cli_validate.register(sub)
-    cli_import.register(sub)
+    for family in (cli_sweep, cli_ppmap, cli_validate, cli_import, cli_goodput):
+        family.register(sub)
     return ap
 
 

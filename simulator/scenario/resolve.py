@@ -106,6 +106,7 @@ def _resolve_cluster(spec: str | dict) -> ClusterSpec:
         "pods",
         "name",
         "host_bw_bytes_per_s",
+        "storage_bw_bytes_per_s",
         "devices_per_domain",
         "domain_capacity",
     )
@@ -127,7 +128,15 @@ def _resolve_cluster(spec: str | dict) -> ClusterSpec:
                 )
             over = {
                 k: spec[k]
-                for k in ("network", "pods", "name", "host_bw_bytes_per_s", "devices_per_domain", "domain_capacity")
+                for k in (
+                    "network",
+                    "pods",
+                    "name",
+                    "host_bw_bytes_per_s",
+                    "storage_bw_bytes_per_s",
+                    "devices_per_domain",
+                    "domain_capacity",
+                )
                 if k in spec
             }
             if chip is not None:
@@ -151,6 +160,7 @@ def _resolve_cluster(spec: str | dict) -> ClusterSpec:
             network=network,
             pods=pods,
             host_bw_bytes_per_s=spec.get("host_bw_bytes_per_s", 32e9),
+            storage_bw_bytes_per_s=spec.get("storage_bw_bytes_per_s", 2e12),  # ClusterSpec's default
             devices_per_domain=spec.get("devices_per_domain"),
             domain_capacity=spec.get("domain_capacity"),
         )

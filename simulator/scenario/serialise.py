@@ -75,6 +75,7 @@ def scenario_to_dict(s: Scenario) -> dict:
         },
         "network": net,
         "host_bw_bytes_per_s": c.host_bw_bytes_per_s,
+        "storage_bw_bytes_per_s": c.storage_bw_bytes_per_s,
     }
     if c.pods is not None:
         cluster["pods"] = dataclasses.asdict(c.pods)

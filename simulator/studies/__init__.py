@@ -9,7 +9,8 @@
 * :mod:`.validate` — the validation suite against published runs (a sub-package: cases,
   running, tables); :mod:`.calibrate`
   fits the compute and network calibrations to measurements;
-* :mod:`.compare` — two runs side by side; :mod:`.bench` — one collective on a topology.
+* :mod:`.compare` — two runs side by side; :mod:`.bench` — one collective on a topology;
+* :mod:`.goodput` — failures over a run: interruptions, checkpoints, the best interval, goodput.
 
 A new study is a module here and a command in :mod:`simulator.cli`.
 """
