@@ -8,6 +8,7 @@ prints, and turns a :class:`~stepsim_errors.StepsimError` into exit code 2.
 * :mod:`.ppmap` — ``ppmap``, the map of where pipeline parallelism pays;
 * :mod:`.importer` — ``import megatron``, a scenario from a Megatron-LM / NeMo argument list;
 * :mod:`.goodput` — ``goodput``, failures over a run and the goodput they leave;
+* :mod:`.explain` — ``explain``, the difference of two steps split into its causes;
 * :mod:`.common` — what they share: the error-to-exit-code mapping, progress, output.
 * :mod:`.limits` — what is refused before work starts beyond each flag's own range (a
   benchmark too large to run);

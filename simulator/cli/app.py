@@ -554,13 +554,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_collective(sub)
     _add_topology(sub)
 
+    from simulator.cli import explain as cli_explain
     from simulator.cli import goodput as cli_goodput
     from simulator.cli import importer as cli_import
     from simulator.cli import ppmap as cli_ppmap
     from simulator.cli import sweep as cli_sweep
     from simulator.cli import validate as cli_validate
 
-    for family in (cli_sweep, cli_ppmap, cli_validate, cli_import, cli_goodput):
+    for family in (cli_sweep, cli_ppmap, cli_validate, cli_import, cli_goodput, cli_explain):
         family.register(sub)
     return ap
 

@@ -10,6 +10,8 @@
   the data it draws (from a Result or a run directory);
 * :mod:`.report` — the text summary ``stepsim run`` prints, and how a simulated rank
   is described (which ranks it stands for).
+* :mod:`.explain` — a step's time split into causes that add up to it, and two steps'
+  difference the same way (``stepsim explain``);
 * :mod:`.summary` — the summary record of one step and the per-stage table, from the
   engine's raw run;
 * :mod:`.moe_terms` — the summary's MoE compute terms per MoE layer and micro-batch
