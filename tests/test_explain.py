@@ -74,3 +74,14 @@ def test_the_command_writes_the_table_and_the_waterfall(tmp_path, capsys):
     assert sum(c["delta_s"] for c in doc["causes"]) == pytest.approx(steps["b"] - steps["a"], rel=1e-9)
     assert (out / "explain.png").stat().st_size > 10_000 and (out / "explain.csv").exists()
     assert main(["explain", "quickstart", "no-such-scenario"]) == 2
+
+
+def test_compare_explains_every_schedule_against_the_first():
+    from simulator.studies.compare import compare_schedules, explain_pairs
+
+    table, results = compare_schedules("schedules-llama3-8b-16xh100", ["1f1b", "zb-h1", "dualpipe"])
+    pairs = explain_pairs(results)
+    assert set(pairs["schedule"]) == {"zb-h1", "dualpipe"} and set(pairs["against"]) == {"1f1b"}
+    steps = table.set_index("schedule")["step_time_s"]
+    for name, part in pairs.groupby("schedule"):
+        assert part["delta_s"].sum() == pytest.approx(steps[name] - steps["1f1b"], rel=1e-9)

@@ -172,7 +172,7 @@ def cmd_trace(args) -> int:
 
 def cmd_compare(args) -> int:
     from simulator.results.outdir import check_output_dir, staged_dir
-    from simulator.studies.compare import compare_schedules, format_table, plot_comparison
+    from simulator.studies.compare import compare_schedules, format_table, plot_comparison, write_tables
 
     path = resolve_scenario_path(args.scenario)
     schedules = [x.strip() for x in args.schedules.split(",") if x.strip()]
@@ -188,20 +188,20 @@ def cmd_compare(args) -> int:
     print(format_table(table))
     if args.out:
         with staged_dir(args.out, COMPARE_OUTPUTS, "--out") as out:
-            table.to_csv(out / "compare.csv", index=False)
+            write_tables(table, results, out)
             plot_comparison(table, results, out / "compare.png")
             if args.html:
                 from simulator.results.html_report import write_compare_report
 
                 write_compare_report(table, results, out / "compare.html")
-        print(f"wrote compare.csv and compare.png to {args.out}")
+        print(f"wrote compare.csv, compare_explain.csv and compare.png to {args.out}")
         if args.html:
             print(f"wrote {Path(args.out) / 'compare.html'}")
     return EXIT_OK
 
 
 #: What ``stepsim compare --out DIR`` writes (those a run does not write are removed from DIR).
-COMPARE_OUTPUTS = ("compare.csv", "compare.png", "compare.html")
+COMPARE_OUTPUTS = ("compare.csv", "compare_explain.csv", "compare.png", "compare.html")
 
 
 def cmd_presets(args) -> int:

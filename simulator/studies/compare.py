@@ -67,6 +67,29 @@ def compare_schedules(scenario, schedules: Sequence[str] = SCHEDULES, vpp: int =
     return pd.DataFrame(rows), results
 
 
+def explain_pairs(results: Mapping) -> pd.DataFrame:
+    """Every schedule's step against the first one's, cause by cause
+    (:func:`simulator.results.explain.explain`; the ``delta_s`` of a schedule add up to its step
+    time less the first's): columns ``schedule``, ``against``, ``cause``, ``a_s``, ``b_s``, ``delta_s``."""
+    from simulator.results.explain import causes, explain
+
+    names = list(results)
+    if not names:
+        return pd.DataFrame(columns=["schedule", "against", "cause", "a_s", "b_s", "delta_s"])
+    base = causes(results[names[0]])
+    rows = []
+    for name in names[1:]:
+        for cause, a, b, d in explain(base, causes(results[name])):
+            rows.append({"schedule": name, "against": names[0], "cause": cause, "a_s": a, "b_s": b, "delta_s": d})
+    return pd.DataFrame(rows, columns=["schedule", "against", "cause", "a_s", "b_s", "delta_s"])
+
+
+def write_tables(table: pd.DataFrame, results: Mapping, out) -> None:
+    """``compare.csv`` (one row per schedule) and ``compare_explain.csv`` (:func:`explain_pairs`)."""
+    table.to_csv(out / "compare.csv", index=False)
+    explain_pairs(results).to_csv(out / "compare_explain.csv", index=False)
+
+
 def format_table(table: pd.DataFrame) -> str:
     lines = [f"{'schedule':<18}{'step (s)':>10}{'MFU':>8}{'bubble':>9}{'exp.comm':>10}{'peak mem':>11}{'peak act':>11}"]
     for r in table.itertuples(index=False):
