@@ -77,7 +77,8 @@ def test_the_command_writes_the_table_and_the_waterfall(tmp_path, capsys):
 
 
 def test_compare_explains_every_schedule_against_the_first():
-    from simulator.studies.compare import compare_schedules, explain_pairs
+    from simulator.results.explain import explain_pairs
+    from simulator.studies.compare import compare_schedules
 
     table, results = compare_schedules("schedules-llama3-8b-16xh100", ["1f1b", "zb-h1", "dualpipe"])
     pairs = explain_pairs(results)

@@ -6,9 +6,10 @@ A device's step is compute-stream busy time plus its idle time, split by the idl
 axis and offload wait; averaged over devices (each simulated rank weighed by the devices it
 stands for) these are the summary's ``compute_time_s_mean``, ``bubble_s_mean``,
 ``exposed_comm_by_axis_s`` and ``offload_wait_s``, which add up to the step time. The compute
-part is split further by kernel class (:func:`op_class`), each rank's busy time in proportion to
-its compute ops' durations by class (the classes' shares of a rank then add up to its busy
-time exactly, also where ops of one stream overlap).
+part is split further by kernel class (:func:`kernel_class`; a recomputed op's time is
+``recompute``): each op's duration among its kernels by their roofline times, and each rank's
+busy time in proportion to its ops' durations by class (the classes' shares of a rank then add
+up to its busy time exactly, also where ops of one stream overlap).
 """
 
 from __future__ import annotations
@@ -31,20 +32,17 @@ CLASSES = (
 MOE_KERNEL_PREFIXES = ("moe_", "router")
 
 
-def op_class(op) -> str:
-    """The compute class of a compute op (one of :data:`CLASSES`)."""
-    if op.recompute:
-        return "recompute"
-    names = [k.name for k in op.kernels]
-    if any(n.startswith("optimizer") for n in names):
+def kernel_class(k) -> str:
+    """The compute class of one kernel (one of :data:`CLASSES` but ``recompute``)."""
+    if k.name.startswith("optimizer"):
         return "optimizer"
-    if any(k.kind == "gemm" and k.groups > 1 for k in op.kernels):
+    if k.kind == "gemm" and k.groups > 1:
         return "expert GEMMs"
-    if any(n.startswith(MOE_KERNEL_PREFIXES) for n in names):
+    if k.name.startswith(MOE_KERNEL_PREFIXES):
         return "MoE kernels"
-    if any(k.kind == "attention" for k in op.kernels):
+    if k.kind == "attention":
         return "attention"
-    if any(k.kind == "gemm" for k in op.kernels):
+    if k.kind == "gemm":
         return "dense GEMMs"
     return "elementwise and norms"
 
@@ -62,10 +60,29 @@ def causes(result) -> dict[str, float]:
     idx = {r: i for i, r in enumerate(ranks)}
     by_class = np.zeros((len(ranks), len(CLASSES)))
     col = {c: j for j, c in enumerate(CLASSES)}
+    from simulator.engine.compute import calibration_for, kernel_time_s
+
+    sc = result.scenario
+    chip, dtype = sc.cluster.chip, sc.training.dtype
+    cal = calibration_for(chip, dict(sc.compute_overrides))
+    times: dict = {}  # kernel -> its roofline time: an op's duration is split by its kernels'
     for rec in raw.records:
         op = rec.op
-        if op.kind == "compute" and op.rank in idx:
-            by_class[idx[op.rank], col[op_class(op)]] += rec.end_s - rec.start_s
+        if op.kind != "compute" or op.rank not in idx:
+            continue
+        dur, i = rec.end_s - rec.start_s, idx[op.rank]
+        if op.recompute:
+            by_class[i, col["recompute"]] += dur
+            continue
+        t = [
+            times.get(k) if k in times else times.setdefault(k, kernel_time_s(k, chip, cal, dtype)) for k in op.kernels
+        ]
+        total = sum(t)
+        if total <= 0:
+            by_class[i, col["elementwise and norms"]] += dur
+            continue
+        for k, tk in zip(op.kernels, t):
+            by_class[i, col[kernel_class(k)]] += dur * tk / total
     totals = by_class.sum(axis=1, keepdims=True)
     share = np.divide(by_class, totals, out=np.zeros_like(by_class), where=totals > 0)
     compute = share * acc.compute_s[:, None]  # each rank's busy time, split by class
@@ -134,3 +151,20 @@ def plot_waterfall(rows, path, name_a: str, name_b: str):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return path
+
+
+def explain_pairs(results: Mapping):
+    """Every schedule's step against the first one's, cause by cause
+    (:func:`simulator.results.explain.explain`; the ``delta_s`` of a schedule add up to its step
+    time less the first's): columns ``schedule``, ``against``, ``cause``, ``a_s``, ``b_s``, ``delta_s``."""
+    import pandas as pd
+
+    names = list(results)
+    if not names:
+        return pd.DataFrame(columns=["schedule", "against", "cause", "a_s", "b_s", "delta_s"])
+    base = causes(results[names[0]])
+    rows = []
+    for name in names[1:]:
+        for cause, a, b, d in explain(base, causes(results[name])):
+            rows.append({"schedule": name, "against": names[0], "cause": cause, "a_s": a, "b_s": b, "delta_s": d})
+    return pd.DataFrame(rows, columns=["schedule", "against", "cause", "a_s", "b_s", "delta_s"])

@@ -408,6 +408,14 @@ def render_compare(table: pd.DataFrame, results: dict) -> str:
         )
     fig.update_layout(height=320, margin=dict(l=10, r=10, t=40, b=40), plot_bgcolor="white")
     page.figure(fig, "bars")
+    if len(results) > 1:  # where each schedule's step goes against the first (stepsim explain)
+        from simulator.results.explain import explain_pairs
+
+        pairs = explain_pairs(results)
+        why = pairs.pivot_table(index="cause", columns="schedule", values="delta_s", aggfunc="sum", sort=False)
+        why = why.fillna(0.0)  # a cause one schedule does not have
+        page.add(f"<h2>Against {html.escape(names[0])}: the difference in ms, cause by cause</h2>")
+        page.add(_table(why * 1e3, lambda v: f"{v:+.3f}" if isinstance(v, float) else str(v), "cause"))
     t_max = max(float(r.summary["step_time_s"]) for r in results.values())
     for name, res in results.items():
         data = run_data(res)

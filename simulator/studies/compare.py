@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
+from simulator.results.explain import explain_pairs
 from simulator.results.plots import (
     BUBBLE_EDGE,
     IDLE_COLOURS,
@@ -65,23 +66,6 @@ def compare_schedules(scenario, schedules: Sequence[str] = SCHEDULES, vpp: int =
             }
         )
     return pd.DataFrame(rows), results
-
-
-def explain_pairs(results: Mapping) -> pd.DataFrame:
-    """Every schedule's step against the first one's, cause by cause
-    (:func:`simulator.results.explain.explain`; the ``delta_s`` of a schedule add up to its step
-    time less the first's): columns ``schedule``, ``against``, ``cause``, ``a_s``, ``b_s``, ``delta_s``."""
-    from simulator.results.explain import causes, explain
-
-    names = list(results)
-    if not names:
-        return pd.DataFrame(columns=["schedule", "against", "cause", "a_s", "b_s", "delta_s"])
-    base = causes(results[names[0]])
-    rows = []
-    for name in names[1:]:
-        for cause, a, b, d in explain(base, causes(results[name])):
-            rows.append({"schedule": name, "against": names[0], "cause": cause, "a_s": a, "b_s": b, "delta_s": d})
-    return pd.DataFrame(rows, columns=["schedule", "against", "cause", "a_s", "b_s", "delta_s"])
 
 
 def write_tables(table: pd.DataFrame, results: Mapping, out) -> None:
