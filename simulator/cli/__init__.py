@@ -6,7 +6,8 @@ prints, and turns a :class:`~stepsim_errors.StepsimError` into exit code 2.
 * :mod:`.sweep` — ``sweep``, ``search`` and their workers;
 * :mod:`.validate` — ``validate`` and ``calibrate``;
 * :mod:`.ppmap` — ``ppmap``, the map of where pipeline parallelism pays;
-* :mod:`.importer` — ``import megatron``, a scenario from a Megatron-LM / NeMo argument list;
+* :mod:`.importer` — ``import megatron``, a scenario from a Megatron-LM / NeMo argument list, and
+  ``export megatron``, the launch line of a scenario;
 * :mod:`.goodput` — ``goodput``, failures over a run and the goodput they leave;
 * :mod:`.explain` — ``explain``, the difference of two steps split into its causes;
 * :mod:`.common` — what they share: the error-to-exit-code mapping, progress, output.

@@ -40,7 +40,8 @@ def cmd_import(args) -> int:
 
 
 def register(subparsers) -> None:
-    """Add ``import`` to the ``stepsim`` parser."""
+    """Add ``import`` and ``export`` to the ``stepsim`` parser."""
+    register_export(subparsers)
     p = subparsers.add_parser(
         "import", help="write a scenario from another tool's configuration (Megatron-LM / NeMo arguments)"
     )
@@ -61,3 +62,31 @@ def register(subparsers) -> None:
     p.add_argument("--name", help="scenario name (default: the file's name)")
     p.add_argument("--out", help="scenario YAML to write (default: print it)")
     p.set_defaults(func=cmd_import)
+
+
+def cmd_export(args) -> int:
+    from simulator.interop.export_megatron import export_megatron
+    from simulator.results.outdir import check_output_file, staged_file
+    from simulator.scenario.loading import load_scenario
+
+    if args.out:
+        check_output_file(args.out, "--out")
+    text = export_megatron(load_scenario(args.scenario))
+    if args.out:
+        with staged_file(args.out, "--out") as tmp:
+            tmp.write_text(text, encoding="utf-8")
+        print(f"wrote {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def register_export(subparsers) -> None:
+    """Add ``export`` to the ``stepsim`` parser."""
+    p = subparsers.add_parser(
+        "export", help="write the launch line of a scenario for a framework (Megatron-LM arguments)"
+    )
+    p.add_argument("target", choices=["megatron"], help="which framework: megatron (Megatron-LM / NeMo arguments)")
+    p.add_argument("scenario", help="scenario file or built-in name")
+    p.add_argument("--out", help="file to write (default: print it)")
+    p.set_defaults(func=cmd_export)

@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from simulator.interop import megatron_layout
 from simulator.interop.megatron_args import GPT2_VOCAB, NO_STEP_EFFECT, ScenarioError, arg_int, parse_arg_text
 
 
@@ -53,6 +54,7 @@ class _Mapping:
         self.used: set[str] = set()
         self.name = name
         self.tp = 1
+        self.devices_per_domain: int | None = None  # from Slurm's --segment
 
     def integer(self, name: str, default=None) -> int | None:
         return arg_int(self.args, name, default)
@@ -93,6 +95,9 @@ class _Mapping:
         self.mlp(model, hidden)
         self.vocab(model, self.tp)
         self.moe(model)
+        if args.get("mtp-num-layers") is not None:
+            model["mtp_depth"] = self.integer("mtp-num-layers")
+            self.take("mtp-num-layers", "model.mtp_depth")
         return model
 
     def attention(self, model: dict) -> None:
@@ -108,6 +113,22 @@ class _Mapping:
         if "kv-channels" in args:
             model["head_dim"] = self.integer("kv-channels")
             self.take("kv-channels", "model.head_dim")
+        if (
+            "multi-latent-attention" in args
+        ):  # DeepSeek-V2/V3's MLA (megatron/core/transformer/multi_latent_attention.py)
+            self.take("multi-latent-attention", "model.attention")
+            mla = {}
+            for a, k in (
+                ("q-lora-rank", "q_lora_rank"),
+                ("kv-lora-rank", "kv_lora_rank"),
+                ("qk-head-dim", "qk_nope_head_dim"),
+                ("qk-pos-emb-head-dim", "qk_rope_head_dim"),
+                ("v-head-dim", "v_head_dim"),
+            ):
+                if args.get(a) is not None:
+                    mla[k] = self.integer(a)
+                    self.take(a, f"model.attention.{k}")
+            model["attention"] = mla
 
     def mlp(self, model: dict, hidden: int) -> None:
         """FFN kind and width, norm, biases and embedding tying."""
@@ -191,6 +212,15 @@ class _Mapping:
                 )
             moe["shared_experts"] = shared // moe["expert_ffn_hidden"]
             self.take("moe-shared-expert-intermediate-size", "model.moe.shared_experts", moe["shared_experts"])
+        if args.get("moe-router-group-topk") is not None:  # node-limited routing
+            moe["max_nodes_per_token"] = self.integer("moe-router-group-topk")
+            self.take("moe-router-group-topk", "model.moe.max_nodes_per_token")
+            if "moe-router-num-groups" in args:
+                self.take("moe-router-num-groups", "model.moe.max_nodes_per_token")
+        freq = args.get("moe-layer-freq")
+        if freq is not None:
+            moe["dense_layers"] = megatron_layout.dense_layers(self, str(freq), model["layers"])
+            self.take("moe-layer-freq", "model.moe.dense_layers", moe["dense_layers"])
         model["moe"] = moe
 
     # ---- layout --------------------------------------------------------------------------
@@ -217,12 +247,25 @@ class _Mapping:
                     f"parallel.etp = {tp}: Megatron's default expert tensor parallelism is the tensor parallelism"
                 )
         par["vpp"] = self.vpp(model["layers"], par["pp"])
+        megatron_layout.pipeline_layers(self, model["layers"], par)
         par["sequence_parallel"] = "sequence-parallel" in args
         if par["sequence_parallel"]:
             self.take("sequence-parallel", "parallel.sequence_parallel", True)
         par["zero"] = 1 if "use-distributed-optimizer" in args else 0
         if par["zero"]:
             self.take("use-distributed-optimizer", "parallel.zero", 1)
+        if "use-megatron-fsdp" in args:  # Megatron-FSDP: ZeRO-3 by default, ZeRO-2 for optim_grads
+            strategy = str(args.get("data-parallel-sharding-strategy") or "optim_grads_params")
+            zero = {"optim_grads_params": 3, "optim_grads": 2, "optim": 1, "no_shard": 0}.get(strategy)
+            if zero is None:
+                raise ScenarioError(
+                    f"no_shard, optim, optim_grads or optim_grads_params, got {strategy!r}",
+                    field="--data-parallel-sharding-strategy",
+                )
+            par["zero"] = zero
+            self.take("use-megatron-fsdp", "parallel.zero", zero)
+            if "data-parallel-sharding-strategy" in args:
+                self.take("data-parallel-sharding-strategy", "parallel.zero", zero)
         dp = self.integer("data-parallel-size")
         if dp is not None:
             par["dp"] = dp
@@ -269,7 +312,31 @@ class _Mapping:
         tr["overlap_grad_reduce"] = self.overlap_grad_reduce()
         tr["flash_attention"] = self.flash_attention()
         tr.update(self.host_side())
+        tr.update(self.optimizer_and_offload())
         return tr
+
+    def optimizer_and_offload(self) -> dict:
+        """``--optimizer`` (adam, sgd, muon) and host offload: ``--optimizer-cpu-offload`` (the
+        optimizer step on the host) and ``--fine-grained-activation-offloading`` (activations
+        copied to the host after their layer's forward)."""
+        args, out = self.args, {}
+        opt = args.get("optimizer")
+        if opt is not None:
+            name = {"dist_muon": "muon", "adaptive_muon": "muon"}.get(str(opt), str(opt))
+            if name not in ("adam", "sgd", "muon"):
+                raise ScenarioError(f"adam, sgd or muon, got {opt!r}", field="--optimizer")
+            out["optimizer"] = name
+            self.take("optimizer", "training.optimizer", name)
+        offload = {}
+        if "optimizer-cpu-offload" in args:
+            offload["optimizer"] = True
+            self.take("optimizer-cpu-offload", "training.offload.optimizer", True)
+        if "fine-grained-activation-offloading" in args:
+            offload["activations"] = True
+            self.take("fine-grained-activation-offloading", "training.offload.activations", True)
+        if offload:
+            out["offload"] = {"optimizer": False, "activations": False, **offload}
+        return out
 
     def host_side(self) -> dict:
         """The host side (simulator.engine.host) and the shared-expert overlap: CUDA graphs
@@ -438,6 +505,9 @@ class _Mapping:
             for a in ("nnodes", "nproc-per-node", "num-nodes", "devices"):
                 if a in args:
                     self.take(a, "cluster.devices", n_dev)
+            if args.get("segment") is not None:  # Slurm topology/block: nodes placed together
+                self.devices_per_domain = self.integer("segment") * per
+                self.take("segment", "cluster.devices_per_domain", self.devices_per_domain)
         elif par.get("dp") is not None:
             n_dev = par["tp"] * par["pp"] * par["cp"] * par["dp"]
             self.assume(f"cluster.devices = {n_dev}: tp x pp x cp x dp")
@@ -471,7 +541,8 @@ def import_megatron(text: str, cluster: str, devices: int | None = None, name: s
     m.res.scenario = {
         "name": name,
         "model": model,
-        "cluster": {"preset": cluster, "devices": int(n_dev)},
+        "cluster": {"preset": cluster, "devices": int(n_dev)}
+        | ({"devices_per_domain": m.devices_per_domain} if m.devices_per_domain else {}),
         "parallel": par,
         "schedule": "interleaved-1f1b" if par["vpp"] > 1 else "1f1b",
         "training": tr,

@@ -1,0 +1,158 @@
+"""A scenario as the Megatron-LM launch line that would run it (``stepsim export megatron``):
+the inverse of :mod:`simulator.interop.megatron` (``stepsim import megatron`` reads it back to
+the same model, layout and training settings; ``tests/test_export.py`` holds the round trip on
+every built-in scenario Megatron can run).
+
+Argument names are Megatron-LM's (``megatron/training/arguments.py`` at NVIDIA/Megatron-LM
+d98e8a64). What Megatron has no argument for is refused, naming the scenario key: a schedule
+other than 1F1B or interleaved 1F1B (DualPipe, ZB-H1 and GPipe are not Megatron schedules) and
+a batch-global auxiliary loss. The placement (``cluster.devices_per_domain``) has no Megatron
+argument: it is written as the Slurm line that places whole blocks of a rack's trays
+(``--segment``, Slurm's topology/block plugin), in a comment.
+"""
+
+from __future__ import annotations
+
+from simulator.scenario.errors import ScenarioError
+from workloads.pipeline import get_schedule
+
+#: Megatron-LM's argument for each stepsim recompute mode.
+RECOMPUTE_ARGS = {
+    "none": [],
+    "selective": ["--recompute-granularity", "selective"],
+    "full": ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"],
+}
+
+
+def _check(sc) -> None:
+    if sc.layout.pp > 1 and not get_schedule(sc.schedule).megatron_lm:
+        raise ScenarioError(f"Megatron-LM runs 1f1b and interleaved-1f1b only, got {sc.schedule}", field="schedule")
+    if sc.training.balance == "aux-loss-global":
+        raise ScenarioError("Megatron-LM has no batch-global auxiliary loss schedule", field="training.balance")
+
+
+def _model_args(m) -> list[str]:
+    out = ["--num-layers", m.layers, "--hidden-size", m.hidden, "--num-attention-heads", m.heads]
+    if m.attention is not None:  # multi-head latent attention (DeepSeek-V2/V3)
+        a = m.attention
+        out += ["--multi-latent-attention", "--q-lora-rank", a.q_lora_rank, "--kv-lora-rank", a.kv_lora_rank]
+        out += ["--qk-head-dim", a.qk_nope_head_dim, "--qk-pos-emb-head-dim", a.qk_rope_head_dim]
+        out += ["--v-head-dim", a.v_head_dim]
+    elif m.kv_heads != m.heads:
+        out += ["--group-query-attention", "--num-query-groups", m.kv_heads]
+    if m.head_dim != m.hidden // m.heads:
+        out += ["--kv-channels", m.head_dim]
+    out += ["--ffn-hidden-size", m.ffn_hidden]
+    if m.ffn == "swiglu":
+        out.append("--swiglu")
+    out += ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
+    out.append("--add-bias-linear" if m.bias else "--disable-bias-linear")
+    if not m.tied_embeddings:
+        out.append("--untie-embeddings-and-output-weights")
+    # the vocabulary as it is, with no further padding (stepsim's vocab is already padded)
+    out += ["--vocab-size", m.vocab, "--make-vocab-size-divisible-by", 1]
+    if m.moe is not None:
+        e = m.moe
+        out += ["--num-experts", e.experts, "--moe-router-topk", e.top_k, "--moe-ffn-hidden-size", e.expert_ffn_hidden]
+        if e.shared_experts:
+            out += ["--moe-shared-expert-intermediate-size", e.shared_experts * e.expert_ffn_hidden]
+        if e.max_nodes_per_token:  # node-limited routing: groups of experts, top groups per token
+            out += ["--moe-router-num-groups", max(e.max_nodes_per_token, 8), "--moe-router-group-topk"]
+            out.append(e.max_nodes_per_token)
+        if e.dense_layers:
+            out += ["--moe-layer-freq", f'"([0]*{e.dense_layers}+[1]*{m.layers - e.dense_layers})"']
+    if m.mtp_depth:
+        out += ["--mtp-num-layers", m.mtp_depth]
+    return out
+
+
+def layout_string(chunks: list[int], mtp_depth: int = 0) -> str:
+    """Megatron-Core's ``--pipeline-model-parallel-layout`` for these transformer layers per model
+    chunk (``megatron/core/transformer/pipeline_parallel_layer_layout.py``): chunks in order,
+    ``|`` between them, ``t`` a transformer layer, ``E`` the embedding (first chunk), ``m`` an
+    MTP module and ``L`` the loss (last chunk)."""
+    parts = [f"t*{n}" if n else "" for n in chunks]
+    parts[0] = "E" + parts[0]
+    parts[-1] = parts[-1] + "m" * mtp_depth + "L"
+    return "|".join(parts)
+
+
+def _layout_args(sc) -> list[str]:
+    L = sc.layout
+    out = ["--tensor-model-parallel-size", L.tp, "--pipeline-model-parallel-size", L.pp]
+    out += ["--context-parallel-size", L.cp, "--expert-model-parallel-size", L.ep]
+    if sc.model.moe is not None:
+        out += ["--expert-tensor-parallel-size", L.etp]
+    if L.vpp > 1:
+        out += ["--virtual-pipeline-model-parallel-size", L.vpp]
+    chunks = L.layers_per_chunk(sc.model.layers) if L.pp > 1 else None
+    if chunks and len(set(chunks)) > 1:  # uneven chunks: Megatron-Core's custom layout string
+        out += ["--pipeline-model-parallel-layout", f'"{layout_string(chunks, sc.model.mtp_depth)}"']
+    if L.sequence_parallel:
+        out.append("--sequence-parallel")
+    if L.zero >= 1:
+        out.append("--use-distributed-optimizer")
+    if L.zero >= 2:  # Megatron-FSDP shards gradients and parameters too
+        out += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
+    return out  # the data-parallel size follows from the devices (torchrun's line)
+
+
+def _training_args(t) -> list[str]:
+    out = ["--seq-length", t.seq_len, "--max-position-embeddings", t.seq_len]
+    out += ["--micro-batch-size", t.micro_batch_size, "--global-batch-size", t.global_batch_size]
+    out.append("--bf16")
+    if t.dtype == "fp8":
+        out += ["--fp8-format", "hybrid"]
+    out += RECOMPUTE_ARGS[t.recompute]
+    if t.overlap_grad_reduce:
+        out.append("--overlap-grad-reduce")
+    out += ["--attention-backend", "flash" if t.flash_attention else "unfused"]
+    if t.cuda_graphs == "per-layer":
+        out += ["--cuda-graph-impl", "transformer_engine"]
+    elif t.cuda_graphs == "full":
+        out += ["--cuda-graph-impl", "full_iteration"]
+    if not t.moe_host_sync:
+        out.append("--moe-pad-expert-input-to-capacity")
+    if t.moe_shared_expert_overlap:
+        out.append("--moe-shared-expert-overlap")
+    if t.tp_comm_overlap:
+        out.append("--tp-comm-overlap")
+    if t.overlap_moe_expert_parallel_comm:
+        out += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    if t.optimizer != "adam":
+        out += ["--optimizer", t.optimizer]
+    if t.offload_optimizer:
+        out.append("--optimizer-cpu-offload")
+    if t.offload_activations:  # Megatron-Core's fine-grained activation offloading (2026/01)
+        out.append("--fine-grained-activation-offloading")
+    return out
+
+
+def export_megatron(sc) -> str:
+    """The launch line of resolved scenario ``sc`` (torchrun over its devices, 8 a node where
+    they divide, else one node each), with the placement as a Slurm comment."""
+    _check(sc)
+    devices = sc.layout.world
+    c = sc.cluster
+    # GPUs a node (a GB200 NVL72 compute tray holds 4; a DGX or HGX node 8)
+    per_node = 4 if (c.domain_capacity or 0) == 72 else (8 if devices % 8 == 0 else devices)
+    args = _model_args(sc.model) + _layout_args(sc) + _training_args(sc.training)
+    lines = [f"# {sc.name}: written by stepsim export megatron (Megatron-LM arguments, d98e8a64)"]
+    launch = f"torchrun --nnodes {devices // per_node} --nproc-per-node {per_node} pretrain_gpt.py \\"
+    if c.devices_per_domain is not None and c.domain_capacity:
+        # Slurm's topology/block plugin places --segment nodes in one block (one rack): the
+        # placement, where Megatron has no knob for it
+        lines.append(f"# placement: {c.devices_per_domain} of {c.domain_capacity} devices a scale-up domain")
+        launch = f"srun --segment={c.devices_per_domain // per_node} " + launch
+    lines.append(launch)
+    pairs, i = [], 0
+    while i < len(args):
+        a = str(args[i])
+        if i + 1 < len(args) and not str(args[i + 1]).startswith("--"):
+            pairs.append(f"{a} {args[i + 1]}")
+            i += 2
+        else:
+            pairs.append(a)
+            i += 1
+    lines += [f"  {p} \\" for p in pairs[:-1]] + [f"  {pairs[-1]}"]
+    return "\n".join(lines) + "\n"
