@@ -430,46 +430,89 @@ def test_pair_cost_and_default_b():
 
 
 def test_every_registered_schedule_implements_every_hook():
-    """Each schedule of the scenario's enum is a registered PipelineSchedule whose hooks all
-    answer for a small case (a hook left out of a subclass falls to the base's Megatron
-    default or, for the abstract ones, makes the class impossible to instantiate)."""
-    import inspect
-
+    """Each schedule of the scenario's enum is a registered PipelineSchedule that sets every
+    fact and whose every method answers for a small case."""
     from workloads import enums
     from workloads.pipeline import REGISTRY, get_schedule
-    from workloads.pipeline.base import PipelineSchedule
+    from workloads.pipeline.base import FACTS, HOOKS
 
     assert tuple(REGISTRY) == tuple(enums.SCHEDULES)
-    abstract = set(PipelineSchedule.__abstractmethods__)
-    assert abstract == {"validate", "steps", "bubble_s"}
-    hooks = [n for n, v in inspect.getmembers(PipelineSchedule) if not n.startswith("_") and n != "name"]
+    assert set(HOOKS) >= set(FACTS) | {"validate", "steps", "bubble_s", "steady_run", "chunk_owner"}
     for name, s in REGISTRY.items():
         assert get_schedule(name) is s and s.name == name
-        for hook in hooks:
-            assert hasattr(s, hook), (name, hook)
+        for fact in FACTS:
+            assert isinstance(getattr(s, fact), bool), (name, fact)
         vpp = 2 if s.virtual_stages else 1
         s.validate(4, 8, vpp)
-        assert s.model_chunks(4, vpp) >= 4 and s.local_chunks(vpp) >= 1 and s.weight_copies() in (1, 2)
+        n, nl = s.model_chunks(4, vpp), s.local_chunks(vpp)
+        assert n >= 4 and nl >= 1 and s.weight_copies() in (1, 2)
+        for mb in range(8):
+            d = s.micro_batch_direction(mb, 8)
+            for k in range(n):
+                rank, local = s.chunk_owner(k, 4, vpp, d)
+                assert 0 <= rank < 4 and 0 <= local < nl
+                assert s.model_chunk(rank, local, 4, vpp) == k
         assert len(s.steps(0, 4, 8, vpp)) > 0
         assert s.bubble_s(4, lambda k: 1.0, None) >= 0.0
         run = s.steady_run(4, vpp, False)
         assert run is None or (run[0] > 0 and run[1] > 0)
 
 
-def test_a_schedule_missing_a_hook_cannot_be_made():
+def _made_up_schedule() -> dict:
+    """Every hook of a one-direction, one-chunk schedule (GPipe's order), written out."""
+    from workloads.pipeline.base import Action
+
+    return {
+        "name": "made-up",
+        "virtual_stages": False,
+        "forwards_all_first": True,
+        "bidirectional": False,
+        "overlapped_pairs": False,
+        "wraps_stages": False,
+        "megatron_lm": False,
+        "validate": lambda self, pp, m, vpp: None,
+        "model_chunks": lambda self, pp, vpp: pp,
+        "local_chunks": lambda self, vpp: 1,
+        "weight_copies": lambda self: 1,
+        "micro_batch_direction": lambda self, mb, m: 0,
+        "chunk_owner": lambda self, k, pp, vpp, direction: (k, 0),
+        "model_chunk": lambda self, rank, local, pp, vpp: rank,
+        "steps": lambda self, rank, pp, m, vpp: (
+            [(Action("F", j),) for j in range(m)] + [(Action("B", j),) for j in range(m)]
+        ),
+        "bubble_s": lambda self, pp, mean, pair_s: (pp - 1) * (mean("F") + mean("B")),
+        "steady_run": lambda self, pp, vpp, ep: None,
+    }
+
+
+def test_the_made_up_schedule_has_every_hook():
+    from workloads.pipeline.base import HOOKS, PipelineSchedule
+
+    body = _made_up_schedule()
+    assert set(body) == {"name", *HOOKS}
+    s = type("MadeUp", (PipelineSchedule,), body)()
+    assert s.steps(0, 2, 2, 1)[0][0].op == "F"
+
+
+@pytest.mark.parametrize("hook", __import__("workloads.pipeline.base", fromlist=["HOOKS"]).HOOKS)
+def test_a_schedule_missing_a_hook_cannot_be_made(hook):
+    """A schedule that leaves out any hook (a method or a fact) is refused when it is made,
+    naming the hook, instead of running another schedule's case."""
     from workloads.pipeline.base import PipelineSchedule
 
-    class NoBubble(PipelineSchedule):
-        name = "made-up"
+    body = {k: v for k, v in _made_up_schedule().items() if k != hook}
+    cls = type("MadeUp", (PipelineSchedule,), body)
+    with pytest.raises(TypeError, match=hook):
+        cls()
 
-        def validate(self, pp, m, vpp):
-            pass
 
-        def steps(self, rank, pp, m, vpp):
-            return []
+def test_megatron_placement_fills_the_placement_hooks():
+    from workloads.pipeline.base import MegatronPlacement, PipelineSchedule
 
-    with pytest.raises(TypeError, match="bubble_s"):
-        NoBubble()
+    placement = {"model_chunks", "local_chunks", "weight_copies", "micro_batch_direction", "chunk_owner", "model_chunk"}
+    body = {k: v for k, v in _made_up_schedule().items() if k not in placement}
+    s = type("MadeUp", (MegatronPlacement, PipelineSchedule), body)()
+    assert s.chunk_owner(5, 4, 2, 0) == (1, 1) and s.model_chunk(1, 1, 4, 2) == 5
 
 
 def test_an_unknown_schedule_is_refused_naming_the_field():

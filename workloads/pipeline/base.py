@@ -50,24 +50,35 @@ def single(actions: Iterable[Action]) -> list[Step]:
 class PipelineSchedule(ABC):
     """One pipeline schedule: the order each rank runs its passes, where the model chunks
     live, and what the rest of stepsim needs to know about it. A new schedule is a module of
-    :mod:`workloads.pipeline` with a subclass, registered in :data:`workloads.pipeline.REGISTRY`
-    (``tests/test_schedules.py`` checks that every registered one implements every hook)."""
+    :mod:`workloads.pipeline` with a subclass, registered in :data:`workloads.pipeline.REGISTRY`.
+
+    Every hook is required: each method is abstract (:class:`MegatronPlacement` supplies the six
+    placement methods of Megatron's chunk numbering) and each fact of :data:`FACTS` must be set
+    by the subclass, so a schedule that leaves one out cannot be made (``TypeError`` naming it)
+    instead of falling silently into another schedule's case."""
 
     #: the scenario's ``schedule`` value (``workloads.enums.SCHEDULES``)
     name: ClassVar[str]
     #: ``parallel.vpp`` > 1 (virtual stages per rank) is what the schedule runs on
-    virtual_stages: ClassVar[bool] = False
-    #: every forward runs before any backward already (a batch-global auxiliary loss
-    #: changes nothing)
-    forwards_all_first: ClassVar[bool] = False
+    virtual_stages: ClassVar[bool]
+    #: every forward runs before any backward already (a batch-global auxiliary loss, which
+    #: otherwise forces all forwards first, changes nothing)
+    forwards_all_first: ClassVar[bool]
     #: micro-batches enter at both ends of the pipeline, each stage held on two ranks
     #: (a micro-batch passes through one of a rank's two local chunks)
-    bidirectional: ClassVar[bool] = False
+    bidirectional: ClassVar[bool]
     #: steps pair a forward with a backward of another micro-batch, overlapping one half's
     #: expert all-to-alls with the other half's compute
-    overlapped_pairs: ClassVar[bool] = False
+    overlapped_pairs: ClassVar[bool]
     #: the last stage sends to the first (model chunks wrap around the ranks)
-    wraps_stages: ClassVar[bool] = False
+    wraps_stages: ClassVar[bool]
+    #: Megatron-LM runs this schedule (``--num-layers-per-virtual-pipeline-stage`` or not)
+    megatron_lm: ClassVar[bool]
+
+    def __init__(self) -> None:
+        missing = [f for f in FACTS if not hasattr(type(self), f)]
+        if missing:
+            raise TypeError(f"Can't instantiate schedule {type(self).__name__} without the facts {', '.join(missing)}")
 
     # ---- arguments --------------------------------------------------------------------------
     @abstractmethod
@@ -76,29 +87,29 @@ class PipelineSchedule(ABC):
         micro-batches on ``pp`` ranks with ``vpp`` local chunks (each already a positive int)."""
 
     # ---- where the model chunks live --------------------------------------------------------
+    @abstractmethod
     def model_chunks(self, pp: int, vpp: int) -> int:
-        """Distinct model chunks the layers are cut into (Megatron: ``pp * vpp``)."""
-        return pp * vpp
+        """Distinct model chunks the layers are cut into."""
 
+    @abstractmethod
     def local_chunks(self, vpp: int) -> int:
         """Model chunks each rank holds."""
-        return vpp
 
+    @abstractmethod
     def weight_copies(self) -> int:
         """Ranks of one pipeline holding each model chunk's parameters."""
-        return 1
 
+    @abstractmethod
     def micro_batch_direction(self, mb: int, m: int) -> int:
         """0 where micro-batch ``mb`` flows rank 0 -> pp-1, 1 the other way."""
-        return 0
 
+    @abstractmethod
     def chunk_owner(self, model_chunk: int, pp: int, vpp: int, direction: int) -> tuple[int, int]:
-        """``(rank, local_chunk)`` holding ``model_chunk`` (Megatron: ``(k % pp, k // pp)``)."""
-        return model_chunk % pp, model_chunk // pp
+        """``(rank, local_chunk)`` holding ``model_chunk`` (the copy of ``direction``)."""
 
+    @abstractmethod
     def model_chunk(self, rank: int, local_chunk: int, pp: int, vpp: int) -> int:
         """The model chunk ``rank`` holds as ``local_chunk`` (inverse of :meth:`chunk_owner`)."""
-        return local_chunk * pp + rank
 
     # ---- the order ----------------------------------------------------------------------------
     @abstractmethod
@@ -113,7 +124,44 @@ class PipelineSchedule(ABC):
         time of one pair (None where no pair was costed)."""
 
     # ---- steady-state skipping (simulator.steady) ---------------------------------------------
+    @abstractmethod
     def steady_run(self, pp: int, vpp: int, expert_parallel: bool) -> tuple[int, int] | None:
         """``(m1, k)``: simulate ``m1`` micro-batches and certify a period of ``k``; None where
         the schedule has no steady phase (every micro-batch's activations held at once)."""
-        return None
+
+
+#: the class attributes every schedule sets (besides ``name``)
+FACTS: tuple[str, ...] = (
+    "virtual_stages",
+    "forwards_all_first",
+    "bidirectional",
+    "overlapped_pairs",
+    "wraps_stages",
+    "megatron_lm",
+)
+#: every hook of a schedule: its facts and its methods
+HOOKS: tuple[str, ...] = FACTS + tuple(sorted(PipelineSchedule.__abstractmethods__))
+
+
+class MegatronPlacement:
+    """Megatron's chunk placement, the six placement hooks of a one-direction schedule: the
+    layers cut into ``pp * vpp`` chunks, chunk ``k`` on rank ``k % pp`` as local chunk
+    ``k // pp``, one copy of each (list it before :class:`PipelineSchedule` in the bases)."""
+
+    def model_chunks(self, pp: int, vpp: int) -> int:
+        return pp * vpp
+
+    def local_chunks(self, vpp: int) -> int:
+        return vpp
+
+    def weight_copies(self) -> int:
+        return 1
+
+    def micro_batch_direction(self, mb: int, m: int) -> int:
+        return 0
+
+    def chunk_owner(self, model_chunk: int, pp: int, vpp: int, direction: int) -> tuple[int, int]:
+        return model_chunk % pp, model_chunk // pp
+
+    def model_chunk(self, rank: int, local_chunk: int, pp: int, vpp: int) -> int:
+        return local_chunk * pp + rank

@@ -14,8 +14,12 @@ from workloads.pipeline.gpipe import one_chunk
 
 class DualPipe(PipelineSchedule):
     name = "dualpipe"
+    virtual_stages = False
+    forwards_all_first = False
     bidirectional = True
     overlapped_pairs = True
+    wraps_stages = False
+    megatron_lm = False
 
     def validate(self, pp: int, m: int, vpp: int) -> None:
         one_chunk(self.name, vpp)

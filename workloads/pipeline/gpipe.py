@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workloads.pipeline.base import Action, PipelineSchedule, ScheduleError, Step, single
+from workloads.pipeline.base import Action, MegatronPlacement, PipelineSchedule, ScheduleError, Step, single
 
 
-class GPipe(PipelineSchedule):
+class GPipe(MegatronPlacement, PipelineSchedule):
     name = "gpipe"
+    virtual_stages = False
     forwards_all_first = True
+    bidirectional = False
+    overlapped_pairs = False
+    wraps_stages = False
+    megatron_lm = False
 
     def validate(self, pp: int, m: int, vpp: int) -> None:
         one_chunk(self.name, vpp)
@@ -21,6 +26,9 @@ class GPipe(PipelineSchedule):
     def bubble_s(self, pp: int, mean: Callable[[str], float], pair_s: float | None) -> float:
         # per action = one micro-batch through one local chunk: (pp - 1)(F + B)
         return (pp - 1) * (mean("F") + mean("B"))
+
+    def steady_run(self, pp: int, vpp: int, expert_parallel: bool) -> tuple[int, int] | None:
+        return None  # every micro-batch's activations held at once: no steady phase
 
 
 def one_chunk(name: str, vpp: int) -> None:

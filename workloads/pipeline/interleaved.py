@@ -5,13 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workloads.pipeline.base import Action, PipelineSchedule, ScheduleError, Step, single
+from workloads.pipeline.base import Action, MegatronPlacement, PipelineSchedule, ScheduleError, Step, single
 
 
-class Interleaved1F1B(PipelineSchedule):
+class Interleaved1F1B(MegatronPlacement, PipelineSchedule):
     name = "interleaved-1f1b"
     virtual_stages = True
+    forwards_all_first = False
+    bidirectional = False
+    overlapped_pairs = False
     wraps_stages = True
+    # Megatron-Core's forward_backward_pipelining_with_interleaving (megatron/core/pipeline_parallel/schedules.py)
+    megatron_lm = True
 
     def validate(self, pp: int, m: int, vpp: int) -> None:
         if vpp < 2:

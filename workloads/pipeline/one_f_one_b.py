@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workloads.pipeline.base import Action, PipelineSchedule, Step, single
+from workloads.pipeline.base import Action, MegatronPlacement, PipelineSchedule, Step, single
 from workloads.pipeline.gpipe import one_chunk
 
 
-class OneFOneB(PipelineSchedule):
+class OneFOneB(MegatronPlacement, PipelineSchedule):
     name = "1f1b"
+    virtual_stages = False
+    forwards_all_first = False
+    bidirectional = False
+    overlapped_pairs = False
+    wraps_stages = False
+    # Megatron-Core's forward_backward_pipelining_without_interleaving (megatron/core/pipeline_parallel/schedules.py)
+    megatron_lm = True
 
     def validate(self, pp: int, m: int, vpp: int) -> None:
         one_chunk(self.name, vpp)

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workloads.pipeline.base import Action, PipelineSchedule, Step, single
+from workloads.pipeline.base import Action, MegatronPlacement, PipelineSchedule, Step, single
 from workloads.pipeline.gpipe import one_chunk
 from workloads.pipeline.one_f_one_b import one_f_one_b_run
 
 
-class ZBH1(PipelineSchedule):
+class ZBH1(MegatronPlacement, PipelineSchedule):
     name = "zb-h1"
+    virtual_stages = False
+    forwards_all_first = False
+    bidirectional = False
+    overlapped_pairs = False
+    wraps_stages = False
+    megatron_lm = False
 
     def validate(self, pp: int, m: int, vpp: int) -> None:
         one_chunk(self.name, vpp)

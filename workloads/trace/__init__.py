@@ -20,6 +20,7 @@
   :mod:`.chakra_write` (the writer) and :mod:`.chakra_read` (the reader: the files, their
   messages and the trace assembled), which :mod:`.chakra_nodes` serves (what each node becomes).
 
-A new pipeline schedule is a pure function in :mod:`workloads.schedules`; the builder
+A new pipeline schedule is a module of :mod:`workloads.pipeline` (a
+:class:`~workloads.pipeline.base.PipelineSchedule` and a registry line); the builder
 turns its order into ops.
 """
