@@ -65,13 +65,15 @@ def register(subparsers) -> None:
 
 
 def cmd_export(args) -> int:
+    from simulator.interop.export_maxtext import export_maxtext
     from simulator.interop.export_megatron import export_megatron
     from simulator.results.outdir import check_output_file, staged_file
     from simulator.scenario.loading import load_scenario
 
     if args.out:
         check_output_file(args.out, "--out")
-    text = export_megatron(load_scenario(args.scenario))
+    export = export_megatron if args.target == "megatron" else export_maxtext
+    text = export(load_scenario(args.scenario))
     if args.out:
         with staged_file(args.out, "--out") as tmp:
             tmp.write_text(text, encoding="utf-8")
@@ -86,7 +88,11 @@ def register_export(subparsers) -> None:
     p = subparsers.add_parser(
         "export", help="write the launch line of a scenario for a framework (Megatron-LM arguments)"
     )
-    p.add_argument("target", choices=["megatron"], help="which framework: megatron (Megatron-LM / NeMo arguments)")
+    p.add_argument(
+        "target",
+        choices=["megatron", "maxtext"],
+        help="which framework: megatron (Megatron-LM / NeMo arguments) or maxtext (overrides of base.yml)",
+    )
     p.add_argument("scenario", help="scenario file or built-in name")
     p.add_argument("--out", help="file to write (default: print it)")
     p.set_defaults(func=cmd_export)

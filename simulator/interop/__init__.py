@@ -3,6 +3,7 @@
 * :mod:`.megatron` — a Megatron-LM command line into a scenario (``stepsim import``), read by
   :mod:`.megatron_args` and :mod:`.megatron_layout` (the pipeline split, the MoE layer pattern); :mod:`.export_megatron` — a scenario as the Megatron-LM launch line that
   would run it (``stepsim export megatron``), which :mod:`.megatron` reads back;
+  :mod:`.export_maxtext` — a scenario as a MaxText configuration (``stepsim export maxtext``);
 * :mod:`.nccl_tests` — nccl-tests output into bus-bandwidth measurements;
 * :mod:`.kineto` — PyTorch profiler (Kineto) traces into measured kernel timings.
 
