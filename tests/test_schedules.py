@@ -452,6 +452,10 @@ def test_every_registered_schedule_implements_every_hook():
                 rank, local = s.chunk_owner(k, 4, vpp, d)
                 assert 0 <= rank < 4 and 0 <= local < nl
                 assert s.model_chunk(rank, local, 4, vpp) == k
+        for mb in (0, 7):  # the chunks of each rank a micro-batch's path passes through
+            path = [s.chunk_owner(k, 4, vpp, s.micro_batch_direction(mb, 8)) for k in range(n)]
+            assert all(sum(r == rank for r, _ in path) == s.chunks_per_micro_batch(vpp) for rank in range(4))
+        assert [s.finish_lead(r, 4) for r in range(4)] in ([0, 1, 2, 3], [0, 1, 1, 0])
         assert len(s.steps(0, 4, 8, vpp)) > 0
         assert s.bubble_s(4, lambda k: 1.0, None) >= 0.0
         run = s.steady_run(4, vpp, False)
@@ -477,6 +481,8 @@ def _made_up_schedule() -> dict:
         "micro_batch_direction": lambda self, mb, m: 0,
         "chunk_owner": lambda self, k, pp, vpp, direction: (k, 0),
         "model_chunk": lambda self, rank, local, pp, vpp: rank,
+        "chunks_per_micro_batch": lambda self, vpp: 1,
+        "finish_lead": lambda self, rank, pp: rank,
         "steps": lambda self, rank, pp, m, vpp: (
             [(Action("F", j),) for j in range(m)] + [(Action("B", j),) for j in range(m)]
         ),
@@ -509,7 +515,16 @@ def test_a_schedule_missing_a_hook_cannot_be_made(hook):
 def test_megatron_placement_fills_the_placement_hooks():
     from workloads.pipeline.base import MegatronPlacement, PipelineSchedule
 
-    placement = {"model_chunks", "local_chunks", "weight_copies", "micro_batch_direction", "chunk_owner", "model_chunk"}
+    placement = {
+        "model_chunks",
+        "local_chunks",
+        "weight_copies",
+        "micro_batch_direction",
+        "chunk_owner",
+        "model_chunk",
+        "chunks_per_micro_batch",
+        "finish_lead",
+    }
     body = {k: v for k, v in _made_up_schedule().items() if k not in placement}
     s = type("MadeUp", (MegatronPlacement, PipelineSchedule), body)()
     assert s.chunk_owner(5, 4, 2, 0) == (1, 1) and s.model_chunk(1, 1, 4, 2) == 5

@@ -111,6 +111,15 @@ class PipelineSchedule(ABC):
     def model_chunk(self, rank: int, local_chunk: int, pp: int, vpp: int) -> int:
         """The model chunk ``rank`` holds as ``local_chunk`` (inverse of :meth:`chunk_owner`)."""
 
+    @abstractmethod
+    def chunks_per_micro_batch(self, vpp: int) -> int:
+        """Local chunks of a rank that one micro-batch passes through (of :meth:`local_chunks`)."""
+
+    @abstractmethod
+    def finish_lead(self, rank: int, pp: int) -> int:
+        """Backward passes by which ``rank``'s last backward ends before the pipeline's last one:
+        its distance to the end where the last micro-batches leave."""
+
     # ---- the order ----------------------------------------------------------------------------
     @abstractmethod
     def steps(self, rank: int, pp: int, m: int, vpp: int) -> list[Step]:
@@ -144,9 +153,10 @@ HOOKS: tuple[str, ...] = FACTS + tuple(sorted(PipelineSchedule.__abstractmethods
 
 
 class MegatronPlacement:
-    """Megatron's chunk placement, the six placement hooks of a one-direction schedule: the
-    layers cut into ``pp * vpp`` chunks, chunk ``k`` on rank ``k % pp`` as local chunk
-    ``k // pp``, one copy of each (list it before :class:`PipelineSchedule` in the bases)."""
+    """Megatron's chunk placement, the placement hooks of a one-direction schedule: the layers
+    cut into ``pp * vpp`` chunks, chunk ``k`` on rank ``k % pp`` as local chunk ``k // pp``, one
+    copy of each, every micro-batch entering and leaving at rank 0 through all of a rank's
+    chunks (list it before :class:`PipelineSchedule` in the bases)."""
 
     def model_chunks(self, pp: int, vpp: int) -> int:
         return pp * vpp
@@ -165,3 +175,9 @@ class MegatronPlacement:
 
     def model_chunk(self, rank: int, local_chunk: int, pp: int, vpp: int) -> int:
         return local_chunk * pp + rank
+
+    def chunks_per_micro_batch(self, vpp: int) -> int:
+        return vpp
+
+    def finish_lead(self, rank: int, pp: int) -> int:
+        return rank

@@ -56,6 +56,12 @@ class DualPipe(PipelineSchedule):
     def model_chunk(self, rank: int, local_chunk: int, pp: int, vpp: int) -> int:
         return rank if local_chunk == 0 else pp - 1 - rank
 
+    def chunks_per_micro_batch(self, vpp: int) -> int:
+        return 1  # the chunk of its direction
+
+    def finish_lead(self, rank: int, pp: int) -> int:
+        return min(rank, pp - 1 - rank)  # both ends drain last
+
     def steps(self, rank: int, pp: int, m: int, vpp: int) -> list[Step]:
         """DualPipe (DeepSeek-V3, arXiv 2412.19437 §3.2.1, Fig. 5), in the phase
         structure of the reference implementation.

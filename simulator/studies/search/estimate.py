@@ -229,7 +229,8 @@ def estimate_step_time(sc, net: NetModel | None = None) -> dict:
     start, dp_end, tied, opt = _data_parallel_tail(c, ranks)
     step = makespan + start + max(0.0, dp_end) + tied + opt
     tot = ranks[slow]["tot"]
-    share = m * (0.5 if get_schedule(name).bidirectional else 1.0)  # a DualPipe micro-batch visits one of two chunks
+    # the micro-batches' share of the rank's chunks (a DualPipe micro-batch visits one of two)
+    share = m * get_schedule(name).chunks_per_micro_batch(c.vpp) / n_local
     return {
         "step_time_s": step,
         **{f"{k_}_s": share * tot[k_] for k_ in ("compute", "tp", "cp", "ep", "fsdp")},
@@ -348,7 +349,7 @@ def _rank_costs(c: StepCosts, s: int, ranks_of: list) -> dict:
         act["B"] += send_b
         act["I"] += send_b
         tot["pp_send"] = (send_f + send_b) * n_local
-    mb_work = (act["F"] + act["B"]) * (1 if get_schedule(name).bidirectional else n_local)
+    mb_work = (act["F"] + act["B"]) * get_schedule(name).chunks_per_micro_batch(c.vpp)
     pair_mean = None
     # DualPipe's forward/backward pairs overlap the expert all-to-alls with the other half's
     # compute (the trace's ``ep_overlap``), every compute op of a pair on the SMs the
@@ -434,16 +435,16 @@ def _data_parallel_tail(c: StepCosts, ranks: list) -> tuple:
     f_act = _mean(ranks, "F")
     # ZeRO-2/3 reduce-scatter every micro-batch's gradients (the trace's ``_grads_ready``);
     # a DualPipe micro-batch passes through one of the rank's two chunks.
-    n_reductions = (m // 2 if get_schedule(name).bidirectional else m) if L.zero >= 2 else 1
+    schedule = get_schedule(name)
+    visits = schedule.chunks_per_micro_batch(c.vpp)
+    n_reductions = m * visits // n_local if L.zero >= 2 else 1
     for s, r in enumerate(ranks):
         tot = r["tot"]
         R = tot["grad"] + r["mirror"]  # the last micro-batch's reductions
         total = n_reductions * tot["grad"] + r["mirror"]
         if t.overlap_grad_reduce:
-            window = (
-                r["act"]["B"] * n_local / (2 if get_schedule(name).bidirectional else 1)
-            )  # the last micro-batch's backward
-            slack = (min(s, pp - 1 - s) if get_schedule(name).bidirectional else s) * b_act
+            window = r["act"]["B"] * visits  # the last micro-batch's backward
+            slack = schedule.finish_lead(s, pp) * b_act
             exposed = max(R / r["layers"], R - window, total - m * r["work"]) - slack
         else:
             exposed = total
