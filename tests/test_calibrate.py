@@ -532,3 +532,29 @@ def test_calibrate_writes_the_family_files_schema():
     assert back.with_(source="") == fit.calibration.with_(source="")
     base = DEFAULT_COMPUTE_CALIBRATION["hopper"]
     assert back.comm_sm_fraction == base.comm_sm_fraction and back.gemm_efficiency != base.gemm_efficiency
+
+
+def test_network_calibrations_are_data_with_a_source_for_every_value():
+    import json
+
+    from simulator.network.calibration import CALIBRATION_DIR, FAMILIES, TABLES, calibration_from_document
+    from simulator.network.calibration import default_calibration as net_default
+
+    for family in FAMILIES:
+        doc = json.loads((CALIBRATION_DIR / f"network-{family}.json").read_text())
+        cal = net_default(family)
+        for table in TABLES:
+            for key, entry in (doc.get(table) or {}).items():
+                assert entry["source"].strip() and entry["checked_against"].strip(), (family, table, key)
+                assert getattr(cal, table)[key] == entry["value"]
+        assert calibration_from_document(doc, family) == cal
+
+
+def test_calibrate_writes_the_network_files_schema():
+    from simulator.interop import nccl_tests as nt
+    from simulator.network.calibration import calibration_from_document
+
+    log = nt.read_nccl_tests(DATA / "nccl-tests" / "all_reduce_perf_8xH100.txt")
+    fit = c.fit_network(log.timings(), "dgx-h100", family="hopper")
+    back = calibration_from_document(fit.as_dict(), "report")
+    assert back.efficiency_of("nvlink") == pytest.approx(c.network_overrides(fit)["efficiency"]["nvlink"])

@@ -38,7 +38,8 @@ bulk rates alone over the measured time for the same traffic on the same machine
 With them the DeepEP and NCCL figures are matched within 6 % except DeepEP's EP 16 on 2
 nodes (NVLink-bound by its forwarding: stepsim 12 % faster).
 
-Defaults per chip family, with the measurement each number comes from:
+Defaults per chip family (the data files ``simulator/calibration/network-<family>.json``, each value
+with its source and the figure it was checked against), with the measurement each number comes from:
 
 * NVLink (Hopper): nccl-tests busbw of about 370 GB/s on 8 x H100 against a
   450 GB/s per-direction line rate, "about 20 % protocol overhead" -- S. Jeaugey
@@ -80,8 +81,10 @@ Defaults per chip family, with the measurement each number comes from:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import MappingProxyType
 
 from simulator.errors import NetworkError
@@ -91,31 +94,6 @@ LINK_KINDS = ("ici", "nvlink", "nic", "fabric", "dcn")
 
 #: Chip families with default calibrations (same names as ``topologies.chips.FAMILIES``).
 FAMILIES = ("ampere", "hopper", "blackwell", "tpu")
-
-#: nccl-tests issue #212: 370 GB/s busbw of 450 GB/s NVLink4 line rate.
-NVLINK_EFFICIENCY = 370.0 / 450.0
-#: nccl-tests issue #29: 48 GB/s of 4 x 100 Gb/s InfiniBand on a DGX-1.
-IB_EFFICIENCY = 48.0 / 50.0
-#: nccl-tests issue #212: NVLS all-reduce algbw 275 GB/s on 8 GPUs, each moving
-#: S (n+1)/n = 9/8 S per direction, of 450 GB/s line rate; relative to NVLink copies.
-NVLS_RELATIVE_EFFICIENCY = (275.0 * 9.0 / 8.0 / 450.0) / NVLINK_EFFICIENCY
-#: coreweave/nccl-tests PR #43: NVLS all-reduce algbw 425.49 GB/s on a 72-GPU GB200 NVL72
-#: rack at 4 GiB, each GPU moving S (n+1)/n = 73/72 S per direction, of 900 GB/s line rate.
-BLACKWELL_NVLS_RELATIVE_EFFICIENCY = (425.49 * 73.0 / 72.0 / 900.0) / NVLINK_EFFICIENCY
-
-#: All-to-all kernels against bulk copies, per link kind: the means of the published
-#: measurements in the module doc (DeepEP V1 on H800 and NCCL on H100 for NVLink; DeepEP V1
-#: internode on H800 for InfiniBand; DeepEP V2 on B200 for Blackwell NVLink).
-HOPPER_A2A_EFFICIENCY = {
-    "nvlink": round((0.817 + 0.844 + 0.905) / 3, 3),
-    "nic": round((0.910 + 0.894 + 0.933 + 0.915) / 4, 3),
-    "fabric": round((0.910 + 0.894 + 0.933 + 0.915) / 4, 3),
-}
-BLACKWELL_A2A_EFFICIENCY = {
-    "nvlink": round((0.858 + 0.760 + 0.875 + 0.798) / 4, 3),
-    "nic": HOPPER_A2A_EFFICIENCY["nic"],
-    "fabric": HOPPER_A2A_EFFICIENCY["fabric"],
-}
 
 
 class CalibrationError(NetworkError):
@@ -193,58 +171,40 @@ class NetCalibration:
 #: Line rate, no software latency: what closed-form tests compare against.
 IDEAL = NetCalibration(source="ideal: line rate, no overhead")
 
-_ZERO_OVERHEAD = {kind: 0.0 for kind in LINK_KINDS}
+#: The folder of the calibration data files: ``network-<family>.json`` gives each value of a
+#: family's calibration with its source and the figure it was checked against.
+CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "calibration"
+#: The schema tag of a network calibration file.
+NETWORK_SCHEMA = "stepsim.network-calibration/1"
+TABLES = ("efficiency", "message_overhead_s", "algorithm_efficiency", "a2a_efficiency")
 
-_DEFAULTS = {
-    "hopper": NetCalibration(
-        efficiency={
-            "nvlink": NVLINK_EFFICIENCY,
-            "nic": IB_EFFICIENCY,
-            "fabric": IB_EFFICIENCY,
-            "dcn": IB_EFFICIENCY,
-            "ici": 1.0,
-        },
-        message_overhead_s=_ZERO_OVERHEAD,
-        algorithm_efficiency={"nvls": NVLS_RELATIVE_EFFICIENCY},
-        a2a_efficiency=HOPPER_A2A_EFFICIENCY,
-        source="NVLink: nccl-tests #212 (370/450 GB/s); NVLS: nccl-tests #212 (algbw 275 GB/s); "
-        "IB: nccl-tests #29 (48/50 GB/s); all-to-all: DeepEP V1 on H800, nccl #2169; "
-        "latency on links (DeepSeek ISCA'25)",
-    ),
-    "ampere": NetCalibration(
-        efficiency={
-            "nvlink": NVLINK_EFFICIENCY,
-            "nic": IB_EFFICIENCY,
-            "fabric": IB_EFFICIENCY,
-            "dcn": IB_EFFICIENCY,
-            "ici": 1.0,
-        },
-        message_overhead_s=_ZERO_OVERHEAD,
-        a2a_efficiency=HOPPER_A2A_EFFICIENCY,
-        source="NVLink fraction carried over from Hopper (assumption); IB: nccl-tests #29",
-    ),
-    "blackwell": NetCalibration(
-        efficiency={
-            "nvlink": NVLINK_EFFICIENCY,
-            "nic": IB_EFFICIENCY,
-            "fabric": IB_EFFICIENCY,
-            "dcn": IB_EFFICIENCY,
-            "ici": 1.0,
-        },
-        message_overhead_s=_ZERO_OVERHEAD,
-        algorithm_efficiency={"nvls": BLACKWELL_NVLS_RELATIVE_EFFICIENCY},
-        a2a_efficiency=BLACKWELL_A2A_EFFICIENCY,
-        source="NVLink fraction carried over from Hopper (assumption; GB200 nvbandwidth "
-        "770/900 GB/s, Azure/AI-benchmarking-guide #7); NVLS: GB200 NVL72 rack algbw "
-        "425 GB/s (coreweave/nccl-tests PR #43); IB: nccl-tests #29; all-to-all: DeepEP V2 on B200, "
-        "IB as Hopper's",
-    ),
-    "tpu": NetCalibration(
-        efficiency={"ici": 1.0, "dcn": 1.0, "nic": 1.0, "fabric": 1.0, "nvlink": 1.0},
-        message_overhead_s=_ZERO_OVERHEAD,
-        source="HSYM rooflines at full ICI/DCN bandwidth; ~1 us per ICI hop on the links",
-    ),
-}
+
+def calibration_from_document(doc: Mapping, where: str) -> NetCalibration:
+    """A :class:`NetCalibration` from a network calibration document (``{"schema", "family",
+    "summary", <table>: {key: {"value", "source", "checked_against"}}}`` for each of
+    :data:`TABLES`)."""
+    if not isinstance(doc, Mapping) or doc.get("schema") != NETWORK_SCHEMA:
+        raise CalibrationError(f"{where}: not a network calibration (schema {NETWORK_SCHEMA!r})")
+    tables = {}
+    for table in TABLES:
+        entries = doc.get(table) or {}
+        if not isinstance(entries, Mapping) or not all(
+            isinstance(e, Mapping) and isinstance(e.get("value"), (int, float)) for e in entries.values()
+        ):
+            raise CalibrationError(f"{where}: {table} must map each key to a mapping with a numeric value")
+        tables[table] = {k: float(e["value"]) for k, e in entries.items()}
+    return NetCalibration(**tables, source=str(doc.get("summary", "")))
+
+
+def _load_family(family: str) -> NetCalibration:
+    path = CALIBRATION_DIR / f"network-{family}.json"
+    return calibration_from_document(json.loads(path.read_text(encoding="utf-8")), str(path))
+
+
+_DEFAULTS = {family: _load_family(family) for family in FAMILIES}
+#: Hopper's NVLink efficiency and all-to-all shares, as tests and scenarios quote them.
+NVLINK_EFFICIENCY = _DEFAULTS["hopper"].efficiency["nvlink"]
+HOPPER_A2A_EFFICIENCY = dict(_DEFAULTS["hopper"].a2a_efficiency)
 
 
 def default_calibration(family: str) -> NetCalibration:

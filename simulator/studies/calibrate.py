@@ -67,6 +67,7 @@ import numpy as np
 
 from simulator.engine.compute import COMPUTE_SCHEMA, DEFAULT_COMPUTE_CALIBRATION, kernel_time_s
 from simulator.errors import StudyError
+from simulator.network.calibration import NETWORK_SCHEMA
 from topologies.chips import ComputeCalibration
 from workloads.kernels import KERNEL_KINDS, Kernel
 
@@ -355,7 +356,29 @@ class NetworkFit:
     a2a: list[A2AFit] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {"cluster": self.cluster, "links": [asdict(l) for l in self.links], "a2a": [asdict(a) for a in self.a2a]}
+        """The fit report; its ``schema``, ``summary`` and table keys are a network calibration
+        document, the format of ``simulator/calibration/network-<family>.json``
+        (:func:`simulator.network.calibration.calibration_from_document` reads either)."""
+        tables = network_overrides(self)
+        checked = {l.kind: f"{l.rows} timings: rms relative error {l.rms_rel_error:.1%}" for l in self.links}
+        checked.update({a.kind: f"{a.rows} timings: rms relative error {a.rms_rel_error:.1%}" for a in self.a2a})
+        group_of = {k: g for g, ks in _LINK_GROUPS.items() for k in ks}
+
+        def entry(kind: str, v: float) -> dict:
+            return {
+                "value": v,
+                "source": "stepsim calibrate",
+                "checked_against": checked.get(group_of.get(kind, kind), ""),
+            }
+
+        return {
+            "cluster": self.cluster,
+            "links": [asdict(l) for l in self.links],
+            "a2a": [asdict(a) for a in self.a2a],
+            "schema": NETWORK_SCHEMA,
+            "summary": f"stepsim calibrate: fitted on {self.cluster}",
+            **{t: {k: entry(k, v) for k, v in vals.items()} for t, vals in tables.items()},
+        }
 
     def describe(self) -> str:
         lines = [
