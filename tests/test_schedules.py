@@ -446,6 +446,8 @@ def test_every_registered_schedule_implements_every_hook():
         s.validate(4, 8, vpp)
         n, nl = s.model_chunks(4, vpp), s.local_chunks(vpp)
         assert n >= 4 and nl >= 1 and s.weight_copies() in (1, 2)
+        peers = [s.weight_peer(r, 4) for r in range(4)]
+        assert peers == ([None] * 4 if s.weight_copies() == 1 else [3, 2, 1, 0])
         for mb in range(8):
             d = s.micro_batch_direction(mb, 8)
             for k in range(n):
@@ -478,6 +480,7 @@ def _made_up_schedule() -> dict:
         "model_chunks": lambda self, pp, vpp: pp,
         "local_chunks": lambda self, vpp: 1,
         "weight_copies": lambda self: 1,
+        "weight_peer": lambda self, rank, pp: None,
         "micro_batch_direction": lambda self, mb, m: 0,
         "chunk_owner": lambda self, k, pp, vpp, direction: (k, 0),
         "model_chunk": lambda self, rank, local, pp, vpp: rank,
@@ -519,6 +522,7 @@ def test_megatron_placement_fills_the_placement_hooks():
         "model_chunks",
         "local_chunks",
         "weight_copies",
+        "weight_peer",
         "micro_batch_direction",
         "chunk_owner",
         "model_chunk",

@@ -76,6 +76,7 @@ __all__ = [
     "schedule",
     "validate_schedule_args",
     "weight_copies",
+    "weight_peer",
 ]
 
 SCHEDULES = enums.SCHEDULES
@@ -135,6 +136,12 @@ def weight_copies(name: str) -> int:
     DeepSeek-V3 Table 2 lists "Parameter 2x". Activations are not duplicated —
     each micro-batch uses one copy. Every other schedule: 1."""
     return get_schedule(name).weight_copies()
+
+
+def weight_peer(name: str, rank: int, pp: int) -> int | None:
+    """The other rank of the pipeline holding copies of ``rank``'s parameters (DualPipe:
+    ``pp-1-rank``, the pair that sums their gradients); None where :func:`weight_copies` is 1."""
+    return get_schedule(name).weight_peer(rank, pp)
 
 
 def micro_batch_direction(name: str, mb: int, m: int) -> int:

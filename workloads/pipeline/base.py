@@ -100,6 +100,11 @@ class PipelineSchedule(ABC):
         """Ranks of one pipeline holding each model chunk's parameters."""
 
     @abstractmethod
+    def weight_peer(self, rank: int, pp: int) -> int | None:
+        """The other pipeline rank holding copies of ``rank``'s parameters, with which it sums
+        their gradients; None where each chunk is held once (:meth:`weight_copies` 1)."""
+
+    @abstractmethod
     def micro_batch_direction(self, mb: int, m: int) -> int:
         """0 where micro-batch ``mb`` flows rank 0 -> pp-1, 1 the other way."""
 
@@ -166,6 +171,9 @@ class MegatronPlacement:
 
     def weight_copies(self) -> int:
         return 1
+
+    def weight_peer(self, rank: int, pp: int) -> int | None:
+        return None
 
     def micro_batch_direction(self, mb: int, m: int) -> int:
         return 0

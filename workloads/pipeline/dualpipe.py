@@ -45,6 +45,9 @@ class DualPipe(PipelineSchedule):
         # (DeepSeek-V3 Table 2, "Parameter 2x"); activations are not
         return 2
 
+    def weight_peer(self, rank: int, pp: int) -> int | None:
+        return pp - 1 - rank  # its stages' other copies: stage r on rank r and rank pp-1-r
+
     def micro_batch_direction(self, mb: int, m: int) -> int:
         return 0 if mb < m // 2 else 1
 

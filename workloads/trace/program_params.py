@@ -117,7 +117,7 @@ class ParamOps:
         the pair's two ranks produce a unit's gradients at different times, so issue
         order alone would cross and deadlock."""
         b, L = self.b, self.b.L
-        mirror = self.rank_at_stage(L.pp - 1 - self.stage)
+        mirror = self.rank_at_stage(sched.weight_peer(b.w.schedule, self.stage, L.pp))
         if mirror == self.rank:
             return
         group = tuple(sorted((self.rank, mirror)))

@@ -300,9 +300,10 @@ def _mirror_s(c: StepCosts, s: int, ranks_of: list, all_units) -> float:
     """DualPipe: the two ranks holding a stage sum each unit's gradients (the shard under
     ZeRO) after its data-parallel reduction, overlapping the backward like it."""
     L, pp = c.L, c.pp
-    if not (get_schedule(c.name).weight_copies() == 2 and pp > 1):
+    peer = get_schedule(c.name).weight_peer(s, pp)
+    if peer is None or pp == 1:
         return 0.0
-    pair = tuple(sorted((ranks_of[s], ranks_of[pp - 1 - s])))
+    pair = tuple(sorted((ranks_of[s], ranks_of[peer])))
     shard = (lambda d, e: d / (L.dp * L.cp) + e / L.edp) if L.zero >= 1 else (lambda d, e: d + e)
     return sum(c.net.time_s("all-reduce", pair, shard(d, e) * c.t.grad_bytes) for _, d, e in all_units)
 
