@@ -67,7 +67,8 @@ def runs_for(
 ) -> list[tuple[int, int]]:
     """The try: ``[(m1, k)]`` simulates ``m1`` micro-batches and certifies a period of ``k``; empty
     where skipping does not apply or its run would cost more than :data:`MAX_SHARE` of ``m``
-    (:data:`MAX_SHARE_EXPERT_PARALLEL` with expert parallelism).
+    (:data:`MAX_SHARE_EXPERT_PARALLEL` with expert parallelism). Each schedule's module of
+    :mod:`workloads.pipeline` gives its ``(m1, k)`` (``PipelineSchedule.steady_run``), chosen so:
 
     ``k`` is twice the schedule's own period in micro-batches for 1F1B and ZB-H1 (1) and DualPipe
     (2: one micro-batch from each end): steady phases often settle into a pattern two micro-batches
