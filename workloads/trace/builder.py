@@ -92,7 +92,7 @@ def build_trace(w: Workload, ranks: Sequence[int] | None = None, position: int =
             raise TraceError(f"ranks: {r} is outside 0..{L.world - 1}")
     programs = {r: RankProgram(b, r) for r in sim_ranks}
     for p in programs.values():
-        b.memory_load_factors(p.my_layers())
+        b.memory_load_factors(p.param_ops.my_layers())
     for p in programs.values():
         p.build()
     # Cross-rank dependencies were recorded as tags; resolve them to op ids now.
@@ -112,7 +112,7 @@ def build_trace(w: Workload, ranks: Sequence[int] | None = None, position: int =
 
     apply_cuda_graphs(b.ops, w.training.cuda_graphs, w.training.moe_shared_expert_overlap)
     weight = {r: (L.world // L.pp if rep else 1) for r in sim_ranks}
-    static = {r: programs[r].static_memory() for r in sim_ranks}
+    static = {r: programs[r].param_ops.static_memory() for r in sim_ranks}
     return Trace(
         ops=b.ops,
         ranks=tuple(sim_ranks),

@@ -18,11 +18,15 @@ from workloads.trace.shared import (
 )
 
 
-class RankProgram(LayerOps, ParamOps, TpOverlapOps):
-    """The ops of one rank, generated from its schedule's action list."""
+class RankProgram:
+    """The ops of one rank, generated from its schedule's action list: the op helpers and the
+    state its three parts share (composition: each part holds the program as ``p``), the
+    layers' ops (:class:`LayerOps`), the parameters' traffic, optimizer and static memory
+    (:class:`ParamOps`) and the TP collectives around a block (:class:`TpOverlapOps`)."""
 
     def __init__(self, b: TraceBuilder, rank: int):
         self.b, self.rank = b, rank
+        self.layer_ops, self.param_ops, self.tp_ops = LayerOps(self), ParamOps(self), TpOverlapOps(self)
         L = b.L
         self.c = L.coords(rank)
         self.stage = L.stage_of(rank)
@@ -137,7 +141,7 @@ class RankProgram(LayerOps, ParamOps, TpOverlapOps):
                 self.last_grad[a.chunk] = i
         self.action_index = {id(a): i for i, a in enumerate(flat)}
         if L.zero in (1, 2):
-            self.param_gathers()
+            self.param_ops.param_gathers()
         for st in steps:
             self.in_pair = len(st) > 1 and b.ep_overlap
             if self.in_pair:
@@ -148,11 +152,11 @@ class RankProgram(LayerOps, ParamOps, TpOverlapOps):
             self.in_pair = False
         # Without overlap, every gradient reduction starts after the last backward.
         for unit, k, mb, last in self.deferred_grads:
-            self._grad_sync(unit, k, mb, last, deferred=True)
+            self.param_ops._grad_sync(unit, k, mb, last, deferred=True)
         if sched.weight_copies(b.w.schedule) > 1:
-            self.mirror_grad_sync()
-        self.tied_embedding_sync()
-        self.optimizer()
+            self.param_ops.mirror_grad_sync()
+        self.param_ops.tied_embedding_sync()
+        self.param_ops.optimizer()
 
     @staticmethod
     def _interleave(gens: list) -> None:
@@ -189,11 +193,11 @@ class RankProgram(LayerOps, ParamOps, TpOverlapOps):
         layers = self.b.chunks[self.chunk_index(a.chunk)]
         is_last_grad = self.last_grad.get(a.chunk) == self.action_index[id(a)]
         if a.op == "F":
-            yield from self.forward(a, path, pos, layers)
+            yield from self.layer_ops.forward(a, path, pos, layers)
         elif a.op in ("B", "I"):
-            yield from self.backward(a, path, pos, layers, is_last_grad)
+            yield from self.layer_ops.backward(a, path, pos, layers, is_last_grad)
         else:
-            yield from self.weight_grad(a, path, pos, layers, is_last_grad)
+            yield from self.layer_ops.weight_grad(a, path, pos, layers, is_last_grad)
 
     def _recv(self, kind: str, path, pos: int, mb: int, deps: list) -> None:
         """Depend on the neighbouring chunk's send (forward: previous chunk; backward: next)."""

@@ -15,45 +15,55 @@ from workloads.trace.shared import (
 
 
 class LayerOps:
-    """Forward and backward ops of a rank's layers (a mixin of :class:`~workloads.trace.program.RankProgram`,
-    whose state it uses): attention, MLP / MoE blocks with their TP, CP and EP collectives, recomputation,
-    activation stash and offload."""
+    """Forward and backward ops of a rank's layers (a part of its
+    :class:`~workloads.trace.program.RankProgram`, held as ``p``, whose state it reads and writes):
+    attention, MLP / MoE blocks with their TP, CP and EP collectives, recomputation, activation
+    stash and offload."""
+
+    def __init__(self, program) -> None:
+        self.p = program  # the rank's program: its state, its op helpers and its other parts
 
     # ---- forward ---------------------------------------------------------------
     def forward(self, a, path, pos, layers):
-        b = self.b
+        b = self.p.b
         deps: list = []
         own = None  # this action's last compute op
         if pos > 0:
-            self._recv("F", path, pos, a.mb, deps)
+            self.p._recv("F", path, pos, a.mb, deps)
         else:
-            own = self.compute(
-                "embed.F", b.embed_kernels(), "F", a.mb, pos, -1, deps=self._params_for("embed", a.mb, pos, "F")
+            own = self.p.compute(
+                "embed.F",
+                b.embed_kernels(),
+                "F",
+                a.mb,
+                pos,
+                -1,
+                deps=self.p.param_ops._params_for("embed", a.mb, pos, "F"),
             )
         for l in layers:
-            deps += self._params_for(f"L{l}", a.mb, pos, "F")
+            deps += self.p.param_ops._params_for(f"L{l}", a.mb, pos, "F")
             handed = yield from self.layer_forward(l, a.mb, pos, deps, recompute=False)
-            own = self.last_compute
+            own = self.p.last_compute
             deps = []
             if not handed:
                 yield  # no all-to-all to hand over at: hand over at the layer's end
         if pos == len(path) - 1:
-            head = own = self.compute(
+            head = own = self.p.compute(
                 "head.F",
                 b.head_kernels(),
                 "F",
                 a.mb,
                 pos,
                 -1,
-                deps=self._params_for("head", a.mb, pos, "F"),
+                deps=self.p.param_ops._params_for("head", a.mb, pos, "F"),
                 mem=(("activations", self._head_bytes(), "start"),),
             )
-            b.tags[("HEAD", a.mb, self.rank)] = head.id
-        self._send("F", path, pos, a.mb, after=own)
+            b.tags[("HEAD", a.mb, self.p.rank)] = head.id
+        self.p._send("F", path, pos, a.mb, after=own)
 
     def _head_bytes(self) -> float:
         """Activations the last chunk's head op keeps: output layer and MTP modules."""
-        b = self.b
+        b = self.p.b
         key = ("head", "stash")
         if key not in b._stash_cache:
             head = activations.head_activation_bytes(b.model, b.shard)
@@ -65,7 +75,7 @@ class LayerOps:
         yields wherever it has issued an expert all-to-all and its next op would wait
         for it (an overlapped pair hands over to its other half there, see
         :meth:`_interleave`), and returns how many times it yielded."""
-        b, L = self.b, self.b.L
+        b, L = self.p.b, self.p.b.L
         handed = 0
         attn, pre, shared, expert, post = b.layer_parts(l)
         phase = "R" if recompute else "F"
@@ -74,7 +84,7 @@ class LayerOps:
         # Attention block: [TP all-gather] [CP K/V all-gather] compute, TP reduce-scatter/all-reduce.
         beside: list = []  # TP all-gather chunks beside the block (program_tp_overlap)
         if sp:
-            wait, beside = self.tp_gather(f"L{l}.attn.ag", phase, mb, k, l, deps + self.after_compute())
+            wait, beside = self.p.tp_ops.tp_gather(f"L{l}.attn.ag", phase, mb, k, l, deps + self.p.after_compute())
             deps = wait or deps
         if recompute:
             mem = (("activations", self._recompute_transient(l), "start"),)
@@ -83,44 +93,46 @@ class LayerOps:
         if L.cp > 1:
             op = self.cp_attention(l, attn, phase, mb, k, deps, mem, recompute)
         else:
-            op = self.tp_block(f"L{l}.attn.{phase}", attn, phase, mb, k, l, deps, mem, recompute)
-        out = self.tp_scatter("reduce-scatter" if sp else "all-reduce", f"L{l}.attn.out", phase, mb, k, l, op, beside)
+            op = self.p.tp_ops.tp_block(f"L{l}.attn.{phase}", attn, phase, mb, k, l, deps, mem, recompute)
+        out = self.p.tp_ops.tp_scatter(
+            "reduce-scatter" if sp else "all-reduce", f"L{l}.attn.out", phase, mb, k, l, op, beside
+        )
         deps, beside = ([out.id] if out else []), []
         if expert and L.folded:
             handed = yield from self.folded_moe_forward(l, mb, k, deps, phase, recompute)
             self._offload_stash(l, mb, k, recompute)
             return handed
         if sp and out:
-            wait, beside = self.tp_gather(f"L{l}.mlp.ag", phase, mb, k, l, deps, overlap=not expert)
+            wait, beside = self.p.tp_ops.tp_gather(f"L{l}.mlp.ag", phase, mb, k, l, deps, overlap=not expert)
             deps = wait or deps
-        op = self.tp_block(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps, (), recompute, overlap=not expert)
+        op = self.p.tp_ops.tp_block(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps, (), recompute, overlap=not expert)
         if expert:
             overlap = b.t.moe_shared_expert_overlap
             if shared and not overlap:  # Megatron's default: the shared experts before the dispatch
-                op = self.compute(f"L{l}.shared.{phase}", shared, phase, mb, k, l, recompute=recompute)
+                op = self.p.compute(f"L{l}.shared.{phase}", shared, phase, mb, k, l, recompute=recompute)
             self._host_sync(op)
-            d = self.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id])
+            d = self.p.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id])
             if shared and overlap:  # --moe-shared-expert-overlap: while the dispatch is in flight
-                self.compute(f"L{l}.shared.{phase}", shared, phase, mb, k, l, recompute=recompute)
+                self.p.compute(f"L{l}.shared.{phase}", shared, phase, mb, k, l, recompute=recompute)
             if d:
                 handed += 1
                 yield
-            op = self.compute(
+            op = self.p.compute(
                 f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[d.id] if d else [], recompute=recompute
             )
-            c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [op.id])
+            c = self.p.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [op.id])
             if c:
                 handed += 1
                 yield
-            op = self.compute(
+            op = self.p.compute(
                 f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute
             )
         coll = "reduce-scatter" if sp else "all-reduce"
-        out = self.tp_scatter(coll, f"L{l}.mlp.out", phase, mb, k, l, op, beside, overlap=not expert)
+        out = self.p.tp_ops.tp_scatter(coll, f"L{l}.mlp.out", phase, mb, k, l, op, beside, overlap=not expert)
         if out:
             # The next layer's compute waits for this collective: a zero-cost join on
             # the compute stream carries the dependency in stream order.
-            self.compute(f"L{l}.join", (), phase, mb, k, l, deps=[out.id])
+            self.p.compute(f"L{l}.join", (), phase, mb, k, l, deps=[out.id])
         self._offload_stash(l, mb, k, recompute)
         return handed
 
@@ -135,18 +147,18 @@ class LayerOps:
         the experts are padded to capacity (``drop_and_pad``). The host blocks until the GPU
         has run everything issued before (the stream is in order), shared experts included
         where they run before the router."""
-        if self.b.t.moe_host_sync:
+        if self.p.b.t.moe_host_sync:
             op.host_sync = True
 
     def _offload_stash(self, l: int, mb: int, k: int, recompute: bool) -> None:
         """Activation offload: copy layer ``l``'s stash to the host after its forward."""
-        if self.b.t.offload_activations and not recompute:
+        if self.p.b.t.offload_activations and not recompute:
             stash = self._stash(l)
-            self.host(
+            self.p.param_ops.host(
                 f"L{l}.act.d2h",
                 stash,
                 "F",
-                deps=self.after_compute(),
+                deps=self.p.after_compute(),
                 mb=mb,
                 chunk=k,
                 layer=l,
@@ -171,107 +183,111 @@ class LayerOps:
     def etp_bytes(self, combine: bool, layer: int) -> float:
         """Expert-TP all-gather (dispatch) / reduce-scatter (combine) of a folded MoE
         block: the assignments of the ``etp`` ranks, in the all-to-all's precision."""
-        return self.b.dispatch_bytes(combine, layer) * self.b.L.etp
+        return self.p.b.dispatch_bytes(combine, layer) * self.p.b.L.etp
 
     def folded_moe_forward(self, l: int, mb: int, k: int, deps: list, phase: str, recompute: bool):
         """One folded MoE block's forward (after the attention block's TP collective,
         ``deps``); yields like :meth:`layer_forward` after each all-to-all."""
-        b = self.b
+        b = self.p.b
         _, pre, shared, expert, post = b.layer_parts(l)
         h, handed = b.hidden_bytes, 0
-        op = self.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
+        op = self.p.compute(f"L{l}.mlp.{phase}", pre, phase, mb, k, l, deps=deps, recompute=recompute)
         overlap = b.t.moe_shared_expert_overlap
         first: list = []  # the shared experts' output, before the dispatch (Megatron's default)
         if shared and not overlap:
-            ag = self.collective("all-gather", "tp", h, f"L{l}.shared.ag", phase, mb, k, l, [op.id])
-            op = self.compute(
+            ag = self.p.collective("all-gather", "tp", h, f"L{l}.shared.ag", phase, mb, k, l, [op.id])
+            op = self.p.compute(
                 f"L{l}.shared.{phase}", shared, phase, mb, k, l, deps=[ag.id] if ag else [], recompute=recompute
             )
-            rs = self.collective("reduce-scatter", "tp", h, f"L{l}.shared.rs", phase, mb, k, l, [op.id])
+            rs = self.p.collective("reduce-scatter", "tp", h, f"L{l}.shared.rs", phase, mb, k, l, [op.id])
             first = [rs.id] if rs else []
         self._host_sync(op)
-        d = self.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id] + first)
+        d = self.p.all_to_all(b.dispatch_bytes(False, l), f"L{l}.dispatch", phase, mb, k, l, [op.id] + first)
         wait = [d.id] if d else []
         if shared and overlap:  # --moe-shared-expert-overlap: while the dispatch is in flight
-            ag = self.collective("all-gather", "tp", h, f"L{l}.shared.ag", phase, mb, k, l, [op.id])
-            sh = self.compute(
+            ag = self.p.collective("all-gather", "tp", h, f"L{l}.shared.ag", phase, mb, k, l, [op.id])
+            sh = self.p.compute(
                 f"L{l}.shared.{phase}", shared, phase, mb, k, l, deps=[ag.id] if ag else [], recompute=recompute
             )
-            rs = self.collective("reduce-scatter", "tp", h, f"L{l}.shared.rs", phase, mb, k, l, [sh.id])
+            rs = self.p.collective("reduce-scatter", "tp", h, f"L{l}.shared.rs", phase, mb, k, l, [sh.id])
             wait += [rs.id] if rs else []
         if d:
             handed += 1
             yield
-        ag = self.collective("all-gather", "etp", self.etp_bytes(False, l), f"L{l}.experts.ag", phase, mb, k, l, wait)
-        op = self.compute(
+        ag = self.p.collective("all-gather", "etp", self.etp_bytes(False, l), f"L{l}.experts.ag", phase, mb, k, l, wait)
+        op = self.p.compute(
             f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[ag.id] if ag else wait, recompute=recompute
         )
-        rs = self.collective(
+        rs = self.p.collective(
             "reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs", phase, mb, k, l, [op.id]
         )
-        c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [rs.id if rs else op.id])
+        c = self.p.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [rs.id if rs else op.id])
         if c:
             handed += 1
             yield
-        self.compute(f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute)
+        self.p.compute(f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute)
         return handed
 
     def folded_moe_backward(self, l: int, mb: int, k: int, deps: list, part: str):
         """One folded MoE block's backward (the reverse of :meth:`folded_moe_forward`),
         down to the router's gradient; yields like :meth:`layer_backward`."""
-        b = self.b
+        b = self.p.b
         _, pre, shared, expert, post = b.layer_parts(l)
         h, handed = b.hidden_bytes, 0
-        op = self.compute(f"L{l}.moe_out.{part}", self.b.bwd(post, part), part, mb, k, l, deps=deps)
+        op = self.p.compute(f"L{l}.moe_out.{part}", self.p.b.bwd(post, part), part, mb, k, l, deps=deps)
         first: list = []
         if shared and not b.t.moe_shared_expert_overlap:  # before the combine's gradient
-            ag = self.collective("all-gather", "tp", h, f"L{l}.shared.rs.bwd", part, mb, k, l, [op.id])
-            op = self.compute(
-                f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l, deps=[ag.id] if ag else []
+            ag = self.p.collective("all-gather", "tp", h, f"L{l}.shared.rs.bwd", part, mb, k, l, [op.id])
+            op = self.p.compute(
+                f"L{l}.shared.{part}", self.p.b.bwd(shared, part), part, mb, k, l, deps=[ag.id] if ag else []
             )
-            rs = self.collective("reduce-scatter", "tp", h, f"L{l}.shared.ag.bwd", part, mb, k, l, [op.id])
+            rs = self.p.collective("reduce-scatter", "tp", h, f"L{l}.shared.ag.bwd", part, mb, k, l, [op.id])
             first = [rs.id] if rs else []
-        c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id] + first)
+        c = self.p.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id] + first)
         wait = [c.id] if c else []
         if shared and b.t.moe_shared_expert_overlap:  # overlaps the combine's backward all-to-all
-            ag = self.collective("all-gather", "tp", h, f"L{l}.shared.rs.bwd", part, mb, k, l, [op.id])
-            sh = self.compute(
-                f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l, deps=[ag.id] if ag else []
+            ag = self.p.collective("all-gather", "tp", h, f"L{l}.shared.rs.bwd", part, mb, k, l, [op.id])
+            sh = self.p.compute(
+                f"L{l}.shared.{part}", self.p.b.bwd(shared, part), part, mb, k, l, deps=[ag.id] if ag else []
             )
-            rs = self.collective("reduce-scatter", "tp", h, f"L{l}.shared.ag.bwd", part, mb, k, l, [sh.id])
+            rs = self.p.collective("reduce-scatter", "tp", h, f"L{l}.shared.ag.bwd", part, mb, k, l, [sh.id])
             wait += [rs.id] if rs else []
         if c:
             handed += 1
             yield
         split = part == "B" and b.dualpipe_ep  # see layer_backward
-        ag = self.collective("all-gather", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs.bwd", part, mb, k, l, wait)
-        op = self.compute(
+        ag = self.p.collective(
+            "all-gather", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs.bwd", part, mb, k, l, wait
+        )
+        op = self.p.compute(
             f"L{l}.experts.{part}",
-            self.b.bwd(expert, "I" if split else part),
+            self.p.b.bwd(expert, "I" if split else part),
             part,
             mb,
             k,
             l,
             deps=[ag.id] if ag else wait,
         )
-        rs = self.collective(
+        rs = self.p.collective(
             "reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.ag.bwd", part, mb, k, l, [op.id]
         )
-        d = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [rs.id if rs else op.id])
+        d = self.p.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [rs.id if rs else op.id])
         if split:
-            self.compute(f"L{l}.experts_w.{part}", self.b.bwd(expert, "W"), part, mb, k, l)
+            self.p.compute(f"L{l}.experts_w.{part}", self.p.b.bwd(expert, "W"), part, mb, k, l)
         if d:
             handed += 1
             yield
-        self.compute(f"L{l}.mlp.{part}", self.b.bwd(pre, part), part, mb, k, l, deps=[d.id] if d else [])
+        self.p.compute(f"L{l}.mlp.{part}", self.p.b.bwd(pre, part), part, mb, k, l, deps=[d.id] if d else [])
         return handed
 
     def _prefetch(self, l: int, mb: int, k: int) -> list[int]:
         """Activation offload: bring layer ``l``'s stash back to HBM before its backward."""
-        if not self.b.t.offload_activations:
+        if not self.p.b.t.offload_activations:
             return []
         stash = self._stash(l)
-        op = self.host(f"L{l}.act.h2d", stash, "B", mb=mb, chunk=k, layer=l, mem=(("activations", stash, "start"),))
+        op = self.p.param_ops.host(
+            f"L{l}.act.h2d", stash, "B", mb=mb, chunk=k, layer=l, mem=(("activations", stash, "start"),)
+        )
         return [op.id]
 
     def cp_attention(self, l, attn, phase, mb, k, deps, mem, recompute) -> Op:
@@ -281,23 +297,23 @@ class LayerOps:
         the local K/V block (1/cp of the core) proceeds while the other blocks
         circulate, and the remaining (cp-1)/cp of the core waits for them.
         ``all-gather``: the whole core waits for the gathered K/V."""
-        b, L = self.b, self.b.L
+        b, L = self.p.b, self.p.b.L
         names = [x.name for x in attn]
         cut = names.index("attn_core")
         proj, core, rest = attn[:cut], attn[cut], attn[cut + 1 :]
-        op = self.compute(f"L{l}.attn_qkv.{phase}", proj, phase, mb, k, l, deps=deps, recompute=recompute)
-        kv = self.collective("all-gather", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.kv_ag", phase, mb, k, l, [op.id])
+        op = self.p.compute(f"L{l}.attn_qkv.{phase}", proj, phase, mb, k, l, deps=deps, recompute=recompute)
+        kv = self.p.collective("all-gather", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.kv_ag", phase, mb, k, l, [op.id])
         wait = [kv.id] if kv else []
         if b.t.cp_algorithm == "ring":
             local = b.scaled(core, 1.0 / L.cp)
-            self.compute(f"L{l}.attn_local.{phase}", (local,), phase, mb, k, l, recompute=recompute)
+            self.p.compute(f"L{l}.attn_local.{phase}", (local,), phase, mb, k, l, recompute=recompute)
             remote = (b.scaled(core, (L.cp - 1) / L.cp),) + tuple(rest)
         else:
             remote = (core,) + tuple(rest)
-        return self.compute(f"L{l}.attn.{phase}", remote, phase, mb, k, l, deps=wait, mem=mem, recompute=recompute)
+        return self.p.compute(f"L{l}.attn.{phase}", remote, phase, mb, k, l, deps=wait, mem=mem, recompute=recompute)
 
     def _stash(self, l: int) -> float:
-        b = self.b
+        b = self.p.b
         key = (l, "stash")
         if key not in b._stash_cache:
             b._stash_cache[key] = self._stash_uncached(l)
@@ -306,36 +322,36 @@ class LayerOps:
     def _expert_tokens(self, l: int) -> float | None:
         """Routed-token assignments layer ``l``'s activations hold on the stage's most
         loaded device under expert-load imbalance (None: balanced)."""
-        f = self.b._memory_load.get(l)
-        return None if f is None else self.b.expert_assignments(f)
+        f = self.p.b._memory_load.get(l)
+        return None if f is None else self.p.b.expert_assignments(f)
 
     def _stash_uncached(self, l: int) -> float:
-        b = self.b
+        b = self.p.b
         return activations.activation_bytes_per_layer(b.model, l, b.shard, b.policy, self._expert_tokens(l))
 
     def _recompute_transient(self, l: int) -> float:
         """Activations rebuilt by full recomputation of one layer, alive until its backward ends."""
-        b = self.b
+        b = self.p.b
         rebuilt = replace(b.policy, recompute="none")
         return activations.activation_bytes_per_layer(b.model, l, b.shard, rebuilt, self._expert_tokens(l))
 
     # ---- backward --------------------------------------------------------------
     def backward(self, a, path, pos, layers, is_last_grad):
-        b, t = self.b, self.b.t
+        b, t = self.p.b, self.p.b.t
         part = a.op
         deps: list = []
         own = None  # this action's last compute op
         if b.global_aux:
             # Every micro-batch's loss (its head op, on the last rank of its own path:
             # DualPipe's two directions end on opposite ranks) before any backward.
-            deps += [("HEAD", j, self.rank_at_stage(self.path(j)[-1][0])) for j in range(b.m)]
+            deps += [("HEAD", j, self.p.rank_at_stage(self.p.path(j)[-1][0])) for j in range(b.m)]
         if pos < len(path) - 1:
-            self._recv("B", path, pos, a.mb, deps)
+            self.p._recv("B", path, pos, a.mb, deps)
         else:
-            deps += self._zero3_gather("head", a.mb, pos, part)
-            own = self.compute(
+            deps += self.p.param_ops._zero3_gather("head", a.mb, pos, part)
+            own = self.p.compute(
                 "head." + part,
-                self.b.bwd(b.head_kernels(), part),
+                self.p.b.bwd(b.head_kernels(), part),
                 part,
                 a.mb,
                 pos,
@@ -345,11 +361,11 @@ class LayerOps:
             )
             deps = []
             if part == "B":
-                self._grads_ready("head", pos, a.mb, is_last_grad)
+                self.p.param_ops._grads_ready("head", pos, a.mb, is_last_grad)
         rev = list(reversed(layers))
         fetched = {rev[0]: self._prefetch(rev[0], a.mb, pos)} if rev else {}
         for i, l in enumerate(rev):
-            deps += self._zero3_gather(f"L{l}", a.mb, pos, part) + fetched.pop(l, [])
+            deps += self.p.param_ops._zero3_gather(f"L{l}", a.mb, pos, part) + fetched.pop(l, [])
             if i + 1 < len(rev):  # prefetch one layer ahead
                 fetched[rev[i + 1]] = self._prefetch(rev[i + 1], a.mb, pos)
             handed = 0
@@ -357,27 +373,27 @@ class LayerOps:
                 handed += yield from self.layer_forward(l, a.mb, pos, deps, recompute=True)
                 deps = []
             handed += yield from self.layer_backward(l, a.mb, pos, deps, part, is_last_grad)
-            own = self.last_compute
+            own = self.p.last_compute
             deps = []
             if not handed:
                 yield
         if pos == 0:
-            own = self.compute(
+            own = self.p.compute(
                 "embed." + part,
-                self.b.bwd(b.embed_kernels(), part),
+                self.p.b.bwd(b.embed_kernels(), part),
                 part,
                 a.mb,
                 pos,
                 -1,
-                deps=self._zero3_gather("embed", a.mb, pos, part),
+                deps=self.p.param_ops._zero3_gather("embed", a.mb, pos, part),
             )
             if part == "B":
-                self._grads_ready("embed", pos, a.mb, is_last_grad)
-        self._send("B", path, pos, a.mb, after=own)
+                self.p.param_ops._grads_ready("embed", pos, a.mb, is_last_grad)
+        self.p._send("B", path, pos, a.mb, after=own)
 
     def layer_backward(self, l, mb, k, deps, part, is_last_grad):
         """Generate one layer's backward ops; yields and returns like :meth:`layer_forward`."""
-        b, L = self.b, self.b.L
+        b, L = self.p.b, self.p.b.L
         handed = 0
         attn, pre, shared, expert, post = b.layer_parts(l)
         sp = L.sequence_parallel
@@ -386,28 +402,32 @@ class LayerOps:
             # the norms, MLA up-projections and SwiGLUs whose outputs were not kept
             redo = b.saved_recompute_kernels(l)
             if redo:
-                op = self.compute(f"L{l}.recompute.R", redo, "R", mb, k, l, deps=deps, recompute=True)
+                op = self.p.compute(f"L{l}.recompute.R", redo, "R", mb, k, l, deps=deps, recompute=True)
                 deps = [op.id]
         # Reverse of the forward: the gradient of a reduce-scatter is an all-gather and vice versa.
         if expert and L.folded:
-            handed += yield from self.folded_moe_backward(l, mb, k, deps + self.after_compute(), part)
+            handed += yield from self.folded_moe_backward(l, mb, k, deps + self.p.after_compute(), part)
             wait, beside = (
-                self.tp_gather(f"L{l}.attn.out.bwd", part, mb, k, l, self.after_compute()) if sp else ([], [])
+                self.p.tp_ops.tp_gather(f"L{l}.attn.out.bwd", part, mb, k, l, self.p.after_compute())
+                if sp
+                else ([], [])
             )
             self._attention_backward(l, mb, k, wait, part, attn, is_last_grad, beside)
             return handed
         beside: list = []
         if sp:
-            wait, beside = self.tp_gather(f"L{l}.mlp.out.bwd", part, mb, k, l, deps + self.after_compute(), not expert)
+            wait, beside = self.p.tp_ops.tp_gather(
+                f"L{l}.mlp.out.bwd", part, mb, k, l, deps + self.p.after_compute(), not expert
+            )
             deps = wait or deps
         if expert:
-            op = self.compute(f"L{l}.moe_out.{part}", self.b.bwd(post, part), part, mb, k, l, deps=deps)
+            op = self.p.compute(f"L{l}.moe_out.{part}", self.p.b.bwd(post, part), part, mb, k, l, deps=deps)
             overlap = b.t.moe_shared_expert_overlap
             if shared and not overlap:  # before the combine's gradient (no overlap)
-                op = self.compute(f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l)
-            c = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
+                op = self.p.compute(f"L{l}.shared.{part}", self.p.b.bwd(shared, part), part, mb, k, l)
+            c = self.p.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
             if shared and overlap:  # overlaps the combine's backward all-to-all
-                self.compute(f"L{l}.shared.{part}", self.b.bwd(shared, part), part, mb, k, l)
+                self.p.compute(f"L{l}.shared.{part}", self.p.b.bwd(shared, part), part, mb, k, l)
             if c:
                 handed += 1
                 yield
@@ -416,28 +436,28 @@ class LayerOps:
             # gradient is computed and sent back (the dispatch's gradient), and their
             # weight gradient computes while it is in flight.
             split = part == "B" and b.dualpipe_ep
-            op = self.compute(
+            op = self.p.compute(
                 f"L{l}.experts.{part}",
-                self.b.bwd(expert, "I" if split else part),
+                self.p.b.bwd(expert, "I" if split else part),
                 part,
                 mb,
                 k,
                 l,
                 deps=[c.id] if c else [],
             )
-            d = self.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id])
+            d = self.p.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id])
             deps = [d.id] if d else []
             if split:
-                self.compute(f"L{l}.experts_w.{part}", self.b.bwd(expert, "W"), part, mb, k, l)
+                self.p.compute(f"L{l}.experts_w.{part}", self.p.b.bwd(expert, "W"), part, mb, k, l)
             if d:
                 handed += 1
                 yield
-        op = self.tp_block(f"L{l}.mlp.{part}", pre, part, mb, k, l, deps, overlap=not expert)
+        op = self.p.tp_ops.tp_block(f"L{l}.mlp.{part}", pre, part, mb, k, l, deps, overlap=not expert)
         coll = "reduce-scatter" if sp else "all-reduce"
-        out = self.tp_scatter(coll, f"L{l}.mlp.ag.bwd", part, mb, k, l, op, beside, overlap=not expert)
+        out = self.p.tp_ops.tp_scatter(coll, f"L{l}.mlp.ag.bwd", part, mb, k, l, op, beside, overlap=not expert)
         deps, beside = ([out.id] if out else []), []
         if sp and out:
-            wait, beside = self.tp_gather(f"L{l}.attn.out.bwd", part, mb, k, l, deps)
+            wait, beside = self.p.tp_ops.tp_gather(f"L{l}.attn.out.bwd", part, mb, k, l, deps)
             deps = wait or deps
         self._attention_backward(l, mb, k, deps, part, attn, is_last_grad, beside)
         return handed
@@ -446,7 +466,7 @@ class LayerOps:
         """The attention block's backward (after the gradient reached the block's
         output, ``deps``; ``beside``: TP all-gather chunks beside it) and the layer's
         gradient hand-off."""
-        b, L, t = self.b, self.b.L, self.b.t
+        b, L, t = self.p.b, self.p.b.L, self.p.b.t
         sp = L.sequence_parallel
         free = -self._stash(l)
         if part == "I":
@@ -454,27 +474,27 @@ class LayerOps:
         mem = [("activations", free, "end")]
         if t.recompute == "full":
             mem.append(("activations", -self._recompute_transient(l), "end"))
-        op = self.tp_block(f"L{l}.attn.{part}", attn, part, mb, k, l, deps, tuple(mem))
+        op = self.p.tp_ops.tp_block(f"L{l}.attn.{part}", attn, part, mb, k, l, deps, tuple(mem))
         if L.cp > 1:
-            self.collective("reduce-scatter", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.dkv_rs", part, mb, k, l, [op.id])
+            self.p.collective("reduce-scatter", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.dkv_rs", part, mb, k, l, [op.id])
         coll = "reduce-scatter" if sp else "all-reduce"
-        out = self.tp_scatter(coll, f"L{l}.attn.ag.bwd", part, mb, k, l, op, beside)
+        out = self.p.tp_ops.tp_scatter(coll, f"L{l}.attn.ag.bwd", part, mb, k, l, op, beside)
         if out:
-            self.compute(f"L{l}.join", (), part, mb, k, l, deps=[out.id])
+            self.p.compute(f"L{l}.join", (), part, mb, k, l, deps=[out.id])
         if part == "B":
-            self._grads_ready(f"L{l}", k, mb, is_last_grad)
+            self.p.param_ops._grads_ready(f"L{l}", k, mb, is_last_grad)
 
     def weight_grad(self, a, path, pos, layers, is_last_grad):
-        b = self.b
+        b = self.p.b
         if pos == len(path) - 1:  # the LM head's (and MTP modules') weight-gradient GEMMs
-            self.compute("head.W", self.b.bwd(b.head_kernels(), "W"), "W", a.mb, pos, -1)
-            self._grads_ready("head", pos, a.mb, is_last_grad)
+            self.p.compute("head.W", self.p.b.bwd(b.head_kernels(), "W"), "W", a.mb, pos, -1)
+            self.p.param_ops._grads_ready("head", pos, a.mb, is_last_grad)
         for l in reversed(layers):
-            kern = self.b.bwd(b.layer_all(l), "W")
+            kern = self.p.b.bwd(b.layer_all(l), "W")
             free = -self._stash(l) * (1 - INPUT_GRAD_FREED_FRACTION)
-            self.compute(f"L{l}.W", kern, "W", a.mb, pos, l, mem=(("activations", free, "end"),))
-            self._grads_ready(f"L{l}", pos, a.mb, is_last_grad)
+            self.p.compute(f"L{l}.W", kern, "W", a.mb, pos, l, mem=(("activations", free, "end"),))
+            self.p.param_ops._grads_ready(f"L{l}", pos, a.mb, is_last_grad)
             yield
         if pos == 0:
-            self.compute("embed.W", self.b.bwd(b.embed_kernels(), "W"), "W", a.mb, pos, -1)
-            self._grads_ready("embed", pos, a.mb, is_last_grad)
+            self.p.compute("embed.W", self.p.b.bwd(b.embed_kernels(), "W"), "W", a.mb, pos, -1)
+            self.p.param_ops._grads_ready("embed", pos, a.mb, is_last_grad)

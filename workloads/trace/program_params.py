@@ -21,8 +21,12 @@ from workloads.trace.shared import (
 
 
 class ParamOps:
-    """Data-parallel gradient and parameter traffic, the optimizer step and static memory of a rank (a mixin
-    of :class:`~workloads.trace.program.RankProgram`, whose state it uses)."""
+    """Data-parallel gradient and parameter traffic, the optimizer step and static memory of a rank (a
+    part of its :class:`~workloads.trace.program.RankProgram`, held as ``p``, whose state it reads
+    and writes)."""
+
+    def __init__(self, program) -> None:
+        self.p = program  # the rank's program: its state, its op helpers and its other parts
 
     # ---- data-parallel gradient and parameter traffic --------------------------------
     # Parameters move in units (one bucket each): every transformer layer, the
@@ -32,8 +36,8 @@ class ParamOps:
     @cached_property
     def units(self) -> dict[str, tuple[float, float]]:
         """``unit name -> (dense, expert)`` parameters this rank holds."""
-        b, L = self.b, self.b.L
-        own = [self.chunk_index(c) for c in range(self.n_local)]
+        b, L = self.p.b, self.p.b.L
+        own = [self.p.chunk_index(c) for c in range(self.p.n_local)]
         return {
             name: (float(d), float(e))
             for name, d, e in memory.rank_parameter_units(
@@ -44,12 +48,12 @@ class ParamOps:
     def unit_order(self) -> list[str]:
         """The units in forward order over the rank's local chunks."""
         out = []
-        for c in range(self.n_local):
-            k = self.chunk_index(c)
+        for c in range(self.p.n_local):
+            k = self.p.chunk_index(c)
             if k == 0:
                 out.append("embed")
-            out += [f"L{l}" for l in self.b.chunks[k]]
-            if k == self.b.n_chunks - 1:
+            out += [f"L{l}" for l in self.p.b.chunks[k]]
+            if k == self.p.b.n_chunks - 1:
                 out.append("head")
         return [u for u in out if u in self.units]
 
@@ -58,7 +62,7 @@ class ParamOps:
         return int(unit[1:]) if unit.startswith("L") else -1
 
     def _grad_coll(self) -> str:
-        return "all-reduce" if self.b.L.zero == 0 else "reduce-scatter"
+        return "all-reduce" if self.p.b.L.zero == 0 else "reduce-scatter"
 
     def _grads_ready(self, unit: str, k: int, mb: int, is_last_grad: bool) -> None:
         """A backward pass has produced ``unit``'s gradients for micro-batch ``mb``.
@@ -72,24 +76,24 @@ class ParamOps:
         reduce-scatters in every micro-batch's backward unless told not to
         (pytorch/pytorch PR #126166: "FSDP2 offers (1) [reduce-scatter per microbatch
         backward, storing the sharded gradients] without any intervention")."""
-        per_mb = self.b.L.zero >= 2
+        per_mb = self.p.b.L.zero >= 2
         if is_last_grad or per_mb:
             self._grad_sync(unit, k, mb if per_mb else -1, is_last_grad)
 
     def _grad_sync(self, unit: str, k: int, mb: int, last: bool, deferred: bool = False) -> None:
         if unit not in self.units:
             return
-        if not self.b.t.overlap_grad_reduce and not deferred:
-            self.deferred_grads.append((unit, k, mb, last))
+        if not self.p.b.t.overlap_grad_reduce and not deferred:
+            self.p.deferred_grads.append((unit, k, mb, last))
             return
         dense, expert = self.units[unit]
-        dep = self.after_compute()
+        dep = self.p.after_compute()
         ids = []
         for axis, p, nm in (("dp_cp", dense, "grad"), ("edp", expert, "egrad")):
-            op = self.collective(
+            op = self.p.collective(
                 self._grad_coll(),
                 axis,
-                p * self.b.t.grad_bytes,
+                p * self.p.b.t.grad_bytes,
                 f"{unit}.{nm}",
                 "sync",
                 mb,
@@ -100,9 +104,9 @@ class ParamOps:
             )
             if op:
                 ids.append(op.id)
-                self.grad_ops.append(op.id)
+                self.p.grad_ops.append(op.id)
         if last:
-            self.reduced.append((unit, ids or dep))
+            self.p.reduced.append((unit, ids or dep))
 
     def mirror_grad_sync(self) -> None:
         """DualPipe keeps each stage's parameters on two ranks (r and pp-1-r); the pair
@@ -116,26 +120,26 @@ class ParamOps:
         DualPipe finishes the stage farther from the pipeline ends first on both ranks);
         the pair's two ranks produce a unit's gradients at different times, so issue
         order alone would cross and deadlock."""
-        b, L = self.b, self.b.L
-        mirror = self.rank_at_stage(sched.weight_peer(b.w.schedule, self.stage, L.pp))
-        if mirror == self.rank:
+        b, L = self.p.b, self.p.b.L
+        mirror = self.p.rank_at_stage(sched.weight_peer(b.w.schedule, self.p.stage, L.pp))
+        if mirror == self.p.rank:
             return
-        group = tuple(sorted((self.rank, mirror)))
-        chunk_of = {u: self._unit_chunk(u) for u, _ in self.reduced}
+        group = tuple(sorted((self.p.rank, mirror)))
+        chunk_of = {u: self._unit_chunk(u) for u, _ in self.p.reduced}
 
         def key(item):
             u = item[0]
             pos = b.model.layers if u == "head" else self._unit_layer(u)
             return (-chunk_of[u], -pos)
 
-        for unit, deps in sorted(self.reduced, key=key):
+        for unit, deps in sorted(self.p.reduced, key=key):
             dense, expert = self.units[unit]
             if L.zero >= 1:
                 dense, expert = dense / (L.dp * L.cp), expert / L.edp
-            op = self.collective(
+            op = self.p.collective(
                 "all-reduce",
                 "pp_mirror",
-                (dense + expert) * self.b.t.grad_bytes,
+                (dense + expert) * self.p.b.t.grad_bytes,
                 f"{unit}.mirror",
                 "sync",
                 -1,
@@ -146,16 +150,16 @@ class ParamOps:
                 group=group,
             )
             if op:
-                self.grad_ops.append(op.id)
+                self.p.grad_ops.append(op.id)
 
     def _unit_chunk(self, unit: str) -> int:
         """Model chunk a unit belongs to."""
         if unit == "embed":
             return 0
         if unit == "head":
-            return self.b.n_chunks - 1
+            return self.p.b.n_chunks - 1
         l = self._unit_layer(unit)
-        return next(k for k, r in enumerate(self.b.chunks) if l in r)
+        return next(k for k, r in enumerate(self.p.b.chunks) if l in r)
 
     def tied_embedding_sync(self) -> None:
         """The first and last pipeline chunks each hold the embedding table when the
@@ -164,38 +168,38 @@ class ParamOps:
         gradient after the data-parallel reduction, as Megatron-LM's
         ``finalize_model_grads`` does (``_allreduce_word_embedding_grads`` over the
         embedding group, after ``finish_grad_sync``)."""
-        b, L, m = self.b, self.b.L, self.b.model
+        b, L, m = self.p.b, self.p.b.L, self.p.b.model
         if not (m.tied_embeddings or m.mtp_depth):
             return
-        own = {self.chunk_index(c) for c in range(self.n_local)}
+        own = {self.p.chunk_index(c) for c in range(self.p.n_local)}
         has_first, has_last = 0 in own, b.n_chunks - 1 in own
         if has_first == has_last:  # neither end, or both (DualPipe's end ranks, pp = 1)
             return
         other_chunk = b.n_chunks - 1 if has_first else 0
-        other = self.rank_at_stage(sched.chunk_owner(b.w.schedule, other_chunk, L.pp, L.vpp)[0])
-        if other == self.rank:
+        other = self.p.rank_at_stage(sched.chunk_owner(b.w.schedule, other_chunk, L.pp, L.vpp)[0])
+        if other == self.p.rank:
             return
         table = math.ceil(m.vocab / L.tp) * m.hidden
-        op = self.collective(
+        op = self.p.collective(
             "all-reduce",
             "pp_embed",
-            table * self.b.t.grad_bytes,
+            table * self.p.b.t.grad_bytes,
             "embed.tied_grad",
             "sync",
             -1,
             -1,
             -1,
-            self.grad_ops + self.after_compute(),
+            self.p.grad_ops + self.p.after_compute(),
             stream="mirror",
-            group=tuple(sorted((self.rank, other))),
+            group=tuple(sorted((self.p.rank, other))),
         )
         if op:
-            self.grad_ops.append(op.id)
+            self.p.grad_ops.append(op.id)
 
     def my_layers(self) -> list[int]:
         out = []
-        for c in range(self.n_local):
-            out.extend(self.b.chunks[self.chunk_index(c)])
+        for c in range(self.p.n_local):
+            out.extend(self.p.b.chunks[self.p.chunk_index(c)])
         return out
 
     def param_gathers(self) -> None:
@@ -206,7 +210,7 @@ class ParamOps:
             dense, expert = self.units[unit]
             ids = []
             for axis, p in (("dp_cp", dense), ("edp", expert)):
-                op = self.collective(
+                op = self.p.collective(
                     "all-gather",
                     axis,
                     p * PARAM_BYTES,
@@ -221,26 +225,26 @@ class ParamOps:
                 if op:
                     ids.append(op.id)
             if ids:
-                self.param_gather[unit] = ids[-1]
+                self.p.param_gather[unit] = ids[-1]
 
     def _params_for(self, unit: str, mb: int, k: int, phase: str) -> list[int]:
         """What a forward of ``unit`` waits for: its ZeRO-1/2 gather of this step, or
         its ZeRO-3 gather."""
         out = self._zero3_gather(unit, mb, k, phase)
-        if unit in self.param_gather:
-            out.append(self.param_gather[unit])
+        if unit in self.p.param_gather:
+            out.append(self.p.param_gather[unit])
         return out
 
     def _zero3_gather(self, unit: str, mb: int, k: int, phase: str) -> list[int]:
         """ZeRO-3 / FSDP: gather a unit's parameters before each use, at most one
         unit ahead of the compute stream (prefetch depth 1)."""
-        if self.b.L.zero != 3 or unit not in self.units:
+        if self.p.b.L.zero != 3 or unit not in self.units:
             return []
         dense, expert = self.units[unit]
-        window = self.compute_history[-2:-1]  # may start once the op before last is done
+        window = self.p.compute_history[-2:-1]  # may start once the op before last is done
         ids = []
         for axis, p in (("dp_cp", dense), ("edp", expert)):
-            op = self.collective(
+            op = self.p.collective(
                 "all-gather",
                 axis,
                 p * PARAM_BYTES,
@@ -257,19 +261,19 @@ class ParamOps:
         return ids
 
     def optimizer(self) -> None:
-        L, t = self.b.L, self.b.t
+        L, t = self.p.b.L, self.p.b.t
         dense, expert = self.local_params()
         kern = optimizer_kernels(dense, L.zero, L.dp * L.cp, t.optimizer)
         if expert:
             kern += optimizer_kernels(expert, L.zero, L.edp, t.optimizer)
         if not t.offload_optimizer:
-            self.compute("optimizer", kern, "opt", -1, -1, -1, deps=self.grad_ops)
+            self.p.compute("optimizer", kern, "opt", -1, -1, -1, deps=self.p.grad_ops)
             return
         # ZeRO-Offload: fp32 gradients down to the host, the update on the CPU,
         # bf16 parameters back up; the compute stream waits for the new weights.
         shard = sum(k.bytes for k in kern) / OPTIMIZER_BYTES_PER_PARAM[t.optimizer]
         # after the last backward kernel too: with dp·cp = 1 there is no reduction to wait on
-        d2h = self.host("grads.d2h", shard * t.grad_bytes, "opt", deps=self.after_compute() + self.grad_ops)
+        d2h = self.host("grads.d2h", shard * t.grad_bytes, "opt", deps=self.p.after_compute() + self.p.grad_ops)
         cpu = self.host(
             "optimizer.cpu",
             shard * OPTIMIZER_BYTES_PER_PARAM[t.optimizer],
@@ -278,12 +282,12 @@ class ParamOps:
             rate=HOST_UPDATE_BYTES_PER_S,
         )
         h2d = self.host("params.h2d", shard * PARAM_BYTES, "opt", deps=[cpu.id])
-        self.compute("optimizer.wait", (), "opt", -1, -1, -1, deps=[h2d.id])
+        self.p.compute("optimizer.wait", (), "opt", -1, -1, -1, deps=[h2d.id])
 
     def host(self, name: str, size: float, phase: str, deps=(), mb=-1, chunk=-1, layer=-1, rate=0.0, mem=()) -> Op:
         """A transfer over the device's host link (or, with ``rate``, CPU work)."""
-        return self.b.add(
-            rank=self.rank,
+        return self.p.b.add(
+            rank=self.p.rank,
             stream="offload",
             kind="host",
             name=name,
@@ -303,11 +307,11 @@ class ParamOps:
         return (sum(d for d, _ in self.units.values()), sum(e for _, e in self.units.values()))
 
     def static_memory(self) -> dict[str, float]:
-        L, t = self.b.L, self.b.t
+        L, t = self.p.b.L, self.p.b.t
         dense, expert = self.local_params()
         s = memory.training_state_bytes(dense, expert, L, t)
         buffers = memory.training_sharding_buffer_bytes(
-            self.b.model, L, t, [d + e for d, e in self.units.values()], weight_dtype_bytes=PARAM_BYTES
+            self.p.b.model, L, t, [d + e for d, e in self.units.values()], weight_dtype_bytes=PARAM_BYTES
         )
         return {
             "weights": s.weights,

@@ -42,41 +42,45 @@ RS_SM_HELD = 16 / 132
 
 
 class TpOverlapOps:
-    """The TP collectives around an attention or dense-MLP block, overlapped or not."""
+    """The TP collectives around an attention or dense-MLP block, overlapped or not (a part of the
+    rank's :class:`~workloads.trace.program.RankProgram`, held as ``p``)."""
+
+    def __init__(self, program) -> None:
+        self.p = program  # the rank's program: its state, its op helpers and its other parts
 
     def tp_overlap(self) -> bool:
-        b = self.b
+        b = self.p.b
         return bool(b.t.tp_comm_overlap) and b.L.sequence_parallel and b.L.tp > 1
 
     def tp_gather(self, name, phase, mb, k, l, deps, overlap=True) -> tuple[list, list]:
         """The all-gather before a block: (what the block waits for, empty where no
         collective runs; what runs beside it). ``overlap`` False: a MoE block's."""
-        h = self.b.hidden_bytes
+        h = self.p.b.hidden_bytes
         if not (overlap and self.tp_overlap()):
-            ag = self.collective("all-gather", "tp", h, name, phase, mb, k, l, deps)
+            ag = self.p.collective("all-gather", "tp", h, name, phase, mb, k, l, deps)
             return ([ag.id] if ag else []), []
-        tp = self.b.L.tp
-        first = self.collective("all-gather", "tp", h / tp, name, phase, mb, k, l, deps)
-        rest = self.collective("all-gather", "tp", h * (tp - 1) / tp, f"{name}.rest", phase, mb, k, l, [first.id])
+        tp = self.p.b.L.tp
+        first = self.p.collective("all-gather", "tp", h / tp, name, phase, mb, k, l, deps)
+        rest = self.p.collective("all-gather", "tp", h * (tp - 1) / tp, f"{name}.rest", phase, mb, k, l, [first.id])
         return [first.id], [rest.id]
 
     def tp_scatter(self, coll, name, phase, mb, k, l, op: Op, beside: list, overlap=True) -> Op | None:
         """The TP collective after block ``op`` (``coll``: reduce-scatter, or all-reduce
         without sequence parallelism); under the overlap its last chunk, after ``beside``."""
-        h = self.b.hidden_bytes
+        h = self.p.b.hidden_bytes
         if not (overlap and self.tp_overlap()):
-            return self.collective(coll, "tp", h, name, phase, mb, k, l, [op.id])
-        rest = self.collective(
+            return self.p.collective(coll, "tp", h, name, phase, mb, k, l, [op.id])
+        rest = self.p.collective(
             "reduce-scatter", "tp", h * (RS_SPLITS - 1) / RS_SPLITS, f"{name}.rest", phase, mb, k, l, list(op.deps)
         )  # from the start of op, the block's second part (tp_block)
         deps = [op.id, rest.id] + list(beside)
-        return self.collective("reduce-scatter", "tp", h / RS_SPLITS, name, phase, mb, k, l, deps)
+        return self.p.collective("reduce-scatter", "tp", h / RS_SPLITS, name, phase, mb, k, l, deps)
 
     def tp_block(self, name, fwd, part, mb, k, l, deps, mem=(), recompute=False, overlap=True) -> Op:
         """An attention or dense-MLP block's compute (forward kernels ``fwd``; ``part`` F / R
         or a backward part); under the overlap as two ops, the second holding the SMs (module
         notes). ``mem``: ``start`` entries on the first op, ``end`` on the last."""
-        kernels = fwd if part in ("F", "R") else self.b.bwd(fwd, part)
+        kernels = fwd if part in ("F", "R") else self.p.b.bwd(fwd, part)
         names = [x.name for x in fwd]
         cut = -1
         if overlap and self.tp_overlap():
@@ -85,15 +89,15 @@ class TpOverlapOps:
             elif any(n in ("qkv_proj", "mlp_up") for n in names):
                 cut = next(i for i, n in enumerate(names) if n in ("qkv_proj", "mlp_up"))
         if cut < 0 or (cut == 0 and part in ("F", "R")):
-            return self.compute(name, kernels, part, mb, k, l, deps=deps, mem=mem, recompute=recompute)
+            return self.p.compute(name, kernels, part, mb, k, l, deps=deps, mem=mem, recompute=recompute)
         if part in ("F", "R"):
             body, tail = fwd[:cut], fwd[cut:]
         else:
-            body = self.b.bwd(fwd[:cut] + fwd[cut + 1 :], part)
-            tail = self.b.bwd(fwd[cut : cut + 1], part)
+            body = self.p.b.bwd(fwd[:cut] + fwd[cut + 1 :], part)
+            tail = self.p.b.bwd(fwd[cut : cut + 1], part)
         start = tuple(m for m in mem if m[2] == "start")
         end = tuple(m for m in mem if m[2] != "start")
-        first = self.compute(f"{name}.body", body, part, mb, k, l, deps=deps, mem=start, recompute=recompute)
-        op = self.compute(name, tail, part, mb, k, l, deps=[first.id], mem=end, recompute=recompute)
+        first = self.p.compute(f"{name}.body", body, part, mb, k, l, deps=deps, mem=start, recompute=recompute)
+        op = self.p.compute(name, tail, part, mb, k, l, deps=[first.id], mem=end, recompute=recompute)
         op.sm_held = RS_SM_HELD
         return op
