@@ -443,3 +443,13 @@ def test_the_schedule_rule_catches_a_comparison():
     assert schedule_name_comparisons("m", 'PERIOD = {"1f1b": 2, "dualpipe": 4}\n') == ["m:1"]
     match = 'match name:\n    case "zb-h1" | "1f1b":\n        pass\n    case _:\n        pass\n'
     assert schedule_name_comparisons("m", match) == ["m:2"]
+
+
+# ---- one error signature (the check itself is tests/test_errors.py's) ----------------------
+
+
+def test_every_error_class_has_the_one_signature():
+    """Every StepsimError subclass of the packages is built ``Error(message, *, field=None)``."""
+    from test_errors import _all_error_classes, signature_faults
+
+    assert [f for cls in sorted(_all_error_classes(), key=lambda c: c.__name__) for f in signature_faults(cls)] == []

@@ -22,8 +22,9 @@ def aux_global_memory(point: Mapping, best_pp: Mapping | None) -> dict:
     """For the best PP layout: its estimated peak memory under a batch-global auxiliary
     loss (``balance: aux-loss-global``: every forward before any backward, so every
     micro-batch's activations are stashed at once) against auxiliary-loss-free balancing
-    (the map's own runs). Closed form (:func:`simulator.studies.search.estimate.estimate_memory`): the
-    simulator refuses ``aux-loss-global`` with DualPipe."""
+    (the map's own runs). Closed form (:func:`simulator.studies.search.estimate.estimate_memory`);
+    the simulator runs it under every schedule, DualPipe included (all forwards first, so
+    DualPipe's pairs cannot form)."""
     if best_pp is None:
         return {"aux_free_peak_bytes": None, "aux_global_peak_bytes": None, "aux_global_fits": None}
     mapping = candidate_mapping(point["scenario"], best_pp, point["id"])
