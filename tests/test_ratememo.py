@@ -84,6 +84,6 @@ def test_flow_identities_tell_weights_and_multiplicities_apart():
     heavy = net.prepared((Transfer(0, 1, 2e6, weight=2),))
     mult = net.prepared((Transfer(0, 1, 1e6, incidence=((link, 2.0),)),))
     same = net.prepared((Transfer(0, 1, 5e6),))  # another size: the solver's input is the same
-    ids = [int(net._flow_ids(p)[0]) for p in (plain, heavy, mult, same)]
+    ids = [int(net.slots._flow_ids(p)[0]) for p in (plain, heavy, mult, same)]
     assert ids[0] != ids[1] and ids[0] != ids[2] and ids[1] != ids[2]
     assert ids[3] == ids[0]

@@ -167,7 +167,7 @@ def phase_info(net: FlowNetwork, phases: tuple) -> tuple:
             if info is not None:
                 info.append((None, None, 0.0))
             continue
-        arr, link_list, iso = net.isolation(prep)
+        arr, link_list, iso = net.reservations.isolation(prep)
         links.update(link_list)
         if iso is None:
             info = None

@@ -10,8 +10,6 @@
   phase passes through the same flow sets);
 * :mod:`.flowslots`, :mod:`.stats` — the in-flight flows' slot arrays, the counters;
 * :mod:`.components` — the link-sharing components of the active flows, found on arrays;
-* :mod:`.flowstate` — the state the network shares with its slot and reservation halves,
-  declared once;
 * :mod:`.collectives` — planning a collective (algorithm choice, :func:`plan_collective`)
   and running its phases; the algorithms by family in :mod:`.plans` (phases, combinators,
   group structure), :mod:`.reductions` (ring, tree, halving-doubling, hierarchical,

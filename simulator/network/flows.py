@@ -85,8 +85,11 @@ _FILL_MEMO_MAX = 16384
 _INF = float("inf")
 
 
-class FlowNetwork(Reservations, FlowSlots):
-    """All in-flight transfers of one simulation, sharing links max-min fairly.
+class FlowNetwork:
+    """All in-flight transfers of one simulation, sharing links max-min fairly: the phases,
+    their events and the rate updates here; the in-flight flows' slot arrays in ``slots``
+    (:class:`~simulator.network.flowslots.FlowSlots`) and the phases run alone on their links
+    in ``reservations`` (:class:`~simulator.network.isolated.Reservations`).
 
     Parameters
     ----------
@@ -107,6 +110,7 @@ class FlowNetwork(Reservations, FlowSlots):
         reserve_isolated: bool = True,
     ) -> None:
         self.env = env
+        self.slots, self.reservations = FlowSlots(self), Reservations(self)
         self.topo = topo
         self.calibration = calibration if calibration is not None else NetCalibration()
         kinds = tuple(topo.link_kind)
@@ -125,7 +129,7 @@ class FlowNetwork(Reservations, FlowSlots):
         self._cap_pad = np.append(self.capacity, np.inf)  # index -1 (padding) -> inf
         self._link_scratch = np.full(self.n_links, -1, dtype=np.int64)  # components.number_links
         self.phases = PhasePreparer(topo, self.link_latency, self.link_overhead)
-        self._init_slots()
+        self.slots._init_slots()
         #: Scratch memo for callers that hand the same phases again and again
         #: (:func:`simulator.network.collectives.run_collective` keeps its merged phases here).
         self.memo: dict = {}
@@ -142,7 +146,7 @@ class FlowNetwork(Reservations, FlowSlots):
         self._phase_ids = itertools.count()
         self._phase_left: dict[int, int] = {}
         self._phase_event: dict[int, simpy.Event] = {}
-        self._init_reservations(reserve_isolated)
+        self.reservations._init_reservations(reserve_isolated)
         self._fills: dict[tuple, list] = {}  # component -> fill_small rates
         self._memo = RateMemo()  # large solves and splits by flow identities
         self._split_of: tuple | None = None  # (slots, batch) of the one component completing
@@ -151,29 +155,20 @@ class FlowNetwork(Reservations, FlowSlots):
 
     @property
     def active_flows(self) -> int:
-        return self._n_active
+        return self.slots._n_active
 
     @property
     def reserves_isolated(self) -> bool:
         """Whether phases alone on their links run from their cached evolution."""
-        return self._reserve
+        return self.reservations._reserve
 
     def flow_table(self) -> list[tuple[tuple[int, ...], float, float, float]]:
         """``(links, weight, rate per unit flow, bytes left now)`` of every flow in the
         network, in arrival order. Rates are those in force after the last update
         (flows that arrived at this very instant may still show rate 0)."""
-        for pid in sorted(self._reserved):
-            self._materialise(pid)
-        now = self.env.now
-        hw = len(self._links)
-        live = np.flatnonzero(self._batch[:hw] != -1)
-        live = live[np.argsort(self._seq[live], kind="stable")]
-        out = []
-        for s in live.tolist():
-            r = float(self._rate[s])
-            left = float(self._rem[s] - r * (now - self._t0[s])) if r > 0.0 else float(self._rem[s])
-            out.append((self._links[s], float(self._w[s]), r, max(left, 0.0)))
-        return out
+        for pid in sorted(self.reservations._reserved):
+            self.reservations._materialise(pid)
+        return self.slots.table(self.env.now)
 
     def route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, float]:
         """``(links, path latency, largest per-link overhead)`` of ``src -> dst`` (cached;
@@ -211,6 +206,7 @@ class FlowNetwork(Reservations, FlowSlots):
         NetworkError
             On ``steps < 1``, a negative size, a weight < 1 or an unknown device.
         """
+        res = self.reservations
         if not (isinstance(steps, (int, np.integer)) and steps >= 1):
             raise NetworkError(f"steps must be an integer >= 1, got {steps!r}")
         prep = self.phases.prepare(transfers)
@@ -226,13 +222,13 @@ class FlowNetwork(Reservations, FlowSlots):
         stats.flow_rows_started += len(prep.links)
         stats.unit_flows_started += prep.units
         latency = steps * prep.latency_s
-        if self._reserve:
+        if res._reserve:
             # Alone on its links already: reserve them from now, through the latency.
             # The reservation's timer is the phase's event (one simpy event, not two)
             # unless the phase is materialised (see :meth:`_materialise`).
-            _, link_list, iso = self.isolation(prep)
-            if iso is not None and self._free_of_reservations(link_list) and self._free_of_flows(link_list):
-                timer = self._reserve_phase(pid, prep, iso, latency)
+            _, link_list, iso = res.isolation(prep)
+            if iso is not None and res._free_of_reservations(link_list) and res._free_of_flows(link_list):
+                timer = res._reserve_phase(pid, prep, iso, latency)
                 self._phase_event[pid] = timer
                 return timer
         done = self._phase_event[pid] = self.env.event()
@@ -244,16 +240,17 @@ class FlowNetwork(Reservations, FlowSlots):
     def _arrive(self, pid: int, prep: PreparedPhase, _ev=None) -> None:
         """The phase's latency has elapsed: reserve its links if it is alone on them,
         else its flows enter the network (materialising reserved phases in the way)."""
-        if self._reserve:
-            _, link_list, iso = self.isolation(prep)
-            on = self._reserved_on
+        res = self.reservations
+        if res._reserve:
+            _, link_list, iso = res.isolation(prep)
+            on = res._reserved_on
             hit = {on[link] for link in link_list if link in on}
             for other in sorted(hit):
-                self._materialise(other)
-            if iso is not None and self._free_of_flows(link_list):
-                self._reserve_phase(pid, prep, iso)
+                res._materialise(other)
+            if iso is not None and res._free_of_flows(link_list):
+                res._reserve_phase(pid, prep, iso)
                 return
-        self._insert(pid, prep)
+        self.slots._insert(pid, prep)
 
     def _request_update(self) -> None:
         """Recompute once at this instant, after every change made at it."""
@@ -268,17 +265,18 @@ class FlowNetwork(Reservations, FlowSlots):
         arrival order, in order of their first flow's arrival; and the flows that
         share no link with any other (the common case: a ring on a crossbar or a
         rail), in arrival order."""
+        slots = self.slots
         # -- components: simulator/network/components.py --
-        found = bounded_search(self._link_flows, self._links, seeds)
+        found = bounded_search(slots._link_flows, slots._links, seeds)
         if found is None:  # a large component: one array pass over every active flow
-            return components_of(self._tab, self._batch, len(self._links), self.n_links, seeds, self._seq)
-        return canonical(*found, self._seq)
+            return components_of(slots._tab, slots._batch, len(slots._links), self.n_links, seeds, slots._seq)
+        return canonical(*found, slots._seq)
 
     def _update(self, _ev=None) -> None:
         self._update_pending = False
         seeds = self._dirty
         self._dirty = []
-        links = self._links
+        links = self.slots._links
         phases = self._new_phases
         self._new_phases = []
         split, self._split_of = self._split_of, None
@@ -308,11 +306,12 @@ class FlowNetwork(Reservations, FlowSlots):
         the last time the same flows survived (:class:`~simulator.network.ratememo.RateMemo`),
         or found and solved and remembered. False (the caller does the general update)
         where the survivors are too few to be worth a key."""
+        slots = self.slots
         sl, bid = split
-        rest = sl[self._batch[sl] == bid]  # survivors, in arrival order
+        rest = sl[slots._batch[sl] == bid]  # survivors, in arrival order
         if rest.shape[0] < MEMO_MIN_FLOWS:
             return False
-        fids = self._fid[rest]
+        fids = slots._fid[rest]
         hit = self._memo.split(fids)
         if hit is not None:
             pos, lens, n_single, rates = hit
@@ -320,23 +319,24 @@ class FlowNetwork(Reservations, FlowSlots):
             return True
         comps, singles = self._components(seeds)
         rates = self._recompute(comps, singles) if comps or singles else None
-        self._memo.keep_split(fids, self._seq[rest], comps, singles, self._seq, rates)
+        self._memo.keep_split(fids, slots._seq[rest], comps, singles, slots._seq, rates)
         return True
 
     def _isolated(self, prep: PreparedPhase) -> bool:
         """Whether the (big) phase just arrived is alone on every one of its links."""
         if prep.by_link is None:
             return False
-        lf = self._link_flows
+        lf = self.slots._link_flows
         return all(len(lf[lk]) == b - a for lk, a, b in prep.by_link[1])
 
     def _fill_big(self, sl: np.ndarray, w: np.ndarray, lens: list[int]) -> np.ndarray:
         """Max-min rates of components given back to back (slots ``sl``, sizes ``lens``)."""
-        sub = self._tab[sl]
+        slots = self.slots
+        sub = slots._tab[sl]
         mask = sub >= 0
         flat = sub[mask].astype(np.int64)
         owner = np.nonzero(mask)[0]
-        mult = self._mtab[sl][mask] if self._any_mult else None
+        mult = slots._mtab[sl][mask] if slots._any_mult else None
         if len(lens) == 1:
             used, local, _ = number_links(flat, None, self._link_scratch)
             return fill_arrays(owner, local, np.ones(flat.shape[0]) if mult is None else mult, w, self.capacity[used])
@@ -368,6 +368,7 @@ class FlowNetwork(Reservations, FlowSlots):
     def _recompute_slots(self, sl: np.ndarray, lens: list[int], n_single: int, rates=None) -> np.ndarray:
         """:meth:`_recompute` of more than a handful of flows given as slots ``sl``: the
         components back to back (sizes ``lens``), then ``n_single`` lone flows."""
+        slots = self.slots
         now = self.env.now
         stats = self.stats
         stats.recomputations += 1
@@ -379,7 +380,7 @@ class FlowNetwork(Reservations, FlowSlots):
         if singles:
             lens = lens + [n_single]
         n_comps = len(lens)
-        w = self._w[sl]
+        w = slots._w[sl]
         if rates is not None:
             r = rates
         elif n_multi == 0:
@@ -387,8 +388,8 @@ class FlowNetwork(Reservations, FlowSlots):
         elif pos <= SMALL_COMPONENT:
             parts: list = []
             at = 0
-            wl, links = w.tolist(), self._links
-            mults = self._mults if self._any_mult else None
+            wl, links = w.tolist(), slots._links
+            mults = slots._mults if slots._any_mult else None
             flat = sl[:pos].tolist()
             for n in lens[:n_multi]:
                 comp = flat[at : at + n]
@@ -403,28 +404,28 @@ class FlowNetwork(Reservations, FlowSlots):
             r = self._fill_remembered(sl[:pos], w[:pos], lens[:n_multi])
         if singles and rates is None:  # alone on their links: the tightest one (routes are simple paths)
             single = sl[pos:]
-            if self._any_mult:
-                alone = (self._cap_pad[self._tab[single]] / (w[pos:, None] * self._mtab[single])).min(axis=1)
+            if slots._any_mult:
+                alone = (self._cap_pad[slots._tab[single]] / (w[pos:, None] * slots._mtab[single])).min(axis=1)
             else:
-                alone = self._cap_pad[self._tab[single]].min(axis=1) / w[pos:]
+                alone = self._cap_pad[slots._tab[single]].min(axis=1) / w[pos:]
             r = np.concatenate([r, alone])
-        old = self._rate[sl]
-        t0 = self._t0[sl]
-        rem = self._rem[sl]
+        old = slots._rate[sl]
+        t0 = slots._t0[sl]
+        rem = slots._rem[sl]
         changed = r != old
         adv = changed & (old > 0.0)  # advance at the old rate up to now
         if adv.any():
             rem = np.where(adv, np.maximum(rem - old * (now - t0), 0.0), rem)
             t0 = np.where(adv, now, t0)
-            self._rem[sl] = rem
-            self._t0[sl] = t0
+            slots._rem[sl] = rem
+            slots._t0[sl] = t0
         # same rate: same segment, same completion time
-        end = np.where(changed, t0 + rem / r, self._end[sl])
-        self._rate[sl] = r
-        self._end[sl] = end
+        end = np.where(changed, t0 + rem / r, slots._end[sl])
+        slots._rate[sl] = r
+        slots._end[sl] = end
         b0 = self._next_bid
         self._next_bid += n_comps
-        self._batch[sl] = np.repeat(np.arange(b0, b0 + n_comps), lens)
+        slots._batch[sl] = np.repeat(np.arange(b0, b0 + n_comps), lens)
         if n_comps == 1:
             firsts, starts = [float(end.min())], [0]
         else:
@@ -442,7 +443,7 @@ class FlowNetwork(Reservations, FlowSlots):
         """:meth:`_fill_big`, remembered by the flows' identities where they are many."""
         if sl.shape[0] < MEMO_MIN_FLOWS:
             return self._fill_big(sl, w, lens)
-        fids, key = self._fid[sl], tuple(lens)
+        fids, key = self.slots._fid[sl], tuple(lens)
         r = self._memo.rates(fids, key)
         if r is None:
             r = self._fill_big(sl, w, lens)
@@ -465,11 +466,12 @@ class FlowNetwork(Reservations, FlowSlots):
     def _recompute_scalar(self, comps: list[list[int]], grouped: bool, now: float) -> None:
         """:meth:`_recompute` for a handful of flows: the same arithmetic on scalars.
         With ``grouped`` the last of ``comps`` is the group of single flows."""
-        links, cap = self._links, self._cap
-        w, rem, t0, rate, end = self._w, self._rem, self._t0, self._rate, self._end
-        batch, heap, batches = self._batch, self._heap, self._batches
+        slots = self.slots
+        links, cap = slots._links, self._cap
+        w, rem, t0, rate, end = slots._w, slots._rem, slots._t0, slots._rate, slots._end
+        batch, heap, batches = slots._batch, self._heap, self._batches
         last = len(comps) - 1
-        mults = self._mults if self._any_mult else None
+        mults = slots._mults if slots._any_mult else None
         for i, comp in enumerate(comps):
             group = grouped and i == last
             if group:
@@ -520,7 +522,7 @@ class FlowNetwork(Reservations, FlowSlots):
             key, bid = heap[0]
             sl, group = batches[bid]
             if not group:
-                if self._batch[sl[0]] == bid:  # a component is re-solved whole
+                if self.slots._batch[sl[0]] == bid:  # a component is re-solved whole
                     break
                 heapq.heappop(heap)
                 del batches[bid]
@@ -544,12 +546,13 @@ class FlowNetwork(Reservations, FlowSlots):
             self.env.timeout(delay if delay > 0.0 else 0.0).callbacks.append(partial(self._wake, self._gen, t))
 
     def _wake(self, gen: int, t: float, _ev=None) -> None:
+        slots = self.slots
         if gen != self._gen:
             return
         self._wake_at = _INF
         self.stats.wakeups += 1
         heap, batches = self._heap, self._batches
-        end, t0, batch = self._end, self._t0, self._batch
+        end, t0, batch = slots._end, slots._t0, slots._batch
         comps, keys, done, regroup, bids = [], [], [], [], []
         while heap and heap[0][0] <= t:
             key, bid = heapq.heappop(heap)
@@ -583,13 +586,14 @@ class FlowNetwork(Reservations, FlowSlots):
             finished = done[0] if len(done) == 1 else np.concatenate(done)
             if finished.shape[0]:
                 self._split_of = (np.asarray(comps[0]), bids[0]) if len(comps) == 1 else None
-                self._complete(finished)
+                slots._complete(finished)
                 self._request_update()
                 return
         self._schedule_wake()
 
     def _live_of(self, sl, bid: int) -> tuple[np.ndarray, np.ndarray]:
         """Slots of group batch ``bid`` not re-solved since, and their completion times."""
+        slots = self.slots
         sl = np.asarray(sl)
-        sl = sl[self._batch[sl] == bid]
-        return sl, self._end[sl]
+        sl = sl[slots._batch[sl] == bid]
+        return sl, slots._end[sl]

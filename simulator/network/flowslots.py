@@ -2,7 +2,7 @@
 
 Flows live in slots of numpy arrays (grown by doubling, reused through a free
 list); their routes also as tuples, for the link -> flows index and the small
-solver. :class:`FlowSlots` (a mixin of the network) inserts a prepared phase's
+solver. :class:`FlowSlots` (a part of the network, held as its ``slots``) inserts a prepared phase's
 flows, removes completed ones (counting their bytes on each link) and fires the
 events of the phases that finish.
 """
@@ -13,7 +13,6 @@ import itertools
 
 import numpy as np
 
-from simulator.network.flowstate import FlowState
 from simulator.network.phases import _PREPARED_MAX, _SMALL_BATCH, PreparedPhase
 
 #: Updates touching at most this many flows use scalar (not vectorised) state access.
@@ -22,8 +21,12 @@ _SCALAR_MAX = 4
 _INF = float("inf")
 
 
-class FlowSlots(FlowState):
-    """Slot storage of in-flight flows (a mixin of :class:`~simulator.network.flows.FlowNetwork`)."""
+class FlowSlots:
+    """Slot storage of in-flight flows (a part of a :class:`~simulator.network.flows.FlowNetwork`,
+    held as ``net``)."""
+
+    def __init__(self, net) -> None:
+        self.net = net  # the flow network: its environment, stats, phases and other half
 
     def _init_slots(self) -> None:
         self._links: list[tuple[int, ...]] = []  # per slot ever used
@@ -72,6 +75,19 @@ class FlowSlots(FlowState):
                 newm[: mt.shape[0], : mt.shape[1]] = mt
                 self._mtab = newm
 
+    def table(self, now: float) -> list[tuple[tuple[int, ...], float, float, float]]:
+        """``(links, weight, rate per unit flow, bytes left at now)`` of every flow in its slot,
+        in arrival order (:meth:`~simulator.network.flows.FlowNetwork.flow_table`)."""
+        hw = len(self._links)
+        live = np.flatnonzero(self._batch[:hw] != -1)
+        live = live[np.argsort(self._seq[live], kind="stable")]
+        out = []
+        for s in live.tolist():
+            r = float(self._rate[s])
+            left = float(self._rem[s] - r * (now - self._t0[s])) if r > 0.0 else float(self._rem[s])
+            out.append((self._links[s], float(self._w[s]), r, max(left, 0.0)))
+        return out
+
     def _insert(self, pid: int, prep: PreparedPhase) -> np.ndarray:
         """A phase's flows enter the flow arrays (rate to be solved); returns their
         slots."""
@@ -84,12 +100,12 @@ class FlowSlots(FlowState):
         sl = np.array(slots, dtype=np.int64)
         self._write_rows(pid, prep, slots, sl)
         self._index_links(prep, slots, sl)
-        self._new.extend(slots)
-        self._new_phases.append((prep, sl))
+        self.net._new.extend(slots)
+        self.net._new_phases.append((prep, sl))
         self._n_active += k
-        if self._n_active > self.stats.max_concurrent_flows:
-            self.stats.max_concurrent_flows = self._n_active
-        self._request_update()
+        if self._n_active > self.net.stats.max_concurrent_flows:
+            self.net.stats.max_concurrent_flows = self._n_active
+        self.net._request_update()
         return sl
 
     def _take_slots(self, prep: PreparedPhase) -> list[int]:
@@ -126,7 +142,7 @@ class FlowSlots(FlowState):
     def _write_rows(self, pid: int, prep: PreparedPhase, slots: list[int], sl: np.ndarray) -> None:
         """The flows' state at arrival (whole size left, no rate yet) and their link
         tables, in ``slots`` (a list) / ``sl`` (the same as an array)."""
-        now = self.env.now
+        now = self.net.env.now
         k = len(slots)
         if k <= 2:  # scalar twin of the branch below (same values)
             w, size, rem, t0, rate = self._w, self._size, self._rem, self._t0, self._rate
@@ -221,9 +237,9 @@ class FlowSlots(FlowState):
             amounts: list[float] = []
             for s, m in zip(dl, moved.tolist()):
                 self._detach(s, m, at, amounts)
-            np.add.at(self.stats.link_bytes, at, amounts)  # in order: the same sums
+            np.add.at(self.net.stats.link_bytes, at, amounts)  # in order: the same sums
         else:
-            lf, dirty, link_bytes = self._link_flows, self._dirty, self.stats.link_bytes
+            lf, dirty, link_bytes = self._link_flows, self.net._dirty, self.net.stats.link_bytes
             sub = self._tab[done]
             mask = sub >= 0
             flat = sub[mask].astype(np.int64)
@@ -243,7 +259,7 @@ class FlowSlots(FlowState):
                 else:
                     del lf[lk]
         self._batch[done] = -1
-        left = self._phase_left
+        left = self.net._phase_left
         finished = []
         if len(dl) <= _SMALL_BATCH:
             for p in self._pid[done].tolist():
@@ -267,7 +283,7 @@ class FlowSlots(FlowState):
         other flows are re-solved) and list its ``moved`` bytes for each of its links
         (times the link's multiplicity) in ``at`` / ``amounts``, for the caller to add to
         ``stats.link_bytes`` in that order."""
-        lf, dirty = self._link_flows, self._dirty
+        lf, dirty = self._link_flows, self.net._dirty
         links = self._links[s]
         for lk in links:
             fl = lf[lk]
@@ -286,7 +302,7 @@ class FlowSlots(FlowState):
     def _complete_scalar(self, done: list[int]) -> None:
         """:meth:`_complete` for a handful of flows."""
         w, size, batch, pids = self._w, self._size, self._batch, self._pid
-        left = self._phase_left
+        left = self.net._phase_left
         finished = []
         at: list[int] = []
         amounts: list[float] = []
@@ -299,7 +315,7 @@ class FlowSlots(FlowState):
                 left[p] = n
             else:
                 finished.append(p)
-        np.add.at(self.stats.link_bytes, at, amounts)  # in order: the same sums
+        np.add.at(self.net.stats.link_bytes, at, amounts)  # in order: the same sums
         self._release(done, finished)
 
     def _release(self, slots, finished: list[int]) -> None:
@@ -307,9 +323,9 @@ class FlowSlots(FlowState):
         phases that ``finished`` (in phase order, for determinism)."""
         self._free.extend(reversed(slots))
         self._n_active -= len(slots)
-        left = self._phase_left
+        left = self.net._phase_left
         for p in sorted(finished):
             del left[p]
-            ev = self._phase_event.pop(p)
+            ev = self.net._phase_event.pop(p)
             if not ev.triggered:  # a reservation's timer fires by itself
                 ev.succeed()

@@ -28,7 +28,6 @@ from itertools import repeat
 import numpy as np
 import simpy
 
-from simulator.network.flowstate import FlowState
 from simulator.network.maxmin import DONE_RTOL, fill_arrays
 from simulator.network.phases import _PREPARED_MAX, PreparedPhase
 
@@ -103,10 +102,13 @@ def isolated_evolution(
     return IsolatedEvolution(t, uniq, uniq.tolist(), link_bytes, starts, flows, rems, rates_seg)
 
 
-class Reservations(FlowState):
-    """Reserved (isolated) phases of a :class:`~simulator.network.flows.FlowNetwork`
-    (a mixin: it uses the network's simpy environment, stats, flow index and phase
+class Reservations:
+    """Reserved (isolated) phases of a :class:`~simulator.network.flows.FlowNetwork` (a part of
+    it, held as ``net``: it uses the network's simpy environment, stats, flow slots and phase
     events)."""
+
+    def __init__(self, net) -> None:
+        self.net = net  # the flow network: its environment, stats, phases and other half
 
     def _init_reservations(self, reserve_isolated: bool) -> None:
         self._reserve = bool(reserve_isolated)
@@ -120,7 +122,7 @@ class Reservations(FlowState):
 
     def _free_of_flows(self, link_list: list) -> bool:
         """Whether no flow of the flow-by-flow path is on any of these links."""
-        return not any(map(self._link_flows.__contains__, link_list))
+        return not any(map(self.net.slots._link_flows.__contains__, link_list))
 
     def _free_of_reservations(self, link_list: list) -> bool:
         """Whether no reserved phase holds any of these links."""
@@ -132,7 +134,7 @@ class Reservations(FlowState):
         hit = self._isolation_of.get(id(prep))
         if hit is not None and hit[0] is prep:
             return hit[1:]
-        iso = isolated_evolution(prep, self.capacity)
+        iso = isolated_evolution(prep, self.net.capacity)
         if iso is not None:
             links, link_list = iso.links, iso.link_list
         else:
@@ -151,14 +153,14 @@ class Reservations(FlowState):
         evolution's terms) that much later."""
         self._reserved_on.update(zip(iso.link_list, repeat(pid)))
         token = self._next_token = self._next_token + 1
-        timer = self.env.timeout(latency_s + iso.duration_s)
+        timer = self.net.env.timeout(latency_s + iso.duration_s)
         finish = partial(self._finish_reserved, pid, token)
         timer.callbacks.append(finish)
-        self._reserved[pid] = (prep, iso, self.env.now + latency_s, token, timer, finish)
-        self.stats.reserved_phases += 1
-        self._n_active += len(prep.links)
-        if self._n_active > self.stats.max_concurrent_flows:
-            self.stats.max_concurrent_flows = self._n_active
+        self._reserved[pid] = (prep, iso, self.net.env.now + latency_s, token, timer, finish)
+        self.net.stats.reserved_phases += 1
+        self.net.slots._n_active += len(prep.links)
+        if self.net.slots._n_active > self.net.stats.max_concurrent_flows:
+            self.net.stats.max_concurrent_flows = self.net.slots._n_active
         return timer
 
     def _finish_reserved(self, pid: int, token: int, _ev=None) -> None:
@@ -176,29 +178,29 @@ class Reservations(FlowState):
         on = self._reserved_on
         for link in iso.link_list:
             del on[link]
-        self._n_active -= len(prep.links)
+        self.net.slots._n_active -= len(prep.links)
         return prep, iso, t_arr, timer, finish
 
     def _retire(self, pid: int, iso: IsolatedEvolution) -> None:
         """A reserved phase has completed: count its bytes, fire its event."""
-        self.stats.link_bytes[iso.links] += iso.link_bytes
-        self._release([], [pid])
+        self.net.stats.link_bytes[iso.links] += iso.link_bytes
+        self.net.slots._release([], [pid])
 
     def _materialise(self, pid: int) -> None:
         """Hand a reserved phase to the flow-by-flow path: its unfinished flows enter
         the network with the state its isolated evolution has reached now."""
         prep, iso, t_arr, timer, finish = self._unreserve(pid)
         k = len(prep.links)
-        tau = self.env.now - t_arr
+        tau = self.net.env.now - t_arr
         if tau >= iso.duration_s:  # due at this very instant
             self._retire(pid, iso)
             return
-        if self._phase_event[pid] is timer:  # its timer no longer ends it: a new event,
-            done = self._phase_event[pid] = self.env.event()  # with the timer's waiters
+        if self.net._phase_event[pid] is timer:  # its timer no longer ends it: a new event,
+            done = self.net._phase_event[pid] = self.net.env.event()  # with the timer's waiters
             done.callbacks = [cb for cb in timer.callbacks if cb is not finish]
             timer.callbacks = [finish]
         if tau < 0.0:  # still in its latency: arrive as usual
-            self.env.timeout(-tau).callbacks.append(partial(self._arrive, pid, prep))
+            self.net.env.timeout(-tau).callbacks.append(partial(self.net._arrive, pid, prep))
             return
         i = bisect.bisect_right(iso.seg_start, tau) - 1
         alive = iso.seg_flows[i]
@@ -211,9 +213,9 @@ class Reservations(FlowState):
             moved = (prep.weights[rows] * prep.sizes[rows])[np.nonzero(mask)[0]]
             if prep.mtable is not None:
                 moved = moved * prep.mtable[rows][mask]
-            np.add.at(self.stats.link_bytes, sub[mask].astype(np.int64), moved)
+            np.add.at(self.net.stats.link_bytes, sub[mask].astype(np.int64), moved)
             al = alive.tolist()
-            whole = self._flow_ids(prep)
+            whole = self.net.slots._flow_ids(prep)
             prep = PreparedPhase(
                 len(al),
                 int(prep.weights[alive].sum()),
@@ -226,12 +228,12 @@ class Reservations(FlowState):
                 None if prep.mults is None else [prep.mults[j] for j in al],
                 None if prep.mtable is None else prep.mtable[alive],
             )
-            self._flow_ids(prep, whole[alive])
-        self._phase_left[pid] = alive.shape[0]
-        sl = self._insert(pid, prep)
+            self.net.slots._flow_ids(prep, whole[alive])
+        self.net._phase_left[pid] = alive.shape[0]
+        sl = self.net.slots._insert(pid, prep)
         t0 = t_arr + iso.seg_start[i]
         rem, rate = iso.seg_rem[i], iso.seg_rate[i]
-        self._rem[sl] = rem
-        self._t0[sl] = t0
-        self._rate[sl] = rate
-        self._end[sl] = t0 + rem / rate
+        self.net.slots._rem[sl] = rem
+        self.net.slots._t0[sl] = t0
+        self.net.slots._rate[sl] = rate
+        self.net.slots._end[sl] = t0 + rem / rate
