@@ -7,6 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from simulator.network.phases import Transfer
 from simulator.network.plans import CollectiveError, Phase, bundle, merge_parallel, torus_grid
 
@@ -103,3 +105,57 @@ def grid_product(ranges: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
     for r in ranges:
         out = [t + (v,) for t in out for v in r]
     return out
+
+
+# ---- closed forms on one pod's torus (simulator.studies.search.network_model) ----------------
+# (seconds per byte, latency seconds) of a collective alone on the torus; ``coords``: per axis,
+# the members' coordinates (numpy arrays); ``bw`` per link and direction, ``hop_s`` per link.
+
+
+def torus_box_time(
+    op: str, extents: Sequence[int], shape: Sequence[int], wrap: Sequence[bool], bw: float, hop_s: float
+) -> tuple[float, float]:
+    """:func:`torus_phases` on a group that is a box of ``extents``: one share of ``1/d`` per
+    axis, share ``i`` taking the axes in the order rotated by ``i``; stage ``j`` of every share
+    runs at once (the max over shares); a wrapped axis the group covers is a bidirectional ring,
+    any other a line at half that bandwidth."""
+    f = 2 if op == "all-reduce" else 1
+    axes = [(e, 2 if (w and e == e_full and e_full > 2) else 1) for e, e_full, w in zip(extents, shape, wrap) if e > 1]
+    d = len(axes)
+    orders = [axes[i:] + axes[:i] for i in range(d)]
+    per_byte, steps = 0.0, 0
+    for j in range(d):
+        per_byte += max((o[j][0] - 1) / o[j][0] / d / math.prod(e for e, _ in o[:j]) / (bw * o[j][1]) for o in orders)
+        steps += max(o[j][0] - 1 for o in orders)
+    return f * per_byte, f * steps * hop_s
+
+
+def torus_a2a_time(coords: Sequence, extents: Sequence[int], n: int, shape, wrap, bw: float, hop_s: float):
+    """A direct all-to-all of ``n`` members on the torus, bounded by its busiest link: along an
+    axis of ``e`` members each line carries an all-to-all of ``S/e`` per pair, whose busiest link
+    carries ``floor(e/2) ceil(e/2)`` messages on a line and ``sum(d < e/2) + e/4`` on a wrapped
+    ring (shortest paths, ties split); the bounding extent stands for twin groups filling gaps."""
+    worst = 0.0
+    for c, e_full, w in zip(coords, shape, wrap):
+        e = int(c.max() - c.min() + 1)
+        if e <= 1:
+            continue
+        if w and e == e_full and e_full > 2:
+            load = sum(range(1, (e + 1) // 2)) + (e / 4 if e % 2 == 0 else 0.0)
+        else:
+            load = (e // 2) * ((e + 1) // 2)
+        worst = max(worst, load / e)
+    span = math.prod(int(c.max() - c.min() + 1) for c in coords)
+    return worst * span / n / bw, hop_s * max(1, sum(extents) - len(extents))
+
+
+def torus_ring_time(op: str, coords: Sequence, next_coords: Sequence, n: int, shape, wrap, bw: float, hop_s: float):
+    """A ring in group order on the torus (a group that is not a box): each neighbour transfer
+    takes the mean hop count between ring neighbours (twin groups interleave on the same links)."""
+    f = 2 if op == "all-reduce" else 1
+    worst = 0.0
+    for ca, cb, e, w in zip(coords, next_coords, shape, wrap):
+        d = np.abs(ca - cb)
+        d = np.minimum(d, e - d) if (w and e > 2) else d
+        worst = max(worst, float(d.sum()) / n)
+    return f * (n - 1) / n * max(worst, 1.0) / bw, f * (n - 1) * hop_s * max(worst, 1.0)

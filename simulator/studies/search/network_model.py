@@ -15,6 +15,7 @@ import numpy as np
 from simulator.network.alltoall import direct_a2a_time, hierarchical_a2a_time
 from simulator.network.collectives import default_algorithm
 from simulator.network.reductions import nvls_time, rail_ring_time, ring_time, sharp_time
+from simulator.network.torus_collective import torus_a2a_time, torus_box_time, torus_ring_time
 from topologies.networks import SwitchedNetwork
 
 
@@ -202,42 +203,7 @@ class NetModel:
         box = box and math.prod(extents) == n and self.algorithms.get(op) != "ring"  # a ring asked for
         B, a = self.link_bw, self.link_latency_s
         if op == "all-to-all":
-            B *= self.a2a_ici
-            worst = 0.0
-            for c, e_full, w in zip(coords, self.shape, self.wrap):
-                e = int(c.max() - c.min() + 1)  # bounding extent: twin groups fill the gaps
-                if e <= 1:
-                    continue
-                if w and e == e_full and e_full > 2:
-                    load = sum(range(1, (e + 1) // 2)) + (e / 4 if e % 2 == 0 else 0.0)
-                else:
-                    load = (e // 2) * ((e + 1) // 2)
-                worst = max(worst, load / e)
-            span = math.prod(int(c.max() - c.min() + 1) for c in coords)
-            return worst * span / n / B, a * max(1, sum(extents) - len(extents))
-        f = 2 if op == "all-reduce" else 1
+            return torus_a2a_time(coords, extents, n, self.shape, self.wrap, B * self.a2a_ici, a)
         if box:
-            # torus_collective.torus_phases: one share of 1/d per axis, share i taking the axes in the
-            # order rotated by i; stage j of every share runs at once (max over shares)
-            axes = [
-                (e, 2 if (w and e == e_full and e_full > 2) else 1)
-                for e, e_full, w in zip(extents, self.shape, self.wrap)
-                if e > 1
-            ]
-            d = len(axes)
-            orders = [axes[i:] + axes[:i] for i in range(d)]
-            per_byte, steps = 0.0, 0
-            for j in range(d):
-                per_byte += max(
-                    (o[j][0] - 1) / o[j][0] / d / math.prod(e for e, _ in o[:j]) / (B * o[j][1]) for o in orders
-                )
-                steps += max(o[j][0] - 1 for o in orders)
-            return f * per_byte, f * steps * a
-        # Not a box: a ring in group order; its neighbour transfers take several hops.
-        nxt = np.roll(local, -1)
-        worst = 0.0
-        for ca, cb, e, w in zip(coords, self._coords(nxt), self.shape, self.wrap):
-            d = np.abs(ca - cb)
-            d = np.minimum(d, e - d) if (w and e > 2) else d
-            worst = max(worst, float(d.sum()) / n)
-        return f * (n - 1) / n * max(worst, 1.0) / B, f * (n - 1) * a * max(worst, 1.0)
+            return torus_box_time(op, extents, self.shape, self.wrap, B, a)
+        return torus_ring_time(op, coords, self._coords(np.roll(local, -1)), n, self.shape, self.wrap, B, a)
