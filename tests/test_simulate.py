@@ -254,6 +254,10 @@ def test_the_run_leaves_the_callers_frozen_objects_frozen():
     try:
         frozen = gc.get_freeze_count()
         simulate("quickstart")
-        assert gc.get_freeze_count() == frozen
+        after = gc.get_freeze_count()
+        # thawing them (freeze + unfreeze in the finally) would leave 0; freezing the
+        # run's survivors would add to them. Frozen objects that the run lets go (a
+        # cache entry replaced) still leave the permanent generation: a few may go.
+        assert 0.99 * frozen <= after <= frozen
     finally:
         gc.unfreeze()
