@@ -5,6 +5,9 @@
 * :mod:`.export` — the output folder of ``stepsim run --out`` (summary.json, CSV/Parquet
   tables, Chrome trace, figures); :mod:`.parquet` its Parquet writer;
 * :mod:`.plots` — timeline, memory and bubble figures (matplotlib);
+* :mod:`.links` — the links table (``links.csv``): bytes, busy fraction and peak flows of
+  every loaded link by axis, rebuilt from the run's records; :mod:`.links_plot` its heat
+  map of racks, trays and switches (``links.png``);
 * :mod:`.html_report` — the one-page interactive report (plotly): the page and its memory
   and exposed-communication figures; :mod:`.html_timeline` its timeline, :mod:`.html_data`
   the data it draws (from a Result or a run directory);

@@ -43,13 +43,17 @@ class RunData:
     scenario: dict | None  # simulator.scenario.serialise.scenario_to_dict, None if not recorded
     labels: dict  # rank -> its name in every output (report.stage_label)
     missing: tuple[str, ...] = ()  # files of the run directory that were not there
+    links: pd.DataFrame | None = None  # the links table (simulator.results.links), None if not made
+    links_png: bytes | None = None  # the links heat map (links.png), None if not drawn
 
 
 def run_data(result) -> RunData:
-    """A :class:`RunData` from a :class:`~simulator.results.result.Result` in memory."""
+    """A :class:`RunData` from a :class:`~simulator.results.result.Result` in memory (the
+    links heat map is the file ``links.png`` that :meth:`Result.write` draws: not here)."""
     from simulator.results.report import stage_labels
     from simulator.scenario.serialise import scenario_to_dict
 
+    links = result.links_table()
     return RunData(
         summary=result.summary,
         events=result.events,
@@ -57,6 +61,7 @@ def run_data(result) -> RunData:
         idle=result.idle,
         scenario=scenario_to_dict(result.scenario) if result.scenario is not None else None,
         labels=stage_labels(result),
+        links=pd.DataFrame(links) if links is not None else None,
     )
 
 
@@ -97,6 +102,7 @@ def load_run_dir(path) -> RunData:
         absent.append("scenario.json")
     stages = dict(zip(memory["rank"].tolist(), memory["stage"].tolist()))
     labels = _labels_from_scenario(scenario, summary, stages)
+    links = pd.read_csv(d / "links.csv", keep_default_na=False) if (d / "links.csv").is_file() else None
     return RunData(
         summary=summary,
         events=events,
@@ -105,6 +111,8 @@ def load_run_dir(path) -> RunData:
         scenario=scenario,
         labels=labels,
         missing=tuple(absent),
+        links=links,
+        links_png=(d / "links.png").read_bytes() if (d / "links.png").is_file() else None,
     )
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import html
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -242,6 +243,36 @@ def moe_terms_table(s: dict) -> str:
     return f'<table class="t"><tr><th>term</th><th>ms per MoE layer and micro-batch</th></tr>{body}</table>'
 
 
+def links_section(data: RunData, top: int = 10) -> str:
+    """The links heat map (links.png, inlined) and the ``top`` busiest links of the links
+    table (``axis == "all"``); empty without a links table."""
+    if data.links is None:
+        return ""
+    parts = [
+        '<p class="meta">Busy fraction: the union of the spans of the collectives and sends that '
+        "load a link, over the step time (an upper bound: a flow may end before its collective). "
+        "links.csv has every loaded link by axis.</p>"
+    ]
+    if data.links_png is not None:
+        import base64
+
+        src = base64.b64encode(data.links_png).decode()
+        parts.append(
+            f'<img id="links-map" alt="links heat map" style="max-width:100%" src="data:image/png;base64,{src}">'
+        )
+    t = data.links[data.links["axis"] == "all"].sort_values(["busy_fraction", "bytes"], ascending=False).head(top)
+    rows = "".join(
+        f"<tr><td>{html.escape(str(a))} → {html.escape(str(b))}</td><td>{html.escape(str(k))}</td>"
+        f"<td>{100 * f:.1f}</td><td>{n / 1e9:.3f}</td><td>{int(p)}</td></tr>"
+        for a, b, k, f, n, p in zip(t["src"], t["dst"], t["kind"], t["busy_fraction"], t["bytes"], t["peak_flows"])
+    )
+    parts.append(
+        '<table class="t" id="links-top"><tr><th>link</th><th>kind</th><th>busy %</th><th>GB</th>'
+        f"<th>peak flows</th></tr>{rows}</table>"
+    )
+    return "".join(parts)
+
+
 def _table(df: pd.DataFrame, fmt, index_name: str) -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in [index_name, *df.columns])
     body = "".join(
@@ -340,6 +371,10 @@ def render_report(data: RunData, max_ranks: int = 32) -> str:
             "(summary.json <code>moe_terms_s</code>; sources in docs/moe.md).</p>"
         )
         page.add(moe)
+    links = links_section(data)
+    if links:
+        page.add("<h2>Links</h2>")
+        page.add(links)
     page.add("<h2>Scenario</h2>")
     if data.scenario is not None:
         page.add(f"<pre>{html.escape(yaml.safe_dump(data.scenario, sort_keys=False, allow_unicode=True))}</pre>")
@@ -355,7 +390,9 @@ def render_report(data: RunData, max_ranks: int = 32) -> str:
 
 def write_report(source, path, max_ranks: int = 32) -> Path:
     """Write the report of ``source`` (a :class:`~simulator.results.result.Result`, a
-    :class:`RunData` or a ``stepsim run --out`` directory) to ``path``."""
+    :class:`RunData` or a ``stepsim run --out`` directory) to ``path``. A Result's or
+    RunData's page shows the links heat map ``links.png`` of the folder it is written into,
+    where there is one (``stepsim run --out DIR --html``)."""
     require_plotly()
     if isinstance(source, (str, Path)):
         data = load_run_dir(source)
@@ -364,6 +401,9 @@ def write_report(source, path, max_ranks: int = 32) -> Path:
     else:
         data = run_data(source)
     path = Path(path)
+    beside = path.parent / "links.png"  # written into a run folder: its heat map shows too
+    if data.links is not None and data.links_png is None and beside.is_file():
+        data = replace(data, links_png=beside.read_bytes())
     path.write_text(render_report(data, max_ranks=max_ranks), encoding="utf-8")
     return path
 

@@ -68,8 +68,11 @@ RUN_OUTPUTS = (
     "events.parquet",
     "memory.csv",
     "idle.csv",
+    "links.csv",
+    "links.parquet",
     "timeline.png",
     "memory.png",
+    "links.png",
     "report.html",
 )
 
@@ -223,8 +226,9 @@ class Result:
 
     def write(self, out_dir, plots: bool = True, parallel: bool | None = None) -> dict[str, Path]:
         """Write summary.json, scenario.json, trace.json, events.csv, events.parquet,
-        memory.csv, idle.csv, timeline.png and memory.png into ``out_dir`` (what
-        ``stepsim report`` reads back); returns the paths.
+        memory.csv, idle.csv, links.csv, links.parquet, timeline.png, memory.png and
+        links.png into ``out_dir`` (what ``stepsim report`` reads back); returns the paths.
+        The links files need the run itself (:meth:`links_table`).
 
         ``parallel``: render the figures in a forked child while this process writes the
         rest (:mod:`simulator.results.beside`); ``None`` (the default) does so where that
@@ -253,6 +257,9 @@ class Result:
             "idle_csv": out / "idle.csv",
         }
         figures = {"timeline": out / "timeline.png", "memory_plot": out / "memory.png"} if plots else {}
+        links = self.links_table()  # None without the run itself (see links_table)
+        if figures and links is not None:
+            figures["links_plot"] = out / "links.png"
         # Writing allocates millions of short-lived strings and no reference cycles: the
         # cyclic collector would only walk the run's records again and again (a child
         # forked for the figures inherits the pause).
@@ -278,6 +285,10 @@ class Result:
                 export.write_events_parquet(events, paths["events_parquet"])  # key-value metadata stepsim_version
                 export.write_csv(self.table("memory"), paths["memory_csv"])
                 export.write_csv(self.table("idle"), paths["idle_csv"])
+                if links is not None:
+                    paths["links_csv"], paths["links_parquet"] = out / "links.csv", out / "links.parquet"
+                    export.write_csv(links, paths["links_csv"])
+                    export.write_events_parquet(links, paths["links_parquet"])  # any columns, no pandas
                 if beside is not None:
                     beside.wait()
                     beside = None
@@ -294,6 +305,24 @@ class Result:
 
         plotmod.plot_timeline(self, figures["timeline"])
         plotmod.plot_memory(self, figures["memory_plot"])
+        if "links_plot" in figures:
+            from simulator.results.links_plot import plot_links
+
+            plot_links(self, self.links_table(), figures["links_plot"])
+
+    def links_table(self) -> Columns | None:
+        """The links table (:func:`~simulator.results.links.link_columns`, built once), or
+        None for a result without the run itself (rebuilt from its tables, or skipped ahead
+        through its steady state)."""
+        if self.raw is None or self.trace is None or self.topology is None or self.scenario is None:
+            return None
+        if self.summary.get("steady_state"):
+            return None
+        if "links" not in self._columns:
+            from simulator.results.links import link_columns
+
+            self._columns["links"] = link_columns(self)
+        return self._columns["links"]
 
     def to_chrome_trace(self, path) -> None:
         from simulator.results import export
