@@ -85,16 +85,15 @@ def _groups(low, op, group: tuple) -> list[tuple]:
     return [tuple(g) for g in (rows if isinstance(rows, list) else rows.tolist())]
 
 
-def _op_loads(low, topo, op, cache: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(links, bytes, peak flows)`` of one collective or send with its twins."""
-    stage = low.layout.stage_of(op.rank)
+def _op_key(low, op) -> tuple:
+    """What fixes an op's loads: its shape, axis and stage (the twins it stands for)."""
     if op.kind == "send":
-        key = ("send", op.rank, op.peer, op.size_bytes, op.axis)
-    else:
-        key = (op.coll, op.group, op.size_bytes, op.scaleout_fraction, op.axis, stage)
-    hit = cache.get(key)
-    if hit is not None:
-        return hit
+        return ("send", op.rank, op.peer, op.size_bytes, op.axis)
+    return (op.coll, op.group, op.size_bytes, op.scaleout_fraction, op.axis, low.layout.stage_of(op.rank))
+
+
+def _op_loads(low, topo, op) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(links, bytes, peak flows)`` of one collective or send with its twins."""
     from simulator.network.phases import Transfer
 
     if op.kind == "send":
@@ -116,12 +115,11 @@ def _op_loads(low, topo, op, cache: dict) -> tuple[np.ndarray, np.ndarray, np.nd
     lk = np.concatenate(links_all) if links_all else np.zeros(0, dtype=np.int64)
     b = np.concatenate(bytes_all) if bytes_all else np.zeros(0)
     uniq, inv = np.unique(lk, return_inverse=True)
-    hit = cache[key] = (
+    return (
         uniq,
         np.bincount(inv, weights=b, minlength=len(uniq)),
         np.array([flows[i] for i in uniq.tolist()], dtype=float),
     )
-    return hit
 
 
 def link_columns(res) -> dict[str, np.ndarray]:
@@ -147,25 +145,26 @@ def link_columns(res) -> dict[str, np.ndarray]:
             s[1], s[2] = min(s[1], rec.start_s), max(s[2], rec.end_s)
     axes = sorted({s[0].axis or "none" for s in spans.values()})
     axis_id = {a: i for i, a in enumerate(axes)}
-    cache: dict = {}
-    parts = []  # (link, axis id, start, end, bytes, flows) per (op, link)
+    # ops of one shape, axis and stage load the same links alike: one pattern each
+    pattern: dict = {}  # op key -> pattern index
+    loads: list = []  # per pattern: (links, bytes, flows, axis id)
+    op_pat, op_t0, op_t1 = [], [], []
     for op, t0, t1 in spans.values():
-        lk, b, f = _op_loads(low, topo, op, cache)
-        if len(lk):
-            n = len(lk)
-            parts.append((lk, np.full(n, axis_id[op.axis or "none"]), np.full(n, t0), np.full(n, t1), b, f))
-    if parts:
-        link, ax, t0, t1, nb, nf = (np.concatenate(c) for c in zip(*parts))
-    else:
-        link = ax = np.zeros(0, dtype=np.int64)
-        t0 = t1 = nb = nf = np.zeros(0)
-    step = float(res.raw.step_time_s)
-    per_axis = _aggregate(link, ax, t0, t1, nb, nf, len(axes) + 1)
-    overall = _aggregate(link, np.full(len(link), len(axes)), t0, t1, nb, nf, len(axes) + 1)
-    rows = [np.concatenate([a, b]) for a, b in zip(per_axis, overall)]
-    g_link, g_axis, g_bytes, g_busy, g_peak = rows
-    order = np.lexsort((g_axis, g_link))
+        k = _op_key(low, op)
+        p = pattern.get(k)
+        if p is None:
+            p = pattern[k] = len(loads)
+            loads.append((*_op_loads(low, topo, op), axis_id[op.axis or "none"]))
+        op_pat.append(p)
+        op_t0.append(t0)
+        op_t1.append(t1)
+    pats = np.asarray(op_pat, dtype=np.int64)
+    count = np.bincount(pats, minlength=len(loads)).astype(float)
+    t0, t1 = np.asarray(op_t0, dtype=float), np.asarray(op_t1, dtype=float)
+    rows = _rows(loads, count, pats, t0, t1, len(axes))
+    order = np.lexsort((rows[1], rows[0]))
     g_link, g_axis, g_bytes, g_busy, g_peak = (c[order] for c in rows)
+    step = float(res.raw.step_time_s)
     names = np.array([*axes, "all"], dtype=object)
     ends = [topo.link_endpoints(int(i)) for i in g_link.tolist()]
     return {
@@ -182,35 +181,58 @@ def link_columns(res) -> dict[str, np.ndarray]:
     }
 
 
-def _aggregate(link, ax, t0, t1, nb, nf, n_axes: int):
-    """Per (link, axis) group: ``(link, axis, bytes, union of spans, peak concurrent flows)``."""
-    if not len(link):
-        z = np.zeros(0)
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), z, z, z
-    gid = link.astype(np.int64) * n_axes + ax
-    groups, inv = np.unique(gid, return_inverse=True)
-    inv = inv.reshape(-1)
-    total = np.bincount(inv, weights=nb, minlength=len(groups))
-    # union of spans: sort by group then start; spans of later groups are pushed past the
-    # earlier ones by an offset, so one running maximum of the ends serves every group
-    width = float(max(t1.max(), 0.0)) + 1.0
-    off = inv * width
-    order = np.lexsort((t0, inv))
-    s, e, g = t0[order] + off[order], t1[order] + off[order], inv[order]
+def _rows(loads: list, count: np.ndarray, pats, t0, t1, n_axes: int):
+    """``(link, axis id, bytes, busy seconds, peak flows)`` per loaded (link, axis) and per
+    loaded link over every axis (axis id ``n_axes``), from the patterns' loads, each
+    pattern's op count and the ops' spans. Links loaded by the same patterns with the same
+    flows share one timing, computed once (:func:`_busy_and_peak`)."""
+    out: dict = {}  # (link, axis) -> [bytes, signature entries]
+    for p, (links, nbytes, flows, ax) in enumerate(loads):
+        for lk, b, f in zip(links.tolist(), (nbytes * count[p]).tolist(), flows.tolist()):
+            for key in ((lk, ax), (lk, n_axes)):
+                row = out.get(key)
+                if row is None:
+                    row = out[key] = [0.0, []]
+                row[0] += b
+                row[1].append((p, f))
+    timing: dict = {}  # signature -> (busy seconds, peak flows)
+    rows = []
+    for (lk, ax), (b, sig) in out.items():
+        sig = tuple(sig)
+        hit = timing.get(sig)
+        if hit is None:
+            hit = timing[sig] = _busy_and_peak(sig, pats, t0, t1)
+        rows.append((lk, ax, b, *hit))
+    if not rows:
+        return [np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0), np.zeros(0)]
+    link, ax, nbytes, busy, peak = zip(*rows)
+    return [
+        np.asarray(link, dtype=np.int64),
+        np.asarray(ax, dtype=np.int64),
+        np.asarray(nbytes),
+        np.asarray(busy),
+        np.asarray(peak),
+    ]
+
+
+def _busy_and_peak(sig: tuple, pats: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> tuple[float, float]:
+    """For a link loaded by the patterns of ``sig`` (``(pattern, flows)`` pairs): the union
+    of the spans of their ops, and the most flows at once (an op's flows from its start to
+    its end; at one instant the ends come before the starts)."""
+    flows_of = np.zeros(int(pats.max()) + 1 if len(pats) else 0)
+    mine = np.zeros(len(flows_of), dtype=bool)
+    for p, f in sig:
+        flows_of[p] = f
+        mine[p] = True
+    sel = mine[pats]
+    s, e, f = t0[sel], t1[sel], flows_of[pats[sel]]
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
     reach = np.maximum.accumulate(e)
     before = np.concatenate([[-np.inf], reach[:-1]])
-    before = np.where(np.concatenate([[True], g[1:] != g[:-1]]), -np.inf, before)
-    covered = np.clip(e - np.maximum(s, before), 0.0, None)
-    busy = np.bincount(g, weights=covered, minlength=len(groups))
-    # peak flows: +flows at a start, -flows at an end (ends first at one instant); each
-    # group's changes sum to zero, so one running sum over all groups serves each
-    times = np.concatenate([t0, t1])
-    delta = np.concatenate([nf, -nf])
-    starts = np.concatenate([np.ones(len(t0)), np.zeros(len(t1))])
-    gg = np.concatenate([inv, inv])
-    order = np.lexsort((starts, times, gg))
-    level = np.cumsum(delta[order])
-    gs = gg[order]
-    first = np.flatnonzero(np.concatenate([[True], gs[1:] != gs[:-1]]))
-    peak = np.maximum.reduceat(level, first)
-    return groups // n_axes, groups % n_axes, total, busy, np.rint(peak)
+    busy = float(np.clip(e - np.maximum(s, before), 0.0, None).sum())
+    times = np.concatenate([t0[sel], t1[sel]])
+    delta = np.concatenate([f, -f])
+    is_start = np.concatenate([np.ones(len(f)), np.zeros(len(f))])
+    level = np.cumsum(delta[np.lexsort((is_start, times))])
+    return busy, float(np.rint(level.max()))

@@ -24,6 +24,7 @@ from simulator.results.plots import finish, new_figure
 
 TOP_LINKS = 12  # links named in the side panel
 _DOMAINS_PER_ROW = 8  # racks drawn side by side before wrapping
+_LABELLED_ROWS = 4  # rows of racks whose racks and trays are named
 
 
 def _per_row(domain_size: int) -> int:
@@ -83,8 +84,12 @@ class _Grid:
         self.trays = size == 72  # rows named as trays
         self.left = 2.0 if self.trays else 0.75  # room in a rack's box left of its devices
         self.w, self.h = self.per_row + self.left + 0.75, 2 * math.ceil(size / self.per_row) + 1.5
-        self.n_cols = min(len(self.domains), _DOMAINS_PER_ROW)
+        # 8 racks a row, more where that would make the picture taller than wide
+        n = len(self.domains)
+        self.n_cols = min(n, max(_DOMAINS_PER_ROW, math.ceil(math.sqrt(n * self.h / self.w))))
         self.n_rows = math.ceil(len(self.domains) / self.n_cols)
+        # more rows of racks than fit a label each at 10 pt: the title says how they are laid out
+        self.labelled = self.n_rows <= _LABELLED_ROWS
 
     def origin(self, j: int) -> tuple[float, float]:
         return (j % self.n_cols) * self.w, (self.n_rows - 1 - j // self.n_cols) * self.h
@@ -97,22 +102,31 @@ def _rack_cells(topo, grid: _Grid, up: dict, nic: dict, cells: list, texts: list
         for k, dev in enumerate(np.flatnonzero(grid.dom == d).tolist()):
             r, c = divmod(k, grid.per_row)
             x, y = gx + grid.left + c, gy + grid.h - 1.0 - 2 * (r + 1)
-            if grid.trays and c == 0:
+            if grid.trays and grid.labelled and c == 0:
                 texts.append((gx + grid.left - 0.15, y + 1.0, f"tray {r}", {"ha": "right", "va": "center"}))
             node = topo.devices[dev]
             cells.append((x, y + 1.0, 0.9, 0.95, up.get(node, 0.0)))
             cells.append((x, y, 0.9, 0.95, nic.get(node, 0.0)))
-        texts.append((gx + grid.w / 2, gy + grid.h - 0.4, f"rack {d}", {"ha": "center", "va": "center"}))
+        if grid.labelled:
+            texts.append((gx + grid.w / 2, gy + grid.h - 0.4, f"rack {d}", {"ha": "center", "va": "center"}))
 
 
-def _switch_cells(roles: dict, y0: float, width: float, up: dict, nic: dict, cells: list, texts: list) -> None:
-    """One strip per switch role above the racks, a cell per switch, its label above it."""
+def _switch_cells(
+    roles: dict, y0: float, width: float, u: float, up: dict, nic: dict, cells: list, texts: list
+) -> None:
+    """One strip per switch role above the racks (``u`` high), a cell per switch, its label
+    above it."""
     for i, (role, nodes) in enumerate(roles.items()):
-        y = y0 + 0.6 + i * 2.2
+        y = y0 + 0.6 * u + i * 2.2 * u
         w = width / len(nodes)
         for k, node in enumerate(nodes):
-            cells.append((k * w + 0.05 * w, y, 0.9 * w, 1.0, max(up.get(node, 0.0), nic.get(node, 0.0))))
-        texts.append((width / 2, y + 1.45, f"{role} ({len(nodes)})", {"ha": "center", "va": "center"}))
+            cells.append((k * w + 0.05 * w, y, 0.9 * w, u, max(up.get(node, 0.0), nic.get(node, 0.0))))
+        texts.append((width / 2, y + 1.45 * u, f"{role} ({len(nodes)})", {"ha": "center", "va": "center"}))
+
+
+def _corners(x, y, w, h) -> np.ndarray:
+    """Rectangles as polygons: (n, 4, 2) corners."""
+    return np.stack([np.stack(p, 1) for p in ((x, y), (x + w, y), (x + w, y + h), (x, y + h))], 1)
 
 
 def plot_links(result, cols, path=None, dpi: int = 130):
@@ -121,15 +135,16 @@ def plot_links(result, cols, path=None, dpi: int = 130):
     ``path`` if given)."""
     from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
+    from matplotlib.collections import PolyCollection
     from matplotlib.colors import Normalize
-    from matplotlib.patches import Rectangle
 
     topo = result.topology
     up, nic = _busiest(topo, cols)
     grid = _Grid(topo)
     roles = _switch_roles(topo)
     width = grid.n_cols * grid.w
-    height = grid.n_rows * grid.h + len(roles) * 2.2 + 0.5
+    u = max(1.0, grid.n_rows * grid.h / 30)  # a switch strip's height: visible beside many racks
+    height = grid.n_rows * grid.h + (len(roles) * 2.2 + 0.5) * u
     fig, (ax, side) = new_figure(
         (15, max(6.0, min(14.0, 0.22 * height + 2.5))),
         ncols=2,
@@ -141,18 +156,21 @@ def plot_links(result, cols, path=None, dpi: int = 130):
     cells: list = []  # (x, y, w, h, busy fraction)
     texts: list = []  # (x, y, text, keywords)
     _rack_cells(topo, grid, up, nic, cells, texts)
-    _switch_cells(roles, grid.n_rows * grid.h, width, up, nic, cells, texts)
-    for x, y, w, h, v in cells:
-        ax.add_patch(Rectangle((x, y), w, h, facecolor=cmap(norm(v)), edgecolor="0.6", linewidth=0.3))
+    _switch_cells(roles, grid.n_rows * grid.h, width, u, up, nic, cells, texts)
+    x, y, w, h, v = (np.asarray(c, dtype=float) for c in zip(*cells))
+    edge = "0.6" if len(cells) <= 4000 else "none"  # thousands of cells: outlines would hide them
+    ax.add_collection(PolyCollection(_corners(x, y, w, h), facecolors=cmap(norm(v)), edgecolors=edge, linewidths=0.3))
     for x, y, t, kw in texts:
         ax.text(x, y, t, fontsize=10, **kw)
-    for j in range(len(grid.domains)):
-        gx, gy = grid.origin(j)
-        ax.add_patch(Rectangle((gx + 0.4, gy + 0.2), grid.w - 0.8, grid.h - 1.0, fill=False, edgecolor="0.3"))
+    gx, gy = (np.asarray(c, dtype=float) for c in zip(*map(grid.origin, range(len(grid.domains)))))
+    racks = _corners(gx + 0.4, gy + 0.2, np.full(len(gx), grid.w - 0.8), np.full(len(gx), grid.h - 1.0))
+    ax.add_collection(PolyCollection(racks, facecolors="none", edgecolors="0.3", linewidths=0.8))
     ax.set_xlim(0, width)
     ax.set_ylim(0, height)
     ax.set_axis_off()
     rows = f"rows of {grid.per_row} devices" + (" (a compute tray)" if grid.trays else "")
+    if not grid.labelled:
+        rows = f"{len(grid.domains)} racks, {grid.n_cols} a row from the top left, their devices in {rows}"
     ax.set_title(
         f"Link busy fraction by device and switch: {rows}; each device's upper cell its scale-up links, "
         "lower cell its NICs",
