@@ -16,8 +16,9 @@ Node attributes follow the Chakra feeder (``src/feeder/et_feeder_node.cpp``, whi
 ASTRA-sim uses): ``is_cpu_op`` bool (absent = a CPU op), ``num_ops`` int64,
 ``tensor_size`` uint64, ``comm_type`` / ``comm_size`` int64, ``comm_src`` /
 ``comm_dst`` / ``comm_tag`` int32, ``pg_name`` string (a comm-group id; ``""`` or
-``"0"``: every rank). Dependencies are ``data_deps`` (node ids of the same file);
-the feeder ignores ``ctrl_deps`` and so does stepsim.
+``"0"``: every rank). Dependencies are ``data_deps`` (node ids of the same file) and
+``ctrl_deps`` (Chakra's PyTorch converter: a node's enclosing op); a ``ctrl_deps`` entry
+naming no node of the file (the converter leaves out the trace's root) is ignored.
 
 Writing (:func:`workloads.trace.chakra_write.write_chakra`), per op kind:
 
@@ -46,6 +47,10 @@ Reading (:func:`workloads.trace.chakra_read.read_chakra`): files stepsim wrote c
 kernels, streams and keys: the same step time). Other files are read within the node
 types stepsim can simulate:
 
+* CPU ``COMP_NODE`` (``is_cpu_op`` true or absent), as Chakra's PyTorch converter
+  (``chakra_trace_link`` then ``chakra_converter PyTorch``) writes every host operator:
+  host time of its recorded ``duration_micros`` (the converter's exclusive duration,
+  children excluded) on the rank's ``host`` stream, costing no kernel launch;
 * GPU ``COMP_NODE`` (``is_cpu_op`` false) with ``num_ops`` and/or ``tensor_size``:
   one kernel of that many FLOPs and HBM bytes, timed by the roofline as a GEMM (as
   ASTRA-sim's roofline mode does); nodes are run one at a time on the ``compute``
@@ -61,10 +66,10 @@ types stepsim can simulate:
   device's host link;
 * ``METADATA_NODE``: skipped (its dependants inherit its dependencies).
 
-Anything else (a CPU ``COMP_NODE``, a compute node with neither FLOPs nor bytes,
-``INVALID_NODE``, storage / batch / checkpoint nodes, REDUCE / GATHER / SCATTER /
-BARRIER collectives) is refused by a :class:`TraceError` naming the file, the node
-id, its name and type. Such a trace has no model FLOPs or scenario record: running
+Anything else (a GPU compute node with neither FLOPs nor bytes, e.g. a recorded kernel
+with only its ``duration_micros``, ``INVALID_NODE``, storage / batch / checkpoint nodes,
+REDUCE / GATHER / SCATTER / BARRIER collectives) is refused by a :class:`TraceError`
+naming the file, the node id, its name and type. Such a trace has no model FLOPs or scenario record: running
 it under a scenario checks only its rank count (one ET file per rank of the layout).
 """
 
@@ -92,7 +97,7 @@ _COLL_TO_CHAKRA = {
 _CHAKRA_TO_COLL = {v: k for k, v in _COLL_TO_CHAKRA.items()}
 _CHAKRA_TO_COLL["REDUCE_SCATTER_BLOCK"] = "reduce-scatter"
 _SUPPORTED_TYPES = (
-    "COMP_NODE (GPU)",
+    "COMP_NODE (CPU: recorded host time; GPU: num_ops / tensor_size)",
     "COMM_COLL_NODE",
     "COMM_SEND_NODE",
     "COMM_RECV_NODE",

@@ -14,6 +14,9 @@ from workloads.kernels import KERNEL_KINDS, MATH_DTYPES, Kernel
 from workloads.trace.chakra import _CHAKRA_TO_COLL, _SUPPORTED_TYPES, COMM_GROUP_FILE
 from workloads.trace.ops import MEMORY_CATEGORIES, TraceError
 
+#: A recorded CPU node's host op runs ``duration_micros`` units at this rate: its recorded time.
+_MICROS_PER_S = 1e6
+
 
 def _attrs(msg) -> dict:
     """A message's attributes, name -> value (a list for the ``*_list`` kinds)."""
@@ -47,12 +50,13 @@ def _type_name(pb, t: int) -> str:
 @dataclasses.dataclass(frozen=True)
 class _Node:
     """One node being read: Chakra's message classes ``pb``, the node's attributes, its type's
-    name, and where it stands (its rank, the trace's rank count and comm groups, and ``where``,
-    the file and node for errors)."""
+    name, its recorded ``duration_micros``, and where it stands (its rank, the trace's rank count
+    and comm groups, and ``where``, the file and node for errors)."""
 
     pb: object
     at: dict
     tname: str
+    duration_us: int
     rank: int
     world: int
     groups: dict
@@ -71,7 +75,7 @@ def _node_fields(pb, n, at: dict, rank: int, world: int, groups: dict, where: st
     read = _READERS.get(tname)
     if read is None:
         raise TraceError(f"{where}: node type {tname} is not supported; stepsim reads {', '.join(_SUPPORTED_TYPES)}")
-    return read(_Node(pb, at, tname, rank, world, groups, where), f)
+    return read(_Node(pb, at, tname, int(n.duration_micros), rank, world, groups, where), f)
 
 
 def _common_fields(n, at: dict, tname: str, where: str) -> dict:
@@ -111,7 +115,8 @@ def _metadata_node(node: _Node, f: dict) -> dict:
 
 
 def _comp_node(node: _Node, f: dict) -> dict:
-    """A ``COMP_NODE``: host CPU work stepsim wrote (at a rate), or GPU compute."""
+    """A ``COMP_NODE``: host CPU work stepsim wrote (at a rate), a recorded CPU op (its
+    ``duration_micros`` of host time), or GPU compute."""
     at, where = node.at, node.where
     if at.get("stepsim.kind") == "host" and "stepsim.rate_bytes_per_s" in at:
         f.update(
@@ -123,10 +128,16 @@ def _comp_node(node: _Node, f: dict) -> dict:
         )
         return f
     if at.get("is_cpu_op", True):  # the Chakra feeder's default: a CPU op
-        raise TraceError(
-            f"{where}: a CPU COMP_NODE (is_cpu_op true or absent): stepsim simulates GPU work from "
-            "num_ops and tensor_size, not recorded CPU durations"
+        # recorded host time on the rank's host stream; issuing nothing to the GPU, it costs no launch
+        f.update(
+            kind="host",
+            op_kind="host",
+            stream=node.stream or "host",
+            rate=_MICROS_PER_S,
+            size=float(node.duration_us),
+            launches=0,
         )
+        return f
     f["kernels"] = (
         _stepsim_kernels(at, where) if "stepsim.kernel_flops" in at else _roofline_kernel(at, f["name"], where)
     )

@@ -187,7 +187,8 @@ def _header(files, metas, groups, ours: bool) -> tuple[dict, int]:
 
 def _node_info(pb, files, nodes, world: int, groups) -> tuple[dict, dict]:
     """``(rank, node id) -> fields`` of every node (its kind and op fields, ``where`` for
-    errors, its ``deps`` and ``remote`` dependencies), and each rank's node ids in file order."""
+    errors, its ``deps``: ``data_deps`` and the ``ctrl_deps`` naming nodes of the file, and its
+    ``remote`` dependencies), and each rank's node ids in file order."""
     info: dict[tuple[int, int], dict] = {}
     order: dict[int, list[int]] = {}
     for r in sorted(files):
@@ -198,11 +199,14 @@ def _node_info(pb, files, nodes, world: int, groups) -> tuple[dict, dict]:
                 raise TraceError(f"{where}: duplicate node id")
             at = _attrs(n)
             f = _node_fields(pb, n, at, r, world, groups, where)
-            f["where"], f["deps"] = where, list(n.data_deps)
+            f["where"], f["deps"], f["ctrl"] = where, list(n.data_deps), list(n.ctrl_deps)
             f["remote"] = [int(x) for x in at.get("stepsim.remote_deps", ())]
             info[(r, n.id)] = f
             seen.append(n.id)
         order[r] = seen
+        for nid in seen:  # ctrl_deps naming a node of the file (not the root the converter drops)
+            f = info[(r, nid)]
+            f["deps"] = list(dict.fromkeys(f["deps"] + [d for d in f.pop("ctrl") if (r, d) in info]))
     return info, order
 
 
