@@ -3,6 +3,7 @@ reader, a hand-made trace stepsim did not write, and refused node types."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 from pathlib import Path
@@ -203,20 +204,43 @@ def test_pytorch_recorded_trace_simulates_on_the_host_stream():
 
 
 def test_cpu_nodes_host_time_gates_gpu_nodes_and_ctrl_deps_order(tmp_path):
-    """A CPU node's recorded time delays the GPU node depending on it; ``ctrl_deps`` order
+    """A CPU node's recorded time delays the GPU nodes depending on it; ``ctrl_deps`` order
     nodes as ``data_deps`` do (node 2, first in the file, waits for node 1), and one naming
-    no node of the file (the converter's dropped root) is ignored. On the ideal chip 1 TFLOP
-    takes 2 ms, re-timed from num_ops whatever chip recorded it."""
+    no node of the file (the converter's dropped root) is ignored. A GPU node with num_ops is
+    re-timed for the simulated chip (1 TFLOP: 2 ms on the ideal chip, 1 ms at twice its
+    peak); one with only its recorded duration_micros (as Chakra's PyTorch converter writes
+    kernels) keeps it on any chip."""
     late = pb.Node(id=2, name="late_cpu", type=pb.COMP_NODE, duration_micros=300, ctrl_deps=[1])
     first = pb.Node(id=1, name="first_cpu", type=pb.COMP_NODE, duration_micros=500, ctrl_deps=[0])
     gemm = _gpu(pb.Node(id=3, name="gemm", type=pb.COMP_NODE, data_deps=[2]), num_ops={"int64_val": 10**12})
-    d = _write_et(tmp_path / "et", {0: [late, first, gemm]})
-    res = simulate(ideal_scenario(1, parallel={"tp": 1, "pp": 1, "dp": 1}), trace=read_trace(d))
+    kern = _gpu(pb.Node(id=4, name="recorded_kernel", type=pb.COMP_NODE, duration_micros=700, data_deps=[3]))
+    d = _write_et(tmp_path / "et", {0: [late, first, gemm, kern]})
+    tr = read_trace(d)
+    assert [(o.name, o.kind, o.stream) for o in tr.ops] == [
+        ("first_cpu", "host", "host"),
+        ("late_cpu", "host", "host"),
+        ("gemm", "compute", "compute"),
+        ("recorded_kernel", "compute", "compute"),
+    ]
+    sc = ideal_scenario(1, parallel={"tp": 1, "pp": 1, "dp": 1})
+    res = simulate(sc, trace=tr)
     ev = res.events.set_index("name")
     assert ev.loc["first_cpu", "end_s"] == pytest.approx(500e-6, rel=1e-12)
     assert ev.loc["late_cpu", "start_s"] == pytest.approx(500e-6, rel=1e-12)
     assert ev.loc["gemm", "start_s"] >= ev.loc["late_cpu", "end_s"] == pytest.approx(800e-6, rel=1e-12)
-    assert res.summary["step_time_s"] == pytest.approx(800e-6 + 2e-3, rel=1e-4)
+    assert ev.loc["recorded_kernel", "duration_s"] == pytest.approx(700e-6, rel=1e-12)
+    assert res.summary["step_time_s"] == pytest.approx(800e-6 + 2e-3 + 700e-6, rel=1e-4)
+    fast = copy.deepcopy(sc)
+    fast["cluster"]["chip"]["peak_flops_per_s"] = {"bf16": 2e15, "fp8": 4e15}
+    ev2 = simulate(fast, trace=read_trace(d)).events.set_index("name")
+    assert ev2.loc["gemm", "duration_s"] == pytest.approx(1e-3, rel=1e-4)
+    assert ev2.loc["recorded_kernel", "duration_s"] == pytest.approx(700e-6, rel=1e-12)
+    # the recorded time survives stepsim's own JSON and Chakra writers
+    for fmt, out in (("json", tmp_path / "t.json"), ("chakra", tmp_path / "et2")):
+        write_trace(tr, out, format=fmt)
+        back = read_trace(out)
+        assert [o.kernels for o in back.ops] == [o.kernels for o in tr.ops], fmt
+        assert back.ops[3].kernels[0].recorded_s == 700e-6
 
 
 def _write_et(folder: Path, nodes_by_rank: dict, groups=None) -> Path:
@@ -242,10 +266,6 @@ def _gpu(n: pb.Node, **attrs) -> pb.Node:
     "make,expect",
     [
         (lambda: _gpu(pb.Node(id=6, name="ckpt", type=10)), "node 6 (ckpt): node type 10 is not supported"),
-        (
-            lambda: _gpu(pb.Node(id=7, name="timed", type=pb.COMP_NODE, duration_micros=9)),
-            "node 7 (timed): a COMP_NODE with neither num_ops nor tensor_size",
-        ),
         (
             lambda: _gpu(
                 pb.Node(id=8, name="bar", type=pb.COMM_COLL_NODE),

@@ -90,6 +90,9 @@ class Kernel:
     # HBM bytes of its backward kernel where that is not 2x the forward's (a permutation
     # moves the same rows back; 0: no backward kernel, e.g. the token-count histogram).
     bwd_bytes: float | None = None
+    # A kernel timed by its recording, not the roofline (a GPU node of a recorded Chakra trace
+    # with no FLOPs or bytes, workloads.trace.chakra): its measured seconds on any chip.
+    recorded_s: float | None = None
 
 
 def backward_flops_factor() -> float:

@@ -142,7 +142,9 @@ def kernel_time_s(
     k: Kernel, chip: ChipSpec, cal: ComputeCalibration, dtype: str = "bf16", grouped_shape: bool = True
 ) -> float:
     """Roofline time of one kernel on one chip (``grouped_shape=False``: a grouped GEMM at
-    the large-shape rate, for the summary's shape loss)."""
+    the large-shape rate, for the summary's shape loss); a recorded kernel's own time."""
+    if k.recorded_s is not None:
+        return k.recorded_s
     t_math = 0.0
     if k.flops > 0:
         if k.kind == "gemm":

@@ -53,8 +53,10 @@ types stepsim can simulate:
   children excluded) on the rank's ``host`` stream, costing no kernel launch;
 * GPU ``COMP_NODE`` (``is_cpu_op`` false) with ``num_ops`` and/or ``tensor_size``:
   one kernel of that many FLOPs and HBM bytes, timed by the roofline as a GEMM (as
-  ASTRA-sim's roofline mode does); nodes are run one at a time on the ``compute``
-  stream in dependency order (file order among independent ones);
+  ASTRA-sim's roofline mode does), re-timed for the simulated chip; with neither (Chakra's
+  PyTorch converter writes neither for a GPU kernel), a kernel of its recorded
+  ``duration_micros`` on any chip (``Kernel.recorded_s``); nodes are run one at a time
+  on the ``compute`` stream in dependency order (file order among independent ones);
 * ``COMM_COLL_NODE`` with ``comm_type`` ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER
   (or REDUCE_SCATTER_BLOCK), ALL_TO_ALL or BROADCAST: the group from ``pg_name`` and
   ``comm_group.json``; each group's collectives run in order on a stream of their
@@ -66,9 +68,8 @@ types stepsim can simulate:
   device's host link;
 * ``METADATA_NODE``: skipped (its dependants inherit its dependencies).
 
-Anything else (a GPU compute node with neither FLOPs nor bytes, e.g. a recorded kernel
-with only its ``duration_micros``, ``INVALID_NODE``, storage / batch / checkpoint nodes,
-REDUCE / GATHER / SCATTER / BARRIER collectives) is refused by a :class:`TraceError`
+Anything else (``INVALID_NODE``, storage / batch / checkpoint nodes, REDUCE / GATHER /
+SCATTER / BARRIER collectives) is refused by a :class:`TraceError`
 naming the file, the node id, its name and type. Such a trace has no model FLOPs or scenario record: running
 it under a scenario checks only its rank count (one ET file per rank of the layout).
 """
@@ -97,7 +98,7 @@ _COLL_TO_CHAKRA = {
 _CHAKRA_TO_COLL = {v: k for k, v in _COLL_TO_CHAKRA.items()}
 _CHAKRA_TO_COLL["REDUCE_SCATTER_BLOCK"] = "reduce-scatter"
 _SUPPORTED_TYPES = (
-    "COMP_NODE (CPU: recorded host time; GPU: num_ops / tensor_size)",
+    "COMP_NODE (CPU: recorded host time; GPU: num_ops / tensor_size or recorded time)",
     "COMM_COLL_NODE",
     "COMM_SEND_NODE",
     "COMM_RECV_NODE",

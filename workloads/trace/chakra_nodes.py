@@ -14,7 +14,8 @@ from workloads.kernels import KERNEL_KINDS, MATH_DTYPES, Kernel
 from workloads.trace.chakra import _CHAKRA_TO_COLL, _SUPPORTED_TYPES, COMM_GROUP_FILE
 from workloads.trace.ops import MEMORY_CATEGORIES, TraceError
 
-#: A recorded CPU node's host op runs ``duration_micros`` units at this rate: its recorded time.
+#: Chakra's ``duration_micros`` per second (a recorded CPU node's host op runs its
+#: ``duration_micros`` units at this rate: its recorded time).
 _MICROS_PER_S = 1e6
 
 
@@ -139,7 +140,9 @@ def _comp_node(node: _Node, f: dict) -> dict:
         )
         return f
     f["kernels"] = (
-        _stepsim_kernels(at, where) if "stepsim.kernel_flops" in at else _roofline_kernel(at, f["name"], where)
+        _stepsim_kernels(at, where)
+        if "stepsim.kernel_flops" in at
+        else _roofline_kernel(at, f["name"], node.duration_us, where)
     )
     f.update(
         kind="compute",
@@ -177,7 +180,8 @@ def _stepsim_kernels(at: dict, where: str) -> tuple[Kernel, ...]:
 
 
 def _kernel_options(at: dict, ks: list, where: str) -> tuple[Kernel, ...]:
-    """The optional kernel fields stepsim writes (math dtypes, backward bytes) applied to ``ks``."""
+    """The optional kernel fields stepsim writes (math dtypes, backward bytes, recorded times)
+    applied to ``ks``."""
     for f in ("math_dtype", "grad_math_dtype"):
         vals = at.get(f"stepsim.kernel_{f}")
         if vals is None:
@@ -190,17 +194,21 @@ def _kernel_options(at: dict, ks: list, where: str) -> tuple[Kernel, ...]:
         if len(bwd) != len(ks) or any(not math.isnan(x) and not 0 <= x < math.inf for x in bwd):
             raise TraceError(f"{where}: malformed stepsim.kernel_bwd_bytes")
         ks = [k if math.isnan(x) else dataclasses.replace(k, bwd_bytes=float(x)) for k, x in zip(ks, bwd)]
+    rec = at.get("stepsim.kernel_recorded_s")
+    if rec is not None:
+        if len(rec) != len(ks) or any(not math.isnan(x) and not 0 <= x < math.inf for x in rec):
+            raise TraceError(f"{where}: malformed stepsim.kernel_recorded_s")
+        ks = [k if math.isnan(x) else dataclasses.replace(k, recorded_s=float(x)) for k, x in zip(ks, rec)]
     return tuple(ks)
 
 
-def _roofline_kernel(at: dict, name: str, where: str) -> tuple[Kernel, ...]:
-    """Another tool's compute node: one kernel of ``num_ops`` FLOPs and ``tensor_size`` bytes."""
+def _roofline_kernel(at: dict, name: str, duration_us: int, where: str) -> tuple[Kernel, ...]:
+    """Another tool's compute node: one kernel of ``num_ops`` FLOPs and ``tensor_size`` bytes,
+    re-timed for the simulated chip; with neither, a kernel of its recorded ``duration_micros``
+    (Chakra's PyTorch converter writes no FLOPs or bytes for a GPU kernel)."""
     flops, nbytes = _int_attr(at, "num_ops", where), _int_attr(at, "tensor_size", where)
     if flops is None and nbytes is None:
-        raise TraceError(
-            f"{where}: a COMP_NODE with neither num_ops nor tensor_size: stepsim times compute "
-            "from FLOPs and bytes (roofline), not recorded durations"
-        )
+        return (Kernel(name, "elementwise", 0.0, 0.0, recorded_s=duration_us / _MICROS_PER_S),)
     flops, nbytes = float(flops or 0), float(nbytes or 0)
     return (Kernel(name, "gemm" if flops > 0 else "elementwise", flops, nbytes),)
 

@@ -76,6 +76,9 @@ def _comp_node(pb, node, op: Op) -> None:
     if any(k.bwd_bytes is not None for k in op.kernels):  # NaN: twice the forward's
         values = [float("nan") if k.bwd_bytes is None else k.bwd_bytes for k in op.kernels]
         node.attr.append(_attr(pb, "stepsim.kernel_bwd_bytes", double_list=pb.DoubleList(values=values)))
+    if any(k.recorded_s is not None for k in op.kernels):  # NaN: timed by the roofline
+        values = [float("nan") if k.recorded_s is None else k.recorded_s for k in op.kernels]
+        node.attr.append(_attr(pb, "stepsim.kernel_recorded_s", double_list=pb.DoubleList(values=values)))
     if op.recompute:
         node.attr.append(_attr(pb, "stepsim.recompute", bool_val=True))
     if op.comm_overlap:

@@ -23,7 +23,8 @@ Format (JSON, optionally gzip-compressed when the name ends in ``.gz``)::
                      # optional per kernel: "executed_flops" (timed instead of "flops",
                      # e.g. a causal flash-attention kernel's half square), "math_dtype" /
                      # "grad_math_dtype" (bf16 | fp8 | tf32: a GEMM's own, e.g. the MoE
-                     # router's), "bwd_bytes" (a backward pass's bytes, not twice its own)
+                     # router's), "bwd_bytes" (a backward pass's bytes, not twice its own),
+                     # "recorded_s" (timed by its recording, not the roofline)
          "recompute": false,
          "mem": [["activations", 1.5e8, "end"]]},
         {"id": 5, "rank": 0, "stream": "tp", "kind": "collective", "name": "L0.attn.out",
@@ -74,8 +75,9 @@ from pathlib import Path
 from workloads.kernels import KERNEL_KINDS, MATH_DTYPES, Kernel
 
 # Kernel fields written only where set: the math dtype of a GEMM (and of its gradients) where it
-# is not the step's, and the bytes of a backward pass that is not twice its forward's.
-KERNEL_OPTIONAL = ("math_dtype", "grad_math_dtype", "bwd_bytes")
+# is not the step's, the bytes of a backward pass that is not twice its forward's, and the
+# recorded time of a kernel not timed by the roofline.
+KERNEL_OPTIONAL = ("math_dtype", "grad_math_dtype", "bwd_bytes", "recorded_s")
 from workloads.enums import TRACE_COLLECTIVE_OPS
 from workloads.trace.ops import MEMORY_CATEGORIES, STREAMS, Op, Trace, TraceError
 
@@ -90,6 +92,7 @@ MAX_AMOUNT_BYTES = 1e15
 MAX_KERNEL_FLOPS = 1e21
 MAX_STEP_FLOPS = 1e30
 MAX_RATE_BYTES_PER_S = 1e18
+MAX_RECORDED_S = 86400.0  # a recorded kernel: at most a day (a training step takes seconds)
 
 
 def _amount(v, where: str, high: float, low: float = 0.0) -> float:
@@ -461,6 +464,9 @@ def _kernel_from_dict(k: dict, kw: str) -> Kernel:
     bwd = k.get("bwd_bytes")
     if bwd is not None:
         bwd = float(_amount(bwd, f"{kw}.bwd_bytes", MAX_AMOUNT_BYTES))
+    rec = k.get("recorded_s")
+    if rec is not None:
+        rec = _amount(rec, f"{kw}.recorded_s", MAX_RECORDED_S)
     return Kernel(
         str(k.get("name", "")),
         kk,
@@ -472,6 +478,7 @@ def _kernel_from_dict(k: dict, kw: str) -> Kernel:
         int(k.get("groups", 1)),
         None if executed is None else float(executed),
         bwd_bytes=bwd,
+        recorded_s=rec,
         **dtypes,
     )
 

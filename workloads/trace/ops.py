@@ -32,7 +32,8 @@ STREAMS = (
     "pp",
     "offload",
     "mirror",
-)  # mirror: gradient sums between pipeline ranks
+    "host",
+)  # mirror: gradient sums between pipeline ranks; host: recorded CPU time (a Chakra trace's CPU nodes)
 MEMORY_CATEGORIES = ("weights", "gradients", "optimizer", "activations", "buffers")
 
 
