@@ -235,6 +235,7 @@ def test_cpu_nodes_host_time_gates_gpu_nodes_and_ctrl_deps_order(tmp_path):
     ev2 = simulate(fast, trace=read_trace(d)).events.set_index("name")
     assert ev2.loc["gemm", "duration_s"] == pytest.approx(1e-3, rel=1e-4)
     assert ev2.loc["recorded_kernel", "duration_s"] == pytest.approx(700e-6, rel=1e-12)
+    assert [o.launches for o in tr.ops] == [0, 0, -1, 0]  # a recorded kernel's launch is in the host time
     # the recorded time survives stepsim's own JSON and Chakra writers
     for fmt, out in (("json", tmp_path / "t.json"), ("chakra", tmp_path / "et2")):
         write_trace(tr, out, format=fmt)
