@@ -144,7 +144,7 @@ def _comp_node(node: _Node, f: dict) -> dict:
         if "stepsim.kernel_flops" in at
         else _roofline_kernel(at, f["name"], node.duration_us, where)
     )
-    if "stepsim.launches" not in at and f["kernels"][0].recorded_s is not None:
+    if "stepsim.launches" not in at and any(k.recorded_s is not None for k in f["kernels"]):
         f["launches"] = 0  # its launch is recorded host time (the CPU node it depends on)
     f.update(
         kind="compute",
