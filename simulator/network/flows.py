@@ -66,7 +66,7 @@ from simulator.network.components import bounded_search, canonical, components_o
 from simulator.network.flowslots import _SCALAR_MAX, FlowSlots
 from simulator.network.isolated import Reservations
 from simulator.network.maxmin import DONE_RTOL, fill_arrays, fill_components, fill_small
-from simulator.network.phases import PhasePreparer, PreparedPhase, Transfer
+from simulator.network.phases import _PREPARED_MAX, PhasePreparer, PreparedPhase, Transfer
 from simulator.network.ratememo import MEMO_MIN_FLOWS, RateMemo
 from simulator.network.stats import NetworkStats
 
@@ -133,7 +133,6 @@ class FlowNetwork:
         #: Scratch memo for callers that hand the same phases again and again
         #: (:func:`simulator.network.collectives.run_collective` keeps its merged phases here).
         self.memo: dict = {}
-        self._new: list[int] = []  # slots arrived since the last update
         self._new_phases: list = []  # (prepared phase, its slots) arrived since then
         self._dirty: list[int] = []  # links of flows completed since the last update
         self._update_pending = False
@@ -150,6 +149,7 @@ class FlowNetwork:
         self._fills: dict[tuple, list] = {}  # component -> fill_small rates
         self._memo = RateMemo()  # large solves and splits by flow identities
         self._split_of: tuple | None = None  # (slots, batch) of the one component completing
+        self._links_of: dict[int, tuple] = {}  # id(prepared phase) -> (it, its distinct links)
 
     # -- public ------------------------------------------------------------
 
@@ -276,11 +276,10 @@ class FlowNetwork:
         self._update_pending = False
         seeds = self._dirty
         self._dirty = []
-        links = self.slots._links
         phases = self._new_phases
         self._new_phases = []
         split, self._split_of = self._split_of, None
-        if split is not None and not self._new and not phases and self._split_update(split, seeds):
+        if split is not None and not phases and self._split_update(split, seeds):
             self._schedule_wake()
             return
         if not seeds and len(phases) == 1 and self._isolated(phases[0][0]):
@@ -289,11 +288,9 @@ class FlowNetwork:
             own, single = prep.by_link[2]
             comps = [sl[c].tolist() for c in own]
             singles = sl[single].tolist()
-            self._new = []
         else:
-            for s in self._new:
-                seeds.extend(links[s])
-            self._new = []
+            for prep, _ in phases:  # the links of the flows arrived (each phase's, once)
+                seeds.extend(self._distinct_links(prep))
             comps, singles = self._components(seeds)
         if comps or singles:
             self._recompute(comps, singles)
@@ -321,6 +318,18 @@ class FlowNetwork:
         rates = self._recompute(comps, singles) if comps or singles else None
         self._memo.keep_split(fids, slots._seq[rest], comps, singles, slots._seq, rates)
         return True
+
+    def _distinct_links(self, prep: PreparedPhase) -> list[int]:
+        """The distinct links of a prepared phase's flows, cached per phase."""
+        hit = self._links_of.get(id(prep))
+        if hit is not None and hit[0] is prep:
+            return hit[1]
+        table = prep.table
+        out = np.unique(table[table >= 0]).tolist()
+        if len(self._links_of) >= _PREPARED_MAX:
+            self._links_of.clear()
+        self._links_of[id(prep)] = (prep, out)
+        return out
 
     def _isolated(self, prep: PreparedPhase) -> bool:
         """Whether the (big) phase just arrived is alone on every one of its links."""

@@ -10,6 +10,7 @@ events of the phases that finish.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 
 import numpy as np
 
@@ -51,6 +52,7 @@ class FlowSlots:
         self._link_flows: dict[int, set[int]] = {}  # link -> active slots on it
         self._fid_of: dict[tuple, int] = {}  # (links, weight, multiplicities) -> flow identity
         self._fids: dict[int, tuple] = {}  # id(prepared phase) -> (it, its flows' identities)
+        self._groups_of: dict[int, tuple] = {}  # id(prepared phase) -> (it, :meth:`_link_groups`)
 
     def _grow(self, need: int, width: int) -> None:
         """Room for ``need`` slots and routes of ``width`` hops."""
@@ -100,7 +102,6 @@ class FlowSlots:
         sl = np.array(slots, dtype=np.int64)
         self._write_rows(pid, prep, slots, sl)
         self._index_links(prep, slots, sl)
-        self.net._new.extend(slots)
         self.net._new_phases.append((prep, sl))
         self._n_active += k
         if self._n_active > self.net.stats.max_concurrent_flows:
@@ -120,16 +121,9 @@ class FlowSlots:
             slots = free[len(free) - reuse :]
             del free[len(free) - reuse :]
             slots.reverse()
-            for s, lk in zip(slots, links):
-                self._links[s] = lk
+            deque(map(self._links.__setitem__, slots, links), maxlen=0)
             if self._any_mult:
-                mults = self._mults
-                if pm is None:
-                    for s in slots:
-                        mults[s] = None
-                else:
-                    for s, m in zip(slots, pm):
-                        mults[s] = m
+                deque(map(self._mults.__setitem__, slots, itertools.repeat(None) if pm is None else pm), maxlen=0)
         else:
             slots = []
         if reuse < k:
@@ -217,13 +211,46 @@ class FlowSlots:
                         fl.add(s)
         else:
             owner, groups, _ = prep.by_link
-            members = sl[owner].tolist()
-            for lk, a, b in groups:
-                fl = lf.get(lk)
-                if fl is None:
-                    lf[lk] = set(members[a:b])
-                else:
-                    fl.update(members[a:b])
+            lone_links, lone_at, shared = self._link_groups(prep)
+            # links one flow of the phase crosses (most of a big phase's), not yet in the
+            # index: one set each, made without a Python loop
+            there = np.fromiter(map(lf.__contains__, lone_links), dtype=bool, count=len(lone_links))
+            mine = sl[owner[lone_at]]
+            if there.any():
+                fresh = ~there
+                for lk, s in zip(np.asarray(lone_links)[there].tolist(), mine[there].tolist()):
+                    lf[lk].add(s)
+                lf.update(zip(np.asarray(lone_links)[fresh].tolist(), map(set, zip(mine[fresh].tolist()))))
+            else:
+                lf.update(zip(lone_links, map(set, zip(mine.tolist()))))
+            if shared:
+                members = sl[owner].tolist()
+                for lk, a, b in shared:
+                    fl = lf.get(lk)
+                    if fl is None:
+                        lf[lk] = set(members[a:b])
+                    else:
+                        fl.update(members[a:b])
+
+    def _link_groups(self, prep: PreparedPhase) -> tuple[list[int], np.ndarray, list]:
+        """A big phase's per-link groups (``prep.by_link``) split into the links one of its
+        flows crosses (the links, and each one's position in the flows sorted by link) and
+        the groups ``(link, a, b)`` of links several of its flows share; cached per phase."""
+        hit = self._groups_of.get(id(prep))
+        if hit is not None and hit[0] is prep:
+            return hit[1]
+        assert prep.by_link is not None
+        groups = prep.by_link[1]
+        lone = [(lk, a) for lk, a, b in groups if b - a == 1]
+        out = (
+            [lk for lk, _ in lone],
+            np.array([a for _, a in lone], dtype=np.int64),
+            [g for g in groups if g[2] - g[1] > 1],
+        )
+        if len(self._groups_of) >= _PREPARED_MAX:
+            self._groups_of.clear()
+        self._groups_of[id(prep)] = (prep, out)
+        return out
 
     def _complete(self, done: np.ndarray) -> None:
         """Remove finished flows, count their bytes, fire finished phases."""
@@ -249,15 +276,27 @@ class FlowSlots:
             else:
                 np.add.at(link_bytes, flat, moved[rows] * self._mtab[done][mask])
             order = np.argsort(flat, kind="stable")
-            flat, owner = flat[order], done[rows[order]].tolist()
-            bounds = np.r_[0, np.flatnonzero(np.diff(flat)) + 1, flat.shape[0]].tolist()
-            for lk, a, b in zip(flat[bounds[:-1]].tolist(), bounds[:-1], bounds[1:]):
-                fl = lf[lk]
-                fl.difference_update(owner[a:b])
-                if fl:
-                    dirty.append(lk)
-                else:
-                    del lf[lk]
+            flat, owner = flat[order], done[rows[order]]
+            bounds = np.r_[0, np.flatnonzero(np.diff(flat)) + 1, flat.shape[0]]
+            starts = bounds[:-1]
+            lks = flat[starts]
+            # A link all of whose flows complete now (most of them: a big phase's flows
+            # share links with few others and finish together) leaves the index whole;
+            # only the links that keep flows are updated flow by flow (and are dirty).
+            on = np.fromiter(map(len, map(lf.__getitem__, lks.tolist())), dtype=np.int64, count=lks.shape[0])
+            emptied = on == np.diff(bounds)
+            deque(map(lf.__delitem__, lks[emptied].tolist()), maxlen=0)
+            keep = np.flatnonzero(~emptied)
+            if keep.shape[0]:
+                owners = owner.tolist()
+                bl = bounds.tolist()
+                for i, lk in zip(keep.tolist(), lks[keep].tolist()):
+                    fl = lf[lk]
+                    fl.difference_update(owners[bl[i] : bl[i + 1]])
+                    if fl:
+                        dirty.append(lk)
+                    else:  # a route crossing the link twice counted it twice
+                        del lf[lk]
         self._batch[done] = -1
         left = self.net._phase_left
         finished = []

@@ -21,6 +21,7 @@ that reserves, completes and materialises such phases.
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
@@ -175,9 +176,7 @@ class Reservations:
     def _unreserve(self, pid: int) -> tuple:
         """Drop phase ``pid``'s reservation: ``(prepared, IsolatedEvolution, arrival)``."""
         prep, iso, t_arr, _, timer, finish = self._reserved.pop(pid)
-        on = self._reserved_on
-        for link in iso.link_list:
-            del on[link]
+        deque(map(self._reserved_on.__delitem__, iso.link_list), maxlen=0)
         self.net.slots._n_active -= len(prep.links)
         return prep, iso, t_arr, timer, finish
 
