@@ -49,7 +49,9 @@ def test_groups_that_straddle_domains_unevenly_are_found():
 def test_uneven_groups_are_simulated_one_rank_per_class():
     """EP48 on 144 GB200: the group 48-95 straddles both NVL72 domains and crosses the NICs; the
     groups 0-47 and 96-143 stay inside one. One rank per class of ranks whose groups lie alike
-    (symmetry.rank_classes) is simulated, each weighted by its class: the step, the exposed
+    (symmetry.rank_classes: the mirror images 0-23 / 120-143 and 24-47 / 96-119 apart, since
+    their expert-data-parallel rings cross the NICs at other hops) is simulated, each weighted
+    by its class: the step, the exposed
     communication averaged over every device and the peak memory are --exact's (with rank 0
     alone the step was 13.8 ms, as if no group crossed the NICs; with rank 48 alone the
     exposed share was the straddling group's, 0.55 against 0.41). An aligned EP (EP8) keeps
@@ -60,11 +62,12 @@ def test_uneven_groups_are_simulated_one_rank_per_class():
     topo = build_cluster(s.cluster)
     assert representative_position(s.layout, topo) == 48
     classes = rank_classes(s.layout, topo)
-    assert class_ranks(s.layout, classes) == ([0, 24, 48], {0: 48, 24: 48, 48: 48})
+    six = [0, 24, 48, 72, 96, 120]
+    assert class_ranks(s.layout, classes) == (six, dict.fromkeys(six, 24))
     res = simulate(sc)
     rep, exact = res.summary, simulate(sc, exact=True).summary
-    assert res.trace.ranks == (0, 24, 48) and res.trace.representative
-    assert any("straddle scale-up domains unevenly" in n and "3 ranks are simulated" in n for n in rep["notes"])
+    assert res.trace.ranks == tuple(six) and res.trace.representative
+    assert any("straddle scale-up domains unevenly" in n and "6 ranks are simulated" in n for n in rep["notes"])
     assert not any("straddle" in n for n in exact["notes"])
     for key in ("step_time_s", "exposed_comm_fraction", "bubble_fraction", "peak_memory_bytes"):
         assert rep[key] == pytest.approx(exact[key], rel=1e-9), key
@@ -75,3 +78,70 @@ def test_uneven_groups_are_simulated_one_rank_per_class():
     a, b = simulate(aligned), simulate(aligned, exact=True).summary
     assert a.trace.ranks == (0,) and a.summary["step_time_s"] == b["step_time_s"]
     assert not any("straddle" in n for n in a.summary["notes"])
+
+
+def _nvl(n: int) -> dict:
+    return {"preset": "gb200-nvl72", "devices": n}
+
+
+def _h12(n: int) -> dict:  # H100s in 12-GPU scale-up domains: 8- and 16-rank groups straddle them
+    return {"preset": "dgx-h100", "devices": n, "network": {"domain_size": 12}}
+
+
+def _case(cluster: dict, parallel: dict, gbs: int, schedule: str = "1f1b", experts: int = 16, seq: int = 1024):
+    model = dict(TINY_MOE, moe={**TINY_MOE["moe"], "experts": experts})
+    training = {"seq_len": seq, "micro_batch_size": 1, "global_batch_size": gbs}
+    return scenario(model=model, cluster=cluster, parallel=parallel, schedule=schedule, training=training)
+
+
+#: Layouts whose groups of a stage straddle the scale-up domains unlike one another, with
+#: expert groups placed as Megatron-Core's expert RankGenerator places them (consecutive
+#: ranks) unless named otherwise. Each simulates in about a second or less.
+STRADDLING = {
+    "ep48-144xgb200": _case(_nvl(144), {"tp": 1, "pp": 1, "dp": 144, "ep": 48}, 288, experts=48),
+    "ep16-144xgb200": _case(_nvl(144), {"tp": 1, "pp": 1, "dp": 144, "ep": 16}, 144),
+    "tp2-ep16-144xgb200": _case(_nvl(144), {"tp": 2, "pp": 1, "dp": 72, "ep": 16}, 144),
+    "tp2-ep8-deepspeed-12dom": _case(
+        _h12(48), {"tp": 2, "pp": 1, "dp": 24, "ep": 8, "expert_mapping": "deepspeed"}, 48
+    ),
+    "tp2-etp1-ep16-12dom": _case(_h12(48), {"tp": 2, "etp": 1, "pp": 1, "dp": 24, "ep": 16}, 48),
+    "cp2-ep16-12dom": _case(_h12(48), {"tp": 1, "cp": 2, "pp": 1, "dp": 24, "ep": 16}, 48, seq=2048),
+    "ep16-pp2-1f1b-12dom": _case(_h12(96), {"tp": 1, "pp": 2, "dp": 48, "ep": 16}, 192),
+    "ep16-pp2-vpp2-12dom": _case(
+        _h12(96), {"tp": 1, "pp": 2, "vpp": 2, "dp": 48, "ep": 16}, 192, schedule="interleaved-1f1b"
+    ),
+    "ep16-pp2-dualpipe-12dom": _case(_h12(96), {"tp": 1, "pp": 2, "dp": 48, "ep": 16}, 192, schedule="dualpipe"),
+}
+
+#: Every figure of the summary that averages or takes the worst over the devices.
+FIGURES = (
+    "step_time_s",
+    "exposed_comm_fraction",
+    "bubble_fraction",
+    "peak_memory_bytes",
+    "compute_time_s_mean",
+    "compute_time_s_max",
+    "bubble_s_mean",
+    "bubble_s_max",
+    "exposed_comm_s_mean",
+    "exposed_comm_s_max",
+)
+
+
+@pytest.mark.parametrize("name", sorted(STRADDLING))
+def test_representative_mode_equals_exact_where_groups_straddle(name):
+    """One simulated rank per class (symmetry.rank_classes), each standing for its class, gives
+    --exact's figures to 1e-9: the step, the exposed communication, the bubble, peak memory,
+    the per-device means and worsts, and the per-axis and per-stage breakdowns."""
+    res = simulate(STRADDLING[name])
+    rep, exact = res.summary, simulate(STRADDLING[name], exact=True).summary
+    assert any("straddle scale-up domains unevenly" in n for n in rep["notes"])  # the mode under test
+    assert rep["simulated_ranks"] < exact["simulated_ranks"]
+    for key in FIGURES:
+        assert rep[key] == pytest.approx(exact[key], rel=1e-9, abs=1e-15), key
+    for key in ("exposed_comm_by_axis_s", "comm_time_by_axis_s", "exposed_comm_by_axis_s_max"):
+        assert rep[key].keys() == exact[key].keys(), key
+        for axis in exact[key]:
+            assert rep[key][axis] == pytest.approx(exact[key][axis], rel=1e-9, abs=1e-15), (key, axis)
+    for key in ("bubble_time_per_stage_s", "exposed_comm_time_per_stage_s"):
+        assert rep[key] == pytest.approx(exact[key], rel=1e-9, abs=1e-15), key

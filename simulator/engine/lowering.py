@@ -53,6 +53,7 @@ class Lowering:
         # Several simulated ranks per stage (symmetry.rank_classes): each rank's class, and
         # whether it is simulated; None with one simulated rank per stage.
         self._cls = self._sim = None
+        self._lies: tuple[np.ndarray, np.ndarray] | None = None  # each device's domain and leaf
         if trace.representative and len(trace.ranks) > layout.pp:
             from simulator.engine.symmetry import rank_classes
 
@@ -95,8 +96,56 @@ class Lowering:
         if len(groups) == 1:
             return [rep]
         twins = [self._plan(op.coll, g, op.size_bytes, op.scaleout_fraction) for g in groups]
-        q = quotient_plan(self.net, rep, twins, self.twin_stats) if self.twin_quotient else None
-        return twins if q is None else [q]
+        if not self.twin_quotient:
+            return twins
+        images, others = twins, []
+        if self._cls is not None:  # one rank per class: only the group's images fold into it
+            mask = self._images(op.group, groups)
+            images = [p for p, m in zip(twins, mask) if m]
+            others = [p for p, m in zip(twins, mask) if not m]
+        q = quotient_plan(self.net, rep, images, self.twin_stats) if len(images) > 1 else None
+        return twins if q is None else [q, *others]
+
+    def _images(self, group: tuple, rows: list) -> list[bool]:
+        """Which of ``rows`` (twin groups, ``group`` among them) are images of ``group`` that
+        the quotient may fold into it when one rank per class is simulated: members of the
+        same classes in the same positions, lying alike over the scale-up domains and the
+        leaf switches (the same pairs share a domain, the same pairs a leaf), and shifted
+        from ``group`` by a number of ranks that maps every rank of the stage to one of its
+        own class (the whole stage's traffic then looks alike from either group). A group that
+        lies otherwise -- the mirror of a straddling group, its 2 + 6 against 6 + 2 --
+        loads other links than its image would, so it runs its own plan beside the
+        quotient (``--exact``'s loads, at the cost of its transfers)."""
+        assert self._cls is not None
+        if self._lies is None:
+            from simulator.engine.symmetry import leaves
+
+            self._lies = (self.topo.domains_of(np.arange(self.layout.world)), leaves(self.topo)[: self.layout.world])
+        dom, leaf = self._lies
+        cls = self._cls
+        g = np.asarray(group, dtype=np.int64)
+
+        def shape(m: np.ndarray) -> tuple:
+            return (
+                cls[m].tobytes(),
+                (dom[m][:, None] == dom[m][None, :]).tobytes(),
+                (leaf[m][:, None] == leaf[m][None, :]).tobytes(),
+            )
+
+        mine = shape(g)
+        out = []
+        for r in rows:
+            m = np.asarray(r, dtype=np.int64)
+            t = int(m[0] - g[0]) if len(m) == len(g) else 0
+            out.append(len(m) == len(g) and bool((m == g + t).all()) and self._keeps_classes(t) and shape(m) == mine)
+        return out
+
+    def _keeps_classes(self, t: int) -> bool:
+        """Whether shifting every rank ``t`` places on within its stage (stages are
+        contiguous blocks of ranks, wrapping around) maps it to a rank of its own class."""
+        assert self._cls is not None
+        by_stage = self._cls.reshape(self.layout.pp, -1)
+        return bool((np.roll(by_stage, -t, axis=1) == by_stage).all())
 
     def _plan(self, coll: str, group: tuple[int, ...], size: float, scaleout_fraction: float = 1.0):
         key = (coll, group, size, scaleout_fraction)
@@ -271,6 +320,11 @@ class Lowering:
             pairs = np.asarray(self._twin_rows(op, pair=(op.rank, op.peer)), dtype=np.int64)
             own = (Transfer(op.rank, op.peer, op.size_bytes),)
             hit = None
+            others: tuple = ()  # twin pairs that are not images (:meth:`_images`): sent as they are
+            if self._cls is not None and len(pairs) > 1:
+                mask = np.array(self._images((op.rank, op.peer), pairs.tolist()))
+                others = tuple(Transfer(a, b, op.size_bytes) for a, b in pairs[~mask].tolist())
+                pairs = pairs[mask]
             if len(pairs) > 1 and self.twin_quotient:
                 mine = np.flatnonzero((pairs[:, 0] == op.rank) & (pairs[:, 1] == op.peer))
                 if mine.size:
@@ -291,7 +345,7 @@ class Lowering:
                     hit = self._partial_pair_quotient(own, pairs, mine[0])
             if hit is None:
                 hit = own if len(pairs) == 1 else tuple(Transfer(a, b, op.size_bytes) for a, b in pairs.tolist())
-            self._send_cache[key] = hit
+            self._send_cache[key] = hit + others if others else hit
         return hit
 
     def _partial_pair_quotient(self, own: tuple, pairs: np.ndarray, mine: int) -> tuple | None:

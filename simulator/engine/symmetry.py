@@ -132,7 +132,7 @@ def rank_classes(layout: ParallelLayout, topo: Topology) -> np.ndarray | None:
 MAX_CLASSES = 16
 
 
-def _leaves(topo: Topology) -> np.ndarray:
+def leaves(topo: Topology) -> np.ndarray:
     """Each device's switch outside its domain (its NIC's leaf, or rail), -1 where none."""
     G, out = topo.graph, np.full(topo.n_devices, -1, dtype=np.int64)
     names: dict = {}
@@ -148,7 +148,7 @@ def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray) -> np.n
     along every axis, their groups hold the same classes in the same relations to them (same
     device, same scale-up domain, same leaf switch, other), and so do their ranks at the same
     position in the other stages."""
-    dom, leaf = topo.domains_of(np.arange(layout.world)), _leaves(topo)[: layout.world]
+    dom, leaf = topo.domains_of(np.arange(layout.world)), leaves(topo)[: layout.world]
     tables = [layout.group_table(axis) for axis in AXES]
     tables = [t for t in tables if t.shape[1] > 1]
     rels = []
@@ -168,6 +168,7 @@ def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray) -> np.n
             row = np.empty((layout.world, t.shape[1]), dtype=np.int64)
             row[t.ravel()] = code.reshape(-1, t.shape[1])
             cols.append(row)
+            cols.append(_necklace(classes, t, rel)[:, None])
         stage_cols = np.stack([classes[base[s] + pos] for s in range(layout.pp)], axis=1)
         cols.append(stage_cols)
         new = np.unique(np.concatenate(cols, axis=1), axis=0, return_inverse=True)[1].ravel()
@@ -176,6 +177,20 @@ def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray) -> np.n
         if m == n or m > MAX_CLASSES * layout.pp:  # stable, or too many to simulate: the caller checks
             return classes
         n = m
+
+
+def _necklace(classes: np.ndarray, table: np.ndarray, rel: np.ndarray) -> np.ndarray:
+    """Each rank's group's members in the group's order, as a cycle (each member's class and
+    its relation to the next one), up to rotation: a ring runs one way round, so the mirror
+    image of a group that straddles domains (2 + 6 against 6 + 2) is not its image, while
+    the members of one group stay alike."""
+    k = table.shape[1]
+    seq = classes[table] * 4 + rel[:, np.arange(k), (np.arange(k) + 1) % k]  # [group, member]
+    turns = seq[:, (np.arange(k)[:, None] + np.arange(k)[None, :]) % k]  # [group, rotation, member]
+    ids = np.unique(turns.reshape(-1, k), axis=0, return_inverse=True)[1].reshape(-1, k)
+    out = np.empty(classes.shape[0], dtype=np.int64)
+    out[table] = ids.min(axis=1)[:, None]  # the least rotation: the same cycle, the same id
+    return out
 
 
 def class_ranks(layout: ParallelLayout, classes: np.ndarray) -> tuple[list[int], dict[int, int]]:

@@ -35,7 +35,7 @@ def summarise(sc: Scenario, trace, raw, mem: Columns, topo: Topology | None = No
     mean, top = _device_mean_and_max(acc, trace)
     bubble, exposed = mean(acc.bubble_s), mean(acc.exposed_s)
     i, memory_keys, reserved_keys = _memory_keys(mem, chip, t)
-    per_stage = _per_stage(acc, L, mem, step)
+    per_stage = _per_stage(acc, L, mem, step, [trace.weight[r] for r in acc.ranks])
     usage = domain_usage(sc.cluster)
     summary = {
         "schema_version": SCHEMA_VERSION,
@@ -200,19 +200,28 @@ def _idle_accounting(acc, mean, top, step: float, per_stage: Columns) -> dict:
     }
 
 
-def _per_stage(acc, layout, mem: Columns, step: float) -> Columns:
-    """The per-stage table (``Result.per_stage``): means over each stage's simulated ranks,
-    the stage's peak memory, and the bubble and exposed fractions of the step. Means are
-    sums by ``np.add.reduceat`` over the ranks in stage order, divided by the count (what
-    pandas' grouped mean computes: the same bits as when this table was a groupby)."""
+def _per_stage(acc, layout, mem: Columns, step: float, weight: list) -> Columns:
+    """The per-stage table (``Result.per_stage``): means over each stage's devices, the
+    stage's peak memory, and the bubble and exposed fractions of the step. Each simulated
+    rank stands for ``weight`` devices (its class's, :func:`simulator.engine.symmetry.
+    class_ranks`); where a stage's ranks stand for as many devices each, the means are sums
+    by ``np.add.reduceat`` over the ranks in stage order divided by the count (what pandas'
+    grouped mean computes: the same bits as when this table was a groupby), else sums of
+    ``weight * x`` divided by the weights'."""
     ranks = np.asarray(acc.ranks, dtype=np.int64)
     stage = np.array([layout.stage_of(int(r)) for r in ranks], dtype=np.int64)
     order = np.argsort(stage, kind="stable")
     stages, starts, sizes = np.unique(stage[order], return_index=True, return_counts=True)
+    w = np.asarray(weight, dtype=float)[order]
+    alike = len(w) == 0 or bool((np.fmax.reduceat(w, starts) == np.fmin.reduceat(w, starts)).all())
 
     def means(values) -> np.ndarray:
         v = np.asarray(values, dtype=float)[order]
-        return np.add.reduceat(v, starts) / sizes if len(v) else np.zeros(0)
+        if not len(v):
+            return np.zeros(0)
+        if alike:
+            return np.add.reduceat(v, starts) / sizes
+        return np.add.reduceat(w * v, starts) / np.add.reduceat(w, starts)
 
     # each rank's peak over time, then the highest of its stage
     peak_of = {}
