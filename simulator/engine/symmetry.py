@@ -11,13 +11,14 @@ synchronisation), and the slowest is the one sending the most across domains, so
 representative of each stage is taken from that group (:func:`representative_position`).
 With the first rank of the stage instead, EP48 on 144 GB200 (two NVL72 domains; groups 48,
 24 + 24, 48) ran 13.8 ms, as if every group stayed inside its domain, against 21.8 ms with
-``--exact``; now it runs 21.8 ms, as ``--exact`` does. Where every group straddles, a gap
-remains: TP2 EP8 on 12-GPU H100 domains (groups 6 + 2, 4 + 4, 2 + 6) with PP2, 3.220 against
-3.143 ms (``tests/test_symmetry.py``, ``tests/test_quotient.py``; README, *Known limits*).
+``--exact``; now it runs 21.8 ms, as ``--exact`` does. Where groups split unlike one
+another, one rank per class of :func:`rank_classes` is simulated, each standing for the
+devices of its class; a group's mirror image (2 + 6 against 6 + 2) is of another class, and
+the lowering folds into a group's collective only the twins a class-keeping shift maps it to.
+Nine such layouts (``tests/test_symmetry.py``) and TP2 EP8 on 12-GPU domains with and
+without PP (``tests/test_quotient.py``) equal ``--exact`` to 1e-9 on every device figure.
 :func:`uneven_groups` finds such axes and :func:`symmetry_note` words them for a summary's
-``notes``. The representative then stands for the faster groups too: idle and exposed time
-per device are the slowest group's (EP48 above: exposed communication 53 % of the step
-against 40 % averaged over every device by ``--exact``).
+``notes``.
 """
 
 from __future__ import annotations
