@@ -66,7 +66,7 @@ from simulator.network.components import bounded_search, canonical, components_o
 from simulator.network.flowslots import _SCALAR_MAX, FlowSlots
 from simulator.network.isolated import Reservations
 from simulator.network.maxmin import DONE_RTOL, fill_arrays, fill_components, fill_small
-from simulator.network.phases import _PREPARED_MAX, PhasePreparer, PreparedPhase, Transfer
+from simulator.network.phases import PhasePreparer, PreparedPhase, Transfer, distinct_links
 from simulator.network.ratememo import MEMO_MIN_FLOWS, RateMemo
 from simulator.network.stats import NetworkStats
 
@@ -290,7 +290,7 @@ class FlowNetwork:
             singles = sl[single].tolist()
         else:
             for prep, _ in phases:  # the links of the flows arrived (each phase's, once)
-                seeds.extend(self._distinct_links(prep))
+                seeds.extend(distinct_links(self._links_of, prep))
             comps, singles = self._components(seeds)
         if comps or singles:
             self._recompute(comps, singles)
@@ -318,18 +318,6 @@ class FlowNetwork:
         rates = self._recompute(comps, singles) if comps or singles else None
         self._memo.keep_split(fids, slots._seq[rest], comps, singles, slots._seq, rates)
         return True
-
-    def _distinct_links(self, prep: PreparedPhase) -> list[int]:
-        """The distinct links of a prepared phase's flows, cached per phase."""
-        hit = self._links_of.get(id(prep))
-        if hit is not None and hit[0] is prep:
-            return hit[1]
-        table = prep.table
-        out = np.unique(table[table >= 0]).tolist()
-        if len(self._links_of) >= _PREPARED_MAX:
-            self._links_of.clear()
-        self._links_of[id(prep)] = (prep, out)
-        return out
 
     def _isolated(self, prep: PreparedPhase) -> bool:
         """Whether the (big) phase just arrived is alone on every one of its links."""

@@ -329,3 +329,17 @@ class PhasePreparer:
             mults,
             mtable,
         )
+
+
+def distinct_links(cache: dict, prep: PreparedPhase) -> list[int]:
+    """The distinct links of a prepared phase's flows, kept in ``cache`` (by the phase's id,
+    at most ``_PREPARED_MAX`` phases)."""
+    hit = cache.get(id(prep))
+    if hit is not None and hit[0] is prep:
+        return hit[1]
+    table = prep.table
+    out = np.unique(table[table >= 0]).tolist()
+    if len(cache) >= _PREPARED_MAX:
+        cache.clear()
+    cache[id(prep)] = (prep, out)
+    return out
