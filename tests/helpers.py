@@ -152,3 +152,18 @@ def summary_numbers(summary: dict) -> dict:
         if k not in ("sim_wall_s", "steady_state"):
             walk(k, v)
     return out
+
+
+def start_phases(env, net, phases) -> dict:
+    """Start each ``(start_s, transfers)`` of ``phases`` on flow network ``net`` as a simpy
+    process; the returned dict fills with phase index -> finish time as they complete."""
+    finish: dict = {}
+
+    def proc(i, start, transfers):
+        yield env.timeout(start)
+        yield net.transfer(transfers)
+        finish[i] = env.now
+
+    for i, (start, transfers) in enumerate(phases):
+        env.process(proc(i, start, transfers))
+    return finish

@@ -5,6 +5,7 @@ shared (simulator/network/flowslots.py: ``_index_links``, ``_complete``)."""
 
 import numpy as np
 import simpy
+from helpers import start_phases
 
 from simulator.network.flows import FlowNetwork, Transfer
 from topologies.builders import torus
@@ -48,15 +49,7 @@ def test_link_index_matches_active_flows_through_big_phases():
         (4e-4, _neighbours(5e5)),  # the same links again, the first exchange still running
         (4e-4, _block_a2a(1e5)),
     ]
-    done = {}
-
-    def proc(i, start, transfers):
-        yield env.timeout(start)
-        yield net.transfer(transfers)
-        done[i] = env.now
-
-    for i, (start, transfers) in enumerate(phases):
-        env.process(proc(i, start, transfers))
+    done = start_phases(env, net, phases)
     checks = 0
     shared = 0
     while env.peek() != float("inf"):

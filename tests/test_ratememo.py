@@ -3,6 +3,7 @@ finish times and link bytes, bit for bit, as solving every time."""
 
 import numpy as np
 import simpy
+from helpers import start_phases
 
 from simulator.network.flows import FlowNetwork, Transfer
 from simulator.network.ratememo import MEMO_MIN_FLOWS, RateMemo
@@ -28,15 +29,7 @@ def _run(phases, memo: bool, reserve: bool):
     net = FlowNetwork(env, topo, reserve_isolated=reserve)
     if not memo:
         net._memo = _Forgetful()
-    finish = {}
-
-    def proc(i, start, transfers):
-        yield env.timeout(start)
-        yield net.transfer(transfers)
-        finish[i] = env.now
-
-    for i, (start, transfers) in enumerate(phases):
-        env.process(proc(i, start, transfers))
+    finish = start_phases(env, net, phases)
     env.run()
     return finish, net
 
