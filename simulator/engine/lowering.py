@@ -54,6 +54,7 @@ class Lowering:
         # whether it is simulated; None with one simulated rank per stage.
         self._cls = self._sim = None
         self._lies: tuple[np.ndarray, np.ndarray] | None = None  # each device's domain and leaf
+        self._shift_ok: dict[int, bool] = {}  # shift -> whether it keeps every rank's class
         if trace.representative and len(trace.ranks) > layout.pp:
             from simulator.engine.symmetry import rank_classes
 
@@ -144,8 +145,11 @@ class Lowering:
         """Whether shifting every rank ``t`` places on within its stage (stages are
         contiguous blocks of ranks, wrapping around) maps it to a rank of its own class."""
         assert self._cls is not None
-        by_stage = self._cls.reshape(self.layout.pp, -1)
-        return bool((np.roll(by_stage, -t, axis=1) == by_stage).all())
+        hit = self._shift_ok.get(t)
+        if hit is None:
+            by_stage = self._cls.reshape(self.layout.pp, -1)
+            hit = self._shift_ok[t] = bool((np.roll(by_stage, -t, axis=1) == by_stage).all())
+        return hit
 
     def _plan(self, coll: str, group: tuple[int, ...], size: float, scaleout_fraction: float = 1.0):
         key = (coll, group, size, scaleout_fraction)
