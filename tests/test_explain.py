@@ -66,14 +66,20 @@ def test_a_slower_nic_moves_only_idle_time():
 
 def test_the_command_writes_the_table_and_the_waterfall(tmp_path, capsys):
     out = tmp_path / "ex"
-    assert main(["explain", "quickstart", "schedules-llama3-8b-16xh100", "--out", str(out)]) == 0
+    assert main(["explain", "quickstart", "schedules-llama3-8b-16xh100", "--out", str(out), "--html"]) == 0
     text = capsys.readouterr().out
-    assert "bubble" in text and "step" in text
+    assert "bubble" in text and "step" in text and "explain.html" in text
+    page = (out / "explain.html").read_text()
+    assert '"type":"waterfall"' in page and "Why " in page
     doc = json.loads((out / "explain.json").read_text())
     steps = doc["step_time_s"]
     assert sum(c["delta_s"] for c in doc["causes"]) == pytest.approx(steps["b"] - steps["a"], rel=1e-9)
     assert (out / "explain.png").stat().st_size > 10_000 and (out / "explain.csv").exists()
     assert main(["explain", "quickstart", "no-such-scenario"]) == 2
+    assert main(["explain", "quickstart", "quickstart", "--html"]) == 2  # --html needs --out
+    # a re-run without --html leaves no stale page behind
+    assert main(["explain", "quickstart", "schedules-llama3-8b-16xh100", "--out", str(out)]) == 0
+    assert not (out / "explain.html").exists()
 
 
 def test_compare_explains_every_schedule_against_the_first():

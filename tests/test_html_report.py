@@ -371,3 +371,60 @@ def html_escape(text: str) -> str:
     import html
 
     return html.escape(text)
+
+
+def _bars_drawn(browser, div_id: str) -> int:
+    """How many bars of the plotly waterfall in ``div_id`` the browser drew with a height."""
+    return browser.execute_script(
+        f"var gd = document.getElementById('{div_id}'); gd.scrollIntoView();"
+        "return Array.from(gd.querySelectorAll('g.point path')).filter(function (p) {"
+        "  var r = p.getBoundingClientRect(); return r.width > 1 && r.height > 0.5; }).length;"
+    )
+
+
+@pytest.mark.slow
+def test_browser_draws_the_explain_waterfall(browser, tmp_path):
+    """``stepsim explain --html`` and ``compare --html``: the waterfall has a bar for step A,
+    one per cause that moved and one for step B, each drawn with a height."""
+    from simulator.results.explain import causes, explain, moved_causes
+
+    out = tmp_path / "ex"
+    assert main(["explain", "quickstart", "schedules-llama3-8b-16xh100", "--out", str(out), "--html"]) == 0
+    browser.get((out / "explain.html").as_uri())
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+    moved = moved_causes(explain(causes(simulate("quickstart")), causes(simulate("schedules-llama3-8b-16xh100"))))
+    assert len(moved) >= 2
+    assert _bars_drawn(browser, "explain") == len(moved) + 2
+
+    cmp = tmp_path / "cmp"
+    assert main(["compare", "quickstart", "--schedules", "gpipe,1f1b", "--out", str(cmp), "--html"]) == 0
+    browser.get((cmp / "compare.html").as_uri())
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+    assert _bars_drawn(browser, "explain-1f1b") >= 3
+
+
+@pytest.mark.slow
+def test_browser_shows_the_links_heat_map_and_table(browser, quick, tmp_path):
+    """The report's links section: the inlined heat map decodes to an image of the PNG's size
+    and the table lists the busiest links of links.csv, busiest first."""
+    import pandas as pd
+    from matplotlib.image import imread
+
+    d = tmp_path / "run"
+    quick.write(d)  # with the figures: links.png
+    assert main(["report", str(d), "--html"]) == 0
+    browser.get((d / "report.html").as_uri())
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+    w, h = browser.execute_script(
+        "var i = document.getElementById('links-map'); i.scrollIntoView(); return [i.naturalWidth, i.naturalHeight];"
+    )
+    png = imread(str(d / "links.png"))
+    assert (h, w) == png.shape[:2]
+    cells = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#links-top tr')).slice(1).map(function (r) {"
+        "  return Array.from(r.cells).map(function (c) { return c.innerText; }); });"
+    )
+    links = pd.read_csv(d / "links.csv", keep_default_na=False)
+    busiest = links[links["axis"] == "all"].sort_values(["busy_fraction", "bytes"], ascending=False)
+    assert 0 < len(cells) == min(10, len(busiest))
+    assert [float(c[2]) for c in cells] == [round(100 * f, 1) for f in busiest["busy_fraction"].head(len(cells))]

@@ -6,6 +6,11 @@ from __future__ import annotations
 import csv
 import json
 
+from simulator.cli.common import CliError
+
+#: What ``stepsim explain --out DIR`` writes (explain.html with ``--html``; the others are removed).
+EXPLAIN_OUTPUTS = ("explain.csv", "explain.json", "explain.png", "explain.html")
+
 
 def cmd_explain(args) -> int:
     from pathlib import Path
@@ -14,8 +19,14 @@ def cmd_explain(args) -> int:
     from simulator.results import explain as ex
     from simulator.results.outdir import check_output_dir, staged_dir
 
+    if args.html and not args.out:
+        raise CliError("--html: give --out DIR too (the page is written to DIR/explain.html)")
     if args.out:
         check_output_dir(args.out, "--out")
+    if args.html:
+        from simulator.results.html_data import require_plotly
+
+        require_plotly()  # before the simulations, not after
     a, b = simulate(args.a), simulate(args.b)
     name_a, name_b = a.scenario.name, b.scenario.name
     if name_a == name_b:
@@ -32,7 +43,7 @@ def cmd_explain(args) -> int:
     else:
         print(ex.format_table(rows, name_a, name_b))
     if args.out:
-        with staged_dir(args.out, ("explain.csv", "explain.json", "explain.png"), "--out") as tmp:
+        with staged_dir(args.out, EXPLAIN_OUTPUTS, "--out") as tmp:
             tmp = Path(tmp)
             (tmp / "explain.json").write_text(json.dumps(doc, indent=2) + "\n")
             with open(tmp / "explain.csv", "w", newline="") as f:
@@ -40,8 +51,13 @@ def cmd_explain(args) -> int:
                 wr.writerow(["cause", "a_s", "b_s", "delta_s"])
                 wr.writerows([k, repr(x), repr(y), repr(d)] for k, x, y, d in rows)
             ex.plot_waterfall(rows, tmp / "explain.png", name_a, name_b)
+            if args.html:
+                from simulator.results.html_report import render_explain
+
+                (tmp / "explain.html").write_text(render_explain(rows, name_a, name_b), encoding="utf-8")
         if not args.json:
-            print(f"wrote {args.out}: explain.csv, explain.json, explain.png")
+            written = EXPLAIN_OUTPUTS if args.html else EXPLAIN_OUTPUTS[:-1]
+            print(f"wrote {args.out}: {', '.join(written)}")
     return 0
 
 
@@ -55,4 +71,5 @@ def register(subparsers) -> None:
     p.add_argument("b", help="scenario B: a file or a built-in name")
     p.add_argument("--out", help="directory: explain.csv, explain.json and the waterfall explain.png")
     p.add_argument("--json", action="store_true", help="print the causes as JSON")
+    p.add_argument("--html", action="store_true", help="also write DIR/explain.html: the waterfall, interactive")
     p.set_defaults(func=cmd_explain)

@@ -117,6 +117,15 @@ def format_table(rows, name_a: str, name_b: str) -> str:
     return "\n".join(lines)
 
 
+def moved_causes(rows) -> list[tuple[str, float, float, float]]:
+    """The waterfall's bars: the rows whose cause moved by a millionth of step A or more,
+    largest move first (the PNG and the HTML waterfall draw the same bars)."""
+    start = sum(r[1] for r in rows)
+    moved = [r for r in rows if abs(r[3]) > 1e-6 * max(start, 1e-30)]
+    moved.sort(key=lambda r: -abs(r[3]))
+    return moved
+
+
 def plot_waterfall(rows, path, name_a: str, name_b: str):
     """A waterfall from step A to step B: one bar per cause that moved, green where B gains."""
     import matplotlib
@@ -125,8 +134,7 @@ def plot_waterfall(rows, path, name_a: str, name_b: str):
     from matplotlib.figure import Figure
 
     start = sum(r[1] for r in rows)
-    moved = [r for r in rows if abs(r[3]) > 1e-6 * max(start, 1e-30)]  # what moved by a ppm or more
-    moved.sort(key=lambda r: -abs(r[3]))
+    moved = moved_causes(rows)
     fig = Figure(figsize=(9, 0.5 * len(moved) + 2.2))
     ax = fig.add_subplot()
     labels, level = [f"step {name_a}"], start

@@ -456,6 +456,9 @@ def render_compare(table: pd.DataFrame, results: dict) -> str:
         why = why.fillna(0.0)  # a cause one schedule does not have
         page.add(f"<h2>Against {html.escape(names[0])}: the difference in ms, cause by cause</h2>")
         page.add(_table(why * 1e3, lambda v: f"{v:+.3f}" if isinstance(v, float) else str(v), "cause"))
+        for name, part in pairs.groupby("schedule", sort=False):
+            rows = list(zip(part["cause"], part["a_s"], part["b_s"], part["delta_s"]))
+            page.figure(waterfall_figure(rows, names[0], str(name)), f"explain-{name}")
     t_max = max(float(r.summary["step_time_s"]) for r in results.values())
     for name, res in results.items():
         data = run_data(res)
@@ -470,6 +473,64 @@ def render_compare(table: pd.DataFrame, results: dict) -> str:
             f"{100 * s['bubble_fraction']:.1f}%, peak {s['peak_memory_bytes'] / 1e9:.1f} GB",
         )
         page.figure(fig, f"timeline-{name}", bars.script())
+    return page.render()
+
+
+def waterfall_figure(rows, name_a: str, name_b: str):
+    """The plotly waterfall of ``stepsim explain``'s rows: step A, one bar per cause that
+    moved (:func:`simulator.results.explain.moved_causes`, the PNG's bars), step B; hover
+    gives each cause's time in A and B."""
+    go = require_plotly()
+    from simulator.results.explain import moved_causes
+
+    moved = moved_causes(rows)
+    start, end = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    labels = [f"step {name_a}", *(r[0] for r in moved), f"step {name_b}"]
+    fig = go.Figure(
+        go.Waterfall(
+            orientation="v",
+            measure=["absolute", *("relative" for _ in moved), "total"],
+            x=labels,
+            y=[start * 1e3, *(r[3] * 1e3 for r in moved), 0.0],
+            text=[f"{start * 1e3:.4g} ms", *(f"{r[3] * 1e3:+.3g} ms" for r in moved), f"{end * 1e3:.4g} ms"],
+            customdata=[[start * 1e3, start * 1e3], *([r[1] * 1e3, r[2] * 1e3] for r in moved), [end * 1e3] * 2],
+            hovertemplate="%{x}: A %{customdata[0]:.4g} ms, B %{customdata[1]:.4g} ms<extra></extra>",
+            decreasing={"marker": {"color": "#2a9d8f"}},  # B gains: the PNG's colours
+            increasing={"marker": {"color": "#e76f51"}},
+            totals={"marker": {"color": "#444444"}},
+            connector={"line": {"color": "#888888", "width": 1}},
+        )
+    )
+    levels = np.cumsum([start, *(r[3] for r in moved)])
+    lo, hi = float(levels.min()), float(levels.max())
+    pad = max(hi - lo, 1e-3 * hi) * 0.35  # zoom on the levels the bars walk through, as the PNG
+    fig.update_layout(
+        title=f"where the step time goes: B {name_b} against A {name_a}",
+        yaxis={"title": "ms per step", "range": [max(0.0, lo - pad) * 1e3, (hi + pad) * 1e3]},
+        height=420,
+        margin=dict(l=60, r=20, t=50, b=120),
+        plot_bgcolor="white",
+        showlegend=False,
+    )
+    return fig
+
+
+def render_explain(rows, name_a: str, name_b: str) -> str:
+    """The page of ``stepsim explain A B --out DIR --html``: the waterfall and the table of
+    causes (ms in A and B and their difference, which add up to the steps')."""
+    page = _Page(f"stepsim explain: {name_b} against {name_a}")
+    page.add(f"<h1>Why {html.escape(name_b)} differs from {html.escape(name_a)}</h1>")
+    page.figure(waterfall_figure(rows, name_a, name_b), "explain")
+    table = pd.DataFrame(
+        {
+            "A (ms)": [r[1] * 1e3 for r in rows],
+            "B (ms)": [r[2] * 1e3 for r in rows],
+            "B - A (ms)": [r[3] * 1e3 for r in rows],
+        },
+        index=[r[0] for r in rows],
+    )
+    table.loc["step"] = table.sum()
+    page.add(_table(table, lambda v: f"{v:.4f}", "cause"))
     return page.render()
 
 
