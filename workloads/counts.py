@@ -65,6 +65,7 @@ routing-bias vector, Grok-1's extra post-norms.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -309,10 +310,13 @@ def matmul_flops(kernels) -> float:
     return sum(k.flops for k in kernels if k.kind in MATMUL_KINDS)
 
 
+@functools.lru_cache(maxsize=256)
 def forward_flops_per_token(model: ModelSpec, seq_len: int, include_mtp: bool = True) -> float:
     """Forward matmul FLOPs per token over all layers, the LM head and (by
     default) the MTP modules, with the attention convention of the module notes.
-    Computed from the same kernels the simulator runs, at one token, ``tp=1``."""
+    Computed from the same kernels the simulator runs, at one token, ``tp=1``; remembered
+    per (frozen, hashable) model and sequence length, since every scenario load checks the
+    step's model FLOPs (``stepsim search`` and ``ppmap`` load thousands of layouts of one model)."""
     if seq_len < 1:
         raise WorkloadError(f"must be a positive integer, got {seq_len!r}", field="training.seq_len")
     # One token: a sequence cut over seq_len context-parallel ranks (one query, every key).
