@@ -208,3 +208,21 @@ def test_a_layout_that_does_not_fit_is_never_a_best():
     finally:
         run_mod.aux_global_memory, run_mod.roofline = orig_aux, orig_roof
     assert rec["best_label"] == "nopp-fits" and rec["best_pp_label"] == "pp-fits" and rec["ratio"] == 1.0
+
+
+def test_screens_in_processes_equal_the_screen_in_one(tmp_path):
+    """``run_screens`` with two processes (one per group of points: a model's grid, a system)
+    writes the records one process writes, CPU seconds aside."""
+    from simulator.studies.ppmap.screen import run_screens
+
+    spec = load_map(tiny_map(systems={"H800": {"cluster": {"preset": "h800"}}}))
+
+    def records(jobs: int) -> dict:
+        out = tmp_path / f"j{jobs}"
+        out.mkdir()
+        got = run_screens(spec, out, jobs=jobs)
+        return {k: {f: v for f, v in r.items() if f != "screen_cpu_s"} for k, r in got.items()}
+
+    one, two = records(1), records(2)
+    assert len(one) == 5 and one == two
+    assert any(r["chosen"] for r in one.values())

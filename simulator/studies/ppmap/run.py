@@ -166,7 +166,7 @@ def run_map(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    screens = run_screens(spec, out, progress=bool(progress))
+    screens = run_screens(spec, out, progress=bool(progress), jobs=jobs if client is None and executor is None else 1)
     cases = cases_of(spec, screens)
 
     def run(batch: list) -> dict:

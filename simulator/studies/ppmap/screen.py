@@ -7,6 +7,7 @@ facts of the point (:func:`memory_facts`) and every point's screen, kept in ``sc
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -153,31 +154,65 @@ def _best_est(table: pd.DataFrame, pp: bool) -> dict | None:
     return None if t.empty else {"label": t.iloc[0]["label"], "est_step_time_s": float(t.iloc[0]["est_step_time_s"])}
 
 
-def run_screens(spec: MapSpec, out: Path, progress: bool = False) -> dict[str, dict]:
-    """Screen every point not yet in ``OUT/screen.jsonl``; returns screens by point id."""
+def _screen_record(pt: Mapping, spec: MapSpec, mem_cache: dict) -> dict:
+    """One point's line of ``screen.jsonl``."""
+    t0 = time.process_time()
+    table = screen(pt, spec, mem_cache)
+    return {
+        "key": pt["id"],
+        "mode": "adaptive" if spec.adaptive else "fixed",
+        "chosen": candidates(table) if spec.adaptive else choose(table, spec.with_pp, spec.without_pp),
+        "est_best_pp": _best_est(table, True),
+        "est_best_nopp": _best_est(table, False),
+        "layouts_fit": int(len(table)),
+        **memory_facts(table),
+        "screen_cpu_s": time.process_time() - t0,
+    }
+
+
+def _screen_group(pts: list, spec: MapSpec) -> list[dict]:
+    """The records of points that share a chip and model, with one memory cache."""
+    mem_cache: dict = {}
+    return [json.loads(plain_json(_screen_record(pt, spec, mem_cache))) for pt in pts]
+
+
+def run_screens(spec: MapSpec, out: Path, progress: bool = False, jobs: int | None = 1) -> dict[str, dict]:
+    """Screen every point not yet in ``OUT/screen.jsonl``; returns screens by point id. With
+    ``jobs`` > 1 (``None``: every core) the points are screened in that many processes, one
+    group of points at a time per process: a model's grid points (one chip, one memory cache,
+    as in a single process) or one system point; every record is the same either way."""
     store = RowStore(out)
     store.path = out / SCREEN_FILE
     mode = "adaptive" if spec.adaptive else "fixed"
     # a point screened for the other mode is screened again (its "chosen" list means another thing)
     done = {k: v for k, v in store.load().items() if v.get("mode", "fixed") == mode}
-    mem_cache: dict = {}
+    groups: dict[tuple, list] = {}
     for pt in points(spec):
-        if pt["id"] in done:
-            continue
-        t0 = time.process_time()
-        table = screen(pt, spec, mem_cache)
-        rec = {
-            "key": pt["id"],
-            "mode": mode,
-            "chosen": candidates(table) if spec.adaptive else choose(table, spec.with_pp, spec.without_pp),
-            "est_best_pp": _best_est(table, True),
-            "est_best_nopp": _best_est(table, False),
-            "layouts_fit": int(len(table)),
-            **memory_facts(table),
-            "screen_cpu_s": time.process_time() - t0,
-        }
-        store.append(rec)
-        done[pt["id"]] = json.loads(plain_json(rec))
-        if progress:
-            print(f"screened {pt['id']}: {len(table)} layouts fit, {rec['screen_cpu_s']:.1f} s CPU", flush=True)
+        if pt["id"] not in done:
+            groups.setdefault((pt["model"], pt["system"]), []).append(pt)
+
+    def keep(recs: list[dict]) -> None:
+        for rec in recs:
+            store.append(rec)
+            done[rec["key"]] = rec
+            if progress:
+                print(
+                    f"screened {rec['key']}: {rec['layouts_fit']} layouts fit, {rec['screen_cpu_s']:.1f} s CPU",
+                    flush=True,
+                )
+
+    workers = min(len(groups), (os.cpu_count() or 1) if jobs is None else jobs)
+    if workers <= 1:
+        mem_cache: dict = {}  # across every point of a chip, as the groups share theirs
+        for pts in groups.values():
+            keep([json.loads(plain_json(_screen_record(pt, spec, mem_cache))) for pt in pts])
+        return done
+    from concurrent.futures import as_completed
+
+    from simulator.studies.workers import process_pool
+
+    with process_pool(workers) as pool:
+        futures = [pool.submit(_screen_group, pts, spec) for pts in groups.values()]
+        for f in as_completed(futures):
+            keep(f.result())
     return done
