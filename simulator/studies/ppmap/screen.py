@@ -179,8 +179,8 @@ def _screen_group(pts: list, spec: MapSpec) -> list[dict]:
 def run_screens(spec: MapSpec, out: Path, progress: bool = False, jobs: int | None = 1) -> dict[str, dict]:
     """Screen every point not yet in ``OUT/screen.jsonl``; returns screens by point id. With
     ``jobs`` > 1 (``None``: every core) the points are screened in that many processes, one
-    group of points at a time per process: a model's grid points (one chip, one memory cache,
-    as in a single process) or one system point; every record is the same either way."""
+    group of points at a time per process: a model's grid points of one domain size (one chip,
+    one memory cache) or one system point; every record is the same either way."""
     store = RowStore(out)
     store.path = out / SCREEN_FILE
     mode = "adaptive" if spec.adaptive else "fixed"
@@ -189,7 +189,7 @@ def run_screens(spec: MapSpec, out: Path, progress: bool = False, jobs: int | No
     groups: dict[tuple, list] = {}
     for pt in points(spec):
         if pt["id"] not in done:
-            groups.setdefault((pt["model"], pt["system"]), []).append(pt)
+            groups.setdefault((pt["model"], pt["system"], pt["domain"]), []).append(pt)
 
     def keep(recs: list[dict]) -> None:
         for rec in recs:
