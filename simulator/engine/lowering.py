@@ -99,13 +99,22 @@ class Lowering:
         twins = [self._plan(op.coll, g, op.size_bytes, op.scaleout_fraction) for g in groups]
         if not self.twin_quotient:
             return twins
-        images, others = twins, []
-        if self._cls is not None:  # one rank per class: only the group's images fold into it
-            mask = self._images(op.group, groups)
+        if self._cls is None:
+            q = quotient_plan(self.net, rep, twins, self.twin_stats)
+            return twins if q is None else [q]
+        # One rank per class: only the group's images fold into it; the twins that are not
+        # its images fold likewise into the first of theirs, orbit by orbit.
+        out: list = []
+        while groups:
+            head = op.group if not out else groups[0]
+            mask = self._images(head, groups)
             images = [p for p, m in zip(twins, mask) if m]
-            others = [p for p, m in zip(twins, mask) if not m]
-        q = quotient_plan(self.net, rep, images, self.twin_stats) if len(images) > 1 else None
-        return twins if q is None else [q, *others]
+            first = rep if not out else images[0]
+            q = quotient_plan(self.net, first, images, self.twin_stats) if len(images) > 1 else None
+            out.extend(images if q is None else [q])
+            groups = [g for g, m in zip(groups, mask) if not m]
+            twins = [p for p, m in zip(twins, mask) if not m]
+        return out
 
     def _images(self, group: tuple, rows: list) -> list[bool]:
         """Which of ``rows`` (twin groups, ``group`` among them) are images of ``group`` that
