@@ -7,7 +7,9 @@ fold into one quotient plan per orbit instead of running one plan each, and the 
 from __future__ import annotations
 
 import collections
+import itertools
 
+import numpy as np
 import pytest
 from helpers import scenario
 from test_moe import TINY_MOE
@@ -15,6 +17,9 @@ from test_symmetry import FIGURES
 
 from simulator import simulate
 from simulator.engine import lowering
+from simulator.engine.symmetry import _least_rotation, rank_classes
+from simulator.scenario.loading import load_scenario
+from topologies.presets import build_cluster
 
 
 def _ep8_on_9gpu_domains() -> dict:
@@ -54,3 +59,22 @@ def test_mirror_groups_fold_by_translation_and_figures_stay_exact(monkeypatch):
     exact = simulate(sc, exact=True).summary
     for key in FIGURES:
         assert rep[key] == pytest.approx(exact[key], rel=1e-9, abs=1e-15), key
+
+
+def test_classes_of_the_straddling_groups_are_their_splits():
+    """symmetry.rank_classes on EP8 over 9-GPU domains: the expert group k of each leaf group is
+    of class min(k, 8 - k) (a group and its mirror alike: 8, 1 + 7, 2 + 6, 3 + 5, 4 + 4), the
+    classes numbered in the order of their first ranks."""
+    s = load_scenario(_ep8_on_9gpu_domains())
+    classes = rank_classes(s.layout, build_cluster(s.cluster))
+    k = np.arange(288) // 8 % 9
+    assert classes.tolist() == np.minimum(k, 8 - k).tolist()
+
+
+def test_least_rotation_names_a_cycle():
+    """symmetry._least_rotation equals the least of all rotations (checked exhaustively over
+    the cycles of up to 7 beads of 3 colours), so rotations of one cycle get one name."""
+    for n in range(1, 8):
+        for seq in itertools.product(range(3), repeat=n):
+            s = list(seq)
+            assert _least_rotation(s) == min(tuple(s[i:] + s[:i]) for i in range(n)), s

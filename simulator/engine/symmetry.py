@@ -125,7 +125,10 @@ def rank_classes(layout: ParallelLayout, topo: Topology) -> np.ndarray | None:
     refined = _refine(layout, topo, out)
     if len(np.unique(refined)) <= MAX_CLASSES * layout.pp:
         out = refined
-    return np.unique(out, return_inverse=True)[1].astype(np.int64)
+    first = np.unique(out, return_index=True)[1]  # numbered in the order of their first ranks
+    order = np.empty(first.size, dtype=np.int64)
+    order[np.argsort(first)] = np.arange(first.size)
+    return order[np.unique(out, return_inverse=True)[1].ravel()]
 
 
 #: At most this many classes per stage from :func:`_refine`; more, and the classes are the
@@ -152,24 +155,14 @@ def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray) -> np.n
     dom, leaf = topo.domains_of(np.arange(layout.world)), leaves(topo)[: layout.world]
     tables = [layout.group_table(axis) for axis in AXES]
     tables = [t for t in tables if t.shape[1] > 1]
-    rels = []
-    for t in tables:
-        d, lf = dom[t], leaf[t]
-        rel = np.where(d[:, :, None] == d[:, None, :], 1, np.where(lf[:, :, None] == lf[:, None, :], 2, 3))
-        k = t.shape[1]
-        rel[:, np.arange(k), np.arange(k)] = 0
-        rels.append(rel)
     base = np.array([layout.rank_of(pp=s) for s in range(layout.pp)], dtype=np.int64)
     pos = np.arange(layout.world) - base[np.searchsorted(base, np.arange(layout.world), side="right") - 1]
     n = len(np.unique(classes))
     while True:
         cols = [classes[:, None]]
-        for t, rel in zip(tables, rels):
-            code = np.sort(classes[t][:, None, :] * 4 + rel, axis=2)  # [group, member, others]
-            row = np.empty((layout.world, t.shape[1]), dtype=np.int64)
-            row[t.ravel()] = code.reshape(-1, t.shape[1])
-            cols.append(row)
-            cols.append(_necklace(classes, t, rel)[:, None])
+        for t in tables:
+            cols.append(_company(classes, t, dom, leaf)[:, None])
+            cols.append(_necklace(classes, t, dom, leaf)[:, None])
         stage_cols = np.stack([classes[base[s] + pos] for s in range(layout.pp)], axis=1)
         cols.append(stage_cols)
         new = np.unique(np.concatenate(cols, axis=1), axis=0, return_inverse=True)[1].ravel()
@@ -180,18 +173,93 @@ def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray) -> np.n
         n = m
 
 
-def _necklace(classes: np.ndarray, table: np.ndarray, rel: np.ndarray) -> np.ndarray:
+def _row_ids(rows: np.ndarray) -> np.ndarray:
+    """An id per row of a 2-D integer array: equal rows, equal ids (column by column, each
+    folded into the ids so far as one integer key: no key exceeds rows x (values + 1))."""
+    ids = np.zeros(rows.shape[0], dtype=np.int64)
+    for col in rows.T:
+        col = col - col.min()
+        ids = np.unique(ids * (int(col.max()) + 1) + col, return_inverse=True)[1].ravel()
+    return ids
+
+
+def _company(classes: np.ndarray, table: np.ndarray, dom: np.ndarray, leaf: np.ndarray) -> np.ndarray:
+    """Each rank's group's other members as seen from it, as an id over ranks: for every class
+    in the group, how many of its members share the rank's scale-up domain, how many its leaf
+    switch only, and how many neither (the multiset of (class, relation) over the members;
+    counted per group, domain and leaf rather than over every pair of members)."""
+    G, k = table.shape
+    c, d, lf = classes[table].ravel(), dom[table].ravel(), leaf[table].ravel()
+    g = np.repeat(np.arange(G, dtype=np.int64), k)
+    # the (group, class) pairs present, sorted by group then class
+    pair = _row_ids(np.stack([g, c], axis=1))
+    first = np.unique(pair, return_index=True)[1]
+    pg, pc = g[first], c[first]
+    per_group = np.bincount(pg, minlength=G)
+    start = np.concatenate([[0], np.cumsum(per_group)[:-1]])
+    # one entry per (member, class present in its group)
+    width = per_group[g]
+    member = np.repeat(np.arange(G * k), width)
+    at = start[g][member] + np.arange(member.size) - np.repeat(np.cumsum(width) - width, width)
+    cc = pc[at]
+    gm, dm, lm = g[member], d[member], lf[member]
+
+    def tally(members: list, queries: list) -> np.ndarray:
+        keys = np.concatenate([np.stack(members, axis=1), np.stack(queries, axis=1)])
+        ids = _row_ids(keys)
+        return np.bincount(ids[: G * k], minlength=int(ids.max()) + 1)[ids[G * k :]]
+
+    in_dom = tally([g, d, c], [gm, dm, cc])  # the rank itself among them
+    in_leaf = tally([g, lf, c], [gm, lm, cc]) - tally([g, lf, d, c], [gm, lm, dm, cc])
+    total = tally([g, c], [gm, cc])
+    feats = np.stack([cc, in_dom - (cc == c[member]), in_leaf, total - in_dom - in_leaf], axis=1)
+    out = np.empty(classes.shape[0], dtype=np.int64)
+    ids = np.empty(G * k, dtype=np.int64)
+    offset = 0
+    for w in np.unique(per_group).tolist():  # members whose groups hold w classes
+        mine = np.flatnonzero(per_group[g] == w)
+        rows = feats[np.isin(member, mine)].reshape(mine.size, 4 * w)
+        ids[mine] = _row_ids(rows) + offset
+        offset = int(ids[mine].max()) + 1
+    out[table.ravel()] = ids
+    return out
+
+
+def _necklace(classes: np.ndarray, table: np.ndarray, dom: np.ndarray, leaf: np.ndarray) -> np.ndarray:
     """Each rank's group's members in the group's order, as a cycle (each member's class and
     its relation to the next one), up to rotation: a ring runs one way round, so the mirror
     image of a group that straddles domains (2 + 6 against 6 + 2) is not its image, while
-    the members of one group stay alike."""
-    k = table.shape[1]
-    seq = classes[table] * 4 + rel[:, np.arange(k), (np.arange(k) + 1) % k]  # [group, member]
-    turns = seq[:, (np.arange(k)[:, None] + np.arange(k)[None, :]) % k]  # [group, rotation, member]
-    ids = np.unique(turns.reshape(-1, k), axis=0, return_inverse=True)[1].reshape(-1, k)
+    the members of one group stay alike. The cycle's least rotation names it."""
+    nxt = np.roll(table, -1, axis=1)
+    rel = np.where(dom[table] == dom[nxt], 1, np.where(leaf[table] == leaf[nxt], 2, 3))
+    seq = (classes[table] * 4 + rel).tolist()
+    names: dict[tuple, int] = {}
+    ids = [names.setdefault(_least_rotation(row), len(names)) for row in seq]
     out = np.empty(classes.shape[0], dtype=np.int64)
-    out[table] = ids.min(axis=1)[:, None]  # the least rotation: the same cycle, the same id
+    out[table] = np.array(ids, dtype=np.int64)[:, None]
     return out
+
+
+def _least_rotation(seq: list) -> tuple:
+    """The lexicographically least rotation of ``seq`` (Booth's algorithm, linear time)."""
+    n = len(seq)
+    doubled = seq + seq
+    fail = [-1] * (2 * n)
+    best = 0
+    for j in range(1, 2 * n):
+        x = doubled[j]
+        i = fail[j - best - 1]
+        while i != -1 and x != doubled[best + i + 1]:
+            if x < doubled[best + i + 1]:
+                best = j - i - 1
+            i = fail[i]
+        if i == -1 and x != doubled[best + i + 1]:
+            if x < doubled[best + i + 1]:
+                best = j
+            fail[j - best] = -1
+        else:
+            fail[j - best] = i + 1
+    return tuple(doubled[best : best + n])
 
 
 def class_ranks(layout: ParallelLayout, classes: np.ndarray) -> tuple[list[int], dict[int, int]]:
