@@ -10,8 +10,6 @@ event. ``Engine(..., private_phases=False)`` sends every op through the network.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 
 from simulator.engine.lowering import Lowering
@@ -34,7 +32,9 @@ def private_ops(
     network would reserve it on arrival and never materialise it, and it ends
     ``steps x latency + evolution`` after it starts (see :mod:`simulator.network.flows`):
     the sum, in phase order, of ``durations``."""
-    users: dict[int, set] = defaultdict(set)  # link -> processes that load it
+    loads: list[tuple[np.ndarray, int]] = []  # (links, process number) of each (shape, process)
+    procs: dict = {}  # process -> its number
+    arrays: dict[int, np.ndarray] = {}  # id(phases) -> its links, as an array
     shapes: dict[int, tuple] = {}  # id(phases) -> (phases, links, info | None)
     seen: dict[tuple, tuple] = {}  # (id(phases), process) -> shape
     cand: list[tuple[int, tuple, tuple]] = []
@@ -60,11 +60,12 @@ def private_ops(
             if hit is None:
                 merged = phases if kind == "collective" else ((phases, 1, 0.0),)
                 hit = shapes[id(phases)] = (phases,) + phase_info(lowering.net, merged)
+                arrays[id(phases)] = np.fromiter(hit[1], dtype=np.int64, count=len(hit[1]))
             seen[key] = hit
-            for lk in hit[1]:
-                users[lk].add(who)
+            loads.append((arrays[id(phases)], procs.setdefault(who, len(procs))))
         if hit[2] is not None and n == 1:
             cand.append((op.id, who, hit))
+    users = _users(loads, lowering.net.n_links)
     private: dict[tuple, bool] = {}
     chosen: dict[int, tuple] = {}  # id(phases) -> shape, for the private ones
     out = {}
@@ -72,7 +73,7 @@ def private_ops(
         key = (id(hit[0]), who)
         ok = private.get(key)
         if ok is None:
-            ok = private[key] = all(len(users[lk]) == 1 for lk in hit[1])  # only ``who``
+            ok = private[key] = bool((users[arrays[id(hit[0])]] == 1).all())  # only ``who``
         if ok:
             chosen[id(hit[0])] = hit
             out[oid] = hit
@@ -84,6 +85,16 @@ def private_ops(
     book = PrivateBook(list(chosen.values()), shared)
     entry = {id(hit[0]): e for hit, e in zip(chosen.values(), book.entries)}
     return {oid: entry[id(hit[0])] for oid, hit in out.items()}, book
+
+
+def _users(loads: list, n_links: int) -> np.ndarray:
+    """How many processes load each link, from ``(links, process number)`` pairs."""
+    if not loads:
+        return np.zeros(n_links, dtype=np.int64)
+    links = np.concatenate([a for a, _ in loads])
+    who = np.concatenate([np.full(a.size, w, dtype=np.int64) for a, w in loads])
+    pairs = np.unique(who * n_links + links)
+    return np.bincount(pairs % n_links, minlength=n_links)
 
 
 class PrivateBook:
