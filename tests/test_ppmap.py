@@ -226,3 +226,20 @@ def test_screens_in_processes_equal_the_screen_in_one(tmp_path):
     one, two = records(1), records(2)
     assert len(one) == 5 and one == two
     assert any(r["chosen"] for r in one.values())
+
+
+def test_adaptive_map_simulates_a_repeat_of_a_layout_once(tmp_path):
+    """As `stepsim search` does (rounds.Dedupe): with flash attention ``selective`` recompute is
+    ``none``, so of two layouts that differ only there one is simulated; the map's best step
+    times are those of simulating both."""
+    m = tiny_map(search={**tiny_map()["search"], "recompute": ["none", "selective"]})
+    m.pop("simulate")
+    table, cands = run_map(m, tmp_path / "dedupe", jobs=1)
+    keys = [c for c in cands.columns if c in ("point", "tp", "pp", "dp", "ep", "vpp", "schedule", "zero")]
+    keys += [c for c in ("micro_batch_size", "devices_per_domain") if c in cands.columns]
+    pairs = cands.groupby(keys, dropna=False)["recompute"].nunique()
+    assert len(pairs) and (pairs == 1).all()  # never both none and selective of one layout
+    both = m | {"simulate": {"with_pp": 99, "without_pp": 99}}
+    everything, _ = run_map(both, tmp_path / "all", jobs=1)
+    for col in ("best_pp_step_time_s", "best_nopp_step_time_s", "ratio"):
+        assert list(table[col]) == list(everything[col]), col

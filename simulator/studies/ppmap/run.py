@@ -67,6 +67,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from simulator.scenario.loading import load_scenario
+from simulator.scenario.schema import ScenarioError
 from simulator.studies.ppmap.roofline import aux_global_memory, roofline
 from simulator.studies.ppmap.screen import run_screens
 from simulator.studies.ppmap.spec import (
@@ -85,7 +87,7 @@ from simulator.studies.search.layouts import (
     candidate_mapping,
     label,
 )
-from simulator.studies.search.rounds import adaptive_rounds
+from simulator.studies.search.rounds import Dedupe, adaptive_rounds
 from simulator.studies.sweep import run_cases
 from simulator.studies.sweep.cases import resolve
 from simulator.studies.sweep.spec import Case
@@ -202,13 +204,26 @@ def run_map(
     return table, cands
 
 
-class _NoDedupe:
-    """The map simulates every layout its rounds choose (no trace comparison)."""
+class _MapDedupe(Dedupe):
+    """The search's :class:`~simulator.studies.search.rounds.Dedupe` over a point's records:
+    a layout that provably simulates identically to one already chosen (the same resolved
+    scenario but for name, schedule and recompute, the same estimates, the same trace:
+    ``selective`` recompute is ``none`` under flash attention) is not simulated again. The
+    records hold the resolved scenario and the memory estimate; a scenario is loaded only when
+    its trace is to be compared."""
 
-    dropped: dict = {}
+    def __init__(self, records: list, cases: list):
+        super().__init__(records)
+        self.cases = cases
 
-    def is_duplicate(self, case) -> bool:
-        return False
+    def _fingerprint(self, i: int) -> str | None:
+        r = self.records[i]
+        if i not in self.fingerprints and "_sc" not in r:
+            try:
+                r["_sc"] = load_scenario(self.cases[i].scenario)
+            except (ScenarioError, ValueError):
+                self.fingerprints[i] = None
+        return super()._fingerprint(i)
 
 
 def _run_adaptive(spec: MapSpec, screens: Mapping, cases: list, run, jobs: int | None, client) -> int:
@@ -224,10 +239,21 @@ def _run_adaptive(spec: MapSpec, screens: Mapping, cases: list, run, jobs: int |
         by_point.setdefault(c.axes["point"], []).append(c)
     simulated = 0
     for point, group in by_point.items():
-        est = {p["label"]: p["est_step_time_s"] for p in screens[point]["chosen"]}
+        est = {p["label"]: (p["est_step_time_s"], p["est_memory_bytes"]) for p in screens[point]["chosen"]}
         records, local = [], []
         for c in group:
-            records.append({**c.axes, "est_step_time_s": est[label(c.axes)], "status": None, "reason": None})
+            step_s, mem = est[label(c.axes)]
+            records.append(
+                {
+                    **c.axes,
+                    "label": label(c.axes),
+                    "est_step_time_s": step_s,
+                    "status": None,
+                    "reason": None,
+                    "_resolved": c.resolved,
+                    "_memory": mem,
+                }
+            )
             local.append(dataclasses.replace(c, index=len(records) - 1))
 
         def run_round(batch: list, records=records) -> None:
@@ -241,7 +267,7 @@ def _run_adaptive(spec: MapSpec, screens: Mapping, cases: list, run, jobs: int |
                 r.update(status="oom" if summary.get("oom") else "ok", step_time_s=summary.get("step_time_s"))
 
         before = sum(1 for r in records if r["status"] is not None)
-        adaptive_rounds(local, records, spec.bounds, _NoDedupe(), run_round, width)
+        adaptive_rounds(local, records, spec.bounds, _MapDedupe(records, local), run_round, width)
         simulated += sum(1 for r in records if r["status"] in ("ok", "oom", "failed")) - before
     return simulated
 
