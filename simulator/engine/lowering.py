@@ -79,7 +79,9 @@ class Lowering:
     def _network_plans(self, op: Op) -> list:
         """What ``op`` runs on the network: its own plan, or in representative mode
         its quotient plan (see :func:`~simulator.engine.quotient.quotient_phase`), or, where the twin plans do
-        not line up with it, every twin's plan."""
+        not line up with it, every twin's plan. With one rank per class, the twins that are
+        not images of ``op``'s group (:meth:`_images`) fold orbit by orbit into the first
+        of each orbit (every twin an image of that one), each orbit one plan."""
         if (
             op.coll == "all-to-all"
             and self.trace.representative
@@ -124,8 +126,10 @@ class Lowering:
         from ``group`` by a number of ranks that maps every rank of the stage to one of its
         own class (the whole stage's traffic then looks alike from either group). A group that
         lies otherwise -- the mirror of a straddling group, its 2 + 6 against 6 + 2 --
-        loads other links than its image would, so it runs its own plan beside the
-        quotient (``--exact``'s loads, at the cost of its transfers)."""
+        loads other links than its image would, so it runs beside the quotient
+        (``--exact``'s loads), folded with its own images into a quotient of its own
+        (:meth:`_network_plans`: EP64 on 2,304 GB200 in NVL72 racks, the mirror's copies
+        in the 4 leaf groups as one plan, an all-to-all 8,064 transfers instead of 20,160)."""
         assert self._cls is not None
         if self._lies is None:
             from simulator.engine.symmetry import leaves
