@@ -22,13 +22,13 @@ from simulator.scenario.loading import load_scenario
 from topologies.presets import build_cluster
 
 
-def _ep8_on_9gpu_domains() -> dict:
-    """EP8 on 288 GPUs in 9-GPU domains, 8 domains (72 GPUs, 9 expert groups) per leaf group,
-    leaves oversubscribed 4:1 so that the fabric is what the groups share: the groups split
-    8, 1 + 7, 2 + 6, ..., 7 + 1, 8 in each of the 4 leaf groups, a small copy of EP64 on
-    2,304 GB200 in NVL72 racks without a placement block."""
+def _ep8_on_9gpu_domains(oversubscription: float = 4.0) -> dict:
+    """EP8 on 288 GPUs in 9-GPU domains, 8 domains (72 GPUs, 9 expert groups) per leaf group:
+    the groups split 8, 1 + 7, 2 + 6, ..., 7 + 1, 8 in each of the 4 leaf groups, a small copy
+    of EP64 on 2,304 GB200 in NVL72 racks without a placement block. Leaves oversubscribed
+    4:1 make the fabric what the groups share; at 1:1 the uplinks never bind."""
     model = dict(TINY_MOE, moe={**TINY_MOE["moe"], "experts": 16})
-    network = {"domain_size": 9, "domains_per_leaf": 8, "oversubscription": 4.0}
+    network = {"domain_size": 9, "domains_per_leaf": 8, "oversubscription": oversubscription}
     return scenario(
         model=model,
         cluster={"preset": "dgx-h100", "devices": 288, "network": network},
@@ -37,10 +37,13 @@ def _ep8_on_9gpu_domains() -> dict:
     )
 
 
-def test_mirror_groups_fold_by_translation_and_figures_stay_exact(monkeypatch):
+@pytest.mark.parametrize("oversubscription", [4.0, 1.0])
+def test_mirror_groups_fold_by_translation_and_figures_stay_exact(monkeypatch, oversubscription):
     """Each straddling simulated rank's expert all-to-all runs as 2 plans (its own quotient and
     its mirror's, each folding the 4 leaf groups' translates) rather than 5 (the mirror's 4
-    copies one by one), and every device figure equals --exact's to 1e-9."""
+    copies one by one), and every device figure equals --exact's to 1e-9: with the leaf
+    uplinks loaded (4:1) and, at 1:1, left out of the representative run's transfers
+    (lowering.never_binding) while --exact loads them."""
     plans: dict = collections.defaultdict(set)
     network_plans = lowering.Lowering._network_plans
 
@@ -51,7 +54,7 @@ def test_mirror_groups_fold_by_translation_and_figures_stay_exact(monkeypatch):
         return out
 
     monkeypatch.setattr(lowering.Lowering, "_network_plans", counted)
-    sc = _ep8_on_9gpu_domains()
+    sc = _ep8_on_9gpu_domains(oversubscription)
     rep = simulate(sc).summary
     assert rep["simulated_ranks"] == 5  # groups 8, 1 + 7 / 7 + 1, 2 + 6 / 6 + 2, ...
     assert dict(plans) == {0: {1}, 8: {2}, 16: {2}, 24: {2}, 32: {1}}
@@ -78,3 +81,22 @@ def test_least_rotation_names_a_cycle():
         for seq in itertools.product(range(3), repeat=n):
             s = list(seq)
             assert _least_rotation(s) == min(tuple(s[i:] + s[:i]) for i in range(n)), s
+
+
+@pytest.mark.parametrize("oversubscription", [1.0, 1.5])
+def test_only_uplinks_that_cannot_bind_are_left_out(oversubscription):
+    """lowering.never_binding on 2,304 GB200 in NVL72 racks: under oversubscription 1 every
+    leaf-spine link in either direction (288 rail leaves a direction, each as wide as its 8
+    NICs), no NVLink or NIC link; oversubscribed, none."""
+    import simpy
+
+    from simulator.network.flows import FlowNetwork
+
+    cluster = {"preset": "gb200-nvl72", "devices": 2304, "network": {"oversubscription": oversubscription}}
+    sc = {**_ep8_on_9gpu_domains(), "cluster": cluster, "parallel": {"tp": 1, "pp": 1, "dp": 2304, "ep": 8}}
+    sc["training"] = {**sc["training"], "global_batch_size": 2304}
+    topo = build_cluster(load_scenario(sc).cluster)
+    kinds = np.array(topo.link_kind)
+    expected = kinds == "fabric" if oversubscription == 1.0 else np.zeros(kinds.size, dtype=bool)
+    assert (kinds == "fabric").sum() == 576
+    assert lowering.never_binding(topo, FlowNetwork(simpy.Environment(), topo).capacity).tolist() == expected.tolist()
