@@ -5,7 +5,9 @@ plans the op's collective (:func:`~simulator.network.collectives.plan_collective
 adds its twin groups' plans in representative mode, folds them into the
 representative's by the symmetry quotient (:mod:`simulator.engine.quotient`) and
 merges them into the network phases the engine runs
-(:func:`~simulator.network.collectives.merged_phases`), cached per op shape and rank.
+(:func:`~simulator.network.collectives.merged_phases`), cached per op shape and rank;
+with one simulated rank per class, those phases' transfers leave out the links that can
+never bind (:func:`never_binding`).
 See :mod:`simulator.engine.loop` for the representative assumption and the quotient.
 """
 
