@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 
 import pytest
 import yaml
@@ -135,11 +136,16 @@ def test_validate_command_writes_table_csv_and_plot(suite, tmp_path, capsys):
         "peak_memory_bytes",
         "oom",
         "family",
+        "kind",
+        "speed_error",
     ]
     assert len(rows) == 3
     for r in rows:
         assert float(r["error"]) == pytest.approx(float(r["simulated"]) / float(r["published"]) - 1)
         assert r["family"] in ("ampere", "hopper", "blackwell", "tpu")
+        assert r["kind"] == "dense"  # the tiny models have no experts
+        sign = -1 if r["metric"] == "step_time_s" else 1
+        assert float(r["speed_error"]) == pytest.approx(sign * float(r["error"]))
     # one line per chip family under the table, with its median over the speed cases
     fams = {r["family"] for r in rows}
     for fam in fams:
@@ -168,6 +174,33 @@ def test_family_stats_are_medians_over_each_familys_speed_cases():
     assert n == 3 and med == pytest.approx(0.10) and worst == pytest.approx(0.10) and name == "a"
     assert st["tpu"][:3] == (1, pytest.approx(0.10), pytest.approx(0.10))
     assert v.family_stats(rs, timing_only=False)["hopper"][0] == 5
+
+
+def test_kind_stats_sign_errors_by_speed_over_each_kinds_speed_cases():
+    case = v.load_case(TINY[0])
+
+    def res(name, moe, metric, published, simulated):
+        c = v.Case(name, None, case.scenario, metric, published, "", "")
+        return v.CaseResult(c, simulated, 0.0, {"chip_family": "hopper", "moe": moe})
+
+    rs = [
+        res("t-fast", True, "step_time_s", 10.0, 9.0),  # 10 % too short: faster, +10 %
+        res("t-slow", True, "step_time_s", 10.0, 10.4),  # 4 % too long: slower, -4 %
+        res("x-fast", True, "tokens_per_s", 100.0, 106.0),  # 6 % too many tokens: faster, +6 %
+        res("m", True, "peak_memory_bytes", 10.0, 20.0),  # not a speed: left out
+        res("o", True, "oom", 1.0, 0.0),
+        res("d", False, "mfu", 0.5, 0.49),  # dense, 2 % slower
+    ]
+    assert [r.speed_error for r in rs[:3]] == [pytest.approx(0.10), pytest.approx(-0.04), pytest.approx(0.06)]
+    assert math.isnan(rs[3].speed_error) and [r.kind for r in rs] == ["moe"] * 5 + ["dense"]
+    st = v.kind_stats(rs)
+    assert list(st) == ["moe", "dense"]
+    assert st["moe"] == (3, pytest.approx(0.06), pytest.approx(0.06))
+    assert st["dense"] == (1, pytest.approx(0.02), pytest.approx(-0.02))
+    text = v.format_table(rs)
+    assert "  moe: 3 speed cases; median |error| 6.0%; median speed-signed error +6.0%" in text
+    assert "  dense: 1 speed cases; median |error| 2.0%; median speed-signed error -2.0%" in text
+    assert "moe" not in v.kind_stats(rs[3:5])
 
 
 def test_validate_subset_and_max_error_exit_code(suite):

@@ -4,8 +4,8 @@
   docstring), the built-in suite's folder and the metrics a case can name;
 * :mod:`.run` — one case simulated and its metric read off the summary, the suite on worker
   processes;
-* :mod:`.table` — error statistics overall and per chip family, the printed table, the CSV
-  and the parity plot.
+* :mod:`.table` — error statistics overall, per chip family and per model kind (MoE or
+  dense), the printed table, the CSV and the parity plot.
 """
 
 from simulator.studies.validate.cases import (
@@ -13,6 +13,7 @@ from simulator.studies.validate.cases import (
     MEMORY_METRICS,
     METRICS,
     SUITE_DIR,
+    TIME_METRICS,
     Case,
     CaseResult,
     ValidationError,
@@ -23,9 +24,11 @@ from simulator.studies.validate.run import CaseFailure, run_case, run_suite
 from simulator.studies.validate.table import (
     CSV_COLUMNS,
     FAMILY_ORDER,
+    KIND_ORDER,
     error_stats,
     family_stats,
     format_table,
+    kind_stats,
     plot_parity,
     plot_parity_rows,
     write_csv,
@@ -35,9 +38,11 @@ __all__ = [
     "BOOLEAN_METRICS",
     "CSV_COLUMNS",
     "FAMILY_ORDER",
+    "KIND_ORDER",
     "MEMORY_METRICS",
     "METRICS",
     "SUITE_DIR",
+    "TIME_METRICS",
     "Case",
     "CaseFailure",
     "CaseResult",
@@ -46,6 +51,7 @@ __all__ = [
     "error_stats",
     "family_stats",
     "format_table",
+    "kind_stats",
     "load_case",
     "plot_parity",
     "plot_parity_rows",

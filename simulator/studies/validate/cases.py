@@ -15,7 +15,11 @@ scenario file (:mod:`simulator.scenario.schema`) plus two keys this module remov
 
 The comparison is ``error = simulated / published - 1`` (a signed fraction; a
 positive error on a throughput metric means the simulator is too optimistic, on a
-time metric too pessimistic).
+time metric too pessimistic). The *speed-signed* error
+(:attr:`CaseResult.speed_error`) puts both on one sign: positive when the simulation
+is faster than the published run, for time and throughput metrics alike. It is
+``error`` on a throughput metric (tokens/s, MFU, HFU, TFLOP/s) and ``-error`` on a
+time metric (:data:`TIME_METRICS`), so its magnitude is ``|error|``.
 
 Memory. Every result carries the simulated ``peak_memory_bytes`` and ``oom`` (the
 peak exceeds the device's memory). A published run ran, so a case whose simulated
@@ -88,6 +92,8 @@ METRICS: dict[str, tuple[str, Callable[[Mapping, float], float]]] = {
 BOOLEAN_METRICS = ("oom",)
 #: Memory figures (bytes), as opposed to the speed metrics.
 MEMORY_METRICS = ("peak_memory_bytes", "activation_bytes", "model_state_bytes")
+#: Speed metrics that are times (larger = slower); the others are throughputs.
+TIME_METRICS = ("step_time_s",)
 
 
 class ValidationError(StudyError):
@@ -141,6 +147,21 @@ class CaseResult:
         """The chip family the case ran on (``ampere``, ``hopper``, ``blackwell``, ``tpu``):
         the unit the compute calibration is fitted per."""
         return str(self.summary.get("chip_family", ""))
+
+    @property
+    def kind(self) -> str:
+        """``moe`` when the case's model has experts (``model.moe``), else ``dense``."""
+        return "moe" if self.summary.get("moe") else "dense"
+
+    @property
+    def speed_error(self) -> float:
+        """The error signed by speed: positive when the simulation is faster than the
+        published run, for time and throughput metrics alike (``-error`` on a time metric,
+        :data:`TIME_METRICS`; ``error`` otherwise). Its magnitude is ``|error|``; NaN for a
+        memory figure or an expected-OOM verdict, which are not speeds."""
+        if not self.is_timing:
+            return float("nan")
+        return -self.error if self.case.metric in TIME_METRICS else self.error
 
     @property
     def is_timing(self) -> bool:

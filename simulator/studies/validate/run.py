@@ -42,6 +42,7 @@ def run_case(case: Case, compute: Mapping[str, float] | None = None, steady_stat
         )
     }
     keep["chip_family"] = sc.cluster.chip.family
+    keep["moe"] = sc.model.is_moe
     return CaseResult(case, float(value), float(s["sim_wall_s"]), keep)
 
 

@@ -1,5 +1,5 @@
-"""The validation results as tables and figures: error statistics overall and per chip
-family, the printed table, the CSV and the parity plot."""
+"""The validation results as tables and figures: error statistics overall, per chip
+family and per model kind (MoE or dense), the printed table, the CSV and the parity plot."""
 
 from __future__ import annotations
 
@@ -35,6 +35,27 @@ def family_stats(results: Sequence[CaseResult], timing_only: bool = True) -> dic
     return out
 
 
+#: Model kinds in the order tables list them: ``moe`` (the model has experts), ``dense``.
+KIND_ORDER = ("moe", "dense")
+
+
+def kind_stats(results: Sequence[CaseResult]) -> dict:
+    """Per model kind, over the speed metrics only: ``{kind: (cases, median |error|, median
+    speed-signed error)}`` (:attr:`CaseResult.speed_error`: positive = the simulation is faster
+    than published, for time and throughput metrics alike), kinds in :data:`KIND_ORDER`, a kind
+    without speed cases left out."""
+    out = {}
+    for kind in KIND_ORDER:
+        rs = [r for r in results if r.is_timing and r.kind == kind]
+        if rs:
+            out[kind] = (
+                len(rs),
+                statistics.median(abs(r.error) for r in rs),
+                statistics.median(r.speed_error for r in rs),
+            )
+    return out
+
+
 #: Chip families in the order tables and plots list them (oldest first).
 FAMILY_ORDER = ("ampere", "hopper", "blackwell", "tpu")
 
@@ -45,7 +66,8 @@ def _family_key(fam: str):
 
 def format_table(results: Sequence[CaseResult]) -> str:
     """The human table: case, metric, published, simulated, error, simulated peak
-    memory (``OOM`` when it does not fit), wall time; the cases that fail on memory last."""
+    memory (``OOM`` when it does not fit), wall time; under it the medians overall, per chip
+    family and per model kind (:func:`kind_stats`); the cases that fail on memory last."""
     w = max([len("case")] + [len(r.case.name) for r in results])
     lines = [
         f"{'case':<{w}}  {'metric':<22} {'published':>10} {'simulated':>10} {'error':>8} {'peak GB':>8} "
@@ -65,6 +87,11 @@ def format_table(results: Sequence[CaseResult]) -> str:
         lines.append(f"{len(timing)} speed cases; median |error| {med:.1%}; worst |error| {worst:.1%} ({name})")
     for fam, (n, med, worst, name) in family_stats(results).items():
         lines.append(f"  {fam or '?'}: {n} speed cases; median |error| {med:.1%}; worst {worst:.1%} ({name})")
+    for kind, (n, med, signed) in kind_stats(results).items():
+        lines.append(
+            f"  {kind}: {n} speed cases; median |error| {med:.1%}; median speed-signed error {signed:+.1%}"
+            " (+ = simulation faster)"
+        )
     failed = [r for r in results if r.failure]
     for r in failed:
         lines.append(f"FAILED {r.case.name}: {r.failure}")
@@ -75,7 +102,21 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}" if abs(x) < 1 else f"{x:.2f}" if abs(x) < 100 else f"{x:.1f}"
 
 
-CSV_COLUMNS = ("case", "metric", "published", "simulated", "error", "source", "peak_memory_bytes", "oom", "family")
+#: The CSV's columns; ``kind`` is ``moe`` or ``dense``, ``speed_error`` the speed-signed error
+#: (:attr:`CaseResult.speed_error`; empty for memory figures and expected-OOM verdicts).
+CSV_COLUMNS = (
+    "case",
+    "metric",
+    "published",
+    "simulated",
+    "error",
+    "source",
+    "peak_memory_bytes",
+    "oom",
+    "family",
+    "kind",
+    "speed_error",
+)
 
 
 def write_csv(results: Sequence[CaseResult], path: str | Path) -> Path:
@@ -96,6 +137,8 @@ def write_csv(results: Sequence[CaseResult], path: str | Path) -> Path:
                     repr(r.peak_memory_bytes),
                     str(r.oom).lower(),
                     r.family,
+                    r.kind,
+                    repr(r.speed_error) if r.is_timing else "",
                 ]
             )
     return p
