@@ -344,3 +344,55 @@ def test_hopper_bf16_gemm_refit_puts_the_dense_dgx_cloud_rows_within_five_percen
     assert len(results) == 6
     for r in results:
         assert abs(r.error) <= 0.05, (r.case.name, r.error)
+
+
+# The MoE cases' recipe settings that stepsim models (issue 40), from each case's recipe; the
+# sources are in the case files' assumptions. A setting dropped or changed fails here.
+_MOE_RECIPE_SETTINGS = {
+    "dgxc-deepseek-v3-512xh100": {
+        "moe_router_dtype": "fp32",
+        "moe_shared_expert_overlap": True,
+        "moe_host_sync": False,
+        "pad_to_capacity": True,
+    },
+    "dgxc-deepseek-v3-128xgb200": {
+        "moe_router_dtype": "fp32",
+        "moe_shared_expert_overlap": True,
+        "moe_host_sync": False,
+        "pad_to_capacity": True,
+    },
+    "dgxc-grok1-512xh100": {"tp_comm_overlap": True, "moe_host_sync": False, "pad_to_capacity": True},
+    "mbridge-deepseek-v3-256xgb200-bf16": {"moe_router_dtype": "fp32", "cuda_graphs": "per-layer"},
+    "mbridge-qwen3-235b-256xgb200-bf16": {"grad_dtype": "bf16", "cuda_graphs": "per-layer"},
+    "mbridge-qwen3-235b-256xh100-fp8": {"grad_dtype": "bf16", "overlap_moe_expert_parallel_comm": True},
+    "mbridge-qwen3-30b-16xh100-fp8": {"grad_dtype": "bf16"},
+    "nemo-mixtral-8x7b-64xb200-fp8": {
+        "grad_dtype": "bf16",
+        "cuda_graphs": "per-layer",
+        "moe_host_sync": False,
+        "pad_to_capacity": True,
+    },
+    "nemo-mixtral-8x7b-64xgb200-fp8": {
+        "grad_dtype": "bf16",
+        "cuda_graphs": "per-layer",
+        "moe_host_sync": False,
+        "pad_to_capacity": True,
+    },
+}
+
+
+def test_moe_cases_carry_their_recipes_settings_each_with_its_source():
+    cases = {c.name: c for c in v.discover() if load_scenario(c.scenario_with()).model.is_moe}
+    assert set(cases) == set(_MOE_RECIPE_SETTINGS)
+    for name, want in _MOE_RECIPE_SETTINGS.items():
+        case = cases[name]
+        tr = load_scenario(case.scenario_with()).training
+        for key, value in want.items():
+            if key == "pad_to_capacity":
+                load = case.scenario["training"]["expert_load"]
+                assert load["pad_to_capacity"] is True and load["capacity_factor"] == 1.0, name
+            else:
+                assert getattr(tr, key) == value, (name, key)
+            # the setting's source is written down beside it
+            said = "expert_load" if key == "pad_to_capacity" else key
+            assert any(a.startswith(said) or f" {said} " in a for a in case.assumptions), (name, key)
