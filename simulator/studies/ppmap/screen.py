@@ -170,9 +170,10 @@ def _screen_record(pt: Mapping, spec: MapSpec, mem_cache: dict) -> dict:
     }
 
 
-def _screen_group(pts: list, spec: MapSpec) -> list[dict]:
-    """The records of points that share a chip and model, with one memory cache."""
-    mem_cache: dict = {}
+def _screen_group(pts: list, spec: MapSpec, mem_cache: dict | None = None) -> list[dict]:
+    """The records of points that share a chip and model, with one memory cache
+    (``mem_cache``, or a new one)."""
+    mem_cache = {} if mem_cache is None else mem_cache
     return [json.loads(plain_json(_screen_record(pt, spec, mem_cache))) for pt in pts]
 
 
@@ -205,7 +206,7 @@ def run_screens(spec: MapSpec, out: Path, progress: bool = False, jobs: int | No
     if workers <= 1:
         mem_cache: dict = {}  # across every point of a chip, as the groups share theirs
         for pts in groups.values():
-            keep([json.loads(plain_json(_screen_record(pt, spec, mem_cache))) for pt in pts])
+            keep(_screen_group(pts, spec, mem_cache))
         return done
     from concurrent.futures import as_completed
 
