@@ -56,3 +56,17 @@ def test_the_expert_all_to_all_overlap_is_imported():
     assert ("overlap-moe-expert-parallel-comm", "training.overlap_moe_expert_parallel_comm") in _mapped(
         text, "dgx-h100"
     )
+
+
+def test_fp8_training_dispatches_bf16_tokens_as_megatron_core_does():
+    """Megatron-Core all-to-alls the permuted BF16 hidden states under FP8 training (its alltoall,
+    DeepEP and HybridEP dispatchers, moe/token_dispatcher.py and moe/fused_a2a.py at d98e8a64);
+    FP8 on the wire only with ``--moe-dispatch-fwd-dtype mxfp8`` (the flex ncclep backend)."""
+    fp8 = MOE_ARGS.replace("--bf16", "--bf16 --fp8-format hybrid")
+    assert import_megatron(fp8, "dgx-h100").scenario["training"]["moe_dispatch_dtype"] == "bf16"
+    # BF16 training dispatches BF16 anyway: nothing to write
+    assert "moe_dispatch_dtype" not in import_megatron(MOE_ARGS, "dgx-h100").scenario["training"]
+    ncclep = fp8 + " --moe-dispatch-fwd-dtype mxfp8"
+    res = import_megatron(ncclep, "dgx-h100")
+    assert "moe_dispatch_dtype" not in res.scenario["training"]  # FP8 training's default: FP8 on the wire
+    assert ("moe-dispatch-fwd-dtype", "training.moe_dispatch_dtype") in _mapped(ncclep, "dgx-h100")

@@ -211,3 +211,43 @@ def test_reserve_fraction_is_bounded():
     for bad in (-0.1, 1.5):
         with pytest.raises(ScenarioError, match="training.allocator_reserve_fraction"):
             load_scenario(scenario(training={"allocator_reserve_fraction": bad}))
+
+
+def _weights(cluster: str = "dgx-h100", zero: int = 0, **training) -> float:
+    over = dict(parallel={"tp": 1, "pp": 1, "dp": 8, "zero": zero}, cluster={"preset": cluster, "devices": 8})
+    sc = scenario(**over, training={"dtype": "fp8", **training})
+    return simulate(load_scenario(sc)).summary["memory_breakdown_bytes"]["weights"]
+
+
+def test_fp8_weights_as_transformer_engine_keeps_them():
+    """Transformer Engine keeps the layers' FP8 weights across micro-batches (module/base.py
+    quantize_weight with a cache name when Megatron passes is_first_microbatch), with the
+    transpose Hopper's TN-only FP8 GEMMs need (pytorch/utils.py is_non_tn_fp8_gemm_supported):
+    2 bytes a layer parameter (MXFP8's two scalings on B200); FP8 primary weights
+    (--fp8-param-gather) replace the BF16 weight instead, at its size. Embedding and head stay
+    BF16; ZeRO-3 shards are not cached; the default (no Transformer Engine) keeps no copy."""
+    bf16_weights = 2 * (4 * LAYER_PARAMS + 8 * H + 9 * H)
+    assert _weights() == pytest.approx(bf16_weights, rel=1e-12)
+    for cluster in ("dgx-h100", "dgx-b200"):
+        assert _weights(cluster, fp8_weight_cache=True) - _weights(cluster) == pytest.approx(
+            2 * 4 * LAYER_PARAMS, rel=1e-12
+        )
+        assert _weights(cluster, fp8_params=True, fp8_weight_cache=True) == _weights(cluster)
+    assert _weights(zero=3, fp8_weight_cache=True) == _weights(zero=3)
+    assert _weights("dgx-a100", fp8_weight_cache=True) == _weights("dgx-a100")
+
+
+def test_fp8_primary_weights_are_gathered_in_fp8():
+    """The distributed optimizer all-gathers FP8 primary weights in FP8: the layers' gathers
+    carry half the bytes, the embedding's and head's stay BF16."""
+
+    def gathers(**training):
+        sc = scenario(parallel={"tp": 1, "pp": 1, "dp": 8, "zero": 1}, training={"dtype": "fp8", **training})
+        ev = simulate(load_scenario(sc)).events
+        ag = ev[ev.name.str.endswith(".param_ag")]
+        return dict(zip(ag.name, ag.size_bytes))
+
+    a, b = gathers(), gathers(fp8_params=True)
+    assert set(a) == set(b) and any(n.startswith("L") for n in a)
+    for name in a:
+        assert b[name] == (a[name] / 2 if name.startswith("L") else a[name]), name

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers import rerun_engine, scenario
 
-from simulator import simulate
+from simulator import load_scenario, simulate
 from workloads.moe_load import ExpertLoad, rank_load_factors
 
 TINY_MOE = {
@@ -239,3 +239,22 @@ def test_moe_with_tp_needs_sequence_parallel_at_load():
     assert e.value.field == "parallel.sequence_parallel" and "MoE layers with tp > 1" in str(e.value)
     load_scenario({**sc, "parallel": {"tp": 2}})  # sequence parallel: fine
     load_scenario({**sc, "parallel": {"tp": 1, "sequence_parallel": False}})  # no tensor parallelism: fine
+
+
+def test_the_dispatch_wire_dtype_sets_the_dispatch_bytes_not_the_combine():
+    """``training.moe_dispatch_dtype``: the dispatch all-to-all carries one byte an element in
+    FP8 (DeepSeek-V3 §3.3; ``auto`` under FP8 training), two in BF16 (Megatron-Core); the
+    combine is BF16 always."""
+
+    def a2a_bytes(**training):
+        sc = load_scenario(moe_scenario(training={"dtype": "fp8", **training}))
+        ev = simulate(sc).events
+        a2a = ev[(ev.coll == "all-to-all") & (ev.phase == "F")]
+        return (
+            a2a[a2a.name.str.endswith(".dispatch")].size_bytes.iloc[0],
+            a2a[a2a.name.str.endswith(".combine")].size_bytes.iloc[0],
+        )
+
+    auto, fp8, bf16 = a2a_bytes(), a2a_bytes(moe_dispatch_dtype="fp8"), a2a_bytes(moe_dispatch_dtype="bf16")
+    assert auto == fp8
+    assert bf16[0] == 2 * fp8[0] and bf16[1] == fp8[1] == bf16[0]

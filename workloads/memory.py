@@ -273,6 +273,37 @@ def training_state_bytes(params_dense: float, params_expert: float, layout: Para
     )
 
 
+#: Bytes a cached FP8 weight takes per parameter, by chip family: a rowwise and a columnwise
+#: copy, one byte each -- on Hopper the per-tensor FP8 weight and its transpose (FP8 GEMMs take
+#: only the TN layout there), on Blackwell MXFP8's two scalings (scales, 1/32 of it, not
+#: counted); Blackwell's per-tensor recipe needs one copy only (non-TN FP8 GEMMs: TransformerEngine
+#: pytorch/utils.py is_non_tn_fp8_gemm_supported, tensor/float8_tensor.py at d0067d0), which
+#: this overstates by a byte. Other families have no Transformer Engine FP8 weights.
+FP8_WEIGHT_CACHE_BYTES = {"hopper": 2, "blackwell": 2}
+
+
+def fp8_weight_cache_bytes(layer_params: float, training, family: str, zero: int) -> float:
+    """Bytes the transformer layers' FP8 weights take beyond the BF16 weights
+    :func:`state_bytes` counts, for ``layer_params`` parameters (embedding and output layer run
+    in BF16; norms and routers, a fraction of a per cent, are counted with the layers):
+
+    * BF16 weights (``training.fp8_weight_cache``, Transformer Engine with Megatron-Core's
+      default): the cached FP8 copy, :data:`FP8_WEIGHT_CACHE_BYTES` per parameter;
+    * FP8 primary weights (``training.fp8_params``): the FP8 weight in place of the BF16 one,
+      ``FP8_WEIGHT_CACHE_BYTES - 2`` (0: its two copies take the BF16 weight's 2 bytes);
+    * nothing without FP8, with the cache off, or under ZeRO-3, whose gathered weights TE does not
+      cache (module/layernorm_linear.py: no cache under FSDP2) and whose shards are counted at
+      BF16 size."""
+    if training.dtype != "fp8" or zero >= 3:
+        return 0.0
+    per = FP8_WEIGHT_CACHE_BYTES.get(family)
+    if per is None:
+        return 0.0
+    if training.fp8_params:
+        return (per - 2) * layer_params
+    return per * layer_params if training.fp8_weight_cache else 0.0
+
+
 #: Forward kernels (``workloads.counts`` names) each recompute module runs again before
 #: a layer's backward; DeepSeek-V3's savings run every norm, the MLA up-projections and
 #: every FFN activation (§3.2.3, §3.3.2). ``core_attn`` adds none: fused attention

@@ -109,6 +109,14 @@ class TrainingSpec:
     # gradient GEMMs on FP32 operands (TF32 tensor cores under Transformer Engine),
     # workloads.moe_kernels.MoEOptions.
     moe_router_dtype: Literal["bf16", "fp32"] = "bf16"
+    # Wire dtype of the expert dispatch all-to-all (the combine is BF16 always). "auto": FP8
+    # under FP8 training, as DeepSeek-V3 does (arXiv 2412.19437 §3.3: activations quantised to
+    # FP8 before the dispatch), else BF16. "bf16": what Megatron-Core sends with every dispatcher
+    # but one (alltoall, DeepEP and HybridEP all-to-all the permuted BF16 hidden states,
+    # moe/token_dispatcher.py and moe/fused_a2a.py; only the flex 'ncclep' backend with
+    # moe_dispatch_fwd_dtype mxfp8 sends FP8, transformer_config.py, all at NVIDIA/Megatron-LM
+    # d98e8a64). "fp8": one byte an element.
+    moe_dispatch_dtype: Literal["auto", "bf16", "fp8"] = "auto"
     # Bytes per element of the gradient buffer (Megatron-LM / NeMo keep FP32 main gradients;
     # "bf16" = Megatron --grad-reduce-in-bf16 / NeMo optim.grad_sync_dtype: bf16) and of the
     # Adam / Muon moments ("bf16": DeepSeek-V3 §3.3.3, low-precision optimizer states).
@@ -176,6 +184,20 @@ class TrainingSpec:
     # Default off, Megatron's; the checks Megatron asserts are simulator.scenario.checks.check_ep_overlap.
     overlap_moe_expert_parallel_comm: bool = False
     # ---- memory as allocated (workloads.memory, "Memory as allocated") ----
+    # Transformer Engine keeps each FP8 linear layer's quantised weight from the first
+    # micro-batch to the last (its weight workspace, cached when Megatron-Core passes
+    # is_first_microbatch: TransformerEngine module/base.py quantize_weight at d0067d0,
+    # megatron/core/extensions/transformer_engine.py at d98e8a64), rowwise and columnwise
+    # (memory.fp8_weight_cache_bytes). Megatron-LM's default with BF16 weights, which
+    # `stepsim import megatron` writes; off here by default, as frameworks without Transformer
+    # Engine (DeepSeek's, JAX) keep no such copy. Megatron --disable-parameter-transpose-cache: off.
+    fp8_weight_cache: bool = False
+    # FP8 primary weights (Megatron --fp8-param-gather, Megatron-Bridge's fp8_param_gather, which
+    # its FP8 current-scaling recipe sets: bf16_with_fp8_current_scaling_mixed in
+    # src/megatron/bridge/training/mixed_precision.py at 067f987): the layers' weights are kept
+    # in FP8 (with the transpose on Hopper) instead of BF16 plus a cached FP8 copy, and the
+    # distributed optimizer all-gathers them in FP8. FP8 only.
+    fp8_params: bool = False
     # Megatron --distribute-saved-activations: under full recompute each layer's saved
     # input is split over the TP group and all-gathered before the layer is recomputed
     # (megatron/core/tensor_parallel/random.py CheckpointFunction at d98e8a64). Needs
@@ -211,6 +233,7 @@ class TrainingSpec:
         for name, allowed in (
             ("moe_gate_weighting", ("activation", "combine")),
             ("moe_router_dtype", ("bf16", "fp32")),
+            ("moe_dispatch_dtype", ("auto", "bf16", "fp8")),
             ("grad_dtype", ("fp32", "bf16")),
             ("optimizer_state_dtype", ("fp32", "bf16", "fp16", "fp8")),
             ("master_weights", ("fp32", "remainder", "none", "fp16", "bf16")),
@@ -253,6 +276,14 @@ class TrainingSpec:
     def moment_bytes(self) -> int:
         """Bytes per optimizer-moment element (4 for fp32, 2 for bf16 / fp16, 1 for fp8)."""
         return {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[self.optimizer_state_dtype]
+
+    @property
+    def fp8_dispatch(self) -> bool:
+        """Whether the expert dispatch all-to-all sends one byte an element
+        (``moe_dispatch_dtype``; ``auto``: under FP8 training)."""
+        if self.moe_dispatch_dtype == "auto":
+            return self.dtype == "fp8"
+        return self.moe_dispatch_dtype == "fp8"
 
     def reserve_fraction(self, family: str) -> float:
         """The allocator's reserve on a chip of ``family`` (``allocator_reserve_fraction`` or

@@ -1,7 +1,8 @@
 """Reading the files of other tools into stepsim's own terms, and writing them back.
 
 * :mod:`.megatron` — a Megatron-LM command line into a scenario (``stepsim import``), read by
-  :mod:`.megatron_args` and :mod:`.megatron_layout` (the pipeline split, the MoE layer pattern); :mod:`.export_megatron` — a scenario as the Megatron-LM launch line that
+  :mod:`.megatron_args`, :mod:`.megatron_layout` (the pipeline split, the MoE layer pattern) and
+  :mod:`.megatron_precision` (dtype, MoE dispatch dtype, FP8 weights); :mod:`.export_megatron` — a scenario as the Megatron-LM launch line that
   would run it (``stepsim export megatron``), which :mod:`.megatron` reads back;
   :mod:`.export_maxtext` — a scenario as a MaxText configuration (``stepsim export maxtext``);
 * :mod:`.nccl_tests` — nccl-tests output into bus-bandwidth measurements;

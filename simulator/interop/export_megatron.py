@@ -97,7 +97,7 @@ def _layout_args(sc) -> list[str]:
     return out  # the data-parallel size follows from the devices (torchrun's line)
 
 
-def _training_args(t) -> list[str]:
+def _training_args(t, moe: bool) -> list[str]:
     out = ["--seq-length", t.seq_len, "--max-position-embeddings", t.seq_len]
     out += ["--micro-batch-size", t.micro_batch_size, "--global-batch-size", t.global_batch_size]
     out.append("--bf16")
@@ -119,6 +119,16 @@ def _training_args(t) -> list[str]:
         out.append("--tp-comm-overlap")
     if t.overlap_moe_expert_parallel_comm:
         out += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    if t.dtype == "fp8" and t.fp8_params:
+        out.append("--fp8-param-gather")
+    if t.dtype == "fp8" and not t.fp8_params and not t.fp8_weight_cache:
+        out.append("--disable-parameter-transpose-cache")
+    if t.fp8_dispatch and moe:
+        # Megatron-Core sends FP8 tokens only through the flex 'ncclep' backend
+        # (transformer_config.py at d98e8a64: moe_dispatch_fwd_dtype needs it, the TE op
+        # fuser and grouped GEMMs)
+        out += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "ncclep"]
+        out += ["--moe-dispatch-fwd-dtype", "mxfp8", "--moe-grouped-gemm", "--use-transformer-engine-op-fuser"]
     if t.optimizer != "adam":
         out += ["--optimizer", t.optimizer]
     if t.offload_optimizer:
@@ -136,7 +146,7 @@ def export_megatron(sc) -> str:
     c = sc.cluster
     # GPUs a node (a GB200 NVL72 compute tray holds 4; a DGX or HGX node 8)
     per_node = 4 if (c.domain_capacity or 0) == 72 else (8 if devices % 8 == 0 else devices)
-    args = _model_args(sc.model) + _layout_args(sc) + _training_args(sc.training)
+    args = _model_args(sc.model) + _layout_args(sc) + _training_args(sc.training, sc.model.is_moe)
     lines = [f"# {sc.name}: written by stepsim export megatron (Megatron-LM arguments, d98e8a64)"]
     launch = f"torchrun --nnodes {devices // per_node} --nproc-per-node {per_node} pretrain_gpt.py \\"
     if c.devices_per_domain is not None and c.domain_capacity:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simulator.interop import megatron_layout
+from simulator.interop import megatron_layout, megatron_precision
 from simulator.interop.megatron_args import GPT2_VOCAB, NO_STEP_EFFECT, ScenarioError, arg_int, parse_arg_text
 
 
@@ -307,7 +307,9 @@ class _Mapping:
         if args.get("global-batch-size") is not None:
             tr["global_batch_size"] = self.integer("global-batch-size")
             self.take("global-batch-size", "training.global_batch_size")
-        tr["dtype"] = self.dtype()
+        tr["dtype"] = megatron_precision.dtype(self)
+        tr.update(megatron_precision.moe_dispatch(self, tr["dtype"]))
+        tr.update(megatron_precision.fp8_weights(self, tr["dtype"]))
         tr["recompute"] = self.recompute(layers, par)
         tr["overlap_grad_reduce"] = self.overlap_grad_reduce()
         tr["flash_attention"] = self.flash_attention()
@@ -391,29 +393,6 @@ class _Mapping:
             self.take("tp-comm-overlap", "training.tp_comm_overlap", True)
             out["tp_comm_overlap"] = True
         return out
-
-    def dtype(self) -> str:
-        args = self.args
-        precision = str(args.get("precision") or "")  # NeMo: trainer.precision
-        if precision:
-            self.used.add("precision")
-            if "bf16" in precision:
-                args.setdefault("bf16", None)
-            elif precision.startswith("16"):
-                args.setdefault("fp16", None)
-            else:
-                self.used.discard("precision")
-        if args.get("fp8-format") is not None or "fp8" in args:
-            for a in ("fp8-format", "fp8"):
-                if a in args:
-                    self.take(a, "training.dtype", "fp8")
-            return "fp8"
-        if "bf16" in args:
-            self.take("bf16", "training.dtype", "bf16")
-        if "fp16" in args:
-            self.take("fp16", "training.dtype", "bf16")
-            self.assume("--fp16 simulated as bf16: the same tensor-core peak and activation bytes")
-        return "bf16"
 
     def recompute(self, layers: int, par: dict) -> str:
         args = self.args

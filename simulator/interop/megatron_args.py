@@ -87,6 +87,9 @@ MAPPED = {
     "moe-shared-expert-overlap": "training.moe_shared_expert_overlap",
     "tp-comm-overlap": "training.tp_comm_overlap",
     "overlap-moe-expert-parallel-comm": "training.overlap_moe_expert_parallel_comm",
+    "moe-dispatch-fwd-dtype": "training.moe_dispatch_dtype",
+    "fp8-param-gather": "training.fp8_params",
+    "disable-parameter-transpose-cache": "training.fp8_weight_cache",
     # the paired backward's weight gradient after its input gradient (stepsim splits a paired
     # MLP backward so whenever the overlap is on)
     "delay-wgrad-compute": "training.overlap_moe_expert_parallel_comm",
@@ -179,6 +182,8 @@ _FLAGS = (
     "moe-pad-expert-input-to-capacity",
     "moe-shared-expert-overlap",
     "tp-comm-overlap",
+    "fp8-param-gather",
+    "disable-parameter-transpose-cache",
     "use-flash-attn",
     "recompute-activations",
     "checkpoint-activations",

@@ -54,5 +54,11 @@ class Scenario:
         net = self.cluster.network
         domain = net.domain_size if getattr(net, "kind", "") == "switched" else 0
         return Workload(
-            self.model, self.layout, self.training, self.schedule, expert_load=self.expert_load, domain_size=domain
+            self.model,
+            self.layout,
+            self.training,
+            self.schedule,
+            expert_load=self.expert_load,
+            domain_size=domain,
+            chip_family=self.cluster.chip.family,
         )

@@ -34,6 +34,7 @@ def _training_dict(t: TrainingSpec) -> dict:
     for key, default in (
         ("moe_gate_weighting", "activation"),
         ("moe_router_dtype", "bf16"),
+        ("moe_dispatch_dtype", "auto"),
         ("grad_dtype", "fp32"),
         ("optimizer_state_dtype", "fp32"),
         ("master_weights", "fp32"),
@@ -43,6 +44,8 @@ def _training_dict(t: TrainingSpec) -> dict:
         ("fsdp_grad_units", 2),
         ("reshard_after_forward", True),
         ("allocator_reserve_fraction", None),
+        ("fp8_weight_cache", False),
+        ("fp8_params", False),
     ):
         if d[key] == default:  # likewise
             del d[key]

@@ -206,14 +206,17 @@ class ParamOps:
         """ZeRO-1/2: all-gather the updated parameter shards, one bucket per unit
         (embedding, layers, head), at the start of the step (overlapped with the
         forward pass)."""
+        t = self.p.b.t
         for unit in self.unit_order():
             dense, expert = self.units[unit]
+            # FP8 primary weights: the layers' updated shards are gathered in FP8
+            per = 1 if (t.fp8_params and t.dtype == "fp8" and unit.startswith("L")) else PARAM_BYTES
             ids = []
             for axis, p in (("dp_cp", dense), ("edp", expert)):
                 op = self.p.collective(
                     "all-gather",
                     axis,
-                    p * PARAM_BYTES,
+                    p * per,
                     f"{unit}.param_ag",
                     "sync",
                     -1,
@@ -313,8 +316,10 @@ class ParamOps:
         buffers = memory.training_sharding_buffer_bytes(
             self.p.b.model, L, t, [d + e for d, e in self.units.values()], weight_dtype_bytes=PARAM_BYTES
         )
+        layer_params = sum(d + e for u, (d, e) in self.units.items() if str(u).startswith("L"))
+        cache = memory.fp8_weight_cache_bytes(layer_params, t, self.p.b.w.chip_family, L.zero)
         return {
-            "weights": s.weights,
+            "weights": s.weights + cache,
             "gradients": s.gradients,
             "optimizer": 0.0 if t.offload_optimizer else s.optimizer,  # offloaded: in host memory
             "activations": 0.0,

@@ -35,6 +35,7 @@ class Workload:
     schedule: str = "1f1b"
     expert_load: ExpertLoad | None = None  # routing imbalance (None = perfectly balanced)
     domain_size: int = 0  # devices per scale-up domain (switched networks), 0 = unknown / not switched
+    chip_family: str = ""  # topologies.chips family ("hopper", "blackwell", "tpu"...), "" = unknown
 
 
 # Fraction of a layer's stashed activations an input-gradient pass (``I``) can free;
@@ -300,11 +301,12 @@ class TraceBuilder:
         return self.shard.tokens * per_tok * self.shard.act_bytes / self.L.tp
 
     def dispatch_bytes(self, combine: bool, layer: int) -> float:
-        """Per-rank all-to-all send buffer of an MoE dispatch (FP8 under FP8 training,
-        as DeepSeek-V3 §3.3 does) or combine (BF16), scaled by the layer's slowest
-        expert rank's load factor (see :mod:`workloads.moe_load`)."""
+        """Per-rank all-to-all send buffer of an MoE dispatch (in
+        ``training.moe_dispatch_dtype``: by default FP8 under FP8 training, as DeepSeek-V3
+        §3.3 does) or combine (BF16), scaled by the layer's slowest expert rank's load
+        factor (see :mod:`workloads.moe_load`)."""
         moe = self.model.moe
-        per = 1 if (self.t.dtype == "fp8" and not combine) else 2
+        per = 1 if (self.t.fp8_dispatch and not combine) else 2
         tokens = self.shard.tokens / (self.L.tp if self.L.sequence_parallel else 1)
         return tokens * moe.top_k * self.model.hidden * per * self.load_factor.get(layer, 1.0)
 

@@ -117,6 +117,11 @@ def estimate_memory(sc) -> dict:
         units = memory.rank_parameter_units(model, L, layers, has_embedding=0 in own, has_head=len(chunks) - 1 in own)
         dense, expert = sum(u[1] for u in units), sum(u[2] for u in units)
         state = memory.training_state_bytes(dense, expert, L, t)
+        layer_params = sum(d + e for u, d, e in units if u.startswith("L"))
+        state = replace(
+            state,
+            weights=state.weights + memory.fp8_weight_cache_bytes(layer_params, t, sc.cluster.chip.family, L.zero),
+        )
         buffers = memory.training_sharding_buffer_bytes(model, L, t, [d + e for _, d, e in units])
         chunk_bytes = []
         for k in own:
