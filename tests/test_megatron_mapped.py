@@ -70,3 +70,19 @@ def test_fp8_training_dispatches_bf16_tokens_as_megatron_core_does():
     res = import_megatron(ncclep, "dgx-h100")
     assert "moe_dispatch_dtype" not in res.scenario["training"]  # FP8 training's default: FP8 on the wire
     assert ("moe-dispatch-fwd-dtype", "training.moe_dispatch_dtype") in _mapped(ncclep, "dgx-h100")
+
+
+def test_fp8_weight_flags_are_imported():
+    """``--fp8-param-gather``: FP8 primary weights; FP8 without it keeps BF16 weights and Transformer
+    Engine's cached FP8 copies (Megatron-Core's default) unless ``--disable-parameter-transpose-cache``;
+    neither flag has an effect without FP8."""
+    fp8 = MOE_ARGS.replace("--bf16", "--bf16 --fp8-format hybrid")
+    tr = import_megatron(fp8, "dgx-h100").scenario["training"]
+    assert tr["fp8_weight_cache"] is True and "fp8_params" not in tr
+    tr = import_megatron(fp8 + " --fp8-param-gather", "dgx-h100").scenario["training"]
+    assert tr["fp8_params"] is True and "fp8_weight_cache" not in tr
+    tr = import_megatron(fp8 + " --disable-parameter-transpose-cache", "dgx-h100").scenario["training"]
+    assert "fp8_params" not in tr and "fp8_weight_cache" not in tr
+    res = import_megatron(MOE_ARGS + " --fp8-param-gather", "dgx-h100")
+    assert "fp8_params" not in res.scenario["training"]
+    assert any("--fp8-param-gather without FP8" in a for a in res.assumptions)

@@ -251,3 +251,9 @@ def test_fp8_primary_weights_are_gathered_in_fp8():
     assert set(a) == set(b) and any(n.startswith("L") for n in a)
     for name in a:
         assert b[name] == (a[name] / 2 if name.startswith("L") else a[name]), name
+
+
+@pytest.mark.parametrize("key", ["fp8_params", "fp8_weight_cache"])
+def test_fp8_weight_keys_refused_without_fp8_training(key):
+    with pytest.raises(ScenarioError, match=f"training.{key}: needs training.dtype: fp8"):
+        load_scenario(scenario(training={key: True}))

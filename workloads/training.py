@@ -255,6 +255,12 @@ class TrainingSpec:
                 f"recomputes modules only under selective granularity), got {self.recompute!r}",
                 field="training.recompute_modules",
             )
+        for name in ("fp8_params", "fp8_weight_cache"):
+            if getattr(self, name) and self.dtype != "fp8":
+                raise WorkloadError(
+                    f"needs training.dtype: fp8 (FP8 weights exist only in FP8 training), got {self.dtype!r}",
+                    field=f"training.{name}",
+                )
         if self.distribute_saved_activations and self.recompute != "full":
             raise WorkloadError(
                 f"needs training.recompute: full (Megatron distributes only the inputs full recompute saves), "

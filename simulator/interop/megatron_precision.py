@@ -64,8 +64,11 @@ def fp8_weights(r, dtype: str) -> dict:
     (Transformer Engine re-quantises the weights every micro-batch)."""
     out = {}
     if "fp8-param-gather" in r.args:
-        r.take("fp8-param-gather", "training.fp8_params", True)
-        out["fp8_params"] = True
+        r.take("fp8-param-gather", "training.fp8_params", dtype == "fp8")
+        if dtype == "fp8":
+            out["fp8_params"] = True
+        else:
+            r.assume("--fp8-param-gather without FP8 training: no effect (the weights stay BF16)")
     if "disable-parameter-transpose-cache" in r.args:
         r.take("disable-parameter-transpose-cache", "training.fp8_weight_cache", False)
     elif dtype == "fp8" and not out:
