@@ -258,3 +258,16 @@ def test_the_dispatch_wire_dtype_sets_the_dispatch_bytes_not_the_combine():
     auto, fp8, bf16 = a2a_bytes(), a2a_bytes(moe_dispatch_dtype="fp8"), a2a_bytes(moe_dispatch_dtype="bf16")
     assert auto == fp8
     assert bf16[0] == 2 * fp8[0] and bf16[1] == fp8[1] == bf16[0]
+
+
+def test_the_terminal_summary_prints_the_moe_terms_per_layer_and_micro_batch():
+    """``stepsim run`` prints ``summary.json``'s ``moe_terms_s`` (ms per MoE layer and
+    micro-batch) for an MoE model, and nothing of the kind for a dense one."""
+    from simulator.results.report import format_summary
+
+    res = simulate(load_scenario(moe_scenario()))
+    text = format_summary(res)
+    assert "MoE layer, per micro-batch" in text
+    for term, seconds in res.summary["moe_terms_s"].items():
+        assert f"{term.replace('_', ' ')} {1e3 * seconds:.3f} ms" in text
+    assert "MoE layer" not in format_summary(simulate(load_scenario(scenario())))

@@ -28,6 +28,11 @@ def format_summary(result) -> str:
         + ("   ** OUT OF MEMORY **" if s["oom"] else ""),
         "    " + "  ".join(f"{k} {_b(v)}" for k, v in s["memory_breakdown_bytes"].items()),
     ]
+    terms = s.get("moe_terms_s")
+    if terms:  # per MoE layer and micro-batch (simulator.results.moe_terms)
+        parts = [f"{k.replace('_', ' ')} {1e3 * v:.3f} ms" for k, v in terms.items()]
+        lines.append("  MoE layer, per micro-batch")
+        lines += ["    " + "  ".join(parts[i : i + 4]) for i in range(0, len(parts), 4)]
     for n in s.get("notes", []):
         lines.append(f"  note: {n}")
     wall = f"{s['sim_wall_s']:.2f} s" if s.get("sim_wall_s") is not None else "(wall time not recorded)"
