@@ -238,18 +238,28 @@ class FlowNetwork:
     # -- event handling ------------------------------------------------------
 
     def _arrive(self, pid: int, prep: PreparedPhase, _ev=None) -> None:
-        """The phase's latency has elapsed: reserve its links if it is alone on them,
-        else its flows enter the network (materialising reserved phases in the way)."""
+        """The phase's latency has elapsed: reserve its links if it is alone on them (a
+        big phase: the components that are), else its flows enter the network
+        (materialising the reserved phases, or their components, in the way)."""
         res = self.reservations
         if res._reserve:
             _, link_list, iso = res.isolation(prep)
             on = res._reserved_on
-            hit = {on[link] for link in link_list if link in on}
+            hit: dict[int, list[int]] = {}
+            for link in link_list:
+                other = on.get(link)
+                if other is not None:
+                    hit.setdefault(other, []).append(link)
             for other in sorted(hit):
-                res._materialise(other)
-            if iso is not None and res._free_of_flows(link_list):
-                res._reserve_phase(pid, prep, iso)
-                return
+                res._materialise(other, hit[other])
+            if iso is not None:
+                lf = self.slots._link_flows
+                busy = [link for link in link_list if link in lf]
+                if not busy:
+                    res._reserve_phase(pid, prep, iso)
+                    return
+                if res._reserve_apart(pid, prep, iso, busy):
+                    return
         self.slots._insert(pid, prep)
 
     def _request_update(self) -> None:

@@ -25,7 +25,8 @@ class NetworkStats:
     ``components_solved`` the max-min problems solved then and
     ``flows_recomputed`` the flows in them; ``wakeups`` counts completion events;
     ``reserved_phases`` the phases run alone on their links from their cached
-    evolution (some of them later materialised into flows).
+    evolution (some of them later materialised into flows), ``split_materialisations``
+    the times some of a reserved big phase's components were materialised and not all.
     """
 
     link_bytes: np.ndarray
@@ -40,6 +41,7 @@ class NetworkStats:
     flows_recomputed: int = 0
     wakeups: int = 0
     reserved_phases: int = 0  # phases run alone on their links (cached evolution)
+    split_materialisations: int = 0  # reserved big phases materialised in part (by component)
 
     def utilisation(self, elapsed_s: float) -> np.ndarray:
         """Average fraction of (calibrated) capacity used on each link over ``elapsed_s``."""
