@@ -226,8 +226,8 @@ class FlowNetwork:
             # Alone on its links already: reserve them from now, through the latency.
             # The reservation's timer is the phase's event (one simpy event, not two)
             # unless the phase is materialised (see :meth:`_materialise`).
-            _, link_list, iso = res.isolation(prep)
-            if iso is not None and res._free_of_reservations(link_list) and res._free_of_flows(link_list):
+            link_set, _, iso = res.isolation(prep)
+            if iso is not None and res._free_of_reservations(link_set) and res._free_of_flows(link_set):
                 timer = res._reserve_phase(pid, prep, iso, latency)
                 self._phase_event[pid] = timer
                 return timer
@@ -243,22 +243,20 @@ class FlowNetwork:
         (materialising the reserved phases, or their components, in the way)."""
         res = self.reservations
         if res._reserve:
-            _, link_list, iso = res.isolation(prep)
+            link_set, _, iso = res.isolation(prep)
             on = res._reserved_on
-            hit: dict[int, list[int]] = {}
-            for link in link_list:
-                other = on.get(link)
-                if other is not None:
-                    hit.setdefault(other, []).append(link)
-            for other in sorted(hit):
-                res._materialise(other, hit[other])
+            if not on.keys().isdisjoint(link_set):
+                hit: dict[int, list[int]] = {}
+                for link in sorted(on.keys() & link_set):
+                    hit.setdefault(on[link], []).append(link)
+                for other in sorted(hit):
+                    res._materialise(other, hit[other])
             if iso is not None:
                 lf = self.slots._link_flows
-                busy = [link for link in link_list if link in lf]
-                if not busy:
+                if lf.keys().isdisjoint(link_set):
                     res._reserve_phase(pid, prep, iso)
                     return
-                if res._reserve_apart(pid, prep, iso, busy):
+                if res._reserve_apart(pid, prep, iso, sorted(lf.keys() & link_set)):
                     return
         self.slots._insert(pid, prep)
 

@@ -187,30 +187,34 @@ class Reservations:
         self._isolation_of: dict[int, tuple] = {}  # id(prepared) -> (it, links, list, iso)
         self._splits: dict[int, tuple] = {}  # id(prepared) -> (it, ComponentSplit)
 
-    def _free_of_flows(self, link_list: list) -> bool:
-        """Whether no flow of the flow-by-flow path is on any of these links."""
-        return not any(map(self.net.slots._link_flows.__contains__, link_list))
+    # Link sets against the link -> flows index and the link -> reservation map: set
+    # operations on dict views walk the smaller side (a ZeRO-3 gather stage has ~12,000
+    # links, the index often far fewer entries).
 
-    def _free_of_reservations(self, link_list: list) -> bool:
+    def _free_of_flows(self, link_set: frozenset) -> bool:
+        """Whether no flow of the flow-by-flow path is on any of these links."""
+        return self.net.slots._link_flows.keys().isdisjoint(link_set)
+
+    def _free_of_reservations(self, link_set: frozenset) -> bool:
         """Whether no reserved phase holds any of these links."""
-        return not any(map(self._reserved_on.__contains__, link_list))
+        return self._reserved_on.keys().isdisjoint(link_set)
 
     def isolation(self, prep: PreparedPhase) -> tuple:
-        """``(distinct links as array, as list, isolated evolution or None)`` of a
-        prepared phase, cached."""
+        """``(distinct links as a set, as a sorted list, isolated evolution or None)`` of
+        a prepared phase, cached."""
         hit = self._isolation_of.get(id(prep))
         if hit is not None and hit[0] is prep:
             return hit[1:]
         iso = isolated_evolution(prep, self.net.capacity)
         if iso is not None:
-            links, link_list = iso.links, iso.link_list
+            link_list = iso.link_list
         else:
-            links = np.unique(prep.table[prep.table >= 0]).astype(np.int64)
-            link_list = links.tolist()
+            link_list = np.unique(prep.table[prep.table >= 0]).tolist()
+        link_set = frozenset(link_list)
         if len(self._isolation_of) >= _PREPARED_MAX:
             self._isolation_of.clear()
-        self._isolation_of[id(prep)] = (prep, links, link_list, iso)
-        return links, link_list, iso
+        self._isolation_of[id(prep)] = (prep, link_set, link_list, iso)
+        return link_set, link_list, iso
 
     def _split_of(self, prep: PreparedPhase, iso: IsolatedEvolution) -> ComponentSplit:
         """:func:`component_split` of a big phase, cached."""
