@@ -42,8 +42,9 @@ and the split of a component's survivors after completions in it, are remembered
 the identities of the flows solved (:mod:`simulator.network.ratememo`): a phase that
 repeats beside the same traffic re-uses them, with the same bits.
 
-Scalar twins: updates of at most a few flows (``_recompute_scalar``,
-``_complete_scalar``, the short branch of ``_write_rows``) repeat the vectorised
+Scalar twins: updates of at most a few flows (``_recompute_scalar``, up to
+:data:`_SCALAR_SOLVE_MAX` flows; ``_complete_scalar``, the short branch of
+``_write_rows``) repeat the vectorised
 code's arithmetic on Python floats: the same IEEE operations in the same order,
 hence the same bits, without numpy's per-call overhead (which dominates phases of
 one or two flows). They are kept for speed, not for results.
@@ -63,7 +64,7 @@ import simpy
 from simulator.errors import NetworkError
 from simulator.network.calibration import NetCalibration
 from simulator.network.components import bounded_search, canonical, components_of, number_links
-from simulator.network.flowslots import _SCALAR_MAX, FlowSlots
+from simulator.network.flowslots import FlowSlots
 from simulator.network.isolated import Reservations
 from simulator.network.maxmin import DONE_RTOL, fill_arrays, fill_components, fill_small
 from simulator.network.phases import PhasePreparer, PreparedPhase, Transfer, distinct_links
@@ -79,6 +80,9 @@ __all__ = ["FlowNetwork", "NetworkError", "NetworkStats", "Transfer"]
 #: when they hold at most this many flows in all, else together in numpy (whose
 #: per-call overhead dominates below it).
 SMALL_COMPONENT = 48
+#: Updates of at most this many flows in all are solved on scalars (``_recompute_scalar``:
+#: the same bits; below it numpy's per-call overhead outweighs the loop over flows).
+_SCALAR_SOLVE_MAX = 16
 #: Small-component solutions (:meth:`FlowNetwork._fill_memo`) remembered per network.
 _FILL_MEMO_MAX = 16384
 
@@ -360,7 +364,7 @@ class FlowNetwork:
         ``singles``. Returns the rates in that order (None for a handful of flows)."""
         lens = [len(c) for c in comps]
         total = sum(lens) + len(singles)
-        if total <= _SCALAR_MAX:
+        if total <= _SCALAR_SOLVE_MAX:
             stats = self.stats
             stats.recomputations += 1
             stats.components_solved += len(comps) + len(singles)
