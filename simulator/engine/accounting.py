@@ -31,6 +31,7 @@ sums the segment lengths per rank and category.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
@@ -137,10 +138,11 @@ def busy_intervals(records, ranks: tuple) -> tuple[np.ndarray, np.ndarray, np.nd
     axis_ch: dict[str, int] = {}
     # Column by column (list comprehensions; the order of intervals does not matter:
     # they are sorted by rank and time below, and ties only make empty segments).
-    ops = [rec.op for rec in records]
-    rk = [rank_ix[op.rank] for op in ops]
-    st = [rec.start_s for rec in records]
-    en = [rec.end_s for rec in records]
+    ops = list(map(attrgetter("op"), records))
+    rk = list(map(rank_ix.__getitem__, map(attrgetter("rank"), ops)))
+    st = list(map(attrgetter("start_s"), records))
+    en = list(map(attrgetter("end_s"), records))
+    kinds = list(map(attrgetter("kind"), ops))
     chan: dict[tuple[str, str], int] = {}
 
     def channel(op) -> int:
@@ -159,13 +161,13 @@ def busy_intervals(records, ranks: tuple) -> tuple[np.ndarray, np.ndarray, np.nd
             chan[key] = c
         return c
 
-    ch = [_COMPUTE if op.kind == "compute" else channel(op) for op in ops]
+    ch = [_COMPUTE if kind == "compute" else channel(op) for kind, op in zip(kinds, ops)]
     launch: dict[str, float] = {}  # collective key -> last member's arrival
     coll_at: list[tuple[int, str]] = []
-    for i, op in enumerate(ops):
-        kind = op.kind
+    for i, kind in enumerate(kinds):
         if kind == "compute" or kind == "host":
             continue
+        op = ops[i]
         if kind == "collective" and op.key:
             if launch.get(op.key, -1.0) < st[i]:
                 launch[op.key] = st[i]

@@ -34,6 +34,7 @@ and the engine waits on that sync's end only where a stream reaches an op beyond
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import accumulate
 
 from workloads.trace.ops import Op
 
@@ -51,7 +52,8 @@ class HostTimeline:
 
     ``issue_start(op_id, end_time)`` returns ``(S, None)``: the time the host starts issuing
     the op, or ``(None, sync_id)`` where it is still blocked after sync op ``sync_id``
-    (not yet ended). Issue times are computed once, in program order, as far as asked."""
+    (not yet ended). Issue times are computed once, in program order, a stretch between two
+    syncs at a time (each stretch's sums in order: the same bits as op by op)."""
 
     def __init__(self, ops: list[Op], ranks, launch_s: float):
         self.launch_s = launch_s
@@ -61,9 +63,21 @@ class HostTimeline:
             if op.rank in sim:
                 order[op.rank].append(op)
         self._order = dict(order)
-        self._pos = {op.id: (r, i) for r, rops in self._order.items() for i, op in enumerate(rops)}
-        self._cursor = {r: [0, 0.0] for r in self._order}  # next op to issue, host time then
+        self._rank_of: dict[int, int] = {}  # op id -> its rank
+        # rank -> (op ids, each op's host seconds, start index of each stretch between syncs
+        # and the end): a stretch's issue times are known together once the sync before it ended
+        self._stretches: dict[int, tuple[list[int], list[float], list[int]]] = {}
+        for r, rops in self._order.items():
+            ids = [op.id for op in rops]
+            self._rank_of.update(dict.fromkeys(ids, r))
+            cost = [launches_of(op) * launch_s for op in rops]
+            cuts = [k + 1 for k, op in enumerate(rops[:-1]) if op.host_sync]
+            self._stretches[r] = (ids, cost, [0, *cuts, len(rops)])
+        self._cursor = {r: [0, 0.0] for r in self._order}  # next stretch to issue, host time then
         self._start: dict[int, float] = {}
+        #: op id -> when its host has issued all of it (its start + launches x launch_s), set
+        #: with its start; the engine reads both dicts directly for ops already issued
+        self.end: dict[int, float] = {}
         #: rank -> seconds its host spent blocked at syncs (waiting for the GPU)
         self.sync_wait_s: dict[int, float] = defaultdict(float)
         #: rank -> seconds of host time issuing ops
@@ -73,30 +87,29 @@ class HostTimeline:
         hit = self._start.get(op_id)
         if hit is not None:
             return hit, None
-        r, i = self._pos[op_id]
+        r = self._rank_of[op_id]
+        ids, cost, cuts = self._stretches[r]
         cur = self._cursor[r]
-        k, t = cur
-        rops, starts, h = self._order[r], self._start, self.launch_s
-        busy = 0.0
-        while k <= i:
-            if k > 0 and rops[k - 1].host_sync:
-                prev = rops[k - 1]
-                e = end_time.get(prev.id)
+        j, t = cur
+        starts, ends = self._start, self.end
+        while op_id not in starts:  # issue the next stretch: S_i = S_{i-1} + cost_{i-1}
+            a, b = cuts[j], cuts[j + 1]
+            if j > 0:  # after a sync: the host waits for its end
+                prev = ids[a - 1]
+                e = end_time.get(prev)
                 if e is None:
-                    cur[0], cur[1] = k, t
-                    self.busy_s[r] += busy
-                    return None, prev.id
+                    cur[0], cur[1] = j, t
+                    return None, prev
                 if e > t:
                     self.sync_wait_s[r] += e - t
                     t = e
-            op = rops[k]
-            starts[op.id] = t
-            c = launches_of(op) * h
-            busy += c
-            t += c
-            k += 1
-        cur[0], cur[1] = k, t
-        self.busy_s[r] += busy
+            times = list(accumulate(cost[a:b], initial=t))  # the same additions, in order
+            starts.update(zip(ids[a:b], times))
+            ends.update(zip(ids[a:b], times[1:]))  # start + launches x launch_s
+            self.busy_s[r] += times[-1] - times[0]
+            t = times[-1]
+            j += 1
+        cur[0], cur[1] = j, t
         return starts[op_id], None
 
     def ready(self, op: Op, start: float) -> float:
@@ -127,7 +140,3 @@ class HostTimeline:
         for d in times:
             e += d * scale
         return e
-
-    def issue_end(self, op: Op, start: float) -> float:
-        """When the host has issued all of ``op``."""
-        return start + launches_of(op) * self.launch_s

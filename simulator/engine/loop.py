@@ -255,10 +255,10 @@ class Engine:
         step = max(self.end_time.values()) if self.end_time else 0.0
         acc = account(self.records, self.trace.ranks, step) if self.account_idle else None
         flops: dict[int, float] = defaultdict(float)
-        stats = self._kernel_stats
+        stats = self._dur_cache  # every compute op run looked its kernel group up there
         for op in [rec.op for rec in self.records]:  # in record order: the same sums
             if op.kind == "compute":
-                flops[op.rank] += stats(op.kernels)[2]
+                flops[op.rank] += stats[id(op.kernels)][2]
         return RawRun(
             records=self.records,
             step_time_s=step,
@@ -306,12 +306,20 @@ class Engine:
 
     # ---- processes ----------------------------------------------------------------
     def _stream(self, rank: int, stream: str, ops: list[Op]):
-        """simpy process body: run one stream's ops in order, each once its deps have ended."""
+        """simpy process body: run one stream's ops in order, each once its deps have ended.
+
+        A collective with no other simulated member runs its merged phases right here
+        (what :meth:`_communicate` and :meth:`_collective` do, without their generators;
+        with ``chain_ops=False`` it goes through them)."""
         env = self.env
         end_time, done = self.end_time, self.done
         known = self._known
         bar = self._bar
         host = self._host
+        issued, issued_end = (host._start, host.end) if host is not None else ({}, {})
+        phases_of, transfer = self.lowering.collective_phases, self.net.transfer
+        members_of, record = self._members_of, self.records.append
+        inline = self.chain_ops  # False: every communication op through _communicate, as before
         i, n = 0, len(ops)
         while i < n:
             op = ops[i]
@@ -321,23 +329,36 @@ class Engine:
                     yield pending[0]
                 elif pending:
                     yield env.all_of(pending)
-            if host is not None:  # wait until the host can issue it (past any sync before it)
+            kind = op.kind
+            if host is not None and op.id not in issued:  # wait until the host can issue it (past any sync before it)
                 start, sync = host.issue_start(op.id, end_time)
                 while start is None:
                     yield done.get(sync) or self._done_event(sync)  # pyright: ignore[reportArgumentType]  (no start: a sync op id)
                     start, sync = host.issue_start(op.id, end_time)
-                if op.kind != "compute" and op.id not in known:
-                    ready = host.ready(op, start)
-                    if ready > env.now:
-                        self._host_late(op, ready - env.now)
-                        yield env.timeout_at(ready)
-            if op.kind == "compute" or op.id in known:
+            if kind == "compute" or op.id in known:
                 i, op, t = self._chain(ops, i)
                 if t != env.now:
                     yield env.timeout_at(t)
                 end_time[op.id] = t
             else:
-                yield from self._communicate(op)
+                if host is not None:
+                    ready = issued_end[op.id]  # host.ready of a communication op
+                    if ready > env.now:
+                        self._host_late(op, ready - env.now)
+                        yield env.timeout_at(ready)
+                if kind == "collective" and inline and members_of(op) == 1:  # nobody to wait for
+                    start = env.now
+                    if op.mem:
+                        self._mem(op, "start")
+                    for transfers, steps, _compute in phases_of(op):  # coll_mod.run_merged
+                        yield transfer(transfers, steps)
+                    t = env.now
+                    if op.mem:
+                        self._mem(op, "end")
+                    end_time[op.id] = t
+                    record(OpRecord(op, start, t))
+                else:
+                    yield from self._communicate(op)
                 i += 1
             waiter = done.pop(op.id, None)
             if waiter is not None:
@@ -361,6 +382,7 @@ class Engine:
         dur_cache, slowdown, scales = self._dur_cache, self._overlap_slowdown, self.compute_scale
         bar, log = self._bar, self._log
         host = self._host
+        issued, issued_end = (host._start, host.end) if host is not None else ({}, {})
         n = len(ops)
         op = ops[i]
         t = self.env.now
@@ -383,7 +405,7 @@ class Engine:
                     sc = scales.get(op.rank)
                     if sc:
                         dur = dur / sc
-                if host is not None:
+                if host is not None and issued_end[op.id] > start:  # else issued before the GPU gets to it
                     start, t, dur = self._host_compute(op, start, t, dur, hit[1])
                 if dur > 0:
                     t = start + dur
@@ -395,7 +417,7 @@ class Engine:
                 durs, code, most, now = known[op.id]
                 log(code)  # pyright: ignore[reportOptionalCall]  (a private op: the book logs)
                 if host is not None:
-                    ready = host.ready(op, host.issue_start(op.id, end_time)[0])  # pyright: ignore[reportArgumentType]  (issued)
+                    ready = issued_end[op.id]  # host.ready of a communication op
                     if ready > t:
                         self._host_late(op, ready - t)
                         start = t = ready
@@ -415,7 +437,7 @@ class Engine:
                 nxt.deps and not all(map(end_time.__contains__, nxt.deps))
             ):
                 return i, op, t
-            if host is not None and host.issue_start(nxt.id, end_time)[0] is None:
+            if host is not None and nxt.id not in issued and host.issue_start(nxt.id, end_time)[0] is None:
                 return i, op, t
             if bar is not None:
                 bar.update()
@@ -443,14 +465,14 @@ class Engine:
 
     def _host_compute(self, op: Op, start: float, t: float, dur: float, base: float) -> tuple[float, float, float]:
         """A compute op the GPU could start at ``start`` for ``dur`` seconds (``base`` unscaled),
-        with its kernels issued by the host: ``(start, t, dur)`` unchanged while the host is
-        ahead; else its start, end and ``0.0`` (its end ``t`` is then the host-bound one)."""
+        with its kernels issued by the host, which has not issued all of them by ``start``
+        (:meth:`_chain` checks ``HostTimeline.end`` first): ``(start, t, dur)`` unchanged where they
+        still end at ``start + dur``; else its start, end and ``0.0`` (its end ``t`` is then the
+        host-bound one)."""
         host = self._host
         assert host is not None  # called only with a host stream
         issued = host.issue_start(op.id, self.end_time)[0]
         assert issued is not None  # the op's turn on the host has come (_stream waited for it)
-        if host.issue_end(op, issued) <= start:  # issued before the GPU gets to it
-            return start, t, dur
         ratio = dur / base if base > 0 else 1.0
         e = host.compute_end(op, issued, start, self._kernel_times(op.kernels), ratio)
         late = e - (start + dur)
@@ -522,10 +544,15 @@ class Engine:
         return hit[1]
 
     # ---- communication -----------------------------------------------------------------
-    def _collective(self, op: Op):
+    def _members_of(self, op: Op) -> int:
+        """How many members of ``op``'s group are simulated."""
         n_members = self._sim_members.get(op.group)
         if n_members is None:
             n_members = self._sim_members[op.group] = sum(r in self.sim_ranks for r in op.group)
+        return n_members
+
+    def _collective(self, op: Op):
+        n_members = self._members_of(op)
         if n_members == 1:  # nobody to wait for: run it in this stream's process
             yield from coll_mod.run_merged(self.net, self.lowering.collective_phases(op))
             return
