@@ -323,12 +323,18 @@ class Engine:
         i, n = 0, len(ops)
         while i < n:
             op = ops[i]
-            if op.deps:
-                pending = [done.get(d) or self._done_event(d) for d in op.deps if d not in end_time]
-                if len(pending) == 1:
-                    yield pending[0]
-                elif pending:
-                    yield env.all_of(pending)
+            deps = op.deps
+            if deps:
+                if len(deps) == 1:  # the common case, without a list
+                    d = deps[0]
+                    if d not in end_time:
+                        yield done.get(d) or self._done_event(d)
+                else:
+                    pending = [done.get(d) or self._done_event(d) for d in deps if d not in end_time]
+                    if len(pending) == 1:
+                        yield pending[0]
+                    elif pending:
+                        yield env.all_of(pending)
             kind = op.kind
             if host is not None and op.id not in issued:  # wait until the host can issue it (past any sync before it)
                 start, sync = host.issue_start(op.id, end_time)
@@ -337,22 +343,22 @@ class Engine:
                     start, sync = host.issue_start(op.id, end_time)
             if kind == "compute" or op.id in known:
                 i, op, t = self._chain(ops, i)
-                if t != env.now:
+                if t != env._now:
                     yield env.timeout_at(t)
                 end_time[op.id] = t
             else:
                 if host is not None:
                     ready = issued_end[op.id]  # host.ready of a communication op
-                    if ready > env.now:
-                        self._host_late(op, ready - env.now)
+                    if ready > env._now:
+                        self._host_late(op, ready - env._now)
                         yield env.timeout_at(ready)
                 if kind == "collective" and inline and members_of(op) == 1:  # nobody to wait for
-                    start = env.now
+                    start = env._now
                     if op.mem:
                         self._mem(op, "start")
                     for transfers, steps, _compute in phases_of(op):  # coll_mod.run_merged
                         yield transfer(transfers, steps)
-                    t = env.now
+                    t = env._now
                     if op.mem:
                         self._mem(op, "end")
                     end_time[op.id] = t
@@ -385,7 +391,7 @@ class Engine:
         issued, issued_end = (host._start, host.end) if host is not None else ({}, {})
         n = len(ops)
         op = ops[i]
-        t = self.env.now
+        t = self.env._now
         active = -1  # flows in flight now (read once: nothing changes them during a chain)
         while True:
             start = t
@@ -485,7 +491,7 @@ class Engine:
         """simpy process body: run a collective, send or host op through the network (or
         the host link) and record it."""
         env = self.env
-        start = env.now
+        start = env._now
         if op.mem:
             self._mem(op, "start")
         kind = op.kind
@@ -499,7 +505,7 @@ class Engine:
                 yield env.timeout(op.size_bytes / rate)
         else:
             raise TraceError(f"op {op.id}: unknown kind {kind!r}; expected compute, collective, send or host")
-        end = env.now
+        end = env._now
         if op.mem:
             self._mem(op, "end")
         self.end_time[op.id] = end
@@ -513,7 +519,7 @@ class Engine:
         return ev
 
     def _mem(self, op: Op, at: str) -> None:
-        self._mem_at(op, at, self.env.now)
+        self._mem_at(op, at, self.env._now)
 
     def _mem_at(self, op: Op, at: str, t: float) -> None:
         for cat, delta, when in op.mem:
