@@ -50,25 +50,39 @@ def _lowering(res):
 
 
 def _loads(topo, transfers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(links, bytes, flows)`` of ``transfers`` summed per link (links sorted)."""
-    links, nbytes, flows = [], [], []
-    for t in transfers:
-        if t.incidence is not None:
-            for lk, m in t.incidence:
-                links.append(lk)
-                nbytes.append(t.size_bytes * t.weight * m)
-                flows.append(t.weight)
-        else:
-            for lk in topo.route(t.src, t.dst):
-                links.append(lk)
-                nbytes.append(t.size_bytes * t.weight)
-                flows.append(t.weight)
-    lk = np.asarray(links, dtype=np.int64)
+    """``(links, bytes, flows)`` of ``transfers`` summed per link (links sorted). The routes
+    come from one vectorised :meth:`~topologies.topology.Topology.routes` call; each link's
+    sums add the transfers in their order, as one by one."""
+    ts = list(transfers)
+    plain = [t for t in ts if t.incidence is None]
+    rows = topo.routes([t.src for t in plain], [t.dst for t in plain]) if plain else np.zeros((0, 1), dtype=np.int64)
+    if len(plain) == len(ts):  # all routed: the rows in order, each row's links in route order
+        hops = (rows >= 0).sum(axis=1)
+        lk = rows[rows >= 0]
+        nbytes = np.repeat(np.array([t.size_bytes * t.weight for t in ts], dtype=float), hops)
+        flows = np.repeat(np.array([t.weight for t in ts], dtype=float), hops)
+    else:
+        links, nb, fl = [], [], []
+        routed = iter(rows.tolist())
+        for t in ts:
+            if t.incidence is not None:
+                for link, m in t.incidence:
+                    links.append(link)
+                    nb.append(t.size_bytes * t.weight * m)
+                    fl.append(t.weight)
+            else:
+                for link in next(routed):
+                    if link >= 0:
+                        links.append(link)
+                        nb.append(t.size_bytes * t.weight)
+                        fl.append(t.weight)
+        lk = np.asarray(links, dtype=np.int64)
+        nbytes, flows = np.asarray(nb, dtype=float), np.asarray(fl, dtype=float)
     uniq, inv = np.unique(lk, return_inverse=True)
     return (
         uniq,
-        np.bincount(inv, weights=np.asarray(nbytes, dtype=float), minlength=len(uniq)),
-        np.bincount(inv, weights=np.asarray(flows, dtype=float), minlength=len(uniq)),
+        np.bincount(inv, weights=nbytes, minlength=len(uniq)),
+        np.bincount(inv, weights=flows, minlength=len(uniq)),
     )
 
 
@@ -183,36 +197,41 @@ def link_columns(res) -> dict[str, np.ndarray]:
 
 def _rows(loads: list, count: np.ndarray, pats, t0, t1, n_axes: int):
     """``(link, axis id, bytes, busy seconds, peak flows)`` per loaded (link, axis) and per
-    loaded link over every axis (axis id ``n_axes``), from the patterns' loads, each
-    pattern's op count and the ops' spans. Links loaded by the same patterns with the same
-    flows share one timing, computed once (:func:`_busy_and_peak`)."""
-    out: dict = {}  # (link, axis) -> [bytes, signature entries]
-    for p, (links, nbytes, flows, ax) in enumerate(loads):
-        for lk, b, f in zip(links.tolist(), (nbytes * count[p]).tolist(), flows.tolist()):
-            for key in ((lk, ax), (lk, n_axes)):
-                row = out.get(key)
-                if row is None:
-                    row = out[key] = [0.0, []]
-                row[0] += b
-                row[1].append((p, f))
+    loaded link over every axis (axis id ``n_axes``), sorted by link and axis, from the
+    patterns' loads, each pattern's op count and the ops' spans. Links loaded by the same
+    patterns with the same flows share one timing, computed once (:func:`_busy_and_peak`).
+
+    Columnar: every (pattern, link) entry twice (its axis, and ``all``), grouped by (link,
+    axis) with the patterns in order; each group's bytes added one pattern after another (a
+    pass per position in the groups), the sums of a loop over the patterns to the bit."""
+    if not loads or not sum(len(ld[0]) for ld in loads):
+        return [np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0), np.zeros(0)]
+    sizes = [len(ld[0]) for ld in loads]
+    link = np.concatenate([ld[0] for ld in loads]).astype(np.int64)
+    nbytes = np.concatenate([ld[1] * count[p] for p, ld in enumerate(loads)])
+    flows = np.concatenate([ld[2] for ld in loads]).astype(float)
+    pat = np.repeat(np.arange(len(loads), dtype=np.int64), sizes)
+    axis = np.repeat(np.array([ld[3] for ld in loads], dtype=np.int64), sizes)
+    link, pat, nbytes, flows = (np.concatenate([x, x]) for x in (link, pat, nbytes, flows))
+    axis = np.concatenate([axis, np.full(len(axis), n_axes, dtype=np.int64)])
+    order = np.lexsort((pat, axis, link))
+    link, axis, pat, nbytes, flows = link[order], axis[order], pat[order], nbytes[order], flows[order]
+    first = np.flatnonzero(np.r_[True, (link[1:] != link[:-1]) | (axis[1:] != axis[:-1])])
+    size = np.diff(np.r_[first, len(link)])
+    total = nbytes[first].copy()  # 0.0 + the first pattern's bytes
+    for j in range(1, int(size.max())):
+        more = size > j
+        total[more] += nbytes[first[more] + j]
     timing: dict = {}  # signature -> (busy seconds, peak flows)
-    rows = []
-    for (lk, ax), (b, sig) in out.items():
-        sig = tuple(sig)
+    busy, peak = np.empty(len(first)), np.empty(len(first))
+    pl, fl = pat.tolist(), flows.tolist()
+    for g, (a, n) in enumerate(zip(first.tolist(), size.tolist())):
+        sig = tuple(zip(pl[a : a + n], fl[a : a + n]))
         hit = timing.get(sig)
         if hit is None:
             hit = timing[sig] = _busy_and_peak(sig, pats, t0, t1)
-        rows.append((lk, ax, b, *hit))
-    if not rows:
-        return [np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0), np.zeros(0)]
-    link, ax, nbytes, busy, peak = zip(*rows)
-    return [
-        np.asarray(link, dtype=np.int64),
-        np.asarray(ax, dtype=np.int64),
-        np.asarray(nbytes),
-        np.asarray(busy),
-        np.asarray(peak),
-    ]
+        busy[g], peak[g] = hit
+    return [link[first], axis[first], total, busy, peak]
 
 
 def _busy_and_peak(sig: tuple, pats: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> tuple[float, float]:
