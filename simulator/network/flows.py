@@ -32,22 +32,14 @@ with any other (a ring on a crossbar, a rail) are pushed as one group per instan
 and complete one by one. A single simpy wake-up is kept for the heap's top and is
 only rescheduled when the top moves earlier.
 
-Solvers: a flow alone gets its tightest link; a few small components go through
-:func:`~simulator.network.maxmin.fill_small` (plain Python); otherwise all
-components of the instant go through one
-:func:`~simulator.network.maxmin.fill_components` call (numpy), which fills every
-component's lowest level per iteration. All three give the same bits as solving
-each component alone with :func:`~simulator.network.maxmin.fill_arrays`. Large solves,
-and the split of a component's survivors after completions in it, are remembered by
-the identities of the flows solved (:mod:`simulator.network.ratememo`): a phase that
-repeats beside the same traffic re-uses them, with the same bits.
-
-Scalar twins: updates of at most a few flows (``_recompute_scalar``, up to
-:data:`_SCALAR_SOLVE_MAX` flows; ``_complete_scalar``, the short branch of
-``_write_rows``) repeat the vectorised
-code's arithmetic on Python floats: the same IEEE operations in the same order,
-hence the same bits, without numpy's per-call overhead (which dominates phases of
-one or two flows). They are kept for speed, not for results.
+Solvers (all give the bits of solving each component alone with
+:func:`~simulator.network.maxmin.fill_arrays`): a flow alone gets its tightest link; small
+components go through :func:`~simulator.network.maxmin.fill_small` (plain Python), the rest of
+an instant through one :func:`~simulator.network.maxmin.fill_components` call (numpy). Large
+solves, and how a component's survivors split after completions, are remembered by the flows'
+identities (:mod:`simulator.network.ratememo`). Updates of at most :data:`_SCALAR_SOLVE_MAX`
+flows (``_recompute_scalar``, ``_complete_scalar``) repeat the vectorised arithmetic on Python
+floats, the same IEEE operations in the same order, to skip numpy's per-call overhead.
 """
 
 from __future__ import annotations
