@@ -100,3 +100,23 @@ def test_only_uplinks_that_cannot_bind_are_left_out(oversubscription):
     expected = kinds == "fabric" if oversubscription == 1.0 else np.zeros(kinds.size, dtype=bool)
     assert (kinds == "fabric").sum() == 576
     assert lowering.never_binding(topo, FlowNetwork(simpy.Environment(), topo).capacity).tolist() == expected.tolist()
+
+
+def test_classes_coarser_than_the_network_distinguishes_are_said():
+    """Where refining the classes would give more than MAX_CLASSES a stage, representative mode
+    simulates the coarser classes of the groups' splits, which --exact need not match on every
+    figure: the summary says so (and not where refining stays under the cap)."""
+    from simulator.engine.symmetry import MAX_CLASSES, _rank_classes
+
+    sc = load_scenario(_ep8_on_9gpu_domains(1.0))
+    topo = build_cluster(sc.cluster)
+    classes, n_refined = _rank_classes(sc.layout, topo)
+    assert n_refined > MAX_CLASSES and len(np.unique(classes)) == 5
+    notes = simulate(sc).summary["notes"]
+    assert any(f"form {n_refined} classes, over the {MAX_CLASSES} a stage" in n for n in notes)
+    small = dict(
+        _ep8_on_9gpu_domains(1.0), cluster={"preset": "dgx-h100", "devices": 288, "network": {"domain_size": 12}}
+    )
+    small_sc = load_scenario(small)
+    assert _rank_classes(small_sc.layout, build_cluster(small_sc.cluster))[1] == 0
+    assert not any("a stage simulated" in n for n in simulate(small_sc).summary["notes"])
