@@ -257,8 +257,7 @@ class Result:
             "idle_csv": out / "idle.csv",
         }
         figures = {"timeline": out / "timeline.png", "memory_plot": out / "memory.png"} if plots else {}
-        links = self.links_table()  # None without the run itself (see links_table)
-        if figures and links is not None:
+        if figures and self._has_links():
             figures["links_plot"] = out / "links.png"
         # Writing allocates millions of short-lived strings and no reference cycles: the
         # cyclic collector would only walk the run's records again and again (a child
@@ -271,7 +270,10 @@ class Result:
                 from simulator.results.beside import Beside, can_fork
 
                 if can_fork():
+                    # forked before the links table: the child builds its own for links.png
+                    # while this process builds it for the files (the same table, in parallel)
                     beside = Beside(lambda: self._write_figures(figures))
+            links = self.links_table()  # None without the run itself (see links_table)
             try:
                 paths["summary"].write_text(self.summary_json())
                 if self.scenario is not None:
@@ -310,13 +312,17 @@ class Result:
 
             plot_links(self, self.links_table(), figures["links_plot"])
 
+    def _has_links(self) -> bool:
+        """Whether :meth:`links_table` has a table to build: the run itself is here."""
+        if self.raw is None or self.trace is None or self.topology is None or self.scenario is None:
+            return False
+        return not self.summary.get("steady_state")
+
     def links_table(self) -> Columns | None:
         """The links table (:func:`~simulator.results.links.link_columns`, built once), or
         None for a result without the run itself (rebuilt from its tables, or skipped ahead
         through its steady state)."""
-        if self.raw is None or self.trace is None or self.topology is None or self.scenario is None:
-            return None
-        if self.summary.get("steady_state"):
+        if not self._has_links():
             return None
         if "links" not in self._columns:
             from simulator.results.links import link_columns
