@@ -167,3 +167,16 @@ def start_phases(env, net, phases) -> dict:
     for i, (start, transfers) in enumerate(phases):
         env.process(proc(i, start, transfers))
     return finish
+
+
+def assert_same_run(a, b, rel: float = 1e-9) -> None:
+    """Two raw runs of one step (``rerun_engine``) agree: step time and every rank's idle time
+    by cause to ``rel``, the same number of records and of network phases started."""
+    import pytest
+
+    assert a.step_time_s == pytest.approx(b.step_time_s, rel=rel)
+    for rank, idle in a.idle.items():
+        for cause, seconds in idle.items():
+            assert seconds == pytest.approx(b.idle[rank][cause], rel=rel, abs=1e-15), (rank, cause)
+    assert len(a.records) == len(b.records)
+    assert a.network_stats["phases_started"] == b.network_stats["phases_started"]
