@@ -294,7 +294,7 @@ def fp8_weight_cache_bytes(layer_params: float, training, family: str, zero: int
     * nothing without FP8, with the cache off, or under ZeRO-3, whose gathered weights TE does not
       cache (module/layernorm_linear.py: no cache under FSDP2) and whose shards are counted at
       BF16 size."""
-    if training.dtype != "fp8" or zero >= 3:
+    if zero >= 3:  # (both keys need FP8 training: TrainingSpec refuses them otherwise)
         return 0.0
     per = FP8_WEIGHT_CACHE_BYTES.get(family)
     if per is None:

@@ -119,7 +119,7 @@ def _training_args(t, moe: bool) -> list[str]:
         out.append("--tp-comm-overlap")
     if t.overlap_moe_expert_parallel_comm:
         out += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
-    if t.dtype == "fp8" and t.fp8_params:
+    if t.fp8_params:
         out.append("--fp8-param-gather")
     if t.dtype == "fp8" and not t.fp8_params and not t.fp8_weight_cache:
         out.append("--disable-parameter-transpose-cache")

@@ -210,7 +210,7 @@ class ParamOps:
         for unit in self.unit_order():
             dense, expert = self.units[unit]
             # FP8 primary weights: the layers' updated shards are gathered in FP8
-            per = 1 if (t.fp8_params and t.dtype == "fp8" and unit.startswith("L")) else PARAM_BYTES
+            per = 1 if (t.fp8_params and unit.startswith("L")) else PARAM_BYTES
             ids = []
             for axis, p in (("dp_cp", dense), ("edp", expert)):
                 op = self.p.collective(
@@ -316,7 +316,7 @@ class ParamOps:
         buffers = memory.training_sharding_buffer_bytes(
             self.p.b.model, L, t, [d + e for d, e in self.units.values()], weight_dtype_bytes=PARAM_BYTES
         )
-        layer_params = sum(d + e for u, (d, e) in self.units.items() if str(u).startswith("L"))
+        layer_params = sum(d + e for u, (d, e) in self.units.items() if u.startswith("L"))
         cache = memory.fp8_weight_cache_bytes(layer_params, t, self.p.b.w.chip_family, L.zero)
         return {
             "weights": s.weights + cache,
