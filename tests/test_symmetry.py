@@ -8,7 +8,13 @@ from helpers import scenario
 from test_moe import TINY_MOE
 
 from simulator import simulate
-from simulator.engine.symmetry import class_ranks, rank_classes, representative_position, uneven_groups
+from simulator.engine.symmetry import (
+    class_ranks,
+    rank_classes,
+    representative_position,
+    representative_trace,
+    uneven_groups,
+)
 from simulator.scenario.loading import load_scenario
 from topologies.presets import build_cluster
 from workloads.trace.builder import build_trace
@@ -111,6 +117,21 @@ STRADDLING = {
         _h12(96), {"tp": 1, "pp": 2, "vpp": 2, "dp": 48, "ep": 16}, 192, schedule="interleaved-1f1b"
     ),
     "ep16-pp2-dualpipe-12dom": _case(_h12(96), {"tp": 1, "pp": 2, "dp": 48, "ep": 16}, 192, schedule="dualpipe"),
+    # Megatron-Core's expert groups: 8 consecutive ranks (8, 4 + 4, 8 a domain pair); the
+    # TP pairs inside one domain run beside the gradient rings that load their devices' links
+    "tp2-ep8-pp2-12dom": _case(_h12(96), {"tp": 2, "pp": 2, "dp": 24, "ep": 8}, 96),
+    "tp2-ep8-pp2-12dom-4to1": _case(
+        {**_h12(96), "network": {"domain_size": 12, "domains_per_leaf": 4, "oversubscription": 4.0}},
+        {"tp": 2, "pp": 2, "dp": 24, "ep": 8},
+        96,
+    ),
+    # refines to 20 classes a stage (over MAX_CLASSES, under MAX_CLASS_WORK): each position of
+    # a leaf group of 4 domains is its own class
+    "ep4-80x5dom-leaves": _case(
+        {"preset": "dgx-h100", "devices": 80, "network": {"domain_size": 5, "domains_per_leaf": 4}},
+        {"tp": 1, "pp": 1, "dp": 80, "ep": 4},
+        80,
+    ),
 }
 
 #: Every figure of the summary that averages or takes the worst over the devices.
@@ -145,3 +166,24 @@ def test_representative_mode_equals_exact_where_groups_straddle(name):
             assert rep[key][axis] == pytest.approx(exact[key][axis], rel=1e-9, abs=1e-15), (key, axis)
     for key in ("bubble_time_per_stage_s", "exposed_comm_time_per_stage_s"):
         assert rep[key] == pytest.approx(exact[key], rel=1e-9, abs=1e-15), key
+
+
+def test_a_send_carries_its_twins_that_are_not_images_from_the_first_call():
+    """With one simulated rank per class, a send's twin pairs that no class-keeping shift maps
+    its own pair to run beside its quotient (Lowering._images): from the first call on, not
+    only once the send is cached (the first micro-batch's sends once left them out)."""
+    import simpy
+
+    from simulator.engine.lowering import Lowering
+    from simulator.network.flows import FlowNetwork
+
+    s = load_scenario(STRADDLING["tp2-ep8-pp2-12dom"])
+    topo = build_cluster(s.cluster)
+    trace = representative_trace(s.workload(), s.layout, topo)
+    low = Lowering(trace, topo, s.layout, FlowNetwork(simpy.Environment(), topo))
+    op = next(op for op in trace.ops if op.kind == "send" and op.rank == 0)
+    first = low.send_transfers(op)
+    assert low.send_transfers(op) == first
+    pairs = {(t.src, t.dst) for t in first}
+    # rank 0's class is ranks 0-3 and 24-27; 1-3 and 25-27 are no shift of 0 that keeps classes
+    assert {(r, r + 48) for r in (1, 2, 3, 25, 26, 27)} <= pairs

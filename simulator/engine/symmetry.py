@@ -109,9 +109,9 @@ def rank_classes(layout: ParallelLayout, topo: Topology) -> np.ndarray | None:
 
 
 def _rank_classes(layout: ParallelLayout, topo: Topology) -> tuple[np.ndarray | None, int]:
-    """:func:`rank_classes` and, where refining would have given more than
-    :data:`MAX_CLASSES` a stage (so the coarser classes of the splits are used), how many
-    classes refining gave; 0 where it did not."""
+    """:func:`rank_classes` and, where refining would have given more classes than
+    :func:`class_limit` (so the coarser classes of the splits are used), how many classes
+    refining had given when it stopped (a lower bound); 0 where it did not."""
     axes = uneven_groups(layout, topo)
     if not axes:
         return None, 0
@@ -129,9 +129,10 @@ def _rank_classes(layout: ParallelLayout, topo: Topology) -> tuple[np.ndarray | 
     out = np.empty(layout.world, dtype=np.int64)
     for s, b in enumerate(base.tolist()):
         out[b + np.sort(positions)] = s * len(ids) + of_position
-    refined = _refine(layout, topo, out)
+    limit = class_limit(layout)
+    refined = _refine(layout, topo, out, limit)
     n_refined = len(np.unique(refined))
-    capped = n_refined > MAX_CLASSES * layout.pp
+    capped = n_refined > limit
     if not capped:
         out = refined
     first = np.unique(out, return_index=True)[1]  # numbered in the order of their first ranks
@@ -140,9 +141,25 @@ def _rank_classes(layout: ParallelLayout, topo: Topology) -> tuple[np.ndarray | 
     return order[np.unique(out, return_inverse=True)[1].ravel()], (n_refined if capped else 0)
 
 
-#: At most this many classes per stage from :func:`_refine`; more, and the classes are the
-#: coarser ones of the splits alone.
+#: At least this many classes a stage are simulated where refining gives them
+#: (:func:`class_limit`); more, and the classes are the coarser ones of the splits alone.
 MAX_CLASSES = 16
+
+#: Refined classes are also simulated where their count times the world stays under this
+#: (a simulated rank costs about what the world's twin traffic of its ops costs): EP4 on
+#: 80 H100 in 5-GPU domains refines to 20 classes (1,600), which run in 0.3 s and equal
+#: ``--exact``, where its 3 coarser classes had an exposed share of 0.8057 against 0.8028.
+#: EP8 on 288 GPUs in 9-GPU domains refines to 72 (20,736): 0.4-2.0 s against 0.1-0.2 s on
+#: its 5 coarser classes, which equal ``--exact`` there; EP64 on 576 GB200 (72 classes,
+#: 41,472) runs about as long as ``--exact``.
+MAX_CLASS_WORK = 10_000
+
+
+def class_limit(layout: ParallelLayout) -> int:
+    """The most refined classes (over all stages) that representative mode simulates:
+    :data:`MAX_CLASSES` a stage, or more where their count times the world stays within
+    :data:`MAX_CLASS_WORK`."""
+    return max(MAX_CLASSES * layout.pp, MAX_CLASS_WORK // layout.world)
 
 
 def leaves(topo: Topology) -> np.ndarray:
@@ -156,11 +173,11 @@ def leaves(topo: Topology) -> np.ndarray:
     return out
 
 
-def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray) -> np.ndarray:
-    """``classes`` refined until stable (colour refinement): two ranks stay of one class when,
-    along every axis, their groups hold the same classes in the same relations to them (same
-    device, same scale-up domain, same leaf switch, other), and so do their ranks at the same
-    position in the other stages."""
+def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray, limit: int) -> np.ndarray:
+    """``classes`` refined until stable (colour refinement) or more than ``limit``: two ranks
+    stay of one class when, along every axis, their groups hold the same classes in the same
+    relations to them (same device, same scale-up domain, same leaf switch, other), and so
+    do their ranks at the same position in the other stages."""
     dom, leaf = topo.domains_of(np.arange(layout.world)), leaves(topo)[: layout.world]
     tables = [layout.group_table(axis) for axis in AXES]
     tables = [t for t in tables if t.shape[1] > 1]
@@ -177,7 +194,7 @@ def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray) -> np.n
         new = np.unique(np.concatenate(cols, axis=1), axis=0, return_inverse=True)[1].ravel()
         m = len(np.unique(new))
         classes = new.astype(np.int64)
-        if m == n or m > MAX_CLASSES * layout.pp:  # stable, or too many to simulate: the caller checks
+        if m == n or m > limit:  # stable, or too many to simulate: the caller checks
             return classes
         n = m
 
@@ -307,10 +324,11 @@ def symmetry_note(layout: ParallelLayout, topo: Topology) -> list[str]:
     notes = []
     if n_refined:
         notes.append(
-            f"representative ranks: the ranks that see the network alike form {n_refined} classes, over the "
-            f"{MAX_CLASSES} a stage simulated, so coarser classes stand for them: figures may differ slightly "
-            f"from `stepsim run --exact` (EP4 on 80 H100 in 5-GPU domains: the same step, exposed share "
-            f"0.8057 against 0.8028)"
+            f"representative ranks: the ranks that see the network alike form at least {n_refined} classes, "
+            f"more than the {class_limit(layout)} simulated, so the coarser classes of the groups' splits stand "
+            f"for them: the per-device means may differ from `stepsim run --exact` by several percent "
+            f"(DeepSeek-V3 with 5 layers on 576 GB200, EP64 without PP: the same step, exposed share 0.524 "
+            f"against 0.494, bubble 1.5 % against 4.4 %)"
         )
     for axis, splits in axes.items():
         shown = ", ".join(" + ".join(map(str, s)) for s in splits[:4]) + (", ..." if len(splits) > 4 else "")
