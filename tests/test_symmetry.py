@@ -37,13 +37,21 @@ def _uneven(sc: dict) -> dict:
 
 def test_groups_that_straddle_domains_unevenly_are_found():
     nvl = {"preset": "gb200-nvl72", "devices": 144}
-    # EP48 over two 72-GPU domains: groups 0-47, 48-95 (24 + 24), 96-143
-    assert _uneven(_moe(48, nvl, {"tp": 1, "pp": 1, "dp": 144, "ep": 48}, 144)) == {"ep": [(24, 24), (48,)]}
-    # TP2 x EP8 spans 16 ranks of 12-GPU domains: 6 + 2, 4 + 4, 2 + 6 (a group and its mirror alike)
+    # EP48 over two 72-GPU domains: groups 0-47, 48-95 (24 + 24), 96-143; the expert-data-
+    # parallel groups (r, r + 48, r + 96) lie 2 + 1 for r < 24 and 1 + 2 above
+    assert _uneven(_moe(48, nvl, {"tp": 1, "pp": 1, "dp": 144, "ep": 48}, 144)) == {
+        "ep": [(24, 24), (48,)],
+        "edp": [(1, 2), (2, 1)],
+    }
+    # TP2 x EP8 spans 16 ranks of 12-GPU domains: 6 + 2, 4 + 4, 2 + 6 (a group and its mirror apart)
     h12 = {"preset": "dgx-h100", "devices": 48, "network": {"domain_size": 12}}
     assert _uneven(_moe(16, h12, {"tp": 2, "pp": 1, "dp": 24, "ep": 8, "expert_mapping": "deepspeed"}, 48)) == {
-        "ep": [(4, 4), (6, 2)]
+        "ep": [(2, 6), (4, 4), (6, 2)]
     }
+    # Megatron-Core's EP12 under TP2 (12 consecutive ranks) on 8-GPU domains: every group splits
+    # 8 + 4 or its mirror 4 + 8, which lie unlike one another
+    h8 = {"preset": "dgx-h100", "devices": 96}
+    assert _uneven(_moe(12, h8, {"tp": 2, "pp": 2, "dp": 24, "ep": 12}, 96)) == {"ep": [(4, 8), (8, 4)]}
     # aligned: EP8 x TP2 = two whole 8-GPU domains; EP72 = one NVL72 domain; a torus has no domains
     h8 = {"preset": "dgx-h100", "devices": 64}
     assert _uneven(_moe(16, h8, {"tp": 2, "pp": 2, "dp": 16, "ep": 8}, 32)) == {}
@@ -124,6 +132,10 @@ STRADDLING = {
         {**_h12(96), "network": {"domain_size": 12, "domains_per_leaf": 4, "oversubscription": 4.0}},
         {"tp": 2, "pp": 2, "dp": 24, "ep": 8},
         96,
+    ),
+    # every expert group splits 8 + 4 or 4 + 8: mirror images only (symmetry._pattern)
+    "tp2-ep12-pp2-8dom": _case(
+        {"preset": "dgx-h100", "devices": 96}, {"tp": 2, "pp": 2, "dp": 24, "ep": 12}, 96, experts=12
     ),
     # refines to 20 classes a stage (over MAX_CLASSES, under MAX_CLASS_WORK): each position of
     # a leaf group of 4 domains is its own class

@@ -12,11 +12,16 @@ representative of each stage is taken from that group (:func:`representative_pos
 With the first rank of the stage instead, EP48 on 144 GB200 (two NVL72 domains; groups 48,
 24 + 24, 48) ran 13.8 ms, as if every group stayed inside its domain, against 21.8 ms with
 ``--exact``; now it runs 21.8 ms, as ``--exact`` does. Where groups split unlike one
-another, one rank per class of :func:`rank_classes` is simulated, each standing for the
-devices of its class; a group's mirror image (2 + 6 against 6 + 2) is of another class, and
-the lowering folds into a group's collective only the twins a class-keeping shift maps it to.
-Nine such layouts (``tests/test_symmetry.py``) and TP2 EP8 on 12-GPU domains with and
-without PP (``tests/test_quotient.py``) equal ``--exact`` to 1e-9 on every device figure.
+another -- a group's mirror image (2 + 6 against 6 + 2) counts as unlike it, even where every
+group splits into the same counts -- one rank per class of :func:`rank_classes` is simulated,
+each standing for the devices of its class; a mirror image is of another class, the lowering
+folds into a group's collective only the twins a class-keeping shift maps it to, and it runs
+the twins of groups inside one domain too (other axes' groups of the simulated ranks load
+those devices' links). Refining the classes can give many (every position of a leaf group);
+up to :func:`class_limit` are simulated, beyond it the coarser classes of the groups' splits,
+which the summary's note says may be off ``--exact``. Thirteen such layouts
+(``tests/test_symmetry.py``) and TP2 EP8 on 12-GPU domains with and without PP
+(``tests/test_quotient.py``) equal ``--exact`` to 1e-9 on every device figure.
 :func:`uneven_groups` finds such axes and :func:`symmetry_note` words them for a summary's
 ``notes``.
 """
@@ -37,11 +42,21 @@ def _split(domains: np.ndarray) -> tuple[int, ...]:
     return tuple(sorted(np.unique(domains, return_counts=True)[1].tolist(), reverse=True))
 
 
+def _pattern(domains: np.ndarray) -> tuple[int, ...]:
+    """Members per domain of one group, the domains in the order the group's members first
+    reach them: a group's mirror image (8 + 4 against 4 + 8) is another pattern."""
+    _, first, counts = np.unique(domains, return_index=True, return_counts=True)
+    return tuple(counts[np.argsort(first)].tolist())
+
+
 def uneven_groups(layout: ParallelLayout, topo: Topology) -> dict[str, list[tuple[int, ...]]]:
-    """``{axis: the distinct splits of its groups}`` for every axis along which the groups of
-    some pipeline stage do not all split over the scale-up domains alike (a split: members per
-    domain, largest first). Empty for a topology without scale-up domains (a torus: its groups
-    are compared by nothing here) and for a layout whose groups all split alike."""
+    """``{axis: the distinct patterns of its groups}`` for every axis along which the groups of
+    some pipeline stage do not all split over the scale-up domains alike (a pattern: members
+    per domain, the domains in the order the group reaches them, so that a group's mirror
+    image, 8 + 4 against 4 + 8, is unlike it: TP2 EP12 on 8-GPU domains, whose expert groups
+    all split 8 + 4 or 4 + 8, ran one rank per stage with the step 0.05 % and the exposed
+    share 0.8 % off ``--exact``). Empty for a topology without scale-up domains (a torus: its
+    groups are compared by nothing here) and for a layout whose groups all split alike."""
     if topo.kind != "switched":
         return {}
     out: dict[str, list[tuple[int, ...]]] = {}
@@ -57,7 +72,7 @@ def uneven_groups(layout: ParallelLayout, topo: Topology) -> dict[str, list[tupl
         stages = table[:, 0] // per_stage
         splits: list[tuple[int, ...]] = []
         for stage in np.unique(stages).tolist():
-            mine = sorted({_split(row) for row in doms[stages == stage]})
+            mine = sorted({_pattern(row) for row in doms[stages == stage]})
             if len(mine) > 1:
                 splits.extend(s for s in mine if s not in splits)
         if splits:
