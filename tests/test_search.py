@@ -448,3 +448,29 @@ def test_dualpipe_estimate_models_the_pair_overlap():
         )
     ).summary["step_time_s"]
     assert est["step_time_s"] == pytest.approx(sim, rel=0.15)  # +6 % when written (11.58 ms simulated)
+
+
+@pytest.mark.parametrize("name, pp, m", [("dualpipe", 4, 8), ("dualpipe", 8, 20), ("dualpipe", 16, 40)])
+def test_dualpipe_step_terms_are_the_schedule_counts(name, pp, m):
+    """The estimate walks DualPipe's steps as cached terms (a pair's chunks, or each action's
+    count): they rebuild every count of the schedule, and a pair is a step of one forward and
+    one backward alone."""
+    import numpy as np
+
+    from simulator.studies.search.estimate import dualpipe_steps, schedule_counts
+
+    for stage in range(pp):
+        counts = schedule_counts(name, stage, pp, m)
+        rebuilt = {op: np.zeros_like(a) for op, a in zip("FBIW", counts)}
+        pairs = 0
+        for i, (pair, terms) in enumerate(dualpipe_steps(name, stage, pp, m)):
+            if pair is not None:
+                assert terms == ()
+                rebuilt["F"][i, pair[0]] += 1
+                rebuilt["B"][i, pair[1]] += 1
+                pairs += 1
+            for op, c, n in terms:
+                rebuilt[op][i, c] += n
+        for op, a in zip("FBIW", counts):
+            assert (rebuilt[op] == a).all(), (stage, op)
+        assert pairs > 0

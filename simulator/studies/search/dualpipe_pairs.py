@@ -8,8 +8,6 @@ one such pair, :func:`dualpipe_busy` a rank's whole schedule.
 
 from __future__ import annotations
 
-import numpy as np
-
 
 def pair_time(f_layers, b_layers, slowdown: float) -> float:
     """Seconds of one DualPipe forward/backward pair on the compute stream: the two halves'
@@ -58,13 +56,12 @@ def pair_time(f_layers, b_layers, slowdown: float) -> float:
     return T
 
 
-def dualpipe_busy(sched_counts, own, chunks, layer, seg, extras, n_chunks, send_f, send_b, slowdown):
+def dualpipe_busy(steps, own, chunks, layer, seg, extras, n_chunks, send_f, send_b, slowdown):
     """A DualPipe rank's busy time over the step and its mean pair time: every step of its
-    schedule (``sched_counts``, :func:`simulator.studies.search.estimate.schedule_counts`) costed on its own chunk — a lone
+    schedule (``steps``, :func:`step_terms` of its counts) costed on its own chunk — a lone
     ``F`` / ``B`` / ``I`` / ``W`` as without overlap, an ``F`` + ``B`` pair by
     :func:`pair_time` plus what blocks the stream in both halves (TP, CP, ZeRO-3 gathers)
     and both halves' embedding / head compute (slowed) and pipeline sends."""
-    nF, nB, nI, nW = sched_counts
     n_local = len(own)
     cost = {op: [0.0] * n_local for op in "FBIW"}
     fl, bl, blk_f, blk_b, ext_f, ext_b = ([], [], [0.0] * n_local, [0.0] * n_local, [0.0] * n_local, [0.0] * n_local)
@@ -97,12 +94,14 @@ def dualpipe_busy(sched_counts, own, chunks, layer, seg, extras, n_chunks, send_
     ptime: dict = {}
     busy = 0.0
     pair_sum, pairs = 0.0, 0
-    for i in range(len(nF)):
-        f_row, b_row = nF[i], nB[i]
-        if f_row.sum() == 1 and b_row.sum() == 1 and not nI[i].any() and not nW[i].any():
-            cf, cb = int(f_row.argmax()), int(b_row.argmax())
-            if (cf, cb) not in ptime:
-                ptime[(cf, cb)] = (
+    # The same additions in the same order as walking the steps (a step's terms: its pair, or
+    # each action kind's chunks in order), so the sums are the walk's to the bit.
+    for pair, terms in steps:
+        if pair is not None:
+            t = ptime.get(pair)
+            if t is None:
+                cf, cb = pair
+                t = ptime[pair] = (
                     pair_time(fl[cf], bl[cb], slowdown)
                     + slowdown * (ext_f[cf] + ext_b[cb])
                     + blk_f[cf]
@@ -110,11 +109,29 @@ def dualpipe_busy(sched_counts, own, chunks, layer, seg, extras, n_chunks, send_
                     + send_f
                     + send_b
                 )
-            busy += ptime[(cf, cb)]
-            pair_sum += ptime[(cf, cb)]
+            busy += t
+            pair_sum += t
             pairs += 1
             continue
-        for op, row in (("F", f_row), ("B", b_row), ("I", nI[i]), ("W", nW[i])):
-            for c in np.flatnonzero(row):
-                busy += row[c] * cost[op][c]
+        for op, c, n in terms:
+            busy += n * cost[op][c]
     return busy, (pair_sum / pairs if pairs else None)
+
+
+def step_terms(sched_counts) -> tuple:
+    """A schedule's steps as ``(pair, terms)``: ``pair`` the ``(forward chunk, backward
+    chunk)`` of a step that runs exactly one ``F`` and one ``B`` and nothing else, else
+    ``None`` and ``terms`` its ``(action kind, local chunk, count)`` in kind order (F, B, I,
+    W), chunks ascending. ``sched_counts``: the ``(F, B, I, W)`` arrays of
+    :func:`simulator.studies.search.estimate.schedule_counts`."""
+    nF, nB, nI, nW = sched_counts
+    pair_step = (nF.sum(axis=1) == 1) & (nB.sum(axis=1) == 1) & ~nI.any(axis=1) & ~nW.any(axis=1)
+    cf, cb = nF.argmax(axis=1).tolist(), nB.argmax(axis=1).tolist()
+    rows = {op: arr.tolist() for op, arr in zip("FBIW", sched_counts)}
+    out = []
+    for i, is_pair in enumerate(pair_step.tolist()):
+        if is_pair:
+            out.append(((cf[i], cb[i]), ()))
+        else:
+            out.append((None, tuple((op, c, n) for op in "FBIW" for c, n in enumerate(rows[op][i]) if n)))
+    return tuple(out)

@@ -23,7 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from simulator.engine.symmetry import representative_position
-from simulator.studies.search.dualpipe_pairs import dualpipe_busy
+from simulator.studies.search.dualpipe_pairs import dualpipe_busy, step_terms
 from simulator.studies.search.layer_costs import StepCosts
 from simulator.studies.search.network_model import NetModel
 from workloads import activations, memory
@@ -52,6 +52,14 @@ def schedule_counts(name: str, stage: int, pp: int, m: int, vpp: int = 1, all_fo
     for arr in out.values():
         arr.setflags(write=False)
     return out["F"], out["B"], out["I"], out["W"]
+
+
+@functools.lru_cache(maxsize=1024)
+def dualpipe_steps(name: str, stage: int, pp: int, m: int, vpp: int = 1, all_forward_first: bool = False):
+    """:func:`schedule_counts`' steps as :func:`~simulator.studies.search.dualpipe_pairs.step_terms`
+    (cached: walking the arrays with numpy calls per step, for each of thousands of layouts, was
+    a fifth of a PP map point's screen)."""
+    return step_terms(schedule_counts(name, stage, pp, m, vpp, all_forward_first))
 
 
 def _activation_peak(counts, chunk_bytes, rebuilt) -> float:
@@ -362,7 +370,7 @@ def _rank_costs(c: StepCosts, s: int, ranks_of: list) -> dict:
     # communication kernels leave free (``simulator.engine.compute.overlap_slowdown``).
     if get_schedule(name).overlapped_pairs and b.dualpipe_ep and not c.global_aux and pp > 1:
         busy_s, pair_mean = dualpipe_busy(
-            sched_counts=schedule_counts(name, s, pp, m, c.vpp, c.global_aux),
+            steps=dualpipe_steps(name, s, pp, m, c.vpp, c.global_aux),
             own=own,
             chunks=b.chunks,
             layer=lambda l: c.layer(l, rank),
