@@ -89,8 +89,9 @@ def _loads(topo, transfers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _groups(low, op, group: tuple) -> list[tuple]:
     """``group`` and, in representative mode, the groups it stands for: every group of its
     stage along its axis (:meth:`~simulator.engine.lowering.Lowering._twins`), or with one
-    simulated rank per class those of its class; unlike the engine, also for a group inside
-    one scale-up domain (whose twins the engine leaves out, as they meet none of its links)."""
+    simulated rank per class those of its class; also for a group inside one scale-up domain
+    (whose twins the engine leaves out with one simulated rank per stage, as they meet none of
+    its links)."""
     if not low.trace.representative:
         return [group]
     rows = low._twins(op.axis, low.layout.stage_of(op.rank), group)
