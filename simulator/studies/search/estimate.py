@@ -54,6 +54,14 @@ def schedule_counts(name: str, stage: int, pp: int, m: int, vpp: int = 1, all_fo
     return out["F"], out["B"], out["I"], out["W"]
 
 
+@functools.lru_cache(maxsize=4096)
+def _position(layout, net: NetModel) -> int:
+    """:func:`~simulator.engine.symmetry.representative_position` on the cluster of ``net``
+    (held by identity): a search or map screen estimates thousands of layouts of one cluster
+    that share their groups and differ in schedule, micro-batch or recompute."""
+    return representative_position(layout, net)
+
+
 @functools.lru_cache(maxsize=1024)
 def dualpipe_steps(name: str, stage: int, pp: int, m: int, vpp: int = 1, all_forward_first: bool = False):
     """:func:`schedule_counts`' steps as :func:`~simulator.studies.search.dualpipe_pairs.step_terms`
@@ -227,7 +235,7 @@ def estimate_step_time(sc, net: NetModel | None = None) -> dict:
     pp, m, name, n_local = c.pp, c.m, c.name, c.n_local
     # the ranks the simulation would run (where a stage's groups are unlike, the one sending most
     # across domains: simulator.engine.symmetry)
-    pos = representative_position(c.L, c.net)  # 0 on a torus
+    pos = _position(c.L, c.net)  # 0 on a torus
     ranks_of = [c.L.rank_of(pp=s) + pos for s in range(pp)]
     ranks = [_rank_costs(c, s, ranks_of) for s in range(pp)]
 
