@@ -1,5 +1,7 @@
 """The map of where pipeline parallelism pays (simulator.studies.ppmap) on a 2x2 map of a tiny MoE."""
 
+import json
+
 import pandas as pd
 import pytest
 from helpers import SEARCH_MOE as TINY_MOE
@@ -265,3 +267,36 @@ def test_a_resumed_map_builds_no_trace_it_has_fingerprinted(tmp_path, monkeypatc
     assert built == []
     for col in ("best_pp_step_time_s", "best_nopp_step_time_s", "ratio", "best_pp_label", "best_nopp_label"):
         assert list(first[col]) == list(again[col]), col
+
+
+def test_recheck_simulates_the_bests_again_and_finds_a_stale_row(tmp_path):
+    """--recheck re-simulates each point's best layout with PP and without: on a store this
+    version wrote they equal it; a stored row whose step differs (an older version's) is
+    named, and the store is left as it was."""
+    from simulator.studies.ppmap.recheck import recheck
+
+    out = tmp_path / "out"
+    table, _ = run_map(tiny_map(), out, jobs=1)
+    df = recheck(tiny_map(), out, jobs=1)
+    n = int(table.ratio.notna().sum())
+    assert n > 0 and len(df) == 2 * n
+    assert df.same.all() and (df.status == "ok").all()
+    assert (out / "recheck.csv").exists()
+    # an older version's row: the best without PP of the first point, 10 % faster (so that it
+    # stays the best)
+    first = table[table.ratio.notna()].iloc[0]
+    store = out / "sims" / "rows.jsonl"
+    lines = store.read_text().splitlines()
+    name = f"{first.point}:{first.best_nopp_label}"
+    for i, line in enumerate(lines):
+        row = json.loads(line)
+        if (row.get("summary") or {}).get("name") == name:
+            row["summary"]["step_time_s"] *= 0.9
+            lines[i] = json.dumps(row)
+    store.write_text("\n".join(lines) + "\n")
+    before = store.read_text()
+    df = recheck(tiny_map(), out, jobs=1)
+    stale = df[~df.same]
+    assert stale.label.tolist() == [first.best_nopp_label]
+    assert stale.rel_change.iloc[0] == pytest.approx(1 / 0.9 - 1, rel=1e-9)
+    assert store.read_text() == before

@@ -16,6 +16,12 @@ def register(subparsers) -> None:
     p.add_argument("--plot", help="write the heat map to this PNG")
     p.add_argument("--assemble-only", action="store_true", help="simulate nothing: tables from what --out holds")
     p.add_argument(
+        "--recheck",
+        action="store_true",
+        help="simulate only each point's best layout with PP and without again, on this version, and compare "
+        "them with the store (OUT/recheck.csv)",
+    )
+    p.add_argument(
         "--jobs", type=int_flag(1, MAX_JOBS), help="local worker processes (default: every core; 1: in this process)"
     )
     p.add_argument("--dask", metavar="ADDRESS", help="run the simulations on the Dask scheduler at ADDRESS")
@@ -35,6 +41,8 @@ def cmd_ppmap(args) -> int:
     if args.plot:
         check_output_file(args.plot, "--plot", within=args.out)
     spec = load_map(args.map)
+    if args.recheck:
+        return _recheck(spec, args)
     if args.assemble_only:
         table, cands = assemble(spec, args.out)
     else:
@@ -49,4 +57,22 @@ def cmd_ppmap(args) -> int:
         with staged_file(args.plot, "--plot", within=args.out) as tmp:
             plot_map(table, tmp, markers={m[0]: m[1:] for m in spec.marks}, title=spec.name)
         print(f"  figure: {args.plot}")
+    return 0
+
+
+def _recheck(spec, args) -> int:
+    from simulator.cli.sweep import _dask_client
+    from simulator.studies.ppmap.recheck import RECHECK_CSV, SAME_REL, recheck
+
+    with _dask_client(args.dask) as client:
+        df = recheck(spec, args.out, client=client, jobs=args.jobs)
+    ok = df[df.status == "ok"]
+    moved = ok[~ok.same.astype(bool)]
+    worst = f"; largest change {ok.rel_change.abs().max():+.3g}" if len(ok) else ""
+    print(
+        f"ppmap {spec.name} recheck: {len(df)} best layouts simulated again ({len(df) - len(ok)} failed), "
+        f"{len(moved)} differ from the store by more than {SAME_REL:g}{worst}; wrote {RECHECK_CSV} to {args.out}"
+    )
+    for r in moved.itertuples():
+        print(f"  {r.point} {r.layout} {r.label}: {r.stored_step_time_s:.6g} -> {r.step_time_s:.6g} s")
     return 0

@@ -8,7 +8,9 @@ point of scale-up domain size x scale-out bandwidth, and today's systems.
   the candidates chosen;
 * :mod:`.roofline` — the closed-form columns: the memory of a batch-global auxiliary loss
   and a roofline of what PP saves against what it costs;
-* :mod:`.plot` — the map figure.
+* :mod:`.plot` — the map figure;
+* :mod:`.recheck` — each point's best layouts simulated again on this version and compared
+  with the store (``--recheck``).
 """
 
 from simulator.studies.ppmap.run import assemble, cases_of, run_map, with_fallbacks
