@@ -300,3 +300,19 @@ def test_recheck_simulates_the_bests_again_and_finds_a_stale_row(tmp_path):
     assert stale.label.tolist() == [first.best_nopp_label]
     assert stale.rel_change.iloc[0] == pytest.approx(1 / 0.9 - 1, rel=1e-9)
     assert store.read_text() == before
+
+
+def test_points_runs_only_the_points_it_names(tmp_path):
+    """--points screens and simulates only the matching points; the others keep no ratio
+    until a later run, and a pattern matching nothing is refused naming --points."""
+    from simulator.errors import StudyError
+
+    ids = [p["id"] for p in points(load_map(tiny_map()))]
+    first = ids[0]
+    table, _ = run_map(tiny_map(), tmp_path / "out", jobs=1, only=[first])
+    got = table.set_index("point").ratio
+    assert got.notna()[first] and got.drop(first).isna().all()
+    assert set(table.point) == {first}  # only the selected point was screened
+    with pytest.raises(StudyError, match="matches no point") as err:
+        run_map(tiny_map(), tmp_path / "out", jobs=1, only=["no-such-point*"])
+    assert err.value.field == "--points" and first in str(err.value)

@@ -16,6 +16,13 @@ def register(subparsers) -> None:
     p.add_argument("--plot", help="write the heat map to this PNG")
     p.add_argument("--assemble-only", action="store_true", help="simulate nothing: tables from what --out holds")
     p.add_argument(
+        "--points",
+        nargs="+",
+        metavar="PATTERN",
+        help="screen and simulate only the points whose ids match (shell-style: 'kimi-k2/d72-*', "
+        "'deepseek-v3/GB200*'); the tables still hold every point the store has",
+    )
+    p.add_argument(
         "--recheck",
         action="store_true",
         help="simulate only each point's best layout with PP and without again, on this version, and compare "
@@ -47,7 +54,7 @@ def cmd_ppmap(args) -> int:
         table, cands = assemble(spec, args.out)
     else:
         with _dask_client(args.dask) as client:
-            table, cands = run_map(spec, args.out, client=client, jobs=args.jobs, progress=None)
+            table, cands = run_map(spec, args.out, client=client, jobs=args.jobs, progress=None, only=args.points)
     done = int(table["ratio"].notna().sum()) if len(table) else 0
     print(
         f"ppmap {spec.name}: {len(table)} points screened, {done} with a ratio; "
@@ -65,7 +72,7 @@ def _recheck(spec, args) -> int:
     from simulator.studies.ppmap.recheck import RECHECK_CSV, SAME_REL, recheck
 
     with _dask_client(args.dask) as client:
-        df = recheck(spec, args.out, client=client, jobs=args.jobs)
+        df = recheck(spec, args.out, client=client, jobs=args.jobs, only=args.points)
     ok = df[df.status == "ok"]
     moved = ok[~ok.same.astype(bool)]
     worst = f"; largest change {ok.rel_change.abs().max():+.3g}" if len(ok) else ""

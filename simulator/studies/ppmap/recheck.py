@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.studies.ppmap.run import _read_rows, assemble, cases_of
+from simulator.studies.ppmap.run import _read_rows, assemble, cases_of, point_filter
 from simulator.studies.ppmap.spec import SCREEN_FILE, MapSpec, load_map
 from simulator.studies.search.layouts import label
 from simulator.studies.sweep.executors import execute
@@ -29,19 +29,23 @@ SAME_REL = 1e-9
 _KINDS = (("with PP", "best_pp"), ("without PP", "best_nopp"))
 
 
-def recheck(spec_or_path, out: str | Path, client=None, jobs: int | None = None, executor=None) -> pd.DataFrame:
+def recheck(
+    spec_or_path, out: str | Path, client=None, jobs: int | None = None, executor=None, only=None
+) -> pd.DataFrame:
     """Re-simulate every point's best layout with PP and without (the two its ratio
-    compares) and compare each with its stored row. Returns the table also written to
+    compares; of the points the patterns ``only`` match, as :func:`run_map` takes them) and
+    compare each with its stored row. Returns the table also written to
     ``OUT/recheck.csv``: one row a layout, ``stored_step_time_s`` and ``step_time_s``,
     ``rel_change`` (``step_time_s / stored - 1``) and ``same`` (within :data:`SAME_REL`)."""
     spec = spec_or_path if isinstance(spec_or_path, MapSpec) else load_map(spec_or_path)
     out = Path(out)
     table, _ = assemble(spec, out)
     screens = _read_rows(out / SCREEN_FILE)
+    select = point_filter(spec, only)
     cases = {(c.axes["point"], label(c.axes)): c for c in cases_of(spec, screens)}
     picks = []
     for r in table.to_dict("records") if len(table) else []:
-        if pd.isna(r.get("ratio")):
+        if pd.isna(r.get("ratio")) or not select(r["point"]):
             continue
         for kind, col in _KINDS:
             c = cases.get((r["point"], r[f"{col}_label"]))

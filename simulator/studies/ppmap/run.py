@@ -59,14 +59,16 @@ Map file::
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
 
+from simulator.errors import StudyError
 from simulator.scenario.loading import load_scenario
 from simulator.scenario.schema import ScenarioError
 from simulator.studies.ppmap.roofline import aux_global_memory, roofline
@@ -161,15 +163,21 @@ def run_map(
     jobs: int | None = None,
     executor=None,
     progress: bool | None = False,
+    only: Sequence[str] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Screen, simulate and assemble the map into ``out`` (resumable). Returns
-    ``(map table, candidates table)``, also written as ``OUT/map.csv`` and ``OUT/candidates.csv``."""
+    ``(map table, candidates table)``, also written as ``OUT/map.csv`` and ``OUT/candidates.csv``.
+    ``only``: shell-style patterns of point ids (``kimi-k2/d72-*``): screen and simulate only
+    the points they match (the tables still hold every point the store has)."""
     spec = spec_or_path if isinstance(spec_or_path, MapSpec) else load_map(spec_or_path)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    screens = run_screens(spec, out, progress=bool(progress), jobs=jobs if client is None and executor is None else 1)
-    cases = cases_of(spec, screens)
+    select = point_filter(spec, only)
+    screens = run_screens(
+        spec, out, progress=bool(progress), jobs=jobs if client is None and executor is None else 1, select=select
+    )
+    cases = [c for c in cases_of(spec, screens) if select(c.axes["point"])]
 
     def run(batch: list) -> dict:
         return run_cases(
@@ -202,6 +210,22 @@ def run_map(
         + "\n"
     )
     return table, cands
+
+
+def point_filter(spec: MapSpec, only: Sequence[str] | None):
+    """A predicate on point ids: those matching one of the shell-style patterns ``only``
+    (every point when ``None``). A pattern that matches no point of the map is refused,
+    naming the points there are."""
+    if only is None:
+        return lambda point: True
+    ids = [p["id"] for p in points(spec)]
+    for pat in only:
+        if not fnmatch.filter(ids, pat):
+            raise StudyError(
+                f"{pat!r} matches no point of map {spec.name!r}; its points are {', '.join(ids)}",
+                field="--points",
+            )
+    return lambda point: any(fnmatch.fnmatchcase(point, pat) for pat in only)
 
 
 class _MapDedupe(Dedupe):

@@ -177,8 +177,9 @@ def _screen_group(pts: list, spec: MapSpec, mem_cache: dict | None = None) -> li
     return [json.loads(plain_json(_screen_record(pt, spec, mem_cache))) for pt in pts]
 
 
-def run_screens(spec: MapSpec, out: Path, progress: bool = False, jobs: int | None = 1) -> dict[str, dict]:
-    """Screen every point not yet in ``OUT/screen.jsonl``; returns screens by point id. With
+def run_screens(spec: MapSpec, out: Path, progress: bool = False, jobs: int | None = 1, select=None) -> dict[str, dict]:
+    """Screen every point not yet in ``OUT/screen.jsonl`` (of those ``select``, a predicate on
+    point ids, accepts); returns screens by point id. With
     ``jobs`` > 1 (``None``: every core) the points are screened in that many processes, one
     group of points at a time per process: a model's grid points of one domain size (one chip,
     one memory cache) or one system point; every record is the same either way."""
@@ -189,7 +190,7 @@ def run_screens(spec: MapSpec, out: Path, progress: bool = False, jobs: int | No
     done = {k: v for k, v in store.load().items() if v.get("mode", "fixed") == mode}
     groups: dict[tuple, list] = {}
     for pt in points(spec):
-        if pt["id"] not in done:
+        if pt["id"] not in done and (select is None or select(pt["id"])):
             groups.setdefault((pt["model"], pt["system"], pt["domain"]), []).append(pt)
 
     def keep(recs: list[dict]) -> None:
