@@ -80,7 +80,8 @@ def test_split_reservations_equal_whole_and_flow_by_flow(seed):
         assert split[i] == pytest.approx(flows[i], rel=1e-12, abs=0), i
     assert ns.stats.link_bytes == pytest.approx(nw.stats.link_bytes, rel=1e-12)
     assert ns.stats.link_bytes == pytest.approx(nf.stats.link_bytes, rel=1e-12)
-    assert ns.active_flows == 0 and not ns.reservations._reserved and not ns.reservations._reserved_on
+    assert ns.active_flows == 0 and not ns.reservations._reserved and ns.reservations._n_reserved_links == 0
+    assert not (ns.reservations._reserved_on >= 0).any()
 
 
 def test_component_materialised_alone_keeps_the_rest_reserved():

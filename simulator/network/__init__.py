@@ -6,6 +6,7 @@
 * :mod:`.phases` — :class:`~simulator.network.phases.Transfer` and a phase's routing,
   validation and merging into a prepared phase;
 * :mod:`.isolated` — phases alone on their links, run from their cached evolution;
+* :mod:`.runahead` — a big link-sharing component's completions computed ahead (chains);
 * :mod:`.ratememo` — large max-min solutions remembered by the flows solved (a repeated
   phase passes through the same flow sets);
 * :mod:`.flowslots`, :mod:`.stats` — the in-flight flows' slot arrays, the counters;

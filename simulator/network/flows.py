@@ -2,13 +2,13 @@
 
 Layers, in the style of Estee's ``netmodels``:
 
-* :mod:`simulator.network.maxmin` -- the bandwidth-sharing maths, pure functions
-  of incidence entries and link capacities;
+* :mod:`simulator.network.maxmin` -- the bandwidth-sharing maths (pure functions of flows and capacities);
 * :mod:`simulator.network.phases` -- :class:`Transfer` and the routing, validation
   and merging of a phase into a :class:`~simulator.network.phases.PreparedPhase`;
 * :mod:`simulator.network.isolated` -- phases alone on their links, run from their
   precomputed evolution (reservations);
 * :mod:`simulator.network.flowslots` -- the in-flight flows' slot arrays;
+* :mod:`simulator.network.runahead` -- big components' completions computed ahead;
 * :class:`FlowNetwork` (here) -- the simpy side, which only decides *when* and
   *what* to recompute.
 
@@ -20,9 +20,8 @@ different components never influence each other, and max-min of the union is the
 union of the per-component max-mins. So when a phase arrives or flows complete,
 the network recomputes only the components that contain a changed link (found by
 a breadth-first search over a link -> active-flows index); every other flow keeps
-its rate, its progress reference and its completion time untouched. A phase on
-links disjoint from all others is solved alone; a completion on links nobody else
-uses costs no solve at all.
+its rate, its progress reference and its completion time untouched; a completion on links
+nobody else uses costs no solve at all.
 
 Each flow stores ``(t0, remaining at t0, rate)``; its progress is only advanced when
 its rate is recomputed, so its completion time ``t0 + remaining / rate`` is exact and
@@ -61,6 +60,7 @@ from simulator.network.isolated import Reservations
 from simulator.network.maxmin import DONE_RTOL, fill_arrays, fill_components, fill_small
 from simulator.network.phases import PhasePreparer, PreparedPhase, Transfer, distinct_links
 from simulator.network.ratememo import MEMO_MIN_FLOWS, RateMemo
+from simulator.network.runahead import RunAheads
 from simulator.network.stats import NetworkStats
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,7 +106,7 @@ class FlowNetwork:
         reserve_isolated: bool = True,
     ) -> None:
         self.env = env
-        self.slots, self.reservations = FlowSlots(self), Reservations(self)
+        self.slots, self.reservations, self.ahead = FlowSlots(self), Reservations(self), RunAheads(self)
         self.topo = topo
         self.calibration = calibration if calibration is not None else NetCalibration()
         kinds = tuple(topo.link_kind)
@@ -164,6 +164,7 @@ class FlowNetwork:
         (flows that arrived at this very instant may still show rate 0)."""
         for pid in sorted(self.reservations._reserved):
             self.reservations._materialise(pid)
+        self.ahead.return_all()
         return self.slots.table(self.env.now)
 
     def route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, float]:
@@ -223,7 +224,7 @@ class FlowNetwork:
             # The reservation's timer is the phase's event (one simpy event, not two)
             # unless the phase is materialised (see :meth:`_materialise`).
             link_set, _, iso = res.isolation(prep)
-            if iso is not None and res._free_of_reservations(link_set) and res._free_of_flows(link_set):
+            if iso is not None and res._free_of_reservations(prep) and res._free_of_flows(link_set):
                 timer = res._reserve_phase(pid, prep, iso, latency)
                 self._phase_event[pid] = timer
                 return timer
@@ -238,15 +239,11 @@ class FlowNetwork:
         big phase: the components that are), else its flows enter the network
         (materialising the reserved phases, or their components, in the way)."""
         res = self.reservations
+        self.ahead.clear(distinct_links(self._links_of, prep), True)  # chains on these links return
         if res._reserve:
             link_set, _, iso = res.isolation(prep)
-            on = res._reserved_on
-            if not on.keys().isdisjoint(link_set):
-                hit: dict[int, list[int]] = {}
-                for link in sorted(on.keys() & link_set):
-                    hit.setdefault(on[link], []).append(link)
-                for other in sorted(hit):
-                    res._materialise(other, hit[other])
+            for other, links in res.reserved_on(prep):
+                res._materialise(other, links)
             if iso is not None:
                 lf = self.slots._link_flows
                 if lf.keys().isdisjoint(link_set):
@@ -317,6 +314,7 @@ class FlowNetwork:
         if hit is not None:
             pos, lens, n_single, rates = hit
             self._recompute_slots(rest[pos], list(lens), n_single, rates)
+            self.ahead.start(rest[pos], lens, n_single)  # its next instants, where known
             return True
         comps, singles = self._components(seeds)
         rates = self._recompute(comps, singles) if comps or singles else None
@@ -512,9 +510,6 @@ class FlowNetwork:
             batches[bid] = (comp, group)
             heapq.heappush(heap, (first, bid))
 
-    def _live(self, bid: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._live_of(self._batches[bid][0], bid)
-
     def _schedule_wake(self) -> None:
         """Keep one simpy wake-up at the earliest completion; only reschedule when
         that time moves earlier."""
@@ -528,7 +523,7 @@ class FlowNetwork:
                 heapq.heappop(heap)
                 del batches[bid]
                 continue
-            live, ends = self._live(bid)  # a group loses flows one by one
+            live, ends = self._live_of(sl, bid)  # a group loses flows one by one
             if live.shape[0] and float(ends.min()) == key:
                 break
             heapq.heappop(heap)

@@ -32,10 +32,8 @@ that reserves, completes and materialises such phases.
 from __future__ import annotations
 
 import bisect
-from collections import deque
 from dataclasses import dataclass
 from functools import partial
-from itertools import repeat
 
 import numpy as np
 import simpy
@@ -179,32 +177,58 @@ class Reservations:
     def _init_reservations(self, reserve_isolated: bool) -> None:
         self._reserve = bool(reserve_isolated)
         self._split = SPLIT_BY_COMPONENT
-        # link -> id of the reserved phase on it (a link holds at most one); a dict, as
-        # phases touch a handful of links and membership tests beat numpy's per-call cost
-        self._reserved_on: dict[int, int] = {}
+        # link -> id of the reserved phase on it (a link holds at most one), -1 for none; an
+        # array, as a ZeRO-3 gather stage reserves ~12,000 links at once; and how many are held
+        self._reserved_on = np.full(self.net.n_links, -1, dtype=np.int64)
+        self._n_reserved_links = 0
         self._reserved: dict[int, _Held] = {}  # phase id -> its reservation
         self._next_token = 0
         self._isolation_of: dict[int, tuple] = {}  # id(prepared) -> (it, links, list, iso)
         self._splits: dict[int, tuple] = {}  # id(prepared) -> (it, ComponentSplit)
 
-    # Link sets against the link -> flows index and the link -> reservation map: set
-    # operations on dict views walk the smaller side (a ZeRO-3 gather stage has ~12,000
-    # links, the index often far fewer entries).
+    # Link sets against the link -> flows index: set operations on dict views walk the
+    # smaller side (a ZeRO-3 gather stage has ~12,000 links, the index often far fewer entries).
 
     def _free_of_flows(self, link_set: frozenset) -> bool:
-        """Whether no flow of the flow-by-flow path is on any of these links."""
-        return self.net.slots._link_flows.keys().isdisjoint(link_set)
+        """Whether no flow of the flow-by-flow path (or of a chain running ahead,
+        :meth:`~simulator.network.runahead.RunAheads.clear`) is on any of these links now."""
+        return self.net.slots._link_flows.keys().isdisjoint(link_set) and self.net.ahead.clear(link_set, False)
 
-    def _free_of_reservations(self, link_set: frozenset) -> bool:
-        """Whether no reserved phase holds any of these links."""
-        return self._reserved_on.keys().isdisjoint(link_set)
+    def _free_of_reservations(self, prep: PreparedPhase) -> bool:
+        """Whether no reserved phase holds any of the links of ``prep``."""
+        return not self._n_reserved_links or not (self._reserved_on[self._link_array(prep)] >= 0).any()
+
+    def reserved_on(self, prep: PreparedPhase) -> list[tuple[int, list[int]]]:
+        """``(reserved phase, the links of ``prep`` it holds, increasing)`` for each reserved
+        phase on a link of ``prep``, in phase order."""
+        if not self._n_reserved_links:
+            return []
+        links = self._link_array(prep)
+        held = self._reserved_on[links]
+        on = held >= 0
+        if not on.any():
+            return []
+        links, held = links[on], held[on]
+        order = np.argsort(held, kind="stable")  # by phase, then link (links increase)
+        links, held = links[order].tolist(), held[order].tolist()
+        out: list[tuple[int, list[int]]] = []
+        for lk, pid in zip(links, held):
+            if not out or out[-1][0] != pid:
+                out.append((pid, []))
+            out[-1][1].append(lk)
+        return out
+
+    def _link_array(self, prep: PreparedPhase) -> np.ndarray:
+        """The distinct links of ``prep`` (increasing), as an array."""
+        self.isolation(prep)
+        return self._isolation_of[id(prep)][4]
 
     def isolation(self, prep: PreparedPhase) -> tuple:
         """``(distinct links as a set, as a sorted list, isolated evolution or None)`` of
         a prepared phase, cached."""
         hit = self._isolation_of.get(id(prep))
         if hit is not None and hit[0] is prep:
-            return hit[1:]
+            return hit[1:4]
         iso = isolated_evolution(prep, self.net.capacity)
         if iso is not None:
             link_list = iso.link_list
@@ -213,7 +237,8 @@ class Reservations:
         link_set = frozenset(link_list)
         if len(self._isolation_of) >= _PREPARED_MAX:
             self._isolation_of.clear()
-        self._isolation_of[id(prep)] = (prep, link_set, link_list, iso)
+        link_arr = iso.links if iso is not None else np.array(link_list, dtype=np.int64)
+        self._isolation_of[id(prep)] = (prep, link_set, link_list, iso, link_arr)
         return link_set, link_list, iso
 
     def _split_of(self, prep: PreparedPhase, iso: IsolatedEvolution) -> ComponentSplit:
@@ -233,7 +258,8 @@ class Reservations:
         """Run a phase alone on its links: one timer for its cached evolution. With
         ``latency_s`` the reservation starts now and the flows enter the links (in the
         evolution's terms) that much later."""
-        self._reserved_on.update(zip(iso.link_list, repeat(pid)))
+        self._reserved_on[iso.links] = pid
+        self._n_reserved_links += iso.links.shape[0]
         token = self._next_token = self._next_token + 1
         timer = self.net.env.timeout(latency_s + iso.duration_s)
         finish = partial(self._finish_reserved, pid, token)
@@ -273,7 +299,8 @@ class Reservations:
         del self._reserved[pid]
         split = self._split_of(held.prep, held.iso)
         on = held.left[split.link_comp]
-        deque(map(self._reserved_on.__delitem__, held.iso.links[on].tolist()), maxlen=0)
+        self._reserved_on[held.iso.links[on]] = -1
+        self._n_reserved_links -= int(np.count_nonzero(on))
         self.net.stats.link_bytes[held.iso.links[on]] += held.iso.link_bytes[on]
         n_rest = int(np.count_nonzero(held.left[split.flow_comp]))
         self.net.slots._n_active -= n_rest
@@ -292,7 +319,8 @@ class Reservations:
         """Drop phase ``pid``'s (unsplit) reservation: ``(prepared, IsolatedEvolution,
         arrival, timer, its callback)``."""
         held = self._reserved.pop(pid)
-        deque(map(self._reserved_on.__delitem__, held.iso.link_list), maxlen=0)
+        self._reserved_on[held.iso.links] = -1
+        self._n_reserved_links -= held.iso.links.shape[0]
         self.net.slots._n_active -= len(held.prep.links)
         return held.prep, held.iso, held.t_arr, held.timer, held.finish
 
@@ -356,7 +384,9 @@ class Reservations:
         if held.left is None and not rest.any():
             return False
         self.net.stats.split_materialisations += 1
-        deque(map(self._reserved_on.__delitem__, iso.links[take[split.link_comp]].tolist()), maxlen=0)
+        gone = take[split.link_comp]
+        self._reserved_on[iso.links[gone]] = -1
+        self._n_reserved_links -= int(np.count_nonzero(gone))
         flows = np.flatnonzero(take[split.flow_comp])
         self.net.slots._n_active -= flows.shape[0]
         self._detach_event(pid, held)

@@ -26,7 +26,9 @@ class NetworkStats:
     ``flows_recomputed`` the flows in them; ``wakeups`` counts completion events;
     ``reserved_phases`` the phases run alone on their links from their cached
     evolution (some of them later materialised into flows), ``split_materialisations``
-    the times some of a reserved big phase's components were materialised and not all.
+    the times some of a reserved big phase's components were materialised and not all;
+    ``instants_ahead`` the completion instants of big components computed ahead
+    (:mod:`simulator.network.runahead`), which the counters above include.
     """
 
     link_bytes: np.ndarray
@@ -42,6 +44,7 @@ class NetworkStats:
     wakeups: int = 0
     reserved_phases: int = 0  # phases run alone on their links (cached evolution)
     split_materialisations: int = 0  # reserved big phases materialised in part (by component)
+    instants_ahead: int = 0  # completion instants of big components computed ahead (chains)
 
     def utilisation(self, elapsed_s: float) -> np.ndarray:
         """Average fraction of (calibrated) capacity used on each link over ``elapsed_s``."""

@@ -1,0 +1,91 @@
+"""Big link-sharing components run ahead (simulator.network.runahead): the finish times and
+link bytes of the flow-by-flow path, with and without chains, on repeated all-to-alls that
+share links with other traffic and newcomers that land on their links while they run."""
+
+import numpy as np
+import pytest
+import simpy
+from helpers import start_phases
+
+from simulator.network import runahead
+from simulator.network.flows import FlowNetwork, Transfer
+from simulator.network.runahead import chain_ahead
+from topologies.builders import torus
+from topologies.topology import Topology
+
+_SIDE = 6  # a 6 x 6 torus of 100 GB/s links: an all-to-all of its 36 devices is 1,260 flows
+
+
+def _topology():
+    return Topology(torus((_SIDE, _SIDE), 100e9, 1e-6))
+
+
+def _phases(seed: int, newcomers: int) -> list:
+    """One all-to-all (random sizes, fixed across repeats) started 6 times 10 ms apart, each
+    with a gather of multi-hop transfers beside it, and ``newcomers`` small phases at random
+    instants, some of them on the all-to-alls' links while they run."""
+    rng = np.random.default_rng(seed)
+    n = _SIDE * _SIDE
+    pairs = [(s, d) for s in range(n) for d in range(n) if s != d]
+    sizes = rng.choice([2e6, 3e6, 5e6, 8e6], size=len(pairs)).tolist()
+    a2a = [Transfer(s, d, b) for (s, d), b in zip(pairs, sizes)]
+    gather = [Transfer(s, (s + 7) % n, 4e6, 2) for s in range(0, n, 3)]
+    out = []
+    for r in range(6):
+        out.append((0.01 * (r + 1), a2a))
+        out.append((0.01 * (r + 1) + 2e-5, gather))
+    for _ in range(newcomers):
+        s, d = rng.choice(n, size=2, replace=False).tolist()
+        out.append((float(rng.uniform(0.01, 0.07)), [Transfer(s, d, float(rng.choice([1e5, 1e6])))]))
+    return out
+
+
+def _run(phases, ahead: bool, monkeypatch):
+    monkeypatch.setattr(runahead, "RUN_AHEAD", ahead)
+    env = simpy.Environment()
+    net = FlowNetwork(env, _topology())
+    finish = start_phases(env, net, phases)
+    env.run()
+    return finish, net
+
+
+@pytest.mark.parametrize(("seed", "newcomers"), [(0, 0), (1, 40), (2, 120)])
+def test_chains_give_the_flow_by_flow_results(seed, newcomers, monkeypatch):
+    phases = _phases(seed, newcomers)
+    returns = []
+    real = runahead.RunAheads._return
+    monkeypatch.setattr(runahead.RunAheads, "_return", lambda self, *a: returns.append(a[2]) or real(self, *a))
+    fast, nf = _run(phases, True, monkeypatch)
+    slow, ns = _run(phases, False, monkeypatch)
+    assert nf.stats.instants_ahead > 100 and ns.stats.instants_ahead == 0
+    if newcomers >= 40:
+        assert returns  # a newcomer on a chain's links returned its survivors early
+    assert fast.keys() == slow.keys() == set(range(len(phases)))
+    for i in fast:
+        assert fast[i] == slow[i], i
+    assert np.array_equal(nf.stats.link_bytes, ns.stats.link_bytes)
+    assert nf.stats.recomputations == ns.stats.recomputations
+    assert nf.active_flows == 0 and not nf.ahead._chains and not nf.ahead._on
+
+
+def test_chain_ahead_matches_hand_computed_instants():
+    """Three flows on one link of 30 (bytes/s) at rates 10 each, 10 / 20 / 40 bytes left at
+    t = 1: the first ends at 2; the memo gives the survivors 15 each, so the second ends at
+    2 + 10/15 and the third (30 bytes left at 2) then has 20 bytes left, alone at 30."""
+    sl = np.array([5, 6, 7])
+    fid = np.array([0, 1, 2])
+    rates = {(1, 2): np.array([15.0, 15.0]), (2,): np.array([30.0])}
+
+    def split_of(fids):
+        r = rates.get(tuple(fids.tolist()))
+        return None if r is None else (np.arange(r.shape[0]), (r.shape[0],), 0, r)
+
+    t0, rem, rate = np.ones(3), np.array([10.0, 20.0, 40.0]), np.full(3, 10.0)
+    inst = chain_ahead(sl, fid, t0, rem, rate, t0 + rem / rate, split_of, 100.0, min_flows=1)
+    assert [i.t_s for i in inst] == [2.0, 2.0 + 10 / 15]
+    assert inst[0].done.tolist() == [5] and inst[1].done.tolist() == [6]
+    assert inst[1].sl.tolist() == [7] and inst[1].rem.tolist() == [pytest.approx(20.0)]
+    assert inst[1].end.tolist() == [pytest.approx(2.0 + 10 / 15 + 20 / 30)]
+    # nothing known past the limit or below the survivors' floor
+    assert chain_ahead(sl, fid, t0, rem, rate, t0 + rem / rate, split_of, 1.5, min_flows=1) == []
+    assert len(chain_ahead(sl, fid, t0, rem, rate, t0 + rem / rate, split_of, 100.0, min_flows=2)) == 1
