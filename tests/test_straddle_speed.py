@@ -1,8 +1,7 @@
 """Straddling layouts simulate fast (issue 39 part 3): in representative mode with one simulated
-rank per class, the twin groups of a collective that are not images of the simulated group --
-its mirror image (1 + 7 against 7 + 1) and the mirror's translates in the other leaf groups --
-fold into one quotient plan per orbit instead of running one plan each, and the figures stay
---exact's."""
+rank per class, every refined class is simulated; the lowering plans a group's collective once
+whichever of its simulated members asks, the twin groups that are not images of the simulated
+group fold into one quotient plan per orbit, and the figures stay --exact's."""
 
 from __future__ import annotations
 
@@ -38,15 +37,14 @@ def _ep8_on_9gpu_domains(oversubscription: float = 4.0) -> dict:
 
 
 @pytest.mark.parametrize("oversubscription", [4.0, 1.0])
-def test_mirror_groups_fold_by_translation_and_figures_stay_exact(monkeypatch, oversubscription):
-    """Each straddling simulated rank's expert all-to-all runs as 2 plans (its own quotient and
-    its mirror's, each folding the 4 leaf groups' translates) rather than 5 (the mirror's 4
-    copies one by one); so does rank 0's, whose group lies inside one domain (ranks 0-7 of
-    domain 0 and, of its class, 64-71, ranks 1-8 of domain 7: their twins run on the network
-    too, since the expert-data-parallel groups of simulated ranks load those devices' links),
-    and every device figure equals --exact's to 1e-9: with the leaf
-    uplinks loaded (4:1) and, at 1:1, left out of the representative run's transfers
-    (lowering.never_binding) while --exact loads them."""
+def test_every_refined_class_is_simulated_and_figures_stay_exact(monkeypatch, oversubscription):
+    """Each position of a leaf group (72 ranks: 9 expert groups over 8 domains) is a class of
+    its own, and all 72 are simulated; each expert all-to-all runs as one plan (its group's
+    translates in the other 3 leaf groups fold into it as images), and every device figure
+    equals --exact's to 1e-9: with the leaf uplinks loaded (4:1) and, at 1:1, left out of the
+    representative run's transfers (lowering.never_binding) while --exact loads them. The 5
+    coarser classes of the groups' splits, simulated here before, also matched --exact on
+    this layout, but not on DeepSeek-V3 EP64 on 576 GB200 (test_symmetry.py's STRADDLING)."""
     plans: dict = collections.defaultdict(set)
     network_plans = lowering.Lowering._network_plans
 
@@ -59,22 +57,23 @@ def test_mirror_groups_fold_by_translation_and_figures_stay_exact(monkeypatch, o
     monkeypatch.setattr(lowering.Lowering, "_network_plans", counted)
     sc = _ep8_on_9gpu_domains(oversubscription)
     rep = simulate(sc).summary
-    assert rep["simulated_ranks"] == 5  # groups 8, 1 + 7 / 7 + 1, 2 + 6 / 6 + 2, ...
-    assert dict(plans) == {0: {2}, 8: {2}, 16: {2}, 24: {2}, 32: {1}}
+    assert rep["simulated_ranks"] == 72
+    assert dict(plans) == {r: {1} for r in range(0, 72, 8)}  # one member per group asks
+    assert not any("coarser" in n for n in rep["notes"])
     monkeypatch.setattr(lowering.Lowering, "_network_plans", network_plans)
     exact = simulate(sc, exact=True).summary
     for key in FIGURES:
         assert rep[key] == pytest.approx(exact[key], rel=1e-9, abs=1e-15), key
 
 
-def test_classes_of_the_straddling_groups_are_their_splits():
-    """symmetry.rank_classes on EP8 over 9-GPU domains: the expert group k of each leaf group is
-    of class min(k, 8 - k) (a group and its mirror alike: 8, 1 + 7, 2 + 6, 3 + 5, 4 + 4), the
-    classes numbered in the order of their first ranks."""
+def test_classes_of_the_straddling_groups_are_positions_in_a_leaf_group():
+    """symmetry.rank_classes on EP8 over 9-GPU domains: refined until stable, the classes are
+    the 72 positions of a leaf group (8 domains, 9 expert groups), numbered in the order of
+    their first ranks; they refine the groups' splits (group k of a leaf group splits as
+    group 8 - k does, its mirror image, which refining tells apart)."""
     s = load_scenario(_ep8_on_9gpu_domains())
     classes = rank_classes(s.layout, build_cluster(s.cluster))
-    k = np.arange(288) // 8 % 9
-    assert classes.tolist() == np.minimum(k, 8 - k).tolist()
+    assert classes.tolist() == (np.arange(288) % 72).tolist()
 
 
 def test_least_rotation_names_a_cycle():
@@ -105,24 +104,54 @@ def test_only_uplinks_that_cannot_bind_are_left_out(oversubscription):
     assert lowering.never_binding(topo, FlowNetwork(simpy.Environment(), topo).capacity).tolist() == expected.tolist()
 
 
-def test_classes_coarser_than_the_network_distinguishes_are_said():
-    """Where refining the classes would give more than symmetry.class_limit (MAX_CLASSES a
-    stage, or more on a small world), representative mode simulates the coarser classes of
-    the groups' splits, which --exact need not match on every figure: the summary says so
-    (and not where refining stays under the limit)."""
-    from simulator.engine.symmetry import MAX_CLASSES, _rank_classes, class_limit
+def test_members_of_a_group_share_its_phases():
+    """With one simulated rank per class, Lowering.collective_phases lowers a collective once per
+    group and stage, whichever simulated member asks first (its plan, twins and quotients read
+    the rank only for its stage): each member's own lowering, in a fresh Lowering, equals the
+    shared one. EP8 on 288 GPUs in 9-GPU domains simulates 72 ranks, several in each expert
+    group (DeepSeek-V3 EP64 on 2,304 GB200 in NVL72 racks: 7.4 -> 2.0 CPU-s at 5 layers on 576)."""
+    import simpy
 
-    sc = load_scenario(_ep8_on_9gpu_domains(1.0))
-    topo = build_cluster(sc.cluster)
-    classes, n_refined = _rank_classes(sc.layout, topo)
-    assert n_refined > class_limit(sc.layout) >= MAX_CLASSES and len(np.unique(classes)) == 5
-    notes = simulate(sc).summary["notes"]
-    assert any(
-        f"form at least {n_refined} classes, more than the {class_limit(sc.layout)} simulated" in n for n in notes
-    )
-    small = dict(
-        _ep8_on_9gpu_domains(1.0), cluster={"preset": "dgx-h100", "devices": 288, "network": {"domain_size": 12}}
-    )
-    small_sc = load_scenario(small)
-    assert _rank_classes(small_sc.layout, build_cluster(small_sc.cluster))[1] == 0
-    assert not any("classes of the groups' splits" in n for n in simulate(small_sc).summary["notes"])
+    from simulator.engine.symmetry import representative_trace
+    from simulator.network.flows import FlowNetwork
+
+    s = load_scenario(_ep8_on_9gpu_domains())
+    topo = build_cluster(s.cluster)
+    trace = representative_trace(s.workload(), s.layout, topo)
+    sim = set(trace.ranks)
+
+    def fresh():
+        return lowering.Lowering(trace, topo, s.layout, FlowNetwork(simpy.Environment(), topo))
+
+    by_group: dict = collections.defaultdict(list)
+    for op in trace.ops:
+        if op.kind == "collective" and sum(r in sim for r in op.group) > 1:
+            by_group[(op.coll, op.group, op.size_bytes, op.axis)].append(op)
+    shared = fresh()
+    checked = 0
+    for ops in by_group.values():
+        ranks = {op.rank: op for op in ops}
+        if len(ranks) < 2:
+            continue
+        a, b = list(ranks.values())[:2]
+        assert shared.collective_phases(a) is shared.collective_phases(b)
+        assert fresh().collective_phases(b) == shared.collective_phases(a)
+        checked += 1
+    assert checked >= 4
+
+
+def test_links_users_count_processes():
+    """private._users counts the distinct processes loading each link, in one pass over the
+    arrays (each process's arrays in turn), as sorting every (process, link) pair does; the
+    processes' arrays come interleaved and overlap."""
+    from simulator.engine.private import _users
+
+    rng = np.random.default_rng(7)
+    n_links = 50
+    loads = [
+        (rng.choice(n_links, size=int(rng.integers(1, 20)), replace=False), int(rng.integers(0, 9))) for _ in range(60)
+    ]
+    pairs = {(w, int(lk)) for a, w in loads for lk in a}
+    expected = np.bincount([lk for _, lk in pairs], minlength=n_links)
+    assert _users(loads, n_links).tolist() == expected.tolist()
+    assert _users([], n_links).tolist() == [0] * n_links

@@ -74,7 +74,10 @@ class Lowering:
     def collective_phases(self, op: Op) -> tuple:
         """The merged network phases (:func:`collectives.merged_phases`) of
         :meth:`_network_plans`, once per collective shape and rank."""
-        key = (op.coll, op.group, op.size_bytes, op.axis, op.rank, op.scaleout_fraction)
+        # With one rank per class the phases are the group's, whichever member asks
+        # (:meth:`_network_plans` reads the rank only for its stage): one entry per group.
+        who = op.rank if self._cls is None else -1 - self.layout.stage_of(op.rank)
+        key = (op.coll, op.group, op.size_bytes, op.axis, who, op.scaleout_fraction)
         hit = self._net_phase_cache.get(key)
         if hit is None:
             hit = coll_mod.merged_phases(self.net, self._network_plans(op))

@@ -88,13 +88,17 @@ def private_ops(
 
 
 def _users(loads: list, n_links: int) -> np.ndarray:
-    """How many processes load each link, from ``(links, process number)`` pairs."""
-    if not loads:
-        return np.zeros(n_links, dtype=np.int64)
-    links = np.concatenate([a for a, _ in loads])
-    who = np.concatenate([np.full(a.size, w, dtype=np.int64) for a, w in loads])
-    pairs = np.unique(who * n_links + links)
-    return np.bincount(pairs % n_links, minlength=n_links)
+    """How many processes load each link, from ``(links, process number)`` pairs (each links
+    array without repeats): each process's arrays in turn, a link counted at the first of
+    them that loads it (linear in the arrays' sizes, where sorting every (process, link)
+    pair took a third of DeepSeek-V3's step on 2,304 GB200 with 72 classes simulated)."""
+    users = np.zeros(n_links, dtype=np.int64)
+    last = np.full(n_links, -1, dtype=np.int64)  # per link: the last process counted on it
+    for links, w in sorted(loads, key=lambda load: load[1]):
+        new = links[last[links] != w]
+        last[new] = w
+        users[new] += 1
+    return users
 
 
 class PrivateBook:

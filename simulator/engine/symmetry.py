@@ -17,13 +17,15 @@ group splits into the same counts -- one rank per class of :func:`rank_classes` 
 each standing for the devices of its class; a mirror image is of another class, the lowering
 folds into a group's collective only the twins a class-keeping shift maps it to, and it runs
 the twins of groups inside one domain too (other axes' groups of the simulated ranks load
-those devices' links). Refining the classes can give many (every position of a leaf group);
-up to :func:`class_limit` are simulated, beyond it the coarser classes of the groups' splits,
-which the summary's note says may be off ``--exact``. Thirteen such layouts
-(``tests/test_symmetry.py``) and TP2 EP8 on 12-GPU domains with and without PP
-(``tests/test_quotient.py``) equal ``--exact`` to 1e-9 on every device figure.
-:func:`uneven_groups` finds such axes and :func:`symmetry_note` words them for a summary's
-``notes``.
+those devices' links). Refining the classes can give many (every position of a leaf group:
+72 a stage for EP64 on 2,304 GB200 in NVL72 racks), and all are simulated: the lowering
+plans a group's collective once whichever simulated member asks, so a class costs its rank's
+compute and events rather than another copy of its group's twin traffic (that layout: about
+twice the CPU time of the 5 coarser classes of the splits alone, whose per-device means are
+off ``--exact``). The layouts of ``tests/test_symmetry.py`` and TP2 EP8 on 12-GPU domains
+with and without PP (``tests/test_quotient.py``) equal ``--exact`` to 1e-9 on every device
+figure. :func:`uneven_groups` finds such axes and :func:`symmetry_note` words them for a
+summary's ``notes``.
 """
 
 from __future__ import annotations
@@ -115,21 +117,28 @@ def rank_classes(layout: ParallelLayout, topo: Topology) -> np.ndarray | None:
     """The class of each rank (an array over ranks; ``None`` where :func:`uneven_groups` finds
     no axis): ranks of one pipeline stage whose position in it (ranks into the stage) has
     the same groups' splits over the scale-up domains (members per domain, largest first)
-    along every uneven axis, in every stage, are of one class. Representative mode then
-    simulates one rank per class and stage (:func:`class_ranks`) instead of one per stage,
-    each standing for the ranks of its class: EP48 on 144 GB200 (groups 48, 24 + 24, 48) has
-    two classes per stage, ranks 0-47 and 96-143, and 48-95. Class ids ascend with the first
-    rank of each class."""
-    return _rank_classes(layout, topo)[0]
+    along every uneven axis, in every stage, start in one class, and the classes are refined
+    until stable (:func:`_refine`). Representative mode then simulates one rank per class
+    and stage (:func:`class_ranks`) instead of one per stage, each standing for the ranks of
+    its class: EP48 on 144 GB200 (groups 48, 24 + 24, 48) has six classes per stage, the 24
+    ranks each of 0-23, 24-47, ..., 120-143 (mirror images apart). Class ids ascend with the
+    first rank of each class. Computed once per layout and topology (the trace, the
+    lowering and the summary's note ask alike)."""
+    hit = _last_classes.get("key")
+    if hit is None or hit[0] is not layout or hit[1] is not topo:
+        hit = _last_classes["key"] = (layout, topo, _rank_classes(layout, topo))
+    return hit[2]
 
 
-def _rank_classes(layout: ParallelLayout, topo: Topology) -> tuple[np.ndarray | None, int]:
-    """:func:`rank_classes` and, where refining would have given more classes than
-    :func:`class_limit` (so the coarser classes of the splits are used), how many classes
-    refining had given when it stopped (a lower bound); 0 where it did not."""
+#: The last layout and topology :func:`rank_classes` classified, with its answer.
+_last_classes: dict[str, tuple] = {}
+
+
+def _rank_classes(layout: ParallelLayout, topo: Topology) -> np.ndarray | None:
+    """:func:`rank_classes`, computed."""
     axes = uneven_groups(layout, topo)
     if not axes:
-        return None, 0
+        return None
     base = np.array([layout.rank_of(pp=s) for s in range(layout.pp)], dtype=np.int64)
     positions = np.array(layout.stage_ranks(0), dtype=np.int64) - base[0]
     sig: dict[int, tuple] = {int(p): () for p in positions.tolist()}
@@ -144,38 +153,11 @@ def _rank_classes(layout: ParallelLayout, topo: Topology) -> tuple[np.ndarray | 
     out = np.empty(layout.world, dtype=np.int64)
     for s, b in enumerate(base.tolist()):
         out[b + np.sort(positions)] = s * len(ids) + of_position
-    limit = class_limit(layout)
-    refined = _refine(layout, topo, out, limit)
-    n_refined = len(np.unique(refined))
-    capped = n_refined > limit
-    if not capped:
-        out = refined
+    out = _refine(layout, topo, out)
     first = np.unique(out, return_index=True)[1]  # numbered in the order of their first ranks
     order = np.empty(first.size, dtype=np.int64)
     order[np.argsort(first)] = np.arange(first.size)
-    return order[np.unique(out, return_inverse=True)[1].ravel()], (n_refined if capped else 0)
-
-
-#: At least this many classes a stage are simulated where refining gives them
-#: (:func:`class_limit`); more, and the classes are the coarser ones of the splits alone.
-MAX_CLASSES = 16
-
-#: Refined classes are also simulated where their count times the world stays within this
-#: (each simulated rank's twin traffic grows with the world): EP4 on 80 H100 in 5-GPU
-#: domains refines to 20 classes (1,600), which run in 0.3 s and equal ``--exact``, where its
-#: 3 coarser classes had an exposed share of 0.8057 against 0.8028; DeepSeek-V3 EP16 on 144
-#: GB200 to 18 (2,592): 2.8 s against 13 s for ``--exact``.
-#: EP8 on 288 GPUs in 9-GPU domains refines to 72 (20,736): 0.4-2.0 s against 0.1-0.2 s on
-#: its 5 coarser classes, which equal ``--exact`` there; EP64 on 576 GB200 (72 classes,
-#: 41,472) runs about as long as ``--exact``.
-MAX_CLASS_WORK = 10_000
-
-
-def class_limit(layout: ParallelLayout) -> int:
-    """The most refined classes (over all stages) that representative mode simulates:
-    :data:`MAX_CLASSES` a stage, or more where their count times the world stays within
-    :data:`MAX_CLASS_WORK`."""
-    return max(MAX_CLASSES * layout.pp, MAX_CLASS_WORK // layout.world)
+    return order[np.unique(out, return_inverse=True)[1].ravel()]
 
 
 def leaves(topo: Topology) -> np.ndarray:
@@ -189,8 +171,8 @@ def leaves(topo: Topology) -> np.ndarray:
     return out
 
 
-def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray, limit: int) -> np.ndarray:
-    """``classes`` refined until stable (colour refinement) or more than ``limit``: two ranks
+def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray) -> np.ndarray:
+    """``classes`` refined until stable (colour refinement): two ranks
     stay of one class when, along every axis, their groups hold the same classes in the same
     relations to them (same device, same scale-up domain, same leaf switch, other), and so
     do their ranks at the same position in the other stages."""
@@ -210,7 +192,7 @@ def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray, limit: 
         new = np.unique(np.concatenate(cols, axis=1), axis=0, return_inverse=True)[1].ravel()
         m = len(np.unique(new))
         classes = new.astype(np.int64)
-        if m == n or m > limit:  # stable, or too many to simulate: the caller checks
+        if m == n:  # stable
             return classes
         n = m
 
@@ -333,19 +315,11 @@ def representative_trace(workload, layout: ParallelLayout, topo: Topology):
 def symmetry_note(layout: ParallelLayout, topo: Topology) -> list[str]:
     """A summary note for each axis :func:`uneven_groups` finds (none where it finds none)."""
     axes = uneven_groups(layout, topo)
-    classes, n_refined = _rank_classes(layout, topo)
+    classes = rank_classes(layout, topo)
     if not axes or classes is None:
         return []
     ranks, _ = class_ranks(layout, classes)
     notes = []
-    if n_refined:
-        notes.append(
-            f"representative ranks: the ranks that see the network alike form at least {n_refined} classes, "
-            f"more than the {class_limit(layout)} simulated, so the coarser classes of the groups' splits stand "
-            f"for them: the per-device means may differ from `stepsim run --exact` by several percent "
-            f"(DeepSeek-V3 with 5 layers on 576 GB200, EP64 without PP: the same step, exposed share 0.524 "
-            f"against 0.494, bubble 1.5 % against 4.4 %)"
-        )
     for axis, splits in axes.items():
         shown = ", ".join(" + ".join(map(str, s)) for s in splits[:4]) + (", ..." if len(splits) > 4 else "")
         notes.append(
