@@ -17,6 +17,7 @@ from test_symmetry import FIGURES
 from simulator import simulate
 from simulator.engine import lowering
 from simulator.engine.symmetry import _least_rotation, rank_classes
+from simulator.network.phases import Transfer
 from simulator.scenario.loading import load_scenario
 from topologies.presets import build_cluster
 
@@ -155,3 +156,38 @@ def test_links_users_count_processes():
     expected = np.bincount([lk for _, lk in pairs], minlength=n_links)
     assert _users(loads, n_links).tolist() == expected.tolist()
     assert _users([], n_links).tolist() == [0] * n_links
+
+
+def test_transfers_leave_out_exactly_the_links_that_cannot_bind():
+    """Lowering._binding_only (routes checked as arrays, only the transfers through a link that
+    cannot bind rebuilt) gives each transfer of a lowered collective its route less the
+    never_binding links as incidence, and leaves the others as they are; equal groups that are
+    different tuples share one cache number (Lowering._group_id)."""
+    import simpy
+
+    from simulator.engine.symmetry import representative_trace
+    from simulator.network import collectives
+    from simulator.network.flows import FlowNetwork
+
+    s = load_scenario(_ep8_on_9gpu_domains(1.0))
+    topo = build_cluster(s.cluster)
+    trace = representative_trace(s.workload(), s.layout, topo)
+    low = lowering.Lowering(trace, topo, s.layout, FlowNetwork(simpy.Environment(), topo))
+    drop = low._never_binding()
+    assert drop.any()
+    changed = 0
+    for op in [op for op in trace.ops if op.kind == "collective"][:40]:
+        merged = collectives.merged_phases(low.net, low._network_plans(op))
+        for (before, _, _), (after, _, _) in zip(merged, low._binding_only(merged)):
+            for t, u in zip(before, after, strict=True):
+                if t.incidence is None and t.src != t.dst and t.size_bytes > 0:
+                    route = [int(lk) for lk in low.net.routes(np.array([t.src]), np.array([t.dst]))[0][0] if lk >= 0]
+                    kept = tuple((lk, 1.0) for lk in route if not drop[lk])
+                    expected = t if len(kept) == len(route) else Transfer(t.src, t.dst, t.size_bytes, t.weight, kept)
+                else:
+                    inc = t.incidence and tuple((lk, m) for lk, m in t.incidence if not drop[lk])
+                    expected = t if inc == t.incidence else Transfer(t.src, t.dst, t.size_bytes, t.weight, inc)
+                assert u == expected
+                changed += u != t
+        assert low._group_id(tuple(list(op.group))) == low._group_id(op.group)
+    assert changed > 0

@@ -51,7 +51,9 @@ class Lowering:
         self.twin_stats = {"quotient": 0, "fallback": 0, "partial": 0}  # quotiented / fallbacks / by class
         self._twin_cache: dict = {}
         self._plan_cache: dict = {}
-        self._net_phase_cache: dict = {}  # (coll, group, size, axis, rank) -> network phases
+        self._net_phase_cache: dict = {}  # (coll, group number, size, axis, rank) -> network phases
+        self._group_ids: dict[int, tuple] = {}  # id(group) -> (group, its number): keeps it alive
+        self._group_numbers: dict[tuple, int] = {}
         self._send_cache: dict = {}  # (rank, peer, size, axis) -> transfers tuple
         # Several simulated ranks per stage (symmetry.rank_classes): each rank's class, and
         # whether it is simulated; None with one simulated rank per stage.
@@ -77,7 +79,7 @@ class Lowering:
         # With one rank per class the phases are the group's, whichever member asks
         # (:meth:`_network_plans` reads the rank only for its stage): one entry per group.
         who = op.rank if self._cls is None else -1 - self.layout.stage_of(op.rank)
-        key = (op.coll, op.group, op.size_bytes, op.axis, who, op.scaleout_fraction)
+        key = (op.coll, self._group_id(op.group), op.size_bytes, op.axis, who, op.scaleout_fraction)
         hit = self._net_phase_cache.get(key)
         if hit is None:
             hit = coll_mod.merged_phases(self.net, self._network_plans(op))
@@ -85,6 +87,15 @@ class Lowering:
                 hit = self._binding_only(hit)
             self._net_phase_cache[key] = hit
         return hit
+
+    def _group_id(self, group: tuple) -> int:
+        """A number for ``group``, the same for equal groups, found by the tuple's identity
+        where it was seen before (a layout hands every member of a group its one tuple), so
+        that a cache key does not hash a data-parallel group of thousands of ranks per op."""
+        hit = self._group_ids.get(id(group))
+        if hit is None or hit[0] is not group:
+            hit = self._group_ids[id(group)] = (group, self._group_numbers.setdefault(group, len(self._group_numbers)))
+        return hit[1]
 
     def _binding_only(self, phases: tuple) -> tuple:
         """Merged ``phases`` with every transfer loading only the links that can bind
@@ -99,19 +110,21 @@ class Lowering:
             return phases
         out = []
         for transfers, steps, compute in phases:
+            new = list(transfers)
             plain = [i for i, t in enumerate(transfers) if t.incidence is None and t.src != t.dst and t.size_bytes > 0]
-            routes = {}
             if plain:
                 links, _ = self.net.routes(
                     np.array([transfers[i].src for i in plain]), np.array([transfers[i].dst for i in plain])
                 )
-                routes = dict(zip(plain, links.tolist()))
-            new = []
+                routed = links >= 0
+                hit = (drop[np.where(routed, links, 0)] & routed).any(axis=1)  # routes through a dropped link
+                for i, row in zip(np.asarray(plain)[hit].tolist(), links[hit].tolist()):
+                    t = transfers[i]
+                    inc = tuple((lk, 1.0) for lk in row if lk >= 0 and not drop[lk])
+                    new[i] = Transfer(t.src, t.dst, t.size_bytes, t.weight, inc)
             for i, t in enumerate(transfers):
-                inc = t.incidence if i not in routes else tuple((lk, 1.0) for lk in routes[i] if lk >= 0)
-                if inc is not None and any(drop[lk] for lk, _ in inc):
-                    t = replace(t, incidence=tuple((lk, m) for lk, m in inc if not drop[lk]))
-                new.append(t)
+                if t.incidence is not None and any(drop[lk] for lk, _ in t.incidence):
+                    new[i] = replace(t, incidence=tuple((lk, m) for lk, m in t.incidence if not drop[lk]))
             out.append((tuple(new), steps, compute))
         return tuple(out)
 
