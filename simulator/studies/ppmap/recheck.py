@@ -42,7 +42,11 @@ def recheck(
     table, _ = assemble(spec, out)
     screens = _read_rows(out / SCREEN_FILE)
     select = point_filter(spec, only)
-    cases = {(c.axes["point"], label(c.axes)): c for c in cases_of(spec, screens)}
+    wanted = set(table.point[table.ratio.notna()]) if len(table) else set()
+    cases = {
+        (c.axes["point"], label(c.axes)): c
+        for c in cases_of(spec, screens, lambda point: point in wanted and select(point))
+    }
     picks = []
     for r in table.to_dict("records") if len(table) else []:
         if pd.isna(r.get("ratio")) or not select(r["point"]):

@@ -130,11 +130,12 @@ def with_fallbacks(chosen: list) -> list:
     return out
 
 
-def cases_of(spec: MapSpec, screens: Mapping[str, dict]) -> list[Case]:
-    """One sweep case per chosen layout of every screened point (axes: point + the layout keys)."""
+def cases_of(spec: MapSpec, screens: Mapping[str, dict], select=None) -> list[Case]:
+    """One sweep case per chosen layout of every screened point (axes: point + the layout
+    keys); of the points ``select`` (a predicate on point ids, :func:`point_filter`) accepts."""
     cases, seen = [], set()
     for pt in sorted(points(spec), key=lambda p: _priority(spec, p)):
-        if pt["id"] not in screens:
+        if pt["id"] not in screens or (select is not None and not select(pt["id"])):
             continue
         chosen = screens[pt["id"]]["chosen"]
         # an adaptive point's candidates hold every micro-batch size that fits by the estimate
@@ -177,7 +178,7 @@ def run_map(
     screens = run_screens(
         spec, out, progress=bool(progress), jobs=jobs if client is None and executor is None else 1, select=select
     )
-    cases = [c for c in cases_of(spec, screens) if select(c.axes["point"])]
+    cases = cases_of(spec, screens, select)
 
     def run(batch: list) -> dict:
         return run_cases(
