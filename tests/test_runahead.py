@@ -70,22 +70,45 @@ def test_chains_give_the_flow_by_flow_results(seed, newcomers, monkeypatch):
 
 def test_chain_ahead_matches_hand_computed_instants():
     """Three flows on one link of 30 (bytes/s) at rates 10 each, 10 / 20 / 40 bytes left at
-    t = 1: the first ends at 2; the memo gives the survivors 15 each, so the second ends at
-    2 + 10/15 and the third (30 bytes left at 2) then has 20 bytes left, alone at 30."""
+    t = 1: the first ends at 2; the split gives the survivors 15 each, so the second ends at
+    2 + 10/15 and the third (30 bytes left at 2) then has 20 bytes left, alone at 30, and
+    ends at 2 + 10/15 + 20/30, the last instant."""
     sl = np.array([5, 6, 7])
     fid = np.array([0, 1, 2])
     rates = {(1, 2): np.array([15.0, 15.0]), (2,): np.array([30.0])}
+    asked = []
 
-    def split_of(fids):
+    def split_of(fids, rest):
+        asked.append(rest.tolist())
         r = rates.get(tuple(fids.tolist()))
         return None if r is None else (np.arange(r.shape[0]), (r.shape[0],), 0, r)
 
     t0, rem, rate = np.ones(3), np.array([10.0, 20.0, 40.0]), np.full(3, 10.0)
-    inst = chain_ahead(sl, fid, t0, rem, rate, t0 + rem / rate, split_of, 100.0, min_flows=1)
-    assert [i.t_s for i in inst] == [2.0, 2.0 + 10 / 15]
-    assert inst[0].done.tolist() == [5] and inst[1].done.tolist() == [6]
+    inst = chain_ahead(sl, fid, t0, rem, rate, t0 + rem / rate, split_of, 100.0)
+    assert asked == [[6, 7], [7]]
+    assert [i.t_s for i in inst] == [2.0, 2.0 + 10 / 15, 2.0 + 10 / 15 + 20 / 30]
+    assert [i.done.tolist() for i in inst] == [[5], [6], [7]]
     assert inst[1].sl.tolist() == [7] and inst[1].rem.tolist() == [pytest.approx(20.0)]
-    assert inst[1].end.tolist() == [pytest.approx(2.0 + 10 / 15 + 20 / 30)]
-    # nothing known past the limit or below the survivors' floor
-    assert chain_ahead(sl, fid, t0, rem, rate, t0 + rem / rate, split_of, 1.5, min_flows=1) == []
-    assert len(chain_ahead(sl, fid, t0, rem, rate, t0 + rem / rate, split_of, 100.0, min_flows=2)) == 1
+    assert inst[1].end.tolist() == [inst[2].t_s] and inst[2].sl.shape[0] == 0
+    # nothing known past the limit; a split not known ends the chain before it
+    assert chain_ahead(sl, fid, t0, rem, rate, t0 + rem / rate, split_of, 1.5) == []
+    del rates[(2,)]
+    assert len(chain_ahead(sl, fid, t0, rem, rate, t0 + rem / rate, split_of, 100.0)) == 1
+
+
+def test_chain_splits_into_components_and_lone_flows():
+    """Flows 0-1 share link A, 2-3 link B, and flow 4 crosses A and B: when 4 completes the
+    survivors split into two components; the instant is the chain's last, and holds them
+    back to back as the split's positions give them, lone flows last."""
+    sl = np.arange(5)
+    t0, rem = np.zeros(5), np.array([4.0, 9.0, 8.0, 9.0, 1.0])
+    rate = np.ones(5)
+
+    def split_of(fids, rest):
+        return np.array([1, 3, 0, 2]), (2,), 2, np.array([2.0, 2.0, 5.0, 6.0])
+
+    (inst,) = chain_ahead(sl, sl, t0, rem, rate, t0 + rem / rate, split_of, 100.0)
+    assert inst.lens == (2, 1, 1) and inst.done.tolist() == [4]
+    assert inst.sl.tolist() == [1, 3, 0, 2]
+    assert inst.rate.tolist() == [2.0, 2.0, 5.0, 6.0]
+    assert inst.rem.tolist() == [8.0, 8.0, 3.0, 7.0] and inst.t0.tolist() == [1.0] * 4

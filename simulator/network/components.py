@@ -24,7 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-__all__ = ["SEARCH_BUDGET", "bounded_search", "canonical", "components_of"]
+__all__ = ["SEARCH_BUDGET", "bounded_search", "canonical", "components_among", "components_of"]
 
 #: Flows a breadth-first search may gather before the array pass takes over.
 SEARCH_BUDGET = 256
@@ -93,8 +93,9 @@ def components_of(
 ) -> tuple[list[list[int]], list[int]]:
     """Components of the active flows on ``seeds`` (links), in canonical order (see
     :func:`canonical`), from the padded link table ``tab`` (slot -> links, -1 padding)
-    of the first ``n_slots`` slots, ``batch`` marking free slots with -1."""
-    active = np.flatnonzero(batch[:n_slots] != -1)
+    of the first ``n_slots`` slots, ``batch`` marking free slots with -1 and flows held apart
+    (:mod:`simulator.network.runahead`, on links no other flow uses) below -2."""
+    active = np.flatnonzero((batch[:n_slots] >= -2) & (batch[:n_slots] != -1))
     n = active.shape[0]
     sub = tab[active]
     mask = sub >= 0
@@ -113,7 +114,25 @@ def components_of(
     pick = np.flatnonzero(wanted[flow_labels])
     if pick.shape[0] == 0:
         return [], []
-    slots, lab = active[pick], flow_labels[pick]
+    return _grouped(active[pick], flow_labels[pick], seq)
+
+
+def components_among(sl: np.ndarray, tab: np.ndarray, seq: np.ndarray) -> tuple[list[list[int]], list[int]]:
+    """Components of the flows in slots ``sl`` among themselves (no other flow shares their
+    links), in canonical order (see :func:`canonical`), from the padded link table ``tab``."""
+    sub = tab[sl]
+    mask = sub >= 0
+    _, local = np.unique(sub[mask], return_inverse=True)
+    n = sl.shape[0]
+    size = n + int(local.max(initial=-1)) + 1
+    owner = np.nonzero(mask)[0]
+    graph = sp.csr_matrix((np.ones(owner.shape[0], dtype=np.int8), (owner, n + local.reshape(-1))), shape=(size, size))
+    _, labels = connected_components(graph, directed=False)
+    return _grouped(sl, labels[:n], seq)
+
+
+def _grouped(slots: np.ndarray, lab: np.ndarray, seq: np.ndarray) -> tuple[list[list[int]], list[int]]:
+    """Flows ``slots`` with component labels ``lab`` as canonical ``(comps, singles)``."""
     order = np.lexsort((seq[slots], lab))  # by component, then arrival
     slots, lab = slots[order], lab[order]
     bounds = np.r_[0, np.flatnonzero(np.diff(lab)) + 1, lab.shape[0]]

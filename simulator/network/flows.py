@@ -373,41 +373,11 @@ class FlowNetwork:
         stats.recomputations += 1
         stats.components_solved += len(lens) + n_single
         stats.flows_recomputed += sl.shape[0]
-        n_multi = len(lens)
-        pos = sum(lens)
+        r = rates if rates is not None else self._solve(sl, lens, n_single)
         singles = n_single > 0
         if singles:
             lens = lens + [n_single]
         n_comps = len(lens)
-        w = slots._w[sl]
-        if rates is not None:
-            r = rates
-        elif n_multi == 0:
-            r = np.zeros(0)
-        elif pos <= SMALL_COMPONENT:
-            parts: list = []
-            at = 0
-            wl, links = w.tolist(), slots._links
-            mults = slots._mults if slots._any_mult else None
-            flat = sl[:pos].tolist()
-            for n in lens[:n_multi]:
-                comp = flat[at : at + n]
-                parts.extend(
-                    self._fill_memo(
-                        [links[s] for s in comp], wl[at : at + n], None if mults is None else [mults[s] for s in comp]
-                    )
-                )
-                at += n
-            r = np.array(parts)
-        else:
-            r = self._fill_remembered(sl[:pos], w[:pos], lens[:n_multi])
-        if singles and rates is None:  # alone on their links: the tightest one (routes are simple paths)
-            single = sl[pos:]
-            if slots._any_mult:
-                alone = (self._cap_pad[slots._tab[single]] / (w[pos:, None] * slots._mtab[single])).min(axis=1)
-            else:
-                alone = self._cap_pad[slots._tab[single]].min(axis=1) / w[pos:]
-            r = np.concatenate([r, alone])
         old = slots._rate[sl]
         t0 = slots._t0[sl]
         rem = slots._rem[sl]
@@ -436,6 +406,40 @@ class FlowNetwork:
         for i, (first, start, n) in enumerate(zip(firsts, starts, lens)):
             batches[b0 + i] = (sl[start : start + n], singles and i == last)
             heapq.heappush(heap, (first, b0 + i))
+        return r
+
+    def _solve(self, sl: np.ndarray, lens: list[int], n_single: int) -> np.ndarray:
+        """Max-min rates of the components in slots ``sl`` back to back (sizes ``lens``), then
+        of ``n_single`` lone flows (each gets its tightest link: routes are simple paths)."""
+        slots = self.slots
+        pos = sum(lens)
+        w = slots._w[sl]
+        if not lens:
+            r = np.zeros(0)
+        elif pos <= SMALL_COMPONENT:
+            parts: list = []
+            at = 0
+            wl, links = w.tolist(), slots._links
+            mults = slots._mults if slots._any_mult else None
+            flat = sl[:pos].tolist()
+            for n in lens:
+                comp = flat[at : at + n]
+                parts.extend(
+                    self._fill_memo(
+                        [links[s] for s in comp], wl[at : at + n], None if mults is None else [mults[s] for s in comp]
+                    )
+                )
+                at += n
+            r = np.array(parts)
+        else:
+            r = self._fill_remembered(sl[:pos], w[:pos], lens)
+        if n_single:
+            single = sl[pos:]
+            if slots._any_mult:
+                alone = (self._cap_pad[slots._tab[single]] / (w[pos:, None] * slots._mtab[single])).min(axis=1)
+            else:
+                alone = self._cap_pad[slots._tab[single]].min(axis=1) / w[pos:]
+            r = np.concatenate([r, alone])
         return r
 
     def _fill_remembered(self, sl: np.ndarray, w: np.ndarray, lens: list[int]) -> np.ndarray:

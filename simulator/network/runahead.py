@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
@@ -34,12 +35,14 @@ from itertools import repeat
 
 import numpy as np
 
+from simulator.network.components import components_among
 from simulator.network.maxmin import DONE_RTOL
 from simulator.network.ratememo import MEMO_MIN_FLOWS
 
 #: Whether big components run ahead (read when a network is made).
 RUN_AHEAD = True
-#: Chains of fewer instants than this are left to the flow-by-flow path.
+#: Chains of fewer instants than this are left to the flow-by-flow path (but for one
+#: instant where every flow completes).
 _MIN_INSTANTS = 2
 #: Marks a chain's flows in the slots' batch column (not free, in no batch of the heap).
 _IN_CHAIN = -3
@@ -63,13 +66,13 @@ class Instant:
     lens: tuple | None = None
 
 
-def chain_ahead(sl, fid, t0, rem, rate, end, split_of, limit_s: float, min_flows: int = MEMO_MIN_FLOWS) -> list:
+def chain_ahead(sl, fid, t0, rem, rate, end, split_of, limit_s: float) -> list:
     """The :class:`Instant` list of one component (slots ``sl`` with identities ``fid`` and
     state ``t0``, ``rem``, ``rate``, ``end``) left alone, as far as every instant is at most
-    ``limit_s`` and leaves at least ``min_flows`` survivors whose split ``split_of`` (survivors'
-    identities -> ``(positions, lens, n_singles, rates)`` or None,
-    :meth:`~simulator.network.ratememo.RateMemo.split`) knows, with no lone flow. An instant
-    that splits the survivors into several components is the last.
+    ``limit_s`` and ``split_of`` (survivors' identities and slots -> ``(positions, lens,
+    n_singles, rates)`` as :meth:`~simulator.network.ratememo.RateMemo.split` gives them, or
+    None) splits its survivors. An instant that splits the survivors into several
+    components (lone flows among them), or leaves none, is the last.
 
     Each instant repeats the flow-by-flow path: the flows due with the earliest completion
     (within :data:`DONE_RTOL` of their segment) complete, and the survivors whose rate
@@ -80,28 +83,31 @@ def chain_ahead(sl, fid, t0, rem, rate, end, split_of, limit_s: float, min_flows
         if key > limit_s:
             break
         done = end <= key + DONE_RTOL * (end - t0)
-        keep = ~done
-        if int(np.count_nonzero(keep)) < min_flows:
+        keep = np.flatnonzero(~done)
+        if not keep.shape[0]:  # the last flows complete: nothing left to return
+            out.append(Instant(key, sl, sl[:0], t0[:0], rem[:0], rate[:0], end[:0]))
             break
-        fids = fid[keep]
-        hit = split_of(fids)
-        if hit is None or hit[2]:
+        rest = sl.take(keep)
+        fids = fid.take(keep)
+        hit = split_of(fids, rest)
+        if hit is None:
             break
-        pos, lens, _, r = hit
-        split = len(lens) > 1
+        pos, lens, n_single, r = hit
+        parts = (*lens, *(1,) * n_single)
+        split = len(parts) > 1
         if split:  # the survivors component by component, as the rates are
-            keep = np.flatnonzero(keep)[pos]
-        old, t0, rem, end = rate[keep], t0[keep], rem[keep], end[keep]
+            keep, rest = keep.take(pos), rest.take(pos)
+        old, t0, rem, end = rate.take(keep), t0.take(keep), rem.take(keep), end.take(keep)
         changed = r != old
         adv = changed & (old > 0.0)
         if adv.any():
             rem = np.where(adv, np.maximum(rem - old * (key - t0), 0.0), rem)
             t0 = np.where(adv, key, t0)
         end = np.where(changed, t0 + rem / r, end)
-        out.append(Instant(key, sl[done], sl[keep], t0, rem, r, end, tuple(lens) if split else None))
+        out.append(Instant(key, sl[done], rest, t0, rem, r, end, parts if split else None))
         if split:
             break
-        sl, fid, rate = sl[keep], fids, r
+        sl, fid, rate = rest, fids, r
     return out
 
 
@@ -144,19 +150,18 @@ class RunAheads:
         flow-by-flow path (``indexed``), hand it back there."""
         net, slots = self.net, self.net.slots
         now = net.env.now
-        inst = chain_ahead(sl, slots._fid[sl], t0, rem, rate, end, net._memo.split, 2 * now)
-        if len(inst) < _MIN_INSTANTS:
+        inst = chain_ahead(sl, slots._fid[sl], t0, rem, rate, end, self._split, 2 * now)
+        if len(inst) < (_MIN_INSTANTS if indexed and inst and inst[-1].sl.shape[0] else 1):
             if not indexed:
                 self._hand_back(sl, t0, rem, rate, end, None)
             return
         # a timer where a phase's last flow of the chain completes, and at the last instant
-        done = np.concatenate([i.done for i in inst])
-        at = np.repeat(np.arange(len(inst)), [i.done.shape[0] for i in inst])
-        pids = slots._pid[done]
-        last = np.zeros(int(pids.max()) + 1, dtype=np.int64)
-        np.maximum.at(last, pids, at)
-        ended = np.setdiff1d(pids, slots._pid[inst[-1].sl])
-        ticks = sorted(set(last[ended].tolist()) | {len(inst) - 1})
+        pids = slots._pid[np.concatenate([i.done for i in inst])]
+        going = slots._pid[inst[-1].sl]
+        last = np.full(int(max(pids.max(), going.max(initial=0))) + 1, -1, dtype=np.int64)
+        np.maximum.at(last, pids, np.repeat(np.arange(len(inst)), [i.done.shape[0] for i in inst]))
+        last[going] = -1  # phases with flows past the chain finish after it
+        ticks = sorted(set(last[last >= 0].tolist()) | {len(inst) - 1})
         links = self._links_of(sl).tolist()
         if indexed:
             deque(map(slots._link_flows.__delitem__, links), maxlen=0)
@@ -165,6 +170,26 @@ class RunAheads:
         chain = self._chains[cid] = _Chain(sl, inst, links, ticks)
         self._on.update(zip(links, repeat(cid)))
         self._arm(cid, chain, now)
+
+    def _split(self, fids: np.ndarray, rest: np.ndarray) -> tuple:
+        """How the survivors ``rest`` (identities ``fids``) of a component split and their
+        rates, as the flow-by-flow path finds them: remembered where they are many
+        (:class:`~simulator.network.ratememo.RateMemo`), else found among themselves and
+        solved (and remembered where they are many)."""
+        net, slots = self.net, self.net.slots
+        many = fids.shape[0] >= MEMO_MIN_FLOWS
+        if many:
+            hit = net._memo.split(fids)
+            if hit is not None:
+                return hit
+        comps, singles = components_among(rest, slots._tab, slots._seq)
+        lens = [len(c) for c in comps]
+        order = np.fromiter(itertools.chain(*comps, singles), dtype=np.int64, count=rest.shape[0])
+        rates = net._solve(order, lens, len(singles))
+        seq = slots._seq[rest]
+        if many:
+            net._memo.keep_split(fids, seq, comps, singles, slots._seq, rates)
+        return np.searchsorted(seq, slots._seq[order]), tuple(lens), len(singles), rates
 
     def _arm(self, cid: int, chain: _Chain, now: float) -> None:
         """Set the chain's timer at its next instant with a tick."""
@@ -213,13 +238,13 @@ class RunAheads:
         for i in inst:
             stats.instants_ahead += 1
             stats.wakeups += 1
-            stats.recomputations += 1
-            stats.components_solved += 1 if i.lens is None else len(i.lens)
-            stats.flows_recomputed += i.sl.shape[0]
+            if i.sl.shape[0]:
+                stats.recomputations += 1
+                stats.components_solved += 1 if i.lens is None else len(i.lens)
+                stats.flows_recomputed += i.sl.shape[0]
             finished = []
-            pids, counts = np.unique(slots._pid[i.done], return_counts=True)
-            for p, c in zip(pids.tolist(), counts.tolist()):
-                n = left[p] - c
+            for p in slots._pid[i.done].tolist():
+                n = left[p] - 1
                 if n:
                     left[p] = n
                 else:
@@ -248,6 +273,8 @@ class RunAheads:
         """Flows ``sl`` with their state enter the flow-by-flow path as solved now: one batch
         on the heap per component (``lens`` their sizes back to back; None: one), the link
         index."""
+        if not sl.shape[0]:
+            return
         net, slots = self.net, self.net.slots
         slots._t0[sl], slots._rem[sl], slots._rate[sl], slots._end[sl] = t0, rem, rate, end
         a = 0
