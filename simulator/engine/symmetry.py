@@ -21,8 +21,8 @@ those devices' links). Refining the classes can give many (every position of a l
 72 a stage for EP64 on 2,304 GB200 in NVL72 racks), and all are simulated: the lowering
 plans a group's collective once whichever simulated member asks, so a class costs its rank's
 compute and events rather than another copy of its group's twin traffic (that layout: about
-the CPU time of the 5 coarser classes of the splits alone, whose per-device means are off
-``--exact``). The layouts of ``tests/test_symmetry.py`` and TP2 EP8 on 12-GPU domains
+1.4 times the CPU time of the 5 coarser classes of the splits alone, whose per-device means
+are off ``--exact``). The layouts of ``tests/test_symmetry.py`` and TP2 EP8 on 12-GPU domains
 with and without PP (``tests/test_quotient.py``) equal ``--exact`` to 1e-9 on every device
 figure. :func:`uneven_groups` finds such axes and :func:`symmetry_note` words them for a
 summary's ``notes``.
