@@ -57,7 +57,11 @@ def torus_phases(op: str, members: Sequence[int], size: float, topo: Topology) -
     assert shape is not None and wrap is not None  # a torus (torus_grid checked it)
     axes = [a for a, v in enumerate(grid) if len(v) > 1]
 
+    lines: dict[int, list[list[int]]] = {}  # axis -> its lines (every stage of every share reads them)
+
     def lines_along(a: int) -> list[list[int]]:
+        if a in lines:
+            return lines[a]
         others = [grid[b] if b != a else grid[b][:1] for b in range(len(grid))]
         out = []
         for base in grid_product(others):
@@ -67,6 +71,7 @@ def torus_phases(op: str, members: Sequence[int], size: float, topo: Topology) -
                 c[a] = v
                 line.append(topo.device_at(c, pod))
             out.append(line)
+        lines[a] = out
         return out
 
     def is_ring(a: int) -> bool:
