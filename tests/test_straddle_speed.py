@@ -191,3 +191,30 @@ def test_transfers_leave_out_exactly_the_links_that_cannot_bind():
                 changed += u != t
         assert low._group_id(tuple(list(op.group))) == low._group_id(op.group)
     assert changed > 0
+
+
+def test_class_twins_as_arrays_equal_the_groups_one_by_one():
+    """Lowering._class_twins on an array of groups (classes sorted and compared as arrays)
+    picks the same twins, in the same order, as on the same groups as a list of tuples (one
+    group at a time), for every expert and expert-data-parallel group of each stage, and
+    for the sends' translated pairs."""
+    import simpy
+
+    from simulator.engine.symmetry import representative_trace
+    from simulator.network.flows import FlowNetwork
+
+    s = load_scenario({**_ep8_on_9gpu_domains(), "parallel": {"tp": 1, "pp": 2, "dp": 144, "ep": 8}})
+    topo = build_cluster(s.cluster)
+    trace = representative_trace(s.workload(), s.layout, topo)
+    low = lowering.Lowering(trace, topo, s.layout, FlowNetwork(simpy.Environment(), topo))
+    picked = 0
+    for axis in ("ep", "edp", "pp"):
+        for stage in range(2):
+            rows = low._twins(axis, stage, (0, 144) if axis == "pp" else s.layout.group(144 * stage, axis))
+            for group in map(tuple, rows.tolist()):
+                if not low._sim[list(group)].any():
+                    continue
+                fast = low._class_twins(rows, group)
+                assert fast.tolist() == low._class_twins([tuple(r) for r in rows.tolist()], group).tolist()
+                picked += len(fast)
+    assert picked > 2 * len(trace.ranks)

@@ -504,7 +504,15 @@ class Lowering:
         stood for by theirs)."""
         cls, sim = self._cls, self._sim
         assert cls is not None and sim is not None  # called only with one rank per class
-        rows = [tuple(g) for g in (rows if isinstance(rows, list) else rows.tolist())]
+        if not isinstance(rows, list):  # groups of one size: as arrays
+            rows = np.asarray(rows, dtype=np.int64)
+            same = (np.sort(cls[rows], axis=1) == np.sort(cls[np.asarray(group)])).all(axis=1)
+            simulated = sim[rows].any(axis=1)
+            issuer = int(np.flatnonzero(same & simulated)[0])
+            if tuple(rows[issuer].tolist()) != tuple(group):
+                return rows[issuer : issuer + 1].copy()
+            return rows[same & (~simulated | (np.arange(len(rows)) == issuer))]
+        rows = [tuple(g) for g in rows]
         mine = sorted(cls[list(group)].tolist())
         same = [g for g in rows if sorted(cls[list(g)].tolist()) == mine]
         issuer = next(g for g in same if sim[list(g)].any())
