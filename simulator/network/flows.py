@@ -239,7 +239,7 @@ class FlowNetwork:
         big phase: the components that are), else its flows enter the network
         (materialising the reserved phases, or their components, in the way)."""
         res = self.reservations
-        self.ahead.clear(distinct_links(self._links_of, prep), True)  # chains on these links return
+        self.ahead.arriving(prep, self._links_of)  # chains on its links return their survivors
         if res._reserve:
             link_set, _, iso = res.isolation(prep)
             for other, links in res.reserved_on(prep):

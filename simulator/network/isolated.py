@@ -45,6 +45,9 @@ from simulator.network.phases import _PREPARED_MAX, PreparedPhase
 #: is not reserved (its evolution costs more to precompute than the flow-by-flow
 #: path, which re-solves only the components that change).
 _ISOLATED_MAX_SEGMENTS = 64
+#: Phases of at most this many links are checked against the reserved links one link at a
+#: time (numpy's per-call cost is larger below it).
+_FEW_LINKS = 16
 #: Whether big phases are reserved and materialised component by component (see the
 #: module doc); read when a network is made. False: a reserved phase materialises whole.
 SPLIT_BY_COMPONENT = True
@@ -196,13 +199,24 @@ class Reservations:
 
     def _free_of_reservations(self, prep: PreparedPhase) -> bool:
         """Whether no reserved phase holds any of the links of ``prep``."""
-        return not self._n_reserved_links or not (self._reserved_on[self._link_array(prep)] >= 0).any()
+        if not self._n_reserved_links:
+            return True
+        link_list = self.isolation(prep)[1]
+        if len(link_list) <= _FEW_LINKS:
+            item = self._reserved_on.item
+            return all(item(lk) < 0 for lk in link_list)
+        return not (self._reserved_on[self._link_array(prep)] >= 0).any()
 
     def reserved_on(self, prep: PreparedPhase) -> list[tuple[int, list[int]]]:
         """``(reserved phase, the links of ``prep`` it holds, increasing)`` for each reserved
         phase on a link of ``prep``, in phase order."""
         if not self._n_reserved_links:
             return []
+        link_list = self.isolation(prep)[1]
+        if len(link_list) <= _FEW_LINKS:
+            item = self._reserved_on.item
+            if all(item(lk) < 0 for lk in link_list):
+                return []
         links = self._link_array(prep)
         held = self._reserved_on[links]
         on = held >= 0

@@ -37,6 +37,7 @@ import numpy as np
 
 from simulator.network.components import components_among
 from simulator.network.maxmin import DONE_RTOL
+from simulator.network.phases import distinct_links
 from simulator.network.ratememo import MEMO_MIN_FLOWS
 
 #: Whether big components run ahead (read when a network is made).
@@ -308,6 +309,12 @@ class RunAheads:
         links = np.flatnonzero(scratch >= 0)
         scratch[links] = -1
         return links
+
+    def arriving(self, prep, links_of: dict) -> None:
+        """Phase ``prep`` enters the flow-by-flow path now: the chains on its links
+        (:func:`~simulator.network.phases.distinct_links`, cached in ``links_of``) return."""
+        if self._on:
+            self.clear(distinct_links(links_of, prep), True)
 
     def clear(self, link_set, arriving: bool) -> bool:
         """Whether no chain still uses any of ``link_set`` now. The instants up to now of the
