@@ -10,16 +10,20 @@ counts of the flows done, and the survivors' state arrays.
 
 While nothing arrives on its links, the component's evolution is a pure function of its
 state. :func:`chain_ahead` repeats the flow-by-flow arithmetic (the same IEEE operations
-in the same order on the same values) instant after instant, for as long as the survivors
-stay one component of at least ``MEMO_MIN_FLOWS`` flows whose split the memo holds.
-:class:`RunAheads` then holds the component as a *chain*: its flows leave the link index,
-and timers fire only at the instants where one of its phases may finish and at its last
-instant, where the survivors return to the flow-by-flow path with the state they have
-there. A phase arriving on a link the chain still uses returns the survivors at once
-(the instants up to now committed: bytes, completions, phase events). Link bytes are
-added flow by flow in the flow-by-flow path's order, so the results are the same bits.
-Instants are taken ahead only up to twice the chain's start time, where a timer set at
-the start lands on the instant exactly (``a + (t - a) == t`` for ``t <= 2 a``).
+in the same order on the same values) instant after instant: the survivors' split and
+rates come from the memo where they are many, else they are found among the survivors
+(:func:`~simulator.network.components.components_among`) and solved by the network's own
+solvers (``FlowNetwork._solve``). :class:`RunAheads` holds the component as a *chain*: its
+flows leave the link index, and timers fire only at the instants where one of its phases
+may finish and at its last instant, which completes its last flows or splits the
+survivors into several components (lone flows among them), each of which then runs ahead
+as a chain of its own. A phase arriving on a link a chain still uses returns its
+survivors to the flow-by-flow path at once with the state they have (the instants up to
+now committed: bytes, completions, phase events). Link bytes are added flow by flow in the
+flow-by-flow path's order, so the results are the same bits. A chain starts where the
+flow-by-flow path splits a component of at least ``MEMO_MIN_FLOWS`` flows from the memo,
+and takes instants ahead only up to twice its start time, where a timer set at the start
+lands on the instant exactly (``a + (t - a) == t`` for ``t <= 2 a``).
 :data:`RUN_AHEAD` turns this off.
 """
 
