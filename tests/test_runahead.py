@@ -112,3 +112,26 @@ def test_chain_splits_into_components_and_lone_flows():
     assert inst.sl.tolist() == [1, 3, 0, 2]
     assert inst.rate.tolist() == [2.0, 2.0, 5.0, 6.0]
     assert inst.rem.tolist() == [8.0, 8.0, 3.0, 7.0] and inst.t0.tolist() == [1.0] * 4
+
+
+def test_components_among_by_search_and_by_array_pass(monkeypatch):
+    """The two ways of finding components among a set of flows give the same canonical
+    answer on random routes (chains of links shared at random)."""
+    from simulator.network import components
+
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        n = int(rng.integers(1, 60))
+        routes = [tuple(sorted(set(rng.integers(0, 3 * n, size=int(rng.integers(1, 4))).tolist()))) for _ in range(n)]
+        tab = np.full((n, 3), -1, dtype=np.int32)
+        for i, r in enumerate(routes):
+            tab[i, : len(r)] = r
+        sl = rng.permutation(n)[: int(rng.integers(1, n + 1))]
+        seq = rng.permutation(n)
+        monkeypatch.setattr(components, "SEARCH_AMONG", 10**6)
+        by_search = components.components_among(sl, tab, routes, seq)
+        monkeypatch.setattr(components, "SEARCH_AMONG", 0)
+        by_array = components.components_among(sl, tab, routes, seq)
+        assert by_search == by_array
+        flat = sorted([f for c in by_search[0] for f in c] + by_search[1])
+        assert flat == sorted(sl.tolist())

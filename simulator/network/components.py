@@ -28,6 +28,9 @@ __all__ = ["SEARCH_BUDGET", "bounded_search", "canonical", "components_among", "
 
 #: Flows a breadth-first search may gather before the array pass takes over.
 SEARCH_BUDGET = 256
+#: :func:`components_among` searches sets of at most this many flows (scipy's per-call
+#: cost is larger below it).
+SEARCH_AMONG = 64
 
 
 def canonical(comps: list, singles: list, seq: np.ndarray) -> tuple[list[list[int]], list[int]]:
@@ -117,9 +120,14 @@ def components_of(
     return _grouped(active[pick], flow_labels[pick], seq)
 
 
-def components_among(sl: np.ndarray, tab: np.ndarray, seq: np.ndarray) -> tuple[list[list[int]], list[int]]:
+def components_among(
+    sl: np.ndarray, tab: np.ndarray, links: list, seq: np.ndarray
+) -> tuple[list[list[int]], list[int]]:
     """Components of the flows in slots ``sl`` among themselves (no other flow shares their
-    links), in canonical order (see :func:`canonical`), from the padded link table ``tab``."""
+    links), in canonical order (see :func:`canonical`): a few flows by a search over their
+    routes ``links[slot]``, more by one pass over the padded link table ``tab``."""
+    if sl.shape[0] <= SEARCH_AMONG:
+        return canonical(*_search_among(sl.tolist(), links), seq)
     sub = tab[sl]
     mask = sub >= 0
     _, local = np.unique(sub[mask], return_inverse=True)
@@ -129,6 +137,34 @@ def components_among(sl: np.ndarray, tab: np.ndarray, seq: np.ndarray) -> tuple[
     graph = sp.csr_matrix((np.ones(owner.shape[0], dtype=np.int8), (owner, n + local.reshape(-1))), shape=(size, size))
     _, labels = connected_components(graph, directed=False)
     return _grouped(sl, labels[:n], seq)
+
+
+def _search_among(flows: list[int], links: list) -> tuple[list, list]:
+    """Components (unordered) and lone flows of ``flows`` among themselves, by depth-first
+    search over a link -> flows map of their routes ``links[slot]``."""
+    on: dict[int, list[int]] = {}
+    for f in flows:
+        for lk in links[f]:
+            on.setdefault(lk, []).append(f)
+    seen: set[int] = set()
+    comps, singles = [], []
+    for f in flows:
+        if f in seen:
+            continue
+        seen.add(f)
+        comp, stack = [f], [f]
+        while stack:
+            for lk in links[stack.pop()]:
+                for g in on[lk]:
+                    if g not in seen:
+                        seen.add(g)
+                        comp.append(g)
+                        stack.append(g)
+        if len(comp) > 1:
+            comps.append(comp)
+        else:
+            singles.append(f)
+    return comps, singles
 
 
 def _grouped(slots: np.ndarray, lab: np.ndarray, seq: np.ndarray) -> tuple[list[list[int]], list[int]]:

@@ -161,12 +161,7 @@ class RunAheads:
                 self._hand_back(sl, t0, rem, rate, end, None)
             return
         # a timer where a phase's last flow of the chain completes, and at the last instant
-        pids = slots._pid[np.concatenate([i.done for i in inst])]
-        going = slots._pid[inst[-1].sl]
-        last = np.full(int(max(pids.max(), going.max(initial=0))) + 1, -1, dtype=np.int64)
-        np.maximum.at(last, pids, np.repeat(np.arange(len(inst)), [i.done.shape[0] for i in inst]))
-        last[going] = -1  # phases with flows past the chain finish after it
-        ticks = sorted(set(last[last >= 0].tolist()) | {len(inst) - 1})
+        ticks = [0] if len(inst) == 1 else self._ticks(inst)
         links = self._links_of(sl).tolist()
         if indexed:
             deque(map(slots._link_flows.__delitem__, links), maxlen=0)
@@ -175,6 +170,16 @@ class RunAheads:
         chain = self._chains[cid] = _Chain(sl, inst, links, ticks)
         self._on.update(zip(links, repeat(cid)))
         self._arm(cid, chain, now)
+
+    def _ticks(self, inst: list) -> list[int]:
+        """The instants where a phase's last flow among ``inst`` completes, and the last one."""
+        slots = self.net.slots
+        pids = slots._pid[np.concatenate([i.done for i in inst])]
+        going = slots._pid[inst[-1].sl]
+        last = np.full(int(max(pids.max(), going.max(initial=0))) + 1, -1, dtype=np.int64)
+        np.maximum.at(last, pids, np.repeat(np.arange(len(inst)), [i.done.shape[0] for i in inst]))
+        last[going] = -1  # phases with flows past the chain finish after it
+        return sorted(set(last[last >= 0].tolist()) | {len(inst) - 1})
 
     def _split(self, fids: np.ndarray, rest: np.ndarray) -> tuple:
         """How the survivors ``rest`` (identities ``fids``) of a component split and their
@@ -187,7 +192,7 @@ class RunAheads:
             hit = net._memo.split(fids)
             if hit is not None:
                 return hit
-        comps, singles = components_among(rest, slots._tab, slots._seq)
+        comps, singles = components_among(rest, slots._tab, slots._links, slots._seq)
         lens = [len(c) for c in comps]
         order = np.fromiter(itertools.chain(*comps, singles), dtype=np.int64, count=rest.shape[0])
         rates = net._solve(order, lens, len(singles))
