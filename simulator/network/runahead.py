@@ -309,11 +309,13 @@ class RunAheads:
         net._schedule_wake()
 
     def _links_of(self, sl: np.ndarray) -> np.ndarray:
-        """The distinct links of the flows in slots ``sl``, increasing (marked on the network's
-        scratch array over all links, which is left as found)."""
+        """The distinct links of the flows in slots ``sl``, increasing (many: marked on the
+        network's scratch array over all links, which is left as found)."""
         sub = self.net.slots._tab[sl]
         flat = sub[sub >= 0]
         scratch = self.net._link_scratch
+        if flat.shape[0] * 8 < scratch.shape[0]:  # few: sorting them beats a pass over all links
+            return np.unique(flat).astype(np.int64)
         scratch[flat] = 0
         links = np.flatnonzero(scratch >= 0)
         scratch[links] = -1
