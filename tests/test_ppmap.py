@@ -313,6 +313,7 @@ def test_points_runs_only_the_points_it_names(tmp_path):
     got = table.set_index("point").ratio
     assert got.notna()[first] and got.drop(first).isna().all()
     assert set(table.point) == {first}  # only the selected point was screened
+    assert not (tmp_path / "out" / "run.json").exists()  # a whole map's wall time only
     with pytest.raises(StudyError, match="matches no point") as err:
         run_map(tiny_map(), tmp_path / "out", jobs=1, only=["no-such-point*"])
     assert err.value.field == "--points" and first in str(err.value)
