@@ -54,12 +54,14 @@ def schedule_counts(name: str, stage: int, pp: int, m: int, vpp: int = 1, all_fo
     return out["F"], out["B"], out["I"], out["W"]
 
 
-@functools.lru_cache(maxsize=4096)
 def _position(layout, net: NetModel) -> int:
-    """:func:`~simulator.engine.symmetry.representative_position` on the cluster of ``net``
-    (held by identity): a search or map screen estimates thousands of layouts of one cluster
-    that share their groups and differ in schedule, micro-batch or recompute."""
-    return representative_position(layout, net)
+    """:func:`~simulator.engine.symmetry.representative_position` on the cluster of ``net``,
+    kept in ``net.positions``: the layouts a search or map screen estimates share their groups
+    and differ in schedule, micro-batch or recompute."""
+    hit = net.positions.get(layout)
+    if hit is None:
+        hit = net.positions[layout] = representative_position(layout, net)
+    return hit
 
 
 @functools.lru_cache(maxsize=1024)

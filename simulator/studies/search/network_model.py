@@ -58,6 +58,9 @@ class NetModel:
 
         self.cluster = cluster
         self.algorithms = dict(algorithms or {})  # the scenario's ``algorithms``: op -> algorithm
+        # layout -> representative position (simulator.studies.search.estimate), kept as long
+        # as this model: a search or map screen estimates thousands of layouts of one cluster
+        self.positions: dict = {}
         ncal = calibration if calibration is not None else default_calibration(cluster.chip.family)
         net = cluster.network
         self.kind = "switched" if isinstance(net, SwitchedNetwork) else "torus"
