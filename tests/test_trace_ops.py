@@ -30,6 +30,13 @@ def test_collective_op_is_keyword_construction():
         deps=(8,), coll="all-reduce", axis="tp", group=(0, 1), key="tp:0:x", size_bytes=5e6, scaleout_fraction=0.5,
     )  # fmt: skip
     assert _fields(got) == _fields(want)
+    got = collective_op(9, 2, "ep", "L1.dispatch", "F", 4, 0, 1, (8,), "all-to-all", "ep", (0, 1), "ep:0:x", 5e6, 1.0,
+                        True)  # fmt: skip
+    want = Op(
+        id=9, rank=2, stream="ep", kind="collective", name="L1.dispatch", phase="F", mb=4, chunk=0, layer=1,
+        deps=(8,), coll="all-to-all", axis="ep", group=(0, 1), key="ep:0:x", size_bytes=5e6, comm_overlap=True,
+    )  # fmt: skip
+    assert _fields(got) == _fields(want)
 
 
 def test_send_op_is_keyword_construction():

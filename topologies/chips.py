@@ -56,6 +56,11 @@ class ComputeCalibration:
     # forward/backward pair (DualPipe) computes: its compute ops take 1 / (1 - share)
     # as long (``simulator.engine.compute.overlap_slowdown``).
     comm_sm_fraction: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
+    # How much longer an expert all-to-all takes while Megatron-Core's batch-level overlap runs
+    # it beside the other micro-batch's compute (``training.overlap_moe_expert_parallel_comm``):
+    # its kernels share the SMs and HBM with that compute. Not applied to DualPipe's pairs,
+    # whose dedicated communication SMs keep the links full (DeepSeek-V3 §3.2.2).
+    overlap_a2a_slowdown: float = field(default=1.0, metadata={"ge": 1, "le": 10})
     source: str = ""
 
     def with_(self, **changes) -> ComputeCalibration:

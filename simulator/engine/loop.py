@@ -182,7 +182,9 @@ class Engine:
         self.env = _Environment()
         self.net = FlowNetwork(self.env, topo, network_cal, reserve_isolated=reserve_isolated)
         # What a collective or send runs on the network: plan, twins, quotient, merge.
-        self.lowering = Lowering(trace, topo, layout, self.net, algorithms, twin_quotient, a2a_quotient)
+        self.lowering = Lowering(
+            trace, topo, layout, self.net, algorithms, twin_quotient, a2a_quotient, compute_cal.overlap_a2a_slowdown
+        )
         self.sim_ranks = set(trace.ranks)
         self.done: dict[int, simpy.Event] = {}  # op id -> its end, for ops waited on
         self.end_time: dict[int, float] = {}

@@ -43,8 +43,12 @@ class Lowering:
         algorithms: dict[str, str] | None = None,
         twin_quotient: bool = True,
         a2a_quotient: bool = True,
+        a2a_overlap_slowdown: float = 1.0,
     ) -> None:
         self.trace, self.topo, self.layout, self.net = trace, topo, layout, net
+        # an all-to-all marked ``comm_overlap`` (beside a batch-level overlapped pair's compute)
+        # moves its bytes this many times slower (ComputeCalibration.overlap_a2a_slowdown)
+        self.a2a_overlap_slowdown = a2a_overlap_slowdown
         self.algorithms = algorithms or {}
         self.twin_quotient = twin_quotient
         self.a2a_quotient = a2a_quotient
@@ -79,10 +83,15 @@ class Lowering:
         # With one rank per class the phases are the group's, whichever member asks
         # (:meth:`_network_plans` reads the rank only for its stage): one entry per group.
         who = op.rank if self._cls is None else -1 - self.layout.stage_of(op.rank)
-        key = (op.coll, self._group_id(op.group), op.size_bytes, op.axis, who, op.scaleout_fraction)
+        key = (op.coll, self._group_id(op.group), op.size_bytes, op.axis, who, op.scaleout_fraction, op.comm_overlap)
         hit = self._net_phase_cache.get(key)
         if hit is None:
-            hit = coll_mod.merged_phases(self.net, self._network_plans(op))
+            planned = op
+            if op.comm_overlap and op.coll == "all-to-all" and self.a2a_overlap_slowdown != 1.0:
+                # planned as that many more bytes, as the calibration's a2a_efficiency is
+                # (collectives._a2a_scaled); the op's own bytes (events, links table) stay
+                planned = replace(op, size_bytes=op.size_bytes * self.a2a_overlap_slowdown)
+            hit = coll_mod.merged_phases(self.net, self._network_plans(planned))
             if self._cls is not None:
                 hit = self._binding_only(hit)
             self._net_phase_cache[key] = hit

@@ -261,6 +261,8 @@ def _coll_node(node: _Node, f: dict) -> dict:
         if not 0.0 < frac <= 1.0:
             raise TraceError(f"{where}: stepsim.scaleout_fraction must be in (0, 1], got {frac}")
         f["scaleout_fraction"] = frac
+    if at.get("stepsim.comm_overlap"):
+        f["comm_overlap"] = True
     if not f["axis"]:
         f["axis"] = f"pg{pg}"
     return f

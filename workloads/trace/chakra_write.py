@@ -95,6 +95,8 @@ def _comm_attrs(pb, op: Op) -> list:
     ]
     if op.scaleout_fraction != 1.0:  # node-limited all-to-all: the rail share of the routed copies
         a.append(_attr(pb, "stepsim.scaleout_fraction", double_val=op.scaleout_fraction))
+    if op.comm_overlap:  # an all-to-all beside a batch-level overlapped pair's compute
+        a.append(_attr(pb, "stepsim.comm_overlap", bool_val=True))
     return a
 
 

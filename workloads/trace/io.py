@@ -41,7 +41,10 @@ for communication; 0 inside a replayed CUDA graph), what issuing it costs the ho
 communication kernels hold that share of the SMs beside it (tensor-parallel overlap).
 A compute op may carry ``"comm_overlap": true`` (absent = false): it belongs to an
 overlapped forward/backward pair (DualPipe) and runs on the SMs the all-to-all
-kernels leave free (:attr:`topologies.chips.ComputeCalibration.comm_sm_fraction`).
+kernels leave free (:attr:`topologies.chips.ComputeCalibration.comm_sm_fraction`); an
+all-to-all may carry it too: it runs beside such a pair's compute (Megatron-Core's
+batch-level overlap) and takes :attr:`~topologies.chips.ComputeCalibration.overlap_a2a_slowdown`
+times as long.
 An all-to-all may carry ``"scaleout_fraction": f`` (absent = 1, ``0 < f <= 1``):
 node-limited routing, only ``f`` of its routed copies cross between scale-up domains
 (:func:`simulator.network.collectives.plan_collective`).
@@ -143,6 +146,8 @@ def trace_to_dict(trace: Trace) -> dict:
         if op.kind == "collective":
             d["coll"] = op.coll
             d["group"] = list(op.group)
+            if op.comm_overlap:
+                d["comm_overlap"] = True
             if op.scaleout_fraction != 1.0:
                 d["scaleout_fraction"] = op.scaleout_fraction
         if op.host_sync:

@@ -55,8 +55,10 @@ class Op:
     deps: tuple[int, ...] = ()
     kernels: tuple[Kernel, ...] = ()  # compute ops
     recompute: bool = False  # compute repeated for recomputation (HFU, not MFU)
-    # compute op of an overlapped forward/backward pair (DualPipe): it runs beside
-    # all-to-all kernels that hold a share of the SMs (ComputeCalibration.comm_sm_fraction)
+    # compute op of an overlapped forward/backward pair (DualPipe, Megatron-Core's batch-level
+    # overlap): it runs beside all-to-all kernels that hold a share of the SMs
+    # (ComputeCalibration.comm_sm_fraction); all-to-all of a batch-level overlapped pair: it
+    # runs beside that compute (ComputeCalibration.overlap_a2a_slowdown)
     comm_overlap: bool = False
     coll: str = ""  # collective op: all-reduce | all-gather | reduce-scatter | all-to-all | broadcast
     axis: str = ""  # group axis: tp | cp | dp | pp | ep | edp | etp | dp_cp | custom
@@ -103,9 +105,10 @@ def compute_op(id, rank, name, phase, mb, chunk, layer, deps, kernels, mem, reco
 
 
 def collective_op(id, rank, stream, name, phase, mb, chunk, layer, deps, coll, axis, group, key, size_bytes,
-                  scaleout_fraction) -> Op:  # fmt: skip
-    """One rank's part of a collective (``deps`` and ``group`` tuples)."""
-    return Op(id, rank, stream, "collective", name, phase, mb, chunk, layer, deps, (), False, False, coll, axis,
+                  scaleout_fraction, comm_overlap=False) -> Op:  # fmt: skip
+    """One rank's part of a collective (``deps`` and ``group`` tuples); ``comm_overlap``: an
+    all-to-all of a batch-level overlapped pair (:attr:`Op.comm_overlap`)."""
+    return Op(id, rank, stream, "collective", name, phase, mb, chunk, layer, deps, (), False, comm_overlap, coll, axis,
               group, key, size_bytes, scaleout_fraction)  # fmt: skip
 
 

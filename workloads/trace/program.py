@@ -107,7 +107,8 @@ class RankProgram:
             stream = "tp" if axis == "etp" else axis if axis in ("tp", "cp", "ep") else "dp"
         ops = self.b.ops  # TraceBuilder.add, inlined
         op = collective_op(len(ops), self.rank, stream, name, phase, mb, chunk, layer, tuple(deps), coll, axis, group,
-                           key, size, scaleout_fraction)  # fmt: skip
+                           key, size, scaleout_fraction, self.in_pair and self.b.a2a_beside_compute
+                           and coll == "all-to-all")  # fmt: skip
         ops.append(op)
         return op
 

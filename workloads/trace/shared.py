@@ -180,6 +180,9 @@ class TraceBuilder:
         # paired passes split their MLP backward (input then weight gradient; Megatron-Core's
         # --delay-wgrad-compute beside --overlap-moe-expert-parallel-comm)
         self.dualpipe_ep = self.ep_overlap and (schedule.overlapped_pairs or self.t.overlap_moe_expert_parallel_comm)
+        # Megatron-Core's pairs run their all-to-alls beside the other pass's compute on shared
+        # SMs (marked ``comm_overlap``); DualPipe's kernels have SMs of their own
+        self.a2a_beside_compute = self.ep_overlap and bool(self.t.overlap_moe_expert_parallel_comm)
 
     # ---- kernels -------------------------------------------------------------
     def saved_recompute_kernels(self, layer: int) -> tuple:
