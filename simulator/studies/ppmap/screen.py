@@ -25,7 +25,7 @@ from simulator.studies.search.layouts import (
     enumerate_layouts,
     label,
 )
-from simulator.studies.search.network_model import NetModel
+from simulator.studies.search.network_model import net_model_for
 from simulator.studies.sweep.cases import check_scenario, plain_json
 from simulator.studies.sweep.rows import RowStore
 
@@ -58,7 +58,7 @@ def screen(point: Mapping, spec: MapSpec, mem_cache: dict | None = None) -> pd.D
         json.dumps(base["training"], sort_keys=True),
     )
     mem_cache = {} if mem_cache is None else mem_cache
-    net = NetModel(sc0.cluster, sc0.network_calibration(), sc0.algorithms)
+    nets: dict = {}  # devices per domain -> the NetModel of that placement (net_model_for)
     recs = []
     for p in _layouts(sc0, spec):
         key = (chip_key, label(p))
@@ -82,7 +82,7 @@ def screen(point: Mapping, spec: MapSpec, mem_cache: dict | None = None) -> pd.D
                 "label": label(p),
                 **p,
                 "est_memory_bytes": est,
-                "est_step_time_s": proxy_cost(p, sc.training.micro_batches(sc.layout.dp), sc, net),
+                "est_step_time_s": proxy_cost(p, sc.training.micro_batches(sc.layout.dp), sc, net_model_for(nets, sc)),
                 "hbm_bytes": hbm,
             }
         )

@@ -210,3 +210,16 @@ class NetModel:
         if box:
             return torus_box_time(op, extents, self.shape, self.wrap, B, a)
         return torus_ring_time(op, coords, self._coords(np.roll(local, -1)), n, self.shape, self.wrap, B, a)
+
+
+def net_model_for(models: dict, sc) -> NetModel:
+    """The :class:`NetModel` of loaded scenario ``sc``'s cluster as placed, from ``models`` (a
+    dict the caller keeps), made once per ``devices_per_domain``: a placement that leaves
+    devices of each domain idle changes which ranks share a domain (``network.domain_size``
+    becomes the devices used), so a model of the scenario's default placement misprices every
+    candidate placed otherwise."""
+    key = sc.cluster.devices_per_domain
+    net = models.get(key)
+    if net is None:
+        net = models[key] = NetModel(sc.cluster, sc.network_calibration(), sc.algorithms)
+    return net

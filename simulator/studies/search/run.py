@@ -68,7 +68,7 @@ from simulator.studies.search.layouts import (
     enumerate_layouts,
     label,
 )
-from simulator.studies.search.network_model import NetModel
+from simulator.studies.search.network_model import net_model_for
 from simulator.studies.search.rounds import SUMMARY_COLUMNS, Dedupe, _resolved_key, adaptive_rounds, cap_candidates
 from simulator.studies.sweep import run_cases
 from simulator.studies.sweep.cases import absolutise, check_scenario, resolve
@@ -266,7 +266,7 @@ def _screen(base: dict, sc0, bounds: SearchBounds) -> tuple[list, list]:
     estimated) and, for each one left to simulate, its sweep case."""
     records, cases, by_key = [], [], {}
     # one cache of collective times for every candidate (the scenario's algorithms honoured)
-    net = NetModel(sc0.cluster, sc0.network_calibration(), sc0.algorithms)
+    nets: dict = {}  # devices per domain -> the NetModel of that placement (net_model_for)
     est_cache: dict = {}
     for i, p in enumerate(enumerate_layouts(sc0, bounds)):
         mapping = candidate_mapping(base, p, sc0.name)
@@ -279,14 +279,16 @@ def _screen(base: dict, sc0, bounds: SearchBounds) -> tuple[list, list]:
             "est_memory_bytes": None,
             "est_step_time_s": None,
         }
-        case = _screen_one(rec, p, mapping, sc0.cluster.chip.hbm_bytes, by_key, net, est_cache)
+        case = _screen_one(rec, p, mapping, sc0.cluster.chip.hbm_bytes, by_key, nets, est_cache)
         if case is not None:
             cases.append(case)
         records.append(rec)
     return records, cases
 
 
-def _screen_one(rec: dict, p: dict, mapping: dict, hbm: float, by_key: dict, net, est_cache: dict) -> Case | None:
+def _screen_one(
+    rec: dict, p: dict, mapping: dict, hbm: float, by_key: dict, nets: dict, est_cache: dict
+) -> Case | None:
     """Check, memory-estimate and rank candidate ``rec`` (layout ``p``); its case when it is to
     be simulated, else None (its status says why)."""
     i = rec["candidate"]
@@ -323,7 +325,7 @@ def _screen_one(rec: dict, p: dict, mapping: dict, hbm: float, by_key: dict, net
     # layouts differing only in none / selective share one evaluation.
     ekey = _resolved_key(resolved, recompute="full" if p["recompute"] == "full" else "not-full")
     if ekey not in est_cache:
-        est_cache[ekey] = proxy_cost(p, rec["_micro_batches"], sc, net)
+        est_cache[ekey] = proxy_cost(p, rec["_micro_batches"], sc, net_model_for(nets, sc))
     rec["est_step_time_s"] = est_cache[ekey]
     rec["_key"], rec["_mapping"], rec["_resolved"], rec["_sc"] = key, mapping, resolved, sc
     rec["_memory"] = est
