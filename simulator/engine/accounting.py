@@ -135,60 +135,60 @@ def busy_intervals(records, ranks: tuple) -> tuple[np.ndarray, np.ndarray, np.nd
     a send also occupies its receiver, a collective starts when its last member
     arrives; empty intervals dropped."""
     rank_ix = {r: i for i, r in enumerate(ranks)}
-    axis_ch: dict[str, int] = {}
-    # Column by column (list comprehensions; the order of intervals does not matter:
-    # they are sorted by rank and time below, and ties only make empty segments).
+    n = len(records)
+    # Column by column, straight into arrays; only the communication records (a quarter of
+    # a MoE step's, fewer elsewhere) are looked at one by one. The order of intervals does
+    # not matter: they are sorted by rank and time below, and ties only make empty segments.
     ops = list(map(attrgetter("op"), records))
-    rk = list(map(rank_ix.__getitem__, map(attrgetter("rank"), ops)))
-    st = list(map(attrgetter("start_s"), records))
-    en = list(map(attrgetter("end_s"), records))
+    s = np.fromiter(map(attrgetter("start_s"), records), dtype=float, count=n)
+    e = np.fromiter(map(attrgetter("end_s"), records), dtype=float, count=n)
+    r = np.fromiter(map(rank_ix.__getitem__, map(attrgetter("rank"), ops)), dtype=np.int64, count=n)
     kinds = list(map(attrgetter("kind"), ops))
-    chan: dict[tuple[str, str], int] = {}
-
-    def channel(op) -> int:
-        key = (op.kind, op.axis or op.stream)
-        c = chan.get(key)
-        if c is None:
-            if op.kind == "compute":
-                c = _COMPUTE
-            elif op.kind == "host":
-                c = _HOST
-            else:
-                a = op.axis or op.stream
-                c = axis_ch.get(a)
-                if c is None:
-                    c = axis_ch[a] = len(axis_ch) + 2
-            chan[key] = c
-        return c
-
-    ch = [_COMPUTE if kind == "compute" else channel(op) for kind, op in zip(kinds, ops)]
-    launch: dict[str, float] = {}  # collective key -> last member's arrival
-    coll_at: list[tuple[int, str]] = []
-    for i, kind in enumerate(kinds):
-        if kind == "compute" or kind == "host":
-            continue
+    axis_ch: dict[str, int] = {}
+    comm, comm_ch = [], []  # record index and channel of every record but compute
+    coll_at: list[int] = []  # collectives with a rendezvous key
+    send_at, send_to = [], []  # sends to a simulated rank, and its index
+    for i in [i for i, kind in enumerate(kinds) if kind != "compute"]:
         op = ops[i]
-        if kind == "collective" and op.key:
-            if launch.get(op.key, -1.0) < st[i]:
-                launch[op.key] = st[i]
-            coll_at.append((i, op.key))
-        elif kind == "send":
-            p = rank_ix.get(op.peer)
-            if p is not None:  # the receiver's side of the transfer
-                rk.append(p)
-                ch.append(ch[i])
-                st.append(st[i])
-                en.append(en[i])
-    for pos, key in coll_at:  # transfers begin when the last member arrives
-        st[pos] = launch[key]
+        kind = op.kind
+        if kind == "host":
+            c = _HOST
+        else:
+            a = op.axis or op.stream
+            c = axis_ch.get(a)
+            if c is None:
+                c = axis_ch[a] = len(axis_ch) + 2
+            if kind == "collective" and op.key:
+                coll_at.append(i)
+            elif kind == "send":
+                p = rank_ix.get(op.peer)
+                if p is not None:  # the receiver's side of the transfer
+                    send_at.append(i)
+                    send_to.append(p)
+        comm.append(i)
+        comm_ch.append(c)
+    ch = np.zeros(n, dtype=np.int64)  # _COMPUTE
+    ch[comm] = comm_ch
+    if coll_at:  # transfers begin when the last member arrives: the latest start of its key
+        at = np.asarray(coll_at, dtype=np.int64)
+        number: dict[str, int] = {}
+        key = np.fromiter(
+            (number.setdefault(ops[i].key, len(number)) for i in coll_at), dtype=np.int64, count=len(coll_at)
+        )
+        launch = np.full(len(number), -np.inf)
+        np.maximum.at(launch, key, s[at])
+        s[at] = launch[key]
+    if send_at:
+        at = np.asarray(send_at, dtype=np.int64)
+        r = np.concatenate([r, np.asarray(send_to, dtype=np.int64)])
+        ch = np.concatenate([ch, ch[at]])
+        s = np.concatenate([s, s[at]])
+        e = np.concatenate([e, e[at]])
     axes = tuple(sorted(axis_ch))
     remap = np.arange(len(axis_ch) + 2)
     for j, a in enumerate(axes):
         remap[axis_ch[a]] = j + 2
-    r = np.asarray(rk, dtype=np.int64)
-    c = remap[np.asarray(ch, dtype=np.int64)] if ch else np.zeros(0, dtype=np.int64)
-    s = np.asarray(st, dtype=float)
-    e = np.asarray(en, dtype=float)
+    c = remap[ch]
     keep = e > s
     return r[keep], c[keep], s[keep], e[keep], axes
 

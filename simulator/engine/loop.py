@@ -203,6 +203,9 @@ class Engine:
         self.host_delay: dict[tuple[int, int], float] = defaultdict(float)
         self.host_delay_by_op: dict[int, float] = defaultdict(float)
         self._times_cache: dict = {}
+        # op id -> merged phases of a collective with no other simulated member, looked up
+        # by private_ops (:meth:`_stream` runs them from here; others it looks up itself)
+        self._solo: dict[int, tuple] = {}
 
     # ---- public -----------------------------------------------------------------
     def run(self) -> RawRun:
@@ -211,7 +214,7 @@ class Engine:
         for op in self.trace.ops:
             streams[(op.rank, op.stream)].append(op)
         self._known, self._book = (
-            private_ops(self.trace, self.lowering, self.sim_ranks, self._sim_members)
+            private_ops(self.trace, self.lowering, self.sim_ranks, self._sim_members, self._solo)
             if self.private_phases and self.net.reserves_isolated
             else ({}, None)
         )
@@ -322,6 +325,7 @@ class Engine:
         phases_of, transfer = self.lowering.collective_phases, self.net.transfer
         members_of, record = self._members_of, self.records.append
         inline = self.chain_ops  # False: every communication op through _communicate, as before
+        solo = self._solo.get if inline else {}.get
         i, n = 0, len(ops)
         while i < n:
             op = ops[i]
@@ -354,11 +358,14 @@ class Engine:
                     if ready > env._now:
                         self._host_late(op, ready - env._now)
                         yield env.timeout_at(ready)
-                if kind == "collective" and inline and members_of(op) == 1:  # nobody to wait for
+                phases = solo(op.id)
+                if phases is None and kind == "collective" and inline and members_of(op) == 1:
+                    phases = phases_of(op)  # not looked up by private_ops
+                if phases is not None:  # nobody to wait for
                     start = env._now
                     if op.mem:
                         self._mem(op, "start")
-                    for transfers, steps, _compute in phases_of(op):  # coll_mod.run_merged
+                    for transfers, steps, _compute in phases:  # coll_mod.run_merged
                         yield transfer(transfers, steps)
                     t = env._now
                     if op.mem:

@@ -18,11 +18,13 @@ from workloads.trace.ops import Trace
 
 
 def private_ops(
-    trace: Trace, lowering: Lowering, sim_ranks: set, members: dict
+    trace: Trace, lowering: Lowering, sim_ranks: set, members: dict, solo: dict | None = None
 ) -> tuple[dict[int, tuple], PrivateBook]:
     """Communication ops whose timing is known when they start, and the book of what
     they put on the network: ``({op id: (durations, code, most flows, links now)}, book)``
-    (see :class:`PrivateBook`).
+    (see :class:`PrivateBook`). ``solo``, where given, receives op id -> merged phases of
+    every collective with no other simulated member (the phases looked up here once, which
+    the engine's stream then runs without looking them up again).
 
     An op qualifies when it runs in its own stream's process (a send, or a collective
     with no other simulated member), every phase of it has a cached isolated
@@ -46,7 +48,12 @@ def private_ops(
             if n is None:
                 n = members[op.group] = sum(r in sim for r in op.group)
             phases = lowering.collective_phases(op)
-            who = (op.rank, op.stream) if n == 1 else ("rendezvous", op.key)
+            if n == 1:
+                who = (op.rank, op.stream)
+                if solo is not None:
+                    solo[op.id] = phases
+            else:
+                who = ("rendezvous", op.key)
         elif kind == "send":
             phases = lowering.send_transfers(op)
             who = (op.rank, op.stream)

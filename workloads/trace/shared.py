@@ -140,6 +140,7 @@ class TraceBuilder:
         self._kern_cache: dict = {}
         self._bwd_cache: dict = {}
         self._stash_cache: dict = {}
+        self._dispatch_cache: dict[tuple[bool, int], float] = {}  # (combine, layer) -> dispatch_bytes
         # Tags of ops other ranks depend on: ("send", kind, chunk, mb, rank) -> op id.
         self.tags: dict[tuple, int] = {}
         self.pending: list[tuple[Op, tuple]] = []  # ops waiting for tags defined later
@@ -308,10 +309,16 @@ class TraceBuilder:
         ``training.moe_dispatch_dtype``: by default FP8 under FP8 training, as DeepSeek-V3
         §3.3 does) or combine (BF16), scaled by the layer's slowest expert rank's load
         factor (see :mod:`workloads.moe_load`)."""
-        moe = self.model.moe
-        per = 1 if (self.t.fp8_dispatch and not combine) else 2
-        tokens = self.shard.tokens / (self.L.tp if self.L.sequence_parallel else 1)
-        return tokens * moe.top_k * self.model.hidden * per * self.load_factor.get(layer, 1.0)
+        key = (combine, layer)  # asked once per all-to-all op: worked out once per layer
+        hit = self._dispatch_cache.get(key)
+        if hit is None:
+            moe = self.model.moe
+            per = 1 if (self.t.fp8_dispatch and not combine) else 2
+            tokens = self.shard.tokens / (self.L.tp if self.L.sequence_parallel else 1)
+            hit = self._dispatch_cache[key] = (
+                tokens * moe.top_k * self.model.hidden * per * self.load_factor.get(layer, 1.0)
+            )
+        return hit
 
     def node_limited(self) -> tuple[float, int] | None:
         """DeepSeek-V3 node-limited routing (§2.1.2, M = 4 nodes per token) when the
