@@ -81,9 +81,9 @@ class TpOverlapOps:
         or a backward part); under the overlap as two ops, the second holding the SMs (module
         notes). ``mem``: ``start`` entries on the first op, ``end`` on the last."""
         kernels = fwd if part in ("F", "R") else self.p.b.bwd(fwd, part)
-        names = [x.name for x in fwd]
         cut = -1
         if overlap and self.tp_overlap():
+            names = [x.name for x in fwd]
             if part in ("F", "R"):
                 cut = next((i for i, n in enumerate(names) if n in ("out_proj", "mlp_down")), -1)
             elif any(n in ("qkv_proj", "mlp_up") for n in names):
