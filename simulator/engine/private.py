@@ -41,13 +41,22 @@ def private_ops(
     seen: dict[tuple, tuple] = {}  # (id(phases), process) -> shape
     cand: list[tuple[int, tuple, tuple]] = []
     sim = sim_ranks
+    # group -> (group, its simulated members), found by the tuple's identity (a layout hands
+    # every member of a group its one tuple): an expert group of 64 ranks is not hashed per op
+    by_id: dict[int, tuple] = {}
+    phases_of = lowering.collective_phases
     for op in trace.ops:
         kind = op.kind
         if kind == "collective":
-            n = members.get(op.group)
-            if n is None:
-                n = members[op.group] = sum(r in sim for r in op.group)
-            phases = lowering.collective_phases(op)
+            group = op.group
+            hit = by_id.get(id(group))
+            if hit is None or hit[0] is not group:
+                n = members.get(group)
+                if n is None:
+                    n = members[group] = sum(r in sim for r in group)
+                hit = by_id[id(group)] = (group, n)
+            n = hit[1]
+            phases = phases_of(op)
             if n == 1:
                 who = (op.rank, op.stream)
                 if solo is not None:
