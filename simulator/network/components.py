@@ -24,7 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-__all__ = ["SEARCH_BUDGET", "bounded_search", "canonical", "components_among", "components_of"]
+__all__ = ["SEARCH_BUDGET", "beyond_search", "bounded_search", "canonical", "components_among", "components_of"]
 
 #: Flows a breadth-first search may gather before the array pass takes over.
 SEARCH_BUDGET = 256
@@ -47,6 +47,13 @@ def canonical(comps: list, singles: list, seq: np.ndarray) -> tuple[list[list[in
         arr = np.asarray(singles, dtype=np.int64)
         singles = arr[np.argsort(seq[arr], kind="stable")].tolist()
     return out, singles
+
+
+def beyond_search(prep) -> bool:
+    """Whether one of a phase's own link-sharing components (``prep.by_link``, big phases)
+    holds more than :data:`SEARCH_BUDGET` flows: every flow of a phase just arrived is
+    active and reached from its links, so :func:`bounded_search` from them gives up."""
+    return prep.by_link is not None and any(c.shape[0] > SEARCH_BUDGET for c in prep.by_link[2][0])
 
 
 def bounded_search(
@@ -109,7 +116,8 @@ def components_of(
     indptr[0] = 0
     np.cumsum(mask.sum(axis=1), out=indptr[1 : n + 1])
     indptr[n + 1 :] = indptr[n]
-    graph = sp.csr_matrix((np.ones(flat.shape[0], dtype=np.int8), n + flat, indptr), shape=(size, size))
+    # float64 data: the dtype scipy's graph routines use (no converted copy)
+    graph = sp.csr_matrix((np.ones(flat.shape[0]), n + flat, indptr), shape=(size, size))
     _, labels = connected_components(graph, directed=False)
     flow_labels = labels[:n]
     wanted = np.zeros(labels.max() + 1, dtype=bool)
@@ -134,7 +142,7 @@ def components_among(
     n = sl.shape[0]
     size = n + int(local.max(initial=-1)) + 1
     owner = np.nonzero(mask)[0]
-    graph = sp.csr_matrix((np.ones(owner.shape[0], dtype=np.int8), (owner, n + local.reshape(-1))), shape=(size, size))
+    graph = sp.csr_matrix((np.ones(owner.shape[0]), (owner, n + local.reshape(-1))), shape=(size, size))
     _, labels = connected_components(graph, directed=False)
     return _grouped(sl, labels[:n], seq)
 

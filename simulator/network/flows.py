@@ -54,7 +54,7 @@ import simpy
 
 from simulator.errors import NetworkError
 from simulator.network.calibration import NetCalibration
-from simulator.network.components import bounded_search, canonical, components_of, number_links
+from simulator.network.components import beyond_search, bounded_search, canonical, components_of, number_links
 from simulator.network.flowslots import FlowSlots
 from simulator.network.isolated import Reservations
 from simulator.network.maxmin import DONE_RTOL, fill_arrays, fill_components, fill_small
@@ -259,8 +259,9 @@ class FlowNetwork:
             self._update_pending = True
             self.env.timeout(0).callbacks.append(self._update)
 
-    def _components(self, seeds: list[int]) -> tuple[list[list[int]], list[int]]:
-        """Link-sharing components of the active flows on ``seeds`` (links).
+    def _components(self, seeds: list[int], large: bool = False) -> tuple[list[list[int]], list[int]]:
+        """Link-sharing components of the active flows on ``seeds`` (links); ``large``: one
+        of them is known to exceed the search's budget (straight to the array pass).
 
         Returns ``(components, singles)``: components of two or more flows, each in
         arrival order, in order of their first flow's arrival; and the flows that
@@ -268,7 +269,7 @@ class FlowNetwork:
         rail), in arrival order."""
         slots = self.slots
         # -- components: simulator/network/components.py --
-        found = bounded_search(slots._link_flows, slots._links, seeds)
+        found = None if large else bounded_search(slots._link_flows, slots._links, seeds)
         if found is None:  # a large component: one array pass over every active flow
             return components_of(slots._tab, slots._batch, len(slots._links), self.n_links, seeds, slots._seq)
         return canonical(*found, slots._seq)
@@ -292,7 +293,7 @@ class FlowNetwork:
         else:
             for prep, _ in phases:  # the links of the flows arrived (each phase's, once)
                 seeds.extend(distinct_links(self._links_of, prep))
-            comps, singles = self._components(seeds)
+            comps, singles = self._components(seeds, any(map(beyond_search, (p for p, _ in phases))))
         if comps or singles:
             self._recompute(comps, singles)
         self._schedule_wake()

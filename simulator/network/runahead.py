@@ -16,11 +16,19 @@ rates come from the memo where they are many, else they are found among the surv
 solvers (``FlowNetwork._solve``). :class:`RunAheads` holds the component as a *chain*: its
 flows leave the link index, and timers fire only at the instants where one of its phases
 may finish and at its last instant, which completes its last flows or splits the
-survivors into several components (lone flows among them), each of which then runs ahead
-as a chain of its own. A phase arriving on a link a chain still uses returns its
-survivors to the flow-by-flow path at once with the state they have (the instants up to
-now committed: bytes, completions, phase events). Link bytes are added flow by flow in the
-flow-by-flow path's order, so the results are the same bits. A chain starts where the
+survivors into several components (lone flows among them): those that complete all their
+flows ahead (a split's end game) then run as one chain of several *parts*, each other one as
+a chain of its own. A phase arriving on a link a chain still uses returns the survivors of
+the parts on its links to the flow-by-flow path at once with the state they have (the
+instants up to now committed: bytes, completions, phase events); a chain's other parts run
+on. Link bytes are added flow by flow in the flow-by-flow path's order, so the results are
+the same bits.
+
+An instant changes the rates of few survivors (under 1 % on the TPU v5p built-in's
+all-to-alls), so :func:`chain_ahead` keeps the state over all the component's flows and
+touches only the flows completed and those whose rate changes; a :class:`PathMemo` holds,
+per start and sequence of completions, which rates changed, so a repeated collective asks
+neither the rate memo nor the solvers again. A chain starts where the
 flow-by-flow path splits a component of at least ``MEMO_MIN_FLOWS`` flows from the memo,
 and takes instants ahead only up to twice its start time, where a timer set at the start
 lands on the instant exactly (``a + (t - a) == t`` for ``t <= 2 a``).
@@ -33,7 +41,6 @@ import bisect
 import heapq
 import itertools
 from collections import deque
-from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
 
@@ -51,83 +58,214 @@ RUN_AHEAD = True
 _MIN_INSTANTS = 2
 #: Marks a chain's flows in the slots' batch column (not free, in no batch of the heap).
 _IN_CHAIN = -3
+#: Whether chains ask a :class:`PathMemo` before solving their survivors (read when a
+#: network is made).
+PATH_MEMO = True
+#: Roots and edges a :class:`PathMemo` holds before it starts again.
+_PATH_MEMO_MAX = 1 << 16
+_INF = float("inf")
 
 
-@dataclass(frozen=True)
 class Instant:
     """One completion instant of a chain: at ``t_s`` the flows in slots ``done`` complete and
-    the survivors ``sl`` (in arrival order) continue with segment start ``t0``, bytes left
-    per unit flow ``rem`` at it, ``rate`` per unit flow and completion time ``end``. A chain's
-    last instant may split its survivors into several components: ``lens`` their sizes
-    (``sl`` and the state hold them back to back, each in arrival order); else None."""
+    the survivors ``sl`` (in arrival order; ``n_left`` of them) continue with segment start
+    ``t0``, bytes left per unit flow ``rem`` at it, ``rate`` per unit flow and completion time
+    ``end``. A chain's last instant may split its survivors into several components: ``lens``
+    their sizes (``sl`` and the state hold them back to back, each in arrival order); else
+    None. The survivors' state is given at once (``state``) or taken, when first asked for,
+    from ``snap``: the chain's slots and ``(t0, rem, rate, end)`` over all of them at the
+    instant, with ``t0`` infinite for the flows completed."""
 
-    t_s: float
-    done: np.ndarray
-    sl: np.ndarray
-    t0: np.ndarray
-    rem: np.ndarray
-    rate: np.ndarray
-    end: np.ndarray
-    lens: tuple | None = None
+    __slots__ = ("t_s", "done", "n_left", "lens", "_state", "_snap")
+
+    def __init__(self, t_s: float, done, n_left: int, state=None, snap=None, lens: tuple | None = None) -> None:
+        self.t_s, self.done, self.n_left, self.lens = t_s, done, n_left, lens
+        self._state, self._snap = state, snap
+
+    def survivors(self) -> tuple:
+        """``(sl, t0, rem, rate, end)`` of the flows left after the instant."""
+        if self._state is None:
+            snap = self._snap
+            assert snap is not None  # one of state and snap is given
+            sl, t0, rem, rate, end = snap
+            live = np.flatnonzero(t0 != _INF)
+            self._state = (sl.take(live), t0.take(live), rem.take(live), rate.take(live), end.take(live))
+            self._snap = None
+        return self._state
+
+    sl = property(lambda self: self.survivors()[0])
+    t0 = property(lambda self: self.survivors()[1])
+    rem = property(lambda self: self.survivors()[2])
+    rate = property(lambda self: self.survivors()[3])
+    end = property(lambda self: self.survivors()[4])
 
 
-def chain_ahead(sl, fid, t0, rem, rate, end, split_of, limit_s: float) -> list:
+class PathMemo:
+    """What a chain's instants did the last time the same component took the same path: keyed
+    by the component's flow identities and rates at its start (a root) and then, instant after
+    instant, by the positions of the flows completed (an edge from the node reached so far),
+    the positions whose rate changed and their new rates, or a split. The survivors after each
+    instant are the start's less the flows completed on the path, so the same path gives the
+    survivors the same split and rates (:class:`~simulator.network.ratememo.RateMemo`), and the
+    same old rates: the changes are those bits again. Starts again when full."""
+
+    def __init__(self, capacity: int = _PATH_MEMO_MAX) -> None:
+        self._max = capacity
+        self._roots: dict[bytes, int] = {}
+        self._edges: dict[tuple, tuple] = {}  # (node, positions completed) -> (node, changes)
+        self.hits = 0
+        self.misses = 0
+
+    def root(self, fid: np.ndarray, rate: np.ndarray) -> int:
+        key = fid.tobytes() + rate.tobytes()
+        node = self._roots.get(key)
+        if node is None:
+            if len(self._edges) + len(self._roots) >= self._max:
+                self._roots.clear()
+                self._edges.clear()
+            node = self._roots[key] = -1 - len(self._roots)
+        return node
+
+    def get(self, node: int, done: np.ndarray) -> tuple | None:
+        hit = self._edges.get((node, done.tobytes()))
+        if hit is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return hit
+
+    def keep(self, node: int, done: np.ndarray, value: tuple) -> None:
+        self._edges[(node, done.tobytes())] = value
+
+
+def chain_ahead(sl, fid, t0, rem, rate, end, split_of, limit_s: float, memo: PathMemo | None = None) -> list:
     """The :class:`Instant` list of one component (slots ``sl`` with identities ``fid`` and
     state ``t0``, ``rem``, ``rate``, ``end``) left alone, as far as every instant is at most
     ``limit_s`` and ``split_of`` (survivors' identities and slots -> ``(positions, lens,
     n_singles, rates)`` as :meth:`~simulator.network.ratememo.RateMemo.split` gives them, or
-    None) splits its survivors. An instant that splits the survivors into several
-    components (lone flows among them), or leaves none, is the last.
+    None) splits its survivors (``memo``: what the same path did before, asked first). An
+    instant that splits the survivors into several components (lone flows among them), or
+    leaves none, is the last.
 
     Each instant repeats the flow-by-flow path: the flows due with the earliest completion
     (within :data:`DONE_RTOL` of their segment) complete, and the survivors whose rate
-    changes are advanced to the instant at the old rate."""
+    changes are advanced to the instant at the old rate. The state is kept over all the
+    component's flows (those completed with infinite ``t0`` and ``end``), so an instant costs
+    a few passes and the work of the flows that complete or change rate."""
     out: list[Instant] = []
-    while True:
-        key = float(end.min())
-        if key > limit_s:
-            break
-        done = end <= key + DONE_RTOL * (end - t0)
-        keep = np.flatnonzero(~done)
-        if not keep.shape[0]:  # the last flows complete: nothing left to return
-            out.append(Instant(key, sl, sl[:0], t0[:0], rem[:0], rate[:0], end[:0]))
-            break
-        rest = sl.take(keep)
-        fids = fid.take(keep)
-        hit = split_of(fids, rest)
-        if hit is None:
-            break
-        pos, lens, n_single, r = hit
-        parts = (*lens, *(1,) * n_single)
-        split = len(parts) > 1
-        if split:  # the survivors component by component, as the rates are
-            keep, rest = keep.take(pos), rest.take(pos)
-        old, t0, rem, end = rate.take(keep), t0.take(keep), rem.take(keep), end.take(keep)
-        changed = r != old
-        adv = changed & (old > 0.0)
-        if adv.any():
-            rem = np.where(adv, np.maximum(rem - old * (key - t0), 0.0), rem)
-            t0 = np.where(adv, key, t0)
-        end = np.where(changed, t0 + rem / r, end)
-        out.append(Instant(key, sl[done], rest, t0, rem, r, end, parts if split else None))
-        if split:
-            break
-        sl, fid, rate = rest, fids, r
+    with np.errstate(invalid="ignore"):  # inf - inf for the flows completed
+        _run_ahead(out, sl, fid, t0, rem, rate, end, split_of, limit_s, memo)
     return out
 
 
+def _run_ahead(out, sl, fid, t0, rem, rate, end, split_of, limit_s, memo) -> None:
+    """:func:`chain_ahead`'s loop, appending to ``out``."""
+    t0, rem, rate, end = t0.copy(), rem.copy(), rate.copy(), end.copy()
+    n_left = sl.shape[0]
+    node = memo.root(fid, rate) if memo is not None else 0
+    while True:
+        key = float(end.min())
+        if key > limit_s:
+            return
+        thr = end - t0  # nan for the flows completed (inf - inf): never due again
+        thr *= DONE_RTOL
+        thr += key
+        due = np.flatnonzero(end <= thr)
+        if due.shape[0] == n_left:  # the last flows complete: nothing left to return
+            out.append(Instant(key, sl.take(due), 0, (sl[:0], t0[:0], rem[:0], rate[:0], end[:0])))
+            return
+        hit: tuple | None = memo.get(node, due) if memo is not None else None
+        if hit is None:
+            live = t0 != _INF
+            live[due] = False
+            keep = np.flatnonzero(live)
+            found = split_of(fid.take(keep), sl.take(keep))
+            if found is None:
+                return
+            pos, lens, n_single, r = found
+            if len(lens) + n_single > 1:
+                hit = (None, (keep.take(pos), (*lens, *(1,) * n_single), r))
+            else:
+                ch = np.flatnonzero(r != rate.take(keep))
+                hit = (object(), (keep.take(ch), r.take(ch)))
+            if memo is not None:
+                memo.keep(node, due, hit)
+        nxt, change = hit[0], tuple(hit[1])
+        if nxt is None:  # a split: the survivors component by component, as the rates are
+            keep, parts, r = change
+            old, t, left, e = rate.take(keep), t0.take(keep), rem.take(keep), end.take(keep)
+            changed = r != old
+            adv = changed & (old > 0.0)
+            if adv.any():
+                left = np.where(adv, np.maximum(left - old * (key - t), 0.0), left)
+                t = np.where(adv, key, t)
+            e = np.where(changed, t + left / r, e)
+            out.append(Instant(key, sl.take(due), keep.shape[0], (sl.take(keep), t, left, r, e), lens=parts))
+            return
+        t0[due] = _INF
+        end[due] = _INF
+        at, r = change
+        if at.shape[0]:
+            old, t, left = rate.take(at), t0.take(at), rem.take(at)
+            adv = old > 0.0
+            if adv.any():
+                left = np.where(adv, np.maximum(left - old * (key - t), 0.0), left)
+                t = np.where(adv, key, t)
+                t0[at], rem[at] = t, left
+            rate[at] = r
+            end[at] = t + left / r
+        n_left -= due.shape[0]
+        out.append(Instant(key, sl.take(due), n_left, snap=(sl, t0.copy(), rem.copy(), rate.copy(), end.copy())))
+        node = nxt
+
+
+class _Part:
+    """One component of a chain: its slots and state at the chain's start, and its instants."""
+
+    __slots__ = ("sl", "t0", "rem", "rate", "end", "instants")
+
+    def __init__(self, sl, t0, rem, rate, end, instants) -> None:
+        self.sl, self.t0, self.rem, self.rate, self.end, self.instants = sl, t0, rem, rate, end, instants
+
+
 class _Chain:
-    """A component running ahead: its starting slots, its instants (and their times), the
-    links it held at the start, how many instants are committed, the instants with a timer
-    and the token of the pending one."""
+    """Components running ahead: their parts (one, or several that each complete all their
+    flows ahead: a split's end game), the parts' instants in time order (ties in part order)
+    with each one's ``(part, index in part)`` and time, the links held at the start, how many
+    instants are committed, the instants with a timer and the token of the pending one."""
 
-    __slots__ = ("sl", "instants", "times", "links", "committed", "ticks", "token")
+    __slots__ = ("parts", "instants", "where", "times", "links", "committed", "ticks", "token")
 
-    def __init__(self, sl, instants, links, ticks) -> None:
-        self.sl, self.instants, self.links, self.ticks = sl, instants, links, ticks
-        self.times = [i.t_s for i in instants]
+    def __init__(self, parts: list) -> None:
+        self.parts = parts
+        if len(parts) == 1:
+            self.instants = parts[0].instants
+            self.where = None
+        else:
+            order = sorted((i.t_s, j, n) for j, p in enumerate(parts) for n, i in enumerate(p.instants))
+            self.where = [(j, n) for _, j, n in order]
+            self.instants = [parts[j].instants[n] for j, n in self.where]
+        self.times = [i.t_s for i in self.instants]
         self.committed = 0
         self.token = 0
+
+    def last(self, k: int) -> list[int]:
+        """Each part's index of its last instant up to instant ``k`` (-1: none)."""
+        if self.where is None:
+            return [k]
+        last = [-1] * len(self.parts)
+        for j, n in self.where[: k + 1]:
+            last[j] = n
+        return last
+
+    def states(self, k: int) -> list:
+        """Each part's survivors after instant ``k`` (-1: the start) as ``(sl, t0, rem, rate,
+        end, lens)``, in part order (``lens``: a split's component sizes, or None)."""
+        out = []
+        for p, n in zip(self.parts, self.last(k)):
+            i = p if n < 0 else p.instants[n]
+            out.append((i.sl, i.t0, i.rem, i.rate, i.end, None if n < 0 else p.instants[n].lens))
+        return out
 
 
 class RunAheads:
@@ -137,6 +275,7 @@ class RunAheads:
     def __init__(self, net) -> None:
         self.net = net
         self._enabled = RUN_AHEAD
+        self._paths = PathMemo() if PATH_MEMO else None
         self._on: dict[int, int] = {}  # link -> id of the chain holding it
         self._chains: dict[int, _Chain] = {}
         self._next_id = 0
@@ -144,38 +283,66 @@ class RunAheads:
 
     def start(self, sl: np.ndarray, lens, n_single: int) -> None:
         """The component just solved in slots ``sl`` (the whole update: ``lens`` its size,
-        no lone flow) runs ahead where its next instants are known."""
+        no lone flow) runs ahead where at least :data:`_MIN_INSTANTS` of its next instants
+        are known (or one that completes every flow)."""
         if self._enabled and not n_single and len(lens) == 1:
             slots = self.net.slots
-            self._begin(sl, slots._t0[sl], slots._rem[sl], slots._rate[sl], slots._end[sl], True)
+            state = (sl, slots._t0[sl], slots._rem[sl], slots._rate[sl], slots._end[sl])
+            inst = self._ahead(state)
+            if len(inst) >= (_MIN_INSTANTS if inst and inst[-1].n_left else 1):
+                self._install([_Part(*state, inst)], True)
 
-    def _begin(self, sl, t0, rem, rate, end, indexed: bool) -> None:
-        """Run component ``sl`` (state ``t0``, ``rem``, ``rate``, ``end``) ahead from now, if
-        at least :data:`_MIN_INSTANTS` instants are known; else, unless it is still in the
-        flow-by-flow path (``indexed``), hand it back there."""
+    def _ahead(self, state: tuple) -> list:
+        """:func:`chain_ahead` of the component ``(sl, t0, rem, rate, end)`` from now."""
+        net = self.net
+        sl, t0, rem, rate, end = state
+        return chain_ahead(sl, net.slots._fid[sl], t0, rem, rate, end, self._split, 2 * net.env.now, self._paths)
+
+    def _split_parts(self, i: Instant) -> None:
+        """The components of split instant ``i`` (now) run ahead where their instants are
+        known: those that complete all their flows ahead together as one chain (a split's
+        end game: one timer, one commit per tick), each other one alone; those with no
+        instant known go back to the flow-by-flow path."""
+        ends, back = [], []
+        a = 0
+        for n in i.lens or ():
+            b = a + n
+            state = (i.sl[a:b], i.t0[a:b], i.rem[a:b], i.rate[a:b], i.end[a:b])
+            inst = self._ahead(state)
+            if not inst:
+                back.append((*state, None))
+            elif inst[-1].n_left:
+                self._install([_Part(*state, inst)], False)
+            else:
+                ends.append(_Part(*state, inst))
+            a = b
+        if ends:
+            self._install(ends, False)
+        self._hand_back_states(back)
+
+    def _install(self, parts: list, indexed: bool) -> None:
+        """Hold ``parts`` as one chain from now: a timer where a phase's last flow of the
+        chain completes and at its last instant; its links off the link index where the
+        flows are still there (``indexed``)."""
         net, slots = self.net, self.net.slots
-        now = net.env.now
-        inst = chain_ahead(sl, slots._fid[sl], t0, rem, rate, end, self._split, 2 * now)
-        if len(inst) < (_MIN_INSTANTS if indexed and inst and inst[-1].sl.shape[0] else 1):
-            if not indexed:
-                self._hand_back(sl, t0, rem, rate, end, None)
-            return
-        # a timer where a phase's last flow of the chain completes, and at the last instant
-        ticks = [0] if len(inst) == 1 else self._ticks(inst)
-        links = self._links_of(sl).tolist()
+        chain = _Chain(parts)
+        chain.ticks = [0] if len(chain.instants) == 1 else self._ticks(chain)
+        sl = parts[0].sl if len(parts) == 1 else np.concatenate([p.sl for p in parts])
+        links = chain.links = self._links_of(sl).tolist()
         if indexed:
             deque(map(slots._link_flows.__delitem__, links), maxlen=0)
             slots._batch[sl] = _IN_CHAIN
         cid = self._next_id = self._next_id + 1
-        chain = self._chains[cid] = _Chain(sl, inst, links, ticks)
+        self._chains[cid] = chain
         self._on.update(zip(links, repeat(cid)))
-        self._arm(cid, chain, now)
+        self._arm(cid, chain, net.env.now)
 
-    def _ticks(self, inst: list) -> list[int]:
-        """The instants where a phase's last flow among ``inst`` completes, and the last one."""
-        slots = self.net.slots
+    def _ticks(self, chain: _Chain) -> list[int]:
+        """The instants where a phase's last flow of ``chain`` completes, and the last one."""
+        slots, inst = self.net.slots, chain.instants
         pids = slots._pid[np.concatenate([i.done for i in inst])]
-        going = slots._pid[inst[-1].sl]
+        past = [p.instants[-1].sl for p in chain.parts]
+        going = slots._pid[past[0] if len(past) == 1 else np.concatenate(past)]
         last = np.full(int(max(pids.max(), going.max(initial=0))) + 1, -1, dtype=np.int64)
         np.maximum.at(last, pids, np.repeat(np.arange(len(inst)), [i.done.shape[0] for i in inst]))
         last[going] = -1  # phases with flows past the chain finish after it
@@ -216,15 +383,13 @@ class RunAheads:
             self._arm(cid, chain, self.net.env.now)
             return
         self._drop(cid, chain)
+        if chain.where is not None:  # a split's end game: every flow has completed
+            return
         i = chain.instants[k]
         if i.lens is None:
             self._hand_back(i.sl, i.t0, i.rem, i.rate, i.end, None)
-            return
-        a = 0  # a split: each component runs ahead on its own where it can
-        for n in i.lens:
-            b = a + n
-            self._begin(i.sl[a:b], i.t0[a:b], i.rem[a:b], i.rate[a:b], i.end[a:b], False)
-            a = b
+        else:  # a split: its components run ahead where they can
+            self._split_parts(i)
 
     def _commit(self, chain: _Chain, k: int) -> None:
         """Complete the flows of instants up to ``k`` not yet committed, as the flow-by-flow
@@ -248,10 +413,10 @@ class RunAheads:
         for i in inst:
             stats.instants_ahead += 1
             stats.wakeups += 1
-            if i.sl.shape[0]:
+            if i.n_left:
                 stats.recomputations += 1
                 stats.components_solved += 1 if i.lens is None else len(i.lens)
-                stats.flows_recomputed += i.sl.shape[0]
+                stats.flows_recomputed += i.n_left
             finished = []
             for p in slots._pid[i.done].tolist():
                 n = left[p] - 1
@@ -269,15 +434,33 @@ class RunAheads:
             if on.get(lk) == cid:
                 del on[lk]
 
-    def _return(self, cid: int, chain: _Chain, k: int) -> None:
-        """The survivors after instant ``k`` (-1: the start) go back to the flow-by-flow path."""
+    def _return(self, cid: int, chain: _Chain, k: int, hit=None) -> None:
+        """The survivors after instant ``k`` (-1: the start) go back to the flow-by-flow path:
+        every part's, or only those of the parts marked in ``hit`` (the others continue as a
+        chain of their own)."""
         self._drop(cid, chain)
-        if k >= 0:
-            i = chain.instants[k]
-            self._hand_back(i.sl, i.t0, i.rem, i.rate, i.end, i.lens)
-        else:
-            slots, sl = self.net.slots, chain.sl
-            self._hand_back(sl, slots._t0[sl], slots._rem[sl], slots._rate[sl], slots._end[sl], None)
+        states = chain.states(k)
+        if hit is None or all(hit):
+            self._hand_back_states(states)
+            return
+        self._hand_back_states([st for st, h in zip(states, hit) if h])
+        rest = [
+            _Part(st[0], st[1], st[2], st[3], st[4], p.instants[n + 1 :])
+            for st, h, p, n in zip(states, hit, chain.parts, chain.last(k))
+            if not h and st[0].shape[0]
+        ]
+        if rest:
+            self._install(rest, False)
+
+    def _hand_back_states(self, states: list) -> None:
+        """:meth:`_hand_back` of several components' ``(sl, t0, rem, rate, end, lens)`` at once."""
+        states = [st for st in states if st[0].shape[0]]
+        if len(states) == 1:
+            self._hand_back(*states[0])
+        elif states:
+            cols = [np.concatenate([st[c] for st in states]) for c in range(5)]
+            lens = [n for st in states for n in (st[5] if st[5] is not None else (st[0].shape[0],))]
+            self._hand_back(cols[0], cols[1], cols[2], cols[3], cols[4], lens)
 
     def _hand_back(self, sl, t0, rem, rate, end, lens) -> None:
         """Flows ``sl`` with their state enter the flow-by-flow path as solved now: one batch
@@ -344,13 +527,13 @@ class RunAheads:
             chain = self._chains[cid]
             k = bisect.bisect_right(chain.times, now) - 1
             self._commit(chain, k)
-            live = self._links_of(chain.instants[k].sl if k >= 0 else chain.sl)
-            if not np.isin(hit[cid], live).any():
+            touched = [bool(np.isin(hit[cid], self._links_of(st[0])).any()) for st in chain.states(k)]
+            if not any(touched):
                 deque(map(on.__delitem__, hit[cid]), maxlen=0)
                 continue
             free = False
             if arriving:
-                self._return(cid, chain, k)
+                self._return(cid, chain, k, touched)
         return free
 
     def return_all(self) -> None:
