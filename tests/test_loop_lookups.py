@@ -2,7 +2,9 @@
 column by column equal the record-by-record reading (random records and a real MoE step with
 pipeline sends and activation offload), a lone collective's phases looked up by
 ``private_ops`` are the ones the stream would look up itself (``private_phases=False``: the
-same records to the bit), and the trace builder's all-to-all sizes, worked out once per layer,
+same records to the bit), the ops other processes wait on, found from ``Trace.check``'s
+dependency arrays, are those of the walk over every op's deps (with private ops moved into
+the compute stream too), and the trace builder's all-to-all sizes, worked out once per layer,
 equal the formula at every layer of an imbalanced MoE."""
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from operator import attrgetter
 import numpy as np
 import pytest
 from helpers import rerun_engine
+from test_engine_fast import SCENARIOS
 from test_loop_inline import MOE
 
 from simulator import simulate
+from simulator.engine import loop
 from simulator.engine.accounting import _COMPUTE, _HOST, busy_intervals
-from simulator.engine.loop import OpRecord
+from simulator.engine.loop import Engine, OpRecord
 from workloads.trace.ops import Op
 
 
@@ -109,6 +113,28 @@ def test_lone_collectives_run_from_private_ops_lookup_as_from_their_own():
     assert sorted(map(key, fast.records)) == sorted(map(key, slow.records))
     assert fast.step_time_s == slow.step_time_s
     assert sorted(fast.mem_events) == sorted(slow.mem_events)
+
+
+def test_external_targets_from_the_dependency_arrays_equal_the_walk(monkeypatch):
+    pairs, moved = [], []
+    walk, absorb = Engine._external_targets, loop.absorb
+
+    def spy(self, streams, edges=None):
+        assert edges is not None  # the builder's ids are list positions
+        pairs.append((walk(self, streams, edges), walk(self, streams)))
+        return pairs[-1][0]
+
+    def spy_absorb(streams, known):
+        moved.append(absorb(streams, known))
+        return moved[-1]
+
+    monkeypatch.setattr(Engine, "_external_targets", spy)
+    monkeypatch.setattr(loop, "absorb", spy_absorb)
+    for sc in (MOE, SCENARIOS["dualpipe"], SCENARIOS["tp8-interleaved"]):
+        simulate(sc)
+    assert any(moved)  # private ops changed process in one case
+    for arrays, walked in pairs:
+        assert walked and arrays == walked
 
 
 def test_dispatch_bytes_once_per_layer_equal_the_formula():

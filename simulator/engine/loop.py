@@ -66,6 +66,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cache
 
+import numpy as np
 import simpy
 from simpy.events import NORMAL
 
@@ -209,7 +210,7 @@ class Engine:
 
     # ---- public -----------------------------------------------------------------
     def run(self) -> RawRun:
-        self.trace.check()
+        edges = self.trace.check()
         streams: dict[tuple[int, str], list[Op]] = defaultdict(list)
         for op in self.trace.ops:
             streams[(op.rank, op.stream)].append(op)
@@ -221,7 +222,7 @@ class Engine:
         self._log = self._book.log.append if self._book is not None else None
         if self._known:
             absorb(streams, self._known)
-        self._external = self._external_targets(streams)
+        self._external = self._external_targets(streams, edges)
         if self.host_launch_s > 0:
             self._host = HostTimeline(self.trace.ops, self.trace.ranks, self.host_launch_s)
             # a host blocked after a sync op waits on its end: always an event
@@ -279,11 +280,19 @@ class Engine:
             host_delay_by_op_s=dict(self.host_delay_by_op),
         )
 
-    def _external_targets(self, streams: dict) -> set[int]:
+    def _external_targets(self, streams: dict, edges: tuple | None = None) -> set[int]:
         """Ids of the ops that an op of another process depends on: the only ends other
         processes wait for (see :meth:`_stream`'s chains). ``streams``: (rank, stream) ->
         the ops that process runs, after :func:`~simulator.engine.private.absorb` moved
-        some (op ids are unique: :meth:`Trace.check`)."""
+        some (op ids are unique: :meth:`Trace.check`). ``edges``: the dependency edges
+        ``(flat, dst)`` between list positions that :meth:`Trace.check` returns where ids
+        are positions: then compared as arrays, each op's process a number."""
+        if edges is not None:
+            flat, dst = edges
+            proc = np.full(len(self.trace.ops), -1, dtype=np.int64)
+            for number, ops in enumerate(streams.values()):
+                proc[[op.id for op in ops]] = number
+            return set(np.unique(flat[proc[flat] != proc[dst]]).tolist())
         where: dict[int, tuple] = {}
         for key, ops in streams.items():
             where.update(dict.fromkeys([op.id for op in ops], key))

@@ -140,8 +140,11 @@ class Trace:
     # leaves them out.
     unexecuted_flops: dict[int, float] = field(default_factory=dict)
 
-    def check(self) -> None:
-        """Raise :class:`TraceError` for dangling or cyclic dependencies, naming them."""
+    def check(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Raise :class:`TraceError` for dangling or cyclic dependencies, naming them.
+
+        Returns the dependency edges ``(flat, dst)`` of :meth:`_dep_arrays` where every op's
+        id is its list position (the engine reads them again), else None."""
         import numpy as np
 
         edges = self._dep_arrays()
@@ -155,7 +158,7 @@ class Trace:
             # is a topological order. Traces built by workloads.trace.builder without
             # pipeline parallelism are such; the others get the cycle search below.
             if bool((flat < dst).all()) or self._acyclic(flat, dst):
-                return
+                return edges
         ids = {op.id: op for op in self.ops}
         if edges is None:
             if len(ids) != len(self.ops):
