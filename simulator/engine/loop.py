@@ -65,6 +65,7 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cache
+from operator import attrgetter
 
 import numpy as np
 import simpy
@@ -262,7 +263,7 @@ class Engine:
         acc = account(self.records, self.trace.ranks, step) if self.account_idle else None
         flops: dict[int, float] = defaultdict(float)
         stats = self._dur_cache  # every compute op run looked its kernel group up there
-        for op in [rec.op for rec in self.records]:  # in record order: the same sums
+        for op in map(attrgetter("op"), self.records):  # in record order: the same sums
             if op.kind == "compute":
                 flops[op.rank] += stats[id(op.kernels)][2]
         return RawRun(
