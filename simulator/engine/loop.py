@@ -64,7 +64,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from operator import attrgetter
 
 import numpy as np
@@ -190,7 +190,6 @@ class Engine:
         self.sim_ranks = set(trace.ranks)
         self.done: dict[int, simpy.Event] = {}  # op id -> its end, for ops waited on
         self.end_time: dict[int, float] = {}
-        self.ops_by_id = {op.id: op for op in trace.ops}
         self.records: list[OpRecord] = []
         self.mem_events: list[tuple[float, int, str, float]] = []
         self._rdv: dict[str, list] = {}
@@ -208,6 +207,11 @@ class Engine:
         # op id -> merged phases of a collective with no other simulated member, looked up
         # by private_ops (:meth:`_stream` runs them from here; others it looks up itself)
         self._solo: dict[int, tuple] = {}
+
+    @cached_property
+    def ops_by_id(self) -> dict[int, Op]:
+        """Op id -> op, built when first asked for (the run itself does not look ops up by id)."""
+        return {op.id: op for op in self.trace.ops}
 
     # ---- public -----------------------------------------------------------------
     def run(self) -> RawRun:
