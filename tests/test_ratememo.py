@@ -66,8 +66,9 @@ def test_the_repeats_are_answered_from_the_memo():
     flow sets of the first: after the first, (almost) every large update is a hit."""
     phases = _repeated_phases()
     _, net = _run(phases[:6], memo=True, reserve=False)
-    # two of three repeats remembered (the chains' instants by the path they take)
-    assert net._memo.hits + net.ahead._paths.hits >= net._memo.misses
+    # the all-to-all runs as a chain from its arrival: its first run asks the memo and the
+    # solvers, and a repeat takes the path remembered (simulator.network.runahead.PathMemo)
+    assert net._memo.hits > 0 and net.ahead._paths.hits >= net.ahead._paths.misses > 0
 
 
 def test_flow_identities_tell_weights_and_multiplicities_apart():

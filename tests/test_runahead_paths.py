@@ -11,9 +11,15 @@ from simulator.network.runahead import PathMemo, chain_ahead
 
 
 def _spy(monkeypatch) -> dict:
-    """Counts of end-game chains (several parts) made and of partial returns."""
-    seen = {"multi": 0, "partial": 0}
-    install, ret = runahead.RunAheads._install, runahead.RunAheads._return
+    """Counts of end-game chains (several parts) made, of partial returns and of chains
+    started where a big phase arrived (its flows never in the link index)."""
+    seen = {"multi": 0, "partial": 0, "at_arrival": 0}
+    install, ret, arrived = runahead.RunAheads._install, runahead.RunAheads._return, runahead.RunAheads.arrived
+
+    def _arrived(self, comps, singles):
+        n = len(self._chains)
+        arrived(self, comps, singles)
+        seen["at_arrival"] += len(self._chains) > n
 
     def _install(self, parts, indexed):
         seen["multi"] += len(parts) > 1
@@ -25,6 +31,7 @@ def _spy(monkeypatch) -> dict:
 
     monkeypatch.setattr(runahead.RunAheads, "_install", _install)
     monkeypatch.setattr(runahead.RunAheads, "_return", _return)
+    monkeypatch.setattr(runahead.RunAheads, "arrived", _arrived)
     return seen
 
 
@@ -42,6 +49,7 @@ def test_remembered_paths_give_the_flow_by_flow_results(seed, newcomers, min_hit
     assert paths is not None and npl.ahead._paths is None
     assert paths.hits > min_hits  # the repeats took remembered paths
     assert seen["multi"] > 0 or newcomers  # a split's end game ran as one chain
+    assert seen["at_arrival"] > 0
     assert nf.stats.instants_ahead == npl.stats.instants_ahead > 100
     for i in slow:
         assert fast[i] == plain[i] == slow[i], i
@@ -126,5 +134,27 @@ def test_a_newcomer_returns_only_the_end_game_part_on_its_link(monkeypatch):
     fast, nf = _run([*phases, (start, newcomer)], True, monkeypatch)
     slow, ns = _run([*phases, (start, newcomer)], False, monkeypatch)
     assert seen["partial"] > 0
+    assert fast == slow
+    assert np.array_equal(nf.stats.link_bytes, ns.stats.link_bytes)
+
+
+def test_phases_held_back_from_the_index_count_where_links_are_checked(monkeypatch):
+    """All-to-alls arrive on an idle torus (their flows held back from the link index until
+    the update, then run ahead from the arrival) with a ring of one-hop transfers landing at the
+    first one's arrival instant. Finish times and link bytes equal the flow-by-flow path's.
+    (A held-back phase left out of the reservations' link checks is caught by the whole TPU
+    step in tests/test_runahead.py.)"""
+    from simulator.network.flows import Transfer
+
+    a2a = _phases(6, 0)[0][1]
+    ring = tuple(Transfer(s, 6 * (s // 6) + (s + 1) % 6, 2e6) for s in range(36))
+    probe = _run([], True, monkeypatch)[1]
+    start = (0.01 + probe.phase_latency_s(a2a)) - probe.phase_latency_s(ring)
+    assert start + probe.phase_latency_s(ring) == 0.01 + probe.phase_latency_s(a2a)  # one instant
+    phases = [(0.01, a2a), (start, ring), (0.02, a2a), (0.03, a2a)]
+    seen = _spy(monkeypatch)
+    fast, nf = _run(phases, True, monkeypatch)
+    slow, ns = _run(phases, False, monkeypatch)
+    assert seen["at_arrival"] > 0
     assert fast == slow
     assert np.array_equal(nf.stats.link_bytes, ns.stats.link_bytes)

@@ -245,7 +245,7 @@ class FlowNetwork:
             for other, links in res.reserved_on(prep):
                 res._materialise(other, links)
             if iso is not None:
-                lf = self.slots._link_flows
+                lf = self.slots._flushed()  # the whole link index, for the checks below
                 if lf.keys().isdisjoint(link_set):
                     res._reserve_phase(pid, prep, iso)
                     return
@@ -260,8 +260,7 @@ class FlowNetwork:
             self.env.timeout(0).callbacks.append(self._update)
 
     def _components(self, seeds: list[int], large: bool = False) -> tuple[list[list[int]], list[int]]:
-        """Link-sharing components of the active flows on ``seeds`` (links); ``large``: one
-        of them is known to exceed the search's budget (straight to the array pass).
+        """Link-sharing components of the active flows on ``seeds`` (links; ``large``: beyond the search).
 
         Returns ``(components, singles)``: components of two or more flows, each in
         arrival order, in order of their first flow's arrival; and the flows that
@@ -284,7 +283,7 @@ class FlowNetwork:
         if split is not None and not phases and self._split_update(split, seeds):
             self._schedule_wake()
             return
-        if not seeds and len(phases) == 1 and self._isolated(phases[0][0]):
+        if not seeds and len(phases) == 1 and not self.slots._pending and self._isolated(phases[0][0]):
             # a big phase on links nobody else uses: its own components, known in advance
             prep, sl = phases[0]
             own, single = prep.by_link[2]
@@ -296,6 +295,7 @@ class FlowNetwork:
             comps, singles = self._components(seeds, any(map(beyond_search, (p for p, _ in phases))))
         if comps or singles:
             self._recompute(comps, singles)
+        self.ahead.arrived(comps, singles)  # a big phase's component may run ahead at once
         self._schedule_wake()
 
     def _split_update(self, split: tuple, seeds: list[int]) -> bool:

@@ -14,7 +14,9 @@ from collections import deque
 
 import numpy as np
 
+from simulator.network.components import beyond_search
 from simulator.network.phases import _PREPARED_MAX, _SMALL_BATCH, PreparedPhase
+from simulator.network.runahead import _IN_CHAIN
 
 #: Updates touching at most this many flows use scalar (not vectorised) state access.
 _SCALAR_MAX = 4
@@ -50,6 +52,7 @@ class FlowSlots:
         self._n_active = 0
         self._next_seq = 0
         self._link_flows: dict[int, set[int]] = {}  # link -> active slots on it
+        self._pending: list[tuple] = []  # big phases' (prep, slots, sl) not yet in the index
         self._fid_of: dict[tuple, int] = {}  # (links, weight, multiplicities) -> flow identity
         self._fids: dict[int, tuple] = {}  # id(prepared phase) -> (it, its flows' identities)
         self._groups_of: dict[int, tuple] = {}  # id(prepared phase) -> (it, :meth:`_link_groups`)
@@ -101,7 +104,10 @@ class FlowSlots:
         self._grow(len(self._links), prep.table.shape[1])
         sl = np.array(slots, dtype=np.int64)
         self._write_rows(pid, prep, slots, sl)
-        self._index_links(prep, slots, sl)
+        if prep.by_link is not None and self.net.ahead._enabled and beyond_search(prep):
+            self._pending.append((prep, slots, sl))  # maybe a chain at the update: never indexed
+        else:
+            self._index_links(prep, slots, sl)
         self.net._new_phases.append((prep, sl))
         self._n_active += k
         if self._n_active > self.net.stats.max_concurrent_flows:
@@ -197,6 +203,26 @@ class FlowSlots:
             self._fids.clear()
         self._fids[id(prep)] = (prep, ids)
         return ids
+
+    def _flush(self) -> None:
+        """The flows of the big phases held back from the link index (:meth:`_insert`) enter
+        it, but for those that run ahead in a chain since (:mod:`simulator.network.runahead`).
+        Whatever reads the index calls this first."""
+        pending, self._pending = self._pending, []
+        for prep, slots, sl in pending:
+            free = self._batch[sl] != _IN_CHAIN
+            if free.all():
+                self._index_links(prep, slots, sl)
+                continue
+            lf = self._link_flows
+            for s in sl[free].tolist():
+                for lk in self._links[s]:
+                    lf.setdefault(lk, set()).add(s)
+
+    def _flushed(self) -> dict[int, set[int]]:
+        """The link -> flows index, with every phase held back in it (:meth:`_flush`)."""
+        self._flush()
+        return self._link_flows
 
     def _index_links(self, prep: PreparedPhase, slots: list[int], sl: np.ndarray) -> None:
         """Add the flows in ``slots`` to the link -> flows index."""

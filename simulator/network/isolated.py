@@ -195,6 +195,7 @@ class Reservations:
     def _free_of_flows(self, link_set: frozenset) -> bool:
         """Whether no flow of the flow-by-flow path (or of a chain running ahead,
         :meth:`~simulator.network.runahead.RunAheads.clear`) is on any of these links now."""
+        self.net.slots._flush()
         return self.net.slots._link_flows.keys().isdisjoint(link_set) and self.net.ahead.clear(link_set, False)
 
     def _free_of_reservations(self, prep: PreparedPhase) -> bool:

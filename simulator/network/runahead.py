@@ -292,6 +292,16 @@ class RunAheads:
             if len(inst) >= (_MIN_INSTANTS if inst and inst[-1].n_left else 1):
                 self._install([_Part(*state, inst)], True)
 
+    def arrived(self, comps: list, singles: list) -> None:
+        """After an update that solved ``comps`` and ``singles``: where it solved phases held
+        back from the link index (:meth:`~simulator.network.flowslots.FlowSlots._insert`)
+        as one component of at least ``MEMO_MIN_FLOWS`` flows, the component runs ahead from
+        now; the flows not in a chain then enter the index."""
+        slots = self.net.slots
+        if slots._pending and len(comps) == 1 and not singles and len(comps[0]) >= MEMO_MIN_FLOWS:
+            self.start(np.array(comps[0], dtype=np.int64), (len(comps[0]),), 0)
+        slots._flush()
+
     def _ahead(self, state: tuple) -> list:
         """:func:`chain_ahead` of the component ``(sl, t0, rem, rate, end)`` from now."""
         net = self.net
@@ -330,7 +340,7 @@ class RunAheads:
         sl = parts[0].sl if len(parts) == 1 else np.concatenate([p.sl for p in parts])
         links = chain.links = self._links_of(sl).tolist()
         if indexed:
-            deque(map(slots._link_flows.__delitem__, links), maxlen=0)
+            deque(map(slots._link_flows.pop, links, repeat(None)), maxlen=0)  # a phase held back: none
             slots._batch[sl] = _IN_CHAIN
         cid = self._next_id = self._next_id + 1
         self._chains[cid] = chain
