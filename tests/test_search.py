@@ -17,6 +17,7 @@ from simulator.studies.search import search
 from simulator.studies.search.estimate import estimate_memory, estimate_step_time
 from simulator.studies.search.layouts import (
     ESTIMATE_MARGIN,
+    LAYOUT_KEYS,
     SearchBounds,
     candidate_mapping,
     enumerate_layouts,
@@ -474,3 +475,29 @@ def test_dualpipe_step_terms_are_the_schedule_counts(name, pp, m):
         for op, a in zip("FBIW", counts):
             assert (rebuilt[op] == a).all(), (stage, op)
         assert pairs > 0
+
+
+def test_search_estimates_each_placement_on_its_own_domains():
+    """The search's screen (as the map's, ``tests/test_ppmap.py``) costs a candidate placed 4
+    devices a domain on its own domains: each estimate equals its candidate scenario's own,
+    and the aligned placement of an EP4 layout on 6-GPU domains (where it straddles) is
+    estimated faster than the default."""
+    from simulator.studies.search.run import _screen
+
+    base = scenario(
+        model=TINY_MOE,
+        cluster={"preset": "dgx-h100", "devices": 12, "network": {"domain_size": 6, "nic_bw_bytes_per_s": 5e9}},
+        parallel={"tp": 1, "pp": 1, "dp": 12, "ep": 4},
+        training={"seq_len": 512, "micro_batch_size": 1, "global_batch_size": 48, "dtype": "bf16"},
+    )
+    sc0 = load_scenario(base)
+    bounds = SearchBounds(max_tp=1, max_pp=1, max_ep=4, schedules=("1f1b",), recompute=("none",))
+    records, _ = _screen(base, sc0, bounds)
+    est = {r["label"]: r for r in records if r.get("est_step_time_s") is not None}
+    placed = [r for r in est.values() if r.get("devices_per_domain")]
+    assert placed
+    for r in est.values():
+        sc = load_scenario(candidate_mapping(base, {k: r[k] for k in LAYOUT_KEYS}, sc0.name))
+        assert r["est_step_time_s"] == estimate_step_time(sc)["step_time_s"], r["label"]
+    for r in placed:
+        assert r["est_step_time_s"] < est[r["label"].rsplit("-", 1)[0]]["est_step_time_s"]
