@@ -72,9 +72,8 @@ class Instant:
     ``t0``, bytes left per unit flow ``rem`` at it, ``rate`` per unit flow and completion time
     ``end``. A chain's last instant may split its survivors into several components: ``lens``
     their sizes (``sl`` and the state hold them back to back, each in arrival order); else
-    None. The survivors' state is given at once (``state``) or taken, when first asked for,
-    from ``snap``: the chain's slots and ``(t0, rem, rate, end)`` over all of them at the
-    instant, with ``t0`` infinite for the flows completed."""
+    None. The survivors' state is given at once (``state``) or rebuilt, when first asked for,
+    from ``snap``: the chain's :class:`_Log` and this instant's place in it."""
 
     __slots__ = ("t_s", "done", "n_left", "lens", "_state", "_snap")
 
@@ -87,9 +86,7 @@ class Instant:
         if self._state is None:
             snap = self._snap
             assert snap is not None  # one of state and snap is given
-            sl, t0, rem, rate, end = snap
-            live = np.flatnonzero(t0 != _INF)
-            self._state = (sl.take(live), t0.take(live), rem.take(live), rate.take(live), end.take(live))
+            self._state = snap[0].state(snap[1])
             self._snap = None
         return self._state
 
@@ -98,6 +95,26 @@ class Instant:
     rem = property(lambda self: self.survivors()[2])
     rate = property(lambda self: self.survivors()[3])
     end = property(lambda self: self.survivors()[4])
+
+
+class _Log:
+    """A chain's start (slots, ``t0``, ``rem``, ``rate``, ``end`` over all its flows) and, per
+    instant, the positions completed and those whose state changed with their new ``t0``,
+    ``rem``, ``rate`` and ``end``: the survivors' state after any instant, replayed on demand."""
+
+    __slots__ = ("sl", "start", "steps")
+
+    def __init__(self, sl, t0, rem, rate, end) -> None:
+        self.sl, self.start, self.steps = sl, (t0.copy(), rem.copy(), rate.copy(), end.copy()), []
+
+    def state(self, k: int) -> tuple:
+        """``(sl, t0, rem, rate, end)`` of the survivors after instant ``k``."""
+        t0, rem, rate, end = (a.copy() for a in self.start)
+        for due, at, t, left, r, e in self.steps[: k + 1]:
+            t0[due] = _INF
+            t0[at], rem[at], rate[at], end[at] = t, left, r, e
+        live = np.flatnonzero(t0 != _INF)
+        return self.sl.take(live), t0.take(live), rem.take(live), rate.take(live), end.take(live)
 
 
 class PathMemo:
@@ -160,6 +177,7 @@ def chain_ahead(sl, fid, t0, rem, rate, end, split_of, limit_s: float, memo: Pat
 
 def _run_ahead(out, sl, fid, t0, rem, rate, end, split_of, limit_s, memo) -> None:
     """:func:`chain_ahead`'s loop, appending to ``out``."""
+    log = _Log(sl, t0, rem, rate, end)
     t0, rem, rate, end = t0.copy(), rem.copy(), rate.copy(), end.copy()
     n_left = sl.shape[0]
     node = memo.root(fid, rate) if memo is not None else 0
@@ -205,17 +223,17 @@ def _run_ahead(out, sl, fid, t0, rem, rate, end, split_of, limit_s, memo) -> Non
         t0[due] = _INF
         end[due] = _INF
         at, r = change
-        if at.shape[0]:
-            old, t, left = rate.take(at), t0.take(at), rem.take(at)
-            adv = old > 0.0
-            if adv.any():
-                left = np.where(adv, np.maximum(left - old * (key - t), 0.0), left)
-                t = np.where(adv, key, t)
-                t0[at], rem[at] = t, left
-            rate[at] = r
-            end[at] = t + left / r
+        old, t, left = rate.take(at), t0.take(at), rem.take(at)
+        adv = old > 0.0
+        if adv.any():
+            left = np.where(adv, np.maximum(left - old * (key - t), 0.0), left)
+            t = np.where(adv, key, t)
+            t0[at], rem[at] = t, left
+        rate[at] = r
+        e = end[at] = t + left / r
+        log.steps.append((due, at, t, left, r, e))
         n_left -= due.shape[0]
-        out.append(Instant(key, sl.take(due), n_left, snap=(sl, t0.copy(), rem.copy(), rate.copy(), end.copy())))
+        out.append(Instant(key, sl.take(due), n_left, snap=(log, len(log.steps) - 1)))
         node = nxt
 
 
