@@ -174,9 +174,8 @@ class Engine:
         # Run chains of ops with known durations as one event (see :meth:`_chain`); False
         # gives every op its own event (tests compare the two).
         self.chain_ops = chain_ops
-        # Run communication ops that nothing else can meet on the network as known
-        # durations (see :mod:`simulator.engine.private`); False sends every op through
-        # the network.
+        # Run communication ops that nothing else can meet on the network as known durations
+        # (see :mod:`simulator.engine.private`); False sends every op through the network.
         self.private_phases = private_phases
         # Attribute idle time when the run ends (False: the caller accounts the records itself,
         # as steady-state skipping does for a timeline with periods inserted).
@@ -184,9 +183,8 @@ class Engine:
         self.env = _Environment()
         self.net = FlowNetwork(self.env, topo, network_cal, reserve_isolated=reserve_isolated)
         # What a collective or send runs on the network: plan, twins, quotient, merge.
-        self.lowering = Lowering(
-            trace, topo, layout, self.net, algorithms, twin_quotient, a2a_quotient, compute_cal.overlap_a2a_slowdown
-        )
+        slow_a2a = compute_cal.overlap_a2a_slowdown  # all-to-alls beside an overlapped pair's compute
+        self.lowering = Lowering(trace, topo, layout, self.net, algorithms, twin_quotient, a2a_quotient, slow_a2a)
         self.sim_ranks = set(trace.ranks)
         self.done: dict[int, simpy.Event] = {}  # op id -> its end, for ops waited on
         self.end_time: dict[int, float] = {}

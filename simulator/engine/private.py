@@ -81,7 +81,14 @@ def private_ops(
             loads.append((arrays[id(phases)], procs.setdefault(who, len(procs))))
         if hit[2] is not None and n == 1:
             cand.append((op.id, who, hit))
-    users = _users(loads, lowering.net.n_links)
+    return _choose(cand, loads, seen, arrays, lowering.net.n_links)
+
+
+def _choose(cand: list, loads: list, seen: dict, arrays: dict, n_links: int) -> tuple[dict[int, tuple], PrivateBook]:
+    """:func:`private_ops`' result from its candidates ``cand`` (op id, process, shape): those
+    whose every link only their own process loads, with the book of what they put on the
+    network."""
+    users = _users(loads, n_links)
     private: dict[tuple, bool] = {}
     chosen: dict[int, tuple] = {}  # id(phases) -> shape, for the private ones
     out = {}
