@@ -283,7 +283,7 @@ class FlowNetwork:
         if split is not None and not phases and self._split_update(split, seeds):
             self._schedule_wake()
             return
-        if not seeds and len(phases) == 1 and not self.slots._pending and self._isolated(phases[0][0]):
+        if not seeds and len(phases) == 1 and self._isolated(phases[0][0]):
             # a big phase on links nobody else uses: its own components, known in advance
             prep, sl = phases[0]
             own, single = prep.by_link[2]
@@ -324,10 +324,7 @@ class FlowNetwork:
 
     def _isolated(self, prep: PreparedPhase) -> bool:
         """Whether the (big) phase just arrived is alone on every one of its links."""
-        if prep.by_link is None:
-            return False
-        lf = self.slots._link_flows
-        return all(len(lf[lk]) == b - a for lk, a, b in prep.by_link[1])
+        return prep.by_link is not None and self.slots._alone(prep)
 
     def _fill_big(self, sl: np.ndarray, w: np.ndarray, lens: list[int]) -> np.ndarray:
         """Max-min rates of components given back to back (slots ``sl``, sizes ``lens``)."""

@@ -219,6 +219,20 @@ class FlowSlots:
                 for lk in self._links[s]:
                     lf.setdefault(lk, set()).add(s)
 
+    def _alone(self, prep: PreparedPhase) -> bool:
+        """Whether big phase ``prep``, just inserted, is alone on every one of its links: held
+        back from the index (the only phase held back), no indexed flow on them; else each
+        link's flows are the phase's own."""
+        assert prep.by_link is not None
+        lf = self._link_flows
+        if self._pending:
+            return (
+                len(self._pending) == 1
+                and self._pending[0][0] is prep
+                and lf.keys().isdisjoint(lk for lk, _, _ in prep.by_link[1])
+            )
+        return all(len(lf[lk]) == b - a for lk, a, b in prep.by_link[1])
+
     def _flushed(self) -> dict[int, set[int]]:
         """The link -> flows index, with every phase held back in it (:meth:`_flush`)."""
         self._flush()
