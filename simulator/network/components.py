@@ -177,7 +177,8 @@ def _search_among(flows: list[int], links: list) -> tuple[list, list]:
 
 def _grouped(slots: np.ndarray, lab: np.ndarray, seq: np.ndarray) -> tuple[list[list[int]], list[int]]:
     """Flows ``slots`` with component labels ``lab`` as canonical ``(comps, singles)``."""
-    order = np.lexsort((seq[slots], lab))  # by component, then arrival
+    key = seq[slots]  # by component, then arrival (one key: arrival numbers are distinct)
+    order = np.argsort(lab.astype(np.int64) * (int(key.max(initial=0)) + 1) + key)
     slots, lab = slots[order], lab[order]
     bounds = np.r_[0, np.flatnonzero(np.diff(lab)) + 1, lab.shape[0]]
     lens = np.diff(bounds)
@@ -188,7 +189,8 @@ def _grouped(slots: np.ndarray, lab: np.ndarray, seq: np.ndarray) -> tuple[list[
     multi = starts[~alone]
     firsts = np.argsort(seq[slots[multi]], kind="stable")
     ends = bounds[1:][~alone]
-    comps = [slots[multi[i] : ends[i]].tolist() for i in firsts.tolist()]
+    flat, ms, es = slots.tolist(), multi.tolist(), ends.tolist()
+    comps = [flat[ms[i] : es[i]] for i in firsts.tolist()]
     return comps, singles
 
 
