@@ -68,7 +68,7 @@ class Lowering:
         if trace.representative and len(trace.ranks) > layout.pp:
             from simulator.engine.symmetry import rank_classes
 
-            self._cls = rank_classes(layout, topo)
+            self._cls = rank_classes(layout, topo, max_classes=len(trace.ranks))
             self._sim = np.zeros(layout.world, dtype=bool)
             self._sim[list(trace.ranks)] = True
 

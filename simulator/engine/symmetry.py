@@ -18,7 +18,8 @@ each standing for the devices of its class; a mirror image is of another class, 
 folds into a group's collective only the twins a class-keeping shift maps it to, and it runs
 the twins of groups inside one domain too (other axes' groups of the simulated ranks load
 those devices' links). Refining the classes can give many (every position of a leaf group:
-72 a stage for EP64 on 2,304 GB200 in NVL72 racks), and all are simulated: the lowering
+72 a stage for EP64 on 2,304 GB200 in NVL72 racks), and all are simulated where the trace
+stays within a step's op limit (:func:`class_budget`; beyond it a coarser round): the lowering
 plans a group's collective once whichever simulated member asks, so a class costs its rank's
 compute and events rather than another copy of its group's twin traffic (that layout: about
 1.4 times the CPU time of the 5 coarser classes of the splits alone, whose per-device means
@@ -113,7 +114,7 @@ def _position(layout: ParallelLayout, topo: Topology, axes: dict) -> int:
     return int(np.argmax(score))
 
 
-def rank_classes(layout: ParallelLayout, topo: Topology) -> np.ndarray | None:
+def rank_classes(layout: ParallelLayout, topo: Topology, max_classes: int | None = None) -> np.ndarray | None:
     """The class of each rank (an array over ranks; ``None`` where :func:`uneven_groups` finds
     no axis): ranks of one pipeline stage whose position in it (ranks into the stage) has
     the same groups' splits over the scale-up domains (members per domain, largest first)
@@ -122,19 +123,24 @@ def rank_classes(layout: ParallelLayout, topo: Topology) -> np.ndarray | None:
     and stage (:func:`class_ranks`) instead of one per stage, each standing for the ranks of
     its class: EP48 on 144 GB200 (groups 48, 24 + 24, 48) has six classes per stage, the 24
     ranks each of 0-23, 24-47, ..., 120-143 (mirror images apart). Class ids ascend with the
-    first rank of each class. Computed once per layout and topology (the trace, the
-    lowering and the summary's note ask alike)."""
-    hit = _last_classes.get("key")
+    first rank of each class.
+
+    ``max_classes``: the refinement stops at its finest round with at most that many classes
+    (``None`` where the splits alone give more): the budget :func:`class_budget` sets. Each
+    round only splits classes, so the same budget, or the count it gave, finds the same
+    round again. Computed once per layout, topology and budget (the trace, the lowering and
+    the summary's note ask alike)."""
+    hit = _last_classes.get(max_classes)
     if hit is None or hit[0] is not layout or hit[1] is not topo:
-        hit = _last_classes["key"] = (layout, topo, _rank_classes(layout, topo))
+        hit = _last_classes[max_classes] = (layout, topo, _rank_classes(layout, topo, max_classes))
     return hit[2]
 
 
-#: The last layout and topology :func:`rank_classes` classified, with its answer.
-_last_classes: dict[str, tuple] = {}
+#: The last layout and topology :func:`rank_classes` classified per budget, with its answer.
+_last_classes: dict[int | None, tuple] = {}
 
 
-def _rank_classes(layout: ParallelLayout, topo: Topology) -> np.ndarray | None:
+def _rank_classes(layout: ParallelLayout, topo: Topology, max_classes: int | None) -> np.ndarray | None:
     """:func:`rank_classes`, computed."""
     axes = uneven_groups(layout, topo)
     if not axes:
@@ -150,14 +156,29 @@ def _rank_classes(layout: ParallelLayout, topo: Topology) -> np.ndarray | None:
             sig[p] += tuple(splits[index[int(b) + p]] for b in base.tolist())
     ids: dict[tuple, int] = {}
     of_position = np.array([ids.setdefault(sig[p], len(ids)) for p in sorted(sig)], dtype=np.int64)
+    if max_classes is not None and layout.pp * len(ids) > max_classes:
+        return None
     out = np.empty(layout.world, dtype=np.int64)
     for s, b in enumerate(base.tolist()):
         out[b + np.sort(positions)] = s * len(ids) + of_position
-    out = _refine(layout, topo, out)
+    out = _refine(layout, topo, out, max_classes)
     first = np.unique(out, return_index=True)[1]  # numbered in the order of their first ranks
     order = np.empty(first.size, dtype=np.int64)
     order[np.argsort(first)] = np.arange(first.size)
     return order[np.unique(out, return_inverse=True)[1].ravel()]
+
+
+def class_budget(workload) -> int:
+    """The most ranks representative mode simulates for ``workload``: as many as keep the
+    trace within the op limit that :func:`~simulator.scenario.checks.check_size` sets for a
+    step (``MAX_ESTIMATED_OPS``, about 6 GB), and at least one per stage. DeepSeek-V3 TP4
+    PP4 VPP4 EP64 on 2,304 H100 in 72-GPU domains with 128 micro-batches refines to 288
+    classes, about 15 M ops (over 20 GB resident: the PP map's 72-GPU points at 200 and
+    400 GB/s were killed by it); at about 53,000 ops a rank the budget is 113."""
+    from simulator.scenario.checks import MAX_ESTIMATED_OPS
+    from workloads.trace.builder import estimated_ops
+
+    return max(workload.layout.pp, int(MAX_ESTIMATED_OPS // max(estimated_ops(workload, 1), 1.0)))
 
 
 def leaves(topo: Topology) -> np.ndarray:
@@ -171,11 +192,12 @@ def leaves(topo: Topology) -> np.ndarray:
     return out
 
 
-def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray) -> np.ndarray:
+def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray, max_classes: int | None = None) -> np.ndarray:
     """``classes`` refined until stable (colour refinement): two ranks
     stay of one class when, along every axis, their groups hold the same classes in the same
     relations to them (same device, same scale-up domain, same leaf switch, other), and so
-    do their ranks at the same position in the other stages."""
+    do their ranks at the same position in the other stages. With ``max_classes``, the last
+    round with at most that many classes where the next would give more."""
     dom, leaf = topo.domains_of(np.arange(layout.world)), leaves(topo)[: layout.world]
     tables = [layout.group_table(axis) for axis in AXES]
     tables = [t for t in tables if t.shape[1] > 1]
@@ -191,6 +213,8 @@ def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray) -> np.n
         cols.append(stage_cols)
         new = np.unique(np.concatenate(cols, axis=1), axis=0, return_inverse=True)[1].ravel()
         m = len(np.unique(new))
+        if max_classes is not None and m > max_classes:
+            return classes
         classes = new.astype(np.int64)
         if m == n:  # stable
             return classes
@@ -300,28 +324,54 @@ def class_ranks(layout: ParallelLayout, classes: np.ndarray) -> tuple[list[int],
 def representative_trace(workload, layout: ParallelLayout, topo: Topology):
     """The trace representative mode simulates: one rank per pipeline stage (position 0) where
     every group of a stage splits over the scale-up domains alike, else one rank per class of
-    :func:`rank_classes`, each weighted by the devices of its class."""
+    :func:`rank_classes` within :func:`class_budget`, each weighted by the devices of its
+    class (where even the splits' classes exceed the budget, one rank per stage at
+    :func:`representative_position`)."""
     from dataclasses import replace
 
     from workloads.trace.builder import build_trace
 
-    classes = rank_classes(layout, topo)
-    if classes is None:
+    if not uneven_groups(layout, topo):
         return build_trace(workload)
+    classes = rank_classes(layout, topo, max_classes=class_budget(workload))
+    if classes is None:
+        return build_trace(workload, position=representative_position(layout, topo))
     ranks, weight = class_ranks(layout, classes)
     return replace(build_trace(workload, ranks=ranks), representative=True, weight=weight)
 
 
-def symmetry_note(layout: ParallelLayout, topo: Topology) -> list[str]:
-    """A summary note for each axis :func:`uneven_groups` finds (none where it finds none)."""
+def symmetry_note(layout: ParallelLayout, topo: Topology, simulated: int | None = None) -> list[str]:
+    """A summary note for each axis :func:`uneven_groups` finds (none where it finds none);
+    ``simulated``: the ranks the trace simulates, where :func:`class_budget` held the classes
+    below the refinement's own (the note then says so)."""
     axes = uneven_groups(layout, topo)
     classes = rank_classes(layout, topo)
     if not axes or classes is None:
         return []
     ranks, _ = class_ranks(layout, classes)
+    if simulated is not None and simulated < len(ranks):
+        coarse = rank_classes(layout, topo, max_classes=simulated)
+        kept = class_ranks(layout, coarse)[0] if coarse is not None else []
+        how = (
+            f"{len(kept)} ranks of a coarser round of the classes are simulated"
+            if coarse is not None
+            else f"one rank per stage is simulated (the {simulated} at the position whose groups cross domains most)"
+        )
+        budget = (
+            f"refined, the classes would be {len(ranks)} ranks, over the op limit of a step; {how}, "
+            "so the per-device means (idle, exposed communication) may differ from `stepsim run --exact`'s"
+        )
+    else:
+        budget = ""
     notes = []
     for axis, splits in axes.items():
         shown = ", ".join(" + ".join(map(str, s)) for s in splits[:4]) + (", ..." if len(splits) > 4 else "")
+        if budget:
+            notes.append(
+                f"representative ranks: the {axis} groups of a stage straddle scale-up domains unevenly "
+                f"(members per domain: {shown}); {budget}"
+            )
+            continue
         notes.append(
             f"representative ranks: the {axis} groups of a stage straddle scale-up domains unevenly "
             f"(members per domain: {shown}); {len(ranks)} ranks are simulated ({', '.join(map(str, ranks[:8]))}"

@@ -80,7 +80,7 @@ def summarise(sc: Scenario, trace, raw, mem: Columns, topo: Topology | None = No
         "events_processed": raw.events_processed,
         "steady_state": None,
         "notes": list(trace.notes)
-        + (symmetry_note(sc.layout, topo) if topo is not None and trace.representative else []),
+        + (symmetry_note(sc.layout, topo, len(trace.ranks)) if topo is not None and trace.representative else []),
         "stepsim_version": __version__,
         "sim_wall_s": 0.0,
     }
