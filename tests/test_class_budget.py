@@ -1,6 +1,6 @@
-"""Representative mode's classes within the op limit (issue 39): where refining the classes
-of ranks whose groups straddle domains unlike one another gives more simulated ranks than a
-step's op limit admits, the finest coarser round is simulated, and the summary says so.
+"""Representative mode's classes within an op limit (issue 39): where refining the classes
+of ranks whose groups straddle domains unlike one another gives more simulated ranks than
+``symmetry.MAX_CLASS_OPS`` admits, the finest coarser round is simulated, and the summary says so.
 DeepSeek-V3 TP4 PP4 VPP4 EP64 on 2,304 H100 in 72-GPU domains with 128 micro-batches refined
 to 288 ranks, about 15 M ops, and grew past 20 GB resident (the PP map's 72-GPU points at
 200 and 400 GB/s were killed by it)."""
@@ -14,7 +14,6 @@ from test_symmetry import FIGURES
 
 from simulator import simulate
 from simulator.engine import symmetry
-from simulator.scenario import checks
 from simulator.scenario.loading import load_scenario
 from topologies.presets import build_cluster
 
@@ -40,19 +39,19 @@ def test_a_budget_stops_the_refinement_at_its_finest_round_within_it():
 
 
 def test_over_the_op_limit_fewer_ranks_are_simulated_and_the_summary_says_so(monkeypatch):
-    """With the op limit at 10 ranks' worth, the 72 refined classes are over it: the 5 classes
+    """With the class op limit at 10 ranks' worth, the 72 refined classes are over it: the 5 classes
     of the splits are simulated (on this layout their figures are --exact's too), and a note
     says the classes are coarser than refined; under 5 ranks' worth, one rank per stage."""
     sc = _ep8_on_9gpu_domains()
     assert simulate(sc).summary["simulated_ranks"] == 72
     exact = simulate(sc, exact=True).summary
-    monkeypatch.setattr(checks, "MAX_ESTIMATED_OPS", 10 * OPS_PER_RANK)
+    monkeypatch.setattr(symmetry, "MAX_CLASS_OPS", 10 * OPS_PER_RANK)
     coarse = simulate(sc).summary
     assert coarse["simulated_ranks"] == 5
     assert any("coarser round" in n and "would be 72 ranks" in n for n in coarse["notes"])
     for key in FIGURES:
         assert coarse[key] == pytest.approx(exact[key], rel=1e-9, abs=1e-15), key
-    monkeypatch.setattr(checks, "MAX_ESTIMATED_OPS", 3 * OPS_PER_RANK)
+    monkeypatch.setattr(symmetry, "MAX_CLASS_OPS", 3 * OPS_PER_RANK)
     one = simulate(sc).summary
     assert one["simulated_ranks"] == 1
     assert any("one rank per stage is simulated" in n for n in one["notes"])

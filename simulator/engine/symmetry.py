@@ -19,7 +19,7 @@ folds into a group's collective only the twins a class-keeping shift maps it to,
 the twins of groups inside one domain too (other axes' groups of the simulated ranks load
 those devices' links). Refining the classes can give many (every position of a leaf group:
 72 a stage for EP64 on 2,304 GB200 in NVL72 racks), and all are simulated where the trace
-stays within a step's op limit (:func:`class_budget`; beyond it a coarser round): the lowering
+stays within an op limit (:func:`class_budget`; beyond it a coarser round): the lowering
 plans a group's collective once whichever simulated member asks, so a class costs its rank's
 compute and events rather than another copy of its group's twin traffic (that layout: about
 1.4 times the CPU time of the 5 coarser classes of the splits alone, whose per-device means
@@ -168,17 +168,25 @@ def _rank_classes(layout: ParallelLayout, topo: Topology, max_classes: int | Non
     return order[np.unique(out, return_inverse=True)[1].ravel()]
 
 
+#: The most trace ops (``estimated_ops``) a representative run with one rank per class may
+#: simulate. Such runs hold more per op than a step's op limit assumes (1 KB,
+#: ``checks.BYTES_PER_ESTIMATED_OP``): 2.1 KB measured for DeepSeek-V3 TP4 PP4 VPP4 EP64 on
+#: 2,304 H100 in 72-GPU domains (20 ranks, 1.06 M ops, 2.2 GB resident) and over 3.6 KB for
+#: TP2 PP4 VPP4 EP64 with ZeRO-3 on the same cluster (288 ranks of a 20-micro-batch run, 2.38 M
+#: ops, past 8.7 GB when stopped), so 1.5 M ops keeps them within about 3-6 GB.
+MAX_CLASS_OPS = 1_500_000
+
+
 def class_budget(workload) -> int:
     """The most ranks representative mode simulates for ``workload``: as many as keep the
-    trace within the op limit that :func:`~simulator.scenario.checks.check_size` sets for a
-    step (``MAX_ESTIMATED_OPS``, about 6 GB), and at least one per stage. DeepSeek-V3 TP4
-    PP4 VPP4 EP64 on 2,304 H100 in 72-GPU domains with 128 micro-batches refines to 288
-    classes, about 15 M ops (over 20 GB resident: the PP map's 72-GPU points at 200 and
-    400 GB/s were killed by it); at about 53,000 ops a rank the budget is 113."""
-    from simulator.scenario.checks import MAX_ESTIMATED_OPS
+    trace within :data:`MAX_CLASS_OPS`, and at least one per stage. DeepSeek-V3 TP4 PP4 VPP4
+    EP64 on 2,304 H100 in 72-GPU domains with 128 micro-batches refines to 288 classes, about
+    15 M ops (past 12 GB resident: the PP map's 72-GPU points at 200 and 400 GB/s were killed
+    by it); at about 53,000 ops a rank the budget is 28 ranks, and the 20 classes of the
+    groups' splits run."""
     from workloads.trace.builder import estimated_ops
 
-    return max(workload.layout.pp, int(MAX_ESTIMATED_OPS // max(estimated_ops(workload, 1), 1.0)))
+    return max(workload.layout.pp, int(MAX_CLASS_OPS // max(estimated_ops(workload, 1), 1.0)))
 
 
 def leaves(topo: Topology) -> np.ndarray:
@@ -358,7 +366,7 @@ def symmetry_note(layout: ParallelLayout, topo: Topology, simulated: int | None 
             else f"one rank per stage is simulated (the {simulated} at the position whose groups cross domains most)"
         )
         budget = (
-            f"refined, the classes would be {len(ranks)} ranks, over the op limit of a step; {how}, "
+            f"refined, the classes would be {len(ranks)} ranks, over the op limit of such runs ({MAX_CLASS_OPS:,} ops); {how}, "
             "so the per-device means (idle, exposed communication) may differ from `stepsim run --exact`'s"
         )
     else:
