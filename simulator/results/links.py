@@ -55,29 +55,45 @@ def _loads(topo, transfers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     sums add the transfers in their order, as one by one."""
     ts = list(transfers)
     plain = [t for t in ts if t.incidence is None]
+    if len(plain) == len(ts):  # all routed
+        return _routed_loads(
+            topo,
+            [t.src for t in ts],
+            [t.dst for t in ts],
+            np.array([t.size_bytes * t.weight for t in ts], dtype=float),
+            np.array([t.weight for t in ts], dtype=float),
+        )
     rows = topo.routes([t.src for t in plain], [t.dst for t in plain]) if plain else np.zeros((0, 1), dtype=np.int64)
-    if len(plain) == len(ts):  # all routed: the rows in order, each row's links in route order
-        hops = (rows >= 0).sum(axis=1)
-        lk = rows[rows >= 0]
-        nbytes = np.repeat(np.array([t.size_bytes * t.weight for t in ts], dtype=float), hops)
-        flows = np.repeat(np.array([t.weight for t in ts], dtype=float), hops)
-    else:
-        links, nb, fl = [], [], []
-        routed = iter(rows.tolist())
-        for t in ts:
-            if t.incidence is not None:
-                for link, m in t.incidence:
+    links, nb, fl = [], [], []
+    routed = iter(rows.tolist())
+    for t in ts:
+        if t.incidence is not None:
+            for link, m in t.incidence:
+                links.append(link)
+                nb.append(t.size_bytes * t.weight * m)
+                fl.append(t.weight)
+        else:
+            for link in next(routed):
+                if link >= 0:
                     links.append(link)
-                    nb.append(t.size_bytes * t.weight * m)
+                    nb.append(t.size_bytes * t.weight)
                     fl.append(t.weight)
-            else:
-                for link in next(routed):
-                    if link >= 0:
-                        links.append(link)
-                        nb.append(t.size_bytes * t.weight)
-                        fl.append(t.weight)
-        lk = np.asarray(links, dtype=np.int64)
-        nbytes, flows = np.asarray(nb, dtype=float), np.asarray(fl, dtype=float)
+    lk = np.asarray(links, dtype=np.int64)
+    nbytes, flows = np.asarray(nb, dtype=float), np.asarray(fl, dtype=float)
+    return _summed(lk, nbytes, flows)
+
+
+def _routed_loads(topo, src, dst, nbytes: np.ndarray, flows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_loads` of routed transfers given as columns (``nbytes``: each transfer's
+    ``size_bytes x weight``, ``flows``: its weight): the rows in order, each row's links in
+    route order."""
+    rows = topo.routes(src, dst) if len(nbytes) else np.zeros((0, 1), dtype=np.int64)
+    hops = (rows >= 0).sum(axis=1)
+    return _summed(rows[rows >= 0], np.repeat(nbytes, hops), np.repeat(flows, hops))
+
+
+def _summed(lk: np.ndarray, nbytes: np.ndarray, flows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(links, bytes, flows)``: each link's entries added in order (links sorted)."""
     uniq, inv = np.unique(lk, return_inverse=True)
     return (
         uniq,
@@ -107,22 +123,28 @@ def _op_key(low, op) -> tuple:
     return (op.coll, op.group, op.size_bytes, op.scaleout_fraction, op.axis, low.layout.stage_of(op.rank))
 
 
-def _op_loads(low, topo, op) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(links, bytes, peak flows)`` of one collective or send with its twins."""
+def _op_loads(low, topo, op, fold: dict | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(links, bytes, peak flows)`` of one collective or send with its twins. ``fold``: the
+    plans by shape (:func:`_folded`), or None to plan every twin group."""
     from simulator.network.phases import Transfer
 
     if op.kind == "send":
-        phases = [[Transfer(a, b, op.size_bytes) for a, b in _groups(low, op, (op.rank, op.peer))]]
+        per_phase = [_loads(topo, [Transfer(a, b, op.size_bytes) for a, b in _groups(low, op, (op.rank, op.peer))])]
     else:
-        # flows are counted per phase: a plan's phases run one after another, the twins'
-        # i-th phases together
-        plans = [low._plan(op.coll, g, op.size_bytes, op.scaleout_fraction) for g in _groups(low, op, op.group)]
-        depth = max(len(p.phases) for p in plans)
-        phases = [[t for p in plans if i < len(p.phases) for t in p.phases[i].transfers] for i in range(depth)]
+        groups = _groups(low, op, op.group)
+        folded = _folded(low, topo, op, groups, fold) if fold is not None else None
+        if folded is not None:
+            per_phase = folded
+        else:
+            # flows are counted per phase: a plan's phases run one after another, the twins'
+            # i-th phases together
+            plans = [low._plan(op.coll, g, op.size_bytes, op.scaleout_fraction) for g in groups]
+            depth = max(len(p.phases) for p in plans)
+            phases = [[t for p in plans if i < len(p.phases) for t in p.phases[i].transfers] for i in range(depth)]
+            per_phase = [_loads(topo, ph) for ph in phases]
     links_all, bytes_all = [], []
     flows: dict[int, float] = {}
-    for ph in phases:
-        lk, b, f = _loads(topo, ph)
+    for lk, b, f in per_phase:
         links_all.append(lk)
         bytes_all.append(b)
         for i, n in zip(lk.tolist(), f.tolist()):
@@ -137,11 +159,76 @@ def _op_loads(low, topo, op) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     )
 
 
-def link_columns(res) -> dict[str, np.ndarray]:
+# Algorithms whose phases read a group only through its members' order and its split into
+# domains (simulator/network/alltoall.py, reductions.py, collectives.py): a group with the
+# same domain pattern gets the same transfers with its own members in the same places.
+_LABEL_ONLY = frozenset({"ring", "ring-bidir", "rail-ring", "direct", "hierarchical-a2a"})
+
+
+def _folded(low, topo, op, groups: list[tuple], fold: dict) -> list | None:
+    """:func:`_loads` of each phase of collective ``op`` over every group of ``groups``
+    together (the i-th phases of the groups' plans as one), from one plan per shape, or None
+    where a group's plan cannot be had so.
+
+    On a switched network the algorithm :func:`~simulator.network.collectives.plan_collective`
+    runs depends on a group only through how many of its members each domain holds, and the
+    algorithms of ``_LABEL_ONLY`` read the group only through its members' order and its
+    split into domains (:func:`~simulator.network.plans.split_by_domain`). So two groups
+    with the same domain pattern (each member's domain, numbered by first appearance), the
+    same size and scale-out fraction get the same transfers, in the same order, with the
+    second group's members in the first's places. ``fold`` keeps each shape's plan as places
+    (group positions); the twin groups are not planned again (DeepSeek-V3 on 2,048 H800: 64
+    node-limited all-to-all plans of 896 transfers, 0.5 s, down to 2)."""
+    if topo.kind == "torus" or op.kind != "collective":
+        return None
+    per_group = []
+    for g in groups:
+        pattern: dict = {}
+        key = (
+            op.coll,
+            tuple(pattern.setdefault(d, len(pattern)) for d in topo.domains_of(g).tolist()),
+            op.size_bytes,
+            op.scaleout_fraction,
+        )
+        places = fold.get(key)
+        if places is None:
+            places = fold[key] = _places(low._plan(op.coll, g, op.size_bytes, op.scaleout_fraction), g)
+        if places == ():
+            return None
+        per_group.append((np.asarray(g, dtype=np.int64), places))
+    depth = max((len(places) for _, places in per_group), default=0)
+    out = []
+    for i in range(depth):
+        cols = [(m[ph[0]], m[ph[1]], ph[2], ph[3]) for m, places in per_group if i < len(places) for ph in [places[i]]]
+        out.append(_routed_loads(topo, *(np.concatenate(c) for c in zip(*cols))))
+    return out
+
+
+def _places(plan, group: tuple) -> tuple:
+    """``plan`` (over ``group``) as columns per phase: each transfer's source and destination
+    as positions in ``group``, its ``size_bytes x weight`` and its weight; ``()`` for a plan
+    of another algorithm than ``_LABEL_ONLY``'s, or with incidences."""
+    if plan.algorithm not in _LABEL_ONLY or any(t.incidence is not None for ph in plan.phases for t in ph.transfers):
+        return ()
+    at = {d: i for i, d in enumerate(group)}
+    return tuple(
+        (
+            np.array([at[t.src] for t in ph.transfers], dtype=np.int64),
+            np.array([at[t.dst] for t in ph.transfers], dtype=np.int64),
+            np.array([t.size_bytes * t.weight for t in ph.transfers], dtype=float),
+            np.array([t.weight for t in ph.transfers], dtype=float),
+        )
+        for ph in plan.phases
+    )
+
+
+def link_columns(res, fold: bool = True) -> dict[str, np.ndarray]:
     """The links table (``docs/formats.md``, "Links table") of the
     :class:`~simulator.results.result.Result` ``res``, as columns: one row per loaded
     link and axis, then one per loaded link with ``axis == "all"``; sorted by link, then
-    axis (``all`` last). Needs the run's trace, topology and records."""
+    axis (``all`` last). Needs the run's trace, topology and records. ``fold=False`` plans
+    every twin group itself instead of one group per shape (:func:`_folded`; the same
+    table, tests compare)."""
     if res.raw is None or res.trace is None or res.topology is None or res.scenario is None:
         raise KeyError("links: the table needs the run itself (a Result rebuilt from its tables has none)")
     topo = res.topology
@@ -161,6 +248,7 @@ def link_columns(res) -> dict[str, np.ndarray]:
     axes = sorted({s[0].axis or "none" for s in spans.values()})
     axis_id = {a: i for i, a in enumerate(axes)}
     # ops of one shape, axis and stage load the same links alike: one pattern each
+    shapes: dict | None = {} if fold else None  # plans by shape, as places (_folded)
     pattern: dict = {}  # op key -> pattern index
     loads: list = []  # per pattern: (links, bytes, flows, axis id)
     op_pat, op_t0, op_t1 = [], [], []
@@ -169,7 +257,7 @@ def link_columns(res) -> dict[str, np.ndarray]:
         p = pattern.get(k)
         if p is None:
             p = pattern[k] = len(loads)
-            loads.append((*_op_loads(low, topo, op), axis_id[op.axis or "none"]))
+            loads.append((*_op_loads(low, topo, op, shapes), axis_id[op.axis or "none"]))
         op_pat.append(p)
         op_t0.append(t0)
         op_t1.append(t1)
@@ -181,12 +269,14 @@ def link_columns(res) -> dict[str, np.ndarray]:
     g_link, g_axis, g_bytes, g_busy, g_peak = (c[order] for c in rows)
     step = float(res.raw.step_time_s)
     names = np.array([*axes, "all"], dtype=object)
-    ends = [topo.link_endpoints(int(i)) for i in g_link.tolist()]
+    # each link's names and kind once (a link has a row per axis loading it, and ``all``)
+    uniq, at = np.unique(g_link, return_inverse=True)
+    ends = [topo.link_endpoints(i) for i in uniq.tolist()]
     return {
         "link": g_link.astype(np.int64),
-        "src": np.array([str(u) for u, _ in ends], dtype=object),
-        "dst": np.array([str(v) for _, v in ends], dtype=object),
-        "kind": np.array([topo.link_kind[i] for i in g_link.tolist()], dtype=object),
+        "src": np.array([str(u) for u, _ in ends], dtype=object)[at],
+        "dst": np.array([str(v) for _, v in ends], dtype=object)[at],
+        "kind": np.array([topo.link_kind[i] for i in uniq.tolist()], dtype=object)[at],
         "bw_bytes_per_s": topo.link_capacity[g_link].astype(float),
         "axis": names[g_axis],
         "bytes": g_bytes,
