@@ -263,17 +263,17 @@ class Result:
         # cyclic collector would only walk the run's records again and again (a child
         # forked for the figures inherits the pause).
         with _gc_paused():
-            # built once, before forking: the figures, the trace and the tables all read it
+            # built once, before forking: the figures, the trace and the tables all read them
+            # (the links table plans each collective shape once: a fraction of the figures'
+            # time, which a child building its own would add to the CPU a run takes)
             events = self.table("events")
+            links = self.links_table()  # None without the run itself (see links_table)
             beside = None
             if figures and parallel is not False:
                 from simulator.results.beside import Beside, can_fork
 
                 if can_fork():
-                    # forked before the links table: the child builds its own for links.png
-                    # while this process builds it for the files (the same table, in parallel)
                     beside = Beside(lambda: self._write_figures(figures))
-            links = self.links_table()  # None without the run itself (see links_table)
             try:
                 paths["summary"].write_text(self.summary_json())
                 if self.scenario is not None:
