@@ -142,21 +142,13 @@ def _op_loads(low, topo, op, fold: dict | None = None) -> tuple[np.ndarray, np.n
             depth = max(len(p.phases) for p in plans)
             phases = [[t for p in plans if i < len(p.phases) for t in p.phases[i].transfers] for i in range(depth)]
             per_phase = [_loads(topo, ph) for ph in phases]
-    links_all, bytes_all = [], []
-    flows: dict[int, float] = {}
-    for lk, b, f in per_phase:
-        links_all.append(lk)
-        bytes_all.append(b)
-        for i, n in zip(lk.tolist(), f.tolist()):
-            flows[i] = max(flows.get(i, 0.0), n)
-    lk = np.concatenate(links_all) if links_all else np.zeros(0, dtype=np.int64)
-    b = np.concatenate(bytes_all) if bytes_all else np.zeros(0)
+    lk = np.concatenate([x[0] for x in per_phase]) if per_phase else np.zeros(0, dtype=np.int64)
+    b = np.concatenate([x[1] for x in per_phase]) if per_phase else np.zeros(0)
+    f = np.concatenate([x[2] for x in per_phase]) if per_phase else np.zeros(0)
     uniq, inv = np.unique(lk, return_inverse=True)
-    return (
-        uniq,
-        np.bincount(inv, weights=b, minlength=len(uniq)),
-        np.array([flows[i] for i in uniq.tolist()], dtype=float),
-    )
+    peak = np.zeros(len(uniq))  # each link's flows in its busiest phase
+    np.maximum.at(peak, inv, f)
+    return uniq, np.bincount(inv, weights=b, minlength=len(uniq)), peak
 
 
 # Algorithms whose phases read a group only through its members' order and its split into
@@ -313,16 +305,19 @@ def _rows(loads: list, count: np.ndarray, pats, t0, t1, n_axes: int):
     for j in range(1, int(size.max())):
         more = size > j
         total[more] += nbytes[first[more] + j]
-    timing: dict = {}  # signature -> (busy seconds, peak flows)
-    busy, peak = np.empty(len(first)), np.empty(len(first))
+    # each group's signature, its (pattern, flows) pairs in order, as the bytes of one number
+    # per pair: equal bytes, equal signatures; numbered by first appearance
+    _, flow_code = np.unique(flows, return_inverse=True)
+    buf = (pat * (int(flow_code.max()) + 1) + flow_code.ravel()).astype(np.int64).tobytes()
+    number: dict[bytes, int] = {}
+    lo, hi = (first * 8).tolist(), ((first + size) * 8).tolist()
+    sig_of = np.fromiter((number.setdefault(buf[a:b], len(number)) for a, b in zip(lo, hi)), np.int64, len(lo))
     pl, fl = pat.tolist(), flows.tolist()
-    for g, (a, n) in enumerate(zip(first.tolist(), size.tolist())):
-        sig = tuple(zip(pl[a : a + n], fl[a : a + n]))
-        hit = timing.get(sig)
-        if hit is None:
-            hit = timing[sig] = _busy_and_peak(sig, pats, t0, t1)
-        busy[g], peak[g] = hit
-    return [link[first], axis[first], total, busy, peak]
+    timing = np.empty((len(number), 2))  # per signature: busy seconds, peak flows
+    for k, g in enumerate(np.unique(sig_of, return_index=True)[1].tolist()):  # a group of each
+        a, n = int(first[g]), int(size[g])
+        timing[k] = _busy_and_peak(tuple(zip(pl[a : a + n], fl[a : a + n])), pats, t0, t1)
+    return [link[first], axis[first], total, timing[sig_of, 0], timing[sig_of, 1]]
 
 
 def _busy_and_peak(sig: tuple, pats: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> tuple[float, float]:
