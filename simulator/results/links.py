@@ -6,7 +6,9 @@ collective instance (one rendezvous ``key``) is planned again as the engine lowe
 (:class:`~simulator.engine.lowering.Lowering` with the scenario's algorithm choice),
 together, in representative mode, with the twin groups it stands for, so the table
 holds the whole cluster's traffic; each send likewise with its twin pairs. A transfer
-loads the links of its route (or of its incidence), ``size_bytes x weight`` on each.
+loads the links of its route (or of its incidence), ``size_bytes x weight`` on each. On a
+switched network the groups of one domain pattern share one plan, each with its own members
+in its places (:func:`_folded`): the same transfers as planning each group.
 
 Per link and axis (and per link over every axis, ``axis == "all"``):
 
