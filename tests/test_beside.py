@@ -86,3 +86,15 @@ def test_the_engine_leaves_no_thread_behind():
     before = threading.active_count()
     simulate("quickstart", progress=True)
     assert threading.active_count() == before
+
+
+def test_a_sweep_leaves_no_thread_behind():
+    # the sweeps' bar too (a sweep with progress=True left tqdm's monitor running: later
+    # writes in the same process could not fork, and this file failed after test_plots)
+    from helpers import scenario
+
+    from simulator.studies.sweep import sweep
+
+    before = threading.active_count()
+    sweep({"base": scenario(), "grid": {"parallel.tp": [1]}}, jobs=1, progress=True)
+    assert threading.active_count() == before

@@ -126,11 +126,11 @@ class _Environment(simpy.Environment):
 
 
 @cache
-def _progress_bar():
+def progress_bar():
     """``tqdm.auto``'s bar (a widget in a notebook, with ipywidgets; text elsewhere)
     without tqdm's monitor thread, which would outlive the run and keep
-    :meth:`~simulator.results.result.Result.write` from forking (the bar updates
-    every op, so the monitor's nudge for stalled bars has nothing to do)."""
+    :meth:`~simulator.results.result.Result.write` from forking (engine and sweep bars
+    update every op or case: the monitor's nudge for stalled bars has nothing to do)."""
     from tqdm.auto import tqdm
 
     class Bar(tqdm):
@@ -234,7 +234,7 @@ class Engine:
             if ops:
                 self.env.process(self._stream(rank, stream, ops))
         if self.progress is not False:
-            self._bar = _progress_bar()(
+            self._bar = progress_bar()(
                 total=len(self.trace.ops),
                 unit="op",
                 desc="simulating",

@@ -124,8 +124,9 @@ def run_cases(
 ) -> tuple[pd.DataFrame, dict[str, dict]]:
     """Run the cases not already finished in ``out`` and return ``(table, rows by key)``.
     The engine under :func:`sweep` and :func:`simulator.studies.search.search`."""
-    from tqdm.auto import tqdm
+    from simulator.engine.loop import progress_bar
 
+    tqdm = progress_bar()
     store = RowStore(out) if out is not None else None
     rows = store.load() if store is not None else {}
     if retry_failed:
