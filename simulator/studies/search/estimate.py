@@ -184,8 +184,9 @@ def estimate_memory(sc) -> dict:
 # different axes on shared links (the simulator's max-min sharing), per-flow routing on the
 # fat-tree, activation offload, ``algorithms:`` overrides and perturbations. It is a ranking
 # device, not a prediction: tests/test_search.py checks its rank correlation with simulated
-# step times on a small search; on the DeepSeek-V3 searches of docs/results/search it came
-# within 1-2 % of the simulated step times on GPUs and 3-9 % on a TPU v5p torus.
+# step times on a small search; on the committed searches of docs/results/search it is
+# 0.7-10.8 % faster than the simulation on DeepSeek-V3 / 2,048 H800, -10.5 .. +12.8 % on the
+# GB200 placement search and 3-24 % faster on Kimi K2 (docs/results/search/README.md).
 
 # Share of the data-parallel gradient reduction that can hide behind compute. The trace issues
 # a layer's reduction when the *last* micro-batch's backward of that layer is done (one bucket

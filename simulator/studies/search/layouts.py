@@ -46,9 +46,10 @@ PRUNE_TOLERANCE = 0.01
 # estimate's relative error e = E / S - 1 is at most the allowance a = (largest e seen on
 # the layouts simulated so far, at least 0) + ESTIMATE_MARGIN (the same with pp = 1 for the
 # best layout without pipeline parallelism). The margin covers the errors of layouts not
-# yet simulated beyond those seen. Measured on the 32 layouts simulated in the DeepSeek-V3
-# searches of docs/results/search (with the DualPipe pair model of simulator.studies.search.estimate):
-# e in -4.1 .. +2.9 % on 2,048 H800, -0.9 .. +6.1 % on 2,304 GB200, so the largest error of
+# yet simulated beyond those seen. Measured when it was set (2026-12-01) on the 32 layouts
+# simulated in the DeepSeek-V3 searches of docs/results/search (with the DualPipe pair model of
+# simulator.studies.search.estimate): e in -4.1 .. +2.9 % on 2,048 H800, -0.9 .. +6.1 % on
+# 2,304 GB200 (today's committed searches: docs/results/search/README.md), so the largest error of
 # a search exceeds the smallest by 7 %; the layouts simulated first are those the estimate
 # ranks best, which are also those it most underestimates, so the allowance must reach
 # beyond the largest error seen among them by about the spread: 5 % plus what the search
