@@ -13,14 +13,15 @@ See :mod:`simulator.engine.loop` for the representative assumption and the quoti
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import replace
 
 import numpy as np
 
 from simulator.engine.quotient import SMALL_TWINS, bundle, image_quotient, quotient_phase, quotient_plan
 from simulator.network import collectives as coll_mod
+from simulator.network.binding import never_binding
 from simulator.network.flows import FlowNetwork, Transfer
+from simulator.network.orbits import TorusOrbits, layout_translations, orbit_phase
 from topologies.topology import Topology
 from workloads.layout import ParallelLayout
 from workloads.trace.ops import Op, Trace
@@ -44,6 +45,7 @@ class Lowering:
         twin_quotient: bool = True,
         a2a_quotient: bool = True,
         a2a_overlap_slowdown: float = 1.0,
+        orbit_quotient: bool | None = None,
     ) -> None:
         self.trace, self.topo, self.layout, self.net = trace, topo, layout, net
         # an all-to-all marked ``comm_overlap`` (beside a batch-level overlapped pair's compute)
@@ -52,6 +54,8 @@ class Lowering:
         self.algorithms = algorithms or {}
         self.twin_quotient = twin_quotient
         self.a2a_quotient = a2a_quotient
+        self.orbit_quotient = type(self).orbit_quotient if orbit_quotient is None else orbit_quotient
+        self._orbits: TorusOrbits | None | bool = False  # (_orbit_group) False: not decided yet
         self.twin_stats = {"quotient": 0, "fallback": 0, "partial": 0}  # quotiented / fallbacks / by class
         self._twin_cache: dict = {}
         self._plan_cache: dict = {}
@@ -72,6 +76,9 @@ class Lowering:
             self._sim = np.zeros(layout.world, dtype=bool)
             self._sim[list(trace.ranks)] = True
 
+    #: Whether a representative run on a torus folds its phases by translations (_orbit_group).
+    orbit_quotient: bool = True
+
     def quotient_phase(self, rep: tuple, twins: list) -> tuple | None:
         """:func:`~simulator.engine.quotient.quotient_phase` on this network, counted in
         :attr:`twin_stats`."""
@@ -80,22 +87,69 @@ class Lowering:
     def collective_phases(self, op: Op) -> tuple:
         """The merged network phases (:func:`collectives.merged_phases`) of
         :meth:`_network_plans`, once per collective shape and rank."""
-        # With one rank per class the phases are the group's, whichever member asks
-        # (:meth:`_network_plans` reads the rank only for its stage): one entry per group.
-        who = op.rank if self._cls is None else -1 - self.layout.stage_of(op.rank)
-        key = (op.coll, self._group_id(op.group), op.size_bytes, op.axis, who, op.scaleout_fraction, op.comm_overlap)
+        key = self._phase_key(op)
         hit = self._net_phase_cache.get(key)
+        if hit is None and self._orbit_group() is not None:
+            hit = self._net_phase_cache.get(key)  # filled by _orbit_group
         if hit is None:
-            planned = op
-            if op.comm_overlap and op.coll == "all-to-all" and self.a2a_overlap_slowdown != 1.0:
-                # planned as that many more bytes, as the calibration's a2a_efficiency is
-                # (collectives._a2a_scaled); the op's own bytes (events, links table) stay
-                planned = replace(op, size_bytes=op.size_bytes * self.a2a_overlap_slowdown)
-            hit = coll_mod.merged_phases(self.net, self._network_plans(planned))
+            hit = coll_mod.merged_phases(self.net, self._network_plans(self._planned(op)))
             if self._cls is not None:
                 hit = self._binding_only(hit)
             self._net_phase_cache[key] = hit
         return hit
+
+    def _phase_key(self, op: Op) -> tuple:
+        # With one rank per class the phases are the group's, whichever member asks
+        # (:meth:`_network_plans` reads the rank only for its stage): one entry per group.
+        who = op.rank if self._cls is None else -1 - self.layout.stage_of(op.rank)
+        return (op.coll, self._group_id(op.group), op.size_bytes, op.axis, who, op.scaleout_fraction, op.comm_overlap)
+
+    def _planned(self, op: Op) -> Op:
+        """``op`` as planned: an all-to-all marked ``comm_overlap`` (beside a batch-level
+        overlapped pair's compute) as ``a2a_overlap_slowdown`` times its bytes, as the
+        calibration's a2a_efficiency is; the op's own bytes (events, links table) stay."""
+        if op.comm_overlap and op.coll == "all-to-all" and self.a2a_overlap_slowdown != 1.0:
+            return replace(op, size_bytes=op.size_bytes * self.a2a_overlap_slowdown)
+        return op
+
+    def _orbit_group(self) -> TorusOrbits | None:
+        """The torus translations folding every phase (:mod:`simulator.network.orbits`), decided
+        once: None without ``orbit_quotient``/``twin_quotient``, with one rank per class, or
+        where an op's phases do not fold (then none does: folded flows must not meet others)."""
+        if self._orbits is False:
+            ok = self.orbit_quotient and self.twin_quotient and self.trace.representative and self._cls is None
+            self._orbits = layout_translations(self.topo, self.layout) if ok else None
+            for op in self.trace.ops if self._orbits is not None else ():  # fill the caches
+                if op.kind == "send":
+                    key, cache, fold = (op.rank, op.peer, op.size_bytes, op.axis), self._send_cache, self._orbit_send
+                elif op.kind == "collective":
+                    key, cache, fold = self._phase_key(op), self._net_phase_cache, self._orbit_phases
+                else:
+                    continue
+                if key not in cache and cache.setdefault(key, fold(op)) is None:  # not folded: none is
+                    self._orbits = None
+                    self._net_phase_cache.clear()
+                    self._send_cache.clear()
+                    break
+        return self._orbits  # pyright: ignore[reportReturnType]  (decided above)
+
+    def _orbit_phases(self, op: Op) -> tuple | None:
+        """The merged phases of ``op``'s and its twin groups' plans, each folded into its
+        orbits (None where one is not mapped onto itself)."""
+        assert isinstance(self._orbits, TorusOrbits)
+        op = self._planned(op)
+        plans = [self._plan(op.coll, g, op.size_bytes, op.scaleout_fraction) for g in self._groups_on_network(op)]
+        out = [
+            (orbit_phase(self.net, self._orbits, t), steps, c)
+            for t, steps, c in coll_mod.merged_phases(self.net, plans)
+        ]
+        return None if any(q is None for q, _, _ in out) else tuple(out)
+
+    def _orbit_send(self, op: Op) -> tuple | None:
+        """A send and its twin pairs' (:meth:`_twin_rows`), folded into their orbits."""
+        assert isinstance(self._orbits, TorusOrbits)
+        pairs = self._twin_rows(op, pair=(op.rank, op.peer))
+        return orbit_phase(self.net, self._orbits, [Transfer(int(a), int(b), op.size_bytes) for a, b in pairs])
 
     def _group_id(self, group: tuple) -> int:
         """A number for ``group``, the same for equal groups, found by the tuple's identity
@@ -400,6 +454,8 @@ class Lowering:
         network reuses its routed form): the pair's, or its quotient over its twins."""
         key = (op.rank, op.peer, op.size_bytes, op.axis)
         hit = self._send_cache.get(key)
+        if hit is None and self._orbit_group() is not None:
+            hit = self._send_cache.get(key)  # filled by _orbit_group
         if hit is None:
             pairs = np.asarray(self._twin_rows(op, pair=(op.rank, op.peer)), dtype=np.int64)
             own = (Transfer(op.rank, op.peer, op.size_bytes),)
@@ -542,36 +598,3 @@ class Lowering:
         pp_stride = L.rank_of(pp=1) if L.pp > 1 else 0
         shift = np.array([(L.stage_of(r) - stage) * pp_stride for r in group], dtype=np.int64)
         return np.array(L.stage_ranks(stage), dtype=np.int64)[:, None] + shift[None, :]
-
-
-def never_binding(topo: Topology, capacity: np.ndarray) -> np.ndarray:
-    """Whether each link (of capacities ``capacity``) can never be the one that limits a
-    flow's max-min rate: a link from switch ``u`` to switch ``v`` where ``v`` is ``u``'s only
-    neighbouring switch and the links from devices into ``u`` add up to no more than its
-    capacity (every flow on it came in by one of them), or ``u`` is ``v``'s only neighbouring
-    switch and the links from ``v`` out to devices add up to no more than it (every flow on
-    it leaves by one of them). Such a link is full only when all of those are full and all
-    their flows cross it, so it freezes no flow they do not: a leaf's uplink and downlink to
-    the spine under oversubscription 1 (8 NICs of 50 GB/s below 400 GB/s on gb200-nvl72),
-    none of an oversubscribed leaf's."""
-    ends = [topo.link_endpoints(k) for k in range(topo.n_links)]
-    device = {u for u, _ in ends if topo.graph.nodes[u].get("kind") == "device"}
-    from_devices: dict = defaultdict(float)  # switch -> capacity of the links from devices into it
-    to_devices: dict = defaultdict(float)  # switch -> capacity of its links out to devices
-    switches_in: dict = defaultdict(int)  # switch -> links into it from switches
-    switches_out: dict = defaultdict(int)
-    for k, (u, v) in enumerate(ends):
-        if u in device:
-            from_devices[v] += capacity[k]
-        elif v in device:
-            to_devices[u] += capacity[k]
-        else:
-            switches_in[v] += 1
-            switches_out[u] += 1
-    drop = np.zeros(topo.n_links, dtype=bool)
-    for k, (u, v) in enumerate(ends):
-        if u not in device and v not in device:
-            drop[k] = (switches_in[u] == 1 and from_devices[u] <= capacity[k]) or (
-                switches_out[v] == 1 and to_devices[v] <= capacity[k]
-            )
-    return drop

@@ -11,6 +11,8 @@
   phase passes through the same flow sets);
 * :mod:`.flowslots`, :mod:`.stats` — the in-flight flows' slot arrays, the counters;
 * :mod:`.components` — the link-sharing components of the active flows, found on arrays;
+* :mod:`.orbits` — a torus's translation orbits: a phase every translation of a group maps
+  onto itself as one flow per orbit; :mod:`.binding` — links that can never bind a rate;
 * :mod:`.collectives` — planning a collective (algorithm choice, :func:`plan_collective`)
   and running its phases; the algorithms by family in :mod:`.plans` (phases, combinators,
   group structure), :mod:`.reductions` (ring, tree, halving-doubling, hierarchical,
