@@ -111,9 +111,9 @@ MOE_TORUS = _moe(32, {"preset": "tpu-v5p", "devices": 256}, {"tp": 1, "pp": 1, "
     "sc",
     [
         MOE_TORUS,
-        _moe(32, {"preset": "tpu-v5p", "devices": 64}, {"tp": 2, "pp": 2, "dp": 16, "ep": 8}, 64),
+        _moe(32, {"preset": "tpu-v5p", "devices": 128}, {"tp": 2, "pp": 1, "dp": 64, "ep": 16, "zero": 1}, 128),
     ],
-    ids=["ep16-zero3", "tp2-pp2-ep8"],
+    ids=["ep16-zero3", "tp2-ep16"],
 )
 def test_run_folded_equals_unfolded_and_exact(sc, monkeypatch):
     folded, f = _run(sc, True, monkeypatch)
@@ -126,8 +126,11 @@ def test_run_folded_equals_unfolded_and_exact(sc, monkeypatch):
         assert folded[key] == pytest.approx(exact[key], rel=1e-9, abs=1e-15), key
 
 
-def test_no_fold_without_the_twin_quotient_or_off_a_torus(monkeypatch):
+def test_no_fold_without_the_twin_quotient_with_stages_or_off_a_torus(monkeypatch):
     _, seen = _run(MOE_TORUS, True, monkeypatch, twin_quotient=False)
+    assert not seen["folded"]
+    sc = _moe(32, {"preset": "tpu-v5p", "devices": 64}, {"tp": 2, "pp": 2, "dp": 16, "ep": 8}, 64)
+    _, seen = _run(sc, True, monkeypatch)
     assert not seen["folded"]
     sc = _moe(32, {"preset": "dgx-h100", "devices": 16}, {"tp": 1, "pp": 1, "dp": 16, "ep": 8}, 32)
     _, seen = _run(sc, True, monkeypatch)
