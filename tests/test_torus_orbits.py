@@ -10,6 +10,7 @@ import simpy
 from test_symmetry import _moe
 
 import simulator.engine.loop as loop
+import simulator.network.orbits as orbits_mod
 from simulator import simulate
 from simulator.engine.lowering import Lowering
 from simulator.network.flows import FlowNetwork, Transfer
@@ -44,6 +45,17 @@ def _finish(topo: Topology, phases: list) -> list[float]:
         ev.callbacks.append(lambda _e: done.append(env.now))
     env.run()
     return done
+
+
+def test_a_large_group_gives_way_to_a_subgroup(monkeypatch):
+    topo = _torus()
+    monkeypatch.setattr(orbits_mod, "MAX_IMAGE_CELLS", 4 * topo.n_links)  # 4 of the 16 translations
+    g = translation_group(topo, [_xy(topo)[1]])
+    assert g is not None and g.order == 4
+    full = _phases(topo)
+    folded = [orbit_phase(FlowNetwork(simpy.Environment(), topo), g, p) for p in full]
+    assert [len(p) for p in folded] == [len(full[0]) // 4, len(full[1]) // 4]
+    assert _finish(topo, folded) == pytest.approx(_finish(topo, full), rel=1e-12)
 
 
 def test_group_of_translations_keeps_the_partitions():

@@ -34,6 +34,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from topologies.topology import Topology
     from workloads.layout import ParallelLayout
 
+#: Most translations x links held as arrays (each an int64 array of this many cells): past it a
+#: subgroup (multiples of an axis's shift), so that a large torus stays within memory.
+MAX_IMAGE_CELLS = 1 << 23
+
 #: The layout's group axes whose groups a translation must map onto groups.
 _AXES = ("tp", "cp", "dp", "ep", "edp", "etp", "dp_cp")
 
@@ -96,22 +100,28 @@ def translation_group(topo: Topology, partitions: list[np.ndarray]) -> TorusOrbi
         if u not in index or v not in index:
             return None
         ends[k] = index[u], index[v]
-    images = np.arange(n, dtype=np.int64)[None, :]
+    shifts = {}  # axis -> the smallest shift along it that keeps the partitions
     for axis, length in enumerate(shape):
-        if not wrap[axis] or length <= 2:  # a 2-ring's shift maps a link onto its reverse
-            continue
-        for k in range(1, length):
-            if length % k:
-                continue
-            step = _shift_map(topo, axis, k)
-            if _keeps(step, partitions):
-                powers = [np.arange(n, dtype=np.int64)]
-                for _ in range(length // k - 1):
-                    powers.append(step[powers[-1]])
-                images = np.concatenate([p[images] for p in powers])  # compose with every power
-                break
-    if images.shape[0] == 1:
+        if wrap[axis] and length > 2:  # (a 2-ring's shift maps a link onto its reverse)
+            k = next(
+                (k for k in range(1, length) if not length % k and _keeps(_shift_map(topo, axis, k), partitions)), 0
+            )
+            if k:
+                shifts[axis] = k
+    while shifts and math.prod(shape[a] // k for a, k in shifts.items()) * topo.n_links > MAX_IMAGE_CELLS:
+        a = max(shifts, key=lambda a: shape[a] // shifts[a])  # a subgroup: a multiple of its shift
+        shifts[a] = next(k for k in range(shifts[a] + 1, shape[a] + 1) if not shape[a] % k and not k % shifts[a])
+        if shifts[a] == shape[a]:
+            del shifts[a]
+    if not shifts:
         return None
+    images = np.arange(n, dtype=np.int64)[None, :]
+    for axis, k in shifts.items():
+        step = _shift_map(topo, axis, k)
+        powers = [np.arange(n, dtype=np.int64)]
+        for _ in range(shape[axis] // k - 1):
+            powers.append(step[powers[-1]])
+        images = np.concatenate([p[images] for p in powers])  # compose with every power
     # link images: (u, v) -> (g u, g v), looked up by the pair's key
     key = ends[:, 0] * n + ends[:, 1]
     order = np.argsort(key)
