@@ -138,6 +138,21 @@ def test_run_folded_equals_unfolded_and_exact(sc, monkeypatch):
         assert folded[key] == pytest.approx(exact[key], rel=1e-9, abs=1e-15), key
 
 
+def test_stages_fold_only_when_asked_and_equal_every_twin_injected(monkeypatch):
+    sc = _moe(32, {"preset": "tpu-v5p", "devices": 128}, {"tp": 2, "pp": 4, "dp": 16, "ep": 8}, 128)
+    sc["schedule"] = "dualpipe"
+    _, seen = _run(sc, True, monkeypatch)
+    assert not seen["folded"]
+    monkeypatch.setattr(orbits_mod, "FOLD_STAGES", True)
+    folded, f = _run(sc, True, monkeypatch)
+    every, _ = _run(sc, True, monkeypatch, twin_quotient=False)
+    exact, _ = _run(sc, True, monkeypatch, exact=True)
+    assert f["folded"]
+    for key in ("step_time_s", "exposed_comm_fraction", "bubble_fraction", "peak_memory_bytes"):
+        assert folded[key] == pytest.approx(every[key], rel=1e-9, abs=1e-15), key
+        assert folded[key] == pytest.approx(exact[key], rel=1e-9, abs=1e-15), key
+
+
 def test_no_fold_without_the_twin_quotient_with_stages_or_off_a_torus(monkeypatch):
     _, seen = _run(MOE_TORUS, True, monkeypatch, twin_quotient=False)
     assert not seen["folded"]
