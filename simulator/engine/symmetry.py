@@ -130,14 +130,18 @@ def rank_classes(layout: ParallelLayout, topo: Topology, max_classes: int | None
     round only splits classes, so the same budget, or the count it gave, finds the same
     round again. Computed once per layout, topology and budget (the trace, the lowering and
     the summary's note ask alike)."""
-    hit = _last_classes.get(max_classes)
-    if hit is None or hit[0] is not layout or hit[1] is not topo:
-        hit = _last_classes[max_classes] = (layout, topo, _rank_classes(layout, topo, max_classes))
-    return hit[2]
+    of = _last_classes.get("of")
+    if of is None or of[0] is not layout or of[1] is not topo:  # forget the previous layout's
+        _last_classes.clear()
+        _last_classes["of"] = (layout, topo)
+    if max_classes not in _last_classes:
+        _last_classes[max_classes] = _rank_classes(layout, topo, max_classes)
+    return _last_classes[max_classes]
 
 
-#: The last layout and topology :func:`rank_classes` classified per budget, with its answer.
-_last_classes: dict[int | None, tuple] = {}
+#: The last layout and topology :func:`rank_classes` classified (``"of"``) and its answer per
+#: budget: one layout's at a time, so a long search or map holds no earlier topology.
+_last_classes: dict = {}
 
 
 def _rank_classes(layout: ParallelLayout, topo: Topology, max_classes: int | None) -> np.ndarray | None:
