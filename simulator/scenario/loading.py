@@ -55,6 +55,11 @@ def read_mapping(path: str | Path, what: str = "scenario") -> dict:
 
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+#: The keys a validation case file (``stepsim validate``, validation/README.md) has beside its
+#: scenario: the published figure and the assumptions made translating the run. A file with
+#: ``published`` loads as the scenario it holds, so ``stepsim run CASE`` shows the timeline
+#: behind a validation row (``stepsim validate`` checks the two keys themselves).
+CASE_KEYS = ("published", "assumptions")
 
 
 def builtin_scenarios() -> dict[str, Path]:
@@ -74,6 +79,8 @@ def load_scenario(source: str | Path | Mapping) -> Scenario:
         data = dict(source)
     else:
         raise ScenarioError(f"expected a path or a mapping, got {type(source).__name__}", field="")
+    if "published" in data:  # a validation case runs as its scenario (validation/README.md)
+        data = {k: v for k, v in data.items() if k not in CASE_KEYS}
     try:
         sc = ScenarioIn.model_validate(data)
     except ValidationError as err:
