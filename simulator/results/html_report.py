@@ -41,6 +41,7 @@ from simulator.results.plots import (
     colour_for,
     curve_colours,
 )
+from simulator.results.report import idle_label
 from workloads.trace.ops import MEMORY_CATEGORIES
 
 
@@ -182,7 +183,7 @@ def headline_cards(s: dict) -> str:
         _card("tokens / s", f"{s.get('tokens_per_s', 0):,.0f}"),
         _card("MFU", f"{100 * s['mfu']:.1f} %"),
         _card("HFU", f"{100 * s.get('hfu', 0):.1f} %"),
-        _card("pipeline bubble", f"{100 * s['bubble_fraction']:.1f} %"),
+        _card(idle_label(s), f"{100 * s['bubble_fraction']:.1f} %"),
         _card("exposed comm", f"{100 * s['exposed_comm_fraction']:.1f} %"),
     ]
     if s.get("offload_wait_fraction"):

@@ -7,6 +7,13 @@ def _b(x: float) -> str:
     return f"{x / 1e9:,.1f} GB"
 
 
+def idle_label(summary: dict) -> str:
+    """What the summary's bubble is: a pipeline bubble with pp > 1; with pp = 1 no stage waits on
+    another, and the same idle (nothing of the rank's own in flight, docs/design.md) is a device
+    waiting for peers that reach a collective later (groups split unlike one another)."""
+    return "pipeline bubble" if (summary.get("layout") or {}).get("pp", 1) > 1 else "waiting on peers"
+
+
 def format_summary(result) -> str:
     s = result.summary
     lay = s.get("layout", {})
@@ -20,7 +27,7 @@ def format_summary(result) -> str:
         f"  step time          {s['step_time_s']:.4f} s      tokens/s {s['tokens_per_s']:,.0f}",
         f"  MFU                {100 * s['mfu']:.1f} %        HFU {100 * s['hfu']:.1f} %"
         f"     {s['model_tflops_per_device']:.0f} model TFLOP/s per device",
-        f"  pipeline bubble    {100 * s['bubble_fraction']:.1f} % of the step",
+        f"  {idle_label(s):18s} {100 * s['bubble_fraction']:.1f} % of the step",
         f"  exposed comm       {100 * s['exposed_comm_fraction']:.1f} % of the step",
         f"  peak memory        {_b(s['peak_memory_bytes'])} of {_b(s['hbm_bytes'])}"
         f"  (stage {s.get('peak_memory_stage')})"
