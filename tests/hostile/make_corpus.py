@@ -555,6 +555,7 @@ def main() -> None:
     )
 
     physical_ranges(good, trace_args, topo_args, sweep_args, base_sweep)
+    newest_features()
 
     header = (
         "# Hostile and mistaken inputs, written by tests/hostile/make_corpus.py (read its docstring).\n"
@@ -712,6 +713,51 @@ def physical_ranges(good: dict, trace_args, topo_args, sweep_args, base_sweep) -
     case(
         "kineto_negative_dur", json.dumps(neg), ["kineto_negative_dur.json", "negative"], args=kineto_args, ext=".json"
     )
+
+
+def newest_features() -> None:
+    """Inputs to the surfaces added since the corpus began (2026-12-06): PP map files,
+    sweep ``where`` expressions, Megatron argument lists, placement and MoE settings."""
+    # ---- PP map files (`stepsim ppmap MAP --out DIR`): each was an internal error (exit 1)
+    ppmap_args = ["ppmap", "{file}", "--out", "{out}", "--jobs", "1", "--assemble-only"]
+    tiny_map = {
+        "name": "m",
+        "devices": 16,
+        "models": [{**TINY_MODEL, "moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": 256}}],
+        "training": {"seq_len": 128, "sequences_per_device": 1, "dtype": "bf16"},
+        "grid": {"cluster": {"preset": "dgx-h100"}, "domain_sizes": [8], "nic_gbps": [50]},
+    }
+
+    def ppmap(case_name, msg, **changes):
+        d = copy.deepcopy(tiny_map)
+        for key, value in changes.items():
+            parts = key.split("__")
+            node = d
+            for part in parts[:-1]:
+                node = node.setdefault(part, {})
+            node[parts[-1]] = value
+        case(case_name, d, msg, args=ppmap_args)
+
+    ppmap("ppmap_nic_gbps_string", ["grid.nic_gbps", "'fast'"], grid__nic_gbps=["fast"])
+    ppmap("ppmap_nic_gbps_not_list", "grid.nic_gbps", grid__nic_gbps=50)
+    ppmap("ppmap_nic_gbps_inf", "grid.nic_gbps", grid__nic_gbps=[float("inf")])
+    ppmap("ppmap_grid_list", "grid", grid=[8, 50])
+    ppmap("ppmap_grid_unknown_key", ["grid.domain_size", "domain_sizes"], grid__domain_size=[8])
+    ppmap("ppmap_domain_sizes_not_list", "grid.domain_sizes", grid__domain_sizes=8)
+    ppmap("ppmap_grid_cluster_string", "grid.cluster", grid__cluster="dgx-h100")
+    ppmap("ppmap_model_number", "models", models=[5])
+    ppmap("ppmap_training_list", "training", training=[1])
+    ppmap("ppmap_sequences_per_device_string", "training.sequences_per_device", training__sequences_per_device="8")
+    ppmap("ppmap_search_pp_int", "search.pp", search={"pp": 4})
+    ppmap("ppmap_search_zero_int", "search.zero", search={"zero": 1})
+    ppmap("ppmap_search_schedules_string", "search.schedules", search={"schedules": "1f1b"})
+    ppmap("ppmap_search_unknown_key", ["search.max_ttp", "max_tp"], search={"max_ttp": 4})
+    ppmap("ppmap_search_list", "search", search=[1])
+    ppmap("ppmap_marks_string", "marks", marks={"a": ["x", 1]})
+    ppmap("ppmap_system_cluster_string", "systems.A.cluster", systems={"A": {"cluster": "h800"}})
+    ppmap("ppmap_system_training_list", "systems.A.training", systems={"A": {"cluster": {}, "training": [1]}})
+    ppmap("ppmap_system_unknown_key", "systems.A.foo", systems={"A": {"cluster": {"preset": "h800"}, "foo": 1}})
+    ppmap("ppmap_name_long", ["name", "200"], name="n" * 10_000)
 
 
 def _tiny_trace(scenario: dict) -> dict:

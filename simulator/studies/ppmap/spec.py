@@ -6,12 +6,13 @@ sizes and scale-out bandwidths of every model, and today's systems.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from simulator.scenario.loading import read_mapping
-from simulator.scenario.schema import ScenarioError
+from simulator.scenario.schema import MAX_NAME_CHARS, ScenarioError
 from simulator.studies.search.layouts import (
     SearchBounds,
 )
@@ -61,10 +62,44 @@ class MapSpec:
     adaptive: bool = True
 
 
+GRID_KEYS = ("cluster", "domain_sizes", "nic_gbps")
+SYSTEM_KEYS = ("cluster", "training")
+SEARCH_LISTS = ("pp", "nopp_micro_batch_sizes", "schedules", "zero", "recompute", "micro_batch_sizes")
+#: A grid point's NIC bandwidth, GB/s per GPU: the scenario's bandwidth range (1e6 to 1e18 bytes/s).
+MIN_NIC_GBPS, MAX_NIC_GBPS = 1e-3, 1e9
+
+
 def _pos_int(v, field: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ScenarioError(f"must be a positive integer, got {v!r}", field=field)
     return v
+
+
+def _mapping(v, field: str, keys: tuple[str, ...] | None = None) -> dict:
+    """``v`` (``None``: empty) as a dict; refused naming ``field`` unless a mapping of ``keys``."""
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise ScenarioError(f"must be a mapping, got {type(v).__name__} {v!r:.60}", field=field)
+    for k in v:
+        if keys is not None and k not in keys:
+            raise ScenarioError(f"unknown key; allowed: {', '.join(keys)}", field=f"{field}.{k}")
+    return dict(v)
+
+
+def _list(v, field: str) -> list:
+    if not isinstance(v, list):
+        raise ScenarioError(f"must be a list, got {type(v).__name__} {v!r:.60}", field=field)
+    return v
+
+
+def _nic_gbps(v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not MIN_NIC_GBPS <= v <= MAX_NIC_GBPS:
+        raise ScenarioError(
+            f"must be numbers from {MIN_NIC_GBPS:g} to {MAX_NIC_GBPS:g} (GB/s per GPU), got {v!r}",
+            field="grid.nic_gbps",
+        )
+    return float(v)
 
 
 def load_map(spec: str | Path | Mapping) -> MapSpec:
@@ -73,27 +108,37 @@ def load_map(spec: str | Path | Mapping) -> MapSpec:
     for k in data:
         if k not in MAP_KEYS:
             raise ScenarioError(f"unknown map key; allowed: {', '.join(MAP_KEYS)}", field=k)
+    name = data.get("name") or "ppmap"
+    if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
+        raise ScenarioError(f"must be a label of at most {MAX_NAME_CHARS} characters, got {name!r:.60}", field="name")
     devices = _pos_int(data.get("devices"), "devices")
     models = data.get("models")
-    if not isinstance(models, list) or not models:
+    if not isinstance(models, list) or not models or any(not isinstance(m, (str, Mapping)) for m in models):
         raise ScenarioError("a non-empty list of model presets or mappings", field="models")
-    training = {**TRAINING_DEFAULTS, **(data.get("training") or {})}
-    grid = data.get("grid") or {}
-    systems = data.get("systems") or {}
+    training = {**TRAINING_DEFAULTS, **_mapping(data.get("training"), "training")}
+    _pos_int(training["sequences_per_device"], "training.sequences_per_device")
+    grid = _mapping(data.get("grid"), "grid", GRID_KEYS)
+    systems = _mapping(data.get("systems"), "systems")
     if not grid and not systems:
         raise ScenarioError("a map needs a grid and/or systems", field="grid")
-    doms = tuple(_pos_int(d, "grid.domain_sizes") for d in grid.get("domain_sizes", ())) if grid else ()
+    doms = tuple(_pos_int(d, "grid.domain_sizes") for d in _list(grid.get("domain_sizes", []), "grid.domain_sizes"))
     for d in doms:
         if devices % d:
             raise ScenarioError(f"{d} does not divide devices = {devices}", field="grid.domain_sizes")
-    nics = tuple(float(x) for x in grid.get("nic_gbps", ())) if grid else ()
-    if grid and (not doms or not nics or any(x <= 0 for x in nics)):
+    nics = tuple(_nic_gbps(x) for x in _list(grid.get("nic_gbps", []), "grid.nic_gbps"))
+    if grid and (not doms or not nics):
         raise ScenarioError("needs non-empty domain_sizes and positive nic_gbps", field="grid")
-    if not isinstance(systems, Mapping) or any(
-        not isinstance(v, Mapping) or "cluster" not in v for v in systems.values()
-    ):
-        raise ScenarioError("a mapping of label -> {cluster: ..., training: ...}", field="systems")
-    s = dict(data.get("search") or {})
+    _mapping(grid.get("cluster"), "grid.cluster")
+    for label, system in systems.items():
+        system = _mapping(system, f"systems.{label}", SYSTEM_KEYS)
+        if "cluster" not in system:
+            raise ScenarioError("a mapping of label -> {cluster: ..., training: ...}", field="systems")
+        _mapping(system["cluster"], f"systems.{label}.cluster")
+        _mapping(system.get("training"), f"systems.{label}.training")
+    s = _mapping(data.get("search"), "search")
+    for k in SEARCH_LISTS:
+        if k in s:
+            _list(s[k], f"search.{k}")
     pp_degrees = s.pop("pp", None)
     nopp_mbs = tuple(_pos_int(b, "search.nopp_micro_batch_sizes") for b in s.pop("nopp_micro_batch_sizes", ()))
     for k in ("schedules", "zero", "recompute", "micro_batch_sizes"):
@@ -102,10 +147,12 @@ def load_map(spec: str | Path | Mapping) -> MapSpec:
     if pp_degrees is not None:
         pp_degrees = tuple(_pos_int(p, "search.pp") for p in pp_degrees)
         s.setdefault("max_pp", max(pp_degrees))
-    try:
-        bounds = SearchBounds(**s)
-    except TypeError as err:
-        raise ScenarioError(str(err), field="search") from None
+    bound_keys = [f.name for f in dataclasses.fields(SearchBounds)]
+    for k in s:
+        if k not in bound_keys:
+            allowed = ", ".join(sorted({*bound_keys, "pp", "nopp_micro_batch_sizes"}))
+            raise ScenarioError(f"unknown key; allowed: {allowed}", field=f"search.{k}")
+    bounds = SearchBounds(**s)
     sim = data.get("simulate") or {}
     if not isinstance(sim, Mapping) or set(sim) - {"with_pp", "without_pp", "adaptive"}:
         raise ScenarioError("a mapping of adaptive (true/false), with_pp, without_pp", field="simulate")
@@ -113,11 +160,16 @@ def load_map(spec: str | Path | Mapping) -> MapSpec:
     if not isinstance(adaptive, bool):
         raise ScenarioError(f"must be true or false, got {adaptive!r}", field="simulate.adaptive")
     marks = data.get("marks") or {}
-    if not isinstance(marks, Mapping) or any(not isinstance(v, list) or len(v) != 2 for v in marks.values()):
+    if not isinstance(marks, Mapping) or any(
+        not isinstance(v, list)
+        or len(v) != 2
+        or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 for x in v)
+        for v in marks.values()
+    ):
         raise ScenarioError("a mapping of label -> [domain size, NIC GB/s]", field="marks")
     return MapSpec(
         marks=tuple((str(k), int(v[0]), float(v[1])) for k, v in marks.items()),
-        name=str(data.get("name") or "ppmap"),
+        name=name,
         devices=devices,
         models=tuple(models),
         training=training,
