@@ -759,6 +759,20 @@ def newest_features() -> None:
     ppmap("ppmap_system_unknown_key", "systems.A.foo", systems={"A": {"cluster": {"preset": "h800"}, "foo": 1}})
     ppmap("ppmap_name_long", ["name", "200"], name="n" * 10_000)
 
+    # ---- sweep `where` expressions: a hang (a billion-digit power) and memory blow-ups
+    sweep_args = ["sweep", "{file}", "--out", "{out}", "--jobs", "1"]
+    sweep = {"base": "base.yaml", "grid": {"parallel.pp": [1, 2]}}
+    case("where_power_tower", {**sweep, "where": "9**9**9**9 > 1"}, ["where[0]", "exponents"], args=sweep_args)
+    case("where_string_repeat", {**sweep, "where": "'a' * 10**10 == 'b'"}, ["where[0]", "repeated"], args=sweep_args)
+    case("where_list_repeat", {**sweep, "where": "[1] * 10**10 == [1]"}, ["where[0]", "repeated"], args=sweep_args)
+    case(
+        "where_string_format",
+        {**sweep, "where": "'%0999999999d' % 1 == 'b'"},
+        ["where[0]", "formatted"],
+        args=sweep_args,
+        subprocess=True,
+    )
+
 
 def _tiny_trace(scenario: dict) -> dict:
     from simulator.scenario.loading import load_scenario

@@ -310,14 +310,36 @@ def get_dotted(mapping: Any, key: str, default: Any = _MISSING) -> Any:
 
 # ---- `where` expressions ------------------------------------------------------------------
 
+#: Largest exponent in a ``where`` expression: ``9**9**9**9`` ran for hours building one integer.
+MAX_WHERE_EXPONENT = 64
+
+
+def _pow(a, b):
+    if isinstance(b, (int, float)) and abs(b) > MAX_WHERE_EXPONENT:
+        raise ValueError(f"exponents are limited to {MAX_WHERE_EXPONENT}, got {b!r}")
+    return operator.pow(a, b)
+
+
+def _mul(a, b):
+    if isinstance(a, (str, list)) or isinstance(b, (str, list)):  # 'a' * 10**10: gigabytes
+        raise TypeError("a string or list cannot be repeated")
+    return operator.mul(a, b)
+
+
+def _mod(a, b):
+    if isinstance(a, str):  # '%0999999999d' % 1: printf-style formatting
+        raise TypeError("a string cannot be formatted")
+    return operator.mod(a, b)
+
+
 _BINOPS = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
+    ast.Mult: _mul,
     ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
+    ast.Mod: _mod,
+    ast.Pow: _pow,
 }
 _CMPOPS = {
     ast.Lt: operator.lt,
@@ -421,5 +443,5 @@ def eval_where(expr: str, lookup, field: str = "where") -> bool:
         return bool(ev(tree))
     except ScenarioError:
         raise
-    except (TypeError, ZeroDivisionError, ValueError) as err:
+    except (TypeError, ZeroDivisionError, ValueError, OverflowError) as err:
         raise ScenarioError(f"cannot evaluate {expr!r}: {err}", field=field) from None
