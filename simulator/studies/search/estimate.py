@@ -186,7 +186,9 @@ def estimate_memory(sc) -> dict:
 # device, not a prediction: tests/test_search.py checks its rank correlation with simulated
 # step times on a small search; on the committed searches of docs/results/search it is
 # 0.7-10.8 % faster than the simulation on DeepSeek-V3 / 2,048 H800, -10.5 .. +12.8 % on the
-# GB200 placement search and 3-24 % faster on Kimi K2 (docs/results/search/README.md).
+# GB200 placement search and 3-24 % faster on Kimi K2 as those searches ran
+# (docs/results/search/README.md); with the ZeRO-3 gathers' overlap below, -10.5 .. +2.8 % on the
+# GB200 placement search's simulated layouts.
 
 # Share of the data-parallel gradient reduction that can hide behind compute. The trace issues
 # a layer's reduction when the *last* micro-batch's backward of that layer is done (one bucket
@@ -196,9 +198,12 @@ def estimate_memory(sc) -> dict:
 # layer's own bucket is always exposed. Without ``training.overlap_grad_reduce`` every
 # reduction starts after the last backward and is exposed whole. ZeRO-1/2 parameter gathers
 # (start of the step) hide behind the forward pass the same way. ZeRO-3 per-layer gathers may
-# start only when the compute op before last has finished (the trace's prefetch window), which
-# with a layer's several compute ops leaves almost nothing to hide them behind: each layer pass
-# pays its gathers on top of its compute.
+# start only when the compute op before last has finished (the trace's prefetch window): each
+# layer pass pays what of its gathers the previous layer's last op does not hide
+# (``StepCosts.gather_exposed``: without TP the dense MLP's forward and the attention's
+# backward; an MoE layer's forward and anything with TP hide nothing). Against the PP map's
+# 1,220 stored simulations this took the largest overestimate of its ZeRO-3 families from
+# +19.2 to +3.8 % (DualPipe +11.9 to +2.0 %), the median |error| from 3.8 to 2.8 %.
 # TP collectives and EP all-to-alls block the compute stream (trace: no TP overlap; only the
 # shared experts run during a dispatch), so they count whole, less the shared-expert overlap.
 
@@ -215,7 +220,8 @@ def estimate_step_time(sc, net: NetModel | None = None) -> dict:
     and combine all-to-alls of the routed tokens (``top_k`` copies, FP8 dispatch under FP8;
     two hops under node-limited routing), less the shared experts that overlap them; under
     ZeRO-3 each layer pass also pays its parameter all-gathers (dense over ``dp*cp``,
-    experts over ``edp``). Collective times come from :class:`NetModel`.
+    experts over ``edp``), less what the previous layer's last op hides (the note above;
+    ``fsdp_s`` is the gathers' whole time). Collective times come from :class:`NetModel`.
 
     The pipeline: ``m`` micro-batches on the slowest rank plus the schedule's bubble in
     closed form (the published forms ``tests/test_schedules.py`` checks the schedules

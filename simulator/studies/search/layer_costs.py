@@ -121,6 +121,21 @@ class StepCosts:
             seg_b = (rc + c_bB, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         return seg_f, seg_b
 
+    def gather_exposed(self, gather: float, parts) -> tuple[float, float]:
+        """A layer's ZeRO-3 gather as exposed in its forward and its backward pass. The trace
+        lets a gather start once the compute op before last is done (prefetch depth one,
+        ``program_params._zero3_gather``), so it hides behind the previous layer's last op: in
+        a forward that is the dense MLP (an MoE layer's last op, the unpermutation after the
+        combine, is short and the combine holds the NICs the gather needs: counted whole), in
+        a backward the attention block's backward. With tensor parallelism the last op is the
+        zero-cost join after the block's collective, and the gather is counted whole. The
+        previous layer's op is taken as this layer's (the layers of a stage are alike)."""
+        if gather == 0.0 or self.L.tp > 1:
+            return gather, gather
+        attn, pre, _, expert, _ = parts
+        window_f = 0.0 if expert else self.kt(pre)
+        return max(0.0, gather - window_f), max(0.0, gather - self.kt(self.b.bwd(attn, "B")))
+
     def layer(self, l: int, rank: int) -> dict:
         """Per micro-batch: one layer's forward / backward parts on ``rank``."""
         L, t, b, kt = self.L, self.t, self.b, self.kt
@@ -140,16 +155,14 @@ class StepCosts:
         if not self.recompute and memory.recomputed_kernel_names(t):
             rc = kt(b.saved_recompute_kernels(l))  # norms, MLA up-projections, SwiGLUs
         e_f, e_b = tp_f + cp_f + ep_f, tp_b + cp_b + ep_b
-        # The trace lets a ZeRO-3 gather start once the compute op before last is done: with
-        # several compute ops per layer that is within the previous layer's last op, so the
-        # gather barely overlaps and is counted whole (see the note above estimate_step_time).
-        F = c_f + e_f + gather
-        B = rc + re + c_bB + e_b + gather
-        I = rc + re + c_bI + e_b + gather
+        g_f, g_b = self.gather_exposed(gather, parts)
+        F = c_f + e_f + g_f
+        B = rc + re + c_bB + e_b + g_b
+        I = rc + re + c_bI + e_b + g_b
         # What blocks the stream besides a DualPipe pair's all-to-alls (TP, CP, ZeRO-3 gathers,
         # a full recompute's own collectives) is added to the pair whole.
         seg_f, seg_b = self.layer_segments(parts, rc, c_f, c_bB, tuple(a2as))
-        self.segs[key] = (seg_f, seg_b, tp_f + cp_f + gather, re + tp_b + cp_b + gather)
+        self.segs[key] = (seg_f, seg_b, tp_f + cp_f + g_f, re + tp_b + cp_b + g_b)
         rcp = self.recompute
         out = self.lcache[key] = {
             "F": F,
@@ -160,7 +173,7 @@ class StepCosts:
             "tp": tp_f + tp_b + (tp_f if rcp else 0.0),
             "cp": cp_f + cp_b + (cp_f if rcp else 0.0),
             "ep": ep_f + ep_b + (ep_f if rcp else 0.0),
-            "fsdp": (F - c_f - e_f) + (B - rc - re - c_bB - e_b),
+            "fsdp": 2 * gather,  # the gathers' time; F and B count what stays exposed
             "grad": self.reduce_s(rank, dense, exp),
             "param_ag": self.gather_s(rank, dense, exp) if L.zero in (1, 2) else 0.0,
         }
