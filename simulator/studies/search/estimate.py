@@ -109,7 +109,8 @@ def estimate_memory(sc) -> dict:
     embedding on the first chunk, head on the last) in ``state_bytes`` under the ZeRO stage;
     activations by walking the rank's schedule (:func:`workloads.schedules.schedule`,
     all-forward-first under a global MoE auxiliary loss): each forward stashes its chunk's
-    layers (``activation_bytes_per_layer``, plus the output layer on the last chunk), a
+    layers (``activation_bytes_per_layer``, plus the output layer and the MTP modules on the
+    last chunk), a
     full backward frees them, an input-gradient pass frees ``INPUT_GRAD_FREED_FRACTION`` of
     the layers and the weight-gradient pass the rest — as the trace does. Full recompute
     adds one layer's rebuilt activations during a backward. ZeRO-2/3's full-size gradient
@@ -126,7 +127,9 @@ def estimate_memory(sc) -> dict:
     shard, policy = Shard.of(L, t), ActivationPolicy.of(t)
     rebuild = replace(policy, recompute="none")  # what full recompute rebuilds before a backward
 
-    head = activations.head_activation_bytes(model, shard)
+    # the last chunk's head op keeps the output layer's and the MTP modules' activations
+    # (the trace's ``_head_bytes``)
+    head = activations.head_activation_bytes(model, shard) + activations.mtp_activation_bytes(model, shard, policy)
     per_layer = {}
     best = None
     for stage in range(L.pp):
