@@ -14,6 +14,7 @@ def cmd_import(args) -> int:
     from simulator.interop.megatron import import_megatron, to_yaml
     from simulator.results.outdir import check_output_file, staged_file
     from simulator.scenario.loading import load_scenario
+    from simulator.studies.sweep.cases import check_scenario
     from stepsim_fileio import read_text
 
     if args.out:
@@ -22,7 +23,7 @@ def cmd_import(args) -> int:
     text = read_text(path, 1 << 20, what="argument file")
     name = args.name or path.stem
     res = import_megatron(text, args.cluster, devices=args.devices, name=name)
-    load_scenario(res.scenario)  # refuse what would not run, naming the key
+    check_scenario(load_scenario(res.scenario))  # refuse what would not run, naming the key
     out = to_yaml(res, str(path))
     if args.out:
         with staged_file(args.out, "--out") as tmp:

@@ -75,6 +75,8 @@ def _dask_client(address: str | None):
         client = Client(address, timeout="20s")
     except (OSError, TimeoutError) as err:
         raise CliError(f"--dask: cannot reach a scheduler at {address!r}: {err}") from None
+    except ValueError as err:  # 'host' without a port, an unknown protocol
+        raise CliError(f"--dask: expected a scheduler address such as tcp://host:8786, got {address!r} ({err})") from None
     try:
         yield client
     finally:

@@ -56,8 +56,12 @@ class _Mapping:
         self.tp = 1
         self.devices_per_domain: int | None = None  # from Slurm's --segment
 
-    def integer(self, name: str, default=None) -> int | None:
-        return arg_int(self.args, name, default)
+    def integer(self, name: str, default=None, low: int | None = None) -> int | None:
+        """``--name`` as an integer (``default`` when absent); below ``low`` is refused."""
+        v = arg_int(self.args, name, default)
+        if v is not None and low is not None and v < low:
+            raise ScenarioError(f"must be an integer >= {low}, got {v}", field=f"--{name}")
+        return v
 
     def take(self, arg: str, key: str, shown=None) -> None:
         """Record ``--arg`` as mapped onto ``key`` (``= shown`` when the value differs)."""
@@ -90,7 +94,7 @@ class _Mapping:
         ):
             self.take(a, k)
         model: dict = {"name": f"{self.name}-model", "layers": layers, "hidden": hidden, "heads": heads}
-        self.tp = self.integer("tensor-model-parallel-size", 1)
+        self.tp = self.integer("tensor-model-parallel-size", 1, low=1)
         self.attention(model)
         self.mlp(model, hidden)
         self.vocab(model, self.tp)
@@ -163,7 +167,7 @@ class _Mapping:
     def vocab(self, model: dict, tp: int) -> None:
         """The vocabulary, padded as Megatron pads it."""
         args = self.args
-        multiple = self.integer("make-vocab-size-divisible-by", 128) * tp
+        multiple = self.integer("make-vocab-size-divisible-by", 128, low=1) * tp
         if "make-vocab-size-divisible-by" in args:
             self.take("make-vocab-size-divisible-by", "model.vocab")
         if args.get("padded-vocab-size") is not None:
@@ -235,11 +239,11 @@ class _Mapping:
             ("context-parallel-size", "cp"),
             ("expert-model-parallel-size", "ep"),
         ):
-            par[k] = self.integer(a, 1)
+            par[k] = self.integer(a, 1, low=1)
             if a in args:
                 self.take(a, f"parallel.{k}")
         if "moe" in model:
-            par["etp"] = self.integer("expert-tensor-parallel-size", tp)
+            par["etp"] = self.integer("expert-tensor-parallel-size", tp, low=1)
             if "expert-tensor-parallel-size" in args:
                 self.take("expert-tensor-parallel-size", "parallel.etp")
             else:
@@ -266,7 +270,7 @@ class _Mapping:
             self.take("use-megatron-fsdp", "parallel.zero", zero)
             if "data-parallel-sharding-strategy" in args:
                 self.take("data-parallel-sharding-strategy", "parallel.zero", zero)
-        dp = self.integer("data-parallel-size")
+        dp = self.integer("data-parallel-size", low=1)
         if dp is not None:
             par["dp"] = dp
             self.take("data-parallel-size", "parallel.dp")
@@ -286,7 +290,7 @@ class _Mapping:
             self.take("num-layers-per-virtual-pipeline-stage", "parallel.vpp", vpp)
             return vpp
         if args.get("virtual-pipeline-model-parallel-size") is not None:
-            vpp = self.integer("virtual-pipeline-model-parallel-size")
+            vpp = self.integer("virtual-pipeline-model-parallel-size", low=1)
             self.take("virtual-pipeline-model-parallel-size", "parallel.vpp")
             return vpp
         return 1
@@ -474,10 +478,14 @@ class _Mapping:
         if devices is not None:
             self.used.update(a for a in ("nnodes", "nproc-per-node", "num-nodes", "devices", "num-gpus") if a in args)
             return devices
-        nodes = self.integer("nnodes") if args.get("nnodes") is not None else self.integer("num-nodes")
-        per = self.integer("nproc-per-node") if args.get("nproc-per-node") is not None else self.integer("devices")
+        nodes = self.integer("nnodes", low=1) if args.get("nnodes") is not None else self.integer("num-nodes", low=1)
+        per = (
+            self.integer("nproc-per-node", low=1)
+            if args.get("nproc-per-node") is not None
+            else self.integer("devices", low=1)
+        )
         if args.get("num-gpus") is not None:
-            n_dev = self.integer("num-gpus")
+            n_dev = self.integer("num-gpus", low=1)
             self.take("num-gpus", "cluster.devices")
         elif nodes is not None and per is not None:
             n_dev = nodes * per
@@ -485,7 +493,7 @@ class _Mapping:
                 if a in args:
                     self.take(a, "cluster.devices", n_dev)
             if args.get("segment") is not None:  # Slurm topology/block: nodes placed together
-                self.devices_per_domain = self.integer("segment") * per
+                self.devices_per_domain = self.integer("segment", low=1) * per
                 self.take("segment", "cluster.devices_per_domain", self.devices_per_domain)
         elif par.get("dp") is not None:
             n_dev = par["tp"] * par["pp"] * par["cp"] * par["dp"]

@@ -9,6 +9,8 @@ import shlex
 
 from simulator.scenario.errors import ScenarioError
 
+#: Longest word (an argument or its value) of an argument list: a data path blend is many words.
+MAX_WORD_CHARS = 65_536
 # GPT-2's BPE vocabulary (Radford et al. 2019; gpt2-vocab.json, the file Megatron's GPT
 # examples pass as --vocab-file): 50,257 tokens.
 GPT2_VOCAB = 50257
@@ -201,6 +203,12 @@ def parse_arg_text(text: str) -> dict[str, str | None]:
     (tokens before the ``*.py`` script) contributes its ``--nnodes`` / ``--nproc-per-node``."""
     lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
     joined = "\n".join(lines).replace("\\\n", " ")
+    longest = max(joined.split(), key=len, default="")
+    if len(longest) > MAX_WORD_CHARS:  # shlex builds a word a character at a time: 1 MB took 16 s
+        raise ScenarioError(
+            f"a word of {len(longest):,} characters ({longest[:40]!r}...); the limit is {MAX_WORD_CHARS:,}",
+            field="args",
+        )
     try:
         tokens = shlex.split(joined, comments=True)
     except ValueError as err:

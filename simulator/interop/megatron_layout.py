@@ -21,10 +21,15 @@ def pipeline_layers(m, layers: int, par: dict) -> None:
         par["pipeline_layers"] = layout_layers(m, str(args["pipeline-model-parallel-layout"]), layers, pp * vpp)
         m.take("pipeline-model-parallel-layout", "parallel.pipeline_layers", par["pipeline_layers"])
     elif (first is not None or last is not None) and pp > 1 and vpp == 1:
-        f = m.integer("decoder-first-pipeline-num-layers") if first is not None else None
-        lst = m.integer("decoder-last-pipeline-num-layers") if last is not None else None
+        f = m.integer("decoder-first-pipeline-num-layers", low=0) if first is not None else None
+        lst = m.integer("decoder-last-pipeline-num-layers", low=0) if last is not None else None
         inner = pp - (f is not None) - (lst is not None)
         rest = layers - (f or 0) - (lst or 0)
+        if rest < 0:
+            raise ScenarioError(
+                f"the first and last stages' {(f or 0) + (lst or 0)} layers exceed the model's {layers}",
+                field="--decoder-first-pipeline-num-layers" if f is not None else "--decoder-last-pipeline-num-layers",
+            )
         if inner <= 0 or rest % inner:
             raise ScenarioError(
                 f"the other {inner} stages cannot split {rest} layers evenly",
@@ -48,9 +53,29 @@ def layout_layers(m, layout: str, layers: int, chunks: int) -> list[int]:
     chunks, ``t`` a layer, ``(..)*n`` and ``x*n`` repeats; embedding, MTP and loss marks
     are not layers)."""
 
+    # The expanded string holds one t per layer, one | between chunks, E, L and up to 64 m (MTP):
+    # a repeat making it longer is refused before it is built ('t*99999999999' is 100 GB).
+    longest = layers + chunks + 1024
+    built = [0]  # characters the repeats have built so far
+
+    def repeat(match) -> str:
+        part, times = match.group(1), int(match.group(2))
+        built[0] += len(part) * times
+        if built[0] > longest:
+            raise ScenarioError(
+                f"{part!r}*{times} repeats past the {layers} layers and {chunks} chunks of the arguments",
+                field="--pipeline-model-parallel-layout",
+            )
+        return part * times
+
     text = layout.replace(",", "").replace(" ", "")
-    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
-    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", repeat, text)
+    text = re.sub(r"(.)\*(\d+)", repeat, text)
+    if len(text) > longest:
+        raise ScenarioError(
+            f"repeats past the {layers} layers and {chunks} chunks of the arguments",
+            field="--pipeline-model-parallel-layout",
+        )
     if set(text) - set("EtmL|"):
         raise ScenarioError(
             f"layers E, t, m, L between | only, got {layout!r}", field="--pipeline-model-parallel-layout"

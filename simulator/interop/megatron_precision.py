@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from simulator.interop.megatron_args import ScenarioError
 
+# Megatron-LM's --fp8-format choices (megatron/training/arguments.py, _add_transformer_engine_args).
+FP8_FORMATS = ("e4m3", "hybrid")
+
 
 def dtype(r) -> str:
     """The training dtype: ``fp8`` under ``--fp8-format`` / ``--fp8``, else ``bf16`` (``--fp16``
@@ -22,7 +25,12 @@ def dtype(r) -> str:
             args.setdefault("fp16", None)
         else:
             r.used.discard("precision")
-    if args.get("fp8-format") is not None or "fp8" in args:
+    if "bf16" in args and "fp16" in args:
+        raise ScenarioError("cannot be given with --bf16 (Megatron asserts one of the two)", field="--fp16")
+    fmt = args.get("fp8-format")
+    if fmt is not None and fmt not in FP8_FORMATS:
+        raise ScenarioError(f"{' or '.join(FP8_FORMATS)}, got {fmt!r}", field="--fp8-format")
+    if fmt is not None or "fp8" in args:
         for a in ("fp8-format", "fp8"):
             if a in args:
                 r.take(a, "training.dtype", "fp8")

@@ -759,6 +759,49 @@ def newest_features() -> None:
     ppmap("ppmap_system_unknown_key", "systems.A.foo", systems={"A": {"cluster": {"preset": "h800"}, "foo": 1}})
     ppmap("ppmap_name_long", ["name", "200"], name="n" * 10_000)
 
+    # ---- Megatron argument lists (`stepsim import megatron`): an internal error, scenarios that
+    # would not run written with exit 0, contradictory or unknown values taken, a 100 GB layout
+    import_args = ["import", "megatron", "{file}", "--cluster", "dgx-h100", "--devices", "8"]
+    argv = (
+        "--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --micro-batch-size 1 "
+        "--global-batch-size 16 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+        "--vocab-size 32000 --bf16"
+    )
+
+    def megatron(case_name, text, msg):
+        case(case_name, text + "\n", msg, args=import_args, ext=".args")
+
+    megatron("megatron_tp_zero", argv.replace("parallel-size 2 --pipeline", "parallel-size 0 --pipeline"), "--tensor")
+    megatron("megatron_vocab_multiple_zero", argv + " --make-vocab-size-divisible-by 0", "--make-vocab-size")
+    megatron("megatron_first_layers_negative", argv + " --decoder-first-pipeline-num-layers -3", "--decoder-first")
+    megatron("megatron_first_layers_over", argv + " --decoder-first-pipeline-num-layers 10", ["--decoder-first", "4"])
+    megatron("megatron_bf16_and_fp16", argv + " --fp16", ["--fp16", "--bf16"])
+    megatron("megatron_fp8_format_unknown", argv + " --fp8-format e5m2x", ["--fp8-format", "hybrid"])
+    megatron(
+        "megatron_layout_repeat_huge",
+        argv + " --pipeline-model-parallel-layout 't*99999999999|t'",
+        "--pipeline-model-parallel-layout",
+    )
+    megatron(
+        "megatron_layout_group_repeat_huge",
+        argv + " --pipeline-model-parallel-layout '(t)*999999999|t'",
+        "--pipeline-model-parallel-layout",
+    )
+    megatron("megatron_word_1mb", argv + " --data-path " + "x" * 1_000_000, ["args", "65,536"])
+    case(
+        "megatron_nnodes_zero",
+        "torchrun --nnodes 0 --nproc-per-node 8 pretrain_gpt.py " + argv + "\n",
+        "--nnodes",
+        args=import_args[:-2],
+        ext=".args",
+    )
+    case(
+        "dask_address_without_port",
+        None,
+        ["--dask", "tcp://host:8786"],
+        args=["sweep", "{dir}/where_power_tower.yaml", "--out", "{out}", "--dask", "notanaddress"],
+    )
+
     # ---- sweep `where` expressions: a hang (a billion-digit power) and memory blow-ups
     sweep_args = ["sweep", "{file}", "--out", "{out}", "--jobs", "1"]
     sweep = {"base": "base.yaml", "grid": {"parallel.pp": [1, 2]}}
