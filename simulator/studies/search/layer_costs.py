@@ -121,20 +121,23 @@ class StepCosts:
             seg_b = (rc + c_bB, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         return seg_f, seg_b
 
-    def gather_exposed(self, gather: float, parts) -> tuple[float, float]:
-        """A layer's ZeRO-3 gather as exposed in its forward and its backward pass. The trace
+    def gather_exposed(self, gather: float, parts) -> tuple[float, float, float]:
+        """A layer's ZeRO-3 gather as exposed in its forward, its backward and its input-gradient
+        pass (zero-bubble schedules split the backward). The trace
         lets a gather start once the compute op before last is done (prefetch depth one,
         ``program_params._zero3_gather``), so it hides behind the previous layer's last op: in
         a forward that is the dense MLP (an MoE layer's last op, the unpermutation after the
         combine, is short and the combine holds the NICs the gather needs: counted whole), in
-        a backward the attention block's backward. With tensor parallelism the last op is the
+        a backward the attention block's backward (its input-gradient part in an input-gradient
+        pass). With tensor parallelism the last op is the
         zero-cost join after the block's collective, and the gather is counted whole. The
         previous layer's op is taken as this layer's (the layers of a stage are alike)."""
         if gather == 0.0 or self.L.tp > 1:
-            return gather, gather
+            return gather, gather, gather
         attn, pre, _, expert, _ = parts
         window_f = 0.0 if expert else self.kt(pre)
-        return max(0.0, gather - window_f), max(0.0, gather - self.kt(self.b.bwd(attn, "B")))
+        hidden = (max(0.0, gather - self.kt(self.b.bwd(attn, part))) for part in ("B", "I"))
+        return (max(0.0, gather - window_f), *hidden)
 
     def layer(self, l: int, rank: int) -> dict:
         """Per micro-batch: one layer's forward / backward parts on ``rank``."""
@@ -155,10 +158,10 @@ class StepCosts:
         if not self.recompute and memory.recomputed_kernel_names(t):
             rc = kt(b.saved_recompute_kernels(l))  # norms, MLA up-projections, SwiGLUs
         e_f, e_b = tp_f + cp_f + ep_f, tp_b + cp_b + ep_b
-        g_f, g_b = self.gather_exposed(gather, parts)
+        g_f, g_b, g_i = self.gather_exposed(gather, parts)
         F = c_f + e_f + g_f
         B = rc + re + c_bB + e_b + g_b
-        I = rc + re + c_bI + e_b + g_b
+        I = rc + re + c_bI + e_b + g_i
         # What blocks the stream besides a DualPipe pair's all-to-alls (TP, CP, ZeRO-3 gathers,
         # a full recompute's own collectives) is added to the pair whole.
         seg_f, seg_b = self.layer_segments(parts, rc, c_f, c_bB, tuple(a2as))
