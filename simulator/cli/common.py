@@ -172,6 +172,14 @@ def _run(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
             if debug_enabled():
                 traceback.print_exc()
             return EXIT_BAD_INPUT
+        except MemoryError as err:  # the frames of the traceback hold the memory: free them before saying so
+            err.__traceback__ = None
+            print(
+                "stepsim: out of memory: the command needs more memory than this process may use "
+                "(a smaller scenario: fewer devices, layers or micro-batches, a smaller ep or cp, no --exact)",
+                file=sys.stderr,
+            )
+            return EXIT_INTERNAL
         except Exception as err:  # noqa: BLE001 — an internal bug: say so, no traceback unless asked
             print(
                 f"stepsim: internal error: {type(err).__name__}: {err} (a bug in stepsim; set {DEBUG_ENV}=1 for "

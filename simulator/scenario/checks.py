@@ -27,6 +27,15 @@ MAX_DEVICES = 262_144
 # full recompute) 4,718,592. The limit admits it with ~25% room (~6 GB at the measured rate).
 MAX_ESTIMATED_OPS = 6_000_000
 BYTES_PER_ESTIMATED_OP = 1_000
+# An expert all-to-all among ep ranks is ep * (ep - 1) flows, every EP group's loaded even in
+# representative mode. Measured on 2026-12-06 (2-layer MoE, ep = devices on H100, one step):
+# ep 4,096 peaked at 0.84 GB in 4.0 s, 8,192 at 3.0 GB in 16 s, 16,384 at 11.5 GB in 71 s
+# (65,536 would need ~180 GB). Published expert parallelism stays in the hundreds.
+MAX_EP = 4_096
+# Ring context parallelism simulated rank by rank (--exact, or per-device perturbations): cp
+# 1,024 peaked at 1.45 GB in 4.4 s; cp 4,096 passed 11.7 GB (2-layer model on H100, 2026-12-06).
+# Representative mode runs cp 4,096 in 1.2 s.
+MAX_EXACT_CP = 1_024
 # The step's model FLOPs at every device's dense BF16 peak: above this many seconds of ideal
 # compute (11.6 days) per step the scenario is refused before anything is built. Real steps
 # take seconds (Llama 3 405B on 16,384 H100: 2.5 s ideal); one H100 running a 70B model on a
@@ -46,6 +55,18 @@ def check_size(
     from workloads.trace.builder import estimated_ops
     from workloads.trace.shared import Workload
 
+    if layout.ep > MAX_EP:
+        raise ScenarioError(
+            f"{layout.ep:,} ranks in one expert all-to-all ({layout.ep:,} x {layout.ep - 1:,} flows) is more than "
+            f"stepsim simulates; the limit is {MAX_EP:,}",
+            field="parallel.ep",
+        )
+    if ranks is not None and ranks > layout.pp and layout.cp > MAX_EXACT_CP:
+        raise ScenarioError(
+            f"context parallelism of {layout.cp:,} simulated rank by rank (--exact or per-device perturbations) "
+            f"is more than stepsim simulates; the limit is {MAX_EXACT_CP:,}: drop --exact and perturbations",
+            field="parallel.cp",
+        )
     n_ranks = layout.pp if ranks is None else ranks
     try:
         m = training.micro_batches(layout.dp)
@@ -182,22 +203,44 @@ def check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
         raise ScenarioError(f"applies to MoE models only; {dense}: leave it out", field="training.expert_load")
     if sc.training.moe_gate_weighting != "activation":  # the default
         raise ScenarioError(f"applies to MoE models only; {dense}: leave it out", field="training.moe_gate_weighting")
+    for key, default in (
+        ("moe_router_dtype", "bf16"),
+        ("moe_dispatch_dtype", "auto"),
+        ("moe_host_sync", True),
+        ("moe_shared_expert_overlap", False),
+    ):
+        if getattr(sc.training, key) != default:
+            raise ScenarioError(
+                f"applies to MoE models only; {dense}: leave it out (got {getattr(sc.training, key)!r})",
+                field=f"training.{key}",
+            )
     if "moe_act" in (sc.training.recompute_modules or ()):
         raise ScenarioError(f"moe_act applies to MoE models only; {dense}", field="training.recompute_modules")
 
 
 def check_perturbations(perturbations: Sequence[PerturbationIn], devices: int) -> None:
     """Each perturbation names what it slows (devices with a compute scale, or a link with a
-    bandwidth scale or ``failed``), on devices the cluster has."""
+    bandwidth scale or ``failed``), on devices the cluster has, each device at most once."""
+    scaled: dict[int, int] = {}  # device -> the perturbation slowing it
     for i, p in enumerate(perturbations):
         if p.devices is None and p.link is None:
             raise ScenarioError(
                 "needs 'devices' (with compute_scale) or 'link' (with bw_scale or failed: true)",
                 field=f"perturbations[{i}]",
             )
+        if p.devices is not None and not p.devices:
+            raise ScenarioError(
+                "an empty list slows nothing; name at least one device", field=f"perturbations[{i}].devices"
+            )
         for d in p.devices or []:
             if not 0 <= d < devices:
                 raise ScenarioError(f"device {d} outside 0..{devices - 1}", field=f"perturbations[{i}].devices")
+            if d in scaled:  # a second scale would silently replace the first
+                raise ScenarioError(
+                    f"device {d} is already slowed by perturbations[{scaled[d]}]; give each device one compute_scale",
+                    field=f"perturbations[{i}].devices",
+                )
+            scaled[d] = i
         if p.devices is not None and p.compute_scale is None:
             raise ScenarioError(
                 "needed with 'devices' (e.g. 0.8 = 80% speed)", field=f"perturbations[{i}].compute_scale"

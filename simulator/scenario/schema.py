@@ -289,7 +289,8 @@ class PlacementIn(_Strict):
     a torus (a JAX mesh filling a slice's cubes)."""
 
     devices_per_domain: SInt | None = Field(None, ge=1)
-    tile: list[SInt] | None = None
+    # one block length per torus axis: a 100,000-entry list was echoed whole in the error
+    tile: list[SInt] | None = Field(None, max_length=64)
 
 
 class ScenarioIn(_Strict):

@@ -802,6 +802,52 @@ def newest_features() -> None:
         args=["sweep", "{dir}/where_power_tower.yaml", "--out", "{out}", "--dask", "notanaddress"],
     )
 
+    # ---- scenario settings: MoE-only keys on a dense model and repeated perturbations were
+    # taken silently; an all-to-all of 65,536 ranks and an exact ring of 4,096 blew the memory
+    for key, value in (
+        ("moe_router_dtype", "fp32"),
+        ("moe_dispatch_dtype", "fp8"),
+        ("moe_host_sync", False),
+        ("moe_shared_expert_overlap", True),
+    ):
+        case(f"dense_{key}", sc(**{f"training__{key}": value}), [f"training.{key}", "dense"])
+    case(
+        "perturbation_device_twice",
+        sc(perturbations=[{"devices": [0], "compute_scale": 0.5}, {"devices": [0], "compute_scale": 0.9}]),
+        ["perturbations[1].devices", "perturbations[0]"],
+    )
+    case(
+        "perturbation_device_repeated",
+        sc(perturbations=[{"devices": [3, 3], "compute_scale": 0.5}]),
+        ["perturbations[0].devices", "device 3"],
+    )
+    case("perturbation_devices_empty", sc(perturbations=[{"devices": [], "compute_scale": 0.5}]), "perturbations[0]")
+    experts = {"experts": 65536, "top_k": 2, "expert_ffn_hidden": 64}
+    case(
+        "ep_65536",
+        sc(
+            model={**TINY_MODEL, "moe": experts},
+            cluster={"preset": "dgx-h100", "devices": 65536},
+            parallel={"ep": 65536},
+            training={"seq_len": 128, "global_batch_size": 65536},
+        ),
+        ["parallel.ep", "4,096"],
+        subprocess=True,
+    )
+    case(
+        "exact_cp_4096",
+        sc(
+            cluster={"preset": "dgx-h100", "devices": 4096},
+            parallel={"cp": 4096},
+            training={"seq_len": 2**24, "global_batch_size": 1},
+        ),
+        ["parallel.cp", "1,024"],
+        args=["run", "{file}", "--exact", "--no-plots"],
+        subprocess=True,
+    )
+    tpu = {"preset": "tpu-v5p", "devices": 64}
+    case("placement_tile_long", sc(cluster=tpu, placement={"tile": [1] * 100_000}), ["placement.tile", "64"])
+
     # ---- sweep `where` expressions: a hang (a billion-digit power) and memory blow-ups
     sweep_args = ["sweep", "{file}", "--out", "{out}", "--jobs", "1"]
     sweep = {"base": "base.yaml", "grid": {"parallel.pp": [1, 2]}}
