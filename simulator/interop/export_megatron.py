@@ -4,7 +4,7 @@ the same model, layout and training settings; ``tests/test_export.py`` holds the
 every built-in scenario Megatron can run).
 
 Argument names are Megatron-LM's (``megatron/training/arguments.py`` at NVIDIA/Megatron-LM
-d98e8a64). What Megatron has no argument for is refused, naming the scenario key: a schedule
+d98e8a64). What Megatron has no argument for is refused, naming the scenario key: a TPU, a schedule
 other than 1F1B or interleaved 1F1B (DualPipe, ZB-H1 and GPipe are not Megatron schedules) and
 a batch-global auxiliary loss. The placement (``cluster.devices_per_domain``) has no Megatron
 argument: it is written as the Slurm line that places whole blocks of a rack's trays
@@ -25,6 +25,12 @@ RECOMPUTE_ARGS = {
 
 
 def _check(sc) -> None:
+    if sc.cluster.chip.family == "tpu":  # its launch line would name 8 GPUs a node of TPU hosts
+        raise ScenarioError(
+            f"Megatron-LM runs on NVIDIA GPUs; {sc.cluster.chip.name!r} is a TPU (stepsim export maxtext writes "
+            "a TPU run)",
+            field="cluster.chip",
+        )
     if sc.layout.pp > 1 and not get_schedule(sc.schedule).megatron_lm:
         raise ScenarioError(f"Megatron-LM runs 1f1b and interleaved-1f1b only, got {sc.schedule}", field="schedule")
     if sc.training.balance == "aux-loss-global":

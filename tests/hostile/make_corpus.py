@@ -848,6 +848,12 @@ def newest_features() -> None:
     tpu = {"preset": "tpu-v5p", "devices": 64}
     case("placement_tile_long", sc(cluster=tpu, placement={"tile": [1] * 100_000}), ["placement.tile", "64"])
 
+    # ---- export and validate: a TPU's Megatron launch line (8 GPUs a node) was written with exit 0;
+    # --suite naming no folder was reported as --cases
+    case("export_megatron_tpu", sc(cluster=tpu), ["cluster.chip", "TPU"], args=["export", "megatron", "{file}"])
+    case("validate_suite_missing", None, ["--suite", "no such folder"], args=["validate", "--suite", "{dir}/none"])
+    case("validate_suite_file", None, ["--suite", "not a folder"], args=["validate", "--suite", "{dir}/base.yaml"])
+
     # ---- sweep `where` expressions: a hang (a billion-digit power) and memory blow-ups
     sweep_args = ["sweep", "{file}", "--out", "{out}", "--jobs", "1"]
     sweep = {"base": "base.yaml", "grid": {"parallel.pp": [1, 2]}}
