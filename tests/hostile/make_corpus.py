@@ -850,7 +850,8 @@ def newest_features() -> None:
 
     # ---- export and validate: a TPU's Megatron launch line (8 GPUs a node) was written with exit 0;
     # --suite naming no folder was reported as --cases
-    case("export_megatron_tpu", sc(cluster=tpu), ["cluster.chip", "TPU"], args=["export", "megatron", "{file}"])
+    tpu_run = sc(cluster=tpu, training__global_batch_size=32)
+    case("export_megatron_tpu", tpu_run, ["cluster.chip", "TPU"], args=["export", "megatron", "{file}"])
     case("validate_suite_missing", None, ["--suite", "no such folder"], args=["validate", "--suite", "{dir}/none"])
     case("validate_suite_file", None, ["--suite", "not a folder"], args=["validate", "--suite", "{dir}/base.yaml"])
 
