@@ -195,9 +195,11 @@ def estimate_memory(sc) -> dict:
 
 # Share of the data-parallel gradient reduction that can hide behind compute. The trace issues
 # a layer's reduction when the *last* micro-batch's backward of that layer is done (one bucket
-# per layer, Megatron's --overlap-grad-reduce), so the only compute left to hide it behind is
-# the rest of that last backward pass on the rank, plus the time by which the rank finishes
-# before the slowest one. That window is what ``estimate_step_time`` subtracts; the last
+# per layer, Megatron's --overlap-grad-reduce), so what is left to hide it behind is, per local
+# chunk, that chunk's last backward and the actions the schedule runs after it (interleaved
+# 1F1B's cool-down: ``pp`` backwards of each later chunk; ``_chunk_reduction_tail``, the chunks'
+# reductions one after another), plus the time by which the rank finishes before the slowest
+# one. That window is what ``estimate_step_time`` subtracts; the last
 # layer's own bucket is always exposed. Without ``training.overlap_grad_reduce`` every
 # reduction starts after the last backward and is exposed whole. ZeRO-1/2 parameter gathers
 # (start of the step) hide behind the forward pass the same way. ZeRO-3 per-layer gathers may
@@ -403,7 +405,11 @@ def _rank_costs(c: StepCosts, s: int, ranks_of: list) -> dict:
         )
         mb_work = busy_s / m
     all_units = memory.rank_parameter_units(c.model, c.L, layers, has_embedding=0 in own, has_head=n_chunks - 1 in own)
+    # each local chunk's share of the rank's gradient reductions, by its layers' parameters
+    chunk_params = [sum(sum(b.layer_param_split(l)) for l in b.chunks[k]) for k in own]
+    total_params = sum(chunk_params) or 1.0
     return {
+        "chunk_share": [p_ / total_params for p_ in chunk_params],
         "rank": rank,
         "tot": tot,
         "act": act,
@@ -477,9 +483,9 @@ def _data_parallel_tail(c: StepCosts, ranks: list) -> tuple:
         R = tot["grad"] + r["mirror"]  # the last micro-batch's reductions
         total = n_reductions * tot["grad"] + r["mirror"]
         if t.overlap_grad_reduce:
-            window = r["act"]["B"] * visits  # the last micro-batch's backward
             slack = schedule.finish_lead(s, pp) * b_act
-            exposed = max(R / r["layers"], R - window, total - m * r["work"]) - slack
+            tail = _chunk_reduction_tail(c, s, r["act"], [R * x for x in r["chunk_share"]])
+            exposed = max(R / r["layers"], tail, total - m * r["work"]) - slack
         else:
             exposed = total
         dp_end = max(dp_end, exposed)
@@ -489,6 +495,30 @@ def _data_parallel_tail(c: StepCosts, ranks: list) -> tuple:
             start = max(start, max(G / r["layers"], G - r["act"]["F"] - s * f_act))
         opt = max(opt, _optimizer_s(c, r))
     return start, dp_end, tied, opt
+
+
+def _chunk_reduction_tail(c: StepCosts, s: int, act: Mapping, reductions) -> float:
+    """Seconds by which stage ``s``'s last gradient reductions (``reductions[k]``: local chunk
+    ``k``'s) outlast its last action. A chunk's layers are reduced as the last micro-batch's
+    backward of each completes (the trace's ``_grads_ready``), so its reductions may start with
+    its last backward action and run, one after another on the links, beside the actions the
+    schedule runs after it: in interleaved 1F1B's cool-down the other chunks' backwards (``pp``
+    of them per chunk), in 1F1B none. Bubbles are left out, so the tail is an upper bound of
+    this kind."""
+    nF, nB, nI, nW = schedule_counts(c.name, s, c.pp, c.m, c.vpp, c.global_aux)
+    per_step = (nF * act["F"] + nB * act["B"] + nI * act["I"] + nW * act["W"]).sum(axis=1)
+    after = np.concatenate((np.cumsum(per_step[::-1])[::-1][1:], [0.0]))  # of the steps after each
+    done = nB + nW  # the actions that complete a chunk's gradients
+    ready = []
+    for k in range(done.shape[1]):
+        hit = np.flatnonzero(done[:, k])
+        if hit.size and reductions[k] > 0:
+            # from the start of the chunk's last backward action (its layers' buckets follow it)
+            ready.append((-(after[hit[-1]] + (act["B"] if nB[hit[-1], k] else act["W"])), reductions[k]))
+    finish = -np.inf
+    for at, red in sorted(ready):
+        finish = max(finish, at) + red
+    return max(0.0, finish) if ready else 0.0
 
 
 def proxy_cost(p: Mapping, micro_batches: int, sc, net: NetModel | None = None) -> float:
