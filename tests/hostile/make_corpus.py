@@ -758,6 +758,13 @@ def newest_features() -> None:
     ppmap("ppmap_system_training_list", "systems.A.training", systems={"A": {"cluster": {}, "training": [1]}})
     ppmap("ppmap_system_unknown_key", "systems.A.foo", systems={"A": {"cluster": {"preset": "h800"}, "foo": 1}})
     ppmap("ppmap_name_long", ["name", "200"], name="n" * 10_000)
+    ppmap(
+        "ppmap_too_many_points",
+        ["grid", "1,000"],
+        devices=1024,
+        grid__domain_sizes=[1, 2, 4, 8, 16, 32, 64, 128],
+        grid__nic_gbps=list(range(1, 201)),
+    )
 
     # ---- Megatron argument lists (`stepsim import megatron`): an internal error, scenarios that
     # would not run written with exit 0, contradictory or unknown values taken, a 100 GB layout
@@ -854,6 +861,18 @@ def newest_features() -> None:
     case("export_megatron_tpu", tpu_run, ["cluster.chip", "TPU"], args=["export", "megatron", "{file}"])
     case("validate_suite_missing", None, ["--suite", "no such folder"], args=["validate", "--suite", "{dir}/none"])
     case("validate_suite_file", None, ["--suite", "not a folder"], args=["validate", "--suite", "{dir}/base.yaml"])
+
+    case(
+        "search_too_many_layouts",
+        sc(
+            model={**TINY_MODEL, "layers": 64, "moe": {"experts": 256, "top_k": 8, "expert_ffn_hidden": 512}},
+            cluster={"preset": "dgx-h100", "devices": 65536},
+            parallel={"tp": 1},
+            training={"seq_len": 4096, "global_batch_size": 65536 * 16},
+        ),
+        ["search", "20,000"],
+        args=["search", "{file}", "--jobs", "1", "--micro-batch-sizes", "1,2,4,8,16", "--zero", "0,1,2,3"],
+    )
 
     # ---- sweep `where` expressions: a hang (a billion-digit power) and memory blow-ups
     sweep_args = ["sweep", "{file}", "--out", "{out}", "--jobs", "1"]

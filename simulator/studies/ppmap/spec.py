@@ -65,6 +65,9 @@ class MapSpec:
 GRID_KEYS = ("cluster", "domain_sizes", "nic_gbps")
 SYSTEM_KEYS = ("cluster", "training")
 SEARCH_LISTS = ("pp", "nopp_micro_batch_sizes", "schedules", "zero", "recompute", "micro_batch_sizes")
+#: Points a map may hold (models x (grid cells + systems)): each screens thousands of layouts and
+#: simulates tens (docs/results/ppmap/ppmap.yaml: 68 points, 1,593 simulations, days of CPU).
+MAX_MAP_POINTS = 1_000
 #: A grid point's NIC bandwidth, GB/s per GPU: the scenario's bandwidth range (1e6 to 1e18 bytes/s).
 MIN_NIC_GBPS, MAX_NIC_GBPS = 1e-3, 1e9
 
@@ -135,6 +138,13 @@ def load_map(spec: str | Path | Mapping) -> MapSpec:
             raise ScenarioError("a mapping of label -> {cluster: ..., training: ...}", field="systems")
         _mapping(system["cluster"], f"systems.{label}.cluster")
         _mapping(system.get("training"), f"systems.{label}.training")
+    n_points = len(models) * (len(doms) * len(nics) + len(systems))
+    if n_points > MAX_MAP_POINTS:
+        raise ScenarioError(
+            f"the map would have {n_points:,} points ({len(models)} models x ({len(doms)} domain sizes x "
+            f"{len(nics)} NIC bandwidths + {len(systems)} systems)); the limit is {MAX_MAP_POINTS:,}: split it",
+            field="grid",
+        )
     s = _mapping(data.get("search"), "search")
     for k in SEARCH_LISTS:
         if k in s:
