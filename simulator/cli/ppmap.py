@@ -40,7 +40,7 @@ def cmd_ppmap(args) -> int:
     from simulator.results.outdir import check_output_dir, check_output_file, staged_file
     from simulator.studies.ppmap import assemble, run_map
     from simulator.studies.ppmap.plot import plot_map
-    from simulator.studies.ppmap.spec import CANDIDATES_CSV, MAP_CSV, load_map
+    from simulator.studies.ppmap.spec import CANDIDATES_CSV, MAP_CSV, SCREEN_FILE, load_map
 
     if not Path(args.map).exists():
         raise CliError(f"ppmap: no file {args.map!r}")
@@ -49,6 +49,10 @@ def cmd_ppmap(args) -> int:
         check_output_file(args.plot, "--plot", within=args.out)
     spec = load_map(args.map)
     if args.recheck:
+        if not (Path(args.out) / SCREEN_FILE).is_file():  # pandas said "Cannot save file into a non-existent directory"
+            raise CliError(
+                f"--recheck: {args.out} holds no map store ({SCREEN_FILE}); run `stepsim ppmap MAP --out DIR` first"
+            )
         return _recheck(spec, args)
     if args.assemble_only:
         table, cands = assemble(spec, args.out)

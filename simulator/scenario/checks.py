@@ -185,6 +185,16 @@ def check_ep_overlap(model: ModelSpec, layout: ParallelLayout, training: Trainin
         )
 
 
+def check_cuda_graphs(training: TrainingSpec, chip_family: str) -> None:
+    """CUDA graphs are an NVIDIA GPU feature: ``training.cuda_graphs`` on a TPU (XLA compiles the
+    step itself) is refused rather than simulated as fewer launches."""
+    if training.cuda_graphs != "none" and chip_family == "tpu":
+        raise ScenarioError(
+            f"CUDA graphs run on NVIDIA GPUs, not on a TPU: use none (got {training.cuda_graphs!r})",
+            field="training.cuda_graphs",
+        )
+
+
 def check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
     """MoE-only settings on a dense model are refused rather than silently ignored."""
     if model.moe is not None:

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from simulator.scenario.checks import (
     check_algorithms,
     check_context_parallel,
+    check_cuda_graphs,
     check_dense,
     check_ep_overlap,
     check_moe_layout,
@@ -90,6 +91,7 @@ def load_scenario(source: str | Path | Mapping) -> Scenario:
     layout = resolve_layout(sc.parallel, cluster.devices)
     training = resolve_training(sc.training, layout)
     check_dense(model, sc)
+    check_cuda_graphs(training, cluster.chip.family)
     check_moe_layout(model, layout)
     check_ep_overlap(model, layout, training, sc.schedule)
     check_algorithms(sc.algorithms)

@@ -758,6 +758,7 @@ def newest_features() -> None:
     ppmap("ppmap_system_training_list", "systems.A.training", systems={"A": {"cluster": {}, "training": [1]}})
     ppmap("ppmap_system_unknown_key", "systems.A.foo", systems={"A": {"cluster": {"preset": "h800"}, "foo": 1}})
     ppmap("ppmap_name_long", ["name", "200"], name="n" * 10_000)
+    case("ppmap_recheck_no_store", tiny_map, ["--recheck", "screen.jsonl"], args=ppmap_args[:-1] + ["--recheck"])
     ppmap(
         "ppmap_too_many_points",
         ["grid", "1,000"],
@@ -872,6 +873,12 @@ def newest_features() -> None:
         ),
         ["search", "20,000"],
         args=["search", "{file}", "--jobs", "1", "--micro-batch-sizes", "1,2,4,8,16", "--zero", "0,1,2,3"],
+    )
+
+    case(
+        "cuda_graphs_on_tpu",
+        sc(cluster=tpu, training__global_batch_size=32, training__cuda_graphs="full"),
+        ["training.cuda_graphs", "TPU"],
     )
 
     # ---- sweep `where` expressions: a hang (a billion-digit power) and memory blow-ups
