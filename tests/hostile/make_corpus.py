@@ -881,6 +881,8 @@ def newest_features() -> None:
         ["training.cuda_graphs", "TPU"],
     )
 
+    chakra_cases()
+
     # ---- sweep `where` expressions: a hang (a billion-digit power) and memory blow-ups
     sweep_args = ["sweep", "{file}", "--out", "{out}", "--jobs", "1"]
     sweep = {"base": "base.yaml", "grid": {"parallel.pp": [1, 2]}}
@@ -894,6 +896,71 @@ def newest_features() -> None:
         args=sweep_args,
         subprocess=True,
     )
+
+
+def chakra_cases() -> None:
+    """Chakra ET traces another tool wrote (`run SCENARIO --trace DIR/prefix`), four ranks each,
+    written with MLCommons' protobuf classes as tests/data/chakra/make_handmade.py does: members
+    calling one collective as different types, and a send nobody receives, ran with exit 0."""
+    from chakra.schema.protobuf.et_def_pb2 import (
+        ALL_GATHER,
+        ALL_REDUCE,
+        COMM_COLL_NODE,
+        COMM_SEND_NODE,
+        COMP_NODE,
+        GlobalMetadata,
+        Node,
+    )
+    from chakra.schema.protobuf.et_def_pb2 import AttributeProto as A
+    from chakra.src.third_party.utils.protolib import encodeMessage
+
+    def node(i, name, typ, deps=(), **attrs):
+        n = Node(id=i, name=name, type=typ)
+        n.data_deps.extend(deps)
+        n.attr.append(A(name="is_cpu_op", bool_val=False))
+        for k, v in attrs.items():
+            n.attr.append(A(name=k, **v))
+        return n
+
+    def fwd():
+        return node(1, "fwd", COMP_NODE, num_ops={"int64_val": 10**12}, tensor_size={"uint64_val": 10**9})
+
+    def coll(kind):
+        size, group = {"int64_val": 1 << 20}, {"string_val": "1"}
+        return node(2, "grad_sync", COMM_COLL_NODE, [1], comm_type={"int64_val": kind}, comm_size=size, pg_name=group)
+
+    send = node(
+        2,
+        "send_act",
+        COMM_SEND_NODE,
+        [1],
+        comm_src={"int32_val": 0},
+        comm_dst={"int32_val": 1},
+        comm_tag={"int32_val": 7},
+        comm_size={"int64_val": 1 << 20},
+    )
+    (FILES / "comm_group.json").write_text(json.dumps({"1": [0, 1, 2, 3]}) + "\n")
+    scenario = {**BASE, "cluster": {"preset": "dgx-h100", "devices": 4}, "parallel": {"tp": 1}}
+    (FILES / "chakra_world4.yaml").write_text(yaml.safe_dump(scenario, sort_keys=False))
+    for prefix, ranks, msg in (
+        (
+            "chakra_collective_types_differ",
+            [[fwd(), coll(ALL_GATHER if r == 0 else ALL_REDUCE)] for r in range(4)],
+            ["chakra_collective_types_differ.1.et", "process group 1", "all-gather"],
+        ),
+        (
+            "chakra_send_not_received",
+            [[fwd(), send] if r == 0 else [fwd()] for r in range(4)],
+            ["chakra_send_not_received.0.et", "COMM_RECV_NODE"],
+        ),
+    ):
+        for r, nodes in enumerate(ranks):
+            with open(FILES / f"{prefix}.{r}.et", "wb") as f:
+                encodeMessage(f, GlobalMetadata(version="1.0.0"))
+                for n in nodes:
+                    encodeMessage(f, n)
+        args = ["run", "{dir}/chakra_world4.yaml", "--no-plots", "--trace", "{dir}/" + prefix]
+        case(prefix, None, msg, args=args)
 
 
 def _tiny_trace(scenario: dict) -> dict:

@@ -147,7 +147,7 @@ def _build(pb, files, metas, nodes, groups, ours: bool) -> Trace:
     head, world = _header(files, metas, groups, ours)
     info, order = _node_info(pb, files, nodes, world, groups)
     _check_deps(info)
-    _match_receives(info)
+    _match_receives(info, ours)
     topo = {r: _topo_order(r, order[r], info) for r in sorted(files)}
     ops = _make_ops(info, topo, _op_ids(info, topo, ours))
     if not ops:
@@ -218,9 +218,10 @@ def _check_deps(info: dict) -> None:
                 raise TraceError(f"{f['where']}: depends on node {d}, which is not in the file")
 
 
-def _match_receives(info: dict) -> None:
+def _match_receives(info: dict, ours: bool) -> None:
     """A receive stands for its matching send (the n-th of each (source, destination, tag)):
-    its fields get ``send``, the (rank, node id) of that send."""
+    its fields get ``send``, the (rank, node id) of that send. In another tool's files every
+    send has its receive too (stepsim's own may leave out the ranks it did not simulate)."""
     sends: dict[tuple, list] = {}
     recvs: dict[tuple, list] = {}
     for (r, nid), f in info.items():
@@ -237,6 +238,13 @@ def _match_receives(info: dict) -> None:
                     "trace has no matching COMM_SEND_NODE"
                 )
             info[(dst, nid)]["send"] = (src, have[i])
+    for (src, dst, t), ids in sends.items():
+        n_recv = len(recvs.get((src, dst, t), ()))
+        if not ours and len(ids) > n_recv:  # a send nobody receives would block its rank forever
+            raise TraceError(
+                f"{info[(src, ids[n_recv])]['where']}: sends to rank {dst} (tag {t}), but rank {dst}'s "
+                "trace has no matching COMM_RECV_NODE"
+            )
 
 
 def _op_ids(info: dict, topo: dict, ours: bool) -> dict[tuple[int, int], int]:
@@ -296,6 +304,7 @@ def _make_ops(info: dict, topo: dict, op_id: dict) -> list[Op]:
     ops: list[Op] = []
     kernel_tuples: dict[tuple, tuple] = {}
     coll_count: dict[tuple[int, str], int] = {}
+    coll_type: dict[str, tuple[str, str]] = {}  # key -> (collective, where) of its first member
     for r in sorted(topo):
         for nid in topo[r]:
             f = info[(r, nid)]
@@ -306,6 +315,12 @@ def _make_ops(info: dict, topo: dict, op_id: dict) -> list[Op]:
                 n = coll_count.get((r, f["pg"]), 0)
                 coll_count[(r, f["pg"])] = n + 1
                 key = f"pg{f['pg']}:{n}"
+                first = coll_type.setdefault(key, (f.get("coll", ""), f["where"]))
+                if first[0] != f.get("coll", ""):  # NCCL would hang; the members must agree
+                    raise TraceError(
+                        f"{f['where']}: collective {n} of process group {f['pg']} is {f.get('coll')}, "
+                        f"but {first[1].removeprefix('trace: ')} calls it {first[0]}"
+                    )
             kernels = f.get("kernels", ())
             kernels = kernel_tuples.setdefault(kernels, kernels)
             ops.append(_op(op_id[(r, nid)], r, f, deps.of(r, f), key, kernels))
