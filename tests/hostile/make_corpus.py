@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -81,7 +82,10 @@ def moe(**changes):
 def main() -> None:
     FILES.mkdir(exist_ok=True)
     for old in FILES.iterdir():
-        old.unlink()
+        if old.is_dir() and not old.is_symlink():  # a Chakra trace folder
+            shutil.rmtree(old)
+        else:
+            old.unlink()
     (FILES / "base.yaml").write_text(BASE_TEXT)
 
     # ---- the reader: size, encoding, YAML syntax and structure -----------------------------
@@ -944,6 +948,11 @@ def chakra_cases() -> None:
     (FILES / "chakra_world4.yaml").write_text(yaml.safe_dump(scenario, sort_keys=False))
     for prefix, ranks, msg in (
         (
+            "chakra_group_rank_twice/t",
+            [[fwd(), coll(ALL_REDUCE)] for r in range(4)],
+            ["chakra_group_rank_twice/comm_group.json", "twice"],
+        ),
+        (
             "chakra_collective_types_differ",
             [[fwd(), coll(ALL_GATHER if r == 0 else ALL_REDUCE)] for r in range(4)],
             ["chakra_collective_types_differ.1.et", "process group 1", "all-gather"],
@@ -954,13 +963,16 @@ def chakra_cases() -> None:
             ["chakra_send_not_received.0.et", "COMM_RECV_NODE"],
         ),
     ):
+        if "/" in prefix:  # a folder of its own, with its own process groups
+            (FILES / prefix).parent.mkdir()
+            (FILES / prefix).with_name("comm_group.json").write_text(json.dumps({"1": [0, 0, 1, 2, 3]}) + "\n")
         for r, nodes in enumerate(ranks):
             with open(FILES / f"{prefix}.{r}.et", "wb") as f:
                 encodeMessage(f, GlobalMetadata(version="1.0.0"))
                 for n in nodes:
                     encodeMessage(f, n)
         args = ["run", "{dir}/chakra_world4.yaml", "--no-plots", "--trace", "{dir}/" + prefix]
-        case(prefix, None, msg, args=args)
+        case(prefix.split("/")[0], None, msg, args=args)
 
 
 def _tiny_trace(scenario: dict) -> dict:

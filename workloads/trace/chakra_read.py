@@ -118,6 +118,8 @@ def _read_comm_groups(folder: Path) -> dict[str, tuple[int, ...]]:
     for k, v in data.items():
         if not isinstance(v, list) or not v or any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in v):
             raise TraceError(f"trace: {p}: group {k!r}: expected a non-empty list of ranks, got {v!r}")
+        if len(set(v)) != len(v):  # was found only when the network planned the group, unnamed
+            raise TraceError(f"trace: {p}: group {k!r}: names a rank twice, got {v!r}")
         out[str(k)] = tuple(v)
     return out
 
