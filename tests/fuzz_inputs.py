@@ -102,7 +102,40 @@ MOE = {
         "expert_load": {"distribution": "zipf", "skew": 1.2, "capacity_factor": 1.5, "seed": 3},
     },
 }
-BASES = {"switched": SWITCHED, "perturbed": PERTURBED, "torus": TORUS, "moe": MOE}
+# The newest keys at once (placement, Megatron-Core's MoE and TP overlaps, CUDA graphs, the host
+# stream, the allocator's reserve, padded experts); and a torus placed in 2 x 2 tiles.
+NEWEST = {
+    "name": "fuzz-newest",
+    "model": {**TINY_MODEL, "moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": 256, "shared_experts": 1}},
+    "cluster": {"preset": "dgx-h100", "devices": 8},
+    "placement": {"devices_per_domain": 4},
+    "parallel": {"tp": 2, "pp": 1, "ep": 4, "etp": 1, "sequence_parallel": True, "order": "tp-cp-ep-dp-pp"},
+    "training": {
+        "seq_len": 128,
+        "global_batch_size": 4,
+        "dtype": "fp8",
+        "overlap_moe_expert_parallel_comm": True,
+        "tp_comm_overlap": True,
+        "cuda_graphs": "per-layer",
+        "moe_host_sync": False,
+        "moe_dispatch_dtype": "bf16",
+        "moe_router_dtype": "fp32",
+        "host_launch_s": 5e-6,
+        "allocator_reserve_fraction": 0.05,
+        "fp8_weight_cache": True,
+        "expert_load": {"distribution": "zipf", "skew": 1.1, "capacity_factor": 1.25, "pad_to_capacity": True},
+    },
+    "compute": {"overlap_a2a_slowdown": 1.3, "comm_sm_fraction": 0.15},
+}
+TILED = {
+    "name": "fuzz-tiled",
+    "model": dict(TINY_MODEL),
+    "cluster": {"preset": "tpu-v5p", "devices": 16, "network": {"shape": [4, 4]}},
+    "placement": {"tile": [2, 2]},
+    "parallel": {"tp": 4, "pp": 2},
+    "training": {"seq_len": 128, "global_batch_size": 4},
+}
+BASES = {"switched": SWITCHED, "perturbed": PERTURBED, "torus": TORUS, "moe": MOE, "newest": NEWEST, "tiled": TILED}
 
 
 def paths(d: Any, prefix: tuple = ()) -> list[tuple]:
@@ -297,6 +330,43 @@ def check_sweep(d: dict) -> str:
         check_refusal(err)
         return "refused"
     assert len(spec.assignments) <= 100_000
+    return "loaded"
+
+
+# ---- PP map files -------------------------------------------------------------------------
+
+MAP = {
+    "name": "fuzz-map",
+    "devices": 16,
+    "models": [{**TINY_MODEL, "moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": 256}}],
+    "training": {"seq_len": 128, "sequences_per_device": 1, "dtype": "bf16"},
+    "grid": {"cluster": {"preset": "dgx-h100"}, "domain_sizes": [8, 16], "nic_gbps": [25, 50]},
+    "systems": {"H800": {"cluster": {"preset": "h800"}, "training": {"dtype": "fp8"}}},
+    "search": {"max_tp": 2, "pp": [1, 2], "zero": [1], "schedules": ["1f1b"], "nopp_micro_batch_sizes": [1]},
+    "simulate": {"with_pp": 1, "without_pp": 1},
+    "marks": {"H800": [8, 50]},
+}
+MAP_PATHS = paths(MAP)
+
+
+@st.composite
+def maps(draw) -> dict:
+    """The small map with one to three keys (a section, a list, an entry) set to random values."""
+    d = copy.deepcopy(MAP)
+    for _ in range(draw(st.integers(1, 3))):
+        _set(d, draw(st.sampled_from(MAP_PATHS)), draw(VALUES))
+    return d
+
+
+def check_map(d: dict) -> str:
+    from simulator.studies.ppmap.spec import load_map, points
+
+    try:
+        spec = load_map(d)
+    except StepsimError as err:
+        check_refusal(err)
+        return "refused"
+    points(spec)  # every point's scenario mapping can be made
     return "loaded"
 
 

@@ -4,7 +4,8 @@ clean refusal naming the field or in an accepted input whose every number is fin
 the scenarios simulated, a summary within physical bounds). The strategies and checks are in
 tests/fuzz_inputs.py; benchmarks/fuzz_inputs.py runs them for as many examples as asked.
 
-A fixed seed (``derandomize=True``) and small budgets keep this file under ~30 s on 2 cores.
+PP map files are fuzzed the same way. A fixed seed (``derandomize=True``) and small budgets keep
+this file under ~30 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def test_random_scenarios_that_load_simulate_to_finite_bounded_figures(d):
 @given(fz.sweeps())
 def test_random_sweeps_are_refused_by_field_or_load(d):
     fz.check_sweep(d)
+
+
+@settings(FIXED, max_examples=150)
+@given(fz.maps())
+def test_random_pp_maps_are_refused_by_field_or_load(d):
+    fz.check_map(d)
 
 
 TOPOLOGY = fz.small_topology()

@@ -187,7 +187,10 @@ def resolve_cluster(spec: str | dict, placement=None) -> ClusterSpec:
         path = _PLACEMENT_KEYS[key]
         parent = spec
         for part in path[:-1]:
-            child = parent[part] = dict(parent.get(part) or {})
+            child = parent.get(part)
+            if child is not None and not isinstance(child, dict):  # `network: 5`: the cluster's check names it
+                return _resolve_cluster(spec)
+            child = parent[part] = dict(child or {})
             parent = child
         if path[-1] in parent and parent[path[-1]] != value:
             raise ScenarioError(

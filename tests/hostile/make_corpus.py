@@ -758,6 +758,8 @@ def newest_features() -> None:
     ppmap("ppmap_search_unknown_key", ["search.max_ttp", "max_tp"], search={"max_ttp": 4})
     ppmap("ppmap_search_list", "search", search=[1])
     ppmap("ppmap_marks_string", "marks", marks={"a": ["x", 1]})
+    ppmap("ppmap_marks_inf", "marks", marks={"a": [8, float("inf")]})
+    ppmap("ppmap_search_pp_empty", "search.pp", search={"pp": []})
     ppmap("ppmap_system_cluster_string", "systems.A.cluster", systems={"A": {"cluster": "h800"}})
     ppmap("ppmap_system_training_list", "systems.A.training", systems={"A": {"cluster": {}, "training": [1]}})
     ppmap("ppmap_system_unknown_key", "systems.A.foo", systems={"A": {"cluster": {"preset": "h800"}, "foo": 1}})
@@ -858,6 +860,11 @@ def newest_features() -> None:
         subprocess=True,
     )
     tpu = {"preset": "tpu-v5p", "devices": 64}
+    case(  # a TypeError (exit 1) where placement.tile is copied into the network section
+        "placement_network_not_mapping",
+        sc(cluster={**tpu, "network": 5}, placement={"tile": [4, 4, 4]}),
+        "cluster.network",
+    )
     case("placement_tile_long", sc(cluster=tpu, placement={"tile": [1] * 100_000}), ["placement.tile", "64"])
 
     # ---- export and validate: a TPU's Megatron launch line (8 GPUs a node) was written with exit 0;

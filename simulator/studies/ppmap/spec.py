@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,6 +157,8 @@ def load_map(spec: str | Path | Mapping) -> MapSpec:
             s[k] = tuple(s[k])
     if pp_degrees is not None:
         pp_degrees = tuple(_pos_int(p, "search.pp") for p in pp_degrees)
+        if not pp_degrees:
+            raise ScenarioError("a non-empty list of pipeline degrees", field="search.pp")
         s.setdefault("max_pp", max(pp_degrees))
     bound_keys = [f.name for f in dataclasses.fields(SearchBounds)]
     for k in s:
@@ -173,7 +176,7 @@ def load_map(spec: str | Path | Mapping) -> MapSpec:
     if not isinstance(marks, Mapping) or any(
         not isinstance(v, list)
         or len(v) != 2
-        or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 for x in v)
+        or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x < math.inf for x in v)
         for v in marks.values()
     ):
         raise ScenarioError("a mapping of label -> [domain size, NIC GB/s]", field="marks")
