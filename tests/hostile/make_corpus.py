@@ -928,8 +928,7 @@ def chakra_cases() -> None:
     def node(i, name, typ, deps=(), **attrs):
         n = Node(id=i, name=name, type=typ)
         n.data_deps.extend(deps)
-        n.attr.append(A(name="is_cpu_op", bool_val=False))
-        for k, v in attrs.items():
+        for k, v in {"is_cpu_op": {"bool_val": False}, **attrs}.items():
             n.attr.append(A(name=k, **v))
         return n
 
@@ -963,6 +962,11 @@ def chakra_cases() -> None:
             "chakra_collective_types_differ",
             [[fwd(), coll(ALL_GATHER if r == 0 else ALL_REDUCE)] for r in range(4)],
             ["chakra_collective_types_differ.1.et", "process group 1", "all-gather"],
+        ),
+        (
+            "chakra_cpu_flag_string",
+            [[node(1, "gemm", COMP_NODE, is_cpu_op={"string_val": "false"}, num_ops={"int64_val": 10**12})]] * 4,
+            ["chakra_cpu_flag_string.0.et", "is_cpu_op"],
         ),
         (
             "chakra_send_not_received",

@@ -128,7 +128,10 @@ def _comp_node(node: _Node, f: dict) -> dict:
             size=float(at.get("stepsim.size_bytes", at.get("tensor_size", 0))),
         )
         return f
-    if at.get("is_cpu_op", True):  # the Chakra feeder's default: a CPU op
+    cpu = at.get("is_cpu_op", True)  # the Chakra feeder's default: a CPU op
+    if not isinstance(cpu, bool):  # a string "false" was truthy: a GPU kernel read as host time
+        raise TraceError(f"{where}: attribute is_cpu_op must be a bool_val, got {cpu!r}")
+    if cpu:
         # recorded host time on the rank's host stream; issuing nothing to the GPU, it costs no launch
         f.update(
             kind="host",
