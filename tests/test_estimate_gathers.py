@@ -69,3 +69,32 @@ def test_what_the_previous_layers_last_op_hides(tp):
         else:
             assert 0.0 <= g_b <= g_i < g  # the attention's backward (its input-gradient part) hides some
             assert g_f == (g if layer else max(0.0, g - c.kt(c.b.layer_parts(layer)[1])))
+
+
+def test_the_estimate_prices_the_slowest_expert_group_where_groups_straddle_domains():
+    """TP4 EP64 on 72-GPU domains: expert groups of 64 consecutive ranks split 64, 8 + 56,
+    16 + 48, ... 32 + 32. The most uneven split is the slowest all-to-all (its 8 ranks send 7/8
+    of their tokens over the NICs) and the step waits for it; the most pairs across domains
+    (32 + 32) is not."""
+    from simulator.studies.search.estimate import _A2A_PROBE_BYTES, _position
+    from simulator.studies.search.network_model import NetModel
+
+    sc = load_scenario(
+        {
+            "model": "deepseek-v3",
+            "cluster": {
+                "preset": "dgx-h100",
+                "devices": 2304,
+                "network": {"domain_size": 72, "nic_bw_bytes_per_s": 50e9},
+            },
+            "parallel": {"tp": 4, "pp": 2, "dp": 288, "ep": 64},
+            "training": {"seq_len": 4096, "micro_batch_size": 1, "global_batch_size": 1152, "dtype": "fp8"},
+        }
+    )
+    net = NetModel(sc.cluster, sc.network_calibration(), sc.algorithms)
+    L = sc.layout
+    pos = _position(L, net)
+    group = L.group(pos, "ep")
+    assert group[0] == pos == 64 and sorted(net.domains_of(list(group)).tolist()).count(0) == 8
+    times = [net.time_s("all-to-all", L.group(r, "ep"), _A2A_PROBE_BYTES) for r in range(0, 1152, 64)]
+    assert net.time_s("all-to-all", group, _A2A_PROBE_BYTES) == max(times) > 1.5 * min(t for t in times if t > times[0])
