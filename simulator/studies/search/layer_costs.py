@@ -123,14 +123,13 @@ class StepCosts:
 
     def gather_exposed(self, gather: float, parts) -> tuple[float, float, float]:
         """A layer's ZeRO-3 gather as exposed in its forward, its backward and its input-gradient
-        pass (zero-bubble schedules split the backward). The trace
-        lets a gather start once the compute op before last is done (prefetch depth one,
-        ``program_params._zero3_gather``), so it hides behind the previous layer's last op: in
-        a forward that is the dense MLP (an MoE layer's last op, the unpermutation after the
-        combine, is short and the combine holds the NICs the gather needs: counted whole), in
-        a backward the attention block's backward (its input-gradient part in an input-gradient
-        pass). With tensor parallelism the last op is the
-        zero-cost join after the block's collective, and the gather is counted whole. The
+        pass (zero-bubble schedules split the backward). The trace lets a gather start once the
+        compute op before last is done (prefetch depth one, ``program_params._zero3_gather``), so
+        it hides behind the previous layer's last op: in a forward the dense MLP (an MoE layer's
+        last op, the unpermutation after the combine, is short and the combine holds the NICs
+        the gather needs: counted whole), in a backward the attention block's backward (its
+        input-gradient part in an input-gradient pass). With tensor parallelism the last op is
+        the zero-cost join after the block's collective, and the gather is counted whole. The
         previous layer's op is taken as this layer's (the layers of a stage are alike)."""
         if gather == 0.0 or self.L.tp > 1:
             return gather, gather, gather
