@@ -36,6 +36,12 @@ MAX_EP = 4_096
 # 1,024 peaked at 1.45 GB in 4.4 s; cp 4,096 passed 11.7 GB (2-layer model on H100, 2026-12-06).
 # Representative mode runs cp 4,096 in 1.2 s.
 MAX_EXACT_CP = 1_024
+# Devices on a torus (TPU slices, all pods together): its topology and collective plans grow
+# faster than a switched network's. A 2-layer model on TPU v5p chips, 2026-12-06: one
+# 64 x 32 x 32 torus 2.1 GB / 48 s, 64 x 64 x 64 (262,144) 11.1 GB / 296 s; 16 pods of
+# 16 x 16 x 16 4.8 GB / 54 s. (A switched network of 262,144 devices: 3.9 GB / 18 s.) The
+# largest published TPU job, 50,944 v5e chips in 199 slices (Google Cloud, 2023), fits.
+MAX_TORUS_DEVICES = 65_536
 # The step's model FLOPs at every device's dense BF16 peak: above this many seconds of ideal
 # compute (11.6 days) per step the scenario is refused before anything is built. Real steps
 # take seconds (Llama 3 405B on 16,384 H100: 2.5 s ideal); one H100 running a 70B model on a
@@ -182,6 +188,16 @@ def check_ep_overlap(model: ModelSpec, layout: ParallelLayout, training: Trainin
     if training.balance == "aux-loss-global":
         raise ScenarioError(
             "cannot pair passes under balance: aux-loss-global (every forward runs before any backward)", field=field
+        )
+
+
+def check_torus_size(devices: int, torus: bool) -> None:
+    """A torus cluster of more than :data:`MAX_TORUS_DEVICES` is refused before it is built."""
+    if torus and devices > MAX_TORUS_DEVICES:
+        raise ScenarioError(
+            f"at most {MAX_TORUS_DEVICES:,} devices on a torus (all pods together), got {devices:,}: its "
+            "topology would take several GB to build (262,144 on one torus: 11 GB, 5 minutes)",
+            field="cluster.devices",
         )
 
 

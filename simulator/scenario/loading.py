@@ -25,11 +25,13 @@ from simulator.scenario.checks import (
     check_network_algorithms,
     check_perturbations,
     check_size,
+    check_torus_size,
     check_work,
 )
 from simulator.scenario.resolve import resolve_cluster, resolve_layout, resolve_model, resolve_training
 from simulator.scenario.resolved import Scenario
 from simulator.scenario.schema import ScenarioError, ScenarioIn, error_from_pydantic
+from topologies.networks import TorusNetwork
 from workloads.moe_load import ExpertLoad
 
 
@@ -88,6 +90,7 @@ def load_scenario(source: str | Path | Mapping) -> Scenario:
         raise error_from_pydantic(err, "") from None
     model = resolve_model(sc.model, base_dir)
     cluster = resolve_cluster(sc.cluster, sc.placement)
+    check_torus_size(cluster.devices, isinstance(cluster.network, TorusNetwork))
     layout = resolve_layout(sc.parallel, cluster.devices)
     training = resolve_training(sc.training, layout)
     check_dense(model, sc)

@@ -860,6 +860,20 @@ def newest_features() -> None:
         subprocess=True,
     )
     tpu = {"preset": "tpu-v5p", "devices": 64}
+    case(  # 262,144 chips on one torus: 11 GB and 5 minutes for a 2-layer model
+        "torus_262144",
+        sc(
+            cluster={
+                "devices": 262144,
+                "chip": "tpu-v5p",
+                "network": {"kind": "torus", "shape": [64, 64, 64], "link_bw_bytes_per_s": 9e10},
+            },
+            parallel={"tp": 1},
+            training={"seq_len": 128, "global_batch_size": 262144},
+        ),
+        ["cluster.devices", "65,536"],
+        subprocess=True,
+    )
     case(  # a TypeError (exit 1) where placement.tile is copied into the network section
         "placement_network_not_mapping",
         sc(cluster={**tpu, "network": 5}, placement={"tile": [4, 4, 4]}),
