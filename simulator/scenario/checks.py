@@ -27,7 +27,7 @@ MAX_DEVICES = 262_144
 # full recompute) 4,718,592. The limit admits it with ~25% room (~6 GB at the measured rate).
 MAX_ESTIMATED_OPS = 6_000_000
 BYTES_PER_ESTIMATED_OP = 1_000
-# An expert all-to-all among ep ranks is ep * (ep - 1) flows, every EP group's loaded even in
+# An expert all-to-all among ep ranks is ep * (ep - 1) flows, all of them loaded even in
 # representative mode. Measured on 2026-12-06 (2-layer MoE, ep = devices on H100, one step):
 # ep 4,096 peaked at 0.84 GB in 4.0 s, 8,192 at 3.0 GB in 16 s, 16,384 at 11.5 GB in 71 s
 # (65,536 would need ~180 GB). Published expert parallelism stays in the hundreds.
