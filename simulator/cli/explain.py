@@ -15,7 +15,8 @@ EXPLAIN_OUTPUTS = ("explain.csv", "explain.json", "explain.png", "explain.html")
 def cmd_explain(args) -> int:
     from pathlib import Path
 
-    from simulator import simulate
+    from simulator import load_scenario, simulate
+    from simulator.errors import StepsimError
     from simulator.results import explain as ex
     from simulator.results.outdir import check_output_dir, staged_dir
 
@@ -27,7 +28,14 @@ def cmd_explain(args) -> int:
         from simulator.results.html_data import require_plotly
 
         require_plotly()  # before the simulations, not after
-    a, b = simulate(args.a), simulate(args.b)
+    # both loaded before either runs, an error saying which of the two it is in
+    loaded = []
+    for which, source in (("A", args.a), ("B", args.b)):
+        try:
+            loaded.append(load_scenario(source))
+        except StepsimError as err:
+            raise CliError(f"scenario {which} ({source}): {err}") from None
+    a, b = simulate(loaded[0]), simulate(loaded[1])
     name_a, name_b = a.scenario.name, b.scenario.name
     if name_a == name_b:
         name_a, name_b = f"A {name_a}", f"B {name_b}"

@@ -27,6 +27,8 @@ def dtype(r) -> str:
             r.used.discard("precision")
     if "bf16" in args and "fp16" in args:
         raise ScenarioError("cannot be given with --bf16 (Megatron asserts one of the two)", field="--fp16")
+    if args.get("fp8") not in (None, *FP8_FORMATS):  # NeMo's model.fp8=True reads as a bare flag
+        raise ScenarioError(f"true, {' or '.join(FP8_FORMATS)}, got {args['fp8']!r}", field="--fp8")
     fmt = args.get("fp8-format")
     if fmt is not None and fmt not in FP8_FORMATS:
         raise ScenarioError(f"{' or '.join(FP8_FORMATS)}, got {fmt!r}", field="--fp8-format")

@@ -801,6 +801,7 @@ def newest_features() -> None:
         argv + " --pipeline-model-parallel-layout '(t)*999999999|t'",
         "--pipeline-model-parallel-layout",
     )
+    megatron("megatron_fp8_word", argv + " model.fp8=maybe", ["--fp8", "hybrid"])
     megatron("megatron_word_1mb", argv + " --data-path " + "x" * 1_000_000, ["args", "65,536"])
     case(
         "megatron_nnodes_zero",
@@ -885,6 +886,12 @@ def newest_features() -> None:
     # --suite naming no folder was reported as --cases
     tpu_run = sc(cluster=tpu, training__global_batch_size=32)
     case("export_megatron_tpu", tpu_run, ["cluster.chip", "TPU"], args=["export", "megatron", "{file}"])
+    case(  # the message did not say which of the two scenarios it was about
+        "explain_b_invalid",
+        sc(placement={"devices_per_domain": 0}),
+        ["scenario B", "placement.devices_per_domain"],
+        args=["explain", "{dir}/base.yaml", "{file}"],
+    )
     case("validate_suite_missing", None, ["--suite", "no such folder"], args=["validate", "--suite", "{dir}/none"])
     case("validate_suite_file", None, ["--suite", "not a folder"], args=["validate", "--suite", "{dir}/base.yaml"])
 
