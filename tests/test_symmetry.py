@@ -94,6 +94,16 @@ def test_uneven_groups_are_simulated_one_rank_per_class():
     assert not any("straddle" in n for n in a.summary["notes"])
 
 
+def test_the_representative_position_is_a_minority_rank_of_the_most_uneven_split():
+    """TP4 EP64 on 72-GPU domains: expert groups of 64 consecutive ranks split 64, 8 + 56, 16 +
+    48, ..., 32 + 32. Each rank sends over its own NIC what leaves its domain, so the 8 + 56
+    group's 8 ranks (7/8 of their traffic across) are the slowest, not the 32 + 32 group's
+    (half), which has the most pairs across domains: rank 64."""
+    h72 = {"preset": "dgx-h100", "devices": 2304, "network": {"domain_size": 72}}
+    s = load_scenario(_moe(64, h72, {"tp": 4, "pp": 2, "dp": 288, "ep": 64}, 1152))
+    assert representative_position(s.layout, build_cluster(s.cluster)) == 64
+
+
 def _nvl(n: int) -> dict:
     return {"preset": "gb200-nvl72", "devices": n}
 
