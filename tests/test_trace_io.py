@@ -154,3 +154,28 @@ def test_moe_kernel_fields_survive_a_trace_file_and_bad_ones_are_named(tmp_path)
     router["math_dtype"] = "fp4"
     with pytest.raises(TraceError, match=r"math_dtype: must be one of bf16, fp8, tf32"):
         trace_from_dict(d)
+
+
+def test_cli_trace_writes_the_ranks_run_simulates_where_groups_straddle_domains(tmp_path, capsys):
+    """EP48 on 144 GB200: one rank per class of ranks that see the network alike (six, each
+    standing for 24 devices), as ``stepsim run`` simulates them; running the written trace gives
+    run's step."""
+    from test_moe import TINY_MOE
+
+    model = dict(TINY_MOE, hidden=2048, ffn_hidden=8192, moe={**TINY_MOE["moe"], "experts": 48})
+    sc = scenario(
+        model=model,
+        cluster={"preset": "gb200-nvl72", "devices": 144},
+        parallel={"tp": 1, "pp": 1, "dp": 144, "ep": 48},
+        training={"seq_len": 4096, "micro_batch_size": 1, "global_batch_size": 288},
+    )
+    p, t = tmp_path / "s.yaml", tmp_path / "t.json"
+    p.write_text(yaml.safe_dump(sc))
+    assert main(["trace", str(p), "--out", str(t)]) == 0
+    capsys.readouterr()
+    tr = read_trace(t)
+    six = [0, 24, 48, 72, 96, 120]
+    assert list(tr.ranks) == six and tr.representative and tr.weight == dict.fromkeys(six, 24)
+    assert main(["run", str(p), "--trace", str(t), "--json"]) == 0
+    replayed = json.loads(capsys.readouterr().out)["step_time_s"]
+    assert replayed == pytest.approx(simulate(sc).summary["step_time_s"], rel=1e-9)

@@ -140,11 +140,12 @@ def cmd_trace(args) -> int:
     try:
         if args.exact:
             tr = build_trace(sc.workload(), ranks=list(range(sc.layout.world)))
-        else:  # the representatives `stepsim run` would simulate
-            from simulator.engine.symmetry import representative_position
+        else:  # the representatives `stepsim run` simulates (one rank per class of ranks that see
+            # the network alike where groups split over scale-up domains unlike one another)
+            from simulator.engine.symmetry import representative_trace
             from topologies.presets import build_cluster
 
-            tr = build_trace(sc.workload(), position=representative_position(sc.layout, build_cluster(sc.cluster)))
+            tr = representative_trace(sc.workload(), sc.layout, build_cluster(sc.cluster))
     except WorkloadError as err:
         raise ScenarioError.from_error(err) from None
     if args.format == "chakra":
@@ -164,7 +165,7 @@ def cmd_trace(args) -> int:
         print(
             f"  Chakra ET files {PREFIX}.<rank>.et and comm_group.json (ASTRA-sim: --workload-configuration="
             f"{Path(args.out) / PREFIX}"
-            + ("" if args.exact else "; one rank per pipeline stage: add --exact for every rank")
+            + ("" if args.exact else "; the ranks `stepsim run` simulates: add --exact for every rank")
             + ")"
         )
     return EXIT_OK
