@@ -65,6 +65,25 @@ def run_data(result) -> RunData:
     )
 
 
+# The columns of a run directory's tables the report reads (a file that lacks one, or is not a
+# table, was an internal error: KeyError 'rank', ArrowInvalid).
+EVENT_NEEDS = ("rank", "stream", "start_s", "end_s")
+MEMORY_NEEDS = ("rank", "stage", "time_s", "total")
+LINK_NEEDS = ("link", "kind", "axis", "bytes", "busy_fraction")
+
+
+def _read_table(path: Path, columns, **csv_options) -> pd.DataFrame:
+    """One table of a run directory; refused naming the file where it cannot be read or lacks ``columns``."""
+    try:
+        df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path, **csv_options)
+    except (ValueError, OSError) as err:  # pyarrow's ArrowInvalid and pandas' ParserError are ValueErrors
+        raise ReportError(f"report: {path}: not a table `stepsim run --out` writes ({str(err)[:200]})") from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ReportError(f"report: {path}: no column {', '.join(missing)}; it is not the table `stepsim run` writes")
+    return df
+
+
 def load_run_dir(path) -> RunData:
     """Read back a ``stepsim run --out`` directory. ``summary.json``, the events
     (``events.parquet`` or ``events.csv``) and ``memory.csv`` are required; without
@@ -86,13 +105,13 @@ def load_run_dir(path) -> RunData:
     if not isinstance(summary, dict) or "step_time_s" not in summary:
         raise ReportError(f"report: {d / 'summary.json'} is not a stepsim summary (no step_time_s)")
     if (d / "events.parquet").is_file():
-        events = pd.read_parquet(d / "events.parquet")
+        events = _read_table(d / "events.parquet", EVENT_NEEDS)
     else:
-        events = pd.read_csv(d / "events.csv", keep_default_na=False)
-    memory = pd.read_csv(d / "memory.csv")
+        events = _read_table(d / "events.csv", EVENT_NEEDS, keep_default_na=False)
+    memory = _read_table(d / "memory.csv", MEMORY_NEEDS)
     absent = []
     if (d / "idle.csv").is_file():
-        idle = pd.read_csv(d / "idle.csv", keep_default_na=False)
+        idle = _read_table(d / "idle.csv", (), keep_default_na=False)
     else:
         idle, absent = pd.DataFrame(columns=IDLE_COLUMNS), absent + ["idle.csv"]
     scenario = None
@@ -102,7 +121,7 @@ def load_run_dir(path) -> RunData:
         absent.append("scenario.json")
     stages = dict(zip(memory["rank"].tolist(), memory["stage"].tolist()))
     labels = _labels_from_scenario(scenario, summary, stages)
-    links = pd.read_csv(d / "links.csv", keep_default_na=False) if (d / "links.csv").is_file() else None
+    links = _read_table(d / "links.csv", LINK_NEEDS, keep_default_na=False) if (d / "links.csv").is_file() else None
     return RunData(
         summary=summary,
         events=events,

@@ -914,6 +914,7 @@ def newest_features() -> None:
     )
 
     chakra_cases()
+    report_cases()
 
     # ---- sweep `where` expressions: a hang (a billion-digit power) and memory blow-ups
     sweep_args = ["sweep", "{file}", "--out", "{out}", "--jobs", "1"]
@@ -928,6 +929,26 @@ def newest_features() -> None:
         args=sweep_args,
         subprocess=True,
     )
+
+
+def report_cases() -> None:
+    """`stepsim report DIR` on a run directory with one table broken: each was an internal error
+    (KeyError 'rank' / 'axis', ArrowInvalid)."""
+    from simulator import simulate
+
+    for name, table, text, msg in (
+        ("report_memory_columns", "memory.csv", "a,b\n1,2\n", ["report_memory_columns/memory.csv", "rank"]),
+        ("report_links_columns", "links.csv", "garbage\n1\n", ["report_links_columns/links.csv", "axis"]),
+        ("report_events_parquet", "events.parquet", "x\n", ["report_events_parquet/events.parquet", "table"]),
+    ):
+        folder = FILES / name
+        simulate(BASE).write(folder, plots=False)
+        for extra in ("trace.json", "events.csv" if table == "events.parquet" else "events.parquet"):
+            (folder / extra).unlink()  # smaller files; the report reads the other events table
+        (folder / table).write_text(text)
+        summary = json.loads((folder / "summary.json").read_text())
+        (folder / "summary.json").write_text(json.dumps({**summary, "sim_wall_s": None}))  # the same bytes each time
+        case(name, None, msg, args=["report", "{dir}/" + name, "--html"])
 
 
 def chakra_cases() -> None:
