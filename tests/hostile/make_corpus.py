@@ -949,6 +949,14 @@ def report_cases() -> None:
         summary = json.loads((folder / "summary.json").read_text())
         (folder / "summary.json").write_text(json.dumps({**summary, "sim_wall_s": None}))  # the same bytes each time
         case(name, None, msg, args=["report", "{dir}/" + name, "--html"])
+    (FILES / "sweep_plot_parquet").mkdir()
+    (FILES / "sweep_plot_parquet" / "results.parquet").write_text("x\n")  # an ArrowInvalid, exit 1
+    case(
+        "sweep_plot_parquet",
+        None,
+        ["sweep_plot_parquet/results.parquet", "table"],
+        args=["sweep-plot", "{dir}/sweep_plot_parquet"],
+    )
 
 
 def chakra_cases() -> None:

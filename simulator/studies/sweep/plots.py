@@ -112,7 +112,10 @@ def load_results(out_dir: str | Path) -> tuple[pd.DataFrame, dict]:
     p = d / PARQUET_FILE
     if not p.exists():
         raise PlotError(f"{d}: no {PARQUET_FILE}; run `stepsim sweep ... --out {d}` first")
-    frame = pd.read_parquet(p)
+    try:
+        frame = pd.read_parquet(p)
+    except (ValueError, OSError) as err:  # pyarrow's ArrowInvalid: not a Parquet file (was an internal error)
+        raise PlotError(f"{p}: not the table `stepsim sweep` writes ({str(err)[:200]})") from None
     meta_path = d / META_FILE
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     if "axes" not in meta:
