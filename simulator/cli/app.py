@@ -276,19 +276,32 @@ def cmd_presets(args) -> int:
 
 
 def _cluster_from_arg(arg: str, devices: int | None):
+    from pydantic import ValidationError
+
+    from simulator.scenario.checks import check_torus_size
     from simulator.scenario.loading import read_mapping
     from simulator.scenario.resolve import resolve_cluster
+    from simulator.scenario.schema import PlacementIn, error_from_pydantic
+    from topologies.networks import TorusNetwork
 
     p = Path(arg)
+    placement = None
     if p.exists():
         data = read_mapping(p)
         data.pop("name", None)
         spec = data.get("cluster", data)
+        if "cluster" in data and data.get("placement") is not None:  # a scenario's placement places its devices
+            try:
+                placement = PlacementIn.model_validate(data["placement"])
+            except ValidationError as err:
+                raise error_from_pydantic(err, "placement") from None
     else:
         spec = {"preset": arg}
     if devices is not None:
         spec = {**spec, "devices": devices}
-    return resolve_cluster(spec)
+    cluster = resolve_cluster(spec, placement)
+    check_torus_size(cluster.devices, isinstance(cluster.network, TorusNetwork))
+    return cluster
 
 
 def _network_calibration(arg: str, family: str):

@@ -875,6 +875,20 @@ def newest_features() -> None:
         ["cluster.devices", "65,536"],
         subprocess=True,
     )
+    case(  # `collective --cluster SCENARIO` dropped the scenario's placement (other domains, exit 0)
+        "collective_scenario_placement_zero",
+        sc(cluster={"preset": "gb200-nvl72", "devices": 128}, placement={"devices_per_domain": 0}),
+        "placement.devices_per_domain",
+        args=["collective", "all-reduce", "--cluster", "{file}", "--max-bytes", "1M"],
+    )
+    torus_64 = {"kind": "torus", "shape": [64, 64, 64]}
+    case(  # past 60 s building the torus and its collective
+        "collective_torus_262144",
+        {"cluster": {"devices": 262144, "chip": "tpu-v5p", "network": {**torus_64, "link_bw_bytes_per_s": 9e10}}},
+        ["cluster.devices", "65,536"],
+        args=["collective", "all-reduce", "--cluster", "{file}", "--max-bytes", "1M"],
+        subprocess=True,
+    )
     case(  # a TypeError (exit 1) where placement.tile is copied into the network section
         "placement_network_not_mapping",
         sc(cluster={**tpu, "network": 5}, placement={"tile": [4, 4, 4]}),
