@@ -448,6 +448,10 @@ def main() -> None:
     dangling = copy.deepcopy(good)
     dangling["ops"][1]["deps"] = [10**9]
     case("trace_dangling_dep", json.dumps(dangling), "unknown op", args=trace_args, ext=".json")
+    for flag, word in (("host_sync", "no"), ("comm_overlap", "yes"), ("recompute", "false")):
+        flagged = copy.deepcopy(good)  # a string is truthy: "no" made the op block the host
+        flagged["ops"][0][flag] = word
+        case(f"trace_{flag}_string", json.dumps(flagged), f"ops[0].{flag}", args=trace_args, ext=".json")
     bad_weight = copy.deepcopy(good)
     bad_weight["weight"] = {"0": "many"}
     case("trace_bad_weight", json.dumps(bad_weight), ["trace", "malformed"], args=trace_args, ext=".json")

@@ -422,16 +422,24 @@ def _op_from_dict(i: int, d, world: int, rankset: set) -> Op:
         layer=int(d.get("layer", -1)),
         deps=tuple(deps),
         kernels=kernels,
-        recompute=bool(d.get("recompute", False)),
-        comm_overlap=bool(d.get("comm_overlap", False)),
+        recompute=_flag(d, "recompute", where),
+        comm_overlap=_flag(d, "comm_overlap", where),
         axis=str(d.get("axis", "")),
         key=str(d.get("key", f"op{i}")),
         mem=mem,
-        host_sync=bool(d.get("host_sync", False)),
+        host_sync=_flag(d, "host_sync", where),
         launches=_launches(d, where),
         sm_held=_sm_held(d, where),
         **transfer,
     )
+
+
+def _flag(d: dict, key: str, where: str) -> bool:
+    """A true/false field (absent: false): a string "no" was truthy (a host sync, a recomputed op)."""
+    v = d.get(key, False)
+    if not isinstance(v, bool):
+        raise TraceError(f"{where}.{key}: expected true or false, got {v!r}")
+    return v
 
 
 def _launches(d: dict, where: str) -> int:
