@@ -223,11 +223,12 @@ def _margin(text: str):
     return value
 
 
-# Layouts `stepsim search` may screen: its analytic estimate takes ~12 ms a layout (a PP map
-# point of 1,746 layouts: 22 CPU-s), so 20,000 screen in about 4 minutes before any simulation.
-# The built-in DeepSeek-V3 on 2,048 H800 has 3,612 under the default bounds; a 64-layer
-# MoE on 65,536 GPUs with five micro-batch sizes and four ZeRO stages 88,560 (about 18 minutes).
-MAX_SEARCH_LAYOUTS = 20_000
+# Layouts `stepsim search` may screen: most are pruned by the memory estimate or invalid before
+# the step-time estimate (~12 ms a layout) runs. The built-in DeepSeek-V3 on 2,048 H800 has
+# 3,612 under the default bounds, on 2,304 GB200 29,082 (the whole search 4 minutes), the
+# committed GB200 placement search 133,464 (docs/results/search/README.md); 500,000 is past
+# every search a user has run here and refuses bounds that would screen for hours.
+MAX_SEARCH_LAYOUTS = 500_000
 
 
 def _check_layout_count(path: Path, bounds) -> None:

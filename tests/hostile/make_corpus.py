@@ -919,10 +919,23 @@ def newest_features() -> None:
             model={**TINY_MODEL, "layers": 64, "moe": {"experts": 256, "top_k": 8, "expert_ffn_hidden": 512}},
             cluster={"preset": "dgx-h100", "devices": 65536},
             parallel={"tp": 1},
-            training={"seq_len": 4096, "global_batch_size": 65536 * 16},
+            training={"seq_len": 4096, "global_batch_size": 65536 * 128},
         ),
-        ["search", "20,000"],
-        args=["search", "{file}", "--jobs", "1", "--micro-batch-sizes", "1,2,4,8,16", "--zero", "0,1,2,3"],
+        ["search", "500,000"],
+        args=[
+            "search",
+            "{file}",
+            "--jobs",
+            "1",
+            "--micro-batch-sizes",
+            "1,2,4,8,16,32,64,128",
+            "--zero",
+            "0,1,2,3",
+            "--max-vpp",
+            "8",
+            "--max-cp",
+            "16",
+        ],
     )
 
     case(
