@@ -88,7 +88,7 @@ def run_step(scenario, exact, topology, trace, progress, engine_options: Mapping
         compute_scale=scale,
         algorithms=dict(sc.algorithms),
         host_bw_bytes_per_s=sc.cluster.host_bw_bytes_per_s,
-        host_launch_s=sc.training.host_launch_s,
+        host_launch_s=sc.training.launch_s(sc.cluster.chip.family),
         progress=progress,
         **(engine_options or {}),
     )

@@ -128,7 +128,7 @@ def rerun_engine(res, **options):
         compute_scale=scale,
         algorithms=dict(sc.algorithms),
         host_bw_bytes_per_s=sc.cluster.host_bw_bytes_per_s,
-        **{"host_launch_s": sc.training.host_launch_s, **options},
+        **{"host_launch_s": sc.training.launch_s(chip.family), **options},
     )
     return eng, eng.run()
 

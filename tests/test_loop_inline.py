@@ -79,7 +79,7 @@ def test_host_stretches_issue_as_the_recurrence(moe):
     host = raw.host
     assert host is not None and any(op.host_sync for op in moe.trace.ops)
     assert raw.host_delay_s  # the host binds somewhere: its times reach the records
-    want = _recurrence(moe.trace, eng.end_time, moe.scenario.training.host_launch_s)
+    want = _recurrence(moe.trace, eng.end_time, moe.scenario.training.launch_s("hopper"))
     assert host._start == want  # bit for bit, every op
     assert host.end == {i: s + launches_of(eng.ops_by_id[i]) * host.launch_s for i, s in want.items()}
 

@@ -42,6 +42,9 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "matmul
 #: kernel the trace models (a modelled kernel may stand for several framework ops, so this
 #: is a lower bound on the host's work); simulator.engine.host.
 HOST_LAUNCH_S = 10e-6
+#: On TPUs the step is one program XLA compiled ahead of it (jax.jit), which the runtime runs
+#: without a host dispatch per operation, so the default host stream is off there.
+XLA_HOST_LAUNCH_S = 0.0
 
 #: The CUDA caching allocator's reserve, as a fraction of the transient bytes (activations
 #: and communication buffers: what is allocated and freed within a step) held on top of
@@ -154,9 +157,9 @@ class TrainingSpec:
     # Host (CPU) seconds to issue one kernel: PyTorch eager dispatch plus the CUDA launch
     # call, on the host stream each simulated rank has (simulator.engine.host). The GPU
     # cannot start a kernel before it is issued, so the host's time is exposed where
-    # kernels are shorter than it. Default: simulator.engine.host.HOST_LAUNCH_S (sources
-    # there). 0: the host is never behind (no host stream).
-    host_launch_s: float = field(default=HOST_LAUNCH_S, metadata={"ge": 0, "le": 1e-3})
+    # kernels are shorter than it. None (default): HOST_LAUNCH_S (sources there) on GPUs,
+    # XLA_HOST_LAUNCH_S on TPUs (launch_s). 0: the host is never behind (no host stream).
+    host_launch_s: float | None = field(default=None, metadata={"ge": 0, "le": 1e-3})
     # CUDA graphs (Megatron --cuda-graph-impl / --cuda-graph-modules): "none" (eager, the
     # Megatron default), "per-layer" (each transformer layer's forward and backward
     # replayed as graphs, one launch each; under a blocking MoE sync only the part up to
@@ -290,6 +293,13 @@ class TrainingSpec:
         if self.moe_dispatch_dtype == "auto":
             return self.dtype == "fp8"
         return self.moe_dispatch_dtype == "fp8"
+
+    def launch_s(self, family: str) -> float:
+        """Host seconds to issue a kernel on a chip of ``family`` (``host_launch_s`` or its
+        default: 0 on TPUs, whose step XLA compiles into one program)."""
+        if self.host_launch_s is not None:
+            return float(self.host_launch_s)
+        return XLA_HOST_LAUNCH_S if family == "tpu" else HOST_LAUNCH_S
 
     def reserve_fraction(self, family: str) -> float:
         """The allocator's reserve on a chip of ``family`` (``allocator_reserve_fraction`` or

@@ -3,8 +3,9 @@
 The host issues a rank's ops in program order (the trace's order of that rank's ops,
 over all its streams), each costing ``launches x launch_s`` of host time
 (:attr:`Op.launches`: a compute op's kernels, one for a collective or send, 0 inside a
-replayed CUDA graph; ``launch_s`` is ``training.host_launch_s``,
-:data:`workloads.training.HOST_LAUNCH_S` with its sources). The host never waits for the
+replayed CUDA graph; ``launch_s`` is ``training.host_launch_s``, by default
+:data:`workloads.training.HOST_LAUNCH_S` with its sources on GPUs and 0 on TPUs, whose XLA
+program has no per-operation host dispatch). The host never waits for the
 GPU, except after an op marked :attr:`Op.host_sync` (a device-to-host read of its result,
 Megatron-Core's dropless all-to-all dispatcher reading the token counts per MoE layer):
 there it blocks until that op has ended, so it cannot run ahead past it. Hence, with
