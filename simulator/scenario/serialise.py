@@ -109,6 +109,9 @@ def scenario_to_dict(s: Scenario) -> dict:
         "schedule": s.schedule,
         "training": _training_dict(s.training),
     }
+    # the host's launch cost as this chip resolves it (unset: 10 us on GPUs, the value every
+    # earlier version wrote, so sweep keys stay stable; 0 on TPUs)
+    out["training"]["host_launch_s"] = s.training.launch_s(s.cluster.chip.family)
     if s.expert_load is not None:
         out["training"]["expert_load"] = dataclasses.asdict(s.expert_load)
     if s.perturbations:

@@ -106,6 +106,44 @@ def _nic_gbps(v) -> float:
     return float(v)
 
 
+def _search_bounds(search) -> tuple:
+    """The map file's ``search:`` as ``(SearchBounds, pp degrees or None, micro-batch sizes
+    without PP)``; :class:`ScenarioError` names the key at fault."""
+    s = _mapping(search, "search")
+    for k in SEARCH_LISTS:
+        if k in s:
+            _list(s[k], f"search.{k}")
+    pp_degrees = s.pop("pp", None)
+    nopp_mbs = tuple(_pos_int(b, "search.nopp_micro_batch_sizes") for b in s.pop("nopp_micro_batch_sizes", ()))
+    for k in ("schedules", "zero", "recompute", "micro_batch_sizes"):
+        if k in s:
+            s[k] = tuple(s[k])
+    if pp_degrees is not None:
+        pp_degrees = tuple(_pos_int(p, "search.pp") for p in pp_degrees)
+        if not pp_degrees:
+            raise ScenarioError("a non-empty list of pipeline degrees", field="search.pp")
+        s.setdefault("max_pp", max(pp_degrees))
+    bound_keys = [f.name for f in dataclasses.fields(SearchBounds)]
+    for k in s:
+        if k not in bound_keys:
+            allowed = ", ".join(sorted({*bound_keys, "pp", "nopp_micro_batch_sizes"}))
+            raise ScenarioError(f"unknown key; allowed: {allowed}", field=f"search.{k}")
+    return SearchBounds(**s), pp_degrees, nopp_mbs
+
+
+def _marks(marks) -> tuple:
+    """The map file's ``marks:`` as ``((label, domain size, NIC GB/s), ...)``."""
+    marks = marks or {}
+    if not isinstance(marks, Mapping) or any(
+        not isinstance(v, list)
+        or len(v) != 2
+        or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x < math.inf for x in v)
+        for v in marks.values()
+    ):
+        raise ScenarioError("a mapping of label -> [domain size, NIC GB/s]", field="marks")
+    return tuple((str(k), int(v[0]), float(v[1])) for k, v in marks.items())
+
+
 def load_map(spec: str | Path | Mapping) -> MapSpec:
     """Parse a map file or mapping; :class:`ScenarioError` names the key at fault."""
     data = read_mapping(spec, what="map") if isinstance(spec, (str, Path)) else dict(spec)
@@ -146,42 +184,16 @@ def load_map(spec: str | Path | Mapping) -> MapSpec:
             f"{len(nics)} NIC bandwidths + {len(systems)} systems)); the limit is {MAX_MAP_POINTS:,}: split it",
             field="grid",
         )
-    s = _mapping(data.get("search"), "search")
-    for k in SEARCH_LISTS:
-        if k in s:
-            _list(s[k], f"search.{k}")
-    pp_degrees = s.pop("pp", None)
-    nopp_mbs = tuple(_pos_int(b, "search.nopp_micro_batch_sizes") for b in s.pop("nopp_micro_batch_sizes", ()))
-    for k in ("schedules", "zero", "recompute", "micro_batch_sizes"):
-        if k in s:
-            s[k] = tuple(s[k])
-    if pp_degrees is not None:
-        pp_degrees = tuple(_pos_int(p, "search.pp") for p in pp_degrees)
-        if not pp_degrees:
-            raise ScenarioError("a non-empty list of pipeline degrees", field="search.pp")
-        s.setdefault("max_pp", max(pp_degrees))
-    bound_keys = [f.name for f in dataclasses.fields(SearchBounds)]
-    for k in s:
-        if k not in bound_keys:
-            allowed = ", ".join(sorted({*bound_keys, "pp", "nopp_micro_batch_sizes"}))
-            raise ScenarioError(f"unknown key; allowed: {allowed}", field=f"search.{k}")
-    bounds = SearchBounds(**s)
+    bounds, pp_degrees, nopp_mbs = _search_bounds(data.get("search"))
     sim = data.get("simulate") or {}
     if not isinstance(sim, Mapping) or set(sim) - {"with_pp", "without_pp", "adaptive"}:
         raise ScenarioError("a mapping of adaptive (true/false), with_pp, without_pp", field="simulate")
     adaptive = sim.get("adaptive", "with_pp" not in sim and "without_pp" not in sim)
     if not isinstance(adaptive, bool):
         raise ScenarioError(f"must be true or false, got {adaptive!r}", field="simulate.adaptive")
-    marks = data.get("marks") or {}
-    if not isinstance(marks, Mapping) or any(
-        not isinstance(v, list)
-        or len(v) != 2
-        or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x < math.inf for x in v)
-        for v in marks.values()
-    ):
-        raise ScenarioError("a mapping of label -> [domain size, NIC GB/s]", field="marks")
+    marks = _marks(data.get("marks"))
     return MapSpec(
-        marks=tuple((str(k), int(v[0]), float(v[1])) for k, v in marks.items()),
+        marks=marks,
         name=name,
         devices=devices,
         models=tuple(models),
