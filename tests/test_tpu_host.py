@@ -24,3 +24,16 @@ def test_the_host_stream_is_off_by_default_on_tpus_and_on_on_gpus():
     assert _step(tpu) == _step(tpu, host_launch_s=0.0)
     assert _step(tpu, host_launch_s=HOST_LAUNCH_S) > 1.15 * _step(tpu)  # the tiny step is host-bound there
     assert _step(gpu) == _step(gpu, host_launch_s=HOST_LAUNCH_S) > _step(gpu, host_launch_s=0.0)
+
+
+def test_the_resolved_scenario_writes_the_launch_cost_the_chip_resolves():
+    """Sweep and map keys hash the resolved scenario: a GPU scenario that leaves the key unset
+    writes 10 us, as every earlier version did (so stored simulations are found again), and a
+    TPU one 0."""
+    from simulator.scenario.loading import load_scenario
+    from simulator.scenario.serialise import scenario_to_dict
+
+    gpu = scenario_to_dict(load_scenario(scenario(model=TINY_MODEL)))["training"]
+    tpu = scenario_to_dict(load_scenario(scenario(model=TINY_MODEL, cluster={"preset": "tpu-v5p", "devices": 8})))
+    assert gpu["host_launch_s"] == HOST_LAUNCH_S == 10e-6
+    assert tpu["training"]["host_launch_s"] == 0.0
