@@ -42,8 +42,11 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "matmul
 #: kernel the trace models (a modelled kernel may stand for several framework ops, so this
 #: is a lower bound on the host's work); simulator.engine.host.
 HOST_LAUNCH_S = 10e-6
-#: On TPUs the step is one program XLA compiled ahead of it (jax.jit), which the runtime runs
-#: without a host dispatch per operation, so the default host stream is off there.
+#: On TPUs the step is one program XLA compiled ahead of it, which the runtime runs without a
+#: host dispatch per operation, so the default host stream is off there: JAX's jax.jit compiles
+#: a whole Python function through XLA into one executable (the JAX README, "just-in-time
+#: compile your own Python functions into XLA-optimized kernels"; Deep Learning with JAX,
+#: Manning, ch. 5.2.2), and MaxText jit-compiles its whole training step (train.py).
 XLA_HOST_LAUNCH_S = 0.0
 
 #: The CUDA caching allocator's reserve, as a fraction of the transient bytes (activations
