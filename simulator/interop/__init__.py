@@ -2,7 +2,8 @@
 
 * :mod:`.megatron` — a Megatron-LM command line into a scenario (``stepsim import``), read by
   :mod:`.megatron_args`, :mod:`.megatron_layout` (the pipeline split, the MoE layer pattern) and
-  :mod:`.megatron_precision` (dtype, MoE dispatch dtype, FP8 weights); :mod:`.export_megatron` — a scenario as the Megatron-LM launch line that
+  :mod:`.megatron_precision` (dtype, MoE dispatch dtype, FP8 weights), :mod:`.megatron_memory`
+  (the memory flags: saved activations, router dtype, capacity, precision-aware optimizer); :mod:`.export_megatron` — a scenario as the Megatron-LM launch line that
   would run it (``stepsim export megatron``), which :mod:`.megatron` reads back;
   :mod:`.export_maxtext` — a scenario as a MaxText configuration (``stepsim export maxtext``);
 * :mod:`.nccl_tests` — nccl-tests output into bus-bandwidth measurements;

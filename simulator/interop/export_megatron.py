@@ -5,10 +5,14 @@ every built-in scenario Megatron can run).
 
 Argument names are Megatron-LM's (``megatron/training/arguments.py`` at NVIDIA/Megatron-LM
 d98e8a64). What Megatron has no argument for is refused, naming the scenario key: a TPU, a schedule
-other than 1F1B or interleaved 1F1B (DualPipe, ZB-H1 and GPipe are not Megatron schedules) and
-a batch-global auxiliary loss. The placement (``cluster.devices_per_domain``) has no Megatron
-argument: it is written as the Slurm line that places whole blocks of a rack's trays
-(``--segment``, Slurm's topology/block plugin), in a comment.
+other than 1F1B or interleaved 1F1B (DualPipe, ZB-H1 and GPipe are not Megatron schedules),
+a batch-global auxiliary loss, a master copy other than fp32, remainder or fp16, and the
+optimizer or MoE dispatcher settings Megatron's arguments cannot combine
+(:func:`_optimizer_precision_args`, :func:`_expert_capacity_args`). The routing imbalance
+(``training.expert_load``'s distribution) has no argument: it is written in a comment. The
+placement (``cluster.devices_per_domain``) has no Megatron argument either: it is written as
+the Slurm line that places whole blocks of a rack's trays (``--segment``, Slurm's
+topology/block plugin), in a comment.
 """
 
 from __future__ import annotations
@@ -103,7 +107,7 @@ def _layout_args(sc) -> list[str]:
     return out  # the data-parallel size follows from the devices (torchrun's line)
 
 
-def _training_args(t, moe: bool) -> list[str]:
+def _training_args(t, moe: bool, load=None) -> list[str]:
     out = ["--seq-length", t.seq_len, "--max-position-embeddings", t.seq_len]
     out += ["--micro-batch-size", t.micro_batch_size, "--global-batch-size", t.global_batch_size]
     out.append("--bf16")
@@ -117,8 +121,7 @@ def _training_args(t, moe: bool) -> list[str]:
         out += ["--cuda-graph-impl", "transformer_engine"]
     elif t.cuda_graphs == "full":
         out += ["--cuda-graph-impl", "full_iteration"]
-    if not t.moe_host_sync:
-        out.append("--moe-pad-expert-input-to-capacity")
+    out += _expert_capacity_args(t, load) if moe else []
     if t.moe_shared_expert_overlap:
         out.append("--moe-shared-expert-overlap")
     if t.tp_comm_overlap:
@@ -141,6 +144,73 @@ def _training_args(t, moe: bool) -> list[str]:
         out.append("--optimizer-cpu-offload")
     if t.offload_activations:  # Megatron-Core's fine-grained activation offloading (2026/01)
         out.append("--fine-grained-activation-offloading")
+    if t.distribute_saved_activations:
+        out.append("--distribute-saved-activations")
+    if moe and t.moe_router_dtype == "fp32":
+        out += ["--moe-router-dtype", "fp32"]
+    return out
+
+
+def _expert_capacity_args(t, load) -> list:
+    """Token dropping and padding (``training.expert_load.capacity_factor`` /
+    ``pad_to_capacity``) and the sync-free dispatcher (``training.moe_host_sync: false``).
+    Megatron-Core's dispatcher skips the host sync exactly when it pads to capacity
+    (transformer_config.py at d98e8a64): the two other combinations of a capacity factor have
+    no launch line and are refused, naming the key. ``load``: the scenario's ``expert_load``."""
+    cf = None if load is None else load.capacity_factor
+    pad = bool(load is not None and load.pad_to_capacity)
+    if pad and t.moe_host_sync:
+        raise ScenarioError(
+            "Megatron-Core's dispatcher padded to capacity does not block on the host: set it false beside "
+            "training.expert_load.pad_to_capacity",
+            field="training.moe_host_sync",
+        )
+    if cf is not None and not pad and not t.moe_host_sync:
+        raise ScenarioError(
+            "Megatron-Core drops tokens without a host sync only when it pads each expert to its capacity: "
+            "set it true (or training.moe_host_sync: true)",
+            field="training.expert_load.pad_to_capacity",
+        )
+    out = [] if cf is None else ["--moe-expert-capacity-factor", cf]
+    if not t.moe_host_sync:
+        out.append("--moe-pad-expert-input-to-capacity")
+    return out
+
+
+def _optimizer_precision_args(t, zero: int) -> list:
+    """``training.grad_dtype``, ``master_weights`` and ``optimizer_state_dtype`` as Megatron's
+    arguments: ``--grad-reduce-in-bf16``, and the precision-aware optimizer
+    (``--use-precision-aware-optimizer``, ``--main-params-dtype``, ``--exp-avg(-sq)-dtype``:
+    megatron/training/arguments.py at d98e8a64), which needs the distributed optimizer and Adam
+    and keeps an FP32 master as 16-bit remainders beside the BF16 weights
+    (``store_param_remainders``, no argument turns it off): an FP32 master beside 16-bit or
+    8-bit moments has no launch line and is refused, naming the key."""
+    out = ["--grad-reduce-in-bf16"] if t.grad_dtype == "bf16" else []
+    master, state = t.master_weights, t.optimizer_state_dtype
+    if master in ("none", "bf16"):
+        raise ScenarioError(
+            f"Megatron-LM keeps a master copy (fp32, remainder or fp16), got {master!r}",
+            field="training.master_weights",
+        )
+    if master == "fp32" and state == "fp32":
+        return out
+    if master == "fp32":
+        raise ScenarioError(
+            f"Megatron's precision-aware optimizer, which {state} moments need, keeps the FP32 master as 16-bit "
+            "remainders: set training.master_weights: remainder",
+            field="training.master_weights",
+        )
+    if zero < 1 or t.optimizer != "adam":
+        raise ScenarioError(
+            "Megatron's precision-aware optimizer needs the distributed optimizer (parallel.zero >= 1) and adam, "
+            f"got zero {zero}, optimizer {t.optimizer}",
+            field="training.master_weights",
+        )
+    out.append("--use-precision-aware-optimizer")
+    if master == "fp16":
+        out += ["--main-params-dtype", "fp16"]
+    if state != "fp32":
+        out += ["--exp-avg-dtype", state, "--exp-avg-sq-dtype", state]
     return out
 
 
@@ -152,8 +222,14 @@ def export_megatron(sc) -> str:
     c = sc.cluster
     # GPUs a node (a GB200 NVL72 compute tray holds 4; a DGX or HGX node 8)
     per_node = 4 if (c.domain_capacity or 0) == 72 else (8 if devices % 8 == 0 else devices)
-    args = _model_args(sc.model) + _layout_args(sc) + _training_args(sc.training, sc.model.is_moe)
+    args = _model_args(sc.model) + _layout_args(sc) + _training_args(sc.training, sc.model.is_moe, sc.expert_load)
+    args += _optimizer_precision_args(sc.training, sc.layout.zero)
     lines = [f"# {sc.name}: written by stepsim export megatron (Megatron-LM arguments, d98e8a64)"]
+    load = sc.expert_load
+    if sc.model.is_moe and load is not None and load.distribution != "balanced":  # no Megatron argument
+        lines.append(
+            f"# routing imbalance (training.expert_load): {load.distribution}, skew {load.skew}, seed {load.seed}"
+        )
     launch = f"torchrun --nnodes {devices // per_node} --nproc-per-node {per_node} pretrain_gpt.py \\"
     if c.devices_per_domain is not None and c.domain_capacity:
         # Slurm's topology/block plugin places --segment nodes in one block (one rack): the

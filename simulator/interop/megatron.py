@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simulator.interop import megatron_layout, megatron_precision
+from simulator.interop import megatron_layout, megatron_memory, megatron_precision
 from simulator.interop.megatron_args import GPT2_VOCAB, NO_STEP_EFFECT, ScenarioError, arg_int, parse_arg_text
 
 
@@ -319,6 +319,12 @@ class _Mapping:
         tr["flash_attention"] = self.flash_attention()
         tr.update(self.host_side())
         tr.update(self.optimizer_and_offload())
+        # the memory flags (megatron_memory: Megatron-LM d98e8a64, arguments.py and transformer_config.py)
+        moe = args.get("num-experts") is not None
+        tr.update(megatron_memory.saved_activations(self, tr["recompute"], par))
+        tr.update(megatron_memory.router_dtype(self, moe))
+        tr.update(megatron_memory.capacity(self, moe))
+        tr.update(megatron_memory.optimizer_precision(self, tr.get("optimizer", "adam")))
         return tr
 
     def optimizer_and_offload(self) -> dict:
@@ -347,10 +353,11 @@ class _Mapping:
     def host_side(self) -> dict:
         """The host side (simulator.engine.host) and the shared-expert overlap: CUDA graphs
         (``--cuda-graph-impl`` none / local / transformer_engine / full_iteration, the older
-        ``--enable-cuda-graph`` / ``--external-cuda-graph``), the MoE dispatcher's blocking
-        host read (none under ``--moe-pad-expert-input-to-capacity``) and
-        ``--moe-shared-expert-overlap`` and ``--tp-comm-overlap``; Megatron's defaults (eager,
-        dropless, no overlap)
+        ``--enable-cuda-graph`` / ``--external-cuda-graph``),
+        ``--moe-shared-expert-overlap`` and ``--tp-comm-overlap`` (the MoE dispatcher's blocking
+        host read, none under ``--moe-pad-expert-input-to-capacity``, is
+        :func:`simulator.interop.megatron_memory.capacity`'s); Megatron's defaults (eager,
+        no overlap)
         where absent (megatron/training/arguments.py, NVIDIA/Megatron-LM d98e8a6)."""
         args, out = self.args, {}
         impl = args.get("cuda-graph-impl")
@@ -382,9 +389,6 @@ class _Mapping:
                         f"--{a} {args[a]}: per-layer graphs of whole layers, up to the MoE dispatcher's host sync "
                         "where it has one (stepsim does not capture a subset of a layer's modules)"
                     )
-        if "moe-pad-expert-input-to-capacity" in args:
-            self.take("moe-pad-expert-input-to-capacity", "training.moe_host_sync", False)
-            out["moe_host_sync"] = False
         if "moe-shared-expert-overlap" in args:
             self.take("moe-shared-expert-overlap", "training.moe_shared_expert_overlap", True)
             out["moe_shared_expert_overlap"] = True
