@@ -91,6 +91,27 @@ def test_assemble_leaves_out_rows_of_an_earlier_map_file(tmp_path):
     assert json.loads((out / "status.json").read_text())["simulations_done"] == len(c1)
 
 
+def test_a_failed_simulation_is_counted_and_said(tmp_path, capsys):
+    """A simulation that raised is no candidate of its point's comparison; status.json counts it
+    and the command says so (the map's Kimi K2 TP2 PP8 EP48 layouts on 32-GPU domains failed
+    without a word but their rows' status)."""
+    out = tmp_path / "out"
+    _, c1 = run_map(tiny_map(), out, jobs=1)
+    store = out / "sims" / "rows.jsonl"
+    rows = [json.loads(line) for line in store.read_text().splitlines()]
+    assert json.loads((out / "status.json").read_text())["simulations_failed"] == 0
+    rows[0].update(status="failed", error="op 1 (x on rank 2) waits for ('F', 1, 0, 2), which no simulated rank produces")
+    rows[0]["summary"] = None
+    store.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec_file = tmp_path / "map.json"
+    spec_file.write_text(json.dumps(tiny_map()))
+    assert cli.main(["ppmap", str(spec_file), "--out", str(out), "--assemble-only"]) == 0
+    assert "1 simulation(s) failed" in capsys.readouterr().out
+    assert json.loads((out / "status.json").read_text())["simulations_failed"] == 1
+    _, c2 = assemble(tiny_map(), out)
+    assert (c2["status"] == "failed").sum() == 1 and len(c2) == len(c1)
+
+
 def test_choose_takes_each_kind_and_distinct_schedules():
     spec = load_map(tiny_map(simulate={"with_pp": 2, "without_pp": 1}))
     pt = points(spec)[0]

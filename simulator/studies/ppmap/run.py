@@ -511,6 +511,11 @@ def _map_record(pt: Mapping, scr: Mapping, sims: list) -> dict:
     return rec
 
 
+def failed_count(cands) -> int:
+    """The simulations of ``cands`` (the candidates table) that raised an error."""
+    return int((cands["status"] == "failed").sum()) if len(cands) and "status" in cands else 0
+
+
 def _write_status(spec: MapSpec, out: Path, screens: Mapping, rows: Mapping, table, cands) -> None:
     """Write ``status.json``: how far the run has got."""
     versions = sorted({str(r.get("stepsim_version")) for r in rows.values()})
@@ -520,6 +525,8 @@ def _write_status(spec: MapSpec, out: Path, screens: Mapping, rows: Mapping, tab
         "points_screened": len(screens),
         "simulations_chosen": sum(len(with_fallbacks(v["chosen"])) for v in screens.values()),
         "simulations_done": len(cands),
+        # a failed simulation is no candidate of its point's comparison: candidates.csv names each
+        "simulations_failed": failed_count(cands),
         "points_with_ratio": int(table["ratio"].notna().sum()) if len(table) else 0,
         "screen_cpu_s_total": round(sum(v.get("screen_cpu_s", 0.0) for v in screens.values()), 1),
         "simulation_wall_s_total": round(float(cands["sim_wall_s"].fillna(0).sum()) if len(cands) else 0.0, 1),
