@@ -39,8 +39,8 @@ def cmd_ppmap(args) -> int:
     from simulator.cli.sweep import _dask_client
     from simulator.results.outdir import check_output_dir, check_output_file, staged_file
     from simulator.studies.ppmap import assemble, run_map
-    from simulator.studies.ppmap.run import failed_count
     from simulator.studies.ppmap.plot import plot_map
+    from simulator.studies.ppmap.run import failed_count
     from simulator.studies.ppmap.spec import CANDIDATES_CSV, MAP_CSV, SCREEN_FILE, load_map
 
     if not Path(args.map).exists():
@@ -67,7 +67,9 @@ def cmd_ppmap(args) -> int:
     )
     failed = failed_count(cands)
     if failed:
-        print(f"  {failed} simulation(s) failed: no candidate of their point's comparison (status, error in {CANDIDATES_CSV})")
+        print(
+            f"  {failed} simulation(s) failed: no candidate of their point's comparison (status, error in {CANDIDATES_CSV})"
+        )
     if args.plot and len(table):
         with staged_file(args.plot, "--plot", within=args.out) as tmp:
             plot_map(table, tmp, markers={m[0]: m[1:] for m in spec.marks}, title=spec.name)
