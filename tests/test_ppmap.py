@@ -100,7 +100,9 @@ def test_a_failed_simulation_is_counted_and_said(tmp_path, capsys):
     store = out / "sims" / "rows.jsonl"
     rows = [json.loads(line) for line in store.read_text().splitlines()]
     assert json.loads((out / "status.json").read_text())["simulations_failed"] == 0
-    rows[0].update(status="failed", error="op 1 (x on rank 2) waits for ('F', 1, 0, 2), which no simulated rank produces")
+    rows[0].update(
+        status="failed", error="op 1 (x on rank 2) waits for ('F', 1, 0, 2), which no simulated rank produces"
+    )
     rows[0]["summary"] = None
     store.write_text("".join(json.dumps(r) + "\n" for r in rows))
     spec_file = tmp_path / "map.json"
