@@ -243,3 +243,23 @@ def test_an_interleaved_step_of_eight_micro_batches_per_stage_skips():
     a, b = summary_numbers(full), summary_numbers(ext)
     for k in a:
         assert abs(a[k] - b[k]) <= 1e-9 * max(abs(a[k]), full["step_time_s"]), k
+
+
+def test_the_host_half_reads_a_period_inside_the_stretch():
+    """Megatron-Bridge's DeepSeek-V3 on 256 GB200 (interleaved 1F1B, PP4 VPP4, 64 micro-batches,
+    per-layer CUDA graphs, the dispatcher's host syncs): the records repeat from 20 micro-batches
+    on, and so does the host over the steady phase, but the last period's copies end where the
+    cool-down's host program begins, and 3 of the last stage's 668 copies are issued one launch
+    (10 us) late there, with the host 24 ms ahead of the GPU. The host half read that last period
+    only and refused the step; over the period before it the host repeats exactly, and the
+    skipped step is the full one to 1e-9."""
+    from simulator.studies.validate.cases import discover
+
+    (case,) = discover(["*mbridge-deepseek-v3-256xgb200-bf16"])
+    full = simulate(case.scenario).summary
+    ext = simulate(case.scenario, steady_state=True).summary
+    assert ext["steady_state"] == {"micro_batches_simulated": [20], "period_micro_batches": 4}
+    a, b = summary_numbers(full), summary_numbers(ext)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert abs(a[k] - b[k]) <= 1e-9 * max(abs(a[k]), full["step_time_s"]), k
