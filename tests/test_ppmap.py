@@ -112,6 +112,14 @@ def test_a_failed_simulation_is_counted_and_said(tmp_path, capsys):
     assert json.loads((out / "status.json").read_text())["simulations_failed"] == 1
     _, c2 = assemble(tiny_map(), out)
     assert (c2["status"] == "failed").sum() == 1 and len(c2) == len(c1)
+    # a resumed run takes it as done; --retry-failed simulates it again (DeepSeek-V3's 72-GPU /
+    # 100 GB/s point kept a layout that had failed on an earlier version)
+    assert cli.main(["ppmap", str(spec_file), "--out", str(out)]) == 0
+    assert json.loads((out / "status.json").read_text())["simulations_failed"] == 1
+    assert cli.main(["ppmap", str(spec_file), "--out", str(out), "--retry-failed"]) == 0
+    assert json.loads((out / "status.json").read_text())["simulations_failed"] == 0
+    _, c3 = assemble(tiny_map(), out)
+    assert (c3["status"] == "ok").all() and len(c3) == len(c1)
 
 
 def test_choose_takes_each_kind_and_distinct_schedules():

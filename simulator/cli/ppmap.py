@@ -23,6 +23,12 @@ def register(subparsers) -> None:
         "'deepseek-v3/GB200*'); the tables still hold every point the store has",
     )
     p.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="simulate again the layouts the store records as failed, where the rounds choose them "
+        "(a resumed run takes them as done)",
+    )
+    p.add_argument(
         "--recheck",
         action="store_true",
         help="simulate only each point's best layout with PP and without again, on this version, and compare "
@@ -59,7 +65,15 @@ def cmd_ppmap(args) -> int:
         table, cands = assemble(spec, args.out)
     else:
         with _dask_client(args.dask) as client:
-            table, cands = run_map(spec, args.out, client=client, jobs=args.jobs, progress=None, only=args.points)
+            table, cands = run_map(
+                spec,
+                args.out,
+                client=client,
+                jobs=args.jobs,
+                progress=None,
+                only=args.points,
+                retry_failed=args.retry_failed,
+            )
     done = int(table["ratio"].notna().sum()) if len(table) else 0
     print(
         f"ppmap {spec.name}: {len(table)} points screened, {done} with a ratio; "
@@ -68,7 +82,8 @@ def cmd_ppmap(args) -> int:
     failed = failed_count(cands)
     if failed:
         print(
-            f"  {failed} simulation(s) failed: no candidate of their point's comparison (status, error in {CANDIDATES_CSV})"
+            f"  {failed} simulation(s) failed: no candidate of their point's comparison (status, error in "
+            f"{CANDIDATES_CSV}); --retry-failed simulates them again"
         )
     if args.plot and len(table):
         with staged_file(args.plot, "--plot", within=args.out) as tmp:

@@ -165,11 +165,14 @@ def run_map(
     executor=None,
     progress: bool | None = False,
     only: Sequence[str] | None = None,
+    retry_failed: bool = False,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Screen, simulate and assemble the map into ``out`` (resumable). Returns
     ``(map table, candidates table)``, also written as ``OUT/map.csv`` and ``OUT/candidates.csv``.
     ``only``: shell-style patterns of point ids (``kimi-k2/d72-*``): screen and simulate only
-    the points they match (the tables still hold every point the store has)."""
+    the points they match (the tables still hold every point the store has). A resumed run
+    takes a layout the store records as failed as done; ``retry_failed`` simulates it again
+    where the rounds choose it (a failure of an earlier version)."""
     spec = spec_or_path if isinstance(spec_or_path, MapSpec) else load_map(spec_or_path)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -189,6 +192,7 @@ def run_map(
             jobs=jobs,
             executor=executor,
             progress=progress,
+            retry_failed=retry_failed,
             desc=f"ppmap {spec.name}",
         )[1]
 
