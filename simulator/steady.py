@@ -357,7 +357,8 @@ def _stretch_holds(streams: dict, period: dict, ends: dict, back: int, delta_s: 
         if P == 0:
             continue
         j = np.arange(lo, b - (back - 1) * P)
-        ok = _same_later(sig, P)[j] & (np.abs(s0[j + P] - s0[j] - delta_s) <= tol_s)
+        same = np.fromiter((sig[x] == sig[x + P] for x in j.tolist()), dtype=bool, count=j.size)
+        ok = same & (np.abs(s0[j + P] - s0[j] - delta_s) <= tol_s)
         if not (ok & (np.abs(e0[j + P] - e0[j] - delta_s) <= tol_s)).all():
             return False
     return True

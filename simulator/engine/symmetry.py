@@ -217,7 +217,8 @@ def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray, max_cla
     tables = [layout.group_table(axis) for axis in AXES]
     tables = [t for t in tables if t.shape[1] > 1]
     base = np.array([layout.rank_of(pp=s) for s in range(layout.pp)], dtype=np.int64)
-    pos = np.arange(layout.world) - base[np.searchsorted(base, np.arange(layout.world), side="right") - 1]
+    stage = np.searchsorted(base, np.arange(layout.world), side="right") - 1
+    pos = np.arange(layout.world) - base[stage]
     n = len(np.unique(classes))
     while True:
         cols = [classes[:, None]]
@@ -227,7 +228,7 @@ def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray, max_cla
         stage_cols = np.stack([classes[base[s] + pos] for s in range(layout.pp)], axis=1)
         cols.append(stage_cols)
         new = np.unique(np.concatenate(cols, axis=1), axis=0, return_inverse=True)[1].ravel()
-        new = _alike_in_every_stage(new, base, pos)
+        new = _alike_in_every_stage(new, base, pos, stage)
         m = len(np.unique(new))
         if max_classes is not None and m > max_classes:
             return classes
@@ -237,7 +238,7 @@ def _refine(layout: ParallelLayout, topo: Topology, classes: np.ndarray, max_cla
         n = m
 
 
-def _alike_in_every_stage(classes: np.ndarray, base: np.ndarray, pos: np.ndarray) -> np.ndarray:
+def _alike_in_every_stage(classes: np.ndarray, base: np.ndarray, pos: np.ndarray, stage: np.ndarray) -> np.ndarray:
     """``classes`` split so that every stage partitions its positions alike: two ranks of a
     stage stay of one class only where the ranks at their positions are of one class in every
     stage. A stable refinement is so already (its stage columns); a round that the class
@@ -247,7 +248,6 @@ def _alike_in_every_stage(classes: np.ndarray, base: np.ndarray, pos: np.ndarray
     positions and stage 2 at 3, whose trace could not be built). Only splits classes, so the
     stable refinement is the same."""
     per_position = np.stack([classes[b + pos] for b in base.tolist()], axis=1)
-    stage = np.searchsorted(base, np.arange(classes.shape[0]), side="right") - 1
     keys = np.concatenate([stage[:, None], per_position], axis=1)
     return np.unique(keys, axis=0, return_inverse=True)[1].ravel().astype(np.int64)
 
