@@ -17,12 +17,17 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' small models
-from helpers import BALANCED_MODEL, TINY_MODEL, summary_numbers  # noqa: E402
+from helpers import BALANCED_MODEL, SEARCH_MOE, TINY_MODEL, summary_numbers  # noqa: E402
 
 from simulator import simulate  # noqa: E402
 
-#: 8 layers, hidden 1024 (small), and 8 layers, hidden 4096 (milliseconds a layer).
-MODELS = {"tiny8": {**TINY_MODEL, "name": "tiny8", "layers": 8}, "balanced": BALANCED_MODEL}
+#: 8 layers, hidden 1024 (small), 8 layers, hidden 4096 (milliseconds a layer), and a small MoE
+#: of 8 layers (8 experts, top 2) run with expert parallelism where the layout allows it.
+MODELS = {
+    "tiny8": {**TINY_MODEL, "name": "tiny8", "layers": 8},
+    "balanced": BALANCED_MODEL,
+    "tmoe8": {**SEARCH_MOE, "name": "tmoe8", "layers": 8},
+}
 
 
 def main(argv=None) -> int:
@@ -42,6 +47,8 @@ def main(argv=None) -> int:
             m = m // par["pp"] * par["pp"]
         overlap = rng.choice([True, False])
         model = copy.deepcopy(MODELS[rng.choice(sorted(MODELS))])
+        if "moe" in model:  # expert parallelism over the data-parallel ranks (and TP, as Megatron-Core folds it)
+            par["ep"] = rng.choice([e for e in (1, 2, 4, 8) if (par["dp"] * par["tp"]) % e == 0])
         sc = {
             "name": "fuzz",
             "model": model,

@@ -3,16 +3,19 @@
 A pipeline schedule's step is a warm-up, a steady phase in which every stage runs the same
 ops each ``k`` micro-batches, and a cool-down. Simulate the step with ``m1`` micro-batches
 instead. If, inside that run, the engine's op records repeat exactly -- on every stream of
-every simulated rank, every op in a window of time at least a period and the longest op long
-has a copy ``P_s`` ops later (``P_s``: the ops ``k`` more micro-batches add to the stream) that
+every simulated rank, every op in a window of time at least a period long, which holds the end
+of every op in flight at its start, has a copy ``P_s`` ops later (``P_s``: the ops ``k`` more micro-batches add to the stream) that
 starts and ends ``delta`` later, with one ``delta`` for every stream, and a stream with no ops
 per period runs none in the window -- then the relative state of the whole simulation (ops in
 flight, flows and the bytes they have left, who waits on whom) is the same at the window's
 start and one period later. (Every op in flight after the window's start is one of the
 repeating ops, on every stream, since a stream runs its ops one at a time; so the ops in
 flight, and with them the flows' max-min rates, repeat over the window; an op in flight at its
-start ends inside it, and its copy ends ``delta`` later: the bytes each had left at the start
-and one period later, the integral of the same rates to the same end, are the same.) The
+start ends inside it, at ``E``, and its copy ends ``delta`` later; every op in flight between
+the start and ``E`` is in the window and has its copy, shifted by ``delta``, so the rates the op
+and its copy see until their ends are the same: the bytes each had left at the start and one
+period later, the integral of the same rates to the same end, are the same. The copy's end need
+not lie in the window.) The
 engine is deterministic and time-invariant, and what follows is the same ops (the rest of the
 steady phase, then the same cool-down), so the run repeats its period until the cool-down:
 the step of ``m`` micro-batches is the shorter run with ``n = (m - m1) / k`` periods inserted
@@ -78,7 +81,7 @@ def runs_for(
     and ZB-H1: ``pp - 1`` forwards on stage 0; interleaved 1F1B: at most ``2(pp - 1) + (vpp - 1)
     pp`` forward chunks; DualPipe: ``m >= 2 pp``) and the time its records take to settle:
     ``pp + 8`` (1F1B, ZB-H1), ``4 pp`` (interleaved), ``2 pp + 8`` (DualPipe), and with expert
-    parallelism, whose all-to-alls settle later, ``2 pp + 12``, ``5 pp`` and ``3 pp + 16`` (the DGX
+    parallelism, whose all-to-alls settle later, ``2 pp + 12``, ``5 pp`` and ``2 pp + 16`` (the DGX
     Cloud DeepSeek-V3 step on 512 H100, PP8: stage 0's records repeat at 24 and 28 micro-batches,
     not at 16; on 128 GB200, PP4, at 20 and 22, not at 18). GPipe and an all-forward-first step hold
     every micro-batch's activations at once: no steady phase."""
@@ -207,13 +210,12 @@ def certify(run: dict, shorter: dict, delta_s: float, tol_s: float) -> tuple[tup
 def _repeats(streams, period: dict, delta_s: float, tol_s: float) -> tuple[dict, tuple] | None:
     """Where each stream's records repeat: ``({stream: b}, (lo, hi))`` -- ops ``a .. b-1`` of each
     stream's longest stretch have a copy ``period[stream]`` ops later, ``delta_s`` later to
-    ``tol_s``; the stretches share the window ``[lo, hi]``, at least ``delta_s`` and the longest op
-    of the stretches long (see the module doc); no stream without a period runs an op in it or the
-    period after -- or ``None``."""
+    ``tol_s``; the stretches share the window ``[lo, hi]``, at least ``delta_s`` long and holding
+    the end of every op in flight at ``lo`` (see the module doc); no stream without a period runs
+    an op in it or the period after -- or ``None``."""
     if not delta_s > 0:
         return None
-    lo, hi, found, idle = -np.inf, np.inf, {}, []
-    longest = 0.0  # the longest op of the stretches
+    lo, hi, found, idle, stretches = -np.inf, np.inf, {}, [], []
     for key, (sig, s0, e0, *_) in streams.items():
         n, P = len(sig), period.get(key, 0)
         if P < 0:
@@ -233,14 +235,26 @@ def _repeats(streams, period: dict, delta_s: float, tol_s: float) -> tuple[dict,
             return None
         a, b = run
         found[key] = b
+        stretches.append((s0, e0))
         lo, hi = max(lo, s0[a]), min(hi, e0[b - 1])
-        longest = max(longest, float(np.max(e0[a:b] - s0[a:b])))
-    if not found or hi - lo < delta_s + longest:
+    if not found or hi - lo < delta_s or hi < _in_flight_until(stretches, lo):
         return None
     for s0, e0 in idle:
         if np.any((s0 < hi + delta_s) & (e0 > lo)):
             return None
     return found, (float(lo), float(hi))
+
+
+def _in_flight_until(stretches: list, t: float) -> float:
+    """The latest end of the ops in flight at ``t`` (``t`` if none) on streams given as their ops'
+    ``(start_s, end_s)`` arrays in program order (a stream runs its ops one at a time, so the
+    starts are sorted and at most one op is in flight)."""
+    until = t
+    for s0, e0 in stretches:
+        i = int(np.searchsorted(s0, t, side="right")) - 1
+        if i >= 0 and e0[i] > until:
+            until = float(e0[i])
+    return until
 
 
 def _shift(streams, period: dict, last_rank: int) -> float:

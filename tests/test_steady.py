@@ -7,7 +7,7 @@ import copy
 
 import numpy as np
 import pytest
-from helpers import BALANCED_MODEL, SEARCH_MOE, scenario, summary_numbers
+from helpers import BALANCED_MODEL, SEARCH_MOE, TINY_MODEL, scenario, summary_numbers
 
 from simulator import simulate, steady
 from simulator.steady import certify, runs_for
@@ -112,6 +112,8 @@ def test_runs_per_schedule():
     assert runs_for("dualpipe", 4, 64) == [(16, 4)]
     assert runs_for("dualpipe", 4, 32) == [(16, 4)]  # the run is half the step: the most allowed
     assert runs_for("dualpipe", 4, 28) == []  # the run, 16, would be more than half
+    # DeepSeek-V3 on 2,048 H800: PP16 EP64, 120 micro-batches; the run is 0.4 of them
+    assert runs_for("dualpipe", 16, 120, expert_parallel=True) == [(48, 4)]
     # expert all-to-alls settle later: pp + 4 micro-batches more
     assert runs_for("1f1b", 8, 128, expert_parallel=True) == [(28, 2)]
     assert runs_for("1f1b", 4, 64, expert_parallel=True) == [(20, 2)]
@@ -263,3 +265,34 @@ def test_the_host_half_reads_a_period_inside_the_stretch():
     assert a.keys() == b.keys()
     for k in a:
         assert abs(a[k] - b[k]) <= 1e-9 * max(abs(a[k]), full["step_time_s"]), k
+
+
+def test_a_window_one_period_long_certifies_where_an_op_outlasts_the_rest():
+    """The window over which every stream repeats must be a period long and hold the end of every
+    op in flight at its start (simulator.steady._repeats): the state one period later is then the
+    same. It used to need a period plus the longest op of the stretches, which refused this
+    DualPipe step (found by ``benchmarks/steady_fuzz.py --seed 1``) and DeepSeek-V3 on 2,048 H800
+    (window 0.523 s, period 0.493 s, its LM head's backward 0.054 s)."""
+    sc = scenario(
+        model={**copy.deepcopy(TINY_MODEL), "name": "tiny8", "layers": 8},
+        cluster={"preset": "dgx-h100", "devices": 2},
+        parallel={"tp": 1, "pp": 2, "dp": 1, "zero": 1},
+        schedule="dualpipe",
+        training={"global_batch_size": 64, "overlap_grad_reduce": True},
+    )
+    ext = simulate(sc, steady_state=True).summary
+    assert ext["steady_state"] == {"micro_batches_simulated": [12], "period_micro_batches": 4}
+    full = simulate(sc).summary
+    a, b = summary_numbers(full), summary_numbers(ext)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert abs(a[k] - b[k]) <= 1e-9 * max(abs(a[k]), full["step_time_s"]), k
+
+
+def test_in_flight_until():
+    """The latest end among the ops in flight at ``t``, one stream at a time."""
+    s0, e0 = np.array([0.0, 1.0, 2.0]), np.array([0.5, 1.8, 2.5])
+    assert steady._in_flight_until([(s0, e0)], 1.2) == 1.8
+    assert steady._in_flight_until([(s0, e0)], 0.7) == 0.7  # idle at 0.7
+    assert steady._in_flight_until([(s0, e0), (np.array([1.1]), np.array([3.0]))], 1.2) == 3.0
+    assert steady._in_flight_until([(s0, e0)], -1.0) == -1.0

@@ -44,6 +44,13 @@ def format_summary(result) -> str:
         lines.append(f"  note: {n}")
     wall = f"{s['sim_wall_s']:.2f} s" if s.get("sim_wall_s") is not None else "(wall time not recorded)"
     lines.append(f"  simulated in {wall} ({s['simulated_ranks']} ranks, {s['events_processed']:,} ops)")
+    steady = s.get("steady_state")
+    if steady:  # simulator.steady
+        lines.append(
+            f"  steady state: {steady['micro_batches_simulated'][-1]} of {s.get('micro_batches')} micro-batches "
+            f"simulated, the rest repeat a period of {steady['period_micro_batches']} exactly "
+            "(run --full: every one)"
+        )
     return "\n".join(lines)
 
 
