@@ -66,7 +66,13 @@ MAX_SHARE_EXPERT_PARALLEL = 0.4
 
 
 def runs_for(
-    schedule: str, pp: int, m: int, vpp: int = 1, global_aux: bool = False, expert_parallel: bool = False
+    schedule: str,
+    pp: int,
+    m: int,
+    vpp: int = 1,
+    global_aux: bool = False,
+    expert_parallel: bool = False,
+    batch_overlap: bool = False,
 ) -> list[tuple[int, int]]:
     """The try: ``[(m1, k)]`` simulates ``m1`` micro-batches and certifies a period of ``k``; empty
     where skipping does not apply or its run would cost more than :data:`MAX_SHARE` of ``m``
@@ -83,8 +89,12 @@ def runs_for(
     ``pp + 8`` (1F1B, ZB-H1), ``4 pp`` (interleaved), ``2 pp + 8`` (DualPipe), and with expert
     parallelism, whose all-to-alls settle later, ``2 pp + 12``, ``5 pp`` and ``2 pp + 16`` (the DGX
     Cloud DeepSeek-V3 step on 512 H100, PP8: stage 0's records repeat at 24 and 28 micro-batches,
-    not at 16; on 128 GB200, PP4, at 20 and 22, not at 18). GPipe and an all-forward-first step hold
-    every micro-batch's activations at once: no steady phase."""
+    not at 16; on 128 GB200, PP4, at 20 and 22, not at 18). Megatron-Core's batch-level overlap of
+    the expert all-to-all (``batch_overlap``) settles later still: at least ``8 pp`` (Qwen3-235B on
+    256 H100, PP8 VPP4, 128 micro-batches: every stream's records repeat from the fifth period of 8
+    in a run of 64, not in runs of 40 or 56; the try costs more than the 0.4 of the step allowed,
+    so that step is simulated whole without a try that would fail). GPipe and an all-forward-first
+    step hold every micro-batch's activations at once: no steady phase."""
     from workloads.pipeline import get_schedule
 
     if global_aux or pp < 2:
@@ -93,6 +103,8 @@ def runs_for(
     if run is None:
         return []
     m1, k = run
+    if batch_overlap and m1 < 8 * pp:  # whole periods more, to at least 8 pp
+        m1 += -(-(8 * pp - m1) // k) * k
     share = MAX_SHARE_EXPERT_PARALLEL if expert_parallel else MAX_SHARE
     if (m - m1) % k or m1 + k >= m or m1 > share * m:
         return []
@@ -298,7 +310,8 @@ def simulate_steady(sc, progress=False, engine_options=None):
     m = sc.training.micro_batches(L.dp)
     global_aux = sc.model.is_moe and sc.training.balance == "aux-loss-global"  # TraceBuilder.global_aux
     ep = sc.model.is_moe and L.ep > 1
-    for m1, k in runs_for(sc.schedule, L.pp, m, L.vpp, global_aux=global_aux, expert_parallel=ep):
+    batch_overlap = ep and sc.training.overlap_moe_expert_parallel_comm
+    for m1, k in runs_for(sc.schedule, L.pp, m, L.vpp, global_aux, ep, batch_overlap):
         if not schedule_repeats(sc.schedule, L.pp, m1, m, k, L.vpp):
             continue
         # the run's idle time is accounted on the full timeline, periods inserted (_extend)

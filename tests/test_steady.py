@@ -121,6 +121,11 @@ def test_runs_per_schedule():
     assert runs_for("1f1b", 4, 50, expert_parallel=True) == [(20, 2)]
     assert runs_for("1f1b", 4, 48, expert_parallel=True) == []
     assert runs_for("interleaved-1f1b", 8, 248, vpp=2) == [(32, 8)]
+    # Megatron-Core's batch-level all-to-all overlap settles at 8 pp: Qwen3-235B on 256 H100
+    # (PP8 VPP4, 128 micro-batches) has no try (64 > 0.4 x 128), 160 has one
+    assert runs_for("interleaved-1f1b", 8, 128, vpp=4, expert_parallel=True) == [(40, 8)]
+    assert runs_for("interleaved-1f1b", 8, 128, vpp=4, expert_parallel=True, batch_overlap=True) == []
+    assert runs_for("interleaved-1f1b", 8, 160, vpp=4, expert_parallel=True, batch_overlap=True) == [(64, 8)]
     assert runs_for("interleaved-1f1b", 8, 64, vpp=2) == [(32, 8)]  # m = 8 pp, as Megatron runs often are
     assert runs_for("interleaved-1f1b", 64, 512, vpp=2) == [(256, 64)]
     assert runs_for("interleaved-1f1b", 8, 56, vpp=2) == []  # a run of 32 > 0.5 x 56
