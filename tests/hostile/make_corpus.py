@@ -447,7 +447,10 @@ def main() -> None:
     case("trace_cycle", json.dumps(cyc), ["trace", "cycl"], args=trace_args, ext=".json")
     dangling = copy.deepcopy(good)
     dangling["ops"][1]["deps"] = [10**9]
-    case("trace_dangling_dep", json.dumps(dangling), "unknown op", args=trace_args, ext=".json")
+    case("trace_dangling_dep", json.dumps(dangling), ["deps: ", "unknown op"], args=trace_args, ext=".json")
+    negative = copy.deepcopy(good)  # benchmarks/fuzz_inputs.py --seed 2026120602: named no field
+    negative["ops"][0]["deps"] = [-2]
+    case("trace_negative_dep", json.dumps(negative), ["deps: ", "unknown op -2"], args=trace_args, ext=".json")
     for flag, word in (("host_sync", "no"), ("comm_overlap", "yes"), ("recompute", "false")):
         flagged = copy.deepcopy(good)  # a string is truthy: "no" made the op block the host
         flagged["ops"][0][flag] = word

@@ -153,7 +153,7 @@ class Trace:
             bad = np.flatnonzero((flat < 0) | (flat >= len(self.ops)))
             if bad.shape[0]:
                 op, d = self.ops[int(dst[bad[0]])], int(flat[bad[0]])
-                raise TraceError(f"op {op.id} ({op.name} on rank {op.rank}) depends on unknown op {d}")
+                raise TraceError(f"op {op.id} ({op.name} on rank {op.rank}) depends on unknown op {d}", field="deps")
             # every dependency on an earlier op (the stream predecessor always is): the list
             # is a topological order. Traces built by workloads.trace.builder without
             # pipeline parallelism are such; the others get the cycle search below.
@@ -166,7 +166,7 @@ class Trace:
             for op in self.ops:
                 for d in op.deps:
                     if d not in ids:
-                        raise TraceError(f"op {op.id} ({op.name} on rank {op.rank}) depends on unknown op {d}")
+                        raise TraceError(f"op {op.id} ({op.name} on rank {op.rank}) depends on unknown op {d}", field="deps")
             if self._acyclic():
                 return
         # Stream order adds implicit edges: previous op on the same (rank, stream).
