@@ -80,7 +80,9 @@ def simulate(
             if not sc.perturbations:
                 try:
                     res = simulate_steady(sc, progress, options)
-                except StepsimError:  # a bad scenario: the full simulation names the field
+                except StepsimError as err:  # a bad scenario: the full simulation names the field
+                    if err.field == "step_time_s":  # the extended step is out of range: so is the full one
+                        raise
                     res = None
                 if res is not None:
                     return res

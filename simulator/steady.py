@@ -302,6 +302,7 @@ def simulate_steady(sc, progress=False, engine_options=None):
     """The :class:`~simulator.results.result.Result` of ``sc`` (a resolved Scenario) from a shorter
     run whose steady phase provably repeats (see the module doc), or ``None`` where skipping does
     not apply or the certificate fails (the caller then simulates every micro-batch)."""
+    from simulator.scenario.checks import check_step_time
     from simulator.step import load_engine, run_step
     from workloads.trace.builder import build_trace
 
@@ -338,6 +339,7 @@ def simulate_steady(sc, progress=False, engine_options=None):
         if found is not None:
             (cut, _), one_period = found
             res = _extend(sc, run, trace_k, m, m1, k, delta, cut, one_period)
+            check_step_time(res.summary["step_time_s"])  # as the full simulation checks its step
             res.summary["sim_wall_s"] = time.perf_counter() - t0
             return res
     return None

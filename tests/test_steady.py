@@ -301,3 +301,22 @@ def test_in_flight_until():
     assert steady._in_flight_until([(s0, e0)], 0.7) == 0.7  # idle at 0.7
     assert steady._in_flight_until([(s0, e0), (np.array([1.1]), np.array([3.0]))], 1.2) == 3.0
     assert steady._in_flight_until([(s0, e0)], -1.0) == -1.0
+
+
+def test_a_skipped_step_out_of_range_is_refused_as_the_full_one_is(monkeypatch):
+    """The full simulation refuses a step longer than ``checks.MAX_STEP_TIME_S``; a step skipped
+    ahead from a shorter run (whose own step is in range) is refused the same way, naming
+    ``step_time_s``, without simulating the whole step to find out."""
+    import sys
+
+    from simulator.errors import StepsimError
+    from simulator.scenario import checks
+
+    full = simulate(DENSE_1F1B).summary["step_time_s"]
+    monkeypatch.setattr(checks, "MAX_STEP_TIME_S", 0.9 * full)
+    whole = []
+    # the module (the package's ``simulate`` is the function)
+    monkeypatch.setattr(sys.modules["simulator.simulate"], "_simulate", lambda *a, **k: whole.append(1))
+    with pytest.raises(StepsimError, match="^step_time_s: ") as err:
+        simulate(DENSE_1F1B, steady_state=True)
+    assert err.value.field == "step_time_s" and not whole
