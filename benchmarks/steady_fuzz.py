@@ -73,7 +73,8 @@ def main(argv=None) -> int:
         bad += worst > 1e-9
         print(
             f"{'BAD' if worst > 1e-9 else 'ok '} {sched} {par} m={m} overlap={overlap} {model['name']} "
-            f"runs={ext['steady_state']['micro_batches_simulated']} worst={worst:.1e} ({key})"
+            f"runs={ext['steady_state']['micro_batches_simulated']} period={ext['steady_state']['period_micro_batches']} "
+            f"worst={worst:.1e} ({key})"
         )
     print(f"{certified} of {args.steps} steps certified, {bad} off by more than 1e-9")
     return 1 if bad else 0

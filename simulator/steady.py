@@ -87,25 +87,36 @@ def runs_for(
     and ZB-H1: ``pp - 1`` forwards on stage 0; interleaved 1F1B: at most ``2(pp - 1) + (vpp - 1)
     pp`` forward chunks; DualPipe: ``m >= 2 pp``) and the time its records take to settle:
     ``pp + 8`` (1F1B, ZB-H1), ``4 pp`` (interleaved), ``2 pp + 8`` (DualPipe), and with expert
-    parallelism, whose all-to-alls settle later, ``2 pp + 12``, ``5 pp`` and ``2 pp + 16`` (the DGX
+    parallelism, whose all-to-alls settle later, ``2 pp + 12``, ``5 pp`` and ``3 pp + 16`` (the DGX
     Cloud DeepSeek-V3 step on 512 H100, PP8: stage 0's records repeat at 24 and 28 micro-batches,
     not at 16; on 128 GB200, PP4, at 20 and 22, not at 18). Megatron-Core's batch-level overlap of
     the expert all-to-all (``batch_overlap``) settles later still: at least ``8 pp`` (Qwen3-235B on
     256 H100, PP8 VPP4, 128 micro-batches: every stream's records repeat from the fifth period of 8
     in a run of 64, not in runs of 40 or 56; the try costs more than the 0.4 of the step allowed,
-    so that step is simulated whole without a try that would fail). GPipe and an all-forward-first
-    step hold every micro-batch's activations at once: no steady phase."""
+    so that step is simulated whole without a try that would fail). Where the run is more than the
+    step allows, the longest run allowed is taken, down to the schedule's shortest
+    (``steady_run_shortest``: DualPipe with expert parallelism ``2 pp + 16``, which DeepSeek-V3 on
+    2,048 H800 certifies at, 48 of 120 micro-batches). GPipe and an all-forward-first step hold
+    every micro-batch's activations at once: no steady phase."""
     from workloads.pipeline import get_schedule
 
     if global_aux or pp < 2:
         return []
-    run = get_schedule(schedule).steady_run(pp, vpp, expert_parallel)
+    sched = get_schedule(schedule)
+    run = sched.steady_run(pp, vpp, expert_parallel)
     if run is None:
         return []
     m1, k = run
+    shortest = sched.steady_run_shortest(pp, vpp, expert_parallel) or m1
     if batch_overlap and m1 < 8 * pp:  # whole periods more, to at least 8 pp
         m1 += -(-(8 * pp - m1) // k) * k
+        shortest = m1
     share = MAX_SHARE_EXPERT_PARALLEL if expert_parallel else MAX_SHARE
+    if m1 > share * m and shortest < m1:  # the longest run allowed, down to the shortest
+        cap = int(share * m + 1e-9)
+        m1 = cap - (cap - m) % k  # whole periods short of m
+        if m1 < shortest:
+            return []
     if (m - m1) % k or m1 + k >= m or m1 > share * m:
         return []
     return [(m1, k)]
@@ -301,10 +312,15 @@ def _with_micro_batches(sc, m: int):
 def simulate_steady(sc, progress=False, engine_options=None):
     """The :class:`~simulator.results.result.Result` of ``sc`` (a resolved Scenario) from a shorter
     run whose steady phase provably repeats (see the module doc), or ``None`` where skipping does
-    not apply or the certificate fails (the caller then simulates every micro-batch)."""
+    not apply or the certificate fails (the caller then simulates every micro-batch).
+
+    A run is certified for the period :func:`runs_for` gives, else for twice that period (one
+    more trace built, no second run): steps often settle into a pattern twice as long as the one
+    tried (Kimi K2 TP4 PP8 EP48 DualPipe on 2,304 H100 in 144-GPU domains, 256 micro-batches:
+    each stream's shifts alternate between the period and the period less 2.45 ms, 4 micro-batches
+    apart, and repeat exactly every 8)."""
     from simulator.scenario.checks import check_step_time
     from simulator.step import load_engine, run_step
-    from workloads.trace.builder import build_trace
 
     t0 = load_engine()
     L = sc.layout
@@ -318,31 +334,43 @@ def simulate_steady(sc, progress=False, engine_options=None):
         # the run's idle time is accounted on the full timeline, periods inserted (_extend)
         opts = {**(engine_options or {}), "account_idle": False}
         run = run_step(_with_micro_batches(sc, m1), False, None, None, progress, opts)
-        trace, raw = run[2], run[3]
-        w_k = _with_micro_batches(sc, m1 - k).workload()
-        if len(trace.ranks) > L.pp:  # one rank per class (simulator.engine.symmetry.rank_classes)
-            trace_k = dataclasses.replace(
-                build_trace(w_k, ranks=trace.ranks), representative=True, weight=dict(trace.weight)
-            )
-        else:
-            trace_k = build_trace(w_k, position=min(trace.ranks))  # the run's representatives
-        shorter = _signatures(trace_k)
-        short = _streams(trace, raw)
-        period = _periods(short, shorter)
-        if period is None:
-            continue
-        delta = _shift(short, period, max(trace.ranks))
-        tol = TIME_TOLERANCE * raw.step_time_s
-        found = certify(short, shorter, delta, tol)
-        if found is not None and not host_repeats(raw, short, period, found, delta, tol):
-            found = None
-        if found is not None:
-            (cut, _), one_period = found
-            res = _extend(sc, run, trace_k, m, m1, k, delta, cut, one_period)
-            check_step_time(res.summary["step_time_s"])  # as the full simulation checks its step
-            res.summary["sim_wall_s"] = time.perf_counter() - t0
-            return res
+        short = _streams(run[2], run[3])
+        for kk in (k, 2 * k):
+            if kk != k and ((m - m1) % kk or m1 <= kk or not schedule_repeats(sc.schedule, L.pp, m1, m, kk, L.vpp)):
+                continue
+            res = _certified(sc, run, short, m, m1, kk)
+            if res is not None:
+                check_step_time(res.summary["step_time_s"])  # as the full simulation checks its step
+                res.summary["sim_wall_s"] = time.perf_counter() - t0
+                return res
     return None
+
+
+def _certified(sc, run, short: dict, m: int, m1: int, k: int):
+    """The Result of ``m`` micro-batches from ``run`` (``run_step``'s tuple for ``m1``; ``short``:
+    its :func:`_streams`) where its records and host repeat with a period of ``k`` micro-batches
+    (:func:`certify`, :func:`host_repeats`), else ``None``."""
+    from workloads.trace.builder import build_trace
+
+    trace, raw = run[2], run[3]
+    w_k = _with_micro_batches(sc, m1 - k).workload()
+    if len(trace.ranks) > sc.layout.pp:  # one rank per class (simulator.engine.symmetry.rank_classes)
+        trace_k = dataclasses.replace(
+            build_trace(w_k, ranks=trace.ranks), representative=True, weight=dict(trace.weight)
+        )
+    else:
+        trace_k = build_trace(w_k, position=min(trace.ranks))  # the run's representatives
+    shorter = _signatures(trace_k)
+    period = _periods(short, shorter)
+    if period is None:
+        return None
+    delta = _shift(short, period, max(trace.ranks))
+    tol = TIME_TOLERANCE * raw.step_time_s
+    found = certify(short, shorter, delta, tol)
+    if found is None or not host_repeats(raw, short, period, found, delta, tol):
+        return None
+    (cut, _), one_period = found
+    return _extend(sc, run, trace_k, m, m1, k, delta, cut, one_period)
 
 
 def host_repeats(raw, streams: dict, period: dict, found: tuple, delta_s: float, tol_s: float) -> bool:

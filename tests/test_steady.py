@@ -94,7 +94,8 @@ def test_the_host_half_refuses_a_host_that_falls_behind(monkeypatch):
 
     monkeypatch.setattr(steady, "host_repeats", spy)
     ext = simulate(sc, steady_state=True).summary
-    assert seen == [True] and ext["steady_state"] is None
+    # the run's own period, then twice it (simulate_steady): both refused on the drifting host
+    assert seen and seen[0] and ext["steady_state"] is None
 
 
 @pytest.mark.parametrize("sc", [UNSETTLED_ZB, UNSETTLED_MOE], ids=["zb-h1", "moe"])
@@ -112,8 +113,12 @@ def test_runs_per_schedule():
     assert runs_for("dualpipe", 4, 64) == [(16, 4)]
     assert runs_for("dualpipe", 4, 32) == [(16, 4)]  # the run is half the step: the most allowed
     assert runs_for("dualpipe", 4, 28) == []  # the run, 16, would be more than half
-    # DeepSeek-V3 on 2,048 H800: PP16 EP64, 120 micro-batches; the run is 0.4 of them
+    # DualPipe with EP runs 3 pp + 16 micro-batches, or the longest run the step allows down to
+    # 2 pp + 16: DeepSeek-V3 on 2,048 H800 (PP16 EP64, 120 micro-batches) runs 48, 0.4 of them
+    assert runs_for("dualpipe", 8, 256, expert_parallel=True) == [(40, 4)]
+    assert runs_for("dualpipe", 16, 512, expert_parallel=True) == [(64, 4)]
     assert runs_for("dualpipe", 16, 120, expert_parallel=True) == [(48, 4)]
+    assert runs_for("dualpipe", 16, 100, expert_parallel=True) == []  # 40 allowed, 48 the shortest
     # expert all-to-alls settle later: pp + 4 micro-batches more
     assert runs_for("1f1b", 8, 128, expert_parallel=True) == [(28, 2)]
     assert runs_for("1f1b", 4, 64, expert_parallel=True) == [(20, 2)]
@@ -320,3 +325,34 @@ def test_a_skipped_step_out_of_range_is_refused_as_the_full_one_is(monkeypatch):
     with pytest.raises(StepsimError, match="^step_time_s: ") as err:
         simulate(DENSE_1F1B, steady_state=True)
     assert err.value.field == "step_time_s" and not whole
+
+
+def test_a_run_refused_for_its_period_is_certified_for_twice_it_without_a_second_run(monkeypatch):
+    """``simulate_steady`` certifies one run for the period ``runs_for`` gives, then for twice it:
+    steps often settle into a pattern twice as long (Kimi K2 TP4 PP8 EP48 DualPipe on 2,304 H100
+    in 144-GPU domains repeats every 8 micro-batches, not every 4, from a run of 40: 4.1 against
+    16 CPU-s, the step within 6.6e-14 of the full one). One more trace is built, no second run.
+    Here the run's own period is refused by hand."""
+    import simulator.step as step_module
+
+    real_run, real_certified = step_module.run_step, steady._certified
+    runs, tried = [], []
+
+    def run_step(*a, **k):
+        runs.append(a[0])
+        return real_run(*a, **k)
+
+    def certified(sc, run, short, m, m1, k):
+        tried.append((m1, k))
+        return None if k == 2 else real_certified(sc, run, short, m, m1, k)
+
+    monkeypatch.setattr(step_module, "run_step", run_step)
+    monkeypatch.setattr(steady, "_certified", certified)
+    monkeypatch.setattr(steady, "runs_for", lambda *a: [(24, 2)])  # a run long enough for two periods of 4
+    ext = simulate(DENSE_1F1B, steady_state=True).summary
+    assert tried == [(24, 2), (24, 4)] and len(runs) == 1
+    assert ext["steady_state"] == {"micro_batches_simulated": [24], "period_micro_batches": 4}
+    full = simulate(DENSE_1F1B).summary
+    a, b = summary_numbers(full), summary_numbers(ext)
+    for key in a:
+        assert abs(a[key] - b[key]) <= 1e-9 * max(abs(a[key]), full["step_time_s"]), key

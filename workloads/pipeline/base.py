@@ -143,6 +143,13 @@ class PipelineSchedule(ABC):
         """``(m1, k)``: simulate ``m1`` micro-batches and certify a period of ``k``; None where
         the schedule has no steady phase (every micro-batch's activations held at once)."""
 
+    def steady_run_shortest(self, pp: int, vpp: int, expert_parallel: bool) -> int | None:
+        """The fewest micro-batches a run may have where :meth:`steady_run`'s is more than the
+        step allows (:func:`simulator.steady.runs_for` then takes the longest run allowed down
+        to this); by default the same run."""
+        run = self.steady_run(pp, vpp, expert_parallel)
+        return None if run is None else run[0]
+
 
 #: the class attributes every schedule sets (besides ``name``)
 FACTS: tuple[str, ...] = (

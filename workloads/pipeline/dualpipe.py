@@ -147,8 +147,13 @@ class DualPipe(PipelineSchedule):
         return max(0.0, (pp / 2 - 1) * (fb + mean("B") - 3 * mean("W")))
 
     def steady_run(self, pp: int, vpp: int, expert_parallel: bool) -> tuple[int, int] | None:
-        # twice its own period (one micro-batch from each end): m1 = 2 pp + 8 (2 pp + 16 with
-        # expert parallelism), k = 4. The outermost ranks' steady phase is m1 / 2 - pp + 1 pairs
-        # of pairs, so m1 = 2 pp + 16 leaves them 4.5 periods: DeepSeek-V3 on 2,048 H800 (PP16,
-        # EP64, 120 micro-batches) repeats over a window of 1.06 periods at 48, not at 40
-        return (2 * pp + 8 + (8 if expert_parallel else 0), 4)
+        # twice its own period (one micro-batch from each end): m1 = 2 pp + 8 (3 pp + 16 with
+        # expert parallelism), k = 4 (simulator.steady also certifies the run for 8: Kimi K2
+        # TP4 PP8 EP48 on 144-GPU domains repeats every 8 from a run of 40, not of 32)
+        return (2 * pp + 8 + (pp + 8 if expert_parallel else 0), 4)
+
+    def steady_run_shortest(self, pp: int, vpp: int, expert_parallel: bool) -> int | None:
+        # The outermost ranks' steady phase is m1 / 2 - pp + 1 pairs of pairs: 2 pp + 16 leaves
+        # them 4.5 periods of 4. DeepSeek-V3 on 2,048 H800 (PP16, EP64, 120 micro-batches) repeats
+        # over a window of 1.06 periods at 48 (3 pp + 16 = 64 is more than the step allows), not at 40
+        return 2 * pp + 8 + (8 if expert_parallel else 0)

@@ -166,7 +166,9 @@ class Trace:
             for op in self.ops:
                 for d in op.deps:
                     if d not in ids:
-                        raise TraceError(f"op {op.id} ({op.name} on rank {op.rank}) depends on unknown op {d}", field="deps")
+                        raise TraceError(
+                            f"op {op.id} ({op.name} on rank {op.rank}) depends on unknown op {d}", field="deps"
+                        )
             if self._acyclic():
                 return
         # Stream order adds implicit edges: previous op on the same (rank, stream).
