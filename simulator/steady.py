@@ -112,12 +112,19 @@ def runs_for(
         m1 += -(-(8 * pp - m1) // k) * k
         shortest = m1
     share = MAX_SHARE_EXPERT_PARALLEL if expert_parallel else MAX_SHARE
-    if m1 > share * m and shortest < m1:  # the longest run allowed, down to the shortest
-        cap = int(share * m + 1e-9)
+    cap = int(share * m + 1e-9)  # the longest run allowed
+    longest_period = max(sched.steady_multiples(pp, expert_parallel)) * k
+    if longest_period > 2 * k:  # whole periods of the longest one tried short of m, where allowed
+        up, down = m1 + (m - m1) % longest_period, cap - (cap - m) % longest_period
+        if up <= cap:
+            m1 = up
+        elif shortest <= down:
+            m1 = shortest = down
+    if m1 > cap and shortest < m1:  # the longest run allowed, down to the shortest
         m1 = cap - (cap - m) % k  # whole periods short of m
         if m1 < shortest:
             return []
-    if (m - m1) % k or m1 + k >= m or m1 > share * m:
+    if (m - m1) % k or m1 + k >= m or m1 > cap:
         return []
     return [(m1, k)]
 
@@ -321,6 +328,7 @@ def simulate_steady(sc, progress=False, engine_options=None):
     apart, and repeat exactly every 8)."""
     from simulator.scenario.checks import check_step_time
     from simulator.step import load_engine, run_step
+    from workloads.pipeline import get_schedule
 
     t0 = load_engine()
     L = sc.layout
@@ -335,10 +343,15 @@ def simulate_steady(sc, progress=False, engine_options=None):
         opts = {**(engine_options or {}), "account_idle": False}
         run = run_step(_with_micro_batches(sc, m1), False, None, None, progress, opts)
         short = _streams(run[2], run[3])
-        for kk in (k, 2 * k):
-            if kk != k and ((m - m1) % kk or m1 <= kk or not schedule_repeats(sc.schedule, L.pp, m1, m, kk, L.vpp)):
+        own = None  # each stream's ops per period of k micro-batches
+        for j in get_schedule(sc.schedule).steady_multiples(L.pp, ep):
+            kk = j * k
+            if j > 1 and ((m - m1) % kk or m1 <= kk or own is None or not _screen(short, own, j, run[3])):
                 continue
-            res = _certified(sc, run, short, m, m1, kk)
+            if j > 1 and not schedule_repeats(sc.schedule, L.pp, m1, m, kk, L.vpp):
+                continue
+            res, period = _certified(sc, run, short, m, m1, kk)
+            own = period if j == 1 else own
             if res is not None:
                 check_step_time(res.summary["step_time_s"])  # as the full simulation checks its step
                 res.summary["sim_wall_s"] = time.perf_counter() - t0
@@ -346,10 +359,20 @@ def simulate_steady(sc, progress=False, engine_options=None):
     return None
 
 
+def _screen(short: dict, own: dict, j: int, raw) -> bool:
+    """Whether the run's records repeat with ``j`` times each stream's period ``own`` (ops) over a
+    window (:func:`_repeats`): the cheap half of a longer period's certificate, before the trace
+    it needs is built."""
+    period = {key: j * P for key, P in own.items()}
+    delta = _shift(short, period, max(r for r, _ in short))
+    return _repeats(short, period, delta, TIME_TOLERANCE * raw.step_time_s) is not None
+
+
 def _certified(sc, run, short: dict, m: int, m1: int, k: int):
-    """The Result of ``m`` micro-batches from ``run`` (``run_step``'s tuple for ``m1``; ``short``:
-    its :func:`_streams`) where its records and host repeat with a period of ``k`` micro-batches
-    (:func:`certify`, :func:`host_repeats`), else ``None``."""
+    """``(result, period)``: the Result of ``m`` micro-batches from ``run`` (``run_step``'s tuple
+    for ``m1``; ``short``: its :func:`_streams`) where its records and host repeat with a period
+    of ``k`` micro-batches (:func:`certify`, :func:`host_repeats`), else ``None``; and each
+    stream's ops per period (:func:`_periods`; ``None`` if the traces' streams differ)."""
     from workloads.trace.builder import build_trace
 
     trace, raw = run[2], run[3]
@@ -363,14 +386,14 @@ def _certified(sc, run, short: dict, m: int, m1: int, k: int):
     shorter = _signatures(trace_k)
     period = _periods(short, shorter)
     if period is None:
-        return None
+        return None, None
     delta = _shift(short, period, max(trace.ranks))
     tol = TIME_TOLERANCE * raw.step_time_s
     found = certify(short, shorter, delta, tol)
     if found is None or not host_repeats(raw, short, period, found, delta, tol):
-        return None
+        return None, period
     (cut, _), one_period = found
-    return _extend(sc, run, trace_k, m, m1, k, delta, cut, one_period)
+    return _extend(sc, run, trace_k, m, m1, k, delta, cut, one_period), period
 
 
 def host_repeats(raw, streams: dict, period: dict, found: tuple, delta_s: float, tol_s: float) -> bool:

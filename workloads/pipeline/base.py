@@ -143,6 +143,12 @@ class PipelineSchedule(ABC):
         """``(m1, k)``: simulate ``m1`` micro-batches and certify a period of ``k``; None where
         the schedule has no steady phase (every micro-batch's activations held at once)."""
 
+    def steady_multiples(self, pp: int, expert_parallel: bool) -> tuple[int, ...]:
+        """The periods :func:`simulator.steady.simulate_steady` certifies a run for, as multiples
+        of :meth:`steady_run`'s ``k``, in order: by default ``k`` and twice it (steps often settle
+        into a pattern twice as long as the one tried)."""
+        return (1, 2)
+
     def steady_run_shortest(self, pp: int, vpp: int, expert_parallel: bool) -> int | None:
         """The fewest micro-batches a run may have where :meth:`steady_run`'s is more than the
         step allows (:func:`simulator.steady.runs_for` then takes the longest run allowed down

@@ -147,10 +147,19 @@ class DualPipe(PipelineSchedule):
         return max(0.0, (pp / 2 - 1) * (fb + mean("B") - 3 * mean("W")))
 
     def steady_run(self, pp: int, vpp: int, expert_parallel: bool) -> tuple[int, int] | None:
-        # twice its own period (one micro-batch from each end): m1 = 2 pp + 8 (3 pp + 16 with
-        # expert parallelism), k = 4 (simulator.steady also certifies the run for 8: Kimi K2
-        # TP4 PP8 EP48 on 144-GPU domains repeats every 8 from a run of 40, not of 32)
-        return (2 * pp + 8 + (pp + 8 if expert_parallel else 0), 4)
+        # twice its own period (one micro-batch from each end): m1 = 2 pp + 8, k = 4; with expert
+        # parallelism 3 pp + 16, and from PP16 on 6.5 pp (steady_multiples: Kimi K2 TP4 PP8 EP48
+        # on 144-GPU domains repeats every 8 from a run of 40, not of 32; DeepSeek-V3 TP4 PP16
+        # EP16 on 144-GPU domains every 24 from a run of 104, not of 80)
+        if not expert_parallel:
+            return (2 * pp + 8, 4)
+        return (max(3 * pp + 16, (13 * pp + 1) // 2 if pp >= 16 else 0), 4)
+
+    def steady_multiples(self, pp: int, expert_parallel: bool) -> tuple[int, ...]:
+        # with expert parallelism from PP16 on also 24 micro-batches: 5 of 7 PP16 DualPipe layouts
+        # of the PP map drawn at random that repeat over neither 4 nor 8 do over 24, within 2e-13
+        # of the full step (docs/results/benchmarks/log.md)
+        return (1, 2, 6) if expert_parallel and pp >= 16 else (1, 2)
 
     def steady_run_shortest(self, pp: int, vpp: int, expert_parallel: bool) -> int | None:
         # The outermost ranks' steady phase is m1 / 2 - pp + 1 pairs of pairs: 2 pp + 16 leaves
