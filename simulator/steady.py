@@ -4,8 +4,8 @@ A pipeline schedule's step is a warm-up, a steady phase in which every stage run
 ops each ``k`` micro-batches, and a cool-down. Simulate the step with ``m1`` micro-batches
 instead. If, inside that run, the engine's op records repeat exactly -- on every stream of
 every simulated rank, every op in a window of time at least a period long, which holds the end
-of every op in flight at its start, has a copy ``P_s`` ops later (``P_s``: the ops ``k`` more micro-batches add to the stream) that
-starts and ends ``delta`` later, with one ``delta`` for every stream, and a stream with no ops
+of every op in flight at its start, has a copy ``P_s`` ops later (``P_s``: the ops ``k`` more
+micro-batches add to the stream) that starts and ends ``delta`` later, with one ``delta`` for every stream, and a stream with no ops
 per period runs none in the window -- then the relative state of the whole simulation (ops in
 flight, flows and the bytes they have left, who waits on whom) is the same at the window's
 start and one period later. (Every op in flight after the window's start is one of the
@@ -321,11 +321,12 @@ def simulate_steady(sc, progress=False, engine_options=None):
     run whose steady phase provably repeats (see the module doc), or ``None`` where skipping does
     not apply or the certificate fails (the caller then simulates every micro-batch).
 
-    A run is certified for the period :func:`runs_for` gives, else for twice that period (one
-    more trace built, no second run): steps often settle into a pattern twice as long as the one
-    tried (Kimi K2 TP4 PP8 EP48 DualPipe on 2,304 H100 in 144-GPU domains, 256 micro-batches:
-    each stream's shifts alternate between the period and the period less 2.45 ms, 4 micro-batches
-    apart, and repeat exactly every 8)."""
+    A run is certified for the period :func:`runs_for` gives, else for the longer ones the schedule
+    names (``steady_multiples``: twice it, and 24 micro-batches for DualPipe with expert
+    parallelism from PP16 on), each screened on the run's records before its trace is built; no
+    second run. Steps often settle into such patterns (Kimi K2 TP4 PP8 EP48 DualPipe on 2,304 H100
+    in 144-GPU domains, 256 micro-batches: each stream's shifts alternate between the period and
+    the period less 2.45 ms, 4 micro-batches apart, and repeat exactly every 8)."""
     from simulator.scenario.checks import check_step_time
     from simulator.step import load_engine, run_step
     from workloads.pipeline import get_schedule
@@ -346,9 +347,13 @@ def simulate_steady(sc, progress=False, engine_options=None):
         own = None  # each stream's ops per period of k micro-batches
         for j in get_schedule(sc.schedule).steady_multiples(L.pp, ep):
             kk = j * k
-            if j > 1 and ((m - m1) % kk or m1 <= kk or own is None or not _screen(short, own, j, run[3])):
-                continue
-            if j > 1 and not schedule_repeats(sc.schedule, L.pp, m1, m, kk, L.vpp):
+            if j > 1 and (
+                (m - m1) % kk
+                or m1 <= kk
+                or own is None
+                or not _screen(short, own, j, run[3])
+                or not schedule_repeats(sc.schedule, L.pp, m1, m, kk, L.vpp)
+            ):
                 continue
             res, period = _certified(sc, run, short, m, m1, kk)
             own = period if j == 1 else own
