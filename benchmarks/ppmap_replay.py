@@ -1,6 +1,6 @@
 """What the PP map's adaptive rounds would simulate, replayed on a map store without simulating.
 
-    python benchmarks/ppmap_replay.py STORE [--family-share X] [--points PATTERN ...] [--json OUT]
+    python benchmarks/ppmap_replay.py STORE [--family-share X] [--margin X] [--points PATTERN ...] [--json OUT]
 
 Runs the map's own rounds (``simulator.studies.ppmap.run._run_adaptive``, with the store's
 screens and today's rounds) and answers each layout they choose from the store's rows
@@ -8,7 +8,8 @@ screens and today's rounds) and answers each layout they choose from the store's
 choose, what their stored simulations cost (``sim_wall_s``), which chosen layouts the store
 lacks (they would be simulated: their cost is unknown), and each point's best layout with PP
 and without with its step time, so that a change to the rounds (``--family-share``: the
-first round's :data:`~simulator.studies.search.rounds.FAMILY_SAMPLE_SHARE`) can be measured
+first round's :data:`~simulator.studies.search.rounds.FAMILY_SAMPLE_SHARE`; ``--margin``: the
+map's ``estimate_margin``) can be measured
 against the rounds that filled the store: the same bests for fewer seconds of simulation.
 
 The rounds compare traces to drop layouts that simulate identically
@@ -19,6 +20,7 @@ appended there (a trace build each), so replay a copy of a committed store.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -31,10 +33,12 @@ from simulator.studies.search import rounds
 from simulator.studies.search.layouts import label
 
 
-def replay(store: Path, only=None) -> dict:
+def replay(store: Path, only=None, margin: float | None = None) -> dict:
     """``{"chosen": [...], "missing": [...], "cost_s": {point: s}, "best": {point|pp: (s, label)}}``
     of the map's rounds replayed on ``store``."""
     spec = load_map(store / "ppmap.yaml")
+    if margin is not None:
+        spec = dataclasses.replace(spec, bounds=dataclasses.replace(spec.bounds, estimate_margin=margin))
     screens = {}
     for line in (store / SCREEN_FILE).read_text(encoding="utf-8").splitlines():
         rec = json.loads(line)
@@ -80,15 +84,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("store", type=Path)
     ap.add_argument("--family-share", type=float, default=None, help="FAMILY_SAMPLE_SHARE for the replay")
+    ap.add_argument("--margin", type=float, default=None, help="the map's estimate_margin for the replay")
     ap.add_argument("--points", nargs="*", default=None)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.family_share is not None:
         rounds.FAMILY_SAMPLE_SHARE = args.family_share
     t0 = time.process_time()
-    out = replay(args.store, args.points)
+    out = replay(args.store, args.points, args.margin)
+    margin = "the map's" if args.margin is None else args.margin
     print(
-        f"family share {rounds.FAMILY_SAMPLE_SHARE}: {len(out['chosen'])} layouts from the store, "
+        f"family share {rounds.FAMILY_SAMPLE_SHARE}, margin {margin}: {len(out['chosen'])} layouts from the store, "
         f"{sum(out['cost_s'].values()):.0f} s of stored simulation; {len(out['missing'])} not in the store; "
         f"replayed in {time.process_time() - t0:.0f} CPU-s"
     )
