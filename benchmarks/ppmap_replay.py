@@ -57,7 +57,8 @@ def replay(store: Path, only=None, margin: float | None = None) -> dict:
             else:
                 chosen.append(c)
                 out[c.key] = row
-        print(f"  {c.axes['point']}: {len(chosen)} chosen, {len(missing)} missing", file=sys.stderr, flush=True)
+        point = batch[0].axes["point"] if batch else "-"
+        print(f"  {point}: {len(chosen)} chosen, {len(missing)} missing", file=sys.stderr, flush=True)
         return out
 
     map_run._run_adaptive(spec, screens, cases, answer, 2, None, store / "sims")

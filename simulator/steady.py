@@ -5,8 +5,8 @@ ops each ``k`` micro-batches, and a cool-down. Simulate the step with ``m1`` mic
 instead. If, inside that run, the engine's op records repeat exactly -- on every stream of
 every simulated rank, every op in a window of time at least a period long, which holds the end
 of every op in flight at its start, has a copy ``P_s`` ops later (``P_s``: the ops ``k`` more
-micro-batches add to the stream) that starts and ends ``delta`` later, with one ``delta`` for every stream, and a stream with no ops
-per period runs none in the window -- then the relative state of the whole simulation (ops in
+micro-batches add to the stream) that starts and ends ``delta`` later, with one ``delta`` for
+every stream, and a stream with no ops per period runs none in the window -- then the relative state of the whole simulation (ops in
 flight, flows and the bytes they have left, who waits on whom) is the same at the window's
 start and one period later. (Every op in flight after the window's start is one of the
 repeating ops, on every stream, since a stream runs its ops one at a time; so the ops in
