@@ -111,11 +111,14 @@ def rank_parameter_units(
     tp, ep, etp = layout.tp, layout.ep, layout.etp
     h = model.hidden
     units: list[tuple[str, int, int]] = []
+    block: dict[bool, tuple[int, int]] = {}  # an MoE layer or not -> its (dense, expert)
     for i in stage_layers:
         if not 0 <= i < model.layers:
             raise IndexError(f"layer {i} outside 0..{model.layers - 1} of {model.name!r}")
-        d, e = parameters._block_params(model, model.is_moe_layer(i), tp, ep, etp)
-        units.append((f"L{i}", d, e))
+        moe = model.is_moe_layer(i)
+        if moe not in block:
+            block[moe] = parameters._block_params(model, moe, tp, ep, etp)
+        units.append((f"L{i}", *block[moe]))
     if has_mtp is None:
         has_mtp = has_head
     table = math.ceil(model.vocab / tp) * h  # one vocab-parallel shard

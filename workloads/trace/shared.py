@@ -81,12 +81,30 @@ def split_layer_kernels(kernels: Sequence[kernels.Kernel]) -> tuple[tuple, tuple
     return attn, tuple(pre), tuple(shared), tuple(expert), tuple(post)
 
 
+#: Backward kernel groups by their forward group and part, shared by every builder of a process
+#: (a search or map screen builds one per layout, and most layouts share their layers' shapes);
+#: cleared when it reaches :data:`_BACKWARD_MAX` entries.
+_BACKWARD: dict = {}
+_BACKWARD_MAX = 4096
+
+
 def backward_kernels(fwd: Sequence[kernels.Kernel], part: str) -> tuple[kernels.Kernel, ...]:
     """Backward kernels of a group of forward kernels (:func:`workloads.kernels.backward_kernels`).
 
     ``part``: ``"B"`` both gradients, ``"I"`` the input-gradient kernels (GEMM
     ``.dgrad``, attention, element-wise), ``"W"`` the weight-gradient kernels (GEMM
     ``.wgrad`` and the embedding-table gradient)."""
+    key = (tuple(fwd), part)
+    hit = _BACKWARD.get(key)
+    if hit is None:
+        if len(_BACKWARD) >= _BACKWARD_MAX:
+            _BACKWARD.clear()
+        hit = _BACKWARD[key] = _backward_kernels(key[0], part)
+    return hit
+
+
+def _backward_kernels(fwd: tuple[kernels.Kernel, ...], part: str) -> tuple[kernels.Kernel, ...]:
+    """:func:`backward_kernels`, computed."""
     out = []
     for k in fwd:
         for bk in kernels.backward_kernels(k):
@@ -139,6 +157,7 @@ class TraceBuilder:
         self.notes: list[str] = []
         self._kern_cache: dict = {}
         self._bwd_cache: dict = {}
+        self._param_split: dict = {}  # is an MoE layer -> layer_param_split
         self._stash_cache: dict = {}
         self._dispatch_cache: dict[tuple[bool, int], float] = {}  # (combine, layer) -> dispatch_bytes
         # Tags of ops other ranks depend on: ("send", kind, chunk, mb, rank) -> op id.
@@ -348,8 +367,12 @@ class TraceBuilder:
         """(dense, expert) parameters of one layer held by one rank: tensor-parallel
         matrices split, norms, routers and MLA down projections replicated, routed
         experts split over ``ep`` and ``etp`` (as :func:`memory.rank_parameter_units`)."""
-        L = self.L
-        return parameters._block_params(self.model, self.model.is_moe_layer(layer), L.tp, L.ep, L.etp)
+        moe = self.model.is_moe_layer(layer)
+        hit = self._param_split.get(moe)
+        if hit is None:
+            L = self.L
+            hit = self._param_split[moe] = parameters._block_params(self.model, moe, L.tp, L.ep, L.etp)
+        return hit
 
     def bwd(self, fwd: tuple, part: str) -> tuple:
         """Memoised :func:`backward_kernels` (forward groups are long-lived cached tuples)."""

@@ -70,14 +70,15 @@ def _position(layout, net: NetModel) -> int:
     7/8 of their tokens over the NICs, in 32 + 32 each sends half (DeepSeek-V3 TP4 EP64 on
     72-GPU domains: 1.18 against 0.68 ms a dispatch). Elsewhere
     :func:`~simulator.engine.symmetry.representative_position`."""
-    hit = net.positions.get(layout)
+    groups = (layout.tp, layout.cp, layout.pp, layout.dp, layout.ep, layout.etp, layout.order, layout.expert_mapping)
+    hit = net.positions.get(groups)  # the groups decide it: not ZeRO, vpp or the stage split
     if hit is None:
         hit = representative_position(layout, net)
         if layout.ep > 1 and "ep" in uneven_groups(layout, net):
             table = layout.group_table("ep")
             stage0 = table[table[:, 0] < layout.world // layout.pp]
             hit = int(max(stage0.tolist(), key=lambda g: net.time_s("all-to-all", tuple(g), _A2A_PROBE_BYTES))[0])
-        net.positions[layout] = hit
+        net.positions[groups] = hit
     return hit
 
 
@@ -165,9 +166,10 @@ def estimate_memory(sc) -> dict:
         for k in own:
             total = 0.0
             for l in chunks[k]:
-                if l not in per_layer:
-                    per_layer[l] = activations.activation_bytes_per_layer(model, l, shard, policy)
-                total += per_layer[l]
+                moe = model.is_moe_layer(l)  # a layer's activations depend on its kind only
+                if moe not in per_layer:
+                    per_layer[moe] = activations.activation_bytes_per_layer(model, l, shard, policy)
+                total += per_layer[moe]
             chunk_bytes.append((total, head if k == len(chunks) - 1 else 0.0))
         # Full recompute rebuilds a layer's activations just before its backward, after
         # the output layer's backward freed the head's: the first layer a chunk's

@@ -13,6 +13,19 @@ from simulator.studies.search.network_model import NetModel
 from workloads import memory
 from workloads import schedules as sched
 
+#: Kernel times by chip, calibration and dtype, shared by the estimates of a process (a
+#: search or map screen estimates thousands of layouts whose layers share their kernels);
+#: cleared when it holds :data:`_KERNEL_TIMES_MAX` kernel groups.
+_KERNEL_TIMES: dict = {}
+_KERNEL_TIMES_MAX = 65536
+
+
+def _kernel_times(chip, cal, dtype: str) -> dict:
+    """The shared cache of kernel groups' seconds on ``chip`` under ``cal`` in ``dtype``."""
+    if sum(map(len, _KERNEL_TIMES.values())) >= _KERNEL_TIMES_MAX:
+        _KERNEL_TIMES.clear()
+    return _KERNEL_TIMES.setdefault((chip, cal, dtype), {})
+
 
 class StepCosts:
     """The shared state of one step-time estimate of scenario ``sc`` and its cached costs."""
@@ -37,16 +50,24 @@ class StepCosts:
         self.global_aux = self.model.is_moe and self.t.balance == "aux-loss-global"
         self.grad_op = "all-reduce" if self.L.zero == 0 else "reduce-scatter"
         self.slowdown = overlap_slowdown(self.cal)
-        self.kcache: dict = {}
+        self.kcache: dict = _kernel_times(self.chip, self.cal, self.t.dtype)
+        self.kid: dict = {}  # id(tuple of kernels) -> (it, seconds)
         self.lcache: dict = {}
         self.segs: dict = {}
 
     def kt(self, kernels) -> float:
-        """Seconds of a list of kernels on the roofline (cached)."""
+        """Seconds of a list of kernels on the roofline (cached by content, and by identity for
+        the trace builder's long-lived tuples: hashing a tuple of kernels hashes every kernel)."""
+        hit = self.kid.get(id(kernels))
+        if hit is not None and hit[0] is kernels:
+            return hit[1]
         key = tuple(kernels)
         if key not in self.kcache:
             self.kcache[key] = self._kernels_time_s(key, self.chip, self.cal, self.t.dtype)
-        return self.kcache[key]
+        out = self.kcache[key]
+        if isinstance(kernels, tuple):  # held here, so that its id is not reused while cached
+            self.kid[id(kernels)] = (kernels, out)
+        return out
 
     def a2a(self, rank: int, size: float) -> float:
         """One expert all-to-all of ``size`` bytes on ``rank``'s EP group."""

@@ -5,12 +5,13 @@ a cluster within them (:func:`enumerate_layouts`), their labels and the scenario
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from simulator.scenario.schema import ScenarioError
-from simulator.studies.sweep.spec import set_dotted
+from simulator.studies.sweep.spec import set_dotted_in_place
 from topologies.networks import SwitchedNetwork
 from topologies.placement import aligned_devices_per_domain, groups_aligned
 from workloads import memory
@@ -269,13 +270,15 @@ def candidate_mapping(base: Mapping, p: Mapping, name: str) -> dict:
         etp=etp,
         pipeline_layers="auto",
     )
-    out = set_dotted(base, "parallel", par)
-    out = set_dotted(out, "schedule", p["schedule"])
-    out = set_dotted(out, "training.micro_batch_size", p["micro_batch_size"])
-    out = set_dotted(out, "training.recompute", p["recompute"])
+    out = copy.deepcopy(dict(base))  # one copy; the keys are set in it
+    set_dotted_in_place(out, "parallel", par)
+    set_dotted_in_place(out, "schedule", p["schedule"])
+    set_dotted_in_place(out, "training.micro_batch_size", p["micro_batch_size"])
+    set_dotted_in_place(out, "training.recompute", p["recompute"])
     dpd = devices_per_domain_of(p)
     if dpd is not None:
         given_in_placement = (base.get("placement") or {}).get("devices_per_domain") is not None
         key = "placement.devices_per_domain" if given_in_placement else "cluster.devices_per_domain"
-        out = set_dotted(out, key, dpd)
-    return set_dotted(out, "name", f"{name}:{label(p)}")
+        set_dotted_in_place(out, key, dpd)
+    set_dotted_in_place(out, "name", f"{name}:{label(p)}")
+    return out

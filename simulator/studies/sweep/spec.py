@@ -277,6 +277,14 @@ def set_dotted(mapping: Mapping, key: str, value: Any) -> dict:
     """A deep copy of ``mapping`` with dotted ``key`` set to ``value``. A preset name met on
     the way becomes ``{preset: name}``; missing mappings are created."""
     out = copy.deepcopy(dict(mapping))
+    set_dotted_in_place(out, key, value)
+    return out
+
+
+def set_dotted_in_place(out: dict, key: str, value: Any) -> None:
+    """:func:`set_dotted` on ``out`` itself (a mapping the caller owns: the mappings on the
+    key's way are replaced by copies, ``value`` is deep-copied): one deep copy of a scenario
+    serves several keys."""
     parts = key.split(".")
     node = out
     for i, part in enumerate(parts[:-1]):
@@ -290,7 +298,6 @@ def set_dotted(mapping: Mapping, key: str, value: Any) -> dict:
         node[part] = nxt = dict(nxt)
         node = nxt
     node[parts[-1]] = copy.deepcopy(value)
-    return out
 
 
 _MISSING = object()
