@@ -381,3 +381,21 @@ def test_points_runs_only_the_points_it_names(tmp_path):
     with pytest.raises(StudyError, match="matches no point") as err:
         run_map(tiny_map(), tmp_path / "out", jobs=1, only=["no-such-point*"])
     assert err.value.field == "--points" and first in str(err.value)
+
+
+def test_an_adaptive_map_in_two_workers_equals_one_in_this_process(tmp_path):
+    """With local workers the points' rounds run at once, sharing one pool (``_run_adaptive``'s
+    threads): each point simulates the same layouts and finds the same figures as the points run
+    one after another in this process, and the store holds each case once."""
+    m = tiny_map()
+    m.pop("simulate")
+    one, c1 = run_map(m, tmp_path / "one", jobs=1)
+    two, c2 = run_map(m, tmp_path / "two", jobs=2)
+    pd.testing.assert_frame_equal(one, two)
+    cols = [c for c in c1.columns if c not in ("sim_wall_s",)]
+    key = ["point", "label"]
+    pd.testing.assert_frame_equal(
+        c1[cols].sort_values(key).reset_index(drop=True), c2[cols].sort_values(key).reset_index(drop=True)
+    )
+    lines = (tmp_path / "two" / "sims" / "rows.jsonl").read_text().splitlines()
+    assert len(lines) == len({json.loads(x)["key"] for x in lines}) == int(two["simulated"].sum())

@@ -81,11 +81,25 @@ def split_layer_kernels(kernels: Sequence[kernels.Kernel]) -> tuple[tuple, tuple
     return attn, tuple(pre), tuple(shared), tuple(expert), tuple(post)
 
 
-#: Backward kernel groups by their forward group and part, shared by every builder of a process
-#: (a search or map screen builds one per layout, and most layouts share their layers' shapes);
-#: cleared when it reaches :data:`_BACKWARD_MAX` entries.
+#: Backward kernel groups by their forward group and part, shared by the estimates' builders
+#: of a process (``TraceBuilder(w, shared_backward=True)``: a search or map screen builds one
+#: per layout, and most layouts share their layers' shapes); cleared when it reaches
+#: :data:`_BACKWARD_MAX` entries. A trace's own builder keeps its kernels to itself: which ops
+#: share a kernel object shows in a trace's pickle, and so in its fingerprint
+#: (``simulator.studies.search.rounds.trace_fingerprint``).
 _BACKWARD: dict = {}
 _BACKWARD_MAX = 4096
+
+
+def shared_backward_kernels(fwd: Sequence[kernels.Kernel], part: str) -> tuple[kernels.Kernel, ...]:
+    """:func:`backward_kernels` from the process's shared cache."""
+    key = (tuple(fwd), part)
+    hit = _BACKWARD.get(key)
+    if hit is None:
+        if len(_BACKWARD) >= _BACKWARD_MAX:
+            _BACKWARD.clear()
+        hit = _BACKWARD[key] = backward_kernels(key[0], part)
+    return hit
 
 
 def backward_kernels(fwd: Sequence[kernels.Kernel], part: str) -> tuple[kernels.Kernel, ...]:
@@ -94,17 +108,6 @@ def backward_kernels(fwd: Sequence[kernels.Kernel], part: str) -> tuple[kernels.
     ``part``: ``"B"`` both gradients, ``"I"`` the input-gradient kernels (GEMM
     ``.dgrad``, attention, element-wise), ``"W"`` the weight-gradient kernels (GEMM
     ``.wgrad`` and the embedding-table gradient)."""
-    key = (tuple(fwd), part)
-    hit = _BACKWARD.get(key)
-    if hit is None:
-        if len(_BACKWARD) >= _BACKWARD_MAX:
-            _BACKWARD.clear()
-        hit = _BACKWARD[key] = _backward_kernels(key[0], part)
-    return hit
-
-
-def _backward_kernels(fwd: tuple[kernels.Kernel, ...], part: str) -> tuple[kernels.Kernel, ...]:
-    """:func:`backward_kernels`, computed."""
     out = []
     for k in fwd:
         for bk in kernels.backward_kernels(k):
@@ -141,8 +144,9 @@ def chunk_layer_ranges(model: ModelSpec, layout: ParallelLayout, schedule: str) 
 
 
 class TraceBuilder:
-    def __init__(self, w: Workload):
+    def __init__(self, w: Workload, shared_backward: bool = False):
         self.w = w
+        self._backward = shared_backward_kernels if shared_backward else backward_kernels
         self.model, self.L, self.t = w.model, w.layout, w.training
         L, t = self.L, self.t
         sched.validate_schedule_args(w.schedule, L.pp, t.micro_batches(L.dp), L.vpp)
@@ -379,7 +383,7 @@ class TraceBuilder:
         key = (id(fwd), part)
         hit = self._bwd_cache.get(key)
         if hit is None:
-            hit = self._bwd_cache[key] = (fwd, backward_kernels(fwd, part))
+            hit = self._bwd_cache[key] = (fwd, self._backward(fwd, part))
         return hit[1]
 
     # ---- op helpers ------------------------------------------------------------

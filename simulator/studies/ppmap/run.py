@@ -62,6 +62,7 @@ import dataclasses
 import fnmatch
 import json
 import math
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -90,9 +91,11 @@ from simulator.studies.search.layouts import (
     label,
 )
 from simulator.studies.search.rounds import Dedupe, adaptive_rounds
+from simulator.studies.search.run import worker_count
 from simulator.studies.sweep import run_cases
 from simulator.studies.sweep.cases import resolve
 from simulator.studies.sweep.spec import Case
+from simulator.studies.workers import process_pool
 
 # ---- the whole run -------------------------------------------------------------------------------
 
@@ -182,6 +185,9 @@ def run_map(
         spec, out, progress=bool(progress), jobs=jobs if client is None and executor is None else 1, select=select
     )
     cases = cases_of(spec, screens, select)
+    # local workers: one pool for every round, which several points' rounds keep busy at once
+    workers = worker_count(jobs, client)
+    pool = process_pool(workers) if spec.adaptive and client is None and executor is None and workers > 1 else None
 
     def run(batch: list) -> dict:
         return run_cases(
@@ -190,17 +196,22 @@ def run_map(
             out=out / "sims",
             client=client,
             jobs=jobs,
-            executor=executor,
+            executor=executor if pool is None else pool,
             progress=progress,
             retry_failed=retry_failed,
             desc=f"ppmap {spec.name}",
         )[1]
 
-    if spec.adaptive:
-        simulated = _run_adaptive(spec, screens, cases, run, jobs, client, out / "sims")
-    else:
-        run(cases)
-        simulated = len(cases)
+    try:
+        if spec.adaptive:
+            concurrent = workers if pool is not None else 1
+            simulated = _run_adaptive(spec, screens, cases, run, jobs, client, out / "sims", concurrent)
+        else:
+            run(cases)
+            simulated = len(cases)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     table, cands = assemble(spec, out)
     if only is not None:  # run.json is the wall time of a whole map's run
         return table, cands
@@ -250,8 +261,10 @@ class _MapDedupe(Dedupe):
     :class:`_Fingerprints`). A fingerprint read back from another process can only differ
     where the same one would, so a cached value never makes two different traces equal."""
 
-    def __init__(self, records: list, cases: list, stored: frozenset = frozenset(), fingerprints=None):
-        super().__init__(records)
+    def __init__(
+        self, records: list, cases: list, stored: frozenset = frozenset(), fingerprints=None, by_workload=None
+    ):
+        super().__init__(records, by_workload)
         self.cases = cases
         self.stored = stored
         self.saved = fingerprints
@@ -285,6 +298,7 @@ class _Fingerprints:
     def __init__(self, path: Path):
         self.path = path
         self.values: dict[str, str | None] = {}
+        self._lock = threading.Lock()  # points' rounds run in threads (_run_adaptive)
         if path.exists():
             for line in path.read_text(encoding="utf-8").split("\n"):
                 try:
@@ -295,22 +309,35 @@ class _Fingerprints:
                     self.values[row["key"]] = row.get("fingerprint")
 
     def add(self, key: str, fp: str | None) -> None:
-        if key in self.values:
-            return
-        self.values[key] = fp
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"key": key, "fingerprint": fp}) + "\n")
+        with self._lock:
+            if key in self.values:
+                return
+            self.values[key] = fp
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"key": key, "fingerprint": fp}) + "\n")
 
 
 def _run_adaptive(
-    spec: MapSpec, screens: Mapping, cases: list, run, jobs: int | None, client, sims: Path | None = None
+    spec: MapSpec,
+    screens: Mapping,
+    cases: list,
+    run,
+    jobs: int | None,
+    client,
+    sims: Path | None = None,
+    concurrent_points: int = 1,
 ) -> int:
     """Simulate each point as :func:`simulator.studies.search.search` does: in rounds, best
     estimates first, until no layout left can beat the best simulated one with PP and
     without (:func:`simulator.studies.search.rounds.adaptive_rounds`, with the map's search
-    bounds and their ``estimate_margin``). Returns how many layouts were simulated."""
-    from simulator.studies.search.run import worker_count
+    bounds and their ``estimate_margin``). Returns how many layouts were simulated.
+
+    ``concurrent_points`` points run their rounds at once (threads, each handing its rounds
+    to ``run``, which then shares one pool of workers): a round waits for its slowest layout,
+    and another point's layouts use the workers meanwhile. Each point's rounds see only its
+    own results, so what a point simulates and finds does not depend on this."""
+    from concurrent.futures import ThreadPoolExecutor
 
     width = max(2, worker_count(jobs, client))
     stored = (
@@ -319,11 +346,13 @@ def _run_adaptive(
         else frozenset()
     )
     saved = _Fingerprints(sims / "fingerprints.jsonl") if sims else None
+    by_workload: dict = {}  # trace fingerprints by workload, across points (Dedupe.by_workload)
     by_point: dict[str, list] = {}
     for c in cases:
         by_point.setdefault(c.axes["point"], []).append(c)
-    simulated = 0
-    for point, group in by_point.items():
+
+    def one_point(point: str) -> int:
+        group = by_point[point]
         est = {p["label"]: (p["est_step_time_s"], p["est_memory_bytes"]) for p in screens[point]["chosen"]}
         records, local = [], []
         for c in group:
@@ -341,7 +370,7 @@ def _run_adaptive(
             )
             local.append(dataclasses.replace(c, index=len(records) - 1))
 
-        def run_round(batch: list, records=records) -> None:
+        def run_round(batch: list) -> None:
             rows = run(batch)
             for c in batch:
                 r, row = records[c.index], rows.get(c.key) or {}
@@ -351,10 +380,14 @@ def _run_adaptive(
                     continue
                 r.update(status="oom" if summary.get("oom") else "ok", step_time_s=summary.get("step_time_s"))
 
-        before = sum(1 for r in records if r["status"] is not None)
-        adaptive_rounds(local, records, spec.bounds, _MapDedupe(records, local, stored, saved), run_round, width)
-        simulated += sum(1 for r in records if r["status"] in ("ok", "oom", "failed")) - before
-    return simulated
+        dedupe = _MapDedupe(records, local, stored, saved, by_workload)
+        adaptive_rounds(local, records, spec.bounds, dedupe, run_round, width)
+        return sum(1 for r in records if r["status"] in ("ok", "oom", "failed"))
+
+    if concurrent_points <= 1 or len(by_point) <= 1:
+        return sum(map(one_point, by_point))
+    with ThreadPoolExecutor(min(concurrent_points, len(by_point)), thread_name_prefix="ppmap-point") as threads:
+        return sum(threads.map(one_point, by_point))
 
 
 def _read_rows(path: Path) -> dict[str, dict]:

@@ -42,7 +42,7 @@ class StepCosts:
         self._kernels_time_s = kernels_time_s
         # The trace builder's sizes, so that the estimate and the simulated trace agree on
         # every byte and FLOP (no formula is repeated here).
-        self.b = b = TraceBuilder(sc.workload())
+        self.b = b = TraceBuilder(sc.workload(), shared_backward=True)
         self.m, self.pp, self.vpp = b.m, self.L.pp, self.L.vpp
         self.n_local = sched.local_chunks(self.name, self.vpp)
         self.sp = self.L.sequence_parallel and self.L.tp > 1

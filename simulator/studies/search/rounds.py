@@ -230,11 +230,15 @@ class Dedupe:
     those. A duplicate gets status ``duplicate`` and, once it has run, the figures of the
     layout it repeats; ``dropped`` maps it to that layout."""
 
-    def __init__(self, records: list):
+    def __init__(self, records: list, by_workload: dict | None = None):
         self.records = records
         self.groups: dict = {}
         self.fingerprints: dict = {}
         self.dropped: dict = {}
+        #: fingerprints by workload (the trace's whole input: ``build_trace`` is a pure function of
+        #: it), which several searches may share: a map's points of one domain size differ in
+        #: their network only, and their layouts build the same traces
+        self.by_workload = {} if by_workload is None else by_workload
 
     def _key(self, i: int):
         r = self.records[i]
@@ -246,7 +250,10 @@ class Dedupe:
             from workloads.trace.builder import build_trace
 
             try:
-                self.fingerprints[i] = trace_fingerprint(build_trace(self.records[i]["_sc"].workload()))
+                w = self.records[i]["_sc"].workload()
+                if w not in self.by_workload:
+                    self.by_workload[w] = trace_fingerprint(build_trace(w))
+                self.fingerprints[i] = self.by_workload[w]
             except ValueError:  # LayoutError, ScheduleError, TraceError: simulated (and failed) alone
                 self.fingerprints[i] = None
         return self.fingerprints[i]

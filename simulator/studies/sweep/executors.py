@@ -13,7 +13,7 @@ from concurrent.futures.process import BrokenProcessPool
 from simulator.errors import StudyError
 from simulator.scenario.schema import ScenarioError
 from simulator.studies.sweep.cases import plain_json
-from simulator.studies.workers import process_pool
+from simulator.studies.workers import WorkerPool, process_pool
 from simulator.version import __version__
 
 
@@ -114,7 +114,8 @@ def execute(payloads: Sequence[tuple], client=None, jobs: int | None = None, exe
             raise ValueError(
                 f"executor: expected a concurrent.futures.Executor (with submit), got {type(executor).__name__}"
             )
-        _check_version(_first_task(executor.submit, worker_version), "a worker")
+        if not isinstance(executor, WorkerPool):  # whose workers are forks of this process
+            _check_version(_first_task(executor.submit, worker_version), "a worker")
         futs = {executor.submit(run_case, p): p for p in payloads}
         try:
             for f in as_completed(futs):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -23,6 +24,12 @@ ROWS_FILE, PARQUET_FILE, CSV_FILE, META_FILE = "rows.jsonl", "results.parquet", 
 # ---- the row store ---------------------------------------------------------------------------
 
 
+#: Serialises the row files' reads and appends within a process: a map runs several points'
+#: rounds at once in threads, and a read that met another thread's half-written line would
+#: cut it off as torn.
+_ROWS_LOCK = threading.Lock()
+
+
 class RowStore:
     """``DIR/rows.jsonl``: one finished case a line, appended, flushed and fsynced."""
 
@@ -33,6 +40,10 @@ class RowStore:
 
     def load(self) -> dict[str, dict]:
         """Rows by key (the last line of a key wins). A torn last line is cut off the file."""
+        with _ROWS_LOCK:
+            return self._load()
+
+    def _load(self) -> dict[str, dict]:
         rows: dict[str, dict] = {}
         if not self.path.exists():
             return rows
@@ -64,14 +75,14 @@ class RowStore:
 
     def append(self, row: dict) -> None:
         line = plain_json(row) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
+        with _ROWS_LOCK, open(self.path, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
 
 
 def atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
     write(tmp)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
