@@ -22,6 +22,9 @@ class _Forgetful(RateMemo):
         self.misses += 1
         return None
 
+    def components(self, key):
+        return None
+
 
 def _run(phases, memo: bool, reserve: bool):
     topo = Topology(torus((6, 6), 100e9, 1e-6))
@@ -82,3 +85,29 @@ def test_flow_identities_tell_weights_and_multiplicities_apart():
     ids = [int(net.slots._flow_ids(p)[0]) for p in (plain, heavy, mult, same)]
     assert ids[0] != ids[1] and ids[0] != ids[2] and ids[1] != ids[2]
     assert ids[3] == ids[0]
+
+
+class _NoComponents(RateMemo):
+    """A memo that remembers rates and splits but searches every large component again."""
+
+    def components(self, key):
+        return None
+
+
+def test_remembered_component_searches_give_the_same_bits():
+    """The components of a large search are remembered by every active flow's identity and the
+    seed links (``FlowNetwork._components_remembered``): the ring arriving during each of the
+    three all-to-alls meets the same flows each time, and the finish times and link bytes are
+    those of searching every time."""
+    phases = _repeated_phases()
+    for reserve in (False, True):
+        fast, nf = _run(phases, memo=True, reserve=reserve)
+        topo = Topology(torus((6, 6), 100e9, 1e-6))
+        env = simpy.Environment()
+        ns = FlowNetwork(env, topo, reserve_isolated=reserve)
+        ns._memo = _NoComponents()
+        slow = start_phases(env, ns, phases)
+        env.run()
+        assert fast == slow  # bit for bit
+        assert np.array_equal(nf.stats.link_bytes, ns.stats.link_bytes)
+        assert nf._memo.component_hits > 0 and ns._memo.component_hits == 0

@@ -24,7 +24,15 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-__all__ = ["SEARCH_BUDGET", "beyond_search", "bounded_search", "canonical", "components_among", "components_of"]
+__all__ = [
+    "SEARCH_BUDGET",
+    "active_slots",
+    "beyond_search",
+    "bounded_search",
+    "canonical",
+    "components_among",
+    "components_of",
+]
 
 #: Flows a breadth-first search may gather before the array pass takes over.
 SEARCH_BUDGET = 256
@@ -98,14 +106,27 @@ def bounded_search(
     return comps, singles
 
 
+def active_slots(batch: np.ndarray, n_slots: int) -> np.ndarray:
+    """The slots of the active flows among the first ``n_slots``: ``batch`` marks free slots
+    with -1 and flows held apart (:mod:`simulator.network.runahead`, on links no other flow
+    uses) below -2."""
+    return np.flatnonzero((batch[:n_slots] >= -2) & (batch[:n_slots] != -1))
+
+
 def components_of(
-    tab: np.ndarray, batch: np.ndarray, n_slots: int, n_links: int, seeds: list[int], seq: np.ndarray
+    tab: np.ndarray,
+    batch: np.ndarray,
+    n_slots: int,
+    n_links: int,
+    seeds: list[int],
+    seq: np.ndarray,
+    active: np.ndarray | None = None,
 ) -> tuple[list[list[int]], list[int]]:
     """Components of the active flows on ``seeds`` (links), in canonical order (see
     :func:`canonical`), from the padded link table ``tab`` (slot -> links, -1 padding)
-    of the first ``n_slots`` slots, ``batch`` marking free slots with -1 and flows held apart
-    (:mod:`simulator.network.runahead`, on links no other flow uses) below -2."""
-    active = np.flatnonzero((batch[:n_slots] >= -2) & (batch[:n_slots] != -1))
+    of the first ``n_slots`` slots (the active ones: :func:`active_slots`, or ``active``)."""
+    if active is None:
+        active = active_slots(batch, n_slots)
     n = active.shape[0]
     sub = tab[active]
     mask = sub >= 0

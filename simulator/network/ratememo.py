@@ -24,6 +24,8 @@ import numpy as np
 #: Solutions remembered per network (each holds one float per flow solved); the memo
 #: starts again when full.
 RATE_MEMO_MAX = 4096
+#: Component searches remembered per network (each keyed by every active flow's identity).
+COMPONENT_MEMO_MAX = 1024
 #: Components smaller than this (in flows) are not remembered here: the small solver
 #: (``FlowNetwork._fill_memo``) remembers them, and a key costs more than a solve.
 MEMO_MIN_FLOWS = 256
@@ -36,8 +38,10 @@ class RateMemo:
         self._max = capacity
         self._rates: dict[tuple, np.ndarray] = {}
         self._splits: dict[bytes, tuple] = {}
+        self._components: dict[tuple, tuple] = {}
         self.hits = 0
         self.misses = 0
+        self.component_hits = 0
 
     def _room(self, table: dict) -> None:
         if len(table) >= self._max:
@@ -86,3 +90,18 @@ class RateMemo:
             return
         self._room(self._splits)
         self._splits[fids.tobytes()] = (pos, tuple(len(c) for c in comps), len(singles), rates)
+
+    def components(self, key: tuple) -> tuple | None:
+        """``(positions of each component, positions of the lone flows)`` remembered for the
+        search keyed ``key``: the identities of every active flow in arrival order and the
+        seed links (:meth:`~simulator.network.flows.FlowNetwork._components_remembered`),
+        positions into that order; or None."""
+        hit = self._components.get(key)
+        if hit is not None:
+            self.component_hits += 1
+        return hit
+
+    def keep_components(self, key: tuple, comps: list, singles: np.ndarray) -> None:
+        if len(self._components) >= COMPONENT_MEMO_MAX:
+            self._components.clear()
+        self._components[key] = (comps, singles)
