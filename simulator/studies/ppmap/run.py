@@ -185,33 +185,44 @@ def run_map(
         spec, out, progress=bool(progress), jobs=jobs if client is None and executor is None else 1, select=select
     )
     cases = cases_of(spec, screens, select)
-    # local workers: one pool for every round, which several points' rounds keep busy at once
+    # local workers: several points' rounds at once (threads), each round in worker processes of
+    # its own, as many as the points in a round at that moment leave it (fresh processes: a
+    # worker's memory does not grow over a map's thousand simulations)
     workers = worker_count(jobs, client)
-    pool = process_pool(workers) if spec.adaptive and client is None and executor is None and workers > 1 else None
+    local = spec.adaptive and client is None and executor is None and workers > 1
+    in_round = [0]
+    lock = threading.Lock()
 
     def run(batch: list) -> dict:
-        return run_cases(
-            batch,
-            ("point", *LAYOUT_KEYS),
-            out=out / "sims",
-            client=client,
-            jobs=jobs,
-            executor=executor if pool is None else pool,
-            progress=progress,
-            retry_failed=retry_failed,
-            desc=f"ppmap {spec.name}",
-        )[1]
+        pool = None
+        if local:
+            with lock:
+                in_round[0] += 1
+                share = max(1, min(len(batch), workers // in_round[0]))
+            pool = process_pool(share)
+        try:
+            return run_cases(
+                batch,
+                ("point", *LAYOUT_KEYS),
+                out=out / "sims",
+                client=client,
+                jobs=jobs,
+                executor=executor if pool is None else pool,
+                progress=progress,
+                retry_failed=retry_failed,
+                desc=f"ppmap {spec.name}",
+            )[1]
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+                with lock:
+                    in_round[0] -= 1
 
-    try:
-        if spec.adaptive:
-            concurrent = workers if pool is not None else 1
-            simulated = _run_adaptive(spec, screens, cases, run, jobs, client, out / "sims", concurrent)
-        else:
-            run(cases)
-            simulated = len(cases)
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+    if spec.adaptive:
+        simulated = _run_adaptive(spec, screens, cases, run, jobs, client, out / "sims", workers if local else 1)
+    else:
+        run(cases)
+        simulated = len(cases)
     table, cands = assemble(spec, out)
     if only is not None:  # run.json is the wall time of a whole map's run
         return table, cands
