@@ -96,7 +96,7 @@ class _NoComponents(RateMemo):
 
 def test_remembered_component_searches_give_the_same_bits():
     """The components of a large search are remembered by every active flow's identity and the
-    seed links (``FlowNetwork._components_remembered``): the ring arriving during each of the
+    seed links (``components.remembered_components``): the ring arriving during each of the
     three all-to-alls meets the same flows each time, and the finish times and link bytes are
     those of searching every time."""
     phases = _repeated_phases()

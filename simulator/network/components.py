@@ -32,6 +32,7 @@ __all__ = [
     "canonical",
     "components_among",
     "components_of",
+    "remembered_components",
 ]
 
 #: Flows a breadth-first search may gather before the array pass takes over.
@@ -147,6 +148,31 @@ def components_of(
     if pick.shape[0] == 0:
         return [], []
     return _grouped(active[pick], flow_labels[pick], seq)
+
+
+def remembered_components(memo, slots, n_links: int, seeds: list[int]) -> tuple[list[list[int]], list[int]]:
+    """:func:`components_of` over a flow network's ``slots``, remembered in ``memo`` (a
+    :class:`~simulator.network.ratememo.RateMemo`): the components of the active flows on
+    ``seeds`` are a pure function of every active flow's links (its identity), in arrival
+    order, and of the seed links, so that key gives the same components as a search; kept as
+    positions into that order. The flows of a step's repeated collectives pass through the
+    same states micro-batch after micro-batch (the TPU v5p built-in: 52 distinct of 1,910
+    searches)."""
+    n_slots = len(slots._links)
+    active = active_slots(slots._batch, n_slots)
+    ranked = active[np.argsort(slots._seq[active])]  # arrival order (arrival numbers are distinct)
+    key = (slots._fid[ranked].tobytes(), np.unique(np.asarray(seeds, dtype=np.int64)).tobytes())
+    hit = memo.components(key)
+    if hit is not None:
+        comp_pos, single_pos = hit
+        return [ranked[p].tolist() for p in comp_pos], ranked[single_pos].tolist()
+    comps, singles = components_of(slots._tab, slots._batch, n_slots, n_links, seeds, slots._seq, active=active)
+    at = np.empty(n_slots, dtype=np.int64)
+    at[ranked] = np.arange(ranked.shape[0])
+    memo.keep_components(
+        key, [at[np.asarray(c, dtype=np.int64)] for c in comps], at[np.asarray(singles, dtype=np.int64)]
+    )
+    return comps, singles
 
 
 def components_among(

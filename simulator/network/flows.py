@@ -54,14 +54,7 @@ import simpy
 
 from simulator.errors import NetworkError
 from simulator.network.calibration import NetCalibration
-from simulator.network.components import (
-    active_slots,
-    beyond_search,
-    bounded_search,
-    canonical,
-    components_of,
-    number_links,
-)
+from simulator.network.components import beyond_search, bounded_search, canonical, number_links, remembered_components
 from simulator.network.flowslots import FlowSlots
 from simulator.network.isolated import Reservations
 from simulator.network.maxmin import DONE_RTOL, fill_arrays, fill_components, fill_small
@@ -277,34 +270,8 @@ class FlowNetwork:
         # -- components: simulator/network/components.py --
         found = None if large else bounded_search(slots._link_flows, slots._links, seeds)
         if found is None:  # a large component: one array pass over every active flow
-            return self._components_remembered(seeds)
+            return remembered_components(self._memo, slots, self.n_links, seeds)
         return canonical(*found, slots._seq)
-
-    def _components_remembered(self, seeds: list[int]) -> tuple[list[list[int]], list[int]]:
-        """:func:`~simulator.network.components.components_of`, remembered: the components of
-        the active flows on ``seeds`` are a pure function of every active flow's links (its
-        identity), in arrival order, and of the seed links, so that key gives the same
-        components as a search; kept as positions into that order. The flows of a step's
-        repeated collectives pass through the same states micro-batch after micro-batch (the
-        TPU v5p built-in: 52 distinct of 1,910 searches)."""
-        slots = self.slots
-        n_slots = len(slots._links)
-        active = active_slots(slots._batch, n_slots)
-        ranked = active[np.argsort(slots._seq[active])]  # arrival order (arrival numbers are distinct)
-        key = (slots._fid[ranked].tobytes(), np.unique(np.asarray(seeds, dtype=np.int64)).tobytes())
-        hit = self._memo.components(key)
-        if hit is not None:
-            comp_pos, single_pos = hit
-            return [ranked[p].tolist() for p in comp_pos], ranked[single_pos].tolist()
-        comps, singles = components_of(
-            slots._tab, slots._batch, n_slots, self.n_links, seeds, slots._seq, active=active
-        )
-        at = np.empty(n_slots, dtype=np.int64)
-        at[ranked] = np.arange(ranked.shape[0])
-        self._memo.keep_components(
-            key, [at[np.asarray(c, dtype=np.int64)] for c in comps], at[np.asarray(singles, dtype=np.int64)]
-        )
-        return comps, singles
 
     def _update(self, _ev=None) -> None:
         self._update_pending = False

@@ -94,7 +94,7 @@ class RateMemo:
     def components(self, key: tuple) -> tuple | None:
         """``(positions of each component, positions of the lone flows)`` remembered for the
         search keyed ``key``: the identities of every active flow in arrival order and the
-        seed links (:meth:`~simulator.network.flows.FlowNetwork._components_remembered`),
+        seed links (:func:`~simulator.network.components.remembered_components`),
         positions into that order; or None."""
         hit = self._components.get(key)
         if hit is not None:
