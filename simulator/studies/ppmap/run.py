@@ -345,7 +345,7 @@ def _run_adaptive(
     bounds and their ``estimate_margin``). Returns how many layouts were simulated.
 
     ``concurrent_points`` points run their rounds at once (threads, each handing its rounds
-    to ``run``, which then shares one pool of workers): a round waits for its slowest layout,
+    to ``run``, which gives each round the workers the others leave): a round waits for its slowest layout,
     and another point's layouts use the workers meanwhile. Each point's rounds see only its
     own results, so what a point simulates and finds does not depend on this."""
     from concurrent.futures import ThreadPoolExecutor
