@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from helpers import rerun_engine, scenario
 from test_exact import CASES
+from test_moe import moe_scenario
 
 from simulator import simulate
 
@@ -21,6 +22,15 @@ SCENARIOS = {
         cluster={"preset": "dgx-a100", "devices": 16},
         parallel={"tp": 8, "pp": 2, "dp": 1},
         training={"global_batch_size": 8},
+    ),
+    # SimAI's workload in small: TP2 collectives share NVLink links with the same rank's expert
+    # all-to-alls (EP16 over four nodes) and ZeRO-1 gathers, yet run between other compute ops
+    # (simulator.engine.ordering: most TP phases private)
+    "tp2-ep16-interleaved": moe_scenario(
+        cluster={"preset": "dgx-h100", "devices": 64},
+        parallel={"tp": 2, "pp": 2, "dp": 16, "ep": 16, "etp": 2, "vpp": 2, "sequence_parallel": True},
+        schedule="interleaved-1f1b",
+        training={"global_batch_size": 64},
     ),
     "tp8-interleaved": scenario(
         cluster={"preset": "dgx-a100", "devices": 16},
@@ -52,7 +62,7 @@ def test_shortcuts_change_no_figure(name):
     ev_f = fast.events.sort_values(["rank", "start_s", "stream", "name"], kind="stable").reset_index(drop=True)
     ev_p = plain.events.sort_values(["rank", "start_s", "stream", "name"], kind="stable").reset_index(drop=True)
     assert ev_f[["rank", "name", "start_s", "end_s"]].equals(ev_p[["rank", "name", "start_s", "end_s"]])
-    if name.startswith("tp8"):
+    if name.startswith("tp"):
         eng, raw = rerun_engine(fast)
         assert raw.step_time_s == fast.raw.step_time_s
         assert eng.private_ops_run > 0  # the private path was taken
@@ -76,3 +86,22 @@ def test_chains_alone_change_no_figure():
     fast = simulate(sc)
     plain = simulate(sc, chain_ops=False)
     assert _figures(fast) == _figures(plain)
+
+
+def test_ops_ordered_with_their_ranks_other_streams_run_private(monkeypatch):
+    """Tensor-parallel collectives that share NVLink links with the same rank's expert
+    all-to-alls and ZeRO-1 gathers, each between other compute ops, run as known durations
+    (simulator.engine.ordering); those that may meet a gather of the step's start do not.
+    Without the ordering none of them would (their links have other users)."""
+    from simulator.engine import private
+
+    res = simulate(SCENARIOS["tp2-ep16-interleaved"])
+    eng, raw = rerun_engine(res)
+    tp = [op.id for op in eng.trace.ops if op.stream == "tp"]
+    ordered = sum(i in eng._known for i in tp)
+    assert 0 < ordered < len(tp)
+    assert raw.step_time_s == res.raw.step_time_s
+    monkeypatch.setattr(private, "_ordered_on_shared_links", lambda *a: set())
+    eng, raw = rerun_engine(res)
+    assert not any(i in eng._known for i in tp)
+    assert raw.step_time_s == res.raw.step_time_s

@@ -10,9 +10,12 @@ event. ``Engine(..., private_phases=False)`` sends every op through the network.
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import numpy as np
 
 from simulator.engine.lowering import Lowering
+from simulator.engine.ordering import RankWindows
 from simulator.network.flows import FlowNetwork
 from workloads.trace.ops import Trace
 
@@ -81,14 +84,18 @@ def private_ops(
             loads.append((arrays[id(phases)], procs.setdefault(who, len(procs))))
         if hit[2] is not None and n == 1:
             cand.append((op.id, who, hit))
-    return _choose(cand, loads, seen, arrays, lowering.net.n_links)
+    users = _users(loads, lowering.net.n_links)
+    ordered = _ordered_on_shared_links(trace, cand, loads, procs, arrays, users)
+    return _choose(cand, users, seen, arrays, ordered)
 
 
-def _choose(cand: list, loads: list, seen: dict, arrays: dict, n_links: int) -> tuple[dict[int, tuple], PrivateBook]:
+def _choose(
+    cand: list, users: np.ndarray, seen: dict, arrays: dict, ordered: set[int]
+) -> tuple[dict[int, tuple], PrivateBook]:
     """:func:`private_ops`' result from its candidates ``cand`` (op id, process, shape): those
-    whose every link only their own process loads, with the book of what they put on the
-    network."""
-    users = _users(loads, n_links)
+    whose every link only their own process loads (``users``: processes per link), or that
+    ``ordered`` holds (:func:`_ordered_on_shared_links`), with the book of what they put on
+    the network."""
     private: dict[tuple, bool] = {}
     chosen: dict[int, tuple] = {}  # id(phases) -> shape, for the private ones
     out = {}
@@ -97,7 +104,7 @@ def _choose(cand: list, loads: list, seen: dict, arrays: dict, n_links: int) -> 
         ok = private.get(key)
         if ok is None:
             ok = private[key] = bool((users[arrays[id(hit[0])]] == 1).all())  # only ``who``
-        if ok:
+        if ok or oid in ordered:
             chosen[id(hit[0])] = hit
             out[oid] = hit
     # links some phase run by the network loads (its bytes are booked as it runs)
@@ -108,6 +115,49 @@ def _choose(cand: list, loads: list, seen: dict, arrays: dict, n_links: int) -> 
     book = PrivateBook(list(chosen.values()), shared)
     entry = {id(hit[0]): e for hit, e in zip(chosen.values(), book.entries)}
     return {oid: entry[id(hit[0])] for oid, hit in out.items()}, book
+
+
+def _ordered_on_shared_links(trace: Trace, cand: list, loads: list, procs: dict, arrays: dict, users) -> set[int]:
+    """The candidates (op id, process, shape) whose links other processes load too, but only
+    other streams of the op's own rank, every communication op of which runs before or after
+    it (:class:`~simulator.engine.ordering.RankWindows`): such an op is still alone on its
+    links whenever it runs (a tensor-parallel collective beside the same rank's expert
+    all-to-alls, each between two compute ops of a layer)."""
+    alone: dict[int, bool] = {}  # id(phases) -> whether one process at most loads its links
+    keys: dict[tuple, list[int]] = {}  # (id(phases), process) -> its op ids, where links are shared
+    for oid, who, hit in cand:
+        shape = id(hit[0])
+        ok = alone.get(shape)
+        if ok is None:
+            ok = alone[shape] = bool((users[arrays[shape]] == 1).all())
+        if not ok and isinstance(who[0], int):
+            keys.setdefault((shape, who), []).append(oid)
+    if not keys:
+        return set()
+    name = {number: who for who, number in procs.items()}
+    rank_number: dict = {}  # rank (a rendezvous: the process itself) -> a number
+    owner = {  # process number -> its rank's number
+        number: rank_number.setdefault(who[0] if isinstance(who[0], int) else who, len(rank_number))
+        for number, who in name.items()
+    }
+    owners = _users([(links, owner[w]) for links, w in loads], users.shape[0])  # ranks per link
+    of_rank: dict = defaultdict(list)
+    for links, w in loads:
+        of_rank[name[w][0]].append((links, w))
+    windows = RankWindows(trace)
+    mask = np.zeros(users.shape[0], dtype=bool)
+    out: set[int] = set()
+    for (shape, who), ids in keys.items():
+        links = arrays[shape]
+        if (owners[links] > 1).any():  # another rank, or a rendezvous, loads one of them
+            continue
+        mask[links] = True
+        me = procs[who]
+        streams = {name[w][1] for other, w in of_rank[who[0]] if w != me and mask[other].any()}
+        mask[links] = False
+        ok = windows.ordered(who[0], ids, sorted(streams))
+        out.update(i for i, good in zip(ids, ok.tolist()) if good)
+    return out
 
 
 def _users(loads: list, n_links: int) -> np.ndarray:
