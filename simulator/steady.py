@@ -327,6 +327,7 @@ def simulate_steady(sc, progress=False, engine_options=None):
     second run. Steps often settle into such patterns (Kimi K2 TP4 PP8 EP48 DualPipe on 2,304 H100
     in 144-GPU domains, 256 micro-batches: each stream's shifts alternate between the period and
     the period less 2.45 ms, 4 micro-batches apart, and repeat exactly every 8)."""
+    from simulator.engine.symmetry import class_budget
     from simulator.scenario.checks import check_step_time
     from simulator.step import load_engine, run_step
     from workloads.pipeline import get_schedule
@@ -337,12 +338,14 @@ def simulate_steady(sc, progress=False, engine_options=None):
     global_aux = sc.model.is_moe and sc.training.balance == "aux-loss-global"  # TraceBuilder.global_aux
     ep = sc.model.is_moe and L.ep > 1
     batch_overlap = ep and sc.training.overlap_moe_expert_parallel_comm
+    budget = class_budget(sc.workload())
     for m1, k in runs_for(sc.schedule, L.pp, m, L.vpp, global_aux, ep, batch_overlap):
         if not schedule_repeats(sc.schedule, L.pp, m1, m, k, L.vpp):
             continue
-        # the run's idle time is accounted on the full timeline, periods inserted (_extend)
+        # the run's idle time is accounted on the full timeline, periods inserted (_extend); it
+        # simulates the ranks the full step would (its op budget, not the shorter run's)
         opts = {**(engine_options or {}), "account_idle": False}
-        run = run_step(_with_micro_batches(sc, m1), False, None, None, progress, opts)
+        run = run_step(_with_micro_batches(sc, m1), False, None, None, progress, opts, budget)
         short = _streams(run[2], run[3])
         own = None  # each stream's ops per period of k micro-batches
         for j in get_schedule(sc.schedule).steady_multiples(L.pp, ep):

@@ -29,8 +29,12 @@ def load_engine() -> float:
     return time.perf_counter()
 
 
-def run_step(scenario, exact, topology, trace, progress, engine_options: Mapping | None = None):
-    """Load, build and run one step: ``(scenario, topology, trace, raw run, memory columns)``."""
+def run_step(
+    scenario, exact, topology, trace, progress, engine_options: Mapping | None = None, max_classes: int | None = None
+):
+    """Load, build and run one step: ``(scenario, topology, trace, raw run, memory columns)``;
+    ``max_classes``: representative mode's rank budget (:func:`~simulator.engine.symmetry.class_budget`
+    of this step's workload where None)."""
     from simulator.engine.compute import calibration_for
     from simulator.engine.loop import Engine
     from simulator.errors import StepsimError
@@ -59,7 +63,7 @@ def run_step(scenario, exact, topology, trace, progress, engine_options: Mapping
             if ranks is None:  # where a stage's groups are unlike, one rank per class of them
                 from simulator.engine.symmetry import representative_trace
 
-                trace = representative_trace(workload, sc.layout, topo)
+                trace = representative_trace(workload, sc.layout, topo, max_classes)
             else:
                 trace = build_trace(workload, ranks=ranks)
         else:

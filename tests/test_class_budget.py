@@ -105,3 +105,22 @@ def test_a_budget_that_stops_the_refinement_early_still_simulates(monkeypatch):
     coarse = simulate(sc).summary
     assert coarse["simulated_ranks"] == 9
     assert coarse["step_time_s"] == pytest.approx(exact["step_time_s"], rel=1e-3)
+
+
+def test_a_step_skipped_ahead_simulates_the_ranks_of_its_full_run(monkeypatch):
+    """Steady-state skipping's shorter run simulates the ranks the full step would (the full
+    step's op budget, not its own): EP16 PP2 on 96 H100 in 12-GPU domains, 48 micro-batches, a
+    budget of two ranks' worth at 48 (one rank per stage) that would admit classes at the
+    shorter run's 16. With the shorter run's own budget its classes drifted from one another,
+    its records did not repeat, and the whole step was simulated after it; now both run one
+    rank per stage, the run certifies, and its figures are the full run's."""
+    from test_symmetry import _case, _h12
+
+    sc = _case(_h12(96), {"tp": 1, "pp": 2, "dp": 48, "ep": 16}, 48 * 48)
+    monkeypatch.setattr(symmetry, "MAX_CLASS_OPS", 2 * 4608)  # 4,608 estimated ops a rank at 48
+    full = simulate(sc).summary
+    skipped = simulate(sc, steady_state=True).summary
+    assert full["simulated_ranks"] == skipped["simulated_ranks"] == 2
+    assert skipped["steady_state"] == {"micro_batches_simulated": [16], "period_micro_batches": 2}
+    for key in FIGURES:
+        assert skipped[key] == pytest.approx(full[key], rel=1e-9, abs=1e-15), key

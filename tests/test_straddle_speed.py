@@ -218,3 +218,35 @@ def test_class_twins_as_arrays_equal_the_groups_one_by_one():
                 assert fast.tolist() == low._class_twins([tuple(r) for r in rows.tolist()], group).tolist()
                 picked += len(fast)
     assert picked > 2 * len(trace.ranks)
+
+
+def test_one_rank_per_stage_leaves_out_the_uplinks_that_cannot_bind(monkeypatch):
+    """Representative mode with one simulated rank per stage (the classes over the op budget)
+    leaves out the never_binding uplinks too: EP16 PP2 on 96 H100 in 12-GPU domains under 1:1
+    leaves, every twin group injected (twin_quotient=False, the network as it is), gives the
+    step, exposed communication and bubble it gives with the uplinks, to 1e-12."""
+    from simulator.engine import symmetry
+
+    model = dict(TINY_MOE, moe={**TINY_MOE["moe"], "experts": 16})
+    sc = scenario(
+        model=model,
+        cluster={"preset": "dgx-h100", "devices": 96, "network": {"domain_size": 12}},
+        parallel={"tp": 1, "pp": 2, "dp": 48, "ep": 16},
+        training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 192},
+    )
+    monkeypatch.setattr(symmetry, "MAX_CLASS_OPS", 1)  # one rank per stage
+    calls = []
+    real = lowering.Lowering._binding_only
+
+    def spy(self, phases):
+        out = real(self, phases)
+        calls.append(out != phases)
+        return out
+
+    monkeypatch.setattr(lowering.Lowering, "_binding_only", spy)
+    dropped = simulate(sc, twin_quotient=False).summary
+    assert dropped["simulated_ranks"] == 2 and any(calls)  # some transfers lost an uplink
+    monkeypatch.setattr(lowering.Lowering, "_binding_only", lambda self, phases: phases)
+    kept = simulate(sc, twin_quotient=False).summary
+    for key in ("step_time_s", "exposed_comm_fraction", "bubble_fraction"):
+        assert dropped[key] == pytest.approx(kept[key], rel=1e-12, abs=1e-15), key

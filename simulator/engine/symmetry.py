@@ -352,19 +352,20 @@ def class_ranks(layout: ParallelLayout, classes: np.ndarray) -> tuple[list[int],
     return ranks, {r: int(counts[classes[r]]) for r in ranks}
 
 
-def representative_trace(workload, layout: ParallelLayout, topo: Topology):
+def representative_trace(workload, layout: ParallelLayout, topo: Topology, max_classes: int | None = None):
     """The trace representative mode simulates: one rank per pipeline stage (position 0) where
     every group of a stage splits over the scale-up domains alike, else one rank per class of
-    :func:`rank_classes` within :func:`class_budget`, each weighted by the devices of its
-    class (where even the splits' classes exceed the budget, one rank per stage at
-    :func:`representative_position`)."""
+    :func:`rank_classes` within ``max_classes`` (default :func:`class_budget`), each weighted by
+    the devices of its class (where even the splits' classes exceed the budget, one rank per
+    stage at :func:`representative_position`). Steady-state skipping passes the full step's
+    budget for its shorter run, so that both simulate the same ranks."""
     from dataclasses import replace
 
     from workloads.trace.builder import build_trace
 
     if not uneven_groups(layout, topo):
         return build_trace(workload)
-    classes = rank_classes(layout, topo, max_classes=class_budget(workload))
+    classes = rank_classes(layout, topo, max_classes=class_budget(workload) if max_classes is None else max_classes)
     if classes is None:
         return build_trace(workload, position=representative_position(layout, topo))
     ranks, weight = class_ranks(layout, classes)
