@@ -5,6 +5,8 @@
 * :mod:`.lowering` — what a collective or send runs on the network, in one call per op:
   plan, twin groups, symmetry quotient (:mod:`.quotient`), merged network phases;
 * :mod:`.private` — communication ops nothing else can meet, run as known durations;
+* :mod:`.ordering` — which communication ops of a rank never run at once (their windows
+  on the rank's compute stream), for :mod:`.private`;
 * :mod:`.compute` — the compute model: the time of a kernel from its FLOPs and bytes on a
   chip (roofline with calibrated efficiencies);
 * :mod:`.accounting` — idle attribution: which wait on which stream was exposed

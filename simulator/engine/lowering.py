@@ -163,16 +163,11 @@ class Lowering:
     def _binding_only(self, phases: tuple) -> tuple:
         """Merged ``phases`` with every transfer loading only the links that can bind
         (its route, or incidence, less the :func:`never_binding` links; its latency still its
-        route's). The twin groups of a collective that crosses the NICs, and the stages'
-        collectives with them, all load a leaf group's uplinks, which joins their flows into
-        one max-min component; without those links each group's flows meet only where they
-        share a device or a NIC, and the rates are the same: with one rank per class 2,304
-        GB200 in NVL72 racks, EP64, 8 layers, 2.86 s a step either way to 1e-15 (10.4 s -> 2.6 s
-        to simulate); with one rank per stage, DeepSeek-V3 TP4 PP16 EP16 DualPipe on 2,304 H100
-        in 72-GPU domains (32 micro-batches, every twin injected) 3.37937022649833 s either way
-        to 2e-14 (16.2 s -> 4.5 s). Where the twin quotient folds groups that do not all lie
-        alike, it departs from the injected twins (3.37583 s there) and the drop moves that
-        departure (3.37548 s) -- the quotient's error, not the drop's."""
+        route's). Twin groups crossing the NICs all load a leaf group's uplinks, joining their
+        flows into one max-min component; without them they meet only at a device or NIC, at the
+        same rates (EP64 on 2,304 GB200, a rank per class: to 1e-15, 10.4 -> 2.6 s; DeepSeek-V3
+        TP4 PP16 EP16 on 2,304 H100 in 72-GPU domains, a rank per stage, every twin injected:
+        to 2e-14, 16.2 -> 4.5 s; with the twin quotient, itself 1e-3 off that, to 1e-4)."""
         drop = self._never_binding()
         if not drop.any():
             return phases
