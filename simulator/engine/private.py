@@ -85,25 +85,21 @@ def private_ops(
         if hit[2] is not None and n == 1:
             cand.append((op.id, who, hit))
     users = _users(loads, lowering.net.n_links)
-    ordered = _ordered_on_shared_links(trace, cand, loads, procs, arrays, users)
-    return _choose(cand, users, seen, arrays, ordered)
+    # per shape: whether one process at most loads its links (then only its own)
+    alone = {shape: bool((users[links] == 1).all()) for shape, links in arrays.items()}
+    ordered = _ordered_on_shared_links(trace, cand, loads, procs, arrays, users, alone)
+    return _choose(cand, alone, seen, ordered)
 
 
-def _choose(
-    cand: list, users: np.ndarray, seen: dict, arrays: dict, ordered: set[int]
-) -> tuple[dict[int, tuple], PrivateBook]:
+def _choose(cand: list, alone: dict, seen: dict, ordered: set[int]) -> tuple[dict[int, tuple], PrivateBook]:
     """:func:`private_ops`' result from its candidates ``cand`` (op id, process, shape): those
-    whose every link only their own process loads (``users``: processes per link), or that
-    ``ordered`` holds (:func:`_ordered_on_shared_links`), with the book of what they put on
-    the network."""
+    whose every link only their own process loads (``alone``, per shape), or that ``ordered``
+    holds (:func:`_ordered_on_shared_links`), with the book of what they put on the network."""
     private: dict[tuple, bool] = {}
     chosen: dict[int, tuple] = {}  # id(phases) -> shape, for the private ones
     out = {}
     for oid, who, hit in cand:
-        key = (id(hit[0]), who)
-        ok = private.get(key)
-        if ok is None:
-            ok = private[key] = bool((users[arrays[id(hit[0])]] == 1).all())  # only ``who``
+        ok = private[(id(hit[0]), who)] = alone[id(hit[0])]
         if ok or oid in ordered:
             chosen[id(hit[0])] = hit
             out[oid] = hit
@@ -117,21 +113,18 @@ def _choose(
     return {oid: entry[id(hit[0])] for oid, hit in out.items()}, book
 
 
-def _ordered_on_shared_links(trace: Trace, cand: list, loads: list, procs: dict, arrays: dict, users) -> set[int]:
+def _ordered_on_shared_links(
+    trace: Trace, cand: list, loads: list, procs: dict, arrays: dict, users: np.ndarray, alone: dict
+) -> set[int]:
     """The candidates (op id, process, shape) whose links other processes load too, but only
     other streams of the op's own rank, every communication op of which runs before or after
     it (:class:`~simulator.engine.ordering.RankWindows`): such an op is still alone on its
     links whenever it runs (a tensor-parallel collective beside the same rank's expert
     all-to-alls, each between two compute ops of a layer)."""
-    alone: dict[int, bool] = {}  # id(phases) -> whether one process at most loads its links
     keys: dict[tuple, list[int]] = {}  # (id(phases), process) -> its op ids, where links are shared
     for oid, who, hit in cand:
-        shape = id(hit[0])
-        ok = alone.get(shape)
-        if ok is None:
-            ok = alone[shape] = bool((users[arrays[shape]] == 1).all())
-        if not ok and isinstance(who[0], int):
-            keys.setdefault((shape, who), []).append(oid)
+        if not alone[id(hit[0])] and isinstance(who[0], int):
+            keys.setdefault((id(hit[0]), who), []).append(oid)
     if not keys:
         return set()
     name = {number: who for who, number in procs.items()}
