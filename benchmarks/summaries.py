@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 
 #: Keys that describe the simulation run, not the simulated step.
-RUN_KEYS = frozenset({"sim_wall_s", "stepsim_version", "events_processed", "simulated_ranks", "exact"})
+RUN_KEYS = frozenset(
+    {"sim_wall_s", "stepsim_version", "events_processed", "simulated_ranks", "exact", "steady_state_try"}
+)
 
 
 def _scenarios() -> list[tuple[str, object]]:

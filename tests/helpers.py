@@ -149,7 +149,7 @@ def summary_numbers(summary: dict) -> dict:
             out[key] = float(v)
 
     for k, v in summary.items():
-        if k not in ("sim_wall_s", "steady_state"):
+        if k not in ("sim_wall_s", "steady_state", "steady_state_try"):
             walk(k, v)
     return out
 

@@ -69,3 +69,53 @@ def test_a_family_left_out_of_the_first_round_runs_where_the_largest_error_seen_
     batches = _rounds(records)
     assert 2 not in batches[0]
     assert any(2 in b for b in batches[1:]) and records[2]["status"] == "ok"
+
+
+def _small_trace():
+    from simulator.scenario.loading import load_scenario
+    from workloads.trace.builder import build_trace
+
+    sc = load_scenario(
+        {
+            "name": "fp",
+            "model": {"preset": "llama3-8b", "layers": 2},
+            "cluster": {"preset": "dgx-h100", "devices": 8},
+            "parallel": {"tp": 2, "pp": 2, "dp": 2},
+            "training": {"seq_len": 1024, "global_batch_size": 8, "micro_batch_size": 1},
+            "schedule": "1f1b",
+        }
+    )
+    return build_trace(sc.workload())
+
+
+def test_trace_fingerprint_sees_every_op_field_and_not_how_objects_are_shared():
+    """Equal traces fingerprint alike even where the builder shared a layer's kernel tuple between
+    ops in one and built a copy per op in the other; a change to any one field of one op (its
+    kernels, memory deltas, dependencies or a scalar) gives another fingerprint."""
+    import copy
+    import dataclasses
+
+    from simulator.studies.search.rounds import FINGERPRINT_FORMAT, trace_fingerprint
+
+    trace = _small_trace()
+    fp = trace_fingerprint(trace)
+    assert fp.startswith(f"{FINGERPRINT_FORMAT}:") and fp == trace_fingerprint(_small_trace())
+    unshared = dataclasses.replace(
+        trace,
+        ops=[dataclasses.replace(o, kernels=copy.deepcopy(o.kernels), mem=copy.deepcopy(o.mem)) for o in trace.ops],
+    )
+    assert trace_fingerprint(unshared) == fp
+    i = next(i for i, o in enumerate(trace.ops) if o.kind == "compute" and o.kernels and o.deps and o.mem)
+    op = trace.ops[i]
+    k0 = op.kernels[0]
+    changes = {
+        "kernels": (dataclasses.replace(k0, flops=k0.flops * 2), *op.kernels[1:]),
+        "mem": ((op.mem[0][0], op.mem[0][1] + 1, *op.mem[0][2:]), *op.mem[1:]),
+        "deps": op.deps[:-1],
+        "mb": op.mb + 1,
+        "sm_held": 0.5,
+    }
+    for field, value in changes.items():
+        ops = list(trace.ops)
+        ops[i] = dataclasses.replace(op, **{field: value})
+        assert trace_fingerprint(dataclasses.replace(trace, ops=ops)) != fp, field

@@ -84,6 +84,8 @@ def cmd_run(args) -> int:
         # Machine-dependent figures left out, so that the same scenario gives a
         # byte-identical summary.json.
         result.summary["sim_wall_s"] = None
+        if result.summary.get("steady_state_try"):
+            result.summary["steady_state_try"]["wall_s"] = None
     if args.out:  # every file written, then moved into --out together
         with staged_dir(args.out, RUN_OUTPUTS, "--out") as tmp:
             paths = result.write(tmp, plots=not args.no_plots)

@@ -79,6 +79,7 @@ def summarise(sc: Scenario, trace, raw, mem: Columns, topo: Topology | None = No
         "exact": not trace.representative,
         "events_processed": raw.events_processed,
         "steady_state": None,
+        "steady_state_try": None,
         "notes": list(trace.notes)
         + (symmetry_note(sc.layout, topo, len(trace.ranks)) if topo is not None and trace.representative else []),
         "stepsim_version": __version__,

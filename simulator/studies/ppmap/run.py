@@ -90,7 +90,7 @@ from simulator.studies.search.layouts import (
     candidate_mapping,
     label,
 )
-from simulator.studies.search.rounds import Dedupe, adaptive_rounds
+from simulator.studies.search.rounds import FINGERPRINT_FORMAT, Dedupe, adaptive_rounds
 from simulator.studies.search.run import worker_count
 from simulator.studies.sweep import run_cases
 from simulator.studies.sweep.cases import resolve
@@ -304,9 +304,15 @@ class _MapDedupe(Dedupe):
         return fp
 
 
+def _current(fp) -> bool:
+    """Whether a kept fingerprint is today's encoding (or ``None``: the trace does not build)."""
+    return fp is None or (isinstance(fp, str) and fp.startswith(f"{FINGERPRINT_FORMAT}:"))
+
+
 class _Fingerprints:
     """Trace fingerprints by case key, kept in ``OUT/sims/fingerprints.jsonl`` (one JSON object a
-    line, ``{"key", "fingerprint"}``), appended as they are computed."""
+    line, ``{"key", "fingerprint"}``), appended as they are computed; one of an earlier
+    encoding (:data:`~simulator.studies.search.rounds.FINGERPRINT_FORMAT`) is not read back."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -318,7 +324,7 @@ class _Fingerprints:
                     row = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(row, dict) and isinstance(row.get("key"), str):
+                if isinstance(row, dict) and isinstance(row.get("key"), str) and _current(row.get("fingerprint")):
                     self.values[row["key"]] = row.get("fingerprint")
 
     def add(self, key: str, fp: str | None) -> None:
