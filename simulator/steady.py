@@ -325,9 +325,10 @@ def simulate_steady(sc, progress=False, engine_options=None, tried: list | None 
     names (``steady_multiples``: twice it, and 24 micro-batches for DualPipe with expert
     parallelism from PP16 on), each screened on the run's records before its trace is built. A
     second, longer run only where the first's records nearly repeat (:data:`NEAR_REPEAT_SHARE`);
-    ``tried`` (a list) gets the micro-batches of each run simulated. Steps often settle into such patterns (Kimi K2 TP4 PP8 EP48 DualPipe on 2,304 H100
-    in 144-GPU domains, 256 micro-batches: each stream's shifts alternate between the period and
-    the period less 2.45 ms, 4 micro-batches apart, and repeat exactly every 8)."""
+    ``tried`` (a list) gets the micro-batches of each run simulated. Steps often settle into such
+    patterns (Kimi K2 TP4 PP8 EP48 DualPipe on 2,304 H100 in 144-GPU domains, 256 micro-batches:
+    each stream's shifts alternate between the period and the period less 2.45 ms, 4
+    micro-batches apart, and repeat exactly every 8)."""
     from simulator.engine.symmetry import class_budget
     from simulator.scenario.checks import check_step_time
     from simulator.step import load_engine, run_step
@@ -372,7 +373,7 @@ def simulate_steady(sc, progress=False, engine_options=None, tried: list | None 
                 res.summary["sim_wall_s"] = time.perf_counter() - t0
                 return res
         longer = _longer_run(m, m1, k * max(multiples), ep)
-        if longer and own is not None and _nearly_repeats(short, own, run[3]):
+        if longer and own is not None and _nearly_repeats(short, own):
             tries.append((longer, k))
     return None
 
@@ -382,8 +383,8 @@ def simulate_steady(sc, progress=False, engine_options=None, tried: list | None 
 #: once more, as long as the step allows (:func:`_longer_run`). DeepSeek-V3 TP4 PP16 EP16 DualPipe
 #: on 16-GPU domains, 512 micro-batches: the run of 104 repeats to 0.3 % (its ops still move by
 #: 2-4 us from one period to the next, and by 0.45 ms once every 24 micro-batches); the run of
-#: 200 certifies a period of 24, and the step costs 13.2 CPU-s instead of 4.5 (the try) + 19 (the
-#: full run). Where the records do not nearly repeat, a longer run would not either.
+#: 200 certifies a period of 24, and the step costs 12-15 s in all (both runs) instead of 4.5 (the
+#: try) + 19 (the full run). Where the records do not nearly repeat, a longer run would not either.
 NEAR_REPEAT_SHARE = 0.01
 
 
@@ -396,7 +397,7 @@ def _longer_run(m: int, m1: int, longest_period: int, expert_parallel: bool) -> 
     return longer if longer >= m1 + longest_period and longer + longest_period < m else None
 
 
-def _nearly_repeats(short: dict, own: dict, raw) -> bool:
+def _nearly_repeats(short: dict, own: dict) -> bool:
     """Whether the run's records repeat with each stream's period ``own`` to
     :data:`NEAR_REPEAT_SHARE` of the period's length (:func:`_repeats`' test, with that
     tolerance)."""

@@ -424,4 +424,4 @@ def test_longer_run_and_nearly_repeats():
     far = starts + np.tile([0.0, 0.05], 20) * (np.arange(40) // 2 % 2)
     for s0, expected in ((near, True), (far, False)):
         short = {(0, "compute"): (sig, s0, s0 + 0.1, [None] * 40)}
-        assert steady._nearly_repeats(short, {(0, "compute"): 2}, None) is expected
+        assert steady._nearly_repeats(short, {(0, "compute"): 2}) is expected
