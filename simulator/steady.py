@@ -111,8 +111,7 @@ def runs_for(
     if batch_overlap and m1 < 8 * pp:  # whole periods more, to at least 8 pp
         m1 += -(-(8 * pp - m1) // k) * k
         shortest = m1
-    share = MAX_SHARE_EXPERT_PARALLEL if expert_parallel else MAX_SHARE
-    cap = int(share * m + 1e-9)  # the longest run allowed
+    cap = _longest_allowed(m, expert_parallel)
     longest_period = max(sched.steady_multiples(pp, expert_parallel)) * k
     if longest_period > 2 * k:  # whole periods of the longest one tried short of m, where allowed
         up, down = m1 + (m - m1) % longest_period, cap - (cap - m) % longest_period
@@ -127,6 +126,12 @@ def runs_for(
     if (m - m1) % k or m1 + k >= m or m1 > cap:
         return []
     return [(m1, k)]
+
+
+def _longest_allowed(m: int, expert_parallel: bool) -> int:
+    """The longest run a step of ``m`` micro-batches allows (:data:`MAX_SHARE`,
+    :data:`MAX_SHARE_EXPERT_PARALLEL`)."""
+    return int((MAX_SHARE_EXPERT_PARALLEL if expert_parallel else MAX_SHARE) * m + 1e-9)
 
 
 def schedule_repeats(schedule: str, pp: int, m1: int, m: int, k: int, vpp: int = 1) -> bool:
@@ -392,7 +397,7 @@ def _longer_run(m: int, m1: int, longest_period: int, expert_parallel: bool) -> 
     """The retry's length: the longest run the step allows (:data:`MAX_SHARE`,
     :data:`MAX_SHARE_EXPERT_PARALLEL`) that is whole longest periods short of ``m``, where it is at
     least one such period longer than ``m1``; else None."""
-    cap = int((MAX_SHARE_EXPERT_PARALLEL if expert_parallel else MAX_SHARE) * m + 1e-9)
+    cap = _longest_allowed(m, expert_parallel)
     longer = cap - (cap - m) % longest_period
     return longer if longer >= m1 + longest_period and longer + longest_period < m else None
 
