@@ -129,8 +129,7 @@ def runs_for(
 
 
 def _longest_allowed(m: int, expert_parallel: bool) -> int:
-    """The longest run a step of ``m`` micro-batches allows (:data:`MAX_SHARE`,
-    :data:`MAX_SHARE_EXPERT_PARALLEL`)."""
+    """The longest run ``m`` micro-batches allow (:data:`MAX_SHARE`, :data:`MAX_SHARE_EXPERT_PARALLEL`)."""
     return int((MAX_SHARE_EXPERT_PARALLEL if expert_parallel else MAX_SHARE) * m + 1e-9)
 
 
@@ -383,20 +382,17 @@ def simulate_steady(sc, progress=False, engine_options=None, tried: list | None 
     return None
 
 
-#: A try whose records repeat to this share of their period (the shift of every op to its copy one
-#: period later within it) but not to :data:`TIME_TOLERANCE` has not settled yet; it is tried
-#: once more, as long as the step allows (:func:`_longer_run`). DeepSeek-V3 TP4 PP16 EP16 DualPipe
-#: on 16-GPU domains, 512 micro-batches: the run of 104 repeats to 0.3 % (its ops still move by
-#: 2-4 us from one period to the next, and by 0.45 ms once every 24 micro-batches); the run of
-#: 200 certifies a period of 24, and the step costs 12-15 s in all (both runs) instead of 4.5 (the
-#: try) + 19 (the full run). Where the records do not nearly repeat, a longer run would not either.
+#: A try whose records repeat to this share of their period but not to :data:`TIME_TOLERANCE` has
+#: not settled yet: it is tried once more, as long as the step allows (:func:`_longer_run`).
+#: DeepSeek-V3 TP4 PP16 EP16 DualPipe in 16-GPU domains, 512 micro-batches: at 104 its ops still
+#: move by 2-4 us a period and 0.45 ms once every 24 micro-batches (0.3 %); 200 certifies a period
+#: of 24, 12-15 s in all against 4.5 (the try) + 19 (the full run).
 NEAR_REPEAT_SHARE = 0.01
 
 
 def _longer_run(m: int, m1: int, longest_period: int, expert_parallel: bool) -> int | None:
-    """The retry's length: the longest run the step allows (:data:`MAX_SHARE`,
-    :data:`MAX_SHARE_EXPERT_PARALLEL`) that is whole longest periods short of ``m``, where it is at
-    least one such period longer than ``m1``; else None."""
+    """The retry's length: the longest run allowed that is whole longest periods short of ``m``,
+    where that is at least one such period longer than ``m1``; else None."""
     cap = _longest_allowed(m, expert_parallel)
     longer = cap - (cap - m) % longest_period
     return longer if longer >= m1 + longest_period and longer + longest_period < m else None
