@@ -123,6 +123,18 @@ class TrainingSpec:
     # moe_dispatch_fwd_dtype mxfp8 sends FP8, transformer_config.py, all at NVIDIA/Megatron-LM
     # d98e8a64). "fp8": one byte an element.
     moe_dispatch_dtype: Literal["auto", "bf16", "fp8"] = "auto"
+    # The expert dispatcher, for the traffic an expert all-to-all puts across scale-up
+    # domains (workloads.trace.shared.TraceBuilder.node_limited). "alltoall": one copy of a
+    # token per routed expert on another node (Megatron-Core's alltoall dispatcher, the
+    # default, --moe-token-dispatcher-type alltoall: moe/token_dispatcher.py permutes the
+    # tokens per expert, then all-to-alls them). "flex": one copy per destination node,
+    # forwarded over NVLink to that node's experts (DeepEP's internode dispatch,
+    # get_dispatch_layout's num_tokens_per_rdma_rank, deepseek-ai/DeepEP README at b57e5e2;
+    # DeepSeek-V3 §3.2.2; Megatron --moe-token-dispatcher-type flex with the deepep or
+    # hybridep backend). "auto": per node where the model limits the nodes a token reaches
+    # (model.moe.max_nodes_per_token: the DeepSeek-V3 preset, dispatched as DeepSeek does), else
+    # per expert.
+    moe_token_dispatcher: Literal["auto", "alltoall", "flex"] = "auto"
     # Bytes per element of the gradient buffer (Megatron-LM / NeMo keep FP32 main gradients;
     # "bf16" = Megatron --grad-reduce-in-bf16 / NeMo optim.grad_sync_dtype: bf16) and of the
     # Adam / Muon moments ("bf16": DeepSeek-V3 §3.3.3, low-precision optimizer states).
@@ -240,6 +252,7 @@ class TrainingSpec:
             ("moe_gate_weighting", ("activation", "combine")),
             ("moe_router_dtype", ("bf16", "fp32")),
             ("moe_dispatch_dtype", ("auto", "bf16", "fp8")),
+            ("moe_token_dispatcher", ("auto", "alltoall", "flex")),
             ("grad_dtype", ("fp32", "bf16")),
             ("optimizer_state_dtype", ("fp32", "bf16", "fp16", "fp8")),
             ("master_weights", ("fp32", "remainder", "none", "fp16", "bf16")),

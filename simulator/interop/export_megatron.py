@@ -132,6 +132,7 @@ def _training_args(t, moe: bool, load=None) -> list[str]:
         out.append("--fp8-param-gather")
     if t.dtype == "fp8" and not t.fp8_params and not t.fp8_weight_cache:
         out.append("--disable-parameter-transpose-cache")
+    out += _dispatcher_args(t) if moe else []
     if t.fp8_dispatch and moe:
         # Megatron-Core sends FP8 tokens only through the flex 'ncclep' backend
         # (transformer_config.py at d98e8a64: moe_dispatch_fwd_dtype needs it, the TE op
@@ -149,6 +150,24 @@ def _training_args(t, moe: bool, load=None) -> list[str]:
     if moe and t.moe_router_dtype == "fp32":
         out += ["--moe-router-dtype", "fp32"]
     return out
+
+
+def _dispatcher_args(t) -> list:
+    """``training.moe_token_dispatcher`` where set: ``alltoall`` or ``flex`` with the ``deepep``
+    backend (Megatron-Core's default backend); ``auto`` writes none. FP8 on the wire
+    (``training.moe_dispatch_dtype``) needs the flex ``ncclep`` backend, which is neither."""
+    if t.moe_token_dispatcher == "auto":
+        return []
+    if t.fp8_dispatch:
+        raise ScenarioError(
+            "Megatron-Core sends FP8 tokens only through the flex ncclep backend, which stepsim models as "
+            f"neither alltoall nor flex: leave it auto or set training.moe_dispatch_dtype: bf16 (got "
+            f"{t.moe_token_dispatcher!r})",
+            field="training.moe_token_dispatcher",
+        )
+    if t.moe_token_dispatcher == "alltoall":
+        return ["--moe-token-dispatcher-type", "alltoall"]
+    return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
 
 
 def _expert_capacity_args(t, load) -> list:

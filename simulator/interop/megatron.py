@@ -323,6 +323,7 @@ class _Mapping:
         moe = args.get("num-experts") is not None
         tr.update(megatron_memory.saved_activations(self, tr["recompute"], par))
         tr.update(megatron_memory.router_dtype(self, moe))
+        tr.update(self.dispatcher(moe))
         tr.update(megatron_memory.capacity(self, moe))
         tr.update(megatron_memory.optimizer_precision(self, tr.get("optimizer", "adam")))
         return tr
@@ -401,6 +402,33 @@ class _Mapping:
             self.take("tp-comm-overlap", "training.tp_comm_overlap", True)
             out["tp_comm_overlap"] = True
         return out
+
+    def dispatcher(self, moe: bool) -> dict:
+        """``--moe-token-dispatcher-type alltoall`` (one copy of a token per routed expert across
+        the nodes) and ``flex`` with the ``deepep`` or ``hybridep`` backend (one copy per
+        destination node, forwarded over NVLink) -> ``training.moe_token_dispatcher``. Megatron's
+        default ``allgather`` dispatcher and the flex ``ncclep`` backend have no model of their
+        own and stay in the not-mapped list (transformer_config.py at NVIDIA/Megatron-LM
+        d98e8a64: ``moe_token_dispatcher_type`` allgather, ``moe_flex_dispatcher_backend`` deepep)."""
+        args = self.args
+        kind = args.get("moe-token-dispatcher-type")
+        if not moe:
+            for a in ("moe-token-dispatcher-type", "moe-flex-dispatcher-backend"):
+                if a in args:
+                    self.used.add(a)
+                    self.assume(f"--{a}: no effect without --num-experts (a dense model has no experts)")
+            return {}
+        if kind == "alltoall":
+            self.take("moe-token-dispatcher-type", "training.moe_token_dispatcher", "alltoall")
+            return {"moe_token_dispatcher": "alltoall"}
+        if kind == "flex":
+            backend = args.get("moe-flex-dispatcher-backend") or "deepep"  # Megatron-Core's default backend
+            if backend in ("deepep", "hybridep"):
+                self.take("moe-token-dispatcher-type", "training.moe_token_dispatcher", "flex")
+                if "moe-flex-dispatcher-backend" in args:
+                    self.take("moe-flex-dispatcher-backend", "training.moe_token_dispatcher", "flex")
+                return {"moe_token_dispatcher": "flex"}
+        return {}
 
     def recompute(self, layers: int, par: dict) -> str:
         args = self.args

@@ -102,6 +102,8 @@ MAPPED = {
     "tp-comm-overlap": "training.tp_comm_overlap",
     "overlap-moe-expert-parallel-comm": "training.overlap_moe_expert_parallel_comm",
     "moe-dispatch-fwd-dtype": "training.moe_dispatch_dtype",
+    "moe-token-dispatcher-type": "training.moe_token_dispatcher",
+    "moe-flex-dispatcher-backend": "training.moe_token_dispatcher",
     "fp8-param-gather": "training.fp8_params",
     "disable-parameter-transpose-cache": "training.fp8_weight_cache",
     # the paired backward's weight gradient after its input gradient (stepsim splits a paired

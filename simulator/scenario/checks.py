@@ -232,6 +232,7 @@ def check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
     for key, default in (
         ("moe_router_dtype", "bf16"),
         ("moe_dispatch_dtype", "auto"),
+        ("moe_token_dispatcher", "auto"),
         ("moe_host_sync", True),
         ("moe_shared_expert_overlap", False),
     ):

@@ -35,6 +35,7 @@ def _training_dict(t: TrainingSpec) -> dict:
         ("moe_gate_weighting", "activation"),
         ("moe_router_dtype", "bf16"),
         ("moe_dispatch_dtype", "auto"),
+        ("moe_token_dispatcher", "auto"),
         ("grad_dtype", "fp32"),
         ("optimizer_state_dtype", "fp32"),
         ("master_weights", "fp32"),

@@ -344,17 +344,23 @@ class TraceBuilder:
         return hit
 
     def node_limited(self) -> tuple[float, int] | None:
-        """DeepSeek-V3 node-limited routing (§2.1.2, M = 4 nodes per token) when the
-        EP group spans several scale-up domains: ``(expected distinct nodes per token,
-        nodes spanned)``, else ``None``. With k of the group's experts chosen
-        uniformly over N nodes a token reaches N(1 - (1 - 1/N)^k) distinct nodes on
+        """Per-node dispatch, where the expert all-to-all sends a token once to each other
+        scale-up domain its experts are in and forwards it there over NVLink (DeepEP's
+        internode dispatch; DeepSeek-V3 §3.2.2): ``(expected distinct domains per token,
+        domains spanned)``, else ``None`` (one copy per routed expert). It applies when the
+        EP group spans several domains evenly and ``training.moe_token_dispatcher`` is
+        ``flex``, or ``auto`` with node-limited routing (``model.moe.max_nodes_per_token``,
+        DeepSeek-V3 §2.1.2: M = 4); never under ``alltoall``. With k of the group's experts
+        chosen uniformly over N domains a token reaches N(1 - (1 - 1/N)^k) distinct domains on
         average, at most M."""
         return self._node_limited
 
     @cached_property
     def _node_limited(self) -> tuple[float, int] | None:
         moe, D = self.model.moe, self.w.domain_size
-        if moe is None or not moe.max_nodes_per_token or D <= 0 or self.L.ep <= 1:
+        dispatcher = self.t.moe_token_dispatcher
+        per_node = dispatcher == "flex" or (dispatcher == "auto" and moe is not None and moe.max_nodes_per_token)
+        if moe is None or not per_node or D <= 0 or self.L.ep <= 1:
             return None
         group = self.L.group(0, "ep")
         nodes = len({r // D for r in group})
@@ -365,7 +371,7 @@ class TraceBuilder:
         ):
             return None
         distinct = nodes * (1 - (1 - 1 / nodes) ** moe.top_k)
-        return min(float(moe.max_nodes_per_token), distinct), nodes
+        return min(float(moe.max_nodes_per_token or nodes), distinct), nodes
 
     def layer_param_split(self, layer: int) -> tuple[float, float]:
         """(dense, expert) parameters of one layer held by one rank: tensor-parallel
