@@ -154,3 +154,22 @@ def test_export_refuses_fp8_on_the_wire_with_a_named_dispatcher():
     with pytest.raises(ScenarioError, match="ncclep") as e:
         export_megatron(load_scenario(sc))
     assert e.value.field == "training.moe_token_dispatcher"
+
+
+def test_the_search_estimate_follows_the_dispatcher():
+    """``stepsim search`` and ``ppmap`` screen layouts with the analytic estimate: its all-to-all
+    takes the same rail share as the trace (``StepCosts.a2a``), so a per-node dispatch estimates
+    the cross-node EP16 step shorter, as it simulates."""
+    from simulator.scenario.loading import load_scenario
+    from simulator.studies.search.estimate import estimate_step_time
+
+    moe = {**TINY_MOE["moe"], "top_k": K}
+    steps = {}
+    for d in ("alltoall", "flex"):
+        sc = moe_scenario(
+            model={**TINY_MOE, "moe": moe},
+            parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 16},
+            training={"moe_token_dispatcher": d},
+        )
+        steps[d] = estimate_step_time(load_scenario(sc))["step_time_s"]
+    assert steps["flex"] < steps["alltoall"]
