@@ -133,6 +133,18 @@ def test_megatron_dispatcher_flags(flags, expected):
         assert back.scenario["training"]["moe_token_dispatcher"] == expected
 
 
+def test_megatron_default_dispatcher_is_named_as_an_assumption():
+    """Without the flag Megatron-Core runs its allgather dispatcher, which stepsim does not model:
+    the import says what it simulates instead."""
+    from simulator.interop.megatron import import_megatron
+
+    res = import_megatron(MOE_LINE, "dgx-h100")
+    assert "moe_token_dispatcher" not in res.scenario["training"]
+    assert any("default allgather dispatcher is not modelled" in a for a in res.assumptions)
+    flagged = import_megatron(MOE_LINE + "--moe-token-dispatcher-type alltoall", "dgx-h100")
+    assert not any("allgather" in a for a in flagged.assumptions)
+
+
 def test_megatron_dispatcher_flags_on_a_dense_model_have_no_effect():
     from simulator.interop.megatron import import_megatron
 

@@ -418,6 +418,12 @@ class _Mapping:
                     self.used.add(a)
                     self.assume(f"--{a}: no effect without --num-experts (a dense model has no experts)")
             return {}
+        if kind is None:
+            self.assume(
+                "no --moe-token-dispatcher-type: Megatron-Core's default allgather dispatcher is not modelled; "
+                "simulated as the alltoall dispatcher (one copy of a token per routed expert across nodes)"
+            )
+            return {}
         if kind == "alltoall":
             self.take("moe-token-dispatcher-type", "training.moe_token_dispatcher", "alltoall")
             return {"moe_token_dispatcher": "alltoall"}
