@@ -125,9 +125,9 @@ class TrainingSpec:
     moe_dispatch_dtype: Literal["auto", "bf16", "fp8"] = "auto"
     # The expert dispatcher, for the traffic an expert all-to-all puts across scale-up
     # domains (workloads.trace.shared.TraceBuilder.node_limited). "alltoall": one copy of a
-    # token per routed expert on another node (Megatron-Core's alltoall dispatcher, the
-    # default, --moe-token-dispatcher-type alltoall: moe/token_dispatcher.py permutes the
-    # tokens per expert, then all-to-alls them). "flex": one copy per destination node,
+    # token per routed expert on another node (Megatron-Core's alltoall dispatcher,
+    # --moe-token-dispatcher-type alltoall: moe/token_dispatcher.py permutes the tokens per
+    # expert, then all-to-alls them; Megatron-Core's default, allgather, is not modelled). "flex": one copy per destination node,
     # forwarded over NVLink to that node's experts (DeepEP's internode dispatch,
     # get_dispatch_layout's num_tokens_per_rdma_rank, deepseek-ai/DeepEP README at b57e5e2;
     # DeepSeek-V3 §3.2.2; Megatron --moe-token-dispatcher-type flex with the deepep or

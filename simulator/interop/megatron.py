@@ -413,10 +413,7 @@ class _Mapping:
         args = self.args
         kind = args.get("moe-token-dispatcher-type")
         if not moe:
-            for a in ("moe-token-dispatcher-type", "moe-flex-dispatcher-backend"):
-                if a in args:
-                    self.used.add(a)
-                    self.assume(f"--{a}: no effect without --num-experts (a dense model has no experts)")
+            megatron_memory.dense_only(self, ("moe-token-dispatcher-type", "moe-flex-dispatcher-backend"))
             return {}
         if kind is None:
             self.assume(

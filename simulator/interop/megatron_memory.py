@@ -65,7 +65,8 @@ def saved_activations(r, recompute: str, par: dict) -> dict:
     return {"distribute_saved_activations": True}
 
 
-def _dense(r, names: tuple[str, ...]) -> None:
+def dense_only(r, names: tuple[str, ...]) -> None:
+    """MoE arguments ``names`` on a dense model: used, each noted as having no effect."""
     for a in names:
         if a in r.args:
             r.used.add(a)
@@ -80,7 +81,7 @@ def router_dtype(r, moe: bool) -> dict:
     if v is None:
         return {}
     if not moe:
-        _dense(r, (a,))
+        dense_only(r, (a,))
         return {}
     if v != "fp32":
         raise ScenarioError(
@@ -99,7 +100,7 @@ def capacity(r, moe: bool) -> dict:
     has no capacity to pad to), as stepsim's export writes a sync-free dispatcher."""
     cf_arg, pad_arg = "moe-expert-capacity-factor", "moe-pad-expert-input-to-capacity"
     if not moe:
-        _dense(r, (cf_arg, pad_arg))
+        dense_only(r, (cf_arg, pad_arg))
         return {}
     out, load = {}, {}
     raw = r.args.get(cf_arg)

@@ -357,10 +357,10 @@ class TraceBuilder:
 
     @cached_property
     def _node_limited(self) -> tuple[float, int] | None:
-        moe, D = self.model.moe, self.w.domain_size
-        dispatcher = self.t.moe_token_dispatcher
-        per_node = dispatcher == "flex" or (dispatcher == "auto" and moe is not None and moe.max_nodes_per_token)
-        if moe is None or not per_node or D <= 0 or self.L.ep <= 1:
+        moe, D, dispatcher = self.model.moe, self.w.domain_size, self.t.moe_token_dispatcher
+        if moe is None or D <= 0 or self.L.ep <= 1:
+            return None
+        if dispatcher == "alltoall" or (dispatcher == "auto" and not moe.max_nodes_per_token):
             return None
         group = self.L.group(0, "ep")
         nodes = len({r // D for r in group})
