@@ -123,6 +123,7 @@ def test_mapping_of_a_modern_moe_argument_list():
         "recompute": "selective",
         "overlap_grad_reduce": True,
         "flash_attention": True,
+        "moe_token_dispatcher": "allgather",  # Megatron-Core's default dispatcher
     }
     assert sc["cluster"] == {"preset": "dgx-h100", "devices": 16}
     assert res.unmapped == ["--moe-aux-loss-coeff 0.01"]
@@ -210,7 +211,8 @@ def test_host_side_arguments_round_trip(extra, expected):
     text = (
         "pretrain_gpt.py --num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 1024 --vocab-size 32000 "
         "--micro-batch-size 1 --global-batch-size 16 --num-experts 8 --moe-router-topk 2 "
-        "--moe-shared-expert-intermediate-size 4096 --expert-model-parallel-size 8 --data-parallel-size 8 " + extra
+        "--moe-shared-expert-intermediate-size 4096 --expert-model-parallel-size 8 --data-parallel-size 8 "
+        "--moe-token-dispatcher-type alltoall " + extra  # the shared-expert overlap and padding need it
     )
     res = import_megatron(text, "dgx-h100")
     tr = res.scenario["training"]

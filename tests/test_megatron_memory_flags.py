@@ -25,6 +25,7 @@ MOE = (
     "pretrain_gpt.py --num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 1024 "
     "--vocab-size 32000 --micro-batch-size 1 --global-batch-size 16 --num-experts 8 --moe-router-topk 2 "
     "--expert-model-parallel-size 8 --data-parallel-size 8 --use-distributed-optimizer --bf16 "
+    "--moe-token-dispatcher-type alltoall "  # padding to capacity is the alltoall dispatcher's
 )
 DENSE = (
     "pretrain_gpt.py --num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 1024 "

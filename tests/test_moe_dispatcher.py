@@ -112,14 +112,14 @@ MOE_LINE = (
         ("--moe-token-dispatcher-type flex", "flex"),  # Megatron-Core's default backend: deepep
         ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep", "flex"),
         ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend ncclep", None),
-        ("--moe-token-dispatcher-type allgather", None),
-        ("", None),
+        ("--moe-token-dispatcher-type allgather", "allgather"),
+        ("", "allgather"),  # Megatron-Core's default
     ],
 )
 def test_megatron_dispatcher_flags(flags, expected):
-    """``stepsim import megatron`` maps the alltoall and the DeepEP / HybridEP flex dispatchers and
-    leaves the others (allgather, ncclep) for the user to check; ``export megatron`` writes the
-    mapped ones back."""
+    """``stepsim import megatron`` maps the allgather, alltoall and DeepEP / HybridEP flex
+    dispatchers and leaves the ncclep backend for the user to check; ``export megatron`` writes
+    the mapped ones back."""
     from simulator.interop.export_megatron import export_megatron
     from simulator.interop.megatron import import_megatron
     from simulator.scenario.loading import load_scenario
@@ -127,22 +127,28 @@ def test_megatron_dispatcher_flags(flags, expected):
     res = import_megatron(MOE_LINE + flags, "dgx-h100")
     assert res.scenario["training"].get("moe_token_dispatcher") == expected
     unmapped = [u for u in res.unmapped if "dispatcher" in u]
-    assert bool(unmapped) == (expected is None and bool(flags))
+    assert bool(unmapped) == (expected is None)
     if expected is not None:
         back = import_megatron(export_megatron(load_scenario(res.scenario)), "dgx-h100")
         assert back.scenario["training"]["moe_token_dispatcher"] == expected
 
 
 def test_megatron_default_dispatcher_is_named_as_an_assumption():
-    """Without the flag Megatron-Core runs its allgather dispatcher, which stepsim does not model:
-    the import says what it simulates instead."""
+    """Without the flag Megatron-Core runs its allgather dispatcher (transformer_config.py at
+    NVIDIA/Megatron-LM d98e8a64: ``moe_token_dispatcher_type = "allgather"``): the import runs it
+    and says so; a padding flag it ignores is not mapped onto padded experts."""
     from simulator.interop.megatron import import_megatron
 
     res = import_megatron(MOE_LINE, "dgx-h100")
-    assert "moe_token_dispatcher" not in res.scenario["training"]
-    assert any("default allgather dispatcher is not modelled" in a for a in res.assumptions)
+    assert res.scenario["training"]["moe_token_dispatcher"] == "allgather"
+    assert any("default, the allgather dispatcher" in a for a in res.assumptions)
     flagged = import_megatron(MOE_LINE + "--moe-token-dispatcher-type alltoall", "dgx-h100")
     assert not any("allgather" in a for a in flagged.assumptions)
+    pad = "--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity"
+    padded = import_megatron(MOE_LINE + pad, "dgx-h100").scenario["training"]
+    assert "pad_to_capacity" not in padded["expert_load"] and "moe_host_sync" not in padded
+    padded = import_megatron(MOE_LINE + pad + " --moe-token-dispatcher-type alltoall", "dgx-h100").scenario["training"]
+    assert padded["expert_load"]["pad_to_capacity"] is True and padded["moe_host_sync"] is False
 
 
 def test_megatron_dispatcher_flags_on_a_dense_model_have_no_effect():

@@ -198,7 +198,9 @@ def _block_kernels(
         assignments = balanced if expert_tokens is None else float(expert_tokens)
         if assignments < 0:
             raise ValueError(f"expert_tokens: must be non-negative, got {expert_tokens!r}")
-        out += moe_kernels(model, shard, routed_rows, assignments, local_experts, width, opts)
+        # the allgather dispatcher gathers the shards of the expert-TP x EP group
+        gathered = routed_rows * shard.etp * shard.ep
+        out += moe_kernels(model, shard, routed_rows, assignments, local_experts, width, opts, gathered)
         if m.shared_experts:
             shared_width = _split(m.shared_experts * m.expert_ffn_hidden, tp, "the shared-expert width")
             out += _ffn(model, "shared", tokens, shared_width, act_bytes)

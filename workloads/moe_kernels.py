@@ -63,6 +63,12 @@ class MoEOptions:
     * ``capacity_factor``: token dropping (``--moe-expert-capacity-factor``; None: dropless);
       ``pad_factor``: the rows every expert computes relative to the dropless mean, the
       capacity factor under ``--moe-pad-expert-input-to-capacity``, else 1.
+    * ``allgather``: Megatron-Core's allgather dispatcher (``training.moe_token_dispatcher``):
+      the permutation picks the local experts' rows out of the gathered tokens
+      (``MoEAllGatherTokenDispatcher.dispatch_postprocess``: ``permute`` with the local
+      columns of the gathered routing map, already grouped by local expert, so no chunk sort)
+      and the unpermutation writes every gathered row (``combine_preprocess``: ``unpermute`` to
+      ``hidden_shape_before_permute``) for the reduce-scatter.
     """
 
     router_dtype: str = "bf16"
@@ -70,6 +76,7 @@ class MoEOptions:
     gate_weighting: str = "activation"
     capacity_factor: float | None = None
     pad_factor: float = 1.0
+    allgather: bool = False
 
     @classmethod
     def of(cls, training, expert_load=None) -> MoEOptions:
@@ -83,6 +90,7 @@ class MoEOptions:
             gate_weighting=training.moe_gate_weighting,
             capacity_factor=cf,
             pad_factor=float(cf) if pad else 1.0,
+            allgather=getattr(training, "moe_token_dispatcher", "auto") == "allgather",
         )
 
 
@@ -105,15 +113,26 @@ def moe_kernels(
     local_experts: int,
     width: int,
     opts: MoEOptions,
+    gathered_rows: float = 0.0,
 ) -> list[Kernel]:
     """Forward kernels of one MoE layer from the router to the unpermutation (the shared
     experts and the residual are the caller's), in Megatron-Core's order. Notes above: ``T`` =
-    ``routed_rows``, ``A`` = ``assignments`` (rows the local experts receive)."""
+    ``routed_rows``, ``A`` = ``assignments`` (rows the local experts receive), ``gathered_rows``
+    the rows the allgather dispatcher gathers (``opts.allgather``)."""
     m, h, act = model.moe, model.hidden, shard.act_bytes
     T, E, k = routed_rows, m.experts, m.top_k
     S = T * k * opts.pad_factor  # rows permuted on this rank before the dispatch
     A = assignments
     out = _routing_kernels(T, E, h, act, opts)
+    if opts.allgather:
+        G = max(gathered_rows, T)
+        out.append(_gathered_permute_kernel(G, local_experts, A, h, act))
+        ffn = _ffn(model, "expert", A, width, act, groups=local_experts)
+        if opts.gate_weighting == "activation":
+            ffn[1] = replace(ffn[1], flops=ffn[1].flops + A * width, bytes=ffn[1].bytes + _FP32_BYTES * A)
+        out += ffn
+        out.append(_unpermute_kernel(G, max(1, min(k, local_experts)), A, h, act, opts.gate_weighting == "combine"))
+        return out
     out.append(_permute_kernel(T, E, k, S, h, act))
     # Permutation 2 (dispatch_postprocess, more than one local expert: sort_chunks_by_idxs, TE
     # _sort_chunks_by_map_kernel; under drop-and-pad a transpose copy): the A received rows
@@ -221,6 +240,24 @@ def _permute_kernel(T: float, E: int, k: int, S: float, h: int, act: int) -> Ker
         0.0,
         act * (T * h + S * h) + 2 * _INDEX_BYTES * S + row_map,
         bwd_bytes=act * (S * h + T * h) + 2 * _INDEX_BYTES * S + _INDEX_BYTES * T * (2 * k + 1),
+    )
+
+
+def _gathered_permute_kernel(G: float, local_experts: int, A: float, h: int, act: int) -> Kernel:
+    """The allgather dispatcher's permutation (``dispatch_postprocess`` -> moe_utils.permute on
+    the gathered tokens with the local experts' columns of the routing map, TE
+    ``_permute_kernel``): the row map built from the ``[G, local experts]`` bool map, the rows
+    of the local experts' ``A`` assignments read (at most one read a gathered token) and written
+    with their probabilities (``local_probs ... masked_select``). Backward: their gradients
+    gathered back into the ``G`` rows (read ``A``, write ``G``)."""
+    read = min(G, A)
+    row_map = _MAP_BYTES * G * local_experts + _INDEX_BYTES * G * (2 * local_experts + 1)
+    return Kernel(
+        "moe_permute",
+        "elementwise",
+        0.0,
+        act * (read * h + A * h) + 2 * _INDEX_BYTES * A + _FP32_BYTES * A + row_map,
+        bwd_bytes=act * (A * h + G * h) + 2 * _INDEX_BYTES * A,
     )
 
 

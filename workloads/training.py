@@ -127,14 +127,18 @@ class TrainingSpec:
     # domains (workloads.trace.shared.TraceBuilder.node_limited). "alltoall": one copy of a
     # token per routed expert on another node (Megatron-Core's alltoall dispatcher,
     # --moe-token-dispatcher-type alltoall: moe/token_dispatcher.py permutes the tokens per
-    # expert, then all-to-alls them; Megatron-Core's default, allgather, is not modelled). "flex": one copy per destination node,
+    # expert, then all-to-alls them). "allgather": Megatron-Core's default dispatcher
+    # (MoEAllGatherTokenDispatcher, moe/token_dispatcher.py at NVIDIA/Megatron-LM d98e8a64):
+    # every rank all-gathers the hidden states, routing map and probabilities of its expert-TP x
+    # EP group, keeps the rows of its local experts, and reduce-scatters the unpermuted outputs
+    # back (workloads.trace.shared.TraceBuilder.allgather_bytes). "flex": one copy per destination node,
     # forwarded over NVLink to that node's experts (DeepEP's internode dispatch,
     # get_dispatch_layout's num_tokens_per_rdma_rank, deepseek-ai/DeepEP README at b57e5e2;
     # DeepSeek-V3 §3.2.2; Megatron --moe-token-dispatcher-type flex with the deepep or
     # hybridep backend). "auto": per node where the model limits the nodes a token reaches
     # (model.moe.max_nodes_per_token: the DeepSeek-V3 preset, dispatched as DeepSeek does), else
     # per expert.
-    moe_token_dispatcher: Literal["auto", "alltoall", "flex"] = "auto"
+    moe_token_dispatcher: Literal["auto", "alltoall", "allgather", "flex"] = "auto"
     # Bytes per element of the gradient buffer (Megatron-LM / NeMo keep FP32 main gradients;
     # "bf16" = Megatron --grad-reduce-in-bf16 / NeMo optim.grad_sync_dtype: bf16) and of the
     # Adam / Muon moments ("bf16": DeepSeek-V3 §3.3.3, low-precision optimizer states).
@@ -252,7 +256,7 @@ class TrainingSpec:
             ("moe_gate_weighting", ("activation", "combine")),
             ("moe_router_dtype", ("bf16", "fp32")),
             ("moe_dispatch_dtype", ("auto", "bf16", "fp8")),
-            ("moe_token_dispatcher", ("auto", "alltoall", "flex")),
+            ("moe_token_dispatcher", ("auto", "alltoall", "allgather", "flex")),
             ("grad_dtype", ("fp32", "bf16")),
             ("optimizer_state_dtype", ("fp32", "bf16", "fp16", "fp8")),
             ("master_weights", ("fp32", "remainder", "none", "fp16", "bf16")),
@@ -305,9 +309,10 @@ class TrainingSpec:
     @property
     def fp8_dispatch(self) -> bool:
         """Whether the expert dispatch all-to-all sends one byte an element
-        (``moe_dispatch_dtype``; ``auto``: under FP8 training)."""
+        (``moe_dispatch_dtype``; ``auto``: under FP8 training, except with the allgather
+        dispatcher, which gathers BF16 hidden states)."""
         if self.moe_dispatch_dtype == "auto":
-            return self.dtype == "fp8"
+            return self.dtype == "fp8" and self.moe_token_dispatcher != "allgather"
         return self.moe_dispatch_dtype == "fp8"
 
     def launch_s(self, family: str) -> float:

@@ -153,8 +153,8 @@ def _training_args(t, moe: bool, load=None) -> list[str]:
 
 
 def _dispatcher_args(t) -> list:
-    """``training.moe_token_dispatcher`` where set: ``alltoall`` or ``flex`` with the ``deepep``
-    backend (Megatron-Core's default backend); ``auto`` writes none. FP8 on the wire
+    """``training.moe_token_dispatcher`` where set: ``alltoall``, ``allgather`` or ``flex`` with the
+    ``deepep`` backend (Megatron-Core's default backend); ``auto`` writes none. FP8 on the wire
     (``training.moe_dispatch_dtype``) needs the flex ``ncclep`` backend, which is neither."""
     if t.moe_token_dispatcher == "auto":
         return []
@@ -165,8 +165,8 @@ def _dispatcher_args(t) -> list:
             f"{t.moe_token_dispatcher!r})",
             field="training.moe_token_dispatcher",
         )
-    if t.moe_token_dispatcher == "alltoall":
-        return ["--moe-token-dispatcher-type", "alltoall"]
+    if t.moe_token_dispatcher in ("alltoall", "allgather"):
+        return ["--moe-token-dispatcher-type", t.moe_token_dispatcher]
     return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
 
 

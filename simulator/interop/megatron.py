@@ -324,7 +324,7 @@ class _Mapping:
         tr.update(megatron_memory.saved_activations(self, tr["recompute"], par))
         tr.update(megatron_memory.router_dtype(self, moe))
         tr.update(self.dispatcher(moe))
-        tr.update(megatron_memory.capacity(self, moe))
+        tr.update(megatron_memory.capacity(self, moe, tr.get("moe_token_dispatcher") == "allgather"))
         tr.update(megatron_memory.optimizer_precision(self, tr.get("optimizer", "adam")))
         return tr
 
@@ -404,12 +404,13 @@ class _Mapping:
         return out
 
     def dispatcher(self, moe: bool) -> dict:
-        """``--moe-token-dispatcher-type alltoall`` (one copy of a token per routed expert across
-        the nodes) and ``flex`` with the ``deepep`` or ``hybridep`` backend (one copy per
-        destination node, forwarded over NVLink) -> ``training.moe_token_dispatcher``. Megatron's
-        default ``allgather`` dispatcher and the flex ``ncclep`` backend have no model of their
-        own and stay in the not-mapped list (transformer_config.py at NVIDIA/Megatron-LM
-        d98e8a64: ``moe_token_dispatcher_type`` allgather, ``moe_flex_dispatcher_backend`` deepep)."""
+        """``--moe-token-dispatcher-type`` -> ``training.moe_token_dispatcher``: ``allgather``
+        (Megatron-Core's default, also without the flag: every rank gathers its expert-TP x EP
+        group's tokens), ``alltoall`` (one copy of a token per routed expert across the nodes)
+        and ``flex`` with the ``deepep`` or ``hybridep`` backend (one copy per destination node,
+        forwarded over NVLink). The flex ``ncclep`` backend has no model of its own and stays in
+        the not-mapped list (transformer_config.py at NVIDIA/Megatron-LM d98e8a64:
+        ``moe_token_dispatcher_type`` allgather, ``moe_flex_dispatcher_backend`` deepep)."""
         args = self.args
         kind = args.get("moe-token-dispatcher-type")
         if not moe:
@@ -417,13 +418,13 @@ class _Mapping:
             return {}
         if kind is None:
             self.assume(
-                "no --moe-token-dispatcher-type: Megatron-Core's default allgather dispatcher is not modelled; "
-                "simulated as the alltoall dispatcher (one copy of a token per routed expert across nodes)"
+                "no --moe-token-dispatcher-type: Megatron-Core's default, the allgather dispatcher "
+                "(training.moe_token_dispatcher: allgather)"
             )
-            return {}
-        if kind == "alltoall":
-            self.take("moe-token-dispatcher-type", "training.moe_token_dispatcher", "alltoall")
-            return {"moe_token_dispatcher": "alltoall"}
+            return {"moe_token_dispatcher": "allgather"}
+        if kind in ("alltoall", "allgather"):
+            self.take("moe-token-dispatcher-type", "training.moe_token_dispatcher", kind)
+            return {"moe_token_dispatcher": kind}
         if kind == "flex":
             backend = args.get("moe-flex-dispatcher-backend") or "deepep"  # Megatron-Core's default backend
             if backend in ("deepep", "hybridep"):

@@ -91,13 +91,15 @@ def router_dtype(r, moe: bool) -> dict:
     return {"moe_router_dtype": "fp32"}
 
 
-def capacity(r, moe: bool) -> dict:
+def capacity(r, moe: bool, allgather: bool = False) -> dict:
     """Token dropping and padding: ``--moe-expert-capacity-factor X`` (a negative factor is
     Megatron's none: dropless) onto ``training.expert_load.capacity_factor``, and
     ``--moe-pad-expert-input-to-capacity`` onto ``expert_load.pad_to_capacity`` and a
     dispatcher without the host sync (``training.moe_host_sync: false``). Megatron needs a
     factor for the padding; without one the flag still lifts the host sync here (the padding
-    has no capacity to pad to), as stepsim's export writes a sync-free dispatcher."""
+    has no capacity to pad to), as stepsim's export writes a sync-free dispatcher. Under the
+    ``allgather`` dispatcher the flag changes nothing (only the alltoall dispatcher permutes
+    with ``drop_and_pad``, token_dispatcher.py at d98e8a64) and is taken as such."""
     cf_arg, pad_arg = "moe-expert-capacity-factor", "moe-pad-expert-input-to-capacity"
     if not moe:
         dense_only(r, (cf_arg, pad_arg))
@@ -122,7 +124,9 @@ def capacity(r, moe: bool) -> dict:
         else:
             load["capacity_factor"] = cf
             r.take(cf_arg, "training.expert_load.capacity_factor", cf)
-    if pad_arg in r.args:
+    if pad_arg in r.args and allgather:
+        r.take(pad_arg, "training.expert_load.pad_to_capacity", "not set: the allgather dispatcher pads no expert")
+    elif pad_arg in r.args:
         out["moe_host_sync"] = False
         if load:
             load["pad_to_capacity"] = True

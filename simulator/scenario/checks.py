@@ -191,6 +191,46 @@ def check_ep_overlap(model: ModelSpec, layout: ParallelLayout, training: Trainin
         )
 
 
+def check_allgather_dispatcher(training: TrainingSpec, expert_load, schedule: str) -> None:
+    """``training.moe_token_dispatcher: allgather`` with the options Megatron-Core's allgather
+    dispatcher runs with (``megatron/core/transformer/transformer_config.py`` ``__post_init__``
+    and ``moe/token_dispatcher.py`` ``MoEAllGatherTokenDispatcher`` at NVIDIA/Megatron-LM
+    d98e8a64): no shared-expert or batch-level all-to-all overlap (both assert alltoall or flex),
+    no padding to capacity (only the alltoall dispatcher permutes with ``drop_and_pad``), a
+    blocking read of the token counts every MoE layer (``tokens_per_expert ... .cpu()``), BF16
+    hidden states on the wire; not under a schedule whose paired passes overlap all-to-alls
+    (DualPipe)."""
+    if training.moe_token_dispatcher != "allgather":
+        return
+    field = "training.moe_token_dispatcher"
+    refused = (
+        (
+            training.moe_shared_expert_overlap,
+            "training.moe_shared_expert_overlap: true (Megatron-Core asserts alltoall or flex)",
+        ),
+        (
+            training.overlap_moe_expert_parallel_comm,
+            "training.overlap_moe_expert_parallel_comm: true (Megatron-Core asserts alltoall or flex)",
+        ),
+        (
+            expert_load is not None and bool(expert_load.pad_to_capacity),
+            "training.expert_load.pad_to_capacity: true (only the alltoall dispatcher pads)",
+        ),
+        (
+            not training.moe_host_sync,
+            "training.moe_host_sync: false (it reads the token counts on the host every layer)",
+        ),
+        (training.moe_dispatch_dtype == "fp8", "training.moe_dispatch_dtype: fp8 (it gathers the BF16 hidden states)"),
+        (
+            get_schedule(schedule).overlapped_pairs,
+            f"schedule: {schedule} (its paired passes overlap expert all-to-alls)",
+        ),
+    )
+    for bad, what in refused:
+        if bad:
+            raise ScenarioError(f"allgather cannot run with {what}", field=field)
+
+
 def check_torus_size(devices: int, torus: bool) -> None:
     """A torus cluster of more than :data:`MAX_TORUS_DEVICES` is refused before it is built."""
     if torus and devices > MAX_TORUS_DEVICES:

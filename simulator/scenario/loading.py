@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from simulator.scenario.checks import (
     check_algorithms,
+    check_allgather_dispatcher,
     check_context_parallel,
     check_cuda_graphs,
     check_dense,
@@ -97,6 +98,7 @@ def load_scenario(source: str | Path | Mapping) -> Scenario:
     check_cuda_graphs(training, cluster.chip.family)
     check_moe_layout(model, layout)
     check_ep_overlap(model, layout, training, sc.schedule)
+    check_allgather_dispatcher(training, sc.training.expert_load, sc.schedule)
     check_algorithms(sc.algorithms)
     check_size(model, layout, training, sc.schedule)
     check_work(model, training, cluster.devices, cluster.chip.peak("bf16"))

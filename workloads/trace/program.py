@@ -122,9 +122,26 @@ class RankProgram:
         pipelined, so they form one collective whose rail transfers carry
         ``scaleout_fraction`` = (distinct nodes per token) / top_k of the routed copies
         (``hierarchical-a2a`` in :mod:`simulator.network.collectives`)."""
+        if self.b.t.moe_token_dispatcher == "allgather":
+            return self.allgather_dispatch(name, phase, mb, k, l, deps)
         nl = self.b.node_limited()
         frac = 1.0 if nl is None else min(1.0, nl[0] / self.b.model.moe.top_k)
         return self.collective("all-to-all", "ep", size, name, phase, mb, k, l, deps, scaleout_fraction=frac)
+
+    def allgather_dispatch(self, name: str, phase: str, mb: int, k: int, l: int, deps):
+        """What the allgather dispatcher runs where the alltoall dispatcher's all-to-all
+        ``name`` would run (``L{l}.dispatch``, ``.combine`` and their ``.bwd``): an all-gather
+        over EP (the dispatch and the combine's gradient) or a reduce-scatter (the combine and
+        the dispatch's gradient), sized by :meth:`TraceBuilder.allgather_bytes`. The dispatch
+        blocks the host until it ends: the dispatcher reads the gathered token counts per
+        local expert on the host (``tokens_per_expert ... .cpu()``) before permuting."""
+        backward = name.endswith(".bwd")
+        gather = name.endswith((".dispatch", ".combine.bwd"))
+        coll = "all-gather" if gather else "reduce-scatter"
+        op = self.collective(coll, "ep", self.b.allgather_bytes(gather, backward), name, phase, mb, k, l, deps)
+        if op is not None and gather and not backward and self.b.t.moe_host_sync:
+            op.host_sync = True
+        return op
 
     # ---- program ---------------------------------------------------------------
     def build(self) -> None:

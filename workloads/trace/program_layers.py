@@ -147,7 +147,7 @@ class LayerOps:
         the experts are padded to capacity (``drop_and_pad``). The host blocks until the GPU
         has run everything issued before (the stream is in order), shared experts included
         where they run before the router."""
-        if self.p.b.t.moe_host_sync:
+        if self.p.b.t.moe_host_sync and self.p.b.t.moe_token_dispatcher != "allgather":  # that one: after its gather
             op.host_sync = True
 
     def _offload_stash(self, l: int, mb: int, k: int, recompute: bool) -> None:
@@ -180,10 +180,16 @@ class LayerOps:
     # the settings of the dense part", megatron/core/transformer/moe/README.md): a TP
     # all-gather of the block input before them and a reduce-scatter of their output.
 
-    def etp_bytes(self, combine: bool, layer: int) -> float:
+    def etp_bytes(self, combine: bool, layer: int, gather: bool = True, backward: bool = False) -> float:
         """Expert-TP all-gather (dispatch) / reduce-scatter (combine) of a folded MoE
-        block: the assignments of the ``etp`` ranks, in the all-to-all's precision."""
-        return self.p.b.dispatch_bytes(combine, layer) * self.p.b.L.etp
+        block: the assignments of the ``etp`` ranks, in the all-to-all's precision. Under
+        the allgather dispatcher the whole expert-TP x EP group's rows of the collective
+        ``gather`` (all-gather or reduce-scatter) of the ``backward`` pass or not
+        (:meth:`TraceBuilder.allgather_bytes`)."""
+        b = self.p.b
+        if b.t.moe_token_dispatcher == "allgather":
+            return b.allgather_bytes(gather, backward, etp_stage=True)
+        return b.dispatch_bytes(combine, layer) * b.L.etp
 
     def folded_moe_forward(self, l: int, mb: int, k: int, deps: list, phase: str, recompute: bool):
         """One folded MoE block's forward (after the attention block's TP collective,
@@ -219,7 +225,7 @@ class LayerOps:
             f"L{l}.experts.{phase}", expert, phase, mb, k, l, deps=[ag.id] if ag else wait, recompute=recompute
         )
         rs = self.p.collective(
-            "reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs", phase, mb, k, l, [op.id]
+            "reduce-scatter", "etp", self.etp_bytes(True, l, gather=False), f"L{l}.experts.rs", phase, mb, k, l, [op.id]
         )
         c = self.p.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine", phase, mb, k, l, [rs.id if rs else op.id])
         if c:
@@ -257,7 +263,7 @@ class LayerOps:
             yield
         split = part == "B" and b.dualpipe_ep  # see layer_backward
         ag = self.p.collective(
-            "all-gather", "etp", self.etp_bytes(True, l), f"L{l}.experts.rs.bwd", part, mb, k, l, wait
+            "all-gather", "etp", self.etp_bytes(True, l, backward=True), f"L{l}.experts.rs.bwd", part, mb, k, l, wait
         )
         op = self.p.compute(
             f"L{l}.experts.{part}",
@@ -269,7 +275,15 @@ class LayerOps:
             deps=[ag.id] if ag else wait,
         )
         rs = self.p.collective(
-            "reduce-scatter", "etp", self.etp_bytes(True, l), f"L{l}.experts.ag.bwd", part, mb, k, l, [op.id]
+            "reduce-scatter",
+            "etp",
+            self.etp_bytes(True, l, gather=False, backward=True),
+            f"L{l}.experts.ag.bwd",
+            part,
+            mb,
+            k,
+            l,
+            [op.id],
         )
         d = self.p.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [rs.id if rs else op.id])
         if split:

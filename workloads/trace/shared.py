@@ -343,6 +343,34 @@ class TraceBuilder:
             )
         return hit
 
+    def allgather_bytes(self, gather: bool, backward: bool, etp_stage: bool = False) -> float:
+        """Full buffer of one collective of Megatron-Core's allgather dispatcher
+        (``training.moe_token_dispatcher: allgather``; ``MoEAllGatherTokenDispatcher``,
+        megatron/core/transformer/moe/token_dispatcher.py at NVIDIA/Megatron-LM d98e8a64).
+
+        Each rank gathers the sequence-parallel shards of its expert-TP x EP group
+        (``gather_from_sequence_parallel_region`` over ``tp_ep_group``): the hidden states in
+        BF16 with the routing map (one byte an expert) and probabilities (the router dtype) of
+        every token; the unpermuted expert outputs go back by a reduce-scatter over the same
+        group in the probabilities' dtype (``token_combine``). Their gradients run the other
+        way: an all-gather of the output gradient (``gather``, ``backward``) and a
+        reduce-scatter of the hidden states' and probabilities' gradient. The trace runs the
+        group's collective as its two factors, as it runs the alltoall dispatcher's: over EP
+        the rows of the rank's TP-gathered block (``etp = tp``) or of its shard, then (folded
+        layouts) over the expert-TP group the whole group's rows (``etp_stage``); every rank
+        receives ``(etp ep - 1)`` shards either way, as the group's one collective gives it."""
+        moe, h = self.model.moe, self.model.hidden
+        prob = 4 if self.t.moe_router_dtype == "fp32" else 2
+        if gather and not backward:  # dispatch: hidden, routing map, probabilities
+            per = 2 * h + moe.experts * (prob + 1)
+        elif gather or not backward:  # the combine and its gradient, in the probabilities' dtype
+            per = prob * h
+        else:  # the dispatch's gradient: hidden states and probabilities
+            per = 2 * h + moe.experts * prob
+        shard = self.shard.sp_rows(self.shard.tokens)  # what one rank routes
+        rows = shard * self.L.ep * (self.L.etp if etp_stage or not self.L.folded else 1)
+        return rows * per
+
     def node_limited(self) -> tuple[float, int] | None:
         """Per-node dispatch, where the expert all-to-all sends a token once to each other
         scale-up domain its experts are in and forwards it there over NVLink (DeepEP's
@@ -360,7 +388,7 @@ class TraceBuilder:
         moe, D, dispatcher = self.model.moe, self.w.domain_size, self.t.moe_token_dispatcher
         if moe is None or D <= 0 or self.L.ep <= 1:
             return None
-        if dispatcher == "alltoall" or (dispatcher == "auto" and not moe.max_nodes_per_token):
+        if dispatcher in ("alltoall", "allgather") or (dispatcher == "auto" and not moe.max_nodes_per_token):
             return None
         group = self.L.group(0, "ep")
         nodes = len({r // D for r in group})

@@ -69,6 +69,18 @@ class StepCosts:
             self.kid[id(kernels)] = (kernels, out)
         return out
 
+    def ep_collective(self, rank: int, layer: int, combine: bool, backward: bool = False) -> float:
+        """One of a MoE layer's expert-parallel collectives on ``rank``: the dispatch (or
+        ``combine``) of the forward, or its gradient (``backward``). An all-to-all, or under
+        Megatron-Core's allgather dispatcher an all-gather (the dispatch, the combine's
+        gradient) or reduce-scatter over EP, sized as the trace sizes it."""
+        b = self.b
+        if self.t.moe_token_dispatcher != "allgather":
+            return self.a2a(rank, b.dispatch_bytes(combine or backward, layer))
+        gather = combine == backward
+        op = "all-gather" if gather else "reduce-scatter"
+        return self.net.time_s(op, self.L.group(rank, "ep"), b.allgather_bytes(gather, backward))
+
     def a2a(self, rank: int, size: float) -> float:
         """One expert all-to-all of ``size`` bytes on ``rank``'s EP group."""
         # node-limited routing: the rail hop carries distinct nodes / top_k of the copies,
@@ -114,10 +126,11 @@ class StepCosts:
             cp_f = net.time_s("all-gather", g, b.kv_bytes() * L.cp)
             cp_b = net.time_s("reduce-scatter", g, b.kv_bytes() * L.cp)
         if expert and L.ep > 1:
-            disp, comb = self.a2a(rank, b.dispatch_bytes(False, l)), self.a2a(rank, b.dispatch_bytes(True, l))
+            disp, comb = self.ep_collective(rank, l, False), self.ep_collective(rank, l, True)
             ep_f = max(0.0, disp - kt(shared)) + comb
-            comb_b = self.a2a(rank, b.dispatch_bytes(True, l))
-            ep_b = max(0.0, comb_b - kt(b.bwd(shared, "B"))) + comb_b
+            comb_b = self.ep_collective(rank, l, True, backward=True)
+            disp_b = self.ep_collective(rank, l, False, backward=True)
+            ep_b = max(0.0, comb_b - kt(b.bwd(shared, "B"))) + disp_b
         return tp_f, tp_b, cp_f, cp_b, ep_f, ep_b, disp, comb, comb_b
 
     def layer_segments(self, parts, rc: float, c_f: float, c_bB: float, a2as: tuple) -> tuple:

@@ -1,0 +1,148 @@
+"""``training.moe_token_dispatcher: allgather``: Megatron-Core's default token dispatcher.
+
+``MoEAllGatherTokenDispatcher`` (megatron/core/transformer/moe/token_dispatcher.py at
+NVIDIA/Megatron-LM d98e8a64) all-gathers the hidden states, routing map and probabilities of the
+expert-TP x EP group (``gather_from_sequence_parallel_region(..., group=self.tp_ep_group)``), reads
+the local experts' token counts on the host (``tokens_per_expert = ....cpu()``), permutes the local
+experts' rows out of the gathered tokens, and reduce-scatters the unpermuted outputs back over the
+same group in the probabilities' dtype (``token_combine``). The closed forms below are that code's
+tensor shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_moe import TINY_MOE, moe_scenario
+
+from simulator import simulate
+from simulator.scenario.loading import load_scenario
+from simulator.scenario.schema import ScenarioError
+
+H, E = TINY_MOE["hidden"], TINY_MOE["moe"]["experts"]
+SEQ = 1024  # moe_scenario's sequence, one sequence a micro-batch
+
+
+def _trace(parallel: dict, **training):
+    sc = moe_scenario(parallel=parallel, training={"moe_token_dispatcher": "allgather", **training})
+    return simulate(sc)
+
+
+def _ep_ops(res, layer_name: str) -> dict:
+    """The EP and expert-TP collectives of the first micro-batch's MoE layer ``layer_name`` on rank 0."""
+    ops = [o for o in res.trace.ops if o.rank == 0 and o.mb == 0 and o.name.startswith(layer_name + ".")]
+    return {o.name[len(layer_name) + 1 :]: o for o in ops if o.kind == "collective" and o.axis in ("ep", "etp")}
+
+
+def test_gathers_and_reduce_scatters_the_ep_groups_tokens():
+    """EP8 without TP: the dispatch all-gathers every member's 1,024 tokens (BF16 hidden states, a
+    one-byte routing map and BF16 probabilities per expert), the combine reduce-scatters BF16
+    outputs; backward, the combine's gradient is an all-gather and the dispatch's a reduce-scatter
+    of the hidden states' and probabilities' gradients. The host waits for the dispatch."""
+    res = _trace({"tp": 1, "pp": 1, "dp": 16, "ep": 8})
+    ops = _ep_ops(res, "L1")  # layer 0 is dense (dense_layers: 1)
+    rows = 8 * SEQ
+    expected = {
+        "dispatch": ("all-gather", rows * (2 * H + E * (2 + 1))),
+        "combine": ("reduce-scatter", rows * 2 * H),
+        "combine.bwd": ("all-gather", rows * 2 * H),
+        "dispatch.bwd": ("reduce-scatter", rows * (2 * H + E * 2)),
+    }
+    assert {name: (op.coll, op.size_bytes) for name, op in ops.items()} == expected
+    assert all(op.group == res.scenario.layout.group(0, "ep") for op in ops.values())
+    assert ops["dispatch"].host_sync and not ops["combine"].host_sync
+    before = [o for o in res.trace.ops if o.rank == 0 and o.mb == 0 and o.name.startswith("L1.") and o.host_sync]
+    assert before == [ops["dispatch"]]  # not the compute op before it, as under alltoall
+
+
+def test_fp32_router_probabilities_widen_the_combine():
+    """``--moe-router-dtype fp32``: the probabilities are FP32, and ``token_combine`` casts the
+    outputs to their dtype before the reduce-scatter."""
+    ops = _ep_ops(_trace({"tp": 1, "pp": 1, "dp": 16, "ep": 8}, moe_router_dtype="fp32"), "L1")
+    rows = 8 * SEQ
+    assert ops["dispatch"].size_bytes == rows * (2 * H + E * (4 + 1))
+    assert ops["combine"].size_bytes == ops["combine.bwd"].size_bytes == rows * 4 * H
+
+
+@pytest.mark.parametrize("parallel", [{"tp": 2, "etp": 2}, {"tp": 4, "etp": 2}, {"tp": 2, "etp": 1}])
+def test_each_rank_receives_its_tp_ep_groups_tokens(parallel):
+    """Whether the experts keep the attention's TP split (etp = tp: a TP all-gather before the
+    router, then the EP stage) or fold (etp < tp: the EP stage on the sequence-parallel shard,
+    then the expert-TP stage), the dispatch brings every rank the other ``etp x ep - 1`` shards of
+    its ``tp_ep_group``, as Megatron-Core's one all-gather over that group does (counted in token
+    rows: where the router runs on the TP-gathered tokens the TP stage carries no routing map)."""
+    tp, etp, ep = parallel["tp"], parallel["etp"], 4
+    res = _trace({**parallel, "pp": 1, "dp": 16 // tp, "ep": ep, "sequence_parallel": True})
+    ops = _ep_ops(res, "L1")
+    shard = SEQ / tp
+    rows = 0.0  # token rows received: an all-gather of a B-byte buffer over n ranks brings each (n - 1) / n B
+    for name in ("dispatch", "experts.ag"):
+        op = ops.get(name)
+        if op is not None:
+            assert op.coll == "all-gather"
+            rows += op.size_bytes / (2 * H + E * 3) * (len(op.group) - 1) / len(op.group)
+    if etp == tp:  # the TP all-gather of the hidden states before the router (2 bytes an element)
+        mlp_ag = next(o for o in res.trace.ops if o.rank == 0 and o.mb == 0 and o.name == "L1.mlp.ag")
+        rows += mlp_ag.size_bytes / (2 * H) * (tp - 1) / tp
+    elif etp > 1:
+        assert ops["experts.ag"].group == res.scenario.layout.group(0, "etp")
+    assert rows == pytest.approx((etp * ep - 1) * shard, rel=1e-12)
+
+
+def test_allgather_moves_more_than_alltoall_for_few_experts_a_token():
+    """Top-2 of 16 experts over EP8 inside a node: the all-gather brings each rank 7 x 1,024 tokens
+    where the all-to-all brings it 7/8 x 2 x 1,024 copies, so the step is longer, and the search's
+    analytic estimate (``StepCosts.ep_collective``) orders the two the same way."""
+    from simulator.studies.search.estimate import estimate_step_time
+
+    steps, estimates = {}, {}
+    for d in ("alltoall", "allgather"):
+        sc = moe_scenario(parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 8}, training={"moe_token_dispatcher": d})
+        steps[d] = simulate(sc).summary["step_time_s"]
+        estimates[d] = estimate_step_time(load_scenario(sc))["step_time_s"]
+    assert steps["allgather"] > steps["alltoall"]
+    assert estimates["allgather"] > estimates["alltoall"]
+
+
+@pytest.mark.parametrize(
+    "training, match",
+    [
+        ({"moe_shared_expert_overlap": True}, "moe_shared_expert_overlap"),
+        ({"overlap_moe_expert_parallel_comm": True}, "overlap_moe_expert_parallel_comm"),
+        ({"moe_host_sync": False}, "moe_host_sync"),
+        ({"moe_dispatch_dtype": "fp8", "dtype": "fp8"}, "moe_dispatch_dtype"),
+        ({"expert_load": {"capacity_factor": 1.0, "pad_to_capacity": True}}, "pad_to_capacity"),
+    ],
+)
+def test_refuses_what_megatron_core_does_not_run(training, match):
+    """Megatron-Core asserts alltoall or flex for the shared-expert and batch-level overlaps
+    (transformer_config.py at d98e8a64); only the alltoall dispatcher pads experts or skips the
+    host read; the allgather dispatcher gathers BF16 hidden states."""
+    sc = moe_scenario(
+        parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 8}, training={"moe_token_dispatcher": "allgather", **training}
+    )
+    with pytest.raises(ScenarioError, match=f"training.moe_token_dispatcher: allgather cannot run with .*{match}"):
+        load_scenario(sc)
+
+
+def test_fp8_training_gathers_bf16_by_default():
+    """Under FP8 training the dispatch's wire dtype ``auto`` is FP8 for the other dispatchers
+    (DeepSeek-V3's), BF16 hidden states for allgather."""
+    spec = load_scenario(
+        moe_scenario(
+            parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 8},
+            training={"moe_token_dispatcher": "allgather", "dtype": "fp8"},
+        )
+    ).training
+    assert spec.fp8_dispatch is False
+
+
+def test_refuses_dualpipe():
+    """DualPipe's paired passes overlap the expert all-to-alls (DeepSeek-V3 §3.2.1), which the
+    allgather dispatcher does not send."""
+    sc = moe_scenario(
+        parallel={"tp": 1, "pp": 2, "dp": 8, "ep": 8},
+        schedule="dualpipe",
+        training={"moe_token_dispatcher": "allgather", "global_batch_size": 32},
+    )
+    with pytest.raises(ScenarioError, match="allgather cannot run with schedule: dualpipe"):
+        load_scenario(sc)
