@@ -40,7 +40,8 @@ def apply_cuda_graphs(ops: list[Op], mode: str, shared_overlap: bool) -> None:
         if sync is not None:
             raise WorkloadError(
                 f"full needs a sync-free MoE dispatcher: op {sync.name} blocks the host on the token "
-                "counts (set training.moe_host_sync: false, as with experts padded to capacity)",
+                "counts (set training.moe_host_sync: false, as with experts padded to capacity; the allgather "
+                "dispatcher always reads them)",
                 field="training.cuda_graphs",
             )
         first: set[int] = set()
