@@ -107,7 +107,7 @@ def _layout_args(sc) -> list[str]:
     return out  # the data-parallel size follows from the devices (torchrun's line)
 
 
-def _training_args(t, moe: bool, load=None) -> list[str]:
+def _training_args(t, moe: bool, load=None, per_node: bool = False) -> list[str]:
     out = ["--seq-length", t.seq_len, "--max-position-embeddings", t.seq_len]
     out += ["--micro-batch-size", t.micro_batch_size, "--global-batch-size", t.global_batch_size]
     out.append("--bf16")
@@ -132,7 +132,7 @@ def _training_args(t, moe: bool, load=None) -> list[str]:
         out.append("--fp8-param-gather")
     if t.dtype == "fp8" and not t.fp8_params and not t.fp8_weight_cache:
         out.append("--disable-parameter-transpose-cache")
-    out += _dispatcher_args(t) if moe else []
+    out += _dispatcher_args(t, per_node) if moe else []
     if t.fp8_dispatch and moe:
         # Megatron-Core sends FP8 tokens only through the flex 'ncclep' backend
         # (transformer_config.py at d98e8a64: moe_dispatch_fwd_dtype needs it, the TE op
@@ -152,12 +152,19 @@ def _training_args(t, moe: bool, load=None) -> list[str]:
     return out
 
 
-def _dispatcher_args(t) -> list:
-    """``training.moe_token_dispatcher`` where set: ``alltoall``, ``allgather`` or ``flex`` with the
-    ``deepep`` backend (Megatron-Core's default backend); ``auto`` writes none. FP8 on the wire
-    (``training.moe_dispatch_dtype``) needs the flex ``ncclep`` backend, which is neither."""
+def _dispatcher_args(t, per_node: bool = False) -> list:
+    """``training.moe_token_dispatcher``: ``alltoall``, ``allgather`` or ``flex`` with the
+    ``deepep`` backend (Megatron-Core's default backend); ``auto`` writes the dispatcher it
+    simulates (``flex`` where the model limits the nodes a token reaches, ``per_node``, else
+    ``alltoall``), never nothing, which Megatron-Core would run as its allgather default. FP8 on
+    the wire (``training.moe_dispatch_dtype``) needs the flex ``ncclep`` backend, which is neither
+    (under ``auto`` the caller writes it)."""
     if t.moe_token_dispatcher == "auto":
-        return []
+        if t.fp8_dispatch:
+            return []
+        if per_node:
+            return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+        return ["--moe-token-dispatcher-type", "alltoall"]
     if t.fp8_dispatch:
         raise ScenarioError(
             "Megatron-Core sends FP8 tokens only through the flex ncclep backend, which stepsim models as "
@@ -241,7 +248,12 @@ def export_megatron(sc) -> str:
     c = sc.cluster
     # GPUs a node (a GB200 NVL72 compute tray holds 4; a DGX or HGX node 8)
     per_node = 4 if (c.domain_capacity or 0) == 72 else (8 if devices % 8 == 0 else devices)
-    args = _model_args(sc.model) + _layout_args(sc) + _training_args(sc.training, sc.model.is_moe, sc.expert_load)
+    node_limited = bool(sc.model.moe is not None and sc.model.moe.max_nodes_per_token)
+    args = (
+        _model_args(sc.model)
+        + _layout_args(sc)
+        + _training_args(sc.training, sc.model.is_moe, sc.expert_load, node_limited)
+    )
     args += _optimizer_precision_args(sc.training, sc.layout.zero)
     lines = [f"# {sc.name}: written by stepsim export megatron (Megatron-LM arguments, d98e8a64)"]
     load = sc.expert_load
