@@ -191,3 +191,20 @@ def test_the_search_estimate_follows_the_dispatcher():
         )
         steps[d] = estimate_step_time(load_scenario(sc))["step_time_s"]
     assert steps["flex"] < steps["alltoall"]
+
+
+@pytest.mark.parametrize("max_nodes, expected", [(None, "alltoall"), (1, "flex")])
+def test_export_writes_auto_as_the_dispatcher_it_simulates(max_nodes, expected):
+    """Without ``--moe-token-dispatcher-type`` Megatron-Core runs its allgather dispatcher
+    (transformer_config.py at d98e8a64), so ``export megatron`` writes ``auto`` as what it
+    simulates: per copy (alltoall), or per node under node-limited routing (flex, deepep)."""
+    from simulator.interop.export_megatron import export_megatron
+    from simulator.scenario.loading import load_scenario
+
+    moe = {**TINY_MOE["moe"], "top_k": K}
+    if max_nodes is not None:
+        moe["max_nodes_per_token"] = max_nodes
+    sc = moe_scenario(model={**TINY_MOE, "moe": moe}, parallel={"tp": 1, "pp": 1, "dp": 16, "ep": 16})
+    words = export_megatron(load_scenario(sc)).split()
+    assert words[words.index("--moe-token-dispatcher-type") + 1] == expected
+    assert ("--moe-flex-dispatcher-backend" in words) == (expected == "flex")
