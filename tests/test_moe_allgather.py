@@ -154,3 +154,11 @@ def test_refuses_dualpipe():
     )
     with pytest.raises(ScenarioError, match="allgather cannot run with schedule: dualpipe"):
         load_scenario(sc)
+
+
+def test_the_host_reads_the_counts_without_expert_parallelism_too():
+    """With EP1 (TP only, the README's first use of it) there is no EP gather to wait for, but the
+    dispatcher still reads the token counts on the host every layer: the op before the experts."""
+    res = _trace({"tp": 2, "pp": 1, "dp": 8, "ep": 1, "sequence_parallel": True})
+    synced = [o for o in res.trace.ops if o.rank == 0 and o.mb == 0 and o.name.startswith("L1.") and o.host_sync]
+    assert len(synced) == 1 and synced[0].kind == "compute"

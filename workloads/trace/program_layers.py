@@ -146,8 +146,11 @@ class LayerOps:
         ``cuda_sync_point`` "before_ep_alltoall"; NVIDIA/Megatron-LM commit d98e8a6), unless
         the experts are padded to capacity (``drop_and_pad``). The host blocks until the GPU
         has run everything issued before (the stream is in order), shared experts included
-        where they run before the router."""
-        if self.p.b.t.moe_host_sync and self.p.b.t.moe_token_dispatcher != "allgather":  # that one: after its gather
+        where they run before the router. The allgather dispatcher reads them after its gather
+        (:meth:`RankProgram.allgather_dispatch` marks that op), here only where it gathers
+        nothing over EP."""
+        b = self.p.b
+        if b.t.moe_host_sync and (b.t.moe_token_dispatcher != "allgather" or b.L.ep == 1):
             op.host_sync = True
 
     def _offload_stash(self, l: int, mb: int, k: int, recompute: bool) -> None:
