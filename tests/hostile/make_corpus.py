@@ -203,26 +203,14 @@ def main() -> None:
         moe(parallel={"tp": 1, "pp": 1, "ep": 8}, training__global_batch_size=8),
         "parallel.ep",
     )
-    case(
-        "moe_allgather_with_shared_overlap",
-        moe(
-            parallel={"tp": 1, "pp": 1, "ep": 4},
-            training__global_batch_size=8,
-            training__moe_token_dispatcher="allgather",
-            training__moe_shared_expert_overlap=True,
-        ),
-        ["training.moe_token_dispatcher", "allgather", "moe_shared_expert_overlap"],
-    )
-    case(
-        "moe_allgather_without_host_sync",
-        moe(
-            parallel={"tp": 1, "pp": 1, "ep": 4},
-            training__global_batch_size=8,
-            training__moe_token_dispatcher="allgather",
-            training__moe_host_sync=False,
-        ),
-        ["training.moe_token_dispatcher", "moe_host_sync"],
-    )
+    # Megatron-Core's allgather dispatcher with what it does not run (simulator.scenario.checks)
+    for name, key, value in (
+        ("moe_allgather_with_shared_overlap", "moe_shared_expert_overlap", True),
+        ("moe_allgather_without_host_sync", "moe_host_sync", False),
+    ):
+        allgather = {"parallel": {"tp": 1, "pp": 1, "ep": 4}, "training__global_batch_size": 8}
+        allgather.update(training__moe_token_dispatcher="allgather", **{f"training__{key}": value})
+        case(name, moe(**allgather), ["training.moe_token_dispatcher", "allgather", key])
     case("mla_negative_rank", sc(model__attention={"kind": "mla", "kv_lora_rank": -1}), "model.attention.kv_lora_rank")
     case(
         "hf_config_dev_zero",
