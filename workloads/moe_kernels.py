@@ -124,22 +124,20 @@ def moe_kernels(
     S = T * k * opts.pad_factor  # rows permuted on this rank before the dispatch
     A = assignments
     out = _routing_kernels(T, E, h, act, opts)
+    # The allgather dispatcher permutes the local experts' rows out of the gathered tokens,
+    # grouped by expert already (no chunk sort), and unpermutes them into every gathered row.
+    sort = local_experts > 1 and not opts.allgather
+    G = max(gathered_rows, T)
     if opts.allgather:
-        G = max(gathered_rows, T)
         out.append(_gathered_permute_kernel(G, local_experts, A, h, act))
-        ffn = _ffn(model, "expert", A, width, act, groups=local_experts)
-        if opts.gate_weighting == "activation":
-            ffn[1] = replace(ffn[1], flops=ffn[1].flops + A * width, bytes=ffn[1].bytes + _FP32_BYTES * A)
-        out += ffn
-        out.append(_unpermute_kernel(G, max(1, min(k, local_experts)), A, h, act, opts.gate_weighting == "combine"))
-        return out
-    out.append(_permute_kernel(T, E, k, S, h, act))
+    else:
+        out.append(_permute_kernel(T, E, k, S, h, act))
     # Permutation 2 (dispatch_postprocess, more than one local expert: sort_chunks_by_idxs, TE
     # _sort_chunks_by_map_kernel; under drop-and-pad a transpose copy): the A received rows
     # regrouped by local expert, read and written once, probabilities alongside. The backward
     # moves them back the same way.
     chunks = 2 * act * A * h + 3 * _INDEX_BYTES * A
-    if local_experts > 1:
+    if sort:
         out.append(Kernel("expert_sort_chunks", "elementwise", 0.0, chunks, bwd_bytes=chunks))
     ffn = _ffn(model, "expert", A, width, act, groups=local_experts)
     if opts.gate_weighting == "activation":
@@ -148,9 +146,13 @@ def moe_kernels(
         ffn[1] = replace(ffn[1], flops=ffn[1].flops + A * width, bytes=ffn[1].bytes + _FP32_BYTES * A)
     out += ffn
     # combine_preprocess: the expert outputs restored to the order the all-to-all sends.
-    if local_experts > 1:
+    if sort:
         out.append(Kernel("expert_unsort_chunks", "elementwise", 0.0, chunks, bwd_bytes=chunks))
-    out.append(_unpermute_kernel(T, k, S, h, act, opts.gate_weighting == "combine"))
+    combine = opts.gate_weighting == "combine"
+    if opts.allgather:
+        out.append(_unpermute_kernel(G, max(1, min(k, local_experts)), A, h, act, combine))
+    else:
+        out.append(_unpermute_kernel(T, k, S, h, act, combine))
     return out
 
 

@@ -107,7 +107,7 @@ def _layout_args(sc) -> list[str]:
     return out  # the data-parallel size follows from the devices (torchrun's line)
 
 
-def _training_args(t, moe: bool, load=None, per_node: bool = False) -> list[str]:
+def _training_args(t, moe: bool, load=None, node_limited: bool = False) -> list[str]:
     out = ["--seq-length", t.seq_len, "--max-position-embeddings", t.seq_len]
     out += ["--micro-batch-size", t.micro_batch_size, "--global-batch-size", t.global_batch_size]
     out.append("--bf16")
@@ -132,7 +132,7 @@ def _training_args(t, moe: bool, load=None, per_node: bool = False) -> list[str]
         out.append("--fp8-param-gather")
     if t.dtype == "fp8" and not t.fp8_params and not t.fp8_weight_cache:
         out.append("--disable-parameter-transpose-cache")
-    out += _dispatcher_args(t, per_node) if moe else []
+    out += _dispatcher_args(t, node_limited) if moe else []
     if t.fp8_dispatch and moe:
         # Megatron-Core sends FP8 tokens only through the flex 'ncclep' backend
         # (transformer_config.py at d98e8a64: moe_dispatch_fwd_dtype needs it, the TE op
@@ -152,17 +152,17 @@ def _training_args(t, moe: bool, load=None, per_node: bool = False) -> list[str]
     return out
 
 
-def _dispatcher_args(t, per_node: bool = False) -> list:
+def _dispatcher_args(t, node_limited: bool = False) -> list:
     """``training.moe_token_dispatcher``: ``alltoall``, ``allgather`` or ``flex`` with the
     ``deepep`` backend (Megatron-Core's default backend); ``auto`` writes the dispatcher it
-    simulates (``flex`` where the model limits the nodes a token reaches, ``per_node``, else
+    simulates (``flex`` where the model limits the nodes a token reaches, ``node_limited``, else
     ``alltoall``), never nothing, which Megatron-Core would run as its allgather default. FP8 on
     the wire (``training.moe_dispatch_dtype``) needs the flex ``ncclep`` backend, which is neither
     (under ``auto`` the caller writes it)."""
     if t.moe_token_dispatcher == "auto":
         if t.fp8_dispatch:
             return []
-        if per_node:
+        if node_limited:
             return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
         return ["--moe-token-dispatcher-type", "alltoall"]
     if t.fp8_dispatch:
