@@ -16,6 +16,7 @@ Plain data and pure functions; nothing here imports the simulator.
   common ones; :mod:`.counts` the kernels of a layer and the model FLOPs; :mod:`.parameters`
   parameter counts;
 * :mod:`.memory` and :mod:`.activations` — model states, buffers and activation memory;
+* :mod:`.quantization` — the FP8 quantisation passes beside each FP8 GEMM;
 * :mod:`.moe_kernels` and :mod:`.moe_load` — the kernels around the routed experts and how
   unevenly tokens land on them;
 * :mod:`.trace` — the operation-level trace of one step;

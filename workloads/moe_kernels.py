@@ -102,6 +102,9 @@ MOE_TERM_KERNELS = {
     "routing": ("router", "moe_router_topk", "moe_router_stats", "moe_capacity_drop", "moe_tokens_per_expert"),
     "permutation": ("moe_permute", "expert_sort_chunks"),
     "unpermutation": ("expert_unsort_chunks", "moe_unpermute"),
+    # FP8 training: the passes quantising the experts' inputs and output gradients
+    # (workloads.quantization; none in BF16)
+    "quantization": ("expert_up_quant", "expert_down_quant"),
 }
 
 

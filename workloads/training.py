@@ -220,6 +220,14 @@ class TrainingSpec:
     # in FP8 (with the transpose on Hopper) instead of BF16 plus a cached FP8 copy, and the
     # distributed optimizer all-gathers them in FP8. FP8 only.
     fp8_params: bool = False
+    # How FP8 tensors are scaled (Megatron-Core --fp8-recipe, default "delayed":
+    # transformer_config.py at NVIDIA/Megatron-LM d98e8a64): "delayed" (amax history),
+    # "tensorwise" (per-tensor current scaling, Megatron-Bridge's FP8-CS recipes), "blockwise"
+    # (1x128 activation tiles, DeepSeek-V3's scaling, TE Float8BlockScaling) or "mxfp8"
+    # (Blackwell's 1x32 E8M0 blocks). It sets the bytes of the quantisation passes beside each
+    # FP8 GEMM (workloads.quantization). No effect outside FP8 training (a sweep or map may
+    # set it beside BF16 points).
+    fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] = "delayed"
     # Megatron --distribute-saved-activations: under full recompute each layer's saved
     # input is split over the TP group and all-gathered before the layer is recomputed
     # (megatron/core/tensor_parallel/random.py CheckpointFunction at d98e8a64). Needs

@@ -128,6 +128,8 @@ def _training_args(t, moe: bool, load=None, node_limited: bool = False) -> list[
         out.append("--tp-comm-overlap")
     if t.overlap_moe_expert_parallel_comm:
         out += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    if t.dtype == "fp8" and t.fp8_recipe != "delayed":
+        out += ["--fp8-recipe", t.fp8_recipe]
     if t.fp8_params:
         out.append("--fp8-param-gather")
     if t.dtype == "fp8" and not t.fp8_params and not t.fp8_weight_cache:

@@ -314,6 +314,7 @@ class _Mapping:
         tr["dtype"] = megatron_precision.dtype(self)
         tr.update(megatron_precision.moe_dispatch(self, tr["dtype"]))
         tr.update(megatron_precision.fp8_weights(self, tr["dtype"]))
+        tr.update(megatron_precision.fp8_recipe(self, tr["dtype"]))
         tr["recompute"] = self.recompute(layers, par)
         tr["overlap_grad_reduce"] = self.overlap_grad_reduce()
         tr["flash_attention"] = self.flash_attention()

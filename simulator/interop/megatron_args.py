@@ -105,6 +105,7 @@ MAPPED = {
     "moe-token-dispatcher-type": "training.moe_token_dispatcher",
     "moe-flex-dispatcher-backend": "training.moe_token_dispatcher",
     "fp8-param-gather": "training.fp8_params",
+    "fp8-recipe": "training.fp8_recipe",
     "disable-parameter-transpose-cache": "training.fp8_weight_cache",
     # the paired backward's weight gradient after its input gradient (stepsim splits a paired
     # MLP backward so whenever the overlap is on)

@@ -10,6 +10,8 @@ from simulator.interop.megatron_args import ScenarioError
 
 # Megatron-LM's --fp8-format choices (megatron/training/arguments.py, _add_transformer_engine_args).
 FP8_FORMATS = ("e4m3", "hybrid")
+# Megatron-Core's --fp8-recipe choices (transformer_config.py fp8_recipe at d98e8a64), default delayed.
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8", "custom")
 
 
 def dtype(r) -> str:
@@ -67,6 +69,27 @@ def moe_dispatch(r, dtype: str) -> dict:
         r.assume("FP8 training dispatches BF16 tokens (Megatron-Core's alltoall and DeepEP dispatchers)")
         out["moe_dispatch_dtype"] = "bf16"
     return out
+
+
+def fp8_recipe(r, dtype: str) -> dict:
+    """``--fp8-recipe`` -> ``training.fp8_recipe`` (absent: ``delayed``, Megatron-Core's default
+    and stepsim's); ``custom`` (a user quantizer factory) is refused: its passes are unknown."""
+    recipe = r.args.get("fp8-recipe")
+    if recipe is None:
+        return {}
+    if recipe not in FP8_RECIPES:
+        raise ScenarioError(f"one of {', '.join(FP8_RECIPES)}, got {recipe!r}", field="--fp8-recipe")
+    if recipe == "custom":
+        raise ScenarioError(
+            "a custom quantizer factory's quantisation passes are not modelled: use delayed, tensorwise, "
+            "blockwise or mxfp8",
+            field="--fp8-recipe",
+        )
+    r.take("fp8-recipe", "training.fp8_recipe")
+    if dtype != "fp8":
+        r.assume(f"--fp8-recipe {recipe} without FP8 training: no effect")
+        return {}
+    return {} if recipe == "delayed" else {"fp8_recipe": recipe}
 
 
 def fp8_weights(r, dtype: str) -> dict:

@@ -227,6 +227,7 @@ MOE_TERMS = {
     "routing": "routing (router GEMM, score and top-k, balance statistics, token counts)",
     "permutation": "permutation before the dispatch",
     "unpermutation": "unpermutation after the combine",
+    "quantization": "FP8 quantisation of the experts' inputs and gradients",
     "grouped_gemm": "expert grouped GEMMs",
     "grouped_gemm_shape_loss": "of which lost to small per-expert shapes",
     "host_exposed": "GPU waiting for the host to issue (launches, syncs)",

@@ -13,6 +13,8 @@ micro-batch), then averaged over the simulated ranks:
   dropping, the token-count histogram;
 * ``permutation`` / ``unpermutation``: the token permutations before and after the expert
   all-to-alls (and the sorts by local expert);
+* ``quantization``: under FP8 training, the passes quantising the routed experts' inputs
+  and output gradients (:mod:`workloads.quantization`; 0 in BF16);
 * ``grouped_gemm_shape_loss``: the routed experts' grouped GEMMs at their shape's
   efficiency minus the same GEMMs at the large-shape efficiency
   (:func:`simulator.engine.compute.grouped_gemm_shape_loss_s`);
@@ -65,7 +67,7 @@ def _group_terms(kernels, cache: dict, chip, cal, dtype) -> tuple[list, int]:
 
 
 def moe_compute_terms(trace, chip, cal, dtype: str) -> dict:
-    """``{routing, permutation, unpermutation, grouped_gemm, grouped_gemm_shape_loss}`` in
+    """``{routing, permutation, unpermutation, quantization, grouped_gemm, grouped_gemm_shape_loss}`` in
     seconds per MoE layer and micro-batch (module notes); empty for a dense model.
 
     Ops share kernel groups: each group's terms are worked out once, then added op by op in

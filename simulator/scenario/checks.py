@@ -251,6 +251,17 @@ def check_cuda_graphs(training: TrainingSpec, chip_family: str) -> None:
         )
 
 
+def check_fp8_recipe(training: TrainingSpec, chip_family: str) -> None:
+    """MXFP8's block scales need Blackwell's tensor cores (Megatron-Core: "'mxfp8' for Blackwell
+    architecture only", transformer_config.py at d98e8a64): refused on other chips in FP8 training."""
+    if training.dtype == "fp8" and training.fp8_recipe == "mxfp8" and chip_family != "blackwell":
+        raise ScenarioError(
+            f"mxfp8 runs on Blackwell GPUs only; this cluster's chips are {chip_family or 'unknown'}: "
+            "use delayed, tensorwise or blockwise",
+            field="training.fp8_recipe",
+        )
+
+
 def check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
     """MoE-only settings on a dense model are refused rather than silently ignored."""
     if model.moe is not None:

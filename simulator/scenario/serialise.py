@@ -47,6 +47,7 @@ def _training_dict(t: TrainingSpec) -> dict:
         ("allocator_reserve_fraction", None),
         ("fp8_weight_cache", False),
         ("fp8_params", False),
+        ("fp8_recipe", "delayed"),
     ):
         if d[key] == default:  # likewise
             del d[key]

@@ -13,7 +13,7 @@ from functools import cached_property
 
 import numpy as np
 
-from workloads import counts, kernels, memory, moe_kernels, parameters
+from workloads import counts, kernels, memory, moe_kernels, parameters, quantization
 from workloads import schedules as sched
 from workloads.activations import ActivationPolicy
 from workloads.layout import ParallelLayout
@@ -233,8 +233,18 @@ class TraceBuilder:
                 flash_attention=self.t.flash_attention,
                 moe_options=self.moe_options,
             )
-            self._kern_cache[key] = split_layer_kernels(ks)
+            self._kern_cache[key] = split_layer_kernels(self.quantized(ks))
         return self._kern_cache[key]
+
+    def quantized(self, ks: list) -> list:
+        """A layer's forward kernels with the FP8 quantisation passes beside its FP8 GEMMs
+        (:mod:`workloads.quantization`; unchanged outside FP8 training). Under FP8 dispatch the
+        experts' first GEMM gets tokens quantised before their top-k copies."""
+        if self.t.dtype != "fp8":
+            return ks
+        moe = self.model.moe
+        shares = {"expert_up": 1.0 / moe.top_k} if moe is not None and self.t.fp8_dispatch else None
+        return quantization.with_quantization(ks, self.t.fp8_recipe, self.w.chip_family == "blackwell", shares)
 
     def expert_assignments(self, factor: float) -> float:
         """Token-expert assignments one rank's routed experts process per micro-batch

@@ -1,0 +1,128 @@
+"""FP8 quantisation passes: the memory-bound kernels an FP8 GEMM needs beside it.
+
+An FP8 GEMM multiplies FP8 operands, but the activations and gradients a layer produces
+are BF16: before each FP8 GEMM the framework quantises its activation input (forward) and
+its output gradient (backward), each into the two copies the three GEMMs of a linear layer
+read (Transformer Engine's *rowwise* and *columnwise* usages: forward ``input x weight^T``
+reads the input rowwise, the weight gradient ``output_grad^T x input`` reads both columnwise,
+the input gradient reads the output gradient rowwise; TransformerEngine d0067d0,
+docs/features/low_precision_training/performance_considerations, Table 2). DeepSeek-V3
+describes the same passes for its own framework: 128 BF16 values read from HBM, quantised
+and written back as FP8, to be read again by the GEMM (arXiv 2412.19437 §3.5.2).
+
+Bytes per quantised element (:func:`bytes_per_element`), by ``training.fp8_recipe``
+(Megatron-Core's ``--fp8-recipe``, transformer_config.py at NVIDIA/Megatron-LM d98e8a64):
+
+* every recipe reads the BF16 tensor once (2 B) and writes a 1-byte rowwise copy;
+* the columnwise copy is a second byte: on Hopper for the per-tensor recipes (``delayed``,
+  ``tensorwise``: FP8 tensor cores cannot read an FP8 operand columnwise, so TE's
+  cast-transpose writes a transposed copy; Blackwell reads the one copy both ways), and on
+  every chip for the block-scaled ones (``mxfp8``: 1x32 blocks along rows and along columns;
+  ``blockwise``: 1x128 tiles, DeepSeek-V3's activation scaling), whose two copies carry
+  different scales (TE performance_considerations, "Architecture differences");
+* ``tensorwise`` (current scaling) needs the tensor's amax before it can scale it: one more
+  read of the BF16 tensor (2 B), unless a norm kernel computed the amax as it wrote its
+  output (TE normalization.cpp ``FUSED_NORM_AMAX_FP8``); ``delayed`` scales by the amax
+  history and records the new amax in the cast kernel itself;
+* block scales: one E8M0 byte per 32 elements a copy (``mxfp8``), one FP32 per 128
+  (``blockwise``).
+
+A GEMM whose input comes from a norm Transformer Engine fuses with it (``LayerNormLinear``:
+the attention's QKV projection, a dense MLP's up projection, MLA's up-projections) is quantised by the norm
+kernel under ``delayed`` (``FULLY_FUSED``: the norm writes FP8; on Hopper one transpose pass,
+1 B read + 1 B written, makes the columnwise copy, less the byte the FP8 write saves) and has
+its amax from the norm under ``tensorwise``; under the block-scaled recipes the norm and the
+quantisation stay two kernels (TE normalization.cpp at d0067d0, ``UNFUSED`` without cuDNN).
+
+Weights are not quantised here: Transformer Engine keeps their FP8 copies across micro-batches
+(``training.fp8_weight_cache``) or they are FP8 already (``training.fp8_params``), a cost once
+a step. Under FP8 dispatch the routed experts' first GEMM gets FP8 tokens (quantised before
+the all-to-all, :attr:`workloads.training.TrainingSpec.fp8_dispatch`): its forward pass covers
+the tokens before their top-k copies, ``1 / top_k`` of its rows. The GEMMs that run in their own dtype (the MoE router) have none.
+
+Checked against Transformer Engine's published GEMM benchmark (tests/test_quantization.py).
+"""
+
+from __future__ import annotations
+
+from workloads.kernels import Kernel
+
+FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "blockwise", "mxfp8")
+#: Suffix of a quantisation kernel's name: ``<gemm>_quant`` runs before GEMM ``<gemm>``.
+QUANT_SUFFIX = "_quant"
+#: GEMMs whose input a Transformer Engine ``LayerNormLinear`` norm produces (module notes):
+#: Megatron-Core's layer specs build the QKV projection, a dense MLP's first linear and, with
+#: ``qk_layernorm``, MLA's up-projections as ``column_parallel_layer_norm_linear``
+#: (megatron/core/models/gpt/gpt_layer_specs.py at d98e8a64); MLA's down-projections read the
+#: separate input norm's output, each quantising it.
+NORM_FED_GEMMS = frozenset({"qkv_proj", "mlp_up", "q_up", "kv_up"})
+
+_BF16_READ = 2.0
+_FP8_COPY = 1.0
+#: Scale bytes per element and copy: an E8M0 byte per 32 (MXFP8, OCP MX spec v1.0), an FP32
+#: per 128-element tile (TE Float8BlockScaling, DeepSeek-V3 §3.3.1's 1x128 tiles).
+_SCALE_BYTES = {"mxfp8": 1.0 / 32.0, "blockwise": 4.0 / 128.0}
+
+
+def columnwise_copies(recipe: str, transpose_free: bool) -> int:
+    """Extra FP8 copies for the columnwise usage: 0 where the chip reads the rowwise copy
+    columnwise (Blackwell, per-tensor recipes), else 1."""
+    if recipe in ("mxfp8", "blockwise"):
+        return 1
+    return 0 if transpose_free else 1
+
+
+def bytes_per_element(recipe: str, transpose_free: bool, norm_fed: bool = False) -> float:
+    """HBM bytes per element of one quantisation pass producing both usages (module notes).
+
+    ``transpose_free``: the chip reads a per-tensor FP8 copy columnwise (Blackwell);
+    ``norm_fed``: the tensor is a ``LayerNormLinear`` norm's output (forward only)."""
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"fp8 recipe {recipe!r}: choose from {', '.join(FP8_RECIPES)}")
+    copies = 1 + columnwise_copies(recipe, transpose_free)
+    if norm_fed and recipe == "delayed":
+        # the norm writes FP8 itself, a byte less than BF16; on Hopper a transpose pass (read
+        # the FP8 copy, write the column copy) adds two: one net. Blackwell's byte saved is not
+        # counted (no pass, no negative kernel).
+        return 2 * _FP8_COPY - _FP8_COPY if copies > 1 else 0.0
+    out = _BF16_READ + copies * (_FP8_COPY + _SCALE_BYTES.get(recipe, 0.0))
+    if recipe == "tensorwise" and not norm_fed:
+        out += _BF16_READ  # the amax pass
+    return out
+
+
+def gemm_rows(k: Kernel) -> float:
+    """Token rows of a forward GEMM over all its groups (exact: from its FLOPs)."""
+    return k.flops / (2.0 * k.n * k.k) if k.n and k.k else 0.0
+
+
+def quantization_kernel(
+    gemm: Kernel, recipe: str, transpose_free: bool, norm_fed: bool = False, input_share: float = 1.0
+) -> Kernel | None:
+    """The pass quantising ``gemm``'s input (forward: ``input_share`` of its rows) and its
+    output gradient (backward, the kernel's ``bwd_bytes``), named ``<gemm>_quant``; None
+    where it moves nothing. Norm-fed under ``delayed`` on Blackwell the norm writes FP8 and
+    the forward moves nothing, but the kernel stays for the gradient's pass (one launch more)."""
+    rows = gemm_rows(gemm)
+    fwd = rows * input_share * gemm.k * bytes_per_element(recipe, transpose_free, norm_fed)
+    bwd = rows * gemm.n * bytes_per_element(recipe, transpose_free)
+    if fwd <= 0 and bwd <= 0:
+        return None
+    return Kernel(gemm.name + QUANT_SUFFIX, "elementwise", 0.0, fwd, bwd_bytes=bwd)
+
+
+def with_quantization(
+    kernels: list[Kernel], recipe: str, transpose_free: bool, input_shares: dict[str, float] | None = None
+) -> list[Kernel]:
+    """``kernels`` (one layer's forward kernels of an FP8 step) with a quantisation pass
+    before each GEMM that runs in the step's FP8 (``math_dtype`` unset); ``input_shares``:
+    per GEMM name, the share of its forward input rows quantised (FP8 dispatch: ``1 / top_k``)."""
+    shares = input_shares or {}
+    out: list[Kernel] = []
+    for k in kernels:
+        if k.kind == "gemm" and k.math_dtype is None:
+            q = quantization_kernel(k, recipe, transpose_free, k.name in NORM_FED_GEMMS, shares.get(k.name, 1.0))
+            if q is not None:
+                out.append(q)
+        out.append(k)
+    return out
