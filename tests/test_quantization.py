@@ -156,3 +156,13 @@ def test_import_and_export_carry_the_recipe():
     with pytest.raises(ScenarioError, match="custom quantizer") as e:
         import_megatron(LINE + "--fp8-recipe custom", "dgx-h100")
     assert e.value.field == "--fp8-recipe"
+
+
+def test_explain_names_the_passes_as_a_cause():
+    from simulator.results.explain import causes
+
+    fp8 = causes(simulate(_sc(fp8_recipe="tensorwise")))
+    bf16 = causes(simulate(_sc(dtype="bf16", fp8_params=False, moe_dispatch_dtype="auto")))
+    assert bf16["compute: FP8 quantisation"] == 0.0
+    # every layer's passes (attention's too), at least the experts' share of the step
+    assert fp8["compute: FP8 quantisation"] > 0.5

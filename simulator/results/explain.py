@@ -18,12 +18,15 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from workloads.quantization import QUANT_SUFFIX
+
 #: Compute classes, in the order tables and the waterfall show them.
 CLASSES = (
     "attention",
     "dense GEMMs",
     "expert GEMMs",
     "MoE kernels",
+    "FP8 quantisation",
     "elementwise and norms",
     "recompute",
     "optimizer",
@@ -40,6 +43,8 @@ def kernel_class(k) -> str:
         return "expert GEMMs"
     if k.name.startswith(MOE_KERNEL_PREFIXES):
         return "MoE kernels"
+    if k.name.split(".", 1)[0].endswith(QUANT_SUFFIX):  # workloads.quantization, and its backward
+        return "FP8 quantisation"
     if k.kind == "attention":
         return "attention"
     if k.kind == "gemm":
