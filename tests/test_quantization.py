@@ -69,6 +69,21 @@ def test_a_pass_goes_before_each_fp8_gemm_and_none_before_the_bf16_router():
     assert shared.bytes == pytest.approx(q.bytes / 4) and shared.bwd_bytes == q.bwd_bytes
 
 
+def test_under_sequence_parallelism_a_rank_quantises_its_shard_of_a_gathered_tensor():
+    """TE quantises the sequence shard before the TP all-gather (performance_considerations:
+    "quantization work is distributed across GPUs"): the column-parallel linears' inputs and
+    the row-parallel linears' output gradients, 1 / tp of the rows each."""
+    qkv = Kernel("qkv_proj", "gemm", 2.0 * 400 * 96 * 64, 1.0, 400, 96, 64)
+    out = Kernel("out_proj", "gemm", 2.0 * 400 * 64 * 32, 1.0, 400, 64, 32)
+    q_up = Kernel("q_up", "gemm", 2.0 * 400 * 64 * 16, 1.0, 400, 64, 16)
+    whole = {k.name: k for k in with_quantization([qkv, out, q_up], "blockwise", False)}
+    shard = {k.name: k for k in with_quantization([qkv, out, q_up], "blockwise", False, sp_shard=0.25)}
+    q, o, u = "qkv_proj" + QUANT_SUFFIX, "out_proj" + QUANT_SUFFIX, "q_up" + QUANT_SUFFIX
+    assert shard[q].bytes == pytest.approx(whole[q].bytes / 4) and shard[q].bwd_bytes == whole[q].bwd_bytes
+    assert shard[o].bytes == whole[o].bytes and shard[o].bwd_bytes == pytest.approx(whole[o].bwd_bytes / 4)
+    assert shard[u] == whole[u]  # MLA's up-projection reads the replicated latent: no gather
+
+
 def _te_benchmark_layer_s(recipe: str, transpose_free: bool, weight_bytes_per_element: float, hbm_bytes_per_s, mem_eff):
     """Seconds of the quantisation passes of TE's 12 benchmark GEMMs of one layer (hidden
     4096, FFN 16384, M = 31 x 512 tokens; benchmark_gemm.py model-config shapes)."""

@@ -50,6 +50,14 @@ from workloads.kernels import Kernel
 FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "blockwise", "mxfp8")
 #: Suffix of a quantisation kernel's name: ``<gemm>_quant`` runs before GEMM ``<gemm>``.
 QUANT_SUFFIX = "_quant"
+#: Under sequence parallelism, GEMMs whose input (forward) or output gradient (backward) is
+#: all-gathered over the TP group: Transformer Engine quantises each rank's sequence shard
+#: before the all-gather ("all-gather of quantized tensors ... quantization work is
+#: distributed across GPUs", docs/features/low_precision_training/performance_considerations
+#: at d0067d0), so a rank's pass covers ``1 / tp`` of the gathered rows. The column-parallel
+#: linears read the gathered block input; the row-parallel ones get the gathered gradient.
+GATHERED_INPUT_GEMMS = frozenset({"qkv_proj", "q_proj", "q_down", "kv_down", "mlp_up", "shared_up"})
+GATHERED_GRAD_GEMMS = frozenset({"out_proj", "mlp_down", "shared_down"})
 #: GEMMs whose input a Transformer Engine ``LayerNormLinear`` norm produces (module notes):
 #: Megatron-Core's layer specs build the QKV projection, a dense MLP's first linear and, with
 #: ``qk_layernorm``, MLA's up-projections as ``column_parallel_layer_norm_linear``
@@ -97,31 +105,45 @@ def gemm_rows(k: Kernel) -> float:
 
 
 def quantization_kernel(
-    gemm: Kernel, recipe: str, transpose_free: bool, norm_fed: bool = False, input_share: float = 1.0
+    gemm: Kernel,
+    recipe: str,
+    transpose_free: bool,
+    norm_fed: bool = False,
+    input_share: float = 1.0,
+    grad_share: float = 1.0,
 ) -> Kernel | None:
     """The pass quantising ``gemm``'s input (forward: ``input_share`` of its rows) and its
-    output gradient (backward, the kernel's ``bwd_bytes``), named ``<gemm>_quant``; None
-    where it moves nothing. Norm-fed under ``delayed`` on Blackwell the norm writes FP8 and
-    the forward moves nothing, but the kernel stays for the gradient's pass (one launch more)."""
+    output gradient (backward, the kernel's ``bwd_bytes``: ``grad_share`` of its rows), named
+    ``<gemm>_quant``; None where it moves nothing. Norm-fed under ``delayed`` on Blackwell the
+    norm writes FP8 and the forward moves nothing, but the kernel stays for the gradient's
+    pass (one launch more)."""
     rows = gemm_rows(gemm)
     fwd = rows * input_share * gemm.k * bytes_per_element(recipe, transpose_free, norm_fed)
-    bwd = rows * gemm.n * bytes_per_element(recipe, transpose_free)
+    bwd = rows * grad_share * gemm.n * bytes_per_element(recipe, transpose_free)
     if fwd <= 0 and bwd <= 0:
         return None
     return Kernel(gemm.name + QUANT_SUFFIX, "elementwise", 0.0, fwd, bwd_bytes=bwd)
 
 
 def with_quantization(
-    kernels: list[Kernel], recipe: str, transpose_free: bool, input_shares: dict[str, float] | None = None
+    kernels: list[Kernel],
+    recipe: str,
+    transpose_free: bool,
+    input_shares: dict[str, float] | None = None,
+    sp_shard: float = 1.0,
 ) -> list[Kernel]:
     """``kernels`` (one layer's forward kernels of an FP8 step) with a quantisation pass
     before each GEMM that runs in the step's FP8 (``math_dtype`` unset); ``input_shares``:
-    per GEMM name, the share of its forward input rows quantised (FP8 dispatch: ``1 / top_k``)."""
+    per GEMM name, the share of its forward input rows quantised (FP8 dispatch: ``1 / top_k``);
+    ``sp_shard``: ``1 / tp`` under sequence parallelism, the share of a gathered tensor a rank
+    quantises (:data:`GATHERED_INPUT_GEMMS`, :data:`GATHERED_GRAD_GEMMS`), else 1."""
     shares = input_shares or {}
     out: list[Kernel] = []
     for k in kernels:
         if k.kind == "gemm" and k.math_dtype is None:
-            q = quantization_kernel(k, recipe, transpose_free, k.name in NORM_FED_GEMMS, shares.get(k.name, 1.0))
+            share = shares.get(k.name, 1.0) * (sp_shard if k.name in GATHERED_INPUT_GEMMS else 1.0)
+            grad = sp_shard if k.name in GATHERED_GRAD_GEMMS else 1.0
+            q = quantization_kernel(k, recipe, transpose_free, k.name in NORM_FED_GEMMS, share, grad)
             if q is not None:
                 out.append(q)
         out.append(k)
