@@ -34,4 +34,9 @@ BALANCE_MODES: tuple[str, ...] = get_args(Balance)
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe"]
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 
+#: How FP8 tensors are scaled (``training.fp8_recipe``; Megatron-Core's ``--fp8-recipe``
+#: names, ``custom`` aside; ``workloads.quantization`` prices each).
+FP8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
+FP8_RECIPES: tuple[str, ...] = get_args(FP8Recipe)
+
 assert set(TRACE_COLLECTIVE_OPS) < set(COLLECTIVE_OPS)

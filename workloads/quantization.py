@@ -45,9 +45,9 @@ Checked against Transformer Engine's published GEMM benchmark (tests/test_quanti
 
 from __future__ import annotations
 
+from workloads.enums import FP8_RECIPES
 from workloads.kernels import Kernel
 
-FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "blockwise", "mxfp8")
 #: Suffix of a quantisation kernel's name: ``<gemm>_quant`` runs before GEMM ``<gemm>``.
 QUANT_SUFFIX = "_quant"
 #: Under sequence parallelism, GEMMs whose input (forward) or output gradient (backward) is
@@ -90,9 +90,9 @@ def bytes_per_element(recipe: str, transpose_free: bool, norm_fed: bool = False)
     copies = 1 + columnwise_copies(recipe, transpose_free)
     if norm_fed and recipe == "delayed":
         # the norm writes FP8 itself, a byte less than BF16; on Hopper a transpose pass (read
-        # the FP8 copy, write the column copy) adds two: one net. Blackwell's byte saved is not
-        # counted (no pass, no negative kernel).
-        return 2 * _FP8_COPY - _FP8_COPY if copies > 1 else 0.0
+        # the FP8 copy, write the column copy) adds two: one byte net. Blackwell's byte saved
+        # is not counted (no pass, no negative kernel).
+        return _FP8_COPY if copies > 1 else 0.0
     out = _BF16_READ + copies * (_FP8_COPY + _SCALE_BYTES.get(recipe, 0.0))
     if recipe == "tensorwise" and not norm_fed:
         out += _BF16_READ  # the amax pass

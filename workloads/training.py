@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from workloads.enums import Balance, Recompute
+from workloads.enums import Balance, FP8Recipe, Recompute
 from workloads.errors import WorkloadError
 
 Dtype = Literal["bf16", "fp8"]
@@ -227,7 +227,7 @@ class TrainingSpec:
     # (Blackwell's 1x32 E8M0 blocks). It sets the bytes of the quantisation passes beside each
     # FP8 GEMM (workloads.quantization). No effect outside FP8 training (a sweep or map may
     # set it beside BF16 points).
-    fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] = "delayed"
+    fp8_recipe: FP8Recipe = "delayed"
     # Megatron --distribute-saved-activations: under full recompute each layer's saved
     # input is split over the TP group and all-gathered before the layer is recomputed
     # (megatron/core/tensor_parallel/random.py CheckpointFunction at d98e8a64). Needs

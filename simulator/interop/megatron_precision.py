@@ -7,11 +7,13 @@ dispatch's wire dtype and Transformer Engine's FP8 weights (``--fp8-param-gather
 from __future__ import annotations
 
 from simulator.interop.megatron_args import ScenarioError
+from workloads import enums
 
 # Megatron-LM's --fp8-format choices (megatron/training/arguments.py, _add_transformer_engine_args).
 FP8_FORMATS = ("e4m3", "hybrid")
-# Megatron-Core's --fp8-recipe choices (transformer_config.py fp8_recipe at d98e8a64), default delayed.
-FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8", "custom")
+# Megatron-Core's --fp8-recipe choices (transformer_config.py fp8_recipe at d98e8a64), default
+# delayed: stepsim's, and a user quantizer factory's
+FP8_RECIPES = (*enums.FP8_RECIPES, "custom")
 
 
 def dtype(r) -> str:
