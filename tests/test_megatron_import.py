@@ -124,6 +124,7 @@ def test_mapping_of_a_modern_moe_argument_list():
         "overlap_grad_reduce": True,
         "flash_attention": True,
         "moe_token_dispatcher": "allgather",  # Megatron-Core's default dispatcher
+        "moe_expert_gemm": "per-expert",  # Megatron-Core runs one GEMM per local expert
     }
     assert sc["cluster"] == {"preset": "dgx-h100", "devices": 16}
     assert res.unmapped == ["--moe-aux-loss-coeff 0.01"]

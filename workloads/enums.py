@@ -39,4 +39,11 @@ SCHEDULES: tuple[str, ...] = get_args(Schedule)
 FP8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
 FP8_RECIPES: tuple[str, ...] = get_args(FP8Recipe)
 
+#: How the routed experts' GEMMs are launched (``training.moe_expert_gemm``): one grouped
+#: kernel for all local experts (DeepGEMM, CUTLASS grouped GEMM, the ``grouped_gemm``
+#: library), or one GEMM per local expert (Transformer Engine's GroupedLinear on its default
+#: cuBLAS path, Megatron-Core's SequentialMLP; ``workloads.moe_kernels``).
+MoEExpertGemm = Literal["grouped", "per-expert"]
+MOE_EXPERT_GEMMS: tuple[str, ...] = get_args(MoEExpertGemm)
+
 assert set(TRACE_COLLECTIVE_OPS) < set(COLLECTIVE_OPS)

@@ -55,6 +55,8 @@ _UNFUSED_SCORE_BWD_BYTES = 17
 #: Name of the unfused-attention score-traffic kernel (its backward has its own bytes).
 UNFUSED_SCORES_KERNEL = "attn_scores"
 _FP32_BYTES = 4
+#: The most launches one kernel may stand for (:attr:`Kernel.launches`; a trace file's bound).
+MAX_KERNEL_LAUNCHES = 65536
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,10 @@ class Kernel:
     # A kernel timed by its recording, not the roofline (a GPU node of a recorded Chakra trace
     # with no FLOPs or bytes, workloads.trace.chakra): its measured seconds on any chip.
     recorded_s: float | None = None
+    # Kernel launches it stands for: a grouped GEMM run as one GEMM per group (Transformer
+    # Engine's GroupedLinear on its cuBLAS path, training.moe_expert_gemm: per-expert) is
+    # ``groups``; each costs the host a launch and the GPU its per-kernel overhead.
+    launches: int = 1
 
 
 def backward_flops_factor() -> float:
@@ -131,10 +137,28 @@ def backward_kernels(kernel: Kernel) -> tuple[Kernel, ...]:
         dt = kernel.math_dtype if kernel.grad_math_dtype is None else kernel.grad_math_dtype
         return (
             Kernel(
-                f"{kernel.name}.dgrad", "gemm", half, nbytes, kernel.m, kernel.k, kernel.n, kernel.groups, math_dtype=dt
+                f"{kernel.name}.dgrad",
+                "gemm",
+                half,
+                nbytes,
+                kernel.m,
+                kernel.k,
+                kernel.n,
+                kernel.groups,
+                math_dtype=dt,
+                launches=kernel.launches,
             ),
             Kernel(
-                f"{kernel.name}.wgrad", "gemm", half, nbytes, kernel.k, kernel.n, kernel.m, kernel.groups, math_dtype=dt
+                f"{kernel.name}.wgrad",
+                "gemm",
+                half,
+                nbytes,
+                kernel.k,
+                kernel.n,
+                kernel.m,
+                kernel.groups,
+                math_dtype=dt,
+                launches=kernel.launches,
             ),
         )
     if kernel.bwd_bytes is not None:  # a pass whose backward is not twice its forward

@@ -69,6 +69,10 @@ class MoEOptions:
       columns of the gathered routing map, already grouped by local expert, so no chunk sort)
       and the unpermutation writes every gathered row (``combine_preprocess``: ``unpermute`` to
       ``hidden_shape_before_permute``) for the reduce-scatter.
+    * ``per_expert_gemms``: the routed experts' GEMMs run as one GEMM per local expert
+      (``training.moe_expert_gemm: per-expert``; Transformer Engine's GroupedLinear on its
+      default cuBLAS path): each grouped GEMM kernel is launched ``groups`` times
+      (:attr:`workloads.kernels.Kernel.launches`).
     """
 
     router_dtype: str = "bf16"
@@ -77,6 +81,7 @@ class MoEOptions:
     capacity_factor: float | None = None
     pad_factor: float = 1.0
     allgather: bool = False
+    per_expert_gemms: bool = False
 
     @classmethod
     def of(cls, training, expert_load=None) -> MoEOptions:
@@ -91,6 +96,7 @@ class MoEOptions:
             capacity_factor=cf,
             pad_factor=float(cf) if pad else 1.0,
             allgather=getattr(training, "moe_token_dispatcher", "auto") == "allgather",
+            per_expert_gemms=getattr(training, "moe_expert_gemm", "grouped") == "per-expert",
         )
 
 
@@ -147,6 +153,10 @@ def moe_kernels(
         # experts.py bias_act_func: the activation's output times its row's FP32 routing weight
         # (Megatron's fused weighted SwiGLU): one more multiply per element, one weight per row.
         ffn[1] = replace(ffn[1], flops=ffn[1].flops + A * width, bytes=ffn[1].bytes + _FP32_BYTES * A)
+    if opts.per_expert_gemms and local_experts > 1:
+        # TE GroupedLinear: one cuBLAS GEMM per local expert (multi_stream_cublas_gemm), the
+        # same math as one grouped kernel, launched local_experts times.
+        ffn[0], ffn[2] = (replace(g, launches=local_experts) for g in (ffn[0], ffn[2]))
     out += ffn
     # combine_preprocess: the expert outputs restored to the order the all-to-all sends.
     if sort:

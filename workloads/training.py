@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from workloads.enums import Balance, FP8Recipe, Recompute
+from workloads.enums import Balance, FP8Recipe, MoEExpertGemm, Recompute
 from workloads.errors import WorkloadError
 
 Dtype = Literal["bf16", "fp8"]
@@ -228,6 +228,15 @@ class TrainingSpec:
     # FP8 GEMM (workloads.quantization). No effect outside FP8 training (a sweep or map may
     # set it beside BF16 points).
     fp8_recipe: FP8Recipe = "delayed"
+    # How the routed experts' GEMMs are launched (workloads.moe_kernels): "grouped" (default),
+    # one kernel for all local experts (DeepGEMM, CUTLASS grouped GEMM, the grouped_gemm
+    # library's GroupedMLP); "per-expert", one cuBLAS GEMM per local expert, as Transformer
+    # Engine's GroupedLinear runs Megatron-Core's TEGroupedMLP (--moe-grouped-gemm with TE):
+    # nvte_multi_tensor_gemm -> multi_stream_cublas_gemm over 4 compute streams unless
+    # NVTE_USE_CUTLASS_GROUPED_GEMM=1 on Hopper (transformer_engine/common/gemm/cublaslt_gemm.cu
+    # at NVIDIA/TransformerEngine d0067d0). Each launch costs the host and the GPU their
+    # per-kernel time; the math is the same.
+    moe_expert_gemm: MoEExpertGemm = "grouped"
     # Megatron --distribute-saved-activations: under full recompute each layer's saved
     # input is split over the TP group and all-gathered before the layer is recomputed
     # (megatron/core/tensor_parallel/random.py CheckpointFunction at d98e8a64). Needs

@@ -1,7 +1,7 @@
 """Compute-time model: a roofline per kernel with calibrated efficiencies.
 
 A kernel takes ``max(flops / (peak * eff), bytes / (hbm_bw * mem_eff)) +
-launch_overhead_s``, with the kernel's ``executed_flops`` in place of ``flops``
+launches * launch_overhead_s`` (one launch but for GEMMs run one per local expert), with the kernel's ``executed_flops`` in place of ``flops``
 where it has them (a causal flash-attention kernel, counted in FlashAttention's
 convention: see :mod:`workloads.counts`). ``eff`` depends on the kernel kind and, for GEMMs, on the
 shape: small dimensions under-fill the tensor cores, modelled by a saturating
@@ -156,7 +156,8 @@ def kernel_time_s(
             peak, eff = chip.peak("bf16"), cal.gemm_efficiency
         t_math = (k.flops if k.executed_flops is None else k.executed_flops) / (peak * eff)
     t_mem = k.bytes / (chip.hbm_bw_bytes_per_s * cal.memory_efficiency) if k.bytes > 0 else 0.0
-    return max(t_math, t_mem) + cal.launch_overhead_s
+    # the GPU's own gap and tail per launch (a per-expert GEMM kernel: one per group)
+    return max(t_math, t_mem) + cal.launch_overhead_s * k.launches
 
 
 def grouped_gemm_shape_loss_s(k: Kernel, chip: ChipSpec, cal: ComputeCalibration, dtype: str = "bf16") -> float:

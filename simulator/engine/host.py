@@ -2,7 +2,8 @@
 
 The host issues a rank's ops in program order (the trace's order of that rank's ops,
 over all its streams), each costing ``launches x launch_s`` of host time
-(:attr:`Op.launches`: a compute op's kernels, one for a collective or send, 0 inside a
+(:attr:`Op.launches`: a compute op's kernels, a GEMM run one per local expert counting one per
+expert (:attr:`workloads.kernels.Kernel.launches`), one for a collective or send, 0 inside a
 replayed CUDA graph; ``launch_s`` is ``training.host_launch_s``, by default
 :data:`workloads.training.HOST_LAUNCH_S` with its sources on GPUs and 0 on TPUs, whose XLA
 program has no per-operation host dispatch). The host never waits for the
@@ -13,11 +14,12 @@ there it blocks until that op has ended, so it cannot run ahead past it. Hence, 
 
     S_i = max(S_{i-1} + cost_{i-1}, end(op_{i-1}) if op_{i-1} is a sync)
 
-A GPU op cannot start before it is issued: kernel ``j`` (0-based) of a compute op is
+A GPU op cannot start before it is issued: launch ``j`` (0-based) of a compute op is
 ready at ``S + (j + 1) launch_s`` (eager) or, where the op costs fewer launches than it
 has kernels (a graph replay), all at ``S + launches x launch_s``; a communication op at
 ``S + launch_s``. A compute op that the GPU could start at ``g`` then ends at
-``e_j = max(e_{j-1}, ready_j) + d_j`` over its kernels (``e_{-1} = g``): exactly
+``e_j = max(e_{j-1}, ready_j) + d_j`` over its launches (``e_{-1} = g``; a per-expert GEMM's
+``groups`` launches each run an equal share of its time): exactly
 ``g + sum d`` when the host is ahead (``S + cost <= g``), the common case for long
 kernels, so no per-kernel work is done then.
 
@@ -45,7 +47,13 @@ def launches_of(op: Op) -> int:
     (compute) or one (a collective, send or host transfer)."""
     if op.launches >= 0:
         return op.launches
-    return len(op.kernels) if op.kind == "compute" else 1
+    return kernel_launches(op) if op.kind == "compute" else 1
+
+
+def kernel_launches(op: Op) -> int:
+    """Launches of a compute op's kernels issued one at a time (eager): one each, ``groups``
+    for a GEMM run one per local expert (:attr:`workloads.kernels.Kernel.launches`)."""
+    return sum(k.launches for k in op.kernels)
 
 
 class HostTimeline:
@@ -118,7 +126,7 @@ class HostTimeline:
         (compute; all of them under a graph replay) or its launch (communication)."""
         n = launches_of(op)
         if op.kind == "compute":
-            return start + (min(n, 1) if n >= len(op.kernels) else n) * self.launch_s
+            return start + (min(n, 1) if n >= kernel_launches(op) else n) * self.launch_s
         return start + n * self.launch_s
 
     def compute_end(self, op: Op, start: float, gpu_ready: float, times: tuple, scale: float) -> float:
@@ -127,13 +135,21 @@ class HostTimeline:
         kernel before it has ended and the host has issued it."""
         n, h = launches_of(op), self.launch_s
         e = gpu_ready
-        if n >= len(op.kernels):  # eager: one launch per kernel
+        if n >= kernel_launches(op):  # eager: one launch per kernel (per expert GEMM)
             a = start
-            for d in times:
-                a += h
-                if a > e:
-                    e = a
-                e += d * scale
+            for k, d in zip(op.kernels, times):
+                if k.launches == 1:
+                    a += h
+                    if a > e:
+                        e = a
+                    e += d * scale
+                    continue
+                part = d * scale / k.launches  # one of its equal per-expert GEMMs
+                for _ in range(k.launches):
+                    a += h
+                    if a > e:
+                        e = a
+                    e += part
             return e
         a = start + n * h  # a graph replay: every kernel issued by its launches
         if a > e:

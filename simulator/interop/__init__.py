@@ -3,7 +3,9 @@
 * :mod:`.megatron` — a Megatron-LM command line into a scenario (``stepsim import``), read by
   :mod:`.megatron_args`, :mod:`.megatron_layout` (the pipeline split, the MoE layer pattern) and
   :mod:`.megatron_precision` (dtype, MoE dispatch dtype, FP8 weights), :mod:`.megatron_memory`
-  (the memory flags: saved activations, router dtype, capacity, precision-aware optimizer); :mod:`.export_megatron` — a scenario as the Megatron-LM launch line that
+  (the memory flags: saved activations, router dtype, capacity, precision-aware optimizer) and
+  :mod:`.megatron_moe` (the token dispatcher, the expert GEMMs' launches); :mod:`.export_megatron`
+  — a scenario as the Megatron-LM launch line that
   would run it (``stepsim export megatron``), which :mod:`.megatron` reads back;
   :mod:`.export_maxtext` — a scenario as a MaxText configuration (``stepsim export maxtext``);
 * :mod:`.nccl_tests` — nccl-tests output into bus-bandwidth measurements;

@@ -107,6 +107,25 @@ def _layout_args(sc) -> list[str]:
     return out  # the data-parallel size follows from the devices (torchrun's line)
 
 
+def _expert_gemm_args(t) -> list[str]:
+    """``training.moe_expert_gemm`` (simulator.interop.megatron_moe): TEGroupedMLP, one cuBLAS
+    GEMM per local expert (``per-expert``), or with Transformer Engine's native GroupedTensor
+    path, one grouped GEMM (``grouped``: ``--moe-use-grouped-tensor``, which the TE operation
+    fuser of the FP8 dispatch turns on as well, transformer_config.py at d98e8a64)."""
+    if t.fp8_dispatch:
+        if t.moe_expert_gemm == "per-expert":
+            raise ScenarioError(
+                "Megatron-Core sends FP8 tokens only with Transformer Engine's operation fuser, which runs "
+                "the experts as one grouped GEMM: set training.moe_expert_gemm: grouped or "
+                "training.moe_dispatch_dtype: bf16",
+                field="training.moe_expert_gemm",
+            )
+        return []  # written with the dispatch (--moe-grouped-gemm --use-transformer-engine-op-fuser)
+    if t.moe_expert_gemm == "grouped":
+        return ["--moe-grouped-gemm", "--moe-use-grouped-tensor"]
+    return ["--moe-grouped-gemm"]
+
+
 def _training_args(t, moe: bool, load=None, node_limited: bool = False) -> list[str]:
     out = ["--seq-length", t.seq_len, "--max-position-embeddings", t.seq_len]
     out += ["--micro-batch-size", t.micro_batch_size, "--global-batch-size", t.global_batch_size]
@@ -135,6 +154,7 @@ def _training_args(t, moe: bool, load=None, node_limited: bool = False) -> list[
     if t.dtype == "fp8" and not t.fp8_params and not t.fp8_weight_cache:
         out.append("--disable-parameter-transpose-cache")
     out += _dispatcher_args(t, node_limited) if moe else []
+    out += _expert_gemm_args(t) if moe else []
     if t.fp8_dispatch and moe:
         # Megatron-Core sends FP8 tokens only through the flex 'ncclep' backend
         # (transformer_config.py at d98e8a64: moe_dispatch_fwd_dtype needs it, the TE op

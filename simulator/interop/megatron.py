@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simulator.interop import megatron_layout, megatron_memory, megatron_precision
+from simulator.interop import megatron_layout, megatron_memory, megatron_moe, megatron_precision
 from simulator.interop.megatron_args import GPT2_VOCAB, NO_STEP_EFFECT, ScenarioError, arg_int, parse_arg_text
 
 
@@ -324,7 +324,8 @@ class _Mapping:
         moe = args.get("num-experts") is not None
         tr.update(megatron_memory.saved_activations(self, tr["recompute"], par))
         tr.update(megatron_memory.router_dtype(self, moe))
-        tr.update(self.dispatcher(moe))
+        tr.update(megatron_moe.dispatcher(self, moe))
+        tr.update(megatron_moe.expert_gemm(self, moe))
         tr.update(megatron_memory.capacity(self, moe, tr.get("moe_token_dispatcher") == "allgather"))
         tr.update(megatron_memory.optimizer_precision(self, tr.get("optimizer", "adam")))
         return tr
@@ -403,37 +404,6 @@ class _Mapping:
             self.take("tp-comm-overlap", "training.tp_comm_overlap", True)
             out["tp_comm_overlap"] = True
         return out
-
-    def dispatcher(self, moe: bool) -> dict:
-        """``--moe-token-dispatcher-type`` -> ``training.moe_token_dispatcher``: ``allgather``
-        (Megatron-Core's default, also without the flag: every rank gathers its expert-TP x EP
-        group's tokens), ``alltoall`` (one copy of a token per routed expert across the nodes)
-        and ``flex`` with the ``deepep`` or ``hybridep`` backend (one copy per destination node,
-        forwarded over NVLink). The flex ``ncclep`` backend has no model of its own and stays in
-        the not-mapped list (transformer_config.py at NVIDIA/Megatron-LM d98e8a64:
-        ``moe_token_dispatcher_type`` allgather, ``moe_flex_dispatcher_backend`` deepep)."""
-        args = self.args
-        kind = args.get("moe-token-dispatcher-type")
-        if not moe:
-            megatron_memory.dense_only(self, ("moe-token-dispatcher-type", "moe-flex-dispatcher-backend"))
-            return {}
-        if kind is None:
-            self.assume(
-                "no --moe-token-dispatcher-type: Megatron-Core's default, the allgather dispatcher "
-                "(training.moe_token_dispatcher: allgather)"
-            )
-            return {"moe_token_dispatcher": "allgather"}
-        if kind in ("alltoall", "allgather"):
-            self.take("moe-token-dispatcher-type", "training.moe_token_dispatcher", kind)
-            return {"moe_token_dispatcher": kind}
-        if kind == "flex":
-            backend = args.get("moe-flex-dispatcher-backend") or "deepep"  # Megatron-Core's default backend
-            if backend in ("deepep", "hybridep"):
-                self.take("moe-token-dispatcher-type", "training.moe_token_dispatcher", "flex")
-                if "moe-flex-dispatcher-backend" in args:
-                    self.take("moe-flex-dispatcher-backend", "training.moe_token_dispatcher", "flex")
-                return {"moe_token_dispatcher": "flex"}
-        return {}
 
     def recompute(self, layers: int, par: dict) -> str:
         args = self.args

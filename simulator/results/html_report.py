@@ -230,6 +230,7 @@ MOE_TERMS = {
     "quantization": "FP8 quantisation of the experts' inputs and gradients",
     "grouped_gemm": "expert grouped GEMMs",
     "grouped_gemm_shape_loss": "of which lost to small per-expert shapes",
+    "grouped_gemm_launches": "of which the GPU's overhead of per-expert GEMM launches",
     "host_exposed": "GPU waiting for the host to issue (launches, syncs)",
     "ep_comm_hidden": "expert all-to-all hidden behind compute",
 }

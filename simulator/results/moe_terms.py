@@ -18,6 +18,10 @@ micro-batch), then averaged over the simulated ranks:
 * ``grouped_gemm_shape_loss``: the routed experts' grouped GEMMs at their shape's
   efficiency minus the same GEMMs at the large-shape efficiency
   (:func:`simulator.engine.compute.grouped_gemm_shape_loss_s`);
+* ``grouped_gemm_launches``: the GPU's per-kernel overhead of the routed experts' GEMMs
+  beyond one launch each (``training.moe_expert_gemm: per-expert``, one GEMM per local
+  expert: ``(groups - 1) x launch_overhead_s`` a GEMM; 0 for one grouped kernel). What their
+  launches cost the host shows in ``host_exposed`` where the GPU waits for it;
 * ``grouped_gemm``: the routed experts' grouped GEMMs themselves, for scale.
 """
 
@@ -40,21 +44,23 @@ def _base(name: str) -> str:
     return name
 
 
-def _kernel_terms(k, chip, cal, dtype) -> tuple[str, float, float]:
-    """``(term, seconds, shape loss)`` of one kernel; ``term`` empty where it counts in none."""
+def _kernel_terms(k, chip, cal, dtype) -> tuple[str, float, float, float]:
+    """``(term, seconds, shape loss, extra launches' overhead)`` of one kernel; ``term`` empty
+    where it counts in none."""
     base = _base(k.name)
     term = _TERM_OF.get(base)
     grouped = k.kind == "gemm" and k.groups > 1
     if term is None and not grouped:
-        return ("", 0.0, 0.0)
+        return ("", 0.0, 0.0, 0.0)
     t = kernel_time_s(k, chip, cal, dtype)
     loss = grouped_gemm_shape_loss_s(k, chip, cal, dtype) if grouped else 0.0
-    return (term or "grouped_gemm", t, loss)
+    launches = (k.launches - 1) * cal.launch_overhead_s if grouped and k.recorded_s is None else 0.0
+    return (term or "grouped_gemm", t, loss, launches)
 
 
 def _group_terms(kernels, cache: dict, chip, cal, dtype) -> tuple[list, int]:
     """Of one kernel group (shared by many ops): its counted kernels' ``(term, seconds, shape
-    loss)`` in order, and how many of its kernels are routers."""
+    loss, extra launches' overhead)`` in order, and how many of its kernels are routers."""
     terms, routers = [], 0
     for k in kernels:
         hit = cache.get(id(k))
@@ -67,7 +73,8 @@ def _group_terms(kernels, cache: dict, chip, cal, dtype) -> tuple[list, int]:
 
 
 def moe_compute_terms(trace, chip, cal, dtype: str) -> dict:
-    """``{routing, permutation, unpermutation, quantization, grouped_gemm, grouped_gemm_shape_loss}`` in
+    """``{routing, permutation, unpermutation, quantization, grouped_gemm, grouped_gemm_shape_loss,
+    grouped_gemm_launches}`` in
     seconds per MoE layer and micro-batch (module notes); empty for a dense model.
 
     Ops share kernel groups: each group's terms are worked out once, then added op by op in
@@ -84,12 +91,14 @@ def moe_compute_terms(trace, chip, cal, dtype: str) -> dict:
         if acc is None:
             acc = per_rank[op.rank] = dict.fromkeys((*MOE_TERM_KERNELS, "grouped_gemm"), 0.0)
             acc.setdefault("grouped_gemm_shape_loss", 0.0)
+            acc.setdefault("grouped_gemm_launches", 0.0)
         g = groups.get(id(kernels))
         if g is None or g[0] is not kernels:
             g = groups[id(kernels)] = (kernels, *_group_terms(kernels, cache, chip, cal, dtype))
-        for term, t, loss in g[1]:
+        for term, t, loss, launches in g[1]:
             acc[term] += t
             acc["grouped_gemm_shape_loss"] += loss
+            acc["grouped_gemm_launches"] += launches
         if g[2] and op.phase == "F" and not op.recompute:
             layers[op.rank] = layers.get(op.rank, 0) + g[2]
     rows = [{t: v / layers[r] for t, v in acc.items()} for r, acc in per_rank.items() if layers.get(r)]

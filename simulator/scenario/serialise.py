@@ -48,6 +48,7 @@ def _training_dict(t: TrainingSpec) -> dict:
         ("fp8_weight_cache", False),
         ("fp8_params", False),
         ("fp8_recipe", "delayed"),
+        ("moe_expert_gemm", "grouped"),
     ):
         if d[key] == default:  # likewise
             del d[key]

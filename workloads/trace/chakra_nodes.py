@@ -10,7 +10,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from workloads.kernels import KERNEL_KINDS, MATH_DTYPES, Kernel
+from workloads.kernels import KERNEL_KINDS, MATH_DTYPES, MAX_KERNEL_LAUNCHES, Kernel
 from workloads.trace.chakra import _CHAKRA_TO_COLL, _SUPPORTED_TYPES, COMM_GROUP_FILE
 from workloads.trace.ops import MEMORY_CATEGORIES, TraceError
 
@@ -199,6 +199,11 @@ def _kernel_options(at: dict, ks: list, where: str) -> tuple[Kernel, ...]:
         if len(bwd) != len(ks) or any(not math.isnan(x) and not 0 <= x < math.inf for x in bwd):
             raise TraceError(f"{where}: malformed stepsim.kernel_bwd_bytes")
         ks = [k if math.isnan(x) else dataclasses.replace(k, bwd_bytes=float(x)) for k, x in zip(ks, bwd)]
+    launches = at.get("stepsim.kernel_launches")
+    if launches is not None:
+        if len(launches) != len(ks) or any(not 1 <= x <= MAX_KERNEL_LAUNCHES for x in launches):
+            raise TraceError(f"{where}: malformed stepsim.kernel_launches (1..{MAX_KERNEL_LAUNCHES} a kernel)")
+        ks = [dataclasses.replace(k, launches=int(x)) if x != 1 else k for k, x in zip(ks, launches)]
     rec = at.get("stepsim.kernel_recorded_s")
     if rec is not None:
         if len(rec) != len(ks) or any(not math.isnan(x) and not 0 <= x < math.inf for x in rec):

@@ -69,6 +69,10 @@ def _comp_node(pb, node, op: Op) -> None:
                 ),
             )
         )
+    if any(k.launches != 1 for k in op.kernels):  # a GEMM run one per local expert
+        node.attr.append(
+            _attr(pb, "stepsim.kernel_launches", int64_list=pb.Int64List(values=[k.launches for k in op.kernels]))
+        )
     for f in ("math_dtype", "grad_math_dtype"):  # "": the step's
         if any(getattr(k, f) is not None for k in op.kernels):
             values = [getattr(k, f) or "" for k in op.kernels]

@@ -24,7 +24,9 @@ Format (JSON, optionally gzip-compressed when the name ends in ``.gz``)::
                      # e.g. a causal flash-attention kernel's half square), "math_dtype" /
                      # "grad_math_dtype" (bf16 | fp8 | tf32: a GEMM's own, e.g. the MoE
                      # router's), "bwd_bytes" (a backward pass's bytes, not twice its own),
-                     # "recorded_s" (timed by its recording, not the roofline)
+                     # "recorded_s" (timed by its recording, not the roofline),
+                     # "launches" (absent: 1; a grouped GEMM run one GEMM per local expert:
+                     # its groups, each a host launch and the GPU's per-kernel overhead)
          "recompute": false,
          "mem": [["activations", 1.5e8, "end"]]},
         {"id": 5, "rank": 0, "stream": "tp", "kind": "collective", "name": "L0.attn.out",
@@ -75,7 +77,7 @@ import json
 import math
 from pathlib import Path
 
-from workloads.kernels import KERNEL_KINDS, MATH_DTYPES, Kernel
+from workloads.kernels import KERNEL_KINDS, MATH_DTYPES, MAX_KERNEL_LAUNCHES, Kernel
 
 # Kernel fields written only where set: the math dtype of a GEMM (and of its gradients) where it
 # is not the step's, the bytes of a backward pass that is not twice its forward's, and the
@@ -133,6 +135,7 @@ def trace_to_dict(trace: Trace) -> dict:
                     "groups": k.groups,
                     **({} if k.executed_flops is None else {"executed_flops": k.executed_flops}),
                     **{f: getattr(k, f) for f in KERNEL_OPTIONAL if getattr(k, f) is not None},
+                    **({} if k.launches == 1 else {"launches": k.launches}),
                 }
                 for k in op.kernels
             ]
@@ -480,6 +483,9 @@ def _kernel_from_dict(k: dict, kw: str) -> Kernel:
     rec = k.get("recorded_s")
     if rec is not None:
         rec = _amount(rec, f"{kw}.recorded_s", MAX_RECORDED_S)
+    launches = k.get("launches", 1)
+    if isinstance(launches, bool) or not isinstance(launches, int) or not 1 <= launches <= MAX_KERNEL_LAUNCHES:
+        raise TraceError(f"{kw}.launches: must be an integer in 1..{MAX_KERNEL_LAUNCHES}, got {launches!r}")
     return Kernel(
         str(k.get("name", "")),
         kk,
@@ -492,6 +498,7 @@ def _kernel_from_dict(k: dict, kw: str) -> Kernel:
         None if executed is None else float(executed),
         bwd_bytes=bwd,
         recorded_s=rec,
+        launches=launches,
         **dtypes,
     )
 

@@ -1,0 +1,81 @@
+"""The MoE side of a Megatron-LM import (:mod:`simulator.interop.megatron`): which token
+dispatcher runs (``--moe-token-dispatcher-type``, ``--moe-flex-dispatcher-backend``) and how the
+routed experts' GEMMs are launched (``--moe-grouped-gemm``, ``--moe-use-grouped-tensor``;
+Transformer Engine's ``NVTE_USE_CUTLASS_GROUPED_GEMM``). Each function takes the import under way ``r`` (its
+``args``, ``take``, ``assume`` and ``used``) and returns the training keys it sets.
+
+Read from NVIDIA/Megatron-LM at d98e8a64ddf34856e74b24714e3bedb2f5a39553
+(``megatron/core/transformer/transformer_config.py``, ``megatron/core/models/backends.py``,
+``megatron/core/extensions/transformer_engine_spec_provider.py``) and NVIDIA/TransformerEngine
+at d0067d0da6cb01811b8072a7d304f0e00344ce2b (``transformer_engine/common/gemm/cublaslt_gemm.cu``).
+"""
+
+from __future__ import annotations
+
+from simulator.interop.megatron_memory import dense_only
+
+#: Transformer Engine's switch to its CUTLASS grouped GEMM (``nvte_multi_tensor_gemm``: on
+#: Hopper, BF16/FP16 operands, no fused bias, a uniform K divisible by 128), read from a
+#: ``NAME=1`` word of the launch line.
+CUTLASS_ENV = "NVTE-USE-CUTLASS-GROUPED-GEMM"
+
+
+def dispatcher(r, moe: bool) -> dict:
+    """``--moe-token-dispatcher-type`` -> ``training.moe_token_dispatcher``: ``allgather``
+    (Megatron-Core's default, also without the flag: every rank gathers its expert-TP x EP
+    group's tokens), ``alltoall`` (one copy of a token per routed expert across the nodes)
+    and ``flex`` with the ``deepep`` or ``hybridep`` backend (one copy per destination node,
+    forwarded over NVLink). The flex ``ncclep`` backend has no model of its own and stays in
+    the not-mapped list (transformer_config.py at NVIDIA/Megatron-LM d98e8a64:
+    ``moe_token_dispatcher_type`` allgather, ``moe_flex_dispatcher_backend`` deepep)."""
+    args = r.args
+    kind = args.get("moe-token-dispatcher-type")
+    if not moe:
+        dense_only(r, ("moe-token-dispatcher-type", "moe-flex-dispatcher-backend"))
+        return {}
+    if kind is None:
+        r.assume(
+            "no --moe-token-dispatcher-type: Megatron-Core's default, the allgather dispatcher "
+            "(training.moe_token_dispatcher: allgather)"
+        )
+        return {"moe_token_dispatcher": "allgather"}
+    if kind in ("alltoall", "allgather"):
+        r.take("moe-token-dispatcher-type", "training.moe_token_dispatcher", kind)
+        return {"moe_token_dispatcher": kind}
+    if kind == "flex":
+        backend = args.get("moe-flex-dispatcher-backend") or "deepep"  # Megatron-Core's default backend
+        if backend in ("deepep", "hybridep"):
+            r.take("moe-token-dispatcher-type", "training.moe_token_dispatcher", "flex")
+            if "moe-flex-dispatcher-backend" in args:
+                r.take("moe-flex-dispatcher-backend", "training.moe_token_dispatcher", "flex")
+            return {"moe_token_dispatcher": "flex"}
+    return {}
+
+
+def expert_gemm(r, moe: bool) -> dict:
+    """How the routed experts' GEMMs are launched (``training.moe_expert_gemm``). Megatron-Core
+    runs one GEMM per local expert unless told otherwise: ``--moe-grouped-gemm`` with Transformer
+    Engine builds TEGroupedMLP, whose GroupedLinear calls ``nvte_multi_tensor_gemm`` -> one cuBLAS
+    GEMM per expert over 4 compute streams; without it (or with the local spec) SequentialMLP
+    loops over the experts. One grouped kernel (``grouped``) takes ``--moe-use-grouped-tensor``
+    or the TE operation fuser (``--use-transformer-engine-op-fuser``, which turns it on:
+    Transformer Engine's native GroupedTensor GEMM), or ``NVTE_USE_CUTLASS_GROUPED_GEMM=1`` on
+    the launch line (TE's CUTLASS grouped GEMM, Hopper)."""
+    names = ("moe-grouped-gemm", "moe-use-grouped-tensor")
+    if not moe:
+        dense_only(r, names)
+        return {}
+    args = r.args
+    switches = [a for a in ("moe-use-grouped-tensor", "use-transformer-engine-op-fuser") if a in args]
+    if str(args.get(CUTLASS_ENV, "0")) == "1":
+        switches.append(CUTLASS_ENV)
+    gemm = "grouped" if switches and "moe-grouped-gemm" in args else "per-expert"
+    for a in ("moe-grouped-gemm", *switches):
+        if a in args:
+            r.take(a, "training.moe_expert_gemm", gemm)
+    if gemm == "per-expert":
+        r.assume(
+            "training.moe_expert_gemm = per-expert: Megatron-Core runs one GEMM per local expert "
+            "(TEGroupedMLP's cuBLAS path, or SequentialMLP), each a kernel launch"
+        )
+    return {"moe_expert_gemm": gemm}
