@@ -61,6 +61,10 @@ class ComputeCalibration:
     # its kernels share the SMs and HBM with that compute. Not applied to DualPipe's pairs,
     # whose dedicated communication SMs keep the links full (DeepSeek-V3 §3.2.2).
     overlap_a2a_slowdown: float = field(default=1.0, metadata={"ge": 1, "le": 10})
+    # The FP8 quantisation passes' achieved HBM rate as a share of ``memory_efficiency``'s
+    # (``workloads.quantization``: amax, scale and cast into rowwise and columnwise copies,
+    # kernels of kind "quantize"), where it differs from a streaming copy's.
+    quantize_bandwidth_share: float = field(default=1.0, metadata={"ge": MIN_EFFICIENCY, "le": 1})
     source: str = ""
 
     def with_(self, **changes) -> ComputeCalibration:

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from workloads.model import ModelSpec
 from workloads.shapes import _ffn_up_width
 
-KERNEL_KINDS = ("gemm", "attention", "elementwise", "norm", "embedding")
+# "quantize": an FP8 quantisation pass (workloads.quantization), memory-bound at its own share of
+# the HBM rate (ComputeCalibration.quantize_bandwidth_share)
+KERNEL_KINDS = ("gemm", "attention", "elementwise", "norm", "embedding", "quantize")
 MATH_DTYPES = ("bf16", "fp8", "tf32")  # a GEMM kernel's own math dtype (Kernel.math_dtype)
 # FlashAttention's FLOP convention (Dao 2023, arXiv 2307.08691 §4.1; Shah et al. 2024,
 # arXiv 2407.08608 §4.1, and benchmarks/benchmark_flash_attention.py of

@@ -122,7 +122,7 @@ def quantization_kernel(
     bwd = rows * grad_share * gemm.n * bytes_per_element(recipe, transpose_free)
     if fwd <= 0 and bwd <= 0:
         return None
-    return Kernel(gemm.name + QUANT_SUFFIX, "elementwise", 0.0, fwd, bwd_bytes=bwd)
+    return Kernel(gemm.name + QUANT_SUFFIX, "quantize", 0.0, fwd, bwd_bytes=bwd)
 
 
 def with_quantization(

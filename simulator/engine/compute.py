@@ -155,7 +155,12 @@ def kernel_time_s(
         else:
             peak, eff = chip.peak("bf16"), cal.gemm_efficiency
         t_math = (k.flops if k.executed_flops is None else k.executed_flops) / (peak * eff)
-    t_mem = k.bytes / (chip.hbm_bw_bytes_per_s * cal.memory_efficiency) if k.bytes > 0 else 0.0
+    t_mem = 0.0
+    if k.bytes > 0:
+        mem_eff = cal.memory_efficiency
+        if k.kind == "quantize":  # an FP8 quantisation pass, at its own share of the rate
+            mem_eff *= cal.quantize_bandwidth_share
+        t_mem = k.bytes / (chip.hbm_bw_bytes_per_s * mem_eff)
     # the GPU's own gap and tail per launch (a per-expert GEMM kernel: one per group)
     return max(t_math, t_mem) + cal.launch_overhead_s * k.launches
 
