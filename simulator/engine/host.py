@@ -42,18 +42,25 @@ from itertools import accumulate
 from workloads.trace.ops import Op
 
 
-def launches_of(op: Op) -> int:
-    """Host launches issuing ``op`` costs: :attr:`Op.launches` where set, else its kernels
+def launches_of(op: Op, memo: dict | None = None) -> int:
+    """Host launches issuing ``op`` costs: :attr:`Op.launches` where set, else its kernels'
     (compute) or one (a collective, send or host transfer)."""
     if op.launches >= 0:
         return op.launches
-    return kernel_launches(op) if op.kind == "compute" else 1
+    return kernel_launches(op, memo) if op.kind == "compute" else 1
 
 
-def kernel_launches(op: Op) -> int:
+def kernel_launches(op: Op, memo: dict | None = None) -> int:
     """Launches of a compute op's kernels issued one at a time (eager): one each, ``groups``
-    for a GEMM run one per local expert (:attr:`workloads.kernels.Kernel.launches`)."""
-    return sum(k.launches for k in op.kernels)
+    for a GEMM run one per local expert (:attr:`workloads.kernels.Kernel.launches`). ``memo``
+    (id of a kernel tuple -> (tuple, launches)) keeps the sum per tuple ops share."""
+    ks = op.kernels
+    if memo is None:
+        return sum(k.launches for k in ks)
+    hit = memo.get(id(ks))
+    if hit is None or hit[0] is not ks:
+        hit = memo[id(ks)] = (ks, sum(k.launches for k in ks))
+    return hit[1]
 
 
 class HostTimeline:
@@ -66,6 +73,7 @@ class HostTimeline:
 
     def __init__(self, ops: list[Op], ranks, launch_s: float):
         self.launch_s = launch_s
+        self._memo: dict[int, tuple] = {}  # kernel_launches' sums per kernel tuple
         order: dict[int, list[Op]] = defaultdict(list)
         sim = set(ranks)
         for op in ops:
@@ -79,7 +87,8 @@ class HostTimeline:
         for r, rops in self._order.items():
             ids = [op.id for op in rops]
             self._rank_of.update(dict.fromkeys(ids, r))
-            cost = [launches_of(op) * launch_s for op in rops]
+            memo = self._memo
+            cost = [launches_of(op, memo) * launch_s for op in rops]
             cuts = [k + 1 for k, op in enumerate(rops[:-1]) if op.host_sync]
             self._stretches[r] = (ids, cost, [0, *cuts, len(rops)])
         self._cursor = {r: [0, 0.0] for r in self._order}  # next stretch to issue, host time then
@@ -124,18 +133,18 @@ class HostTimeline:
     def ready(self, op: Op, start: float) -> float:
         """When the GPU may start ``op`` whose issue starts at ``start``: its first kernel
         (compute; all of them under a graph replay) or its launch (communication)."""
-        n = launches_of(op)
+        n = launches_of(op, self._memo)
         if op.kind == "compute":
-            return start + (min(n, 1) if n >= kernel_launches(op) else n) * self.launch_s
+            return start + (min(n, 1) if n >= kernel_launches(op, self._memo) else n) * self.launch_s
         return start + n * self.launch_s
 
     def compute_end(self, op: Op, start: float, gpu_ready: float, times: tuple, scale: float) -> float:
         """End of compute op ``op`` (issue starting at ``start``) whose GPU could start it at
         ``gpu_ready``: kernel ``j`` of duration ``times[j] x scale`` starts when both the
         kernel before it has ended and the host has issued it."""
-        n, h = launches_of(op), self.launch_s
+        n, h = launches_of(op, self._memo), self.launch_s
         e = gpu_ready
-        if n >= kernel_launches(op):  # eager: one launch per kernel (per expert GEMM)
+        if n >= kernel_launches(op, self._memo):  # eager: one launch per kernel (per expert GEMM)
             a = start
             for k, d in zip(op.kernels, times):
                 if k.launches == 1:
