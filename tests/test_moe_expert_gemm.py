@@ -210,3 +210,23 @@ def test_the_qwen3_30b_layer_launches_85_kernels():
         ops = [o for o in res.trace.ops if o.rank == r and o.mb == 0 and o.layer == 3]
         counts[gemm] = sum(launches_of(o) for o in ops)
     assert counts == {"grouped": 43, "per-expert": 43 + 6 * (8 - 1)}
+
+
+@pytest.mark.parametrize("recipe,launches", [("tensorwise", LOCAL), ("blockwise", LOCAL), ("delayed", 1)])
+def test_fp8_expert_inputs_are_quantised_split_by_split(recipe, launches):
+    """Transformer Engine's split_quantize quantises a GroupedLinear's input one split (expert) at
+    a time (multi_tensor_quantize_impl, transformer_engine/pytorch/csrc/extensions/cast.cpp at
+    d0067d0), in one fused multi_cast_transpose kernel under delayed scaling only: the passes of
+    a per-expert GEMM launch once per local expert, forward and backward."""
+    res = _sim("per-expert", dtype="fp8", fp8_recipe=recipe, moe_dispatch_dtype="bf16")
+    quant = [
+        k
+        for op in res.trace.ops
+        if op.kind == "compute"
+        for k in op.kernels
+        if "expert_" in k.name and k.kind == "quantize"
+    ]
+    assert quant and {k.launches for k in quant} == {launches}
+    assert {k.name.endswith(".bwd") for k in quant} == {False, True}
+    grouped = _sim("grouped", dtype="fp8", fp8_recipe=recipe, moe_dispatch_dtype="bf16")
+    assert all(k.launches == 1 for op in grouped.trace.ops if op.kind == "compute" for k in op.kernels)

@@ -166,7 +166,7 @@ def backward_kernels(kernel: Kernel) -> tuple[Kernel, ...]:
     if kernel.bwd_bytes is not None:  # a pass whose backward is not twice its forward
         if kernel.bwd_bytes <= 0:
             return ()
-        return (Kernel(f"{kernel.name}.bwd", kernel.kind, kernel.flops, kernel.bwd_bytes),)
+        return (Kernel(f"{kernel.name}.bwd", kernel.kind, kernel.flops, kernel.bwd_bytes, launches=kernel.launches),)
     if kernel.name.rsplit(".", 1)[-1] == UNFUSED_SCORES_KERNEL:
         # Materialised scores: 17 B per score element back against 12 forward (notes
         # at _UNFUSED_SCORE_BYTES), not the 2x of a plain element-wise kernel.

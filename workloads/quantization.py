@@ -122,7 +122,12 @@ def quantization_kernel(
     bwd = rows * grad_share * gemm.n * bytes_per_element(recipe, transpose_free)
     if fwd <= 0 and bwd <= 0:
         return None
-    return Kernel(gemm.name + QUANT_SUFFIX, "quantize", 0.0, fwd, bwd_bytes=bwd)
+    # A GEMM run one per local expert (Kernel.launches) reads its splits quantised one by one:
+    # Transformer Engine's split_quantize runs one quantize a split (multi_tensor_quantize_impl,
+    # transformer_engine/pytorch/csrc/extensions/cast.cpp at d0067d0), fused into one
+    # multi_cast_transpose kernel for delayed scaling only.
+    launches = gemm.launches if recipe != "delayed" else 1
+    return Kernel(gemm.name + QUANT_SUFFIX, "quantize", 0.0, fwd, bwd_bytes=bwd, launches=launches)
 
 
 def with_quantization(
