@@ -137,32 +137,22 @@ def backward_kernels(kernel: Kernel) -> tuple[Kernel, ...]:
         half = kernel.flops * f / 2.0
         nbytes = kernel.bytes if kernel.bwd_bytes is None else kernel.bwd_bytes / 2.0
         dt = kernel.math_dtype if kernel.grad_math_dtype is None else kernel.grad_math_dtype
-        return (
-            Kernel(
-                f"{kernel.name}.dgrad",
+
+        def grad(suffix: str, m: int, n: int, k: int) -> Kernel:
+            return Kernel(
+                f"{kernel.name}.{suffix}",
                 "gemm",
                 half,
                 nbytes,
-                kernel.m,
-                kernel.k,
-                kernel.n,
+                m,
+                n,
+                k,
                 kernel.groups,
                 math_dtype=dt,
                 launches=kernel.launches,
-            ),
-            Kernel(
-                f"{kernel.name}.wgrad",
-                "gemm",
-                half,
-                nbytes,
-                kernel.k,
-                kernel.n,
-                kernel.m,
-                kernel.groups,
-                math_dtype=dt,
-                launches=kernel.launches,
-            ),
-        )
+            )
+
+        return (grad("dgrad", kernel.m, kernel.k, kernel.n), grad("wgrad", kernel.k, kernel.n, kernel.m))
     if kernel.bwd_bytes is not None:  # a pass whose backward is not twice its forward
         if kernel.bwd_bytes <= 0:
             return ()
