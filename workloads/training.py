@@ -39,8 +39,9 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "matmul
 #:   its per-layer cost table); a model "completely dispatch bound" on A100 with PyTorch 1.12
 #:   measured ~4 us per op on CUDA with no autograd (pytorch/pytorch issue #82793).
 #: 10 us = the 3 us launch plus the low end of the eager dispatch range. One launch per
-#: kernel the trace models (a modelled kernel may stand for several framework ops, so this
-#: is a lower bound on the host's work); simulator.engine.host.
+#: kernel the trace models, one per local expert for a GEMM run expert by expert
+#: (Kernel.launches; a modelled kernel may stand for several framework ops, so this is a
+#: lower bound on the host's work); simulator.engine.host.
 HOST_LAUNCH_S = 10e-6
 #: On TPUs the step is one program XLA compiled ahead of it, which the runtime runs without a
 #: host dispatch per operation, so the default host stream is off there: JAX's jax.jit compiles

@@ -4,7 +4,7 @@ Sets :attr:`~workloads.trace.ops.Op.launches` (what issuing an op costs the host
 launches; :mod:`simulator.engine.host`):
 
 * ``none`` (eager, Megatron's default ``--cuda-graph-impl none``): nothing set, every
-  kernel is one launch.
+  kernel is its launches (one, or one per local expert: :attr:`workloads.kernels.Kernel.launches`).
 * ``per-layer`` (Megatron ``--cuda-graph-impl local`` or ``transformer_engine``, graphs per
   transformer layer, ``--cuda-graph-modules`` empty = the whole layer): each layer's ops of
   one micro-batch, chunk and phase (forward, recomputation, backward) replay as one graph,
