@@ -3,9 +3,9 @@
 A kernel takes ``max(flops / (peak * eff), bytes / (hbm_bw * mem_eff)) +
 launches * launch_overhead_s`` (one launch, but one per local expert for a GEMM run expert by
 expert; an FP8 quantisation pass streams at ``quantize_bandwidth_share`` of ``mem_eff``), with
-the kernel's ``executed_flops`` in place of ``flops`` where it has them (a causal flash-attention kernel, counted in FlashAttention's
-convention: see :mod:`workloads.counts`). ``eff`` depends on the kernel kind and, for GEMMs, on the
-shape: small dimensions under-fill the tensor cores, modelled by a saturating
+the kernel's ``executed_flops`` in place of ``flops`` where it has them (a causal
+flash-attention kernel, counted in FlashAttention's convention: see :mod:`workloads.counts`).
+``eff`` depends on the kernel kind and, for GEMMs, on the shape: small dimensions under-fill the tensor cores, modelled by a saturating
 factor ``d / (d + gemm_dim_half)`` per GEMM dimension (a documented smooth
 stand-in for tile quantisation; ``gemm_dim_half`` = 0 disables it). A grouped GEMM
 (the routed experts) takes, on its token dimension (rows per expert), the published
