@@ -147,13 +147,7 @@ class HostTimeline:
         if n >= kernel_launches(op, self._memo):  # eager: one launch per kernel (per expert GEMM)
             a = start
             for k, d in zip(op.kernels, times):
-                if k.launches == 1:
-                    a += h
-                    if a > e:
-                        e = a
-                    e += d * scale
-                    continue
-                part = d * scale / k.launches  # one of its equal per-expert GEMMs
+                part = d * scale / k.launches  # a per-expert GEMM: one of its equal launches
                 for _ in range(k.launches):
                     a += h
                     if a > e:

@@ -18,8 +18,6 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from workloads.quantization import QUANT_SUFFIX
-
 #: Compute classes, in the order tables and the waterfall show them.
 CLASSES = (
     "attention",
@@ -43,7 +41,7 @@ def kernel_class(k) -> str:
         return "expert GEMMs"
     if k.name.startswith(MOE_KERNEL_PREFIXES):
         return "MoE kernels"
-    if k.name.split(".", 1)[0].endswith(QUANT_SUFFIX):  # workloads.quantization, and its backward
+    if k.kind == "quantize":  # workloads.quantization's passes, and their backward
         return "FP8 quantisation"
     if k.kind == "attention":
         return "attention"

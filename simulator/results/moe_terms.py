@@ -89,9 +89,9 @@ def moe_compute_terms(trace, chip, cal, dtype: str) -> dict:
             continue
         acc = per_rank.get(op.rank)
         if acc is None:
-            acc = per_rank[op.rank] = dict.fromkeys((*MOE_TERM_KERNELS, "grouped_gemm"), 0.0)
-            acc.setdefault("grouped_gemm_shape_loss", 0.0)
-            acc.setdefault("grouped_gemm_launches", 0.0)
+            acc = per_rank[op.rank] = dict.fromkeys(
+                (*MOE_TERM_KERNELS, "grouped_gemm", "grouped_gemm_shape_loss", "grouped_gemm_launches"), 0.0
+            )
         g = groups.get(id(kernels))
         if g is None or g[0] is not kernels:
             g = groups[id(kernels)] = (kernels, *_group_terms(kernels, cache, chip, cal, dtype))
