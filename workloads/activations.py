@@ -83,6 +83,30 @@ DeepSeek-V3's list of cached tensors (§3.3.2) holds no expert output, so its pr
 uses ``moe_gate_weighting="activation"``; it also keeps the AdamW moments in BF16
 (§3.3.3, "low-precision optimizer states": ``TrainingSpec.optimizer_state_dtype``).
 
+FP8 training
+------------
+Under ``training.dtype: fp8`` Transformer Engine's linear layers (the QKV, up and down
+projections, MLA's projections, the routed and shared experts' GEMMs) quantise their input for
+the forward GEMM and keep that FP8 copy, not the 16-bit input, for the weight gradient: one
+usage of it (the columnwise copy, or the rowwise shard that the backward all-gathers again
+under sequence parallelism), 1 byte an element plus the recipe's block scales
+(``transformer_engine/pytorch/module/linear.py`` ``_Linear.forward``, ``saved_inputmat``;
+``grouped_linear.py`` likewise; NVIDIA/TransformerEngine d0067d0;
+:func:`workloads.quantization.saved_copy_bytes`). So a GEMM input the layer keeps only for
+that GEMM (a norm output feeding the QKV or up projection, the SwiGLU output feeding the
+down projection, a routed expert's permuted tokens) takes 1 byte an element instead of 2; the
+norm output MLA's query and KV down projections both read is kept twice, a copy each, as
+Megatron-Core's default MLA layer builds them (two linears; ``mla_down_proj_fusion`` fuses them).
+Tensors other kernels keep stay 16-bit: the SwiGLU input, Q/K/V and the attention output
+(which the fused attention keeps; under the ``delayed`` recipe the out projection keeps its
+own FP8 copy beside it, from ``tensorwise`` on Megatron-Core has it keep the original
+instead: ``set_save_original_input(self.linear_proj)``, megatron/core/transformer/attention.py
+at NVIDIA/Megatron-LM d98e8a64), and the pre-MLP norm output of an MoE layer, which the
+16-bit router keeps (a shared expert's up GEMM keeps its FP8 copy beside it). A module whose
+input is recomputed (``layernorm``, ``moe_act``) keeps nothing, as before: Megatron-Core sets
+``save_original_input`` on the linear after it. DeepSeek-V3's savings and JAX's dots policy say
+what they keep themselves.
+
 Distributed saved activations
 -----------------------------
 Under full recompute a layer keeps only its input, ``2sbh`` (``2sbh/t`` with sequence
@@ -121,9 +145,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workloads import shapes
-from workloads.enums import RECOMPUTE_MODES
+from workloads.enums import FP8_RECIPES, RECOMPUTE_MODES
 from workloads.errors import WorkloadError
 from workloads.model import ModelSpec
+from workloads.quantization import saved_copy_bytes
 from workloads.shard import Shard
 from workloads.training import RECOMPUTE_MODULES, TrainingSpec
 
@@ -147,7 +172,9 @@ class ActivationPolicy:
     to False so that the defaults reproduce Korthikanti's formulas (with ``dropout=True``
     for his masks). ``activation_saving="deepseek-v3"``: *DeepSeek-V3's activation
     savings*. ``moe_gate_weighting``: where the gate weight scales a routed expert
-    (``"activation"`` or ``"combine"``, *MoE*). Raises ``WorkloadError`` naming the
+    (``"activation"`` or ``"combine"``, *MoE*). ``fp8_recipe``: the recipe of FP8 training
+    (``None`` otherwise), whose linear layers keep FP8 copies of their inputs (*FP8 training*).
+    Raises ``WorkloadError`` naming the
     ``training.`` field of a value outside these.
     """
 
@@ -158,8 +185,13 @@ class ActivationPolicy:
     moe_gate_weighting: str = "activation"
     recompute_modules: tuple = ()
     distribute_saved_activations: bool = False
+    fp8_recipe: str | None = None
 
     def __post_init__(self) -> None:
+        if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
+            raise WorkloadError(
+                f"must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}", field="training.fp8_recipe"
+            )
         if self.recompute not in RECOMPUTE_MODES:
             raise WorkloadError(
                 f"must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}", field="training.recompute"
@@ -193,6 +225,7 @@ class ActivationPolicy:
             moe_gate_weighting=training.moe_gate_weighting,
             recompute_modules=training.recompute_modules,
             distribute_saved_activations=training.distribute_saved_activations,
+            fp8_recipe=training.fp8_recipe if training.dtype == "fp8" else None,
         )
 
 
@@ -242,9 +275,14 @@ class _Kept:
 
     ds: bool  # DeepSeek-V3's savings
     dots: bool  # JAX checkpoint_dots_with_no_batch_dims (module notes)
-    norm_out: float  # a norm's output (a GEMM input)
+    norm_out: float  # a norm's output, kept by the linear layer it feeds
+    norm_out_16bit: float  # the same output where a 16-bit router or the MoE layer keeps it
+    mla_down_in: float  # the norm output MLA's two down projections (or Q and KV down) keep
     up_proj_kept: bool  # MLA's per-head Q, K, V
     latent_norm_out: float  # MLA's normed latents
+    linear_in: float  # a linear layer's input (FP8 training: its FP8 copy)
+    fp8_copy: float  # bytes of a linear layer's own FP8 copy of its input (0 without FP8)
+    fp8_proj_copy: float  # the out projection's FP8 copy beside the attention output
 
     @classmethod
     def of(cls, policy: ActivationPolicy, act_bytes: int) -> _Kept:
@@ -255,12 +293,25 @@ class _Kept:
         ds = policy.activation_saving == "deepseek-v3"
         dots = "matmul_outputs" in mods
         up_proj_kept = not (ds or "mla_up_proj" in mods)
+        # FP8 training (module notes): Transformer Engine's linear layers keep their FP8 copy
+        # of the input; JAX's dots policy and DeepSeek-V3's savings say themselves what is kept
+        fp8 = policy.fp8_recipe is not None and not (ds or dots)
+        fp8_copy = saved_copy_bytes(policy.fp8_recipe) if fp8 and policy.fp8_recipe else 0.0
+        linear_in = fp8_copy if fp8 else act_bytes
+        norm_recomputed = ds or dots or "layernorm" in mods
         return cls(
             ds=ds,
             dots=dots,
-            norm_out=0 if ds or dots or "layernorm" in mods else act_bytes,
+            norm_out=0 if norm_recomputed else linear_in,
+            norm_out_16bit=0 if norm_recomputed else act_bytes,
+            # two linears read it, each keeping its own FP8 copy (Megatron-Core's default MLA spec,
+            # linear_q_down_proj and linear_kv_down_proj: gpt_layer_specs.py at d98e8a64)
+            mla_down_in=0 if norm_recomputed else (2 * fp8_copy if fp8 else act_bytes),
             up_proj_kept=up_proj_kept,
-            latent_norm_out=act_bytes if up_proj_kept and not dots else 0,
+            latent_norm_out=linear_in if up_proj_kept and not dots else 0,
+            linear_in=linear_in,
+            fp8_copy=fp8_copy,
+            fp8_proj_copy=fp8_copy if policy.fp8_recipe == "delayed" else 0.0,
         )
 
 
@@ -297,7 +348,7 @@ def _attention_activation_bytes(model: ModelSpec, shard: Shard, policy: Activati
         v_width = heads * d
     else:
         d_qk, d_v = mla.qk_head_dim, mla.v_head_dim
-        total += norm_out * rows_sp * h  # input of the down projections
+        total += kept.mla_down_in * rows_sp * h  # input of the down projections
         if mla.q_lora_rank:
             # query latent (norm input) and its normed copy (q_up input): replicated
             total += (act_bytes + kept.latent_norm_out) * tokens * mla.q_lora_rank
@@ -311,7 +362,7 @@ def _attention_activation_bytes(model: ModelSpec, shard: Shard, policy: Activati
         v_width = heads * d_v
     # out-projection input (attention output); under matmul_outputs the attention output is
     # recomputed and the out-projection's output (as many bytes per token under SP) is kept instead
-    total += (_E5M6_BYTES if kept.ds else act_bytes) * tokens * v_width
+    total += (_E5M6_BYTES if kept.ds else act_bytes + kept.fp8_proj_copy) * tokens * v_width
     if policy.dropout:
         total += _MASK_BYTES * rows_sp * h  # dropout after the out projection
 
@@ -350,7 +401,7 @@ def _ffn_activation_bytes(
     up = 2 if model.ffn == "swiglu" else 1
     # activation (SwiGLU / GELU) input and output (the down GEMM's input): under the
     # savings the input in FP8, the output recomputed from it
-    act_in, act_out = (_FP8_BYTES, 0) if ds else (act_bytes, 0 if dots else act_bytes)
+    act_in, act_out = (_FP8_BYTES, 0) if ds else (act_bytes, 0 if dots else kept.linear_in)
     if not moe:
         f = shapes._split(model.ffn_hidden, shard.tp, "ffn_hidden")
         total += kept.norm_out * rows_sp * h  # up GEMM input
@@ -365,19 +416,21 @@ def _ffn_activation_bytes(
         )
     shapes._split(m.experts, shard.ep, f"the {m.experts} routed experts", "parallel.ep")
     f = shapes._split(m.expert_ffn_hidden, shard.etp, "expert_ffn_hidden", "parallel.etp")
-    total += kept.norm_out * rows_sp * h  # router / shared-expert input
+    total += kept.norm_out_16bit * rows_sp * h  # router / shared-expert input
     total += _FP32_BYTES * rows_sp * m.experts  # routing probabilities
     assignments = rows_sp * m.top_k * shard.etp if expert_tokens is None else float(expert_tokens)
     # per assignment: permuted input (FP8 under the savings), up out, down in, and
     # what the gate gradient needs: the fp32 gate weight ("activation") or the
     # 16-bit expert output ("combine")
-    expert_in = _FP8_BYTES if ds else (0 if dots else act_bytes)  # a gather, not a matmul
+    expert_in = _FP8_BYTES if ds else (0 if dots else kept.linear_in)  # a gather, not a matmul
     expert_act_out = 0 if "moe_act" in policy.recompute_modules else act_out
     gate = _FP32_BYTES if policy.moe_gate_weighting == "activation" else act_bytes * h
     total += assignments * (expert_in * h + act_in * up * f + expert_act_out * f + gate)
     if m.shared_experts:
         fs = shapes._split(m.shared_experts * m.expert_ffn_hidden, shard.tp, "the shared-expert width")
         total += tokens * (act_in * up * fs + act_out * fs)
+        if kept.norm_out_16bit:  # the shared up GEMM's own FP8 copy of the router's input
+            total += kept.fp8_copy * rows_sp * h
     return total
 
 

@@ -72,6 +72,17 @@ _FP8_COPY = 1.0
 _SCALE_BYTES = {"mxfp8": 1.0 / 32.0, "blockwise": 4.0 / 128.0}
 
 
+def saved_copy_bytes(recipe: str) -> float:
+    """Bytes per element of the FP8 copy of a GEMM input Transformer Engine keeps for the weight
+    gradient: one usage only, the columnwise one, or the rowwise shard where the input is
+    all-gathered again in the backward (``transformer_engine/pytorch/module/linear.py``
+    ``_Linear.forward`` at d0067d0: ``inputmat.update_usage`` drops the other before
+    ``saved_inputmat = inputmat``), with its block scales."""
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"fp8 recipe {recipe!r}: choose from {', '.join(FP8_RECIPES)}")
+    return _FP8_COPY + _SCALE_BYTES.get(recipe, 0.0)
+
+
 def columnwise_copies(recipe: str, transpose_free: bool) -> int:
     """Extra FP8 copies for the columnwise usage: 0 where the chip reads the rowwise copy
     columnwise (Blackwell, per-tensor recipes), else 1."""
