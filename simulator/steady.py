@@ -91,10 +91,9 @@ def runs_for(
     Cloud DeepSeek-V3 step on 512 H100, PP8: stage 0's records repeat at 24 and 28 micro-batches,
     not at 16; on 128 GB200, PP4, at 20 and 22, not at 18). Megatron-Core's batch-level overlap of
     the expert all-to-all (``batch_overlap``) settles later still: at least ``8 pp`` (Qwen3-235B on
-    256 H100, PP8 VPP4, 128 micro-batches, does not settle within 64: with the FP8 passes and one
-    GEMM per local expert its ops still shift by up to 0.11 s from one period of 8 to the next, so
-    no stretch repeats; the try would cost more than the 0.4 of the step allowed anyway, so that
-    step is simulated whole without a try that would fail). Where the run is more than the
+    256 H100, PP8 VPP4, 128 micro-batches, does not settle within 64: its ops still shift by up to
+    0.11 s from one period of 8 to the next; the try would cost more than the 0.4 of the step
+    allowed anyway, so that step is simulated whole without a try that would fail). Where the run is more than the
     step allows, the longest run allowed is taken, down to the schedule's shortest
     (``steady_run_shortest``: DualPipe with expert parallelism ``2 pp + 16``, which DeepSeek-V3 on
     2,048 H800 certifies at, 48 of 120 micro-batches). GPipe and an all-forward-first step hold
