@@ -174,8 +174,7 @@ class ActivationPolicy:
     savings*. ``moe_gate_weighting``: where the gate weight scales a routed expert
     (``"activation"`` or ``"combine"``, *MoE*). ``fp8_recipe``: the recipe of FP8 training
     (``None`` otherwise), whose linear layers keep FP8 copies of their inputs (*FP8 training*).
-    Raises ``WorkloadError`` naming the
-    ``training.`` field of a value outside these.
+    Raises ``WorkloadError`` naming the ``training.`` field of a value outside these.
     """
 
     recompute: str = "none"
@@ -295,9 +294,9 @@ class _Kept:
         up_proj_kept = not (ds or "mla_up_proj" in mods)
         # FP8 training (module notes): Transformer Engine's linear layers keep their FP8 copy
         # of the input; JAX's dots policy and DeepSeek-V3's savings say themselves what is kept
-        fp8 = policy.fp8_recipe is not None and not (ds or dots)
-        fp8_copy = saved_copy_bytes(policy.fp8_recipe) if fp8 and policy.fp8_recipe else 0.0
-        linear_in = fp8_copy if fp8 else act_bytes
+        recipe = None if ds or dots else policy.fp8_recipe
+        fp8_copy = saved_copy_bytes(recipe) if recipe else 0.0
+        linear_in = fp8_copy or act_bytes
         norm_recomputed = ds or dots or "layernorm" in mods
         return cls(
             ds=ds,
@@ -306,12 +305,12 @@ class _Kept:
             norm_out_16bit=0 if norm_recomputed else act_bytes,
             # two linears read it, each keeping its own FP8 copy (Megatron-Core's default MLA spec,
             # linear_q_down_proj and linear_kv_down_proj: gpt_layer_specs.py at d98e8a64)
-            mla_down_in=0 if norm_recomputed else (2 * fp8_copy if fp8 else act_bytes),
+            mla_down_in=0 if norm_recomputed else (2 * fp8_copy or act_bytes),
             up_proj_kept=up_proj_kept,
             latent_norm_out=linear_in if up_proj_kept and not dots else 0,
             linear_in=linear_in,
             fp8_copy=fp8_copy,
-            fp8_proj_copy=fp8_copy if policy.fp8_recipe == "delayed" else 0.0,
+            fp8_proj_copy=fp8_copy if recipe == "delayed" else 0.0,
         )
 
 
