@@ -21,7 +21,7 @@ FILES = sorted(RESULTS.rglob("*.yaml"))
 
 
 def _is_map(path: Path) -> bool:
-    """A map file (``stepsim ppmap``) has models and a grid or systems; a scenario has a model."""
+    """A map file (``stepsim ppmap``) lists ``models``; a scenario names one ``model``."""
     data = load_yaml(path.read_text(), str(path))
     return isinstance(data, dict) and "models" in data
 
