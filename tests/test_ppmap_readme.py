@@ -21,7 +21,6 @@ def _table_after(lines: list[str], heading: str) -> dict[tuple[str, int], list[f
     """``{(model, domain): [ratio per NIC column]}`` of the first table after ``heading``."""
     start = next(i for i, line in enumerate(lines) if line.startswith(heading))
     rows: dict[tuple[str, int], list[float]] = {}
-    model = None
     for line in lines[start + 1 :]:
         if rows and not line.startswith("|"):
             break
@@ -29,11 +28,8 @@ def _table_after(lines: list[str], heading: str) -> dict[tuple[str, int], list[f
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         label, values = cells[0], cells[1:]
-        name, _, size = label.partition(", ")
-        model = MODELS.get(name, model)
-        domain = int(size.split()[0])
-        assert model is not None, line
-        rows[(model, domain)] = [float(v) for v in values]
+        name, _, size = label.partition(", ")  # "Kimi K2, 16" or "DeepSeek-V3, 8 GPUs a domain"
+        rows[(MODELS[name], int(size.split()[0]))] = [float(v) for v in values]
     return rows
 
 
