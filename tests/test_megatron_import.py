@@ -125,6 +125,9 @@ def test_mapping_of_a_modern_moe_argument_list():
         "flash_attention": True,
         "moe_token_dispatcher": "allgather",  # Megatron-Core's default dispatcher
         "moe_expert_gemm": "per-expert",  # Megatron-Core runs one GEMM per local expert
+        # no --moe-router-fusion / --moe-permute-fusion: Megatron-Core's unfused ops
+        "moe_router_fusion": False,
+        "moe_permute_fusion": False,
     }
     assert sc["cluster"] == {"preset": "dgx-h100", "devices": 16}
     assert res.unmapped == ["--moe-aux-loss-coeff 0.01"]

@@ -86,3 +86,22 @@ def test_fp8_weight_flags_are_imported():
     res = import_megatron(MOE_ARGS + " --fp8-param-gather", "dgx-h100")
     assert "fp8_params" not in res.scenario["training"]
     assert any("--fp8-param-gather without FP8" in a for a in res.assumptions)
+
+
+def test_router_and_permute_fusion_and_the_score_function_are_imported():
+    """Without the flags Megatron-Core runs its unfused ops (transformer_config.py at
+    NVIDIA/Megatron-LM d98e8a64: moe_router_fusion and moe_permute_fusion default False)."""
+    plain = import_megatron(MOE_ARGS, "dgx-h100").scenario
+    assert plain["training"]["moe_router_fusion"] is False
+    assert plain["training"]["moe_permute_fusion"] is False
+    assert "score_function" not in plain["model"]["moe"]  # Megatron's default, softmax
+    text = MOE_ARGS + " --moe-router-fusion --moe-permute-fusion --moe-router-score-function sigmoid"
+    fused = import_megatron(text, "dgx-h100").scenario
+    assert fused["training"]["moe_router_fusion"] is True
+    assert fused["training"]["moe_permute_fusion"] is True
+    assert fused["model"]["moe"]["score_function"] == "sigmoid"
+    pairs = _mapped(text, "dgx-h100")
+    assert ("moe-router-fusion", "training.moe_router_fusion") in pairs
+    assert ("moe-router-score-function", "model.moe.score_function") in pairs
+    with pytest.raises(Exception, match="moe-router-score-function"):
+        import_megatron(MOE_ARGS + " --moe-router-score-function sqrtsoftplus", "dgx-h100")

@@ -78,6 +78,14 @@ class _Config:
             raise WorkloadError(f"must be an integer >= {minimum}, got {value!r}", field=f"hf_config.{key}")
         return value
 
+    def choice(self, key: str, allowed: tuple[str, ...], default: str) -> str:
+        value = self.data.get(key, default)
+        if value is None:
+            return default
+        if value not in allowed:
+            raise WorkloadError(f"must be one of {', '.join(allowed)}, got {value!r}", field=f"hf_config.{key}")
+        return value
+
     def bool(self, key: str, default: bool) -> bool:
         value = self.data.get(key, default)
         if value is None:
@@ -213,6 +221,7 @@ def _attention_moe_mtp(
                 # Group-limited routing (DeepSeek-V3 §2.1.2: experts grouped by
                 # node, each token sent to at most topk_group groups).
                 max_nodes_per_token=topk_group if n_group > 1 else None,
+                score_function=c.choice("scoring_func", ("softmax", "sigmoid"), "softmax"),
             )
     elif model_type == "mixtral":
         moe = MoESpec(

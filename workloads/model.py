@@ -65,6 +65,11 @@ class MoESpec:
     layer_freq: int = field(default=1, metadata={"ge": 1, "le": MAX_HEADS})
     # DeepSeek-V3 node-limited routing (M = 4)
     max_nodes_per_token: int | None = field(default=None, metadata={"ge": 1, "le": MAX_HEADS})
+    # The router's score function (Megatron --moe-router-score-function): "softmax"
+    # (Mixtral, Qwen3, Grok-1) or "sigmoid" (DeepSeek-V3 §2.1.2, Kimi K2: HF config
+    # scoring_func). It sets which small kernels an unfused router runs
+    # (workloads.moe_kernels); a fused router's traffic is the same either way.
+    score_function: Literal["softmax", "sigmoid"] = "softmax"
 
 
 @dataclass(frozen=True)

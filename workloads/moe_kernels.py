@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from workloads import moe_unfused
 from workloads.kernels import _FP32_BYTES, Kernel, _ffn, _gemm
 from workloads.model import ModelSpec
 from workloads.shard import Shard
@@ -62,7 +63,7 @@ class MoEOptions:
       Megatron-Core <= 0.12: ``unpermute(..., probs=...)``).
     * ``capacity_factor``: token dropping (``--moe-expert-capacity-factor``; None: dropless);
       ``pad_factor``: the rows every expert computes relative to the dropless mean, the
-      capacity factor under ``--moe-pad-expert-input-to-capacity``, else 1.
+      capacity factor under ``--moe-pad-expert-input-to-capacity`` (``pad_to_capacity``), else 1.
     * ``allgather``: Megatron-Core's allgather dispatcher (``training.moe_token_dispatcher``):
       the permutation picks the local experts' rows out of the gathered tokens
       (``MoEAllGatherTokenDispatcher.dispatch_postprocess``: ``permute`` with the local
@@ -73,6 +74,10 @@ class MoEOptions:
       (``training.moe_expert_gemm: per-expert``; Transformer Engine's GroupedLinear on its
       default cuBLAS path): each grouped GEMM kernel is launched ``groups`` times
       (:attr:`workloads.kernels.Kernel.launches`).
+    * ``router_fusion`` / ``permute_fusion``: the router's score function and top-k (and an
+      auxiliary loss), and the permutations, as fused Transformer Engine kernels (True) or as
+      Megatron-Core's unfused chains of PyTorch ops (``training.moe_router_fusion`` /
+      ``training.moe_permute_fusion``: False; :mod:`workloads.moe_unfused`).
     """
 
     router_dtype: str = "bf16"
@@ -80,8 +85,11 @@ class MoEOptions:
     gate_weighting: str = "activation"
     capacity_factor: float | None = None
     pad_factor: float = 1.0
+    pad_to_capacity: bool = False
     allgather: bool = False
     per_expert_gemms: bool = False
+    router_fusion: bool = True
+    permute_fusion: bool = True
 
     @classmethod
     def of(cls, training, expert_load=None) -> MoEOptions:
@@ -95,8 +103,11 @@ class MoEOptions:
             gate_weighting=training.moe_gate_weighting,
             capacity_factor=cf,
             pad_factor=float(cf) if pad else 1.0,
+            pad_to_capacity=pad,
             allgather=getattr(training, "moe_token_dispatcher", "auto") == "allgather",
             per_expert_gemms=getattr(training, "moe_expert_gemm", "grouped") == "per-expert",
+            router_fusion=getattr(training, "moe_router_fusion", True),
+            permute_fusion=getattr(training, "moe_permute_fusion", True),
         )
 
 
@@ -132,12 +143,18 @@ def moe_kernels(
     T, E, k = routed_rows, m.experts, m.top_k
     S = T * k * opts.pad_factor  # rows permuted on this rank before the dispatch
     A = assignments
-    out = _routing_kernels(T, E, h, act, opts)
+    out = _routing_kernels(m, T, h, act, opts)
     # The allgather dispatcher permutes the local experts' rows out of the gathered tokens,
     # grouped by expert already (no chunk sort), and unpermutes them into every gathered row.
     sort = local_experts > 1 and not opts.allgather
     G = max(gathered_rows, T)
-    if opts.allgather:
+    L = _logit_bytes(opts, act)
+    probs_permuted = opts.gate_weighting == "activation"
+    if not opts.permute_fusion:
+        rows, cols, out_rows = (G, local_experts, A) if opts.allgather else (T, E, S)
+        c = moe_unfused.permute(rows, cols, out_rows, probs_permuted, opts.pad_to_capacity, act, h, L)
+        out.append(_chain_kernel("moe_permute", c))
+    elif opts.allgather:
         out.append(_gathered_permute_kernel(G, local_experts, A, h, act))
     else:
         out.append(_permute_kernel(T, E, k, S, h, act))
@@ -145,9 +162,11 @@ def moe_kernels(
     # _sort_chunks_by_map_kernel; under drop-and-pad a transpose copy): the A received rows
     # regrouped by local expert, read and written once, probabilities alongside. The backward
     # moves them back the same way.
+    # Unfused (sort_chunks_by_idxs: torch.split and torch.cat) the probabilities are a second cat.
     chunks = 2 * act * A * h + 3 * _INDEX_BYTES * A
+    sort_launches = 2 if not opts.permute_fusion and probs_permuted else 1
     if sort:
-        out.append(Kernel("expert_sort_chunks", "elementwise", 0.0, chunks, bwd_bytes=chunks))
+        out.append(Kernel("expert_sort_chunks", "elementwise", 0.0, chunks, bwd_bytes=chunks, launches=sort_launches))
     ffn = _ffn(model, "expert", A, width, act, groups=local_experts)
     if opts.gate_weighting == "activation":
         # experts.py bias_act_func: the activation's output times its row's FP32 routing weight
@@ -162,17 +181,35 @@ def moe_kernels(
     if sort:
         out.append(Kernel("expert_unsort_chunks", "elementwise", 0.0, chunks, bwd_bytes=chunks))
     combine = opts.gate_weighting == "combine"
-    if opts.allgather:
+    if not opts.permute_fusion:
+        rows, cols, in_rows = (G, local_experts, A) if opts.allgather else (T, E, S)
+        c = moe_unfused.unpermute(rows, cols, in_rows, combine, opts.pad_to_capacity, act, h, L)
+        out.append(_chain_kernel("moe_unpermute", c))
+    elif opts.allgather:
         out.append(_unpermute_kernel(G, max(1, min(k, local_experts)), A, h, act, combine))
     else:
         out.append(_unpermute_kernel(T, k, S, h, act, combine))
     return out
 
 
-def _routing_kernels(T: float, E: int, h: int, act: int, opts: MoEOptions) -> list[Kernel]:
+def _logit_bytes(opts: MoEOptions, act: int) -> int:
+    """Bytes of a router logit: FP32 under ``--moe-router-dtype fp32``, else the activations'."""
+    return _FP32_BYTES if opts.router_dtype == "fp32" else act
+
+
+def _chain_kernel(name: str, c: moe_unfused.Chain) -> Kernel:
+    """One kernel standing for an unfused chain of ops (:mod:`workloads.moe_unfused`)."""
+    return Kernel(
+        name, "elementwise", 0.0, c.bytes, bwd_bytes=c.bwd_bytes, launches=c.launches, bwd_launches=c.bwd_launches
+    )
+
+
+def _routing_kernels(m, T: float, h: int, act: int, opts: MoEOptions) -> list[Kernel]:
     """Router GEMM, score function and top-k, balance statistics, capacity dropping and the
-    token-count histogram of ``T`` routed rows over ``E`` experts."""
-    logit_bytes = _FP32_BYTES if opts.router_dtype == "fp32" else act
+    token-count histogram of ``T`` routed rows over the ``m.experts`` experts of ``m``
+    (:class:`~workloads.model.MoESpec`)."""
+    E = m.experts
+    logit_bytes = _logit_bytes(opts, act)
     out: list[Kernel] = []
     # Router GEMM (router.py TopKRouter.gating -> moe_utils.router_gating_linear): X[T, h] W^T[h, E],
     # BF16 operands, logits in the router dtype. Its FP32 gradients read and write FP32 operands.
@@ -191,14 +228,19 @@ def _routing_kernels(T: float, E: int, h: int, act: int, opts: MoEOptions) -> li
     # --moe-router-fusion into Transformer Engine's fused_topk_with_score_function, one pass):
     # reads the [T, E] logits, writes the [T, E] routing probabilities and the bool routing map.
     # The score function and the grouping change operation counts, not this traffic.
-    out.append(
-        Kernel(
+    if opts.router_fusion:
+        topk = Kernel(
             "moe_router_topk",
             "elementwise",
             _ROUTER_SCORE_FLOPS_PER_ELEMENT * T * E,
             T * E * (2 * logit_bytes + _MAP_BYTES),
         )
-    )
+    else:  # Megatron-Core's unfused ops (workloads.moe_unfused)
+        bias, groups = opts.balance == "aux-free", m.max_nodes_per_token is not None
+        topk = _chain_kernel(
+            "moe_router_topk", moe_unfused.router_topk(m.score_function, bias, groups, logit_bytes, T, E)
+        )
+    out.append(topk)
     # Load-balancing statistics (router.py TopKRouter.routing): aux-loss-free balancing adds the
     # routing map's column sums to local_tokens_per_expert (_apply_expert_bias; the bias itself is
     # updated once per step, moe_utils.get_updated_expert_bias: E values, not counted): reads
@@ -209,6 +251,8 @@ def _routing_kernels(T: float, E: int, h: int, act: int, opts: MoEOptions) -> li
     # runs the score function's backward (reads the scores, writes a logit gradient).
     if opts.balance == "aux-free":
         stats = Kernel("moe_router_stats", "elementwise", T * E, _MAP_BYTES * T * E, bwd_bytes=0.0)
+    elif not opts.router_fusion:
+        stats = _chain_kernel("moe_router_stats", moe_unfused.aux_loss(m.score_function, logit_bytes, T, E))
     else:
         stats = Kernel(
             "moe_router_stats",
@@ -234,7 +278,7 @@ def _routing_kernels(T: float, E: int, h: int, act: int, opts: MoEOptions) -> li
     # tokens_per_expert (token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess:
     # routing_map.sum(dim=0)), the counts the all-to-all splits and the grouped GEMM need
     # (and, dropless, the host reads back). Drop-and-pad fills fixed counts instead.
-    if opts.pad_factor == 1.0:
+    if not opts.pad_to_capacity:
         out.append(
             Kernel("moe_tokens_per_expert", "elementwise", T * E, _MAP_BYTES * T * E + _COUNT_BYTES * E, bwd_bytes=0.0)
         )

@@ -138,7 +138,13 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         vocab=129280,
         attention=_DSV3_MLA,
         moe=MoESpec(
-            experts=256, top_k=8, expert_ffn_hidden=2048, shared_experts=1, dense_layers=3, max_nodes_per_token=4
+            experts=256,
+            top_k=8,
+            expert_ffn_hidden=2048,
+            shared_experts=1,
+            dense_layers=3,
+            max_nodes_per_token=4,
+            score_function="sigmoid",  # §2.1.2: "we use the sigmoid function to compute the affinity scores"
         ),
         mtp_depth=1,
         source="DeepSeek-AI 2024, arXiv 2412.19437, §4.2; dense FFN and vocab from the HF config",
@@ -156,7 +162,10 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         ffn_hidden=18432,
         vocab=163840,
         attention=_DSV3_MLA,
-        moe=MoESpec(experts=384, top_k=8, expert_ffn_hidden=2048, shared_experts=1, dense_layers=1),
+        # sigmoid scores: the HF config's scoring_func (DeepSeek-V3's router)
+        moe=MoESpec(
+            experts=384, top_k=8, expert_ffn_hidden=2048, shared_experts=1, dense_layers=1, score_function="sigmoid"
+        ),
         source="Moonshot AI 2025, arXiv 2507.20534; vocab and dense FFN from the HF config",
     ),
     # Qwen3 technical report (arXiv 2505.09388) Table 2: 94 layers, 64 Q / 4 KV

@@ -238,6 +238,14 @@ class TrainingSpec:
     # at NVIDIA/TransformerEngine d0067d0). Each launch costs the host and the GPU their
     # per-kernel time; the math is the same.
     moe_expert_gemm: MoEExpertGemm = "grouped"
+    # Megatron --moe-router-fusion / --moe-permute-fusion: the router's score function and
+    # top-k (and an auxiliary loss's scores and sum), and the token permutations, run as
+    # fused Transformer Engine kernels (True, default: DeepSeek-V3's own kernels, and the
+    # permutations of the NeMo / Megatron-Bridge MoE performance recipes) or as Megatron-Core's
+    # unfused chains of small PyTorch ops (False: Megatron's own default, transformer_config.py
+    # at NVIDIA/Megatron-LM d98e8a64), one kernel launch an op (workloads.moe_kernels).
+    moe_router_fusion: bool = True
+    moe_permute_fusion: bool = True
     # Megatron --distribute-saved-activations: under full recompute each layer's saved
     # input is split over the TP group and all-gathered before the layer is recomputed
     # (megatron/core/tensor_parallel/random.py CheckpointFunction at d98e8a64). Needs

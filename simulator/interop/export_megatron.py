@@ -17,6 +17,7 @@ topology/block plugin), in a comment.
 
 from __future__ import annotations
 
+from simulator.interop import megatron_moe
 from simulator.scenario.errors import ScenarioError
 from workloads.pipeline import get_schedule
 
@@ -69,6 +70,8 @@ def _model_args(m) -> list[str]:
         if e.max_nodes_per_token:  # node-limited routing: groups of experts, top groups per token
             out += ["--moe-router-num-groups", max(e.max_nodes_per_token, 8), "--moe-router-group-topk"]
             out.append(e.max_nodes_per_token)
+        if e.score_function != "softmax":
+            out += ["--moe-router-score-function", e.score_function]
         if e.dense_layers:
             out += ["--moe-layer-freq", f'"([0]*{e.dense_layers}+[1]*{m.layers - e.dense_layers})"']
     if m.mtp_depth:
@@ -171,6 +174,7 @@ def _training_args(t, moe: bool, load=None, node_limited: bool = False) -> list[
         out.append("--distribute-saved-activations")
     if moe and t.moe_router_dtype == "fp32":
         out += ["--moe-router-dtype", "fp32"]
+    out += [f"--{a}" for a, key in megatron_moe.FUSIONS.items() if moe and getattr(t, key)]
     return out
 
 

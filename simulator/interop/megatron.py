@@ -221,6 +221,15 @@ class _Mapping:
             self.take("moe-router-group-topk", "model.moe.max_nodes_per_token")
             if "moe-router-num-groups" in args:
                 self.take("moe-router-num-groups", "model.moe.max_nodes_per_token")
+        score = args.get("moe-router-score-function")
+        if score is not None:  # Megatron's default softmax; sqrtsoftplus is not modelled
+            if score not in ("softmax", "sigmoid"):
+                raise ScenarioError(
+                    f"must be softmax or sigmoid (the score functions stepsim models), got {score!r}",
+                    field="--moe-router-score-function",
+                )
+            moe["score_function"] = score
+            self.take("moe-router-score-function", "model.moe.score_function")
         freq = args.get("moe-layer-freq")
         if freq is not None:
             moe["dense_layers"] = megatron_layout.dense_layers(self, str(freq), model["layers"])
@@ -326,6 +335,7 @@ class _Mapping:
         tr.update(megatron_memory.router_dtype(self, moe))
         tr.update(megatron_moe.dispatcher(self, moe))
         tr.update(megatron_moe.expert_gemm(self, moe))
+        tr.update(megatron_moe.fusion(self, moe))
         tr.update(megatron_memory.capacity(self, moe, tr.get("moe_token_dispatcher") == "allgather"))
         tr.update(megatron_memory.optimizer_precision(self, tr.get("optimizer", "adam")))
         return tr

@@ -109,6 +109,9 @@ MAPPED = {
     "use-transformer-engine-op-fuser": "training.moe_expert_gemm",
     # Transformer Engine's environment switch on the launch line (NAME=1), read as an argument
     "NVTE-USE-CUTLASS-GROUPED-GEMM": "training.moe_expert_gemm",
+    "moe-router-fusion": "training.moe_router_fusion",
+    "moe-router-score-function": "model.moe.score_function",
+    "moe-permute-fusion": "training.moe_permute_fusion",
     "fp8-param-gather": "training.fp8_params",
     "fp8-recipe": "training.fp8_recipe",
     "disable-parameter-transpose-cache": "training.fp8_weight_cache",

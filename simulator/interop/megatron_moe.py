@@ -1,7 +1,8 @@
 """The MoE side of a Megatron-LM import (:mod:`simulator.interop.megatron`): which token
 dispatcher runs (``--moe-token-dispatcher-type``, ``--moe-flex-dispatcher-backend``) and how the
 routed experts' GEMMs are launched (``--moe-grouped-gemm``, ``--moe-use-grouped-tensor``;
-Transformer Engine's ``NVTE_USE_CUTLASS_GROUPED_GEMM``). Each function takes the import under way ``r`` (its
+Transformer Engine's ``NVTE_USE_CUTLASS_GROUPED_GEMM``), and whether the router and the
+permutations run fused (``--moe-router-fusion``, ``--moe-permute-fusion``). Each function takes the import under way ``r`` (its
 ``args``, ``take``, ``assume`` and ``used``) and returns the training keys it sets.
 
 Read from NVIDIA/Megatron-LM at d98e8a64ddf34856e74b24714e3bedb2f5a39553
@@ -79,3 +80,26 @@ def expert_gemm(r, moe: bool) -> dict:
             "(TEGroupedMLP's cuBLAS path, or SequentialMLP), each a kernel launch"
         )
     return {"moe_expert_gemm": gemm}
+
+
+#: Megatron's fusion switches and the training keys they set (both off by default in
+#: transformer_config.py: ``moe_router_fusion``, ``moe_permute_fusion``).
+FUSIONS = {"moe-router-fusion": "moe_router_fusion", "moe-permute-fusion": "moe_permute_fusion"}
+
+
+def fusion(r, moe: bool) -> dict:
+    """``--moe-router-fusion`` / ``--moe-permute-fusion`` -> ``training.moe_router_fusion`` /
+    ``training.moe_permute_fusion``. Megatron-Core's default, without the flag, is the unfused
+    chain of PyTorch ops (workloads.moe_unfused), so an absent flag sets False."""
+    if not moe:
+        dense_only(r, tuple(FUSIONS))
+        return {}
+    out = {}
+    for a, key in FUSIONS.items():
+        if a in r.args:
+            r.take(a, f"training.{key}", True)
+            out[key] = True
+        else:
+            r.assume(f"no --{a}: Megatron-Core's unfused ops (training.{key}: false)")
+            out[key] = False
+    return out

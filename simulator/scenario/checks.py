@@ -286,6 +286,8 @@ def check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
         ("moe_token_dispatcher", "auto"),
         ("moe_host_sync", True),
         ("moe_shared_expert_overlap", False),
+        ("moe_router_fusion", True),
+        ("moe_permute_fusion", True),
     ):
         if getattr(sc.training, key) != default:
             raise ScenarioError(

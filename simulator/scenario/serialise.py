@@ -49,6 +49,8 @@ def _training_dict(t: TrainingSpec) -> dict:
         ("fp8_params", False),
         ("fp8_recipe", "delayed"),
         ("moe_expert_gemm", "grouped"),
+        ("moe_router_fusion", True),
+        ("moe_permute_fusion", True),
     ):
         if d[key] == default:  # likewise
             del d[key]
