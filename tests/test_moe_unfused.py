@@ -123,7 +123,9 @@ def test_the_options_apply_to_moe_models_only():
 
     from simulator import ScenarioError, load_scenario
 
-    dense = scenario(training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 16, "moe_router_fusion": False})
+    dense = scenario(
+        training={"seq_len": 1024, "micro_batch_size": 1, "global_batch_size": 16, "moe_router_fusion": False}
+    )
     with pytest.raises(ScenarioError, match="moe_router_fusion"):
         load_scenario(dense)
 

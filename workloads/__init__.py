@@ -19,6 +19,7 @@ Plain data and pure functions; nothing here imports the simulator.
 * :mod:`.quantization` — the FP8 quantisation passes beside each FP8 GEMM;
 * :mod:`.moe_kernels` and :mod:`.moe_load` — the kernels around the routed experts and how
   unevenly tokens land on them;
+* :mod:`.moe_unfused` — Megatron-Core's unfused MoE router and permutations, one launch an op;
 * :mod:`.trace` — the operation-level trace of one step;
 * :mod:`.errors` — :class:`~workloads.errors.WorkloadError` and its kin.
 """

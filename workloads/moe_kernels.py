@@ -148,12 +148,12 @@ def moe_kernels(
     # grouped by expert already (no chunk sort), and unpermutes them into every gathered row.
     sort = local_experts > 1 and not opts.allgather
     G = max(gathered_rows, T)
-    L = _logit_bytes(opts, act)
+    # unfused (workloads.moe_unfused): the rows permuted, the routing map's columns, the rows out
+    unfused = (G, local_experts, A) if opts.allgather else (T, E, S)
+    unfused_args = (opts.pad_to_capacity, act, h, _logit_bytes(opts, act))
     probs_permuted = opts.gate_weighting == "activation"
     if not opts.permute_fusion:
-        rows, cols, out_rows = (G, local_experts, A) if opts.allgather else (T, E, S)
-        c = moe_unfused.permute(rows, cols, out_rows, probs_permuted, opts.pad_to_capacity, act, h, L)
-        out.append(_chain_kernel("moe_permute", c))
+        out.append(_chain_kernel("moe_permute", moe_unfused.permute(*unfused, probs_permuted, *unfused_args)))
     elif opts.allgather:
         out.append(_gathered_permute_kernel(G, local_experts, A, h, act))
     else:
@@ -182,9 +182,7 @@ def moe_kernels(
         out.append(Kernel("expert_unsort_chunks", "elementwise", 0.0, chunks, bwd_bytes=chunks))
     combine = opts.gate_weighting == "combine"
     if not opts.permute_fusion:
-        rows, cols, in_rows = (G, local_experts, A) if opts.allgather else (T, E, S)
-        c = moe_unfused.unpermute(rows, cols, in_rows, combine, opts.pad_to_capacity, act, h, L)
-        out.append(_chain_kernel("moe_unpermute", c))
+        out.append(_chain_kernel("moe_unpermute", moe_unfused.unpermute(*unfused, combine, *unfused_args)))
     elif opts.allgather:
         out.append(_unpermute_kernel(G, max(1, min(k, local_experts)), A, h, act, combine))
     else:
