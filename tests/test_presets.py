@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from workloads.counts import model_flops_per_token
+from workloads.errors import WorkloadError
 from workloads.hf_config import SUPPORTED_MODEL_TYPES, model_from_hf_config
 from workloads.model import ModelSpec
 from workloads.parameters import active_parameter_count, parameter_count
@@ -209,3 +210,13 @@ def test_bad_values_are_named(tmp_path):
         "gpt_neox",
         "nemotron",
     }
+
+
+def test_hf_scoring_func_sets_the_router_score_function():
+    c = config("deepseek_v3_config.json")
+    assert model_from_hf_config(c).moe.score_function == "sigmoid"
+    c["scoring_func"] = "softmax"
+    assert model_from_hf_config(c).moe.score_function == "softmax"
+    c["scoring_func"] = "sqrtsoftplus"
+    with pytest.raises(WorkloadError, match="hf_config.scoring_func"):
+        model_from_hf_config(c)
