@@ -86,7 +86,7 @@ def test_mapping_of_a_modern_moe_argument_list():
       --num-layers-per-virtual-pipeline-stage 4 --expert-model-parallel-size 4 --num-experts 8 \\
       --moe-router-topk 2 --moe-ffn-hidden-size 1024 --sequence-parallel --use-distributed-optimizer \\
       --recompute-granularity selective --bf16 --overlap-grad-reduce --attention-backend flash \\
-      --moe-aux-loss-coeff 0.01 --lr 3e-4
+      --moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 1e-3 --lr 3e-4
     """
     res = import_megatron(text, "dgx-h100")
     sc = res.scenario
@@ -128,9 +128,10 @@ def test_mapping_of_a_modern_moe_argument_list():
         # no --moe-router-fusion / --moe-permute-fusion: Megatron-Core's unfused ops
         "moe_router_fusion": False,
         "moe_permute_fusion": False,
+        "balance": "aux-loss-local",  # Megatron's default aux_loss at a coefficient above 0
     }
     assert sc["cluster"] == {"preset": "dgx-h100", "devices": 16}
-    assert res.unmapped == ["--moe-aux-loss-coeff 0.01"]
+    assert res.unmapped == ["--moe-z-loss-coeff 1e-3"]
     assert res.ignored == ["--lr 3e-4"]
     load_scenario(sc)
 
@@ -179,14 +180,14 @@ def test_missing_devices_and_vocab_are_named():
 def test_cli_writes_yaml_with_the_lists(tmp_path, capsys):
     out = tmp_path / "s.yaml"
     args = tmp_path / "a.args"
-    args.write_text((DATA / "narayanan21-18.4b.args").read_text() + " --moe-aux-loss-coeff 0.01\n")
+    args.write_text((DATA / "narayanan21-18.4b.args").read_text() + " --moe-z-loss-coeff 0.001\n")
     assert main(["import", "megatron", str(args), "--cluster", "dgx-a100", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "not mapped (check by hand): --moe-aux-loss-coeff 0.01" in printed
+    assert "not mapped (check by hand): --moe-z-loss-coeff 0.001" in printed
     text = out.read_text()
     assert text.startswith("# Imported by `stepsim import megatron`")
     assert (
-        "#   --moe-aux-loss-coeff 0.01" in text and "# Ignored (no effect on the time of one step): --data-path" in text
+        "#   --moe-z-loss-coeff 0.001" in text and "# Ignored (no effect on the time of one step): --data-path" in text
     )
     assert main(["run", str(out), "--json"]) == 0
     assert main(["import", "megatron", str(args), "--cluster", "no-such-cluster"]) == 2

@@ -105,3 +105,34 @@ def test_router_and_permute_fusion_and_the_score_function_are_imported():
     assert ("moe-router-score-function", "model.moe.score_function") in pairs
     with pytest.raises(Exception, match="moe-router-score-function"):
         import_megatron(MOE_ARGS + " --moe-router-score-function sqrtsoftplus", "dgx-h100")
+
+
+def test_load_balancing_is_imported_and_exported():
+    """--moe-router-enable-expert-bias: aux-loss-free (aux-free); an auxiliary loss with a
+    coefficient above 0 (Megatron's default type aux_loss): aux-loss-local; neither: aux-free with
+    an assumption line (router.py and arguments.py at NVIDIA/Megatron-LM d98e8a64)."""
+    from simulator import load_scenario
+    from simulator.interop.export_megatron import export_megatron
+
+    assert import_megatron(MOE_ARGS, "dgx-h100").scenario["training"]["balance"] == "aux-loss-local"
+    assert ("moe-aux-loss-coeff", "training.balance") in _mapped(MOE_ARGS, "dgx-h100")
+    seq = MOE_ARGS + " --moe-router-load-balancing-type seq_aux_loss global_aux_loss"
+    assert import_megatron(seq, "dgx-h100").scenario["training"]["balance"] == "aux-loss-local"
+    bias = MOE_ARGS + " --moe-router-enable-expert-bias --moe-router-score-function sigmoid"
+    res = import_megatron(bias, "dgx-h100")
+    assert res.scenario["training"]["balance"] == "aux-free"
+    assert any("not modelled" in a for a in res.assumptions)  # the coefficient beside the bias
+    none = MOE_ARGS.replace("--moe-aux-loss-coeff 0.01", "")
+    res = import_megatron(none, "dgx-h100")
+    assert res.scenario["training"]["balance"] == "aux-free"
+    assert any("no auxiliary loss" in a for a in res.assumptions)
+    sinkhorn = import_megatron(MOE_ARGS + " --moe-router-load-balancing-type sinkhorn", "dgx-h100")
+    assert "balance" not in sinkhorn.scenario["training"]
+    assert any(u.startswith("--moe-aux-loss-coeff") for u in sinkhorn.unmapped)
+    with pytest.raises(Exception, match="moe-aux-loss-coeff"):
+        import_megatron(MOE_ARGS.replace("0.01", "lots"), "dgx-h100")
+    # written back and read again
+    for text in (MOE_ARGS, bias):
+        sc = load_scenario(import_megatron(text, "dgx-h100").scenario)
+        again = import_megatron(export_megatron(sc), "dgx-h100").scenario["training"]["balance"]
+        assert again == sc.training.balance

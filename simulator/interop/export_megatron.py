@@ -266,6 +266,18 @@ def _optimizer_precision_args(t, zero: int) -> list:
     return out
 
 
+def _balance_args(sc) -> list:
+    """``training.balance`` (simulator.interop.megatron_moe.balance reads it back): ``aux-free``
+    is the expert bias, which Megatron-Core allows with sigmoid scores only (else no balancing
+    term: nothing written); ``aux-loss-local`` Megatron's ``aux_loss`` at the coefficient its
+    help recommends to start from, 1e-2 (the value does not change a step's time)."""
+    if sc.training.balance == "aux-loss-local":
+        return ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "1e-2"]
+    if sc.model.moe.score_function == "sigmoid":
+        return ["--moe-router-enable-expert-bias"]
+    return []
+
+
 def export_megatron(sc) -> str:
     """The launch line of resolved scenario ``sc`` (torchrun over its devices, 8 a node where
     they divide, else one node each), with the placement as a Slurm comment."""
@@ -281,6 +293,7 @@ def export_megatron(sc) -> str:
         + _training_args(sc.training, sc.model.is_moe, sc.expert_load, node_limited)
     )
     args += _optimizer_precision_args(sc.training, sc.layout.zero)
+    args += _balance_args(sc) if sc.model.is_moe else []
     lines = [f"# {sc.name}: written by stepsim export megatron (Megatron-LM arguments, d98e8a64)"]
     load = sc.expert_load
     if sc.model.is_moe and load is not None and load.distribution != "balanced":  # no Megatron argument

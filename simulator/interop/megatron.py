@@ -336,6 +336,7 @@ class _Mapping:
         tr.update(megatron_moe.dispatcher(self, moe))
         tr.update(megatron_moe.expert_gemm(self, moe))
         tr.update(megatron_moe.fusion(self, moe))
+        tr.update(megatron_moe.balance(self, moe))
         tr.update(megatron_memory.capacity(self, moe, tr.get("moe_token_dispatcher") == "allgather"))
         tr.update(megatron_memory.optimizer_precision(self, tr.get("optimizer", "adam")))
         return tr

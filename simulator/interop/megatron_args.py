@@ -110,6 +110,9 @@ MAPPED = {
     # Transformer Engine's environment switch on the launch line (NAME=1), read as an argument
     "NVTE-USE-CUTLASS-GROUPED-GEMM": "training.moe_expert_gemm",
     "moe-router-fusion": "training.moe_router_fusion",
+    "moe-router-enable-expert-bias": "training.balance",
+    "moe-aux-loss-coeff": "training.balance",
+    "moe-router-load-balancing-type": "training.balance",
     "moe-router-score-function": "model.moe.score_function",
     "moe-permute-fusion": "training.moe_permute_fusion",
     "fp8-param-gather": "training.fp8_params",

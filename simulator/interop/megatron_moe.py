@@ -14,6 +14,7 @@ at d0067d0da6cb01811b8072a7d304f0e00344ce2b (``transformer_engine/common/gemm/cu
 from __future__ import annotations
 
 from simulator.interop.megatron_memory import dense_only
+from simulator.scenario.errors import ScenarioError
 
 #: Transformer Engine's switch to its CUTLASS grouped GEMM (``nvte_multi_tensor_gemm``: on
 #: Hopper, BF16/FP16 operands, no fused bias, a uniform K divisible by 128), read from a
@@ -103,3 +104,47 @@ def fusion(r, moe: bool) -> dict:
             r.assume(f"no --{a}: Megatron-Core's unfused ops (training.{key}: false)")
             out[key] = False
     return out
+
+
+#: Megatron's load-balancing types that are an auxiliary loss computed per micro-batch (over the
+#: TP x CP group, per sequence, or over TP x DP x CP: ``router.py`` at d98e8a64), stepsim's
+#: ``aux-loss-local``; none makes every forward wait for the last one (``aux-loss-global``).
+AUX_LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss")
+BALANCE_ARGS = ("moe-router-enable-expert-bias", "moe-aux-loss-coeff", "moe-router-load-balancing-type")
+
+
+def balance(r, moe: bool) -> dict:
+    """``training.balance`` from ``--moe-router-enable-expert-bias`` (aux-loss-free balancing:
+    ``aux-free``), else ``--moe-aux-loss-coeff`` above 0 with ``--moe-router-load-balancing-type``
+    one of :data:`AUX_LOSS_TYPES` (Megatron's default ``aux_loss``): ``aux-loss-local``. Both
+    flags take several values (one per type); a coefficient of 0 everywhere is no loss. Sinkhorn
+    and quantile balancing have no model and stay in the not-mapped list."""
+    if not moe:
+        dense_only(r, BALANCE_ARGS)
+        return {}
+    args = r.args
+    types = str(args.get("moe-router-load-balancing-type") or "aux_loss").split()
+    coeffs = str(args.get("moe-aux-loss-coeff") or "0").split()
+    try:
+        loss = any(float(c) > 0 for c in coeffs)
+    except ValueError:
+        raise ScenarioError(
+            f"expected numbers, got {args['moe-aux-loss-coeff']!r}", field="--moe-aux-loss-coeff"
+        ) from None
+    if "moe-router-enable-expert-bias" in args:
+        r.take("moe-router-enable-expert-bias", "training.balance", "aux-free")
+        if loss:
+            r.assume("an auxiliary loss beside the expert bias (--moe-aux-loss-coeff): its kernels are not modelled")
+        return {"balance": "aux-free"}
+    if not set(types) <= {*AUX_LOSS_TYPES, "none"}:
+        return {}
+    if loss and set(types) & set(AUX_LOSS_TYPES):
+        r.take("moe-aux-loss-coeff", "training.balance", "aux-loss-local")
+        if "moe-router-load-balancing-type" in args:
+            r.take("moe-router-load-balancing-type", "training.balance", "aux-loss-local")
+        return {"balance": "aux-loss-local"}
+    r.assume(
+        "no auxiliary loss and no expert bias (--moe-aux-loss-coeff 0, Megatron's default): "
+        "training.balance = aux-free, whose statistics kernel reads the routing map once"
+    )
+    return {"balance": "aux-free"}
