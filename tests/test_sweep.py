@@ -540,3 +540,18 @@ def test_a_lost_worker_is_a_stepsim_error_that_says_the_rows_are_saved():
 
     with pytest.raises(StudyError, match="worker process died.*rows finished so far are saved.*resume"):
         list(execute([(0, "k", {})], executor=DyingPool()))
+
+
+def test_base_may_name_a_built_in_scenario(tmp_path):
+    """``base: NAME`` reads the built-in scenario where no file of that name is beside the sweep
+    file (as ``stepsim run NAME`` does); a file of that name wins; an unknown name still says no
+    such file."""
+    spec = load_sweep({"base": "quickstart", "grid": {"training.global_batch_size": [8, 16]}})
+    cases = expand(spec).cases
+    assert len(cases) == 2 and all(c.resolved is not None for c in cases)
+    (tmp_path / "quickstart").write_text(yaml.safe_dump(_base()))
+    local = tmp_path / "s.yaml"
+    local.write_text(yaml.safe_dump({"base": "quickstart", "grid": {"parallel.pp": [1]}}))
+    assert expand(load_sweep(local)).cases[0].scenario["model"] == _base()["model"]
+    with pytest.raises(ScenarioError, match="no-such-scenario"):
+        load_sweep({"base": "no-such-scenario", "grid": {"parallel.pp": [1]}})

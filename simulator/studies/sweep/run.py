@@ -3,7 +3,8 @@
 A sweep file (YAML or JSON) names a ``base`` scenario and the axes to vary::
 
     name: pp-vs-nic                   # optional label
-    base: ../scenarios/llama.yaml     # a scenario path (relative to this file), or an inline mapping
+    base: ../scenarios/llama.yaml     # a scenario path (relative to this file), a built-in
+                                      # scenario name (stepsim presets) or an inline mapping
     grid:                             # the product of every listed value
       parallel.pp: [1, 2, 4, 8]
       cluster.network.nic_bw_bytes_per_s: [25e9, 50e9]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.scenario.loading import read_mapping
+from simulator.scenario.loading import builtin_scenarios, read_mapping
 from simulator.scenario.schema import MAX_NAME_CHARS, ScenarioError
 from workloads.enums import TRACE_COLLECTIVE_OPS
 
@@ -109,18 +109,26 @@ def _load_base(data: Mapping, sweep_dir: Path | None, sweep_file: Path | None = 
     """The base scenario mapping (read from its file when a path) and the folder its relative
     paths are resolved in; a base naming the sweep file itself is refused."""
     if "base" not in data:
-        raise ScenarioError("required: a scenario path (relative to the sweep file) or mapping", field="base")
+        raise ScenarioError(
+            "required: a scenario path (relative to the sweep file), a built-in scenario name or a mapping",
+            field="base",
+        )
     base, base_dir = data["base"], sweep_dir
     if isinstance(base, str):
         p = Path(base)
         if not p.is_absolute() and sweep_dir is not None:
             p = sweep_dir / p
+        builtin = builtin_scenarios()
+        if not (p.exists() or p.is_symlink()) and base in builtin:  # a built-in scenario's name
+            p = builtin[base]
         if sweep_file is not None and _same_file(p, sweep_file):
             raise ScenarioError(f"names the sweep file itself ({base}); give a scenario file or mapping", field="base")
         base = read_mapping(p)
         base_dir = p.resolve().parent
     elif not isinstance(base, Mapping):
-        raise ScenarioError(f"must be a scenario path or mapping, got {type(base).__name__}", field="base")
+        raise ScenarioError(
+            f"must be a scenario path, a built-in scenario name or a mapping, got {type(base).__name__}", field="base"
+        )
     return copy.deepcopy(dict(base)), base_dir
 
 
