@@ -130,6 +130,21 @@ def test_the_options_apply_to_moe_models_only():
         load_scenario(dense)
 
 
+def test_trace_files_keep_the_unfused_launches(tmp_path):
+    """JSON and Chakra traces of a step with the unfused chains give back the same kernels
+    (``bwd_launches`` included) and the same step."""
+    from workloads.trace.io import read_trace, trace_from_dict, trace_to_dict, write_trace
+
+    res = simulate(moe_scenario(training={"moe_router_fusion": False, "moe_permute_fusion": False}))
+    tr = res.trace
+    assert any(k.bwd_launches is not None for op in tr.ops for k in op.kernels)
+    back = trace_from_dict(trace_to_dict(tr))
+    assert [op.kernels for op in back.ops] == [op.kernels for op in tr.ops]
+    pytest.importorskip("chakra.schema.protobuf.et_def_pb2")
+    write_trace(tr, tmp_path / "et", format="chakra")
+    assert [op.kernels for op in read_trace(tmp_path / "et").ops] == [op.kernels for op in tr.ops]
+
+
 def test_kernel_bwd_launches_survive_the_trace_file():
     from workloads.trace import io
 
