@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from workloads import moe_unfused
 from workloads.kernels import _FP32_BYTES, Kernel, _ffn, _gemm
-from workloads.model import ModelSpec
+from workloads.model import ModelSpec, MoESpec
 from workloads.shard import Shard
 
 # ---------------------------------------------------------------------------
@@ -202,7 +202,7 @@ def _chain_kernel(name: str, c: moe_unfused.Chain) -> Kernel:
     )
 
 
-def _routing_kernels(m, T: float, h: int, act: int, opts: MoEOptions) -> list[Kernel]:
+def _routing_kernels(m: MoESpec, T: float, h: int, act: int, opts: MoEOptions) -> list[Kernel]:
     """Router GEMM, score function and top-k, balance statistics, capacity dropping and the
     token-count histogram of ``T`` routed rows over the ``m.experts`` experts of ``m``
     (:class:`~workloads.model.MoESpec`)."""
