@@ -402,3 +402,10 @@ def test_moe_cases_carry_their_recipes_settings_each_with_its_source():
             # the setting's source is written down beside it
             said = "expert_load" if key == "pad_to_capacity" else key
             assert any(a.startswith(said) or f" {said} " in a for a in case.assumptions), (name, key)
+
+
+def test_cases_are_found_by_name_path_and_path_without_suffix():
+    for pattern in ("dgxc-grok1-512xh100", "dgxc/dgxc-grok1-512xh100", "dgxc/dgxc-grok1-512xh100.yaml", "dgxc/*grok*"):
+        assert [c.name for c in v.discover([pattern])] == ["dgxc-grok1-512xh100"], pattern
+    with pytest.raises(v.ValidationError, match="matches no case"):
+        v.discover(["dgxc/grok1"])

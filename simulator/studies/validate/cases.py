@@ -238,7 +238,8 @@ def discover(patterns: Sequence[str] | None = None, root: str | Path | None = No
     """The suite's cases (sorted by path), or those matching any of ``patterns``.
 
     A pattern is a glob matched against the case name, the file's path relative to
-    ``root`` (``narayanan2021/*``) and the file name; or an existing file/folder.
+    ``root`` with or without its suffix (``narayanan2021/*``, ``dgxc/dgxc-grok1-512xh100``) and the
+    file name; or an existing file/folder.
 
     Raises
     ------
@@ -280,7 +281,8 @@ def _matches(case: Case, pattern: str, base: Path) -> bool:
         names.append(case.path.name)
         names.append(case.path.stem)
         try:
-            names.append(case.path.resolve().relative_to(base.resolve()).as_posix())
+            rel = case.path.resolve().relative_to(base.resolve())
         except ValueError:
-            names.append(case.path.as_posix())
+            rel = case.path
+        names += [rel.as_posix(), rel.with_suffix("").as_posix()]  # dgxc/dgxc-grok1-512xh100(.yaml)
     return any(fnmatch.fnmatch(n, pattern) for n in names)
