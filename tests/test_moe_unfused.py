@@ -3,8 +3,6 @@ training.moe_router_fusion / training.moe_permute_fusion): the launches counted 
 (NVIDIA/Megatron-LM d98e8a64, megatron/core/transformer/moe/moe_utils.py), what they cost a
 layer, and that the fused default is what it was."""
 
-import dataclasses
-
 import pytest
 from test_moe import moe_scenario
 
@@ -80,9 +78,10 @@ def test_unfused_permutation_moves_more_bytes_than_the_fused_kernels():
     fused = _layer("qwen3-30b-a3b", MoEOptions())
     unfused = _layer("qwen3-30b-a3b", MoEOptions(permute_fusion=False))
     for name in ("moe_permute", "moe_unpermute"):
-        assert unfused[name].bytes > fused[name].bytes
+        pair = [unfused[name], unfused[f"{name}_nograd"]]
+        assert sum(k.bytes for k in pair) > fused[name].bytes
         t_fused = kernel_time_s(fused[name], H100, HOPPER)
-        assert kernel_time_s(unfused[name], H100, HOPPER) > t_fused
+        assert sum(kernel_time_s(k, H100, HOPPER) for k in pair) > t_fused
 
 
 def test_drop_and_pad_and_combine_take_their_own_paths():
@@ -100,8 +99,9 @@ def test_aux_loss_router_is_unfused_too():
     fused = _layer("mixtral-8x7b", MoEOptions(balance="aux-loss-local"))
     unfused = _layer("mixtral-8x7b", MoEOptions(balance="aux-loss-local", router_fusion=False))
     assert fused["moe_router_stats"].launches == 1
-    assert unfused["moe_router_stats"].launches == 1 + 1 + 5 + 1 + 4
-    assert backward_kernels(unfused["moe_router_stats"])[0].launches == 5
+    pair = [unfused["moe_router_stats"], unfused["moe_router_stats_nograd"]]
+    assert sum(k.launches for k in pair) == 1 + 1 + 5 + 1 + 4
+    assert [b.launches for k in pair for b in backward_kernels(k)] == [5]
 
 
 def test_a_step_with_unfused_ops_is_slower_and_reports_them_in_its_terms():
@@ -132,12 +132,12 @@ def test_the_options_apply_to_moe_models_only():
 
 def test_trace_files_keep_the_unfused_launches(tmp_path):
     """JSON and Chakra traces of a step with the unfused chains give back the same kernels
-    (``bwd_launches`` included) and the same step."""
+    and the same step."""
     from workloads.trace.io import read_trace, trace_from_dict, trace_to_dict, write_trace
 
     res = simulate(moe_scenario(training={"moe_router_fusion": False, "moe_permute_fusion": False}))
     tr = res.trace
-    assert any(k.bwd_launches is not None for op in tr.ops for k in op.kernels)
+    assert any(k.name.endswith("_nograd") for op in tr.ops for k in op.kernels)
     back = trace_from_dict(trace_to_dict(tr))
     assert [op.kernels for op in back.ops] == [op.kernels for op in tr.ops]
     pytest.importorskip("chakra.schema.protobuf.et_def_pb2")
@@ -145,14 +145,21 @@ def test_trace_files_keep_the_unfused_launches(tmp_path):
     assert [op.kernels for op in read_trace(tmp_path / "et").ops] == [op.kernels for op in tr.ops]
 
 
-def test_kernel_bwd_launches_survive_the_trace_file():
-    from workloads.trace import io
+def test_a_chain_is_two_kernels_with_its_time_launches_and_backward():
+    """The chain's kernel stands for its backward's launches and carries the backward bytes; its
+    ``_nograd`` twin for the other forward launches, with no backward. Their time on the roofline
+    is the chain's: its bytes at the memory-bound rate plus one overhead a launch."""
+    from workloads.moe_kernels import _chain_kernels
 
-    k = _layer("qwen3-30b-a3b", MoEOptions(router_fusion=False))["moe_router_topk"]
-    assert k.bwd_launches is not None and k.bwd_launches != k.launches
-    d = io._kernel_from_dict(
-        {f.name: getattr(k, f.name) for f in dataclasses.fields(k) if getattr(k, f.name) is not None}, "k"
-    )
-    assert d == k
-    with pytest.raises(io.TraceError, match="bwd_launches"):
-        io._kernel_from_dict({"name": "x", "kind": "elementwise", "flops": 0, "bytes": 1, "bwd_launches": 0}, "k")
+    c = moe_unfused.router_topk("sigmoid", True, True, 2, 4096, 256)
+    a, b = _chain_kernels("moe_router_topk", c)
+    assert (a.launches, b.launches) == (12, 27 - 12) and b.name == "moe_router_topk_nograd"
+    assert a.bytes + b.bytes == pytest.approx(c.bytes, rel=1e-12)
+    assert [k.launches for k in backward_kernels(a)] == [12] and backward_kernels(b) == ()
+    assert backward_kernels(a)[0].bytes == c.bwd_bytes
+    cal = HOPPER
+    rate = H100.hbm_bw_bytes_per_s * cal.memory_efficiency
+    chain_s = c.bytes / rate + 27 * cal.launch_overhead_s
+    assert kernel_time_s(a, H100, cal) + kernel_time_s(b, H100, cal) == pytest.approx(chain_s, rel=1e-9)
+    # a chain whose backward has as many launches as its forward is one kernel
+    assert len(_chain_kernels("x", moe_unfused.Chain(3, 3, 1e6, 1e6))) == 1

@@ -101,10 +101,6 @@ class Kernel:
     # Engine's GroupedLinear on its cuBLAS path, training.moe_expert_gemm: per-expert) is
     # ``groups``; each costs the host a launch and the GPU its per-kernel overhead.
     launches: int = 1
-    # Launches of its backward pass (a kernel with ``bwd_bytes``) where they differ from the
-    # forward's (None: ``launches``): an unfused chain of small PyTorch ops (workloads.moe_kernels) runs one backward kernel per
-    # differentiable op, not one per op of its forward.
-    bwd_launches: int | None = None
 
 
 def backward_flops_factor() -> float:
@@ -160,8 +156,7 @@ def backward_kernels(kernel: Kernel) -> tuple[Kernel, ...]:
     if kernel.bwd_bytes is not None:  # a pass whose backward is not twice its forward
         if kernel.bwd_bytes <= 0:
             return ()
-        launches = kernel.launches if kernel.bwd_launches is None else kernel.bwd_launches
-        return (Kernel(f"{kernel.name}.bwd", kernel.kind, kernel.flops, kernel.bwd_bytes, launches=launches),)
+        return (Kernel(f"{kernel.name}.bwd", kernel.kind, kernel.flops, kernel.bwd_bytes, launches=kernel.launches),)
     if kernel.name.rsplit(".", 1)[-1] == UNFUSED_SCORES_KERNEL:
         # Materialised scores: 17 B per score element back against 12 forward (notes
         # at _UNFUSED_SCORE_BYTES), not the 2x of a plain element-wise kernel.

@@ -116,9 +116,17 @@ class MoEOptions:
 #: statistics, capacity dropping, the token-count histogram), permutation (before the
 #: dispatch, and the sort by local expert after it) and unpermutation (the reverse).
 MOE_TERM_KERNELS = {
-    "routing": ("router", "moe_router_topk", "moe_router_stats", "moe_capacity_drop", "moe_tokens_per_expert"),
-    "permutation": ("moe_permute", "expert_sort_chunks"),
-    "unpermutation": ("expert_unsort_chunks", "moe_unpermute"),
+    "routing": (
+        "router",
+        "moe_router_topk",
+        "moe_router_topk_nograd",
+        "moe_router_stats",
+        "moe_router_stats_nograd",
+        "moe_capacity_drop",
+        "moe_tokens_per_expert",
+    ),
+    "permutation": ("moe_permute", "moe_permute_nograd", "expert_sort_chunks"),
+    "unpermutation": ("expert_unsort_chunks", "moe_unpermute", "moe_unpermute_nograd"),
     # FP8 training: the passes quantising the experts' inputs and output gradients
     # (workloads.quantization; none in BF16)
     "quantization": ("expert_up_quant", "expert_down_quant"),
@@ -153,7 +161,7 @@ def moe_kernels(
     unfused_args = (opts.pad_to_capacity, act, h, _logit_bytes(opts, act))
     probs_permuted = opts.gate_weighting == "activation"
     if not opts.permute_fusion:
-        out.append(_chain_kernel("moe_permute", moe_unfused.permute(*unfused, probs_permuted, *unfused_args)))
+        out += _chain_kernels("moe_permute", moe_unfused.permute(*unfused, probs_permuted, *unfused_args))
     elif opts.allgather:
         out.append(_gathered_permute_kernel(G, local_experts, A, h, act))
     else:
@@ -182,7 +190,7 @@ def moe_kernels(
         out.append(Kernel("expert_unsort_chunks", "elementwise", 0.0, chunks, bwd_bytes=chunks))
     combine = opts.gate_weighting == "combine"
     if not opts.permute_fusion:
-        out.append(_chain_kernel("moe_unpermute", moe_unfused.unpermute(*unfused, combine, *unfused_args)))
+        out += _chain_kernels("moe_unpermute", moe_unfused.unpermute(*unfused, combine, *unfused_args))
     elif opts.allgather:
         out.append(_unpermute_kernel(G, max(1, min(k, local_experts)), A, h, act, combine))
     else:
@@ -195,11 +203,19 @@ def _logit_bytes(opts: MoEOptions, act: int) -> int:
     return _FP32_BYTES if opts.router_dtype == "fp32" else act
 
 
-def _chain_kernel(name: str, c: moe_unfused.Chain) -> Kernel:
-    """One kernel standing for an unfused chain of ops (:mod:`workloads.moe_unfused`)."""
-    return Kernel(
-        name, "elementwise", 0.0, c.bytes, bwd_bytes=c.bwd_bytes, launches=c.launches, bwd_launches=c.bwd_launches
-    )
+def _chain_kernels(name: str, c: moe_unfused.Chain) -> list[Kernel]:
+    """An unfused chain of ops (:mod:`workloads.moe_unfused`) as two memory-bound kernels: ``name``
+    stands for as many forward launches as the chain's backward has, and carries the backward's
+    bytes; ``<name>_nograd`` for the forward launches beyond those, with no backward. The chain's
+    forward bytes are split between them in proportion to their launches. The roofline's time
+    of a kernel with no FLOPs is linear in its bytes and launches, so the pair takes the chain's
+    time, and the host issues its launches."""
+    share = c.bwd_launches / c.launches
+    out = [Kernel(name, "elementwise", 0.0, c.bytes * share, bwd_bytes=c.bwd_bytes, launches=c.bwd_launches)]
+    if c.launches > c.bwd_launches:
+        rest = c.launches - c.bwd_launches
+        out.append(Kernel(f"{name}_nograd", "elementwise", 0.0, c.bytes - out[0].bytes, bwd_bytes=0.0, launches=rest))
+    return out
 
 
 def _routing_kernels(m: MoESpec, T: float, h: int, act: int, opts: MoEOptions) -> list[Kernel]:
@@ -227,18 +243,18 @@ def _routing_kernels(m: MoESpec, T: float, h: int, act: int, opts: MoEOptions) -
     # reads the [T, E] logits, writes the [T, E] routing probabilities and the bool routing map.
     # The score function and the grouping change operation counts, not this traffic.
     if opts.router_fusion:
-        topk = Kernel(
-            "moe_router_topk",
-            "elementwise",
-            _ROUTER_SCORE_FLOPS_PER_ELEMENT * T * E,
-            T * E * (2 * logit_bytes + _MAP_BYTES),
+        out.append(
+            Kernel(
+                "moe_router_topk",
+                "elementwise",
+                _ROUTER_SCORE_FLOPS_PER_ELEMENT * T * E,
+                T * E * (2 * logit_bytes + _MAP_BYTES),
+            )
         )
     else:  # Megatron-Core's unfused ops (workloads.moe_unfused)
         bias, groups = opts.balance == "aux-free", m.max_nodes_per_token is not None
-        topk = _chain_kernel(
-            "moe_router_topk", moe_unfused.router_topk(m.score_function, bias, groups, logit_bytes, T, E)
-        )
-    out.append(topk)
+        chain = moe_unfused.router_topk(m.score_function, bias, groups, logit_bytes, T, E)
+        out += _chain_kernels("moe_router_topk", chain)
     # Load-balancing statistics (router.py TopKRouter.routing): aux-loss-free balancing adds the
     # routing map's column sums to local_tokens_per_expert (_apply_expert_bias; the bias itself is
     # updated once per step, moe_utils.get_updated_expert_bias: E values, not counted): reads
@@ -248,18 +264,19 @@ def _routing_kernels(m: MoESpec, T: float, h: int, act: int, opts: MoEOptions) -
     # T*E*(logit + 4 + 4 + 1 + 1 + 4) bytes; its gradient writes the FP32 score gradient and
     # runs the score function's backward (reads the scores, writes a logit gradient).
     if opts.balance == "aux-free":
-        stats = Kernel("moe_router_stats", "elementwise", T * E, _MAP_BYTES * T * E, bwd_bytes=0.0)
+        out.append(Kernel("moe_router_stats", "elementwise", T * E, _MAP_BYTES * T * E, bwd_bytes=0.0))
     elif not opts.router_fusion:
-        stats = _chain_kernel("moe_router_stats", moe_unfused.aux_loss(m.score_function, logit_bytes, T, E))
+        out += _chain_kernels("moe_router_stats", moe_unfused.aux_loss(m.score_function, logit_bytes, T, E))
     else:
-        stats = Kernel(
-            "moe_router_stats",
-            "elementwise",
-            _ROUTER_SCORE_FLOPS_PER_ELEMENT * T * E,
-            T * E * (logit_bytes + 3 * _FP32_BYTES + 2 * _MAP_BYTES),
-            bwd_bytes=T * E * (2 * _FP32_BYTES + logit_bytes),
+        out.append(
+            Kernel(
+                "moe_router_stats",
+                "elementwise",
+                _ROUTER_SCORE_FLOPS_PER_ELEMENT * T * E,
+                T * E * (logit_bytes + 3 * _FP32_BYTES + 2 * _MAP_BYTES),
+                bwd_bytes=T * E * (2 * _FP32_BYTES + logit_bytes),
+            )
         )
-    out.append(stats)
     # Capacity (moe_utils.apply_router_token_dropping, --moe-expert-capacity-factor): a top-k
     # over the tokens of each expert's column of probabilities (reads [T, E]), a scatter into
     # a capacity mask and the masked probabilities and map (writes [T, E] twice, 1 + logit B).

@@ -21,6 +21,8 @@ def model_dict(m: ModelSpec) -> dict:
     d = dataclasses.asdict(m)
     if d.get("attention"):
         d["attention"] = {"kind": "mla", **d["attention"]}
+    if d.get("moe") and d["moe"]["score_function"] == "softmax":  # as before the key existed: keys stay stable
+        del d["moe"]["score_function"]
     return d
 
 

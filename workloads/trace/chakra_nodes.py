@@ -204,11 +204,6 @@ def _kernel_options(at: dict, ks: list, where: str) -> tuple[Kernel, ...]:
         if len(launches) != len(ks) or any(not 1 <= x <= MAX_KERNEL_LAUNCHES for x in launches):
             raise TraceError(f"{where}: malformed stepsim.kernel_launches (1..{MAX_KERNEL_LAUNCHES} a kernel)")
         ks = [dataclasses.replace(k, launches=int(x)) if x != 1 else k for k, x in zip(ks, launches)]
-    bwd_launches = at.get("stepsim.kernel_bwd_launches")
-    if bwd_launches is not None:
-        if len(bwd_launches) != len(ks) or any(not 0 <= x <= MAX_KERNEL_LAUNCHES for x in bwd_launches):
-            raise TraceError(f"{where}: malformed stepsim.kernel_bwd_launches (0..{MAX_KERNEL_LAUNCHES} a kernel)")
-        ks = [dataclasses.replace(k, bwd_launches=int(x)) if x else k for k, x in zip(ks, bwd_launches)]
     rec = at.get("stepsim.kernel_recorded_s")
     if rec is not None:
         if len(rec) != len(ks) or any(not math.isnan(x) and not 0 <= x < math.inf for x in rec):

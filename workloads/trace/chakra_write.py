@@ -73,9 +73,6 @@ def _comp_node(pb, node, op: Op) -> None:
         node.attr.append(
             _attr(pb, "stepsim.kernel_launches", int64_list=pb.Int64List(values=[k.launches for k in op.kernels]))
         )
-    if any(k.bwd_launches is not None for k in op.kernels):  # 0: the forward's launches
-        values = [k.bwd_launches or 0 for k in op.kernels]
-        node.attr.append(_attr(pb, "stepsim.kernel_bwd_launches", int64_list=pb.Int64List(values=values)))
     for f in ("math_dtype", "grad_math_dtype"):  # "": the step's
         if any(getattr(k, f) is not None for k in op.kernels):
             values = [getattr(k, f) or "" for k in op.kernels]

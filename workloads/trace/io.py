@@ -26,9 +26,7 @@ Format (JSON, optionally gzip-compressed when the name ends in ``.gz``)::
                      # router's), "bwd_bytes" (a backward pass's bytes, not twice its own),
                      # "recorded_s" (timed by its recording, not the roofline),
                      # "launches" (absent: 1; a grouped GEMM run one GEMM per local expert:
-                     # its groups, each a host launch and the GPU's per-kernel overhead),
-                     # "bwd_launches" (absent: "launches"; the backward pass's launches of
-                     # a kernel with "bwd_bytes", e.g. an unfused MoE router's)
+                     # its groups, each a host launch and the GPU's per-kernel overhead)
          "recompute": false,
          "mem": [["activations", 1.5e8, "end"]]},
         {"id": 5, "rank": 0, "stream": "tp", "kind": "collective", "name": "L0.attn.out",
@@ -84,7 +82,7 @@ from workloads.kernels import KERNEL_KINDS, MATH_DTYPES, MAX_KERNEL_LAUNCHES, Ke
 # Kernel fields written only where set: the math dtype of a GEMM (and of its gradients) where it
 # is not the step's, the bytes of a backward pass that is not twice its forward's, and the
 # recorded time of a kernel not timed by the roofline.
-KERNEL_OPTIONAL = ("math_dtype", "grad_math_dtype", "bwd_bytes", "recorded_s", "bwd_launches")
+KERNEL_OPTIONAL = ("math_dtype", "grad_math_dtype", "bwd_bytes", "recorded_s")
 from workloads.enums import TRACE_COLLECTIVE_OPS
 from workloads.trace.ops import MEMORY_CATEGORIES, STREAMS, Op, Trace, TraceError
 
@@ -485,10 +483,9 @@ def _kernel_from_dict(k: dict, kw: str) -> Kernel:
     rec = k.get("recorded_s")
     if rec is not None:
         rec = _amount(rec, f"{kw}.recorded_s", MAX_RECORDED_S)
-    launches = _kernel_launches(k.get("launches", 1), f"{kw}.launches")
-    bwd_launches = k.get("bwd_launches")
-    if bwd_launches is not None:
-        bwd_launches = _kernel_launches(bwd_launches, f"{kw}.bwd_launches")
+    launches = k.get("launches", 1)
+    if isinstance(launches, bool) or not isinstance(launches, int) or not 1 <= launches <= MAX_KERNEL_LAUNCHES:
+        raise TraceError(f"{kw}.launches: must be an integer in 1..{MAX_KERNEL_LAUNCHES}, got {launches!r}")
     return Kernel(
         str(k.get("name", "")),
         kk,
@@ -502,16 +499,8 @@ def _kernel_from_dict(k: dict, kw: str) -> Kernel:
         bwd_bytes=bwd,
         recorded_s=rec,
         launches=launches,
-        bwd_launches=bwd_launches,
         **dtypes,
     )
-
-
-def _kernel_launches(v, where: str) -> int:
-    """A kernel's ``launches`` or ``bwd_launches``: an integer in 1..MAX_KERNEL_LAUNCHES."""
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_KERNEL_LAUNCHES:
-        raise TraceError(f"{where}: must be an integer in 1..{MAX_KERNEL_LAUNCHES}, got {v!r}")
-    return v
 
 
 def _mem_entry(m, where: str) -> tuple:
