@@ -6,6 +6,7 @@ keys behind would leave the map empty."""
 from __future__ import annotations
 
 import io
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -15,8 +16,12 @@ from simulator.studies.ppmap.run import assemble
 MAP = Path(__file__).resolve().parent.parent / "docs" / "results" / "ppmap"
 
 
-def test_the_committed_store_assembles_into_the_committed_map():
-    table, _ = assemble(MAP / "ppmap.yaml", MAP)
+def test_the_committed_store_assembles_into_the_committed_map(tmp_path):
+    # assemble writes its tables into the folder it reads: a copy, so the committed files stay
+    for name in ("screen.jsonl", "sims/rows.jsonl", "sims/fingerprints.jsonl"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(MAP / name, tmp_path / name)
+    table, _ = assemble(MAP / "ppmap.yaml", tmp_path)
     buf = io.StringIO()
     table.to_csv(buf, index=False)
     buf.seek(0)
