@@ -1,6 +1,7 @@
 """Megatron-Core's unfused MoE router and permutations: the chains of small PyTorch ops it runs
-where ``--moe-router-fusion`` / ``--moe-permute-fusion`` are off (Megatron's own default), as
-kernels of :mod:`workloads.moe_kernels` that stand for one launch an op.
+where ``--moe-router-fusion`` / ``--moe-permute-fusion`` are off (Megatron's own default): each
+chain's launches (one an op) and bytes, forward and backward, which :mod:`workloads.moe_kernels`
+turns into two kernels (``_chain_kernels``).
 
 Counted from NVIDIA/Megatron-LM at commit d98e8a64ddf34856e74b24714e3bedb2f5a39553,
 ``megatron/core/transformer/moe/moe_utils.py``: ``topk_routing_with_score_function`` and
