@@ -10,12 +10,14 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from simulator.studies.ppmap.run import assemble
 
 MAP = Path(__file__).resolve().parent.parent / "docs" / "results" / "ppmap"
 
 
+@pytest.mark.slow  # about 25 s: the map's 45,255 cases are resolved to find their keys
 def test_the_committed_store_assembles_into_the_committed_map(tmp_path):
     # assemble writes its tables into the folder it reads: a copy, so the committed files stay
     for name in ("screen.jsonl", "sims/rows.jsonl", "sims/fingerprints.jsonl"):
