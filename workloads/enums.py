@@ -46,4 +46,9 @@ FP8_RECIPES: tuple[str, ...] = get_args(FP8Recipe)
 MoEExpertGemm = Literal["grouped", "per-expert"]
 MOE_EXPERT_GEMMS: tuple[str, ...] = get_args(MoEExpertGemm)
 
+#: The MoE router's score function (``model.moe.score_function``; Megatron's
+#: ``--moe-router-score-function``, the HF config's ``scoring_func``; ``workloads.moe_unfused``).
+ScoreFunction = Literal["softmax", "sigmoid"]
+SCORE_FUNCTIONS: tuple[str, ...] = get_args(ScoreFunction)
+
 assert set(TRACE_COLLECTIVE_OPS) < set(COLLECTIVE_OPS)

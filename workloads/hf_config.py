@@ -36,6 +36,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
+from workloads.enums import SCORE_FUNCTIONS
 from workloads.errors import WorkloadError
 from workloads.model import MLASpec, ModelSpec, MoESpec
 
@@ -221,7 +222,7 @@ def _attention_moe_mtp(
                 # Group-limited routing (DeepSeek-V3 §2.1.2: experts grouped by
                 # node, each token sent to at most topk_group groups).
                 max_nodes_per_token=topk_group if n_group > 1 else None,
-                score_function=c.choice("scoring_func", ("softmax", "sigmoid"), "softmax"),
+                score_function=c.choice("scoring_func", SCORE_FUNCTIONS, "softmax"),
             )
     elif model_type == "mixtral":
         moe = MoESpec(

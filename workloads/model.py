@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from workloads.enums import ScoreFunction
+
 FfnKind = Literal["swiglu", "gelu"]
 
 # Upper bounds of the sizes (docs/scenario.md, "Physical ranges"), far above any published
@@ -69,7 +71,7 @@ class MoESpec:
     # (Mixtral, Qwen3, Grok-1) or "sigmoid" (DeepSeek-V3 §2.1.2, Kimi K2: HF config
     # scoring_func). It sets which small kernels an unfused router runs
     # (workloads.moe_kernels); a fused router's traffic is the same either way.
-    score_function: Literal["softmax", "sigmoid"] = "softmax"
+    score_function: ScoreFunction = "softmax"
 
 
 @dataclass(frozen=True)

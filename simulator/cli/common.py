@@ -104,18 +104,18 @@ def float_flag(lo: float, hi: float = math.inf, what: str = "a finite number") -
 
 def resolve_scenario_path(arg: str) -> Path:
     """A scenario file, or the file of the built-in scenario of that name."""
-    from simulator.scenario.loading import builtin_scenarios
+    from simulator.scenario.loading import builtin_file, builtin_scenarios
 
     p = Path(arg)
     if p.exists() or p.is_symlink():  # a broken link or a link loop: reading it says which
         return p
-    built = builtin_scenarios()
-    if arg in built:
-        return built[arg]
-    raise CliError(
-        f"scenario: no file {arg!r} and no built-in scenario of that name; built-in: {', '.join(built)}",
-        field="scenario",
-    )
+    built = builtin_file(arg, p)
+    if built is None:
+        raise CliError(
+            f"scenario: no file {arg!r} and no built-in scenario of that name; built-in: {', '.join(builtin_scenarios())}",
+            field="scenario",
+        )
+    return built
 
 
 def new_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from simulator.interop import megatron_layout, megatron_memory, megatron_moe, megatron_precision
 from simulator.interop.megatron_args import GPT2_VOCAB, NO_STEP_EFFECT, ScenarioError, arg_int, parse_arg_text
+from workloads.enums import SCORE_FUNCTIONS
 
 
 @dataclass
@@ -223,9 +224,9 @@ class _Mapping:
                 self.take("moe-router-num-groups", "model.moe.max_nodes_per_token")
         score = args.get("moe-router-score-function")
         if score is not None:  # Megatron's default softmax; sqrtsoftplus is not modelled
-            if score not in ("softmax", "sigmoid"):
+            if score not in SCORE_FUNCTIONS:
                 raise ScenarioError(
-                    f"must be softmax or sigmoid (the score functions stepsim models), got {score!r}",
+                    f"must be {' or '.join(SCORE_FUNCTIONS)} (the score functions stepsim models), got {score!r}",
                     field="--moe-router-score-function",
                 )
             moe["score_function"] = score

@@ -72,11 +72,20 @@ def builtin_scenarios() -> dict[str, Path]:
     return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.yaml"))}
 
 
+def builtin_file(name: str, path: Path | None = None) -> Path | None:
+    """The file of the built-in scenario ``name`` where no file ``path`` (default: ``name``)
+    exists, else None: a file of that name wins over the built-in."""
+    p = Path(name) if path is None else path
+    if p.exists() or p.is_symlink():  # a broken link or a link loop: reading it says which
+        return None
+    return builtin_scenarios().get(name)
+
+
 def load_scenario(source: str | Path | Mapping) -> Scenario:
     """Validate a scenario given as a path (YAML/JSON), a built-in scenario name, or a mapping."""
     base_dir = None
-    if isinstance(source, str) and not Path(source).exists() and source in builtin_scenarios():
-        source = builtin_scenarios()[source]
+    if isinstance(source, str):
+        source = builtin_file(source) or source
     if isinstance(source, (str, Path)):
         base_dir = Path(source).parent
         data = read_mapping(source)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.scenario.loading import builtin_scenarios, read_mapping
+from simulator.scenario.loading import builtin_file, read_mapping
 from simulator.scenario.schema import MAX_NAME_CHARS, ScenarioError
 from workloads.enums import TRACE_COLLECTIVE_OPS
 
@@ -118,9 +118,7 @@ def _load_base(data: Mapping, sweep_dir: Path | None, sweep_file: Path | None = 
         p = Path(base)
         if not p.is_absolute() and sweep_dir is not None:
             p = sweep_dir / p
-        builtin = builtin_scenarios()
-        if not (p.exists() or p.is_symlink()) and base in builtin:  # a built-in scenario's name
-            p = builtin[base]
+        p = builtin_file(base, p) or p  # a built-in scenario's name, where no such file is
         if sweep_file is not None and _same_file(p, sweep_file):
             raise ScenarioError(f"names the sweep file itself ({base}); give a scenario file or mapping", field="base")
         base = read_mapping(p)
