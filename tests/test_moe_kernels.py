@@ -145,11 +145,11 @@ def test_fp32_router_gradients_run_at_tf32():
 def test_pad_to_capacity_computes_on_capacity():
     cf = 1.25
     _, drop = _moe_layer()
-    _, pad = _moe_layer(MoEOptions(capacity_factor=cf, pad_factor=cf, pad_to_capacity=True))
+    _, pad = _moe_layer(MoEOptions(capacity_factor=cf, pad_to_capacity=True))
     assert pad["expert_up"].flops == pytest.approx(cf * drop["expert_up"].flops)
     assert "moe_tokens_per_expert" not in pad and "moe_capacity_drop" in pad
     # a capacity factor of 1 pads too: fixed counts, no histogram (Grok-1's recipe)
-    _, one = _moe_layer(MoEOptions(capacity_factor=1.0, pad_factor=1.0, pad_to_capacity=True))
+    _, one = _moe_layer(MoEOptions(capacity_factor=1.0, pad_to_capacity=True))
     assert "moe_tokens_per_expert" not in one
     f = rank_load_factors(ExpertLoad("zipf", 1.5, cf, pad_to_capacity=True), 64, 8, 8, 4096, 3)
     assert np.allclose(f, math.ceil(cf * 4096 * 8 / 64) / (4096 * 8 / 64))

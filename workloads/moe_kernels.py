@@ -62,8 +62,8 @@ class MoEOptions:
       expert activation, experts.py ``bias_act_func``) or ``"combine"`` (in the unpermutation,
       Megatron-Core <= 0.12: ``unpermute(..., probs=...)``).
     * ``capacity_factor``: token dropping (``--moe-expert-capacity-factor``; None: dropless);
-      ``pad_factor``: the rows every expert computes relative to the dropless mean, the
-      capacity factor under ``--moe-pad-expert-input-to-capacity`` (``pad_to_capacity``), else 1.
+      ``pad_to_capacity``: ``--moe-pad-expert-input-to-capacity``, every expert computing on its
+      capacity (:attr:`pad_factor`).
     * ``allgather``: Megatron-Core's allgather dispatcher (``training.moe_token_dispatcher``):
       the permutation picks the local experts' rows out of the gathered tokens
       (``MoEAllGatherTokenDispatcher.dispatch_postprocess``: ``permute`` with the local
@@ -84,12 +84,17 @@ class MoEOptions:
     balance: str = "aux-free"
     gate_weighting: str = "activation"
     capacity_factor: float | None = None
-    pad_factor: float = 1.0
     pad_to_capacity: bool = False
     allgather: bool = False
     per_expert_gemms: bool = False
     router_fusion: bool = True
     permute_fusion: bool = True
+
+    @property
+    def pad_factor(self) -> float:
+        """The rows every expert computes relative to the dropless mean: the capacity factor
+        under ``pad_to_capacity``, else 1."""
+        return float(self.capacity_factor) if self.pad_to_capacity and self.capacity_factor is not None else 1.0
 
     @classmethod
     def of(cls, training, expert_load=None) -> MoEOptions:
@@ -102,7 +107,6 @@ class MoEOptions:
             balance=training.balance,
             gate_weighting=training.moe_gate_weighting,
             capacity_factor=cf,
-            pad_factor=float(cf) if pad else 1.0,
             pad_to_capacity=pad,
             allgather=getattr(training, "moe_token_dispatcher", "auto") == "allgather",
             per_expert_gemms=getattr(training, "moe_expert_gemm", "grouped") == "per-expert",
