@@ -148,6 +148,14 @@ class Topology:
         except KeyError:
             raise TopologyError(f"topology: no link from {u!r} to {v!r}", field="topology") from None
 
+    @property
+    def link_ends(self) -> np.ndarray:
+        """``(n_links, 2)`` node numbers of every directed link's ends (from, to), read-only.
+        Nodes are numbered devices first (device ``d`` is node ``d``), then switches."""
+        view = self._ends.view()
+        view.setflags(write=False)
+        return view
+
     def link_endpoints(self, link: int) -> tuple:
         """``(u, v)`` node ids of directed link ``link``."""
         a, b = self._ends[link]

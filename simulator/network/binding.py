@@ -4,7 +4,6 @@ incidence (:meth:`simulator.engine.lowering.Lowering._binding_only`)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,24 +22,18 @@ def never_binding(topo: Topology, capacity: np.ndarray) -> np.ndarray:
     their flows cross it, so it freezes no flow they do not: a leaf's uplink and downlink to
     the spine under oversubscription 1 (8 NICs of 50 GB/s below 400 GB/s on gb200-nvl72),
     none of an oversubscribed leaf's."""
-    ends = [topo.link_endpoints(k) for k in range(topo.n_links)]
-    device = {u for u, _ in ends if topo.graph.nodes[u].get("kind") == "device"}
-    from_devices: dict = defaultdict(float)  # switch -> capacity of the links from devices into it
-    to_devices: dict = defaultdict(float)  # switch -> capacity of its links out to devices
-    switches_in: dict = defaultdict(int)  # switch -> links into it from switches
-    switches_out: dict = defaultdict(int)
-    for k, (u, v) in enumerate(ends):
-        if u in device:
-            from_devices[v] += capacity[k]
-        elif v in device:
-            to_devices[u] += capacity[k]
-        else:
-            switches_in[v] += 1
-            switches_out[u] += 1
-    drop = np.zeros(topo.n_links, dtype=bool)
-    for k, (u, v) in enumerate(ends):
-        if u not in device and v not in device:
-            drop[k] = (switches_in[u] == 1 and from_devices[u] <= capacity[k]) or (
-                switches_out[v] == 1 and to_devices[v] <= capacity[k]
-            )
+    ends = topo.link_ends
+    n_nodes = int(ends.max()) + 1 if ends.size else 0
+    u, v = ends[:, 0], ends[:, 1]
+    from_device, to_device = u < topo.n_devices, v < topo.n_devices  # devices are nodes 0..n-1
+    to_device_only = ~from_device & to_device
+    between = ~from_device & ~to_device
+    # Each sum adds its links' capacities in link order (bincount's), as a loop over the links would.
+    from_devices = np.bincount(v[from_device], capacity[from_device], n_nodes)
+    to_devices = np.bincount(u[to_device_only], capacity[to_device_only], n_nodes)
+    switches_in = np.bincount(v[between], minlength=n_nodes)
+    switches_out = np.bincount(u[between], minlength=n_nodes)
+    drop = between & (
+        ((switches_in[u] == 1) & (from_devices[u] <= capacity)) | ((switches_out[v] == 1) & (to_devices[v] <= capacity))
+    )
     return drop
