@@ -137,6 +137,8 @@ def test_expert_parameters_per_rank_sum_to_the_model(par):
 FOLDED = {
     "tp2-pp2-ep8": {"tp": 2, "pp": 2, "dp": 4, "ep": 8},
     "tp4-etp2-ep8": {"tp": 4, "pp": 1, "dp": 4, "ep": 8, "etp": 2},
+    # not folded (EP carved out of DP), but the block routes the SP shard all the same
+    "tp2-etp2-pp2-ep4": {"tp": 2, "pp": 2, "dp": 4, "ep": 4, "etp": 2},
 }
 
 
@@ -170,6 +172,36 @@ def test_folded_moe_block_dispatches_the_sp_shard_and_gathers_over_etp():
     assert f"L{moe_layer}.mlp.ag" not in names and f"L{moe_layer}.mlp.out" not in names
     assert names[f"L{moe_layer}.shared.ag"].group == L.group(0, "tp")
     assert f"L{dense_layer}.mlp.ag" in names and f"L{dense_layer}.mlp.out" in names
+
+
+def test_experts_as_wide_as_tp_route_the_sp_shard_too():
+    """etp = tp (Grok-1's recipe: TP4, expert TP4, EP8): EP is carved out of data parallelism
+    (ranks tp apart), yet Megatron-Core's MoE block is the same as a folded one. MoELayer.forward
+    routes its input, the SP shard, and MoEAlltoAllTokenDispatcher all-to-alls its assignments over
+    EP and then all-gathers them over the expert tensor-parallel group, here the TP group
+    (megatron/core/transformer/moe/token_dispatcher.py and moe_layer.py at NVIDIA/Megatron-LM
+    core_v0.10.0, the Megatron-Core of NeMo 24.12, and d98e8a64): no TP all-gather of the hidden
+    states before the router, no reduce-scatter after the combine."""
+    sc = load_scenario(moe_scenario(parallel={"tp": 4, "pp": 1, "dp": 4, "ep": 4, "etp": 4}))
+    L = sc.layout
+    assert not L.folded and L.routes_sp_shard and L.group(0, "ep") == (0, 4, 8, 12)
+    ops = [op for op in build_trace(sc.workload()).ops if op.rank == 0 and op.mb == 0 and op.phase == "F"]
+    names = {op.name: op for op in ops}
+    moe_layer = 2
+    disp = names[f"L{moe_layer}.dispatch"]
+    assert disp.size_bytes == 1024 / 4 * 2 * 1024 * 2 and disp.group == L.group(0, "ep")
+    gather = names[f"L{moe_layer}.experts.ag"]
+    assert gather.coll == "all-gather" and gather.group == L.group(0, "tp") == (0, 1, 2, 3)
+    assert gather.size_bytes == 4 * disp.size_bytes
+    assert names[f"L{moe_layer}.experts.rs"].size_bytes == 4 * names[f"L{moe_layer}.combine"].size_bytes
+    assert f"L{moe_layer}.mlp.ag" not in names and f"L{moe_layer}.mlp.out" not in names
+    # DeepSpeed's mapping gathers the sequence over TP before the router instead.
+    ds = load_scenario(
+        moe_scenario(parallel={"tp": 4, "pp": 1, "dp": 4, "ep": 4, "etp": 4, "expert_mapping": "deepspeed"})
+    )
+    assert not ds.layout.routes_sp_shard
+    ds_names = {op.name for op in build_trace(ds.workload()).ops if op.rank == 0 and op.mb == 0}
+    assert f"L{moe_layer}.mlp.ag" in ds_names and f"L{moe_layer}.experts.ag" not in ds_names
 
 
 def test_folded_dualpipe_with_node_limited_routing():

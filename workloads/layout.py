@@ -29,9 +29,12 @@ choice; stepsim builds the groups as the framework's own code does:
   blocks hold the same experts (their expert-data-parallel group, with ``etp = 1`` at
   every TP coordinate too). Needs ``ep`` dividing ``dp*cp`` and ``etp`` 1 or ``tp``.
 
-:attr:`ParallelLayout.folded` says which MoE dispatcher the trace runs: tokens leave the
-attention's TP layout for the experts (all-to-all over EP, all-gather over ETP) when the
-expert tensor-parallel group is not the attention's TP group.
+:attr:`ParallelLayout.folded` says whether the EP group spans the attention's TP ranks (the
+expert tensor-parallel group is not the attention's TP group); :attr:`ParallelLayout.routes_sp_shard`
+says which MoE dispatcher the trace runs. Megatron-Core's routes each TP rank's sequence-parallel
+shard, all-to-alls its assignments over EP and all-gathers them over the expert-TP group, folded
+or not (``etp = tp`` too: the expert-TP group is then the TP group); DeepSpeed's mapping gathers
+the sequence over TP before the router instead.
 """
 
 from __future__ import annotations
@@ -147,6 +150,21 @@ class ParallelLayout:
         group is not the attention's TP group (``etp != tp``); under DeepSpeed's mapping
         never (EP is carved out of data parallelism at each TP coordinate)."""
         return self.expert_mapping == "megatron-core" and self.etp != self.tp
+
+    @property
+    def routes_sp_shard(self) -> bool:
+        """Whether a MoE block routes each TP rank's sequence-parallel shard, all-to-alls its
+        assignments over EP and all-gathers them over the expert-TP group before the experts
+        (reduce-scatter and all-to-all back after them), as Megatron-Core's dispatchers do
+        whatever the expert layout: ``MoEAlltoAllTokenDispatcher.token_permutation`` runs
+        ``all_to_all`` over the EP group and then ``gather_from_sequence_parallel_region`` over
+        the expert tensor-parallel group, and ``MoELayer.forward`` routes the layer's input as
+        it comes, the SP shard (megatron/core/transformer/moe/token_dispatcher.py and
+        moe_layer.py, NVIDIA/Megatron-LM core_v0.10.0 through d98e8a64). So under Megatron-Core
+        whenever :attr:`folded` or ``tp > 1`` (``etp = tp``: the expert-TP group is the TP
+        group); with ``tp = etp = 1`` both dispatchers are the same collectives. Under
+        DeepSpeed's mapping the block all-gathers the sequence over TP before the router."""
+        return self.folded or (self.expert_mapping == "megatron-core" and self.tp > 1)
 
     @property
     def edp(self) -> int:

@@ -1,6 +1,6 @@
 """The layer-level ops of one rank's program: per transformer layer, the forward (and recomputed)
 attention and MLP / MoE blocks with their tensor-, context- and expert-parallel collectives, the
-MoE block under a folded expert layout, the activation stash and its host offload, and the backward
+MoE block that routes the sequence-parallel shard (Megatron-Core's), the activation stash and its host offload, and the backward
 passes (fused ``B`` or split ``I`` / ``W``). Mixed into :class:`~workloads.trace.program.RankProgram`."""
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ class LayerOps:
             "reduce-scatter" if sp else "all-reduce", f"L{l}.attn.out", phase, mb, k, l, op, beside
         )
         deps, beside = ([out.id] if out else []), []
-        if expert and L.folded:
-            handed = yield from self.folded_moe_forward(l, mb, k, deps, phase, recompute)
+        if expert and L.routes_sp_shard:
+            handed = yield from self.shard_moe_forward(l, mb, k, deps, phase, recompute)
             self._offload_stash(l, mb, k, recompute)
             return handed
         if sp and out:
@@ -168,24 +168,23 @@ class LayerOps:
                 mem=(("activations", -stash, "end"),),
             )
 
-    # ---- MoE block under a folded expert layout ---------------------------------------
-    # With MoE Parallel Folding (see workloads.layout) the EP group may span the TP
-    # ranks, so tokens leave the attention's TP layout for the experts. Megatron-Core's
-    # all-to-all dispatcher (megatron/core/transformer/moe/token_dispatcher.py,
+    # ---- MoE block routing the sequence-parallel shard (Megatron-Core's) -------------
+    # Megatron-Core's all-to-all dispatcher (megatron/core/transformer/moe/token_dispatcher.py,
     # MoEAlltoAllTokenDispatcher) routes the sequence-parallel shard each TP rank holds
     # after the attention block's reduce-scatter ([S/TP, B, H]): no TP all-gather before
-    # the router; all-to-all over the (folded) EP group; all-gather over the expert-TP
-    # group (``gather_from_sequence_parallel_region`` on the ETP group) before the expert
-    # GEMMs (each ETP rank computes 1/etp of every expert's width over the assignments
-    # of its etp ranks) and reduce-scatter over it after them; all-to-all back, and the
-    # output is again the SP shard, so no TP reduce-scatter follows. Shared experts keep
-    # the attention's TP split ("the parallelism patterns of the shared experts follow
-    # the settings of the dense part", megatron/core/transformer/moe/README.md): a TP
-    # all-gather of the block input before them and a reduce-scatter of their output.
+    # the router; all-to-all over the EP group (under MoE Parallel Folding it spans the
+    # TP ranks); all-gather over the expert-TP group (``gather_from_sequence_parallel_region``
+    # on the ETP group, the TP group itself where ``etp = tp``) before the expert GEMMs
+    # (each ETP rank computes 1/etp of every expert's width over the assignments of its
+    # etp ranks) and reduce-scatter over it after them; all-to-all back, and the output is
+    # again the SP shard, so no TP reduce-scatter follows (ParallelLayout.routes_sp_shard).
+    # Shared experts keep the attention's TP split ("the parallelism patterns of the shared
+    # experts follow the settings of the dense part", megatron/core/transformer/moe/README.md):
+    # a TP all-gather of the block input before them and a reduce-scatter of their output.
 
     def etp_bytes(self, combine: bool, layer: int, gather: bool = True, backward: bool = False) -> float:
-        """Expert-TP all-gather (dispatch) / reduce-scatter (combine) of a folded MoE
-        block: the assignments of the ``etp`` ranks, in the all-to-all's precision. Under
+        """Expert-TP all-gather (dispatch) / reduce-scatter (combine) of a MoE block that
+        routes the SP shard: the assignments of the ``etp`` ranks, in the all-to-all's precision. Under
         the allgather dispatcher the whole expert-TP x EP group's rows of the collective
         ``gather`` (all-gather or reduce-scatter) of the ``backward`` pass or not
         (:meth:`TraceBuilder.allgather_bytes`)."""
@@ -194,8 +193,8 @@ class LayerOps:
             return b.allgather_bytes(gather, backward, etp_stage=True)
         return b.dispatch_bytes(combine, layer) * b.L.etp
 
-    def folded_moe_forward(self, l: int, mb: int, k: int, deps: list, phase: str, recompute: bool):
-        """One folded MoE block's forward (after the attention block's TP collective,
+    def shard_moe_forward(self, l: int, mb: int, k: int, deps: list, phase: str, recompute: bool):
+        """One shard-routing MoE block's forward (after the attention block's TP collective,
         ``deps``); yields like :meth:`layer_forward` after each all-to-all."""
         b = self.p.b
         _, pre, shared, expert, post = b.layer_parts(l)
@@ -237,8 +236,8 @@ class LayerOps:
         self.p.compute(f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute)
         return handed
 
-    def folded_moe_backward(self, l: int, mb: int, k: int, deps: list, part: str):
-        """One folded MoE block's backward (the reverse of :meth:`folded_moe_forward`),
+    def shard_moe_backward(self, l: int, mb: int, k: int, deps: list, part: str):
+        """One shard-routing MoE block's backward (the reverse of :meth:`shard_moe_forward`),
         down to the router's gradient; yields like :meth:`layer_backward`."""
         b = self.p.b
         _, pre, shared, expert, post = b.layer_parts(l)
@@ -422,8 +421,8 @@ class LayerOps:
                 op = self.p.compute(f"L{l}.recompute.R", redo, "R", mb, k, l, deps=deps, recompute=True)
                 deps = [op.id]
         # Reverse of the forward: the gradient of a reduce-scatter is an all-gather and vice versa.
-        if expert and L.folded:
-            handed += yield from self.folded_moe_backward(l, mb, k, deps + self.p.after_compute(), part)
+        if expert and L.routes_sp_shard:
+            handed += yield from self.shard_moe_backward(l, mb, k, deps + self.p.after_compute(), part)
             wait, beside = (
                 self.p.tp_ops.tp_gather(f"L{l}.attn.out.bwd", part, mb, k, l, self.p.after_compute())
                 if sp

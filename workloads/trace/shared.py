@@ -368,9 +368,11 @@ class TraceBuilder:
         way: an all-gather of the output gradient (``gather``, ``backward``) and a
         reduce-scatter of the hidden states' and probabilities' gradient. The trace runs the
         group's collective as its two factors, as it runs the alltoall dispatcher's: over EP
-        the rows of the rank's TP-gathered block (``etp = tp``) or of its shard, then (folded
-        layouts) over the expert-TP group the whole group's rows (``etp_stage``); every rank
-        receives ``(etp ep - 1)`` shards either way, as the group's one collective gives it."""
+        the rows of its shard, then over the expert-TP group the whole group's rows
+        (``etp_stage``; :attr:`~workloads.layout.ParallelLayout.routes_sp_shard`), or, where the
+        block gathers the sequence over TP first (DeepSpeed's mapping), over EP the rows of the
+        rank's TP-gathered block; every rank receives ``(etp ep - 1)`` shards either way, as
+        the group's one collective gives it."""
         moe, h = self.model.moe, self.model.hidden
         prob = 4 if self.t.moe_router_dtype == "fp32" else 2
         if gather and not backward:  # dispatch: hidden, routing map, probabilities
@@ -380,7 +382,7 @@ class TraceBuilder:
         else:  # the dispatch's gradient: hidden states and probabilities
             per = 2 * h + moe.experts * prob
         shard = self.shard.sp_rows(self.shard.tokens)  # what one rank routes
-        rows = shard * self.L.ep * (self.L.etp if etp_stage or not self.L.folded else 1)
+        rows = shard * self.L.ep * (self.L.etp if etp_stage or not self.L.routes_sp_shard else 1)
         return rows * per
 
     def node_limited(self) -> tuple[float, int] | None:
