@@ -371,6 +371,8 @@ _MOE_RECIPE_SETTINGS = {
     },
     "mbridge-qwen3-30b-16xh100-fp8": {"grad_dtype": "bf16", "moe_dispatch_dtype": "bf16"},
     "nemo-mixtral-8x7b-64xb200-fp8": {
+        "fp8_recipe": "delayed",  # NeMo 25.02's bf16_with_fp8_mixed(); core_r0.11.0 has no other
+        "fp8_params": True,
         "grad_dtype": "bf16",
         "moe_dispatch_dtype": "bf16",
         "cuda_graphs": "per-layer",
@@ -378,6 +380,8 @@ _MOE_RECIPE_SETTINGS = {
         "pad_to_capacity": True,
     },
     "nemo-mixtral-8x7b-64xgb200-fp8": {
+        "fp8_recipe": "tensorwise",  # NeMo 25.04's bf16_with_fp8_current_scaling_mixed()
+        "fp8_params": True,
         "grad_dtype": "bf16",
         "moe_dispatch_dtype": "bf16",
         "cuda_graphs": "per-layer",
