@@ -117,13 +117,14 @@ def test_runs_per_schedule():
     assert runs_for("dualpipe", 4, 32) == [(16, 4)]  # the run is half the step: the most allowed
     assert runs_for("dualpipe", 4, 28) == []  # the run, 16, would be more than half
     # DualPipe with EP runs 3 pp + 16 micro-batches, or the longest run the step allows down to
-    # 2 pp + 16: DeepSeek-V3 on 2,048 H800 (PP16 EP64, 120 micro-batches) runs 48, 0.4 of them
+    # 4 pp + 8: DeepSeek-V3 on 2,048 H800 (PP16 EP64, 120 micro-batches) would need 72, more than
+    # the 0.4 of them allowed, so it has no try (48, 56 and 64 do not repeat)
     assert runs_for("dualpipe", 8, 256, expert_parallel=True) == [(40, 4)]
     # from PP16 on 6.5 pp, whole periods of 24 (tried besides 4 and 8) short of m where allowed
     assert runs_for("dualpipe", 16, 512, expert_parallel=True) == [(104, 4)]
     assert runs_for("dualpipe", 16, 256, expert_parallel=True) == [(88, 4)]  # 112 > 0.4 x 256
-    assert runs_for("dualpipe", 16, 120, expert_parallel=True) == [(48, 4)]
-    assert runs_for("dualpipe", 16, 100, expert_parallel=True) == []  # 40 allowed, 48 the shortest
+    assert runs_for("dualpipe", 16, 120, expert_parallel=True) == []  # 48 allowed, 72 the shortest
+    assert runs_for("dualpipe", 16, 184, expert_parallel=True) == [(72, 4)]  # 0.4 x 184 = 73
     # expert all-to-alls settle later: pp + 4 micro-batches more
     assert runs_for("1f1b", 8, 128, expert_parallel=True) == [(28, 2)]
     assert runs_for("1f1b", 4, 64, expert_parallel=True) == [(20, 2)]

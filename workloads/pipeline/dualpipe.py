@@ -162,7 +162,11 @@ class DualPipe(PipelineSchedule):
         return (1, 2, 6) if expert_parallel and pp >= 16 else (1, 2)
 
     def steady_run_shortest(self, pp: int, vpp: int, expert_parallel: bool) -> int | None:
-        # The outermost ranks' steady phase is m1 / 2 - pp + 1 pairs of pairs: 2 pp + 16 leaves
-        # them 4.5 periods of 4. DeepSeek-V3 on 2,048 H800 (PP16, EP64, 120 micro-batches) repeats
-        # over a window of 1.06 periods at 48 (3 pp + 16 = 64 is more than the step allows), not at 40
-        return 2 * pp + 8 + (8 if expert_parallel else 0)
+        # Without expert parallelism the outermost ranks' steady phase is m1 / 2 - pp + 1 pairs of
+        # pairs. With it the inner stages settle later, about as late as the warm-up is long, so a
+        # run needs 2 pp more: 4 pp + 8. DeepSeek-V3 on 2,048 H800 (PP16, EP64, 120 micro-batches,
+        # with the FP8 quantisation passes) repeats at 72 and 80 and not at 48, 56 or 64: in its full
+        # run stage 7's records shift by 44 ms from one period of 4 to the next at micro-batch 20 and
+        # settle to 1e-12 only from 36 on; Kimi K2 TP4 PP8 EP48 repeats from a run of 40, not 32.
+        # (2 pp + 16 = 48 had certified DeepSeek-V3 before the quantisation passes.)
+        return 2 * pp + 8 + (2 * pp if expert_parallel else 0)
