@@ -95,9 +95,8 @@ def runs_for(
     0.11 s from one period of 8 to the next; the try would cost more than the 0.4 of the step
     allowed anyway, so that step is simulated whole without a try that would fail). Where the run is more than the
     step allows, the longest run allowed is taken, down to the schedule's shortest
-    (``steady_run_shortest``: DualPipe with expert parallelism ``4 pp + 8``, which DeepSeek-V3 on
-    2,048 H800 needs, 72 of its 120 micro-batches: more than the step allows, so it is simulated
-    whole without a try that would fail). GPipe and an all-forward-first step hold
+    (``steady_run_shortest``: DualPipe with expert parallelism ``4 pp + 8``; DeepSeek-V3 on 2,048 H800
+    needs 72 of its 120 micro-batches, more than allowed, so it runs whole without a try). GPipe and an all-forward-first step hold
     every micro-batch's activations at once: no steady phase."""
     from workloads.pipeline import get_schedule
 
