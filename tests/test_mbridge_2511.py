@@ -20,11 +20,13 @@ HERE = Path(__file__).resolve().parents[1] / "docs" / "results" / "moe" / "mbrid
 
 def _rows() -> dict[str, list[str]]:
     """``{scenario: cells}`` of the README's table."""
-    rows = {}
+    rows: dict[str, list[str]] = {}
     for line in (HERE / "README.md").read_text().splitlines():
         if line.startswith("| `"):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             rows[cells[0].strip("`")] = cells[1:]
+        elif rows and not line.startswith("|"):
+            break  # the first table only
     return rows
 
 
@@ -34,6 +36,19 @@ def _number(cell: str) -> float:
 
 def test_the_table_lists_every_scenario_file():
     assert set(_rows()) == {p.stem for p in HERE.glob("*.yaml")}
+
+
+def test_the_host_what_if_sweep_loads():
+    """The README's sweep, with its base read from the repository root as the README says to save
+    it, expands to its four cases on that scenario."""
+    from simulator.studies.sweep.cases import expand
+    from simulator.studies.sweep.spec import load_sweep
+
+    block = (HERE / "README.md").read_text().split("```yaml\n", 1)[1].split("```", 1)[0]
+    data = load_yaml(block, "host-whatif.yaml")
+    data["base"] = str(HERE.parents[3] / data["base"])
+    cases = expand(load_sweep(data)).cases
+    assert len(cases) == 4
 
 
 @pytest.mark.slow
@@ -48,3 +63,28 @@ def test_the_table_quotes_the_simulation(name):
     sc = load_yaml((HERE / f"{name}.yaml").read_text(), name)
     tokens = sc["training"]["global_batch_size"] * sc["training"]["seq_len"]
     assert round(tokens / (_number(published) * res.summary["devices"]), 2) == _number(published_step)
+
+
+def _what_if_rows() -> dict[str, list[str]]:
+    """``{scenario: [error at 10 us, at 50 us]}`` of the README's host what-if table."""
+    text = (HERE / "README.md").read_text()
+    rows: dict[str, list[str]] = {}
+    for line in text.split("| scenario | speed error at 10 us", 1)[1].splitlines()[2:]:
+        if not line.startswith("| `"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(p.stem for p in HERE.glob("*.yaml")))
+def test_the_host_what_if_quotes_the_simulation(name):
+    published = _number(_rows()[name][0])
+    at_10, at_50 = _what_if_rows()[name]
+    sc = load_yaml((HERE / f"{name}.yaml").read_text(), name)
+    sc["training"]["host_launch_s"] = 5.0e-5
+    res = simulate(sc)
+    per_gpu = res.summary["tokens_per_s"] / res.summary["devices"]
+    assert round(100 * (per_gpu / published - 1), 1) == pytest.approx(_number(at_50))
+    assert _number(at_10) == _number(_rows()[name][2])
