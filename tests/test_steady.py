@@ -4,6 +4,7 @@ every micro-batch, the certificate's refusals, and what a skipped step's result 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -426,3 +427,17 @@ def test_longer_run_and_nearly_repeats():
     for s0, expected in ((near, True), (far, False)):
         short = {(0, "compute"): (sig, s0, s0 + 0.1, [None] * 40)}
         assert steady._nearly_repeats(short, {(0, "compute"): 2}) is expected
+
+
+BUILT_INS = sorted(p.stem for p in (Path(steady.__file__).parent / "scenarios").glob("*.yaml"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in BUILT_INS if "tpu" not in n])
+def test_no_built_in_pays_a_try_that_fails(name):
+    """A built-in's default run (``stepsim run NAME``) either skips ahead or simulates the step
+    whole without first paying a shorter run that refuses: ``deepseek-v3-2048xh800`` did from the
+    FP8 quantisation passes (b3e579d) on, its run of 48 micro-batches no longer repeating (it needs
+    72 of 120), 2 s of every default run for two sessions before anyone saw it."""
+    s = simulate(name, steady_state=True).summary
+    assert s["steady_state"] is not None or s["steady_state_try"] is None, s["steady_state_try"]
