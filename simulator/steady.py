@@ -328,8 +328,8 @@ def simulate_steady(sc, progress=False, engine_options=None, tried: list | None 
     A run is certified for the period :func:`runs_for` gives, else for the longer ones the schedule
     names (``steady_multiples``: twice it, and 24 micro-batches for DualPipe with expert
     parallelism from PP16 on), each screened on the run's records before its trace is built. A
-    second, longer run only where the first's records nearly repeat (:data:`NEAR_REPEAT_SHARE`);
-    ``tried`` (a list) gets the micro-batches of each run simulated. Steps often settle into such
+    second, longer run only where the first's records nearly repeat (:data:`NEAR_REPEAT_SHARE`) and the
+    schedule retries (``steady_retries``); ``tried`` gets each run's micro-batches. Steps often settle into such
     patterns (Kimi K2 TP4 PP8 EP48 DualPipe on 2,304 H100 in 144-GPU domains, 256 micro-batches:
     each stream's shifts alternate between the period and the period less 2.45 ms, 4
     micro-batches apart, and repeat exactly every 8)."""
@@ -377,7 +377,7 @@ def simulate_steady(sc, progress=False, engine_options=None, tried: list | None 
                 res.summary["sim_wall_s"] = time.perf_counter() - t0
                 return res
         longer = _longer_run(m, m1, k * max(multiples), ep)
-        if longer and own is not None and _nearly_repeats(short, own):
+        if longer and own is not None and get_schedule(sc.schedule).steady_retries() and _nearly_repeats(short, own):
             tries.append((longer, k))
     return None
 

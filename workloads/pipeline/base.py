@@ -149,6 +149,15 @@ class PipelineSchedule(ABC):
         into a pattern twice as long as the one tried)."""
         return (1, 2)
 
+    def steady_retries(self) -> bool:
+        """Whether a first run whose records nearly repeat is tried once more, longer
+        (:func:`simulator.steady.simulate_steady`). A retry takes up to half the step (0.4 with
+        expert parallelism) and pays only where it certifies more often than that share: in
+        the PP map's stored simulations (docs/results/ppmap/sims, 2026-12-07) it certified 11 of
+        14 DualPipe retries but 8 of 63 for 1F1B, ZB-H1 and interleaved 1F1B (1 of 18, 4 of 29
+        and 3 of 16), so by default no."""
+        return False
+
     def steady_run_shortest(self, pp: int, vpp: int, expert_parallel: bool) -> int | None:
         """The fewest micro-batches a run may have where :meth:`steady_run`'s is more than the
         step allows (:func:`simulator.steady.runs_for` then takes the longest run allowed down

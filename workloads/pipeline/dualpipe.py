@@ -161,6 +161,11 @@ class DualPipe(PipelineSchedule):
         # of the full step (docs/results/benchmarks/log.md)
         return (1, 2, 6) if expert_parallel and pp >= 16 else (1, 2)
 
+    def steady_retries(self) -> bool:
+        # 11 of 14 retries certified in the PP map (PipelineSchedule.steady_retries): its steps
+        # settle into patterns longer than a short run holds (a period of 24 at 200 of 512)
+        return True
+
     def steady_run_shortest(self, pp: int, vpp: int, expert_parallel: bool) -> int | None:
         # Without expert parallelism the outermost ranks' steady phase is m1 / 2 - pp + 1 pairs of
         # pairs. With it the inner stages settle later, about as late as the warm-up is long, so a
