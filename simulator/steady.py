@@ -95,8 +95,8 @@ def runs_for(
     0.11 s from one period of 8 to the next; the try would cost more than the 0.4 of the step
     allowed anyway, so that step is simulated whole without a try that would fail). Where the run is more than the
     step allows, the longest run allowed is taken, down to the schedule's shortest
-    (``steady_run_shortest``: DualPipe with expert parallelism ``4 pp + 8``; DeepSeek-V3 on 2,048 H800
-    needs 72 of its 120 micro-batches, more than allowed, so it runs whole without a try). GPipe and an all-forward-first step hold
+    (``steady_run_shortest``: DualPipe with EP ``4 pp + 8``; DeepSeek-V3 on 2,048 H800 needs 72 of its
+    120, more than allowed: it runs whole, without a try). GPipe and an all-forward-first step hold
     every micro-batch's activations at once: no steady phase."""
     from workloads.pipeline import get_schedule
 
@@ -326,13 +326,12 @@ def simulate_steady(sc, progress=False, engine_options=None, tried: list | None 
     not apply or the certificate fails (the caller then simulates every micro-batch).
 
     A run is certified for the period :func:`runs_for` gives, else for the longer ones the schedule
-    names (``steady_multiples``: twice it, and 24 micro-batches for DualPipe with expert
-    parallelism from PP16 on), each screened on the run's records before its trace is built. A
-    second, longer run only where the first's records nearly repeat (:data:`NEAR_REPEAT_SHARE`) and the
-    schedule retries (``steady_retries``); ``tried`` gets each run's micro-batches. Steps often settle into such
-    patterns (Kimi K2 TP4 PP8 EP48 DualPipe on 2,304 H100 in 144-GPU domains, 256 micro-batches:
-    each stream's shifts alternate between the period and the period less 2.45 ms, 4
-    micro-batches apart, and repeat exactly every 8)."""
+    names (``steady_multiples``: twice it, and 24 micro-batches for DualPipe with expert parallelism
+    from PP16 on), each screened on the run's records before its trace is built. A second, longer run
+    only where the first's records nearly repeat (:data:`NEAR_REPEAT_SHARE`) and the schedule retries
+    (``steady_retries``); ``tried`` gets each run's micro-batches. Steps settle into such patterns
+    (Kimi K2 TP4 PP8 EP48 DualPipe on 2,304 H100 in 144-GPU domains: each stream's shifts alternate
+    between the period and 2.45 ms less, 4 micro-batches apart, and repeat exactly every 8)."""
     from simulator.engine.symmetry import class_budget
     from simulator.scenario.checks import check_step_time
     from simulator.step import load_engine, run_step
@@ -346,7 +345,8 @@ def simulate_steady(sc, progress=False, engine_options=None, tried: list | None 
     batch_overlap = ep and sc.training.overlap_moe_expert_parallel_comm
     budget = class_budget(sc.workload())
     tries = runs_for(sc.schedule, L.pp, m, L.vpp, global_aux, ep, batch_overlap)
-    multiples = get_schedule(sc.schedule).steady_multiples(L.pp, ep)
+    sched = get_schedule(sc.schedule)
+    multiples, retries = sched.steady_multiples(L.pp, ep), sched.steady_retries()
     runs = tried if tried is not None else []
     while tries:
         m1, k = tries.pop(0)
@@ -377,7 +377,7 @@ def simulate_steady(sc, progress=False, engine_options=None, tried: list | None 
                 res.summary["sim_wall_s"] = time.perf_counter() - t0
                 return res
         longer = _longer_run(m, m1, k * max(multiples), ep)
-        if longer and own is not None and get_schedule(sc.schedule).steady_retries() and _nearly_repeats(short, own):
+        if longer and retries and own is not None and _nearly_repeats(short, own):
             tries.append((longer, k))
     return None
 

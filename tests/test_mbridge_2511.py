@@ -18,16 +18,20 @@ from stepsim_fileio import load_yaml
 HERE = Path(__file__).resolve().parents[1] / "docs" / "results" / "moe" / "mbridge-2511"
 
 
-def _rows() -> dict[str, list[str]]:
-    """``{scenario: cells}`` of the README's table."""
+def _table(header: str) -> dict[str, list[str]]:
+    """``{scenario: cells}`` of the README's table whose header row starts with ``header``."""
+    lines = (HERE / "README.md").read_text().split(header, 1)[1].splitlines()[2:]  # past the rule
     rows: dict[str, list[str]] = {}
-    for line in (HERE / "README.md").read_text().splitlines():
-        if line.startswith("| `"):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            rows[cells[0].strip("`")] = cells[1:]
-        elif rows and not line.startswith("|"):
-            break  # the first table only
+    for line in lines:
+        if not line.startswith("| `"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[1:]
     return rows
+
+
+def _rows() -> dict[str, list[str]]:
+    return _table("| scenario | published tokens/s/GPU")
 
 
 def _number(cell: str) -> float:
@@ -65,23 +69,11 @@ def test_the_table_quotes_the_simulation(name):
     assert round(tokens / (_number(published) * res.summary["devices"]), 2) == _number(published_step)
 
 
-def _what_if_rows() -> dict[str, list[str]]:
-    """``{scenario: [error at 10 us, at 50 us]}`` of the README's host what-if table."""
-    text = (HERE / "README.md").read_text()
-    rows: dict[str, list[str]] = {}
-    for line in text.split("| scenario | speed error at 10 us", 1)[1].splitlines()[2:]:
-        if not line.startswith("| `"):
-            break
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        rows[cells[0].strip("`")] = cells[1:]
-    return rows
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(p.stem for p in HERE.glob("*.yaml")))
 def test_the_host_what_if_quotes_the_simulation(name):
     published = _number(_rows()[name][0])
-    at_10, at_50 = _what_if_rows()[name]
+    at_10, at_50 = _table("| scenario | speed error at 10 us")[name]
     sc = load_yaml((HERE / f"{name}.yaml").read_text(), name)
     sc["training"]["host_launch_s"] = 5.0e-5
     res = simulate(sc)

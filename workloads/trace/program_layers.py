@@ -1,7 +1,8 @@
 """The layer-level ops of one rank's program: per transformer layer, the forward (and recomputed)
 attention and MLP / MoE blocks with their tensor-, context- and expert-parallel collectives, the
-MoE block that routes the sequence-parallel shard (Megatron-Core's), the activation stash and its host offload, and the backward
-passes (fused ``B`` or split ``I`` / ``W``). Mixed into :class:`~workloads.trace.program.RankProgram`."""
+MoE block that routes the sequence-parallel shard (Megatron-Core's), the activation stash and its
+host offload, and the backward passes (fused ``B`` or split ``I`` / ``W``). Mixed into
+:class:`~workloads.trace.program.RankProgram`."""
 
 from __future__ import annotations
 
