@@ -348,13 +348,17 @@ def _attention_activation_bytes(model: ModelSpec, shard: Shard, policy: Activati
     else:
         d_qk, d_v = mla.qk_head_dim, mla.v_head_dim
         total += kept.mla_down_in * rows_sp * h  # input of the down projections
+        # Megatron-Core keeps the latents on the sequence-parallel shard, either way it splits
+        # the down projections (parallel.mla_down_proj): the norms run there and the up
+        # projections keep their input shard (gathered again for the weight gradient)
         if mla.q_lora_rank:
-            # query latent (norm input) and its normed copy (q_up input): replicated
-            total += (act_bytes + kept.latent_norm_out) * tokens * mla.q_lora_rank
-        # KV latent + RoPE key (norm / rope input) and the normed latent (kv_up input)
+            # query latent (norm input) and its normed copy (q_up input)
+            total += (act_bytes + kept.latent_norm_out) * rows_sp * mla.q_lora_rank
+        # KV latent (norm input), the normed latent (kv_up input) and the RoPE key, which is
+        # gathered for the whole sequence before the rotary embedding
         total += (
-            act_bytes * tokens * (mla.kv_lora_rank + mla.qk_rope_head_dim)
-            + kept.latent_norm_out * tokens * mla.kv_lora_rank
+            act_bytes * (rows_sp * mla.kv_lora_rank + tokens * mla.qk_rope_head_dim)
+            + kept.latent_norm_out * rows_sp * mla.kv_lora_rank
         )
         if kept.up_proj_kept:  # per-head Q, K, V: the up-projections' outputs
             total += act_bytes * tokens * heads * (2 * d_qk + d_v)

@@ -132,19 +132,28 @@ def _attention_kernels(model: ModelSpec, shard: Shard, norm_rows: float, flash_a
             out.append(_unfused_scores(tokens, seq_len, heads))
         out.append(_gemm("out_proj", tokens, h, heads * d, act_bytes))
     else:
-        # DeepSeek-V2 §2.1 (arXiv 2405.04434): the down projections (to the query
-        # and KV latents, plus the shared RoPE key) are small and replicated on
-        # every TP rank; the up projections and the output projection are split
-        # by heads.
+        # DeepSeek-V2 §2.1 (arXiv 2405.04434): down projections to the query and KV latents
+        # (plus the shared RoPE key), their norms, up projections and the output projection
+        # split by heads. Megatron-Core runs the down projections on 1/tp of the work either
+        # way (parallel.mla_down_proj, workloads.layout): duplicated on the rank's
+        # sequence-parallel rows, or column-parallel on the whole sequence; the latents' norms
+        # see the shard's rows.
         d_qk = mla.qk_head_dim
+        if shard.mla_down_proj == "column":
+            down_rows, split = tokens, shard.tp
+        else:
+            down_rows, split = norm_rows, 1
+        kv_down = mla.kv_lora_rank + mla.qk_rope_head_dim
         if mla.q_lora_rank:
-            out.append(_gemm("q_down", tokens, mla.q_lora_rank, h, act_bytes))
-            out.append(_norm(model, "q_down_norm", tokens, mla.q_lora_rank, act_bytes))
+            q_down = _split(mla.q_lora_rank, split, "the MLA query latent (q_lora_rank)", "parallel.tp")
+            out.append(_gemm("q_down", down_rows, q_down, h, act_bytes))
+            out.append(_norm(model, "q_down_norm", norm_rows, mla.q_lora_rank, act_bytes))
             out.append(_gemm("q_up", tokens, heads * d_qk, mla.q_lora_rank, act_bytes))
         else:
             out.append(_gemm("q_proj", tokens, heads * d_qk, h, act_bytes))
-        out.append(_gemm("kv_down", tokens, mla.kv_lora_rank + mla.qk_rope_head_dim, h, act_bytes))
-        out.append(_norm(model, "kv_down_norm", tokens, mla.kv_lora_rank, act_bytes))
+        kv_down = _split(kv_down, split, "the MLA KV latent and RoPE key (kv_lora_rank + qk_rope_head_dim)", "parallel.tp")
+        out.append(_gemm("kv_down", down_rows, kv_down, h, act_bytes))
+        out.append(_norm(model, "kv_down_norm", norm_rows, mla.kv_lora_rank, act_bytes))
         out.append(_gemm("kv_up", tokens, heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank, act_bytes))
         # After the up projection every head has its own K (d_qk) and V (d_v).
         out.append(_attention_core("attn_core", tokens, seq_len, heads, heads, d_qk, mla.v_head_dim, act_bytes, batch))

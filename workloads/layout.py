@@ -35,6 +35,22 @@ says which MoE dispatcher the trace runs. Megatron-Core's routes each TP rank's 
 shard, all-to-alls its assignments over EP and all-gathers them over the expert-TP group, folded
 or not (``etp = tp`` too: the expert-TP group is then the TP group); DeepSpeed's mapping gathers
 the sequence over TP before the router instead.
+
+Multi-latent attention under TP (``mla_down_proj``). The down projections to the query and KV
+latents are small; Megatron-Core has split them two ways over the TP ranks:
+
+* ``"duplicated"`` (the default; Megatron-Core from core_v0.14.0, and at d98e8a64): each rank
+  holds the whole down projections (``backend.linear()`` in ``gpt_layer_specs.py``, a
+  ``TELinear`` with ``parallel_mode="duplicated"``) and runs them on its own sequence-parallel
+  shard; the up projections (column-parallel, sequence-parallel) all-gather only the latents, and
+  ``get_query_key_value_tensors`` the shared RoPE key (``multi_latent_attention.py``). Their
+  gradients are all-reduced over TP after the step's data-parallel reduction, with the norms' and
+  the router's (``finalize_model_grads``, parameters marked ``sequence_parallel``).
+* ``"column"`` (core_v0.10.0 through core_v0.13.x): the down projections are column-parallel
+  (``TEColumnParallelLinear``): each all-gathers the sequence-parallel hidden states itself,
+  computes its share of the latent's columns over the whole sequence, and the latents are
+  all-gathered over their columns (``gather_from_tensor_model_parallel_region``) and cut back to
+  the shard before the up projections gather them again.
 """
 
 from __future__ import annotations
@@ -51,6 +67,7 @@ ORDER_AXES = ("tp", "cp", "ep", "dp", "pp")
 GROUP_AXES = ("tp", "cp", "dp", "pp", "ep", "edp", "etp", "dp_cp")
 EXPERT_AXES = {"tp": "etp", "ep": "ep", "dp": "edp"}  # order names -> the expert generator's axes
 EXPERT_MAPPINGS = ("megatron-core", "deepspeed")  # parallel.expert_mapping (module doc)
+MLA_DOWN_PROJS = ("duplicated", "column")  # parallel.mla_down_proj (module doc)
 
 
 class LayoutError(WorkloadError):
@@ -73,6 +90,7 @@ class ParallelLayout:
     order: tuple[str, ...] = ORDER_AXES
     pipeline_layers: tuple[int, ...] | str | None = None  # per chunk, or "auto"
     expert_mapping: str = "megatron-core"  # whose rank generator builds the expert groups
+    mla_down_proj: str = "duplicated"  # how MLA's down projections are split over TP (module doc)
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "pp", "dp", "ep", "vpp", "etp"):
@@ -105,6 +123,11 @@ class ParallelLayout:
             raise LayoutError(
                 f"must be one of {', '.join(EXPERT_MAPPINGS)}, got {self.expert_mapping!r}",
                 field="parallel.expert_mapping",
+            )
+        if self.mla_down_proj not in MLA_DOWN_PROJS:
+            raise LayoutError(
+                f"must be one of {', '.join(MLA_DOWN_PROJS)}, got {self.mla_down_proj!r}",
+                field="parallel.mla_down_proj",
             )
         if self.expert_mapping == "deepspeed":
             if (self.dp * self.cp) % self.ep:

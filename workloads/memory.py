@@ -117,7 +117,7 @@ def rank_parameter_units(
             raise IndexError(f"layer {i} outside 0..{model.layers - 1} of {model.name!r}")
         moe = model.is_moe_layer(i)
         if moe not in block:
-            block[moe] = parameters._block_params(model, moe, tp, ep, etp)
+            block[moe] = parameters._block_params(model, moe, tp, ep, etp, mla_down_proj=layout.mla_down_proj)
         units.append((f"L{i}", *block[moe]))
     if has_mtp is None:
         has_mtp = has_head
@@ -132,13 +132,29 @@ def rank_parameter_units(
     if has_mtp and model.mtp_depth:
         if not (has_embedding or (has_head and model.tied_embeddings)):
             dense += table  # the shared embedding the MTP modules look tokens up in
-        d, e = parameters._block_params(model, shapes._mtp_block_is_moe(model), tp, ep, etp)
+        d, e = parameters._block_params(
+            model, shapes._mtp_block_is_moe(model), tp, ep, etp, mla_down_proj=layout.mla_down_proj
+        )
         proj = shapes._split(h, tp, "hidden") * 2 * h + (shapes._split(h, tp, "hidden") if model.bias else 0)
         dense += model.mtp_depth * (d + proj + 3 * parameters._norm_params(model, h))
         expert += model.mtp_depth * e
     if dense or expert:
         units.append(("head", dense, expert))
     return units
+
+
+def rank_tp_replicated_params(model: ModelSpec, layout: ParallelLayout, stage_layers, has_head: bool) -> float:
+    """The parameters of a rank's layers (and, ``has_head``, the final norm and the MTP
+    modules) that every TP rank holds whole (:func:`parameters.tp_replicated_params`), whose
+    gradients Megatron-Core all-reduces over TP under sequence parallelism; under ZeRO-3
+    (Megatron-FSDP) a rank reduces its shard of them."""
+    down = layout.mla_down_proj
+    params = float(sum(parameters.tp_replicated_params(model, model.is_moe_layer(l), down) for l in stage_layers))
+    if has_head:
+        norm = parameters._norm_params(model, model.hidden)
+        mtp = parameters.tp_replicated_params(model, shapes._mtp_block_is_moe(model), down)
+        params += norm + model.mtp_depth * (mtp + 3 * norm)  # the final norm; each MTP module's
+    return params / (layout.dp * layout.cp) if layout.zero == 3 else params
 
 
 # ---------------------------------------------------------------------------

@@ -31,14 +31,22 @@ def _ffn_params(model: ModelSpec, width: int) -> int:
 
 
 def _block_params(
-    model: ModelSpec, moe: bool, tp: int = 1, ep: int = 1, etp: int = 1, active: bool = False
+    model: ModelSpec,
+    moe: bool,
+    tp: int = 1,
+    ep: int = 1,
+    etp: int = 1,
+    active: bool = False,
+    mla_down_proj: str = "duplicated",
 ) -> tuple[int, int]:
     """(dense, routed-expert) parameters of one transformer block held by one
     rank of a ``tp``/``ep``/``etp`` layout (all 1: the whole block).
 
     Column-parallel matrices and their biases are split by ``tp``; row-parallel
-    output biases, norms, MLA down projections and the router are replicated.
-    ``active``: count ``top_k`` routed experts instead of all (per-token view).
+    output biases, norms and the router are replicated, and so are MLA's down
+    projections unless ``mla_down_proj`` is ``"column"`` (``parallel.mla_down_proj``,
+    :mod:`workloads.layout`). ``active``: count ``top_k`` routed experts instead of
+    all (per-token view).
     """
     h = model.hidden
     heads = _local_heads(model, tp)
@@ -54,13 +62,16 @@ def _block_params(
         # DeepSeek-V2 §2.1.2-2.1.3: W^DQ, W^UQ (+W^QR folded into W^UQ's RoPE
         # columns), W^DKV (+W^KR), W^UK, W^UV, W^O; RMSNorms on both latents.
         d_qk = mla.qk_head_dim
+        down_tp = tp if mla_down_proj == "column" else 1
         if mla.q_lora_rank:
-            dense += _linear(model, h, mla.q_lora_rank) + _norm_params(model, mla.q_lora_rank)
+            q_down = _split(mla.q_lora_rank, down_tp, "the MLA query latent (q_lora_rank)")
+            dense += _linear(model, h, q_down) + _norm_params(model, mla.q_lora_rank)
             q_in = mla.q_lora_rank
         else:
             q_in = h
         dense += q_in * heads * d_qk + (heads * d_qk if model.bias else 0)
-        dense += _linear(model, h, mla.kv_lora_rank + mla.qk_rope_head_dim) + _norm_params(model, mla.kv_lora_rank)
+        kv_down = _split(mla.kv_lora_rank + mla.qk_rope_head_dim, down_tp, "the MLA KV latent and RoPE key")
+        dense += _linear(model, h, kv_down) + _norm_params(model, mla.kv_lora_rank)
         kv_up = heads * (mla.qk_nope_head_dim + mla.v_head_dim)
         dense += mla.kv_lora_rank * kv_up + (kv_up if model.bias else 0)
         dense += heads * mla.v_head_dim * h + (h if model.bias else 0)
@@ -79,6 +90,31 @@ def _block_params(
         n_experts = m.top_k if active else local
         expert = n_experts * _ffn_params(model, width)
     return dense, expert
+
+
+def tp_replicated_params(model: ModelSpec, moe: bool, mla_down_proj: str = "duplicated") -> int:
+    """The parameters of one transformer block that every TP rank holds whole (the part of
+    :func:`_block_params` that ``tp`` does not split): norms, row-parallel output biases,
+    the router and, ``duplicated``, MLA's down projections. Under sequence parallelism each
+    rank's gradients of these differ (each saw its own rows), and Megatron-Core all-reduces
+    them over TP after the data-parallel reduction (parameters marked ``sequence_parallel``:
+    ``finalize_model_grads``'s ``_allreduce_non_tensor_model_parallel_grads``,
+    megatron/core/distributed/finalize_model_grads.py at NVIDIA/Megatron-LM d98e8a64)."""
+    h = model.hidden
+    out = 2 * _norm_params(model, h)
+    out_bias = h if model.bias else 0  # row-parallel output projections' biases
+    out += out_bias  # attention's output projection
+    mla = model.attention
+    if mla is not None:
+        out += _norm_params(model, mla.kv_lora_rank) + (_norm_params(model, mla.q_lora_rank) if mla.q_lora_rank else 0)
+        if mla_down_proj == "duplicated":
+            out += _linear(model, h, mla.kv_lora_rank + mla.qk_rope_head_dim)
+            out += _linear(model, h, mla.q_lora_rank) if mla.q_lora_rank else 0
+    if not moe:
+        return out + out_bias  # the dense FFN's down projection
+    m = model.moe
+    out += _linear(model, h, m.experts)  # the router
+    return out + (out_bias if m.shared_experts else 0)
 
 
 def layer_parameter_count(model: ModelSpec, layer: int) -> int:

@@ -43,6 +43,7 @@ class Shard:
     etp: int = 1
     sequence_parallel: bool = True
     act_bytes: int = ACT_BYTES
+    mla_down_proj: str = "duplicated"  # how MLA's down projections split over tp (workloads.layout)
 
     def __post_init__(self) -> None:
         shapes._check_positive(tp=self.tp, cp=self.cp, ep=self.ep, etp=self.etp)
@@ -63,6 +64,7 @@ class Shard:
             ep=layout.ep,
             etp=layout.etp,
             sequence_parallel=layout.sequence_parallel,
+            mla_down_proj=layout.mla_down_proj,
         )
 
     @property

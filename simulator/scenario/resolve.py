@@ -321,6 +321,7 @@ def resolve_layout(p: ParallelIn, devices: int) -> ParallelLayout:
             sequence_parallel=p.sequence_parallel,
             order=order,
             expert_mapping=p.expert_mapping,
+            mla_down_proj=p.mla_down_proj,
             pipeline_layers=(p.pipeline_layers if p.pipeline_layers in (None, "auto") else tuple(p.pipeline_layers)),
         )
     except LayoutError as err:

@@ -29,7 +29,7 @@ from topologies.chips import (
     ComputeCalibration,
 )
 from workloads.enums import Schedule, TraceCollectiveOp
-from workloads.layout import EXPERT_MAPPINGS, ORDER_AXES, ParallelLayout
+from workloads.layout import EXPERT_MAPPINGS, MLA_DOWN_PROJS, ORDER_AXES, ParallelLayout
 from workloads.model import MLASpec, ModelSpec, MoESpec
 from workloads.moe_load import ExpertLoad
 from workloads.training import TrainingSpec
@@ -214,6 +214,7 @@ ParallelIn = from_spec(
         "zero": (Literal[0, 1, 2, 3], 1),
         "order": (str, "-".join(ORDER_AXES)),
         "expert_mapping": (Literal[EXPERT_MAPPINGS], "megatron-core"),
+        "mla_down_proj": (Literal[MLA_DOWN_PROJS], "duplicated"),
     },
     order=(
         "tp",
@@ -228,6 +229,7 @@ ParallelIn = from_spec(
         "sequence_parallel",
         "order",
         "expert_mapping",
+        "mla_down_proj",
     ),
     validators={"_zero_not_bool": field_validator("zero", mode="before")(classmethod(_zero_not_bool))},
 )

@@ -106,8 +106,11 @@ def scenario_to_dict(s: Scenario) -> dict:
         "sequence_parallel": L.sequence_parallel,
         "order": "-".join(L.order),
         "expert_mapping": L.expert_mapping,
+        "mla_down_proj": L.mla_down_proj,
         "pipeline_layers": (L.pipeline_layers if L.pipeline_layers in (None, "auto") else list(L.pipeline_layers)),
     }
+    if parallel["mla_down_proj"] == "duplicated":  # as before the key existed: sweep keys stay stable
+        del parallel["mla_down_proj"]
     out = {
         "name": s.name,
         "model": model,

@@ -173,6 +173,7 @@ class RankProgram:
             self.param_ops._grad_sync(unit, k, mb, last, deferred=True)
         if sched.weight_copies(b.w.schedule) > 1:
             self.param_ops.mirror_grad_sync()
+        self.param_ops.tp_replicated_grad_sync()
         self.param_ops.tied_embedding_sync()
         self.param_ops.optimizer()
 

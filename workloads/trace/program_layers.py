@@ -84,8 +84,11 @@ class LayerOps:
         deps = list(deps)
         # Attention block: [TP all-gather] [CP K/V all-gather] compute, TP reduce-scatter/all-reduce.
         beside: list = []  # TP all-gather chunks beside the block (program_tp_overlap)
-        if sp:
-            wait, beside = self.p.tp_ops.tp_gather(f"L{l}.attn.ag", phase, mb, k, l, deps + self.p.after_compute())
+        gather = b.attn_tp_bytes[0]  # the hidden states, or MLA's latents (TraceBuilder.attn_tp_bytes)
+        if gather:
+            wait, beside = self.p.tp_ops.tp_gather(
+                f"L{l}.attn.ag", phase, mb, k, l, deps + self.p.after_compute(), size=gather
+            )
             deps = wait or deps
         if recompute:
             mem = (("activations", self._recompute_transient(l), "start"),)
@@ -495,7 +498,10 @@ class LayerOps:
         if L.cp > 1:
             self.p.collective("reduce-scatter", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.dkv_rs", part, mb, k, l, [op.id])
         coll = "reduce-scatter" if sp else "all-reduce"
-        out = self.p.tp_ops.tp_scatter(coll, f"L{l}.attn.ag.bwd", part, mb, k, l, op, beside)
+        _, scatter, gather = b.attn_tp_bytes
+        if gather:  # MLA's column-parallel down projections: the latents' cut to the shard, reversed
+            self.p.collective("all-gather", "tp", gather, f"L{l}.attn.latent_ag.bwd", part, mb, k, l, [op.id])
+        out = self.p.tp_ops.tp_scatter(coll, f"L{l}.attn.ag.bwd", part, mb, k, l, op, beside, size=scatter)
         if out:
             self.p.compute(f"L{l}.join", (), part, mb, k, l, deps=[out.id])
         if part == "B":

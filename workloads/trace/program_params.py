@@ -196,6 +196,33 @@ class ParamOps:
         if op:
             self.p.grad_ops.append(op.id)
 
+    def tp_replicated_grad_sync(self) -> None:
+        """Under sequence parallelism each TP rank's gradients of the parameters TP leaves
+        whole (norms, routers, row-parallel biases, duplicated MLA down projections:
+        :func:`parameters.tp_replicated_params`) differ, and Megatron-Core sums them over the
+        TP group in one coalesced all-reduce after the data-parallel reduction and before the
+        embedding's (``finalize_model_grads``, megatron/core/distributed/finalize_model_grads.py
+        at NVIDIA/Megatron-LM d98e8a64): :func:`memory.rank_tp_replicated_params`."""
+        b, L, m = self.p.b, self.p.b.L, self.p.b.model
+        if not (L.sequence_parallel and L.tp > 1):
+            return
+        has_head = b.n_chunks - 1 in {self.p.chunk_index(c) for c in range(self.p.n_local)}
+        params = memory.rank_tp_replicated_params(m, L, self.my_layers(), has_head)
+        op = self.p.collective(
+            "all-reduce",
+            "tp",
+            params * b.t.grad_bytes,
+            "tp_replicated.grad",
+            "sync",
+            -1,
+            -1,
+            -1,
+            self.p.grad_ops + self.p.after_compute(),
+            stream="mirror",
+        )
+        if op:
+            self.p.grad_ops.append(op.id)
+
     def my_layers(self) -> list[int]:
         out = []
         for c in range(self.p.n_local):

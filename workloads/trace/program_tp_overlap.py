@@ -52,10 +52,11 @@ class TpOverlapOps:
         b = self.p.b
         return bool(b.t.tp_comm_overlap) and b.L.sequence_parallel and b.L.tp > 1
 
-    def tp_gather(self, name, phase, mb, k, l, deps, overlap=True) -> tuple[list, list]:
+    def tp_gather(self, name, phase, mb, k, l, deps, overlap=True, size=None) -> tuple[list, list]:
         """The all-gather before a block: (what the block waits for, empty where no
-        collective runs; what runs beside it). ``overlap`` False: a MoE block's."""
-        h = self.p.b.hidden_bytes
+        collective runs; what runs beside it). ``overlap`` False: a MoE block's. ``size``:
+        the bytes gathered, by default the hidden states'."""
+        h = self.p.b.hidden_bytes if size is None else size
         if not (overlap and self.tp_overlap()):
             ag = self.p.collective("all-gather", "tp", h, name, phase, mb, k, l, deps)
             return ([ag.id] if ag else []), []
@@ -64,10 +65,11 @@ class TpOverlapOps:
         rest = self.p.collective("all-gather", "tp", h * (tp - 1) / tp, f"{name}.rest", phase, mb, k, l, [first.id])
         return [first.id], [rest.id]
 
-    def tp_scatter(self, coll, name, phase, mb, k, l, op: Op, beside: list, overlap=True) -> Op | None:
+    def tp_scatter(self, coll, name, phase, mb, k, l, op: Op, beside: list, overlap=True, size=None) -> Op | None:
         """The TP collective after block ``op`` (``coll``: reduce-scatter, or all-reduce
-        without sequence parallelism); under the overlap its last chunk, after ``beside``."""
-        h = self.p.b.hidden_bytes
+        without sequence parallelism); under the overlap its last chunk, after ``beside``.
+        ``size``: as :meth:`tp_gather`'s."""
+        h = self.p.b.hidden_bytes if size is None else size
         if not (overlap and self.tp_overlap()):
             return self.p.collective(coll, "tp", h, name, phase, mb, k, l, [op.id])
         rest = self.p.collective(

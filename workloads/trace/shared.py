@@ -330,6 +330,33 @@ class TraceBuilder:
         """Activation tensor of one micro-batch at a layer boundary on one CP rank (all TP ranks)."""
         return self.shard.tokens * self.model.hidden * self.shard.act_bytes
 
+    @cached_property
+    def attn_tp_bytes(self) -> tuple[float, float, float]:
+        """The attention block's TP traffic per micro-batch (all TP ranks' rows): ``(forward
+        all-gather before the block, backward reduce-scatter after it -- all-reduce without
+        sequence parallelism --, backward all-gather)``. Other attention gathers the hidden
+        states and reduce-scatters their gradient. Multi-latent attention follows
+        ``parallel.mla_down_proj`` (:mod:`workloads.layout`): ``duplicated`` gathers the query
+        and KV latents (the up projections' inputs) and the RoPE key, ``column`` the hidden
+        states once per down projection, the latents over their columns and the latents again
+        (the backward mirrors each: the columns' gather is a split, the cut back to the shard
+        an all-gather). Gathers issued back to back are one collective of their summed bytes."""
+        h, mla = self.hidden_bytes, self.model.attention
+        if mla is None:
+            return (h if self.L.sequence_parallel else 0.0), h, 0.0
+        per_width = self.shard.tokens * self.shard.act_bytes  # one element a token
+        H, q, kv, rope = self.model.hidden, mla.q_lora_rank, mla.kv_lora_rank, mla.qk_rope_head_dim
+        sp = self.L.sequence_parallel
+        if self.L.mla_down_proj == "duplicated":
+            # no query compression: the column-parallel query projection takes the hidden states
+            up = (q or H) + kv
+            return (up + rope) * per_width if sp else 0.0, (up + rope if sp else up) * per_width, 0.0
+        # column: the query (or query projection's) and KV down projections each gather the
+        # hidden states and reduce-scatter their gradient
+        if not sp:
+            return (q + kv + rope) * per_width, (2 * H + q + kv) * per_width, 0.0
+        return (2 * H + 2 * q + 2 * kv + rope) * per_width, (2 * H + q + kv) * per_width, (q + kv) * per_width
+
     def kv_bytes(self) -> float:
         """K and V of the local sequence chunk held by one TP rank (what CP exchanges)."""
         m = self.model
@@ -417,13 +444,15 @@ class TraceBuilder:
 
     def layer_param_split(self, layer: int) -> tuple[float, float]:
         """(dense, expert) parameters of one layer held by one rank: tensor-parallel
-        matrices split, norms, routers and MLA down projections replicated, routed
+        matrices split, norms, routers and (duplicated) MLA down projections replicated, routed
         experts split over ``ep`` and ``etp`` (as :func:`memory.rank_parameter_units`)."""
         moe = self.model.is_moe_layer(layer)
         hit = self._param_split.get(moe)
         if hit is None:
             L = self.L
-            hit = self._param_split[moe] = parameters._block_params(self.model, moe, L.tp, L.ep, L.etp)
+            hit = self._param_split[moe] = parameters._block_params(
+                self.model, moe, L.tp, L.ep, L.etp, mla_down_proj=L.mla_down_proj
+            )
         return hit
 
     def bwd(self, fwd: tuple, part: str) -> tuple:

@@ -376,6 +376,16 @@ def _tied_embedding_s(c: StepCosts, rank: int, own: list, ranks_of: list) -> flo
     return c.net.time_s("all-reduce", tuple(sorted((rank, other))), table * c.t.grad_bytes)
 
 
+def _tp_replicated_s(c: StepCosts, rank: int, layers: list, has_head: bool) -> float:
+    """The all-reduce over TP of the gradients of what TP leaves whole, after the data-parallel
+    reduction (the trace's ``tp_replicated_grad_sync``)."""
+    L = c.L
+    if not (L.sequence_parallel and L.tp > 1):
+        return 0.0
+    params = memory.rank_tp_replicated_params(c.model, L, layers, has_head)
+    return c.net.time_s("all-reduce", L.group(rank, "tp"), params * c.t.grad_bytes)
+
+
 def _rank_costs(c: StepCosts, s: int, ranks_of: list) -> dict:
     """Pipeline stage ``s``'s totals per micro-batch (``tot``), per action (``act``), its work per
     micro-batch and what its data-parallel tail needs."""
@@ -437,7 +447,8 @@ def _rank_costs(c: StepCosts, s: int, ranks_of: list) -> dict:
         "dense": sum(u[1] for u in all_units),
         "expert": sum(u[2] for u in all_units),
         "mirror": _mirror_s(c, s, ranks_of, all_units),
-        "tied": _tied_embedding_s(c, rank, own, ranks_of),
+        # after the data-parallel reduction: the TP sum of replicated gradients, the tied embedding's
+        "tied": _tp_replicated_s(c, rank, layers, n_chunks - 1 in own) + _tied_embedding_s(c, rank, own, ranks_of),
         "pair": pair_mean,
     }
 

@@ -116,11 +116,16 @@ class StepCosts:
         disp = comb = comb_b = None
         if L.tp > 1:
             g, h = L.group(rank, "tp"), b.hidden_bytes
-            tp_f = tp_b = (
-                2 * (net.time_s("all-gather", g, h) + net.time_s("reduce-scatter", g, h))
-                if self.sp
-                else 2 * net.time_s("all-reduce", g, h)
-            )
+            attn_ag, attn_back, attn_back_ag = b.attn_tp_bytes  # hidden states or MLA's latents
+            ag_attn = net.time_s("all-gather", g, attn_ag)
+            back_ag = net.time_s("all-gather", g, attn_back_ag)
+            if self.sp:  # the attention's gather and reduce-scatter, the MLP's, and their gradients
+                ag, rs = net.time_s("all-gather", g, h), net.time_s("reduce-scatter", g, h)
+                tp_f = ag_attn + rs + ag + rs
+                tp_b = ag + net.time_s("reduce-scatter", g, attn_back) + back_ag + ag + rs
+            else:
+                ar = net.time_s("all-reduce", g, h)
+                tp_f, tp_b = ag_attn + 2 * ar, ar + net.time_s("all-reduce", g, attn_back)
         if L.cp > 1:
             g = L.group(rank, "cp")
             cp_f = net.time_s("all-gather", g, b.kv_bytes() * L.cp)

@@ -175,6 +175,7 @@ def aligned_placement(sc, p: Mapping) -> int | None:
             etp=expert_tp(sc.layout, p["tp"]),
             order=sc.layout.order,
             expert_mapping=sc.layout.expert_mapping,
+            mla_down_proj=sc.layout.mla_down_proj,
         )
     except LayoutError:
         return None
