@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import ideal_scenario, scenario
+from test_mla_tp import TINY_MLA
 from test_moe import moe_scenario
 
 from simulator import simulate
@@ -28,6 +29,11 @@ CASES = {
     ),
     "moe-ep": moe_scenario(),
     "torus": scenario(cluster={"preset": "tpu-v5p", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4}),
+    # multi-latent attention with column-parallel down projections, and MoE routing the SP shard
+    "mla-column-moe": moe_scenario(
+        model={**TINY_MLA, "moe": {"experts": 16, "top_k": 2, "expert_ffn_hidden": 512, "dense_layers": 1}},
+        parallel={"tp": 2, "pp": 2, "dp": 4, "ep": 4, "mla_down_proj": "column"},
+    ),
     "zero0-cp": scenario(
         cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "cp": 2, "pp": 2, "dp": 2, "zero": 0}
     ),
