@@ -80,7 +80,9 @@ def test_deepseek_v3_gather_sizes_match_megatron_cores_shapes():
     fwd, bwd, bwd_ag = b.attn_tp_bytes
     assert fwd == bwd == 4096 * (1536 + 512 + 64) * 2 == pytest.approx(17.3e6, rel=1e-3)
     assert bwd_ag == 0
-    col = TraceBuilder(dataclasses.replace(sc, layout=dataclasses.replace(sc.layout, mla_down_proj="column")).workload())
+    col = TraceBuilder(
+        dataclasses.replace(sc, layout=dataclasses.replace(sc.layout, mla_down_proj="column")).workload()
+    )
     fwd, bwd, bwd_ag = col.attn_tp_bytes
     assert fwd == 4096 * (2 * 7168 + 2 * 1536 + 2 * 512 + 64) * 2 == pytest.approx(151.5e6, rel=1e-3)
     assert bwd == 4096 * (2 * 7168 + 1536 + 512) * 2

@@ -151,7 +151,9 @@ def _attention_kernels(model: ModelSpec, shard: Shard, norm_rows: float, flash_a
             out.append(_gemm("q_up", tokens, heads * d_qk, mla.q_lora_rank, act_bytes))
         else:
             out.append(_gemm("q_proj", tokens, heads * d_qk, h, act_bytes))
-        kv_down = _split(kv_down, split, "the MLA KV latent and RoPE key (kv_lora_rank + qk_rope_head_dim)", "parallel.tp")
+        kv_down = _split(
+            kv_down, split, "the MLA KV latent and RoPE key (kv_lora_rank + qk_rope_head_dim)", "parallel.tp"
+        )
         out.append(_gemm("kv_down", down_rows, kv_down, h, act_bytes))
         out.append(_norm(model, "kv_down_norm", norm_rows, mla.kv_lora_rank, act_bytes))
         out.append(_gemm("kv_up", tokens, heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank, act_bytes))
