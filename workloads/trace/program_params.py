@@ -180,18 +180,24 @@ class ParamOps:
         if other == self.p.rank:
             return
         table = math.ceil(m.vocab / L.tp) * m.hidden
+        self._after_grads("pp_embed", table, "embed.tied_grad", group=tuple(sorted((self.p.rank, other))))
+
+    def _after_grads(self, axis: str, params: float, name: str, group=None) -> None:
+        """An all-reduce of ``params`` gradients over ``axis`` once the rank's gradient
+        reductions and its last compute are done, on the mirror stream; the optimizer waits
+        for it."""
         op = self.p.collective(
             "all-reduce",
-            "pp_embed",
-            table * self.p.b.t.grad_bytes,
-            "embed.tied_grad",
+            axis,
+            params * self.p.b.t.grad_bytes,
+            name,
             "sync",
             -1,
             -1,
             -1,
             self.p.grad_ops + self.p.after_compute(),
             stream="mirror",
-            group=tuple(sorted((self.p.rank, other))),
+            group=group,
         )
         if op:
             self.p.grad_ops.append(op.id)
@@ -207,21 +213,9 @@ class ParamOps:
         if not (L.sequence_parallel and L.tp > 1):
             return
         has_head = b.n_chunks - 1 in {self.p.chunk_index(c) for c in range(self.p.n_local)}
-        params = memory.rank_tp_replicated_params(m, L, self.my_layers(), has_head)
-        op = self.p.collective(
-            "all-reduce",
-            "tp",
-            params * b.t.grad_bytes,
-            "tp_replicated.grad",
-            "sync",
-            -1,
-            -1,
-            -1,
-            self.p.grad_ops + self.p.after_compute(),
-            stream="mirror",
+        self._after_grads(
+            "tp", memory.rank_tp_replicated_params(m, L, self.my_layers(), has_head), "tp_replicated.grad"
         )
-        if op:
-            self.p.grad_ops.append(op.id)
 
     def my_layers(self) -> list[int]:
         out = []
