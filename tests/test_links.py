@@ -11,13 +11,16 @@ from helpers import scenario
 from test_moe import moe_scenario
 
 from simulator import simulate
+from simulator.network.collectives import choose_algorithm
 from simulator.results.links import LINK_COLUMNS, link_columns
 
 
 def _injected(res) -> dict:
     """Per axis, the bytes the events table says the devices inject: a send its message; a
     ring or direct collective of ``n`` ranks ``(n - 1) / n`` of its size per rank (twice that
-    for an all-reduce) -- the nccl-tests bus-bandwidth factors, independent of any route."""
+    for an all-reduce) -- the nccl-tests bus-bandwidth factors, independent of any route; an
+    NVLink SHARP all-reduce ``(n + 1) / n`` (its buffer into the switch and the reduced slice
+    back, ``simulator.network.collectives``)."""
     ev = res.events
     ev = ev[ev["kind"].isin(["collective", "send"])]
     out: dict[str, float] = {}
@@ -25,8 +28,12 @@ def _injected(res) -> dict:
         if kind == "send":
             f = 1.0
         else:
-            n = len(res.scenario.layout.group(int(rank), axis))
-            f = (n - 1) / n * (2.0 if coll == "all-reduce" else 1.0)
+            group = res.scenario.layout.group(int(rank), axis)
+            n = len(group)
+            if coll == "all-reduce" and choose_algorithm(coll, group, res.topology) == "nvls":
+                f = (n + 1) / n
+            else:
+                f = (n - 1) / n * (2.0 if coll == "all-reduce" else 1.0)
         out[axis] = out.get(axis, 0.0) + f * size
     return out
 
@@ -55,7 +62,7 @@ def _first_hops(res, links: pd.DataFrame) -> dict:
 )
 def test_link_bytes_by_axis_equal_the_collectives_bytes_of_the_events(sc):
     """Per axis, the bytes on the links leaving devices equal the events' collectives and sends
-    by the bus-bandwidth factors (ring and direct algorithms: nothing is forwarded)."""
+    by the bus-bandwidth factors (ring, direct and NVLink SHARP algorithms: nothing is forwarded)."""
     res = simulate(sc, exact=True)
     links = pd.DataFrame(link_columns(res))
     want, got = _injected(res), _first_hops(res, links)
