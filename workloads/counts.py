@@ -87,7 +87,7 @@ from workloads.kernels import (
     backward_flops_factor,
 )
 from workloads.model import ModelSpec
-from workloads.shapes import _local_heads, _local_kv_heads, _mtp_block_is_moe, _split
+from workloads.shapes import _local_heads, _local_kv_heads, _mtp_block_is_moe, _split, mla_down_widths
 from workloads.shard import Shard
 from workloads.training import TrainingSpec
 
@@ -139,21 +139,14 @@ def _attention_kernels(model: ModelSpec, shard: Shard, norm_rows: float, flash_a
         # sequence-parallel rows, or column-parallel on the whole sequence; the latents' norms
         # see the shard's rows.
         d_qk = mla.qk_head_dim
-        if shard.mla_down_proj == "column":
-            down_rows, split = tokens, shard.tp
-        else:
-            down_rows, split = norm_rows, 1
-        kv_down = mla.kv_lora_rank + mla.qk_rope_head_dim
+        down_rows = tokens if shard.mla_down_proj == "column" else norm_rows
+        q_down, kv_down = mla_down_widths(mla, shard.tp, shard.mla_down_proj)
         if mla.q_lora_rank:
-            q_down = _split(mla.q_lora_rank, split, "the MLA query latent (q_lora_rank)", "parallel.tp")
             out.append(_gemm("q_down", down_rows, q_down, h, act_bytes))
             out.append(_norm(model, "q_down_norm", norm_rows, mla.q_lora_rank, act_bytes))
             out.append(_gemm("q_up", tokens, heads * d_qk, mla.q_lora_rank, act_bytes))
         else:
             out.append(_gemm("q_proj", tokens, heads * d_qk, h, act_bytes))
-        kv_down = _split(
-            kv_down, split, "the MLA KV latent and RoPE key (kv_lora_rank + qk_rope_head_dim)", "parallel.tp"
-        )
         out.append(_gemm("kv_down", down_rows, kv_down, h, act_bytes))
         out.append(_norm(model, "kv_down_norm", norm_rows, mla.kv_lora_rank, act_bytes))
         out.append(_gemm("kv_up", tokens, heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank, act_bytes))

@@ -5,7 +5,7 @@ against published totals). Pure functions of the model spec."""
 from __future__ import annotations
 
 from workloads.model import ModelSpec
-from workloads.shapes import _ffn_up_width, _local_heads, _local_kv_heads, _mtp_block_is_moe, _split
+from workloads.shapes import _ffn_up_width, _local_heads, _local_kv_heads, _mtp_block_is_moe, _split, mla_down_widths
 
 
 def _norm_params(model: ModelSpec, width: int) -> int:
@@ -62,15 +62,13 @@ def _block_params(
         # DeepSeek-V2 §2.1.2-2.1.3: W^DQ, W^UQ (+W^QR folded into W^UQ's RoPE
         # columns), W^DKV (+W^KR), W^UK, W^UV, W^O; RMSNorms on both latents.
         d_qk = mla.qk_head_dim
-        down_tp = tp if mla_down_proj == "column" else 1
+        q_down, kv_down = mla_down_widths(mla, tp, mla_down_proj)
         if mla.q_lora_rank:
-            q_down = _split(mla.q_lora_rank, down_tp, "the MLA query latent (q_lora_rank)")
             dense += _linear(model, h, q_down) + _norm_params(model, mla.q_lora_rank)
             q_in = mla.q_lora_rank
         else:
             q_in = h
         dense += q_in * heads * d_qk + (heads * d_qk if model.bias else 0)
-        kv_down = _split(mla.kv_lora_rank + mla.qk_rope_head_dim, down_tp, "the MLA KV latent and RoPE key")
         dense += _linear(model, h, kv_down) + _norm_params(model, mla.kv_lora_rank)
         kv_up = heads * (mla.qk_nope_head_dim + mla.v_head_dim)
         dense += mla.kv_lora_rank * kv_up + (kv_up if model.bias else 0)

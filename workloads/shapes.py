@@ -43,6 +43,16 @@ def _split(size: int, degree: int, what: str, field: str = "parallel.tp") -> int
     return size // degree
 
 
+def mla_down_widths(mla, tp: int, mla_down_proj: str) -> tuple[int, int]:
+    """Output widths of MLA's query and KV down projections on one rank: the query latent
+    (0 without query compression) and the KV latent plus the RoPE key, split over ``tp``
+    where the down projections are column-parallel (``parallel.mla_down_proj: column``)."""
+    split = tp if mla_down_proj == "column" else 1
+    q = _split(mla.q_lora_rank, split, "the MLA query latent (q_lora_rank)") if mla.q_lora_rank else 0
+    kv = _split(mla.kv_lora_rank + mla.qk_rope_head_dim, split, "the MLA KV latent and RoPE key")
+    return q, kv
+
+
 def _ffn_up_width(model: ModelSpec, width: int) -> int:
     """Output width of the up projection: gated FFNs (SwiGLU, GeGLU) fuse gate
     and up into one ``2*width`` GEMM; plain ones (GELU, squared ReLU) have one."""
