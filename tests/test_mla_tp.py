@@ -2,7 +2,11 @@
 
 The tensor shapes are those of ``MLASelfAttention.get_query_key_value_tensors`` and the layer
 specs of NVIDIA/Megatron-LM (megatron/core/transformer/multi_latent_attention.py and
-megatron/core/models/gpt/gpt_layer_specs.py):
+megatron/core/models/gpt/gpt_layer_specs.py, read at tags core_v0.10.0, core_v0.12.0,
+core_v0.13.0, core_v0.14.0 and commit d98e8a64); the gradient sum over TP is
+``finalize_model_grads``'s (megatron/core/distributed/finalize_model_grads.py at d98e8a64, for
+parameters that ``TELinear(parallel_mode="duplicated")`` and the router mark
+``sequence_parallel``):
 
 * ``duplicated``, core_v0.14.0 and d98e8a64: ``linear_q_down_proj=backend.linear()`` (a
   ``TELinear`` with ``parallel_mode="duplicated"``) on each rank's ``[s/TP]`` rows; the up
