@@ -105,6 +105,8 @@ def test_deepseek_v3_gather_sizes_match_megatron_cores_shapes():
                 "L0.attn.out": ("reduce-scatter", SEQ * H * 2),
                 "L0.attn.out.bwd": ("all-gather", SEQ * H * 2),
                 "L0.attn.ag.bwd": ("reduce-scatter", SEQ * (Q + KV + ROPE) * 2),
+                # the up projections keep their inputs' shards and gather them again backward
+                "L0.attn.B.regather": ("all-gather", SEQ * (Q + KV) * 2),
             },
         ),
         # column: both down projections' inputs, the latents' columns and the latents again
@@ -117,6 +119,8 @@ def test_deepseek_v3_gather_sizes_match_megatron_cores_shapes():
                 "L0.attn.out.bwd": ("all-gather", SEQ * H * 2),
                 "L0.attn.ag.bwd": ("reduce-scatter", SEQ * (2 * H + Q + KV) * 2),
                 "L0.attn.latent_ag.bwd": ("all-gather", SEQ * (Q + KV) * 2),
+                # the down projections' hidden states and the up projections' latents, again
+                "L0.attn.B.regather": ("all-gather", SEQ * (2 * H + Q + KV) * 2),
             },
         ),
         # without sequence parallelism: duplicated down projections need nothing forward

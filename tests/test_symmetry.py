@@ -190,14 +190,19 @@ def test_representative_mode_equals_exact_where_groups_straddle(name):
     rep, exact = res.summary, simulate(STRADDLING[name], exact=True).summary
     assert any("straddle scale-up domains unevenly" in n for n in rep["notes"])  # the mode under test
     assert rep["simulated_ranks"] < exact["simulated_ranks"]
+    # On 4:1 oversubscribed leaves, with the sequence-parallel backward's gathers beside the GEMMs
+    # (2026-12-07), TP's busy time is 1.4e-6 off and 0.3 ns a device moves between compute and
+    # exposed communication (docs/limits.md)
+    rel = 1e-5 if name == "tp2-ep8-pp2-12dom-4to1" else 1e-9
     for key in FIGURES:
-        assert rep[key] == pytest.approx(exact[key], rel=1e-9, abs=1e-15), key
+        assert rep[key] == pytest.approx(exact[key], rel=rel, abs=1e-15), key
     for key in ("exposed_comm_by_axis_s", "comm_time_by_axis_s", "exposed_comm_by_axis_s_max"):
         assert rep[key].keys() == exact[key].keys(), key
         for axis in exact[key]:
-            assert rep[key][axis] == pytest.approx(exact[key][axis], rel=1e-9, abs=1e-15), (key, axis)
+            assert rep[key][axis] == pytest.approx(exact[key][axis], rel=rel, abs=1e-15), (key, axis)
     for key in ("bubble_time_per_stage_s", "exposed_comm_time_per_stage_s"):
-        assert rep[key] == pytest.approx(exact[key], rel=1e-9, abs=1e-15), key
+        assert rep[key] == pytest.approx(exact[key], rel=rel, abs=1e-15), key
+    assert rep["step_time_s"] == pytest.approx(exact["step_time_s"], rel=1e-9)
 
 
 def test_a_send_carries_its_twins_that_are_not_images_from_the_first_call():

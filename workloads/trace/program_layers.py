@@ -441,67 +441,79 @@ class LayerOps:
             )
             deps = wait or deps
         if expert:
-            op = self.p.compute(f"L{l}.moe_out.{part}", self.p.b.bwd(post, part), part, mb, k, l, deps=deps)
-            overlap = b.t.moe_shared_expert_overlap
-            if shared and not overlap:  # before the combine's gradient (no overlap)
-                op = self.p.compute(f"L{l}.shared.{part}", self.p.b.bwd(shared, part), part, mb, k, l)
-            c = self.p.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
-            if shared and overlap:  # overlaps the combine's backward all-to-all
-                self.p.compute(f"L{l}.shared.{part}", self.p.b.bwd(shared, part), part, mb, k, l)
-            if c:
-                handed += 1
-                yield
-            # DualPipe splits a backward chunk's MLP into input- and weight-gradient parts
-            # (DeepSeek-V3 §3.2.1, Figure 4's "MLP(B)" then "MLP(W)"): the experts' input
-            # gradient is computed and sent back (the dispatch's gradient), and their
-            # weight gradient computes while it is in flight.
-            split = part == "B" and b.dualpipe_ep
-            op = self.p.compute(
-                f"L{l}.experts.{part}",
-                self.p.b.bwd(expert, "I" if split else part),
-                part,
-                mb,
-                k,
-                l,
-                deps=[c.id] if c else [],
-            )
-            d = self.p.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id])
-            deps = [d.id] if d else []
-            if split:
-                self.p.compute(f"L{l}.experts_w.{part}", self.p.b.bwd(expert, "W"), part, mb, k, l)
-            if d:
-                handed += 1
-                yield
-        op = self.p.tp_ops.tp_block(f"L{l}.mlp.{part}", pre, part, mb, k, l, deps, overlap=not expert)
-        coll = "reduce-scatter" if sp else "all-reduce"
-        out = self.p.tp_ops.tp_scatter(coll, f"L{l}.mlp.ag.bwd", part, mb, k, l, op, beside, overlap=not expert)
+            n, deps = yield from self._experts_backward(l, mb, k, deps, part, shared, expert, post)
+            handed += n
+        regather = b.regather_bytes(attention=False)
+        name = f"L{l}.mlp"
+        _, out = self.p.tp_ops.tp_backward(
+            f"{name}.{part}", f"{name}.ag.bwd", pre, part, mb, k, l, deps, regather, overlap=not expert, beside=beside
+        )
         deps, beside = ([out.id] if out else []), []
         if sp and out:
-            wait, beside = self.p.tp_ops.tp_gather(f"L{l}.attn.out.bwd", part, mb, k, l, deps)
+            wait, beside = self.p.tp_ops.tp_gather(f"L{l}.attn.out.bwd", part, mb, k, l, deps + self.p.after_compute())
             deps = wait or deps
         self._attention_backward(l, mb, k, deps, part, attn, is_last_grad, beside)
         return handed
+
+    def _experts_backward(self, l, mb, k, deps, part, shared, expert, post):
+        """An MoE layer's routed and shared experts backward, from the gradient at the block's
+        output (``deps``) to the dispatch's gradient: ``(the yields handed, what the router's
+        backward waits for)``; yields like :meth:`layer_forward`."""
+        b = self.p.b
+        handed = 0
+        op = self.p.compute(f"L{l}.moe_out.{part}", self.p.b.bwd(post, part), part, mb, k, l, deps=deps)
+        overlap = b.t.moe_shared_expert_overlap
+        if shared and not overlap:  # before the combine's gradient (no overlap)
+            op = self.p.compute(f"L{l}.shared.{part}", self.p.b.bwd(shared, part), part, mb, k, l)
+        c = self.p.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id])
+        if shared and overlap:  # overlaps the combine's backward all-to-all
+            self.p.compute(f"L{l}.shared.{part}", self.p.b.bwd(shared, part), part, mb, k, l)
+        if c:
+            handed += 1
+            yield
+        # DualPipe splits a backward chunk's MLP into input- and weight-gradient parts
+        # (DeepSeek-V3 §3.2.1, Figure 4's "MLP(B)" then "MLP(W)"): the experts' input
+        # gradient is computed and sent back (the dispatch's gradient), and their
+        # weight gradient computes while it is in flight.
+        split = part == "B" and b.dualpipe_ep
+        op = self.p.compute(
+            f"L{l}.experts.{part}",
+            self.p.b.bwd(expert, "I" if split else part),
+            part,
+            mb,
+            k,
+            l,
+            deps=[c.id] if c else [],
+        )
+        d = self.p.all_to_all(b.dispatch_bytes(True, l), f"L{l}.dispatch.bwd", part, mb, k, l, [op.id])
+        deps = [d.id] if d else []
+        if split:
+            self.p.compute(f"L{l}.experts_w.{part}", self.p.b.bwd(expert, "W"), part, mb, k, l)
+        if d:
+            handed += 1
+            yield
+        return handed, deps
 
     def _attention_backward(self, l, mb, k, deps, part, attn, is_last_grad, beside):
         """The attention block's backward (after the gradient reached the block's
         output, ``deps``; ``beside``: TP all-gather chunks beside it) and the layer's
         gradient hand-off."""
         b, L, t = self.p.b, self.p.b.L, self.p.b.t
-        sp = L.sequence_parallel
         free = -self._stash(l)
         if part == "I":
             free *= INPUT_GRAD_FREED_FRACTION
         mem = [("activations", free, "end")]
         if t.recompute == "full":
             mem.append(("activations", -self._recompute_transient(l), "end"))
-        op = self.p.tp_ops.tp_block(f"L{l}.attn.{part}", attn, part, mb, k, l, deps, tuple(mem))
+        _, scatter, gather = b.attn_tp_bytes
+        op, out = self.p.tp_ops.tp_backward(
+            f"L{l}.attn.{part}", f"L{l}.attn.ag.bwd", attn, part, mb, k, l, deps, b.regather_bytes(attention=True),
+            tuple(mem), beside=beside, size=scatter,
+        )  # fmt: skip
         if L.cp > 1:
             self.p.collective("reduce-scatter", "cp", b.kv_bytes() * L.cp, f"L{l}.attn.dkv_rs", part, mb, k, l, [op.id])
-        coll = "reduce-scatter" if sp else "all-reduce"
-        _, scatter, gather = b.attn_tp_bytes
         if gather:  # MLA's column-parallel down projections: the latents' cut to the shard, reversed
             self.p.collective("all-gather", "tp", gather, f"L{l}.attn.latent_ag.bwd", part, mb, k, l, [op.id])
-        out = self.p.tp_ops.tp_scatter(coll, f"L{l}.attn.ag.bwd", part, mb, k, l, op, beside, size=scatter)
         if out:
             self.p.compute(f"L{l}.join", (), part, mb, k, l, deps=[out.id])
         if part == "B":

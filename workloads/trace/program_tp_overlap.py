@@ -1,35 +1,50 @@
-"""Tensor-parallel communication overlap (``training.tp_comm_overlap``; Megatron
-``--tp-comm-overlap``, Transformer Engine userbuffers): the sequence-parallel all-gather
-before an attention or dense-MLP block and the reduce-scatter after it, chunked and
-pipelined with the block's GEMMs. Mixed into :class:`~workloads.trace.program.RankProgram`.
+"""The tensor-parallel collectives around an attention or dense-MLP block, and their overlap
+with its GEMMs. Mixed into :class:`~workloads.trace.program.RankProgram`.
 
-Transformer Engine's defaults (transformer_engine/pytorch/module/base.py ``initialize_ub``,
-``methods`` and ``get_default_config``, NVIDIA/TransformerEngine commit d0067d0): the
-all-gathers before the column-parallel GEMMs (``qkv_fprop``, ``fc1_fprop``, and in the
-backward ``proj_dgrad``, ``fc2_dgrad``) run as ``ring_exchange`` in ``num_splits = tp``
-chunks on 1 SM with no SM margin; the reduce-scatters after the row-parallel GEMMs
-(``proj_fprop``, ``fc2_fprop``) as ``pipeline`` in 4 chunks on 16 SMs that the GEMM gives
-up (``set_sm_margin``); the backward's reduce-scatters (``qkv_dgrad``, ``fc1_dgrad``) as
-``bulk`` on 16 SMs. The model, on whole blocks:
+Without overlap (Megatron's default) the sequence-parallel all-gather before a block and the
+reduce-scatter after it run exposed in the forward. The backward follows Megatron-Core's and
+Transformer Engine's column-parallel layers (``LinearWithGradAccumulationAndAsyncCommunication``,
+megatron/core/tensor_parallel/layers.py, NVIDIA/Megatron-LM d98e8a64; ``_LayerNormLinear``,
+transformer_engine/pytorch/module/layernorm_linear.py, NVIDIA/TransformerEngine d0067d0): such a
+layer keeps only its input's sequence shard, so its backward all-gathers the input again while
+the input-gradient GEMM runs (asynchronous), and reduce-scatters the input gradient while the
+weight-gradient GEMM runs (asynchronous). :meth:`TpOverlapOps.tp_backward` runs a block's
+backward as three ops: the kernels after its first column-parallel GEMM; the column-parallel
+GEMMs' input gradients, beside the all-gather; their weight gradients and the kernels before
+them (the norm, which in the frameworks waits for the reduce-scatter: an approximation), once
+the all-gather has arrived, beside the reduce-scatter. Without sequence parallelism the
+all-reduce of the input gradient follows the block's whole backward.
+
+Under ``training.tp_comm_overlap`` (Megatron ``--tp-comm-overlap``, Transformer Engine
+userbuffers), Transformer Engine's defaults (transformer_engine/pytorch/module/base.py
+``initialize_ub``, ``methods`` and ``get_default_config``, NVIDIA/TransformerEngine d0067d0):
+the all-gathers before the column-parallel GEMMs (``qkv_fprop``, ``fc1_fprop``, and in the
+backward ``proj_dgrad``, ``fc2_dgrad``) run as ``ring_exchange`` in ``num_splits = tp`` chunks
+on 1 SM with no SM margin; the reduce-scatters after the row-parallel GEMMs (``proj_fprop``,
+``fc2_fprop``) as ``pipeline`` in 4 chunks on 16 SMs that the GEMM gives up
+(``set_sm_margin``); the backward's input all-gather and input-gradient reduce-scatter
+(``qkv_dgrad`` / ``fc1_dgrad``, ``qkv_wgrad`` / ``fc1_wgrad``) as ``bulk``: whole, beside the
+GEMM, on 16 SMs it gives up. The model, on whole blocks:
 
 * all-gather: its first chunk (1/tp of the bytes) before the block, which waits for it;
   the other (tp-1)/tp on the TP stream beside the block;
-* reduce-scatter: (n-1)/n of it beside the block's GEMM it overlaps, the last 1/n after
-  the block (n = 4, TE's pipeline splits). The block is two ops: in the forward the
-  row-parallel GEMM (``out_proj``, ``mlp_down``) and what follows it is the second; in the
-  backward the gradient of the block's first GEMM (``qkv_proj``, ``mlp_up``: the bulk
-  reduce-scatter overlaps its weight gradient), modelled like the forward's pipeline. That
-  op gives up 16 of the GPU's SMs (``Op.sm_held``, 16/132, an H100's or H800's count, on
-  every GPU as :mod:`simulator.engine.compute` does DeepSeek's 20 SMs);
+* forward reduce-scatter: (n-1)/n of it beside the row-parallel GEMM (``out_proj``,
+  ``mlp_down``) and what follows it, a second op, the last 1/n after the block (n = 4, TE's
+  pipeline splits). That op gives up 16 of the GPU's SMs (``Op.sm_held``, 16/132, an H100's
+  or H800's count, on every GPU as :mod:`simulator.engine.compute` does DeepSeek's 20 SMs);
+* backward: the three ops above, the input gradients' and the weight gradients' holding the
+  16 SMs of the bulk overlaps;
 * the block's successors wait for the last chunk (a zero-cost join where none follows).
 
-Exposed per block with the GEMMs at least as long as what runs beside them: AG/tp + RS/4.
+Exposed per forward block with the GEMMs at least as long as what runs beside them: AG/tp + RS/4.
 Under context parallelism the forward attention stays one op (no SMs given up) and the
 reduce-scatter runs beside its last part.
 Megatron asserts sequence parallelism under ``--tp-comm-overlap``
 (megatron/training/arguments.py, NVIDIA/Megatron-LM commit d98e8a6); without it (the
 all-reduce) nothing is overlapped. MoE blocks, shared experts and the expert-TP
-collectives are not userbuffers layers and stay as they are."""
+collectives are not userbuffers layers and stay as they are. The experts' token gathers are
+explicit (``gather_from_sequence_parallel_region``; autograd keeps the gathered tokens); a
+tensor-parallel shared expert's second gather of its input is not simulated (docs/limits.md)."""
 
 from __future__ import annotations
 
@@ -78,25 +93,52 @@ class TpOverlapOps:
         deps = [op.id, rest.id] + list(beside)
         return self.p.collective("reduce-scatter", "tp", h / RS_SPLITS, name, phase, mb, k, l, deps)
 
+    def tp_backward(
+        self, name, scatter, fwd, part, mb, k, l, deps, regather, mem=(), overlap=True, beside=(), size=None
+    ):
+        """A block's backward ``part`` and the TP collective after it (``scatter`` its name):
+        ``(the block's last compute op, the collective its successors wait for or None)``.
+
+        Under sequence parallelism a block with column-parallel GEMMs runs as Megatron-Core's and
+        Transformer Engine's column-parallel layers do (:meth:`TraceBuilder.regather_bytes`): the
+        kernels after the first such GEMM; then the all-gather of the GEMMs' inputs again beside
+        their input gradients; their weight gradients (and the kernels before them, the norm) once
+        it has arrived, with the reduce-scatter of the input gradient beside them. Under the
+        overlap (userbuffers' ``bulk`` methods for ``qkv_dgrad`` / ``fc1_dgrad`` and
+        ``qkv_wgrad`` / ``fc1_wgrad``: whole, on 16 SMs that both GEMMs give up) the same, the
+        two GEMM ops holding the SMs. ``beside``: the all-gather chunks the reduce-scatter
+        follows; ``regather``: the bytes gathered again; ``size``: the scattered bytes
+        (:meth:`tp_gather`'s)."""
+        b, L = self.p.b, self.p.b.L
+        coll = "reduce-scatter" if L.sequence_parallel else "all-reduce"
+        split = b.column_split(fwd, part) if L.sequence_parallel and L.tp > 1 and part in ("B", "I") else None
+        if split is None:
+            op = self.tp_block(name, fwd, part, mb, k, l, deps, mem, overlap=overlap)
+            return op, self.tp_scatter(coll, scatter, part, mb, k, l, op, list(beside), overlap=overlap, size=size)
+        rest, dgrad, wgrad = split
+        start = tuple(m for m in mem if m[2] == "start")
+        end = tuple(m for m in mem if m[2] != "start")
+        body = self.p.compute(f"{name}.body", rest, part, mb, k, l, deps=deps, mem=start)
+        ag = self.p.collective("all-gather", "tp", regather, f"{name}.regather", part, mb, k, l, [body.id])
+        d = self.p.compute(f"{name}.dgrad", dgrad, part, mb, k, l)
+        op = self.p.compute(name, wgrad, part, mb, k, l, deps=[ag.id] if ag else [], mem=end)
+        if overlap and self.tp_overlap():
+            d.sm_held = op.sm_held = RS_SM_HELD
+        h = b.hidden_bytes if size is None else size
+        return op, self.p.collective(coll, "tp", h, scatter, part, mb, k, l, [d.id] + list(beside))
+
     def tp_block(self, name, fwd, part, mb, k, l, deps, mem=(), recompute=False, overlap=True) -> Op:
         """An attention or dense-MLP block's compute (forward kernels ``fwd``; ``part`` F / R
         or a backward part); under the overlap as two ops, the second holding the SMs (module
         notes). ``mem``: ``start`` entries on the first op, ``end`` on the last."""
-        kernels = fwd if part in ("F", "R") else self.p.b.bwd(fwd, part)
+        forward = part in ("F", "R")
+        kernels = fwd if forward else self.p.b.bwd(fwd, part)
         cut = -1
-        if overlap and self.tp_overlap():
-            names = [x.name for x in fwd]
-            if part in ("F", "R"):
-                cut = next((i for i, n in enumerate(names) if n in ("out_proj", "mlp_down")), -1)
-            elif any(n in ("qkv_proj", "mlp_up") for n in names):
-                cut = next(i for i, n in enumerate(names) if n in ("qkv_proj", "mlp_up"))
-        if cut < 0 or (cut == 0 and part in ("F", "R")):
+        if forward and overlap and self.tp_overlap():  # a backward's overlaps are tp_backward's
+            cut = next((i for i, x in enumerate(fwd) if x.name in ("out_proj", "mlp_down")), -1)
+        if cut <= 0:
             return self.p.compute(name, kernels, part, mb, k, l, deps=deps, mem=mem, recompute=recompute)
-        if part in ("F", "R"):
-            body, tail = fwd[:cut], fwd[cut:]
-        else:
-            body = self.p.b.bwd(fwd[:cut] + fwd[cut + 1 :], part)
-            tail = self.p.b.bwd(fwd[cut : cut + 1], part)
+        body, tail = fwd[:cut], fwd[cut:]
         start = tuple(m for m in mem if m[2] == "start")
         end = tuple(m for m in mem if m[2] != "start")
         first = self.p.compute(f"{name}.body", body, part, mb, k, l, deps=deps, mem=start, recompute=recompute)

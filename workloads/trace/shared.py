@@ -357,6 +357,61 @@ class TraceBuilder:
             return (q + kv + rope) * per_width, (2 * H + q + kv) * per_width, 0.0
         return (2 * H + 2 * q + 2 * kv + rope) * per_width, (2 * H + q + kv) * per_width, (q + kv) * per_width
 
+    @cached_property
+    def column_sp_gemms(self) -> frozenset[str]:
+        """The GEMMs whose input the TP group all-gathers inside the linear layer under sequence
+        parallelism (column-parallel layers: Megatron-Core's ``ColumnParallelLinear``, Transformer
+        Engine's ``Linear`` / ``LayerNormLinear`` with ``parallel_mode="column"``): the QKV and
+        MLP up projections, MLA's up projections (under ``duplicated`` the latents' shard is each
+        one's input) and, under ``column``, its down projections."""
+        names = {"qkv_proj", "mlp_up", "q_up", "q_proj", "kv_up"}
+        if self.model.attention is not None and self.L.mla_down_proj == "column":
+            names |= {"q_down", "kv_down"}
+        return frozenset(names)
+
+    def regather_bytes(self, attention: bool) -> float:
+        """The bytes a sequence-parallel block's backward all-gathers again (all TP ranks' rows):
+        a column-parallel layer keeps only its input's shard for the weight gradient and gathers it
+        once more, overlapped with the input-gradient GEMM (``LinearWithGradAccumulationAndAsync
+        Communication.backward``, megatron/core/tensor_parallel/layers.py, NVIDIA/Megatron-LM
+        d98e8a64; ``_LayerNormLinear.backward``'s ``ln_out_needs_gather``,
+        transformer_engine/pytorch/module/layernorm_linear.py, NVIDIA/TransformerEngine d0067d0).
+        ``attention`` False: the dense MLP's up projection's input, the hidden states."""
+        if not self.L.sequence_parallel or self.L.tp <= 1:
+            return 0.0
+        mla = self.model.attention
+        if not attention or mla is None:
+            return self.hidden_bytes
+        per_width = self.shard.tokens * self.shard.act_bytes
+        H, q, kv = self.model.hidden, mla.q_lora_rank, mla.kv_lora_rank
+        if self.L.mla_down_proj == "duplicated":  # the up projections' inputs, the latents
+            return ((q or H) + kv) * per_width
+        return (2 * H + (q or 0) + kv) * per_width  # the down projections' hidden states, then the latents
+
+    def column_split(self, fwd: tuple, part: str) -> tuple[tuple, tuple, tuple] | None:
+        """A block's backward ``part`` (``B`` or ``I``) in the three pieces a sequence-parallel
+        block runs (:meth:`regather_bytes`): ``(the kernels after the first column-parallel GEMM,
+        the column-parallel GEMMs' input gradients, their weight gradients and the kernels before
+        the first of them)``; None where the block has no column-parallel GEMM. Memoised as
+        :meth:`bwd`."""
+        key = (id(fwd), part, "column")
+        hit = self._bwd_cache.get(key)
+        if hit is None:
+            cols = self.column_sp_gemms
+            first = next((i for i, k in enumerate(fwd) if k.name in cols and k.kind == "gemm"), -1)
+            split = None
+            if first >= 0:
+                gemms = tuple(k for k in fwd[first:] if k.name in cols and k.kind == "gemm")
+                rest = tuple(k for k in fwd[first:] if not (k.name in cols and k.kind == "gemm"))
+                wgrad = self._backward(gemms, "W") if part == "B" else ()
+                split = (
+                    self._backward(rest, part),
+                    self._backward(gemms, "I"),
+                    wgrad + self._backward(fwd[:first], part),
+                )
+            hit = self._bwd_cache[key] = (fwd, split)
+        return hit[1]
+
     def kv_bytes(self) -> float:
         """K and V of the local sequence chunk held by one TP rank (what CP exchanges)."""
         m = self.model

@@ -122,7 +122,18 @@ class StepCosts:
             if self.sp:  # the attention's gather and reduce-scatter, the MLP's, and their gradients
                 ag, rs = net.time_s("all-gather", g, h), net.time_s("reduce-scatter", g, h)
                 tp_f = ag_attn + rs + ag + rs
-                tp_b = ag + net.time_s("reduce-scatter", g, attn_back) + back_ag + ag + rs
+                # the backward's second gather of the column-parallel GEMMs' inputs and the
+                # reduce-scatter of their input gradient hide behind those GEMMs' gradients
+                # (program_tp_overlap.TpOverlapOps.tp_backward)
+                attn, pre = b.layer_parts(l)[:2]
+                tp_b = ag + back_ag + ag
+                for block, scatter in ((attn, net.time_s("reduce-scatter", g, attn_back)), (pre, rs)):
+                    split = b.column_split(block, "B")
+                    if split is None:
+                        tp_b += scatter
+                        continue
+                    again = net.time_s("all-gather", g, b.regather_bytes(attention=block is attn))
+                    tp_b += max(0.0, again - self.kt(split[1])) + max(0.0, scatter - self.kt(split[2]))
             else:
                 ar = net.time_s("all-reduce", g, h)
                 tp_f, tp_b = ag_attn + 2 * ar, ar + net.time_s("all-reduce", g, attn_back)
