@@ -118,3 +118,40 @@ def test_fast_path_equals_exact_with_tp_overlap():
     assert fast.summary["step_time_s"] == pytest.approx(exact.summary["step_time_s"], rel=1e-9)
     off = simulate(scenario(cluster={"preset": "dgx-h100", "devices": 16}, parallel={"tp": 2, "pp": 2, "dp": 4}))
     assert fast.summary["step_time_s"] != off.summary["step_time_s"]
+
+
+def test_a_recipes_sm_counts_set_each_overlapped_gemms_share():
+    """``training.tp_comm_overlap_sms``: the SMs the collective occupies beside each userbuffers
+    GEMM, by TE's layer name (a recipe's ``ub_tp_comm_overlap_cfg`` ``num_sm``, e.g. the DGX
+    Cloud GPT-3 175B recipe's proj_fprop 24, qkv_wgrad 8); the GEMM op takes 1 / (1 - SMs/132)
+    as long, a layer not named keeps TE's 16."""
+    sms = {"proj_fprop": 24, "qkv_dgrad": 4, "qkv_wgrad": 8, "fc1_wgrad": 0}
+    base = _tp2(True)
+    mine = {**base, "training": {**base["training"], "tp_comm_overlap_sms": sms}}
+    ref, res = _rank0(simulate(base)), _rank0(simulate(mine))
+    c0 = ref.set_index(["name", "mb"])["duration_s"]
+    c1 = res.set_index(["name", "mb"])["duration_s"]
+    for op, layer in (
+        ("L1.attn.F", "proj_fprop"),
+        ("L1.mlp.F", "fc2_fprop"),
+        ("L1.attn.B.dgrad", "qkv_dgrad"),
+        ("L1.attn.B", "qkv_wgrad"),
+        ("L1.mlp.B.dgrad", "fc1_dgrad"),
+        ("L1.mlp.B", "fc1_wgrad"),
+    ):
+        held = sms.get(layer, 16) / 132
+        assert c1[(op, 0)] * (1 - held) == pytest.approx(c0[(op, 0)] * (1 - RS_SM_HELD), rel=1e-9), op
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [({"qkv_fprop": 4}, "tp_comm_overlap_sms"), ({"proj_fprop": 132}, "less than or equal to 131")],
+)
+def test_sm_counts_outside_te_s_layers_or_the_gpu_are_refused(value, words):
+    from simulator.scenario.errors import ScenarioError
+    from simulator.scenario.loading import load_scenario
+
+    sc = _tp2(True)
+    sc["training"] = {**sc["training"], "tp_comm_overlap_sms": value}
+    with pytest.raises(ScenarioError, match=words):
+        load_scenario(sc)

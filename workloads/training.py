@@ -27,6 +27,14 @@ Optimizer = Literal["adam", "muon", "sgd"]
 MAX_SEQ_LEN = 2**24
 MAX_BATCH = 2**24
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "matmul_outputs")
+#: Transformer Engine's userbuffers layers whose GEMM can give up SMs to the collective beside it
+#: (``ub_cfgs`` names of the ``pipeline`` and ``bulk`` methods, transformer_engine/pytorch/module/
+#: base.py ``initialize_ub``, NVIDIA/TransformerEngine d0067d0): the forward reduce-scatters after
+#: the row-parallel GEMMs, the backward's gather and reduce-scatter beside the column-parallel
+#: GEMMs' input and weight gradients (workloads.trace.program_tp_overlap).
+UB_SM_LAYERS = ("proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad")
+#: TE's default for those methods: ``num_sm`` 16 with ``set_sm_margin`` (``get_default_config``).
+UB_DEFAULT_SMS = 16
 
 #: Host (CPU) seconds to issue one kernel in PyTorch eager mode: the CUDA launch call plus
 #: PyTorch's per-op dispatch, not fitted to any validation row.
@@ -200,6 +208,12 @@ class TrainingSpec:
     # reduce-scatter around attention and dense-MLP blocks chunked beside their GEMMs
     # (workloads.trace.program_tp_overlap). Needs sequence parallelism, as Megatron asserts.
     tp_comm_overlap: bool = False
+    # Under tp_comm_overlap, the SMs the collective's kernels occupy beside each userbuffers
+    # layer's GEMM (UB_SM_LAYERS; a recipe's ``ub_tp_comm_overlap_cfg`` ``num_sm``, whether its
+    # ``set_sm_margin`` sizes the GEMM for the rest or lets the two share them); the layers not
+    # named keep TE's default, UB_DEFAULT_SMS. Sorted (layer, SMs) pairs; the scenario file
+    # writes a mapping.
+    tp_comm_overlap_sms: tuple[tuple[str, int], ...] = ()
     # Megatron-Core's batch-level overlap of the expert all-to-all (--overlap-moe-expert-parallel-comm,
     # Megatron-Core 0.14; megatron/core/pipeline_parallel/combined_1f1b.py at d98e8a64): each
     # backward runs beside the next micro-batch's forward as one combined step, layer by layer,
@@ -358,6 +372,11 @@ class TrainingSpec:
     @property
     def tokens_per_step(self) -> int:
         return self.seq_len * self.global_batch_size
+
+    def ub_sms(self, layer: str) -> int:
+        """The SMs the collective beside userbuffers layer ``layer``'s GEMM occupies under
+        ``tp_comm_overlap``."""
+        return dict(self.tp_comm_overlap_sms).get(layer, UB_DEFAULT_SMS)
 
     def micro_batches(self, dp: int) -> int:
         """Micro-batches each data-parallel replica runs per step.

@@ -334,6 +334,7 @@ def resolve_training(t: TrainingIn, layout: ParallelLayout) -> TrainingSpec:
     try:
         tr = t.model_dump(exclude={"expert_load", "offload"})
         tr["recompute_modules"] = tuple(tr.get("recompute_modules") or ())
+        tr["tp_comm_overlap_sms"] = tuple(sorted((tr.get("tp_comm_overlap_sms") or {}).items()))
         if t.offload is not None:
             tr["offload_optimizer"] = t.offload.optimizer
             tr["offload_activations"] = t.offload.activations

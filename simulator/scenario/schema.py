@@ -32,7 +32,7 @@ from workloads.enums import Schedule, TraceCollectiveOp
 from workloads.layout import EXPERT_MAPPINGS, MLA_DOWN_PROJS, ORDER_AXES, ParallelLayout
 from workloads.model import MLASpec, ModelSpec, MoESpec
 from workloads.moe_load import ExpertLoad
-from workloads.training import TrainingSpec
+from workloads.training import UB_SM_LAYERS, TrainingSpec
 
 
 class _Strict(BaseModel):
@@ -251,6 +251,8 @@ TrainingIn = from_spec(
     replace={
         "global_batch_size": (SInt, Field(ge=1)),
         "recompute_modules": (Optional[list[str]], None),
+        # SMs a userbuffers layer's GEMM gives up: fewer than an H100's 132
+        "tp_comm_overlap_sms": (Optional[dict[Literal[UB_SM_LAYERS], Annotated[SInt, Field(ge=0, le=131)]]], None),
     },
     exclude=("offload_optimizer", "offload_activations"),
     last={"expert_load": (Optional[ExpertLoadIn], None), "offload": (Optional[OffloadIn], None)},

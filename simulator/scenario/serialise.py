@@ -58,6 +58,10 @@ def _training_dict(t: TrainingSpec) -> dict:
             del d[key]
     if not d["dropout"]:
         del d["dropout"]
+    if d["tp_comm_overlap_sms"]:  # absent when TE's defaults: sweep keys stay stable
+        d["tp_comm_overlap_sms"] = dict(d["tp_comm_overlap_sms"])
+    else:
+        del d["tp_comm_overlap_sms"]
     if d["recompute_modules"]:
         d["recompute_modules"] = list(d["recompute_modules"])
     else:

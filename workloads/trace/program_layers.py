@@ -443,10 +443,9 @@ class LayerOps:
         if expert:
             n, deps = yield from self._experts_backward(l, mb, k, deps, part, shared, expert, post)
             handed += n
-        regather = b.regather_bytes(attention=False)
         name = f"L{l}.mlp"
         _, out = self.p.tp_ops.tp_backward(
-            f"{name}.{part}", f"{name}.ag.bwd", pre, part, mb, k, l, deps, regather, overlap=not expert, beside=beside
+            f"{name}.{part}", f"{name}.ag.bwd", pre, part, mb, k, l, deps, False, overlap=not expert, beside=beside
         )
         deps, beside = ([out.id] if out else []), []
         if sp and out:
@@ -507,7 +506,7 @@ class LayerOps:
             mem.append(("activations", -self._recompute_transient(l), "end"))
         _, scatter, gather = b.attn_tp_bytes
         op, out = self.p.tp_ops.tp_backward(
-            f"L{l}.attn.{part}", f"L{l}.attn.ag.bwd", attn, part, mb, k, l, deps, b.regather_bytes(attention=True),
+            f"L{l}.attn.{part}", f"L{l}.attn.ag.bwd", attn, part, mb, k, l, deps, True,
             tuple(mem), beside=beside, size=scatter,
         )  # fmt: skip
         if L.cp > 1:

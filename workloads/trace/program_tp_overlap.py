@@ -49,11 +49,14 @@ tensor-parallel shared expert's second gather of its input is not simulated (doc
 from __future__ import annotations
 
 from workloads.trace.ops import Op
+from workloads.training import UB_DEFAULT_SMS
 
 #: Transformer Engine's pipelined reduce-scatter: chunks (``num_splits`` 4) and the SMs it
 #: holds (``num_sm`` 16) of an H100's / H800's 132.
 RS_SPLITS = 4
-RS_SM_HELD = 16 / 132
+RS_SM_HELD = UB_DEFAULT_SMS / 132
+#: The SMs a GPU has, to which a layer's SMs given up are a share: an H100's or H800's, on every GPU.
+GPU_SMS = 132
 
 
 class TpOverlapOps:
@@ -94,7 +97,7 @@ class TpOverlapOps:
         return self.p.collective("reduce-scatter", "tp", h / RS_SPLITS, name, phase, mb, k, l, deps)
 
     def tp_backward(
-        self, name, scatter, fwd, part, mb, k, l, deps, regather, mem=(), overlap=True, beside=(), size=None
+        self, name, scatter, fwd, part, mb, k, l, deps, attention, mem=(), overlap=True, beside=(), size=None
     ):
         """A block's backward ``part`` and the TP collective after it (``scatter`` its name):
         ``(the block's last compute op, the collective its successors wait for or None)``.
@@ -107,7 +110,7 @@ class TpOverlapOps:
         overlap (userbuffers' ``bulk`` methods for ``qkv_dgrad`` / ``fc1_dgrad`` and
         ``qkv_wgrad`` / ``fc1_wgrad``: whole, on 16 SMs that both GEMMs give up) the same, the
         two GEMM ops holding the SMs. ``beside``: the all-gather chunks the reduce-scatter
-        follows; ``regather``: the bytes gathered again; ``size``: the scattered bytes
+        follows; ``attention``: the attention block (else the dense MLP's); ``size``: the scattered bytes
         (:meth:`tp_gather`'s)."""
         b, L = self.p.b, self.p.b.L
         coll = "reduce-scatter" if L.sequence_parallel else "all-reduce"
@@ -119,11 +122,14 @@ class TpOverlapOps:
         start = tuple(m for m in mem if m[2] == "start")
         end = tuple(m for m in mem if m[2] != "start")
         body = self.p.compute(f"{name}.body", rest, part, mb, k, l, deps=deps, mem=start)
+        regather = b.regather_bytes(attention)
         ag = self.p.collective("all-gather", "tp", regather, f"{name}.regather", part, mb, k, l, [body.id])
         d = self.p.compute(f"{name}.dgrad", dgrad, part, mb, k, l)
         op = self.p.compute(name, wgrad, part, mb, k, l, deps=[ag.id] if ag else [], mem=end)
         if overlap and self.tp_overlap():
-            d.sm_held = op.sm_held = RS_SM_HELD
+            layer = "qkv" if attention else "fc1"
+            d.sm_held = b.t.ub_sms(f"{layer}_dgrad") / GPU_SMS
+            op.sm_held = b.t.ub_sms(f"{layer}_wgrad") / GPU_SMS
         h = b.hidden_bytes if size is None else size
         return op, self.p.collective(coll, "tp", h, scatter, part, mb, k, l, [d.id] + list(beside))
 
@@ -143,5 +149,5 @@ class TpOverlapOps:
         end = tuple(m for m in mem if m[2] != "start")
         first = self.p.compute(f"{name}.body", body, part, mb, k, l, deps=deps, mem=start, recompute=recompute)
         op = self.p.compute(name, tail, part, mb, k, l, deps=[first.id], mem=end, recompute=recompute)
-        op.sm_held = RS_SM_HELD
+        op.sm_held = self.p.b.t.ub_sms("proj_fprop" if fwd[cut].name == "out_proj" else "fc2_fprop") / GPU_SMS
         return op
