@@ -63,3 +63,18 @@ def test_the_command_prints_and_writes(tmp_path, capsys):
     assert "--tensor-model-parallel-size 4" in out.read_text()
     assert main(["export", "megatron", "deepseek-v3-2048xh800"]) == 2
     assert "schedule" in capsys.readouterr().err
+
+
+def test_the_userbuffers_sm_counts_travel_as_the_cfg_file_in_a_comment():
+    """``training.tp_comm_overlap_sms`` has no argument of its own: Megatron reads TE's ub_cfgs
+    from the YAML file ``--tp-comm-overlap-cfg`` names (megatron/training/arguments.py at
+    d98e8a64), so the launch line names the file and a comment gives its contents. The
+    import lists the file's argument as not mapped (it reads no file)."""
+    sc = load_scenario("validation/dgxc/dgxc-gpt3-175b-128xh100.yaml")
+    text = export_megatron(sc)
+    assert "  --tp-comm-overlap \\\n  --tp-comm-overlap-cfg tp_comm_overlap_cfg.yaml" in text
+    assert "# tp_comm_overlap_cfg.yaml (training.tp_comm_overlap_sms): {fc1_dgrad: {num_sm: 2}," in text
+    assert "proj_fprop: {num_sm: 24}, qkv_dgrad: {num_sm: 4}, qkv_wgrad: {num_sm: 8}}" in text
+    res = import_megatron(text, sc.cluster.name, name=sc.name)
+    assert "tp-comm-overlap-cfg" in " ".join(res.unmapped)
+    assert load_scenario(res.scenario).training.tp_comm_overlap

@@ -12,7 +12,8 @@ optimizer or MoE dispatcher settings Megatron's arguments cannot combine
 (``training.expert_load``'s distribution) has no argument: it is written in a comment. The
 placement (``cluster.devices_per_domain``) has no Megatron argument either: it is written as
 the Slurm line that places whole blocks of a rack's trays (``--segment``, Slurm's
-topology/block plugin), in a comment.
+topology/block plugin), in a comment. ``training.tp_comm_overlap_sms`` is the userbuffers file
+``--tp-comm-overlap-cfg`` names, its contents in a comment.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from __future__ import annotations
 from simulator.interop import megatron_moe
 from simulator.scenario.errors import ScenarioError
 from workloads.pipeline import get_schedule
+
+#: The userbuffers configuration file ``--tp-comm-overlap-cfg`` names (Transformer Engine's
+#: ``ub_cfgs``, one entry a layer), written in a comment of the launch line.
+UB_CFG_FILE = "tp_comm_overlap_cfg.yaml"
 
 #: Megatron-LM's argument for each stepsim recompute mode.
 RECOMPUTE_ARGS = {
@@ -148,6 +153,8 @@ def _training_args(t, moe: bool, load=None, node_limited: bool = False) -> list[
         out.append("--moe-shared-expert-overlap")
     if t.tp_comm_overlap:
         out.append("--tp-comm-overlap")
+        if t.tp_comm_overlap_sms:  # the file's contents go in a comment (export_megatron)
+            out += ["--tp-comm-overlap-cfg", UB_CFG_FILE]
     if t.overlap_moe_expert_parallel_comm:
         out += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if t.dtype == "fp8" and t.fp8_recipe != "delayed":
@@ -300,6 +307,10 @@ def export_megatron(sc) -> str:
         lines.append(
             f"# routing imbalance (training.expert_load): {load.distribution}, skew {load.skew}, seed {load.seed}"
         )
+    t = sc.training
+    if t.tp_comm_overlap and t.tp_comm_overlap_sms:  # training.tp_comm_overlap_sms as TE's ub_cfgs
+        cfg = ", ".join(f"{name}: {{num_sm: {n}}}" for name, n in t.tp_comm_overlap_sms)
+        lines.append(f"# {UB_CFG_FILE} (training.tp_comm_overlap_sms): {{{cfg}}}")
     launch = f"torchrun --nnodes {devices // per_node} --nproc-per-node {per_node} pretrain_gpt.py \\"
     if c.devices_per_domain is not None and c.domain_capacity:
         # Slurm's topology/block plugin places --segment nodes in one block (one rack): the
