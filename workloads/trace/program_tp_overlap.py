@@ -33,7 +33,8 @@ GEMM, on 16 SMs it gives up. The model, on whole blocks:
   pipeline splits). That op gives up 16 of the GPU's SMs (``Op.sm_held``, 16/132, an H100's
   or H800's count, on every GPU as :mod:`simulator.engine.compute` does DeepSeek's 20 SMs);
 * backward: the three ops above, the input gradients' and the weight gradients' holding the
-  16 SMs of the bulk overlaps;
+  SMs of the bulk overlaps (16, or a recipe's ``training.tp_comm_overlap_sms``, as the forward's
+  second op does);
 * the block's successors wait for the last chunk (a zero-cost join where none follows).
 
 Exposed per forward block with the GEMMs at least as long as what runs beside them: AG/tp + RS/4.
@@ -51,12 +52,13 @@ from __future__ import annotations
 from workloads.trace.ops import Op
 from workloads.training import UB_DEFAULT_SMS
 
-#: Transformer Engine's pipelined reduce-scatter: chunks (``num_splits`` 4) and the SMs it
-#: holds (``num_sm`` 16) of an H100's / H800's 132.
-RS_SPLITS = 4
-RS_SM_HELD = UB_DEFAULT_SMS / 132
-#: The SMs a GPU has, to which a layer's SMs given up are a share: an H100's or H800's, on every GPU.
+#: The SMs of a GPU, of which a collective beside a GEMM holds a share: an H100's or H800's 132,
+#: on every GPU.
 GPU_SMS = 132
+#: Transformer Engine's pipelined reduce-scatter: its chunks (``num_splits`` 4), and the share of
+#: the SMs a userbuffers collective holds by default (``num_sm`` 16; ``training.tp_comm_overlap_sms``).
+RS_SPLITS = 4
+RS_SM_HELD = UB_DEFAULT_SMS / GPU_SMS
 
 
 class TpOverlapOps:
@@ -108,8 +110,8 @@ class TpOverlapOps:
         their input gradients; their weight gradients (and the kernels before them, the norm) once
         it has arrived, with the reduce-scatter of the input gradient beside them. Under the
         overlap (userbuffers' ``bulk`` methods for ``qkv_dgrad`` / ``fc1_dgrad`` and
-        ``qkv_wgrad`` / ``fc1_wgrad``: whole, on 16 SMs that both GEMMs give up) the same, the
-        two GEMM ops holding the SMs. ``beside``: the all-gather chunks the reduce-scatter
+        ``qkv_wgrad`` / ``fc1_wgrad``: whole) the same, the two GEMM ops holding the SMs the
+        collectives occupy (``training.tp_comm_overlap_sms``, TE's 16 by default). ``beside``: the all-gather chunks the reduce-scatter
         follows; ``attention``: the attention block (else the dense MLP's); ``size``: the scattered bytes
         (:meth:`tp_gather`'s)."""
         b, L = self.p.b, self.p.b.L
