@@ -121,8 +121,7 @@ class TpOverlapOps:
             op = self.tp_block(name, fwd, part, mb, k, l, deps, mem, overlap=overlap)
             return op, self.tp_scatter(coll, scatter, part, mb, k, l, op, list(beside), overlap=overlap, size=size)
         rest, dgrad, wgrad = split
-        start = tuple(m for m in mem if m[2] == "start")
-        end = tuple(m for m in mem if m[2] != "start")
+        start, end = _split_mem(mem)
         body = self.p.compute(f"{name}.body", rest, part, mb, k, l, deps=deps, mem=start)
         regather = b.regather_bytes(attention)
         ag = self.p.collective("all-gather", "tp", regather, f"{name}.regather", part, mb, k, l, [body.id])
@@ -147,9 +146,14 @@ class TpOverlapOps:
         if cut <= 0:
             return self.p.compute(name, kernels, part, mb, k, l, deps=deps, mem=mem, recompute=recompute)
         body, tail = fwd[:cut], fwd[cut:]
-        start = tuple(m for m in mem if m[2] == "start")
-        end = tuple(m for m in mem if m[2] != "start")
+        start, end = _split_mem(mem)
         first = self.p.compute(f"{name}.body", body, part, mb, k, l, deps=deps, mem=start, recompute=recompute)
         op = self.p.compute(name, tail, part, mb, k, l, deps=[first.id], mem=end, recompute=recompute)
         op.sm_held = self.p.b.t.ub_sms("proj_fprop" if fwd[cut].name == "out_proj" else "fc2_fprop") / GPU_SMS
         return op
+
+
+def _split_mem(mem: tuple) -> tuple[tuple, tuple]:
+    """A block's memory entries as (those at its first op's start, those at its last op's end),
+    for a block run as several ops."""
+    return tuple(m for m in mem if m[2] == "start"), tuple(m for m in mem if m[2] != "start")
