@@ -81,3 +81,52 @@ def test_without_sequence_parallelism_the_block_is_one_op_and_its_all_reduce_fol
     assert not any(n.endswith((".regather", ".dgrad", ".body")) for n in ops)
     ar = ops["L1.mlp.ag.bwd"]
     assert ar.coll == "all-reduce" and ar.deps == (ops["L1.mlp.B"].id,)
+
+
+def _moe_workload(**training):
+    """A Megatron-Core MoE layer with a shared expert under TP2 and sequence parallelism (the
+    block routes each rank's sequence shard: ``ParallelLayout.routes_sp_shard``)."""
+    sc = load_scenario(
+        scenario(
+            cluster={"preset": "dgx-h100", "devices": 8},
+            model={"preset": "deepseek-v3", "layers": 4, "mtp_depth": 0, "vocab": 1024, "moe": {"dense_layers": 1}},
+            parallel={"tp": 2, "pp": 1, "dp": 4, "ep": 4, "sequence_parallel": True},
+            training={"global_batch_size": 4, **training},
+        )
+    )
+    return sc.workload()
+
+
+def test_a_shared_expert_gathers_its_input_again_as_a_dense_mlp():
+    """Megatron-Core's ``SharedExpertMLP`` is an ``MLP`` of the dense part's TP split
+    (megatron/core/transformer/moe/shared_experts.py, NVIDIA/Megatron-LM d98e8a64): its up
+    projection, a column-parallel TE ``Linear`` under sequence parallelism, keeps the input's
+    shard and gathers it again in its backward, beside its input gradient."""
+    w = _moe_workload()
+    b = TraceBuilder(w)
+    layer = next(i for i in range(w.model.layers) if w.model.is_moe_layer(i))
+    ops = _by_name(build_trace(w, ranks=[0]))
+    name = f"L{layer}.shared.B"
+    grad_in, body, dgrad, wgrad = ops[f"L{layer}.shared.rs.bwd"], ops[f"{name}.body"], ops[f"{name}.dgrad"], ops[name]
+    again, scatter = ops[f"{name}.regather"], ops[f"L{layer}.shared.ag.bwd"]
+    assert grad_in.coll == "all-gather" and body.deps == (grad_in.id,)
+    assert (again.coll, again.axis, again.deps, again.size_bytes) == ("all-gather", "tp", (body.id,), b.hidden_bytes)
+    assert again.id in wgrad.deps and again.id not in dgrad.deps
+    assert (scatter.coll, scatter.deps) == ("reduce-scatter", (dgrad.id,))
+    assert [k.name for k in dgrad.kernels] == ["shared_up.dgrad"]
+    shared = b.layer_parts(layer)[2]
+    assert sorted(k.name for op in (body, dgrad, wgrad) for k in op.kernels) == sorted(
+        k.name for k in b.bwd(shared, "B")
+    )
+    # the combine's gradient all-to-all waits for the shared experts' input gradient as before
+    assert scatter.id in ops[f"L{layer}.combine.bwd"].deps
+
+
+def test_under_the_shared_expert_overlap_the_gathered_input_is_kept():
+    """``--moe-shared-expert-overlap`` gathers the shared experts' input itself and sets the
+    linear layers' ``parallel_mode`` to None (the same file): no second gather."""
+    w = _moe_workload(moe_shared_expert_overlap=True)
+    layer = next(i for i in range(w.model.layers) if w.model.is_moe_layer(i))
+    ops = _by_name(build_trace(w, ranks=[0]))
+    assert f"L{layer}.shared.B.regather" not in ops and f"L{layer}.shared.B" in ops
+    assert ops[f"L{layer}.shared.ag.bwd"].deps == (ops[f"L{layer}.shared.B"].id,)

@@ -240,29 +240,42 @@ class LayerOps:
         self.p.compute(f"L{l}.moe_out.{phase}", post, phase, mb, k, l, deps=[c.id] if c else [], recompute=recompute)
         return handed
 
+    def _shared_backward(self, l: int, mb: int, k: int, part: str, shared: tuple, after: Op, regather=True) -> tuple:
+        """A shard-routing MoE block's shared experts backward after op ``after``: the TP all-gather
+        of their output gradient, their backward and the reduce-scatter of their input gradient:
+        ``(their last compute op, the reduce-scatter or None)``. ``regather``: as a dense MLP's
+        under sequence parallelism, the up projection (Transformer Engine's column-parallel
+        ``Linear`` of Megatron-Core's ``SharedExpertMLP``, an ``MLP``) keeping only its input's
+        shard and gathering it again beside its input gradient
+        (:meth:`~workloads.trace.program_tp_overlap.TpOverlapOps.tp_backward`); False under
+        ``--moe-shared-expert-overlap``, which gathers the input itself and turns the linear
+        layers' TP communication off (``parallel_mode = None``: the gathered input is what the up
+        projection keeps; megatron/core/transformer/moe/shared_experts.py, NVIDIA/Megatron-LM
+        d98e8a64)."""
+        h = self.p.b.hidden_bytes
+        ag = self.p.collective("all-gather", "tp", h, f"L{l}.shared.rs.bwd", part, mb, k, l, [after.id])
+        deps = [ag.id] if ag else []
+        name, scatter = f"L{l}.shared.{part}", f"L{l}.shared.ag.bwd"
+        if regather:
+            return self.p.tp_ops.tp_backward(name, scatter, shared, part, mb, k, l, deps, False, overlap=False)
+        op = self.p.compute(name, self.p.b.bwd(shared, part), part, mb, k, l, deps=deps)
+        return op, self.p.collective("reduce-scatter", "tp", h, scatter, part, mb, k, l, [op.id])
+
     def shard_moe_backward(self, l: int, mb: int, k: int, deps: list, part: str):
         """One shard-routing MoE block's backward (the reverse of :meth:`shard_moe_forward`),
         down to the router's gradient; yields like :meth:`layer_backward`."""
         b = self.p.b
         _, pre, shared, expert, post = b.layer_parts(l)
-        h, handed = b.hidden_bytes, 0
+        handed = 0
         op = self.p.compute(f"L{l}.moe_out.{part}", self.p.b.bwd(post, part), part, mb, k, l, deps=deps)
         first: list = []
         if shared and not b.t.moe_shared_expert_overlap:  # before the combine's gradient
-            ag = self.p.collective("all-gather", "tp", h, f"L{l}.shared.rs.bwd", part, mb, k, l, [op.id])
-            op = self.p.compute(
-                f"L{l}.shared.{part}", self.p.b.bwd(shared, part), part, mb, k, l, deps=[ag.id] if ag else []
-            )
-            rs = self.p.collective("reduce-scatter", "tp", h, f"L{l}.shared.ag.bwd", part, mb, k, l, [op.id])
+            op, rs = self._shared_backward(l, mb, k, part, shared, op)
             first = [rs.id] if rs else []
         c = self.p.all_to_all(b.dispatch_bytes(True, l), f"L{l}.combine.bwd", part, mb, k, l, [op.id] + first)
         wait = [c.id] if c else []
         if shared and b.t.moe_shared_expert_overlap:  # overlaps the combine's backward all-to-all
-            ag = self.p.collective("all-gather", "tp", h, f"L{l}.shared.rs.bwd", part, mb, k, l, [op.id])
-            sh = self.p.compute(
-                f"L{l}.shared.{part}", self.p.b.bwd(shared, part), part, mb, k, l, deps=[ag.id] if ag else []
-            )
-            rs = self.p.collective("reduce-scatter", "tp", h, f"L{l}.shared.ag.bwd", part, mb, k, l, [sh.id])
+            _, rs = self._shared_backward(l, mb, k, part, shared, op, regather=False)
             wait += [rs.id] if rs else []
         if c:
             handed += 1

@@ -362,9 +362,10 @@ class TraceBuilder:
         """The GEMMs whose input the TP group all-gathers inside the linear layer under sequence
         parallelism (column-parallel layers: Megatron-Core's ``ColumnParallelLinear``, Transformer
         Engine's ``Linear`` / ``LayerNormLinear`` with ``parallel_mode="column"``): the QKV and
-        MLP up projections, MLA's up projections (under ``duplicated`` the latents' shard is each
-        one's input) and, under ``column``, its down projections."""
-        names = {"qkv_proj", "mlp_up", "q_up", "q_proj", "kv_up"}
+        MLP up projections (the shared experts' too: Megatron-Core's ``SharedExpertMLP`` is an
+        ``MLP`` of the dense part's TP split), MLA's up projections (under ``duplicated`` the
+        latents' shard is each one's input) and, under ``column``, its down projections."""
+        names = {"qkv_proj", "mlp_up", "shared_up", "q_up", "q_proj", "kv_up"}
         if self.model.attention is not None and self.L.mla_down_proj == "column":
             names |= {"q_down", "kv_down"}
         return frozenset(names)

@@ -126,8 +126,11 @@ class StepCosts:
                 # reduce-scatter of their input gradient hide behind those GEMMs' gradients
                 # (program_tp_overlap.TpOverlapOps.tp_backward)
                 attn, pre = b.layer_parts(l)[:2]
+                # a shard-routing MoE block's shared experts regather as an MLP (without their overlap)
+                shared_mlp = expert and shared and L.routes_sp_shard and not self.t.moe_shared_expert_overlap
+                mlp = shared if shared_mlp else pre
                 tp_b = ag + back_ag + ag
-                for block, scatter in ((attn, net.time_s("reduce-scatter", g, attn_back)), (pre, rs)):
+                for block, scatter in ((attn, net.time_s("reduce-scatter", g, attn_back)), (mlp, rs)):
                     split = b.column_split(block, "B")
                     if split is None:
                         tp_b += scatter
