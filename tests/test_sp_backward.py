@@ -130,3 +130,39 @@ def test_under_the_shared_expert_overlap_the_gathered_input_is_kept():
     ops = _by_name(build_trace(w, ranks=[0]))
     assert f"L{layer}.shared.B.regather" not in ops and f"L{layer}.shared.B" in ops
     assert ops[f"L{layer}.shared.ag.bwd"].deps == (ops[f"L{layer}.shared.B"].id,)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_estimate_hides_the_shared_experts_second_gather_behind_their_gemms(overlap):
+    """The search's estimate (``StepCosts.layer_comm``) prices a shard-routing MoE layer's TP
+    backward as the trace runs it: without the shared-expert overlap, the shared experts' second
+    gather and their input gradient's reduce-scatter are exposed only beyond their up projection's
+    input and weight gradients; under it, the reduce-scatter whole, as before."""
+    from simulator.studies.search.layer_costs import StepCosts
+
+    sc = load_scenario(
+        scenario(
+            cluster={"preset": "dgx-h100", "devices": 8},
+            model={"preset": "deepseek-v3", "layers": 4, "mtp_depth": 0, "vocab": 1024, "moe": {"dense_layers": 1}},
+            parallel={"tp": 2, "pp": 1, "dp": 4, "ep": 4, "sequence_parallel": True},
+            training={"global_batch_size": 4, "moe_shared_expert_overlap": overlap},
+        )
+    )
+    c = StepCosts(sc)
+    layer = next(i for i in range(sc.model.layers) if sc.model.is_moe_layer(i))
+    attn, _, shared, expert, _ = c.b.layer_parts(layer)
+    tp_b = c.layer_comm(layer, 0, expert, shared)[1]
+    g, h = sc.layout.group(0, "tp"), c.b.hidden_bytes
+    ag, rs = c.net.time_s("all-gather", g, h), c.net.time_s("reduce-scatter", g, h)
+    _, attn_back, back_ag = c.b.attn_tp_bytes
+    a_rest, a_dgrad, a_wgrad = c.b.column_split(attn, "B")
+    again = c.net.time_s("all-gather", g, c.b.regather_bytes(attention=True))
+    attn_part = max(0.0, again - c.kt(a_dgrad)) + max(0.0, c.net.time_s("reduce-scatter", g, attn_back) - c.kt(a_wgrad))
+    base = ag + c.net.time_s("all-gather", g, back_ag) + ag + attn_part
+    if overlap:
+        assert tp_b == pytest.approx(base + rs, rel=1e-12)
+    else:
+        _, s_dgrad, s_wgrad = c.b.column_split(shared, "B")
+        shared_part = max(0.0, ag - c.kt(s_dgrad)) + max(0.0, rs - c.kt(s_wgrad))
+        assert tp_b == pytest.approx(base + shared_part, rel=1e-12)
+        assert shared_part < rs  # the GEMMs hide part of it
