@@ -155,7 +155,7 @@ def test_the_estimate_hides_the_shared_experts_second_gather_behind_their_gemms(
     g, h = sc.layout.group(0, "tp"), c.b.hidden_bytes
     ag, rs = c.net.time_s("all-gather", g, h), c.net.time_s("reduce-scatter", g, h)
     _, attn_back, back_ag = c.b.attn_tp_bytes
-    a_rest, a_dgrad, a_wgrad = c.b.column_split(attn, "B")
+    _, a_dgrad, a_wgrad = c.b.column_split(attn, "B")
     again = c.net.time_s("all-gather", g, c.b.regather_bytes(attention=True))
     attn_part = max(0.0, again - c.kt(a_dgrad)) + max(0.0, c.net.time_s("reduce-scatter", g, attn_back) - c.kt(a_wgrad))
     base = ag + c.net.time_s("all-gather", g, back_ag) + ag + attn_part
