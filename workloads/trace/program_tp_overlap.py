@@ -45,7 +45,8 @@ Megatron asserts sequence parallelism under ``--tp-comm-overlap``
 all-reduce) nothing is overlapped. MoE blocks, shared experts and the expert-TP
 collectives are not userbuffers layers and stay as they are. The experts' token gathers are
 explicit (``gather_from_sequence_parallel_region``; autograd keeps the gathered tokens); a
-tensor-parallel shared expert's second gather of its input is not simulated (docs/limits.md)."""
+shard-routing MoE block's shared experts run their backward through :meth:`TpOverlapOps.tp_backward`
+without the overlap (``LayerOps._shared_backward``)."""
 
 from __future__ import annotations
 
