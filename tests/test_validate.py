@@ -376,6 +376,63 @@ _MOE_RECIPE_SETTINGS = {
         "moe_dispatch_dtype": "bf16",
     },
     "mbridge-qwen3-30b-16xh100-fp8": {"grad_dtype": "bf16", "moe_dispatch_dtype": "bf16"},
+    # Megatron-Bridge 26.04.01 (v0.4.2): MXFP8 on Blackwell, FP8 parameters, BF16 dispatch
+    "mbridge-qwen3-30b-8xb200-mxfp8": {
+        "fp8_recipe": "mxfp8",
+        "fp8_params": True,
+        "grad_dtype": "bf16",
+        "moe_dispatch_dtype": "bf16",
+        "moe_token_dispatcher": "flex",
+        "cuda_graphs": "per-layer",
+    },
+    "mbridge-qwen3-30b-8xgb200-mxfp8": {
+        "fp8_recipe": "mxfp8",
+        "fp8_params": True,
+        "grad_dtype": "bf16",
+        "moe_dispatch_dtype": "bf16",
+        "moe_token_dispatcher": "flex",
+        "cuda_graphs": "none",  # the MXFP8 preset graphs the router alone
+    },
+    "mbridge-qwen3-235b-256xgb200-mxfp8": {
+        "fp8_recipe": "mxfp8",
+        "fp8_params": True,
+        "grad_dtype": "bf16",
+        "moe_dispatch_dtype": "bf16",
+        "moe_token_dispatcher": "flex",
+        "cuda_graphs": "per-layer",
+    },
+    "mbridge-qwen3-235b-256xb200-mxfp8": {
+        "fp8_recipe": "mxfp8",
+        "fp8_params": True,
+        "grad_dtype": "bf16",
+        "moe_dispatch_dtype": "bf16",
+        "moe_token_dispatcher": "alltoall",
+    },
+    "mbridge-qwen3-235b-256xh100-fp8-gbs8192": {
+        "fp8_params": True,
+        "grad_dtype": "bf16",
+        "overlap_moe_expert_parallel_comm": True,
+        "moe_dispatch_dtype": "bf16",
+    },
+    "mbridge-deepseek-v3-256xgb200-mxfp8": {
+        "fp8_recipe": "mxfp8",
+        "fp8_params": True,
+        "grad_dtype": "bf16",
+        "moe_router_dtype": "fp32",
+        "moe_dispatch_dtype": "bf16",
+        "moe_token_dispatcher": "flex",
+        "cuda_graphs": "per-layer",
+    },
+    "mbridge-deepseek-v3-256xb200-mxfp8": {
+        "fp8_recipe": "mxfp8",
+        "fp8_params": True,
+        "grad_dtype": "bf16",
+        "moe_router_dtype": "fp32",
+        "moe_dispatch_dtype": "bf16",
+        "moe_token_dispatcher": "flex",
+        "cuda_graphs": "per-layer",
+        "overlap_moe_expert_parallel_comm": True,
+    },
     "nemo-mixtral-8x7b-64xb200-fp8": {
         "fp8_recipe": "delayed",  # NeMo 25.02's bf16_with_fp8_mixed(); core_r0.11.0 has no other
         "fp8_params": True,
