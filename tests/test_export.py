@@ -37,7 +37,8 @@ def test_chrome_trace_shows_bubbles_and_exposed_comm(pipelined):
 
 
 def _drawn_bars(fig):
-    """(row, x0, x1, style) of every rectangle of the timeline's bar patches."""
+    """(row, x0, x1, style, full) of every rectangle of the timeline's bar patches; ``full``: the
+    piece fills its row's bar height (0.8)."""
     from matplotlib.patches import PathPatch
 
     out = []
@@ -46,7 +47,10 @@ def _drawn_bars(fig):
             continue
         v = p.get_path().vertices.reshape(-1, 5, 2)
         style = "bubble" if p.get_hatch() else tuple(p.get_facecolor())
-        out += [(int(round((a[0, 1] + a[1, 1]) / 2)), a[0, 0], a[2, 0], style) for a in v]
+        out += [
+            (int(round((a[0, 1] + a[1, 1]) / 2)), a[0, 0], a[2, 0], style, abs(a[1, 1] - a[0, 1]) > 0.8 - 1e-9)
+            for a in v
+        ]
     return out
 
 
@@ -58,10 +62,7 @@ def test_timeline_draws_every_bar(pipelined, tmp_path):
 
     fig = pipelined.plot_timeline(max_ranks=64)
     drawn = _drawn_bars(fig)
-    ev = pipelined.events
-    n_bars = int((ev["duration_s"] > 0).sum()) + len(pipelined.raw.idle_spans)
-    # bars of one style closer than half a pixel are drawn as one; none is lost
-    assert 0 < len(drawn) <= n_bars
+    assert drawn
     rows, rank = {}, None
     label_rank = {v: r for r, v in stage_labels(pipelined).items()}
     for y, t in enumerate(fig.axes[0].get_yticklabels()):
@@ -72,9 +73,11 @@ def test_timeline_draws_every_bar(pipelined, tmp_path):
         else:
             rows[(rank, text.removesuffix(" comm"))] = y
     k, _ = _time_unit(pipelined.summary["step_time_s"])
-    by_row: dict = {}
-    for y, x0, x1, style in drawn:
-        by_row.setdefault((y, style), []).append((x0, x1))
+    full: dict = {}
+    for y, x0, x1, style, whole in drawn:
+        if whole:
+            full.setdefault((y, style), []).append((x0, x1))
+    ev = pipelined.events
     want = [
         (rows[(r, s)], a * k, b * k, tuple(to_rgba(PHASE_COLOURS[ph] if s == "compute" else AXIS_COLOURS[ax or s])))
         for r, s, ph, ax, a, b in zip(ev["rank"], ev["stream"], ev["phase"], ev["axis"], ev["start_s"], ev["end_s"])
@@ -83,28 +86,46 @@ def test_timeline_draws_every_bar(pipelined, tmp_path):
     want += [
         (rows[(r, "compute")], a * k, b * k, "bubble") for r, a, b, c, _ in pipelined.raw.idle_spans if c == "bubble"
     ]
-    assert len(want) > 100
-    eps = 1e-9 * pipelined.summary["step_time_s"] * k
-    for y, a, b, style in want:  # each op and each bubble lies inside a drawn bar of its row and colour
-        assert any(x0 - eps <= a and b <= x1 + eps for x0, x1 in by_row[(y, style)]), (y, a, b, style)
+    # a pixel of the laid-out axes at the timeline's 130 dpi (the bins of pixels.bin_shares)
+    ax = fig.axes[0]
+    px = ax.get_xlim()[1] / (ax.get_position().width * fig.get_figwidth() * 130)
+    wide = [w for w in want if w[2] - w[1] >= 3 * px]
+    assert len(wide) > 50
+    for y, a, b, style in wide:  # each op or bubble three pixels wide fills its row but for a pixel at each end
+        assert any(x0 <= a + px + 1e-9 and b - px - 1e-9 <= x1 for x0, x1 in full[(y, style)]), (y, a, b, style)
     fig.savefig(tmp_path / "t.png")
 
 
-def test_merge_bars_joins_only_neighbours_of_one_style_closer_than_the_gap():
+def test_bin_shares_show_a_mix_of_short_ops_at_its_density():
+    """Ops shorter than a pixel that repeat every 1.3 pixels, two thirds of each period in one
+    colour and a third in another: every pixel shows both, the first at the bottom (a pixel holds
+    0.77 of a period: 0.5-0.9 of the height), the second on top, two thirds and a third of the area
+    over the run (drawn one by one, the beat between the period and the pixels painted wide
+    bands of either colour: docs/formats.md); a bar wider than a pixel is drawn whole; an
+    uncovered stretch stays empty; a row busy a third of the time is a third high."""
     import numpy as np
 
-    from simulator.results.plots import merge_bars
+    from simulator.results.pixels import SHARE_LEVELS, bin_shares
 
-    x0 = np.array([0.0, 1.05, 2.0, 2.5, 3.0, 0.0, 1.0])
-    x1 = np.array([1.0, 2.0, 2.5, 3.0, 4.0, 1.0, 2.0])
-    row = np.array([0, 0, 0, 0, 0, 1, 1])
-    style = np.array([0, 0, 1, 0, 0, 0, 0])
-    m0, m1, mr, ms = merge_bars(x0, x1, row, style, gap=0.1)
-    # row 0: [0, 1] and [1.05, 2] join (gap 0.05); [2, 2.5] is another style and stops the run;
-    # [2.5, 3] and [3, 4] join; row 1 is merged on its own
-    assert list(zip(m0, m1, mr, ms)) == [(0.0, 2.0, 0, 0), (2.0, 2.5, 0, 1), (2.5, 4.0, 0, 0), (0.0, 2.0, 1, 0)]
-    n0, *_ = merge_bars(x0, x1, row, style, gap=0.01)
-    assert len(n0) == 5  # 0.05 > 0.01: apart; touching bars (gap 0) still join
+    period, n = 1.3, 600
+    t = np.arange(n) * period
+    end = n * period
+    a = (np.concatenate([t, [900.0]]), np.concatenate([t + 2 * period / 3, [950.0]]), np.zeros(n + 1))
+    b = (t + 2 * period / 3, t + period, np.zeros(n))
+    c = (t, t + period / 3, np.ones(n))  # row 1: busy a third of the time
+    (x0, x1, y, b0, b1), (o0, o1, oy, ob0, ob1), (c0, c1, _, cb0, cb1) = bin_shares([a, b, c], 2, 0.0, 1000.0, 1000)
+    inside, o_in = (x1 <= end - 1) & (x0 >= 1) & (y == 0), (o1 <= end - 1) & (o0 >= 1)
+    width = float(np.sum((x1 - x0)[inside]))
+    assert width == float(np.sum((o1 - o0)[o_in])) > end - 4
+    assert abs(float(np.sum(((b1 - b0) * (x1 - x0))[inside])) / width - 2 / 3) < 1 / SHARE_LEVELS
+    assert abs(float(np.sum(((ob1 - ob0) * (o1 - o0))[o_in])) / width - 1 / 3) < 1 / SHARE_LEVELS
+    assert np.all(b0[inside] == 0) and np.all((b1 - b0)[inside] >= 0.5) and np.all(ob0[o_in] > 0)
+    assert list(zip(x0[x0 >= 800], x1[x0 >= 800], b0[x0 >= 800], b1[x0 >= 800])) == [(900.0, 950.0, 0.0, 1.0)]
+    assert not np.any((x0 >= end + 1) & (x1 <= 899))
+    c_in = (c1 <= end - 1) & (c0 >= 1)
+    assert (
+        abs(float(np.sum(((cb1 - cb0) * (c1 - c0))[c_in])) / float(np.sum((c1 - c0)[c_in])) - 1 / 3) < 1 / SHARE_LEVELS
+    )
 
 
 def test_chrome_trace_names_idle_spans_by_their_cause(pipelined):

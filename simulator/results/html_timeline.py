@@ -16,6 +16,7 @@ import json
 import numpy as np
 
 from simulator.results.html_data import RunData, require_plotly
+from simulator.results.pixels import bin_bars
 from simulator.results.plots import (
     AXIS_COLOURS,
     AXIS_LABELS,
@@ -53,63 +54,6 @@ def _boxes(x0, x1, y, half=0.4):
     xs = np.stack([x0, x0, x1, x1, nan], 1).ravel()
     ys = np.stack([y - half, y + half, y + half, y - half, nan], 1).ravel()
     return xs, ys
-
-
-def bin_coverage(groups, n_rows: int, lo: float, hi: float, n_bins: int) -> np.ndarray:
-    """Time each group's bars cover in each of ``n_bins`` equal bins of ``[lo, hi]`` on each
-    row, in bins: an array ``[row, group, bin]`` of values in [0, 1] (more where a group's bars
-    overlap). ``groups``: ``(x0, x1, y)`` arrays per group, ``y`` a row index."""
-    acc = np.zeros((n_rows, len(groups), n_bins + 1))
-    full = np.zeros_like(acc)  # difference array of the bins a bar covers whole
-    w = (hi - lo) / n_bins
-    for g, (x0, x1, y) in enumerate(groups):
-        a = np.clip((np.asarray(x0, dtype=float) - lo) / w, 0, n_bins)
-        b = np.clip((np.asarray(x1, dtype=float) - lo) / w, 0, n_bins)
-        keep = b > a
-        a, b, y = a[keep], b[keep], np.asarray(y, dtype=np.int64)[keep]
-        ia, ib = np.floor(a).astype(np.int64), np.floor(b).astype(np.int64)
-        one = ia == ib
-        np.add.at(acc, (y[one], g, ia[one]), b[one] - a[one])
-        m = ~one
-        np.add.at(acc, (y[m], g, ia[m]), ia[m] + 1 - a[m])
-        np.add.at(acc, (y[m], g, ib[m]), b[m] - ib[m])
-        np.add.at(full, (y[m], g, ia[m] + 1), 1.0)
-        np.add.at(full, (y[m], g, ib[m]), -1.0)
-    return (acc + np.cumsum(full, axis=2))[:, :, :n_bins]
-
-
-def bin_bars(groups, n_rows: int, lo: float, hi: float, n_bins: int) -> list:
-    """What a screen ``n_bins`` pixels wide shows of the bars of ``groups`` between ``lo`` and
-    ``hi``: each pixel of a row that some bar touches is filled in one group's colour, chosen
-    so that every group's share of a row's pixels follows its share of the time (error
-    diffusion: the pixel goes to the group with the most time owed, time in the pixels so far
-    less pixels given, among the groups present in it). A bar wider than a pixel keeps its
-    colour at its place, bars narrower than a pixel show in proportion, and a lone bar under a
-    pixel wide is a pixel wide. The page does the same for the visible range at every zoom
-    (:data:`_LOD_JS`). Returns ``(x0, x1, y)`` of each group's boxes, by row then time."""
-    n_bins = max(1, int(n_bins))
-    cov = bin_coverage(groups, n_rows, lo, hi, n_bins)
-    owed = np.zeros(cov.shape[:2])
-    winner = np.full((n_rows, n_bins), -1, dtype=np.int64)
-    rows = np.arange(n_rows)
-    for i in range(n_bins):
-        c = cov[:, :, i]
-        present = c > 0
-        owed += c
-        best = np.argmax(np.where(present, owed, -np.inf), axis=1)
-        hit = present.any(axis=1)
-        winner[hit, i] = best[hit]
-        owed[rows[hit], best[hit]] -= 1.0
-    w = (hi - lo) / n_bins
-    out = []
-    for g in range(len(groups)):
-        on = np.zeros((n_rows, n_bins + 2), dtype=np.int8)
-        on[:, 1:-1] = winner == g
-        step = np.diff(on, axis=1)
-        r0, s = np.nonzero(step == 1)
-        _, e = np.nonzero(step == -1)
-        out.append((lo + s * w, lo + e * w, r0.astype(float)))
-    return out
 
 
 def _b64(a, dtype) -> str:

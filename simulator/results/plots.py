@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path
 
+from simulator.results.pixels import bin_shares
 from simulator.results.report import stage_labels
 
 #: No text below this size (points, at the saved size).
@@ -166,9 +167,8 @@ def span_bars(ax, spans: list, y: float, hatch=None, **style) -> None:
     ax.update_datalim([(x0.min(), y - 0.4), (x1.max(), y + 0.4)])
 
 
-def _rectangles(x0: np.ndarray, x1: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Bars ``[x0, x1]`` on rows ``y`` (each 0.8 high) as closed rectangle polygons."""
-    y0, y1 = y - 0.4, y + 0.4
+def _rectangles(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray) -> np.ndarray:
+    """Bars ``[x0, x1] x [y0, y1]`` as closed rectangle polygons."""
     return np.stack(
         [
             np.stack([x0, y0], 1),
@@ -181,14 +181,14 @@ def _rectangles(x0: np.ndarray, x1: np.ndarray, y: np.ndarray) -> np.ndarray:
     )
 
 
-def _bar_path(ax, x0: np.ndarray, x1: np.ndarray, y: np.ndarray, **style) -> None:
+def _bar_path(ax, x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, **style) -> None:
     """Bars as one compound path of rectangles, built in numpy: one artist however many
     bars (a collection makes a Path object per bar, seconds for a hundred thousand, and
     Agg hatches each path of a collection on its own). Every rectangle is drawn in the same
     winding, so overlapping bars fill their union."""
     if not len(x0):
         return
-    verts = _rectangles(x0, x1, y)
+    verts = _rectangles(x0, x1, y0, y1)
     codes = np.tile(
         np.array([Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO, Path.CLOSEPOLY], dtype=Path.code_type), len(x0)
     )
@@ -197,28 +197,7 @@ def _bar_path(ax, x0: np.ndarray, x1: np.ndarray, y: np.ndarray, **style) -> Non
     # snap: each bar's edges rounded to whole pixels, as a collection's small paths are (a
     # bar under a pixel wide is a pixel wide or none, in full colour, not a pale sliver)
     ax.add_artist(PathPatch(Path(verts.reshape(-1, 2), codes), in_layout=False, snap=True, **style))
-    ax.update_datalim([(x0.min(), y.min() - 0.4), (x1.max(), y.max() + 0.4)])
-
-
-#: Bars of one style on one row that touch or overlap are drawn as one: bar edges are
-#: rounded to whole pixels, so the union of touching bars covers the same pixels as the
-#: bars do one by one.
-MERGE_GAP_PX = 0.0
-
-
-def merge_bars(x0: np.ndarray, x1: np.ndarray, row: np.ndarray, style: np.ndarray, gap: float):
-    """Join bars that follow each other on a row in the same style with at most ``gap``
-    between them (no bar of another style in between): ``(x0, x1, row, style)`` of the
-    merged bars. Each merged bar is the union of the bars it joins, which it covers with
-    no hole wider than ``gap``."""
-    if not len(x0):
-        return x0, x1, row, style
-    order = np.lexsort((x0, row))
-    x0, x1, row, style = x0[order], x1[order], row[order], style[order]
-    new = np.ones(len(x0), dtype=bool)
-    new[1:] = (row[1:] != row[:-1]) | (style[1:] != style[:-1]) | (x0[1:] - x1[:-1] > gap)
-    starts = np.flatnonzero(new)
-    return x0[starts], np.maximum.reduceat(x1, starts), row[starts], style[starts]
+    ax.update_datalim([(x0.min(), y0.min()), (x1.max(), y1.max())])
 
 
 def _first_seen(values: list) -> list:
@@ -244,9 +223,10 @@ def plot_timeline(
     offload wait, ...) and, below it, one row per busy communication stream. Each compute
     row names the devices it stands for. At most ``max_rows`` rows: a longer pipeline shows
     every stage's compute row but the communication rows of its first device only, and more
-    devices than rows are sampled evenly (:func:`_timeline_rows`; the figure says so). Bars
-    of one kind less than half a pixel apart (at ``dpi``) are drawn as one
-    (:func:`merge_bars`). Returns the figure (saved to ``path`` if given)."""
+    devices than rows are sampled evenly (:func:`_timeline_rows`; the figure says so). Each
+    pixel of a row (at ``dpi``) is cut in height by the share of it each kind of bar fills
+    (:func:`~simulator.results.pixels.bin_shares`), so ops shorter than a pixel show at their
+    density. Returns the figure (saved to ``path`` if given)."""
     ev = result.table("events")
     step = result.summary["step_time_s"]
     k, unit = _time_unit(step)
@@ -258,7 +238,6 @@ def plot_timeline(
     width_in = 12
     fig, ax = new_figure((width_in, max(3.0, 0.3 * len(rows) + 2.2 + 0.2 * bool(folded))), layout="constrained")
     x_max = step * k * 1.01
-    _draw_timeline_bars(ax, *bars, x_max=x_max, width_in=width_in, dpi=dpi)
     names = stage_labels(result)
     labels = [names.get(r, f"device {r}") if s == "compute" else f"{s} comm" for r, s in rows]
     ax.set_yticks(range(len(rows)), labels)
@@ -287,6 +266,11 @@ def plot_timeline(
     )
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncol=min(6, len(handles)), frameon=False)
+    # the bars last, at the pixels the laid-out axes have when saved at ``dpi`` (they take no
+    # part in the layout)
+    fig.get_layout_engine().execute(fig)
+    n_px = max(1, round(ax.get_position().width * fig.get_figwidth() * dpi))
+    _draw_timeline_bars(ax, *bars, x_max=x_max, n_px=n_px)
     return finish(fig, path, dpi=dpi)
 
 
@@ -373,23 +357,24 @@ def _timeline_bars(ev, rank_col, stream_col, index: dict, k: float, raw):
     return (bar_y, bar_x0, bar_w, bar_style), phases, axes_used, causes
 
 
-def _draw_timeline_bars(ax, bar_y, bar_x0, bar_w, bar_style, x_max: float, width_in: float, dpi: int) -> None:
-    """The bars as one path per style (a colour, or the hatched bubble), in a fixed order,
-    bars less than :data:`MERGE_GAP_PX` figure pixels apart joined."""
-    styles = sorted(set(bar_style), key=lambda cs: (str(cs[0]), cs[1]))
+def _draw_timeline_bars(ax, bar_y, bar_x0, bar_w, bar_style, x_max: float, n_px: int) -> None:
+    """The bars as one path per style (a colour, or the hatched bubble) at the ``n_px`` pixels of
+    the time axis, each pixel's bar cut in height by the share of it each style fills
+    (:func:`~simulator.results.pixels.bin_shares`): work at the bottom, idle spans above it."""
+    kind_order = {"solid": 0, "idle": 1, "bubble": 2}
+    styles = sorted(set(bar_style), key=lambda cs: (kind_order[cs[1]], str(cs[0])))
     code = {cs: i for i, cs in enumerate(styles)}
     sid = np.array([code[cs] for cs in bar_style], dtype=np.int64)
     bx0 = np.array(bar_x0, dtype=float)
-    # the axes are narrower than the figure: a figure-wide pixel is less than an axes pixel
-    gap = MERGE_GAP_PX * x_max / (width_in * dpi)
-    bx0, bx1, by, sid = merge_bars(bx0, bx0 + np.array(bar_w, dtype=float), np.array(bar_y, dtype=np.int64), sid, gap)
-    by = by.astype(float)
-    for i, (c, style) in enumerate(styles):
-        m = sid == i
+    bx1, by = bx0 + np.array(bar_w, dtype=float), np.array(bar_y, dtype=np.int64)
+    groups = [(bx0[sid == i], bx1[sid == i], by[sid == i]) for i in range(len(styles))]
+    n_rows = int(by.max()) + 1 if len(by) else 0
+    for (c, style), (x0, x1, y, b0, b1) in zip(styles, bin_shares(groups, n_rows, 0.0, x_max, n_px)):
+        y0, y1 = y + 0.4 - 0.8 * b1, y + 0.4 - 0.8 * b0  # the y axis is inverted: a row's bottom is y + 0.4
         if style == "bubble":
-            _bar_path(ax, bx0[m], bx1[m], by[m], hatch="////", facecolor="none", edgecolor=BUBBLE_EDGE, linewidth=0)
+            _bar_path(ax, x0, x1, y0, y1, hatch="////", facecolor="none", edgecolor=BUBBLE_EDGE, linewidth=0)
         else:
-            _bar_path(ax, bx0[m], bx1[m], by[m], facecolor=c, linewidth=0)
+            _bar_path(ax, x0, x1, y0, y1, facecolor=c, linewidth=0)
 
 
 #: Up to this many memory curves get a legend entry each, in the hues of :data:`STAGE_HUES`;
