@@ -5,6 +5,8 @@
 * :mod:`.export` — the output folder of ``stepsim run --out`` (summary.json, CSV/Parquet
   tables, Chrome trace, figures); :mod:`.parquet` its Parquet writer;
 * :mod:`.plots` — timeline, memory and bubble figures (matplotlib);
+* :mod:`.pixels` — bars reduced to the pixels that show them, so that ops shorter than a pixel
+  keep their share of a row (the PNG timeline's and the HTML timeline's);
 * :mod:`.links` — the links table (``links.csv``): bytes, busy fraction and peak flows of
   every loaded link by axis, rebuilt from the run's records; :mod:`.links_plot` its heat
   map of racks, trays and switches (``links.png``);
