@@ -13,7 +13,6 @@ import io
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path
@@ -149,24 +148,6 @@ def _time_unit(step: float) -> tuple[float, str]:
     return (1e3, "ms") if step < 10 else (1.0, "s")
 
 
-def span_bars(ax, spans: list, y: float, hatch=None, **style) -> None:
-    """``(start, width)`` bars on row ``y``, their rectangles built in numpy (what
-    ``broken_barh`` draws, without its per-bar Python loop): one collection, or with
-    ``hatch`` one compound path (Agg hatches each path of a collection on its own,
-    which for thousands of bubbles costs seconds)."""
-    sw = np.asarray(spans, dtype=float)
-    x0, x1 = sw[:, 0], sw[:, 0] + sw[:, 1]
-    y0, y1 = np.full_like(x0, y - 0.4), np.full_like(x0, y + 0.4)
-    verts = np.stack([np.stack([x0, y0], 1), np.stack([x0, y1], 1), np.stack([x1, y1], 1), np.stack([x1, y0], 1)], 1)
-    # Bars lie inside the axes: leaving them out of the layout, and giving the data limits as
-    # two corners, spares matplotlib the extent of every bar (seconds for tens of thousands).
-    if hatch:
-        ax.add_artist(PathPatch(Path.make_compound_path_from_polys(verts), hatch=hatch, in_layout=False, **style))
-    else:
-        ax.add_collection(PolyCollection(verts, in_layout=False, **style), autolim=False)
-    ax.update_datalim([(x0.min(), y - 0.4), (x1.max(), y + 0.4)])
-
-
 def _rectangles(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray) -> np.ndarray:
     """Bars ``[x0, x1] x [y0, y1]`` as closed rectangle polygons."""
     return np.stack(
@@ -198,6 +179,15 @@ def _bar_path(ax, x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray
     # bar under a pixel wide is a pixel wide or none, in full colour, not a pale sliver)
     ax.add_artist(PathPatch(Path(verts.reshape(-1, 2), codes), in_layout=False, snap=True, **style))
     ax.update_datalim([(x0.min(), y0.min()), (x1.max(), y1.max())])
+
+
+def axes_pixels(fig, ax, dpi: float) -> int:
+    """The pixels across ``ax`` in ``fig`` laid out and saved at ``dpi`` (the layout is run here;
+    bars drawn afterwards with ``in_layout=False`` do not change it)."""
+    engine = fig.get_layout_engine()
+    if engine is not None:
+        engine.execute(fig)
+    return max(1, round(ax.get_position().width * fig.get_figwidth() * dpi))
 
 
 def _first_seen(values: list) -> list:
@@ -266,11 +256,7 @@ def plot_timeline(
     )
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncol=min(6, len(handles)), frameon=False)
-    # the bars last, at the pixels the laid-out axes have when saved at ``dpi`` (they take no
-    # part in the layout)
-    fig.get_layout_engine().execute(fig)
-    n_px = max(1, round(ax.get_position().width * fig.get_figwidth() * dpi))
-    _draw_timeline_bars(ax, *bars, x_max=x_max, n_px=n_px)
+    draw_bars_by_share(ax, *bars, x_max=x_max, n_px=axes_pixels(fig, ax, dpi))
     return finish(fig, path, dpi=dpi)
 
 
@@ -357,10 +343,12 @@ def _timeline_bars(ev, rank_col, stream_col, index: dict, k: float, raw):
     return (bar_y, bar_x0, bar_w, bar_style), phases, axes_used, causes
 
 
-def _draw_timeline_bars(ax, bar_y, bar_x0, bar_w, bar_style, x_max: float, n_px: int) -> None:
-    """The bars as one path per style (a colour, or the hatched bubble) at the ``n_px`` pixels of
-    the time axis, each pixel's bar cut in height by the share of it each style fills
-    (:func:`~simulator.results.pixels.bin_shares`): work at the bottom, idle spans above it."""
+def draw_bars_by_share(ax, bar_y, bar_x0, bar_w, bar_style, x_max: float, n_px: int) -> None:
+    """Bars on rows ``bar_y`` (row indices, drawn 0.8 high on an inverted y axis) from ``bar_x0``
+    for ``bar_w``, in styles ``(colour, "solid" | "idle" | "bubble")``, as one path per style (a
+    colour, or the hatched bubble) at the ``n_px`` pixels of ``[0, x_max]``, each pixel's bar cut in
+    height by the share of it each style fills (:func:`~simulator.results.pixels.bin_shares`): work
+    at the bottom, idle spans above it. Draw it last: :func:`axes_pixels` needs the laid-out axes."""
     kind_order = {"solid": 0, "idle": 1, "bubble": 2}
     styles = sorted(set(bar_style), key=lambda cs: (kind_order[cs[1]], str(cs[0])))
     code = {cs: i for i, cs in enumerate(styles)}

@@ -16,14 +16,14 @@ import pandas as pd
 
 from simulator.results.explain import explain_pairs
 from simulator.results.plots import (
-    BUBBLE_EDGE,
     IDLE_COLOURS,
     PHASE_COLOURS,
     SlideFigure,
+    axes_pixels,
     colour_for,
+    draw_bars_by_share,
     finish,
     legend_handles,
-    span_bars,
 )
 from simulator.scenario.loading import builtin_scenarios, read_mapping
 from simulator.scenario.schema import ScenarioError
@@ -85,6 +85,10 @@ def format_table(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+#: Resolution of the comparison figure (``stepsim compare --out``).
+COMPARE_DPI = 120
+
+
 def plot_comparison(table: pd.DataFrame, results: dict, path: str | None = None):
     """Left: one compute timeline per schedule (pipeline stages as rows; bubbles hatched,
     other idle time in its cause's colour) on a shared time axis. Right: step time,
@@ -102,6 +106,7 @@ def plot_comparison(table: pd.DataFrame, results: dict, path: str | None = None)
     phases: dict[str, str] = {}
     causes: dict[str, str | None] = {}
     first = None
+    timelines: list = []  # (axes, bars by (stage, colour, kind)), drawn once the figure is laid out
     for i, (name, res) in enumerate(results.items()):
         ax = fig.add_subplot(left[i], sharex=first)
         first = first or ax
@@ -121,11 +126,7 @@ def plot_comparison(table: pd.DataFrame, results: dict, path: str | None = None)
                 bars.setdefault((res.scenario.layout.stage_of(r), colour, "idle"), []).append(
                     (t0 * 1e3, (t1 - t0) * 1e3)
                 )
-        for (st, colour, _), spans in sorted(bars.items(), key=lambda kv: (kv[0][0], str(kv[0][1]), kv[0][2])):
-            if colour is None:
-                span_bars(ax, spans, st, hatch="////", facecolor="none", edgecolor=BUBBLE_EDGE, linewidth=0)
-            else:
-                span_bars(ax, spans, st, facecolors=colour, linewidth=0)
+        timelines.append((ax, bars))
         ax.set_xlim(0, t_max * 1e3 * 1.01)
         ax.set_ylim(max(stages) + 0.6, min(stages) - 0.6)
         ax.set_yticks(stages, [str(s) for s in stages])
@@ -164,4 +165,13 @@ def plot_comparison(table: pd.DataFrame, results: dict, path: str | None = None)
                 handlelength=1.5,
             )
         ax.set_title(title, fontsize=10, pad=2)
-    return finish(fig, path, dpi=120)
+    x_max = t_max * 1e3 * 1.01
+    for ax, bars in timelines:  # each row's pixels by share (plots.draw_bars_by_share)
+        rows, x0, w, style = [], [], [], []
+        for (st, colour, kind), spans in bars.items():
+            rows += [st] * len(spans)
+            x0 += [a for a, _ in spans]
+            w += [d for _, d in spans]
+            style += [(colour, "bubble" if colour is None else kind)] * len(spans)
+        draw_bars_by_share(ax, rows, x0, w, style, x_max, axes_pixels(fig, ax, COMPARE_DPI))
+    return finish(fig, path, dpi=COMPARE_DPI)
