@@ -110,23 +110,8 @@ def plot_comparison(table: pd.DataFrame, results: dict, path: str | None = None)
     for i, (name, res) in enumerate(results.items()):
         ax = fig.add_subplot(left[i], sharex=first)
         first = first or ax
-        ev = res.events[res.events["stream"] == "compute"]
-        stages = sorted(set(ev["stage"]))
-        bars: dict[tuple, list] = {}
-        for stage, phase, start, dur in zip(*(ev[c].tolist() for c in ("stage", "phase", "start_s", "duration_s"))):
-            if dur > 0:
-                colour = colour_for(phase, PHASE_COLOURS, spare)
-                phases.setdefault(phase, colour)
-                bars.setdefault((stage, colour, "solid"), []).append((start * 1e3, dur * 1e3))
-        raw = getattr(res, "raw", None)
-        if raw is not None and res.scenario is not None:
-            for r, t0, t1, cause, _ in raw.idle_spans:
-                colour = None if cause == "bubble" else colour_for(cause, IDLE_COLOURS, spare)
-                causes.setdefault(cause, colour)
-                bars.setdefault((res.scenario.layout.stage_of(r), colour, "idle"), []).append(
-                    (t0 * 1e3, (t1 - t0) * 1e3)
-                )
-        timelines.append((ax, bars))
+        stages = sorted(set(res.events["stage"][res.events["stream"] == "compute"]))
+        timelines.append((ax, _schedule_bars(res, spare, phases, causes)))
         ax.set_xlim(0, t_max * 1e3 * 1.01)
         ax.set_ylim(max(stages) + 0.6, min(stages) - 0.6)
         ax.set_yticks(stages, [str(s) for s in stages])
@@ -144,6 +129,39 @@ def plot_comparison(table: pd.DataFrame, results: dict, path: str | None = None)
             ax.set_xlabel("time (ms)")
     handles = legend_handles(phases, causes)
     fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), frameon=False)
+    _figure_panels(fig, right, table)
+    for ax, bars in timelines:  # each row's pixels by share, once the figure is laid out
+        draw_bars_by_share(ax, *bars, x_max=t_max * 1e3 * 1.01, n_px=axes_pixels(fig, ax, COMPARE_DPI))
+    return finish(fig, path, dpi=COMPARE_DPI)
+
+
+def _schedule_bars(res, spare: dict, phases: dict, causes: dict) -> tuple[list, list, list, list]:
+    """One schedule's compute timeline as :func:`~simulator.results.plots.draw_bars_by_share`
+    takes it (row = stage, start and width in ms, style): its compute ops by phase and its idle
+    spans by cause (bubbles hatched); ``phases`` and ``causes`` get the colours used."""
+    rows, x0, w, style = [], [], [], []
+    ev = res.events[res.events["stream"] == "compute"]
+    for stage, phase, start, dur in zip(*(ev[c].tolist() for c in ("stage", "phase", "start_s", "duration_s"))):
+        if dur > 0:
+            colour = phases.setdefault(phase, colour_for(phase, PHASE_COLOURS, spare))
+            rows.append(stage)
+            x0.append(start * 1e3)
+            w.append(dur * 1e3)
+            style.append((colour, "solid"))
+    raw = getattr(res, "raw", None)
+    if raw is not None and res.scenario is not None:
+        for r, t0, t1, cause, _ in raw.idle_spans:
+            colour = None if cause == "bubble" else colour_for(cause, IDLE_COLOURS, spare)
+            causes.setdefault(cause, colour)
+            rows.append(res.scenario.layout.stage_of(r))
+            x0.append(t0 * 1e3)
+            w.append((t1 - t0) * 1e3)
+            style.append((colour, "bubble" if colour is None else "idle"))
+    return rows, x0, w, style
+
+
+def _figure_panels(fig, right, table: pd.DataFrame) -> None:
+    """The right-hand panels: step time, bubble and peak memory (with activations) per schedule."""
     labels = list(table["schedule"])[::-1]
     for j, (col, title, scale) in enumerate(
         (
@@ -165,13 +183,3 @@ def plot_comparison(table: pd.DataFrame, results: dict, path: str | None = None)
                 handlelength=1.5,
             )
         ax.set_title(title, fontsize=10, pad=2)
-    x_max = t_max * 1e3 * 1.01
-    for ax, bars in timelines:  # each row's pixels by share (plots.draw_bars_by_share)
-        rows, x0, w, style = [], [], [], []
-        for (st, colour, kind), spans in bars.items():
-            rows += [st] * len(spans)
-            x0 += [a for a, _ in spans]
-            w += [d for _, d in spans]
-            style += [(colour, "bubble" if colour is None else kind)] * len(spans)
-        draw_bars_by_share(ax, rows, x0, w, style, x_max, axes_pixels(fig, ax, COMPARE_DPI))
-    return finish(fig, path, dpi=COMPARE_DPI)
