@@ -15,7 +15,7 @@ from simulator import simulate
 from simulator.cli.app import main
 from simulator.results.html_data import exposed_by_axis_stage, load_run_dir, run_data
 from simulator.results.html_report import render_report
-from simulator.results.html_timeline import bin_bars
+from simulator.results.pixels import bin_shares
 from simulator.results.plots import PHASE_COLOURS
 
 pytest.importorskip("plotly")
@@ -102,37 +102,41 @@ def test_exposed_comm_by_axis_and_stage_adds_up_to_the_accounting(quick):
         assert table[axis].mean() == pytest.approx(v, rel=1e-9)
 
 
-def _pixels(boxes) -> list[int]:
-    """Whole pixels (bins of width 1) each group's boxes fill."""
-    return [int(round(float(np.sum(x1 - x0)))) for x0, x1, _ in boxes]
+def _areas(pieces) -> list[float]:
+    """Pixels x share of the bar's height each group's pieces fill."""
+    return [float(np.sum((x1 - x0) * (b1 - b0))) for x0, x1, _, b0, b1 in pieces]
 
 
-def test_bin_bars_gives_each_group_its_share_of_the_pixels():
-    # 100 pixels, each holding a 0.3-pixel bar of A then a 0.7-pixel bar of B: A gets 30, not
-    # the 100 that drawing each bar a pixel wide (A on top) would give
+def test_bin_shares_gives_each_group_its_share_of_the_time():
+    # 100 pixels, each holding a 0.3-pixel bar of A then a 0.7-pixel bar of B: A fills 30
+    # pixels' worth (0.3 of each bar's height, at the bottom), not the 100 that drawing each bar
+    # a pixel wide (A on top) would give
     a0 = np.arange(100.0)
     a = (a0, a0 + 0.3, np.zeros(100))
     b = (a0 + 0.3, a0 + 1.0, np.zeros(100))
-    got = _pixels(bin_bars([a, b], 1, 0.0, 100.0, 100))
-    assert abs(got[0] - 30) <= 1 and abs(got[1] - 70) <= 1, got
+    got = _areas(bin_shares([a, b], 1, 0.0, 100.0, 100))
+    assert abs(got[0] - 30) <= 2 and abs(got[1] - 70) <= 2, got
     # recompute-like: a 0.05-pixel bar of A before each 0.95 of B (5 % of the time)
     a = (a0, a0 + 0.05, np.zeros(100))
     b = (a0 + 0.05, a0 + 1.0, np.zeros(100))
-    got = _pixels(bin_bars([a, b], 1, 0.0, 100.0, 100))
-    assert abs(got[0] - 5) <= 1 and abs(got[1] - 95) <= 1, got
+    got = _areas(bin_shares([a, b], 1, 0.0, 100.0, 100))
+    assert abs(got[0] - 5) <= 2 and abs(got[1] - 95) <= 2, got
 
 
-def test_bin_bars_keeps_wide_bars_in_place_and_lone_thin_ones_visible():
-    wide = (np.array([10.2, 40.0]), np.array([20.7, 40.1]), np.array([0.0, 1.0]))
+def test_bin_shares_keeps_wide_bars_in_place_and_thin_ones_at_their_share():
+    wide = (np.array([10.2, 40.0]), np.array([20.7, 40.25]), np.array([0.0, 1.0]))
     other = (np.array([20.7]), np.array([30.0]), np.array([0.0]))
-    (x0, x1, y), (o0, o1, oy) = bin_bars([wide, other], 2, 0.0, 50.0, 50)
-    # row 0: [10.2, 20.7] fills pixels 10..20 (the half-empty pixel 10 is touched by it alone;
-    # pixel 20 holds 0.7 of it against 0.3 of the other group); row 1: a 0.1-pixel bar, one pixel
-    assert list(zip(x0, x1, y)) == [(10.0, 21.0, 0.0), (40.0, 41.0, 1.0)]
-    assert list(zip(o0, o1, oy)) == [(21.0, 30.0, 0.0)]
-    # the range and pixel count scale the boxes: nothing outside [lo, hi] is drawn
-    (x0, x1, _), _ = bin_bars([wide, other], 2, 15.0, 25.0, 10)
-    assert (x0.tolist(), x1.tolist()) == ([15.0], [21.0])
+    (x0, x1, y, b0, b1), (o0, o1, oy, ob0, ob1) = bin_shares([wide, other], 2, 0.0, 50.0, 50)
+    # row 0: [10.2, 20.7] fills pixels 11..19 whole, 0.8 of pixel 10 and 0.7 of pixel 20 (the
+    # other group on top of it there); row 1: a 0.25-pixel bar, a quarter of one pixel's height
+    whole = b1 - b0 == 1.0
+    assert list(zip(x0[whole], x1[whole], y[whole])) == [(11.0, 20.0, 0.0)]
+    assert (10.0, 11.0, 0.0, 0.0, 0.8125) in list(zip(x0, x1, y, b0, b1))
+    assert (40.0, 41.0, 1.0, 0.0, 0.25) in list(zip(x0, x1, y, b0, b1))
+    assert list(zip(o0, o1, oy, ob0, ob1)) == [(20.0, 21.0, 0.0, 0.6875, 1.0), (21.0, 30.0, 0.0, 0.0, 1.0)]
+    # the range and pixel count scale the pieces: nothing outside [lo, hi] is drawn
+    (x0, x1, _, b0, b1), _ = bin_shares([wide, other], 2, 15.0, 25.0, 10)
+    assert x0.min() == 15.0 and x1.max() == 21.0
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

@@ -4,9 +4,10 @@ below it a row per communication stream (bars coloured by axis), in the colours 
 figures (:mod:`simulator.results.plots`).
 
 Thousands of bars are drawn as one polygon per legend entry, reduced to the pixels of the
-time axis so that each colour's share of a row's pixels follows its share of the time at
-every zoom (:func:`bin_bars`); the page's script (:data:`_LOD_JS`) redoes the reduction for
-the visible range at load, after every zoom and after a legend click.
+time axis as ``timeline.png`` is: each pixel's bar cut in height by the share of it each
+colour fills, work at the bottom and idle spans above (:func:`~simulator.results.pixels.bin_shares`);
+the page's script (:data:`_LOD_JS`) redoes the reduction for the visible range at load, after
+every zoom and after a legend click.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 import numpy as np
 
 from simulator.results.html_data import RunData, require_plotly
-from simulator.results.pixels import bin_bars
+from simulator.results.pixels import SHARE_LEVELS, bin_shares
 from simulator.results.plots import (
     AXIS_COLOURS,
     AXIS_LABELS,
@@ -46,13 +47,13 @@ def time_unit(step_s: float) -> tuple[float, str]:
 # ---- figures -----------------------------------------------------------------------------
 
 
-def _boxes(x0, x1, y, half=0.4):
-    """Rectangles as one polygon path (x, y with NaN between shapes): one SVG path for
-    thousands of bars, where one element per bar would be slow to draw."""
-    x0, x1, y = (np.asarray(v, dtype=float) for v in (x0, x1, y))
+def _boxes(x0, x1, y0, y1):
+    """Rectangles ``[x0, x1] x [y0, y1]`` as one polygon path (x, y with NaN between shapes): one
+    SVG path for thousands of bars, where one element per bar would be slow to draw."""
+    x0, x1, y0, y1 = (np.asarray(v, dtype=float) for v in (x0, x1, y0, y1))
     nan = np.full_like(x0, np.nan)
     xs = np.stack([x0, x0, x1, x1, nan], 1).ravel()
-    ys = np.stack([y - half, y + half, y + half, y - half, nan], 1).ravel()
+    ys = np.stack([y0, y1, y1, y0, nan], 1).ravel()
     return xs, ys
 
 
@@ -64,8 +65,9 @@ def _b64(a, dtype) -> str:
 
 class _Bars:
     """The bars of one timeline: plotly traces plus, for each filled group, its bars, which
-    :meth:`finish` reduces to pixels (:func:`bin_bars`) and the page's script reduces again
-    for the visible range at every zoom."""
+    :meth:`finish` reduces to pixels (:func:`~simulator.results.pixels.bin_shares`) and the
+    page's script reduces again for the visible range at every zoom. Groups stack in a pixel
+    by their legend rank (ops before idle spans), then in the order they were added."""
 
     #: Pixels of the time axis the figure is reduced to before the page redoes it at its
     #: real width (and what a viewer without the page's script shows).
@@ -91,10 +93,16 @@ class _Bars:
                 fillcolor="rgba(255,255,255,0)", fillpattern=dict(shape=pattern, fgcolor=colour, size=6, solidity=0.35)
             )
         self.groups.append(
-            {"trace": len(self.fig.data), "y": _b64(y, "<i4"), "x0": _b64(x0, "<f8"), "x1": _b64(x1, "<f8")}
+            {
+                "trace": len(self.fig.data),
+                "rank": rank,
+                "y": _b64(y, "<i4"),
+                "x0": _b64(x0, "<f8"),
+                "x1": _b64(x1, "<f8"),
+            }
         )
         self._bars.append((x0, x1, y))
-        # boxes are whole pixels of one colour (bin_bars): no outline, which would widen them
+        # boxes are whole pixels of one colour (bin_shares): no outline, which would widen them
         self.fig.add_trace(
             go.Scatter(
                 x=[np.nan],
@@ -126,27 +134,37 @@ class _Bars:
         )
 
     def finish(self, n_rows: int) -> None:
-        """Fill each group's trace with its boxes at :data:`_PIXELS` pixels (:func:`bin_bars`)."""
+        """Fill each group's trace with its boxes at :data:`_PIXELS` pixels
+        (:func:`~simulator.results.pixels.bin_shares`, groups stacked as the class says)."""
         self.n_rows = n_rows
-        binned = bin_bars(self._bars, n_rows, 0.0, self.x_max, self._PIXELS)
-        for g, (x0, x1, y) in zip(self.groups, binned):
-            xs, ys = _boxes(x0, x1, y) if len(x0) else ([np.nan], [np.nan])
-            self.fig.data[g["trace"]].update(x=xs, y=ys)
+        order = sorted(range(len(self.groups)), key=lambda g: (self.groups[g]["rank"], g))
+        for pos, g in enumerate(order):
+            self.groups[g]["stack"] = pos
+        binned = bin_shares([self._bars[g] for g in order], n_rows, 0.0, self.x_max, self._PIXELS)
+        for g, (x0, x1, y, b0, b1) in zip(order, binned):
+            # the y axis is inverted: a row's bottom is y + 0.4
+            xs, ys = _boxes(x0, x1, y + 0.4 - 0.8 * b1, y + 0.4 - 0.8 * b0) if len(x0) else ([np.nan], [np.nan])
+            self.fig.data[self.groups[g]["trace"]].update(x=xs, y=ys)
 
     def script(self) -> str:
         """The page script (``post_script`` of plotly's ``to_html``) that reduces the bars to
         the pixels of the visible range at load and after every zoom or legend click."""
-        return _LOD_JS.replace("__GROUPS__", json.dumps(self.groups)).replace("__ROWS__", str(self.n_rows))
+        return (
+            _LOD_JS.replace("__GROUPS__", json.dumps(self.groups))
+            .replace("__ROWS__", str(self.n_rows))
+            .replace("__LEVELS__", str(SHARE_LEVELS))
+        )
 
 
 # Level of detail: on load, after every zoom and after a legend click, each filled group is
-# rebuilt from its bars in the visible range, reduced to the pixels of the axis as bin_bars
-# does (the same error diffusion); at most a few shapes per pixel column are drawn, however
-# many ops the run has. "{plot_id}" is filled in by plotly.
+# rebuilt from its bars in the visible range, reduced to the pixels of the axis as bin_shares
+# does (each pixel's bar cut in height by the share each shown group fills, stacked by the
+# groups' "stack" order, in __LEVELS__ steps); at most a few shapes per pixel column are drawn,
+# however many ops the run has. "{plot_id}" is filled in by plotly.
 _LOD_JS = """
 (function () {
   var gd = document.getElementById('{plot_id}');
-  var groups = __GROUPS__, nRows = __ROWS__;
+  var groups = __GROUPS__, nRows = __ROWS__, L = __LEVELS__;
   function dec(b64, T) {
     var s = atob(b64), n = s.length, u = new Uint8Array(n);
     for (var i = 0; i < n; i++) u[i] = s.charCodeAt(i);
@@ -154,6 +172,8 @@ _LOD_JS = """
   }
   groups.forEach(function (g) { g.y = dec(g.y, Int32Array); g.x0 = dec(g.x0, Float64Array);
                                 g.x1 = dec(g.x1, Float64Array); });
+  var order = groups.map(function (g, k) { return k; });
+  order.sort(function (a, b) { return groups[a].stack - groups[b].stack; });
   var busy = false, again = false;
   function shown(g) { var v = gd.data[g.trace].visible; return v === undefined || v === true; }
   function redraw() {
@@ -175,26 +195,28 @@ _LOD_JS = """
       }
     });
     var X = groups.map(function () { return []; }), Y = groups.map(function () { return []; });
-    var owed = new Float64Array(G);
-    function flush(k, row, s, e) {
+    var runKey = new Int32Array(G), runStart = new Int32Array(G);
+    function flush(k, row, s, e, key) {
       var a = lo + s * w, b = lo + e * w;
-      X[k].push(a, a, b, b, NaN); Y[k].push(row - 0.4, row + 0.4, row + 0.4, row - 0.4, NaN);
+      var y0 = row + 0.4 - 0.8 * (key % (L + 1)) / L, y1 = row + 0.4 - 0.8 * Math.floor(key / (L + 1)) / L;
+      X[k].push(a, a, b, b, NaN); Y[k].push(y0, y1, y1, y0, NaN);
     }
     for (var row = 0; row < nRows; row++) {
-      owed.fill(0);
-      var run = -1, runStart = 0;
+      runKey.fill(-1);
       for (var i = 0; i <= B; i++) {
-        var best = -1, bv = -Infinity;
-        if (i < B) {
-          for (var k = 0; k < G; k++) {
+        var cum = 0;
+        for (var o = 0; o < G; o++) {
+          var k = order[o], key = -1;
+          if (i < B) {
             var c = acc[(row * G + k) * B + i];
-            if (c > 0) { owed[k] += c; if (owed[k] > bv) { bv = owed[k]; best = k; } }
+            var lvl = Math.round(Math.min(1, Math.max(0, c)) * L), bottom = cum;
+            cum = Math.min(L, cum + lvl);
+            if (cum > bottom) key = bottom * (L + 1) + cum;
           }
-          if (best >= 0) owed[best] -= 1;
-        }
-        if (best !== run) {
-          if (run >= 0) flush(run, row, runStart, i);
-          run = best; runStart = i;
+          if (key !== runKey[k]) {
+            if (runKey[k] >= 0) flush(k, row, runStart[k], i, runKey[k]);
+            runKey[k] = key; runStart[k] = i;
+          }
         }
       }
     }
@@ -249,8 +271,7 @@ def timeline_with_bars(
     fig = go.Figure()
     x_max = (x_max_s if x_max_s is not None else step) * k * 1.01
     bars = _Bars(go, fig, x_max)
-    # idle spans first, under the bars: zoomed out, a bar narrower than a pixel is drawn a pixel
-    # wide, and compute drawn over idle time keeps the row's proportions
+    # idle spans first in the legend; in a pixel they stack above the ops (legend rank 2000)
     _add_idle_bars(bars, data.idle, index, k, unit)
     _add_op_bars(bars, data.events, index, k, unit)
     bars.finish(len(rows))

@@ -4,8 +4,9 @@ Drawn one by one such bars each take a whole pixel or none, and the colour drawn
 pixel they share: where ops repeat every pixel or two (a MoE layer's compute and exposed
 all-to-alls across a step) the beat between their period and the pixel grid paints bands
 hundreds of pixels wide in one colour. The HTML report's timeline
-(:mod:`simulator.results.html_timeline`) and ``timeline.png`` (:mod:`simulator.results.plots`)
-both draw what :func:`bin_bars` gives.
+(:mod:`simulator.results.html_timeline`, whose page script does the same in the browser at every
+zoom), ``timeline.png`` and ``stepsim compare``'s figure (:mod:`simulator.results.plots`) draw
+what :func:`bin_shares` gives.
 """
 
 from __future__ import annotations
@@ -34,40 +35,6 @@ def bin_coverage(groups, n_rows: int, lo: float, hi: float, n_bins: int) -> np.n
         np.add.at(full, (y[m], g, ia[m] + 1), 1.0)
         np.add.at(full, (y[m], g, ib[m]), -1.0)
     return (acc + np.cumsum(full, axis=2))[:, :, :n_bins]
-
-
-def bin_bars(groups, n_rows: int, lo: float, hi: float, n_bins: int) -> list:
-    """What a screen ``n_bins`` pixels wide shows of the bars of ``groups`` between ``lo`` and
-    ``hi``: each pixel of a row that some bar touches is filled in one group's colour, chosen
-    so that every group's share of a row's pixels follows its share of the time (error
-    diffusion: the pixel goes to the group with the most time owed, time in the pixels so far
-    less pixels given, among the groups present in it). A bar wider than a pixel keeps its
-    colour at its place, bars narrower than a pixel show in proportion, and a lone bar under a
-    pixel wide is a pixel wide. The page does the same for the visible range at every zoom
-    (:data:`_LOD_JS`). Returns ``(x0, x1, y)`` of each group's boxes, by row then time."""
-    n_bins = max(1, int(n_bins))
-    cov = bin_coverage(groups, n_rows, lo, hi, n_bins)
-    owed = np.zeros(cov.shape[:2])
-    winner = np.full((n_rows, n_bins), -1, dtype=np.int64)
-    rows = np.arange(n_rows)
-    for i in range(n_bins):
-        c = cov[:, :, i]
-        present = c > 0
-        owed += c
-        best = np.argmax(np.where(present, owed, -np.inf), axis=1)
-        hit = present.any(axis=1)
-        winner[hit, i] = best[hit]
-        owed[rows[hit], best[hit]] -= 1.0
-    w = (hi - lo) / n_bins
-    out = []
-    for g in range(len(groups)):
-        on = np.zeros((n_rows, n_bins + 2), dtype=np.int8)
-        on[:, 1:-1] = winner == g
-        step = np.diff(on, axis=1)
-        r0, s = np.nonzero(step == 1)
-        _, e = np.nonzero(step == -1)
-        out.append((lo + s * w, lo + e * w, r0.astype(float)))
-    return out
 
 
 #: Heights a row's bar is cut into where several colours share a pixel (:func:`bin_shares`).
