@@ -354,6 +354,9 @@ def test_hopper_bf16_gemm_refit_puts_the_dense_dgx_cloud_rows_within_five_percen
 
 # The MoE cases' recipe settings that stepsim models (issue 40), from each case's recipe; the
 # sources are in the case files' assumptions. A setting dropped or changed fails here.
+#: What Megatron-Bridge 26.04.01's MXFP8 recipes set (bf16_with_mxfp8_mixed, BF16 gradients and dispatch).
+_MXFP8 = {"fp8_recipe": "mxfp8", "fp8_params": True, "grad_dtype": "bf16", "moe_dispatch_dtype": "bf16"}
+
 _MOE_RECIPE_SETTINGS = {
     "dgxc-deepseek-v3-512xh100": {
         "moe_router_dtype": "fp32",
@@ -377,37 +380,11 @@ _MOE_RECIPE_SETTINGS = {
     },
     "mbridge-qwen3-30b-16xh100-fp8": {"grad_dtype": "bf16", "moe_dispatch_dtype": "bf16"},
     # Megatron-Bridge 26.04.01 (v0.4.2): MXFP8 on Blackwell, FP8 parameters, BF16 dispatch
-    "mbridge-qwen3-30b-8xb200-mxfp8": {
-        "fp8_recipe": "mxfp8",
-        "fp8_params": True,
-        "grad_dtype": "bf16",
-        "moe_dispatch_dtype": "bf16",
-        "moe_token_dispatcher": "flex",
-        "cuda_graphs": "per-layer",
-    },
-    "mbridge-qwen3-30b-8xgb200-mxfp8": {
-        "fp8_recipe": "mxfp8",
-        "fp8_params": True,
-        "grad_dtype": "bf16",
-        "moe_dispatch_dtype": "bf16",
-        "moe_token_dispatcher": "flex",
-        "cuda_graphs": "none",  # the MXFP8 preset graphs the router alone
-    },
-    "mbridge-qwen3-235b-256xgb200-mxfp8": {
-        "fp8_recipe": "mxfp8",
-        "fp8_params": True,
-        "grad_dtype": "bf16",
-        "moe_dispatch_dtype": "bf16",
-        "moe_token_dispatcher": "flex",
-        "cuda_graphs": "per-layer",
-    },
-    "mbridge-qwen3-235b-256xb200-mxfp8": {
-        "fp8_recipe": "mxfp8",
-        "fp8_params": True,
-        "grad_dtype": "bf16",
-        "moe_dispatch_dtype": "bf16",
-        "moe_token_dispatcher": "alltoall",
-    },
+    "mbridge-qwen3-30b-8xb200-mxfp8": {**_MXFP8, "moe_token_dispatcher": "flex", "cuda_graphs": "per-layer"},
+    # the MXFP8 preset graphs the router alone
+    "mbridge-qwen3-30b-8xgb200-mxfp8": {**_MXFP8, "moe_token_dispatcher": "flex", "cuda_graphs": "none"},
+    "mbridge-qwen3-235b-256xgb200-mxfp8": {**_MXFP8, "moe_token_dispatcher": "flex", "cuda_graphs": "per-layer"},
+    "mbridge-qwen3-235b-256xb200-mxfp8": {**_MXFP8, "moe_token_dispatcher": "alltoall"},
     "mbridge-qwen3-235b-256xh100-fp8-gbs8192": {
         "fp8_params": True,
         "grad_dtype": "bf16",
@@ -415,20 +392,14 @@ _MOE_RECIPE_SETTINGS = {
         "moe_dispatch_dtype": "bf16",
     },
     "mbridge-deepseek-v3-256xgb200-mxfp8": {
-        "fp8_recipe": "mxfp8",
-        "fp8_params": True,
-        "grad_dtype": "bf16",
+        **_MXFP8,
         "moe_router_dtype": "fp32",
-        "moe_dispatch_dtype": "bf16",
         "moe_token_dispatcher": "flex",
         "cuda_graphs": "per-layer",
     },
     "mbridge-deepseek-v3-256xb200-mxfp8": {
-        "fp8_recipe": "mxfp8",
-        "fp8_params": True,
-        "grad_dtype": "bf16",
+        **_MXFP8,
         "moe_router_dtype": "fp32",
-        "moe_dispatch_dtype": "bf16",
         "moe_token_dispatcher": "flex",
         "cuda_graphs": "per-layer",
         "overlap_moe_expert_parallel_comm": True,
