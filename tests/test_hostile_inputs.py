@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from simulator.cli.app import main
+from simulator.scenario.schema import ScenarioError
 
 HERE = Path(__file__).resolve().parent / "hostile"
 FILES = HERE / "files"
@@ -110,3 +111,32 @@ def test_hostile_input_under_2gb(name, tmp_path):
         env=env,
     )
     _check(name, spec, proc.returncode, proc.stderr)
+
+
+_LONG = "x" * 300  # longer than a file name may be (255 bytes on Linux file systems)
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["run", _LONG], "cannot read scenario file"),
+        (["run", "quickstart", "--out", "{tmp}/" + _LONG], "--out"),
+        (["run", "quickstart", "--trace", "{tmp}/" + _LONG], "cannot read trace file"),
+        (["sweep", _LONG + ".yaml", "--out", "{tmp}/sw"], "cannot read sweep file"),
+        (["report", "{tmp}/" + _LONG], "report:"),
+        (["validate", "--suite", "{tmp}/" + _LONG], "--suite"),
+    ],
+)
+def test_a_name_longer_than_the_file_system_allows_is_refused_by_name(argv, named, tmp_path, capsys):
+    """A path the operating system refuses to look up (ENAMETOOLONG) is refused like a missing
+    file, naming the flag or the file it was given as -- not by the last-resort handler's bare
+    "[Errno 36]"; the sweep API raises a ScenarioError naming ``base``."""
+    from simulator.studies.sweep.spec import load_sweep
+
+    code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    lines = [x for x in err.strip().splitlines() if x]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("stepsim: error:"), err
+    assert named in lines[0] and "[Errno" not in lines[0], lines[0]
+    with pytest.raises(ScenarioError, match="File name too long"):
+        load_sweep({"base": _LONG, "grid": {"training.seq_len": [1]}})

@@ -42,9 +42,19 @@ def cmd_validate(args) -> int:
 
     if args.out:
         check_output_dir(args.out, "--out")
-    if args.suite is not None and not Path(args.suite).is_dir():
-        what = "no such folder" if not Path(args.suite).exists() else "not a folder"
-        raise CliError(f"--suite: {args.suite}: {what}; give a folder of case files")
+    if args.suite is not None:
+        try:
+            what = (
+                None
+                if Path(args.suite).is_dir()
+                else "no such folder"
+                if not Path(args.suite).exists()
+                else "not a folder"
+            )
+        except OSError as err:  # a name the file system refuses (too long)
+            what = err.strerror or str(err)
+        if what is not None:
+            raise CliError(f"--suite: {args.suite}: {what}; give a folder of case files")
     cases = v.discover(args.cases, root=args.suite)
     jobs = args.jobs if args.jobs is not None else max(1, min(len(cases), os.cpu_count() or 1))
     t0 = time.perf_counter()

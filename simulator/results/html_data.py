@@ -93,7 +93,11 @@ def load_run_dir(path) -> RunData:
     from stepsim_fileio import load_json, read_text
 
     d = Path(path)
-    if not d.is_dir():
+    try:
+        is_dir = d.is_dir()
+    except OSError as err:  # a name the file system refuses (too long)
+        raise ReportError(f"report: {str(d)!r}: {err.strerror or err}") from None
+    if not is_dir:
         raise ReportError(f"report: {str(d)!r} is not a directory (give the --out directory of `stepsim run`)")
     need = [d / "summary.json", d / "memory.csv"]
     missing = [p.name for p in need if not p.is_file()]

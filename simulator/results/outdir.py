@@ -71,11 +71,20 @@ def _check_parent(path: Path, flag: str) -> Path:
     return base
 
 
+def _there(p: Path, flag: str) -> bool:
+    """Whether something (a broken link included) is at ``p``; a name the file system refuses
+    (longer than it allows) is refused here, naming ``flag``."""
+    try:
+        return p.exists() or p.is_symlink()
+    except OSError as err:
+        raise _refuse(flag, p, err.strerror or str(err)) from None
+
+
 def check_output_dir(path: PathLike, flag: str = "--out") -> Path:
     """Refuse, before any work, an output folder that cannot be written: an existing file or
     device, a folder that cannot be written, a parent that is a file. Returns the path."""
     p = Path(path)
-    if p.exists() or p.is_symlink():
+    if _there(p, flag):
         if not p.is_dir():
             kind = "a broken link" if not p.exists() else "a file" if p.is_file() else "not a folder"
             raise _refuse(flag, p, f"exists and is {kind}; give a folder (new or existing)")
@@ -91,7 +100,7 @@ def check_output_file(path: PathLike, flag: str, within: PathLike | None = None)
     (``/dev/full``) at the path, a parent folder that does not exist (unless it is ``within``,
     a folder the same command creates), or that cannot be written. Returns the path."""
     p = Path(path)
-    if p.exists() or p.is_symlink():
+    if _there(p, flag):
         try:
             mode = p.stat().st_mode
         except OSError as err:

@@ -24,9 +24,12 @@ def is_chakra_path(path: str | Path) -> bool:
     """Whether ``path`` names a Chakra trace: a directory of ``*.<rank>.et`` files or an
     ET prefix (``DIR/trace`` for ``DIR/trace.0.et``, ...), or one ``.et`` file's directory."""
     p = Path(path)
-    if p.is_dir():
-        return any(_ET_NAME.match(q.name) for q in p.iterdir())
-    return Path(f"{p}.0.et").is_file() or (p.suffix == ".et" and p.is_file())
+    try:
+        if p.is_dir():
+            return any(_ET_NAME.match(q.name) for q in p.iterdir())
+        return Path(f"{p}.0.et").is_file() or (p.suffix == ".et" and p.is_file())
+    except OSError:  # a name the file system refuses (too long): reading it as a file says so
+        return False
 
 
 def _et_files(path: Path) -> tuple[dict[int, Path], Path]:

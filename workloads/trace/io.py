@@ -292,7 +292,11 @@ def read_trace(path: str | Path) -> Trace:
     p = Path(path)
     if is_chakra_path(p):
         return read_chakra(p)
-    if p.is_dir():
+    try:
+        folder = p.is_dir()
+    except OSError:  # a name the file system refuses (too long): reading it says so
+        folder = False
+    if folder:
         raise TraceError(f"trace: {p} is a directory without Chakra ET files (<prefix>.<rank>.et)")
     from stepsim_fileio import InputFileError, load_json, read_text
 
