@@ -125,6 +125,8 @@ _LONG = "x" * 300  # longer than a file name may be (255 bytes on Linux file sys
         (["sweep", _LONG + ".yaml", "--out", "{tmp}/sw"], "cannot read sweep file"),
         (["report", "{tmp}/" + _LONG], "report:"),
         (["validate", "--suite", "{tmp}/" + _LONG], "--suite"),
+        (["ppmap", _LONG + ".yaml", "--out", "{tmp}/pm"], "cannot read map file"),
+        (["topology", "{tmp}/" + _LONG + ".json"], "File name too long"),
     ],
 )
 def test_a_name_longer_than_the_file_system_allows_is_refused_by_name(argv, named, tmp_path, capsys):
