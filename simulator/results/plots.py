@@ -175,8 +175,8 @@ def _bar_path(ax, x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray
     )
     # Bars lie inside the axes: leaving them out of the layout, and giving the data limits as
     # two corners, spares matplotlib the extent of every bar.
-    # snap: each bar's edges rounded to whole pixels, as a collection's small paths are (a
-    # bar under a pixel wide is a pixel wide or none, in full colour, not a pale sliver)
+    # snap: edges on whole pixels, in full colour, not pale antialiased slivers (the timelines'
+    # pieces are whole pixels of pixels.bin_shares already)
     ax.add_artist(PathPatch(Path(verts.reshape(-1, 2), codes), in_layout=False, snap=True, **style))
     ax.update_datalim([(x0.min(), y0.min()), (x1.max(), y1.max())])
 
