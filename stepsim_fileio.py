@@ -67,6 +67,25 @@ _NOT_REGULAR = (
 )
 
 
+def is_there(path: str | Path) -> bool:
+    """Whether something is at ``path`` to read, or to refuse by name when read: a file or folder,
+    a broken link or a link loop, or a name the file system refuses (longer than it allows;
+    ``Path.exists`` raises there, :func:`check_regular_file` says why)."""
+    p = Path(path)
+    try:
+        return p.exists() or p.is_symlink()
+    except OSError:
+        return True
+
+
+def is_folder(path: str | Path) -> bool:
+    """``Path.is_dir``, False for a name the file system refuses (reading it says why)."""
+    try:
+        return Path(path).is_dir()
+    except OSError:
+        return False
+
+
 def check_regular_file(path: str | Path, what: str = "file") -> None:
     """Refuse, naming ``path``, anything but a regular file (or a link to one): a missing
     file, a broken link, a symbolic-link loop, a directory, a FIFO, a device or a socket.

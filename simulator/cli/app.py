@@ -240,14 +240,15 @@ def _cluster_from_arg(arg: str, devices: int | None):
     from pydantic import ValidationError
 
     from simulator.scenario.checks import check_torus_size
-    from simulator.scenario.loading import file_is_there, read_mapping
+    from simulator.scenario.loading import read_mapping
     from simulator.scenario.resolve import resolve_cluster
     from simulator.scenario.schema import PlacementIn, error_from_pydantic
+    from stepsim_fileio import is_there
     from topologies.networks import TorusNetwork
 
     p = Path(arg)
     placement = None
-    if file_is_there(p):  # a name too long: reading it says so
+    if is_there(p):  # a name too long: reading it says so
         data = read_mapping(p)
         data.pop("name", None)
         spec = data.get("cluster", data)
@@ -344,7 +345,7 @@ def cmd_collective(args) -> int:
 
 def cmd_topology(args) -> int:
     from simulator.results.outdir import check_output_file, staged_file
-    from simulator.scenario.loading import file_is_there
+    from stepsim_fileio import is_there
     from topologies.io import load_topology, save_topology
     from topologies.presets import build_cluster
 
@@ -354,7 +355,7 @@ def cmd_topology(args) -> int:
 
     if (
         Path(args.cluster).suffix.lower() in (".graphml", ".json")
-        and file_is_there(Path(args.cluster))
+        and is_there(Path(args.cluster))
         and _looks_like_topology(Path(args.cluster))
     ):
         topo = load_topology(args.cluster)

@@ -104,10 +104,11 @@ def float_flag(lo: float, hi: float = math.inf, what: str = "a finite number") -
 
 def resolve_scenario_path(arg: str) -> Path:
     """A scenario file, or the file of the built-in scenario of that name."""
-    from simulator.scenario.loading import builtin_file, builtin_scenarios, file_is_there
+    from simulator.scenario.loading import builtin_file, builtin_scenarios
+    from stepsim_fileio import is_there
 
     p = Path(arg)
-    if file_is_there(p):  # a broken link, a link loop or a name too long: reading it says which
+    if is_there(p):  # a broken link, a link loop or a name too long: reading it says which
         return p
     built = builtin_file(arg, p)
     if built is None:

@@ -44,13 +44,13 @@ def register(subparsers) -> None:
 def cmd_ppmap(args) -> int:
     from simulator.cli.sweep import _dask_client
     from simulator.results.outdir import check_output_dir, check_output_file, staged_file
-    from simulator.scenario.loading import file_is_there
     from simulator.studies.ppmap import assemble, run_map
     from simulator.studies.ppmap.plot import plot_map
     from simulator.studies.ppmap.run import failed_count
     from simulator.studies.ppmap.spec import CANDIDATES_CSV, MAP_CSV, SCREEN_FILE, load_map
+    from stepsim_fileio import is_there
 
-    if not file_is_there(Path(args.map)):  # a name too long: reading it says so
+    if not is_there(Path(args.map)):  # a name too long: reading it says so
         raise CliError(f"ppmap: no file {args.map!r}")
     check_output_dir(args.out, "--out")  # resumable: its files are added to as it goes
     if args.plot:

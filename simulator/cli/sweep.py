@@ -152,11 +152,11 @@ def _make_executor(spec: str, factory, jobs: int | None):
 
 def cmd_sweep(args) -> int:
     from simulator.results.outdir import check_output_dir
-    from simulator.scenario.loading import file_is_there
     from simulator.studies.sweep import sweep
     from simulator.studies.sweep.rows import CSV_FILE, PARQUET_FILE
+    from stepsim_fileio import is_there
 
-    if not file_is_there(Path(args.sweep)):  # a link loop or a name too long: reading it says so
+    if not is_there(Path(args.sweep)):  # a link loop or a name too long: reading it says so
         raise CliError(f"sweep: no file {args.sweep!r}")
     check_output_dir(args.out, "--out")  # resumable: rows.jsonl is appended to as cases end
     with _executor(args.executor, _jobs(args), args.dask) as ex, _dask_client(args.dask) as client:

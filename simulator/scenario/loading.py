@@ -76,17 +76,9 @@ def builtin_file(name: str, path: Path | None = None) -> Path | None:
     """The file of the built-in scenario ``name`` where no file ``path`` (default: ``name``)
     exists, else None: a file of that name wins over the built-in."""
     p = Path(name) if path is None else path
-    return None if file_is_there(p) else builtin_scenarios().get(name)
+    from stepsim_fileio import is_there
 
-
-def file_is_there(p: Path) -> bool:
-    """Whether something of that name is there to read, or to be refused by name when read: a
-    file, a broken link or a link loop, or a name the file system refuses (longer than it
-    allows, :func:`stepsim_fileio.check_regular_file` says so)."""
-    try:
-        return p.exists() or p.is_symlink()
-    except OSError:
-        return True
+    return None if is_there(p) else builtin_scenarios().get(name)
 
 
 def load_scenario(source: str | Path | Mapping) -> Scenario:

@@ -292,13 +292,10 @@ def read_trace(path: str | Path) -> Trace:
     p = Path(path)
     if is_chakra_path(p):
         return read_chakra(p)
-    try:
-        folder = p.is_dir()
-    except OSError:  # a name the file system refuses (too long): reading it says so
-        folder = False
-    if folder:
+    from stepsim_fileio import InputFileError, is_folder, load_json, read_text
+
+    if is_folder(p):  # a name too long is no folder: reading it says why
         raise TraceError(f"trace: {p} is a directory without Chakra ET files (<prefix>.<rank>.et)")
-    from stepsim_fileio import InputFileError, load_json, read_text
 
     try:
         data = load_json(read_text(p, MAX_TRACE_FILE_BYTES, what="trace file"), str(p))
