@@ -17,7 +17,7 @@ import json
 import numpy as np
 
 from simulator.results.html_data import RunData, require_plotly
-from simulator.results.pixels import SHARE_LEVELS, bin_shares
+from simulator.results.pixels import SHARE_LEVELS, bin_shares, piece_span
 from simulator.results.plots import (
     AXIS_COLOURS,
     AXIS_LABELS,
@@ -142,8 +142,7 @@ class _Bars:
             self.groups[g]["stack"] = pos
         binned = bin_shares([self._bars[g] for g in order], n_rows, 0.0, self.x_max, self._PIXELS)
         for g, (x0, x1, y, b0, b1) in zip(order, binned):
-            # the y axis is inverted: a row's bottom is y + 0.4
-            xs, ys = _boxes(x0, x1, y + 0.4 - 0.8 * b1, y + 0.4 - 0.8 * b0) if len(x0) else ([np.nan], [np.nan])
+            xs, ys = _boxes(x0, x1, *piece_span(y, b0, b1)) if len(x0) else ([np.nan], [np.nan])
             self.fig.data[self.groups[g]["trace"]].update(x=xs, y=ys)
 
     def script(self) -> str:
@@ -198,6 +197,7 @@ _LOD_JS = """
     var runKey = new Int32Array(G), runStart = new Int32Array(G);
     function flush(k, row, s, e, key) {
       var a = lo + s * w, b = lo + e * w;
+      // pixels.piece_span: the row's bottom is row + 0.4 (the y axis is inverted)
       var y0 = row + 0.4 - 0.8 * (key % (L + 1)) / L, y1 = row + 0.4 - 0.8 * Math.floor(key / (L + 1)) / L;
       X[k].push(a, a, b, b, NaN); Y[k].push(y0, y1, y1, y0, NaN);
     }

@@ -69,3 +69,11 @@ def bin_shares(groups, n_rows: int, lo: float, hi: float, n_bins: int, levels: i
         r, s, e, k = r[on], s[on], e[on], k[on]
         out.append((lo + s * w, lo + e * w, r.astype(float), (k // (levels + 1)) / levels, (k % (levels + 1)) / levels))
     return out
+
+
+def piece_span(y, b0, b1, half: float = 0.4) -> tuple:
+    """The data coordinates ``(top, bottom)`` of pieces from :func:`bin_shares` on a timeline
+    whose rows are ``2 half`` high at row index ``y`` and whose y axis is inverted (row 0 at the
+    top, as both timelines draw it): a piece's share ``b0`` is measured up from the row's bottom,
+    ``y + half``."""
+    return y + half - 2 * half * b1, y + half - 2 * half * b0

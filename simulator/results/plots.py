@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path
 
-from simulator.results.pixels import bin_shares
+from simulator.results.pixels import bin_shares, piece_span
 from simulator.results.report import stage_labels
 
 #: No text below this size (points, at the saved size).
@@ -358,7 +358,7 @@ def draw_bars_by_share(ax, bar_y, bar_x0, bar_w, bar_style, x_max: float, n_px: 
     groups = [(bx0[sid == i], bx1[sid == i], by[sid == i]) for i in range(len(styles))]
     n_rows = int(by.max()) + 1 if len(by) else 0
     for (c, style), (x0, x1, y, b0, b1) in zip(styles, bin_shares(groups, n_rows, 0.0, x_max, n_px)):
-        y0, y1 = y + 0.4 - 0.8 * b1, y + 0.4 - 0.8 * b0  # the y axis is inverted: a row's bottom is y + 0.4
+        y0, y1 = piece_span(y, b0, b1)
         if style == "bubble":
             _bar_path(ax, x0, x1, y0, y1, hatch="////", facecolor="none", edgecolor=BUBBLE_EDGE, linewidth=0)
         else:
