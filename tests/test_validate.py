@@ -404,6 +404,23 @@ _MOE_RECIPE_SETTINGS = {
         "cuda_graphs": "per-layer",
         "overlap_moe_expert_parallel_comm": True,
     },
+    # Megatron-Bridge 26.08 (v0.6.0): the same layouts as three 26.04.01 rows, with the release's full-iteration
+    # CUDA graph, sync-free HybridEP budget, batch-level all-to-all overlap and fused grouped MLP
+    **{
+        name: {
+            **_MXFP8,
+            "moe_token_dispatcher": "flex",
+            "cuda_graphs": "full",
+            "moe_host_sync": False,
+            "overlap_moe_expert_parallel_comm": True,
+            "moe_expert_gemm": "grouped",
+        }
+        for name in (
+            "mbridge-qwen3-30b-8xgb200-mxfp8-2608",
+            "mbridge-qwen3-235b-256xgb200-mxfp8-2608",
+            "mbridge-deepseek-v3-256xgb200-mxfp8-2608",
+        )
+    },
     "nemo-mixtral-8x7b-64xb200-fp8": {
         "fp8_recipe": "delayed",  # NeMo 25.02's bf16_with_fp8_mixed(); core_r0.11.0 has no other
         "fp8_params": True,
