@@ -413,7 +413,7 @@ _MOE_RECIPE_SETTINGS = {
             "cuda_graphs": "full",
             "moe_host_sync": False,
             "overlap_moe_expert_parallel_comm": True,
-            "moe_expert_gemm": "grouped",
+            "moe_expert_gemm": "fused-mlp",
         }
         for name in (
             "mbridge-qwen3-30b-8xgb200-mxfp8-2608",

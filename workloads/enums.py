@@ -41,9 +41,11 @@ FP8_RECIPES: tuple[str, ...] = get_args(FP8Recipe)
 
 #: How the routed experts' GEMMs are launched (``training.moe_expert_gemm``): one grouped
 #: kernel for all local experts (DeepGEMM, CUTLASS grouped GEMM, the ``grouped_gemm``
-#: library), or one GEMM per local expert (Transformer Engine's GroupedLinear on its default
-#: cuBLAS path, Megatron-Core's SequentialMLP; ``workloads.moe_kernels``).
-MoEExpertGemm = Literal["grouped", "per-expert"]
+#: library), one GEMM per local expert (Transformer Engine's GroupedLinear on its default
+#: cuBLAS path, Megatron-Core's SequentialMLP; ``workloads.moe_kernels``), or Transformer
+#: Engine's fused grouped MLP, the activation and the quantisation between the two grouped
+#: GEMMs in their epilogues (``fused-mlp``; ``workloads.quantization.fuse_grouped_mlp``).
+MoEExpertGemm = Literal["grouped", "per-expert", "fused-mlp"]
 MOE_EXPERT_GEMMS: tuple[str, ...] = get_args(MoEExpertGemm)
 
 #: The MoE router's score function (``model.moe.score_function``; Megatron's

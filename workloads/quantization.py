@@ -40,10 +40,17 @@ a step. Under FP8 dispatch the routed experts' first GEMM gets FP8 tokens (quant
 the all-to-all, :attr:`workloads.training.TrainingSpec.fp8_dispatch`): its forward pass covers
 the tokens before their top-k copies, ``1 / top_k`` of its rows. The GEMMs that run in their own dtype (the MoE router) have none.
 
+Transformer Engine's fused grouped MLP (``training.moe_expert_gemm: fused-mlp``,
+:func:`fuse_grouped_mlp`) quantises once each way around the routed experts: the experts'
+input before FC1 and their output gradient before FC2's backward; the passes between the two
+GEMMs run in their epilogues.
+
 Checked against Transformer Engine's published GEMM benchmark (tests/test_quantization.py).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from workloads.enums import FP8_RECIPES
 from workloads.kernels import Kernel
@@ -163,4 +170,43 @@ def with_quantization(
             if q is not None:
                 out.append(q)
         out.append(k)
+    return out
+
+
+#: The routed experts' kernels (``workloads.moe_kernels``) that Transformer Engine's fused
+#: grouped MLP runs inside its GEMMs' epilogues (:func:`fuse_grouped_mlp`).
+FUSED_MLP_KERNELS = frozenset({"expert_act", "expert_down" + QUANT_SUFFIX})
+
+
+def fuse_grouped_mlp(kernels: list[Kernel], recipe: str, transpose_free: bool) -> list[Kernel]:
+    """One layer's quantised forward kernels (:func:`with_quantization`) with the routed experts
+    run as Transformer Engine's fused grouped MLP for block-scaled FP8 on Blackwell
+    (``training.moe_expert_gemm: fused-mlp``; Megatron-Core's ``--use-transformer-engine-op-fuser``
+    with ``NVTE_CUTEDSL_FUSED_GROUPED_MLP=1``, which Megatron-Bridge's MXFP8 MoE recipes on GB200
+    set from v0.6.0 on). In NVIDIA/TransformerEngine's ``ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8``
+    and ``BackwardGroupedMLP_CuTeGEMMDSwiGLU_MXFP8`` (transformer_engine/pytorch/ops/fused/
+    forward_grouped_mlp.py and backward_grouped_mlp.py; the cuDNN front-end's SM100 CuTe DSL
+    kernels ``grouped_gemm_glu`` / ``grouped_gemm_dglu``), for MXFP8 GroupedLinear + ScaledSwiGLU +
+    GroupedLinear without biases:
+
+    * forward, the experts' input is group-quantised once (``expert_up_quant``), FC1's kernel
+      applies the SwiGLU and the routing weight in its epilogue and writes FC2's input already
+      quantised: no ``expert_act`` kernel, no forward pass of ``expert_down_quant``;
+    * backward, the experts' output gradient is group-quantised once, and FC2's input-gradient
+      kernel applies the SwiGLU backward in its epilogue and writes FC1's output gradient
+      already quantised: no activation backward, no quantisation of FC1's output gradient.
+
+    The one pass each way is ``expert_up_quant``: its forward quantises the experts' input, its
+    backward the experts' output gradient (FC2's output width, :func:`quantization_kernel`'s
+    bytes per element); it stands at the experts' input in the trace, whose ops' time it does
+    not change. The epilogues' extra writes ride in the GEMMs and are not counted."""
+    down = next((k for k in kernels if k.name == "expert_down"), None)
+    if down is None:
+        return kernels
+    grad_bytes = gemm_rows(down) * down.n * bytes_per_element(recipe, transpose_free)
+    out: list[Kernel] = []
+    for k in kernels:
+        if k.name in FUSED_MLP_KERNELS:
+            continue
+        out.append(replace(k, bwd_bytes=grad_bytes) if k.name == "expert_up" + QUANT_SUFFIX else k)
     return out

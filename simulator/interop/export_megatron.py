@@ -25,6 +25,9 @@ from workloads.pipeline import get_schedule
 #: The userbuffers configuration file ``--tp-comm-overlap-cfg`` names (Transformer Engine's
 #: ``ub_cfgs``, one entry a layer), written in a comment of the launch line.
 UB_CFG_FILE = "tp_comm_overlap_cfg.yaml"
+#: Transformer Engine fuses the grouped MLP only with its GLU interleaved in blocks of 32
+#: (simulator.interop.megatron_moe.CUTEDSL_ENV).
+GLU_INTERLEAVE_ARG = "--moe-mlp-glu-interleave-size"
 
 #: Megatron-LM's argument for each stepsim recompute mode.
 RECOMPUTE_ARGS = {
@@ -119,7 +122,9 @@ def _expert_gemm_args(t) -> list[str]:
     """``training.moe_expert_gemm`` (simulator.interop.megatron_moe): TEGroupedMLP, one cuBLAS
     GEMM per local expert (``per-expert``), or with Transformer Engine's native GroupedTensor
     path, one grouped GEMM (``grouped``: ``--moe-use-grouped-tensor``, which the TE operation
-    fuser of the FP8 dispatch turns on as well, transformer_config.py at d98e8a64)."""
+    fuser of the FP8 dispatch turns on as well, transformer_config.py at d98e8a64), or TE's fused
+    grouped MLP (``fused-mlp``: the operation fuser, the GLU interleaved in blocks of 32, and
+    ``NVTE_CUTEDSL_FUSED_GROUPED_MLP=1`` before the launch line)."""
     if t.fp8_dispatch:
         if t.moe_expert_gemm == "per-expert":
             raise ScenarioError(
@@ -128,7 +133,10 @@ def _expert_gemm_args(t) -> list[str]:
                 "training.moe_dispatch_dtype: bf16",
                 field="training.moe_expert_gemm",
             )
-        return []  # written with the dispatch (--moe-grouped-gemm --use-transformer-engine-op-fuser)
+        # the fuser's flags are written with the dispatch (--moe-grouped-gemm --use-transformer-engine-op-fuser)
+        return [GLU_INTERLEAVE_ARG, 32] if t.moe_expert_gemm == "fused-mlp" else []
+    if t.moe_expert_gemm == "fused-mlp":  # with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 (export_megatron)
+        return ["--moe-grouped-gemm", "--use-transformer-engine-op-fuser", GLU_INTERLEAVE_ARG, 32]
     if t.moe_expert_gemm == "grouped":
         return ["--moe-grouped-gemm", "--moe-use-grouped-tensor"]
     return ["--moe-grouped-gemm"]
@@ -317,6 +325,8 @@ def export_megatron(sc) -> str:
         # placement, where Megatron has no knob for it
         lines.append(f"# placement: {c.devices_per_domain} of {c.domain_capacity} devices a scale-up domain")
         launch = f"srun --segment={c.devices_per_domain // per_node} " + launch
+    if t.moe_expert_gemm == "fused-mlp":  # Transformer Engine reads its switch from the environment
+        launch = "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 " + launch
     lines.append(launch)
     pairs, i = [], 0
     while i < len(args):

@@ -109,6 +109,8 @@ MAPPED = {
     "use-transformer-engine-op-fuser": "training.moe_expert_gemm",
     # Transformer Engine's environment switch on the launch line (NAME=1), read as an argument
     "NVTE-USE-CUTLASS-GROUPED-GEMM": "training.moe_expert_gemm",
+    "NVTE-CUTEDSL-FUSED-GROUPED-MLP": "training.moe_expert_gemm",
+    "moe-mlp-glu-interleave-size": "training.moe_expert_gemm",
     "moe-router-fusion": "training.moe_router_fusion",
     "moe-router-enable-expert-bias": "training.balance",
     "moe-aux-loss-coeff": "training.balance",

@@ -20,6 +20,12 @@ from simulator.scenario.errors import ScenarioError
 #: Hopper, BF16/FP16 operands, no fused bias, a uniform K divisible by 128), read from a
 #: ``NAME=1`` word of the launch line.
 CUTLASS_ENV = "NVTE-USE-CUTLASS-GROUPED-GEMM"
+#: Transformer Engine's switch to its CuTe DSL fused grouped MLP (``fused-mlp``): the operation
+#: fuser fuses MXFP8 GroupedLinear + ScaledSwiGLU + GroupedLinear with the GLU interleaved in
+#: blocks of 32 (``fuse_forward_ops``, transformer_engine/pytorch/ops/fused/forward_grouped_mlp.py
+#: at NVIDIA/TransformerEngine fb28b6e0); Megatron-Bridge's MXFP8 MoE recipes set both.
+CUTEDSL_ENV = "NVTE-CUTEDSL-FUSED-GROUPED-MLP"
+GLU_INTERLEAVE = "moe-mlp-glu-interleave-size"
 
 
 def dispatcher(r, moe: bool) -> dict:
@@ -62,7 +68,10 @@ def expert_gemm(r, moe: bool) -> dict:
     loops over the experts. One grouped kernel (``grouped``) takes ``--moe-use-grouped-tensor``
     or the TE operation fuser (``--use-transformer-engine-op-fuser``, which turns it on:
     Transformer Engine's native GroupedTensor GEMM), or ``NVTE_USE_CUTLASS_GROUPED_GEMM=1`` on
-    the launch line (TE's CUTLASS grouped GEMM, Hopper)."""
+    the launch line (TE's CUTLASS grouped GEMM, Hopper). The operation fuser with
+    ``NVTE_CUTEDSL_FUSED_GROUPED_MLP=1``, ``--moe-mlp-glu-interleave-size 32`` and
+    ``--fp8-recipe mxfp8`` is TE's fused grouped MLP (``fused-mlp``; without any of them TE runs
+    the three ops unfused)."""
     names = ("moe-grouped-gemm", "moe-use-grouped-tensor")
     if not moe:
         dense_only(r, names)
@@ -72,6 +81,15 @@ def expert_gemm(r, moe: bool) -> dict:
     if str(args.get(CUTLASS_ENV, "0")) == "1":
         switches.append(CUTLASS_ENV)
     gemm = "grouped" if switches and "moe-grouped-gemm" in args else "per-expert"
+    fused = (
+        gemm == "grouped"
+        and "use-transformer-engine-op-fuser" in args
+        and str(args.get(CUTEDSL_ENV, "0")) == "1"
+        and str(args.get(GLU_INTERLEAVE, "")) == "32"
+        and str(args.get("fp8-recipe", "")) == "mxfp8"
+    )
+    gemm = "fused-mlp" if fused else gemm
+    switches += [a for a in (CUTEDSL_ENV, GLU_INTERLEAVE) if a in args]
     for a in ("moe-grouped-gemm", *switches):
         if a in args:
             r.take(a, "training.moe_expert_gemm", gemm)

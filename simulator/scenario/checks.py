@@ -262,6 +262,53 @@ def check_fp8_recipe(training: TrainingSpec, chip_family: str) -> None:
         )
 
 
+def check_fused_grouped_mlp(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec, chip_family: str) -> None:
+    """``training.moe_expert_gemm: fused-mlp`` is Transformer Engine's fused grouped MLP, which runs
+    where TE and Megatron-Core run it (``workloads.quantization.fuse_grouped_mlp``): on Blackwell
+    (``ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8.is_supported``: compute capability 10), in MXFP8
+    (the block-scaled op; NVFP4 is not modelled), over a SwiGLU expert FFN whose widths are multiples
+    of 256 (``fuse_forward_ops`` in transformer_engine/pytorch/ops/fused/forward_grouped_mlp.py at
+    NVIDIA/TransformerEngine fb28b6e0), with the routing weight applied in the activation and no
+    expert tensor parallelism (``TEGroupedMLP
+    ._is_fused_impl_supported`` at NVIDIA/Megatron-LM d98e8a64: no TP group, no
+    ``moe_apply_probs_on_input``); its activation is inside FC1's kernel, so there is no
+    ``moe_act`` to recompute. Anything else is refused, naming what to change."""
+    if training.moe_expert_gemm != "fused-mlp":
+        return
+    field = "training.moe_expert_gemm"
+    needs = [
+        (model.moe is not None, f"the model {model.name!r} is dense (no model.moe): use grouped"),
+        (chip_family == "blackwell", f"it runs on Blackwell GPUs only; this cluster's chips are {chip_family}"),
+        (
+            training.dtype == "fp8" and training.fp8_recipe == "mxfp8",
+            f"it runs in MXFP8 only (training.dtype fp8, fp8_recipe mxfp8); got {training.dtype}"
+            + (f" / {training.fp8_recipe}" if training.dtype == "fp8" else ""),
+        ),
+        (model.ffn == "swiglu", f"it fuses a SwiGLU; the model's FFN is {model.ffn}"),
+        (
+            model.moe is None or (model.hidden % 256 == 0 and model.moe.expert_ffn_hidden % 256 == 0),
+            "it needs the hidden size and the expert FFN width in multiples of 256; got "
+            f"{model.hidden} and {model.moe.expert_ffn_hidden if model.moe else 0}",
+        ),
+        (layout.etp == 1, f"it runs without expert tensor parallelism; got parallel.etp {layout.etp}"),
+        (
+            training.moe_gate_weighting == "activation",
+            "it applies the routing weight in the activation; got training.moe_gate_weighting "
+            f"{training.moe_gate_weighting}",
+        ),
+        (
+            "moe_act" not in (training.recompute_modules or ()),
+            "its activation runs inside the up projection's kernel, so there is no moe_act to recompute: "
+            "leave moe_act out of training.recompute_modules",
+        ),
+    ]
+    for ok, why in needs:
+        if not ok:
+            raise ScenarioError(
+                f"fused-mlp (Transformer Engine's fused grouped MLP): {why}; or use grouped", field=field
+            )
+
+
 def check_dense(model: ModelSpec, sc: ScenarioIn) -> None:
     """MoE-only settings on a dense model are refused rather than silently ignored."""
     if model.moe is not None:

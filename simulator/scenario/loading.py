@@ -23,6 +23,7 @@ from simulator.scenario.checks import (
     check_dense,
     check_ep_overlap,
     check_fp8_recipe,
+    check_fused_grouped_mlp,
     check_moe_layout,
     check_network_algorithms,
     check_perturbations,
@@ -107,6 +108,7 @@ def load_scenario(source: str | Path | Mapping) -> Scenario:
     check_dense(model, sc)
     check_cuda_graphs(training, cluster.chip.family)
     check_fp8_recipe(training, cluster.chip.family)
+    check_fused_grouped_mlp(model, layout, training, cluster.chip.family)
     check_moe_layout(model, layout)
     check_ep_overlap(model, layout, training, sc.schedule)
     check_allgather_dispatcher(training, sc.training.expert_load, sc.schedule)

@@ -240,13 +240,19 @@ class TraceBuilder:
         """A layer's forward kernels with the FP8 quantisation passes beside its FP8 GEMMs
         (:mod:`workloads.quantization`; unchanged outside FP8 training). Under FP8 dispatch the
         experts' first GEMM gets tokens quantised before their top-k copies; under sequence
-        parallelism a rank quantises its shard of a tensor the TP group all-gathers."""
+        parallelism a rank quantises its shard of a tensor the TP group all-gathers; Transformer
+        Engine's fused grouped MLP runs the passes between the experts' GEMMs in their epilogues
+        (:func:`workloads.quantization.fuse_grouped_mlp`)."""
         if self.t.dtype != "fp8":
             return ks
         moe = self.model.moe
         shares = {"expert_up": 1.0 / moe.top_k} if moe is not None and self.t.fp8_dispatch else None
         sp = 1.0 / self.L.tp if self.L.sequence_parallel and self.L.tp > 1 else 1.0
-        return quantization.with_quantization(ks, self.t.fp8_recipe, self.w.chip_family == "blackwell", shares, sp)
+        transpose_free = self.w.chip_family == "blackwell"
+        out = quantization.with_quantization(ks, self.t.fp8_recipe, transpose_free, shares, sp)
+        if self.t.moe_expert_gemm == "fused-mlp":
+            return quantization.fuse_grouped_mlp(out, self.t.fp8_recipe, transpose_free)
+        return out
 
     def expert_assignments(self, factor: float) -> float:
         """Token-expert assignments one rank's routed experts process per micro-batch
