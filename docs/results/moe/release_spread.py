@@ -8,7 +8,8 @@ pre-training configuration published in two or more releases with the same syste
 precision, batch, sequence length and layout (FSDP, TP, PP, CP, VP, EP), with its tokens/s/GPU
 in each release and the spread (largest over smallest), MoE models and dense ones apart. A
 cell written ``a (b)`` is two configurations (the table's second quantisation granularity);
-tables without a precision column (25.09) are left out, since their rows cannot be matched.
+tables without a precision column (25.09) are left out, since their rows cannot be matched; a
+table without the FSDP column (26.06 on) matches on the columns it has (:func:`spreads`).
 Where a release's table was revised, the file's own (latest) figure is the one read.
 
 The spread bounds how closely any simulator can match rows taken from different releases: the
@@ -99,12 +100,27 @@ def parse(text: str) -> list[dict]:
     return rows
 
 
+def _agree(a: tuple, b: tuple) -> bool:
+    """Keys that name the same configuration where a column one table lacks (``None``) may hold
+    any value."""
+    return all(x is None or y is None or x == y for x, y in zip(a, b))
+
+
 def spreads(rows: list[dict]) -> list[dict]:
     """Configurations published in two or more releases: ``{model, system, key, by_release,
-    spread}`` (``by_release``: release -> tokens/s/GPU; ``spread``: largest / smallest)."""
+    spread}`` (``by_release``: release -> tokens/s/GPU; ``spread``: largest / smallest). Rows of a
+    table without one of the key columns (the FSDP column is gone from 26.06 on) join the one
+    configuration of a fuller table their other columns agree with, and stay apart where they agree
+    with several."""
     groups: dict[tuple, dict[str, float]] = defaultdict(dict)
     for r in rows:
         groups[(r["model"], r["system"], r["key"])].setdefault(r["release"], r["tokens"])
+    full = [g for g in groups if None not in g[2]]
+    for g in [g for g in groups if None in g[2]]:
+        match = [f for f in full if f[:2] == g[:2] and _agree(f[2], g[2])]
+        if len(match) == 1:
+            for release, tokens in groups.pop(g).items():
+                groups[match[0]].setdefault(release, tokens)
     out = []
     for (model, system, key), by_release in groups.items():
         if len(by_release) >= 2:
