@@ -136,3 +136,26 @@ def test_load_balancing_is_imported_and_exported():
         sc = load_scenario(import_megatron(text, "dgx-h100").scenario)
         again = import_megatron(export_megatron(sc), "dgx-h100").scenario["training"]["balance"]
         assert again == sc.training.balance
+
+
+@pytest.mark.parametrize(
+    "backend,synced",
+    [("hybridep", False), ("deepep", True)],
+)
+def test_hybridep_rank_budget_lifts_the_host_sync(backend, synced):
+    """``--moe-expert-rank-capacity-factor`` gives HybridEP a fixed per-rank token budget: its
+    dispatch runs ``non_blocking`` with no token count read on the host (token_dispatcher.py
+    ``MoEFlexTokenDispatcher`` at NVIDIA/Megatron-LM d98e8a64), as the 26.08 recipes' full-iteration
+    CUDA graph needs. Under DeepEP the factor does nothing here and stays in the not-mapped list."""
+    text = MOE_ARGS + (
+        f" --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend {backend}"
+        " --moe-expert-rank-capacity-factor 1.5 --moe-paged-stash"
+    )
+    res = import_megatron(text, "dgx-h100")
+    assert res.scenario["training"].get("moe_host_sync", True) is synced
+    unmapped = " ".join(res.unmapped)
+    assert ("rank-capacity" in unmapped) is synced and ("paged-stash" in unmapped) is synced
+    if not synced:
+        pairs = _mapped(text, "dgx-h100")
+        assert ("moe-expert-rank-capacity-factor", "training.moe_host_sync") in pairs
+        assert ("moe-paged-stash", "training.moe_host_sync") in pairs

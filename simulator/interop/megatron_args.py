@@ -87,6 +87,8 @@ MAPPED = {
     "cuda-graph-scope": "training.cuda_graphs",
     # with a capacity factor, also training.expert_load.pad_to_capacity (megatron_memory.capacity)
     "moe-pad-expert-input-to-capacity": "training.moe_host_sync",
+    "moe-expert-rank-capacity-factor": "training.moe_host_sync",
+    "moe-paged-stash": "training.moe_host_sync",
     # the memory flags (simulator.interop.megatron_memory; NVIDIA/Megatron-LM d98e8a64,
     # megatron/training/arguments.py and megatron/core/transformer/transformer_config.py)
     "distribute-saved-activations": "training.distribute_saved_activations",
@@ -210,6 +212,7 @@ _FLAGS = (
     "enable-cuda-graph",
     "external-cuda-graph",
     "moe-pad-expert-input-to-capacity",
+    "moe-paged-stash",
     "distribute-saved-activations",
     "use-precision-aware-optimizer",
     "grad-reduce-in-bf16",

@@ -137,10 +137,35 @@ def capacity(r, moe: bool, allgather: bool = False) -> dict:
                 f"--{pad_arg} without a --{cf_arg} (Megatron-Core refuses it): a dispatcher without the host "
                 "sync, experts not padded"
             )
+    out.update(_rank_budget(r))
     if load:
         r.assume("training.expert_load.distribution = balanced: the routing's imbalance is not in the arguments")
         out["expert_load"] = load
     return out
+
+
+#: HybridEP's fixed per-rank token budget and the paged stash that relies on it.
+RANK_BUDGET, PAGED_STASH = "moe-expert-rank-capacity-factor", "moe-paged-stash"
+
+
+def _rank_budget(r) -> dict:
+    """``--moe-expert-rank-capacity-factor`` with the HybridEP flex backend: a fixed budget of
+    permuted tokens per rank, so the dispatch never reads the token counts on the host
+    (``MoEFlexTokenDispatcher`` passes ``num_permuted_tokens`` and HybridEP runs
+    ``non_blocking``; without it "HybridEP sizes buffers dynamically (CPU sync in dispatch)",
+    token_dispatcher.py and fused_a2a.py at NVIDIA/Megatron-LM d98e8a64): ``training.moe_host_sync:
+    false``. Tokens over the budget are dropped; balanced routing drops none, and the budget's
+    buffers, like ``--moe-paged-stash``'s pages, are not in the memory model. Under another backend
+    the factor is left for the not-mapped list."""
+    if RANK_BUDGET not in r.args or str(r.args.get("moe-flex-dispatcher-backend", "")) != "hybridep":
+        return {}
+    r.take(RANK_BUDGET, "training.moe_host_sync", False)
+    if PAGED_STASH in r.args:
+        r.take(PAGED_STASH, "training.moe_host_sync", "false (the stash's pages are not in the memory model)")
+    r.assume(
+        f"--{RANK_BUDGET}: HybridEP's per-rank budget; balanced routing drops no token, its buffers are not modelled"
+    )
+    return {"moe_host_sync": False}
 
 
 def _dtype_args(r, aware: bool) -> None:
