@@ -220,6 +220,48 @@ def test_auto_pipeline_layers_split_unevenly_with_lighter_ends():
     assert res.summary["step_time_s"] > 0
 
 
+@pytest.mark.parametrize(
+    "chunks,megatron_bridge",
+    [
+        (4, [16, 16, 16, 13]),  # (pp, vpp) = (4, 1)
+        (8, [8, 8, 8, 8, 8, 8, 8, 5]),  # (8, 1) and (4, 2)
+        (16, [4] * 15 + [1]),  # (16, 1), (8, 2) and (4, 4)
+    ],
+)
+def test_auto_split_of_a_model_with_mtp_is_megatron_bridges_deepseek_v3_layout(chunks, megatron_bridge):
+    """With DeepSeek-V3's MTP module counted as two layers on the last chunk (its block and its
+    pass through the output head), ``pipeline_layers: auto`` gives each layout of Megatron-Bridge's
+    table (``set_deepseek_v3_pipeline_model_parallel_layout``, src/megatron/bridge/recipes/deepseek/
+    h100/deepseek_v3.py at v0.6.0: the embedding first, the MTP module and the loss last)."""
+    from workloads.layout import auto_layer_split
+
+    assert auto_layer_split(61, chunks, mtp_depth=1) == megatron_bridge
+    assert auto_layer_split(61, chunks) != megatron_bridge  # without the MTP module, not
+
+
+def test_the_mtp_aware_split_is_what_a_deepseek_v3_step_runs():
+    """The scenario's auto split passes the model's MTP depth: a DeepSeek-V3 trace's last chunk
+    holds one layer at 16 chunks; the split never leaves a chunk empty."""
+    from simulator.scenario.loading import load_scenario
+    from workloads.layout import auto_layer_split
+    from workloads.trace.shared import chunk_layer_ranges
+
+    sc = load_scenario(
+        scenario(
+            model="deepseek-v3",
+            cluster={"preset": "gb200-nvl72", "devices": 256, "network": {"domain_size": 64}},
+            parallel={"tp": 1, "pp": 4, "vpp": 4, "dp": 64, "ep": 64, "pipeline_layers": "auto"},
+            schedule="interleaved-1f1b",
+            training={"seq_len": 4096, "micro_batch_size": 1, "global_batch_size": 256},
+        )
+    )
+    assert [len(r) for r in chunk_layer_ranges(sc.model, sc.layout, sc.schedule)] == [4] * 15 + [1]
+    assert sc.model.mtp_depth == 1
+    for chunks in range(2, 62):
+        split = auto_layer_split(61, chunks, mtp_depth=1)
+        assert sum(split) == 61 and min(split) >= 1, chunks
+
+
 def test_ring_attention_overlaps_the_kv_exchange():
     base = scenario(
         cluster={"preset": "dgx-h100", "devices": 16},

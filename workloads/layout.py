@@ -390,18 +390,20 @@ class ParallelLayout:
         return list(_cached_stage_ranks(self, stage))
 
     # ---- layers onto stages -------------------------------------------------
-    def layers_per_chunk(self, layers: int, chunks: int | None = None, what: str = "") -> list[int]:
+    def layers_per_chunk(self, layers: int, chunks: int | None = None, what: str = "", mtp_depth: int = 0) -> list[int]:
         """Transformer layers held by each of ``chunks`` model chunks (default
         ``pp * vpp``), in pipeline order: from ``pipeline_layers`` (explicit, or
-        ``"auto"``: as even as possible with lighter first and last chunks), else an
-        even split. ``what`` names the chunking in error messages.
+        ``"auto"``: as even as possible with lighter first and last chunks, the last lighter
+        still by the model's ``mtp_depth`` multi-token-prediction modules,
+        :func:`auto_layer_split`), else an even split. ``what`` names the chunking in error
+        messages.
 
         Raises :class:`LayoutError` naming ``parallel.pipeline_layers`` or
         ``parallel.pp`` when the layers cannot be split so."""
         n = self.stages if chunks is None else chunks
         what = what or f"pp*vpp = {self.pp}*{self.vpp}"
         if self.pipeline_layers == "auto":
-            return auto_layer_split(layers, n)
+            return auto_layer_split(layers, n, mtp_depth)
         if self.pipeline_layers is not None:
             pl = list(self.pipeline_layers)
             if len(pl) != n:
@@ -422,10 +424,12 @@ class ParallelLayout:
             )
         return [layers // n] * n
 
-    def chunk_layer_ranges(self, layers: int, chunks: int | None = None, what: str = "") -> list[range]:
+    def chunk_layer_ranges(
+        self, layers: int, chunks: int | None = None, what: str = "", mtp_depth: int = 0
+    ) -> list[range]:
         """Global layer indices of each model chunk, in pipeline order."""
         out, start = [], 0
-        for n in self.layers_per_chunk(layers, chunks, what):
+        for n in self.layers_per_chunk(layers, chunks, what, mtp_depth):
             out.append(range(start, start + n))
             start += n
         return out
@@ -448,21 +452,39 @@ def orthogonal_groups(sizes: tuple[int, ...], axes: tuple[int, ...]) -> np.ndarr
     return ranks.transpose(outside + inside).reshape(-1, size)
 
 
-def auto_layer_split(layers: int, chunks: int) -> list[int]:
+#: Layers' worth of work one multi-token-prediction module adds to the last model chunk: its
+#: transformer block and its pass through the shared output head and loss. With it
+#: :func:`auto_layer_split` gives every layout of Megatron-Bridge's DeepSeek-V3 table
+#: (``set_deepseek_v3_pipeline_model_parallel_layout``, src/megatron/bridge/recipes/deepseek/
+#: h100/deepseek_v3.py at v0.6.0: (pp, vpp) = (4, 1) 16/16/16/13, (8, 1) 8 x 7 and 5, 16 chunks
+#: 4 x 15 and 1, the embedding before the first chunk's layers, the MTP module and the loss after
+#: the last's).
+MTP_MODULE_LAYERS = 2
+
+
+def auto_layer_split(layers: int, chunks: int, mtp_depth: int = 0) -> list[int]:
     """``layers`` over ``chunks`` model chunks as evenly as possible, the extra layers
     going to the middle chunks first, so that the first chunk (which also holds the
-    embedding) and the last (the LM head and loss) get the fewer — as Llama 3 does."""
+    embedding) and the last (the LM head and loss) get the fewer — as Llama 3 does. The
+    last chunk also holds the model's ``mtp_depth`` multi-token-prediction modules, each
+    counted as :data:`MTP_MODULE_LAYERS` layers in the split and then left out of that chunk
+    (never below one layer)."""
     if chunks > layers:
         raise LayoutError(
             f"{chunks} model chunks for {layers} layers: every chunk needs at least one layer",
             field="parallel.pipeline_layers",
         )
-    base, rem = divmod(layers, chunks)
-    split = [base] * chunks
-    order = list(range(1, chunks - 1)) + [0, chunks - 1] if chunks > 2 else list(range(chunks))
-    for i in order[:rem]:
-        split[i] += 1
-    return split
+    extra = MTP_MODULE_LAYERS * mtp_depth
+    while True:
+        base, rem = divmod(layers + extra, chunks)
+        split = [base] * chunks
+        order = list(range(1, chunks - 1)) + [0, chunks - 1] if chunks > 2 else list(range(chunks))
+        for i in order[:rem]:
+            split[i] += 1
+        if split[-1] - extra >= 1 or extra == 0:
+            split[-1] -= extra
+            return split
+        extra -= 1
 
 
 @lru_cache(maxsize=4096)

@@ -106,7 +106,7 @@ def _layout_args(sc) -> list[str]:
         out += ["--expert-tensor-parallel-size", L.etp]
     if L.vpp > 1:
         out += ["--virtual-pipeline-model-parallel-size", L.vpp]
-    chunks = L.layers_per_chunk(sc.model.layers) if L.pp > 1 else None
+    chunks = L.layers_per_chunk(sc.model.layers, mtp_depth=sc.model.mtp_depth) if L.pp > 1 else None
     if chunks and len(set(chunks)) > 1:  # uneven chunks: Megatron-Core's custom layout string
         out += ["--pipeline-model-parallel-layout", f'"{layout_string(chunks, sc.model.mtp_depth)}"']
     if L.sequence_parallel:

@@ -140,7 +140,9 @@ def chunk_layer_ranges(model: ModelSpec, layout: ParallelLayout, schedule: str) 
     """Layers of each model chunk of ``schedule`` (DualPipe cuts ``pp`` chunks, the
     others ``pp * vpp``), per :meth:`ParallelLayout.layers_per_chunk`."""
     n = sched.model_chunks(schedule, layout.pp, layout.vpp)
-    return layout.chunk_layer_ranges(model.layers, n, f"pp={layout.pp}, vpp={layout.vpp}, schedule {schedule}")
+    return layout.chunk_layer_ranges(
+        model.layers, n, f"pp={layout.pp}, vpp={layout.vpp}, schedule {schedule}", model.mtp_depth
+    )
 
 
 class TraceBuilder:
