@@ -198,8 +198,9 @@ def fuse_grouped_mlp(kernels: list[Kernel], recipe: str, transpose_free: bool) -
 
     The one pass each way is ``expert_up_quant``: its forward quantises the experts' input, its
     backward the experts' output gradient (FC2's output width, :func:`quantization_kernel`'s
-    bytes per element); it stands at the experts' input in the trace, whose ops' time it does
-    not change. The epilogues' extra writes ride in the GEMMs and are not counted."""
+    bytes per element). Its backward kernel keeps the place of the pass it replaces, after the
+    experts' gradient GEMMs rather than before them: the same op, so the same time. The
+    epilogues' extra writes ride in the GEMMs and are not counted."""
     down = next((k for k in kernels if k.name == "expert_down"), None)
     if down is None:
         return kernels
