@@ -475,10 +475,10 @@ def auto_layer_split(layers: int, chunks: int, mtp_depth: int = 0) -> list[int]:
             field="parallel.pipeline_layers",
         )
     extra = MTP_MODULE_LAYERS * mtp_depth
+    order = list(range(1, chunks - 1)) + [0, chunks - 1] if chunks > 2 else list(range(chunks))
     while True:
         base, rem = divmod(layers + extra, chunks)
         split = [base] * chunks
-        order = list(range(1, chunks - 1)) + [0, chunks - 1] if chunks > 2 else list(range(chunks))
         for i in order[:rem]:
             split[i] += 1
         if split[-1] - extra >= 1 or extra == 0:

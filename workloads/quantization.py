@@ -178,7 +178,7 @@ def with_quantization(
 FUSED_MLP_KERNELS = frozenset({"expert_act", "expert_down" + QUANT_SUFFIX})
 
 
-def fuse_grouped_mlp(kernels: list[Kernel], recipe: str, transpose_free: bool) -> list[Kernel]:
+def fuse_grouped_mlp(kernels: list[Kernel]) -> list[Kernel]:
     """One layer's quantised forward kernels (:func:`with_quantization`) with the routed experts
     run as Transformer Engine's fused grouped MLP for block-scaled FP8 on Blackwell
     (``training.moe_expert_gemm: fused-mlp``; Megatron-Core's ``--use-transformer-engine-op-fuser``
@@ -197,17 +197,15 @@ def fuse_grouped_mlp(kernels: list[Kernel], recipe: str, transpose_free: bool) -
       already quantised: no activation backward, no quantisation of FC1's output gradient.
 
     The one pass each way is ``expert_up_quant``: its forward quantises the experts' input, its
-    backward the experts' output gradient (FC2's output width, :func:`quantization_kernel`'s
-    bytes per element). Its backward kernel keeps the place of the pass it replaces, after the
+    backward the experts' output gradient, the backward pass ``expert_down_quant`` had. Its backward kernel keeps the place of the pass it replaces, after the
     experts' gradient GEMMs rather than before them: the same op, so the same time. The
     epilogues' extra writes ride in the GEMMs and are not counted."""
-    down = next((k for k in kernels if k.name == "expert_down"), None)
-    if down is None:
+    down_q = next((k for k in kernels if k.name == "expert_down" + QUANT_SUFFIX), None)
+    if down_q is None:
         return kernels
-    grad_bytes = gemm_rows(down) * down.n * bytes_per_element(recipe, transpose_free)
-    out: list[Kernel] = []
-    for k in kernels:
-        if k.name in FUSED_MLP_KERNELS:
-            continue
-        out.append(replace(k, bwd_bytes=grad_bytes) if k.name == "expert_up" + QUANT_SUFFIX else k)
-    return out
+    up_q = "expert_up" + QUANT_SUFFIX
+    return [
+        replace(k, bwd_bytes=down_q.bwd_bytes) if k.name == up_q else k
+        for k in kernels
+        if k.name not in FUSED_MLP_KERNELS
+    ]

@@ -27,7 +27,7 @@ from workloads.pipeline import get_schedule
 UB_CFG_FILE = "tp_comm_overlap_cfg.yaml"
 #: Transformer Engine fuses the grouped MLP only with its GLU interleaved in blocks of 32
 #: (simulator.interop.megatron_moe.CUTEDSL_ENV).
-GLU_INTERLEAVE_ARG = "--moe-mlp-glu-interleave-size"
+GLU_INTERLEAVE_ARG = "--" + megatron_moe.GLU_INTERLEAVE
 
 #: Megatron-LM's argument for each stepsim recompute mode.
 RECOMPUTE_ARGS = {

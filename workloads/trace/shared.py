@@ -250,11 +250,8 @@ class TraceBuilder:
         moe = self.model.moe
         shares = {"expert_up": 1.0 / moe.top_k} if moe is not None and self.t.fp8_dispatch else None
         sp = 1.0 / self.L.tp if self.L.sequence_parallel and self.L.tp > 1 else 1.0
-        transpose_free = self.w.chip_family == "blackwell"
-        out = quantization.with_quantization(ks, self.t.fp8_recipe, transpose_free, shares, sp)
-        if self.t.moe_expert_gemm == "fused-mlp":
-            return quantization.fuse_grouped_mlp(out, self.t.fp8_recipe, transpose_free)
-        return out
+        out = quantization.with_quantization(ks, self.t.fp8_recipe, self.w.chip_family == "blackwell", shares, sp)
+        return quantization.fuse_grouped_mlp(out) if self.t.moe_expert_gemm == "fused-mlp" else out
 
     def expert_assignments(self, factor: float) -> float:
         """Token-expert assignments one rank's routed experts process per micro-batch
