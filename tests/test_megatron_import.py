@@ -122,6 +122,7 @@ def test_mapping_of_a_modern_moe_argument_list():
         "dtype": "bf16",
         "recompute": "selective",
         "overlap_grad_reduce": True,
+        "overlap_param_gather": False,  # Megatron's default: no --overlap-param-gather
         "flash_attention": True,
         "moe_token_dispatcher": "allgather",  # Megatron-Core's default dispatcher
         "moe_expert_gemm": "per-expert",  # Megatron-Core runs one GEMM per local expert

@@ -100,6 +100,15 @@ class TrainingSpec:
     # layer as soon as its last micro-batch is done (Megatron --overlap-grad-reduce);
     # False: all reductions start after the last backward (older Megatron-LM).
     overlap_grad_reduce: bool = True
+    # ZeRO-1/2 parameter all-gathers overlapped with the forward pass, a unit's first forward
+    # waiting for its own bucket only (Megatron --overlap-param-gather; Megatron-Bridge's
+    # recipes set it wherever dp > 1: src/megatron/bridge/training/comm_overlap.py at v0.4.2);
+    # False: every bucket gathered before the first forward, as Megatron-LM's distributed
+    # optimizer does without the flag (its default: step_with_ready_grads launches synchronous
+    # all-gathers after the update, megatron/core/optimizer/distrib_optimizer.py at
+    # NVIDIA/Megatron-LM d98e8a64; the flag arrived in f048bf8, 2023-11-17). No effect at ZeRO 0
+    # or 3.
+    overlap_param_gather: bool = True
     # Context parallelism: "ring" (ring attention, K/V blocks circulate while attention
     # over the blocks at hand runs) or "all-gather" (K/V gathered before attention).
     cp_algorithm: Literal["ring", "all-gather"] = "ring"
@@ -233,7 +242,9 @@ class TrainingSpec:
     # its FP8 current-scaling recipe sets: bf16_with_fp8_current_scaling_mixed in
     # src/megatron/bridge/training/mixed_precision.py at 067f987): the layers' weights are kept
     # in FP8 (with the transpose on Hopper) instead of BF16 plus a cached FP8 copy, and the
-    # distributed optimizer all-gathers them in FP8. FP8 only.
+    # distributed optimizer all-gathers them in FP8 (MXFP8 weights in BF16: Megatron-Core gathers
+    # them into the gradient buffer viewed as bfloat16, param_and_grad_buffer.py at d98e8a64).
+    # FP8 only.
     fp8_params: bool = False
     # How FP8 tensors are scaled (Megatron-Core --fp8-recipe, default "delayed":
     # transformer_config.py at NVIDIA/Megatron-LM d98e8a64): "delayed" (amax history),

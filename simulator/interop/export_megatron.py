@@ -142,7 +142,7 @@ def _expert_gemm_args(t) -> list[str]:
     return ["--moe-grouped-gemm"]
 
 
-def _training_args(t, moe: bool, load=None, node_limited: bool = False) -> list[str]:
+def _training_args(t, moe: bool, zero: int, dp: int, load=None, node_limited: bool = False) -> list[str]:
     out = ["--seq-length", t.seq_len, "--max-position-embeddings", t.seq_len]
     out += ["--micro-batch-size", t.micro_batch_size, "--global-batch-size", t.global_batch_size]
     out.append("--bf16")
@@ -151,6 +151,14 @@ def _training_args(t, moe: bool, load=None, node_limited: bool = False) -> list[
     out += RECOMPUTE_ARGS[t.recompute]
     if t.overlap_grad_reduce:
         out.append("--overlap-grad-reduce")
+    if t.overlap_param_gather and zero in (1, 2) and (t.overlap_grad_reduce or dp > 1):
+        if not t.overlap_grad_reduce:  # a gather to overlap, which Megatron-LM cannot without it
+            raise ScenarioError(
+                "Megatron-LM overlaps the parameter gather only with --overlap-grad-reduce: set it false, "
+                "or training.overlap_grad_reduce true",
+                field="training.overlap_param_gather",
+            )
+        out.append("--overlap-param-gather")
     out += ["--attention-backend", "flash" if t.flash_attention else "unfused"]
     if t.cuda_graphs == "per-layer":
         out += ["--cuda-graph-impl", "transformer_engine"]
@@ -305,7 +313,7 @@ def export_megatron(sc) -> str:
     args = (
         _model_args(sc.model)
         + _layout_args(sc)
-        + _training_args(sc.training, sc.model.is_moe, sc.expert_load, node_limited)
+        + _training_args(sc.training, sc.model.is_moe, sc.layout.zero, sc.layout.dp, sc.expert_load, node_limited)
     )
     args += _optimizer_precision_args(sc.training, sc.layout.zero)
     args += _balance_args(sc) if sc.model.is_moe else []

@@ -327,6 +327,8 @@ class _Mapping:
         tr.update(megatron_precision.fp8_recipe(self, tr["dtype"]))
         tr["recompute"] = self.recompute(layers, par)
         tr["overlap_grad_reduce"] = self.overlap_grad_reduce()
+        if par["zero"] in (1, 2) or "overlap-param-gather" in args:  # else no gather to overlap
+            tr["overlap_param_gather"] = self.overlap_param_gather(par["zero"], tr["overlap_grad_reduce"])
         tr["flash_attention"] = self.flash_attention()
         tr.update(self.host_side())
         tr.update(self.optimizer_and_offload())
@@ -466,6 +468,21 @@ class _Mapping:
             )
             return ddp == "torch"
         self.assume("training.overlap_grad_reduce = false: Megatron's default (no --overlap-grad-reduce)")
+        return False
+
+    def overlap_param_gather(self, zero: int, overlap_grad: bool) -> bool:
+        """``--overlap-param-gather`` (Megatron-LM d98e8a64 arguments.py: default off; it asserts
+        a distributed optimizer and ``--overlap-grad-reduce``)."""
+        if "overlap-param-gather" in self.args:
+            if zero not in (1, 2) or not overlap_grad:
+                need = "--use-distributed-optimizer" if zero not in (1, 2) else "--overlap-grad-reduce"
+                raise ScenarioError(f"needs {need}, as Megatron-LM asserts", field="--overlap-param-gather")
+            self.take("overlap-param-gather", "training.overlap_param_gather", True)
+            return True
+        self.assume(
+            "training.overlap_param_gather = false: Megatron's default (no --overlap-param-gather): "
+            "the distributed optimizer gathers the parameters after its step, before the next forward"
+        )
         return False
 
     def flash_attention(self) -> bool:

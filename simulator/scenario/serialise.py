@@ -53,6 +53,7 @@ def _training_dict(t: TrainingSpec) -> dict:
         ("moe_expert_gemm", "grouped"),
         ("moe_router_fusion", True),
         ("moe_permute_fusion", True),
+        ("overlap_param_gather", True),
     ):
         if d[key] == default:  # likewise
             del d[key]

@@ -225,13 +225,21 @@ class ParamOps:
 
     def param_gathers(self) -> None:
         """ZeRO-1/2: all-gather the updated parameter shards, one bucket per unit
-        (embedding, layers, head), at the start of the step (overlapped with the
-        forward pass)."""
+        (embedding, layers, head), at the start of the step: overlapped with the forward
+        pass, each unit's first forward waiting for its own bucket
+        (``training.overlap_param_gather``), or all of them before the first forward (the
+        distributed optimizer's synchronous gathers after its step; the gathers run one
+        after another on the rank's ``dp`` stream, so the last one ends last)."""
         t = self.p.b.t
+        last = None
         for unit in self.unit_order():
             dense, expert = self.units[unit]
-            # FP8 primary weights: the layers' updated shards are gathered in FP8
-            per = 1 if (t.fp8_params and unit.startswith("L")) else PARAM_BYTES
+            # FP8 primary weights: the layers' updated shards are gathered in FP8, except MXFP8
+            # weights, which Megatron-Core gathers as BF16 into the gradient buffer and quantises
+            # after (param_and_grad_buffer.py at NVIDIA/Megatron-LM d98e8a64: the shared buffer
+            # viewed as bfloat16; moe/README.md: FP8 halves the parameter all-gather "except MXFP8")
+            fp8_gather = t.fp8_params and t.fp8_recipe != "mxfp8"
+            per = 1 if (fp8_gather and unit.startswith("L")) else PARAM_BYTES
             ids = []
             for axis, p in (("dp_cp", dense), ("edp", expert)):
                 op = self.p.collective(
@@ -249,7 +257,9 @@ class ParamOps:
                 if op:
                     ids.append(op.id)
             if ids:
-                self.p.param_gather[unit] = ids[-1]
+                self.p.param_gather[unit] = last = ids[-1]
+        if not t.overlap_param_gather and last is not None:
+            self.p.param_gather = dict.fromkeys(self.p.param_gather, last)
 
     def _params_for(self, unit: str, mb: int, k: int, phase: str) -> list[int]:
         """What a forward of ``unit`` waits for: its ZeRO-1/2 gather of this step, or

@@ -221,7 +221,8 @@ def estimate_memory(sc) -> dict:
 # one. That window is what ``estimate_step_time`` subtracts; the last
 # layer's own bucket is always exposed. Without ``training.overlap_grad_reduce`` every
 # reduction starts after the last backward and is exposed whole. ZeRO-1/2 parameter gathers
-# (start of the step) hide behind the forward pass the same way. ZeRO-3 per-layer gathers may
+# (start of the step) hide behind the forward pass the same way, or not at all without
+# ``training.overlap_param_gather``. ZeRO-3 per-layer gathers may
 # start only when the compute op before last has finished (the trace's prefetch window): each
 # layer pass pays what of its gathers the previous layer's last op does not hide
 # (``StepCosts.gather_exposed``: without TP the dense MLP's forward and the attention's
@@ -521,8 +522,9 @@ def _data_parallel_tail(c: StepCosts, ranks: list) -> tuple:
         dp_end = max(dp_end, exposed)
         tied = max(tied, r["tied"])
         G = tot["param_ag"]
-        if G:
-            start = max(start, max(G / r["layers"], G - r["act"]["F"] - s * f_act))
+        if G:  # without training.overlap_param_gather every gather precedes the first forward
+            hidden = G - r["act"]["F"] - s * f_act
+            start = max(start, max(G / r["layers"], hidden) if t.overlap_param_gather else G)
         opt = max(opt, _optimizer_s(c, r))
     return start, dp_end, tied, opt
 
