@@ -151,14 +151,15 @@ def _training_args(t, moe: bool, zero: int, dp: int, load=None, node_limited: bo
     out += RECOMPUTE_ARGS[t.recompute]
     if t.overlap_grad_reduce:
         out.append("--overlap-grad-reduce")
-    if t.overlap_param_gather and zero in (1, 2) and (t.overlap_grad_reduce or dp > 1):
-        if not t.overlap_grad_reduce:  # a gather to overlap, which Megatron-LM cannot without it
+    if t.overlap_param_gather and zero in (1, 2):
+        if t.overlap_grad_reduce:
+            out.append("--overlap-param-gather")
+        elif dp > 1:  # a gather to overlap, which Megatron-LM cannot without --overlap-grad-reduce
             raise ScenarioError(
                 "Megatron-LM overlaps the parameter gather only with --overlap-grad-reduce: set it false, "
                 "or training.overlap_grad_reduce true",
                 field="training.overlap_param_gather",
             )
-        out.append("--overlap-param-gather")
     out += ["--attention-backend", "flash" if t.flash_attention else "unfused"]
     if t.cuda_graphs == "per-layer":
         out += ["--cuda-graph-impl", "transformer_engine"]

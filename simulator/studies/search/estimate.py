@@ -522,9 +522,10 @@ def _data_parallel_tail(c: StepCosts, ranks: list) -> tuple:
         dp_end = max(dp_end, exposed)
         tied = max(tied, r["tied"])
         G = tot["param_ag"]
-        if G:  # without training.overlap_param_gather every gather precedes the first forward
-            hidden = G - r["act"]["F"] - s * f_act
-            start = max(start, max(G / r["layers"], hidden) if t.overlap_param_gather else G)
+        if G and not t.overlap_param_gather:  # every gather before the first forward
+            start = max(start, G)
+        elif G:
+            start = max(start, max(G / r["layers"], G - r["act"]["F"] - s * f_act))
         opt = max(opt, _optimizer_s(c, r))
     return start, dp_end, tied, opt
 
