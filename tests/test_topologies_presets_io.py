@@ -33,6 +33,7 @@ def test_every_preset_builds_at_its_default_size():
         "h800",
         "dgx-b200",
         "gb200-nvl72",
+        "gb300-nvl72",
         "tpu-v4",
         "tpu-v5e",
         "tpu-v5p",
@@ -54,6 +55,13 @@ def test_gpu_preset_values():
     assert h800.network.nic_bw_bytes_per_s == 50e9  # 400 Gb/s IB per GPU
     assert h800.network.domain_size == 8 and h800.chip.name == "h800"
     assert cluster_preset("gb200-nvl72").network.domain_size == 72
+    # GB300 NVL72: the GB200 rack's NVLink domain and tensor rates (the two datasheets' dense FP8
+    # a GPU are equal), 20.7 TB of HBM3e / 72, and a ConnectX-8 800 Gb/s NIC a GPU (twice GB200's)
+    gb200, gb300 = cluster_preset("gb200-nvl72"), cluster_preset("gb300-nvl72")
+    assert gb300.network.domain_size == 72 and gb300.network.nic_bw_bytes_per_s == 100e9
+    assert gb300.network.domain_bw_bytes_per_s == gb200.network.domain_bw_bytes_per_s
+    assert gb300.chip.peak_flops_per_s == gb200.chip.peak_flops_per_s and gb300.chip.hbm_bytes == 287.5e9
+    assert gb300.network.nic_bw_bytes_per_s == 2 * gb200.network.nic_bw_bytes_per_s
     assert cluster_preset("dgx-a100", 16).network.nic_bw_bytes_per_s == 25e9
     topo = build_cluster(cluster_preset("dgx-h100", 64))
     assert topo.nvls and not topo.sharp and topo.n_devices == 64

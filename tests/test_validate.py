@@ -419,6 +419,10 @@ _MOE_RECIPE_SETTINGS = {
             "mbridge-qwen3-30b-8xgb200-mxfp8-2608",
             "mbridge-qwen3-235b-256xgb200-mxfp8-2608",
             "mbridge-deepseek-v3-256xgb200-mxfp8-2608",
+            # the table's GB300 rows of the same models (the gb300 preset)
+            "mbridge-qwen3-30b-8xgb300-mxfp8-2608",
+            "mbridge-qwen3-235b-256xgb300-mxfp8-2608",
+            "mbridge-deepseek-v3-256xgb300-mxfp8-2608",
         )
     },
     "nemo-mixtral-8x7b-64xb200-fp8": {

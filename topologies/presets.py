@@ -114,6 +114,17 @@ CLUSTER_PRESETS: dict[str, ClusterPreset] = {
         "NVIDIA GB200 NVL72 datasheet; HSYM GPU chapter",
         network=SwitchedNetwork(72, 900e9, 50e9, domains_per_leaf=8, nvls=True),
     ),
+    # GB300 NVL72: the GB200 NVL72 rack (72 GPUs, 18 NVSwitch trays, NVLink 5 at 900 GB/s per
+    # direction) with one ConnectX-8 800 Gb/s (100e9) NIC per GPU (72 a rack, 4 a compute tray);
+    # a SuperPOD of 8 racks (576 GPUs) is the unit, as for GB200.
+    "gb300-nvl72": ClusterPreset(
+        "gb300",
+        576,
+        PCIE5_X16,
+        "NVIDIA GB300 NVL72 datasheet (72 ConnectX-8 NICs, 130 TB/s NVLink); NVIDIA Enterprise RA "
+        "'NVL72 AI factory' components (4 ConnectX-8 HCAs a compute tray of 4 GPUs)",
+        network=SwitchedNetwork(72, 900e9, 100e9, domains_per_leaf=8, nvls=True),
+    ),
     # TPU v4: 3D torus, 45e9 per link one way, 4096-chip pod (16x16x16), 4 chips per host.
     # No per-chip DCN figure in the reference data: assumed equal to v5p's 6.25e9.
     "tpu-v4": ClusterPreset(
