@@ -149,7 +149,11 @@ def _draw_systems(sx, table: pd.DataFrame, model: str, systems: list, cmap) -> N
         txt = x + "\n" + ("—" if not ok else ("est " if not sim else "") + ("PP needed" if np.isinf(v) else f"{v:.2f}"))
         if sim and isinstance(r["best_label"], str):
             parts = r["best_label"].split("-")
-            txt += "\n" + " ".join(x for x in parts if x[:2] in ("pp", "ep") or x in SCHEDULES or x == "interleaved")
+            label = "-" + r["best_label"] + "-"
+            sched = next((x for x in sorted(SCHEDULES, key=len, reverse=True) if f"-{x}-" in label), "")
+            sched = sched.replace("-1f1b", " 1f1b")
+            # the schedule on a line of its own: five systems leave a cell too narrow for both
+            txt += "\n" + " ".join(x for x in parts if x[:2] in ("pp", "ep")) + ("\n" + sched if sched else "")
         texts.append((txt, sim))
     sx.imshow(np.array([vals]), cmap=cmap, vmin=1.0, vmax=vmax, aspect="auto")
     for k, (txt, sim) in enumerate(texts):
