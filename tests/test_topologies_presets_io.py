@@ -201,3 +201,25 @@ def test_plot_writes_png(tmp_path, preset, devices):
     fig = plot_topology(topo, path)
     assert isinstance(fig, Figure)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_gb300_memory_holds_the_layout_megatron_bridge_runs_there_and_gb200s_does_not():
+    """Published: Megatron-Bridge v0.6.0 runs DeepSeek-V3 in MXFP8 on 256 GB300 as PP2 VP8 EP32
+    without recomputation (perf_recipes/deepseek/gb300/deepseek_v3.py, deepseek_v3_pretrain_256gpu_gb300_
+    fp8mx_config; 6,288 tokens/s/GPU in docs/performance-summary.md at 067f987, 26.08), and on GB200
+    as PP4 VP4 EP64 recomputing MLA's up projections. The GB300 layout fits the preset's 287.5 GB a
+    GPU and not GB200's 186 GB."""
+    from pathlib import Path
+
+    from simulator import load_scenario, simulate
+    from simulator.scenario.loading import read_mapping
+
+    root = Path(__file__).resolve().parents[1]
+    case = read_mapping(root / "validation" / "nemo-perf" / "mbridge-deepseek-v3-256xgb300-mxfp8-2608.yaml")
+    scenario = {k: case[k] for k in ("name", "model", "cluster", "parallel", "schedule", "training")}
+    on_gb300 = simulate(load_scenario(scenario)).summary
+    scenario["cluster"] = {**scenario["cluster"], "preset": "gb200-nvl72"}
+    on_gb200 = simulate(load_scenario(scenario)).summary
+    assert not on_gb300["oom"] and 186e9 < on_gb300["peak_memory_bytes"] < 287.5e9
+    assert on_gb200["oom"]

@@ -168,9 +168,9 @@ CHIPS: dict[str, ChipSpec] = {
         ),
         # GB300 (one Blackwell Ultra GPU of an NVL72): the rack's dense FP8 is 360 PF, 5.0 PF a GPU,
         # the same as GB200 NVL72's (720 PF sparse / 72 / 2): Blackwell Ultra raises FP4 and the
-        # attention exponent rate, not FP8 or BF16 tensor throughput (Verda's per-GPU table: FP8 5 PF,
-        # BF16 2.5 PF for GB300 and GB200 alike), so the tensor rates are gb200's (DGX Cloud's 2450 /
-        # 4900); 20.7 TB of HBM3e / 72 = 287.5 GB (12-high stacks; "288 GB" per GPU) at 576 TB/s / 72.
+        # attention exponent rate (10.7 against 5 tera-exponentials/s, Verda's per-GPU table), not
+        # FP8 or BF16 tensor throughput, so the tensor rates are gb200's (DGX Cloud's 2450 / 4900);
+        # 20.7 TB of HBM3e / 72 = 287.5 GB (12-high stacks; "288 GB" per GPU) at 576 TB/s / 72.
         _chip(
             "gb300",
             2450,
@@ -178,8 +178,8 @@ CHIPS: dict[str, ChipSpec] = {
             287.5e9,
             8.0e12,
             "blackwell",
-            "NVIDIA GB300 NVL72 rack datasheet (360 PF FP8 dense, 20.7 TB HBM3e, 576 TB/s) / 72; "
-            "verda.com/blog/gb300-nvl72-architecture per-GPU table; rates as gb200",
+            "NVIDIA GB300 NVL72 rack datasheet (360 PF FP8 dense, 20.7 TB HBM3e, 576 TB/s) / 72, "
+            "the same FP8 a GPU as the GB200 NVL72 datasheet's: rates as gb200",
         ),
         # TPU v4: 275 TF BF16 (INT8 the same), 32 GiB HBM2 at 1200 GB/s.
         _chip("tpu-v4", 275, 275, 32 * GiB, 1.2e12, "tpu", "Cloud TPU v4 documentation; HSYM TPU table"),
